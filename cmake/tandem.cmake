@@ -1,0 +1,32 @@
+# Helpers shared by every module folder.
+
+# tandem_add_test(<source> LABEL <unit|integration|e2e|gpu> LIBS <targets...> [TIMEOUT s])
+# Registers one test executable built from one source file; the test name is the file's stem.
+function(tandem_add_test source)
+  cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "LIBS" ${ARGN})
+  get_filename_component(name "${source}" NAME_WE)
+  add_executable(${name} "${source}")
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
+  target_compile_definitions(${name} PRIVATE TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                             TANDEM_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  add_test(NAME ${name} COMMAND ${name})
+  if(NOT ARG_LABEL)
+    set(ARG_LABEL unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT})
+endfunction()
+
+# tandem_add_script_test(<name> <script> LABEL <...> [TIMEOUT s]): a test run by a shell or
+# Python script, given the build directory as its first argument.
+function(tandem_add_script_test name script)
+  cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "" ${ARGN})
+  add_test(NAME ${name} COMMAND "${script}" "${PROJECT_BINARY_DIR}"
+           WORKING_DIRECTORY "${PROJECT_SOURCE_DIR}")
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 600)
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT})
+endfunction()

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tandem {
+
+// Architectures the engine implements. All are decoder-only Llama-family transformers with
+// RMSNorm, rotary position embeddings (rotate_half layout), GQA attention and a SwiGLU MLP.
+enum class Architecture {
+  kLlama,    // LlamaForCausalLM: Llama 2, 3, 3.1, 3.2
+  kMistral,  // MistralForCausalLM (same math; sliding window is not used by these checkpoints)
+  kQwen2,    // Qwen2ForCausalLM: bias on q/k/v projections
+};
+
+struct RopeScaling {
+  enum class Type { kNone, kLinear, kLlama3 };
+  Type type = Type::kNone;
+  double factor = 1.0;
+  // llama3 only:
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+// The parts of a Hugging Face config.json the engine needs, validated.
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  std::string architecture_name;  // as written in config.json, e.g. "LlamaForCausalLM"
+  std::string model_type;         // "llama", "mistral", "qwen2"
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // defaults to num_heads when absent
+  int64_t head_dim = 0;      // defaults to hidden_size / num_heads when absent
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v (and not o) carry a bias; always true for Qwen2
+  int64_t sliding_window = 0;   // 0: none
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
+  std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty
+};
+
+// Parses and validates a config.json document. Errors name `source` (the file path) and the
+// offending field.
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& config_json_path);
+
+// Reads generation_config.json if present and merges its eos_token_id(s) / bos into `config`.
+// Absent file: OK, nothing changes.
+absl::Status MergeGenerationConfig(const std::string& model_dir, ModelConfig* config);
+
+}  // namespace tandem

@@ -1,0 +1,83 @@
+#pragma once
+
+// CPU compute kernels. Each entry point dispatches at run time on ActiveSimdLevel()
+// (AVX-512 where present, AVX2+FMA otherwise, portable scalar as a last resort).
+//
+// BATCH INVARIANCE (the contract every kernel here keeps): the value computed for one token
+// (one row of activations) depends only on that row's inputs and the weights, never on how many
+// other rows share the call, where the row sits in the batch, the thread count or the partition
+// of work among threads. Concretely: every reduction (dot products, sums of squares, softmax
+// sums) runs in one fixed order per output element; no split-K; tile shapes only change which
+// outputs are computed together, not the order of any reduction.
+
+#include <cstdint>
+
+#include "common/base/dtype.h"
+#include "common/base/thread_pool.h"
+
+namespace tandem::cpu {
+
+// y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n] if bias != nullptr), m < M, n < N.
+// x: f32 [M, K] row stride ldx; W: row-major [N, K] of `wtype` (kF32 or kBF16), row stride K;
+// y: f32 [M, N] row stride ldy. The weights are streamed once per call for all M rows.
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+            int64_t N, const float* bias, float* y, int64_t ldy, ThreadPool* pool);
+
+// out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight[:]. x, out: f32 [M, D]; may alias.
+void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out);
+
+// residual[m, :] += delta[m, :]; then out[m, :] = RmsNorm(residual[m, :]).
+void AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M, int64_t D,
+                float eps, float* out);
+
+// Rotary embedding in Hugging Face's rotate_half layout, in place, for each token m:
+// for each head h and i < head_dim/2, with (c, s) = cos_sin[pos[m]][i]:
+//   a = x[h, i], b = x[h, i + head_dim/2];  x[h, i] = a*c - b*s;  x[h, i + head_dim/2] = b*c + a*s
+// x: f32 [M, num_heads * head_dim] row stride ldx. cos_sin: f32 [max_pos][head_dim/2][2].
+void ApplyRope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
+               const int32_t* positions, const float* cos_sin);
+
+// out[m, i] = silu(gate[m, i]) * up[m, i], silu(g) = g / (1 + exp(-g)). f32 [M, F] contiguous.
+void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out);
+
+// out[m, :] = table[ids[m], :] converted to f32. table: [vocab, D] of kF32 or kBF16.
+void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D, float* out);
+
+// Paged KV cache of one layer. Block b holds `block_size` token slots and is one contiguous
+// region laid out [2 (K, V)][num_kv_heads][block_size][head_dim] of `dtype` (kF32 or kBF16), so
+// a (layer, block) pair is a single span for transfer. Slot s = block * block_size + offset.
+struct PagedKvLayer {
+  void* base = nullptr;  // start of block 0 of this layer
+  DType dtype = DType::kF32;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_stride_elems() const { return 2 * num_kv_heads * block_size * head_dim; }
+};
+
+// Writes each token's K and V into its slot. k, v: f32 [M, num_kv_heads * head_dim] with row
+// strides ldk, ldv. slots[m] < 0 means "no slot" (skip).
+void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
+             const int64_t* slots, const PagedKvLayer& kv);
+
+// One query token's attention work item.
+struct AttentionQuery {
+  int64_t row = 0;                     // row of q / out
+  int64_t context_len = 0;             // attends to positions [0, context_len) of its sequence
+  const int32_t* block_table = nullptr;  // block ids covering those positions, in order
+};
+
+// Causal attention over the paged cache, GQA (num_heads a multiple of num_kv_heads), scale
+// 1/sqrt(head_dim). q: f32 [*, num_heads*head_dim] row stride ldq; out likewise (ldo). For each
+// query and head: scores over positions in ascending order, softmax with max subtraction, then the
+// weighted sum of V in ascending position order. Parallel over (query, head) pairs; each pair's
+// arithmetic is the same whichever pool or batch it runs in. sliding_window > 0 restricts
+// attention to the last `sliding_window` positions.
+void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
+                    int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
+                    int64_t ldo, ThreadPool* pool);
+
+// Reads back one token slot's K or V (f32) for tests and transfer checks. which: 0 = K, 1 = V.
+void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out);
+
+}  // namespace tandem::cpu

@@ -1,0 +1,78 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/dtype.h"
+#include "common/config/model_config.h"
+#include "common/engine/model/tensor.h"
+
+namespace tandem {
+
+class MappedFile;
+
+// Weights of one transformer layer, in Hugging Face layout: every projection is [out, in]
+// row-major (y = x W^T). Projections are f32 or bf16 (LoadOptions::weight_dtype); norms and
+// biases are always f32.
+struct LayerWeights {
+  Tensor input_norm;     // [hidden]               input_layernorm.weight
+  Tensor q_proj;         // [heads*head_dim, hidden]
+  Tensor k_proj;         // [kv_heads*head_dim, hidden]
+  Tensor v_proj;         // [kv_heads*head_dim, hidden]
+  Tensor q_bias;         // [heads*head_dim]      Qwen2 / attention_bias only; else empty
+  Tensor k_bias;         // [kv_heads*head_dim]
+  Tensor v_bias;         // [kv_heads*head_dim]
+  Tensor o_proj;         // [hidden, heads*head_dim]
+  Tensor post_norm;      // [hidden]               post_attention_layernorm.weight
+  Tensor gate_proj;      // [ffn, hidden]
+  Tensor up_proj;        // [ffn, hidden]
+  Tensor down_proj;      // [hidden, ffn]
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [vocab, hidden] (f32 or bf16, like the projections)
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;  // [hidden]
+  Tensor lm_head;     // [vocab, hidden]; aliases embed_tokens when embeddings are tied
+};
+
+struct LoadOptions {
+  // Element type of the projection matrices and embeddings in memory. kF32 or kBF16.
+  // Tensors already stored in that type are memory-mapped, others are converted once at load.
+  // "auto" (unset): bf16 for bf16/f16 checkpoints, f32 for f32 checkpoints.
+  bool weight_dtype_auto = true;
+  DType weight_dtype = DType::kF32;
+  bool show_progress = false;  // log one line per loaded shard / converted tensor group
+};
+
+// A loaded model: config, weights and whatever keeps the weights' bytes alive.
+class Model {
+ public:
+  ~Model();
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  DType weight_dtype() const { return weight_dtype_; }
+  const std::string& dir() const { return dir_; }
+  // A stable identifier for handshakes: architecture, shapes and a digest of the weights' header.
+  const std::string& model_id() const { return model_id_; }
+
+ private:
+  friend class ModelLoader;
+  Model() = default;
+  ModelConfig config_;
+  ModelWeights weights_;
+  DType weight_dtype_ = DType::kF32;
+  std::string dir_;
+  std::string model_id_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;
+};
+
+// Loads a Hugging Face model directory: config.json (+ generation_config.json) and either
+// model.safetensors or model.safetensors.index.json with its shards. Every error names the file
+// and, where relevant, the tensor (missing, wrong shape, unsupported dtype, out of file bounds).
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, const LoadOptions& options);
+
+}  // namespace tandem

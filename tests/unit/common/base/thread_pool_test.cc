@@ -1,0 +1,46 @@
+#include "common/base/thread_pool.h"
+
+#include <atomic>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+TEST(ThreadPoolTest, ParallelForCoversRangeExactlyOnce) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 100, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.ParallelFor(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, GrainAlignsRanges) {
+  ThreadPool pool(3);
+  std::atomic<int> misaligned{0};
+  std::atomic<int64_t> total{0};
+  pool.ParallelForGrain(1000, 16, [&](int64_t b, int64_t e) {
+    if (b % 16 != 0) misaligned.fetch_add(1);
+    total.fetch_add(e - b);
+  });
+  EXPECT_EQ(misaligned.load(), 0);
+  EXPECT_EQ(total.load(), 1000);
+}
+
+TEST(ThreadPoolTest, ManyShortJobsBackToBack) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> sum{0};
+  for (int job = 0; job < 20000; ++job) {
+    pool.Run([&](int tid, int nt) { sum.fetch_add(tid + 1); });
+  }
+  EXPECT_EQ(sum.load(), 20000 * 3);
+}
+
+}  // namespace
+}  // namespace tandem
