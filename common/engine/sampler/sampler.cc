@@ -1,0 +1,207 @@
+#include "common/engine/sampler/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+namespace {
+
+// Candidate order: descending logit, then ascending id. Deterministic for equal logits.
+struct ByLogitDesc {
+  const float* logits;
+  bool operator()(int32_t a, int32_t b) const {
+    if (logits[a] != logits[b]) return logits[a] > logits[b];
+    return a < b;
+  }
+};
+
+}  // namespace
+
+float TokenDistribution::ProbOf(int32_t id) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == id) return probs[i];
+  }
+  return 0.0f;
+}
+
+absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size) {
+  auto bad = [](const char* field, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+  };
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return bad("temperature", absl::StrCat("must be a finite value >= 0, got ", p.temperature));
+  }
+  if (p.top_k < 0) return bad("top_k", absl::StrCat("must be >= 0, got ", p.top_k));
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return bad("top_p", absl::StrCat("must be in (0, 1], got ", p.top_p));
+  }
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+    return bad("min_p", absl::StrCat("must be in [0, 1], got ", p.min_p));
+  }
+  if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty)) {
+    return bad("repetition_penalty", absl::StrCat("must be > 0, got ", p.repetition_penalty));
+  }
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) {
+    return bad("presence_penalty", absl::StrCat("must be in [-2, 2], got ", p.presence_penalty));
+  }
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
+    return bad("frequency_penalty",
+               absl::StrCat("must be in [-2, 2], got ", p.frequency_penalty));
+  }
+  if (p.max_tokens < 1) return bad("max_tokens", absl::StrCat("must be >= 1, got ", p.max_tokens));
+  if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
+    return bad("min_tokens", absl::StrCat("must be in [0, max_tokens], got ", p.min_tokens));
+  }
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return bad("logit_bias", absl::StrCat("token id ", id, " outside [0, ", vocab_size, ")"));
+    }
+    if (!std::isfinite(bias) || bias < -100.0f || bias > 100.0f) {
+      return bad("logit_bias", absl::StrCat("bias for token ", id, " must be in [-100, 100]"));
+    }
+  }
+  for (int32_t id : p.stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return bad("stop_token_ids", absl::StrCat("token id ", id, " outside [0, ", vocab_size, ")"));
+    }
+  }
+  if (p.logprobs > 20) return bad("logprobs", absl::StrCat("must be <= 20, got ", p.logprobs));
+  return absl::OkStatus();
+}
+
+void ProcessLogits(const SamplingParams& p, const TokenHistory& history,
+                   absl::Span<const int32_t> stop_ids, float* logits, int32_t vocab_size) {
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id >= 0 && id < vocab_size) logits[id] += bias;
+  }
+  if (static_cast<int32_t>(history.output.size()) < p.min_tokens) {
+    for (int32_t id : stop_ids) {
+      if (id >= 0 && id < vocab_size) logits[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(vocab_size, false);
+    auto penalize = [&](int32_t id) {
+      if (id < 0 || id >= vocab_size || seen[id]) return;
+      seen[id] = true;
+      float& l = logits[id];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    };
+    for (int32_t id : history.prompt) penalize(id);
+    for (int32_t id : history.output) penalize(id);
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int32_t id : history.output) ++counts[id];
+    for (const auto& [id, count] : counts) {
+      if (id < 0 || id >= vocab_size) continue;
+      logits[id] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    }
+  }
+}
+
+int32_t GreedyToken(const float* logits, int32_t vocab_size) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < vocab_size; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+TokenDistribution ComputeDistribution(const SamplingParams& p, const float* logits,
+                                      int32_t vocab_size) {
+  // Candidates sorted by descending logit (only the top k when top-k is set).
+  std::vector<int32_t> order(vocab_size);
+  std::iota(order.begin(), order.end(), 0);
+  ByLogitDesc cmp{logits};
+  size_t keep = order.size();
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
+    keep = static_cast<size_t>(p.top_k);
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), cmp);
+    order.resize(keep);
+  } else {
+    std::sort(order.begin(), order.end(), cmp);
+  }
+  // Drop -inf logits (masked tokens) unless nothing else remains.
+  while (order.size() > 1 && std::isinf(logits[order.back()]) && logits[order.back()] < 0) {
+    order.pop_back();
+  }
+
+  const float inv_t = 1.0f / p.temperature;
+  const float max_scaled = logits[order[0]] * inv_t;
+  std::vector<float> probs(order.size());
+  double sum = 0.0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    float e = std::exp(logits[order[i]] * inv_t - max_scaled);
+    probs[i] = e;
+    sum += e;
+  }
+  for (float& pr : probs) pr = static_cast<float>(pr / sum);
+
+  size_t n = order.size();
+  if (p.top_p < 1.0f) {
+    double cum = 0.0;
+    size_t cut = n;
+    for (size_t i = 0; i < n; ++i) {
+      cum += probs[i];
+      if (cum >= p.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    n = cut;
+  }
+  if (p.min_p > 0.0f) {
+    float threshold = p.min_p * probs[0];
+    size_t cut = 1;
+    while (cut < n && probs[cut] >= threshold) ++cut;
+    n = cut;
+  }
+  TokenDistribution dist;
+  dist.ids.assign(order.begin(), order.begin() + n);
+  dist.probs.assign(probs.begin(), probs.begin() + n);
+  double kept = 0.0;
+  for (float pr : dist.probs) kept += pr;
+  for (float& pr : dist.probs) pr = static_cast<float>(pr / kept);
+  return dist;
+}
+
+int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng) {
+  double u = rng.Uniform();
+  double cum = 0.0;
+  for (size_t i = 0; i < dist.ids.size(); ++i) {
+    cum += dist.probs[i];
+    if (u < cum) return dist.ids[i];
+  }
+  return dist.ids.back();  // rounding: u beyond the accumulated sum
+}
+
+int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size,
+                    Rng& rng) {
+  if (params.greedy()) return GreedyToken(logits, vocab_size);
+  return SampleFromDistribution(ComputeDistribution(params, logits, vocab_size), rng);
+}
+
+void ComputeLogprobs(const float* logits, int32_t vocab_size, int32_t token, int32_t top_n,
+                     TokenLogprob* chosen, std::vector<TokenLogprob>* top) {
+  float max_logit = logits[GreedyToken(logits, vocab_size)];
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  const float log_z = max_logit + static_cast<float>(std::log(sum));
+  chosen->id = token;
+  chosen->logprob = logits[token] - log_z;
+  top->clear();
+  if (top_n <= 0) return;
+  std::vector<int32_t> order(vocab_size);
+  std::iota(order.begin(), order.end(), 0);
+  size_t n = std::min<size_t>(top_n, order.size());
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), ByLogitDesc{logits});
+  for (size_t i = 0; i < n; ++i) top->push_back({order[i], logits[order[i]] - log_z});
+}
+
+}  // namespace tandem
