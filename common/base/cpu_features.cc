@@ -34,7 +34,8 @@ SimdLevel DetectLevel() {
   const CpuFeatures& f = GetCpuFeatures();
   SimdLevel level = SimdLevel::kScalar;
   if (f.avx2 && f.fma && f.f16c) level = SimdLevel::kAvx2;
-  if (level == SimdLevel::kAvx2 && f.avx512f && f.avx512bw && f.avx512vl) level = SimdLevel::kAvx512;
+  if (level == SimdLevel::kAvx2 && f.avx512f && f.avx512bw && f.avx512vl)
+    level = SimdLevel::kAvx512;
   if (const char* cap = std::getenv("TANDEM_SIMD")) {
     SimdLevel limit = level;
     if (std::strcmp(cap, "scalar") == 0) limit = SimdLevel::kScalar;
@@ -58,9 +59,12 @@ SimdLevel ActiveSimdLevel() {
 
 std::string SimdLevelName(SimdLevel level) {
   switch (level) {
-    case SimdLevel::kScalar: return "scalar";
-    case SimdLevel::kAvx2: return "avx2";
-    case SimdLevel::kAvx512: return "avx512";
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
   }
   return "?";
 }

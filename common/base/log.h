@@ -9,8 +9,8 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal = 
 
 struct LogOptions {
   LogLevel min_level = LogLevel::kInfo;
-  bool json = false;          // one JSON object per line instead of text
-  std::string component;      // e.g. "router", "decode"; printed on every line
+  bool json = false;      // one JSON object per line instead of text
+  std::string component;  // e.g. "router", "decode"; printed on every line
 };
 
 // Process-wide logging configuration; set once from main.
@@ -41,9 +41,9 @@ class LogMessage {
 
 // Usage: TLOG(INFO) << "model loaded in " << ms << " ms";
 #define TLOG(severity) TANDEM_LOG_##severity
-#define TANDEM_LOG_AT_(lvl)                \
-  if (!::tandem::LogEnabled(lvl)) {        \
-  } else                                   \
+#define TANDEM_LOG_AT_(lvl)         \
+  if (!::tandem::LogEnabled(lvl)) { \
+  } else                            \
     ::tandem::LogMessage(lvl, __FILE__, __LINE__).stream()
 #define TANDEM_LOG_DEBUG TANDEM_LOG_AT_(::tandem::LogLevel::kDebug)
 #define TANDEM_LOG_INFO TANDEM_LOG_AT_(::tandem::LogLevel::kInfo)
@@ -52,9 +52,9 @@ class LogMessage {
 #define TANDEM_LOG_FATAL TANDEM_LOG_AT_(::tandem::LogLevel::kFatal)
 
 // Invariant check that survives release builds.
-#define TANDEM_CHECK(cond)                                                       \
-  if (cond) {                                                                   \
-  } else                                                                        \
+#define TANDEM_CHECK(cond)                                                        \
+  if (cond) {                                                                     \
+  } else                                                                          \
     ::tandem::LogMessage(::tandem::LogLevel::kFatal, __FILE__, __LINE__).stream() \
         << "check failed: " #cond " "
 

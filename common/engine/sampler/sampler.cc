@@ -50,8 +50,7 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size)
     return bad("presence_penalty", absl::StrCat("must be in [-2, 2], got ", p.presence_penalty));
   }
   if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) {
-    return bad("frequency_penalty",
-               absl::StrCat("must be in [-2, 2], got ", p.frequency_penalty));
+    return bad("frequency_penalty", absl::StrCat("must be in [-2, 2], got ", p.frequency_penalty));
   }
   if (p.max_tokens < 1) return bad("max_tokens", absl::StrCat("must be >= 1, got ", p.max_tokens));
   if (p.min_tokens < 0 || p.min_tokens > p.max_tokens) {
@@ -191,7 +190,8 @@ void ComputeLogprobs(const float* logits, int32_t vocab_size, int32_t token, int
                      TokenLogprob* chosen, std::vector<TokenLogprob>* top) {
   float max_logit = logits[GreedyToken(logits, vocab_size)];
   double sum = 0.0;
-  for (int32_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  for (int32_t i = 0; i < vocab_size; ++i)
+    sum += std::exp(static_cast<double>(logits[i]) - max_logit);
   const float log_z = max_logit + static_cast<float>(std::log(sum));
   chosen->id = token;
   chosen->logprob = logits[token] - log_z;

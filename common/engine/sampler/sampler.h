@@ -44,7 +44,8 @@ int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng);
 
 // Picks the next token: greedy when temperature == 0, else a draw from ComputeDistribution.
 // `logits` must already be processed with ProcessLogits.
-int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size, Rng& rng);
+int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size,
+                    Rng& rng);
 
 struct TokenLogprob {
   int32_t id = 0;

@@ -65,10 +65,10 @@ TEST(SamplerTest, PenaltiesFollowHfAndOpenAiSemantics) {
   p.frequency_penalty = 0.25f;
   std::vector<int32_t> prompt = {0}, output = {1, 1, 2};
   ProcessLogits(p, {prompt, output}, {}, l.data(), 4);
-  EXPECT_FLOAT_EQ(l[0], 1.0f);                        // prompt token, positive: divided
-  EXPECT_FLOAT_EQ(l[1], -4.0f - 0.5f - 2 * 0.25f);    // negative: multiplied; then presence+freq
+  EXPECT_FLOAT_EQ(l[0], 1.0f);                      // prompt token, positive: divided
+  EXPECT_FLOAT_EQ(l[1], -4.0f - 0.5f - 2 * 0.25f);  // negative: multiplied; then presence+freq
   EXPECT_FLOAT_EQ(l[2], 0.5f - 0.5f - 0.25f);
-  EXPECT_FLOAT_EQ(l[3], 1.0f);                        // untouched
+  EXPECT_FLOAT_EQ(l[3], 1.0f);  // untouched
 }
 
 TEST(SamplerTest, MinTokensMasksStopIdsAndLogitBiasApplies) {

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/base/dtype.h"
+
+namespace tandem {
+
+// Shape of the paged KV pool. Block b of layer l is one contiguous region of
+// bytes_per_block_layer() bytes laid out [2 (K, V)][num_kv_heads][block_size][head_dim].
+struct KvCacheSpec {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 16;
+  DType dtype = DType::kF32;
+  int64_t num_blocks = 0;
+
+  size_t bytes_per_block_layer() const {
+    return static_cast<size_t>(2 * num_kv_heads * block_size * head_dim) * DTypeSize(dtype);
+  }
+  size_t bytes_per_block() const { return bytes_per_block_layer() * num_layers; }
+};
+
+// One sequence's slice of a step (DESIGN §4 "Batch form").
+struct ForwardSeq {
+  int32_t token_begin = 0;           // first index into ForwardBatch's per-token arrays
+  int32_t num_tokens = 0;            // tokens this sequence contributes to the step
+  std::vector<int32_t> block_table;  // block ids covering positions [0, last position]
+};
+
+// A ragged batch: every scheduled sequence's next chunk, concatenated.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T] position of each token in its sequence
+  std::vector<int64_t> slots;         // [T] KV slot = block * block_size + offset
+  std::vector<int32_t> seq_of_token;  // [T] index into seqs
+  std::vector<ForwardSeq> seqs;
+  std::vector<int32_t> logit_rows;  // token indices whose logits are wanted, in output order
+  // Called after layer l's KV of this step is written (layer-wise KV push); may be empty.
+  std::function<void(int64_t layer)> on_layer_done;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  // Appends a sequence chunk: tokens at positions [start_pos, start_pos + tokens.size()).
+  void AddSequence(const std::vector<int32_t>& tokens, int32_t start_pos,
+                   const std::vector<int32_t>& block_table, int64_t block_size,
+                   bool want_last_logits);
+};
+
+// The compute device behind the engine: runs forward passes and owns the KV pool's storage.
+// Not thread-safe: one engine thread calls it.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const KvCacheSpec& kv_spec() const = 0;
+  virtual int64_t vocab_size() const = 0;
+
+  // Runs the batch; writes logits f32 [batch.logit_rows.size(), vocab_size()] to `logits`.
+  virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
+
+  // Copies every layer of block `src` into block `dst` (copy-on-write).
+  virtual void CopyBlock(int32_t src, int32_t dst) = 0;
+
+  // Host access to one (layer, block) region for KV transfer. Backends whose pool is not host
+  // memory return nullptr and implement the staging calls below.
+  virtual uint8_t* HostBlockRegion(int64_t layer, int32_t block) = 0;
+  virtual absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) = 0;
+  virtual absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,224 @@
+#include "common/engine/backend/cpu/cpu_backend.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "common/engine/model/rope.h"
+
+namespace tandem {
+namespace {
+
+constexpr int64_t kMaxRopePositions = 1 << 17;
+
+template <typename T>
+T* Grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+size_t CpuBackend::KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype) {
+  return static_cast<size_t>(config.num_layers * 2 * config.num_kv_heads * block_size *
+                             config.head_dim) *
+         DTypeSize(kv_dtype);
+}
+
+CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendOptions& options)
+    : model_(std::move(model)), options_(options) {}
+
+CpuBackend::~CpuBackend() {
+  if (kv_ != nullptr) ::munmap(kv_, kv_bytes_);
+}
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<const Model> model,
+                                                               const CpuBackendOptions& options) {
+  if (options.num_blocks <= 0) return absl::InvalidArgumentError("num_blocks must be > 0");
+  if (options.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CPU KV cache dtype must be f32 or bf16, got ", DTypeName(options.kv_dtype)));
+  }
+  std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
+  const ModelConfig& c = model->config();
+  KvCacheSpec& s = backend->spec_;
+  s.num_layers = c.num_layers;
+  s.num_kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  s.block_size = options.block_size;
+  s.dtype = options.kv_dtype;
+  s.num_blocks = options.num_blocks;
+
+  backend->kv_bytes_ = s.bytes_per_block() * static_cast<size_t>(s.num_blocks);
+  void* p = ::mmap(nullptr, backend->kv_bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", backend->kv_bytes_, " bytes of KV cache"));
+  }
+  ::madvise(p, backend->kv_bytes_, MADV_HUGEPAGE);
+  backend->kv_ = static_cast<uint8_t*>(p);
+
+  backend->max_positions_ = std::min<int64_t>(c.max_position_embeddings, kMaxRopePositions);
+  backend->rope_ = RopeCosSinTable(c, backend->max_positions_);
+  int threads = options.num_threads > 0 ? options.num_threads : DefaultComputeThreads();
+  backend->pool_ = std::make_unique<ThreadPool>(threads);
+  return backend;
+}
+
+cpu::PagedKvLayer CpuBackend::KvLayer(int64_t layer) const {
+  cpu::PagedKvLayer kv;
+  kv.base = kv_ + static_cast<size_t>(layer) * spec_.bytes_per_block_layer() *
+                      static_cast<size_t>(spec_.num_blocks);
+  kv.dtype = spec_.dtype;
+  kv.block_size = spec_.block_size;
+  kv.num_kv_heads = spec_.num_kv_heads;
+  kv.head_dim = spec_.head_dim;
+  return kv;
+}
+
+uint8_t* CpuBackend::HostBlockRegion(int64_t layer, int32_t block) {
+  return kv_ + (static_cast<size_t>(layer) * static_cast<size_t>(spec_.num_blocks) + block) *
+                   spec_.bytes_per_block_layer();
+}
+
+absl::Status CpuBackend::ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) {
+  if (layer < 0 || layer >= spec_.num_layers || block < 0 || block >= spec_.num_blocks) {
+    return absl::OutOfRangeError(absl::StrCat("KV region (", layer, ", ", block, ") out of range"));
+  }
+  std::memcpy(dst, HostBlockRegion(layer, block), spec_.bytes_per_block_layer());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) {
+  if (layer < 0 || layer >= spec_.num_layers || block < 0 || block >= spec_.num_blocks) {
+    return absl::OutOfRangeError(absl::StrCat("KV region (", layer, ", ", block, ") out of range"));
+  }
+  std::memcpy(HostBlockRegion(layer, block), src, spec_.bytes_per_block_layer());
+  return absl::OkStatus();
+}
+
+void CpuBackend::CopyBlock(int32_t src, int32_t dst) {
+  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+    std::memcpy(HostBlockRegion(l, dst), HostBlockRegion(l, src), spec_.bytes_per_block_layer());
+  }
+}
+
+absl::Status CpuBackend::Validate(const ForwardBatch& b) const {
+  const int64_t t = b.num_tokens();
+  if (static_cast<int64_t>(b.positions.size()) != t || static_cast<int64_t>(b.slots.size()) != t ||
+      static_cast<int64_t>(b.seq_of_token.size()) != t) {
+    return absl::InvalidArgumentError("forward batch: per-token arrays differ in length");
+  }
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t capacity = spec_.num_blocks * spec_.block_size;
+  for (int64_t i = 0; i < t; ++i) {
+    if (b.token_ids[i] < 0 || b.token_ids[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", b.token_ids[i], " outside the vocabulary [0, ", vocab, ")"));
+    }
+    if (b.positions[i] < 0 || b.positions[i] >= max_positions_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.positions[i], " outside [0, ", max_positions_, ")"));
+    }
+    if (b.slots[i] >= capacity) return absl::InvalidArgumentError("KV slot out of range");
+    int32_t s = b.seq_of_token[i];
+    if (s < 0 || s >= static_cast<int32_t>(b.seqs.size())) {
+      return absl::InvalidArgumentError("token refers to no sequence");
+    }
+    const ForwardSeq& seq = b.seqs[s];
+    int64_t needed = b.positions[i] / spec_.block_size + 1;
+    if (static_cast<int64_t>(seq.block_table.size()) < needed) {
+      return absl::InvalidArgumentError("block table does not cover the token's position");
+    }
+  }
+  for (const ForwardSeq& seq : b.seqs) {
+    for (int32_t block : seq.block_table) {
+      if (block < 0 || block >= spec_.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("block id ", block, " out of range"));
+      }
+    }
+  }
+  for (int32_t r : b.logit_rows) {
+    if (r < 0 || r >= t) return absl::InvalidArgumentError("logit row out of range");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
+  if (auto st = Validate(b); !st.ok()) return st;
+  const int64_t t = b.num_tokens();
+  if (t == 0) return absl::OkStatus();
+  const ModelConfig& c = model_->config();
+  const ModelWeights& w = model_->weights();
+  const DType wt = model_->weight_dtype();
+  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
+  const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  ThreadPool* pool = pool_.get();
+
+  float* x = Grow(x_, t * d);
+  float* h = Grow(h_, t * d);
+  float* q = Grow(q_, t * qd);
+  float* k = Grow(k_, t * kvd);
+  float* v = Grow(v_, t * kvd);
+  float* attn = Grow(attn_, t * qd);
+  float* gate = Grow(gate_, t * f);
+  float* up = Grow(up_, t * f);
+  float* act = Grow(act_, t * f);
+  float* delta = Grow(tmp_, t * d);
+  cpu::AttentionQuery* queries = Grow(queries_, t);
+  for (int64_t i = 0; i < t; ++i) {
+    queries[i].row = i;
+    queries[i].context_len = b.positions[i] + 1;
+    queries[i].block_table = b.seqs[b.seq_of_token[i]].block_table.data();
+  }
+
+  auto bias = [](const Tensor& tensor) { return tensor.empty() ? nullptr : tensor.as<float>(); };
+
+  cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    if (l == 0) {
+      cpu::RmsNorm(x, lw.input_norm.as<float>(), t, d, eps, h);
+    } else {  // x += previous layer's MLP output; h = norm(x)
+      cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h);
+    }
+    cpu::MatMul(h, t, d, d, lw.q_proj.data, wt, qd, bias(lw.q_bias), q, qd, pool);
+    cpu::MatMul(h, t, d, d, lw.k_proj.data, wt, kvd, bias(lw.k_bias), k, kvd, pool);
+    cpu::MatMul(h, t, d, d, lw.v_proj.data, wt, kvd, bias(lw.v_bias), v, kvd, pool);
+    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data());
+    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data());
+    const cpu::PagedKvLayer kv = KvLayer(l);
+    cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv);
+    cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, c.sliding_window, attn, qd, pool);
+    if (b.on_layer_done) b.on_layer_done(l);
+    cpu::MatMul(attn, t, qd, qd, lw.o_proj.data, wt, d, nullptr, delta, d, pool);
+    cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h);
+    cpu::MatMul(h, t, d, d, lw.gate_proj.data, wt, f, nullptr, gate, f, pool);
+    cpu::MatMul(h, t, d, d, lw.up_proj.data, wt, f, nullptr, up, f, pool);
+    cpu::SiluMul(gate, up, t, f, act);
+    cpu::MatMul(act, t, f, f, lw.down_proj.data, wt, d, nullptr, delta, d, pool);
+  }
+
+  // Final residual add and norm, only for the rows whose logits are wanted.
+  const int64_t n = static_cast<int64_t>(b.logit_rows.size());
+  if (n == 0) return absl::OkStatus();
+  float* rows = Grow(final_, 3 * n * d);
+  float* rows_delta = rows + n * d;
+  float* rows_norm = rows + 2 * n * d;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(rows + i * d, x + b.logit_rows[i] * d, d * sizeof(float));
+    std::memcpy(rows_delta + i * d, delta + b.logit_rows[i] * d, d * sizeof(float));
+  }
+  cpu::AddRmsNorm(rows, rows_delta, w.final_norm.as<float>(), n, d, eps, rows_norm);
+  cpu::MatMul(rows_norm, n, d, d, w.lm_head.data, w.lm_head.dtype, c.vocab_size, nullptr, logits,
+              c.vocab_size, pool);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

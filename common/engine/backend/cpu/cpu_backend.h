@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/thread_pool.h"
+#include "common/engine/backend/backend.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/model/model.h"
+
+namespace tandem {
+
+struct CpuBackendOptions {
+  int num_threads = 0;           // 0: one per available core
+  int64_t block_size = 16;       // tokens per KV block
+  int64_t num_blocks = 0;        // KV pool size in blocks (> 0)
+  DType kv_dtype = DType::kF32;  // kF32 or kBF16
+};
+
+// Runs Llama-family forward passes on the CPU over a paged KV cache held in host memory.
+// Batch-invariant (see kernels/kernels.h): a token's logits do not depend on the batch.
+// Thread model: Forward() is called by the engine thread only; compute fans out to the pool.
+class CpuBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(std::shared_ptr<const Model> model,
+                                                            const CpuBackendOptions& options);
+  ~CpuBackend() override;
+
+  std::string name() const override { return "cpu"; }
+  const KvCacheSpec& kv_spec() const override { return spec_; }
+  int64_t vocab_size() const override { return model_->config().vocab_size; }
+  absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  void CopyBlock(int32_t src, int32_t dst) override;
+  uint8_t* HostBlockRegion(int64_t layer, int32_t block) override;
+  absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
+  absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) override;
+
+  // Bytes of KV pool per block (all layers), for sizing the pool from a memory budget.
+  static size_t KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype);
+
+ private:
+  CpuBackend(std::shared_ptr<const Model> model, const CpuBackendOptions& options);
+  absl::Status Validate(const ForwardBatch& batch) const;
+  cpu::PagedKvLayer KvLayer(int64_t layer) const;
+
+  std::shared_ptr<const Model> model_;
+  CpuBackendOptions options_;
+  KvCacheSpec spec_;
+  std::unique_ptr<ThreadPool> pool_;
+  uint8_t* kv_ = nullptr;  // [layer][block][region], page-aligned
+  size_t kv_bytes_ = 0;
+  std::vector<float> rope_;  // [max_pos][head_dim/2][2]
+  int64_t max_positions_ = 0;
+
+  // Activation scratch, grown on demand.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, act_, tmp_, final_;
+  std::vector<cpu::AttentionQuery> queries_;
+};
+
+}  // namespace tandem
