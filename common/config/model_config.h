@@ -24,6 +24,8 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+
+  bool operator==(const RopeScaling&) const = default;
 };
 
 // The parts of a Hugging Face config.json the engine needs, validated.
@@ -48,15 +50,30 @@ struct ModelConfig {
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
   std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Parses and validates a config.json document. Errors name `source` (the file path) and the
 // offending field.
-absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& source);
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source);
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& config_json_path);
 
 // Reads generation_config.json if present and merges its eos_token_id(s) / bos into `config`.
 // Absent file: OK, nothing changes.
 absl::Status MergeGenerationConfig(const std::string& model_dir, ModelConfig* config);
+
+// Checks the invariants ParseModelConfig guarantees (positive sizes, heads divisible by KV heads,
+// even head_dim, sane rope scaling, ...). Errors name `source` and the field.
+absl::Status ValidateModelConfig(const ModelConfig& config, const std::string& source);
+
+// The canonical class name of an architecture ("LlamaForCausalLM", ...) and its model_type.
+const char* ArchitectureClassName(Architecture architecture);
+const char* ArchitectureModelType(Architecture architecture);
+
+// Writes `config` as a Hugging Face config.json document (pretty-printed, trailing newline) that
+// ParseModelConfig reads back to an equal config.
+std::string ModelConfigToJson(const ModelConfig& config);
 
 }  // namespace tandem

@@ -1,0 +1,359 @@
+#include "common/config/model_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/mapped_file.h"
+#include "common/base/status_macros.h"
+#include "common/config/json_fields.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+namespace {
+
+using nlohmann::json;
+
+// Upper bounds that keep every size product the loader computes far from int64 overflow.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxPositions = int64_t{1} << 31;
+
+struct ArchitectureInfo {
+  Architecture architecture;
+  const char* class_name;
+  const char* model_type;
+  int64_t default_max_positions;  // Hugging Face's config class default
+  int32_t default_bos;            // -1: none
+  int32_t default_eos;            // -1: none
+};
+
+constexpr ArchitectureInfo kArchitectures[] = {
+    {Architecture::kLlama, "LlamaForCausalLM", "llama", 2048, 1, 2},
+    {Architecture::kMistral, "MistralForCausalLM", "mistral", 4096 * 32, 1, 2},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768, -1, -1},
+};
+
+const ArchitectureInfo& Info(Architecture a) {
+  for (const ArchitectureInfo& info : kArchitectures) {
+    if (info.architecture == a) return info;
+  }
+  return kArchitectures[0];
+}
+
+std::string SupportedArchitectures() {
+  std::vector<std::string> names;
+  for (const ArchitectureInfo& info : kArchitectures) names.push_back(info.class_name);
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status Invalid(const std::string& source, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(source, ": ", message));
+}
+
+absl::StatusOr<const ArchitectureInfo*> ResolveArchitecture(const json& doc,
+                                                            const std::string& source) {
+  std::string name;
+  auto it = doc.find("architectures");
+  if (it != doc.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty() || !(*it)[0].is_string()) {
+      return Invalid(source, "field 'architectures' must be a non-empty list of strings");
+    }
+    name = (*it)[0].get<std::string>();
+    for (const ArchitectureInfo& info : kArchitectures) {
+      if (name == info.class_name) return &info;
+    }
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> model_type,
+                            JsonOptionalString(doc, "model_type", source));
+    if (!model_type.has_value()) {
+      return Invalid(source, "neither 'architectures' nor 'model_type' is set");
+    }
+    for (const ArchitectureInfo& info : kArchitectures) {
+      if (*model_type == info.model_type) return &info;
+    }
+    name = absl::StrCat("model_type ", *model_type);
+  }
+  return absl::UnimplementedError(absl::StrCat(source, ": unsupported architecture '", name,
+                                               "' (supported: ", SupportedArchitectures(), ")"));
+}
+
+// eos_token_id: an int, a list of ints, or null.
+absl::StatusOr<std::optional<std::vector<int32_t>>> ParseTokenIds(const json& doc,
+                                                                  const std::string& key,
+                                                                  const std::string& source) {
+  auto it = doc.find(key);
+  if (it == doc.end()) return std::optional<std::vector<int32_t>>();
+  std::vector<int32_t> ids;
+  if (it->is_null()) return std::optional<std::vector<int32_t>>(ids);
+  json list = it->is_array() ? *it : json::array({*it});
+  for (const json& v : list) {
+    std::optional<int64_t> id = JsonToInt(v);
+    if (!id.has_value() || *id < 0 || *id > INT32_MAX) {
+      return Invalid(
+          source, absl::StrCat("field '", key, "' must be a token id or a list of token ids, got ",
+                               it->dump().substr(0, 64)));
+    }
+    ids.push_back(static_cast<int32_t>(*id));
+  }
+  return std::optional<std::vector<int32_t>>(ids);
+}
+
+absl::StatusOr<std::optional<int32_t>> ParseBos(const json& doc, const std::string& source) {
+  auto it = doc.find("bos_token_id");
+  if (it == doc.end()) return std::optional<int32_t>();
+  if (it->is_null()) return std::optional<int32_t>(-1);
+  std::optional<int64_t> id = JsonToInt(*it);
+  if (!id.has_value() || *id < 0 || *id > INT32_MAX) {
+    return Invalid(source, absl::StrCat("field 'bos_token_id' must be a token id, got ",
+                                        it->dump().substr(0, 64)));
+  }
+  return std::optional<int32_t>(static_cast<int32_t>(*id));
+}
+
+absl::StatusOr<RopeScaling> ParseRopeScaling(const json& doc, const std::string& source) {
+  RopeScaling scaling;
+  auto it = doc.find("rope_scaling");
+  if (it == doc.end() || it->is_null()) return scaling;
+  if (!it->is_object()) return Invalid(source, "field 'rope_scaling' must be an object or null");
+  const json& rs = *it;
+  const std::string where = absl::StrCat(source, " (rope_scaling)");
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> type,
+                          JsonOptionalString(rs, "rope_type", where));
+  if (!type.has_value()) {
+    TANDEM_ASSIGN_OR_RETURN(type, JsonOptionalString(rs, "type", where));
+  }
+  if (!type.has_value()) return Invalid(source, "rope_scaling has neither 'rope_type' nor 'type'");
+  if (*type == "default") return scaling;
+  auto required_double = [&](const char* key) -> absl::StatusOr<double> {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<double> v, JsonOptionalDouble(rs, key, where));
+    if (!v.has_value()) {
+      return Invalid(source, absl::StrCat("rope_scaling of type '", *type, "' needs '", key, "'"));
+    }
+    return *v;
+  };
+  if (*type == "linear") {
+    scaling.type = RopeScaling::Type::kLinear;
+    TANDEM_ASSIGN_OR_RETURN(scaling.factor, required_double("factor"));
+    return scaling;
+  }
+  if (*type == "llama3") {
+    scaling.type = RopeScaling::Type::kLlama3;
+    TANDEM_ASSIGN_OR_RETURN(scaling.factor, required_double("factor"));
+    TANDEM_ASSIGN_OR_RETURN(scaling.low_freq_factor, required_double("low_freq_factor"));
+    TANDEM_ASSIGN_OR_RETURN(scaling.high_freq_factor, required_double("high_freq_factor"));
+    TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> original,
+                            JsonOptionalInt(rs, "original_max_position_embeddings", where));
+    if (!original.has_value()) {
+      return Invalid(source,
+                     "rope_scaling of type 'llama3' needs 'original_max_position_embeddings'");
+    }
+    scaling.original_max_position_embeddings = *original;
+    return scaling;
+  }
+  return absl::UnimplementedError(absl::StrCat(source, ": unsupported rope_scaling type '", *type,
+                                               "' (supported: default, linear, llama3)"));
+}
+
+absl::Status CheckRange(const std::string& source, const char* field, int64_t value, int64_t max) {
+  if (value <= 0 || value > max) {
+    return Invalid(source,
+                   absl::StrCat("field '", field, "' must be in [1, ", max, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* ArchitectureClassName(Architecture architecture) {
+  return Info(architecture).class_name;
+}
+
+const char* ArchitectureModelType(Architecture architecture) {
+  return Info(architecture).model_type;
+}
+
+absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source) {
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "hidden_size", c.hidden_size, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "intermediate_size", c.intermediate_size, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "num_hidden_layers", c.num_layers, kMaxLayers));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "num_attention_heads", c.num_heads, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "num_key_value_heads", c.num_kv_heads, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "head_dim", c.head_dim, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(CheckRange(source, "vocab_size", c.vocab_size, kMaxDim));
+  TANDEM_RETURN_IF_ERROR(
+      CheckRange(source, "max_position_embeddings", c.max_position_embeddings, kMaxPositions));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return Invalid(
+        source, absl::StrCat("num_attention_heads (", c.num_heads,
+                             ") must be a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
+  }
+  if (c.head_dim % 2 != 0) {
+    return Invalid(source,
+                   absl::StrCat("head_dim must be even for rotary embeddings, got ", c.head_dim));
+  }
+  if (c.num_heads * c.head_dim > kMaxDim) {
+    return Invalid(source, "num_attention_heads * head_dim is too large");
+  }
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) {
+    return Invalid(source, absl::StrCat("field 'rope_theta' must be positive, got ", c.rope_theta));
+  }
+  if (!(c.rms_norm_eps > 0) || !std::isfinite(c.rms_norm_eps)) {
+    return Invalid(source,
+                   absl::StrCat("field 'rms_norm_eps' must be positive, got ", c.rms_norm_eps));
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScaling::Type::kNone && (!(rs.factor > 0) || !std::isfinite(rs.factor))) {
+    return Invalid(source, absl::StrCat("rope_scaling factor must be positive, got ", rs.factor));
+  }
+  if (rs.type == RopeScaling::Type::kLlama3) {
+    if (!(rs.low_freq_factor > 0) || !(rs.high_freq_factor > rs.low_freq_factor) ||
+        !std::isfinite(rs.high_freq_factor)) {
+      return Invalid(source,
+                     absl::StrCat("rope_scaling needs 0 < low_freq_factor (", rs.low_freq_factor,
+                                  ") < high_freq_factor (", rs.high_freq_factor, ")"));
+    }
+    TANDEM_RETURN_IF_ERROR(CheckRange(source, "rope_scaling.original_max_position_embeddings",
+                                      rs.original_max_position_embeddings, kMaxPositions));
+  }
+  if (c.sliding_window < 0) return Invalid(source, "field 'sliding_window' must not be negative");
+  if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
+    return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source) {
+  TANDEM_ASSIGN_OR_RETURN(json doc, ParseJsonDocument(json_text, source));
+  if (!doc.is_object()) return Invalid(source, "config must be a JSON object");
+  TANDEM_ASSIGN_OR_RETURN(const ArchitectureInfo* arch, ResolveArchitecture(doc, source));
+
+  ModelConfig c;
+  c.architecture = arch->architecture;
+  c.architecture_name = arch->class_name;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> model_type,
+                          JsonOptionalString(doc, "model_type", source));
+  c.model_type = model_type.value_or(arch->model_type);
+
+  TANDEM_ASSIGN_OR_RETURN(c.hidden_size, JsonRequiredInt(doc, "hidden_size", source));
+  TANDEM_ASSIGN_OR_RETURN(c.intermediate_size, JsonRequiredInt(doc, "intermediate_size", source));
+  TANDEM_ASSIGN_OR_RETURN(c.num_layers, JsonRequiredInt(doc, "num_hidden_layers", source));
+  TANDEM_ASSIGN_OR_RETURN(c.num_heads, JsonRequiredInt(doc, "num_attention_heads", source));
+  TANDEM_ASSIGN_OR_RETURN(c.vocab_size, JsonRequiredInt(doc, "vocab_size", source));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> kv_heads,
+                          JsonOptionalInt(doc, "num_key_value_heads", source));
+  c.num_kv_heads = kv_heads.value_or(c.num_heads);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> head_dim,
+                          JsonOptionalInt(doc, "head_dim", source));
+  if (head_dim.has_value()) {
+    c.head_dim = *head_dim;
+  } else {
+    if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0) {
+      return Invalid(source, absl::StrCat("hidden_size (", c.hidden_size,
+                                          ") is not divisible by num_attention_heads (",
+                                          c.num_heads, ") and head_dim is not set"));
+    }
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> max_pos,
+                          JsonOptionalInt(doc, "max_position_embeddings", source));
+  c.max_position_embeddings = max_pos.value_or(arch->default_max_positions);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> theta,
+                          JsonOptionalDouble(doc, "rope_theta", source));
+  c.rope_theta = theta.value_or(10000.0);
+  TANDEM_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(doc, source));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> partial,
+                          JsonOptionalDouble(doc, "partial_rotary_factor", source));
+  if (partial.has_value() && *partial != 1.0) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": partial_rotary_factor ", *partial, " is not supported"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> eps,
+                          JsonOptionalDouble(doc, "rms_norm_eps", source));
+  c.rms_norm_eps = eps.value_or(1e-6);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> tie,
+                          JsonOptionalBool(doc, "tie_word_embeddings", source));
+  c.tie_word_embeddings = tie.value_or(false);
+
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
+                          JsonOptionalString(doc, "hidden_act", source));
+  if (act.has_value() && *act != "silu") {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": hidden_act '", *act, "' is not supported (only silu)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, JsonOptionalBool(doc, "mlp_bias", source));
+  if (mlp_bias.value_or(false)) {
+    return absl::UnimplementedError(absl::StrCat(source, ": mlp_bias is not supported"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> attn_bias,
+                          JsonOptionalBool(doc, "attention_bias", source));
+  if (c.architecture == Architecture::kQwen2) {
+    c.attention_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj none
+  } else if (attn_bias.value_or(false)) {
+    // Llama's attention_bias also puts a bias on o_proj, which the engine has no slot for.
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": attention_bias is only supported for Qwen2 (Llama also biases o_proj)"));
+  }
+
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> window,
+                          JsonOptionalInt(doc, "sliding_window", source));
+  if (c.architecture == Architecture::kMistral) {
+    c.sliding_window = window.value_or(0);
+  } else if (c.architecture == Architecture::kQwen2) {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
+                            JsonOptionalBool(doc, "use_sliding_window", source));
+    if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
+  }
+
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> bos, ParseBos(doc, source));
+  c.bos_token_id = bos.value_or(arch->default_bos);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> eos,
+                          ParseTokenIds(doc, "eos_token_id", source));
+  if (eos.has_value()) {
+    c.eos_token_ids = *eos;
+  } else if (arch->default_eos >= 0) {
+    c.eos_token_ids = {arch->default_eos};
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> dtype,
+                          JsonOptionalString(doc, "torch_dtype", source));
+  if (!dtype.has_value()) {
+    TANDEM_ASSIGN_OR_RETURN(dtype, JsonOptionalString(doc, "dtype", source));  // newer spelling
+  }
+  c.torch_dtype = dtype.value_or("");
+
+  TANDEM_RETURN_IF_ERROR(ValidateModelConfig(c, source));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& config_json_path) {
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_json_path));
+  return ParseModelConfig(text, config_json_path);
+}
+
+absl::Status MergeGenerationConfig(const std::string& model_dir, ModelConfig* config) {
+  const std::string path = (std::filesystem::path(model_dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return absl::OkStatus();
+  TANDEM_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  TANDEM_ASSIGN_OR_RETURN(json doc, ParseJsonDocument(text, path));
+  if (!doc.is_object()) return Invalid(path, "generation config must be a JSON object");
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> bos, ParseBos(doc, path));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::vector<int32_t>> eos,
+                          ParseTokenIds(doc, "eos_token_id", path));
+  if (bos.has_value() && *bos >= 0) config->bos_token_id = *bos;
+  if (eos.has_value()) {
+    // Generation stops at any of them: keep config.json's ids and add the new ones in order.
+    for (int32_t id : *eos) {
+      bool seen = false;
+      for (int32_t have : config->eos_token_ids) seen = seen || have == id;
+      if (!seen) config->eos_token_ids.push_back(id);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem

@@ -1,0 +1,66 @@
+// ModelConfigToJson: the inverse of ParseModelConfig, for tools that write model directories.
+
+#include <string>
+
+#include "common/config/model_config.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+
+std::string ModelConfigToJson(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["architectures"] = {c.architecture_name.empty() ? ArchitectureClassName(c.architecture)
+                                                    : c.architecture_name};
+  j["model_type"] = c.model_type.empty() ? ArchitectureModelType(c.architecture) : c.model_type;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  switch (c.rope_scaling.type) {
+    case RopeScaling::Type::kNone:
+      j["rope_scaling"] = nullptr;
+      break;
+    case RopeScaling::Type::kLinear:
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope_scaling.factor}};
+      break;
+    case RopeScaling::Type::kLlama3:
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", c.rope_scaling.factor},
+          {"low_freq_factor", c.rope_scaling.low_freq_factor},
+          {"high_freq_factor", c.rope_scaling.high_freq_factor},
+          {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+      break;
+  }
+  if (c.architecture == Architecture::kLlama) {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  }
+  if (c.architecture == Architecture::kMistral) {
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
+  }
+  if (c.architecture == Architecture::kQwen2) {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
+  }
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["bos_token_id"] = c.bos_token_id >= 0 ? nlohmann::ordered_json(c.bos_token_id) : nullptr;
+  if (c.eos_token_ids.empty()) {
+    j["eos_token_id"] = nullptr;
+  } else if (c.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = c.eos_token_ids[0];
+  } else {
+    j["eos_token_id"] = c.eos_token_ids;
+  }
+  if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace tandem

@@ -1,0 +1,324 @@
+#include "common/config/model_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kLlama2_7b[] = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "tie_word_embeddings": false, "torch_dtype": "float16", "use_cache": true, "vocab_size": 32000})";
+
+constexpr char kLlama31_8b_instruct[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu",
+  "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 128256})";
+
+constexpr char kLlama32_1b[] = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "bos_token_id": 128000,
+  "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+  "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+  "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "vocab_size": 128256})";
+
+constexpr char kMistral7b[] = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "vocab_size": 32000})";
+
+constexpr char kQwen25_05b[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936})";
+
+// The smallest valid Llama config; tests splice fields into it.
+std::string MinimalLlama(const std::string& extra = "") {
+  return R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100)" +
+         extra + "}";
+}
+
+TEST(ModelConfigTest, Llama2) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kLlama2_7b, "llama2/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kLlama);
+  EXPECT_EQ(c->architecture_name, "LlamaForCausalLM");
+  EXPECT_EQ(c->model_type, "llama");
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(c->intermediate_size, 11008);
+  EXPECT_EQ(c->num_layers, 32);
+  EXPECT_EQ(c->num_heads, 32);
+  EXPECT_EQ(c->num_kv_heads, 32);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->vocab_size, 32000);
+  EXPECT_EQ(c->max_position_embeddings, 4096);
+  EXPECT_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  EXPECT_EQ(c->torch_dtype, "float16");
+}
+
+TEST(ModelConfigTest, Llama31WithLlama3RopeScalingAndEosList) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kLlama31_8b_instruct, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(128001, 128008, 128009));
+}
+
+TEST(ModelConfigTest, Llama32TiedWithExplicitHeadDim) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kLlama32_1b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+}
+
+TEST(ModelConfigTest, LinearRopeScalingWithLegacyTypeKey) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(
+      MinimalLlama(R"(, "rope_scaling": {"type": "linear", "factor": 4.0})"), "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.factor, 4.0);
+}
+
+TEST(ModelConfigTest, Mistral) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kMistral7b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kMistral);
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_FALSE(c->attention_bias);
+}
+
+TEST(ModelConfigTest, Qwen2ImpliesAttentionBiasAndIgnoresUnusedWindow) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kQwen25_05b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window is false
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_EQ(c->bos_token_id, 151643);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151643));
+}
+
+TEST(ModelConfigTest, HuggingFaceDefaults) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(MinimalLlama(), "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->max_position_embeddings, 2048);
+  EXPECT_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  EXPECT_EQ(c->model_type, "llama");
+
+  // Integral floats are accepted for integer fields; null ids mean "none".
+  c = ParseModelConfig(MinimalLlama(R"(, "num_key_value_heads": 2.0, "bos_token_id": null,
+                                       "eos_token_id": null)"),
+                       "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->bos_token_id, -1);
+  EXPECT_TRUE(c->eos_token_ids.empty());
+}
+
+TEST(ModelConfigTest, ArchitectureFromModelTypeWhenArchitecturesIsMissing) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(
+      R"({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 10})",
+      "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2);
+  EXPECT_EQ(c->architecture_name, "Qwen2ForCausalLM");
+}
+
+TEST(ModelConfigTest, BundledStories260k) {
+  absl::StatusOr<ModelConfig> c =
+      LoadModelConfig(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->intermediate_size, 172);
+  EXPECT_EQ(c->num_layers, 5);
+  EXPECT_EQ(c->num_heads, 8);
+  EXPECT_EQ(c->num_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_EQ(c->max_position_embeddings, 512);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->torch_dtype, "float32");
+}
+
+struct BadCase {
+  const char* name;
+  std::string json;
+  const char* expected;  // substring of the error besides the file name
+};
+
+TEST(ModelConfigTest, ErrorsNameTheFileAndTheProblem) {
+  const BadCase cases[] = {
+      {"bad_json", R"({"architectures": ["LlamaForCausalLM"], )", "invalid JSON"},
+      {"not_object", "[1, 2]", "JSON object"},
+      {"unsupported", R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 768})",
+       "unsupported architecture 'GPT2LMHeadModel'"},
+      {"no_arch", R"({"hidden_size": 64})", "neither 'architectures' nor 'model_type'"},
+      {"missing_field",
+       R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 1,
+           "num_hidden_layers": 2, "vocab_size": 100})",
+       "'num_attention_heads' is missing"},
+      {"wrong_type", MinimalLlama(R"(, "rope_theta": "big")"), "'rope_theta' must be a number"},
+      {"fraction", MinimalLlama(R"(, "num_key_value_heads": 2.5)"),
+       "'num_key_value_heads' must be an integer"},
+      {"zero_layers",
+       R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 0, "num_attention_heads": 4, "vocab_size": 100})",
+       "'num_hidden_layers' must be in [1"},
+      {"negative_vocab",
+       R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": -5})",
+       "'vocab_size' must be in [1"},
+      {"kv_not_divisor", MinimalLlama(R"(, "num_key_value_heads": 3)"),
+       "must be a multiple of num_key_value_heads"},
+      {"hidden_not_divisible",
+       R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 65, "intermediate_size": 128,
+           "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100})",
+       "not divisible by num_attention_heads"},
+      {"odd_head_dim", MinimalLlama(R"(, "head_dim": 7)"), "head_dim must be even"},
+      {"huge", MinimalLlama(R"(, "head_dim": 99999999999999)"), "'head_dim' must be in [1"},
+      {"bad_rope_type", MinimalLlama(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4})"),
+       "unsupported rope_scaling type 'yarn'"},
+      {"llama3_missing", MinimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8})"),
+       "needs 'low_freq_factor'"},
+      {"llama3_order", MinimalLlama(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8,
+           "low_freq_factor": 4, "high_freq_factor": 4, "original_max_position_embeddings": 8})"),
+       "low_freq_factor"},
+      {"gelu", MinimalLlama(R"(, "hidden_act": "gelu")"), "hidden_act 'gelu'"},
+      {"mlp_bias", MinimalLlama(R"(, "mlp_bias": true)"), "mlp_bias"},
+      {"llama_attention_bias", MinimalLlama(R"(, "attention_bias": true)"), "attention_bias"},
+      {"eos_string", MinimalLlama(R"(, "eos_token_id": "</s>")"), "'eos_token_id'"},
+      {"zero_theta", MinimalLlama(R"(, "rope_theta": 0)"), "'rope_theta' must be positive"},
+  };
+  for (const BadCase& bad : cases) {
+    const std::string source = std::string("/models/") + bad.name + "/config.json";
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(bad.json, source);
+    ASSERT_FALSE(c.ok()) << bad.name;
+    EXPECT_THAT(c.status().message(), HasSubstr(source)) << bad.name;
+    EXPECT_THAT(c.status().message(), HasSubstr(bad.expected)) << bad.name;
+  }
+}
+
+TEST(ModelConfigTest, LoadNamesAMissingFile) {
+  absl::StatusOr<ModelConfig> c = LoadModelConfig("/nonexistent/dir/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("/nonexistent/dir/config.json"));
+}
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(std::filesystem::path(testing::TempDir()) / ("model_config_test_" + name)) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  std::string path() const { return path_.string(); }
+  void Write(const std::string& file, const std::string& text) const {
+    std::ofstream(path_ / file, std::ios::binary) << text;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+TEST(ModelConfigTest, MergeGenerationConfigAddsEosIdsAndOverridesBos) {
+  TempDir dir("merge");
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kLlama32_1b, "x/config.json");
+  ASSERT_TRUE(c.ok());
+  // Absent file: nothing changes.
+  ModelConfig before = *c;
+  ASSERT_TRUE(MergeGenerationConfig(dir.path(), &*c).ok());
+  EXPECT_EQ(*c, before);
+
+  dir.Write("generation_config.json",
+            R"({"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+                "do_sample": true, "temperature": 0.6})");
+  ASSERT_TRUE(MergeGenerationConfig(dir.path(), &*c).ok());
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(128001, 128008, 128009));
+
+  dir.Write("generation_config.json", R"({"eos_token_id": 7, )");
+  absl::Status s = MergeGenerationConfig(dir.path(), &*c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr(dir.path() + "/generation_config.json"));
+}
+
+TEST(ModelConfigTest, ToJsonRoundTrips) {
+  for (const char* text :
+       {kLlama2_7b, kLlama31_8b_instruct, kLlama32_1b, kMistral7b, kQwen25_05b}) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(text, "x/config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::string json = ModelConfigToJson(*c);
+    absl::StatusOr<ModelConfig> back = ParseModelConfig(json, "y/config.json");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+    EXPECT_EQ(*back, *c) << json;
+  }
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(
+      MinimalLlama(R"(, "rope_scaling": {"type": "linear", "factor": 2.5}, "rms_norm_eps": 1.3e-7,
+                      "eos_token_id": [5, 6], "bos_token_id": null)"),
+      "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y/config.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+}  // namespace
+}  // namespace tandem
