@@ -1,0 +1,332 @@
+#include "common/engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+
+namespace tandem {
+
+Engine::Engine(const EngineOptions& options, std::shared_ptr<const Model> model,
+               std::unique_ptr<Backend> backend)
+    : options_(options), model_(std::move(model)), backend_(std::move(backend)) {}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                      std::shared_ptr<const Model> model,
+                                                      std::unique_ptr<Backend> backend) {
+  if (model == nullptr || backend == nullptr) {
+    return absl::InvalidArgumentError("engine needs a model and a backend");
+  }
+  if (options.scheduler.max_num_seqs < 1 || options.scheduler.max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError("max_num_seqs and max_num_batched_tokens must be >= 1");
+  }
+  std::unique_ptr<Engine> e(new Engine(options, std::move(model), std::move(backend)));
+  const ModelConfig& c = e->model_->config();
+  const KvCacheSpec& spec = e->backend_->kv_spec();
+  e->pool_ = std::make_unique<BlockPool>(spec.num_blocks, options.enable_prefix_cache);
+  e->kv_ = std::make_unique<KvCacheManager>(e->pool_.get(), spec.block_size);
+  e->scheduler_ = std::make_unique<Scheduler>(options.scheduler, e->kv_.get());
+  e->max_model_len_ = options.max_model_len > 0
+                          ? std::min(options.max_model_len, c.max_position_embeddings)
+                          : c.max_position_embeddings;
+  e->vocab_size_ = c.vocab_size;
+  e->eos_ids_ = c.eos_token_ids;
+  uint64_t seed = options.seed != 0 ? options.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  e->seed_source_.Seed(seed);
+  return e;
+}
+
+absl::Status Engine::Validate(const EngineRequest& r) const {
+  if (r.id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
+  if (requests_.count(r.id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id: '", r.id, "' is already running"));
+  }
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= vocab_size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt: token id ", t, " outside the vocabulary [0, ", vocab_size_, ")"));
+    }
+  }
+  const int64_t len = static_cast<int64_t>(r.prompt.size());
+  if (len >= max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", len,
+                                                   " tokens do not fit the context length ",
+                                                   max_model_len_, " (one token must remain)"));
+  }
+  if (auto st = ValidateSamplingParams(r.params, static_cast<int32_t>(vocab_size_)); !st.ok()) {
+    return st;
+  }
+  if (len + r.params.max_tokens > max_model_len_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: prompt (", len, ") + max_tokens (", r.params.max_tokens,
+                     ") exceeds the context length ", max_model_len_));
+  }
+  if (r.n < 1 || r.n > options_.max_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", options_.max_n, "], got ", r.n));
+  }
+  const int64_t blocks = kv_->BlocksFor(len + r.params.max_tokens);
+  if (blocks > pool_->num_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request needs ", blocks, " KV blocks (", len + r.params.max_tokens,
+                     " tokens) but the pool has ", pool_->num_blocks()));
+  }
+  if (scheduler_->num_waiting() + r.n > options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue full: ", scheduler_->num_waiting(), " sequences waiting"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AddRequest(EngineRequest r) {
+  if (auto st = Validate(r); !st.ok()) return st;
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = next_seq_id_++;
+  seq->arrival_order = next_arrival_++;
+  seq->request_id = r.id;
+  seq->index = 0;
+  seq->pending_forks = r.n - 1;
+  seq->priority = r.priority;
+  seq->tokens = std::move(r.prompt);
+  seq->prompt_len = seq->num_tokens();
+  seq->blocks.salt_hash = HashSalt(r.cache_salt);
+  seq->params = std::move(r.params);
+  seq->rng.Seed(seq->params.seed.has_value() ? *seq->params.seed : seed_source_.Next());
+  seq->arrival_time = r.arrival_time;
+  scheduler_->AddWaiting(seq.get());
+  requests_[seq->request_id].push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+SequenceUpdate& Engine::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* updates) {
+  for (auto& u : *updates) {
+    if (u.request_id == seq->request_id && u.index == seq->index && !u.finished) return u;
+  }
+  updates->emplace_back();
+  updates->back().request_id = seq->request_id;
+  updates->back().index = seq->index;
+  return updates->back();
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
+  scheduler_->Remove(seq);
+  seq->status = SeqStatus::kFinished;
+  seq->finish_reason = reason;
+  const absl::Time now = absl::Now();
+  u->finished = true;
+  u->finish_reason = reason;
+  u->prompt_tokens = seq->prompt_len;
+  u->cached_tokens = std::max<int64_t>(0, seq->cached_prompt_tokens);
+  u->completion_tokens = seq->num_output();
+  u->num_preemptions = seq->num_preemptions;
+  const bool scheduled = seq->first_scheduled_time != absl::InfinitePast();
+  const bool sampled = seq->first_token_time != absl::InfinitePast();
+  u->queue_time = (scheduled ? seq->first_scheduled_time : now) - seq->arrival_time;
+  u->prefill_time = scheduled && sampled ? seq->first_token_time - seq->first_scheduled_time
+                                         : absl::ZeroDuration();
+  u->ttft = sampled ? seq->first_token_time - seq->arrival_time : absl::ZeroDuration();
+  u->total_time = now - seq->arrival_time;
+
+  auto it = requests_.find(seq->request_id);
+  if (it == requests_.end()) return;
+  auto& seqs = it->second;
+  bool all_done = std::all_of(seqs.begin(), seqs.end(), [](const auto& s) {
+    return s->status == SeqStatus::kFinished && s->pending_forks == 0;
+  });
+  if (all_done) requests_.erase(it);
+}
+
+void Engine::AbortRequest(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  std::vector<Sequence*> live;
+  for (auto& s : it->second) {
+    s->pending_forks = 0;
+    if (s->status != SeqStatus::kFinished) live.push_back(s.get());
+  }
+  for (Sequence* s : live) {
+    SequenceUpdate u;
+    u.request_id = s->request_id;
+    u.index = s->index;
+    Finish(s, FinishReason::kAbort, &u);  // may erase the request (and `s`) at the last one
+    pending_updates_.push_back(std::move(u));
+  }
+}
+
+void Engine::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  for (auto& s : it->second) {
+    if (s->index != index || s->status == SeqStatus::kFinished) continue;
+    s->pending_forks = 0;
+    SequenceUpdate u;
+    u.request_id = request_id;
+    u.index = index;
+    Finish(s.get(), reason, &u);
+    pending_updates_.push_back(std::move(u));
+    return;
+  }
+}
+
+void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits,
+                         SequenceUpdate* u) {
+  seq->tokens.push_back(token);
+  ++stats_.generated_tokens;
+  if (seq->first_token_time == absl::InfinitePast()) seq->first_token_time = absl::Now();
+  u->new_tokens.push_back(token);
+  if (seq->params.logprobs >= 0) {
+    TokenLogprobs lp;
+    ComputeLogprobs(raw_logits, static_cast<int32_t>(vocab_size_), token, seq->params.logprobs,
+                    &lp.chosen, &lp.top);
+    u->logprobs.push_back(std::move(lp));
+  }
+  const SamplingParams& p = seq->params;
+  FinishReason reason = FinishReason::kNone;
+  if (!p.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
+    reason = FinishReason::kStop;
+  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+             p.stop_token_ids.end()) {
+    reason = FinishReason::kStop;
+  } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
+    reason = FinishReason::kLength;
+  }
+  if (reason != FinishReason::kNone) Finish(seq, reason, u);
+}
+
+void Engine::SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
+                        const float* raw_logits) {
+  std::vector<int32_t> stop_ids = seq->params.stop_token_ids;
+  if (!seq->params.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
+  absl::Span<const int32_t> all(seq->tokens);
+  TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
+  ProcessLogits(seq->params, history, stop_ids, logits, static_cast<int32_t>(vocab_size_));
+  if (seq->pending_forks > 0) Fork(seq, logits, raw_logits, updates);
+  int32_t token = SampleToken(seq->params, logits, static_cast<int32_t>(vocab_size_), seq->rng);
+  AppendToken(seq, token, raw_logits, &UpdateFor(seq, updates));
+}
+
+void Engine::Fork(Sequence* parent, const float* logits, const float* raw_logits,
+                  std::vector<SequenceUpdate>* updates) {
+  auto& seqs = requests_[parent->request_id];
+  const int32_t n = parent->pending_forks + 1;
+  parent->pending_forks = 0;
+  for (int32_t i = 1; i < n; ++i) {
+    auto child = std::make_unique<Sequence>();
+    child->seq_id = next_seq_id_++;
+    child->arrival_order = parent->arrival_order;
+    child->request_id = parent->request_id;
+    child->index = i;
+    child->priority = parent->priority;
+    child->tokens = parent->tokens;
+    child->prompt_len = parent->prompt_len;
+    child->num_computed = parent->num_computed;
+    kv_->Fork(parent->blocks, &child->blocks);
+    child->params = parent->params;
+    child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
+                                                    : seed_source_.Next());
+    child->cached_prompt_tokens = parent->cached_prompt_tokens;
+    child->admission_counted = true;
+    child->arrival_time = parent->arrival_time;
+    child->first_scheduled_time = parent->first_scheduled_time;
+    Sequence* c = child.get();
+    seqs.push_back(std::move(child));
+    scheduler_->AddRunning(c);
+    int32_t token = SampleToken(c->params, logits, static_cast<int32_t>(vocab_size_), c->rng);
+    AppendToken(c, token, raw_logits, &UpdateFor(c, updates));
+  }
+}
+
+void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
+                      std::vector<SequenceUpdate>* updates) {
+  TLOG(ERROR) << "forward pass failed, failing " << plan.scheduled.size()
+              << " sequences: " << status;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.seq->status == SeqStatus::kFinished) continue;
+    s.seq->pending_forks = 0;
+    SequenceUpdate& u = UpdateFor(s.seq, updates);
+    u.status = status;
+    Finish(s.seq, FinishReason::kError, &u);
+  }
+}
+
+std::vector<SequenceUpdate> Engine::Step() {
+  std::vector<SequenceUpdate> updates = std::move(pending_updates_);
+  pending_updates_.clear();
+  if (scheduler_->empty()) return updates;
+
+  SchedulerOutput plan = scheduler_->Schedule();
+  ++stats_.steps;
+  stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  if (plan.scheduled.empty()) return updates;
+
+  for (const BlockCopy& c : plan.block_copies) backend_->CopyBlock(c.src, c.dst);
+
+  const int64_t block_size = backend_->kv_spec().block_size;
+  ForwardBatch batch;
+  std::vector<Sequence*> sampled;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    Sequence* seq = s.seq;
+    if (!seq->admission_counted) {
+      seq->admission_counted = true;
+      stats_.prompt_tokens += seq->prompt_len;
+      stats_.prefix_cache_queried += seq->prompt_len;
+      stats_.prefix_cache_hit += std::max<int64_t>(0, seq->cached_prompt_tokens);
+    }
+    const bool completes = seq->num_computed + s.num_new_tokens == seq->num_tokens();
+    std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
+                               seq->tokens.begin() + seq->num_computed + s.num_new_tokens);
+    batch.AddSequence(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
+                      block_size, completes);
+    if (completes) sampled.push_back(seq);
+  }
+
+  const size_t vocab = static_cast<size_t>(vocab_size_);
+  logits_.resize(sampled.size() * vocab);
+  absl::Status st = backend_->Forward(batch, logits_.data());
+  if (!st.ok()) {
+    FailStep(st, plan, &updates);
+    return updates;
+  }
+
+  for (const ScheduledSeq& s : plan.scheduled) {
+    s.seq->num_computed += s.num_new_tokens;
+    kv_->RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
+  }
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    float* row = logits_.data() + i * vocab;
+    const float* raw = row;
+    if (sampled[i]->params.logprobs >= 0) {
+      raw_logits_.assign(row, row + vocab);
+      raw = raw_logits_.data();
+    }
+    SampleInto(sampled[i], row, &updates, raw);
+  }
+  return updates;
+}
+
+bool Engine::HasWork() const { return !scheduler_->empty() || !pending_updates_.empty(); }
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.num_running = scheduler_->num_running();
+  s.num_waiting = scheduler_->num_waiting();
+  s.kv_blocks_total = pool_->num_blocks();
+  s.kv_blocks_used = pool_->num_referenced();
+  s.kv_blocks_cached = pool_->num_cached();
+  s.kv_blocks_evictable = pool_->num_evictable();
+  const int64_t block_size = kv_->block_size();
+  for (const auto& [id, seqs] : requests_) {
+    for (const auto& seq : seqs) {
+      if (seq->status != SeqStatus::kRunning) continue;
+      s.kv_reserved_token_slots += static_cast<int64_t>(seq->blocks.table.size()) * block_size;
+      s.kv_filled_token_slots += seq->num_computed;
+    }
+  }
+  return s;
+}
+
+}  // namespace tandem

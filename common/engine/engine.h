@@ -1,0 +1,151 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/engine/backend/backend.h"
+#include "common/engine/kv/block_pool.h"
+#include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/model/model.h"
+#include "common/engine/sampler/sampler.h"
+#include "common/engine/scheduler/scheduler.h"
+#include "common/engine/scheduler/sequence.h"
+
+namespace tandem {
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  bool enable_prefix_cache = true;
+  int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
+  int64_t max_waiting = 4096;    // queued sequences beyond this: RESOURCE_EXHAUSTED
+  int32_t max_n = 16;            // samples per request at most
+  uint64_t seed = 0;             // seeds requests that bring none (0: from the clock)
+};
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
+  SamplingParams params;
+  int32_t n = 1;
+  int32_t priority = 0;
+  std::string cache_salt;
+  absl::Time arrival_time = absl::Now();
+};
+
+struct TokenLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
+};
+
+// What one sequence produced in one step.
+struct SequenceUpdate {
+  std::string request_id;
+  int32_t index = 0;
+  std::vector<int32_t> new_tokens;
+  std::vector<TokenLogprobs> logprobs;  // one per new token when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;  // non-OK with kError
+  // Set on the finishing update:
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+  int32_t num_preemptions = 0;
+  absl::Duration queue_time;   // arrival -> first scheduled
+  absl::Duration prefill_time;  // first scheduled -> first token
+  absl::Duration ttft;          // arrival -> first token
+  absl::Duration total_time;    // arrival -> finish
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;       // referenced by sequences
+  int64_t kv_blocks_cached = 0;     // holding a prefix-cache entry (referenced or not)
+  int64_t kv_blocks_evictable = 0;  // cached and unreferenced
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;          // admitted prompt tokens
+  int64_t prefix_cache_queried = 0;   // prompt tokens looked up at first admission
+  int64_t prefix_cache_hit = 0;       // of which found cached
+  int64_t generated_tokens = 0;
+  int64_t kv_reserved_token_slots = 0;  // block slots held by running sequences
+  int64_t kv_filled_token_slots = 0;    // of which hold computed tokens
+};
+
+// The inference engine both worker kinds share (DESIGN §4): continuous batching over a paged
+// KV cache with prefix caching, chunked prefill, preemption and sampling. It knows nothing of
+// RPC. Thread model: NOT thread-safe; one engine thread calls every method (servers put a
+// queue in front of it).
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                       std::shared_ptr<const Model> model,
+                                                       std::unique_ptr<Backend> backend);
+  ~Engine();
+
+  // Validates and queues a request. INVALID_ARGUMENT names the bad field; RESOURCE_EXHAUSTED
+  // when the queue is full or the request could never fit in the KV pool.
+  absl::Status AddRequest(EngineRequest request);
+  // Finishes every sequence of the request with kAbort and frees its blocks now. The abort
+  // updates are returned by the next Step().
+  void AbortRequest(const std::string& request_id);
+  // Finishes one sample of a request (e.g. a stop string matched by the caller).
+  void FinishSequence(const std::string& request_id, int32_t index, FinishReason reason);
+
+  // Runs one iteration (schedule, forward, sample) if there is work and returns what changed.
+  std::vector<SequenceUpdate> Step();
+  bool HasWork() const;
+  EngineStats stats() const;
+
+  const Model& model() const { return *model_; }
+  Backend& backend() { return *backend_; }
+  int64_t max_model_len() const { return max_model_len_; }
+  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
+  BlockPool& block_pool() { return *pool_; }
+
+ private:
+  Engine(const EngineOptions& options, std::shared_ptr<const Model> model,
+         std::unique_ptr<Backend> backend);
+  absl::Status Validate(const EngineRequest& request) const;
+  // Samples the next token of `seq` from its logits row; returns its update.
+  void SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
+                  const float* raw_logits);
+  void AppendToken(Sequence* seq, int32_t token, const float* raw_logits,
+                   SequenceUpdate* update);
+  void Fork(Sequence* parent, const float* logits, const float* raw_logits,
+            std::vector<SequenceUpdate>* updates);
+  void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);
+  void FailStep(const absl::Status& status, const SchedulerOutput& plan,
+                std::vector<SequenceUpdate>* updates);
+  SequenceUpdate& UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* updates);
+
+  EngineOptions options_;
+  std::shared_ptr<const Model> model_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int64_t max_model_len_ = 0;
+  int64_t vocab_size_ = 0;
+  std::vector<int32_t> eos_ids_;
+
+  // request id -> its sequences (owned here).
+  std::unordered_map<std::string, std::vector<std::unique_ptr<Sequence>>> requests_;
+  std::vector<SequenceUpdate> pending_updates_;  // aborts etc. reported by the next Step()
+  int64_t next_seq_id_ = 1;
+  uint64_t next_arrival_ = 1;
+  Rng seed_source_;
+  EngineStats stats_;
+  std::vector<float> logits_;
+  std::vector<float> raw_logits_;
+};
+
+}  // namespace tandem

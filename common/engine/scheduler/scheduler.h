@@ -1,0 +1,83 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/scheduler/sequence.h"
+
+namespace tandem {
+
+enum class SchedulingPolicy {
+  kFcfs,      // first come, first served
+  kPriority,  // lower Sequence::priority first, then arrival
+  kStatic,    // benchmark baseline only: a fixed batch runs to completion with KV reserved for
+              // the whole max length; nothing joins until the batch is done
+};
+
+struct SchedulerOptions {
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  int64_t max_num_seqs = 64;             // sequences per step
+  int64_t max_num_batched_tokens = 512;  // tokens per step (prefill chunks + decodes)
+  int64_t max_prefill_chunk = 0;         // cap on one sequence's chunk; 0: the token budget
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int64_t num_new_tokens = 0;  // tokens [num_computed, num_computed + num_new_tokens) this step
+};
+
+struct BlockCopy {
+  Sequence* seq = nullptr;
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> scheduled;
+  std::vector<BlockCopy> block_copies;  // copy-on-write, to run before the forward pass
+  std::vector<Sequence*> preempted;                        // moved back to waiting this step
+  int64_t num_batched_tokens = 0;
+};
+
+// Iteration-level scheduler (DESIGN §4 "Scheduler"): every step, running sequences continue
+// (decodes first, then prefill chunks), then waiting sequences join while the token, sequence
+// and KV-block budgets allow. When blocks run out the lowest-priority, newest running sequence
+// is preempted: its blocks are freed (full ones stay in the prefix cache) and it is recomputed
+// later. The oldest, highest-priority sequence is therefore never starved. Engine thread only.
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, KvCacheManager* kv);
+
+  void AddWaiting(Sequence* seq);  // a new request's sequence
+  void AddRunning(Sequence* seq);  // a forked sample that already holds its parent's blocks
+  // Removes a sequence from whichever queue holds it and frees its blocks.
+  void Remove(Sequence* seq);
+
+  SchedulerOutput Schedule();
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  bool empty() const { return waiting_.empty() && running_.empty(); }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  bool Before(const Sequence* a, const Sequence* b) const;  // a is served before b
+  void InsertWaiting(Sequence* seq);
+  Sequence* PickVictim(const std::vector<Sequence*>& candidates) const;
+  void Preempt(Sequence* seq, SchedulerOutput* out);
+  // Makes room in the KV pool for `seq` to compute `num_new` more tokens, preempting others if
+  // needed. False when `seq` itself had to be preempted.
+  bool Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out);
+  bool AdmitWaiting(int64_t* budget, SchedulerOutput* out);
+  void MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out);
+
+  SchedulerOptions options_;
+  KvCacheManager* kv_;
+  std::deque<Sequence*> waiting_;   // in service order
+  std::vector<Sequence*> running_;  // in service order
+};
+
+}  // namespace tandem

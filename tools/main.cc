@@ -1,0 +1,42 @@
+// The `tandem` executable: one binary, many subcommands (like `vllm serve`).
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "tools/commands.h"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+  const char* summary;
+};
+
+constexpr Command kCommands[] = {
+    {"generate", tandem::RunGenerate, "generate a continuation of a prompt in this process"},
+    {"make-model", tandem::RunMakeModel, "write a random-initialised model at a real shape"},
+};
+
+void PrintUsage() {
+  std::printf("Usage: tandem <command> [flags]\n\nCommands:\n");
+  for (const Command& c : kCommands) std::printf("  %-12s %s\n", c.name, c.summary);
+  std::printf("\nRun `tandem <command> --help` for a command's flags.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
+    PrintUsage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "tandem: unknown command '%s'\n\n", argv[1]);
+  PrintUsage();
+  return 2;
+}
