@@ -1,0 +1,177 @@
+// Public entry points of the CPU kernels: pick the ISA table, split work among pool threads,
+// hand out per-thread scratch. Compiled with the baseline flags; no arithmetic happens here
+// except the attention scale, so results depend only on the ISA table in use.
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "common/base/log.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/backend/cpu/kernels/kernels_internal.h"
+
+namespace tandem::cpu {
+namespace internal {
+namespace {
+
+bool CpuSupports(SimdLevel level) {
+  const CpuFeatures& f = GetCpuFeatures();
+  const bool avx2 = f.avx2 && f.fma && f.f16c;
+  switch (level) {
+    case SimdLevel::kScalar:
+      return true;
+    case SimdLevel::kAvx2:
+      return avx2;
+    case SimdLevel::kAvx512:
+      return avx2 && f.avx512f && f.avx512bw && f.avx512vl;
+  }
+  return false;
+}
+
+// Only called for supported levels: the tables are static data, but keep the rule simple.
+const KernelTable* TableFor(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAvx512:
+      return &Avx512Kernels();
+    case SimdLevel::kAvx2:
+      return &Avx2Kernels();
+    case SimdLevel::kScalar:
+      break;
+  }
+  return &ScalarKernels();
+}
+
+std::atomic<const KernelTable*> g_override{nullptr};
+
+}  // namespace
+
+const KernelTable& ActiveKernels() {
+  if (const KernelTable* t = g_override.load(std::memory_order_acquire)) return *t;
+  static const KernelTable* const active = TableFor(ActiveSimdLevel());
+  return *active;
+}
+
+std::vector<SimdLevel> SupportedSimdLevels() {
+  std::vector<SimdLevel> levels;
+  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (CpuSupports(l)) levels.push_back(l);
+  }
+  return levels;
+}
+
+bool SetSimdLevelForTesting(SimdLevel level) {
+  if (!CpuSupports(level)) return false;
+  g_override.store(TableFor(level), std::memory_order_release);
+  return true;
+}
+
+SimdLevel CurrentSimdLevel() { return ActiveKernels().level; }
+
+}  // namespace internal
+
+namespace {
+
+// Per-thread scratch that only grows: no allocation per call once warm.
+float* ThreadScratch(int64_t floats) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+// Below this many multiply-adds a MatMul runs on the calling thread only (waking the pool costs
+// more than it saves). Which thread computes an output never changes its value.
+constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
+// Columns are split in multiples of this (a multiple of every ISA's register tile width).
+constexpr int64_t kMatMulColumnGrain = 16;
+
+void CheckFloatType(DType t, const char* what) {
+  TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16)
+      << what << " dtype must be f32 or bf16, got " << DTypeName(t);
+}
+
+}  // namespace
+
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+            int64_t N, const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
+  CheckFloatType(wtype, "MatMul weight");
+  if (M <= 0 || N <= 0) return;
+  const internal::KernelTable& t = internal::ActiveKernels();
+  auto run = [&](int64_t n0, int64_t n1) {
+    t.matmul(x, M, K, ldx, w, wtype, n0, n1, bias, y, ldy);
+  };
+  if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
+    run(0, N);
+  } else {
+    pool->ParallelForGrain(N, kMatMulColumnGrain, run);
+  }
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out) {
+  internal::ActiveKernels().rms_norm(x, weight, M, D, eps, out);
+}
+
+void AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M, int64_t D,
+                float eps, float* out) {
+  internal::ActiveKernels().add_rms_norm(residual, delta, weight, M, D, eps, out);
+}
+
+void ApplyRope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
+               const int32_t* positions, const float* cos_sin) {
+  internal::ActiveKernels().apply_rope(x, M, ldx, num_heads, head_dim, positions, cos_sin);
+}
+
+void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out) {
+  internal::ActiveKernels().silu_mul(gate, up, M, F, out);
+}
+
+void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D, float* out) {
+  CheckFloatType(dtype, "Embed table");
+  internal::ActiveKernels().embed(ids, M, table, dtype, D, out);
+}
+
+void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
+             const int64_t* slots, const PagedKvLayer& kv) {
+  CheckFloatType(kv.dtype, "KV cache");
+  internal::ActiveKernels().write_kv(k, ldk, v, ldv, M, slots, kv);
+}
+
+void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
+  CheckFloatType(kv.dtype, "KV cache");
+  internal::ActiveKernels().read_kv_slot(kv, slot, which, out);
+}
+
+void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
+                    int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
+                    int64_t ldo, ThreadPool* pool) {
+  CheckFloatType(kv.dtype, "KV cache");
+  TANDEM_CHECK(kv.num_kv_heads > 0 && num_heads % kv.num_kv_heads == 0)
+      << "num_heads " << num_heads << " is not a multiple of num_kv_heads " << kv.num_kv_heads;
+  if (num_queries <= 0) return;
+  const internal::KernelTable& t = internal::ActiveKernels();
+  const int64_t group = num_heads / kv.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
+  int64_t max_span = 1;
+  for (int64_t i = 0; i < num_queries; ++i) {
+    const int64_t span = internal::AttentionSpan(queries[i].context_len, sliding_window);
+    if (span > max_span) max_span = span;
+  }
+  // Work items are (query, kv head) pairs handed out dynamically (contexts differ in length);
+  // each item's arithmetic is the same whichever thread runs it.
+  const int64_t items = num_queries * kv.num_kv_heads;
+  std::atomic<int64_t> next{0};
+  auto worker = [&](int, int) {
+    float* scratch = ThreadScratch(group * max_span);
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      t.attention(q, ldq, queries[i / kv.num_kv_heads], i % kv.num_kv_heads, group, kv,
+                  sliding_window, scale, out, ldo, scratch);
+    }
+  };
+  if (pool == nullptr || pool->size() == 1 || items == 1) {
+    worker(0, 1);
+  } else {
+    pool->Run(worker);
+  }
+}
+
+}  // namespace tandem::cpu

@@ -1,0 +1,66 @@
+#pragma once
+
+// Internal interface between the dispatcher (dispatch.cc, baseline flags) and the per-ISA kernel
+// files (kernels_{scalar,avx2,avx512}.cc). Each ISA file fills one KernelTable with
+// single-threaded range functions; the dispatcher does threading and scratch memory.
+
+#include <cstdint>
+#include <vector>
+
+#include "common/base/cpu_features.h"
+#include "common/base/dtype.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+
+namespace tandem::cpu::internal {
+
+struct KernelTable {
+  SimdLevel level;
+  const char* name;
+  // y[m, n] for all m < M and n in [n_begin, n_end); otherwise as cpu::MatMul.
+  void (*matmul)(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+                 int64_t n_begin, int64_t n_end, const float* bias, float* y, int64_t ldy);
+  void (*rms_norm)(const float* x, const float* weight, int64_t M, int64_t D, float eps,
+                   float* out);
+  void (*add_rms_norm)(float* residual, const float* delta, const float* weight, int64_t M,
+                       int64_t D, float eps, float* out);
+  void (*apply_rope)(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
+                     const int32_t* positions, const float* cos_sin);
+  void (*silu_mul)(const float* gate, const float* up, int64_t M, int64_t F, float* out);
+  void (*embed)(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D,
+                float* out);
+  void (*write_kv)(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
+                   const int64_t* slots, const PagedKvLayer& kv);
+  void (*read_kv_slot)(const PagedKvLayer& kv, int64_t slot, int which, float* out);
+  // One attention work item: `query` with the `group` query heads that share kv head `kv_head`.
+  // scratch holds at least group * AttentionSpan(query.context_len, sliding_window) floats.
+  void (*attention)(const float* q, int64_t ldq, const AttentionQuery& query, int64_t kv_head,
+                    int64_t group, const PagedKvLayer& kv, int64_t sliding_window, float scale,
+                    float* out, int64_t ldo, float* scratch);
+  // out[i] = exp(x[i]) with the vector exp the attention and SiLU kernels use.
+  void (*exp)(const float* x, int64_t n, float* out);
+};
+
+const KernelTable& ScalarKernels();
+const KernelTable& Avx2Kernels();
+const KernelTable& Avx512Kernels();
+
+// The table the public entry points use (ActiveSimdLevel() unless overridden for testing).
+const KernelTable& ActiveKernels();
+
+// Levels this CPU can run (ignores the TANDEM_SIMD cap), lowest first.
+std::vector<SimdLevel> SupportedSimdLevels();
+
+// Routes every public entry point to `level`'s kernels. Returns false (and changes nothing) if
+// the CPU lacks that level. Not thread-safe against kernels running concurrently.
+bool SetSimdLevelForTesting(SimdLevel level);
+
+// The level the public entry points currently use.
+SimdLevel CurrentSimdLevel();
+
+// Number of key positions a query attends to.
+inline int64_t AttentionSpan(int64_t context_len, int64_t sliding_window) {
+  if (context_len <= 0) return 0;
+  return (sliding_window > 0 && context_len > sliding_window) ? sliding_window : context_len;
+}
+
+}  // namespace tandem::cpu::internal

@@ -1,0 +1,109 @@
+#include "common/engine/backend/cpu/kernels/membw.h"
+
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/base/cpu_features.h"
+#include "common/base/log.h"
+
+namespace tandem::cpu {
+namespace {
+
+constexpr size_t kAlign = 2u << 20;  // 2 MiB: lets transparent huge pages back the buffer
+
+// Sums 64-bit words of [p, p + n) (n a multiple of 256 bytes) so the loads cannot be elided.
+__attribute__((target("avx2"))) uint64_t ReadAvx2(const char* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 256) {
+    const __m256i* v = reinterpret_cast<const __m256i*>(p + i);
+    a0 = _mm256_add_epi64(a0, _mm256_add_epi64(_mm256_load_si256(v + 0), _mm256_load_si256(v + 1)));
+    a1 = _mm256_add_epi64(a1, _mm256_add_epi64(_mm256_load_si256(v + 2), _mm256_load_si256(v + 3)));
+    a2 = _mm256_add_epi64(a2, _mm256_add_epi64(_mm256_load_si256(v + 4), _mm256_load_si256(v + 5)));
+    a3 = _mm256_add_epi64(a3, _mm256_add_epi64(_mm256_load_si256(v + 6), _mm256_load_si256(v + 7)));
+  }
+  __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t ReadSse2(const char* p, size_t n) {
+  __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 64) {
+    const __m128i* v = reinterpret_cast<const __m128i*>(p + i);
+    a0 = _mm_add_epi64(a0, _mm_load_si128(v + 0));
+    a1 = _mm_add_epi64(a1, _mm_load_si128(v + 1));
+    a2 = _mm_add_epi64(a2, _mm_load_si128(v + 2));
+    a3 = _mm_add_epi64(a3, _mm_load_si128(v + 3));
+  }
+  alignas(16) uint64_t lanes[2];
+  _mm_store_si128(reinterpret_cast<__m128i*>(lanes),
+                  _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1];
+}
+
+void ForEachSlice(ThreadPool* pool, size_t bytes, const std::function<void(size_t, size_t)>& fn) {
+  constexpr size_t kUnit = 4096;
+  const int64_t units = static_cast<int64_t>(bytes / kUnit);
+  auto range = [&](int64_t u0, int64_t u1) { fn(u0 * kUnit, u1 * kUnit); };
+  if (pool == nullptr) {
+    range(0, units);
+  } else {
+    pool->ParallelFor(units, range);
+  }
+}
+
+}  // namespace
+
+ReadBandwidth MeasureReadBandwidth(size_t bytes, int iterations, ThreadPool* pool) {
+  bytes = std::max<size_t>(bytes / kAlign * kAlign, kAlign);
+  iterations = std::max(iterations, 1);
+  char* buf = static_cast<char*>(std::aligned_alloc(kAlign, bytes));
+  TANDEM_CHECK(buf != nullptr) << "cannot allocate " << bytes << " bytes";
+  madvise(buf, bytes, MADV_HUGEPAGE);
+  // First touch by the threads that will read (page placement), with a non-zero pattern.
+  ForEachSlice(pool, bytes, [&](size_t b, size_t e) { std::memset(buf + b, 0x5a, e - b); });
+
+  const bool avx2 = GetCpuFeatures().avx2;
+  std::atomic<uint64_t> sink{0};
+  auto pass = [&] {
+    ForEachSlice(pool, bytes, [&](size_t b, size_t e) {
+      sink.fetch_add(avx2 ? ReadAvx2(buf + b, e - b) : ReadSse2(buf + b, e - b),
+                     std::memory_order_relaxed);
+    });
+  };
+  pass();  // warm-up
+  std::vector<double> gbps;
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pass();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gbps.push_back(static_cast<double>(bytes) / s / 1e9);
+  }
+  std::free(buf);
+  std::sort(gbps.begin(), gbps.end());
+  ReadBandwidth r;
+  r.worst_gbps = gbps.front();
+  r.best_gbps = gbps.back();
+  r.median_gbps = gbps.size() % 2 ? gbps[gbps.size() / 2]
+                                  : 0.5 * (gbps[gbps.size() / 2 - 1] + gbps[gbps.size() / 2]);
+  if (sink.load() == 1) {  // keeps the sums observable
+    TLOG(DEBUG) << "membw sink";
+  }
+  return r;
+}
+
+double MeasureReadBandwidthGBps(size_t bytes, int iterations, ThreadPool* pool) {
+  return MeasureReadBandwidth(bytes, iterations, pool).best_gbps;
+}
+
+}  // namespace tandem::cpu

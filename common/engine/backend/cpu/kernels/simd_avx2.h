@@ -1,0 +1,84 @@
+#pragma once
+
+// AVX2 + FMA vector operations for the kernel templates (8 f32 lanes). Included only by
+// kernels_avx2.cc, compiled with -mavx2 -mfma -mf16c. Namespace avx2 keeps these inline
+// functions apart (ODR) from the same-named ones of other instruction sets.
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace tandem::cpu::avx2 {
+
+struct Simd {
+  using F = __m256;
+  static constexpr int kLanes = 8;
+  // MatMul register tile: 3 x 4 = 12 accumulators + 3 activation vectors + 1 weight vector.
+  static constexpr int kMR = 3;
+  static constexpr int kNR = 4;
+  static constexpr int kAttnVecs = 8;
+  static constexpr const char* kName = "avx2";
+
+  static F Zero() { return _mm256_setzero_ps(); }
+  static F Set1(float v) { return _mm256_set1_ps(v); }
+  static __m256i Mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+
+  static F Load(const float* p) { return _mm256_loadu_ps(p); }
+  static F Load(const uint16_t* p) {  // bf16 -> f32 (exact)
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  // First n (0 < n < kLanes) elements; the other lanes are +0 and nothing past p[n-1] is read.
+  static F LoadTail(const float* p, int n) { return _mm256_maskload_ps(p, Mask(n)); }
+  static F LoadTail(const uint16_t* p, int n) {
+    alignas(16) uint16_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < n; ++i) buf[i] = p[i];
+    return Load(buf);
+  }
+  static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void StoreTail(float* p, F v, int n) { _mm256_maskstore_ps(p, Mask(n), v); }
+
+  static F Add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+
+  // Horizontal sum in a fixed tree: halves 128, 64, 32 bits.
+  static float ReduceAdd(F v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+  }
+
+  // Same algorithm as avx512::Simd::Exp (<= 2 ulp for normal results, NaN preserved).
+  static F Exp(F x) {
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    F n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    F r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    F r2 = _mm256_mul_ps(r, r);
+    F p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, r2, r);
+    p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1);
+    __m256i n2 = _mm256_sub_epi32(ni, n1);
+    F s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    F s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  }
+
+  static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+};
+
+}  // namespace tandem::cpu::avx2

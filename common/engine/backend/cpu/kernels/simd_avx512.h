@@ -1,0 +1,90 @@
+#pragma once
+
+// AVX-512 vector operations for the kernel templates (16 f32 lanes). Included only by
+// kernels_avx512.cc, which is compiled with -mavx512f -mavx512bw -mavx512vl -mavx2 -mfma -mf16c.
+// Everything lives in namespace avx512 so that these inline functions never collide (ODR) with
+// the same-named ones of other instruction sets.
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace tandem::cpu::avx512 {
+
+struct Simd {
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  // MatMul register tile: kMR activation rows x kNR weight rows (16 accumulators of 32).
+  static constexpr int kMR = 4;
+  static constexpr int kNR = 4;
+  // Output tile of attention: up to this many vectors of one head's accumulator in registers.
+  static constexpr int kAttnVecs = 8;
+  static constexpr const char* kName = "avx512";
+
+  static F Zero() { return _mm512_setzero_ps(); }
+  static F Set1(float v) { return _mm512_set1_ps(v); }
+  static __mmask16 Mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static F Load(const uint16_t* p) {  // bf16 -> f32 (exact): zero-extend, shift into the high half
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  // First n (0 < n < kLanes) elements; the other lanes are +0 and nothing past p[n-1] is read.
+  static F LoadTail(const float* p, int n) { return _mm512_maskz_loadu_ps(Mask(n), p); }
+  static F LoadTail(const uint16_t* p, int n) {
+    __m256i h = _mm256_maskz_loadu_epi16(Mask(n), p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void StoreTail(float* p, F v, int n) { _mm512_mask_storeu_ps(p, Mask(n), v); }
+
+  static F Add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a*b+c, one rounding
+
+  // Horizontal sum in a fixed tree: halves 256, 128, 64, 32 bits.
+  static float ReduceAdd(F v) {
+    __m256 lo = _mm512_castps512_ps256(v);
+    __m256 hi = _mm512_castps512_ps256(_mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 s8 = _mm256_add_ps(lo, hi);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+    return _mm_cvtss_f32(s1);
+  }
+
+  // exp(x) with <= 2 ulp error for normal results (Cephes expf polynomial, FMA evaluation).
+  // exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN, results below 2^-126 are computed as subnormals.
+  static F Exp(F x) {
+    // Operand order keeps NaN (max/min return the second operand when either is NaN).
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    F n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    F r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    F r2 = _mm512_mul_ps(r, r);
+    F p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, r2, r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    // p * 2^n as two exact power-of-two scalings so that subnormal and overflowing results
+    // round once, correctly.
+    __m512i ni = _mm512_cvtps_epi32(n);
+    __m512i n1 = _mm512_srai_epi32(ni, 1);
+    __m512i n2 = _mm512_sub_epi32(ni, n1);
+    F s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    F s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  }
+
+  static void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+};
+
+}  // namespace tandem::cpu::avx512

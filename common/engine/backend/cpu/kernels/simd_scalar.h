@@ -1,0 +1,89 @@
+#pragma once
+
+// Portable "vector" of 8 f32 lanes in plain C++ for the kernel templates: the last-resort path
+// (no AVX2). Included only by kernels_scalar.cc, compiled with the baseline flags. The compiler
+// may vectorize these loops with SSE2; results do not change (no contraction, no fast-math).
+
+#include <cstdint>
+
+namespace tandem::cpu::scalar {
+
+struct Simd {
+  struct F {
+    float v[8];
+  };
+  static constexpr int kLanes = 8;
+  static constexpr int kMR = 2;
+  static constexpr int kNR = 2;
+  static constexpr int kAttnVecs = 2;
+  static constexpr const char* kName = "scalar";
+
+  static F Zero() { return Set1(0.0f); }
+  static F Set1(float s) {
+    F r;
+    for (int i = 0; i < 8; ++i) r.v[i] = s;
+    return r;
+  }
+  static float ToF32(float f) { return f; }
+  static float ToF32(uint16_t h) {
+    return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
+  }
+
+  template <class T>
+  static F Load(const T* p) {
+    F r;
+    for (int i = 0; i < 8; ++i) r.v[i] = ToF32(p[i]);
+    return r;
+  }
+  template <class T>
+  static F LoadTail(const T* p, int n) {
+    F r = Zero();
+    for (int i = 0; i < n; ++i) r.v[i] = ToF32(p[i]);
+    return r;
+  }
+  static void Store(float* p, F a) {
+    for (int i = 0; i < 8; ++i) p[i] = a.v[i];
+  }
+  static void StoreTail(float* p, F a, int n) {
+    for (int i = 0; i < n; ++i) p[i] = a.v[i];
+  }
+
+  static F Add(F a, F b) {
+    for (int i = 0; i < 8; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static F Sub(F a, F b) {
+    for (int i = 0; i < 8; ++i) a.v[i] -= b.v[i];
+    return a;
+  }
+  static F Mul(F a, F b) {
+    for (int i = 0; i < 8; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  static F Div(F a, F b) {
+    for (int i = 0; i < 8; ++i) a.v[i] /= b.v[i];
+    return a;
+  }
+  // Product rounded, then sum rounded (no FMA instruction at this level).
+  static F Fma(F a, F b, F c) {
+    for (int i = 0; i < 8; ++i) c.v[i] += a.v[i] * b.v[i];
+    return c;
+  }
+
+  // Same tree shape as the AVX2 reduction: 8 -> 4 -> 2 -> 1.
+  static float ReduceAdd(F a) {
+    float s4[4], s2[2];
+    for (int i = 0; i < 4; ++i) s4[i] = a.v[i] + a.v[i + 4];
+    for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+  }
+
+  static F Exp(F a) {
+    for (int i = 0; i < 8; ++i) a.v[i] = __builtin_expf(a.v[i]);
+    return a;
+  }
+
+  static void Prefetch(const void* p) { __builtin_prefetch(p); }
+};
+
+}  // namespace tandem::cpu::scalar

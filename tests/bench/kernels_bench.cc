@@ -1,0 +1,164 @@
+// CPU kernel benchmarks (Google Benchmark). Decode MatMul reports weight bytes streamed per
+// second (W_GBps) to compare with `membw`; prefill MatMul reports GFLOPs; attention reports KV
+// bytes read per second. Weights are cycled through copies totalling more than the last-level
+// cache, so decode numbers are DRAM numbers (as when a model's layers follow one another).
+//
+//   kernels_bench --benchmark_min_time=0.3 --benchmark_filter=Decode
+//   TANDEM_SIMD=avx2 kernels_bench ...   (forces the AVX2 kernels)
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/base/cpu_features.h"
+#include "common/base/half.h"
+#include "common/base/thread_pool.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+
+namespace tandem::cpu {
+namespace {
+
+constexpr int64_t kColdBytes = 512ll << 20;  // weight copies cycled per benchmark
+
+ThreadPool* Pool(int threads) {
+  static std::vector<std::unique_ptr<ThreadPool>> pools(64);
+  if (!pools[threads]) pools[threads] = std::make_unique<ThreadPool>(threads);
+  return pools[threads].get();
+}
+
+std::vector<float> Random(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = d(rng);
+  return v;
+}
+
+// `copies` weight matrices [N, K] of dtype, stored back to back.
+std::vector<uint8_t> MakeWeights(DType dtype, int64_t N, int64_t K, int copies) {
+  const auto src = Random(N * K, 7);
+  const size_t bytes = N * K * DTypeSize(dtype);
+  std::vector<uint8_t> buf(bytes * copies);
+  for (int c = 0; c < copies; ++c) {
+    uint8_t* dst = buf.data() + c * bytes;
+    for (int64_t i = 0; i < N * K; ++i) {
+      if (dtype == DType::kBF16) {
+        reinterpret_cast<uint16_t*>(dst)[i] = FloatToBf16(src[i]);
+      } else {
+        reinterpret_cast<float*>(dst)[i] = src[i];
+      }
+    }
+  }
+  return buf;
+}
+
+// Args: dtype (0 f32, 1 bf16), M, K, N, threads.
+void BM_MatMul(benchmark::State& state) {
+  const DType dtype = state.range(0) == 1 ? DType::kBF16 : DType::kF32;
+  const int64_t M = state.range(1), K = state.range(2), N = state.range(3);
+  ThreadPool* pool = Pool(static_cast<int>(state.range(4)));
+  const size_t wbytes = N * K * DTypeSize(dtype);
+  const int copies = static_cast<int>(std::max<int64_t>(1, kColdBytes / wbytes));
+  const auto w = MakeWeights(dtype, N, K, copies);
+  const auto x = Random(M * K, 8);
+  std::vector<float> y(M * N);
+  int c = 0;
+  for (auto _ : state) {
+    MatMul(x.data(), M, K, K, w.data() + c * wbytes, dtype, N, nullptr, y.data(), N, pool);
+    benchmark::DoNotOptimize(y.data());
+    c = c + 1 == copies ? 0 : c + 1;
+  }
+  state.counters["W_GBps"] = benchmark::Counter(static_cast<double>(wbytes) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPs"] =
+      benchmark::Counter(2.0 * M * N * K * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(SimdLevelName(ActiveSimdLevel()));
+}
+
+void DecodeArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bf16", "M", "K", "N", "thr"});
+  const int t = DefaultComputeThreads();
+  for (int bf16 : {1, 0}) {
+    for (int M : {1, 4, 8, 16, 32}) {
+      b->Args({bf16, M, 2048, 2048, t});
+      b->Args({bf16, M, 2048, 8192, t});
+      b->Args({bf16, M, 8192, 2048, t});
+    }
+  }
+  b->Args({1, 1, 2048, 8192, 1});  // single thread
+}
+
+void PrefillArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bf16", "M", "K", "N", "thr"});
+  const int t = DefaultComputeThreads();
+  for (int bf16 : {1, 0}) b->Args({bf16, 512, 2048, 2048, t});
+  b->Args({1, 512, 2048, 2048, 1});
+}
+
+BENCHMARK(BM_MatMul)->Name("MatMulDecode")->Apply(DecodeArgs)->UseRealTime();
+BENCHMARK(BM_MatMul)->Name("MatMulPrefill")->Apply(PrefillArgs)->UseRealTime();
+
+// Decode attention: `seqs` sequences, one query each, 32 heads / 8 kv heads, head_dim 128.
+// Args: context, kv dtype (0 f32, 1 bf16), seqs.
+void BM_Attention(benchmark::State& state) {
+  const int64_t ctx = state.range(0), seqs = state.range(2);
+  const DType dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
+  const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
+  const int64_t blocks_per_seq = (ctx + bs - 1) / bs;
+  PagedKvLayer kv;
+  kv.dtype = dtype;
+  kv.block_size = bs;
+  kv.num_kv_heads = kv_heads;
+  kv.head_dim = hd;
+  const int64_t num_blocks = blocks_per_seq * seqs;
+  std::vector<uint8_t> cache(num_blocks * kv.block_stride_elems() * DTypeSize(dtype));
+  kv.base = cache.data();
+  std::vector<int32_t> tables(num_blocks);
+  std::mt19937 rng(3);
+  for (int64_t i = 0; i < num_blocks; ++i) tables[i] = static_cast<int32_t>(i);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  // Fill the cache through WriteKv.
+  const auto kvals = Random(kv_heads * hd, 4);
+  std::vector<int64_t> slots(1);
+  for (int64_t s = 0; s < seqs; ++s) {
+    for (int64_t p = 0; p < ctx; ++p) {
+      slots[0] = tables[s * blocks_per_seq + p / bs] * bs + p % bs;
+      WriteKv(kvals.data(), 0, kvals.data(), 0, 1, slots.data(), kv);
+    }
+  }
+  std::vector<AttentionQuery> queries(seqs);
+  for (int64_t s = 0; s < seqs; ++s) {
+    queries[s] = {s, ctx, tables.data() + s * blocks_per_seq};
+  }
+  const auto q = Random(seqs * heads * hd, 5);
+  std::vector<float> out(seqs * heads * hd);
+  ThreadPool* pool = Pool(DefaultComputeThreads());
+  for (auto _ : state) {
+    PagedAttention(q.data(), heads * hd, queries.data(), seqs, heads, kv, 0, out.data(), heads * hd,
+                   pool);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double kv_bytes = 2.0 * seqs * ctx * kv_heads * hd * DTypeSize(dtype);
+  state.counters["KV_GBps"] =
+      benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(SimdLevelName(ActiveSimdLevel()));
+}
+
+BENCHMARK(BM_Attention)
+    ->Name("AttentionDecode")
+    ->ArgNames({"ctx", "bf16", "seqs"})
+    ->Args({512, 0, 4})
+    ->Args({2048, 0, 4})
+    ->Args({512, 1, 4})
+    ->Args({2048, 1, 4})
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::cpu
+
+BENCHMARK_MAIN();

@@ -1,0 +1,282 @@
+// Paged KV cache (WriteKv / ReadKvSlot layout and bf16 rounding) and PagedAttention: accuracy
+// against a double-precision reference and bit-exact invariance to batching and threads.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/base/half.h"
+#include "common/base/thread_pool.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+#include "tests/unit/common/engine/backend/cpu/kernels/kernel_test_util.h"
+
+namespace tandem::cpu {
+namespace {
+
+using testing::PerSimdLevelTest;
+using testing::RandomFloats;
+
+struct CacheSpec {
+  DType dtype;
+  int64_t num_kv_heads, head_dim, block_size;
+  std::vector<int64_t> seq_lens;
+};
+
+// A paged cache filled through WriteKv, with the values it should hold.
+struct TestCache {
+  PagedKvLayer kv;
+  std::vector<uint8_t> storage;
+  std::vector<std::vector<int32_t>> tables;    // per sequence
+  std::vector<std::vector<float>> k, v;        // per sequence [len][kvh * hd], as stored
+  std::vector<std::vector<float>> k_in, v_in;  // what was written (before bf16 rounding)
+
+  int64_t Slot(size_t s, int64_t pos) const {
+    return tables[s][pos / kv.block_size] * kv.block_size + pos % kv.block_size;
+  }
+};
+
+TestCache MakeCache(const CacheSpec& spec, uint64_t seed) {
+  TestCache c;
+  c.kv.dtype = spec.dtype;
+  c.kv.num_kv_heads = spec.num_kv_heads;
+  c.kv.head_dim = spec.head_dim;
+  c.kv.block_size = spec.block_size;
+  int64_t blocks = 3;  // a few never used
+  for (int64_t len : spec.seq_lens) blocks += (len + spec.block_size - 1) / spec.block_size;
+  c.storage.assign(blocks * c.kv.block_stride_elems() * DTypeSize(spec.dtype), 0xee);
+  c.kv.base = c.storage.data();
+  std::vector<int32_t> ids(blocks);
+  for (int64_t i = 0; i < blocks; ++i) ids[i] = static_cast<int32_t>(i);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const int64_t width = spec.num_kv_heads * spec.head_dim;
+  size_t next = 0;
+  for (size_t s = 0; s < spec.seq_lens.size(); ++s) {
+    const int64_t len = spec.seq_lens[s];
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b < (len + spec.block_size - 1) / spec.block_size; ++b) {
+      table.push_back(ids[next++]);
+    }
+    c.tables.push_back(table);
+    c.k_in.push_back(RandomFloats(len * width, seed + 2 * s + 1));
+    c.v_in.push_back(RandomFloats(len * width, seed + 2 * s + 2));
+    c.k.push_back(spec.dtype == DType::kBF16 ? testing::RoundTripBf16(c.k_in.back())
+                                             : c.k_in.back());
+    c.v.push_back(spec.dtype == DType::kBF16 ? testing::RoundTripBf16(c.v_in.back())
+                                             : c.v_in.back());
+  }
+  // Write in chunks of up to 5 tokens with a skipped row (slot -1) in each chunk, rows strided.
+  for (size_t s = 0; s < spec.seq_lens.size(); ++s) {
+    const int64_t len = spec.seq_lens[s], ld = width + 3;
+    for (int64_t p0 = 0; p0 < len; p0 += 5) {
+      const int64_t n = std::min<int64_t>(5, len - p0);
+      std::vector<float> kb((n + 1) * ld, 99.0f), vb((n + 1) * ld, 99.0f);
+      std::vector<int64_t> slots(n + 1, -1);
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(&kb[(i + 1) * ld], &c.k_in[s][(p0 + i) * width], width * sizeof(float));
+        std::memcpy(&vb[(i + 1) * ld], &c.v_in[s][(p0 + i) * width], width * sizeof(float));
+        slots[i + 1] = c.Slot(s, p0 + i);
+      }
+      WriteKv(kb.data(), ld, vb.data(), ld, n + 1, slots.data(), c.kv);
+    }
+  }
+  return c;
+}
+
+class AttentionTest : public PerSimdLevelTest {};
+
+TEST_P(AttentionTest, WriteKvLayoutAndReadBack) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const TestCache c = MakeCache({dtype, 3, 20, 4, {9, 1, 4}}, 100);
+    const int64_t hd = 20, bs = 4, width = 3 * hd;
+    std::vector<float> out(width);
+    for (size_t s = 0; s < c.tables.size(); ++s) {
+      for (int64_t p = 0; p < static_cast<int64_t>(c.k[s].size() / width); ++p) {
+        const int64_t slot = c.Slot(s, p), block = slot / bs, off = slot % bs;
+        for (int which = 0; which < 2; ++which) {
+          const auto& want = which == 0 ? c.k[s] : c.v[s];
+          const auto& input = which == 0 ? c.k_in[s] : c.v_in[s];
+          ReadKvSlot(c.kv, slot, which, out.data());
+          ASSERT_EQ(0, std::memcmp(out.data(), &want[p * width], width * sizeof(float)));
+          // Documented layout: block [2][num_kv_heads][block_size][head_dim].
+          for (int64_t h = 0; h < 3; ++h) {
+            for (int64_t d = 0; d < hd; ++d) {
+              const int64_t e =
+                  block * c.kv.block_stride_elems() + ((which * 3 + h) * bs + off) * hd + d;
+              const float x = input[p * width + h * hd + d];
+              if (dtype == DType::kBF16) {
+                ASSERT_EQ(reinterpret_cast<const uint16_t*>(c.storage.data())[e], FloatToBf16(x));
+              } else {
+                ASSERT_EQ(reinterpret_cast<const float*>(c.storage.data())[e], x);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+struct QuerySpec {
+  size_t seq;
+  int64_t context_len;
+};
+
+// Reference attention in double for one query row.
+void ReferenceAttention(const TestCache& c, const QuerySpec& qs, const float* q, int64_t num_heads,
+                        int64_t window, std::vector<double>* out) {
+  const int64_t hd = c.kv.head_dim, kvh = c.kv.num_kv_heads, group = num_heads / kvh;
+  const int64_t width = kvh * hd, L = qs.context_len;
+  const int64_t begin = (window > 0 && L > window) ? L - window : 0;
+  out->assign(num_heads * hd, 0.0);
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const int64_t g = h / group;
+    std::vector<double> s;
+    double mx = -1e300;
+    for (int64_t j = begin; j < L; ++j) {
+      double dot = 0;
+      for (int64_t d = 0; d < hd; ++d)
+        dot += double{q[h * hd + d]} * c.k[qs.seq][j * width + g * hd + d];
+      s.push_back(dot / std::sqrt(static_cast<double>(hd)));
+      mx = std::max(mx, s.back());
+    }
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (int64_t j = begin; j < L; ++j) {
+      for (int64_t d = 0; d < hd; ++d) {
+        (*out)[h * hd + d] += s[j - begin] / sum * c.v[qs.seq][j * width + g * hd + d];
+      }
+    }
+  }
+}
+
+struct AttnCase {
+  DType dtype;
+  int64_t num_heads, num_kv_heads, head_dim, block_size, window;
+};
+
+std::vector<AttnCase> Cases() {
+  std::vector<AttnCase> cases;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    cases.push_back({dtype, 8, 2, 64, 16, 0});    // GQA 4
+    cases.push_back({dtype, 6, 2, 20, 5, 0});     // GQA 3, head_dim tail, odd block size
+    cases.push_back({dtype, 4, 4, 136, 16, 37});  // MHA, sliding window, > 8 vectors + tail
+    cases.push_back({dtype, 2, 1, 256, 8, 1});    // window of 1
+    cases.push_back({dtype, 4, 2, 32, 16, 500});  // window longer than every context
+  }
+  return cases;
+}
+
+// Queries: several per sequence (as in a prefill chunk and decode steps), contexts 0..len.
+std::vector<QuerySpec> MakeQueries(const std::vector<int64_t>& lens) {
+  std::vector<QuerySpec> qs;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int64_t L : {int64_t{1}, lens[s] / 2, lens[s] - 1, lens[s]}) {
+      if (L >= 0 && L <= lens[s]) qs.push_back({s, L});
+    }
+  }
+  return qs;
+}
+
+TEST_P(AttentionTest, MatchesReference) {
+  const std::vector<int64_t> lens = {1, 17, 100, 300};
+  for (const AttnCase& ac : Cases()) {
+    const TestCache c =
+        MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 7 + ac.head_dim);
+    const auto qspecs = MakeQueries(lens);
+    const int64_t width = ac.num_heads * ac.head_dim, ldq = width + 1, ldo = width + 2;
+    const auto q = RandomFloats(qspecs.size() * ldq, 3, -2.0f, 2.0f);
+    std::vector<AttentionQuery> queries;
+    for (size_t i = 0; i < qspecs.size(); ++i) {
+      queries.push_back(
+          {static_cast<int64_t>(i), qspecs[i].context_len, c.tables[qspecs[i].seq].data()});
+    }
+    std::vector<float> out(qspecs.size() * ldo, 123.0f);
+    ThreadPool pool(2);
+    PagedAttention(q.data(), ldq, queries.data(), queries.size(), ac.num_heads, c.kv, ac.window,
+                   out.data(), ldo, &pool);
+    std::vector<double> want;
+    for (size_t i = 0; i < qspecs.size(); ++i) {
+      ReferenceAttention(c, qspecs[i], q.data() + i * ldq, ac.num_heads, ac.window, &want);
+      for (int64_t e = 0; e < width; ++e) {
+        ASSERT_NEAR(out[i * ldo + e], want[e], 2e-6)
+            << DTypeName(ac.dtype) << " hd=" << ac.head_dim << " query " << i << " ctx "
+            << qspecs[i].context_len << " elem " << e;
+      }
+      ASSERT_EQ(out[i * ldo + width], 123.0f) << "wrote padding";
+    }
+  }
+}
+
+TEST_P(AttentionTest, EmptyContextGivesZeros) {
+  const TestCache c = MakeCache({DType::kF32, 1, 16, 16, {4}}, 1);
+  const auto q = RandomFloats(32, 1);
+  std::vector<float> out(32, 5.0f);
+  const AttentionQuery query{0, 0, c.tables[0].data()};
+  PagedAttention(q.data(), 32, &query, 1, 2, c.kv, 0, out.data(), 32, nullptr);
+  for (float f : out) EXPECT_EQ(f, 0.0f);
+}
+
+// Each query's output is bit-identical alone, in any batch order, at any row, with 1-3 threads.
+TEST_P(AttentionTest, BatchInvariant) {
+  const std::vector<int64_t> lens = {3, 16, 70, 129};
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  for (const AttnCase& ac : Cases()) {
+    const TestCache c =
+        MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 50 + ac.head_dim);
+    const auto qspecs = MakeQueries(lens);
+    const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim;
+    const auto q = RandomFloats(n * width, 4);
+    // Alone, single-threaded.
+    std::vector<float> alone(n * width);
+    for (int64_t i = 0; i < n; ++i) {
+      const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
+      PagedAttention(q.data() + i * width, width, &query, 1, ac.num_heads, c.kv, ac.window,
+                     alone.data() + i * width, width, nullptr);
+    }
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 3; ++trial) {
+      // A random subset in random order, placed at random rows of a larger batch.
+      std::vector<int64_t> order(n);
+      for (int64_t i = 0; i < n; ++i) order[i] = i;
+      std::shuffle(order.begin(), order.end(), rng);
+      order.resize(n - trial * 3);
+      const int64_t rows = order.size() + 2;
+      std::vector<int64_t> row_of(order.size());
+      for (size_t i = 0; i < order.size(); ++i) row_of[i] = (i * 7 + trial) % rows;
+      std::vector<bool> used(rows, false);
+      for (auto& r : row_of) {
+        while (used[r]) r = (r + 1) % rows;
+        used[r] = true;
+      }
+      std::vector<float> qb = RandomFloats(rows * width, 6 + trial);
+      std::vector<AttentionQuery> queries;
+      for (size_t i = 0; i < order.size(); ++i) {
+        std::memcpy(&qb[row_of[i] * width], &q[order[i] * width], width * sizeof(float));
+        queries.push_back(
+            {row_of[i], qspecs[order[i]].context_len, c.tables[qspecs[order[i]].seq].data()});
+      }
+      for (auto& pool : pools) {
+        std::vector<float> out(rows * width);
+        PagedAttention(qb.data(), width, queries.data(), queries.size(), ac.num_heads, c.kv,
+                       ac.window, out.data(), width, pool.get());
+        for (size_t i = 0; i < order.size(); ++i) {
+          ASSERT_EQ(0, std::memcmp(&out[row_of[i] * width], &alone[order[i] * width],
+                                   width * sizeof(float)))
+              << "query " << order[i] << " threads " << pool->size() << " hd " << ac.head_dim;
+        }
+      }
+    }
+  }
+}
+
+TANDEM_INSTANTIATE_PER_SIMD_LEVEL(AttentionTest);
+
+}  // namespace
+}  // namespace tandem::cpu
