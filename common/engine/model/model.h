@@ -17,18 +17,18 @@ class MappedFile;
 // row-major (y = x W^T). Projections are f32 or bf16 (LoadOptions::weight_dtype); norms and
 // biases are always f32.
 struct LayerWeights {
-  Tensor input_norm;     // [hidden]               input_layernorm.weight
-  Tensor q_proj;         // [heads*head_dim, hidden]
-  Tensor k_proj;         // [kv_heads*head_dim, hidden]
-  Tensor v_proj;         // [kv_heads*head_dim, hidden]
-  Tensor q_bias;         // [heads*head_dim]      Qwen2 / attention_bias only; else empty
-  Tensor k_bias;         // [kv_heads*head_dim]
-  Tensor v_bias;         // [kv_heads*head_dim]
-  Tensor o_proj;         // [hidden, heads*head_dim]
-  Tensor post_norm;      // [hidden]               post_attention_layernorm.weight
-  Tensor gate_proj;      // [ffn, hidden]
-  Tensor up_proj;        // [ffn, hidden]
-  Tensor down_proj;      // [hidden, ffn]
+  Tensor input_norm;  // [hidden]               input_layernorm.weight
+  Tensor q_proj;      // [heads*head_dim, hidden]
+  Tensor k_proj;      // [kv_heads*head_dim, hidden]
+  Tensor v_proj;      // [kv_heads*head_dim, hidden]
+  Tensor q_bias;      // [heads*head_dim]      Qwen2 / attention_bias only; else empty
+  Tensor k_bias;      // [kv_heads*head_dim]
+  Tensor v_bias;      // [kv_heads*head_dim]
+  Tensor o_proj;      // [hidden, heads*head_dim]
+  Tensor post_norm;   // [hidden]               post_attention_layernorm.weight
+  Tensor gate_proj;   // [ffn, hidden]
+  Tensor up_proj;     // [ffn, hidden]
+  Tensor down_proj;   // [hidden, ffn]
 };
 
 struct ModelWeights {
@@ -45,6 +45,8 @@ struct LoadOptions {
   bool weight_dtype_auto = true;
   DType weight_dtype = DType::kF32;
   bool show_progress = false;  // log one line per loaded shard / converted tensor group
+  // Threads used for dtype conversions; 0: DefaultComputeThreads().
+  int num_threads = 0;
 };
 
 // A loaded model: config, weights and whatever keeps the weights' bytes alive.
@@ -57,6 +59,9 @@ class Model {
   const std::string& dir() const { return dir_; }
   // A stable identifier for handshakes: architecture, shapes and a digest of the weights' header.
   const std::string& model_id() const { return model_id_; }
+  // Bytes of weights held in owned (converted or realigned) buffers rather than mapped from the
+  // checkpoint; 0 when every tensor is served straight from the files.
+  size_t owned_bytes() const { return owned_bytes_; }
 
  private:
   friend class ModelLoader;
@@ -68,11 +73,13 @@ class Model {
   std::string model_id_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  size_t owned_bytes_ = 0;
 };
 
 // Loads a Hugging Face model directory: config.json (+ generation_config.json) and either
 // model.safetensors or model.safetensors.index.json with its shards. Every error names the file
 // and, where relevant, the tensor (missing, wrong shape, unsupported dtype, out of file bounds).
-absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir, const LoadOptions& options);
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir,
+                                                 const LoadOptions& options);
 
 }  // namespace tandem

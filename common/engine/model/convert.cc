@@ -1,0 +1,76 @@
+#include "common/engine/model/convert.h"
+
+#include <cstring>
+
+#include "common/base/half.h"
+#include "common/base/log.h"
+
+namespace tandem {
+namespace {
+
+template <typename Load>
+void ConvertLoop(const void* src, void* dst, DType dst_dtype, int64_t begin, int64_t end,
+                 Load load) {
+  const uint16_t* in16 = static_cast<const uint16_t*>(src);
+  const float* in32 = static_cast<const float*>(src);
+  if (dst_dtype == DType::kF32) {
+    float* out = static_cast<float*>(dst);
+    for (int64_t i = begin; i < end; ++i) out[i] = load(in16, in32, i);
+  } else {
+    uint16_t* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = begin; i < end; ++i) out[i] = FloatToBf16(load(in16, in32, i));
+  }
+}
+
+void ConvertRange(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t begin,
+                  int64_t end) {
+  if (begin >= end) return;
+  if (src_dtype == dst_dtype) {
+    const size_t elem = DTypeSize(src_dtype);
+    std::memcpy(static_cast<uint8_t*>(dst) + begin * elem,
+                static_cast<const uint8_t*>(src) + begin * elem, (end - begin) * elem);
+    return;
+  }
+  TANDEM_CHECK(dst_dtype == DType::kF32 || dst_dtype == DType::kBF16)
+      << "unsupported destination dtype " << DTypeName(dst_dtype);
+  switch (src_dtype) {
+    case DType::kF32:
+      ConvertLoop(src, dst, dst_dtype, begin, end,
+                  [](const uint16_t*, const float* in, int64_t i) { return in[i]; });
+      return;
+    case DType::kBF16:
+      ConvertLoop(src, dst, dst_dtype, begin, end,
+                  [](const uint16_t* in, const float*, int64_t i) { return Bf16ToFloat(in[i]); });
+      return;
+    case DType::kF16:
+      ConvertLoop(src, dst, dst_dtype, begin, end,
+                  [](const uint16_t* in, const float*, int64_t i) { return Fp16ToFloat(in[i]); });
+      return;
+    default:
+      TLOG(FATAL) << "unsupported source dtype " << DTypeName(src_dtype);
+  }
+}
+
+}  // namespace
+
+void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                     ThreadPool* pool) {
+  constexpr int64_t kParallelThreshold = 1 << 16;
+  if (pool == nullptr || pool->size() <= 1 || n < kParallelThreshold) {
+    ConvertRange(src, src_dtype, dst, dst_dtype, 0, n);
+    return;
+  }
+  pool->ParallelForGrain(n, 1024, [&](int64_t begin, int64_t end) {
+    ConvertRange(src, src_dtype, dst, dst_dtype, begin, end);
+  });
+}
+
+std::unique_ptr<uint8_t[]> AllocateAligned(size_t bytes, uint8_t** aligned) {
+  std::unique_ptr<uint8_t[]> buffer(new uint8_t[bytes + kOwnedBufferAlignment]);
+  uintptr_t p = reinterpret_cast<uintptr_t>(buffer.get());
+  p = (p + kOwnedBufferAlignment - 1) & ~(uintptr_t{kOwnedBufferAlignment} - 1);
+  *aligned = reinterpret_cast<uint8_t*>(p);
+  return buffer;
+}
+
+}  // namespace tandem

@@ -1,0 +1,25 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/base/dtype.h"
+#include "common/base/thread_pool.h"
+
+namespace tandem {
+
+// Converts n elements from `src` (kF32, kBF16 or kF16) to `dst` (kF32 or kBF16): f16/bf16 -> f32
+// is exact, f32 -> bf16 rounds to nearest even (NaN stays NaN), f16 -> bf16 goes through f32.
+// Equal dtypes copy. Splits the work over `pool` when it is given and n is large.
+void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                     ThreadPool* pool = nullptr);
+
+// Byte alignment of every buffer AllocateAligned hands out.
+inline constexpr size_t kOwnedBufferAlignment = 64;
+
+// A heap buffer of `bytes` bytes whose start is kOwnedBufferAlignment-aligned; `*aligned` receives
+// that start. The returned array owns the memory (it begins up to 63 bytes earlier).
+std::unique_ptr<uint8_t[]> AllocateAligned(size_t bytes, uint8_t** aligned);
+
+}  // namespace tandem

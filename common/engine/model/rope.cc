@@ -1,0 +1,60 @@
+#include "common/engine/model/rope.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace tandem {
+
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
+  const int64_t dim = config.head_dim;
+  const int64_t half = dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] =
+        1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / static_cast<double>(dim));
+  }
+  const RopeScaling& rs = config.rope_scaling;
+  switch (rs.type) {
+    case RopeScaling::Type::kNone:
+      break;
+    case RopeScaling::Type::kLinear:
+      for (double& f : inv_freq) f /= rs.factor;
+      break;
+    case RopeScaling::Type::kLlama3: {
+      const double old_context = static_cast<double>(rs.original_max_position_embeddings);
+      const double low_freq_wavelen = old_context / rs.low_freq_factor;
+      const double high_freq_wavelen = old_context / rs.high_freq_factor;
+      for (double& f : inv_freq) {
+        const double wavelen = 2.0 * std::numbers::pi / f;
+        if (wavelen < high_freq_wavelen) continue;
+        if (wavelen > low_freq_wavelen) {
+          f /= rs.factor;
+          continue;
+        }
+        const double smooth = (old_context / wavelen - rs.low_freq_factor) /
+                              (rs.high_freq_factor - rs.low_freq_factor);
+        f = (1.0 - smooth) * f / rs.factor + smooth * f;
+      }
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+std::vector<float> RopeCosSinTable(const ModelConfig& config, int64_t max_positions) {
+  const std::vector<double> inv_freq = RopeInverseFrequencies(config);
+  const size_t half = inv_freq.size();
+  if (max_positions <= 0) return {};
+  std::vector<float> table(static_cast<size_t>(max_positions) * half * 2);
+  for (int64_t pos = 0; pos < max_positions; ++pos) {
+    float* row = table.data() + static_cast<size_t>(pos) * half * 2;
+    for (size_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos) * inv_freq[i];
+      row[2 * i] = static_cast<float>(std::cos(angle));
+      row[2 * i + 1] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
+}
+
+}  // namespace tandem

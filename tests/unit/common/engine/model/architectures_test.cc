@@ -1,0 +1,116 @@
+// Qwen2, Mistral and llama3-rope models written by the random-model writer and loaded back.
+
+#include <cstring>
+
+#include "common/engine/model/model.h"
+#include "common/engine/model/model_writer.h"
+#include "common/engine/model/rope.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/common/engine/model/test_util.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using testing_util::ScratchDir;
+
+ModelConfig Small(Architecture arch) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.hidden_size = 48;
+  c.intermediate_size = 80;
+  c.num_layers = 2;
+  c.num_heads = 6;
+  c.num_kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 300;
+  c.max_position_embeddings = 1024;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> WriteAndLoad(const ModelConfig& config,
+                                                    const ScratchDir& dir,
+                                                    DType dtype = DType::kF32) {
+  RandomModelOptions o;
+  o.config = config;
+  o.dtype = dtype;
+  absl::Status s = WriteRandomModel(o, dir.path());
+  if (!s.ok()) return s;
+  return LoadModel(dir.path(), LoadOptions());
+}
+
+TEST(ArchitecturesTest, Qwen2LoadsQkvBiases) {
+  ScratchDir dir("qwen2");
+  ModelConfig c = Small(Architecture::kQwen2);
+  c.tie_word_embeddings = true;
+  c.rope_theta = 1000000.0;
+  c.bos_token_id = -1;
+  absl::StatusOr<std::unique_ptr<Model>> m = WriteAndLoad(c, dir, DType::kBF16);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& got = (*m)->config();
+  EXPECT_EQ(got.architecture, Architecture::kQwen2);
+  EXPECT_EQ(got.architecture_name, "Qwen2ForCausalLM");
+  EXPECT_EQ(got.model_type, "qwen2");
+  EXPECT_TRUE(got.attention_bias);
+  EXPECT_EQ(got.rope_theta, 1000000.0);
+  EXPECT_EQ(got.bos_token_id, -1);
+  for (const LayerWeights& l : (*m)->weights().layers) {
+    EXPECT_THAT(l.q_bias.shape, ElementsAre(48));
+    EXPECT_THAT(l.k_bias.shape, ElementsAre(16));
+    EXPECT_THAT(l.v_bias.shape, ElementsAre(16));
+    EXPECT_EQ(l.q_bias.dtype, DType::kF32);
+    EXPECT_EQ(l.v_bias.dtype, DType::kF32);
+    ASSERT_FALSE(l.k_bias.empty());
+    EXPECT_NE(l.k_bias.as<float>()[0], 0.0f);
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(48, 48));
+    EXPECT_THAT(l.k_proj.shape, ElementsAre(16, 48));
+    EXPECT_EQ(l.q_proj.dtype, DType::kBF16);
+  }
+  EXPECT_EQ((*m)->weights().lm_head.data, (*m)->weights().embed_tokens.data);
+  EXPECT_THAT((*m)->model_id(), ::testing::StartsWith("qwen2-L2-H48-"));
+}
+
+TEST(ArchitecturesTest, MistralWithSlidingWindow) {
+  ScratchDir dir("mistral");
+  ModelConfig c = Small(Architecture::kMistral);
+  c.sliding_window = 512;
+  absl::StatusOr<std::unique_ptr<Model>> m = WriteAndLoad(c, dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().architecture, Architecture::kMistral);
+  EXPECT_EQ((*m)->config().model_type, "mistral");
+  EXPECT_EQ((*m)->config().sliding_window, 512);
+  EXPECT_FALSE((*m)->config().attention_bias);
+  EXPECT_TRUE((*m)->weights().layers[0].q_bias.empty());
+  EXPECT_NE((*m)->weights().lm_head.data, (*m)->weights().embed_tokens.data);
+  EXPECT_THAT((*m)->weights().lm_head.shape, ElementsAre(300, 48));
+}
+
+TEST(ArchitecturesTest, Llama3RopeScalingSurvivesTheRoundTrip) {
+  ScratchDir dir("llama3");
+  ModelConfig c = Small(Architecture::kLlama);
+  c.rope_theta = 500000.0;
+  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  c.eos_token_ids = {2, 5, 9};
+  absl::StatusOr<std::unique_ptr<Model>> m = WriteAndLoad(c, dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& got = (*m)->config();
+  EXPECT_EQ(got.rope_scaling, c.rope_scaling);
+  EXPECT_THAT(got.eos_token_ids, ElementsAre(2, 5, 9));
+  EXPECT_EQ(RopeInverseFrequencies(got), RopeInverseFrequencies(c));
+  // Scaling changed the low frequencies.
+  ModelConfig unscaled = c;
+  unscaled.rope_scaling = RopeScaling();
+  EXPECT_NE(RopeInverseFrequencies(got).back(), RopeInverseFrequencies(unscaled).back());
+  EXPECT_EQ(RopeCosSinTable(got, 1024).size(), 1024u * 8);
+}
+
+}  // namespace
+}  // namespace tandem

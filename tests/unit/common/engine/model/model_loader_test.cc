@@ -1,0 +1,141 @@
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "common/base/half.h"
+#include "common/engine/model/model.h"
+#include "common/engine/model/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/unit/common/engine/model/test_util.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_util::SourcePath;
+
+LoadOptions WithDType(DType dtype) {
+  LoadOptions o;
+  o.weight_dtype_auto = false;
+  o.weight_dtype = dtype;
+  return o;
+}
+
+void ExpectShapes(const Model& m, int64_t ffn) {
+  const ModelWeights& w = m.weights();
+  EXPECT_THAT(w.embed_tokens.shape, ElementsAre(512, 64));
+  ASSERT_EQ(w.layers.size(), 5u);
+  for (const LayerWeights& l : w.layers) {
+    EXPECT_THAT(l.input_norm.shape, ElementsAre(64));
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(64, 64));
+    EXPECT_THAT(l.k_proj.shape, ElementsAre(32, 64));
+    EXPECT_THAT(l.v_proj.shape, ElementsAre(32, 64));
+    EXPECT_THAT(l.o_proj.shape, ElementsAre(64, 64));
+    EXPECT_THAT(l.post_norm.shape, ElementsAre(64));
+    EXPECT_THAT(l.gate_proj.shape, ElementsAre(ffn, 64));
+    EXPECT_THAT(l.up_proj.shape, ElementsAre(ffn, 64));
+    EXPECT_THAT(l.down_proj.shape, ElementsAre(64, ffn));
+    EXPECT_TRUE(l.q_bias.empty());
+    EXPECT_EQ(l.input_norm.dtype, DType::kF32);
+    EXPECT_EQ(l.post_norm.dtype, DType::kF32);
+    EXPECT_EQ(l.q_proj.dtype, m.weight_dtype());
+    EXPECT_EQ(l.down_proj.dtype, m.weight_dtype());
+  }
+  EXPECT_THAT(w.final_norm.shape, ElementsAre(64));
+  // Tied: lm_head is the embedding table itself.
+  EXPECT_EQ(w.lm_head.data, w.embed_tokens.data);
+  EXPECT_EQ(w.lm_head.shape, w.embed_tokens.shape);
+  EXPECT_EQ(w.lm_head.dtype, w.embed_tokens.dtype);
+}
+
+TEST(ModelLoaderTest, Stories260kF32IsMappedNotCopied) {
+  absl::StatusOr<std::unique_ptr<Model>> m =
+      LoadModel(SourcePath("models/stories260k"), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->weight_dtype(), DType::kF32);
+  EXPECT_EQ((*m)->config().num_layers, 5);
+  EXPECT_EQ((*m)->config().bos_token_id, 1);
+  EXPECT_THAT((*m)->config().eos_token_ids, ElementsAre(2));
+  EXPECT_EQ((*m)->dir(), SourcePath("models/stories260k"));
+  ExpectShapes(**m, 172);
+  EXPECT_EQ((*m)->owned_bytes(), 0u);
+
+  // The bytes are the file's bytes.
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f =
+      SafetensorsFile::Open(SourcePath("models/stories260k/model.safetensors"));
+  ASSERT_TRUE(f.ok());
+  const SafetensorsEntry* e = (*f)->Find("model.layers.3.mlp.down_proj.weight");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(std::memcmp((*m)->weights().layers[3].down_proj.data, e->data, e->nbytes()), 0);
+}
+
+TEST(ModelLoaderTest, Llama2xsF32AndBf16Conversion) {
+  const std::string dir = SourcePath("models/llama2xs-280k");
+  absl::StatusOr<std::unique_ptr<Model>> f32 = LoadModel(dir, WithDType(DType::kF32));
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  ExpectShapes(**f32, 192);
+  EXPECT_EQ((*f32)->config().max_position_embeddings, 256);
+
+  LoadOptions bf16_options = WithDType(DType::kBF16);
+  bf16_options.show_progress = true;
+  bf16_options.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<Model>> bf16 = LoadModel(dir, bf16_options);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_EQ((*bf16)->weight_dtype(), DType::kBF16);
+  ExpectShapes(**bf16, 192);
+  EXPECT_GT((*bf16)->owned_bytes(), 0u);
+
+  // Every converted value is f32 rounded to nearest even; norms stay f32 and identical.
+  auto check = [](const Tensor& a, const Tensor& b) {
+    ASSERT_EQ(a.numel(), b.numel());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_EQ(b.as<uint16_t>()[i], FloatToBf16(a.as<float>()[i])) << i;
+    }
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data) % 64, 0u);
+  };
+  const ModelWeights& a = (*f32)->weights();
+  const ModelWeights& b = (*bf16)->weights();
+  check(a.embed_tokens, b.embed_tokens);
+  for (size_t i = 0; i < a.layers.size(); ++i) {
+    check(a.layers[i].q_proj, b.layers[i].q_proj);
+    check(a.layers[i].gate_proj, b.layers[i].gate_proj);
+    check(a.layers[i].down_proj, b.layers[i].down_proj);
+    EXPECT_EQ(std::memcmp(a.layers[i].input_norm.data, b.layers[i].input_norm.data, 64 * 4), 0);
+  }
+  EXPECT_EQ(std::memcmp(a.final_norm.data, b.final_norm.data, 64 * 4), 0);
+}
+
+TEST(ModelLoaderTest, ModelIdIsStableAndDistinguishesModelsAndDtypes) {
+  absl::StatusOr<std::unique_ptr<Model>> a1 =
+      LoadModel(SourcePath("models/stories260k"), LoadOptions());
+  absl::StatusOr<std::unique_ptr<Model>> a2 =
+      LoadModel(SourcePath("models/stories260k"), LoadOptions());
+  absl::StatusOr<std::unique_ptr<Model>> a_bf16 =
+      LoadModel(SourcePath("models/stories260k"), WithDType(DType::kBF16));
+  absl::StatusOr<std::unique_ptr<Model>> b =
+      LoadModel(SourcePath("models/llama2xs-280k"), LoadOptions());
+  ASSERT_TRUE(a1.ok() && a2.ok() && a_bf16.ok() && b.ok());
+  EXPECT_EQ((*a1)->model_id(), (*a2)->model_id());
+  EXPECT_NE((*a1)->model_id(), (*a_bf16)->model_id());
+  EXPECT_NE((*a1)->model_id(), (*b)->model_id());
+  EXPECT_THAT((*a1)->model_id(), HasSubstr("llama-L5-H64-F172-A8x8-KV4-V512-f32-"));
+  EXPECT_THAT((*a_bf16)->model_id(), HasSubstr("-bf16-"));
+}
+
+TEST(ModelLoaderTest, RejectsUnsupportedInMemoryDtype) {
+  absl::StatusOr<std::unique_ptr<Model>> m =
+      LoadModel(SourcePath("models/stories260k"), WithDType(DType::kI8));
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("f32 or bf16"));
+}
+
+TEST(ModelLoaderTest, MissingDirectory) {
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel("/nonexistent/model", LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("/nonexistent/model/config.json"));
+}
+
+}  // namespace
+}  // namespace tandem
