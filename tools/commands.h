@@ -8,6 +8,7 @@ namespace tandem {
 // subcommand name) and returns the process exit code.
 int RunGenerate(int argc, char** argv);
 int RunMakeModel(int argc, char** argv);
+int RunServe(int argc, char** argv);
 
 // The bundled default model directory: $TANDEM_MODEL, else models/stories260k next to the
 // build or install tree of this executable, else the source tree it was built from.

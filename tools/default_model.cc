@@ -15,9 +15,8 @@ std::string DefaultModelDir() {
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     // build/bin/tandem -> ../../models ; <prefix>/bin/tandem -> ../share/tandem/models
-    for (const fs::path& candidate :
-         {exe.parent_path() / "../../models/stories260k",
-          exe.parent_path() / "../share/tandem/models/stories260k"}) {
+    for (const fs::path& candidate : {exe.parent_path() / "../../models/stories260k",
+                                      exe.parent_path() / "../share/tandem/models/stories260k"}) {
       if (fs::exists(candidate / "config.json", ec)) return fs::weakly_canonical(candidate, ec);
     }
   }

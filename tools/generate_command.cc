@@ -9,6 +9,7 @@
 #include "common/base/flags.h"
 #include "common/base/log.h"
 #include "common/engine/engine_builder.h"
+#include "common/engine/tokenizer/stream_decoder.h"
 #include "common/engine/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
@@ -123,9 +124,8 @@ int RunGenerate(int argc, char** argv) {
   if (!quiet && generated.size() > 1) {
     double decode_s = absl::ToDoubleSeconds(absl::Now() - first_token);
     TLOG(INFO) << "generated " << generated.size() << " tokens; prompt " << ids->size()
-               << " tokens; time to first token "
-               << absl::ToDoubleMilliseconds(first_token - start) << " ms; decode "
-               << (generated.size() - 1) / decode_s << " tokens/s";
+               << " tokens; time to first token " << absl::ToDoubleMilliseconds(first_token - start)
+               << " ms; decode " << (generated.size() - 1) / decode_s << " tokens/s";
   }
   return 0;
 }

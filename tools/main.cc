@@ -16,6 +16,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"generate", tandem::RunGenerate, "generate a continuation of a prompt in this process"},
+    {"serve", tandem::RunServe, "serve the gRPC API: router and one worker in this process"},
     {"make-model", tandem::RunMakeModel, "write a random-initialised model at a real shape"},
 };
 

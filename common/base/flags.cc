@@ -13,13 +13,26 @@ FlagSet::FlagSet(std::string command, std::string summary)
 void FlagSet::Add(const char* name, Kind kind, void* value, const char* help) {
   Flag f{name, kind, value, help, ""};
   switch (kind) {
-    case Kind::kString: f.default_text = *static_cast<std::string*>(value); break;
-    case Kind::kInt: f.default_text = std::to_string(*static_cast<int64_t*>(value)); break;
-    case Kind::kInt32: f.default_text = std::to_string(*static_cast<int32_t*>(value)); break;
-    case Kind::kDouble: f.default_text = absl::StrCat(*static_cast<double*>(value)); break;
-    case Kind::kFloat: f.default_text = absl::StrCat(*static_cast<float*>(value)); break;
-    case Kind::kBool: f.default_text = *static_cast<bool*>(value) ? "true" : "false"; break;
-    case Kind::kStringList: break;
+    case Kind::kString:
+      f.default_text = *static_cast<std::string*>(value);
+      break;
+    case Kind::kInt:
+      f.default_text = std::to_string(*static_cast<int64_t*>(value));
+      break;
+    case Kind::kInt32:
+      f.default_text = std::to_string(*static_cast<int32_t*>(value));
+      break;
+    case Kind::kDouble:
+      f.default_text = absl::StrCat(*static_cast<double*>(value));
+      break;
+    case Kind::kFloat:
+      f.default_text = absl::StrCat(*static_cast<float*>(value));
+      break;
+    case Kind::kBool:
+      f.default_text = *static_cast<bool*>(value) ? "true" : "false";
+      break;
+    case Kind::kStringList:
+      break;
   }
   flags_.push_back(std::move(f));
 }
@@ -39,7 +52,9 @@ absl::Status FlagSet::Set(Flag& f, const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat("--", f.name, ": invalid value '", text, "'"));
   };
   switch (f.kind) {
-    case Kind::kString: *static_cast<std::string*>(f.value) = text; return absl::OkStatus();
+    case Kind::kString:
+      *static_cast<std::string*>(f.value) = text;
+      return absl::OkStatus();
     case Kind::kStringList:
       static_cast<std::vector<std::string>*>(f.value)->push_back(text);
       return absl::OkStatus();
@@ -104,7 +119,8 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       continue;
     }
     if (!has_value) {
-      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      if (i + 1 >= argc)
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       value = argv[++i];
     }
     if (auto st = Set(*flag, value); !st.ok()) return st;
@@ -113,10 +129,14 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
 }
 
 std::string FlagSet::Usage() const {
-  std::string out = absl::StrCat("Usage: tandem ", command_, " [flags]\n\n", summary_, "\n\nFlags:\n");
+  std::string out =
+      absl::StrCat("Usage: tandem ", command_, " [flags]\n\n", summary_, "\n\nFlags:\n");
   for (const Flag& f : flags_) {
     std::string line = absl::StrCat("  --", f.name);
-    if (line.size() < 30) line.resize(30, ' '); else line += " ";
+    if (line.size() < 30)
+      line.resize(30, ' ');
+    else
+      line += " ";
     absl::StrAppend(&out, line, f.help);
     if (!f.default_text.empty()) absl::StrAppend(&out, " (default: ", f.default_text, ")");
     absl::StrAppend(&out, "\n");

@@ -15,8 +15,8 @@ Engine::Engine(const EngineOptions& options, std::shared_ptr<const Model> model,
 Engine::~Engine() = default;
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
-                                                      std::shared_ptr<const Model> model,
-                                                      std::unique_ptr<Backend> backend) {
+                                                       std::shared_ptr<const Model> model,
+                                                       std::unique_ptr<Backend> backend) {
   if (model == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("engine needs a model and a backend");
   }
@@ -34,7 +34,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                           : c.max_position_embeddings;
   e->vocab_size_ = c.vocab_size;
   e->eos_ids_ = c.eos_token_ids;
-  uint64_t seed = options.seed != 0 ? options.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  uint64_t seed =
+      options.seed != 0 ? options.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   e->seed_source_.Seed(seed);
   return e;
 }
@@ -172,8 +173,7 @@ void Engine::FinishSequence(const std::string& request_id, int32_t index, Finish
   }
 }
 
-void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits,
-                         SequenceUpdate* u) {
+void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* u) {
   seq->tokens.push_back(token);
   ++stats_.generated_tokens;
   if (seq->first_token_time == absl::InfinitePast()) seq->first_token_time = absl::Now();
@@ -279,8 +279,8 @@ std::vector<SequenceUpdate> Engine::Step() {
     const bool completes = seq->num_computed + s.num_new_tokens == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
                                seq->tokens.begin() + seq->num_computed + s.num_new_tokens);
-    batch.AddSequence(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
-                      block_size, completes);
+    batch.AddSequence(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table, block_size,
+                      completes);
     if (completes) sampled.push_back(seq);
   }
 

@@ -38,7 +38,7 @@ struct BlockCopy {
 struct SchedulerOutput {
   std::vector<ScheduledSeq> scheduled;
   std::vector<BlockCopy> block_copies;  // copy-on-write, to run before the forward pass
-  std::vector<Sequence*> preempted;                        // moved back to waiting this step
+  std::vector<Sequence*> preempted;     // moved back to waiting this step
   int64_t num_batched_tokens = 0;
 };
 

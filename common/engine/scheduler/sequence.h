@@ -26,12 +26,12 @@ const char* FinishReasonName(FinishReason reason);
 // One generated sample of a request (a request with n > 1 has n sequences). Owned by the
 // engine; the scheduler moves pointers between its queues. Engine thread only.
 struct Sequence {
-  int64_t seq_id = 0;       // engine-unique
+  int64_t seq_id = 0;          // engine-unique
   uint64_t arrival_order = 0;  // admission order of the request (FCFS tie-break)
   std::string request_id;
-  int32_t index = 0;        // sample index within the request
+  int32_t index = 0;          // sample index within the request
   int32_t pending_forks = 0;  // samples to fork from this one once its prompt is computed
-  int32_t priority = 0;     // lower value runs first (vLLM convention)
+  int32_t priority = 0;       // lower value runs first (vLLM convention)
 
   std::vector<int32_t> tokens;  // prompt followed by output
   int64_t prompt_len = 0;

@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
   if (options.num_blocks <= 0) return absl::InvalidArgumentError("num_blocks must be > 0");
   if (options.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
   if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CPU KV cache dtype must be f32 or bf16, got ", DTypeName(options.kv_dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("CPU KV cache dtype must be f32 or bf16, got ",
+                                                   std::string(DTypeName(options.kv_dtype))));
   }
   std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();

@@ -1,0 +1,154 @@
+#include "common/engine/async_engine.h"
+
+#include "common/base/log.h"
+
+namespace tandem {
+
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {
+  stats_ = engine_->stats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+AsyncEngine::~AsyncEngine() { Shutdown(); }
+
+void AsyncEngine::Push(Command command) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ingress_.push_back(std::move(command));
+  }
+  cv_.notify_one();
+}
+
+void AsyncEngine::Submit(EngineRequest request, Callback callback) {
+  active_.fetch_add(1);
+  Command c{Command::kSubmit};
+  c.request = std::move(request);
+  c.callback = std::move(callback);
+  Push(std::move(c));
+}
+
+void AsyncEngine::Cancel(const std::string& request_id) {
+  Command c{Command::kCancel};
+  c.request_id = request_id;
+  Push(std::move(c));
+}
+
+void AsyncEngine::FinishSequence(const std::string& request_id, int32_t index,
+                                 FinishReason reason) {
+  Command c{Command::kFinish};
+  c.request_id = request_id;
+  c.index = index;
+  c.reason = reason;
+  Push(std::move(c));
+}
+
+void AsyncEngine::RunOnEngineThread(const std::function<void(Engine&)>& fn) {
+  Command c{Command::kRun};
+  c.fn = &fn;
+  c.done = std::make_shared<std::promise<void>>();
+  std::future<void> done = c.done->get_future();
+  Push(std::move(c));
+  done.wait();
+}
+
+EngineStats AsyncEngine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void AsyncEngine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncEngine::Deliver(const SequenceUpdate& u) {
+  auto it = pending_.find(u.request_id);
+  if (it == pending_.end()) return;
+  it->second.callback(u);
+  if (u.finished && --it->second.remaining <= 0) {
+    pending_.erase(it);
+    active_.fetch_sub(1);
+  }
+}
+
+void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
+  for (Command& c : commands) {
+    switch (c.kind) {
+      case Command::kSubmit: {
+        const std::string id = c.request.id;
+        const int32_t n = c.request.n;
+        if (pending_.count(id) != 0) {
+          SequenceUpdate u;
+          u.request_id = id;
+          u.finished = true;
+          u.finish_reason = FinishReason::kError;
+          u.status = absl::AlreadyExistsError("request_id: '" + id + "' is already running");
+          c.callback(u);
+          active_.fetch_sub(1);
+          break;
+        }
+        absl::Status st = engine_->AddRequest(std::move(c.request));
+        if (!st.ok()) {
+          SequenceUpdate u;
+          u.request_id = id;
+          u.finished = true;
+          u.finish_reason = FinishReason::kError;
+          u.status = st;
+          c.callback(u);
+          active_.fetch_sub(1);
+          break;
+        }
+        pending_[id] = Pending{std::move(c.callback), n};
+        break;
+      }
+      case Command::kCancel:
+        engine_->AbortRequest(c.request_id);
+        break;
+      case Command::kFinish:
+        engine_->FinishSequence(c.request_id, c.index, c.reason);
+        break;
+      case Command::kRun:
+        (*c.fn)(*engine_);
+        c.done->set_value();
+        break;
+    }
+  }
+}
+
+void AsyncEngine::Loop() {
+  while (true) {
+    std::deque<Command> commands;
+    bool stopping;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!stop_ && ingress_.empty() && !engine_->HasWork()) {
+        cv_.wait(lock, [this] { return stop_ || !ingress_.empty(); });
+      }
+      commands.swap(ingress_);
+      stopping = stop_;
+    }
+    ApplyCommands(commands);
+    if (stopping) {
+      // Abort whatever is left so every callback hears the end of its request.
+      std::vector<std::string> ids;
+      for (const auto& [id, p] : pending_) ids.push_back(id);
+      for (const auto& id : ids) engine_->AbortRequest(id);
+      for (const SequenceUpdate& u : engine_->Step()) Deliver(u);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = engine_->stats();
+      return;
+    }
+    std::vector<SequenceUpdate> updates = engine_->Step();
+    for (const SequenceUpdate& u : updates) Deliver(u);
+    EngineStats s = engine_->stats();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_ = s;
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,275 @@
+#include "router/generate_call.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+
+namespace tandem {
+namespace {
+
+// Prompt ids that prime a sample's detokenizer, so the continuation's first token is decoded in
+// context (leading spaces, merged characters) without decoding the whole prompt.
+constexpr size_t kDetokenizerContext = 8;
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+}  // namespace
+
+GenerateCall::GenerateCall(GenerationService* service, grpc::CallbackServerContext* context)
+    : service_(service), context_(context) {}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
+    GenerationService* service, grpc::CallbackServerContext* context,
+    const v1::GenerateRequest* request) {
+  std::shared_ptr<GenerateCall> call(new GenerateCall(service, context));
+  call->self_ = call;
+  service->CallStarted();
+  v1::DecodeRequest decode;
+  grpc::Status st = service->draining()
+                        ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down")
+                        : call->Prepare(*request, &decode);
+  if (!st.ok()) {
+    std::unique_lock<std::mutex> lock(call->mu_);
+    call->FinishCall(lock, st);
+    return call.get();
+  }
+  service->client().Decode(decode,
+                           [call](const v1::DecodeResponse& r) { call->OnWorkerResponse(r); });
+  return call.get();
+}
+
+grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeRequest* decode) {
+  const GenerationServiceOptions& o = service_->options();
+  if (!r.model().empty() && r.model() != o.model_name) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("model: '", r.model(), "' is not served"));
+  }
+  const int32_t n = r.n() == 0 ? 1 : r.n();
+  if (n < 1 || n > o.max_n) {
+    return Invalid(absl::StrCat("n: must be in [1, ", o.max_n, "], got ", r.n()));
+  }
+  const v1::SamplingParams& s = r.sampling();
+  if (s.stop_size() > o.max_stop_strings) {
+    return Invalid(
+        absl::StrCat("stop: at most ", o.max_stop_strings, " stop strings, got ", s.stop_size()));
+  }
+  for (const std::string& stop : s.stop()) {
+    if (stop.empty() || static_cast<int32_t>(stop.size()) > o.max_stop_string_bytes) {
+      return Invalid(absl::StrCat("stop: each stop string must have 1 to ", o.max_stop_string_bytes,
+                                  " bytes"));
+    }
+  }
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (r.text().empty()) return Invalid("prompt: text must not be empty");
+      if (static_cast<int32_t>(r.text().size()) > o.max_prompt_bytes) {
+        return Invalid(absl::StrCat("prompt: text longer than ", o.max_prompt_bytes, " bytes"));
+      }
+      const bool add_special = r.has_add_special_tokens() ? r.add_special_tokens() : true;
+      auto ids = service_->tokenizer().Encode(r.text(), add_special);
+      if (!ids.ok()) return Invalid(absl::StrCat("prompt: ", ids.status().message()));
+      prompt_ids_ = std::move(ids).value();
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = r.token_ids().ids();
+      if (ids.empty()) return Invalid("prompt: token_ids must not be empty");
+      const int32_t vocab = service_->tokenizer().vocab_size();
+      for (int32_t id : ids) {
+        if (id < 0 || id >= vocab) {
+          return Invalid(
+              absl::StrCat("prompt: token id ", id, " outside the vocabulary [0, ", vocab, ")"));
+        }
+      }
+      prompt_ids_.assign(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return Invalid("prompt: set text or token_ids");
+  }
+  if (prompt_ids_.empty()) return Invalid("prompt: tokenizes to no tokens");
+
+  request_id_ = r.request_id().empty() ? service_->NextRequestId() : r.request_id();
+  echo_prompt_ids_ = r.echo_prompt_ids();
+  skip_special_tokens_ = s.has_skip_special_tokens() ? s.skip_special_tokens() : true;
+  samples_.resize(n);
+  for (Sample& sample : samples_) {
+    sample.decoder = std::make_unique<StreamDecoder>(service_->tokenizer(), skip_special_tokens_);
+    const size_t from =
+        prompt_ids_.size() > kDetokenizerContext ? prompt_ids_.size() - kDetokenizerContext : 0;
+    for (size_t i = from; i < prompt_ids_.size(); ++i) sample.decoder->Step(prompt_ids_[i]);
+    sample.stop = std::make_unique<StopMatcher>(
+        std::vector<std::string>(s.stop().begin(), s.stop().end()), s.include_stop_str_in_output());
+  }
+  samples_open_ = n;
+
+  decode->set_request_id(request_id_);
+  decode->mutable_prompt_token_ids()->Assign(prompt_ids_.begin(), prompt_ids_.end());
+  *decode->mutable_sampling() = s;
+  decode->set_n(n);
+  decode->set_priority(r.priority());
+  decode->set_cache_salt(r.cache_salt());
+  return grpc::Status::OK;
+}
+
+void GenerateCall::OnWorkerResponse(const v1::DecodeResponse& response) {
+  if (response.has_tokens()) {
+    HandleTokens(response.tokens());
+  } else if (response.has_final()) {
+    HandleFinal(response.final());
+  }
+}
+
+void GenerateCall::HandleTokens(const v1::SampleTokens& t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (finish_status_.has_value() || t.index() < 0 ||
+      t.index() >= static_cast<int32_t>(samples_.size())) {
+    return;
+  }
+  Sample& sample = samples_[t.index()];
+  if (sample.done || sample.stopped_by_string) return;
+  v1::GenerateResponse out;
+  v1::TokenChunk* chunk = out.mutable_chunk();
+  chunk->set_index(t.index());
+  std::string text;
+  for (int i = 0; i < t.token_ids_size(); ++i) {
+    const int32_t id = t.token_ids(i);
+    chunk->add_token_ids(id);
+    if (i < t.logprobs_size()) *chunk->add_logprobs() = t.logprobs(i);
+    ++sample.tokens;
+    if (auto piece = sample.decoder->Step(id); piece.has_value()) {
+      text += sample.stop->Feed(*piece);
+    }
+    if (sample.stop->stopped()) break;  // tokens after the stop string are dropped
+  }
+  chunk->set_text(std::move(text));
+  if (sample.stop->stopped()) {
+    sample.stopped_by_string = true;
+    service_->client().Cancel(request_id_, t.index());
+  }
+  Enqueue(lock, std::move(out));
+}
+
+void GenerateCall::HandleFinal(const v1::SampleFinal& f) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (finish_status_.has_value()) return;
+  if (f.finish_reason() == v1::FINISH_REASON_ERROR) {
+    // A rejected request or a failed sample ends the whole stream with the worker's status.
+    if (samples_open_ > 1) service_->client().Cancel(request_id_, -1);
+    const int code = f.error_code() != 0 ? f.error_code() : grpc::StatusCode::INTERNAL;
+    FinishCall(lock, grpc::Status(static_cast<grpc::StatusCode>(code), f.error_message()));
+    return;
+  }
+  if (f.index() < 0 || f.index() >= static_cast<int32_t>(samples_.size())) return;
+  Sample& sample = samples_[f.index()];
+  if (sample.done) return;
+  sample.done = true;
+  --samples_open_;
+
+  std::string tail = sample.stop->Flush();
+  if (!tail.empty()) {
+    v1::GenerateResponse out;
+    out.mutable_chunk()->set_index(f.index());
+    out.mutable_chunk()->set_text(std::move(tail));
+    Enqueue(lock, std::move(out));
+  }
+  v1::GenerateResponse out;
+  v1::GenerateFinal* final = out.mutable_final();
+  final->set_index(f.index());
+  *final->mutable_usage() = f.usage();
+  *final->mutable_timings() = f.timings();
+  if (sample.stopped_by_string) {
+    final->set_finish_reason(v1::FINISH_REASON_STOP);
+    final->set_stop_string(sample.stop->matched());
+    final->mutable_usage()->set_completion_tokens(sample.tokens);
+  } else {
+    final->set_finish_reason(f.finish_reason());
+  }
+  Enqueue(lock, std::move(out));
+  if (samples_open_ == 0) {
+    const bool aborted = f.finish_reason() == v1::FINISH_REASON_ABORT && !sample.stopped_by_string;
+    FinishCall(lock, aborted && context_->IsCancelled()
+                         ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled")
+                         : grpc::Status::OK);
+  }
+}
+
+void GenerateCall::Enqueue(std::unique_lock<std::mutex>& lock, v1::GenerateResponse message) {
+  if (finish_called_) return;
+  message.set_request_id(request_id_);
+  if (!sent_first_) {
+    sent_first_ = true;
+    if (echo_prompt_ids_) {
+      message.mutable_prompt_token_ids()->Assign(prompt_ids_.begin(), prompt_ids_.end());
+    }
+  }
+  queue_.push_back(std::move(message));
+  PumpLocked(lock);
+}
+
+void GenerateCall::FinishCall(std::unique_lock<std::mutex>& lock, grpc::Status status) {
+  if (!finish_status_.has_value()) finish_status_ = std::move(status);
+  PumpLocked(lock);
+}
+
+// Starts the next write or the Finish when nobody holds the writer role. Called with mu_ held;
+// releases it around the reactor call.
+void GenerateCall::PumpLocked(std::unique_lock<std::mutex>& lock) {
+  if (writing_ || finish_called_) return;
+  if (!queue_.empty()) {
+    writing_ = true;
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    StartWrite(&in_flight_);
+    lock.lock();
+    return;
+  }
+  if (finish_status_.has_value()) {
+    finish_called_ = true;
+    grpc::Status status = *finish_status_;
+    lock.unlock();
+    Finish(status);
+    lock.lock();
+  }
+}
+
+void GenerateCall::OnWriteDone(bool ok) {
+  std::unique_lock<std::mutex> lock(mu_);
+  writing_ = false;
+  if (!ok) {
+    // The client went away: stop generating and end the call.
+    queue_.clear();
+    if (samples_open_ > 0) service_->client().Cancel(request_id_, -1);
+    if (!finish_status_.has_value()) {
+      finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+  PumpLocked(lock);
+}
+
+void GenerateCall::OnCancel() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (samples_open_ > 0 && !request_id_.empty()) service_->client().Cancel(request_id_, -1);
+  queue_.clear();
+  if (!finish_status_.has_value()) {
+    finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+  }
+  PumpLocked(lock);
+}
+
+void GenerateCall::OnDone() {
+  service_->CallEnded();
+  std::shared_ptr<GenerateCall> self;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    self.swap(self_);
+  }
+  // `self` goes out of scope here; worker callbacks may still hold references and will find
+  // finish_status_ set.
+}
+
+}  // namespace tandem

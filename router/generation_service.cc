@@ -1,0 +1,74 @@
+#include "router/generation_service.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "router/generate_call.h"
+
+namespace tandem {
+
+GenerationService::GenerationService(const GenerationServiceOptions& options,
+                                     const Tokenizer* tokenizer, InferenceClient* client)
+    : options_(options), tokenizer_(tokenizer), client_(client) {
+  id_prefix_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
+               0xffffffffffull;
+}
+
+std::string GenerationService::NextRequestId() {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "req-%010llx-%llu", static_cast<unsigned long long>(id_prefix_),
+                static_cast<unsigned long long>(next_id_.fetch_add(1)));
+  return buf;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  return GenerateCall::Start(this, context, request);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
+                                                      const v1::TokenizeRequest* request,
+                                                      v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!request->model().empty() && request->model() != options_.model_name) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 absl::StrCat("model: '", request->model(), "' is not served")));
+    return reactor;
+  }
+  if (static_cast<int64_t>(request->text().size()) > options_.max_prompt_bytes) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     absl::StrCat("text: longer than ", options_.max_prompt_bytes, " bytes")));
+    return reactor;
+  }
+  auto ids = tokenizer_->Encode(
+      request->text(), request->has_add_special_tokens() ? request->add_special_tokens() : true);
+  if (!ids.ok()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("text: ", ids.status().message())));
+    return reactor;
+  }
+  for (int32_t id : *ids) {
+    response->add_token_ids(id);
+    response->add_tokens(std::string(tokenizer_->IdToToken(id)));
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
+                                                        const v1::ListModelsRequest* request,
+                                                        v1::ListModelsResponse* response) {
+  v1::ModelInfo* m = response->add_models();
+  m->set_name(options_.model_name);
+  m->set_architecture(options_.architecture);
+  m->set_max_model_len(options_.max_model_len);
+  m->set_vocab_size(tokenizer_->vocab_size());
+  m->set_dtype(options_.dtype);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace tandem

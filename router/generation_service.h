@@ -1,0 +1,65 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "common/engine/tokenizer/tokenizer.h"
+#include "router/inference_client.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem {
+
+struct GenerationServiceOptions {
+  std::string model_name = "default";
+  std::string architecture;
+  int32_t max_model_len = 0;
+  std::string dtype;
+  int32_t max_stop_strings = 16;
+  int32_t max_stop_string_bytes = 256;
+  int32_t max_prompt_bytes = 1 << 20;
+  int32_t max_n = 16;
+};
+
+// The client-facing gRPC API (service tandem.v1.Generation): tokenizes prompts, sends them to
+// an InferenceClient, detokenizes the token stream incrementally, applies stop strings and
+// streams responses. Thread-safe; every call runs on gRPC's callback threads and the client's
+// callback threads.
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  GenerationService(const GenerationServiceOptions& options, const Tokenizer* tokenizer,
+                    InferenceClient* client);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+
+  // From now on new Generate calls fail with UNAVAILABLE; in-flight ones continue.
+  void StartDrain() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+  int64_t active_calls() const { return active_.load(); }
+
+  // Called by GenerateCall.
+  const GenerationServiceOptions& options() const { return options_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  InferenceClient& client() { return *client_; }
+  std::string NextRequestId();
+  void CallStarted() { active_.fetch_add(1); }
+  void CallEnded() { active_.fetch_sub(1); }
+
+ private:
+  GenerationServiceOptions options_;
+  const Tokenizer* tokenizer_;
+  InferenceClient* client_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_{0};
+  std::atomic<uint64_t> next_id_{1};
+  uint64_t id_prefix_;
+};
+
+}  // namespace tandem
