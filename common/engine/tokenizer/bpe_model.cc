@@ -14,18 +14,10 @@ namespace {
 
 absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// Splits a legacy "a b" merge at its first space.
-bool SplitLegacyMerge(const std::string& merge, std::string* a, std::string* b) {
-  const size_t space = merge.find(' ');
-  if (space == std::string::npos) return false;
-  *a = merge.substr(0, space);
-  *b = merge.substr(space + 1);
-  return true;
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model) {
+absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(const nlohmann::json& model,
+                                                           BpeVocabData data) {
   const std::string type = json_util::GetString(model, "type", "BPE");
   if (type != "BPE") {
     return absl::UnimplementedError(absl::StrCat("unsupported model type '", type, "'"));
@@ -33,38 +25,30 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
   if (json_util::Has(model, "dropout") && model.at("dropout").get<double>() > 0) {
     return absl::UnimplementedError("BPE dropout is not supported");
   }
+  if (!data.has_vocab) return absl::InvalidArgumentError("model.vocab must be an object");
+  if (!data.has_merges) return absl::InvalidArgumentError("model.merges must be an array");
   std::unique_ptr<BpeModel> bpe(new BpeModel());
-  const nlohmann::json& vocab = model.at("vocab");
-  if (!vocab.is_object()) return absl::InvalidArgumentError("model.vocab must be an object");
 
-  // Token strings into one pool first (so that views into it stay valid), then the maps.
-  size_t pool_size = 0;
+  // data.vocab_strings becomes the pool that the vocab map points into.
   int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    pool_size += it.key().size();
-    const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id >= (int64_t{1} << 31) - 1) {
-      return absl::InvalidArgumentError(absl::StrCat("vocab id out of range: ", id));
+  for (const auto& entry : data.vocab) {
+    if (entry.id < 0 || entry.id >= (int64_t{1} << 31) - 1) {
+      return absl::InvalidArgumentError(absl::StrCat("vocab id out of range: ", entry.id));
     }
-    max_id = std::max(max_id, id);
+    max_id = std::max(max_id, entry.id);
   }
-  bpe->pool_.reserve(pool_size);
+  bpe->pool_ = std::move(data.vocab_strings);
   bpe->entries_.resize(static_cast<size_t>(max_id + 1));
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    Entry& entry = bpe->entries_[it.value().get<int64_t>()];
+  bpe->vocab_.reserve(data.vocab.size());
+  for (const auto& [token, id] : data.vocab) {
+    Entry& entry = bpe->entries_[id];
     if (entry.length >= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("vocab id ", it.value().get<int64_t>(), " is used twice"));
+      return absl::InvalidArgumentError(absl::StrCat("vocab id ", id, " is used twice"));
     }
-    entry.offset = static_cast<uint32_t>(bpe->pool_.size());
-    entry.length = static_cast<int32_t>(it.key().size());
-    bpe->pool_.append(it.key());
-  }
-  bpe->vocab_.reserve(vocab.size());
-  for (int32_t id = 0; id < static_cast<int32_t>(bpe->entries_.size()); ++id) {
-    const Entry& entry = bpe->entries_[id];
-    if (entry.length < 0) continue;
-    bpe->vocab_.emplace(absl::string_view(bpe->pool_.data() + entry.offset, entry.length), id);
+    entry.offset = token.offset;
+    entry.length = static_cast<int32_t>(token.length);
+    bpe->vocab_.emplace(absl::string_view(bpe->pool_.data() + token.offset, token.length),
+                        static_cast<int32_t>(id));
   }
 
   bpe->byte_fallback_ = json_util::GetBool(model, "byte_fallback", false);
@@ -80,34 +64,25 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     }
   }
   for (int b = 0; b < 256; ++b) {
-    const auto id = bpe->Lookup(absl::StrFormat("<0x%02X>", b));
-    bpe->byte_ids_[b] = id.value_or(-1);
+    bpe->byte_ids_[b] = bpe->Lookup(absl::StrFormat("<0x%02X>", b)).value_or(-1);
   }
 
   const size_t prefix_len = bpe->continuing_subword_prefix_.size();
-  const nlohmann::json& merges = model.at("merges");
-  bpe->merges_.reserve(merges.size());
-  std::string a, b;
+  bpe->merges_.reserve(data.merges.size());
+  std::string merged;
   int32_t rank = 0;
-  for (const nlohmann::json& merge : merges) {
-    if (merge.is_string()) {
-      if (!SplitLegacyMerge(merge.get_ref<const std::string&>(), &a, &b)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("merge '", merge.get<std::string>(), "' is not of the form 'a b'"));
-      }
-    } else if (merge.is_array() && merge.size() == 2) {
-      a = merge[0].get<std::string>();
-      b = merge[1].get<std::string>();
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("bad merge at rank ", rank));
-    }
-    const auto a_id = bpe->Lookup(a);
-    const auto b_id = bpe->Lookup(b);
+  const std::string_view pool(data.merge_strings);
+  for (const auto& merge : data.merges) {
+    const std::string_view a = pool.substr(merge.left.offset, merge.left.length);
+    const std::string_view b = pool.substr(merge.right.offset, merge.right.length);
+    const auto a_id = bpe->TokenToId(a);
+    const auto b_id = bpe->TokenToId(b);
     if (!a_id.has_value() || !b_id.has_value()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("merge '", a, " ", b, "' uses a token that is not in the vocab"));
+      return absl::InvalidArgumentError(absl::StrCat("merge '", std::string(a), " ", std::string(b),
+                                                     "' uses a token that is not in the vocab"));
     }
-    const std::string merged = a + b.substr(std::min(prefix_len, b.size()));
+    merged.assign(a);
+    merged.append(b.substr(std::min(prefix_len, b.size())));
     const auto new_id = bpe->Lookup(merged);
     if (!new_id.has_value()) {
       return absl::InvalidArgumentError(

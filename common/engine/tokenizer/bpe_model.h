@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "nlohmann/json_fwd.hpp"
+#include "common/engine/tokenizer/tokenizer_json.h"
 
 namespace tandem {
 
@@ -20,8 +20,10 @@ namespace tandem {
 // end_of_word_suffix). Immutable after loading; Tokenize is safe from many threads.
 class BpeModel {
  public:
-  // `model` is the tokenizer.json `model` object (type "BPE" or absent).
-  static absl::StatusOr<std::unique_ptr<BpeModel>> FromJson(const nlohmann::json& model);
+  // `model` is the tokenizer.json `model` object (type "BPE" or absent) for the options;
+  // vocab and merges come from `data` (see ParseTokenizerJson).
+  static absl::StatusOr<std::unique_ptr<BpeModel>> Create(const nlohmann::json& model,
+                                                          BpeVocabData data);
 
   // Appends the ids of one pre-token (HF BPE::tokenize without dropout).
   void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;

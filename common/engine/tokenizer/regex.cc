@@ -11,6 +11,14 @@
 namespace tandem {
 namespace {
 
+// Oniguruma allows concurrent searches on one compiled regex (each with its own region),
+// but not concurrent compiling or freeing, even of different regexes (rust-onig, which HF
+// uses, serializes them the same way).
+std::mutex& CompileMutex() {
+  static auto* mutex = new std::mutex();
+  return *mutex;
+}
+
 void InitOnigurumaOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -27,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) 
   InitOnigurumaOnce();
   regex_t* compiled = nullptr;
   OnigErrorInfo error_info;
+  std::lock_guard<std::mutex> lock(CompileMutex());
   const int rc = onig_new(&compiled, Bytes(pattern), Bytes(pattern) + pattern.size(),
                           ONIG_OPTION_NONE, ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &error_info);
   if (rc != ONIG_NORMAL) {
@@ -38,7 +47,10 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) 
   return std::unique_ptr<Regex>(new Regex(std::string(pattern), compiled));
 }
 
-Regex::~Regex() { onig_free(static_cast<regex_t*>(regex_)); }
+Regex::~Regex() {
+  std::lock_guard<std::mutex> lock(CompileMutex());
+  onig_free(static_cast<regex_t*>(regex_));
+}
 
 std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;

@@ -16,6 +16,7 @@
 #include "common/engine/tokenizer/normalizer.h"
 #include "common/engine/tokenizer/post_processor.h"
 #include "common/engine/tokenizer/pre_tokenizer.h"
+#include "common/engine/tokenizer/tokenizer_json.h"
 #include "common/engine/tokenizer/unicode.h"
 #include "nlohmann/json.hpp"
 
@@ -77,12 +78,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromModelDir(const std::st
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJsonText(std::string_view text,
                                                                    const std::string& origin) {
-  TANDEM_ASSIGN_OR_RETURN(nlohmann::json json, ParseJson(text, origin));
+  TANDEM_ASSIGN_OR_RETURN(ParsedTokenizerJson parsed, ParseTokenizerJson(text, origin));
+  const nlohmann::json& json = parsed.json;
   std::unique_ptr<Tokenizer> tok(new Tokenizer());
   const auto build = [&]() -> absl::Status {
     if (!json.is_object()) return absl::InvalidArgumentError("not a JSON object");
     if (!json.contains("model")) return absl::InvalidArgumentError("no \"model\"");
-    TANDEM_ASSIGN_OR_RETURN(tok->model_, BpeModel::FromJson(json.at("model")));
+    TANDEM_ASSIGN_OR_RETURN(tok->model_, BpeModel::Create(json.at("model"), std::move(parsed.bpe)));
     if (json_util::Has(json, "normalizer")) {
       TANDEM_ASSIGN_OR_RETURN(tok->normalizer_, NormalizerFromJson(json.at("normalizer")));
     }
