@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/half.h"
 #include "common/base/log.h"
+#include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
 #include "common/engine/model/checkpoint.h"
@@ -79,10 +80,10 @@ absl::Status CopyTokenizer(const std::string& from, const std::string& to) {
       }
       continue;
     }
-    fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing, ec);
-    if (ec) {
-      return absl::InternalError(absl::StrCat("cannot copy ", src.string(), ": ", ec.message()));
-    }
+    // Copy the bytes, not the permissions: sources may be read-only, and a later run must be
+    // able to overwrite the copy.
+    TANDEM_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(src.string()));
+    TANDEM_RETURN_IF_ERROR(WriteTextFile((fs::path(to) / name).string(), bytes));
   }
   return absl::OkStatus();
 }
