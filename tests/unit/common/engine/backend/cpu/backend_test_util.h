@@ -1,0 +1,114 @@
+#pragma once
+
+// Helpers shared by the CPU backend tests: load a bundled model, read its reference logits,
+// and drive a CpuBackend with simple per-sequence block allocation.
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/engine/backend/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::testing {
+
+inline std::string ModelDir(const std::string& name) {
+  return std::string(TANDEM_SOURCE_DIR) + "/models/" + name;
+}
+
+struct Reference {
+  std::vector<int32_t> sequence;  // prompt + generated ids
+  size_t prompt_len = 0;
+  std::vector<float> logits;  // [sequence.size(), vocab]
+};
+
+inline Reference LoadReference(const std::string& model) {
+  Reference ref;
+  std::ifstream in(ModelDir(model) + "/reference/once_upon_a_time.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  for (int id : j["prompt_ids"]) ref.sequence.push_back(id);
+  ref.prompt_len = ref.sequence.size();
+  for (int id : j["generated_ids"]) ref.sequence.push_back(id);
+  std::ifstream lf(ModelDir(model) + "/reference/once_upon_a_time.logits.f32", std::ios::binary);
+  lf.seekg(0, std::ios::end);
+  ref.logits.resize(static_cast<size_t>(lf.tellg()) / sizeof(float));
+  lf.seekg(0);
+  lf.read(reinterpret_cast<char*>(ref.logits.data()), ref.logits.size() * sizeof(float));
+  return ref;
+}
+
+inline std::shared_ptr<const Model> Load(const std::string& model, DType weights) {
+  LoadOptions options;
+  options.weight_dtype_auto = false;
+  options.weight_dtype = weights;
+  auto m = LoadModel(ModelDir(model), options);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::shared_ptr<const Model>(std::move(m).value());
+}
+
+// max |a - b| / max |b| over one row.
+inline double RowRelativeError(const float* got, const float* want, int64_t n) {
+  double max_diff = 0, max_ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  }
+  return max_diff / max_ref;
+}
+
+// A sequence being fed to the backend in chunks, with its own blocks.
+struct TestSeq {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+  int64_t computed = 0;
+  std::vector<std::vector<float>> logits;  // logits after each computed position
+};
+
+// Allocates blocks sequentially from a counter (tests never free).
+class BlockCounter {
+ public:
+  explicit BlockCounter(int64_t block_size) : block_size_(block_size) {}
+  void Cover(TestSeq& s, int64_t positions) {
+    while (static_cast<int64_t>(s.blocks.size()) * block_size_ < positions) {
+      s.blocks.push_back(next_++);
+    }
+  }
+  int32_t used() const { return next_; }
+
+ private:
+  int64_t block_size_;
+  int32_t next_ = 0;
+};
+
+// Runs one step: each (seq, chunk) pair computes its next `chunk` tokens and records logits for
+// every one of them.
+inline void RunStep(CpuBackend& backend, BlockCounter& blocks,
+                    const std::vector<std::pair<TestSeq*, int64_t>>& work) {
+  ForwardBatch batch;
+  const int64_t bs = backend.kv_spec().block_size;
+  for (auto& [seq, chunk] : work) {
+    blocks.Cover(*seq, seq->computed + chunk);
+    std::vector<int32_t> toks(seq->tokens.begin() + seq->computed,
+                              seq->tokens.begin() + seq->computed + chunk);
+    const int32_t first = static_cast<int32_t>(batch.num_tokens());
+    batch.AddSequence(toks, static_cast<int32_t>(seq->computed), seq->blocks, bs, false);
+    for (int64_t i = 0; i < chunk; ++i) batch.logit_rows.push_back(first + i);
+  }
+  const int64_t vocab = backend.vocab_size();
+  std::vector<float> logits(batch.logit_rows.size() * vocab);
+  absl::Status st = backend.Forward(batch, logits.data());
+  ASSERT_TRUE(st.ok()) << st;
+  size_t row = 0;
+  for (auto& [seq, chunk] : work) {
+    for (int64_t i = 0; i < chunk; ++i, ++row) {
+      seq->logits.emplace_back(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+    }
+    seq->computed += chunk;
+  }
+}
+
+}  // namespace tandem::testing
