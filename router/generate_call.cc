@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "router/request_decoding.h"
 
 namespace tandem {
 namespace {
@@ -21,16 +22,18 @@ grpc::Status Invalid(const std::string& message) {
 GenerateCall::GenerateCall(GenerationService* service, grpc::CallbackServerContext* context)
     : service_(service), context_(context) {}
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateCall::Start(
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
     GenerationService* service, grpc::CallbackServerContext* context,
-    const v1::GenerateRequest* request) {
+    const grpc::ByteBuffer* raw_request) {
   std::shared_ptr<GenerateCall> call(new GenerateCall(service, context));
   call->self_ = call;
   service->CallStarted();
   v1::DecodeRequest decode;
+  v1::GenerateRequest request;
   grpc::Status st = service->draining()
                         ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down")
-                        : call->Prepare(*request, &decode);
+                        : ParseGenerateRequest(*raw_request, &request);
+  if (st.ok()) st = call->Prepare(request, &decode);
   if (!st.ok()) {
     std::unique_lock<std::mutex> lock(call->mu_);
     call->FinishCall(lock, st);
@@ -221,7 +224,7 @@ void GenerateCall::PumpLocked(std::unique_lock<std::mutex>& lock) {
   if (writing_ || finish_called_) return;
   if (!queue_.empty()) {
     writing_ = true;
-    in_flight_ = std::move(queue_.front());
+    in_flight_ = SerializeToByteBuffer(queue_.front());
     queue_.pop_front();
     lock.unlock();
     StartWrite(&in_flight_);

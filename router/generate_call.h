@@ -20,12 +20,12 @@ namespace tandem {
 // responses arrive on the client's thread. `mu_` guards everything below it. Only the holder
 // of the "writer" role (writing_ == true) calls StartWrite or Finish, so the reactor cannot be
 // deleted (OnDone) while a response is being handed to it.
-class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                      public std::enable_shared_from_this<GenerateCall> {
  public:
-  static grpc::ServerWriteReactor<v1::GenerateResponse>* Start(GenerationService* service,
-                                                               grpc::CallbackServerContext* context,
-                                                               const v1::GenerateRequest* request);
+  static grpc::ServerWriteReactor<grpc::ByteBuffer>* Start(GenerationService* service,
+                                                           grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* raw_request);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -61,7 +61,7 @@ class GenerateCall : public grpc::ServerWriteReactor<v1::GenerateResponse>,
   std::vector<Sample> samples_;
   int32_t samples_open_ = 0;
   std::deque<v1::GenerateResponse> queue_;
-  v1::GenerateResponse in_flight_;
+  grpc::ByteBuffer in_flight_;
   bool writing_ = false;
   std::optional<grpc::Status> finish_status_;  // set once the stream should end
   bool finish_called_ = false;

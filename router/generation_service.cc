@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "router/generate_call.h"
+#include "router/request_decoding.h"
 
 namespace tandem {
 
@@ -22,15 +23,23 @@ std::string GenerationService::NextRequestId() {
   return buf;
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
-    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return GenerateCall::Start(this, context, request);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  return GenerateCall::Start(this, context, raw);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* context,
-                                                      const v1::TokenizeRequest* request,
-                                                      v1::TokenizeResponse* response) {
+                                                      const grpc::ByteBuffer* raw,
+                                                      grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::TokenizeRequest parsed;
+  if (grpc::Status st = ParseTokenizeRequest(*raw, &parsed); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
+  const v1::TokenizeRequest* request = &parsed;
+  v1::TokenizeResponse response_message;
+  v1::TokenizeResponse* response = &response_message;
   if (!request->model().empty() && request->model() != options_.model_name) {
     reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
                                  absl::StrCat("model: '", request->model(), "' is not served")));
@@ -53,6 +62,7 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
     response->add_token_ids(id);
     response->add_tokens(std::string(tokenizer_->IdToToken(id)));
   }
+  *raw_response = SerializeToByteBuffer(response_message);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

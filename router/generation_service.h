@@ -25,16 +25,21 @@ struct GenerationServiceOptions {
 // an InferenceClient, detokenizes the token stream incrementally, applies stop strings and
 // streams responses. Thread-safe; every call runs on gRPC's callback threads and the client's
 // callback threads.
-class GenerationService final : public v1::Generation::CallbackService {
+// Generate and Tokenize take raw bytes (see request_decoding.h) so that malformed requests get a
+// precise INVALID_ARGUMENT.
+using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
+    v1::Generation::WithRawCallbackMethod_Tokenize<v1::Generation::CallbackService>>;
+
+class GenerationService final : public GenerationServiceBase {
  public:
   GenerationService(const GenerationServiceOptions& options, const Tokenizer* tokenizer,
                     InferenceClient* client);
 
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
