@@ -18,6 +18,7 @@
 #include "common/engine/engine_builder.h"
 #include "common/engine/tokenizer/tokenizer.h"
 #include "decode_worker/worker_core.h"
+#include "decode_worker/worker_service.h"
 #include "router/generation_service.h"
 #include "tools/commands.h"
 
@@ -140,6 +141,7 @@ int RunServe(int argc, char** argv) {
   service_options.max_model_len = static_cast<int32_t>(context);
   service_options.dtype = std::string(DTypeName(built->model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client);
+  WorkerService worker_service(&core);  // stats and direct worker access on the same port
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -149,6 +151,7 @@ int RunServe(int argc, char** argv) {
                            &bound_port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   builder.RegisterService(&service);
+  builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     TLOG(ERROR) << "cannot listen on " << host << ":" << port;
@@ -167,9 +170,11 @@ int RunServe(int argc, char** argv) {
   TLOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining "
              << service.active_calls() << " streams";
   service.StartDrain();
+  worker_service.StartDrain();
   server->GetHealthCheckService()->SetServingStatus(false);
   absl::Time deadline = absl::Now() + absl::Seconds(drain_timeout_s);
-  while (service.active_calls() > 0 && absl::Now() < deadline) {
+  while ((service.active_calls() > 0 || worker_service.active_calls() > 0) &&
+         absl::Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (service.active_calls() > 0) {

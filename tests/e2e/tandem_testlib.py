@@ -1,0 +1,127 @@
+"""Shared helpers for Tandem's end-to-end tests: real processes, real gRPC clients.
+
+Python gRPC stubs are generated at test time from the project's protos with the system
+protoc and grpc_python_plugin (Debian's protobuf-compiler-grpc), into a temporary directory.
+Run with /usr/bin/python3 (Debian's python3-grpcio).
+"""
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_STUB_DIR = None
+
+
+def load_stubs():
+    """Generates and imports the tandem.v1 Python stubs; returns (generation_pb2, grpc module, ...)."""
+    global _STUB_DIR
+    if _STUB_DIR is None:
+        _STUB_DIR = tempfile.mkdtemp(prefix="tandem-stubs-")
+        atexit.register(shutil.rmtree, _STUB_DIR, True)
+        protos = os.path.join(ROOT, "protos")
+        files = [os.path.join("tandem", "v1", f) for f in sorted(os.listdir(os.path.join(protos, "tandem", "v1")))
+                 if f.endswith(".proto")]
+        subprocess.run(["protoc", f"--proto_path={protos}", f"--python_out={_STUB_DIR}",
+                        f"--grpc_out={_STUB_DIR}", "--plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin"]
+                       + files, check=True, cwd=protos)
+        sys.path.insert(0, _STUB_DIR)
+    import grpc  # noqa: F401
+    from tandem.v1 import common_pb2, generation_pb2, generation_pb2_grpc, sampling_pb2
+    from tandem.v1 import worker_pb2, worker_pb2_grpc
+    return Stubs(common_pb2, generation_pb2, generation_pb2_grpc, sampling_pb2, worker_pb2, worker_pb2_grpc)
+
+
+class Stubs:
+    def __init__(self, common, gen, gen_grpc, sampling, worker, worker_grpc):
+        self.common, self.gen, self.gen_grpc = common, gen, gen_grpc
+        self.sampling, self.worker, self.worker_grpc = sampling, worker, worker_grpc
+
+
+class Server:
+    """A `tandem serve` process on a free loopback port."""
+
+    def __init__(self, build_dir, *args, model=None, startup_timeout=60):
+        self.tmp = tempfile.mkdtemp(prefix="tandem-serve-")
+        self.port_file = os.path.join(self.tmp, "port")
+        self.log_path = os.path.join(self.tmp, "serve.log")
+        cmd = [os.path.join(build_dir, "bin", "tandem"), "serve", "--port", "0",
+               "--port-file", self.port_file] + list(args)
+        if model:
+            cmd += ["--model", model]
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + startup_timeout
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tandem serve exited with {self.proc.returncode}:\n{self.logs()}")
+            if time.time() > deadline:
+                self.kill()
+                raise RuntimeError(f"tandem serve did not start:\n{self.logs()}")
+            time.sleep(0.05)
+        self.port = int(open(self.port_file).read())
+        self.address = f"127.0.0.1:{self.port}"
+
+    def logs(self):
+        self.log.flush()
+        return open(self.log_path, "rb").read().decode("utf-8", "replace")
+
+    def terminate(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+        shutil.rmtree(self.tmp, True)
+
+
+def check(condition, message):
+    if not condition:
+        raise AssertionError(message)
+
+
+WORDS = ("once upon a time there was a little girl named lily she loved to play outside in the "
+         "park one day her mom said we can go to the big tree and see the bird tom was happy "
+         "because he had a red ball and a small dog").split()
+
+
+def make_prompt(rng, min_words, max_words):
+    n = rng.randint(min_words, max_words)
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize()
+
+
+def generate(stubs, stub, timeout=120, **kwargs):
+    """Runs one Generate call; returns {index: {"ids", "text", "final"}} and the first response."""
+    sampling = kwargs.pop("sampling", {})
+    request = stubs.gen.GenerateRequest(sampling=stubs.sampling.SamplingParams(**sampling), **kwargs)
+    out = {}
+    for r in stub.Generate(request, timeout=timeout):
+        if r.HasField("chunk"):
+            s = out.setdefault(r.chunk.index, {"ids": [], "text": "", "final": None})
+            s["ids"].extend(r.chunk.token_ids)
+            s["text"] += r.chunk.text
+        else:
+            s = out.setdefault(r.final.index, {"ids": [], "text": "", "final": None})
+            s["final"] = r.final
+    return out
+
+
+def worker_stats(stubs, channel):
+    return stubs.worker_grpc.WorkerStub(channel).GetStats(stubs.worker.StatsRequest(), timeout=10)
