@@ -22,10 +22,10 @@ namespace tandem {
 struct EngineOptions {
   SchedulerOptions scheduler;
   bool enable_prefix_cache = true;
-  int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
-  int64_t max_waiting = 4096;    // queued sequences beyond this: RESOURCE_EXHAUSTED
-  int32_t max_n = 16;            // samples per request at most
-  uint64_t seed = 0;             // seeds requests that bring none (0: from the clock)
+  int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
+  int64_t max_waiting = 4096;  // queued sequences beyond this: RESOURCE_EXHAUSTED
+  int32_t max_n = 16;          // samples per request at most
+  uint64_t seed = 0;           // seeds requests that bring none (0: from the clock)
 };
 
 struct EngineRequest {
@@ -57,7 +57,7 @@ struct SequenceUpdate {
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
   int32_t num_preemptions = 0;
-  absl::Duration queue_time;   // arrival -> first scheduled
+  absl::Duration queue_time;    // arrival -> first scheduled
   absl::Duration prefill_time;  // first scheduled -> first token
   absl::Duration ttft;          // arrival -> first token
   absl::Duration total_time;    // arrival -> finish
@@ -72,9 +72,9 @@ struct EngineStats {
   int64_t kv_blocks_evictable = 0;  // cached and unreferenced
   int64_t steps = 0;
   int64_t preemptions = 0;
-  int64_t prompt_tokens = 0;          // admitted prompt tokens
-  int64_t prefix_cache_queried = 0;   // prompt tokens looked up at first admission
-  int64_t prefix_cache_hit = 0;       // of which found cached
+  int64_t prompt_tokens = 0;         // admitted prompt tokens
+  int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission
+  int64_t prefix_cache_hit = 0;      // of which found cached
   int64_t generated_tokens = 0;
   int64_t kv_reserved_token_slots = 0;  // block slots held by running sequences
   int64_t kv_filled_token_slots = 0;    // of which hold computed tokens
@@ -87,8 +87,8 @@ struct EngineStats {
 class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
-                                                       std::shared_ptr<const Model> model,
-                                                       std::unique_ptr<Backend> backend);
+                                                        std::shared_ptr<const Model> model,
+                                                        std::unique_ptr<Backend> backend);
   ~Engine();
 
   // Validates and queues a request. INVALID_ARGUMENT names the bad field; RESOURCE_EXHAUSTED
@@ -118,8 +118,7 @@ class Engine {
   // Samples the next token of `seq` from its logits row; returns its update.
   void SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
                   const float* raw_logits);
-  void AppendToken(Sequence* seq, int32_t token, const float* raw_logits,
-                   SequenceUpdate* update);
+  void AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* update);
   void Fork(Sequence* parent, const float* logits, const float* raw_logits,
             std::vector<SequenceUpdate>* updates);
   void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);

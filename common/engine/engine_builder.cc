@@ -81,7 +81,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
                                    : options.kv_cache_bytes / static_cast<int64_t>(per_block);
   if (backend_options.num_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache budget ", options.kv_cache_bytes,
-                                                   " bytes holds no block of ", per_block, " bytes"));
+                                                   " bytes holds no block of ", per_block,
+                                                   " bytes"));
   }
   auto backend = CpuBackend::Create(model, backend_options);
   if (!backend.ok()) return backend.status();

@@ -12,13 +12,13 @@ namespace tandem {
 // Everything needed to stand up an engine on a model directory.
 struct EngineBuildOptions {
   std::string model_dir;
-  std::string device = "cpu";          // "cpu" (the CUDA backend plugs in here too)
-  std::string weight_dtype = "auto";   // auto | f32 | bf16
-  std::string kv_cache_dtype = "auto";  // auto (f32 for f32 weights, else bf16) | f32 | bf16
+  std::string device = "cpu";                 // "cpu" (the CUDA backend plugs in here too)
+  std::string weight_dtype = "auto";          // auto | f32 | bf16
+  std::string kv_cache_dtype = "auto";        // auto (f32 for f32 weights, else bf16) | f32 | bf16
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
-  int64_t num_kv_blocks = 0;            // > 0 overrides kv_cache_bytes
+  int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
   int64_t block_size = 16;
-  int threads = 0;                      // compute threads; 0: one per core
+  int threads = 0;  // compute threads; 0: one per core
   bool show_progress = true;
   EngineOptions engine;
 };
