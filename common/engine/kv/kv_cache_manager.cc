@@ -56,8 +56,8 @@ bool KvCacheManager::MakeWritable(SequenceBlocks* seq, int64_t begin, int64_t en
                                   std::vector<std::pair<int32_t, int32_t>>* copies) {
   if (end <= begin) return true;
   const int64_t first = begin / block_size_;
-  const int64_t last = std::min<int64_t>((end - 1) / block_size_,
-                                         static_cast<int64_t>(seq->table.size()) - 1);
+  const int64_t last =
+      std::min<int64_t>((end - 1) / block_size_, static_cast<int64_t>(seq->table.size()) - 1);
   int64_t shared = 0;
   for (int64_t i = first; i <= last; ++i) shared += pool_->refcount(seq->table[i]) > 1;
   if (shared > pool_->num_available()) return false;
@@ -75,8 +75,8 @@ bool KvCacheManager::MakeWritable(SequenceBlocks* seq, int64_t begin, int64_t en
 
 void KvCacheManager::RegisterFull(absl::Span<const int32_t> tokens, int64_t num_computed,
                                   SequenceBlocks* seq) {
-  const int64_t full = std::min<int64_t>(num_computed / block_size_,
-                                         static_cast<int64_t>(seq->table.size()));
+  const int64_t full =
+      std::min<int64_t>(num_computed / block_size_, static_cast<int64_t>(seq->table.size()));
   if (seq->hashes.size() > static_cast<size_t>(full)) seq->hashes.resize(full);
   for (int64_t i = static_cast<int64_t>(seq->hashes.size()); i < full; ++i) {
     BlockHash parent = i == 0 ? kNoParentHash : seq->hashes[i - 1];

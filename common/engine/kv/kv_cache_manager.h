@@ -28,7 +28,9 @@ class KvCacheManager {
 
   int64_t block_size() const { return block_size_; }
   BlockPool* pool() { return pool_; }
-  int64_t BlocksFor(int64_t num_tokens) const { return (num_tokens + block_size_ - 1) / block_size_; }
+  int64_t BlocksFor(int64_t num_tokens) const {
+    return (num_tokens + block_size_ - 1) / block_size_;
+  }
 
   // Takes the longest cached prefix of `tokens` (only blocks entirely within the first
   // tokens.size() - 1 tokens, so at least one token is left to compute for logits). Returns
