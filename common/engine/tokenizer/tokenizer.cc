@@ -206,12 +206,17 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
       return absl::InvalidArgumentError(
           absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab_size_, ")"));
     }
+    std::string_view token;
     if (const AddedToken* added = added_->FindById(id)) {
-      if (skip_special_tokens && added_->IsSpecialContent(added->content)) continue;
-      tokens.push_back(added->content);
-    } else if (const auto token = model_->IdToToken(id)) {
-      tokens.emplace_back(*token);
+      token = added->content;
+    } else if (const auto model_token = model_->IdToToken(id)) {
+      token = *model_token;
+    } else {
+      continue;  // a hole in the id space
     }
+    // Like HF, skipping goes by the token's text.
+    if (skip_special_tokens && added_->IsSpecialContent(token)) continue;
+    tokens.emplace_back(token);
   }
   std::string text;
   if (decoder_ != nullptr) {

@@ -5,12 +5,14 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/engine/tokenizer/stream_decoder.h"
+#include "common/engine/tokenizer/unicode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -351,6 +353,54 @@ TEST(TokenizerTest, ConcurrentLoadAndEncode) {
   }
   for (auto& thread : threads) thread.join();
   for (int t = 0; t < 4; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+}
+
+// Random text: byte-level tokenizers are lossless (Qwen3 up to NFC), and the stream decoder
+// emits exactly the decoded text.
+TEST(TokenizerTest, RandomTextRoundTrips) {
+  std::mt19937 rng(1234);
+  const auto random_text = [&rng](const std::vector<std::string>& specials) {
+    static const char32_t kRanges[][2] = {
+        {0x20, 0x7E},       {0x09, 0x0D},     {0xA0, 0x24F},
+        {0x300, 0x36F},     {0x4E00, 0x4E80}, {0xAC00, 0xAC40},
+        {0x1F600, 0x1F64F}, {0x2000, 0x206F}, {0x10000, 0x10FFFF}};
+    std::string text;
+    const int length = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < length; ++i) {
+      const int kind = std::uniform_int_distribution<int>(0, 19)(rng);
+      if (kind == 19 && !specials.empty()) {
+        text += specials[std::uniform_int_distribution<size_t>(0, specials.size() - 1)(rng)];
+        continue;
+      }
+      const auto& range = kRanges[kind < 10 ? 0 : kind - 10];
+      char32_t cp = std::uniform_int_distribution<char32_t>(range[0], range[1])(rng);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 'x';
+      unicode::AppendUtf8(cp, &text);
+    }
+    return text;
+  };
+  for (const char* name : {"gpt2", "llama3", "qwen3", "llama2"}) {
+    SCOPED_TRACE(name);
+    auto tok = Load(name);
+    const std::vector<std::string> specials = {"<|endoftext|>", "<|eot_id|>", "<think>", "<s>"};
+    const bool lossless = std::string(name) != "llama2";
+    for (int i = 0; i < 300; ++i) {
+      const std::string text = random_text(specials);
+      const auto ids = tok->Encode(text, false);
+      ASSERT_TRUE(ids.ok()) << ids.status();
+      const auto decoded = tok->Decode(*ids, false);
+      ASSERT_TRUE(decoded.ok());
+      if (lossless) {
+        EXPECT_EQ(*decoded, std::string(name) == "qwen3" ? unicode::Nfc(text) : text);
+      }
+      StreamDecoder stream(*tok, false);
+      std::string streamed;
+      for (int32_t id : *ids) {
+        if (auto chunk = stream.Step(id)) streamed += *chunk;
+      }
+      if (lossless) EXPECT_EQ(streamed, *decoded);
+    }
+  }
 }
 
 }  // namespace
