@@ -22,6 +22,7 @@ class BpeModel {
  public:
   // `model` is the tokenizer.json `model` object (type "BPE" or absent) for the options;
   // vocab and merges come from `data` (see ParseTokenizerJson).
+  // Malformed fields may throw nlohmann::json exceptions; Tokenizer::FromJsonText catches them.
   static absl::StatusOr<std::unique_ptr<BpeModel>> Create(const nlohmann::json& model,
                                                           BpeVocabData data);
 

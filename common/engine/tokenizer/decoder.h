@@ -21,6 +21,7 @@ class Decoder {
 // Builds the decoder described by `json` (non-null). Supported types: Sequence, Replace,
 // ByteFallback, Fuse, Strip, ByteLevel, Metaspace, BPEDecoder. Others give
 // UnimplementedError.
+// Malformed fields may throw nlohmann::json exceptions; Tokenizer::FromJsonText catches them.
 absl::StatusOr<std::unique_ptr<Decoder>> DecoderFromJson(const nlohmann::json& json);
 
 }  // namespace tandem

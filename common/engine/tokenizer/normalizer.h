@@ -19,6 +19,7 @@ class Normalizer {
 // Builds the normalizer described by `json` (a non-null tokenizer.json `normalizer` value).
 // Supported types: Sequence, Prepend, Replace (String/Regex), NFC, NFD, NFKC, NFKD,
 // Lowercase, Strip. Others give UnimplementedError.
+// Malformed fields may throw nlohmann::json exceptions; Tokenizer::FromJsonText catches them.
 absl::StatusOr<std::unique_ptr<Normalizer>> NormalizerFromJson(const nlohmann::json& json);
 
 }  // namespace tandem

@@ -20,6 +20,7 @@ class PostProcessor {
 // Builds the post-processor described by `json` (non-null). Supported types: Sequence,
 // TemplateProcessing (single-sequence template), ByteLevel (no id change), BertProcessing,
 // RobertaProcessing. Others give UnimplementedError.
+// Malformed fields may throw nlohmann::json exceptions; Tokenizer::FromJsonText catches them.
 absl::StatusOr<std::unique_ptr<PostProcessor>> PostProcessorFromJson(const nlohmann::json& json);
 
 }  // namespace tandem

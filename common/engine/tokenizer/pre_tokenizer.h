@@ -26,6 +26,7 @@ class PreTokenizer {
 // Builds the pre-tokenizer described by `json` (non-null). Supported types: Sequence,
 // Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation,
 // BertPreTokenizer. Others give UnimplementedError.
+// Malformed fields may throw nlohmann::json exceptions; Tokenizer::FromJsonText catches them.
 absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizerFromJson(const nlohmann::json& json);
 
 }  // namespace tandem
