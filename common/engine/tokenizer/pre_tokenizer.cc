@@ -109,7 +109,7 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<PreToken>* pieces) const override {
     if (add_prefix_space_) {
       for (PreToken& piece : *pieces) {
-        if (piece.text.empty() || piece.text[0] != ' ') piece.text.insert(0, " ");
+        if (piece.text.empty() || piece.text[0] != ' ') piece.text = " " + piece.text;
       }
     }
     if (regex_ != nullptr) {
