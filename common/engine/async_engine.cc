@@ -51,6 +51,12 @@ void AsyncEngine::RunOnEngineThread(const std::function<void(Engine&)>& fn) {
   done.wait();
 }
 
+void AsyncEngine::Post(std::function<void(Engine&)> fn) {
+  Command c{Command::kPost};
+  c.posted = std::move(fn);
+  Push(std::move(c));
+}
+
 EngineStats AsyncEngine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
@@ -116,6 +122,9 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
         (*c.fn)(*engine_);
         c.done->set_value();
         break;
+      case Command::kPost:
+        c.posted(*engine_);
+        break;
     }
   }
 }
@@ -127,7 +136,15 @@ void AsyncEngine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (!stop_ && ingress_.empty() && !engine_->HasWork()) {
-        cv_.wait(lock, [this] { return stop_ || !ingress_.empty(); });
+        // Idle (or only reservations waiting for their KV): sleep until a command arrives or
+        // the earliest reservation lease runs out.
+        const absl::Time deadline = engine_->NextDeadline();
+        auto ready = [this] { return stop_ || !ingress_.empty(); };
+        if (deadline == absl::InfiniteFuture()) {
+          cv_.wait(lock, ready);
+        } else {
+          cv_.wait_until(lock, absl::ToChronoTime(deadline), ready);
+        }
       }
       commands.swap(ingress_);
       stopping = stop_;

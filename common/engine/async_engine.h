@@ -38,6 +38,9 @@ class AsyncEngine {
   void FinishSequence(const std::string& request_id, int32_t index, FinishReason reason);
   // Runs `fn` on the engine thread between steps and waits for it (tests, KV import/export).
   void RunOnEngineThread(const std::function<void(Engine&)>& fn);
+  // Queues `fn` to run on the engine thread between steps; returns at once. For transport
+  // threads that must never wait on the engine (e.g. a KV transfer completed).
+  void Post(std::function<void(Engine&)> fn);
 
   // Snapshot of the engine's counters, refreshed after every step.
   EngineStats stats() const;
@@ -49,13 +52,14 @@ class AsyncEngine {
 
  private:
   struct Command {
-    enum Kind { kSubmit, kCancel, kFinish, kRun } kind;
+    enum Kind { kSubmit, kCancel, kFinish, kRun, kPost } kind;
     EngineRequest request;
     Callback callback;
     std::string request_id;
     int32_t index = 0;
     FinishReason reason = FinishReason::kNone;
     const std::function<void(Engine&)>* fn = nullptr;
+    std::function<void(Engine&)> posted;
     std::shared_ptr<std::promise<void>> done;
   };
   struct Pending {

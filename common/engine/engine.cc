@@ -40,69 +40,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   return e;
 }
 
-absl::Status Engine::Validate(const EngineRequest& r) const {
-  if (r.id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
-  if (requests_.count(r.id) != 0) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id: '", r.id, "' is already running"));
-  }
-  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
-  for (int32_t t : r.prompt) {
-    if (t < 0 || t >= vocab_size_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt: token id ", t, " outside the vocabulary [0, ", vocab_size_, ")"));
-    }
-  }
-  const int64_t len = static_cast<int64_t>(r.prompt.size());
-  if (len >= max_model_len_) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt: ", len,
-                                                   " tokens do not fit the context length ",
-                                                   max_model_len_, " (one token must remain)"));
-  }
-  if (auto st = ValidateSamplingParams(r.params, static_cast<int32_t>(vocab_size_)); !st.ok()) {
-    return st;
-  }
-  if (len + r.params.max_tokens > max_model_len_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens: prompt (", len, ") + max_tokens (", r.params.max_tokens,
-                     ") exceeds the context length ", max_model_len_));
-  }
-  if (r.n < 1 || r.n > options_.max_n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("n: must be in [1, ", options_.max_n, "], got ", r.n));
-  }
-  const int64_t blocks = kv_->BlocksFor(len + r.params.max_tokens);
-  if (blocks > pool_->num_blocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request needs ", blocks, " KV blocks (", len + r.params.max_tokens,
-                     " tokens) but the pool has ", pool_->num_blocks()));
-  }
-  if (scheduler_->num_waiting() + r.n > options_.max_waiting) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("queue full: ", scheduler_->num_waiting(), " sequences waiting"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Engine::AddRequest(EngineRequest r) {
-  if (auto st = Validate(r); !st.ok()) return st;
-  auto seq = std::make_unique<Sequence>();
-  seq->seq_id = next_seq_id_++;
-  seq->arrival_order = next_arrival_++;
-  seq->request_id = r.id;
-  seq->index = 0;
-  seq->pending_forks = r.n - 1;
-  seq->priority = r.priority;
-  seq->tokens = std::move(r.prompt);
-  seq->prompt_len = seq->num_tokens();
-  seq->blocks.salt_hash = HashSalt(r.cache_salt);
-  seq->params = std::move(r.params);
-  seq->rng.Seed(seq->params.seed.has_value() ? *seq->params.seed : seed_source_.Next());
-  seq->arrival_time = r.arrival_time;
-  scheduler_->AddWaiting(seq.get());
-  requests_[seq->request_id].push_back(std::move(seq));
-  return absl::OkStatus();
-}
-
 SequenceUpdate& Engine::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* updates) {
   for (auto& u : *updates) {
     if (u.request_id == seq->request_id && u.index == seq->index && !u.finished) return u;
@@ -111,66 +48,6 @@ SequenceUpdate& Engine::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* up
   updates->back().request_id = seq->request_id;
   updates->back().index = seq->index;
   return updates->back();
-}
-
-void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
-  scheduler_->Remove(seq);
-  seq->status = SeqStatus::kFinished;
-  seq->finish_reason = reason;
-  const absl::Time now = absl::Now();
-  u->finished = true;
-  u->finish_reason = reason;
-  u->prompt_tokens = seq->prompt_len;
-  u->cached_tokens = std::max<int64_t>(0, seq->cached_prompt_tokens);
-  u->completion_tokens = seq->num_output();
-  u->num_preemptions = seq->num_preemptions;
-  const bool scheduled = seq->first_scheduled_time != absl::InfinitePast();
-  const bool sampled = seq->first_token_time != absl::InfinitePast();
-  u->queue_time = (scheduled ? seq->first_scheduled_time : now) - seq->arrival_time;
-  u->prefill_time = scheduled && sampled ? seq->first_token_time - seq->first_scheduled_time
-                                         : absl::ZeroDuration();
-  u->ttft = sampled ? seq->first_token_time - seq->arrival_time : absl::ZeroDuration();
-  u->total_time = now - seq->arrival_time;
-
-  auto it = requests_.find(seq->request_id);
-  if (it == requests_.end()) return;
-  auto& seqs = it->second;
-  bool all_done = std::all_of(seqs.begin(), seqs.end(), [](const auto& s) {
-    return s->status == SeqStatus::kFinished && s->pending_forks == 0;
-  });
-  if (all_done) requests_.erase(it);
-}
-
-void Engine::AbortRequest(const std::string& request_id) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  std::vector<Sequence*> live;
-  for (auto& s : it->second) {
-    s->pending_forks = 0;
-    if (s->status != SeqStatus::kFinished) live.push_back(s.get());
-  }
-  for (Sequence* s : live) {
-    SequenceUpdate u;
-    u.request_id = s->request_id;
-    u.index = s->index;
-    Finish(s, FinishReason::kAbort, &u);  // may erase the request (and `s`) at the last one
-    pending_updates_.push_back(std::move(u));
-  }
-}
-
-void Engine::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
-  auto it = requests_.find(request_id);
-  if (it == requests_.end()) return;
-  for (auto& s : it->second) {
-    if (s->index != index || s->status == SeqStatus::kFinished) continue;
-    s->pending_forks = 0;
-    SequenceUpdate u;
-    u.request_id = request_id;
-    u.index = index;
-    Finish(s.get(), reason, &u);
-    pending_updates_.push_back(std::move(u));
-    return;
-  }
 }
 
 void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* u) {
@@ -193,6 +70,8 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
     reason = FinishReason::kStop;
   } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
     reason = FinishReason::kLength;
+  } else if (seq->prefill_only) {
+    reason = FinishReason::kStop;  // prefill role: the first token is all it produces
   }
   if (reason != FinishReason::kNone) Finish(seq, reason, u);
 }
@@ -204,13 +83,20 @@ void Engine::SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate
   absl::Span<const int32_t> all(seq->tokens);
   TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
   ProcessLogits(seq->params, history, stop_ids, logits, static_cast<int32_t>(vocab_size_));
-  if (seq->pending_forks > 0) Fork(seq, logits, raw_logits, updates);
+  // Samples 1..n-1 are forked from sample 0 once its prompt is computed; they draw their first
+  // token from the same logits with their own random streams.
+  for (Sequence* child : Fork(seq)) {
+    int32_t token =
+        SampleToken(child->params, logits, static_cast<int32_t>(vocab_size_), child->rng);
+    AppendToken(child, token, raw_logits, &UpdateFor(child, updates));
+  }
   int32_t token = SampleToken(seq->params, logits, static_cast<int32_t>(vocab_size_), seq->rng);
   AppendToken(seq, token, raw_logits, &UpdateFor(seq, updates));
 }
 
-void Engine::Fork(Sequence* parent, const float* logits, const float* raw_logits,
-                  std::vector<SequenceUpdate>* updates) {
+std::vector<Sequence*> Engine::Fork(Sequence* parent) {
+  std::vector<Sequence*> children;
+  if (parent->pending_forks <= 0) return children;
   auto& seqs = requests_[parent->request_id];
   const int32_t n = parent->pending_forks + 1;
   parent->pending_forks = 0;
@@ -228,6 +114,7 @@ void Engine::Fork(Sequence* parent, const float* logits, const float* raw_logits
     child->params = parent->params;
     child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
                                                     : seed_source_.Next());
+    child->prefill_only = parent->prefill_only;
     child->cached_prompt_tokens = parent->cached_prompt_tokens;
     child->admission_counted = true;
     child->arrival_time = parent->arrival_time;
@@ -235,9 +122,9 @@ void Engine::Fork(Sequence* parent, const float* logits, const float* raw_logits
     Sequence* c = child.get();
     seqs.push_back(std::move(child));
     scheduler_->AddRunning(c);
-    int32_t token = SampleToken(c->params, logits, static_cast<int32_t>(vocab_size_), c->rng);
-    AppendToken(c, token, raw_logits, &UpdateFor(c, updates));
+    children.push_back(c);
   }
+  return children;
 }
 
 void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
@@ -256,11 +143,13 @@ void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
 std::vector<SequenceUpdate> Engine::Step() {
   std::vector<SequenceUpdate> updates = std::move(pending_updates_);
   pending_updates_.clear();
-  if (scheduler_->empty()) return updates;
+  ExpireLeases(&updates);
+  if (scheduler_->idle()) return updates;
 
   SchedulerOutput plan = scheduler_->Schedule();
   ++stats_.steps;
   stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
+  ReportReservations(plan, &updates);
   if (plan.scheduled.empty()) return updates;
 
   for (const BlockCopy& c : plan.block_copies) backend_->CopyBlock(c.src, c.dst);
@@ -270,12 +159,7 @@ std::vector<SequenceUpdate> Engine::Step() {
   std::vector<Sequence*> sampled;
   for (const ScheduledSeq& s : plan.scheduled) {
     Sequence* seq = s.seq;
-    if (!seq->admission_counted) {
-      seq->admission_counted = true;
-      stats_.prompt_tokens += seq->prompt_len;
-      stats_.prefix_cache_queried += seq->prompt_len;
-      stats_.prefix_cache_hit += std::max<int64_t>(0, seq->cached_prompt_tokens);
-    }
+    CountAdmission(seq);
     const bool completes = seq->num_computed + s.num_new_tokens == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
                                seq->tokens.begin() + seq->num_computed + s.num_new_tokens);
@@ -284,6 +168,7 @@ std::vector<SequenceUpdate> Engine::Step() {
     if (completes) sampled.push_back(seq);
   }
 
+  batch.on_layer_done = ExportHook(plan);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   logits_.resize(sampled.size() * vocab);
   absl::Status st = backend_->Forward(batch, logits_.data());
@@ -308,12 +193,22 @@ std::vector<SequenceUpdate> Engine::Step() {
   return updates;
 }
 
-bool Engine::HasWork() const { return !scheduler_->empty() || !pending_updates_.empty(); }
+bool Engine::HasWork() const { return !scheduler_->idle() || !pending_updates_.empty(); }
+
+void Engine::CountAdmission(Sequence* seq) {
+  if (seq->admission_counted) return;
+  seq->admission_counted = true;
+  stats_.prompt_tokens += seq->prompt_len;
+  stats_.prefix_cache_queried += seq->prompt_len;
+  stats_.prefix_cache_hit += std::max<int64_t>(0, seq->cached_prompt_tokens);
+}
 
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.num_running = scheduler_->num_running();
   s.num_waiting = scheduler_->num_waiting();
+  s.num_awaiting_kv = scheduler_->num_awaiting();
+  s.kv_blocks_held = held_blocks_;
   s.kv_blocks_total = pool_->num_blocks();
   s.kv_blocks_used = pool_->num_referenced();
   s.kv_blocks_cached = pool_->num_cached();

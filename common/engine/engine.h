@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,11 +38,32 @@ struct EngineRequest {
   int32_t priority = 0;
   std::string cache_salt;
   absl::Time arrival_time = absl::Now();
+
+  // Disaggregation (DESIGN §2). Decode role: reserve blocks for the prompt and wait for its KV
+  // from a prefill worker (CompleteRemotePrefill); the reservation expires after kv_lease.
+  bool remote_prefill = false;
+  absl::Duration kv_lease = absl::Seconds(60);
+  // Prefill role: compute the prompt, sample the first token of each sample, finish, and hold
+  // the blocks for export until ReleaseHold(id). export_hooks see each layer as it completes.
+  bool prefill_only = false;
+  std::shared_ptr<KvExportHooks> export_hooks;
+  // Migration: tokens already generated (and streamed) elsewhere for this request. They count
+  // toward max_tokens and as output for the penalties; the RNG skips their draws. Requires n 1.
+  std::vector<int32_t> prior_output;
 };
 
 struct TokenLogprobs {
   TokenLogprob chosen;
   std::vector<TokenLogprob> top;
+};
+
+// Decode role: the blocks reserved for a remote-prefill request. blocks covers the whole prompt;
+// the first cached_tokens / block_size of them already hold this worker's cached prefix, the
+// rest must be filled by the prefill worker.
+struct KvReservation {
+  std::vector<int32_t> blocks;
+  int64_t cached_tokens = 0;
+  int64_t num_tokens = 0;  // prompt (+ prior output) tokens covered
 };
 
 // What one sequence produced in one step.
@@ -51,7 +74,9 @@ struct SequenceUpdate {
   std::vector<TokenLogprobs> logprobs;  // one per new token when requested
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
-  absl::Status status;  // non-OK with kError
+  absl::Status status;                       // non-OK with kError
+  std::optional<KvReservation> reservation;  // decode role, once, before any token
+  std::vector<int32_t> held_blocks;          // prefill role, on the finishing update of sample 0
   // Set on the finishing update:
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
@@ -76,6 +101,8 @@ struct EngineStats {
   int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission
   int64_t prefix_cache_hit = 0;      // of which found cached
   int64_t generated_tokens = 0;
+  int64_t num_awaiting_kv = 0;          // decode role: reservations waiting for their KV
+  int64_t kv_blocks_held = 0;           // prefill role: blocks held for export
   int64_t kv_reserved_token_slots = 0;  // block slots held by running sequences
   int64_t kv_filled_token_slots = 0;    // of which hold computed tokens
 };
@@ -100,9 +127,22 @@ class Engine {
   // Finishes one sample of a request (e.g. a stop string matched by the caller).
   void FinishSequence(const std::string& request_id, int32_t index, FinishReason reason);
 
+  // Decode role: the KV of a remote-prefill request's prompt is in its reserved blocks.
+  // first_tokens[i] (and logprobs[i] when requested) is sample i's first token, sampled by the
+  // prefill worker. The request joins the running batch; its updates come with the next Step().
+  absl::Status CompleteRemotePrefill(const std::string& request_id,
+                                     const std::vector<int32_t>& first_tokens,
+                                     const std::vector<TokenLogprobs>& logprobs);
+  // Prefill role: the export of a finished prefill-only request is done; its blocks return to
+  // the pool (full ones stay in the prefix cache).
+  void ReleaseHold(const std::string& request_id);
+
   // Runs one iteration (schedule, forward, sample) if there is work and returns what changed.
   std::vector<SequenceUpdate> Step();
+  // There is something to compute or report now.
   bool HasWork() const;
+  // The earliest reservation lease expiry (InfiniteFuture when none): Step() must run by then.
+  absl::Time NextDeadline() const;
   EngineStats stats() const;
 
   const Model& model() const { return *model_; }
@@ -119,9 +159,13 @@ class Engine {
   void SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
                   const float* raw_logits);
   void AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* update);
-  void Fork(Sequence* parent, const float* logits, const float* raw_logits,
-            std::vector<SequenceUpdate>* updates);
+  // Creates the samples 1..n-1 of `parent` (sharing its blocks) and returns them.
+  std::vector<Sequence*> Fork(Sequence* parent);
   void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);
+  void ExpireLeases(std::vector<SequenceUpdate>* updates);
+  void ReportReservations(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates);
+  std::function<void(int64_t)> ExportHook(const SchedulerOutput& plan);
+  void CountAdmission(Sequence* seq);
   void FailStep(const absl::Status& status, const SchedulerOutput& plan,
                 std::vector<SequenceUpdate>* updates);
   SequenceUpdate& UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* updates);
@@ -139,6 +183,8 @@ class Engine {
   // request id -> its sequences (owned here).
   std::unordered_map<std::string, std::vector<std::unique_ptr<Sequence>>> requests_;
   std::vector<SequenceUpdate> pending_updates_;  // aborts etc. reported by the next Step()
+  std::unordered_map<std::string, std::vector<int32_t>> holds_;  // prefill role: blocks held
+  int64_t held_blocks_ = 0;
   int64_t next_seq_id_ = 1;
   uint64_t next_arrival_ = 1;
   Rng seed_source_;

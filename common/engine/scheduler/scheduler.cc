@@ -54,7 +54,16 @@ void Scheduler::Remove(Sequence* seq) {
   if (w != waiting_.end()) waiting_.erase(w);
   auto r = std::find(running_.begin(), running_.end(), seq);
   if (r != running_.end()) running_.erase(r);
+  auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
+  if (a != awaiting_.end()) awaiting_.erase(a);
   kv_->Free(&seq->blocks);
+}
+
+void Scheduler::StartAwaited(Sequence* seq) {
+  auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
+  TANDEM_CHECK(a != awaiting_.end()) << "StartAwaited on a sequence that is not awaiting KV";
+  awaiting_.erase(a);
+  AddRunning(seq);
 }
 
 void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
@@ -99,9 +108,16 @@ bool Scheduler::Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out) {
 bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
   const bool is_static = options_.policy == SchedulingPolicy::kStatic;
   bool admitted = false;
-  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_num_seqs &&
-         *budget > 0) {
+  while (!waiting_.empty() &&
+         static_cast<int64_t>(running_.size() + awaiting_.size()) < options_.max_num_seqs) {
     Sequence* seq = waiting_.front();
+    if (seq->remote_prefill) {
+      // Decode role: reserve the whole prompt now (admission control on the memory-bound
+      // side); the prefill worker fills the blocks past this worker's cached prefix.
+      if (!ReserveRemote(seq, out)) break;
+      continue;
+    }
+    if (*budget <= 0) break;
     bool first_admission = seq->cached_prompt_tokens < 0;
     if (seq->blocks.table.empty()) {
       seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
@@ -129,6 +145,25 @@ bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
     admitted = true;
   }
   return admitted;
+}
+
+bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
+  const bool first_admission = seq->cached_prompt_tokens < 0;
+  seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
+  if (first_admission) seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
+  if (kv_->BlocksNeeded(seq->blocks, seq->num_tokens()) > kv_->pool()->num_available()) {
+    kv_->Free(&seq->blocks);
+    seq->num_computed = 0;
+    if (first_admission) seq->cached_prompt_tokens = -1;
+    return false;
+  }
+  TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens()));
+  waiting_.pop_front();
+  seq->status = SeqStatus::kAwaitingKv;
+  if (seq->first_scheduled_time == absl::InfinitePast()) seq->first_scheduled_time = absl::Now();
+  awaiting_.push_back(seq);
+  out->reserved.push_back(seq);
+  return true;
 }
 
 void Scheduler::MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out) {

@@ -39,6 +39,7 @@ struct SchedulerOutput {
   std::vector<ScheduledSeq> scheduled;
   std::vector<BlockCopy> block_copies;  // copy-on-write, to run before the forward pass
   std::vector<Sequence*> preempted;     // moved back to waiting this step
+  std::vector<Sequence*> reserved;      // remote-prefill sequences that got their blocks this step
   int64_t num_batched_tokens = 0;
 };
 
@@ -55,12 +56,18 @@ class Scheduler {
   void AddRunning(Sequence* seq);  // a forked sample that already holds its parent's blocks
   // Removes a sequence from whichever queue holds it and frees its blocks.
   void Remove(Sequence* seq);
+  // A kAwaitingKv sequence whose prompt KV arrived: it joins the running sequences.
+  void StartAwaited(Sequence* seq);
+  const std::vector<Sequence*>& awaiting() const { return awaiting_; }
 
   SchedulerOutput Schedule();
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
-  bool empty() const { return waiting_.empty() && running_.empty(); }
+  int64_t num_awaiting() const { return static_cast<int64_t>(awaiting_.size()); }
+  // Nothing to compute (awaiting sequences need no step until their KV arrives).
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  bool empty() const { return idle() && awaiting_.empty(); }
   const SchedulerOptions& options() const { return options_; }
 
  private:
@@ -72,12 +79,14 @@ class Scheduler {
   // needed. False when `seq` itself had to be preempted.
   bool Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out);
   bool AdmitWaiting(int64_t* budget, SchedulerOutput* out);
+  bool ReserveRemote(Sequence* seq, SchedulerOutput* out);
   void MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out);
 
   SchedulerOptions options_;
   KvCacheManager* kv_;
-  std::deque<Sequence*> waiting_;   // in service order
-  std::vector<Sequence*> running_;  // in service order
+  std::deque<Sequence*> waiting_;    // in service order
+  std::vector<Sequence*> running_;   // in service order
+  std::vector<Sequence*> awaiting_;  // kAwaitingKv, in admission order
 };
 
 }  // namespace tandem

@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+#include <memory>
+
 #include "absl/time/time.h"
 #include "common/engine/kv/kv_cache_manager.h"
 #include "common/engine/sampler/rng.h"
@@ -11,7 +14,12 @@
 
 namespace tandem {
 
-enum class SeqStatus { kWaiting, kRunning, kFinished };
+enum class SeqStatus {
+  kWaiting,     // queued for admission (or preempted)
+  kAwaitingKv,  // decode role: blocks reserved, the prompt's KV is on its way from a prefill worker
+  kRunning,
+  kFinished,
+};
 
 enum class FinishReason {
   kNone = 0,
@@ -22,6 +30,13 @@ enum class FinishReason {
 };
 
 const char* FinishReasonName(FinishReason reason);
+
+// Prefill role: called on the engine thread inside the step that computes the last chunk of the
+// prompt, after layer `layer` of that step is written; at that point every block in `blocks`
+// (the sequence's whole block table) holds that layer's KV for the entire prompt.
+struct KvExportHooks {
+  std::function<void(const std::vector<int32_t>& blocks, int64_t layer)> on_layer;
+};
 
 // One generated sample of a request (a request with n > 1 has n sequences). Owned by the
 // engine; the scheduler moves pointers between its queues. Engine thread only.
@@ -40,6 +55,14 @@ struct Sequence {
 
   SamplingParams params;
   Rng rng;
+
+  // Disaggregation roles (DESIGN §2).
+  bool remote_prefill = false;  // decode role: prompt KV arrives from a prefill worker
+  bool prefill_only = false;    // prefill role: stop after the first token, hold blocks for export
+  std::shared_ptr<KvExportHooks> export_hooks;         // prefill role, may be null
+  absl::Duration kv_lease = absl::Seconds(60);         // reservation lifetime
+  absl::Time lease_deadline = absl::InfiniteFuture();  // kAwaitingKv: reservation expiry
+  int64_t prior_output = 0;  // tokens generated before a migration (part of `tokens`)
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 

@@ -1,0 +1,169 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "common/engine/engine.h"
+
+// Request admission and endings: validation, queueing, aborts and Finish.
+
+namespace tandem {
+
+absl::Status Engine::Validate(const EngineRequest& r) const {
+  if (r.id.empty()) return absl::InvalidArgumentError("request_id: must not be empty");
+  if (requests_.count(r.id) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id: '", r.id, "' is already running"));
+  }
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= vocab_size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt: token id ", t, " outside the vocabulary [0, ", vocab_size_, ")"));
+    }
+  }
+  const int64_t len = static_cast<int64_t>(r.prompt.size());
+  if (len >= max_model_len_) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt: ", len,
+                                                   " tokens do not fit the context length ",
+                                                   max_model_len_, " (one token must remain)"));
+  }
+  if (auto st = ValidateSamplingParams(r.params, static_cast<int32_t>(vocab_size_)); !st.ok()) {
+    return st;
+  }
+  if (len + r.params.max_tokens > max_model_len_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens: prompt (", len, ") + max_tokens (", r.params.max_tokens,
+                     ") exceeds the context length ", max_model_len_));
+  }
+  if (!r.prior_output.empty()) {
+    if (r.n != 1) return absl::InvalidArgumentError("n: must be 1 when resuming with prior output");
+    for (int32_t t : r.prior_output) {
+      if (t < 0 || t >= vocab_size_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prior_output: token id ", t, " outside the vocabulary [0, ", vocab_size_, ")"));
+      }
+    }
+    if (static_cast<int64_t>(r.prior_output.size()) >= r.params.max_tokens) {
+      return absl::InvalidArgumentError("prior_output: already max_tokens long");
+    }
+  }
+  if (r.remote_prefill && r.prefill_only) {
+    return absl::InvalidArgumentError("a request cannot be both remote_prefill and prefill_only");
+  }
+  if (r.n < 1 || r.n > options_.max_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", options_.max_n, "], got ", r.n));
+  }
+  const int64_t blocks = kv_->BlocksFor(len + r.params.max_tokens);
+  if (blocks > pool_->num_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request needs ", blocks, " KV blocks (", len + r.params.max_tokens,
+                     " tokens) but the pool has ", pool_->num_blocks()));
+  }
+  if (scheduler_->num_waiting() + r.n > options_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue full: ", scheduler_->num_waiting(), " sequences waiting"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AddRequest(EngineRequest r) {
+  if (auto st = Validate(r); !st.ok()) return st;
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = next_seq_id_++;
+  seq->arrival_order = next_arrival_++;
+  seq->request_id = r.id;
+  seq->index = 0;
+  seq->pending_forks = r.n - 1;
+  seq->priority = r.priority;
+  seq->tokens = std::move(r.prompt);
+  seq->prompt_len = seq->num_tokens();
+  seq->tokens.insert(seq->tokens.end(), r.prior_output.begin(), r.prior_output.end());
+  seq->prior_output = static_cast<int64_t>(r.prior_output.size());
+  seq->remote_prefill = r.remote_prefill;
+  seq->prefill_only = r.prefill_only;
+  seq->export_hooks = std::move(r.export_hooks);
+  seq->lease_deadline = absl::InfiniteFuture();
+  seq->kv_lease = r.kv_lease;
+  seq->blocks.salt_hash = HashSalt(r.cache_salt);
+  seq->params = std::move(r.params);
+  seq->rng.Seed(seq->params.seed.has_value() ? *seq->params.seed : seed_source_.Next());
+  // A resumed request continues its random stream where the previous worker left it: one
+  // uniform per sampled token.
+  if (!seq->params.greedy()) {
+    for (int64_t i = 0; i < seq->prior_output; ++i) seq->rng.Uniform();
+  }
+  seq->arrival_time = r.arrival_time;
+  scheduler_->AddWaiting(seq.get());
+  requests_[seq->request_id].push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
+  if (seq->prefill_only && seq->index == 0 && reason != FinishReason::kAbort &&
+      reason != FinishReason::kError) {
+    // Prefill role: keep the blocks (one reference each) until the export is done.
+    for (int32_t b : seq->blocks.table) kv_->pool()->AddRef(b);
+    u->held_blocks = seq->blocks.table;
+    held_blocks_ += static_cast<int64_t>(seq->blocks.table.size());
+    holds_[seq->request_id] = seq->blocks.table;
+  }
+  scheduler_->Remove(seq);
+  seq->status = SeqStatus::kFinished;
+  seq->finish_reason = reason;
+  const absl::Time now = absl::Now();
+  u->finished = true;
+  u->finish_reason = reason;
+  u->prompt_tokens = seq->prompt_len;
+  u->cached_tokens = std::max<int64_t>(0, seq->cached_prompt_tokens);
+  u->completion_tokens = seq->num_output();
+  u->num_preemptions = seq->num_preemptions;
+  const bool scheduled = seq->first_scheduled_time != absl::InfinitePast();
+  const bool sampled = seq->first_token_time != absl::InfinitePast();
+  u->queue_time = (scheduled ? seq->first_scheduled_time : now) - seq->arrival_time;
+  u->prefill_time = scheduled && sampled ? seq->first_token_time - seq->first_scheduled_time
+                                         : absl::ZeroDuration();
+  u->ttft = sampled ? seq->first_token_time - seq->arrival_time : absl::ZeroDuration();
+  u->total_time = now - seq->arrival_time;
+
+  auto it = requests_.find(seq->request_id);
+  if (it == requests_.end()) return;
+  auto& seqs = it->second;
+  bool all_done = std::all_of(seqs.begin(), seqs.end(), [](const auto& s) {
+    return s->status == SeqStatus::kFinished && s->pending_forks == 0;
+  });
+  if (all_done) requests_.erase(it);
+}
+
+void Engine::AbortRequest(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  std::vector<Sequence*> live;
+  for (auto& s : it->second) {
+    s->pending_forks = 0;
+    if (s->status != SeqStatus::kFinished) live.push_back(s.get());
+  }
+  for (Sequence* s : live) {
+    SequenceUpdate u;
+    u.request_id = s->request_id;
+    u.index = s->index;
+    Finish(s, FinishReason::kAbort, &u);  // may erase the request (and `s`) at the last one
+    pending_updates_.push_back(std::move(u));
+  }
+}
+
+void Engine::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  for (auto& s : it->second) {
+    if (s->index != index || s->status == SeqStatus::kFinished) continue;
+    s->pending_forks = 0;
+    SequenceUpdate u;
+    u.request_id = request_id;
+    u.index = index;
+    Finish(s.get(), reason, &u);
+    pending_updates_.push_back(std::move(u));
+    return;
+  }
+}
+
+}  // namespace tandem
