@@ -1,0 +1,99 @@
+#include "common/metrics/engine_metrics.h"
+
+#include "common/metrics/buckets.h"
+#include "common/metrics/finish_reason.h"
+
+namespace tandem {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+void AddDelta(prometheus::Counter* counter, int64_t now, int64_t last) {
+  const int64_t delta = now >= last ? now - last : now;
+  if (delta > 0) counter->Increment(static_cast<double>(delta));
+}
+
+}  // namespace
+
+EngineMetrics::EngineMetrics(prometheus::Registry* registry, std::string_view role) : role_(role) {
+  const prometheus::Labels l = {{"role", role_}};
+  auto gauge = [&](const char* name, const char* help) {
+    return &BuildGauge().Name(name).Help(help).Register(*registry).Add(l);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &BuildCounter().Name(name).Help(help).Register(*registry).Add(l);
+  };
+  auto histogram = [&](const char* name, const char* help, const std::vector<double>& b) {
+    return &BuildHistogram().Name(name).Help(help).Register(*registry).Add(l, b);
+  };
+  running_ = gauge("tandem_engine_requests_running",
+                   "Sequences in the engine's running batch (scheduled in the last step).");
+  waiting_ = gauge("tandem_engine_requests_waiting",
+                   "Sequences queued in the engine, waiting for KV blocks or a batch slot.");
+  kv_used_ = gauge("tandem_engine_kv_blocks_used", "KV cache blocks referenced by sequences.");
+  kv_cached_ = gauge("tandem_engine_kv_blocks_cached",
+                     "KV cache blocks holding a prefix-cache entry (referenced or evictable).");
+  kv_total_ = gauge("tandem_engine_kv_blocks_capacity", "KV cache blocks in the pool.");
+  steps_ = counter("tandem_engine_steps_total", "Engine iterations (forward passes) run.");
+  preemptions_ = counter("tandem_engine_preemptions_total",
+                         "Sequences preempted (KV blocks freed, to be recomputed) for lack of KV.");
+  evictions_ = counter("tandem_engine_kv_evictions_total",
+                       "Prefix-cache blocks evicted to make room for new allocations.");
+  prompt_tokens_ = counter("tandem_engine_prompt_tokens_total", "Prompt tokens admitted.");
+  generation_tokens_ = counter("tandem_engine_generation_tokens_total", "Tokens generated.");
+  prefix_queries_ = counter("tandem_engine_prefix_cache_queries_total",
+                            "Prompt tokens looked up in the prefix cache at admission.");
+  prefix_hits_ = counter("tandem_engine_prefix_cache_hits_total",
+                         "Prompt tokens found in the prefix cache at admission.");
+  prompt_tokens_cached_ =
+      counter("tandem_engine_prompt_tokens_cached_total",
+              "Prompt tokens of finished sequences whose KV came from the prefix cache.");
+  auto& finished = BuildCounter()
+                       .Name("tandem_engine_sequences_finished_total")
+                       .Help("Sequences (samples) finished by the engine, by finish reason.")
+                       .Register(*registry);
+  for (size_t i = 0; i < finished_.size(); ++i) {
+    finished_[i] = &finished.Add({{"role", role_}, {"finish_reason", kFinishReasons[i]}});
+  }
+  step_seconds_ = histogram("tandem_engine_step_duration_seconds",
+                            "Wall time of one engine iteration (schedule, forward, sample).",
+                            buckets::InterTokenSeconds());
+  queue_seconds_ = histogram("tandem_engine_queue_time_seconds",
+                             "Time from arrival at the engine to first being scheduled.",
+                             buckets::FirstTokenSeconds());
+  prefill_seconds_ = histogram("tandem_engine_prefill_time_seconds",
+                               "Time from first being scheduled to the first sampled token.",
+                               buckets::RequestSeconds());
+}
+
+void EngineMetrics::Update(const EngineCounters& now) {
+  running_->Set(static_cast<double>(now.num_running));
+  waiting_->Set(static_cast<double>(now.num_waiting));
+  kv_used_->Set(static_cast<double>(now.kv_blocks_used));
+  kv_cached_->Set(static_cast<double>(now.kv_blocks_cached));
+  kv_total_->Set(static_cast<double>(now.kv_blocks_total));
+  std::lock_guard<std::mutex> lock(mu_);
+  AddDelta(steps_, now.steps, last_.steps);
+  AddDelta(preemptions_, now.preemptions, last_.preemptions);
+  AddDelta(evictions_, now.kv_evictions, last_.kv_evictions);
+  AddDelta(prompt_tokens_, now.prompt_tokens, last_.prompt_tokens);
+  AddDelta(generation_tokens_, now.generated_tokens, last_.generated_tokens);
+  AddDelta(prefix_queries_, now.prefix_cache_queried, last_.prefix_cache_queried);
+  AddDelta(prefix_hits_, now.prefix_cache_hit, last_.prefix_cache_hit);
+  last_ = now;
+}
+
+void EngineMetrics::ObserveStep(double seconds) { step_seconds_->Observe(seconds); }
+
+void EngineMetrics::OnSequenceFinished(const FinishedSequence& f) {
+  finished_[FinishReasonIndex(f.finish_reason)]->Increment();
+  if (f.scheduled) queue_seconds_->Observe(f.queue_seconds);
+  if (f.produced_token) prefill_seconds_->Observe(f.prefill_seconds);
+  if (f.cached_prompt_tokens > 0) {
+    prompt_tokens_cached_->Increment(static_cast<double>(f.cached_prompt_tokens));
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,133 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics/finish_reason.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tandem {
+
+// How a client request ended, the `outcome` label. Bounded.
+enum class RequestOutcome {
+  kOk,         // finished with tokens (any finish reason but error)
+  kCancelled,  // the client cancelled or went away
+  kInvalid,    // rejected as malformed: INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE, ...
+  kRejected,   // no capacity or shutting down: RESOURCE_EXHAUSTED, UNAVAILABLE
+  kTimeout,    // DEADLINE_EXCEEDED
+  kError,      // anything else (INTERNAL, ...)
+};
+inline constexpr int kNumRequestOutcomes = 6;
+const char* RequestOutcomeName(RequestOutcome outcome);
+// The outcome of a call that ended with `code` (absl and gRPC share the numbering).
+RequestOutcome OutcomeForStatusCode(absl::StatusCode code);
+
+// Documented `reason` values of tandem_router_routing_decisions_total. Keep labels bounded: add a
+// constant here (and to docs/operations.md) rather than passing free text.
+namespace routing_reason {
+inline constexpr char kOnlyCandidate[] = "only_candidate";    // one eligible worker
+inline constexpr char kRoundRobin[] = "round_robin";          // next in turn
+inline constexpr char kLeastLoaded[] = "least_loaded";        // lowest load
+inline constexpr char kPrefixOverlap[] = "prefix_overlap";    // best cached-prefix overlap won
+inline constexpr char kLoadBalance[] = "load_balance";        // overlap tied or absent: load won
+inline constexpr char kImbalanceBound[] = "imbalance_bound";  // best overlap was too loaded
+inline constexpr char kRemotePrefill[] = "remote_prefill";    // prefill sent to a prefill worker
+inline constexpr char kLocalPrefill[] = "local_prefill";      // decode worker prefills itself
+inline constexpr char kNoWorker[] = "no_worker";              // nothing eligible: rejected
+}  // namespace routing_reason
+
+// Metric families of the router (DESIGN §6, §7). Latencies are measured here, at the client
+// boundary. Thread-safe.
+//
+//   tandem_router_requests_total{outcome, finish_reason}
+//   tandem_router_requests_in_flight
+//   tandem_router_time_to_first_token_seconds, tandem_router_inter_token_latency_seconds,
+//   tandem_router_e2e_request_latency_seconds
+//   tandem_router_request_prompt_tokens, tandem_router_request_generation_tokens (histograms)
+//   tandem_router_routing_decisions_total{policy, reason}
+//   tandem_router_retries_total{role}, tandem_router_migrations_total
+//   tandem_router_worker_healthy{worker, role}
+class RouterMetrics {
+ public:
+  explicit RouterMetrics(prometheus::Registry* registry);
+  RouterMetrics(const RouterMetrics&) = delete;
+  RouterMetrics& operator=(const RouterMetrics&) = delete;
+
+  // Request lifecycle (RequestTracker calls these).
+  void RequestStarted();
+  void RequestFinished(RequestOutcome outcome, std::string_view finish_reason, double e2e_seconds,
+                       int64_t prompt_tokens, int64_t generation_tokens);
+  // A request refused before it was accepted (validation, draining): counted, not timed.
+  void RequestRejected(RequestOutcome outcome);
+  void ObserveTimeToFirstToken(double seconds);
+  // `tokens` tokens arrived `seconds_per_token` apart on average.
+  void ObserveInterTokenLatency(double seconds_per_token, int64_t tokens);
+
+  // Placement and failures (disaggregated router).
+  void RecordRoutingDecision(std::string_view policy, std::string_view reason);
+  void RecordRetry(std::string_view role);  // prefill or decode
+  void RecordMigration();
+  // The router's view of one worker (1 healthy, 0 not). RemoveWorker drops the series when the
+  // worker leaves discovery.
+  void SetWorkerHealthy(std::string_view worker, std::string_view role, bool healthy);
+  void RemoveWorker(std::string_view worker, std::string_view role);
+
+ private:
+  prometheus::Family<prometheus::Counter>* requests_family_;
+  // [outcome][finish_reason], plus a "none" finish reason for requests that never produced one.
+  std::array<std::array<prometheus::Counter*, kFinishReasons.size() + 1>, kNumRequestOutcomes>
+      requests_;
+  prometheus::Gauge* in_flight_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* itl_;
+  prometheus::Histogram* e2e_;
+  prometheus::Histogram* prompt_tokens_;
+  prometheus::Histogram* generation_tokens_;
+  prometheus::Family<prometheus::Counter>* decisions_;
+  prometheus::Family<prometheus::Counter>* retries_;
+  prometheus::Counter* migrations_;
+  prometheus::Family<prometheus::Gauge>* worker_healthy_;
+};
+
+// Per-request timing at the router: TTFT from arrival to the first token, inter-token latency
+// per sample, end-to-end latency, outcome. One per Generate call; not thread-safe (the call
+// holds its own lock around it). Does nothing when `metrics` is null.
+class RequestTracker {
+ public:
+  explicit RequestTracker(RouterMetrics* metrics, absl::Time arrival = absl::Now());
+  // The call was accepted; counts it in flight until Finish.
+  void Start(int32_t samples, int64_t prompt_tokens);
+  // `count` tokens of sample `index` arrived now.
+  void OnTokens(int32_t index, int64_t count, absl::Time now = absl::Now());
+  // Records the outcome once (later calls are ignored). `finish_reason` is the reason of the
+  // last sample to finish, or empty when none finished.
+  void Finish(RequestOutcome outcome, std::string_view finish_reason, absl::Time now = absl::Now());
+
+  bool finished() const { return finished_; }
+  int64_t generated_tokens() const { return generated_; }
+  // Zero until the first token.
+  absl::Duration time_to_first_token() const { return ttft_; }
+
+ private:
+  RouterMetrics* metrics_;
+  absl::Time arrival_;
+  bool started_ = false;
+  bool finished_ = false;
+  bool first_token_seen_ = false;
+  absl::Duration ttft_;
+  int64_t prompt_tokens_ = 0;
+  int64_t generated_ = 0;
+  std::vector<absl::Time> last_token_;  // per sample
+};
+
+}  // namespace tandem

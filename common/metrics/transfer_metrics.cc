@@ -1,0 +1,74 @@
+#include "common/metrics/transfer_metrics.h"
+
+#include "common/metrics/buckets.h"
+
+namespace tandem {
+namespace {
+
+constexpr std::array<const char*, kNumTransferFailures> kFailureNames = {
+    "timeout", "aborted", "connection", "checksum", "incompatible", "other"};
+constexpr std::array<const char*, 2> kDirectionNames = {"send", "receive"};
+
+}  // namespace
+
+const char* TransferFailureName(TransferFailure failure) {
+  return kFailureNames[static_cast<int>(failure)];
+}
+
+TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_view transport) {
+  auto& seconds = prometheus::BuildHistogram()
+                      .Name("tandem_kv_transfer_duration_seconds")
+                      .Help("Time to move one request's KV blocks between workers.")
+                      .Register(*registry);
+  auto& bytes = prometheus::BuildHistogram()
+                    .Name("tandem_kv_transfer_size_bytes")
+                    .Help("Bytes of KV cache moved per request.")
+                    .Register(*registry);
+  auto& blocks = prometheus::BuildCounter()
+                     .Name("tandem_kv_transfer_blocks_total")
+                     .Help("KV cache blocks moved between workers.")
+                     .Register(*registry);
+  auto& in_flight = prometheus::BuildGauge()
+                        .Name("tandem_kv_transfers_in_flight")
+                        .Help("KV transfers started and not yet finished.")
+                        .Register(*registry);
+  auto& failures = prometheus::BuildCounter()
+                       .Name("tandem_kv_transfer_failures_total")
+                       .Help("KV transfers that failed, by reason.")
+                       .Register(*registry);
+  for (int d = 0; d < 2; ++d) {
+    const prometheus::Labels l = {{"transport", std::string(transport)},
+                                  {"direction", kDirectionNames[d]}};
+    PerDirection& p = directions_[d];
+    p.seconds = &seconds.Add(l, buckets::TransferSeconds());
+    p.bytes = &bytes.Add(l, buckets::TransferBytes());
+    p.blocks = &blocks.Add(l);
+    p.in_flight = &in_flight.Add(l);
+    for (int f = 0; f < kNumTransferFailures; ++f) {
+      prometheus::Labels lf = l;
+      lf["reason"] = kFailureNames[f];
+      p.failures[f] = &failures.Add(lf);
+    }
+  }
+}
+
+void TransferMetrics::TransferStarted(TransferDirection direction) {
+  directions_[static_cast<int>(direction)].in_flight->Increment();
+}
+
+void TransferMetrics::TransferSucceeded(TransferDirection direction, double seconds, int64_t bytes,
+                                        int64_t blocks) {
+  PerDirection& p = directions_[static_cast<int>(direction)];
+  p.in_flight->Decrement();
+  p.seconds->Observe(seconds);
+  p.bytes->Observe(static_cast<double>(bytes));
+  p.blocks->Increment(static_cast<double>(blocks));
+}
+
+void TransferMetrics::TransferFailed(TransferDirection direction, TransferFailure reason) {
+  PerDirection& p = directions_[static_cast<int>(direction)];
+  p.in_flight->Decrement();
+  p.failures[static_cast<int>(reason)]->Increment();
+}
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+#include "common/metrics/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "common/metrics/engine_metrics.h"
+#include "common/metrics/metric_reader.h"
+
+namespace tandem {
+namespace {
+
+// GET http://127.0.0.1:port/path; returns the whole response (status line, headers, body).
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request =
+      "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
+
+TEST(MetricsServerTest, ServesTheRegistryOnItsOwnPort) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics engine(registry.get(), "both");
+  RegisterProcessInfo(registry.get(), "serve");
+  EngineCounters c;
+  c.kv_blocks_total = 64;
+  engine.Update(c);
+  auto server = MetricsServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  const std::string response = HttpGet((*server)->port(), "/metrics");
+  EXPECT_NE(response.find("200 OK"), std::string::npos) << response;
+  EXPECT_NE(response.find("# TYPE tandem_engine_kv_blocks_capacity gauge"), std::string::npos);
+  EXPECT_NE(response.find("tandem_engine_kv_blocks_capacity{role=\"both\"} 64"), std::string::npos);
+  EXPECT_NE(response.find("tandem_build_info{component=\"serve\",version=\""), std::string::npos)
+      << response;
+  EXPECT_NE(HttpGet((*server)->port(), "/nope").find("404"), std::string::npos);
+}
+
+TEST(MetricsServerTest, PortInUseIsAnError) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto first = MetricsServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = MetricsServer::Start("127.0.0.1", (*first)->port(), registry);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find(std::to_string((*first)->port())), std::string::npos);
+}
+
+TEST(MetricsServerTest, ProcessInfo) {
+  prometheus::Registry registry;
+  RegisterProcessInfo(&registry, "router");
+  EXPECT_EQ(ReadMetric(registry, "tandem_build_info", {{"component", "router"}}), 1);
+  EXPECT_GT(ReadMetric(registry, "tandem_process_start_time_seconds").value_or(0), 1.6e9);
+}
+
+}  // namespace
+}  // namespace tandem
