@@ -8,7 +8,8 @@
 //   s[j] = ReduceAdd(lane-wise fma over head_dim, zero-padded tail)(q, k_j) * scale, j ascending;
 //   mx = max_j s[j];  p[j] = Exp(s[j] - mx) in vectors of kLanes from `start`;
 //   sum = ReduceAdd(lane-wise sum of the p vectors, zero-padded tail);
-//   out[d] = (sum_j p[j] * v_j[d], fma chain over j ascending from +0) * (1 / sum).
+//   out[d] = (sum_j p[j] * v_j[d], fma chain over j ascending from +0) * (1 / sum)
+//   (the chain may pause in memory between chunks of positions: same values).
 
 #include <array>
 #include <cstdint>
@@ -80,61 +81,170 @@ float Dot(const float* a, const KT* b, int64_t n) {
   return S::ReduceAdd(acc);
 }
 
-// Calls fn(j, row) for j in [begin, end) ascending, row = element offset of position j's row
-// within its block (block_table[j / block_size] * block_stride), plus `extra`.
-template <class S, class Fn>
+// s[g * n + i] = Dot(q_g, k_rows[i]) * scale for i < P and H heads from q: the arithmetic of
+// Dot, H * P chains interleaved (enough independent fmas to hide their latency).
+template <class S, class KT, int P, int H>
+void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows, float scale,
+                float* s, int64_t n) {
+  using F = typename S::F;
+  constexpr int L = S::kLanes;
+  const int64_t main = hd - hd % L;
+  const int t = static_cast<int>(hd - main);
+  F acc[H][P];
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h) {
+#pragma GCC unroll 8
+    for (int i = 0; i < P; ++i) acc[h][i] = S::Zero();
+  }
+  for (int64_t d = 0; d < main; d += L) {
+    F kv[P];
+#pragma GCC unroll 8
+    for (int i = 0; i < P; ++i) kv[i] = S::Load(base + rows[i] + d);
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const F qv = S::Load(q + h * hd + d);
+#pragma GCC unroll 8
+      for (int i = 0; i < P; ++i) acc[h][i] = S::Fma(qv, kv[i], acc[h][i]);
+    }
+  }
+  if (t > 0) {
+    F kv[P];
+#pragma GCC unroll 8
+    for (int i = 0; i < P; ++i) kv[i] = S::LoadTail(base + rows[i] + main, t);
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) {
+      const F qv = S::LoadTail(q + h * hd + main, t);
+#pragma GCC unroll 8
+      for (int i = 0; i < P; ++i) acc[h][i] = S::Fma(qv, kv[i], acc[h][i]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < H; ++h) {
+#pragma GCC unroll 8
+    for (int i = 0; i < P; ++i) s[h * n + i] = S::ReduceAdd(acc[h][i]) * scale;
+  }
+}
+
+// Scores of P key rows for every head of the group.
+template <class S, class KT, int P>
+void ScoresOfRows(const float* q, int64_t group, int64_t hd, const KT* base, const int64_t* rows,
+                  float scale, float* s, int64_t n) {
+  int64_t g = 0;
+  for (; g + 2 <= group; g += 2) {
+    ScoresTile<S, KT, P, 2>(q + g * hd, hd, base, rows, scale, s + g * n, n);
+  }
+  if (g < group) ScoresTile<S, KT, P, 1>(q + g * hd, hd, base, rows, scale, s + g * n, n);
+}
+
+// Bytes of K or V rows prefetched ahead of the position being processed (blocks are scattered,
+// so the hardware prefetchers lose the stream at every block boundary).
+inline constexpr int64_t kAttnPrefetchBytes = 4096;
+// Bytes of V rows per chunk of the output pass (kept in L1 across the output tiles).
+inline constexpr int64_t kAttnChunkBytes = 16384;
+
+// Calls fn(j, row) for j in [begin, end) ascending, row = element offset of position j's row:
+// block_table[j / block_size] * block_stride + (j % block_size) * head_dim + extra. Prefetches
+// the rows some positions ahead.
+template <class S, class KT, class Fn>
 inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv, int64_t begin,
                             int64_t end, int64_t extra, Fn&& fn) {
-  const int64_t bs = kv.block_size, stride = kv.block_stride_elems();
+  const int64_t bs = kv.block_size, stride = kv.block_stride_elems(), hd = kv.head_dim;
+  const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(KT));
+  const int64_t ahead =
+      row_bytes > 0 && row_bytes < kAttnPrefetchBytes ? kAttnPrefetchBytes / row_bytes : 1;
+  const char* base = static_cast<const char*>(kv.base);
+  int64_t pj = begin + ahead, pblock = pj / bs, poff = pj % bs;  // prefetch cursor
   int64_t j = begin;
   while (j < end) {
     const int64_t off = j % bs;
     const int64_t count = bs - off < end - j ? bs - off : end - j;
-    const int64_t row0 = query.block_table[j / bs] * stride + off * kv.head_dim + extra;
-    for (int64_t t = 0; t < count; ++t) fn(j + t, row0 + t * kv.head_dim);
+    const int64_t row0 = query.block_table[j / bs] * stride + off * hd + extra;
+    for (int64_t t = 0; t < count; ++t) {
+      if (pj < end) {
+        const char* r = base + (query.block_table[pblock] * stride + poff * hd + extra) *
+                                   static_cast<int64_t>(sizeof(KT));
+        for (int64_t b = 0; b < row_bytes; b += 64) S::Prefetch(r + b);
+        ++pj;
+        if (++poff == bs) {
+          poff = 0;
+          ++pblock;
+        }
+      }
+      fn(j + t, row0 + t * hd);
+    }
     j += count;
   }
 }
 
-// o[d0 .. d0 + NV*L + tail) = (sum_j p[j - begin] v_j[...]) * inv, j ascending.
-template <class S, class KT, int NV, bool kTail>
-void AttentionOutputTile(const float* p, const AttentionQuery& query, const PagedKvLayer& kv,
-                         int64_t begin, int64_t end, int64_t v_extra, int tail, float inv,
+// Output of GT heads over NV vectors (+ a masked tail vector) of head_dim, for positions
+// [j0, j1) of the span that starts at `begin`: o[g][d] accumulates p[g][j - begin] * v_j[d], one
+// fma chain per (g, d) in ascending j, starting from +0 when `first`; when `last` the result is
+// scaled by inv[g]. The running sums live in o between calls (same values as in registers).
+// Each V row is loaded once for the GT heads. p rows are n apart, o rows head_dim apart.
+template <class S, class KT, int GT, int NV, bool kTail>
+void AttentionOutputTile(const float* p, int64_t n, const AttentionQuery& query,
+                         const PagedKvLayer& kv, int64_t begin, int64_t j0, int64_t j1,
+                         int64_t v_extra, int tail, bool first, bool last, const float* inv,
                          float* o) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
-  F acc[NV > 0 ? NV : 1];
-  F acc_tail = S::Zero();
-#pragma GCC unroll 16
-  for (int c = 0; c < NV; ++c) acc[c] = S::Zero();
+  constexpr int NA = NV > 0 ? NV : 1;
+  const int64_t hd = kv.head_dim;
+  F acc[GT][NA], acc_tail[GT];
+#pragma GCC unroll 4
+  for (int g = 0; g < GT; ++g) {
+    acc_tail[g] = first ? S::Zero() : S::LoadTail(o + g * hd + NV * L, tail);
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) acc[g][c] = first ? S::Zero() : S::Load(o + g * hd + c * L);
+  }
   const KT* base = static_cast<const KT*>(kv.base);
-  ForEachPosition<S>(query, kv, begin, end, v_extra, [&](int64_t j, int64_t row) {
-    const F pv = S::Set1(p[j - begin]);
+  ForEachPosition<S, KT>(query, kv, j0, j1, v_extra, [&](int64_t j, int64_t row) {
     const KT* vp = base + row;
-#pragma GCC unroll 16
-    for (int c = 0; c < NV; ++c) acc[c] = S::Fma(pv, S::Load(vp + c * L), acc[c]);
-    if constexpr (kTail) acc_tail = S::Fma(pv, S::LoadTail(vp + NV * L, tail), acc_tail);
+    F v[NA], vt = S::Zero();
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) v[c] = S::Load(vp + c * L);
+    if constexpr (kTail) vt = S::LoadTail(vp + NV * L, tail);
+#pragma GCC unroll 4
+    for (int g = 0; g < GT; ++g) {
+      const F pv = S::Set1(p[g * n + (j - begin)]);
+#pragma GCC unroll 8
+      for (int c = 0; c < NV; ++c) acc[g][c] = S::Fma(pv, v[c], acc[g][c]);
+      if constexpr (kTail) acc_tail[g] = S::Fma(pv, vt, acc_tail[g]);
+    }
   });
-  const F iv = S::Set1(inv);
-#pragma GCC unroll 16
-  for (int c = 0; c < NV; ++c) S::Store(o + c * L, S::Mul(acc[c], iv));
-  if constexpr (kTail) S::StoreTail(o + NV * L, S::Mul(acc_tail, iv), tail);
+#pragma GCC unroll 4
+  for (int g = 0; g < GT; ++g) {
+    const F iv = S::Set1(last ? inv[g] : 1.0f);
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; ++c) {
+      S::Store(o + g * hd + c * L, last ? S::Mul(acc[g][c], iv) : acc[g][c]);
+    }
+    if constexpr (kTail) {
+      S::StoreTail(o + g * hd + NV * L, last ? S::Mul(acc_tail[g], iv) : acc_tail[g], tail);
+    }
+  }
 }
 
-template <class S, class KT>
-using AttentionTileFn = void (*)(const float*, const AttentionQuery&, const PagedKvLayer&, int64_t,
-                                 int64_t, int64_t, int, float, float*);
+// Output tiles: at most kAttnMaxHeads heads and kAttnMaxVecs vectors (with the tail) per head.
+inline constexpr int kAttnMaxHeads = 4;
+inline constexpr int kAttnMaxVecs = 8;
 
-// Indexed [nv * 2 + has_tail] for nv in 0..kAttnVecs.
+template <class KT>
+using AttentionTileFn = void (*)(const float*, int64_t, const AttentionQuery&, const PagedKvLayer&,
+                                 int64_t, int64_t, int64_t, int64_t, int, bool, bool, const float*,
+                                 float*);
+
+// Indexed ((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + has_tail.
 template <class S, class KT, size_t... I>
-constexpr std::array<AttentionTileFn<S, KT>, sizeof...(I)> MakeAttentionTiles(
+constexpr std::array<AttentionTileFn<KT>, sizeof...(I)> MakeAttentionTiles(
     std::index_sequence<I...>) {
-  return {{&AttentionOutputTile<S, KT, static_cast<int>(I / 2), (I % 2) == 1>...}};
+  return {{&AttentionOutputTile<S, KT, static_cast<int>(I / 2 / (kAttnMaxVecs + 1)) + 1,
+                                static_cast<int>(I / 2 % (kAttnMaxVecs + 1)), (I % 2) == 1>...}};
 }
 
 template <class S, class KT>
 inline constexpr auto kAttentionTiles =
-    MakeAttentionTiles<S, KT>(std::make_index_sequence<2 * (S::kAttnVecs + 1)>());
+    MakeAttentionTiles<S, KT>(std::make_index_sequence<kAttnMaxHeads*(kAttnMaxVecs + 1) * 2>());
 
 // Softmax of s[0, n) in place (p = exp(s - max)); returns 1 / sum(p).
 template <class S>
@@ -175,27 +285,51 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
   const KT* base = static_cast<const KT*>(kv.base);
   const int64_t k_extra = kv_head * kv.block_size * hd;
   const int64_t v_extra = (kv.num_kv_heads + kv_head) * kv.block_size * hd;
-  // Scores of every head of the group; each key row is loaded once for the group.
-  ForEachPosition<S>(query, kv, begin, ctx, k_extra, [&](int64_t j, int64_t row) {
-    for (int64_t g = 0; g < group; ++g) {
-      scratch[g * n + (j - begin)] = Dot<S>(qh + g * hd, base + row, hd) * scale;
+  // Scores of every head of the group, four positions at a time (independent fma chains).
+  int64_t rows[4], first_j = begin;
+  int pending = 0;
+  ForEachPosition<S, KT>(query, kv, begin, ctx, k_extra, [&](int64_t j, int64_t row) {
+    if (pending == 0) first_j = j;
+    rows[pending++] = row;
+    if (pending == 4) {
+      ScoresOfRows<S, KT, 4>(qh, group, hd, base, rows, scale, scratch + (first_j - begin), n);
+      pending = 0;
     }
   });
+  for (int i = 0; i < pending; ++i) {
+    ScoresOfRows<S, KT, 1>(qh, group, hd, base, rows + i, scale, scratch + (first_j - begin) + i,
+                           n);
+  }
+  // Softmax of every head; 1 / sum goes after the scores in scratch.
+  float* inv = scratch + group * n;
+  for (int64_t g = 0; g < group; ++g) inv[g] = SoftmaxInPlace<S>(scratch + g * n, n);
+  // Weighted sum of V, in chunks of positions small enough to stay in L1 while every head and
+  // head_dim tile passes over them (each (head, d) chain still runs over j in ascending order).
   const auto& tiles = kAttentionTiles<S, KT>;
   const int64_t full = hd / L;
   const int tail = static_cast<int>(hd % L);
-  for (int64_t g = 0; g < group; ++g) {
-    float* p = scratch + g * n;
-    const float inv = SoftmaxInPlace<S>(p, n);
-    // Tiles of up to kAttnVecs vectors of head_dim; the last one also takes the masked tail.
-    int64_t c = 0;
-    do {
-      const int64_t nv = full - c < S::kAttnVecs ? full - c : S::kAttnVecs;
-      const bool with_tail = tail > 0 && c + nv == full;
-      tiles[nv * 2 + (with_tail ? 1 : 0)](p, query, kv, begin, ctx, v_extra + c * L,
-                                          with_tail ? tail : 0, inv, oh + g * hd + c * L);
-      c += nv;
-    } while (c < full);
+  const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(KT));
+  const int64_t chunk = row_bytes < kAttnChunkBytes ? kAttnChunkBytes / row_bytes : 1;
+  for (int64_t j0 = begin; j0 < ctx; j0 += chunk) {
+    const int64_t j1 = ctx - j0 < chunk ? ctx : j0 + chunk;
+    for (int64_t g0 = 0; g0 < group; g0 += kAttnMaxHeads) {
+      const int gt = static_cast<int>(group - g0 < kAttnMaxHeads ? group - g0 : kAttnMaxHeads);
+      // Vectors of head_dim per tile (the masked tail counts as one) within the register budget.
+      int budget = S::kAttnAccs / gt;
+      if (budget > kAttnMaxVecs) budget = kAttnMaxVecs;
+      if (budget < 1) budget = 1;
+      int64_t c = 0;
+      do {
+        const int64_t left = full - c;
+        const bool with_tail = tail > 0 && left + 1 <= budget;
+        const int64_t nv = with_tail ? left : (left < budget ? left : budget);
+        tiles[((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + (with_tail ? 1 : 0)](
+            scratch + g0 * n, n, query, kv, begin, j0, j1, v_extra + c * L, with_tail ? tail : 0,
+            j0 == begin, j1 == ctx, inv + g0, oh + g0 * hd + c * L);
+        c += nv;
+        if (with_tail) break;
+      } while (c < full || (c == full && tail > 0));
+    }
   }
 }
 

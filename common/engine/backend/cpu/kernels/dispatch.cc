@@ -81,7 +81,7 @@ float* ThreadScratch(int64_t floats) {
 // Below this many multiply-adds a MatMul runs on the calling thread only (waking the pool costs
 // more than it saves). Which thread computes an output never changes its value.
 constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
-// Columns are split in multiples of this (a multiple of every ISA's register tile width).
+// Columns are split among threads in multiples of this (any split gives the same bits).
 constexpr int64_t kMatMulColumnGrain = 16;
 
 void CheckFloatType(DType t, const char* what) {
@@ -160,7 +160,7 @@ void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, 
   const int64_t items = num_queries * kv.num_kv_heads;
   std::atomic<int64_t> next{0};
   auto worker = [&](int, int) {
-    float* scratch = ThreadScratch(group * max_span);
+    float* scratch = ThreadScratch(group * (max_span + 1));
     for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       t.attention(q, ldq, queries[i / kv.num_kv_heads], i % kv.num_kv_heads, group, kv,

@@ -32,7 +32,7 @@ struct KernelTable {
                    const int64_t* slots, const PagedKvLayer& kv);
   void (*read_kv_slot)(const PagedKvLayer& kv, int64_t slot, int which, float* out);
   // One attention work item: `query` with the `group` query heads that share kv head `kv_head`.
-  // scratch holds at least group * AttentionSpan(query.context_len, sliding_window) floats.
+  // scratch holds at least group * (AttentionSpan(query.context_len, sliding_window) + 1) floats.
   void (*attention)(const float* q, int64_t ldq, const AttentionQuery& query, int64_t kv_head,
                     int64_t group, const PagedKvLayer& kv, int64_t sliding_window, float scale,
                     float* out, int64_t ldo, float* scratch);

@@ -102,7 +102,15 @@ void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const W
     const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
     for (int64_t m = 0; m < M; m += MR) {
       const int mr = static_cast<int>(M - m < MR ? M - m : MR);
-      for (int64_t n = b0; n < b1; n += NR) {
+      int64_t n = b0;
+      if (mr == 1) {  // a lone row: more weight rows in flight
+        for (; n + S::kNR1 <= b1; n += S::kNR1) {
+          MatMulTile<S, 1, S::kNR1, WT, true>(x + m * ldx, ldx, w + n * K, K,
+                                              bias != nullptr ? bias + n : nullptr, y + m * ldy + n,
+                                              ldy);
+        }
+      }
+      for (; n < b1; n += NR) {
         const int nr = static_cast<int>(b1 - n < NR ? b1 - n : NR);
         tiles[(mr - 1) * NR + (nr - 1)](x + m * ldx, ldx, w + n * K, K,
                                         bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);

@@ -16,7 +16,10 @@ struct Simd {
   // MatMul register tile: 3 x 4 = 12 accumulators + 3 activation vectors + 1 weight vector.
   static constexpr int kMR = 3;
   static constexpr int kNR = 4;
-  static constexpr int kAttnVecs = 8;
+  // Weight rows per tile when a tile has a single activation row (decode): more rows in flight.
+  static constexpr int kNR1 = 8;
+  // Attention output tile: accumulator vectors kept in registers (heads x vectors of head_dim).
+  static constexpr int kAttnAccs = 8;
   static constexpr const char* kName = "avx2";
 
   static F Zero() { return _mm256_setzero_ps(); }

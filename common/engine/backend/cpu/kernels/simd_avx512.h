@@ -14,11 +14,13 @@ namespace tandem::cpu::avx512 {
 struct Simd {
   using F = __m512;
   static constexpr int kLanes = 16;
-  // MatMul register tile: kMR activation rows x kNR weight rows (16 accumulators of 32).
+  // MatMul register tile: kMR activation rows x kNR weight rows (24 accumulators of 32 registers).
   static constexpr int kMR = 4;
-  static constexpr int kNR = 4;
-  // Output tile of attention: up to this many vectors of one head's accumulator in registers.
-  static constexpr int kAttnVecs = 8;
+  static constexpr int kNR = 6;
+  // Weight rows per tile when a tile has a single activation row (decode): more rows in flight.
+  static constexpr int kNR1 = 8;
+  // Attention output tile: accumulator vectors kept in registers (heads x vectors of head_dim).
+  static constexpr int kAttnAccs = 24;
   static constexpr const char* kName = "avx512";
 
   static F Zero() { return _mm512_setzero_ps(); }

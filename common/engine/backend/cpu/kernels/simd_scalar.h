@@ -15,7 +15,10 @@ struct Simd {
   static constexpr int kLanes = 8;
   static constexpr int kMR = 2;
   static constexpr int kNR = 2;
-  static constexpr int kAttnVecs = 2;
+  // Weight rows per tile when a tile has a single activation row (decode): more rows in flight.
+  static constexpr int kNR1 = 4;
+  // Attention output tile: accumulator vectors kept in registers (heads x vectors of head_dim).
+  static constexpr int kAttnAccs = 4;
   static constexpr const char* kName = "scalar";
 
   static F Zero() { return Set1(0.0f); }
