@@ -1,0 +1,354 @@
+#include "kvtransfer/receiver_core.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+
+namespace tandem::kvtransfer {
+
+namespace {
+constexpr uint8_t kMissing = 0;
+constexpr uint8_t kWriting = 1;
+constexpr uint8_t kDone = 2;
+}  // namespace
+
+struct ReceiverCore::Entry {
+  Expectation exp;
+  std::unordered_map<int32_t, int32_t> index;  // dst block -> position in exp.dst_blocks
+  std::string invalid;                         // why the expectation itself is unusable
+  int64_t last_attempt = -1;
+  bool active = false;
+  uint64_t owner = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time started;
+  ResultFn result;
+  absl::Status failure;        // how the last attempt ended, when it failed
+  std::vector<uint8_t> cells;  // [layer][position]: kMissing / kWriting / kDone
+  int64_t cells_done = 0;
+  uint64_t frames = 0;
+  uint64_t bytes = 0;
+  // Writers hold io_mu around each syscall into the regions; generation (changed under both
+  // mu_ and io_mu) invalidates outstanding tickets.
+  std::mutex io_mu;
+  uint64_t generation = 0;
+};
+
+ReceiverCore::ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
+                           KvReceiver::CompletionCallback on_complete,
+                           absl::Duration deadline_grace, const std::string& thread_name)
+    : layout_(layout),
+      access_(access),
+      on_complete_(std::move(on_complete)),
+      deadline_grace_(deadline_grace),
+      loop_(thread_name, absl::Milliseconds(20), [this] { Tick(); }) {}
+
+ReceiverCore::~ReceiverCore() {
+  loop_.Stop();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, e] : entries_) InvalidateLocked(e.get());
+  entries_.clear();
+}
+
+uint64_t ReceiverCore::NewOwnerId() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_owner_++;
+}
+
+void ReceiverCore::InvalidateLocked(Entry* e) {
+  std::lock_guard<std::mutex> io(e->io_mu);
+  ++e->generation;
+}
+
+void ReceiverCore::Expect(const Expectation& expectation) {
+  auto e = std::make_shared<Entry>();
+  e->exp = expectation;
+  const int64_t num_blocks = access_->num_blocks();
+  for (size_t i = 0; i < expectation.dst_blocks.size(); ++i) {
+    const int32_t b = expectation.dst_blocks[i];
+    if (b < 0 || b >= num_blocks) {
+      e->invalid = absl::StrCat("expected block ", b, " is outside the pool [0, ", num_blocks, ")");
+      break;
+    }
+    if (!e->index.emplace(b, static_cast<int32_t>(i)).second) {
+      e->invalid = absl::StrCat("expectation lists block ", b, " twice");
+      break;
+    }
+  }
+  if (!e->invalid.empty()) {
+    TLOG(ERROR) << "kv transfer " << expectation.transfer_id << ": " << e->invalid;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(expectation.transfer_id);
+  if (it != entries_.end()) {  // replaced: the old registration ends like a Cancel
+    Entry* old = it->second.get();
+    InvalidateLocked(old);
+    if (old->active && old->result) {
+      loop_.Post([this, r = old->result] {
+        if (!shutting_down_) r(absl::AbortedError("expectation replaced by the receiver"));
+      });
+    }
+    it->second = e;
+  } else {
+    entries_.emplace(expectation.transfer_id, e);
+  }
+}
+
+void ReceiverCore::Cancel(uint64_t transfer_id) {
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(transfer_id);
+    if (it == entries_.end()) return;
+    e = std::move(it->second);
+    entries_.erase(it);
+    InvalidateLocked(e.get());
+    if (e->active && e->result) {
+      loop_.Post([this, r = e->result] {
+        if (!shutting_down_) r(absl::AbortedError("transfer cancelled by the receiver"));
+      });
+    }
+  }
+}
+
+int64_t ReceiverCore::num_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(entries_.size());
+}
+
+absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(start.transfer_id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat("transfer ", start.transfer_id,
+                                            " is not expected by the receiver (unknown, "
+                                            "cancelled or already complete)"));
+  }
+  Entry* e = it->second.get();
+  if (!e->invalid.empty()) return absl::InvalidArgumentError(e->invalid);
+  if (static_cast<int64_t>(start.attempt) <= e->last_attempt) {
+    return absl::AbortedError(absl::StrCat("attempt ", start.attempt, " of transfer ",
+                                           start.transfer_id, " is stale: attempt ",
+                                           e->last_attempt, " already started"));
+  }
+  const std::vector<int32_t>& want = e->exp.dst_blocks;
+  if (start.dst_blocks != want) {
+    if (start.dst_blocks.size() != want.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transfer ", start.transfer_id, " sends ", start.dst_blocks.size(),
+                       " blocks, the receiver expects ", want.size()));
+    }
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (start.dst_blocks[i] != want[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("transfer ", start.transfer_id, " targets block ", start.dst_blocks[i],
+                         " at position ", i, " where the receiver expects block ", want[i]));
+      }
+    }
+  }
+  if (e->active) {
+    FailAttemptLocked(e, absl::AbortedError(absl::StrCat("superseded by attempt ", start.attempt)),
+                      /*notify_sender=*/true);
+  }
+  InvalidateLocked(e);
+  e->last_attempt = start.attempt;
+  e->active = true;
+  e->owner = start.owner;
+  e->deadline = start.deadline;
+  e->started = absl::Now();
+  e->result = std::move(result);
+  e->failure = absl::OkStatus();
+  e->cells.assign(static_cast<size_t>(layout_.num_layers) * want.size(), kMissing);
+  e->cells_done = 0;
+  e->frames = 0;
+  e->bytes = 0;
+  counters_.transfers_started.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_id, uint32_t attempt,
+                                                             int64_t layer,
+                                                             absl::Span<const int32_t> blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(transfer_id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("data for transfer ", transfer_id, " which the receiver does not expect"));
+  }
+  Entry* e = it->second.get();
+  if (static_cast<int64_t>(attempt) != e->last_attempt) {
+    return absl::AbortedError(absl::StrCat("data for attempt ", attempt, " of transfer ",
+                                           transfer_id, " but the live attempt is ",
+                                           e->last_attempt));
+  }
+  if (!e->active) {
+    return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
+  }
+  const size_t nb = e->exp.dst_blocks.size();
+  if (layer < 0 || layer >= layout_.num_layers) {
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("data for layer ", layer, " outside [0, ", layout_.num_layers, ")"));
+    FailAttemptLocked(e, s, /*notify_sender=*/true);
+    return s;
+  }
+  Ticket t;
+  t.layer = layer;
+  t.cells.reserve(blocks.size());
+  t.regions.reserve(blocks.size());
+  for (int32_t b : blocks) {
+    auto pos = e->index.find(b);
+    absl::Status s;
+    if (pos == e->index.end()) {
+      s = absl::InvalidArgumentError(
+          absl::StrCat("data for block ", b, " which transfer ", transfer_id, " does not include"));
+    } else {
+      const int32_t cell = static_cast<int32_t>(layer * nb + pos->second);
+      if (e->cells[cell] != kMissing) {
+        s = absl::InvalidArgumentError(absl::StrCat("layer ", layer, " block ", b, " of transfer ",
+                                                    transfer_id, " arrived twice"));
+      } else {
+        e->cells[cell] = kWriting;  // also catches a block listed twice in one message
+        t.cells.push_back(cell);
+        t.regions.push_back(access_->Region(layer, b));
+        continue;
+      }
+    }
+    for (int32_t c : t.cells) e->cells[c] = kMissing;
+    FailAttemptLocked(e, s, /*notify_sender=*/true);
+    return s;
+  }
+  t.entry = it->second;
+  t.generation = e->generation;
+  return t;
+}
+
+std::mutex* ReceiverCore::io_mutex(const Ticket& ticket) { return &ticket.entry->io_mu; }
+
+bool ReceiverCore::Writable(const Ticket& ticket) const {
+  return ticket.entry->generation == ticket.generation;
+}
+
+void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry* e = ticket.entry.get();
+  if (e->generation != ticket.generation) return;  // the attempt ended meanwhile
+  if (!status.ok()) {
+    for (int32_t c : ticket.cells) e->cells[c] = kMissing;
+    FailAttemptLocked(e, status, /*notify_sender=*/true);
+    return;
+  }
+  for (int32_t c : ticket.cells) e->cells[c] = kDone;
+  e->cells_done += static_cast<int64_t>(ticket.cells.size());
+  e->frames += 1;
+  e->bytes += ticket.cells.size() * layout_.region_bytes();
+  counters_.frames.fetch_add(1, std::memory_order_relaxed);
+  counters_.bytes.fetch_add(ticket.cells.size() * layout_.region_bytes(),
+                            std::memory_order_relaxed);
+}
+
+absl::Status ReceiverCore::Finish(uint64_t transfer_id, uint32_t attempt, uint64_t frames,
+                                  uint64_t bytes, std::string trailer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(transfer_id);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("finish for transfer ", transfer_id, " which the receiver does not expect"));
+  }
+  Entry* e = it->second.get();
+  if (static_cast<int64_t>(attempt) != e->last_attempt) {
+    return absl::AbortedError(absl::StrCat("finish for attempt ", attempt, " of transfer ",
+                                           transfer_id, " but the live attempt is ",
+                                           e->last_attempt));
+  }
+  if (!e->active) return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
+  const int64_t total = static_cast<int64_t>(e->cells.size());
+  if (e->cells_done != total || e->frames != frames || e->bytes != bytes) {
+    std::string missing;
+    const size_t nb = e->exp.dst_blocks.size();
+    for (size_t c = 0; c < e->cells.size(); ++c) {
+      if (e->cells[c] != kDone) {
+        missing =
+            absl::StrCat("; first missing: layer ", c / nb, " block ", e->exp.dst_blocks[c % nb]);
+        break;
+      }
+    }
+    FailAttemptLocked(
+        e,
+        absl::DataLossError(absl::StrCat("transfer ", transfer_id, " attempt ", attempt,
+                                         " incomplete: ", e->cells_done, " of ", total,
+                                         " regions and ", e->frames, " of ", frames, " messages (",
+                                         e->bytes, " of ", bytes, " bytes) arrived", missing)),
+        /*notify_sender=*/true);
+    return absl::OkStatus();
+  }
+  std::shared_ptr<Entry> done = std::move(it->second);
+  entries_.erase(it);
+  InvalidateLocked(done.get());
+  done->active = false;
+  counters_.transfers_ok.fetch_add(1, std::memory_order_relaxed);
+  counters_.RecordLatency(absl::Now() - done->started);
+  loop_.Post([this, r = done->result, id = transfer_id, attempt, trailer = std::move(trailer)] {
+    if (shutting_down_) return;
+    if (r) r(absl::OkStatus());
+    CompletedTransfer c;
+    c.transfer_id = id;
+    c.attempt = attempt;
+    c.trailer = trailer;
+    if (on_complete_) on_complete_(c);
+  });
+  return absl::OkStatus();
+}
+
+void ReceiverCore::Abort(uint64_t transfer_id, uint32_t attempt, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(transfer_id);
+  if (it == entries_.end()) return;
+  Entry* e = it->second.get();
+  if (static_cast<int64_t>(attempt) != e->last_attempt || !e->active) return;
+  FailAttemptLocked(e, why, /*notify_sender=*/false);
+}
+
+void ReceiverCore::FailOwner(uint64_t owner, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, e] : entries_) {
+    if (e->active && e->owner == owner) FailAttemptLocked(e.get(), why, /*notify_sender=*/false);
+  }
+}
+
+void ReceiverCore::FailAttemptLocked(Entry* e, const absl::Status& status, bool notify_sender) {
+  if (!e->active) return;
+  InvalidateLocked(e);
+  e->active = false;
+  e->failure = status;
+  counters_.transfers_failed.fetch_add(1, std::memory_order_relaxed);
+  if (absl::IsDeadlineExceeded(status)) {
+    counters_.deadline_expired.fetch_add(1, std::memory_order_relaxed);
+  }
+  ResultFn r = notify_sender ? e->result : nullptr;
+  e->result = nullptr;
+  CompletedTransfer c;
+  c.transfer_id = e->exp.transfer_id;
+  c.attempt = static_cast<uint32_t>(e->last_attempt);
+  c.status = status;
+  loop_.Post([this, r = std::move(r), c = std::move(c)] {
+    if (shutting_down_) return;
+    if (r) r(c.status);
+    if (on_complete_) on_complete_(c);
+  });
+}
+
+void ReceiverCore::Tick() {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, e] : entries_) {
+    if (e->active && e->deadline != absl::InfiniteFuture() && now > e->deadline + deadline_grace_) {
+      FailAttemptLocked(
+          e.get(),
+          absl::DeadlineExceededError(absl::StrCat("transfer ", id, " attempt ", e->last_attempt,
+                                                   " passed its deadline without finishing")),
+          /*notify_sender=*/true);
+    }
+  }
+}
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,114 @@
+#pragma once
+
+// The receiving side's bookkeeping, shared by every transport (tcp, loopback, nccl): which
+// transfers are expected, which attempt of each is live, which (layer, block) regions of it
+// arrived, and when it ends. Transports feed it the messages they read; it decides and reports
+// outcomes (to the receiver's user through on_complete, to the sender through the attempt's
+// ResultFn), both from its own event-loop thread.
+//
+// Write safety: a transport writes a region only inside a Ticket (one admitted DATA message),
+// one short non-blocking syscall at a time while holding io_mutex(ticket), and checks
+// Writable(ticket) under it before each. Cancel, a newer attempt and every failure invalidate
+// tickets under that mutex, so once Cancel returns nothing writes the transfer's blocks again.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtransfer/event_loop.h"
+#include "kvtransfer/stats.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem::kvtransfer {
+
+class ReceiverCore {
+ public:
+  // Tells the sender of one attempt how it ended (OK, or why not). Runs on the event loop.
+  using ResultFn = std::function<void(const absl::Status&)>;
+
+  struct AttemptStart {
+    uint64_t transfer_id = 0;
+    uint32_t attempt = 0;
+    std::vector<int32_t> dst_blocks;
+    uint64_t owner = 0;  // connection / sender the attempt arrives on
+    absl::Time deadline = absl::InfiniteFuture();
+  };
+
+  struct Entry;
+  // One admitted DATA message: the regions its payload goes to, in message order.
+  struct Ticket {
+    std::shared_ptr<Entry> entry;
+    uint64_t generation = 0;
+    int64_t layer = 0;
+    std::vector<int32_t> cells;
+    std::vector<uint8_t*> regions;
+  };
+
+  ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
+               KvReceiver::CompletionCallback on_complete, absl::Duration deadline_grace,
+               const std::string& thread_name);
+  // Stops the event loop (callbacks already posted still run); nothing runs afterwards.
+  ~ReceiverCore();
+
+  // From now on no user callback (on_complete, ResultFn) runs; for destructors.
+  void Shutdown() { shutting_down_ = true; }
+
+  const KvLayout& layout() const { return layout_; }
+  StatsCounters& counters() { return counters_; }
+  uint64_t NewOwnerId();
+
+  // KvReceiver's calls.
+  void Expect(const Expectation& expectation);
+  void Cancel(uint64_t transfer_id);
+  int64_t num_in_flight() const;
+
+  // A sender starts an attempt. Errors (unknown transfer, stale attempt, blocks differing from
+  // the expectation) are for the caller to report to the sender; `result` is then never called.
+  absl::Status Begin(AttemptStart start, ResultFn result);
+  // A DATA message of layer `layer` for `blocks` (destination ids). On error the payload must
+  // be discarded; the attempt has been failed when the error is the sender's fault.
+  absl::StatusOr<Ticket> AdmitData(uint64_t transfer_id, uint32_t attempt, int64_t layer,
+                                   absl::Span<const int32_t> blocks);
+  std::mutex* io_mutex(const Ticket& ticket);
+  // Call with io_mutex(ticket) held.
+  bool Writable(const Ticket& ticket) const;
+  // The payload of `ticket` was written (OK) or not (checksum mismatch: DATA_LOSS; I/O error).
+  void EndData(const Ticket& ticket, const absl::Status& status);
+  // The sender's FINISH. OK when the attempt was live (its outcome is then reported through
+  // ResultFn and on_complete); else the error to send back.
+  absl::Status Finish(uint64_t transfer_id, uint32_t attempt, uint64_t frames, uint64_t bytes,
+                      std::string trailer);
+  // The sender gave up on the attempt.
+  void Abort(uint64_t transfer_id, uint32_t attempt, const absl::Status& why);
+  // The connection `owner` is gone: its live attempts fail.
+  void FailOwner(uint64_t owner, const absl::Status& why);
+
+ private:
+  void FailAttemptLocked(Entry* e, const absl::Status& status, bool notify_sender);
+  void InvalidateLocked(Entry* e);
+  void Tick();
+
+  const KvLayout layout_;
+  KvRegionAccess* const access_;
+  const KvReceiver::CompletionCallback on_complete_;
+  const absl::Duration deadline_grace_;
+  StatsCounters counters_;
+  std::atomic<bool> shutting_down_{false};
+
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Entry>> entries_;
+  uint64_t next_owner_ = 1;
+
+  EventLoop loop_;  // last: stopped first
+};
+
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,297 @@
+#include "kvtransfer/tcp/sender_connection.h"
+
+#include <pthread.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "kvtransfer/crc32c.h"
+#include "kvtransfer/tcp/wire.h"
+
+namespace tandem::kvtransfer::tcp {
+namespace {
+
+constexpr size_t kScratchBytes = 256 << 10;
+
+absl::Status ReadReply(int fd, absl::Time deadline, wire::Prefix* prefix, std::string* meta) {
+  uint8_t raw[wire::kPrefixBytes];
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  absl::Status s = ReadBytes(fd, raw, sizeof raw, left, left);
+  if (!s.ok()) return s;
+  absl::StatusOr<wire::Prefix> p = wire::DecodePrefix(raw);
+  if (!p.ok()) return p.status();
+  *prefix = *p;
+  meta->resize(p->meta_len);
+  s = ReadBytes(fd, meta->data(), meta->size(),
+                std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  if (!s.ok()) return s;
+  return wire::VerifyMeta(*prefix, *meta);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
+    const std::string& endpoint, const ConnectionOptions& options, absl::Duration timeout,
+    KvRegionAccess* access, FaultInjector* faults, StatsCounters* counters, Callbacks callbacks) {
+  const absl::Time deadline = absl::Now() + timeout;
+  auto unreachable = [&](const absl::Status& s) {
+    return absl::Status(absl::IsDeadlineExceeded(s) ? s.code() : absl::StatusCode::kUnavailable,
+                        absl::StrCat("kv transfer peer ", endpoint, " unreachable: ", s.message()));
+  };
+  absl::StatusOr<Fd> fd = tcp::Connect(endpoint, timeout);
+  if (!fd.ok()) return unreachable(fd.status());
+  ConfigureSocket(fd->get(), options.io_timeout);
+
+  wire::Hello hello;
+  hello.layout = options.layout;
+  const std::string frame = wire::MakeFrame(wire::FrameType::kHello, 0, wire::EncodeHello(hello));
+  absl::Status s = WriteBytes(fd->get(), frame.data(), frame.size(),
+                              std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  if (!s.ok()) return unreachable(s);
+  wire::Prefix prefix;
+  std::string meta;
+  s = ReadReply(fd->get(), deadline, &prefix, &meta);
+  if (!s.ok()) return unreachable(s);
+  if (prefix.type == wire::FrameType::kRefuse) {
+    wire::Outcome refuse;
+    s = wire::DecodeOutcome(meta, &refuse);
+    if (!s.ok()) return unreachable(s);
+    counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv transfer peer ", endpoint, " refused the connection: ", refuse.status.message()));
+  }
+  if (prefix.type != wire::FrameType::kWelcome) {
+    return unreachable(absl::DataLossError(
+        absl::StrCat("handshake answered with ", wire::FrameTypeName(prefix.type))));
+  }
+  wire::Welcome welcome;
+  s = wire::DecodeWelcome(meta, &welcome);
+  if (!s.ok()) return unreachable(s);
+  s = CheckCompatible(options.layout, welcome.layout);
+  if (!s.ok()) {
+    counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    return absl::FailedPreconditionError(
+        absl::StrCat("kv transfer peer ", endpoint, " is incompatible: ", s.message()));
+  }
+  counters->connects.fetch_add(1, std::memory_order_relaxed);
+  std::shared_ptr<SenderConnection> c(new SenderConnection(endpoint, options, std::move(*fd),
+                                                           welcome.incarnation, access, faults,
+                                                           counters, std::move(callbacks)));
+  c->writer_ = std::thread([p = c.get()] { p->WriterLoop(); });
+  c->reader_ = std::thread([p = c.get()] { p->ReaderLoop(); });
+  return c;
+}
+
+SenderConnection::SenderConnection(std::string endpoint, const ConnectionOptions& options, Fd fd,
+                                   uint64_t incarnation, KvRegionAccess* access,
+                                   FaultInjector* faults, StatsCounters* counters,
+                                   Callbacks callbacks)
+    : endpoint_(std::move(endpoint)),
+      options_(options),
+      fd_(std::move(fd)),
+      incarnation_(incarnation),
+      access_(access),
+      faults_(faults),
+      counters_(counters),
+      callbacks_(std::move(callbacks)),
+      scratch_(kScratchBytes, 0) {}
+
+SenderConnection::~SenderConnection() { Close(); }
+
+bool SenderConnection::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.empty() && !busy_;
+}
+
+void SenderConnection::Enqueue(WorkItem item) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_ || closing_) return;
+    queue_.push_back(std::move(item));
+  }
+  cv_.notify_one();
+}
+
+void SenderConnection::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+  }
+  cv_.notify_one();
+  if (writer_.joinable()) writer_.join();
+  fd_.Shutdown();
+  if (reader_.joinable()) reader_.join();
+}
+
+void SenderConnection::Fail(const absl::Status& status) {
+  if (failed_.exchange(true)) return;
+  fd_.Shutdown();
+  bool closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing = closing_;
+    queue_.clear();
+  }
+  cv_.notify_one();
+  if (!closing && callbacks_.on_failed) callbacks_.on_failed(this, status);
+}
+
+void SenderConnection::WriterLoop() {
+  pthread_setname_np(pthread_self(), "kvt-send-write");
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return !queue_.empty() || closing_ || failed_; });
+    if (failed_ || queue_.empty()) return;
+    WorkItem item = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    absl::Status s = Write(item);
+    item = WorkItem();  // drop the transfer reference outside the lock
+    if (!s.ok()) {
+      Fail(absl::Status(s.code(), absl::StrCat("kv transfer connection to ", endpoint_,
+                                               " failed: ", s.message())));
+    }
+    lock.lock();
+    busy_ = false;
+  }
+}
+
+void SenderConnection::ReaderLoop() {
+  pthread_setname_np(pthread_self(), "kvt-send-read");
+  absl::Status s;
+  while (s.ok()) {
+    uint8_t raw[wire::kPrefixBytes];
+    s = ReadBytes(fd_.get(), raw, sizeof raw, options_.io_timeout, absl::InfiniteDuration());
+    if (!s.ok()) break;
+    absl::StatusOr<wire::Prefix> p = wire::DecodePrefix(raw);
+    if (!p.ok()) {
+      s = p.status();
+      break;
+    }
+    std::string meta(p->meta_len, '\0');
+    s = ReadBytes(fd_.get(), meta.data(), meta.size(), options_.io_timeout);
+    if (s.ok()) s = wire::VerifyMeta(*p, meta);
+    if (!s.ok()) break;
+    if (p->type != wire::FrameType::kResult) {
+      s = absl::DataLossError(
+          absl::StrCat("unexpected ", wire::FrameTypeName(p->type), " from the receiver"));
+      break;
+    }
+    wire::Outcome result;
+    s = wire::DecodeOutcome(meta, &result);
+    if (s.ok() && callbacks_.on_result) {
+      callbacks_.on_result(this, result.transfer_id, result.attempt, result.status);
+    }
+  }
+  Fail(absl::UnavailableError(
+      absl::StrCat("kv transfer connection to ", endpoint_, " lost: ", s.message())));
+}
+
+absl::Status SenderConnection::WriteSmall(uint16_t type, const std::string& meta) {
+  const std::string frame = wire::MakeFrame(static_cast<wire::FrameType>(type), 0, meta);
+  return WriteBytes(fd_.get(), frame.data(), frame.size(), options_.io_timeout);
+}
+
+absl::Status SenderConnection::Write(const WorkItem& item) {
+  SenderTransfer* t = item.transfer.get();
+  auto ended = [t] {
+    std::lock_guard<std::mutex> lock(t->io_mu);
+    return !t->readable;
+  };
+  switch (item.kind) {
+    case WorkItem::Kind::kBegin: {
+      // Sent even when the transfer already ended, so that the ABORT behind it reaches a
+      // receiver that knows the attempt and reports it.
+      wire::Begin b;
+      b.transfer_id = t->transfer_id;
+      b.attempt = t->attempt;
+      b.incarnation = t->incarnation;
+      b.deadline_ms =
+          t->deadline == absl::InfiniteFuture()
+              ? -1
+              : std::max<int64_t>(0, absl::ToInt64Milliseconds(t->deadline - absl::Now()));
+      b.dst_blocks = t->dst_blocks;
+      return WriteSmall(static_cast<uint16_t>(wire::FrameType::kBegin), wire::EncodeBegin(b));
+    }
+    case WorkItem::Kind::kData:
+      return WriteData(item);
+    case WorkItem::Kind::kFinish: {
+      if (ended()) return absl::OkStatus();
+      wire::Finish f;
+      f.transfer_id = t->transfer_id;
+      f.attempt = t->attempt;
+      f.frames = t->frames_sent;
+      f.bytes = t->bytes_sent;
+      f.trailer = item.trailer;
+      return WriteSmall(static_cast<uint16_t>(wire::FrameType::kFinish), wire::EncodeFinish(f));
+    }
+    case WorkItem::Kind::kAbort:
+      return WriteSmall(static_cast<uint16_t>(wire::FrameType::kAbort),
+                        wire::EncodeOutcome({t->transfer_id, t->attempt, item.status}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SenderConnection::WriteData(const WorkItem& item) {
+  SenderTransfer* t = item.transfer.get();
+  {
+    std::lock_guard<std::mutex> lock(t->io_mu);
+    if (!t->readable) return absl::OkStatus();  // ended: skip its queued layers
+  }
+  const size_t region = options_.layout.region_bytes();
+  FaultInjector::Decision fault;
+  if (faults_ != nullptr && faults_->enabled()) {
+    fault = faults_->Next();
+    if (fault.any()) counters_->faults_injected.fetch_add(1, std::memory_order_relaxed);
+    if (fault.delay > absl::ZeroDuration()) absl::SleepFor(fault.delay);
+    if (fault.close) return absl::UnavailableError("fault injection closed the connection");
+  }
+  wire::DataMeta d;
+  d.transfer_id = t->transfer_id;
+  d.attempt = t->attempt;
+  d.layer = static_cast<uint32_t>(item.layer);
+  d.payload_len = item.count * region;
+  d.blocks.assign(t->dst_blocks.begin() + item.first,
+                  t->dst_blocks.begin() + item.first + item.count);
+  std::vector<const uint8_t*> regions(item.count);
+  {
+    std::lock_guard<std::mutex> lock(t->io_mu);
+    if (!t->readable) return absl::OkStatus();
+    uint32_t crc = 0;
+    for (size_t i = 0; i < item.count; ++i) {
+      regions[i] = access_->Region(item.layer, t->src_blocks[item.first + i]);
+      if (options_.checksum) crc = Crc32c(crc, regions[i], region);
+    }
+    d.payload_crc = crc;
+    if (fault.corrupt && item.count > 0) {  // flip a byte of a copy: the KV pool stays intact
+      const size_t k = fault.corrupt_position % item.count;
+      corrupted_.assign(regions[k], regions[k] + region);
+      corrupted_[(fault.corrupt_position >> 20) % region] ^= 0x5a;
+      regions[k] = corrupted_.data();
+    }
+  }
+  t->frames_sent += 1;
+  t->bytes_sent += d.payload_len;
+  if (fault.drop) return absl::OkStatus();  // lost on the way: the receiver's FINISH check sees it
+
+  const std::string head = wire::MakeFrame(
+      wire::FrameType::kData, options_.checksum ? wire::kFlagChecksum : 0, wire::EncodeDataMeta(d));
+  absl::Status s = WriteBytes(fd_.get(), head.data(), head.size(), options_.io_timeout);
+  if (!s.ok()) return s;
+  IovCursor cur;
+  for (const uint8_t* r : regions) cur.Add(r, region);
+  IoGuard guard;
+  guard.mu = &t->io_mu;
+  guard.valid = [t] { return t->readable; };
+  guard.scratch = scratch_.data();
+  guard.scratch_len = scratch_.size();
+  s = WriteAll(fd_.get(), &cur, options_.io_timeout, &guard);
+  if (!s.ok()) return s;
+  counters_->frames.fetch_add(1, std::memory_order_relaxed);
+  counters_->bytes.fetch_add(d.payload_len, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvtransfer::tcp

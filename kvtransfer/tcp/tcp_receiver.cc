@@ -1,0 +1,329 @@
+#include "kvtransfer/tcp/tcp_receiver.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "kvtransfer/crc32c.h"
+#include "kvtransfer/layout.h"
+
+namespace tandem::kvtransfer::tcp {
+namespace {
+
+constexpr size_t kScratchBytes = 256 << 10;
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) {
+    v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+        static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+  }
+  return v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOptions& options,
+                                                                KvRegionAccess* access,
+                                                                CompletionCallback on_complete) {
+  absl::Status valid = ValidateLayout(options.layout);
+  if (!valid.ok()) return valid;
+  if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
+  std::unique_ptr<TcpReceiver> r(new TcpReceiver(options, access, std::move(on_complete)));
+  int port = 0;
+  absl::StatusOr<Fd> fd = Listen(options.host, options.port, &port);
+  if (!fd.ok()) return fd.status();
+  r->listen_fd_ = std::move(*fd);
+  const bool v6 = options.host.find(':') != std::string::npos;
+  r->endpoint_ = v6 ? absl::StrCat("[", options.host, "]:", port)
+                    : absl::StrCat(options.host.empty() ? "127.0.0.1" : options.host, ":", port);
+  r->acceptor_ = std::thread([p = r.get()] { p->AcceptLoop(); });
+  return std::unique_ptr<KvReceiver>(std::move(r));
+}
+
+TcpReceiver::TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
+                         CompletionCallback on_complete)
+    : options_(options),
+      incarnation_(NewIncarnation()),
+      faults_(ResolveFaultOptions(options.faults, options.faults_from_env)),
+      core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
+                                           options.deadline_grace, "kvt-recv-loop")) {}
+
+TcpReceiver::~TcpReceiver() {
+  stopping_ = true;
+  core_->Shutdown();  // no user callbacks from here on
+  listen_fd_.Shutdown();
+  if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (auto& c : conns_) c->fd.Shutdown();
+  }
+  ReapFinished(/*all=*/true);
+  core_.reset();
+}
+
+void TcpReceiver::ReapFinished(bool all) {
+  std::list<std::shared_ptr<Conn>> done;
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (all || (*it)->finished) {
+        done.push_back(std::move(*it));
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : done) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+}
+
+void TcpReceiver::AcceptLoop() {
+  pthread_setname_np(pthread_self(), "kvt-accept");
+  while (!stopping_) {
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    int r = poll(&p, 1, 100);
+    ReapFinished(/*all=*/false);
+    if (r <= 0 || stopping_) continue;
+    int fd = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    ConfigureSocket(fd, options_.io_timeout);
+    auto conn = std::make_shared<Conn>();
+    conn->fd = Fd(fd);
+    conn->owner = core_->NewOwnerId();
+    conn->peer = PeerName(fd);
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    if (stopping_) break;
+    conns_.push_back(conn);
+    conn->thread = std::thread([this, conn] { Serve(conn); });
+  }
+}
+
+absl::Status TcpReceiver::Send(Conn* conn, wire::FrameType type, const std::string& meta) {
+  const std::string frame = wire::MakeFrame(type, 0, meta);
+  std::lock_guard<std::mutex> lock(conn->write_mu);
+  absl::Status s = WriteBytes(conn->fd.get(), frame.data(), frame.size(), options_.io_timeout);
+  if (!s.ok()) conn->fd.Shutdown();  // the reader notices and fails the connection's attempts
+  return s;
+}
+
+void TcpReceiver::Reject(Conn* conn, uint64_t transfer_id, uint32_t attempt,
+                         const absl::Status& status) {
+  if (conn->rejected_id == transfer_id && conn->rejected_attempt == attempt) return;
+  conn->rejected_id = transfer_id;
+  conn->rejected_attempt = attempt;
+  Send(conn, wire::FrameType::kResult, wire::EncodeOutcome({transfer_id, attempt, status}))
+      .IgnoreError();
+}
+
+absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta,
+                                      bool idle_ok) {
+  uint8_t raw[wire::kPrefixBytes];
+  absl::Status s = ReadBytes(conn->fd.get(), raw, sizeof raw, options_.io_timeout,
+                             idle_ok ? absl::InfiniteDuration() : options_.handshake_timeout);
+  if (!s.ok()) return s;
+  absl::StatusOr<wire::Prefix> p = wire::DecodePrefix(raw);
+  if (!p.ok()) return p.status();
+  *prefix = *p;
+  meta->resize(p->meta_len);
+  s = ReadBytes(conn->fd.get(), meta->data(), meta->size(), options_.io_timeout);
+  if (!s.ok()) return s;
+  return wire::VerifyMeta(*prefix, *meta);
+}
+
+absl::Status TcpReceiver::Handshake(Conn* conn) {
+  wire::Prefix prefix;
+  std::string meta;
+  absl::Status s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false);
+  if (!s.ok()) return s;
+  wire::Hello hello;
+  if (prefix.type != wire::FrameType::kHello) {
+    return absl::DataLossError("first kv transfer message is not HELLO");
+  }
+  s = wire::DecodeHello(meta, &hello);
+  if (s.ok() && hello.magic != wire::kHelloMagic) s = absl::DataLossError("bad HELLO magic");
+  if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+  if (!s.ok()) {
+    core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    TLOG(WARNING) << "kv transfer: refusing " << conn->peer << ": " << s.message();
+    Send(conn, wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})).IgnoreError();
+    return s;
+  }
+  wire::Welcome welcome;
+  welcome.incarnation = incarnation_;
+  welcome.layout = options_.layout;
+  s = Send(conn, wire::FrameType::kWelcome, wire::EncodeWelcome(welcome));
+  if (s.ok()) core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
+  return s;
+}
+
+void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
+  pthread_setname_np(pthread_self(), "kvt-recv-conn");
+  absl::Status s = Handshake(conn.get());
+  bool handshaken = s.ok();
+  while (s.ok()) {
+    wire::Prefix prefix;
+    std::string meta;
+    s = ReadMessage(conn.get(), &prefix, &meta, /*idle_ok=*/true);
+    if (!s.ok()) break;
+    switch (prefix.type) {
+      case wire::FrameType::kBegin:
+        s = HandleBegin(conn, meta);
+        break;
+      case wire::FrameType::kData:
+        s = HandleData(conn.get(), prefix, meta);
+        break;
+      case wire::FrameType::kFinish: {
+        wire::Finish f;
+        s = wire::DecodeFinish(meta, &f);
+        if (!s.ok()) break;
+        absl::Status r =
+            core_->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
+        if (!r.ok()) Reject(conn.get(), f.transfer_id, f.attempt, r);
+        break;
+      }
+      case wire::FrameType::kAbort: {
+        wire::Outcome a;
+        s = wire::DecodeOutcome(meta, &a);
+        if (!s.ok()) break;
+        core_->Abort(a.transfer_id, a.attempt,
+                     absl::Status(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
+                                  absl::StrCat("sender aborted: ", a.status.message())));
+        break;
+      }
+      default:
+        s = absl::DataLossError(
+            absl::StrCat("unexpected kv transfer message ", wire::FrameTypeName(prefix.type)));
+    }
+  }
+  if (handshaken) {
+    if (!stopping_) {
+      core_->counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
+      TLOG(DEBUG) << "kv transfer connection from " << conn->peer << " ended: " << s.message();
+    }
+    core_->FailOwner(conn->owner,
+                     absl::UnavailableError(absl::StrCat("kv transfer connection from ", conn->peer,
+                                                         " lost: ", s.message())));
+  }
+  conn->fd.Shutdown();
+  conn->finished = true;
+}
+
+absl::Status TcpReceiver::HandleBegin(const std::shared_ptr<Conn>& conn, const std::string& meta) {
+  wire::Begin b;
+  absl::Status s = wire::DecodeBegin(meta, &b);
+  if (!s.ok()) return s;
+  if (b.incarnation != incarnation_) {
+    Reject(conn.get(), b.transfer_id, b.attempt,
+           absl::FailedPreconditionError(absl::StrCat("receiver incarnation is ", incarnation_,
+                                                      ", transfer was reserved under ",
+                                                      b.incarnation)));
+    return absl::OkStatus();
+  }
+  ReceiverCore::AttemptStart start;
+  start.transfer_id = b.transfer_id;
+  start.attempt = b.attempt;
+  start.dst_blocks = std::move(b.dst_blocks);
+  start.owner = conn->owner;
+  start.deadline =
+      b.deadline_ms < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(b.deadline_ms);
+  std::weak_ptr<Conn> weak = conn;
+  const uint64_t id = b.transfer_id;
+  const uint32_t attempt = b.attempt;
+  absl::Status r = core_->Begin(std::move(start), [this, weak, id,
+                                                   attempt](const absl::Status& st) {
+    if (std::shared_ptr<Conn> c = weak.lock()) {
+      Send(c.get(), wire::FrameType::kResult, wire::EncodeOutcome({id, attempt, st})).IgnoreError();
+    }
+  });
+  if (!r.ok()) Reject(conn.get(), id, attempt, r);
+  return absl::OkStatus();
+}
+
+absl::Status TcpReceiver::Drain(Conn* conn, uint64_t bytes) {
+  std::vector<uint8_t>& scratch = conn->scratch;
+  if (scratch.empty()) scratch.resize(kScratchBytes);
+  while (bytes > 0) {
+    const size_t n = std::min<uint64_t>(bytes, scratch.size());
+    absl::Status s = ReadBytes(conn->fd.get(), scratch.data(), n, options_.io_timeout);
+    if (!s.ok()) return s;
+    bytes -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
+                                     const std::string& meta) {
+  wire::DataMeta d;
+  absl::Status s = wire::DecodeDataMeta(meta, &d);
+  if (!s.ok()) return s;
+  const size_t region = options_.layout.region_bytes();
+  if (d.payload_len != d.blocks.size() * region) {
+    Reject(conn, d.transfer_id, d.attempt,
+           absl::InvalidArgumentError(absl::StrCat("DATA payload of ", d.payload_len, " bytes for ",
+                                                   d.blocks.size(), " regions of ", region,
+                                                   " bytes")));
+    return Drain(conn, d.payload_len);
+  }
+  absl::StatusOr<ReceiverCore::Ticket> ticket =
+      core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks);
+  if (!ticket.ok()) {
+    Reject(conn, d.transfer_id, d.attempt, ticket.status());
+    return Drain(conn, d.payload_len);
+  }
+  const FaultInjector::Decision fault = faults_.Next();
+  if (fault.any()) core_->counters().faults_injected.fetch_add(1, std::memory_order_relaxed);
+  if (fault.delay > absl::ZeroDuration()) absl::SleepFor(fault.delay);
+  if (fault.close) {
+    core_->EndData(*ticket, absl::UnavailableError("fault injection closed the connection"));
+    return absl::UnavailableError("fault injection closed the connection");
+  }
+  std::mutex* io_mu = core_->io_mutex(*ticket);
+  std::vector<uint8_t>& scratch = conn->scratch;
+  if (scratch.empty()) scratch.resize(kScratchBytes);
+  IoGuard guard;
+  guard.mu = io_mu;
+  guard.valid = [&] { return core_->Writable(*ticket); };
+  guard.scratch = scratch.data();
+  guard.scratch_len = scratch.size();
+  IovCursor cur;
+  for (uint8_t* r : ticket->regions) cur.Add(r, region);
+  s = ReadAll(conn->fd.get(), &cur, options_.io_timeout, &guard);
+  if (!s.ok()) {
+    core_->EndData(*ticket, s);
+    return s;
+  }
+  if (fault.drop) return absl::OkStatus();  // as if it never arrived: FINISH finds it missing
+  absl::Status verdict;
+  {
+    std::lock_guard<std::mutex> lock(*io_mu);
+    if (!core_->Writable(*ticket)) return absl::OkStatus();
+    if (fault.corrupt && !ticket->regions.empty()) {
+      ticket->regions[fault.corrupt_position % ticket->regions.size()]
+                     [(fault.corrupt_position >> 20) % region] ^= 0x5a;
+    }
+    if (prefix.flags & wire::kFlagChecksum) {
+      uint32_t crc = 0;
+      for (uint8_t* r : ticket->regions) crc = Crc32c(crc, r, region);
+      if (crc != d.payload_crc) {
+        core_->counters().checksum_failures.fetch_add(1, std::memory_order_relaxed);
+        verdict = absl::DataLossError(absl::StrCat("checksum mismatch in layer ", d.layer,
+                                                   " of transfer ", d.transfer_id, " attempt ",
+                                                   d.attempt, " (", d.blocks.size(), " regions)"));
+      }
+    }
+  }
+  core_->EndData(*ticket, verdict);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::kvtransfer::tcp

@@ -1,0 +1,78 @@
+#pragma once
+
+// The TCP transport's receiving side (decode worker). Threads: one acceptor (poll with a 100 ms
+// timeout, also reaps finished connections), one reader per connection (handshake, then
+// messages in order, payloads read with readv straight into the KV regions), and the
+// ReceiverCore's event loop (outcomes, deadlines, RESULT messages to senders).
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "kvtransfer/faults.h"
+#include "kvtransfer/receiver_core.h"
+#include "kvtransfer/tcp/socket.h"
+#include "kvtransfer/tcp/wire.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem::kvtransfer::tcp {
+
+class TcpReceiver : public KvReceiver {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvReceiver>> Create(const ReceiverOptions& options,
+                                                            KvRegionAccess* access,
+                                                            CompletionCallback on_complete);
+  ~TcpReceiver() override;
+
+  std::string endpoint() const override { return endpoint_; }
+  uint64_t incarnation() const override { return incarnation_; }
+  void Expect(const Expectation& expectation) override { core_->Expect(expectation); }
+  void Cancel(uint64_t transfer_id) override { core_->Cancel(transfer_id); }
+  int64_t num_in_flight() const override { return core_->num_in_flight(); }
+  TransportStats stats() const override { return core_->counters().Snapshot(); }
+
+ private:
+  struct Conn {
+    Fd fd;
+    uint64_t owner = 0;
+    std::string peer;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+    std::mutex write_mu;
+    std::vector<uint8_t> scratch;  // reader thread: discarded payloads
+    // The last (transfer, attempt) rejected, so a stream of its DATA gets one RESULT.
+    uint64_t rejected_id = 0;
+    int64_t rejected_attempt = -1;
+  };
+
+  TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
+              CompletionCallback on_complete);
+  void AcceptLoop();
+  void Serve(const std::shared_ptr<Conn>& conn);
+  absl::Status Handshake(Conn* conn);
+  absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool idle_ok);
+  absl::Status HandleBegin(const std::shared_ptr<Conn>& conn, const std::string& meta);
+  absl::Status HandleData(Conn* conn, const wire::Prefix& prefix, const std::string& meta);
+  absl::Status Drain(Conn* conn, uint64_t bytes);
+  void Reject(Conn* conn, uint64_t transfer_id, uint32_t attempt, const absl::Status& status);
+  absl::Status Send(Conn* conn, wire::FrameType type, const std::string& meta);
+  void ReapFinished(bool all);
+
+  const ReceiverOptions options_;
+  const uint64_t incarnation_;
+  FaultInjector faults_;
+  Fd listen_fd_;
+  std::string endpoint_;
+  std::atomic<bool> stopping_{false};
+  std::mutex conns_mu_;
+  std::list<std::shared_ptr<Conn>> conns_;
+  std::thread acceptor_;
+  std::unique_ptr<ReceiverCore> core_;
+};
+
+}  // namespace tandem::kvtransfer::tcp

@@ -1,0 +1,216 @@
+#pragma once
+
+// KV-cache transfer between workers (DESIGN §5). A prefill worker (sender) pushes regions of
+// its KV pool -- one region is one (layer, block) pair, laid out as the backends define it --
+// into blocks a decode worker (receiver) reserved for the request. Implementations: "tcp"
+// (host memory, zero-copy scatter/gather, checksum per message), "loopback" (in-process, for
+// tests) and "nccl" (device memory; built with CUDA).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/dtype.h"
+#include "kvtransfer/faults.h"
+
+namespace tandem::kvtransfer {
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// What both sides must agree on before any byte moves. Exchanged at connect time; a mismatch
+// refuses the connection with a message naming the field.
+struct KvLayout {
+  std::string model_id;
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t block_size = 0;
+  DType kv_dtype = DType::kF32;
+  uint32_t protocol_version = kProtocolVersion;
+
+  // Bytes of one (layer, block) region: [2][num_kv_heads][block_size][head_dim] of kv_dtype.
+  size_t region_bytes() const {
+    return static_cast<size_t>(2 * num_kv_heads * block_size * head_dim) * DTypeSize(kv_dtype);
+  }
+};
+
+// OK when `peer` can exchange KV with `local`; else FAILED_PRECONDITION naming the first field
+// that differs, with both values.
+absl::Status CheckCompatible(const KvLayout& local, const KvLayout& peer);
+
+// Access to the KV pool's bytes. For host memory (the CPU backend) Region returns a pointer the
+// transport reads from / writes into directly (zero copy). Regions of blocks taking part in a
+// transfer are stable: the sender's blocks are held and the receiver's are reserved and unused
+// until the transfer completes.
+class KvRegionAccess {
+ public:
+  virtual ~KvRegionAccess() = default;
+  virtual uint8_t* Region(int64_t layer, int32_t block) = 0;
+  virtual int64_t num_blocks() const = 0;
+};
+
+// Counters a transport keeps for metrics (DESIGN §7: KV transfer time and bytes). Monotonic
+// since creation; read them with stats() and export deltas.
+struct TransportStats {
+  uint64_t bytes = 0;                // KV payload bytes sent (sender) or accepted (receiver)
+  uint64_t frames = 0;               // DATA messages sent / accepted
+  uint64_t transfers_started = 0;    // attempts begun
+  uint64_t transfers_ok = 0;         // attempts completed and verified
+  uint64_t transfers_failed = 0;     // attempts that ended with an error (incl. aborts, deadlines)
+  uint64_t checksum_failures = 0;    // DATA messages whose checksum did not match (receiver)
+  uint64_t deadline_expired = 0;     // attempts failed by their deadline
+  uint64_t connects = 0;             // handshakes completed (sender: outgoing; receiver: accepted)
+  uint64_t handshakes_refused = 0;   // layout / protocol mismatches at connect time
+  uint64_t connections_lost = 0;     // connections that failed while open
+  uint64_t faults_injected = 0;      // fault-injection actions taken (TANDEM_FAULTS)
+  uint64_t transfer_micros_sum = 0;  // Begin -> verified, summed over transfers_ok (sender)
+  uint64_t transfer_micros_max = 0;
+};
+
+// The channel the NCCL transport uses for its control messages (handshake, communicator
+// setup with the ncclUniqueId, per-transfer begin/finish). The worker code carries `request`
+// to the decode worker at `endpoint` (e.g. over its gRPC control service), hands it to that
+// worker's KvReceiver::HandleControl and returns the reply. Unused by tcp and loopback.
+using ControlChannel = std::function<absl::StatusOr<std::string>(const std::string& endpoint,
+                                                                 const std::string& request)>;
+
+// ---------------------------------------------------------------- receiver (decode worker)
+
+struct ReceiverOptions {
+  std::string transport = "tcp";   // tcp | loopback | nccl
+  std::string host = "127.0.0.1";  // tcp: address to listen on
+  int port = 0;                    // tcp: 0 picks a free port
+  KvLayout layout;
+  // loopback / nccl: the endpoint name senders use; empty picks a unique one.
+  std::string name;
+  // tcp: a connection that makes no progress inside a message for this long is broken.
+  absl::Duration io_timeout = absl::Seconds(10);
+  // tcp: time a new connection has to send its HELLO.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // An attempt whose sender went silent is failed this long after its deadline (the sender
+  // normally aborts it at the deadline itself).
+  absl::Duration deadline_grace = absl::Seconds(2);
+  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  FaultOptions faults;
+  bool faults_from_env = true;
+  // nccl: CUDA device of the KV pool and the most communicators kept (each costs memory).
+  int cuda_device = 0;
+  int max_communicators = 8;
+};
+
+// The outcome of one expected transfer.
+struct CompletedTransfer {
+  uint64_t transfer_id = 0;
+  absl::Status status;   // OK; DATA_LOSS (checksum), ABORTED (sender gave up), ...
+  std::string trailer;   // opaque bytes the sender attached to Finish (e.g. first tokens)
+  uint32_t attempt = 0;  // the attempt that ended
+};
+
+struct Expectation {
+  uint64_t transfer_id = 0;
+  // Blocks the sender may write, in the order of the sender's block list; every layer of each.
+  std::vector<int32_t> dst_blocks;
+};
+
+class KvReceiver {
+ public:
+  using CompletionCallback = std::function<void(const CompletedTransfer&)>;
+  virtual ~KvReceiver() = default;
+
+  // "host:port" for tcp, a name for loopback: what senders connect to.
+  virtual std::string endpoint() const = 0;
+  // Random per process start; senders check it so a restarted receiver is never fed a
+  // transfer reserved by its previous life.
+  virtual uint64_t incarnation() const = 0;
+
+  // Registers a transfer before the sender starts. Thread-safe. Data for unknown transfers,
+  // or for blocks outside dst_blocks, is discarded and the sender told so.
+  virtual void Expect(const Expectation& expectation) = 0;
+  // Forgets a transfer (request cancelled or lease expired); late data is discarded.
+  virtual void Cancel(uint64_t transfer_id) = 0;
+  // Transfers expected and not yet completed.
+  virtual int64_t num_in_flight() const = 0;
+
+  virtual TransportStats stats() const { return {}; }
+  // nccl: answers a control message a sender sent through its ControlChannel. Thread-safe;
+  // may block while a communicator is set up. Other transports: UNIMPLEMENTED.
+  virtual absl::StatusOr<std::string> HandleControl(const std::string& request) {
+    return absl::UnimplementedError("this kv transport has no control channel");
+  }
+};
+
+// `on_complete` runs on a transport thread once per transfer attempt that ends (success or
+// failure). After a failure the expectation stays registered, so the router can retry the
+// prefill (possibly from another sender) into the same blocks: a new attempt resets it.
+absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
+    const ReceiverOptions& options, KvRegionAccess* access,
+    KvReceiver::CompletionCallback on_complete);
+
+// ---------------------------------------------------------------- sender (prefill worker)
+
+struct SenderOptions {
+  std::string transport = "tcp";
+  KvLayout layout;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // tcp: CRC32C per DATA message (verified by the receiver). Off only for benchmarks.
+  bool checksum = true;
+  // tcp: a connection that makes no progress inside a message for this long is broken.
+  absl::Duration io_timeout = absl::Seconds(10);
+  // tcp: a layer is split into DATA messages of at most this many payload bytes, so that
+  // transfers sharing a connection interleave.
+  size_t max_message_bytes = 4 << 20;
+  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  FaultOptions faults;
+  bool faults_from_env = true;
+  // nccl: control messages to receivers, the CUDA device of the KV pool, and the most
+  // communicators kept open at once (least recently used idle ones are destroyed first).
+  ControlChannel control_channel;
+  int cuda_device = 0;
+  int max_communicators = 8;
+};
+
+struct TransferTarget {
+  std::string endpoint;      // the receiver's endpoint()
+  uint64_t incarnation = 0;  // the receiver's incarnation() when it reserved the blocks
+  uint64_t transfer_id = 0;
+  uint32_t attempt = 0;  // increases on each retry of the same transfer
+  std::vector<int32_t> dst_blocks;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+using TransferHandle = uint64_t;
+
+class KvSender {
+ public:
+  using DoneCallback = std::function<void(absl::Status)>;
+  virtual ~KvSender() = default;
+
+  // Starts a transfer of src_blocks[i] -> target.dst_blocks[i] (same count). Connects (and
+  // handshakes) to the endpoint if needed. Errors: the layouts differ, the receiver's
+  // incarnation changed, the endpoint is unreachable.
+  virtual absl::StatusOr<TransferHandle> Begin(const TransferTarget& target,
+                                               std::vector<int32_t> src_blocks) = 0;
+  // Queues layer `layer` of every block of the transfer. Never blocks the caller (the engine
+  // thread): bytes are read from the regions later by the transport's thread, so the regions
+  // must stay untouched until the transfer is done.
+  virtual void SendLayer(TransferHandle handle, int64_t layer) = 0;
+  // After the last layer: sends `trailer` and calls `done` once the receiver has verified
+  // everything (OK), or with the failure (checksum mismatch, deadline, connection lost, ...).
+  virtual void Finish(TransferHandle handle, std::string trailer, DoneCallback done) = 0;
+  // Gives up; `done` (if Finish was called) runs with ABORTED. The receiver is told.
+  virtual void Abort(TransferHandle handle) = 0;
+  // Handles begun and not yet ended by Finish (outcome delivered) or Abort.
+  virtual int64_t num_in_flight() const = 0;
+
+  virtual TransportStats stats() const { return {}; }
+};
+
+absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
+                                                       KvRegionAccess* access);
+
+}  // namespace tandem::kvtransfer
