@@ -14,8 +14,16 @@ if(NOT WITH_CUDA STREQUAL "OFF")
   endif()
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # Hopper (H100/H200) and Ampere (A100). Never "native": build machines have no GPU.
-      set(CMAKE_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures")
+      # Ampere (A100) and Hopper (H100/H200) as machine code, plus Blackwell (B200, sm_100) with
+      # PTX for later GPUs when this nvcc knows it (CUDA >= 12.8). Never "native": build machines
+      # have no GPU.
+      set(tandem_cuda_archs "80-real;90")
+      execute_process(COMMAND "${CMAKE_CUDA_COMPILER}" --list-gpu-arch
+                      OUTPUT_VARIABLE tandem_nvcc_archs ERROR_QUIET RESULT_VARIABLE tandem_nvcc_rc)
+      if(tandem_nvcc_rc EQUAL 0 AND tandem_nvcc_archs MATCHES "compute_100")
+        set(tandem_cuda_archs "80-real;90-real;100")
+      endif()
+      set(CMAKE_CUDA_ARCHITECTURES "${tandem_cuda_archs}" CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)

@@ -1,0 +1,244 @@
+// Paged attention: one kernel for prefill tiles and decode tokens (flash-style online softmax over
+// key chunks staged in shared memory), plus the merge of key-range splits (flash-decoding).
+//
+// Block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
+// head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
+//   1. stage K and V of the chunk (f32) through the block table;
+//   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
+//   3. per row: m' = max(m, max_j s), p = exp(s - m'), l = l * exp(m - m') + sum p;
+//   4. o[r][:] = o[r][:] * exp(m - m') + sum_j p[r][j] v_j.
+// Output o / l (0 where a row saw no key), or, for split items, o / l with (m, l) to the partial
+// buffers for MergeSplitsKernel.
+
+#include "common/engine/backend/cuda/device_compat.cuh"
+#include "common/engine/backend/cuda/kernels.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kChunk = kAttentionKeyChunk;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+struct SharedLayout {
+  int64_t q, k, v, s, o, m, l, corr, ctx, begin, total;  // offsets in 4-byte words
+};
+
+TANDEM_HOST_DEVICE SharedLayout Layout(int rows, int head_dim, int max_tokens) {
+  SharedLayout L;
+  L.q = 0;
+  L.k = L.q + static_cast<int64_t>(rows) * head_dim;
+  L.v = L.k + static_cast<int64_t>(kChunk) * (head_dim + 1);
+  L.s = L.v + static_cast<int64_t>(kChunk) * head_dim;
+  L.o = L.s + static_cast<int64_t>(rows) * kChunk;
+  L.m = L.o + static_cast<int64_t>(rows) * head_dim;
+  L.l = L.m + rows;
+  L.corr = L.l + rows;
+  L.ctx = L.corr + rows;
+  L.begin = L.ctx + max_tokens;
+  L.total = L.begin + max_tokens;
+  return L;
+}
+
+template <class KT>
+TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
+  TANDEM_DYNAMIC_SHARED(float, sm);
+  const AttentionItem it = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int hd = a.kv.head_dim, num_kv_heads = a.kv.num_kv_heads, bs = a.kv.block_size;
+  const int group = a.num_heads / num_kv_heads;
+  const int ntok = it.num_tokens, rows = ntok * group;
+  const int ldk = hd + 1;
+  const SharedLayout L = Layout(rows, hd, ntok);
+  float* qs = sm + L.q;
+  float* ks = sm + L.k;
+  float* vs = sm + L.v;
+  float* ss = sm + L.s;
+  float* os = sm + L.o;
+  float* ms = sm + L.m;
+  float* ls = sm + L.l;
+  float* cs = sm + L.corr;
+  int* tctx = reinterpret_cast<int*>(sm + L.ctx);
+  int* tbegin = reinterpret_cast<int*>(sm + L.begin);
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const float scale = 1.0f / dev::Sqrt(static_cast<float>(hd));
+
+  for (int i = tid; i < rows * hd; i += nthreads) {
+    const int r = i / hd, d = i % hd;
+    const int64_t t = it.token_begin + r / group;
+    const int h = kvh * group + r % group;
+    qs[i] = a.q[t * a.ldq + static_cast<int64_t>(h) * hd + d] * scale;
+    os[i] = 0.0f;
+  }
+  for (int r = tid; r < rows; r += nthreads) {
+    ms[r] = kNegInf;
+    ls[r] = 0.0f;
+  }
+  for (int i = tid; i < ntok; i += nthreads) {
+    const int ctx = a.context_lens[it.token_begin + i];
+    tctx[i] = ctx;
+    tbegin[i] = (a.sliding_window > 0 && ctx > a.sliding_window) ? ctx - a.sliding_window : 0;
+  }
+  dev::SyncThreads();
+
+  // Key range of the whole tile: the union of its rows' ranges, within [kv_begin, kv_end).
+  int lo = it.kv_end, hi = it.kv_begin;
+  for (int i = 0; i < ntok; ++i) {
+    if (tctx[i] <= tbegin[i]) continue;
+    lo = tbegin[i] < lo ? tbegin[i] : lo;
+    hi = tctx[i] > hi ? tctx[i] : hi;
+  }
+  lo = lo > it.kv_begin ? lo : it.kv_begin;
+  hi = hi < it.kv_end ? hi : it.kv_end;
+
+  const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * a.table_stride;
+  const KT* pool = static_cast<const KT*>(a.kv.base);
+  const int64_t block_elems = 2LL * num_kv_heads * bs * hd;
+  const int64_t k_head = static_cast<int64_t>(kvh) * bs * hd;
+  const int64_t v_head = static_cast<int64_t>(num_kv_heads + kvh) * bs * hd;
+
+  for (int c0 = lo; c0 < hi; c0 += kChunk) {
+    const int n = hi - c0 < kChunk ? hi - c0 : kChunk;
+    for (int i = tid; i < kChunk * hd; i += nthreads) {
+      const int j = i / hd, d = i % hd;
+      float kval = 0.0f, vval = 0.0f;
+      if (j < n) {
+        const int pos = c0 + j;
+        const int64_t base =
+            table[pos / bs] * block_elems + static_cast<int64_t>(pos % bs) * hd + d;
+        kval = dev::Load(pool + base + k_head);
+        vval = dev::Load(pool + base + v_head);
+      }
+      ks[j * ldk + d] = kval;
+      vs[j * hd + d] = vval;
+    }
+    dev::SyncThreads();
+    for (int i = tid; i < rows * kChunk; i += nthreads) {
+      const int r = i / kChunk, j = i % kChunk;
+      const int tl = r / group, pos = c0 + j;
+      float s = kNegInf;
+      if (j < n && pos >= tbegin[tl] && pos < tctx[tl]) {
+        const float* qr = qs + r * hd;
+        const float* kr = ks + j * ldk;
+        float acc = 0.0f;
+        for (int d = 0; d < hd; ++d) acc += qr[d] * kr[d];
+        s = acc;
+      }
+      ss[i] = s;
+    }
+    dev::SyncThreads();
+    for (int r = tid; r < rows; r += nthreads) {
+      float* sr = ss + r * kChunk;
+      const float m_old = ms[r];
+      float mx = m_old;
+      for (int j = 0; j < kChunk; ++j) mx = sr[j] > mx ? sr[j] : mx;
+      float corr = 1.0f;
+      if (mx == kNegInf) {  // nothing visible yet in this row
+        for (int j = 0; j < kChunk; ++j) sr[j] = 0.0f;
+      } else {
+        corr = dev::Exp(m_old - mx);  // exp(-inf) = 0 for the first visible chunk
+        float sum = 0.0f;
+        for (int j = 0; j < kChunk; ++j) {
+          const float p = dev::Exp(sr[j] - mx);
+          sr[j] = p;
+          sum += p;
+        }
+        ls[r] = ls[r] * corr + sum;
+        ms[r] = mx;
+      }
+      cs[r] = corr;
+    }
+    dev::SyncThreads();
+    for (int i = tid; i < rows * hd; i += nthreads) {
+      const int r = i / hd, d = i % hd;
+      const float* pr = ss + r * kChunk;
+      float acc = os[i] * cs[r];
+      for (int j = 0; j < n; ++j) acc += pr[j] * vs[j * hd + d];
+      os[i] = acc;
+    }
+    dev::SyncThreads();
+  }
+
+  for (int i = tid; i < rows * hd; i += nthreads) {
+    const int r = i / hd, d = i % hd;
+    const int tl = r / group;
+    const int h = kvh * group + r % group;
+    const float l = ls[r];
+    const float value = l > 0.0f ? os[i] / l : 0.0f;
+    if (it.partial < 0) {
+      a.out[static_cast<int64_t>(it.token_begin + tl) * a.ldo + static_cast<int64_t>(h) * hd + d] =
+          value;
+    } else {
+      const int64_t cell =
+          (static_cast<int64_t>(it.partial + tl) * kMaxAttentionSplits + it.split) * a.num_heads +
+          h;
+      a.partial_out[cell * hd + d] = value;
+      if (d == 0) {
+        a.partial_ml[cell * 2] = ms[r];
+        a.partial_ml[cell * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+// out[token][h][:] = sum_s w_s o_s / sum_s w_s with w_s = l_s exp(m_s - max_s m_s).
+TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
+  const CombineItem c = a.combines[blockIdx.x];
+  const int h = blockIdx.y;
+  const int hd = a.kv.head_dim;
+  const int64_t first = static_cast<int64_t>(c.slot) * kMaxAttentionSplits * a.num_heads + h;
+  float mx = kNegInf;
+  for (int s = 0; s < c.num_splits; ++s) {
+    const float* ml = a.partial_ml + (first + static_cast<int64_t>(s) * a.num_heads) * 2;
+    if (ml[1] > 0.0f && ml[0] > mx) mx = ml[0];
+  }
+  float* out = a.out + static_cast<int64_t>(c.token) * a.ldo + static_cast<int64_t>(h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    if (mx != kNegInf) {
+      for (int s = 0; s < c.num_splits; ++s) {
+        const int64_t cell = first + static_cast<int64_t>(s) * a.num_heads;
+        const float l = a.partial_ml[cell * 2 + 1];
+        if (!(l > 0.0f)) continue;
+        const float w = l * dev::Exp(a.partial_ml[cell * 2] - mx);
+        num += w * a.partial_out[cell * hd + d];
+        den += w;
+      }
+    }
+    out[d] = den > 0.0f ? num / den : 0.0f;
+  }
+}
+
+}  // namespace
+
+size_t AttentionSharedBytes(int rows, int head_dim) {
+  // Tiles never hold more tokens than rows.
+  return static_cast<size_t>(Layout(rows, head_dim, rows).total) * 4;
+}
+
+cudaError_t ConfigureAttention(size_t bytes) {
+  cudaError_t err = cudaFuncSetAttribute(
+      AttentionKernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err != cudaSuccess) return err;
+  return cudaFuncSetAttribute(AttentionKernel<uint16_t>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.num_items == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(args.num_items),
+                  static_cast<unsigned>(args.kv.num_kv_heads));
+  const size_t smem = AttentionSharedBytes(args.max_tile_rows, args.kv.head_dim);
+  if (args.kv.is_bf16) {
+    TANDEM_LAUNCH(AttentionKernel<uint16_t>, grid, kAttentionThreads, smem, stream, args);
+  } else {
+    TANDEM_LAUNCH(AttentionKernel<float>, grid, kAttentionThreads, smem, stream, args);
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || args.num_combines == 0) return err;
+  const dim3 merge_grid(static_cast<unsigned>(args.num_combines),
+                        static_cast<unsigned>(args.num_heads));
+  TANDEM_LAUNCH(MergeSplitsKernel, merge_grid, 64, 0, stream, args);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

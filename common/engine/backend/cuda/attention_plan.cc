@@ -1,0 +1,88 @@
+#include "common/engine/backend/cuda/attention_plan.h"
+
+#include <algorithm>
+
+namespace tandem::cuda {
+namespace {
+
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Appends the items of one tile over keys [lo, hi), split when allowed.
+void AddTile(int32_t token_begin, int32_t num_tokens, int32_t table_row, int32_t lo, int32_t hi,
+             const AttentionPlanOptions& options, AttentionPlan* plan) {
+  plan->max_tile_rows = std::max(plan->max_tile_rows, num_tokens * options.group);
+  const int64_t len = hi - lo;
+  int splits = 1;
+  if (num_tokens <= options.split_max_tokens && len > options.partition &&
+      plan->partial_slots + num_tokens <= options.max_partial_slots) {
+    splits = std::min<int>(kMaxAttentionSplits, CeilDiv(len, options.partition));
+  }
+  if (splits <= 1) {
+    plan->items.push_back(AttentionItem{token_begin, num_tokens, table_row, lo, hi, -1, 0, 0});
+    return;
+  }
+  const int span = CeilDiv(CeilDiv(len, splits), kAttentionKeyChunk) * kAttentionKeyChunk;
+  splits = CeilDiv(len, span);
+  const int32_t slot = plan->partial_slots;
+  plan->partial_slots += num_tokens;
+  for (int s = 0; s < splits; ++s) {
+    const int32_t begin = lo + s * span;
+    const int32_t end = std::min<int32_t>(hi, begin + span);
+    plan->items.push_back(
+        AttentionItem{token_begin, num_tokens, table_row, begin, end, slot, s, 0});
+  }
+  for (int32_t i = 0; i < num_tokens; ++i) {
+    plan->combines.push_back(CombineItem{token_begin + i, slot + i, splits, 0});
+  }
+}
+
+}  // namespace
+
+AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t>& context_lens,
+                            int32_t sliding_window, const AttentionPlanOptions& options) {
+  AttentionPlan plan;
+  const int tile = std::max(1, options.max_tile_tokens);
+  for (size_t s = 0; s < batch.seqs.size(); ++s) {
+    const ForwardSeq& seq = batch.seqs[s];
+    for (int32_t first = 0; first < seq.num_tokens; first += tile) {
+      const int32_t count = std::min(tile, seq.num_tokens - first);
+      const int32_t begin = seq.token_begin + first;
+      int32_t lo = INT32_MAX, hi = 0;
+      for (int32_t t = begin; t < begin + count; ++t) {
+        const int32_t ctx = context_lens[t];
+        const int32_t start = sliding_window > 0 && ctx > sliding_window ? ctx - sliding_window : 0;
+        if (ctx <= start) continue;
+        lo = std::min(lo, start);
+        hi = std::max(hi, ctx);
+      }
+      if (hi <= lo) lo = hi = 0;
+      AddTile(begin, count, static_cast<int32_t>(s), lo, hi, options, &plan);
+    }
+  }
+  return plan;
+}
+
+AttentionPlan PlanDecodeGraph(int batch, int context_bucket, const AttentionPlanOptions& options) {
+  AttentionPlan plan;
+  plan.max_tile_rows = options.group;
+  int splits = std::clamp(context_bucket / std::max(1, options.partition), 1, kMaxAttentionSplits);
+  if (batch > options.max_partial_slots) splits = 1;
+  const int span =
+      CeilDiv(CeilDiv(context_bucket, splits), kAttentionKeyChunk) * kAttentionKeyChunk;
+  splits = CeilDiv(context_bucket, span);
+  for (int32_t i = 0; i < batch; ++i) {
+    if (splits == 1) {
+      plan.items.push_back(AttentionItem{i, 1, i, 0, context_bucket, -1, 0, 0});
+      continue;
+    }
+    for (int s = 0; s < splits; ++s) {
+      plan.items.push_back(
+          AttentionItem{i, 1, i, s * span, std::min(context_bucket, (s + 1) * span), i, s, 0});
+    }
+    plan.combines.push_back(CombineItem{i, i, splits, 0});
+  }
+  plan.partial_slots = splits == 1 ? 0 : batch;
+  return plan;
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,50 @@
+#pragma once
+
+// The CUDA backend: the same Backend interface as the CPU backend, running Llama-family forward
+// passes on one GPU. This header needs no CUDA headers; see README.md for streams, graphs and
+// memory ownership.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/engine/backend/backend.h"
+#include "common/engine/model/model.h"
+
+namespace tandem {
+
+struct CudaBackendOptions {
+  int device = 0;                 // CUDA device index
+  int64_t block_size = 16;        // tokens per KV block
+  DType kv_dtype = DType::kBF16;  // kF32 or kBF16
+  // KV pool size: num_blocks > 0 is taken as is; otherwise the pool takes what is left of
+  // gpu_memory_utilization * total device memory once weights and buffers are allocated.
+  int64_t num_blocks = 0;
+  double gpu_memory_utilization = 0.9;
+  // Initial capacity of the per-step buffers (grown on demand; growing drops captured graphs).
+  int64_t max_num_tokens = 2048;
+  int64_t max_num_seqs = 256;
+  int64_t max_model_len = 0;  // 0: the model's max_position_embeddings (capped at 131072)
+  // Decode steps (one token per sequence, every logit wanted, no per-layer hook) replay CUDA
+  // graphs captured per (batch-size bucket, context-length bucket) for up to max_graph_batch
+  // sequences.
+  bool cuda_graphs = true;
+  int64_t max_graph_batch = 256;
+  // bf16 weights: round activations to bf16 for the matrix products (faster prefill, ~3
+  // significant digits) instead of the default hi/lo split (see gemm.h).
+  bool bf16_activations = false;
+};
+
+// True when the CUDA runtime sees at least one device. Otherwise false with the reason in `why`
+// (no driver, no device, CUDA_VISIBLE_DEVICES hides them, ...), fit for an error message.
+bool CudaDeviceAvailable(std::string* why);
+
+// "NVIDIA H200 (sm_90, 132 SMs, 140 GiB)" or the reason it cannot be described.
+std::string CudaDeviceDescription(int device);
+
+// Uploads the weights to `options.device` and allocates the KV pool there.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const Model> model,
+                                                           const CudaBackendOptions& options);
+
+}  // namespace tandem

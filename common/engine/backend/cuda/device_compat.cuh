@@ -1,0 +1,116 @@
+#pragma once
+
+// What kernel sources (*.cu) use instead of CUDA keywords and intrinsics, so that the same source
+// compiles with nvcc for the GPU and with the host compiler against the CPU emulator
+// (emulation/emulator.h, TANDEM_CUDA_EMULATION) for tests on machines without a GPU:
+//   TANDEM_GLOBAL / TANDEM_DEVICE / TANDEM_HOST_DEVICE   function qualifiers
+//   TANDEM_SHARED                                         static shared arrays
+//   TANDEM_DYNAMIC_SHARED(T, name)                        `T* name` = dynamic shared memory
+//   TANDEM_LAUNCH(kernel, grid, block, smem, stream, args...)
+//   dev::SyncThreads(), dev::ShflXor(v, m), dev::Exp(x), dev::BitsToFloat(u), dev::FloatToBits(f)
+// threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
+// a warp converged at shuffles and every thread of a block at SyncThreads (the emulator checks).
+
+#include <cstdint>
+
+#include "common/engine/backend/cuda/cuda_api.h"
+
+#if defined(TANDEM_CUDA_EMULATION)
+
+#include <cmath>
+#include <cstring>
+
+#define TANDEM_GLOBAL
+#define TANDEM_DEVICE inline
+#define TANDEM_HOST_DEVICE inline
+#define TANDEM_SHARED static
+#define TANDEM_DYNAMIC_SHARED(T, name) \
+  T* name = static_cast<T*>(::tandem::cuda_emu::DynamicShared())
+#define TANDEM_LAUNCH(kernel, grid, block, smem, stream, ...)        \
+  ::tandem::cuda_emu::Launch(kernel, ::tandem::cuda_emu::Dim3(grid), \
+                             ::tandem::cuda_emu::Dim3(block), smem, stream, __VA_ARGS__)
+#define threadIdx (::tandem::cuda_emu::ThreadIdx())
+#define blockIdx (::tandem::cuda_emu::BlockIdx())
+#define blockDim (::tandem::cuda_emu::BlockDim())
+#define gridDim (::tandem::cuda_emu::GridDim())
+
+namespace tandem::cuda::dev {
+inline void SyncThreads() { ::tandem::cuda_emu::SyncThreads(); }
+inline float ShflXor(float v, int lane_mask) {
+  return ::tandem::cuda_emu::ShuffleXor(v, lane_mask);
+}
+inline float Exp(float x) { return std::exp(x); }
+inline float Sqrt(float x) { return std::sqrt(x); }
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline uint32_t FloatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+}  // namespace tandem::cuda::dev
+
+#else  // nvcc
+
+#define TANDEM_GLOBAL __global__
+#define TANDEM_DEVICE __device__ __forceinline__
+#define TANDEM_HOST_DEVICE __host__ __device__ __forceinline__
+#define TANDEM_SHARED __shared__
+#define TANDEM_DYNAMIC_SHARED(T, name)                                  \
+  extern __shared__ __align__(16) unsigned char tandem_dynamic_smem_[]; \
+  T* name = reinterpret_cast<T*>(tandem_dynamic_smem_)
+#define TANDEM_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+
+namespace tandem::cuda::dev {
+__device__ __forceinline__ void SyncThreads() { __syncthreads(); }
+__device__ __forceinline__ float ShflXor(float v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
+__device__ __forceinline__ float Exp(float x) { return expf(x); }
+__device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ float BitsToFloat(uint32_t u) { return __uint_as_float(u); }
+__device__ __forceinline__ uint32_t FloatToBits(float f) { return __float_as_uint(f); }
+}  // namespace tandem::cuda::dev
+
+#endif
+
+namespace tandem::cuda::dev {
+
+TANDEM_DEVICE float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+// Round to nearest even; NaN stays NaN (the CPU kernels' conversion, bit for bit).
+TANDEM_DEVICE uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatToBits(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+TANDEM_DEVICE float Load(const float* p) { return *p; }
+TANDEM_DEVICE float Load(const uint16_t* p) { return Bf16ToFloat(*p); }
+TANDEM_DEVICE void Store(float* p, float v) { *p = v; }
+TANDEM_DEVICE void Store(uint16_t* p, float v) { *p = FloatToBf16(v); }
+
+TANDEM_DEVICE float WarpSum(float v) {
+  for (int m = 16; m > 0; m >>= 1) v += ShflXor(v, m);
+  return v;
+}
+
+// Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+// `scratch` holds 32 floats of shared memory; it may be reused after the call.
+TANDEM_DEVICE float BlockSum(float v, float* scratch) {
+  v = WarpSum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  if (lane == 0) scratch[warp] = v;
+  SyncThreads();
+  float t = lane < warps ? scratch[lane] : 0.0f;
+  t = WarpSum(t);
+  SyncThreads();
+  return t;
+}
+
+}  // namespace tandem::cuda::dev

@@ -1,0 +1,2 @@
+// attention_kernels.cu compiled by the host compiler against the CPU emulator.
+#include "common/engine/backend/cuda/attention_kernels.cu"

@@ -1,0 +1,191 @@
+#include "common/engine/backend/cuda/emulation/emulator.h"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+namespace tandem::cuda_emu {
+namespace {
+
+constexpr size_t kStackBytes = 128 * 1024;
+constexpr int kMaxThreads = 1024;
+
+enum class State { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
+
+struct Fiber {
+  ucontext_t context;
+  Dim3 thread_idx;
+  State state = State::kRunnable;
+};
+
+struct Run {
+  ucontext_t scheduler;
+  std::vector<Fiber> fibers;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<unsigned char> smem;
+  std::vector<uint64_t> warp_slots;
+  Dim3 block_idx, block_dim, grid_dim;
+  const std::function<void()>* body = nullptr;
+  int current = -1;
+};
+
+std::mutex g_mutex;  // one grid at a time, process-wide
+Run* g_run = nullptr;
+
+[[noreturn]] void Fail(const char* what) {
+  std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u)\n", what, g_run->block_idx.x,
+               g_run->block_idx.y, g_run->block_idx.z);
+  std::abort();
+}
+
+void Entry() {
+  (*g_run->body)();
+  g_run->fibers[g_run->current].state = State::kDone;
+  // Returning resumes uc_link, the scheduler.
+}
+
+void Yield(State state) {
+  if (g_run == nullptr || g_run->current < 0) Fail("device function called outside a kernel");
+  Fiber& f = g_run->fibers[g_run->current];
+  f.state = state;
+  swapcontext(&f.context, &g_run->scheduler);
+}
+
+// Releases the warps whose live lanes all wait at a warp barrier; else the whole block when every
+// live thread waits at __syncthreads. Returns false on deadlock.
+bool Release(Run& run) {
+  const int n = static_cast<int>(run.fibers.size());
+  bool released = false;
+  for (int w = 0; w * 32 < n; ++w) {
+    int waiting = 0, done = 0, other = 0;
+    const int end = std::min(n, (w + 1) * 32);
+    for (int i = w * 32; i < end; ++i) {
+      State s = run.fibers[i].state;
+      if (s == State::kWarpBarrier) {
+        ++waiting;
+      } else if (s == State::kDone) {
+        ++done;
+      } else {
+        ++other;
+      }
+    }
+    if (waiting == 0) continue;
+    if (done > 0) Fail("warp shuffle or __syncwarp with exited lanes");
+    if (other > 0) continue;  // some lanes still elsewhere (at __syncthreads): divergence
+    for (int i = w * 32; i < end; ++i) run.fibers[i].state = State::kRunnable;
+    released = true;
+  }
+  if (released) return true;
+  bool all_block = true, any = false;
+  for (const Fiber& f : run.fibers) {
+    if (f.state == State::kDone) continue;
+    any = true;
+    if (f.state != State::kBlockBarrier) all_block = false;
+  }
+  if (!any || !all_block) return false;
+  for (Fiber& f : run.fibers) {
+    if (f.state == State::kBlockBarrier) f.state = State::kRunnable;
+  }
+  return true;
+}
+
+void RunBlock(Run& run) {
+  const int n = static_cast<int>(run.fibers.size());
+  for (int i = 0; i < n; ++i) {
+    Fiber& f = run.fibers[i];
+    f.thread_idx = Dim3(i % run.block_dim.x, (i / run.block_dim.x) % run.block_dim.y,
+                        i / (run.block_dim.x * run.block_dim.y));
+    f.state = State::kRunnable;
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = run.stacks[i].get();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &run.scheduler;
+    makecontext(&f.context, &Entry, 0);
+  }
+  std::fill(run.smem.begin(), run.smem.end(), 0xff);
+  for (;;) {
+    for (int i = 0; i < n; ++i) {
+      if (run.fibers[i].state != State::kRunnable) continue;
+      run.current = i;
+      swapcontext(&run.scheduler, &run.fibers[i].context);
+    }
+    run.current = -1;
+    bool all_done = true;
+    for (const Fiber& f : run.fibers) all_done = all_done && f.state == State::kDone;
+    if (all_done) return;
+    if (!Release(run)) Fail("barrier deadlock (__syncthreads not reached by every thread?)");
+  }
+}
+
+void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const int threads = static_cast<int>(block.x * block.y * block.z);
+  if (threads <= 0 || threads > kMaxThreads) {
+    std::fprintf(stderr, "CUDA emulator: bad block size %d\n", threads);
+    std::abort();
+  }
+  static Run* run = new Run();  // stacks are reused across launches
+  run->fibers.assign(threads, Fiber{});
+  while (static_cast<int>(run->stacks.size()) < threads) {
+    run->stacks.push_back(std::make_unique<char[]>(kStackBytes));
+  }
+  run->smem.assign(smem, 0xff);
+  run->warp_slots.assign((threads + 31) / 32 * 32, 0);
+  run->block_dim = block;
+  run->grid_dim = grid;
+  run->body = &body;
+  g_run = run;
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        run->block_idx = Dim3(x, y, z);
+        RunBlock(*run);
+      }
+    }
+  }
+  g_run = nullptr;
+}
+
+}  // namespace
+
+const Dim3& ThreadIdx() { return g_run->fibers[g_run->current].thread_idx; }
+const Dim3& BlockIdx() { return g_run->block_idx; }
+const Dim3& BlockDim() { return g_run->block_dim; }
+const Dim3& GridDim() { return g_run->grid_dim; }
+
+void SyncThreads() { Yield(State::kBlockBarrier); }
+void SyncWarp() { Yield(State::kWarpBarrier); }
+
+uint64_t WarpExchange(uint64_t value, int src_lane) {
+  const int me = g_run->current;
+  const int warp_base = me / 32 * 32;
+  g_run->warp_slots[me] = value;
+  Yield(State::kWarpBarrier);
+  const int src = warp_base + (src_lane & 31);
+  if (src >= static_cast<int>(g_run->fibers.size())) Fail("shuffle from a lane outside the block");
+  const uint64_t out = g_run->warp_slots[src];
+  Yield(State::kWarpBarrier);  // nobody overwrites a slot before every lane has read
+  return out;
+}
+
+void* DynamicShared() { return g_run->smem.data(); }
+
+void RunGrid(Dim3 grid, Dim3 block, size_t dynamic_smem, const void* stream,
+             std::function<void()> body) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    std::fprintf(stderr, "CUDA emulator: empty grid (a real launch fails)\n");
+    std::abort();
+  }
+  if (auto* capture = CaptureList(stream)) {
+    capture->push_back([grid, block, dynamic_smem, body = std::move(body)] {
+      RunGridNow(grid, block, dynamic_smem, body);
+    });
+    return;
+  }
+  RunGridNow(grid, block, dynamic_smem, body);
+}
+
+}  // namespace tandem::cuda_emu

@@ -1,0 +1,281 @@
+#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+struct CUstream_st {
+  CUgraph_st* capturing = nullptr;
+};
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+struct CUgraphExec_st {
+  std::vector<std::function<void()>> ops;
+};
+struct cublasContext {
+  cudaStream_t stream = nullptr;
+};
+
+namespace {
+
+constexpr size_t kTotalMemory = size_t{16} << 30;
+
+std::mutex g_alloc_mutex;
+std::map<void*, size_t>& Allocations() {
+  static auto* m = new std::map<void*, size_t>();
+  return *m;
+}
+size_t g_allocated = 0;
+
+// Runs `op` now, or records it when `stream` is capturing.
+void Enqueue(cudaStream_t stream, std::function<void()> op) {
+  if (stream != nullptr && stream->capturing != nullptr) {
+    stream->capturing->ops.push_back(std::move(op));
+    return;
+  }
+  op();
+}
+
+float LoadElement(const void* p, cudaDataType_t type, size_t index) {
+  if (type == CUDA_R_16BF) {
+    const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[index]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
+  return static_cast<const float*>(p)[index];
+}
+
+}  // namespace
+
+namespace tandem::cuda_emu {
+std::vector<std::function<void()>>* CaptureList(const void* stream) {
+  auto* s = static_cast<CUstream_st*>(const_cast<void*>(stream));
+  return s != nullptr && s->capturing != nullptr ? &s->capturing->ops : nullptr;
+}
+}  // namespace tandem::cuda_emu
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  std::memset(prop, 0, sizeof *prop);
+  std::strncpy(prop->name, "Tandem CUDA emulator (CPU)", sizeof prop->name - 1);
+  prop->totalGlobalMem = kTotalMemory;
+  prop->multiProcessorCount = 4;
+  prop->major = 9;
+  prop->minor = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 4;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 * 1024;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  *total = kTotalMemory;
+  *free = kTotalMemory > g_allocated ? kTotalMemory - g_allocated : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (p == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(p, 0xff, bytes);
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  Allocations()[p] = bytes;
+  g_allocated += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  auto it = Allocations().find(ptr);
+  if (it == Allocations().end()) return cudaErrorInvalidValue;
+  g_allocated -= it->second;
+  Allocations().erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  Enqueue(stream, [=] { std::memmove(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  Enqueue(stream, [=] { std::memset(dst, value, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = new CUstream_st();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return stream != nullptr && stream->capturing != nullptr ? cudaErrorStreamCaptureInvalidated
+                                                           : cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  if (stream == nullptr || stream->capturing != nullptr) return cudaErrorInvalidValue;
+  stream->capturing = new CUgraph_st();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (stream == nullptr || stream->capturing == nullptr) return cudaErrorInvalidValue;
+  *graph = stream->capturing;
+  stream->capturing = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraphExec_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  for (const auto& op : exec->ops) Enqueue(stream, op);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new cublasContext();
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void*, size_t) {
+  return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
+}
+
+// Column-major C = alpha * op(A) * op(B) + beta * C, op(A) m x k, op(B) k x n; beta == 0 does
+// not read C (like cuBLAS).
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (Atype != Btype || Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (m < 0 || n < 0 || k < 0 || lda < (transa == CUBLAS_OP_N ? m : k) ||
+      ldb < (transb == CUBLAS_OP_N ? k : n) || ldc < m) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
+  Enqueue(handle->stream, [=] {
+    float* c = static_cast<float*>(C);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int l = 0; l < k; ++l) {
+          const size_t ai = transa == CUBLAS_OP_N ? i + static_cast<size_t>(l) * lda
+                                                  : l + static_cast<size_t>(i) * lda;
+          const size_t bi = transb == CUBLAS_OP_N ? l + static_cast<size_t>(j) * ldb
+                                                  : j + static_cast<size_t>(l) * ldb;
+          acc += static_cast<double>(LoadElement(A, Atype, ai)) * LoadElement(B, Btype, bi);
+        }
+        float& out = c[i + static_cast<size_t>(j) * ldc];
+        out = b == 0.0f ? static_cast<float>(a * acc) : static_cast<float>(a * acc + b * out);
+      }
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,125 @@
+#pragma once
+
+// Host-only stand-ins for the CUDA runtime and cuBLAS calls the backend makes, with the real
+// names and signatures, for the emulation build (TANDEM_CUDA_EMULATION). "Device" memory is host
+// memory (new allocations are filled with 0xff bytes, so reading an unwritten float gives NaN),
+// every stream operation runs synchronously, graph capture records operations for replay, and
+// cublasGemmEx is a plain column-major loop with double accumulation. One emulated device.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/engine/backend/cuda/emulation/emulator.h"
+
+using dim3 = ::tandem::cuda_emu::Dim3;
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNotSupported = 801,
+  cudaErrorStreamCaptureInvalidated = 901,
+};
+
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
+struct CUgraph_st;
+typedef CUgraph_st* cudaGraph_t;
+struct CUgraphExec_st;
+typedef CUgraphExec_st* cudaGraphExec_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+#define cudaStreamNonBlocking 0x01
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int multiProcessorCount;
+  int major;
+  int minor;
+};
+
+const char* cudaGetErrorName(cudaError_t error);
+const char* cudaGetErrorString(cudaError_t error);
+cudaError_t cudaGetLastError();
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+template <class T>
+cudaError_t cudaMalloc(T** ptr, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* dst, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* /*kernel*/, cudaFuncAttribute /*attr*/, int /*value*/) {
+  return cudaSuccess;
+}
+
+// cuBLAS
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+typedef cudaDataType_t cudaDataType;
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
+
+const char* cublasGetStatusString(cublasStatus_t status);
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo);

@@ -1,0 +1,87 @@
+#include "common/engine/backend/cuda/gemm.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/engine/backend/cuda/kernels.h"
+
+namespace tandem::cuda {
+namespace {
+
+// cuBLAS asks for a user workspace when GEMMs are captured into graphs; 32 MiB covers Hopper.
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+}  // namespace
+
+Gemm::~Gemm() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+absl::Status Gemm::Init(cudaStream_t stream, Bf16Mode mode) {
+  stream_ = stream;
+  mode_ = mode;
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_), "cublasCreate");
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream), "cublasSetStream");
+  if (auto st = workspace_.Allocate(kCublasWorkspaceBytes, "cuBLAS workspace"); !st.ok()) return st;
+  TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(handle_, workspace_.get(), workspace_.bytes()),
+                                "cublasSetWorkspace");
+  return absl::OkStatus();
+}
+
+void Gemm::SetScratch(uint16_t* split, int64_t split_elems, float* stacked, int64_t stack_rows,
+                      int64_t stacked_cols) {
+  split_ = split;
+  split_elems_ = split_elems;
+  stacked_ = stacked;
+  stack_rows_ = stack_rows;
+  stacked_cols_ = stacked_cols;
+}
+
+// Row-major y[M, N] = x[M, K] W[N, K]^T is column-major y^T[N, M] = W^T' x^T' where W (row-major
+// [N, K]) is column-major [K, N] with ld K, transposed; x (row-major, stride ldx) is column-major
+// [K, M] with ld ldx; y^T is column-major [N, M] with ld ldy.
+absl::Status Gemm::GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int64_t ldx,
+                          int64_t columns, float* y, int64_t ldy, float beta) {
+  const float alpha = 1.0f;
+  const cudaDataType_t wtype = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t xtype = x_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  TANDEM_CUBLAS_RETURN_IF_ERROR(
+      cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                   static_cast<int>(columns), static_cast<int>(w.cols), &alpha, w.data, wtype,
+                   static_cast<int>(w.cols), x, xtype, static_cast<int>(ldx), &beta, y, CUDA_R_32F,
+                   static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      absl::StrCat("cublasGemmEx [", columns, " x ", w.cols, "] x [", w.cols, " x ", w.rows, "]"));
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::Run(const float* x, int64_t M, int64_t ldx, const DeviceMatrix& w,
+                       const float* bias, float* y, int64_t ldy) {
+  if (M == 0) return absl::OkStatus();
+  const int64_t K = w.cols, N = w.rows;
+  if (w.dtype == DType::kF32) {
+    if (auto st = GemmEx(w, x, false, ldx, M, y, ldy, 0.0f); !st.ok()) return st;
+    TANDEM_CUDA_RETURN_IF_ERROR(AddBias(y, M, N, ldy, bias, stream_), "AddBias kernel");
+    return absl::OkStatus();
+  }
+  if (w.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("CUDA matmul weights must be f32 or bf16");
+  }
+  const bool split = mode_ == Bf16Mode::kSplit;
+  if ((split ? 2 : 1) * M * K > split_elems_) {
+    return absl::InternalError(absl::StrCat("matmul scratch too small for ", M, " rows of ", K));
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(SplitToBf16(x, M, K, ldx, split, split_, stream_),
+                              "SplitToBf16 kernel");
+  if (split && M <= stack_rows_ && N <= stacked_cols_) {
+    if (auto st = GemmEx(w, split_, true, K, 2 * M, stacked_, N, 0.0f); !st.ok()) return st;
+    TANDEM_CUDA_RETURN_IF_ERROR(CombineSplit(stacked_, M, N, bias, y, ldy, stream_),
+                                "CombineSplit kernel");
+    return absl::OkStatus();
+  }
+  if (auto st = GemmEx(w, split_, true, K, M, y, ldy, 0.0f); !st.ok()) return st;
+  if (split) {
+    if (auto st = GemmEx(w, split_ + M * K, true, K, M, y, ldy, 1.0f); !st.ok()) return st;
+  }
+  TANDEM_CUDA_RETURN_IF_ERROR(AddBias(y, M, N, ldy, bias, stream_), "AddBias kernel");
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,134 @@
+#pragma once
+
+// Host entry points of the CUDA kernels. Each enqueues its work on `stream` and returns the launch
+// status (cudaGetLastError after the launch; cudaSuccess without launching when there is nothing
+// to do). Pointers are device pointers. Arithmetic is fp32 throughout; bf16 appears only as
+// storage (weights, KV cache), converted with round-to-nearest-even like the CPU kernels.
+// The semantics of each op are those of the CPU kernel of the same name
+// (common/engine/backend/cpu/kernels/kernels.h) unless stated otherwise.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/engine/backend/cuda/cuda_api.h"
+
+namespace tandem::cuda {
+
+// out[m, :] = table[ids[m], :] as f32. table: [vocab, D], bf16 (is_bf16) or f32.
+cudaError_t Embed(const int32_t* ids, int64_t M, const void* table, bool is_bf16, int64_t D,
+                  float* out, cudaStream_t stream);
+
+// out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight. x, out: f32 [M, D] contiguous.
+cudaError_t RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps,
+                    float* out, cudaStream_t stream);
+
+// residual += delta; out = RmsNorm(residual).
+cudaError_t AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M,
+                       int64_t D, float eps, float* out, cudaStream_t stream);
+
+// Rotary embedding (rotate_half) in place on the first num_heads heads of each row of x
+// (row stride ldx); cos_sin: f32 [max_pos][head_dim / 2][2] (model/rope.h).
+cudaError_t Rope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
+                 const int32_t* positions, const float* cos_sin, cudaStream_t stream);
+
+// out[m, i] = silu(gate_up[m, i]) * gate_up[m, F + i]; gate_up rows have stride ld (>= 2F),
+// out is [M, F] contiguous.
+cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, float* out,
+                    cudaStream_t stream);
+
+// One layer of the paged KV pool, laid out like the CPU's (cpu::PagedKvLayer): block b is
+// [2 (K, V)][num_kv_heads][block_size][head_dim] of f32 or bf16.
+struct KvLayerView {
+  void* base = nullptr;
+  bool is_bf16 = false;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// Writes the K and V rows of each token to its slot (slots[m] < 0: skipped).
+cudaError_t WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
+                    const int64_t* slots, const KvLayerView& kv, cudaStream_t stream);
+
+// dst[i, :] = src[rows[i], :]; src rows have stride ld, dst is [n, D] contiguous.
+cudaError_t GatherRows(const float* src, int64_t ld, const int32_t* rows, int64_t n, int64_t D,
+                       float* dst, cudaStream_t stream);
+
+// Splits f32 activations into bf16 for tensor-core products: out[m, :] = bf16(x[m, :]) and, with
+// `with_low`, out[M + m, :] = bf16(x[m, :] - out[m, :]), so that hi + lo carries ~16 mantissa
+// bits. x rows have stride ldx; out is [M or 2M, K] contiguous.
+cudaError_t SplitToBf16(const float* x, int64_t M, int64_t K, int64_t ldx, bool with_low,
+                        uint16_t* out, cudaStream_t stream);
+
+// y[m, n] = y2[m, n] + y2[M + m, n] (+ bias[n]); y2 is [2M, N] contiguous, y has row stride ldy.
+cudaError_t CombineSplit(const float* y2, int64_t M, int64_t N, const float* bias, float* y,
+                         int64_t ldy, cudaStream_t stream);
+
+// y[m, n] += bias[n].
+cudaError_t AddBias(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias,
+                    cudaStream_t stream);
+
+// ---- Paged attention ----
+
+// Splits of one query tile over the key range, at most (partial buffers are sized for this).
+inline constexpr int kMaxAttentionSplits = 16;
+// Keys per shared-memory chunk in the attention kernel.
+inline constexpr int kAttentionKeyChunk = 32;
+// Threads per attention block.
+inline constexpr int kAttentionThreads = 128;
+
+// One thread block's work (times num_kv_heads in gridDim.y): a tile of consecutive query tokens
+// of one sequence and one kv head's group of query heads, over key positions [kv_begin, kv_end)
+// intersected with each token's causal/window range.
+struct AttentionItem {
+  int32_t token_begin = 0;  // first token (row of q / out) of the tile
+  int32_t num_tokens = 0;   // tokens in the tile
+  int32_t table_row = 0;    // row of block_tables holding the sequence's blocks
+  int32_t kv_begin = 0;
+  int32_t kv_end = 0;
+  int32_t partial = -1;  // -1: write `out`; else the first token's partial slot (tokens follow)
+  int32_t split = 0;     // index of this key range among the tile's splits
+  int32_t reserved = 0;
+};
+
+// Merges the splits of one token: out[token] from partial slot `slot`, splits [0, num_splits).
+struct CombineItem {
+  int32_t token = 0;
+  int32_t slot = 0;
+  int32_t num_splits = 0;
+  int32_t reserved = 0;
+};
+
+struct AttentionArgs {
+  const float* q = nullptr;  // [T, num_heads * head_dim], row stride ldq
+  int64_t ldq = 0;
+  float* out = nullptr;  // [T, num_heads * head_dim], row stride ldo
+  int64_t ldo = 0;
+  int32_t num_heads = 0;
+  KvLayerView kv;
+  const int32_t* block_tables = nullptr;  // [rows, table_stride]
+  int32_t table_stride = 0;
+  const int32_t* context_lens = nullptr;  // [T]: token attends to positions [0, len); 0: none
+  int32_t sliding_window = 0;             // > 0: only the last `sliding_window` positions
+  const AttentionItem* items = nullptr;
+  int32_t num_items = 0;
+  int32_t max_tile_rows = 0;  // max over items of num_tokens * (num_heads / num_kv_heads)
+  const CombineItem* combines = nullptr;
+  int32_t num_combines = 0;
+  float* partial_out = nullptr;  // [slots][kMaxAttentionSplits][num_heads][head_dim]
+  float* partial_ml = nullptr;   // [slots][kMaxAttentionSplits][num_heads][2] (max, sum)
+};
+
+// Causal attention over the paged cache with online softmax (flash-style tiling over key chunks),
+// scale 1/sqrt(head_dim), then the merge of split items. Every output row belonging to some item
+// is written.
+cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream);
+
+// Dynamic shared memory of an attention block for tiles of `rows` query rows.
+size_t AttentionSharedBytes(int rows, int head_dim);
+
+// Allows the attention kernels up to `bytes` of dynamic shared memory on the current device
+// (needed above 48 KiB). Call once per device before PagedAttention.
+cudaError_t ConfigureAttention(size_t bytes);
+
+}  // namespace tandem::cuda
