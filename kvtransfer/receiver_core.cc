@@ -168,7 +168,9 @@ absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
 
 absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_id, uint32_t attempt,
                                                              int64_t layer,
-                                                             absl::Span<const int32_t> blocks) {
+                                                             absl::Span<const int32_t> blocks,
+                                                             bool* reported) {
+  *reported = false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(transfer_id);
   if (it == entries_.end()) {
@@ -181,6 +183,7 @@ absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_i
                                            transfer_id, " but the live attempt is ",
                                            e->last_attempt));
   }
+  *reported = true;  // from here on the outcome of this attempt reaches the sender
   if (!e->active) {
     return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
   }
@@ -260,7 +263,7 @@ absl::Status ReceiverCore::Finish(uint64_t transfer_id, uint32_t attempt, uint64
                                            transfer_id, " but the live attempt is ",
                                            e->last_attempt));
   }
-  if (!e->active) return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
+  if (!e->active) return absl::OkStatus();  // failed earlier; the sender was told then
   const int64_t total = static_cast<int64_t>(e->cells.size());
   if (e->cells_done != total || e->frames != frames || e->bytes != bytes) {
     std::string missing;

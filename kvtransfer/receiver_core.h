@@ -75,16 +75,18 @@ class ReceiverCore {
   // the expectation) are for the caller to report to the sender; `result` is then never called.
   absl::Status Begin(AttemptStart start, ResultFn result);
   // A DATA message of layer `layer` for `blocks` (destination ids). On error the payload must
-  // be discarded; the attempt has been failed when the error is the sender's fault.
+  // be discarded; `*reported` tells whether the sender has been (or needs no) telling: the
+  // message belonged to the last attempt, which failed now or earlier. Otherwise (unknown
+  // transfer, stale attempt) the caller tells the sender.
   absl::StatusOr<Ticket> AdmitData(uint64_t transfer_id, uint32_t attempt, int64_t layer,
-                                   absl::Span<const int32_t> blocks);
+                                   absl::Span<const int32_t> blocks, bool* reported);
   std::mutex* io_mutex(const Ticket& ticket);
   // Call with io_mutex(ticket) held.
   bool Writable(const Ticket& ticket) const;
   // The payload of `ticket` was written (OK) or not (checksum mismatch: DATA_LOSS; I/O error).
   void EndData(const Ticket& ticket, const absl::Status& status);
-  // The sender's FINISH. OK when the attempt was live (its outcome is then reported through
-  // ResultFn and on_complete); else the error to send back.
+  // The sender's FINISH. OK when the attempt is the last one (its outcome is reported through
+  // ResultFn and on_complete, or was when it failed earlier); else the error to send back.
   absl::Status Finish(uint64_t transfer_id, uint32_t attempt, uint64_t frames, uint64_t bytes,
                       std::string trailer);
   // The sender gave up on the attempt.

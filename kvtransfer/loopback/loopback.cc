@@ -340,8 +340,9 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
     if (fault.drop) return;
     std::vector<int32_t> dst(t->target.dst_blocks.begin() + first,
                              t->target.dst_blocks.begin() + first + count);
+    bool reported = false;
     absl::StatusOr<ReceiverCore::Ticket> ticket =
-        core->AdmitData(t->target.transfer_id, t->target.attempt, layer, dst);
+        core->AdmitData(t->target.transfer_id, t->target.attempt, layer, dst, &reported);
     if (!ticket.ok()) return Fail(t, Prefixed(t, ticket.status()), false);
     absl::Status verdict;
     {

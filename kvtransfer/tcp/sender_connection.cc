@@ -1,5 +1,6 @@
 #include "kvtransfer/tcp/sender_connection.h"
 
+#include <poll.h>
 #include <pthread.h>
 
 #include <utility>
@@ -98,6 +99,12 @@ SenderConnection::SenderConnection(std::string endpoint, const ConnectionOptions
       scratch_(kScratchBytes, 0) {}
 
 SenderConnection::~SenderConnection() { Close(); }
+
+bool SenderConnection::usable() const {
+  if (failed_) return false;
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  return poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
+}
 
 bool SenderConnection::idle() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -96,6 +96,9 @@ class SenderConnection {
   const std::string& endpoint() const { return endpoint_; }
   uint64_t incarnation() const { return incarnation_; }
   bool healthy() const { return !failed_; }
+  // Healthy and no close from the peer is pending on the socket (a restarted receiver's old
+  // connection is noticed here before the reader thread gets to it).
+  bool usable() const;
   // True when nothing is queued or being written.
   bool idle() const;
 

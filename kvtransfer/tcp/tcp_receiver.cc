@@ -274,10 +274,11 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
                                                    " bytes")));
     return Drain(conn, d.payload_len);
   }
+  bool reported = false;
   absl::StatusOr<ReceiverCore::Ticket> ticket =
-      core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks);
+      core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
   if (!ticket.ok()) {
-    Reject(conn, d.transfer_id, d.attempt, ticket.status());
+    if (!reported) Reject(conn, d.transfer_id, d.attempt, ticket.status());
     return Drain(conn, d.payload_len);
   }
   const FaultInjector::Decision fault = faults_.Next();

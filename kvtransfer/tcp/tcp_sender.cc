@@ -53,7 +53,7 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> TcpSender::GetConnection(
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pool_.find(target.endpoint);
-    if (it != pool_.end() && it->second->healthy() &&
+    if (it != pool_.end() && it->second->usable() &&
         it->second->incarnation() == target.incarnation) {
       return it->second;
     }
@@ -78,7 +78,7 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> TcpSender::GetConnection(
   if (closing_) return absl::CancelledError("kv sender shutting down");
   conns_.push_back(conn);
   std::shared_ptr<SenderConnection>& slot = pool_[target.endpoint];
-  if (!slot || !slot->healthy() || slot->incarnation() != conn->incarnation()) {
+  if (!slot || !slot->usable() || slot->incarnation() != conn->incarnation()) {
     slot = conn;  // what the endpoint is now
   } else {
     conn = slot;  // a racing Begin pooled an equivalent one; the fresh one is reaped unused

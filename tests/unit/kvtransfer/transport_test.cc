@@ -41,9 +41,13 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     StartReceiver();
   }
   void TearDown() override {
-    if (sender_) EXPECT_EQ(sender_->num_in_flight(), 0);
-    if (receiver_) EXPECT_EQ(receiver_->num_in_flight(), 0);
-    if (receiver_) EXPECT_TRUE(dst_->GuardsIntact());
+    if (sender_) {
+      EXPECT_EQ(sender_->num_in_flight(), 0);
+    }
+    if (receiver_) {
+      EXPECT_EQ(receiver_->num_in_flight(), 0);
+      EXPECT_TRUE(dst_->GuardsIntact());
+    }
     sender_.reset();
     receiver_.reset();
   }

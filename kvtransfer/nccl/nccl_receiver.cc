@@ -1,0 +1,332 @@
+// The NCCL transport's receiving side. Control messages arrive through HandleControl (called
+// by the worker's control service); each sender gets a Peer: a communicator (rank 1) and a
+// thread that receives message headers and then the regions straight into the reserved blocks.
+
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "kvtransfer/crc32c.h"
+#include "kvtransfer/layout.h"
+#include "kvtransfer/nccl/comm_pool.h"
+#include "kvtransfer/nccl/communicator.h"
+#include "kvtransfer/nccl/control.h"
+#include "kvtransfer/nccl/nccl_transport.h"
+#include "kvtransfer/receiver_core.h"
+
+namespace tandem::kvtransfer::nccl {
+namespace {
+
+std::atomic<uint64_t> g_names{0};
+
+// How an attempt ended, for the FINISH reply.
+struct Outcome {
+  std::mutex mu;
+  bool set = false;
+  absl::Status status;
+  std::condition_variable cv;
+  void Set(const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (set) return;
+    set = true;
+    status = s;
+    cv.notify_all();
+  }
+};
+
+struct Peer {
+  uint64_t sender_id = 0;
+  uint64_t owner = 0;
+  std::unique_ptr<Communicator> comm;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> broken{false};
+  // Under the receiver's mutex.
+  absl::Time last_used;
+  int active = 0;
+  bool idle() const { return active == 0; }
+};
+
+using AttemptKey = std::pair<uint64_t, uint32_t>;
+
+class NcclReceiver : public KvReceiver {
+ public:
+  NcclReceiver(const ReceiverOptions& options, KvRegionAccess* access,
+               CompletionCallback on_complete)
+      : options_(options),
+        name_(options.name.empty() ? absl::StrCat("nccl-", getpid(), "-", ++g_names)
+                                   : options.name),
+        incarnation_((static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                     (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
+        core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
+                                             options.deadline_grace, "kvt-nccl-recv")) {}
+
+  ~NcclReceiver() override {
+    core_->Shutdown();
+    std::unordered_map<uint64_t, std::shared_ptr<Peer>> peers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers.swap(peers_);
+    }
+    for (auto& [id, p] : peers) Stop(p);
+    core_.reset();
+  }
+
+  std::string endpoint() const override { return name_; }
+  uint64_t incarnation() const override { return incarnation_; }
+  void Expect(const Expectation& e) override { core_->Expect(e); }
+  void Cancel(uint64_t id) override { core_->Cancel(id); }
+  int64_t num_in_flight() const override { return core_->num_in_flight(); }
+  TransportStats stats() const override { return core_->counters().Snapshot(); }
+
+  absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
+    ControlRequest req;
+    absl::Status s = DecodeRequest(bytes, &req);
+    if (!s.ok()) return s;
+    switch (req.kind) {
+      case ControlKind::kConnect:
+        return Connect(req);
+      case ControlKind::kBegin:
+        return Begin(req);
+      case ControlKind::kFinish:
+        return Finish(req);
+      case ControlKind::kAbort: {
+        wire::Outcome a;
+        s = wire::DecodeOutcome(req.body, &a);
+        if (!s.ok()) return s;
+        core_->Abort(a.transfer_id, a.attempt,
+                     absl::Status(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
+                                  absl::StrCat("sender aborted: ", a.status.message())));
+        return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
+      }
+      case ControlKind::kDisconnect: {
+        std::shared_ptr<Peer> p;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = peers_.find(req.sender_id);
+          if (it != peers_.end()) {
+            p = it->second;
+            peers_.erase(it);
+          }
+        }
+        if (p) Stop(p);
+        return ResultReply(0, 0, absl::OkStatus());
+      }
+    }
+    return absl::DataLossError("unknown kv control request");
+  }
+
+ private:
+  absl::StatusOr<std::string> Connect(const ControlRequest& req) {
+    wire::Hello hello;
+    absl::Status s = wire::DecodeHello(req.body, &hello);
+    if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+    if (!s.ok()) {
+      core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+      return EncodeReply({wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})});
+    }
+    std::shared_ptr<Peer> old;
+    auto peer = std::make_shared<Peer>();
+    peer->sender_id = req.sender_id;
+    peer->owner = core_->NewOwnerId();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = peers_.find(req.sender_id);
+      if (it != peers_.end()) {  // the sender reconnects: its old communicator is gone
+        old = it->second;
+        peers_.erase(it);
+      } else if (static_cast<int>(peers_.size()) >= options_.max_communicators) {
+        auto victim = PickVictim(peers_);
+        if (victim == peers_.end()) {
+          return ResultReply(0, 0,
+                             absl::ResourceExhaustedError(
+                                 absl::StrCat("all ", options_.max_communicators,
+                                              " nccl communicators of the receiver are busy")));
+        }
+        old = victim->second;
+        peers_.erase(victim);
+      }
+    }
+    if (old) Stop(old);
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Start(
+        req.unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
+    if (!comm.ok()) return ResultReply(0, 0, comm.status());
+    peer->comm = std::move(*comm);
+    peer->last_used = absl::Now();
+    Peer* raw = peer.get();
+    peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      peers_[req.sender_id] = peer;
+    }
+    core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
+    wire::Welcome w;
+    w.incarnation = incarnation_;
+    w.layout = options_.layout;
+    return EncodeReply({wire::FrameType::kWelcome, wire::EncodeWelcome(w)});
+  }
+
+  absl::StatusOr<std::string> Begin(const ControlRequest& req) {
+    wire::Begin b;
+    absl::Status s = wire::DecodeBegin(req.body, &b);
+    if (!s.ok()) return s;
+    if (b.incarnation != incarnation_) {
+      return ResultReply(b.transfer_id, b.attempt,
+                         absl::FailedPreconditionError(
+                             absl::StrCat("receiver incarnation is ", incarnation_,
+                                          ", transfer was reserved under ", b.incarnation)));
+    }
+    std::shared_ptr<Peer> peer;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = peers_.find(req.sender_id);
+      if (it == peers_.end()) {
+        return ResultReply(b.transfer_id, b.attempt,
+                           absl::UnavailableError("no communicator with this sender"));
+      }
+      peer = it->second;
+    }
+    auto outcome = std::make_shared<Outcome>();
+    ReceiverCore::AttemptStart start;
+    start.transfer_id = b.transfer_id;
+    start.attempt = b.attempt;
+    start.dst_blocks = std::move(b.dst_blocks);
+    start.owner = peer->owner;
+    start.deadline = b.deadline_ms < 0 ? absl::InfiniteFuture()
+                                       : absl::Now() + absl::Milliseconds(b.deadline_ms);
+    const AttemptKey key{b.transfer_id, b.attempt};
+    s = core_->Begin(std::move(start), [this, outcome, key](const absl::Status& st) {
+      outcome->Set(st);
+      std::lock_guard<std::mutex> lock(mu_);
+      outcomes_.erase(key);
+    });
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      outcomes_[key] = outcome;
+      peer->last_used = absl::Now();
+    }
+    return ResultReply(b.transfer_id, b.attempt, s);
+  }
+
+  absl::StatusOr<std::string> Finish(const ControlRequest& req) {
+    wire::Finish f;
+    absl::Status s = wire::DecodeFinish(req.body, &f);
+    if (!s.ok()) return s;
+    const AttemptKey key{f.transfer_id, f.attempt};
+    std::shared_ptr<Outcome> outcome;
+    {
+      // The sender waited for its last message to complete, so ours completed too; give the
+      // peer thread the time to account for it.
+      std::unique_lock<std::mutex> lock(mu_);
+      auto it = outcomes_.find(key);
+      if (it != outcomes_.end()) outcome = it->second;
+      progress_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.io_timeout), [&] {
+        return progress_[key] >= f.frames || (outcome && outcome->set);
+      });
+      progress_.erase(key);
+    }
+    s = core_->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
+    if (!s.ok()) return ResultReply(f.transfer_id, f.attempt, s);
+    if (!outcome) return ResultReply(f.transfer_id, f.attempt, absl::OkStatus());
+    std::unique_lock<std::mutex> lock(outcome->mu);
+    if (!outcome->cv.wait_for(lock, std::chrono::seconds(10), [&] { return outcome->set; })) {
+      return ResultReply(f.transfer_id, f.attempt, absl::UnavailableError("outcome unknown"));
+    }
+    return ResultReply(f.transfer_id, f.attempt, outcome->status);
+  }
+
+  void Stop(const std::shared_ptr<Peer>& p) {
+    p->stop = true;
+    if (p->thread.joinable()) p->thread.join();
+    p->comm.reset();
+  }
+
+  void Serve(Peer* p) {
+    absl::Status s = p->comm->WaitReady(absl::Now() + options_.handshake_timeout, &p->stop);
+    const size_t region = options_.layout.region_bytes();
+    while (s.ok()) {
+      s = p->comm->Recv(p->comm->device_header(), kHeaderBytes);
+      if (s.ok()) s = p->comm->HeaderToHost();
+      if (s.ok()) s = p->comm->Wait(absl::InfiniteFuture(), &p->stop);  // idle between messages
+      if (!s.ok()) break;
+      MessageHeader h = *p->comm->host_header();
+      const uint32_t crc = h.crc;
+      h.crc = 0;
+      if (h.magic != kHeaderMagic || h.count > kMaxBlocksPerMessage ||
+          Crc32c(0, &h, kHeaderBytes) != crc) {
+        s = absl::DataLossError("corrupt nccl kv message header");
+        break;
+      }
+      std::vector<int32_t> blocks(h.blocks, h.blocks + h.count);
+      bool reported = false;
+      absl::StatusOr<ReceiverCore::Ticket> ticket =
+          core_->AdmitData(h.transfer_id, h.attempt, h.layer, blocks, &reported);
+      const absl::Time deadline = absl::Now() + options_.io_timeout;
+      if (ticket.ok()) {
+        // Held until the regions landed: Cancel waits for a message in flight.
+        std::lock_guard<std::mutex> io(*core_->io_mutex(*ticket));
+        const bool writable = core_->Writable(*ticket);
+        s = p->comm->GroupStart();
+        for (size_t i = 0; s.ok() && i < h.count; ++i) {
+          s = p->comm->Recv(writable ? ticket->regions[i] : p->comm->device_scratch(), region);
+        }
+        if (s.ok()) s = p->comm->GroupEnd();
+        if (s.ok()) s = p->comm->Wait(deadline, &p->stop);
+      } else {
+        for (size_t i = 0; s.ok() && i < h.count; ++i) {  // drain
+          s = p->comm->Recv(p->comm->device_scratch(), region);
+          if (s.ok()) s = p->comm->Wait(deadline, &p->stop);
+        }
+      }
+      if (ticket.ok()) core_->EndData(*ticket, s);
+      if (!s.ok()) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      progress_[AttemptKey{h.transfer_id, h.attempt}] += 1;
+      progress_cv_.notify_all();
+    }
+    p->broken = true;
+    if (!p->stop) {
+      core_->counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
+      TLOG(WARNING) << "nccl kv communicator with sender " << p->sender_id
+                    << " failed: " << s.message();
+    }
+    core_->FailOwner(
+        p->owner, absl::UnavailableError(absl::StrCat("nccl kv communicator lost: ", s.message())));
+  }
+
+  const ReceiverOptions options_;
+  const std::string name_;
+  const uint64_t incarnation_;
+  std::mutex mu_;
+  std::condition_variable progress_cv_;
+  std::unordered_map<uint64_t, std::shared_ptr<Peer>> peers_;  // by sender id: the pool
+  std::map<AttemptKey, std::shared_ptr<Outcome>> outcomes_;
+  std::map<AttemptKey, uint64_t> progress_;  // DATA messages handled per attempt
+  std::unique_ptr<ReceiverCore> core_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
+    const ReceiverOptions& options, KvRegionAccess* access,
+    KvReceiver::CompletionCallback on_complete) {
+  absl::Status s = ValidateLayout(options.layout);
+  if (!s.ok()) return s;
+  if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
+  if (options.max_communicators <= 0) {
+    return absl::InvalidArgumentError("max_communicators must be positive");
+  }
+  s = CheckDevice(options.cuda_device);
+  if (!s.ok()) return s;
+  return std::unique_ptr<KvReceiver>(new NcclReceiver(options, access, std::move(on_complete)));
+}
+
+}  // namespace tandem::kvtransfer::nccl
