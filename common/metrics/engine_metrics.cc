@@ -87,6 +87,11 @@ void EngineMetrics::Update(const EngineCounters& now) {
 
 void EngineMetrics::ObserveStep(double seconds) { step_seconds_->Observe(seconds); }
 
+void EngineMetrics::OnStep(const EngineCounters& counters, double step_seconds) {
+  Update(counters);
+  if (step_seconds >= 0) ObserveStep(step_seconds);
+}
+
 void EngineMetrics::OnSequenceFinished(const FinishedSequence& f) {
   finished_[FinishReasonIndex(f.finish_reason)]->Increment();
   if (f.scheduled) queue_seconds_->Observe(f.queue_seconds);

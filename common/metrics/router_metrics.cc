@@ -11,40 +11,9 @@ using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
-constexpr std::array<const char*, kNumRequestOutcomes> kOutcomeNames = {
-    "ok", "cancelled", "invalid", "rejected", "timeout", "error"};
 constexpr char kNoFinishReason[] = "none";
 
 }  // namespace
-
-const char* RequestOutcomeName(RequestOutcome outcome) {
-  return kOutcomeNames[static_cast<int>(outcome)];
-}
-
-RequestOutcome OutcomeForStatusCode(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return RequestOutcome::kOk;
-    case absl::StatusCode::kCancelled:
-      return RequestOutcome::kCancelled;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kUnimplemented:
-      return RequestOutcome::kInvalid;
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kUnavailable:
-      return RequestOutcome::kRejected;
-    case absl::StatusCode::kDeadlineExceeded:
-      return RequestOutcome::kTimeout;
-    default:
-      return RequestOutcome::kError;
-  }
-}
 
 RouterMetrics::RouterMetrics(prometheus::Registry* registry) {
   requests_family_ = &BuildCounter()
@@ -57,7 +26,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry* registry) {
     for (size_t r = 0; r <= kFinishReasons.size(); ++r) {
       const char* reason = r < kFinishReasons.size() ? kFinishReasons[r] : kNoFinishReason;
       requests_[o][r] =
-          &requests_family_->Add({{"outcome", kOutcomeNames[o]}, {"finish_reason", reason}});
+          &requests_family_->Add({{"outcome", RequestOutcomeName(static_cast<RequestOutcome>(o))},
+                                  {"finish_reason", reason}});
     }
   }
   in_flight_ = &BuildGauge()
@@ -107,6 +77,10 @@ RouterMetrics::RouterMetrics(prometheus::Registry* registry) {
                              "1 when the router considers the worker healthy (serving its "
                              "gRPC health check and stats stream), else 0.")
                          .Register(*registry);
+}
+
+std::unique_ptr<RequestHooks> RouterMetrics::NewRequest(absl::Time arrival) {
+  return std::make_unique<RequestTracker>(this, arrival);
 }
 
 void RouterMetrics::RequestStarted() { in_flight_->Increment(); }
@@ -167,7 +141,7 @@ void RequestTracker::Start(int32_t samples, int64_t prompt_tokens) {
   if (metrics_ != nullptr) metrics_->RequestStarted();
 }
 
-void RequestTracker::OnTokens(int32_t index, int64_t count, absl::Time now) {
+void RequestTracker::OnTokensAt(int32_t index, int64_t count, absl::Time now) {
   if (!started_ || finished_ || count <= 0 || index < 0 ||
       index >= static_cast<int32_t>(last_token_.size())) {
     return;
@@ -188,8 +162,8 @@ void RequestTracker::OnTokens(int32_t index, int64_t count, absl::Time now) {
   last = now;
 }
 
-void RequestTracker::Finish(RequestOutcome outcome, std::string_view finish_reason,
-                            absl::Time now) {
+void RequestTracker::FinishAt(RequestOutcome outcome, std::string_view finish_reason,
+                              absl::Time now) {
   if (finished_) return;
   finished_ = true;
   if (metrics_ == nullptr) return;

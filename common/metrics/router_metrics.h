@@ -2,14 +2,14 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/metrics/finish_reason.h"
+#include "common/metrics/request_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -17,20 +17,6 @@
 #include "prometheus/registry.h"
 
 namespace tandem {
-
-// How a client request ended, the `outcome` label. Bounded.
-enum class RequestOutcome {
-  kOk,         // finished with tokens (any finish reason but error)
-  kCancelled,  // the client cancelled or went away
-  kInvalid,    // rejected as malformed: INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE, ...
-  kRejected,   // no capacity or shutting down: RESOURCE_EXHAUSTED, UNAVAILABLE
-  kTimeout,    // DEADLINE_EXCEEDED
-  kError,      // anything else (INTERNAL, ...)
-};
-inline constexpr int kNumRequestOutcomes = 6;
-const char* RequestOutcomeName(RequestOutcome outcome);
-// The outcome of a call that ended with `code` (absl and gRPC share the numbering).
-RequestOutcome OutcomeForStatusCode(absl::StatusCode code);
 
 // Documented `reason` values of tandem_router_routing_decisions_total. Keep labels bounded: add a
 // constant here (and to docs/operations.md) rather than passing free text.
@@ -57,11 +43,14 @@ inline constexpr char kNoWorker[] = "no_worker";              // nothing eligibl
 //   tandem_router_routing_decisions_total{policy, reason}
 //   tandem_router_retries_total{role}, tandem_router_migrations_total
 //   tandem_router_worker_healthy{worker, role}
-class RouterMetrics {
+class RouterMetrics : public RequestHooksFactory {
  public:
   explicit RouterMetrics(prometheus::Registry* registry);
   RouterMetrics(const RouterMetrics&) = delete;
   RouterMetrics& operator=(const RouterMetrics&) = delete;
+
+  // RequestHooksFactory: a RequestTracker feeding these metrics.
+  std::unique_ptr<RequestHooks> NewRequest(absl::Time arrival) override;
 
   // Request lifecycle (RequestTracker calls these).
   void RequestStarted();
@@ -102,21 +91,25 @@ class RouterMetrics {
 // Per-request timing at the router: TTFT from arrival to the first token, inter-token latency
 // per sample, end-to-end latency, outcome. One per Generate call; not thread-safe (the call
 // holds its own lock around it). Does nothing when `metrics` is null.
-class RequestTracker {
+class RequestTracker : public RequestHooks {
  public:
   explicit RequestTracker(RouterMetrics* metrics, absl::Time arrival = absl::Now());
   // The call was accepted; counts it in flight until Finish.
-  void Start(int32_t samples, int64_t prompt_tokens);
-  // `count` tokens of sample `index` arrived now.
-  void OnTokens(int32_t index, int64_t count, absl::Time now = absl::Now());
+  void Start(int32_t samples, int64_t prompt_tokens) override;
+  // `count` tokens of sample `index` arrived at `now`.
+  void OnTokens(int32_t index, int64_t count) override { OnTokensAt(index, count, absl::Now()); }
+  void OnTokensAt(int32_t index, int64_t count, absl::Time now);
   // Records the outcome once (later calls are ignored). `finish_reason` is the reason of the
   // last sample to finish, or empty when none finished.
-  void Finish(RequestOutcome outcome, std::string_view finish_reason, absl::Time now = absl::Now());
+  void Finish(RequestOutcome outcome, std::string_view finish_reason) override {
+    FinishAt(outcome, finish_reason, absl::Now());
+  }
+  void FinishAt(RequestOutcome outcome, std::string_view finish_reason, absl::Time now);
 
   bool finished() const { return finished_; }
   int64_t generated_tokens() const { return generated_; }
   // Zero until the first token.
-  absl::Duration time_to_first_token() const { return ttft_; }
+  absl::Duration time_to_first_token() const override { return ttft_; }
 
  private:
   RouterMetrics* metrics_;

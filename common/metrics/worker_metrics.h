@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/metrics/router_metrics.h"
+#include "common/metrics/request_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"

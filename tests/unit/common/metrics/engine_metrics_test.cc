@@ -93,6 +93,25 @@ TEST(EngineMetricsTest, FinishedSequencesByReasonWithTimings) {
   EXPECT_EQ(ReadHistogram(registry, "tandem_engine_step_duration_seconds")->count, 1u);
 }
 
+TEST(EngineMetricsTest, HooksInterface) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(&registry, "both");
+  EngineHooks* hooks = &metrics;  // what AsyncEngine holds
+  EngineCounters c;
+  c.steps = 1;
+  c.num_running = 2;
+  hooks->OnStep(c, 0.004);
+  c.steps = 1;
+  hooks->OnStep(c, -1);  // commands applied, no step ran
+  hooks->OnSequenceFinished({"length", true, true, 0.01, 0.02, 0});
+  EXPECT_EQ(ReadMetric(registry, "tandem_engine_steps_total"), 1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_engine_requests_running"), 2);
+  EXPECT_EQ(ReadHistogram(registry, "tandem_engine_step_duration_seconds")->count, 1u);
+  EXPECT_EQ(
+      ReadMetric(registry, "tandem_engine_sequences_finished_total", {{"finish_reason", "length"}}),
+      1);
+}
+
 TEST(EngineMetricsTest, TwoRolesShareOneRegistry) {
   prometheus::Registry registry;
   EngineMetrics prefill(&registry, "prefill");

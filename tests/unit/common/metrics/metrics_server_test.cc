@@ -6,10 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "common/metrics/engine_metrics.h"
 #include "common/metrics/metric_reader.h"
+#include "common/metrics/process_metrics.h"
 
 namespace tandem {
 namespace {
@@ -70,6 +73,37 @@ TEST(MetricsServerTest, ProcessInfo) {
   RegisterProcessInfo(&registry, "router");
   EXPECT_EQ(ReadMetric(registry, "tandem_build_info", {{"component", "router"}}), 1);
   EXPECT_GT(ReadMetric(registry, "tandem_process_start_time_seconds").value_or(0), 1.6e9);
+}
+
+TEST(ProcessMetricsTest, FlagsPortFileAndOff) {
+  MetricsOptions options;
+  FlagSet flags("test", "");
+  RegisterMetricsFlags(&flags, &options);
+  const std::string port_file =
+      (std::filesystem::temp_directory_path() / ("metrics-port-" + std::to_string(getpid())))
+          .string();
+  const std::string file_flag = "--metrics-port-file=" + port_file;
+  const char* argv[] = {"test", "--metrics-port=-1", file_flag.c_str()};
+  ASSERT_TRUE(flags.Parse(3, const_cast<char**>(argv)).ok());
+  auto m = ProcessMetrics::Start(options, "decode", "127.0.0.1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_GT((*m)->port(), 0);
+  int written = 0;
+  std::ifstream(port_file) >> written;
+  EXPECT_EQ(written, (*m)->port());
+  std::filesystem::remove(port_file);
+  EXPECT_EQ(ReadMetric(*(*m)->registry(), "tandem_build_info", {{"component", "decode"}}), 1);
+  EXPECT_NE(HttpGet((*m)->port(), "/metrics").find("tandem_build_info"), std::string::npos);
+
+  auto off = ProcessMetrics::Start(MetricsOptions{}, "router", "127.0.0.1");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ((*off)->port(), 0);  // collected, not served
+  EXPECT_EQ(ReadMetric(*(*off)->registry(), "tandem_build_info"), 1);
+
+  MetricsOptions bad;
+  bad.port = 70000;
+  EXPECT_EQ(ProcessMetrics::Start(bad, "router", "127.0.0.1").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -49,14 +49,14 @@ TEST(RouterMetricsTest, TrackerMeasuresTtftItlAndE2e) {
   RequestTracker tracker(&metrics, t0);
   tracker.Start(/*samples=*/2, /*prompt_tokens=*/12);
   EXPECT_EQ(ReadMetric(registry, "tandem_router_requests_in_flight"), 1);
-  tracker.OnTokens(0, 1, t0 + absl::Milliseconds(250));  // TTFT 0.25 s
-  tracker.OnTokens(1, 1, t0 + absl::Milliseconds(260));  // sample 1's first token: no ITL
-  tracker.OnTokens(0, 1, t0 + absl::Milliseconds(270));  // ITL 0.02
-  tracker.OnTokens(0, 2, t0 + absl::Milliseconds(310));  // two tokens 0.02 apart
-  tracker.OnTokens(1, 1, t0 + absl::Milliseconds(300));  // ITL 0.04
+  tracker.OnTokensAt(0, 1, t0 + absl::Milliseconds(250));  // TTFT 0.25 s
+  tracker.OnTokensAt(1, 1, t0 + absl::Milliseconds(260));  // sample 1's first token: no ITL
+  tracker.OnTokensAt(0, 1, t0 + absl::Milliseconds(270));  // ITL 0.02
+  tracker.OnTokensAt(0, 2, t0 + absl::Milliseconds(310));  // two tokens 0.02 apart
+  tracker.OnTokensAt(1, 1, t0 + absl::Milliseconds(300));  // ITL 0.04
   EXPECT_EQ(tracker.time_to_first_token(), absl::Milliseconds(250));
-  tracker.Finish(RequestOutcome::kOk, "length", t0 + absl::Seconds(2));
-  tracker.Finish(RequestOutcome::kError, "error", t0 + absl::Seconds(3));  // ignored
+  tracker.FinishAt(RequestOutcome::kOk, "length", t0 + absl::Seconds(2));
+  tracker.FinishAt(RequestOutcome::kError, "error", t0 + absl::Seconds(3));  // ignored
 
   auto ttft = ReadHistogram(registry, "tandem_router_time_to_first_token_seconds");
   ASSERT_TRUE(ttft.has_value());
@@ -89,11 +89,30 @@ TEST(RouterMetricsTest, RejectedBeforeStartIsCountedNotTimed) {
 TEST(RouterMetricsTest, NullMetricsTrackerStillTracks) {
   RequestTracker tracker(nullptr, absl::FromUnixSeconds(5));
   tracker.Start(1, 3);
-  tracker.OnTokens(0, 2, absl::FromUnixSeconds(6));
+  tracker.OnTokensAt(0, 2, absl::FromUnixSeconds(6));
   tracker.Finish(RequestOutcome::kOk, "stop");
   EXPECT_TRUE(tracker.finished());
   EXPECT_EQ(tracker.generated_tokens(), 2);
   EXPECT_EQ(tracker.time_to_first_token(), absl::Seconds(1));
+}
+
+TEST(RouterMetricsTest, HooksFactoryMakesTrackers) {
+  prometheus::Registry registry;
+  RouterMetrics metrics(&registry);
+  RequestHooksFactory* factory = &metrics;  // what GenerationService holds
+  std::unique_ptr<RequestHooks> a = factory->NewRequest(absl::Now() - absl::Milliseconds(5));
+  std::unique_ptr<RequestHooks> b = factory->NewRequest(absl::Now());
+  a->Start(1, 4);
+  b->Start(1, 4);
+  a->OnTokens(0, 1);
+  EXPECT_GE(a->time_to_first_token(), absl::Milliseconds(5));
+  EXPECT_EQ(b->time_to_first_token(), absl::ZeroDuration());
+  EXPECT_EQ(ReadMetric(registry, "tandem_router_requests_in_flight"), 2);
+  a->Finish(OutcomeForStatusCode(absl::StatusCode::kOk), "stop");
+  b->Finish(OutcomeForStatusCode(absl::StatusCode::kCancelled), "abort");
+  EXPECT_EQ(Requests(registry, "ok", "stop"), 1);
+  EXPECT_EQ(Requests(registry, "cancelled", "abort"), 1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_router_requests_in_flight"), 0);
 }
 
 TEST(RouterMetricsTest, DecisionsRetriesMigrationsAndWorkerHealth) {

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace tandem {
+
+// Cumulative engine counters and current gauges, as the engine reports them after a step (the
+// metrics-side mirror of EngineStats, so that this header depends on nothing).
+struct EngineCounters {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_cached = 0;
+  // Cumulative since the engine started.
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t kv_evictions = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t prefix_cache_queried = 0;
+  int64_t prefix_cache_hit = 0;
+};
+
+// How one sequence (one sample of a request) ended in the engine.
+struct FinishedSequence {
+  std::string_view finish_reason;  // stop, length, abort or error (anything else: error)
+  bool scheduled = false;          // ran at least once (queue time is then meaningful)
+  bool produced_token = false;     // sampled a first token (prefill time is then meaningful)
+  double queue_seconds = 0;        // arrival -> first scheduled
+  double prefill_seconds = 0;      // first scheduled -> first token
+  int64_t cached_prompt_tokens = 0;
+};
+
+// What the engine loop reports (implemented by EngineMetrics). Header-only interface: the
+// engine calls it without linking the metrics library. Called on the engine thread; must not
+// block.
+class EngineHooks {
+ public:
+  virtual ~EngineHooks() = default;
+  // After every step that ran (step_seconds: its wall time) and after applying commands.
+  virtual void OnStep(const EngineCounters& counters, double step_seconds) = 0;
+  virtual void OnSequenceFinished(const FinishedSequence& finished) = 0;
+};
+
+}  // namespace tandem
