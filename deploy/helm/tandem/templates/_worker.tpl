@@ -1,0 +1,59 @@
+{{/* Pod template of a worker: (dict "root" $ "component" "prefill"|"decode" "values" v). */}}
+{{- define "tandem.workerPod" -}}
+{{- $root := .root -}}
+{{- $v := .values -}}
+{{- $decode := eq .component "decode" -}}
+metadata:
+  labels:
+    {{- include "tandem.componentLabels" . | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    {{- include "tandem.podAnnotations" (dict "root" $root "extra" $v.podAnnotations) | nindent 4 }}
+spec:
+  serviceAccountName: {{ include "tandem.serviceAccountName" $root }}
+  automountServiceAccountToken: false
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
+  terminationGracePeriodSeconds: {{ add $root.Values.config.drainTimeoutSeconds 15 }}
+  {{- with include "tandem.scheduling" $v }}{{ . | nindent 2 }}{{ end }}
+  containers:
+    - name: {{ .component }}
+      image: {{ include "tandem.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      args:
+        - {{ .component }}
+        {{- include "tandem.commonArgs" (dict "root" $root "port" $root.Values.ports.worker) | nindent 8 }}
+        {{- include "tandem.engineArgs" $root | nindent 8 }}
+        {{- if $decode }}
+        - --kv-transport={{ $root.Values.prefill.kvTransport }}
+        - --kv-host=$(POD_IP)
+        - --kv-port={{ $root.Values.ports.kv }}
+        {{- else }}
+        - --kv-transport={{ $v.kvTransport }}
+        {{- end }}
+        {{- with $v.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      env:
+        {{- include "tandem.env" $root | nindent 8 }}
+      envFrom:
+        - configMapRef:
+            name: {{ include "tandem.fullname" $root }}-config
+      ports:
+        {{- include "tandem.ports" (dict "root" $root "grpc" $root.Values.ports.worker "kv" $decode) | nindent 8 }}
+      {{- include "tandem.probes" (dict "root" $root "port" $root.Values.ports.worker) | trim | nindent 6 }}
+      resources:
+        {{- include "tandem.resources" (dict "resources" $v.resources "gpus" $v.gpus) | nindent 8 }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
+      volumeMounts:
+        {{- include "tandem.volumeMounts" (dict "root" $root "worker" true) | nindent 8 }}
+  volumes:
+    {{- include "tandem.volumes" (dict "root" $root "worker" true) | nindent 4 }}
+{{- end -}}
