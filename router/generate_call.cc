@@ -17,10 +17,30 @@ grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
+const char* FinishReasonLabel(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    default:
+      return "error";
+  }
+}
+
+std::string SecondsSince(absl::Time start) {
+  return absl::StrCat(absl::ToDoubleSeconds(absl::Now() - start));
+}
+
 }  // namespace
 
 GenerateCall::GenerateCall(GenerationService* service, grpc::CallbackServerContext* context)
-    : service_(service), context_(context) {}
+    : service_(service),
+      context_(context),
+      arrival_(absl::Now()),
+      hooks_(service->NewRequestHooks(arrival_)) {}
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
     GenerationService* service, grpc::CallbackServerContext* context,
@@ -34,6 +54,21 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
                         ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down")
                         : ParseGenerateRequest(*raw_request, &request);
   if (st.ok()) st = call->Prepare(request, &decode);
+  if (st.ok()) {
+    if (call->hooks_ != nullptr) {
+      call->hooks_->Start(decode.n(), static_cast<int64_t>(call->prompt_ids_.size()));
+    }
+    if (LogEnabled(LogLevel::kInfo)) {
+      LogMessage(LogLevel::kInfo, __FILE__, __LINE__)
+              .Field("event", "received")
+              .Field("request_id", call->request_id_)
+              .Field("prompt_tokens", absl::StrCat(call->prompt_ids_.size()))
+              .Field("n", absl::StrCat(decode.n()))
+              .Field("max_tokens", absl::StrCat(request.sampling().max_tokens()))
+              .stream()
+          << "request received";
+    }
+  }
   if (!st.ok()) {
     std::unique_lock<std::mutex> lock(call->mu_);
     call->FinishCall(lock, st);
@@ -149,6 +184,18 @@ void GenerateCall::HandleTokens(const v1::SampleTokens& t) {
     if (sample.stop->stopped()) break;  // tokens after the stop string are dropped
   }
   chunk->set_text(std::move(text));
+  if (hooks_ != nullptr && chunk->token_ids_size() > 0) {
+    const bool first = hooks_->time_to_first_token() == absl::ZeroDuration();
+    hooks_->OnTokens(t.index(), chunk->token_ids_size());
+    if (first && LogEnabled(LogLevel::kDebug)) {
+      LogMessage(LogLevel::kDebug, __FILE__, __LINE__)
+              .Field("event", "first_token")
+              .Field("request_id", request_id_)
+              .Field("ttft_s", absl::StrCat(absl::ToDoubleSeconds(hooks_->time_to_first_token())))
+              .stream()
+          << "first token";
+    }
+  }
   if (sample.stop->stopped()) {
     sample.stopped_by_string = true;
     service_->client().Cancel(request_id_, t.index());
@@ -163,6 +210,7 @@ void GenerateCall::HandleFinal(const v1::SampleFinal& f) {
     // A rejected request or a failed sample ends the whole stream with the worker's status.
     if (samples_open_ > 1) service_->client().Cancel(request_id_, -1);
     const int code = f.error_code() != 0 ? f.error_code() : grpc::StatusCode::INTERNAL;
+    last_finish_reason_ = "error";
     FinishCall(lock, grpc::Status(static_cast<grpc::StatusCode>(code), f.error_message()));
     return;
   }
@@ -171,6 +219,7 @@ void GenerateCall::HandleFinal(const v1::SampleFinal& f) {
   if (sample.done) return;
   sample.done = true;
   --samples_open_;
+  last_finish_reason_ = sample.stopped_by_string ? "stop" : FinishReasonLabel(f.finish_reason());
 
   std::string tail = sample.stop->Flush();
   if (!tail.empty()) {
@@ -214,8 +263,37 @@ void GenerateCall::Enqueue(std::unique_lock<std::mutex>& lock, v1::GenerateRespo
 }
 
 void GenerateCall::FinishCall(std::unique_lock<std::mutex>& lock, grpc::Status status) {
-  if (!finish_status_.has_value()) finish_status_ = std::move(status);
+  SetFinishStatusLocked(std::move(status));
   PumpLocked(lock);
+}
+
+void GenerateCall::SetFinishStatusLocked(grpc::Status status) {
+  if (finish_status_.has_value()) return;
+  const RequestOutcome outcome =
+      OutcomeForStatusCode(static_cast<absl::StatusCode>(status.error_code()));
+  if (hooks_ != nullptr) hooks_->Finish(outcome, last_finish_reason_);
+  const LogLevel level = outcome == RequestOutcome::kError || outcome == RequestOutcome::kTimeout
+                             ? LogLevel::kWarning
+                             : LogLevel::kInfo;
+  if (LogEnabled(level)) {
+    int64_t tokens = 0;
+    for (const Sample& s : samples_) tokens += s.tokens;
+    LogMessage log(level, __FILE__, __LINE__);
+    log.Field("event", "finished")
+        .Field("request_id", request_id_)
+        .Field("outcome", RequestOutcomeName(outcome))
+        .Field("finish_reason", last_finish_reason_.empty() ? "none" : last_finish_reason_)
+        .Field("code", absl::StrCat(static_cast<int>(status.error_code())))
+        .Field("prompt_tokens", absl::StrCat(prompt_ids_.size()))
+        .Field("completion_tokens", absl::StrCat(tokens))
+        .Field("e2e_s", SecondsSince(arrival_));
+    if (hooks_ != nullptr && hooks_->time_to_first_token() > absl::ZeroDuration()) {
+      log.Field("ttft_s", absl::StrCat(absl::ToDoubleSeconds(hooks_->time_to_first_token())));
+    }
+    log.stream() << "request finished";
+    if (!status.ok()) log.stream() << ": " << status.error_message();
+  }
+  finish_status_ = std::move(status);
 }
 
 // Starts the next write or the Finish when nobody holds the writer role. Called with mu_ held;
@@ -247,9 +325,7 @@ void GenerateCall::OnWriteDone(bool ok) {
     // The client went away: stop generating and end the call.
     queue_.clear();
     if (samples_open_ > 0) service_->client().Cancel(request_id_, -1);
-    if (!finish_status_.has_value()) {
-      finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    }
+    SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   PumpLocked(lock);
 }
@@ -258,9 +334,7 @@ void GenerateCall::OnCancel() {
   std::unique_lock<std::mutex> lock(mu_);
   if (samples_open_ > 0 && !request_id_.empty()) service_->client().Cancel(request_id_, -1);
   queue_.clear();
-  if (!finish_status_.has_value()) {
-    finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-  }
+  SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   PumpLocked(lock);
 }
 

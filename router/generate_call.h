@@ -49,6 +49,8 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   void Enqueue(std::unique_lock<std::mutex>& lock, v1::GenerateResponse message);
   void FinishCall(std::unique_lock<std::mutex>& lock, grpc::Status status);
   void PumpLocked(std::unique_lock<std::mutex>& lock);
+  // Sets the call's final status once: metrics and the "finished" log line. Requires mu_.
+  void SetFinishStatusLocked(grpc::Status status);
 
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
@@ -67,6 +69,9 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool finish_called_ = false;
   bool sent_first_ = false;
   std::shared_ptr<GenerateCall> self_;  // keeps the call alive until OnDone
+  absl::Time arrival_;
+  std::unique_ptr<RequestHooks> hooks_;  // metrics; null without a factory
+  std::string last_finish_reason_;       // of the last sample to finish
 };
 
 }  // namespace tandem

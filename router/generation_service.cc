@@ -10,8 +10,9 @@
 namespace tandem {
 
 GenerationService::GenerationService(const GenerationServiceOptions& options,
-                                     const Tokenizer* tokenizer, InferenceClient* client)
-    : options_(options), tokenizer_(tokenizer), client_(client) {
+                                     const Tokenizer* tokenizer, InferenceClient* client,
+                                     RequestHooksFactory* hooks)
+    : options_(options), tokenizer_(tokenizer), client_(client), hooks_(hooks) {
   id_prefix_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
                0xffffffffffull;
 }

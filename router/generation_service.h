@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/engine/tokenizer/tokenizer.h"
+#include "common/metrics/request_hooks.h"
 #include "router/inference_client.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -32,8 +33,9 @@ using GenerationServiceBase = v1::Generation::WithRawCallbackMethod_Generate<
 
 class GenerationService final : public GenerationServiceBase {
  public:
+  // `hooks` (may be null, must outlive this) follows every Generate call: metrics.
   GenerationService(const GenerationServiceOptions& options, const Tokenizer* tokenizer,
-                    InferenceClient* client);
+                    InferenceClient* client, RequestHooksFactory* hooks = nullptr);
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -54,6 +56,10 @@ class GenerationService final : public GenerationServiceBase {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   InferenceClient& client() { return *client_; }
   std::string NextRequestId();
+  // Hooks for a call that arrived at `arrival`, or null without a factory.
+  std::unique_ptr<RequestHooks> NewRequestHooks(absl::Time arrival) {
+    return hooks_ != nullptr ? hooks_->NewRequest(arrival) : nullptr;
+  }
   void CallStarted() { active_.fetch_add(1); }
   void CallEnded() { active_.fetch_sub(1); }
 
@@ -61,6 +67,7 @@ class GenerationService final : public GenerationServiceBase {
   GenerationServiceOptions options_;
   const Tokenizer* tokenizer_;
   InferenceClient* client_;
+  RequestHooksFactory* hooks_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
   std::atomic<uint64_t> next_id_{1};

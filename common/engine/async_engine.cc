@@ -1,11 +1,35 @@
 #include "common/engine/async_engine.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 
 namespace tandem {
+namespace {
 
-AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {
+EngineCounters ToCounters(const EngineStats& s) {
+  EngineCounters c;
+  c.num_running = s.num_running;
+  c.num_waiting = s.num_waiting;
+  c.kv_blocks_total = s.kv_blocks_total;
+  c.kv_blocks_used = s.kv_blocks_used;
+  c.kv_blocks_cached = s.kv_blocks_cached;
+  c.steps = s.steps;
+  c.preemptions = s.preemptions;
+  c.prompt_tokens = s.prompt_tokens;
+  c.generated_tokens = s.generated_tokens;
+  c.prefix_cache_queried = s.prefix_cache_queried;
+  c.prefix_cache_hit = s.prefix_cache_hit;
+  return c;
+}
+
+std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d)); }
+
+}  // namespace
+
+AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, EngineHooks* hooks)
+    : engine_(std::move(engine)), hooks_(hooks) {
   stats_ = engine_->stats();
+  if (hooks_ != nullptr) hooks_->OnStep(ToCounters(stats_), -1);  // capacity from the start
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -72,7 +96,39 @@ void AsyncEngine::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+void AsyncEngine::OnFinished(const SequenceUpdate& u) {
+  const bool sampled = u.ttft > absl::ZeroDuration();
+  if (hooks_ != nullptr) {
+    FinishedSequence f;
+    f.finish_reason = FinishReasonName(u.finish_reason);
+    f.scheduled = sampled;
+    f.produced_token = sampled;
+    f.queue_seconds = absl::ToDoubleSeconds(u.queue_time);
+    f.prefill_seconds = absl::ToDoubleSeconds(u.prefill_time);
+    f.cached_prompt_tokens = u.cached_tokens;
+    hooks_->OnSequenceFinished(f);
+  }
+  const LogLevel level =
+      u.finish_reason == FinishReason::kError ? LogLevel::kWarning : LogLevel::kInfo;
+  if (!LogEnabled(level)) return;
+  LogMessage log(level, __FILE__, __LINE__);
+  log.Field("event", u.status.ok() ? "finished" : "failed")
+      .Field("request_id", u.request_id)
+      .Field("index", absl::StrCat(u.index))
+      .Field("finish_reason", FinishReasonName(u.finish_reason))
+      .Field("prompt_tokens", absl::StrCat(u.prompt_tokens))
+      .Field("cached_tokens", absl::StrCat(u.cached_tokens))
+      .Field("completion_tokens", absl::StrCat(u.completion_tokens))
+      .Field("preemptions", absl::StrCat(u.num_preemptions))
+      .Field("queue_s", Seconds(u.queue_time))
+      .Field("prefill_s", Seconds(u.prefill_time))
+      .Field("total_s", Seconds(u.total_time));
+  log.stream() << "sequence " << (u.status.ok() ? "finished" : "failed");
+  if (!u.status.ok()) log.stream() << ": " << u.status;
+}
+
 void AsyncEngine::Deliver(const SequenceUpdate& u) {
+  if (u.finished) OnFinished(u);
   auto it = pending_.find(u.request_id);
   if (it == pending_.end()) return;
   it->second.callback(u);
@@ -94,6 +150,7 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
           u.finished = true;
           u.finish_reason = FinishReason::kError;
           u.status = absl::AlreadyExistsError("request_id: '" + id + "' is already running");
+          OnFinished(u);
           c.callback(u);
           active_.fetch_sub(1);
           break;
@@ -105,11 +162,20 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
           u.finished = true;
           u.finish_reason = FinishReason::kError;
           u.status = st;
+          OnFinished(u);
           c.callback(u);
           active_.fetch_sub(1);
           break;
         }
         pending_[id] = Pending{std::move(c.callback), n};
+        if (LogEnabled(LogLevel::kInfo)) {
+          LogMessage(LogLevel::kInfo, __FILE__, __LINE__)
+                  .Field("event", "queued")
+                  .Field("request_id", id)
+                  .Field("n", absl::StrCat(n))
+                  .stream()
+              << "request queued";
+        }
         break;
       }
       case Command::kCancel:
@@ -160,9 +226,13 @@ void AsyncEngine::Loop() {
       stats_ = engine_->stats();
       return;
     }
+    const bool work = engine_->HasWork();
+    const absl::Time start = absl::Now();
     std::vector<SequenceUpdate> updates = engine_->Step();
+    const double step_seconds = work ? absl::ToDoubleSeconds(absl::Now() - start) : -1;
     for (const SequenceUpdate& u : updates) Deliver(u);
     EngineStats s = engine_->stats();
+    if (hooks_ != nullptr) hooks_->OnStep(ToCounters(s), step_seconds);
     std::lock_guard<std::mutex> lock(mu_);
     stats_ = s;
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/engine/engine.h"
+#include "common/metrics/engine_hooks.h"
 
 namespace tandem {
 
@@ -27,7 +28,8 @@ class AsyncEngine {
  public:
   using Callback = std::function<void(const SequenceUpdate&)>;
 
-  explicit AsyncEngine(std::unique_ptr<Engine> engine);
+  // `hooks` (may be null, must outlive this) hears every step and finished sequence: metrics.
+  explicit AsyncEngine(std::unique_ptr<Engine> engine, EngineHooks* hooks = nullptr);
   ~AsyncEngine();  // aborts what is left and joins the thread
   AsyncEngine(const AsyncEngine&) = delete;
   AsyncEngine& operator=(const AsyncEngine&) = delete;
@@ -70,8 +72,11 @@ class AsyncEngine {
   void Push(Command command);
   void ApplyCommands(std::deque<Command>& commands);
   void Deliver(const SequenceUpdate& update);
+  // Reports a finished sequence to the hooks and the log.
+  void OnFinished(const SequenceUpdate& update);
 
   std::unique_ptr<Engine> engine_;
+  EngineHooks* hooks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Command> ingress_;
