@@ -171,18 +171,20 @@ def check_runtime_libraries(build_dir, runtime_pkgs):
     ldd = subprocess.run(["ldd", exe], capture_output=True, text=True, check=True).stdout
     base = {"libc6", "libgcc-s1", "libstdc++6", "libcrypt1", "libzstd1", "liblzma5", "libsystemd0",
             "libgcrypt20", "libgpg-error0", "liblz4-1", "libcap2", "libudev1"}
-    needed = {}
+    libs = {}
     for line in ldd.splitlines():
         m = re.search(r"=>\s+(\S+)", line)
-        if not m or not os.path.exists(m.group(1)):
-            continue
-        lib = os.path.realpath(m.group(1))
-        r = subprocess.run(["dpkg", "-S", lib], capture_output=True, text=True)
-        if r.returncode != 0:
-            r = subprocess.run(["dpkg", "-S", m.group(1)], capture_output=True, text=True)
-        if r.returncode == 0:
-            pkg = r.stdout.split(":")[0]
-            needed.setdefault(pkg, []).append(os.path.basename(m.group(1)))
+        if m and os.path.exists(m.group(1)):
+            libs[os.path.realpath(m.group(1))] = os.path.basename(m.group(1))
+    # One dpkg -S for all libraries: "package:arch: /path" per line.
+    r = subprocess.run(["dpkg", "-S"] + sorted(libs), capture_output=True, text=True)
+    needed = {}
+    for line in r.stdout.splitlines():
+        owner, _, path = line.partition(": ")
+        if path in libs:
+            needed.setdefault(owner.split(":")[0].split(",")[0], []).append(libs[path])
+    check(sum(len(v) for v in needed.values()) >= len(libs) // 2,
+          f"dpkg -S found owners for too few libraries:\n{r.stderr}")
     # Packages pulled in as dependencies of the listed ones count as provided.
     closure = set(runtime_pkgs) | base
     deps = subprocess.run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
