@@ -17,6 +17,10 @@ struct Command {
 constexpr Command kCommands[] = {
     {"generate", tandem::RunGenerate, "generate a continuation of a prompt in this process"},
     {"serve", tandem::RunServe, "serve the gRPC API: router and one worker in this process"},
+    {"router", tandem::RunRouter, "run the router of a disaggregated cluster"},
+    {"prefill", tandem::RunPrefillWorker, "run a prefill worker"},
+    {"decode", tandem::RunDecodeWorker, "run a decode worker"},
+    {"worker", tandem::RunWorker, "run a worker with --role prefill, decode or both"},
     {"make-model", tandem::RunMakeModel, "write a random-initialised model at a real shape"},
 };
 

@@ -1,34 +1,38 @@
-// `tandem serve`: the router front and one worker in role `both`, in one process.
+// `tandem serve`: the router front and the workers. By default one process holds the router and
+// one worker in role `both`; with --prefill-workers N --decode-workers M it runs a local
+// disaggregated cluster: N + M worker processes on loopback and the router in this process.
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/flags.h"
+#include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/engine/async_engine.h"
-#include "common/engine/engine_builder.h"
 #include "common/engine/tokenizer/tokenizer.h"
-#include "decode_worker/worker_core.h"
-#include "decode_worker/worker_service.h"
+#include "common/worker/kv_event_log.h"
+#include "common/worker/worker_service.h"
+#include "decode_worker/decode_core.h"
 #include "router/generation_service.h"
+#include "tools/cluster_supervisor.h"
 #include "tools/commands.h"
+#include "tools/engine_flags.h"
+#include "tools/router_runtime.h"
 
 namespace tandem {
 namespace {
 
-// Routes the router's requests to the worker core in this process.
+// Routes the router's requests to the decode core in this process.
 class LocalClient : public InferenceClient {
  public:
-  explicit LocalClient(WorkerCore* core) : core_(core) {}
+  explicit LocalClient(DecodeCore* core) : core_(core) {}
   void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override {
     core_->Decode(request, std::move(callback));
   }
@@ -37,153 +41,177 @@ class LocalClient : public InferenceClient {
   }
 
  private:
-  WorkerCore* core_;
+  DecodeCore* core_;
 };
 
-absl::StatusOr<SchedulingPolicy> ParsePolicy(const std::string& name) {
-  if (name == "fcfs") return SchedulingPolicy::kFcfs;
-  if (name == "priority") return SchedulingPolicy::kPriority;
-  if (name == "static") return SchedulingPolicy::kStatic;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--scheduling-policy must be fcfs, priority or static, got '", name, "'"));
+// Waits for the signal, then drains: new requests get UNAVAILABLE, running ones finish.
+void DrainOnSignal(const sigset_t& signals, const ServerFlags& server_flags, grpc::Server* server,
+                   const std::function<int64_t()>& active,
+                   const std::function<void()>& start_drain) {
+  const int sig = WaitForTerminationSignal(signals);
+  TLOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining " << active()
+             << " streams";
+  start_drain();
+  server->GetHealthCheckService()->SetServingStatus(false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(server_flags.drain_timeout_s);
+  while (active() > 0 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (active() > 0) TLOG(WARNING) << "drain timeout: aborting " << active() << " streams";
 }
 
-}  // namespace
-
-int RunServe(int argc, char** argv) {
-  // Signals are taken synchronously by this thread (sigwait); block them before any thread
-  // starts so that every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  std::string model_dir = DefaultModelDir(), host = "127.0.0.1", dtype = "auto", kv_dtype = "auto",
-              kv_memory = "1GiB", policy = "fcfs", model_name, port_file;
-  int64_t port = 50051, threads = 0, block_size = 16, max_num_seqs = 64, max_batched_tokens = 512,
-          max_model_len = 0, max_waiting = 4096, max_prefill_chunk = 0, num_kv_blocks = 0;
-  double drain_timeout_s = 60;
-  bool no_prefix_cache = false, log_json = false;
-  FlagSet flags("serve", "Serves the Generation gRPC API (router and one worker in one process).");
-  flags.String("model", &model_dir, "Hugging Face model directory");
-  flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
-  flags.String("host", &host, "address to listen on");
-  flags.Int("port", &port, "port to listen on (0: any free port)");
-  flags.String("port-file", &port_file, "write the bound port to this file once serving");
-  flags.String("dtype", &dtype, "weight dtype in memory: auto, f32 or bf16");
-  flags.String("kv-cache-dtype", &kv_dtype, "KV cache dtype: auto, f32 or bf16");
-  flags.String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
-  flags.Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
-  flags.Int("block-size", &block_size, "tokens per KV block");
-  flags.Int("max-num-seqs", &max_num_seqs, "sequences per step at most");
-  flags.Int("max-num-batched-tokens", &max_batched_tokens, "tokens per step at most");
-  flags.Int("max-prefill-chunk", &max_prefill_chunk, "tokens of one prompt per step (0: budget)");
-  flags.Int("max-model-len", &max_model_len, "context length (0: the model's)");
-  flags.Int("max-waiting", &max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
-  flags.String("scheduling-policy", &policy, "fcfs, priority or static (benchmark baseline)");
-  flags.Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
-  flags.Int("threads", &threads, "compute threads (0: one per core)");
-  flags.Double("drain-timeout", &drain_timeout_s, "seconds to let requests finish on SIGTERM");
-  flags.Bool("log-json", &log_json, "log one JSON object per line");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) return 0;
-  ConfigureLogging({LogLevel::kInfo, log_json, "serve"});
-
-  auto sched_policy = ParsePolicy(policy);
-  auto kv_bytes = ParseByteSize(kv_memory);
-  if (!sched_policy.ok() || !kv_bytes.ok()) {
-    std::fprintf(
-        stderr, "serve: %s\n",
-        std::string((!sched_policy.ok() ? sched_policy.status() : kv_bytes.status()).message())
-            .c_str());
-    return 2;
-  }
-  auto tokenizer = Tokenizer::FromModelDir(model_dir);
+int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
+                    const ServerFlags& server_flags, const std::string& model_name) {
+  auto tokenizer = Tokenizer::FromModelDir(engine_flags.model_dir);
   if (!tokenizer.ok()) {
     TLOG(ERROR) << tokenizer.status();
     return 1;
   }
-  EngineBuildOptions options;
-  options.model_dir = model_dir;
-  options.weight_dtype = dtype;
-  options.kv_cache_dtype = kv_dtype;
-  options.kv_cache_bytes = *kv_bytes;
-  options.num_kv_blocks = num_kv_blocks;
-  options.block_size = block_size;
-  options.threads = static_cast<int>(threads);
-  options.engine.scheduler.policy = *sched_policy;
-  options.engine.scheduler.max_num_seqs = max_num_seqs;
-  options.engine.scheduler.max_num_batched_tokens = max_batched_tokens;
-  options.engine.scheduler.max_prefill_chunk = max_prefill_chunk;
-  options.engine.enable_prefix_cache = !no_prefix_cache;
-  options.engine.max_model_len = max_model_len;
-  options.engine.max_waiting = max_waiting;
-  auto built = BuildEngine(options);
+  auto options = engine_flags.ToBuildOptions();
+  if (!options.ok()) {
+    TLOG(ERROR) << options.status();
+    return 2;
+  }
+  auto built = BuildEngine(*options);
   if (!built.ok()) {
     TLOG(ERROR) << built.status();
     return 1;
   }
+  KvEventLog events;
+  built->engine->block_pool().set_listener({[&events](BlockHash h) { events.Stored(h); },
+                                            [&events](BlockHash h) { events.Removed(h); }});
   const ModelConfig& config = built->model->config();
   const int64_t context = built->engine->max_model_len();
   AsyncEngine engine(std::move(built->engine));
-  WorkerCore core(&engine);
+  DecodeCore core(&engine);
   LocalClient client(&core);
 
   GenerationServiceOptions service_options;
   service_options.model_name =
-      !model_name.empty() ? model_name : std::filesystem::path(model_dir).filename().string();
+      !model_name.empty() ? model_name
+                          : std::filesystem::path(engine_flags.model_dir).filename().string();
   if (service_options.model_name.empty()) service_options.model_name = "default";
   service_options.architecture = config.architecture_name;
   service_options.max_model_len = static_cast<int32_t>(context);
   service_options.dtype = std::string(DTypeName(built->model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client);
-  WorkerService worker_service(&core);  // stats and direct worker access on the same port
+  WorkerServiceOptions worker_options;
+  worker_options.info.set_role("both");
+  worker_options.info.set_model_name(service_options.model_name);
+  worker_options.info.set_max_model_len(static_cast<int32_t>(context));
+  worker_options.info.set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  WorkerService worker_service(worker_options, &engine, &events, &core, nullptr);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int bound_port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":", port), grpc::InsecureServerCredentials(),
-                           &bound_port);
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  builder.RegisterService(&service);
-  builder.RegisterService(&worker_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    TLOG(ERROR) << "cannot listen on " << host << ":" << port;
+  auto server = StartGrpcServer(server_flags, {&service, &worker_service});
+  if (!server.ok()) {
+    TLOG(ERROR) << server.status();
     return 1;
   }
-  server->GetHealthCheckService()->SetServingStatus(true);
-  TLOG(INFO) << "serving model '" << service_options.model_name << "' on " << host << ":"
-             << bound_port;
-  if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << bound_port << "\n";
-    std::filesystem::rename(port_file + ".tmp", port_file);
-  }
-
-  int sig = 0;
-  sigwait(&signals, &sig);
-  TLOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining "
-             << service.active_calls() << " streams";
-  service.StartDrain();
-  worker_service.StartDrain();
-  server->GetHealthCheckService()->SetServingStatus(false);
-  absl::Time deadline = absl::Now() + absl::Seconds(drain_timeout_s);
-  while ((service.active_calls() > 0 || worker_service.active_calls() > 0) &&
-         absl::Now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (service.active_calls() > 0) {
-    TLOG(WARNING) << "drain timeout: aborting " << service.active_calls() << " streams";
-  }
+  TLOG(INFO) << "serving model '" << service_options.model_name << "' on " << server_flags.host
+             << ":" << server->port;
+  DrainOnSignal(
+      signals, server_flags, server->server.get(),
+      [&] { return service.active_calls() + worker_service.active_calls(); },
+      [&] {
+        service.StartDrain();
+        worker_service.StartDrain();
+      });
+  worker_service.Stop();
   engine.Shutdown();  // aborts whatever is left; their streams end
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   TLOG(INFO) << "stopped";
   return 0;
+}
+
+int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
+                 const ServerFlags& server_flags, RouterFlags router_flags, int64_t prefill_workers,
+                 int64_t decode_workers) {
+  const std::string state_dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
+  std::filesystem::create_directories(state_dir);
+  ClusterSupervisor supervisor(state_dir);
+  std::vector<std::string> args = engine_flags.ToArgs();
+  if (server_flags.log_json) args.push_back("--log-json");
+  if (auto st =
+          supervisor.Launch("prefill", static_cast<int>(prefill_workers), args, absl::Seconds(120));
+      !st.ok()) {
+    TLOG(ERROR) << st;
+    return 1;
+  }
+  if (auto st =
+          supervisor.Launch("decode", static_cast<int>(decode_workers), args, absl::Seconds(120));
+      !st.ok()) {
+    TLOG(ERROR) << st;
+    return 1;
+  }
+  supervisor.StartMonitor();
+  router_flags.prefill_addresses = absl::StrJoin(supervisor.Addresses("prefill"), ",");
+  router_flags.decode_addresses = absl::StrJoin(supervisor.Addresses("decode"), ",");
+  auto router = RouterRuntime::Create(router_flags, engine_flags.model_dir);
+  if (!router.ok()) {
+    TLOG(ERROR) << router.status();
+    return 1;
+  }
+  (*router)->registry().WaitForWorkers(static_cast<int>(prefill_workers),
+                                       static_cast<int>(decode_workers), absl::Seconds(60));
+  auto server = StartGrpcServer(server_flags, (*router)->services());
+  if (!server.ok()) {
+    TLOG(ERROR) << server.status();
+    return 1;
+  }
+  TLOG(INFO) << "cluster of " << prefill_workers << " prefill and " << decode_workers
+             << " decode workers serving on " << server_flags.host << ":" << server->port;
+  DrainOnSignal(
+      signals, server_flags, server->server.get(),
+      [&] { return (*router)->generation().active_calls(); },
+      [&] { (*router)->generation().StartDrain(); });
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*router)->Stop();
+  supervisor.Stop(absl::Seconds(30));
+  std::filesystem::remove_all(state_dir);
+  TLOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  const sigset_t signals = BlockTerminationSignals();
+  EngineFlags engine_flags;
+  ServerFlags server_flags;
+  RouterFlags router_flags;
+  std::string model_name;
+  int64_t prefill_workers = 0, decode_workers = 0;
+  FlagSet flags("serve",
+                "Serves the Generation gRPC API: the router and one worker in this process, or\n"
+                "with --prefill-workers/--decode-workers a local disaggregated cluster.");
+  engine_flags.Register(&flags);
+  server_flags.Register(&flags, 50051);
+  flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
+  flags.Int("prefill-workers", &prefill_workers, "prefill worker processes (cluster mode)");
+  flags.Int("decode-workers", &decode_workers, "decode worker processes (cluster mode)");
+  flags.String("routing-policy", &router_flags.routing_policy,
+               "cluster mode: round_robin, least_loaded or prefix_affinity");
+  flags.Int("disagg-min-uncached-tokens", &router_flags.disagg_min_uncached_tokens,
+            "cluster mode: shorter uncached prompt parts are prefilled on the decode worker");
+  flags.Double("prefill-timeout", &router_flags.prefill_timeout_s,
+               "cluster mode: seconds before a prefill is retried elsewhere");
+  if (auto st = flags.Parse(argc, argv); !st.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (flags.help_requested()) return 0;
+  ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "serve"});
+  router_flags.model_name = model_name;
+  if (prefill_workers > 0 || decode_workers > 0) {
+    if (decode_workers < 1) {
+      std::fprintf(stderr, "serve: a cluster needs --decode-workers >= 1\n");
+      return 2;
+    }
+    return ServeCluster(signals, engine_flags, server_flags, router_flags, prefill_workers,
+                        decode_workers);
+  }
+  return ServeMonolithic(signals, engine_flags, server_flags, model_name);
 }
 
 }  // namespace tandem

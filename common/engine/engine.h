@@ -64,6 +64,7 @@ struct KvReservation {
   std::vector<int32_t> blocks;
   int64_t cached_tokens = 0;
   int64_t num_tokens = 0;  // prompt (+ prior output) tokens covered
+  int64_t block_size = 0;
 };
 
 // What one sequence produced in one step.

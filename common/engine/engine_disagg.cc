@@ -18,6 +18,7 @@ void Engine::ReportReservations(const SchedulerOutput& plan, std::vector<Sequenc
     r.blocks = seq->blocks.table;
     r.cached_tokens = seq->num_computed;
     r.num_tokens = seq->num_tokens();
+    r.block_size = kv_->block_size();
     UpdateFor(seq, updates).reservation = std::move(r);
   }
 }

@@ -1,4 +1,4 @@
-#include "decode_worker/sampling_convert.h"
+#include "common/worker/sampling_convert.h"
 
 #include <algorithm>
 

@@ -1,0 +1,36 @@
+#pragma once
+
+#include "common/engine/backend/backend.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem {
+
+// Gives the KV transport access to a backend's pool regions. HostBlockRegion is plain address
+// arithmetic on the CPU backend, so transport threads may call it concurrently with the engine
+// thread; the blocks involved are held (sender) or reserved (receiver) for the transfer.
+class BackendRegions : public kvtransfer::KvRegionAccess {
+ public:
+  explicit BackendRegions(Backend* backend) : backend_(backend) {}
+  uint8_t* Region(int64_t layer, int32_t block) override {
+    return backend_->HostBlockRegion(layer, block);
+  }
+  int64_t num_blocks() const override { return backend_->kv_spec().num_blocks; }
+
+ private:
+  Backend* backend_;
+};
+
+// The transfer handshake descriptor of an engine's KV pool.
+inline kvtransfer::KvLayout LayoutOf(const Backend& backend, const std::string& model_id) {
+  const KvCacheSpec& s = backend.kv_spec();
+  kvtransfer::KvLayout l;
+  l.model_id = model_id;
+  l.num_layers = s.num_layers;
+  l.num_kv_heads = s.num_kv_heads;
+  l.head_dim = s.head_dim;
+  l.block_size = s.block_size;
+  l.kv_dtype = s.dtype;
+  return l;
+}
+
+}  // namespace tandem

@@ -1,0 +1,324 @@
+#include "common/worker/worker_service.h"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+v1::WorkerStats ToWorkerStats(const EngineStats& s) {
+  v1::WorkerStats out;
+  out.set_running(s.num_running);
+  out.set_waiting(s.num_waiting);
+  out.set_kv_blocks_total(s.kv_blocks_total);
+  out.set_kv_blocks_used(s.kv_blocks_used);
+  out.set_kv_blocks_cached(s.kv_blocks_cached);
+  out.set_prompt_tokens(s.prompt_tokens);
+  out.set_generated_tokens(s.generated_tokens);
+  out.set_prefix_cache_queried_tokens(s.prefix_cache_queried);
+  out.set_prefix_cache_hit_tokens(s.prefix_cache_hit);
+  out.set_preemptions(s.preemptions);
+  out.set_steps(s.steps);
+  out.set_awaiting_kv(s.num_awaiting_kv);
+  out.set_kv_blocks_held(s.kv_blocks_held);
+  return out;
+}
+
+// One Decode stream. Responses arrive on the engine thread and are queued; only the holder of
+// the writer role (writing_) calls StartWrite or Finish, so the reactor outlives every call on
+// it (the same protocol as router/generate_call.h).
+class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
+ public:
+  DecodeCall(WorkerService* service, const v1::DecodeRequest& request)
+      : service_(service), request_id_(request.request_id()) {
+    service_->active_.fetch_add(1);
+  }
+
+  static void Begin(std::shared_ptr<DecodeCall> self, const v1::DecodeRequest& request) {
+    self->self_ = self;
+    std::unique_lock<std::mutex> lock(self->mu_);
+    if (self->service_->decode_ == nullptr) {
+      self->status_ = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a decode worker");
+    } else if (self->service_->draining_.load()) {
+      self->status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down");
+    }
+    if (self->status_.has_value()) {
+      self->PumpLocked(lock);
+      return;
+    }
+    self->open_ = request.n() == 0 ? 1 : request.n();
+    lock.unlock();
+    self->service_->decode_->Decode(request,
+                                    [self](const v1::DecodeResponse& r) { self->OnResponse(r); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok && !status_.has_value()) {
+      service_->decode_->Cancel(request_id_, -1);
+      queue_.clear();
+      status_ = grpc::Status(grpc::StatusCode::CANCELLED, "router went away");
+    }
+    PumpLocked(lock);
+  }
+
+  void OnCancel() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (open_ > 0 && service_->decode_ != nullptr) service_->decode_->Cancel(request_id_, -1);
+    queue_.clear();
+    if (!status_.has_value()) status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    PumpLocked(lock);
+  }
+
+  void OnDone() override {
+    service_->active_.fetch_sub(1);
+    std::shared_ptr<DecodeCall> self;
+    std::lock_guard<std::mutex> lock(mu_);
+    self.swap(self_);
+  }
+
+ private:
+  void OnResponse(const v1::DecodeResponse& r) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (status_.has_value()) return;
+    queue_.push_back(r);
+    if (r.has_final()) {
+      if (r.final().finish_reason() == v1::FINISH_REASON_ERROR || --open_ <= 0) {
+        status_ = grpc::Status::OK;  // errors travel inside SampleFinal
+      }
+    }
+    PumpLocked(lock);
+  }
+
+  void PumpLocked(std::unique_lock<std::mutex>& lock) {
+    if (writing_ || finish_called_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      in_flight_ = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      StartWrite(&in_flight_);
+      lock.lock();
+      return;
+    }
+    if (status_.has_value()) {
+      finish_called_ = true;
+      grpc::Status st = *status_;
+      lock.unlock();
+      Finish(st);
+      lock.lock();
+    }
+  }
+
+  WorkerService* service_;
+  std::string request_id_;
+  std::mutex mu_;
+  std::deque<v1::DecodeResponse> queue_;
+  v1::DecodeResponse in_flight_;
+  bool writing_ = false;
+  bool finish_called_ = false;
+  int32_t open_ = 0;
+  std::optional<grpc::Status> status_;
+  std::shared_ptr<DecodeCall> self_;
+};
+
+// One WatchStats stream, fed by the service's ticker: a message goes out only when the previous
+// one was written, so a slow router never makes the worker queue unboundedly.
+class WatchCall : public grpc::ServerWriteReactor<v1::WorkerStats> {
+ public:
+  explicit WatchCall(WorkerService* service) : service_(service) {}
+
+  // Called by the ticker. Returns false once the stream is over.
+  bool Tick() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (done_) return false;
+    if (writing_ || finishing_) return true;
+    KvEventLog::Delta delta =
+        service_->events_ != nullptr ? service_->events_->Read(cursor_) : KvEventLog::Delta{};
+    cursor_ = delta.next_cursor;
+    message_ = service_->Stats();
+    message_.set_snapshot(delta.snapshot);
+    message_.mutable_stored_block_hashes()->Assign(delta.stored.begin(), delta.stored.end());
+    message_.mutable_removed_block_hashes()->Assign(delta.removed.begin(), delta.removed.end());
+    writing_ = true;
+    lock.unlock();
+    StartWrite(&message_);
+    return true;
+  }
+
+  void End() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (finishing_ || done_) return;
+    finishing_ = true;
+    if (!writing_) {
+      lock.unlock();
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok && !finishing_) finishing_ = true;
+    if (finishing_) {
+      lock.unlock();
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  void OnCancel() override { End(); }
+
+  void OnDone() override {
+    std::shared_ptr<WatchCall> self;
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    self.swap(self_);
+  }
+
+  std::shared_ptr<WatchCall> self_;  // keeps the reactor alive until OnDone
+
+ private:
+  WorkerService* service_;
+  std::mutex mu_;
+  v1::WorkerStats message_;
+  uint64_t cursor_ = 0;
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool done_ = false;
+};
+
+WorkerService::WorkerService(const WorkerServiceOptions& options, AsyncEngine* engine,
+                             KvEventLog* events, DecodeHandler* decode, PrefillHandler* prefill)
+    : options_(options), engine_(engine), events_(events), decode_(decode), prefill_(prefill) {
+  ticker_ = std::thread([this] { TickerLoop(); });
+}
+
+WorkerService::~WorkerService() { Stop(); }
+
+void WorkerService::Stop() {
+  std::vector<std::shared_ptr<WatchCall>> watchers;
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    if (stop_) return;
+    stop_ = true;
+    watchers.swap(watchers_);
+  }
+  watch_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  for (auto& w : watchers) w->End();
+}
+
+void WorkerService::StartDrain() {
+  draining_.store(true);
+  options_.info.set_draining(true);
+}
+
+void WorkerService::TickerLoop() {
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!stop_) {
+    watch_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.watch_interval));
+    if (stop_) break;
+    std::vector<std::shared_ptr<WatchCall>> live;
+    std::vector<std::shared_ptr<WatchCall>> current = watchers_;
+    lock.unlock();
+    for (auto& w : current) {
+      if (w->Tick()) live.push_back(w);
+    }
+    lock.lock();
+    // Keep watchers added while unlocked.
+    for (auto& w : watchers_) {
+      if (std::find(current.begin(), current.end(), w) == current.end()) live.push_back(w);
+    }
+    watchers_.swap(live);
+  }
+}
+
+v1::WorkerStats WorkerService::Stats() const {
+  v1::WorkerStats s = ToWorkerStats(engine_->stats());
+  int64_t transfers = 0;
+  if (decode_ != nullptr) transfers += decode_->transfers_in_flight();
+  if (prefill_ != nullptr) transfers += prefill_->transfers_in_flight();
+  s.set_transfers_in_flight(transfers);
+  return s;
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetInfo(grpc::CallbackServerContext* context,
+                                                 const v1::InfoRequest* request,
+                                                 v1::WorkerInfo* response) {
+  *response = options_.info;
+  response->set_draining(draining_.load());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
+    grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
+  auto call = std::make_shared<DecodeCall>(this, *request);
+  DecodeCall::Begin(call, *request);
+  return call.get();
+}
+
+grpc::ServerUnaryReactor* WorkerService::Prefill(grpc::CallbackServerContext* context,
+                                                 const v1::PrefillRequest* request,
+                                                 v1::PrefillResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (prefill_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a prefill worker"));
+    return reactor;
+  }
+  if (draining_.load()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
+    return reactor;
+  }
+  active_.fetch_add(1);
+  prefill_->Prefill(
+      *request, [this, reactor, response](const absl::Status& st, const v1::PrefillResponse& r) {
+        *response = r;
+        active_.fetch_sub(1);
+        reactor->Finish(st.ok() ? grpc::Status::OK
+                                : grpc::Status(static_cast<grpc::StatusCode>(st.code()),
+                                               std::string(st.message())));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Cancel(grpc::CallbackServerContext* context,
+                                                const v1::CancelRequest* request,
+                                                v1::CancelResponse* response) {
+  if (decode_ != nullptr) decode_->Cancel(request->request_id(), request->index());
+  if (prefill_ != nullptr) prefill_->Cancel(request->request_id());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,
+                                                  const v1::StatsRequest* request,
+                                                  v1::WorkerStats* response) {
+  *response = Stats();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::WorkerStats>* WorkerService::WatchStats(
+    grpc::CallbackServerContext* context, const v1::StatsRequest* request) {
+  auto call = std::make_shared<WatchCall>(this);
+  call->self_ = call;
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  if (stop_) {
+    lock.unlock();
+    call->End();
+  } else {
+    watchers_.push_back(call);
+    lock.unlock();
+    call->Tick();  // the snapshot goes out at once
+  }
+  return call.get();
+}
+
+}  // namespace tandem

@@ -1,0 +1,82 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/engine/async_engine.h"
+#include "common/worker/handlers.h"
+#include "common/worker/kv_event_log.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+
+class DecodeCall;
+class WatchCall;
+
+struct WorkerServiceOptions {
+  v1::WorkerInfo info;  // role, layout, endpoints: returned by GetInfo
+  absl::Duration watch_interval = absl::Milliseconds(100);
+};
+
+// The gRPC service tandem.v1.Worker of one worker process, whatever its role: Decode goes to
+// the DecodeHandler, Prefill to the PrefillHandler (either may be null: UNIMPLEMENTED), and
+// GetInfo / GetStats / WatchStats report the engine's load and prefix-cache events.
+// Thread-safe. One ticker thread feeds every WatchStats stream.
+class WorkerService final : public v1::Worker::CallbackService {
+ public:
+  WorkerService(const WorkerServiceOptions& options, AsyncEngine* engine, KvEventLog* events,
+                DecodeHandler* decode, PrefillHandler* prefill);
+  ~WorkerService() override;
+
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const v1::InfoRequest* request,
+                                    v1::WorkerInfo* response) override;
+  grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* context,
+                                                       const v1::DecodeRequest* request) override;
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
+                                    v1::PrefillResponse* response) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const v1::StatsRequest* request,
+                                     v1::WorkerStats* response) override;
+  grpc::ServerWriteReactor<v1::WorkerStats>* WatchStats(grpc::CallbackServerContext* context,
+                                                        const v1::StatsRequest* request) override;
+
+  // New Decode / Prefill calls fail with UNAVAILABLE from now on; running ones continue.
+  void StartDrain();
+  int64_t active_calls() const { return active_.load(); }
+  v1::WorkerStats Stats() const;
+  // Stops the watch ticker and ends watch streams (before server shutdown).
+  void Stop();
+
+ private:
+  friend class DecodeCall;
+  friend class WatchCall;
+  void TickerLoop();
+
+  WorkerServiceOptions options_;
+  AsyncEngine* engine_;
+  KvEventLog* events_;
+  DecodeHandler* decode_;
+  PrefillHandler* prefill_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> active_{0};
+
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  std::vector<std::shared_ptr<WatchCall>> watchers_;
+  bool stop_ = false;
+  std::thread ticker_;
+};
+
+// EngineStats as the worker API reports them.
+v1::WorkerStats ToWorkerStats(const EngineStats& stats);
+
+}  // namespace tandem

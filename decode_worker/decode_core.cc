@@ -1,0 +1,206 @@
+#include "decode_worker/decode_core.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "common/worker/sampling_convert.h"
+
+namespace tandem {
+namespace {
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAbort:
+      return v1::FINISH_REASON_ABORT;
+    case FinishReason::kError:
+      return v1::FINISH_REASON_ERROR;
+    case FinishReason::kNone:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void AddLogprobs(const TokenLogprobs& src, v1::TokenLogprobs* dst) {
+  dst->mutable_chosen()->set_token_id(src.chosen.id);
+  dst->mutable_chosen()->set_logprob(src.chosen.logprob);
+  for (const TokenLogprob& top : src.top) {
+    v1::TokenLogprob* e = dst->add_top();
+    e->set_token_id(top.id);
+    e->set_logprob(top.logprob);
+  }
+}
+
+void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
+  if (!u.new_tokens.empty()) {
+    v1::DecodeResponse r;
+    v1::SampleTokens* t = r.mutable_tokens();
+    t->set_index(u.index);
+    for (size_t i = 0; i < u.new_tokens.size(); ++i) {
+      t->add_token_ids(u.new_tokens[i]);
+      if (i < u.logprobs.size()) AddLogprobs(u.logprobs[i], t->add_logprobs());
+    }
+    out->push_back(std::move(r));
+  }
+  if (u.finished) {
+    v1::DecodeResponse r;
+    v1::SampleFinal* f = r.mutable_final();
+    f->set_index(u.index);
+    f->set_finish_reason(ToProto(u.finish_reason));
+    f->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(u.prompt_tokens));
+    f->mutable_usage()->set_completion_tokens(static_cast<int32_t>(u.completion_tokens));
+    f->mutable_usage()->set_cached_tokens(static_cast<int32_t>(u.cached_tokens));
+    f->mutable_timings()->set_queue_s(absl::ToDoubleSeconds(u.queue_time));
+    f->mutable_timings()->set_prefill_s(absl::ToDoubleSeconds(u.prefill_time));
+    f->mutable_timings()->set_time_to_first_token_s(absl::ToDoubleSeconds(u.ttft));
+    f->mutable_timings()->set_total_s(absl::ToDoubleSeconds(u.total_time));
+    if (!u.status.ok()) {
+      f->set_error_code(static_cast<int32_t>(u.status.code()));
+      f->set_error_message(std::string(u.status.message()));
+    }
+    out->push_back(std::move(r));
+  }
+}
+
+v1::DecodeResponse ErrorResponse(const absl::Status& st) {
+  v1::DecodeResponse r;
+  r.mutable_final()->set_finish_reason(v1::FINISH_REASON_ERROR);
+  r.mutable_final()->set_error_code(static_cast<int32_t>(st.code()));
+  r.mutable_final()->set_error_message(std::string(st.message()));
+  return r;
+}
+
+}  // namespace
+
+DecodeCore::~DecodeCore() { receiver_.reset(); }
+
+absl::Status DecodeCore::StartReceiver(const kvtransfer::ReceiverOptions& options,
+                                       kvtransfer::KvRegionAccess* regions) {
+  auto receiver = kvtransfer::CreateReceiver(
+      options, regions,
+      [this](const kvtransfer::CompletedTransfer& done) { OnTransferComplete(done); });
+  if (!receiver.ok()) return receiver.status();
+  receiver_ = std::move(receiver).value();
+  transfer_salt_ = receiver_->incarnation() << 20;
+  TLOG(INFO) << "KV receiver (" << options.transport << ") on " << receiver_->endpoint();
+  return absl::OkStatus();
+}
+
+std::string DecodeCore::kv_endpoint() const { return receiver_ ? receiver_->endpoint() : ""; }
+uint64_t DecodeCore::incarnation() const { return receiver_ ? receiver_->incarnation() : 0; }
+
+int64_t DecodeCore::transfers_in_flight() const {
+  return receiver_ ? receiver_->num_in_flight() : 0;
+}
+
+void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callback) {
+  auto params = SamplingParamsFromProto(request.sampling());
+  if (!params.ok()) {
+    callback(ErrorResponse(params.status()));
+    return;
+  }
+  if (request.remote_prefill() && receiver_ == nullptr) {
+    callback(ErrorResponse(absl::FailedPreconditionError(
+        "remote_prefill: this worker does not receive KV (not in the decode role)")));
+    return;
+  }
+  EngineRequest e;
+  e.id = request.request_id();
+  e.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  e.prior_output.assign(request.prior_output_token_ids().begin(),
+                        request.prior_output_token_ids().end());
+  e.params = std::move(params).value();
+  e.n = request.n() == 0 ? 1 : request.n();
+  e.priority = request.priority();
+  e.cache_salt = request.cache_salt();
+  e.arrival_time = absl::Now();
+  e.remote_prefill = request.remote_prefill();
+  if (request.kv_lease_ms() > 0) e.kv_lease = absl::Milliseconds(request.kv_lease_ms());
+
+  const std::string request_id = request.request_id();
+  auto transfer_id = std::make_shared<uint64_t>(0);
+  engine_->Submit(std::move(e), [this, callback = std::move(callback), request_id,
+                                 transfer_id](const SequenceUpdate& u) {
+    if (u.reservation.has_value() && receiver_ != nullptr) {
+      // Engine thread: register the expected transfer before anyone can learn its id.
+      const KvReservation& res = *u.reservation;
+      *transfer_id = transfer_salt_ ^ next_transfer_.fetch_add(1);
+      const int32_t first_block = static_cast<int32_t>(res.cached_tokens / res.block_size);
+      kvtransfer::Expectation expect;
+      expect.transfer_id = *transfer_id;
+      expect.dst_blocks.assign(res.blocks.begin() + first_block, res.blocks.end());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        transfer_to_request_[*transfer_id] = request_id;
+      }
+      receiver_->Expect(expect);
+      v1::DecodeResponse r;
+      v1::KvReservation* out = r.mutable_reservation();
+      out->set_transfer_id(*transfer_id);
+      out->set_kv_endpoint(receiver_->endpoint());
+      out->set_incarnation(receiver_->incarnation());
+      out->set_first_block(first_block);
+      out->mutable_dst_blocks()->Assign(expect.dst_blocks.begin(), expect.dst_blocks.end());
+      out->set_cached_tokens(static_cast<int32_t>(res.cached_tokens));
+      out->set_num_tokens(static_cast<int32_t>(res.num_tokens));
+      callback(r);
+    }
+    if (u.finished && *transfer_id != 0 && receiver_ != nullptr) {
+      // Whatever the ending, the expectation goes: late KV for it is discarded.
+      receiver_->Cancel(*transfer_id);
+      std::lock_guard<std::mutex> lock(mu_);
+      transfer_to_request_.erase(*transfer_id);
+      *transfer_id = 0;
+    }
+    std::vector<v1::DecodeResponse> out;
+    ToProto(u, &out);
+    for (const auto& r : out) callback(r);
+  });
+}
+
+void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
+  std::string request_id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = transfer_to_request_.find(done.transfer_id);
+    if (it == transfer_to_request_.end()) return;  // cancelled meanwhile
+    request_id = it->second;
+  }
+  if (!done.status.ok()) {
+    // The reservation stays; the router retries the prefill (possibly elsewhere).
+    TLOG(WARNING) << "request " << request_id << ": KV transfer failed: " << done.status;
+    return;
+  }
+  v1::FirstTokens first;
+  if (!first.ParseFromString(done.trailer)) {
+    TLOG(WARNING) << "request " << request_id << ": malformed first-token trailer";
+    return;
+  }
+  std::vector<int32_t> tokens(first.token_ids().begin(), first.token_ids().end());
+  std::vector<TokenLogprobs> logprobs;
+  for (const v1::TokenLogprobs& lp : first.logprobs()) {
+    TokenLogprobs t;
+    t.chosen = {lp.chosen().token_id(), lp.chosen().logprob()};
+    for (const v1::TokenLogprob& e : lp.top()) t.top.push_back({e.token_id(), e.logprob()});
+    logprobs.push_back(std::move(t));
+  }
+  engine_->Post(
+      [request_id, tokens = std::move(tokens), logprobs = std::move(logprobs)](Engine& engine) {
+        absl::Status st = engine.CompleteRemotePrefill(request_id, tokens, logprobs);
+        if (!st.ok()) TLOG(WARNING) << "request " << request_id << ": " << st;
+      });
+}
+
+void DecodeCore::Cancel(const std::string& request_id, int32_t index) {
+  if (index < 0) {
+    engine_->Cancel(request_id);
+  } else {
+    engine_->FinishSequence(request_id, index, FinishReason::kAbort);
+  }
+}
+
+}  // namespace tandem

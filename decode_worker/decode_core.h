@@ -1,0 +1,48 @@
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common/engine/async_engine.h"
+#include "common/worker/handlers.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem {
+
+// The decode role behind the worker API: turns DecodeRequests into engine requests on an
+// AsyncEngine and the engine's updates into DecodeResponses. Remote-prefill requests reserve
+// blocks, register the expected transfer with the KV receiver and report the reservation; when
+// the prefill worker's KV and first tokens arrive, the request joins the running batch.
+// Thread-safe: Decode/Cancel from RPC threads, updates on the engine thread, transfer
+// completions on the receiver's threads.
+class DecodeCore : public DecodeHandler {
+ public:
+  explicit DecodeCore(AsyncEngine* engine) : engine_(engine) {}
+  ~DecodeCore() override;
+
+  // Starts receiving KV (decode role in a disaggregated cluster). Without it, remote_prefill
+  // requests are refused.
+  absl::Status StartReceiver(const kvtransfer::ReceiverOptions& options,
+                             kvtransfer::KvRegionAccess* regions);
+  std::string kv_endpoint() const;
+  uint64_t incarnation() const;
+
+  void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override;
+  void Cancel(const std::string& request_id, int32_t index) override;
+  int64_t transfers_in_flight() const override;
+
+ private:
+  void OnTransferComplete(const kvtransfer::CompletedTransfer& done);
+
+  AsyncEngine* engine_;
+  std::unique_ptr<kvtransfer::KvReceiver> receiver_;
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, std::string> transfer_to_request_;
+  std::atomic<uint64_t> next_transfer_{0};
+  uint64_t transfer_salt_ = 0;
+};
+
+}  // namespace tandem

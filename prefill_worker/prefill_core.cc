@@ -1,0 +1,274 @@
+#include "prefill_worker/prefill_core.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "common/worker/sampling_convert.h"
+
+namespace tandem {
+
+// One Prefill call. Fields are guarded by PrefillCore::mu_ unless noted.
+struct PrefillCore::Job {
+  v1::PrefillRequest request;
+  DoneCallback done;
+  int32_t samples = 1;
+  absl::Time arrival;
+  absl::Time computed;  // last layer computed and first tokens sampled
+  v1::FirstTokens first;
+  int32_t samples_done = 0;
+  bool engine_finished = false;  // the engine request ended (its blocks are held or freed)
+  bool holding = false;          // blocks held for export: ReleaseHold when the job ends
+  bool completed = false;        // `done` was called
+  // Export thread only:
+  bool begun = false;
+  absl::Status begin_status;
+  kvtransfer::TransferHandle handle = 0;
+  bool transfer_closed = false;  // Finish or Abort was called on the handle
+};
+
+PrefillCore::PrefillCore(AsyncEngine* engine, int64_t block_size)
+    : engine_(engine), block_size_(block_size) {
+  export_thread_ = std::thread([this] { ExportLoop(); });
+}
+
+PrefillCore::~PrefillCore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (export_thread_.joinable()) export_thread_.join();
+  sender_.reset();
+}
+
+absl::Status PrefillCore::StartSender(const kvtransfer::SenderOptions& options,
+                                      kvtransfer::KvRegionAccess* regions) {
+  auto sender = kvtransfer::CreateSender(options, regions);
+  if (!sender.ok()) return sender.status();
+  sender_ = std::move(sender).value();
+  return absl::OkStatus();
+}
+
+int64_t PrefillCore::transfers_in_flight() const { return sender_ ? sender_->num_in_flight() : 0; }
+
+void PrefillCore::Enqueue(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) {
+  auto params = SamplingParamsFromProto(request.sampling());
+  if (!params.ok()) {
+    done(params.status(), {});
+    return;
+  }
+  if (sender_ == nullptr) {
+    done(absl::FailedPreconditionError("this worker has no KV sender (not a prefill worker)"), {});
+    return;
+  }
+  const int64_t total = request.prompt_token_ids_size() + request.prior_output_token_ids_size();
+  const int64_t blocks = (total + block_size_ - 1) / block_size_;
+  const auto& target = request.target();
+  if (target.first_block() < 0 || target.first_block() + target.dst_blocks_size() != blocks) {
+    done(absl::InvalidArgumentError(
+             absl::StrCat("target: reservation of ", target.dst_blocks_size(),
+                          " blocks from block ", target.first_block(), " does not cover a ", total,
+                          "-token prompt (", blocks, " blocks of ", block_size_, ")")),
+         {});
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->request = request;
+  job->done = std::move(done);
+  job->samples = request.n() == 0 ? 1 : request.n();
+  job->arrival = absl::Now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (jobs_.count(request.request_id()) != 0) {
+      job->completed = true;
+    } else {
+      jobs_[request.request_id()] = job;
+    }
+  }
+  if (job->completed) {
+    job->done(absl::AlreadyExistsError(
+                  absl::StrCat("request_id: '", request.request_id(), "' is already prefilling")),
+              {});
+    return;
+  }
+
+  EngineRequest e;
+  e.id = request.request_id();
+  e.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
+  e.prior_output.assign(request.prior_output_token_ids().begin(),
+                        request.prior_output_token_ids().end());
+  e.params = std::move(params).value();
+  e.n = job->samples;
+  e.priority = request.priority();
+  e.cache_salt = request.cache_salt();
+  e.prefill_only = true;
+  e.export_hooks = std::make_shared<KvExportHooks>();
+  std::weak_ptr<Job> weak = job;
+  e.export_hooks->on_layer = [this, weak](const std::vector<int32_t>& blocks, int64_t layer) {
+    // Engine thread: queue only.
+    auto j = weak.lock();
+    if (!j) return;
+    Task t;
+    t.job = j;
+    t.layer = layer;
+    if (layer == 0) t.blocks = blocks;
+    Enqueue(std::move(t));
+  };
+  engine_->Submit(std::move(e), [this, job](const SequenceUpdate& u) { OnEngineUpdate(job, u); });
+}
+
+void PrefillCore::OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!u.held_blocks.empty()) {
+    job->holding = true;
+    if (job->completed) {
+      // The job ended (cancelled) while the engine was finishing it: nobody will export.
+      const std::string id = job->request.request_id();
+      lock.unlock();
+      engine_->Post([id](Engine& e) { e.ReleaseHold(id); });
+      return;
+    }
+  }
+  if (job->completed) return;
+  if (!u.new_tokens.empty()) {
+    if (job->first.token_ids_size() <= u.index)
+      job->first.mutable_token_ids()->Resize(job->samples, 0);
+    job->first.set_token_ids(u.index, u.new_tokens[0]);
+    if (!u.logprobs.empty()) {
+      while (job->first.logprobs_size() < job->samples) job->first.add_logprobs();
+      v1::TokenLogprobs* lp = job->first.mutable_logprobs(u.index);
+      lp->mutable_chosen()->set_token_id(u.logprobs[0].chosen.id);
+      lp->mutable_chosen()->set_logprob(u.logprobs[0].chosen.logprob);
+      for (const auto& t : u.logprobs[0].top) {
+        v1::TokenLogprob* e = lp->add_top();
+        e->set_token_id(t.id);
+        e->set_logprob(t.logprob);
+      }
+    }
+  }
+  if (!u.finished) return;
+  if (!u.status.ok() || u.finish_reason == FinishReason::kAbort) {
+    job->engine_finished = true;
+    lock.unlock();
+    Complete(job, u.status.ok() ? absl::CancelledError("prefill cancelled") : u.status);
+    return;
+  }
+  if (++job->samples_done < job->samples) return;
+  job->engine_finished = true;
+  job->computed = absl::Now();
+  lock.unlock();
+  Task t;
+  t.job = job;
+  t.finish = true;
+  Enqueue(std::move(t));
+}
+
+void PrefillCore::ExportLoop() {
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (stop_ && tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    RunTask(task);
+  }
+}
+
+void PrefillCore::RunTask(Task& task) {
+  Job& job = *task.job;
+  bool completed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    completed = job.completed;
+  }
+  if (completed || task.cleanup) {
+    if (job.begun && job.begin_status.ok() && !job.transfer_closed) {
+      job.transfer_closed = true;
+      sender_->Abort(job.handle);
+    }
+    return;
+  }
+  const v1::KvReservation& target = job.request.target();
+  if (task.layer >= 0) {
+    if (!job.begun) {
+      job.begun = true;
+      kvtransfer::TransferTarget t;
+      t.endpoint = target.kv_endpoint();
+      t.incarnation = target.incarnation();
+      t.transfer_id = target.transfer_id();
+      t.attempt = job.request.attempt();
+      t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
+      t.deadline = absl::Now() + absl::Seconds(30);
+      std::vector<int32_t> src(task.blocks.begin() + target.first_block(), task.blocks.end());
+      auto handle = sender_->Begin(t, std::move(src));
+      job.begin_status = handle.status();
+      if (handle.ok()) job.handle = *handle;
+    }
+    if (job.begin_status.ok()) sender_->SendLayer(job.handle, task.layer);
+    return;
+  }
+  if (!task.finish) return;
+  if (!job.begun || !job.begin_status.ok()) {
+    Complete(task.job, job.begun ? job.begin_status
+                                 : absl::InternalError("no layer was exported for this prompt"));
+    return;
+  }
+  std::shared_ptr<Job> keep = task.job;
+  job.transfer_closed = true;
+  sender_->Finish(job.handle, job.first.SerializeAsString(),
+                  [this, keep](absl::Status st) { Complete(keep, std::move(st)); });
+}
+
+void PrefillCore::Complete(const std::shared_ptr<Job>& job, absl::Status status) {
+  DoneCallback done;
+  v1::PrefillResponse response;
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->completed) return;
+    job->completed = true;
+    done = std::move(job->done);
+    release = job->holding;
+    jobs_.erase(job->request.request_id());
+    response.mutable_first_token_ids()->CopyFrom(job->first.token_ids());
+    const absl::Time now = absl::Now();
+    const absl::Time computed = job->computed == absl::Time() ? now : job->computed;
+    response.set_prefill_s(absl::ToDoubleSeconds(computed - job->arrival));
+    response.set_transfer_s(absl::ToDoubleSeconds(now - computed));
+  }
+  const std::string id = job->request.request_id();
+  if (release) {
+    engine_->Post([id](Engine& e) { e.ReleaseHold(id); });
+  } else if (!job->engine_finished) {
+    engine_->Cancel(id);  // still computing: stop it (its blocks are freed by the abort)
+  }
+  if (!status.ok()) TLOG(WARNING) << "prefill of " << id << " failed: " << status;
+  Task cleanup;
+  cleanup.job = job;
+  cleanup.cleanup = true;
+  Enqueue(std::move(cleanup));
+  done(status, response);
+}
+
+void PrefillCore::Cancel(const std::string& request_id) {
+  std::shared_ptr<Job> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(request_id);
+    if (it == jobs_.end()) return;
+    job = it->second;
+  }
+  Complete(job, absl::CancelledError("prefill cancelled"));  // the export thread aborts
+}
+
+}  // namespace tandem

@@ -1,0 +1,64 @@
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "common/engine/async_engine.h"
+#include "common/worker/handlers.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem {
+
+// The prefill role behind the worker API (DESIGN §2 step 3): runs the prompt as a
+// prefill-only engine request and pushes its KV into the decode worker's reservation layer by
+// layer while the remaining layers compute, then the first tokens; answers once the decode
+// worker has verified the transfer, and only then releases the blocks.
+//
+// Threads: the engine thread calls the export hook for each finished layer and only queues it;
+// one export thread talks to the KV sender (connecting may block, the engine never does);
+// sender completions run on transport threads. Thread-safe.
+class PrefillCore : public PrefillHandler {
+ public:
+  PrefillCore(AsyncEngine* engine, int64_t block_size);
+  ~PrefillCore() override;
+
+  absl::Status StartSender(const kvtransfer::SenderOptions& options,
+                           kvtransfer::KvRegionAccess* regions);
+
+  void Prefill(const v1::PrefillRequest& request, DoneCallback done) override;
+  void Cancel(const std::string& request_id) override;
+  int64_t transfers_in_flight() const override;
+
+ private:
+  struct Job;
+  struct Task {
+    std::shared_ptr<Job> job;
+    int64_t layer = -1;           // >= 0: send this layer
+    std::vector<int32_t> blocks;  // the sequence's block table (first layer task)
+    bool finish = false;          // send the trailer and wait for the ACK
+    bool cleanup = false;         // the job ended: abort its transfer if still open
+  };
+  void ExportLoop();
+  void RunTask(Task& task);
+  void OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u);
+  void Complete(const std::shared_ptr<Job>& job, absl::Status status);
+  void Enqueue(Task task);
+
+  AsyncEngine* engine_;
+  int64_t block_size_;
+  std::unique_ptr<kvtransfer::KvSender> sender_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  std::unordered_map<std::string, std::shared_ptr<Job>> jobs_;
+  bool stop_ = false;
+  std::thread export_thread_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,71 @@
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "router/inference_client.h"
+#include "router/routing_policy.h"
+#include "router/worker_registry.h"
+
+namespace tandem {
+
+class RequestFlow;
+
+struct ClusterOptions {
+  RoutingOptions routing;
+  // Conditional disaggregation: prompts whose part not cached on the chosen decode worker is
+  // shorter than this are prefilled on the decode worker itself, as are all prompts while every
+  // prefill worker has max_prefills_per_worker prefills in flight.
+  int64_t disagg_min_uncached_tokens = 32;
+  int64_t max_prefills_per_worker = 16;
+  absl::Duration prefill_timeout = absl::Seconds(60);
+  int max_prefill_attempts = 3;
+  int max_migrations = 4;
+  int32_t kv_lease_ms = 60000;
+};
+
+// Counters of the orchestration, for tests, logs and metrics.
+struct ClusterCounters {
+  std::atomic<int64_t> requests{0};
+  std::atomic<int64_t> remote_prefills{0};
+  std::atomic<int64_t> local_prefills{0};
+  std::atomic<int64_t> prefill_retries{0};
+  std::atomic<int64_t> migrations{0};
+  std::atomic<int64_t> failures{0};
+};
+
+// The router's InferenceClient for a disaggregated cluster (DESIGN §2): places each request on a
+// decode worker and (conditionally) a prefill worker by the routing policy, relays the KV
+// reservation to the prefill worker, retries a failed prefill on another prefill worker while
+// the decode worker keeps its reservation, and migrates the samples of a decode worker that
+// dies to another one with the tokens generated so far, so that the client's stream goes on
+// without a gap or a repeat. Thread-safe.
+class ClusterClient : public InferenceClient {
+ public:
+  ClusterClient(WorkerRegistry* registry, const ClusterOptions& options);
+  ~ClusterClient() override;
+
+  void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override;
+  void Cancel(const std::string& request_id, int32_t index) override;
+
+  const ClusterCounters& counters() const { return counters_; }
+  int64_t active_requests() const;
+
+ private:
+  friend class RequestFlow;
+  friend class DecodeLeg;
+  void FlowDone(const std::string& request_id);
+
+  WorkerRegistry* registry_;
+  ClusterOptions options_;
+  ClusterCounters counters_;
+  std::atomic<uint64_t> decode_counter_{0};
+  std::atomic<uint64_t> prefill_counter_{0};
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<RequestFlow>> flows_;
+};
+
+}  // namespace tandem

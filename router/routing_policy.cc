@@ -1,0 +1,88 @@
+#include "router/routing_policy.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(const std::string& name) {
+  if (name == "round_robin") return RoutingPolicy::kRoundRobin;
+  if (name == "least_loaded") return RoutingPolicy::kLeastLoaded;
+  if (name == "prefix_affinity") return RoutingPolicy::kPrefixAffinity;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "routing policy must be round_robin, least_loaded or prefix_affinity, got '", name, "'"));
+}
+
+const char* RoutingPolicyName(RoutingPolicy policy) {
+  switch (policy) {
+    case RoutingPolicy::kRoundRobin:
+      return "round_robin";
+    case RoutingPolicy::kLeastLoaded:
+      return "least_loaded";
+    case RoutingPolicy::kPrefixAffinity:
+      return "prefix_affinity";
+  }
+  return "?";
+}
+
+RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandidate>& c,
+                         int64_t prompt_blocks, std::atomic<uint64_t>* counter) {
+  RouteChoice choice;
+  const int n = static_cast<int>(c.size());
+  if (n == 0) return choice;
+  if (o.policy == RoutingPolicy::kRoundRobin) {
+    choice.index = static_cast<int>(counter->fetch_add(1) % n);
+    choice.reason = "round_robin";
+    return choice;
+  }
+  int64_t min_load = std::numeric_limits<int64_t>::max();
+  for (const auto& x : c) min_load = std::min(min_load, x.load_blocks);
+  if (o.policy == RoutingPolicy::kLeastLoaded) {
+    // Ties rotate so equal workers share the load.
+    const uint64_t start = counter->fetch_add(1);
+    for (int k = 0; k < n; ++k) {
+      int i = static_cast<int>((start + k) % n);
+      if (c[i].load_blocks == min_load) {
+        choice.index = i;
+        break;
+      }
+    }
+    choice.reason = "least_loaded";
+    return choice;
+  }
+  // prefix_affinity with the imbalance bound.
+  const double bound = o.max_imbalance * static_cast<double>(min_load) +
+                       static_cast<double>(o.imbalance_slack_blocks);
+  double best_cost = std::numeric_limits<double>::infinity();
+  int64_t best_cached = -1;
+  bool bounded = false;
+  const uint64_t start = counter->fetch_add(1);
+  for (int k = 0; k < n; ++k) {
+    const int i = static_cast<int>((start + k) % n);
+    if (static_cast<double>(c[i].load_blocks) > bound) {
+      bounded = true;
+      continue;
+    }
+    const double uncached =
+        static_cast<double>(std::max<int64_t>(0, prompt_blocks - c[i].cached_blocks));
+    const double cost = o.w_overlap * uncached + o.w_load * static_cast<double>(c[i].load_blocks);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_cached = c[i].cached_blocks;
+      choice.index = i;
+    }
+  }
+  if (choice.index < 0) {  // cannot happen (the least loaded is within the bound); be safe
+    choice.index = 0;
+  }
+  if (best_cached > 0) {
+    choice.reason = "prefix_hit";
+  } else {
+    choice.reason = bounded ? "imbalance_bound" : "least_cost";
+  }
+  return choice;
+}
+
+}  // namespace tandem

@@ -1,0 +1,46 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "router/worker_registry.h"
+
+namespace tandem {
+
+enum class RoutingPolicy { kRoundRobin, kLeastLoaded, kPrefixAffinity };
+
+absl::StatusOr<RoutingPolicy> ParseRoutingPolicy(const std::string& name);
+const char* RoutingPolicyName(RoutingPolicy policy);
+
+struct RoutingOptions {
+  RoutingPolicy policy = RoutingPolicy::kPrefixAffinity;
+  // prefix_affinity cost = w_overlap * uncached prompt blocks + w_load * active blocks.
+  double w_overlap = 1.0;
+  double w_load = 1.0;
+  // Imbalance bound: a worker whose active blocks exceed max_imbalance x the least loaded
+  // worker's (plus imbalance_slack_blocks) is passed over while another one is below it, so one
+  // hot prefix cannot pile all the load on one worker.
+  double max_imbalance = 1.25;
+  int64_t imbalance_slack_blocks = 8;
+};
+
+struct RouteCandidate {
+  std::shared_ptr<Worker> worker;
+  int64_t cached_blocks = 0;  // leading prompt blocks in its prefix cache
+  int64_t load_blocks = 0;    // active KV blocks (router's estimate)
+};
+
+struct RouteChoice {
+  int index = -1;
+  std::string reason;  // "prefix_hit", "least_loaded", "round_robin", "imbalance_bound"
+};
+
+// Picks among candidates (non-empty). Deterministic given the inputs and the counter.
+RouteChoice ChooseWorker(const RoutingOptions& options, const std::vector<RouteCandidate>& c,
+                         int64_t prompt_blocks, std::atomic<uint64_t>* round_robin_counter);
+
+}  // namespace tandem

@@ -1,0 +1,316 @@
+#include "router/worker_registry.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/log.h"
+
+namespace tandem {
+
+// The WatchStats stream of one worker: applies stats and prefix-cache events as they come.
+class WatchStream : public grpc::ClientReadReactor<v1::WorkerStats> {
+ public:
+  WatchStream(WorkerRegistry* registry, std::shared_ptr<Worker> worker, uint64_t generation)
+      : registry_(registry), worker_(std::move(worker)), generation_(generation) {}
+
+  void Start(std::shared_ptr<WatchStream> self) {
+    self_ = std::move(self);
+    worker_->stub->async()->WatchStats(&context_, &request_, this);
+    StartRead(&message_);
+    StartCall();
+  }
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    {
+      std::lock_guard<std::mutex> lock(worker_->mu);
+      if (message_.snapshot()) worker_->cached.clear();
+      for (uint64_t h : message_.stored_block_hashes()) worker_->cached.insert(h);
+      for (uint64_t h : message_.removed_block_hashes()) worker_->cached.erase(h);
+      message_.clear_stored_block_hashes();
+      message_.clear_removed_block_hashes();
+      worker_->stats = message_;
+    }
+    worker_->healthy.store(true);
+    StartRead(&message_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    registry_->OnWatchEnded(worker_.get(), generation_);
+    self_.reset();  // may delete this
+  }
+
+ private:
+  WorkerRegistry* registry_;
+  std::shared_ptr<Worker> worker_;
+  uint64_t generation_;
+  grpc::ClientContext context_;
+  v1::StatsRequest request_;
+  v1::WorkerStats message_;
+  std::shared_ptr<WatchStream> self_;
+};
+
+int64_t Worker::CachedPrefix(const std::vector<uint64_t>& hashes) const {
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(hashes.size()) && cached.count(hashes[n]) != 0) ++n;
+  return n;
+}
+
+absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayoutInfo& b) {
+  auto differ = [](const char* field, const auto& x, const auto& y) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV layout mismatch: ", field, " is ", y, ", the cluster uses ", x));
+  };
+  if (a.protocol_version() != b.protocol_version()) {
+    return differ("protocol_version", a.protocol_version(), b.protocol_version());
+  }
+  if (a.model_id() != b.model_id()) return differ("model_id", a.model_id(), b.model_id());
+  if (a.num_layers() != b.num_layers()) return differ("num_layers", a.num_layers(), b.num_layers());
+  if (a.num_kv_heads() != b.num_kv_heads()) {
+    return differ("num_kv_heads", a.num_kv_heads(), b.num_kv_heads());
+  }
+  if (a.head_dim() != b.head_dim()) return differ("head_dim", a.head_dim(), b.head_dim());
+  if (a.block_size() != b.block_size()) return differ("block_size", a.block_size(), b.block_size());
+  if (a.kv_dtype() != b.kv_dtype()) return differ("kv_dtype", a.kv_dtype(), b.kv_dtype());
+  return absl::OkStatus();
+}
+
+WorkerRegistry::WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {}
+
+WorkerRegistry::~WorkerRegistry() { Stop(); }
+
+void WorkerRegistry::Start() {
+  DiscoverOnce();
+  discovery_ = std::thread([this] { DiscoveryLoop(); });
+}
+
+void WorkerRegistry::Stop() {
+  std::vector<std::shared_ptr<Worker>> workers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    workers = workers_;
+  }
+  cv_.notify_all();
+  if (discovery_.joinable()) discovery_.join();
+  for (auto& w : workers) {
+    std::shared_ptr<WatchStream> watch;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      watch = w->watch;
+    }
+    if (watch) watch->Cancel();
+  }
+  // Let the cancelled streams finish before the workers (and their stubs) go away.
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    bool any = false;
+    for (auto& w : workers) {
+      std::lock_guard<std::mutex> lock(w->mu);
+      any |= w->watch != nullptr;
+    }
+    if (!any) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+void WorkerRegistry::DiscoveryLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.resolve_interval));
+    if (stop_) break;
+    lock.unlock();
+    DiscoverOnce();
+    lock.lock();
+  }
+}
+
+namespace {
+
+std::vector<std::string> Resolve(const std::string& name_port) {
+  std::vector<std::string> out;
+  auto pos = name_port.rfind(':');
+  if (pos == std::string::npos) return out;
+  std::string host = name_port.substr(0, pos), port = name_port.substr(pos + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0) return out;
+  for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
+    char buf[NI_MAXHOST];
+    if (getnameinfo(p->ai_addr, p->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    std::string ip = buf;
+    std::string addr = p->ai_family == AF_INET6 ? "[" + ip + "]:" + port : ip + ":" + port;
+    if (std::find(out.begin(), out.end(), addr) == out.end()) out.push_back(addr);
+  }
+  freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> WorkerRegistry::CurrentAddresses() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& a : options_.prefill_addresses) out.emplace_back(a, "prefill");
+  for (const auto& a : options_.decode_addresses) out.emplace_back(a, "decode");
+  if (!options_.prefill_dns.empty()) {
+    for (const auto& a : Resolve(options_.prefill_dns)) out.emplace_back(a, "prefill");
+  }
+  if (!options_.decode_dns.empty()) {
+    for (const auto& a : Resolve(options_.decode_dns)) out.emplace_back(a, "decode");
+  }
+  return out;
+}
+
+void WorkerRegistry::DiscoverOnce() {
+  for (const auto& [address, role] : CurrentAddresses()) {
+    std::shared_ptr<Worker> known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      for (auto& w : workers_) {
+        if (w->address == address) known = w;
+      }
+    }
+    if (known) {
+      std::lock_guard<std::mutex> lock(known->mu);
+      if (known->watch != nullptr) continue;  // alive
+    }
+    Register(address, role);
+  }
+}
+
+void WorkerRegistry::Register(const std::string& address, const std::string& expected_role) {
+  auto worker = std::make_shared<Worker>();
+  worker->address = address;
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  worker->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  worker->stub = v1::Worker::NewStub(worker->channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  grpc::Status st = worker->stub->GetInfo(&context, v1::InfoRequest(), &worker->info);
+  if (!st.ok()) return;  // not up (yet); discovery retries
+  const std::string& role = worker->info.role();
+  const bool role_ok = role == "both" || role == expected_role;
+  std::string refusal;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    if (!role_ok) {
+      refusal = absl::StrCat("role '", role, "' listed as a ", expected_role, " worker");
+    } else if (layout_.has_value()) {
+      absl::Status compat = CheckLayoutCompatible(*layout_, worker->info.layout());
+      if (!compat.ok()) refusal = std::string(compat.message());
+    } else {
+      layout_ = worker->info.layout();
+    }
+    if (!refusal.empty()) {
+      const std::string entry = address + ": " + refusal;
+      if (std::find(refused_.begin(), refused_.end(), entry) == refused_.end()) {
+        refused_.push_back(entry);
+        TLOG(WARNING) << "refusing worker " << entry;
+      }
+      return;
+    }
+    // Replace a previous registration of the same address (restarted worker): never reuse its
+    // stale state (incarnation, cached hashes).
+    auto it = std::find_if(workers_.begin(), workers_.end(),
+                           [&](const auto& w) { return w->address == address; });
+    if (it != workers_.end()) {
+      (*it)->healthy.store(false);
+      *it = worker;
+    } else {
+      workers_.push_back(worker);
+    }
+  }
+  TLOG(INFO) << "registered " << role << " worker " << address << " (incarnation "
+             << worker->info.incarnation() << ")";
+  StartWatch(worker);
+}
+
+void WorkerRegistry::StartWatch(const std::shared_ptr<Worker>& worker) {
+  std::shared_ptr<WatchStream> watch;
+  {
+    std::lock_guard<std::mutex> lock(worker->mu);
+    watch = std::make_shared<WatchStream>(this, worker, ++worker->watch_generation);
+    worker->watch = watch;
+  }
+  watch->Start(watch);
+}
+
+void WorkerRegistry::OnWatchEnded(Worker* worker, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(worker->mu);
+  if (worker->watch_generation != generation) return;
+  if (worker->healthy.exchange(false)) {
+    TLOG(WARNING) << "worker " << worker->address << " is unreachable";
+  }
+  worker->watch.reset();
+  worker->cached.clear();
+  cv_.notify_all();
+}
+
+void WorkerRegistry::ReportFailure(const std::shared_ptr<Worker>& worker) {
+  worker->healthy.store(false);
+  std::shared_ptr<WatchStream> watch;
+  {
+    std::lock_guard<std::mutex> lock(worker->mu);
+    watch = worker->watch;
+  }
+  if (watch) watch->Cancel();
+}
+
+std::vector<std::shared_ptr<Worker>> WorkerRegistry::Healthy(const std::string& role) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Worker>> out;
+  for (const auto& w : workers_) {
+    if (!w->healthy.load()) continue;
+    if ((role == "prefill" && w->is_prefill()) || (role == "decode" && w->is_decode())) {
+      out.push_back(w);
+    }
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<Worker>> WorkerRegistry::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workers_;
+}
+
+bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (static_cast<int>(Healthy("prefill").size()) >= prefill &&
+        static_cast<int>(Healthy("decode").size()) >= decode) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+std::optional<v1::KvLayoutInfo> WorkerRegistry::layout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return layout_;
+}
+
+std::vector<std::string> WorkerRegistry::refused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_;
+}
+
+}  // namespace tandem

@@ -1,0 +1,102 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem {
+
+class WatchStream;
+
+// A worker as the router sees it. Immutable after registration except where noted.
+struct Worker {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Worker::Stub> stub;
+  v1::WorkerInfo info;
+
+  bool is_prefill() const { return info.role() == "prefill" || info.role() == "both"; }
+  bool is_decode() const { return info.role() == "decode" || info.role() == "both"; }
+
+  std::atomic<bool> healthy{false};           // its stats stream is up
+  std::atomic<int64_t> inflight_requests{0};  // router-side load estimate
+  std::atomic<int64_t> inflight_blocks{0};    // KV blocks of those requests (estimate)
+  std::atomic<int64_t> routed_requests{0};    // total, for tests and metrics
+
+  // Latest stats and the hashes of its cached prefix blocks (from WatchStats).
+  mutable std::mutex mu;
+  v1::WorkerStats stats;
+  std::unordered_set<uint64_t> cached;
+  std::shared_ptr<WatchStream> watch;
+  uint64_t watch_generation = 0;
+
+  // Leading blocks of `hashes` this worker holds in its prefix cache.
+  int64_t CachedPrefix(const std::vector<uint64_t>& hashes) const;
+};
+
+// OK when `b` has the same KV layout as `a`; else FAILED_PRECONDITION naming the field.
+absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayoutInfo& b);
+
+struct RegistryOptions {
+  std::vector<std::string> prefill_addresses;  // static lists, host:port
+  std::vector<std::string> decode_addresses;
+  std::string prefill_dns;  // "name:port", re-resolved every resolve_interval (e.g. a
+  std::string decode_dns;   // Kubernetes headless Service)
+  absl::Duration resolve_interval = absl::Seconds(2);
+  absl::Duration rpc_timeout = absl::Seconds(2);
+};
+
+// Discovers workers (static lists and DNS names), checks that each speaks the cluster's KV
+// layout before it may take requests (refusing it at registration otherwise), and keeps a
+// WatchStats stream per worker for load and prefix-cache events. Thread-safe.
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(RegistryOptions options);
+  ~WorkerRegistry();
+  void Start();
+  void Stop();
+
+  // Healthy workers that can take the role ("prefill" or "decode").
+  std::vector<std::shared_ptr<Worker>> Healthy(const std::string& role) const;
+  std::vector<std::shared_ptr<Worker>> All() const;
+  // Waits until at least this many healthy workers of each role are registered.
+  bool WaitForWorkers(int prefill, int decode, absl::Duration timeout) const;
+  // The cluster's KV layout (of the first worker admitted), if known.
+  std::optional<v1::KvLayoutInfo> layout() const;
+  // "address: reason" of every worker refused at registration.
+  std::vector<std::string> refused() const;
+  // Marks a worker unhealthy at once (a call to it failed); discovery re-registers it.
+  void ReportFailure(const std::shared_ptr<Worker>& worker);
+
+ private:
+  friend class WatchStream;
+  void DiscoveryLoop();
+  void DiscoverOnce();
+  std::vector<std::pair<std::string, std::string>> CurrentAddresses() const;  // (address, role)
+  void Register(const std::string& address, const std::string& expected_role);
+  void StartWatch(const std::shared_ptr<Worker>& worker);
+  void OnWatchEnded(Worker* worker, uint64_t generation);
+
+  RegistryOptions options_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::vector<std::shared_ptr<Worker>> workers_;
+  std::vector<std::string> refused_;
+  std::optional<v1::KvLayoutInfo> layout_;
+  bool stop_ = false;
+  std::thread discovery_;
+};
+
+}  // namespace tandem

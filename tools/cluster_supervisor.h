@@ -1,0 +1,52 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tandem {
+
+// Runs the worker processes of a local cluster (`tandem serve --prefill-workers N
+// --decode-workers M`) on loopback: starts each as a child `tandem prefill|decode` on a free
+// port, restarts one that dies on the same port (the router re-registers it and never reuses
+// its stale state), and stops them all with SIGTERM (drain) on Stop. Children die with the
+// supervisor (PR_SET_PDEATHSIG).
+class ClusterSupervisor {
+ public:
+  struct Child {
+    std::string role;  // "prefill" or "decode"
+    std::vector<std::string> args;
+    int port = 0;
+    pid_t pid = -1;
+    int restarts = 0;
+  };
+
+  explicit ClusterSupervisor(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+  ~ClusterSupervisor();
+
+  // Starts `count` workers of `role` with `args` and waits until each serves.
+  absl::Status Launch(const std::string& role, int count, const std::vector<std::string>& args,
+                      absl::Duration timeout);
+  std::vector<std::string> Addresses(const std::string& role) const;
+  // Restarts children that died, until Stop.
+  void StartMonitor();
+  // SIGTERM to every child, then waits (SIGKILL after `timeout`).
+  void Stop(absl::Duration timeout);
+
+ private:
+  absl::Status Spawn(Child& child, absl::Duration timeout);
+  void MonitorLoop();
+
+  std::string state_dir_;
+  mutable std::mutex mu_;
+  std::vector<Child> children_;
+  bool stopping_ = false;
+  std::thread monitor_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,136 @@
+#include "tools/engine_flags.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <pthread.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "tools/commands.h"
+
+namespace tandem {
+
+EngineFlags::EngineFlags() : model_dir(DefaultModelDir()) {}
+
+void EngineFlags::Register(FlagSet* f) {
+  f->String("model", &model_dir, "Hugging Face model directory");
+  f->String("dtype", &dtype, "weight dtype in memory: auto, f32 or bf16");
+  f->String("kv-cache-dtype", &kv_dtype, "KV cache dtype: auto, f32 or bf16");
+  f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
+  f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
+  f->Int("block-size", &block_size, "tokens per KV block");
+  f->Int("max-num-seqs", &max_num_seqs, "sequences per step at most");
+  f->Int("max-num-batched-tokens", &max_batched_tokens, "tokens per step at most");
+  f->Int("max-prefill-chunk", &max_prefill_chunk, "tokens of one prompt per step (0: budget)");
+  f->Int("max-model-len", &max_model_len, "context length (0: the model's)");
+  f->Int("max-waiting", &max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
+  f->String("scheduling-policy", &policy, "fcfs, priority or static (benchmark baseline)");
+  f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
+  f->Int("threads", &threads, "compute threads (0: one per core)");
+}
+
+absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
+  EngineBuildOptions o;
+  o.model_dir = model_dir;
+  o.weight_dtype = dtype;
+  o.kv_cache_dtype = kv_dtype;
+  auto bytes = ParseByteSize(kv_memory);
+  if (!bytes.ok()) return bytes.status();
+  o.kv_cache_bytes = *bytes;
+  o.num_kv_blocks = num_kv_blocks;
+  o.block_size = block_size;
+  o.threads = static_cast<int>(threads);
+  if (policy == "fcfs") {
+    o.engine.scheduler.policy = SchedulingPolicy::kFcfs;
+  } else if (policy == "priority") {
+    o.engine.scheduler.policy = SchedulingPolicy::kPriority;
+  } else if (policy == "static") {
+    o.engine.scheduler.policy = SchedulingPolicy::kStatic;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scheduling-policy must be fcfs, priority or static, got '", policy, "'"));
+  }
+  o.engine.scheduler.max_num_seqs = max_num_seqs;
+  o.engine.scheduler.max_num_batched_tokens = max_batched_tokens;
+  o.engine.scheduler.max_prefill_chunk = max_prefill_chunk;
+  o.engine.enable_prefix_cache = !no_prefix_cache;
+  o.engine.max_model_len = max_model_len;
+  o.engine.max_waiting = max_waiting;
+  return o;
+}
+
+std::vector<std::string> EngineFlags::ToArgs() const {
+  std::vector<std::string> a = {
+      "--model=" + model_dir,
+      "--dtype=" + dtype,
+      "--kv-cache-dtype=" + kv_dtype,
+      "--kv-cache-memory=" + kv_memory,
+      absl::StrCat("--num-kv-blocks=", num_kv_blocks),
+      absl::StrCat("--block-size=", block_size),
+      absl::StrCat("--max-num-seqs=", max_num_seqs),
+      absl::StrCat("--max-num-batched-tokens=", max_batched_tokens),
+      absl::StrCat("--max-prefill-chunk=", max_prefill_chunk),
+      absl::StrCat("--max-model-len=", max_model_len),
+      absl::StrCat("--max-waiting=", max_waiting),
+      "--scheduling-policy=" + policy,
+      absl::StrCat("--threads=", threads),
+  };
+  if (no_prefix_cache) a.push_back("--no-prefix-cache");
+  return a;
+}
+
+void ServerFlags::Register(FlagSet* f, int64_t default_port) {
+  port = default_port;
+  f->String("host", &host, "address to listen on");
+  f->Int("port", &port, "port to listen on (0: any free port)");
+  f->String("port-file", &port_file, "write the bound port to this file once serving");
+  f->Double("drain-timeout", &drain_timeout_s, "seconds to let requests finish on SIGTERM");
+  f->Bool("log-json", &log_json, "log one JSON object per line");
+}
+
+sigset_t BlockTerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int WaitForTerminationSignal(const sigset_t& signals) {
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  return sig;
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& content) {
+  std::ofstream(path + ".tmp") << content;
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+}
+
+absl::StatusOr<RunningServer> StartGrpcServer(const ServerFlags& flags,
+                                              const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  RunningServer running;
+  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port),
+                           grpc::InsecureServerCredentials(), &running.port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  for (grpc::Service* s : services) builder.RegisterService(s);
+  running.server = builder.BuildAndStart();
+  if (running.server == nullptr || running.port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", flags.host, ":", flags.port));
+  }
+  running.server->GetHealthCheckService()->SetServingStatus(true);
+  if (!flags.port_file.empty())
+    WriteFileAtomically(flags.port_file, absl::StrCat(running.port, "\n"));
+  return running;
+}
+
+}  // namespace tandem

@@ -1,0 +1,71 @@
+#pragma once
+
+#include <csignal>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/base/flags.h"
+#include "common/engine/engine_builder.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
+
+namespace tandem {
+
+// Flags shared by every command that runs an engine (serve, prefill, decode, worker).
+struct EngineFlags {
+  std::string model_dir;
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
+  std::string kv_memory = "1GiB";
+  std::string policy = "fcfs";
+  int64_t threads = 0;
+  int64_t block_size = 16;
+  int64_t max_num_seqs = 64;
+  int64_t max_batched_tokens = 512;
+  int64_t max_model_len = 0;
+  int64_t max_waiting = 4096;
+  int64_t max_prefill_chunk = 0;
+  int64_t num_kv_blocks = 0;
+  bool no_prefix_cache = false;
+
+  EngineFlags();
+  void Register(FlagSet* flags);
+  absl::StatusOr<EngineBuildOptions> ToBuildOptions() const;
+  // The same settings as command-line arguments (to start worker processes with them).
+  std::vector<std::string> ToArgs() const;
+};
+
+// Flags of every gRPC server command.
+struct ServerFlags {
+  std::string host = "127.0.0.1";
+  int64_t port = 0;
+  std::string port_file;
+  double drain_timeout_s = 60;
+  bool log_json = false;
+
+  void Register(FlagSet* flags, int64_t default_port);
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread and returns the set; call it first thing, so
+// that every thread started later inherits the mask and only sigwait sees the signals.
+sigset_t BlockTerminationSignals();
+// Waits for SIGTERM or SIGINT and returns it.
+int WaitForTerminationSignal(const sigset_t& signals);
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+// Starts a gRPC server with health checking and reflection on host:port and writes the bound
+// port to flags.port_file (atomically) when set.
+absl::StatusOr<RunningServer> StartGrpcServer(const ServerFlags& flags,
+                                              const std::vector<grpc::Service*>& services);
+
+void WriteFileAtomically(const std::string& path, const std::string& content);
+
+}  // namespace tandem

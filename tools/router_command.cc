@@ -1,0 +1,59 @@
+// `tandem router`: the client-facing router of a disaggregated cluster.
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "common/base/log.h"
+#include "tools/commands.h"
+#include "tools/engine_flags.h"
+#include "tools/router_runtime.h"
+
+namespace tandem {
+
+int RunRouter(int argc, char** argv) {
+  const sigset_t signals = BlockTerminationSignals();
+  RouterFlags router_flags;
+  ServerFlags server_flags;
+  std::string model_dir = DefaultModelDir();
+  FlagSet flags("router",
+                "Serves the Generation gRPC API in front of prefill and decode workers: places\n"
+                "requests by prefix affinity, relays KV reservations, retries and migrates.");
+  flags.String("model", &model_dir, "model directory (only its tokenizer is loaded)");
+  router_flags.Register(&flags);
+  server_flags.Register(&flags, 50051);
+  if (auto st = flags.Parse(argc, argv); !st.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (flags.help_requested()) return 0;
+  ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "router"});
+  auto router = RouterRuntime::Create(router_flags, model_dir);
+  if (!router.ok()) {
+    TLOG(ERROR) << router.status();
+    return 1;
+  }
+  auto server = StartGrpcServer(server_flags, (*router)->services());
+  if (!server.ok()) {
+    TLOG(ERROR) << server.status();
+    return 1;
+  }
+  TLOG(INFO) << "router serving on " << server_flags.host << ":" << server->port;
+  const int sig = WaitForTerminationSignal(signals);
+  TLOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining";
+  (*router)->generation().StartDrain();
+  server->server->GetHealthCheckService()->SetServingStatus(false);
+  const absl::Time deadline = absl::Now() + absl::Seconds(server_flags.drain_timeout_s);
+  while ((*router)->generation().active_calls() > 0 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  (*router)->Stop();
+  TLOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace tandem

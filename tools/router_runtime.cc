@@ -1,0 +1,87 @@
+#include "tools/router_runtime.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/base/log.h"
+
+namespace tandem {
+
+void RouterFlags::Register(FlagSet* f) {
+  f->String("prefill-addresses", &prefill_addresses, "prefill workers, host:port,host:port");
+  f->String("decode-addresses", &decode_addresses, "decode workers, host:port,host:port");
+  f->String("prefill-dns", &prefill_dns, "prefill workers by DNS name:port, re-resolved");
+  f->String("decode-dns", &decode_dns, "decode workers by DNS name:port, re-resolved");
+  f->String("routing-policy", &routing_policy, "round_robin, least_loaded or prefix_affinity");
+  f->Double("w-overlap", &w_overlap, "prefix_affinity weight of uncached prompt blocks");
+  f->Double("w-load", &w_load, "prefix_affinity weight of a worker's active blocks");
+  f->Double("max-imbalance", &max_imbalance, "active-block ratio bound between workers");
+  f->Int("disagg-min-uncached-tokens", &disagg_min_uncached_tokens,
+         "shorter uncached prompt parts are prefilled on the decode worker");
+  f->Int("max-prefills-per-worker", &max_prefills_per_worker,
+         "prefill workers above this many prefills in flight count as saturated");
+  f->Double("prefill-timeout", &prefill_timeout_s, "seconds before a prefill is retried elsewhere");
+  f->Double("startup-timeout", &startup_timeout_s, "seconds to wait for the first decode worker");
+  f->String("model-name", &model_name, "model name clients use (default: the workers')");
+}
+
+RouterRuntime::~RouterRuntime() {
+  if (registry_) registry_->Stop();
+}
+
+absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const RouterFlags& flags,
+                                                                     const std::string& model_dir) {
+  std::unique_ptr<RouterRuntime> r(new RouterRuntime);
+  auto tokenizer = Tokenizer::FromModelDir(model_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  r->tokenizer_ = std::move(tokenizer).value();
+
+  RegistryOptions ro;
+  for (auto a : absl::StrSplit(flags.prefill_addresses, ',', absl::SkipEmpty())) {
+    ro.prefill_addresses.emplace_back(a);
+  }
+  for (auto a : absl::StrSplit(flags.decode_addresses, ',', absl::SkipEmpty())) {
+    ro.decode_addresses.emplace_back(a);
+  }
+  ro.prefill_dns = flags.prefill_dns;
+  ro.decode_dns = flags.decode_dns;
+  if (ro.decode_addresses.empty() && ro.decode_dns.empty()) {
+    return absl::InvalidArgumentError("the router needs --decode-addresses or --decode-dns");
+  }
+  r->registry_ = std::make_unique<WorkerRegistry>(ro);
+  r->registry_->Start();
+
+  ClusterOptions co;
+  auto policy = ParseRoutingPolicy(flags.routing_policy);
+  if (!policy.ok()) return policy.status();
+  co.routing.policy = *policy;
+  co.routing.w_overlap = flags.w_overlap;
+  co.routing.w_load = flags.w_load;
+  co.routing.max_imbalance = flags.max_imbalance;
+  co.disagg_min_uncached_tokens = flags.disagg_min_uncached_tokens;
+  co.max_prefills_per_worker = flags.max_prefills_per_worker;
+  co.prefill_timeout = absl::Seconds(flags.prefill_timeout_s);
+  r->client_ = std::make_unique<ClusterClient>(r->registry_.get(), co);
+
+  if (!r->registry_->WaitForWorkers(0, 1, absl::Seconds(flags.startup_timeout_s))) {
+    return absl::UnavailableError("no decode worker registered within the startup timeout");
+  }
+  GenerationServiceOptions go;
+  const auto decoders = r->registry_->Healthy("decode");
+  const v1::WorkerInfo& info = decoders.front()->info;
+  go.model_name = !flags.model_name.empty() ? flags.model_name
+                  : !info.model_name().empty()
+                      ? info.model_name()
+                      : std::filesystem::path(model_dir).filename().string();
+  go.max_model_len = info.max_model_len();
+  go.dtype = info.layout().kv_dtype();
+  r->generation_ = std::make_unique<GenerationService>(go, r->tokenizer_.get(), r->client_.get());
+  r->admin_ = std::make_unique<RouterAdminService>(r->registry_.get(), r->client_.get());
+  TLOG(INFO) << "router: policy " << flags.routing_policy << ", "
+             << r->registry_->Healthy("prefill").size() << " prefill and " << decoders.size()
+             << " decode workers registered";
+  return r;
+}
+
+}  // namespace tandem
