@@ -36,11 +36,13 @@ struct ReceiverCore::Entry {
 
 ReceiverCore::ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
                            KvReceiver::CompletionCallback on_complete,
-                           absl::Duration deadline_grace, const std::string& thread_name)
+                           absl::Duration deadline_grace, absl::Duration max_transfer_time,
+                           const std::string& thread_name)
     : layout_(layout),
       access_(access),
       on_complete_(std::move(on_complete)),
       deadline_grace_(deadline_grace),
+      max_transfer_time_(max_transfer_time),
       loop_(thread_name, absl::Milliseconds(20), [this] { Tick(); }) {}
 
 ReceiverCore::~ReceiverCore() {
@@ -154,7 +156,7 @@ absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
   e->last_attempt = start.attempt;
   e->active = true;
   e->owner = start.owner;
-  e->deadline = start.deadline;
+  e->deadline = std::min(start.deadline, absl::Now() + max_transfer_time_);
   e->started = absl::Now();
   e->result = std::move(result);
   e->failure = absl::OkStatus();

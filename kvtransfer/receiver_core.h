@@ -55,7 +55,7 @@ class ReceiverCore {
 
   ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
                KvReceiver::CompletionCallback on_complete, absl::Duration deadline_grace,
-               const std::string& thread_name);
+               absl::Duration max_transfer_time, const std::string& thread_name);
   // Stops the event loop (callbacks already posted still run); nothing runs afterwards.
   ~ReceiverCore();
 
@@ -103,6 +103,7 @@ class ReceiverCore {
   KvRegionAccess* const access_;
   const KvReceiver::CompletionCallback on_complete_;
   const absl::Duration deadline_grace_;
+  const absl::Duration max_transfer_time_;
   StatsCounters counters_;
   std::atomic<bool> shutting_down_{false};
 

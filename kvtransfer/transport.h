@@ -46,7 +46,9 @@ absl::Status CheckCompatible(const KvLayout& local, const KvLayout& peer);
 // Access to the KV pool's bytes. For host memory (the CPU backend) Region returns a pointer the
 // transport reads from / writes into directly (zero copy). Regions of blocks taking part in a
 // transfer are stable: the sender's blocks are held and the receiver's are reserved and unused
-// until the transfer completes.
+// until the transfer completes. For nccl, Region returns device pointers. Region is called from
+// transport threads concurrently with the engine thread, so it must be a pure address
+// computation (as the CPU backend's HostBlockRegion is).
 class KvRegionAccess {
  public:
   virtual ~KvRegionAccess() = default;
@@ -95,6 +97,8 @@ struct ReceiverOptions {
   // An attempt whose sender went silent is failed this long after its deadline (the sender
   // normally aborts it at the deadline itself).
   absl::Duration deadline_grace = absl::Seconds(2);
+  // The deadline of an attempt whose sender gave none: nothing waits forever.
+  absl::Duration max_transfer_time = absl::Minutes(5);
   // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
@@ -129,9 +133,13 @@ class KvReceiver {
   virtual uint64_t incarnation() const = 0;
 
   // Registers a transfer before the sender starts. Thread-safe. Data for unknown transfers,
-  // or for blocks outside dst_blocks, is discarded and the sender told so.
+  // or for blocks outside dst_blocks, is discarded and the sender told so. Expecting an id
+  // that is already expected replaces it (like Cancel, then Expect).
   virtual void Expect(const Expectation& expectation) = 0;
-  // Forgets a transfer (request cancelled or lease expired); late data is discarded.
+  // Forgets a transfer (request cancelled or lease expired); late data is discarded and the
+  // sender told. Once Cancel returns the transport never writes the transfer's blocks again
+  // (tcp and loopback: at most one short syscall / memcpy is waited for; nccl: the message in
+  // flight, bounded by io_timeout), so they can be freed. No on_complete follows a Cancel.
   virtual void Cancel(uint64_t transfer_id) = 0;
   // Transfers expected and not yet completed.
   virtual int64_t num_in_flight() const = 0;
@@ -157,6 +165,8 @@ struct SenderOptions {
   std::string transport = "tcp";
   KvLayout layout;
   absl::Duration connect_timeout = absl::Seconds(5);
+  // The deadline of a transfer whose target has none (InfiniteFuture): nothing waits forever.
+  absl::Duration max_transfer_time = absl::Minutes(5);
   // tcp: CRC32C per DATA message (verified by the receiver). Off only for benchmarks.
   bool checksum = true;
   // tcp: a connection that makes no progress inside a message for this long is broken.
@@ -191,8 +201,12 @@ class KvSender {
   virtual ~KvSender() = default;
 
   // Starts a transfer of src_blocks[i] -> target.dst_blocks[i] (same count). Connects (and
-  // handshakes) to the endpoint if needed. Errors: the layouts differ, the receiver's
-  // incarnation changed, the endpoint is unreachable.
+  // handshakes) to the endpoint if needed, which may block up to connect_timeout. Errors:
+  // FAILED_PRECONDITION when the layouts differ (naming the field) or the receiver's
+  // incarnation changed; UNAVAILABLE / DEADLINE_EXCEEDED when the endpoint is unreachable;
+  // INVALID_ARGUMENT for bad block lists. A receiver that rejects the transfer (unknown id,
+  // foreign blocks) fails it asynchronously: done reports it (nccl: Begin already does).
+  // Every handle must end with Finish or Abort.
   virtual absl::StatusOr<TransferHandle> Begin(const TransferTarget& target,
                                                std::vector<int32_t> src_blocks) = 0;
   // Queues layer `layer` of every block of the transfer. Never blocks the caller (the engine
@@ -202,7 +216,9 @@ class KvSender {
   // After the last layer: sends `trailer` and calls `done` once the receiver has verified
   // everything (OK), or with the failure (checksum mismatch, deadline, connection lost, ...).
   virtual void Finish(TransferHandle handle, std::string trailer, DoneCallback done) = 0;
-  // Gives up; `done` (if Finish was called) runs with ABORTED. The receiver is told.
+  // Gives up; `done` (if Finish was called) runs with ABORTED. The receiver is told. tcp and
+  // loopback never read the transfer's regions after Abort returns (nor after done ran, on
+  // any outcome); nccl may until the message in flight completes (bounded by io_timeout).
   virtual void Abort(TransferHandle handle) = 0;
   // Handles begun and not yet ended by Finish (outcome delivered) or Abort.
   virtual int64_t num_in_flight() const = 0;

@@ -67,7 +67,8 @@ class NcclReceiver : public KvReceiver {
         incarnation_((static_cast<uint64_t>(std::random_device{}()) << 32) ^
                      (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
-                                             options.deadline_grace, "kvt-nccl-recv")) {}
+                                             options.deadline_grace, options.max_transfer_time,
+                                             "kvt-nccl-recv")) {}
 
   ~NcclReceiver() override {
     core_->Shutdown();

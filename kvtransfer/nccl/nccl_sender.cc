@@ -126,6 +126,7 @@ class NcclSender : public KvSender {
     if (!s.ok()) return s;
     auto t = std::make_shared<Transfer>();
     t->target = target;
+    t->target.deadline = std::min(target.deadline, absl::Now() + options_.max_transfer_time);
     t->src_blocks = std::move(src_blocks);
     t->peer = *peer;
     t->started = absl::Now();

@@ -14,6 +14,7 @@ namespace tandem::kvtransfer::tcp {
 namespace {
 
 constexpr size_t kScratchBytes = 256 << 10;
+constexpr size_t kBytesPerCall = 512 << 10;  // per send: checksummed while still in cache
 
 absl::Status ReadReply(int fd, absl::Time deadline, wire::Prefix* prefix, std::string* meta) {
   uint8_t raw[wire::kPrefixBytes];
@@ -263,16 +264,21 @@ absl::Status SenderConnection::WriteData(const WorkItem& item) {
   d.blocks.assign(t->dst_blocks.begin() + item.first,
                   t->dst_blocks.begin() + item.first + item.count);
   std::vector<const uint8_t*> regions(item.count);
+  // The checksum is taken from the bytes right after each send copied them (still in cache);
+  // with a corruption fault, from the intact regions up front, since a copy goes out instead.
+  uint32_t crc = 0;
+  bool crc_while_sending = options_.checksum;
   {
     std::lock_guard<std::mutex> lock(t->io_mu);
     if (!t->readable) return absl::OkStatus();
-    uint32_t crc = 0;
     for (size_t i = 0; i < item.count; ++i) {
       regions[i] = access_->Region(item.layer, t->src_blocks[item.first + i]);
-      if (options_.checksum) crc = Crc32c(crc, regions[i], region);
     }
-    d.payload_crc = crc;
     if (fault.corrupt && item.count > 0) {  // flip a byte of a copy: the KV pool stays intact
+      if (options_.checksum) {
+        for (const uint8_t* r : regions) crc = Crc32c(crc, r, region);
+        crc_while_sending = false;
+      }
       const size_t k = fault.corrupt_position % item.count;
       corrupted_.assign(regions[k], regions[k] + region);
       corrupted_[(fault.corrupt_position >> 20) % region] ^= 0x5a;
@@ -289,13 +295,21 @@ absl::Status SenderConnection::WriteData(const WorkItem& item) {
   if (!s.ok()) return s;
   IovCursor cur;
   for (const uint8_t* r : regions) cur.Add(r, region);
-  IoGuard guard;
-  guard.mu = &t->io_mu;
-  guard.valid = [t] { return t->readable; };
-  guard.scratch = scratch_.data();
-  guard.scratch_len = scratch_.size();
-  s = WriteAll(fd_.get(), &cur, options_.io_timeout, &guard);
+  IoHooks hooks;
+  hooks.mu = &t->io_mu;
+  hooks.valid = [t] { return t->readable; };
+  hooks.scratch = scratch_.data();
+  hooks.scratch_len = scratch_.size();
+  if (crc_while_sending) {
+    hooks.on_bytes = [&crc](uint8_t* p, size_t n) { crc = Crc32c(crc, p, n); };
+  }
+  hooks.max_bytes_per_call = kBytesPerCall;
+  s = WriteAll(fd_.get(), &cur, options_.io_timeout, &hooks);
   if (!s.ok()) return s;
+  if (options_.checksum) {
+    s = WriteBytes(fd_.get(), &crc, sizeof crc, options_.io_timeout);
+    if (!s.ok()) return s;
+  }
   counters_->frames.fetch_add(1, std::memory_order_relaxed);
   counters_->bytes.fetch_add(d.payload_len, std::memory_order_relaxed);
   return absl::OkStatus();

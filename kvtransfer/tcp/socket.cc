@@ -49,7 +49,10 @@ absl::Status WaitReady(int fd, short events, absl::Duration timeout) {
 }
 
 absl::Status Transfer(int fd, bool write, IovCursor* cur, absl::Duration idle_timeout,
-                      const IoGuard* guard, absl::Duration first_byte_timeout) {
+                      const IoHooks* hooks, absl::Duration first_byte_timeout) {
+  static const IoHooks kNoHooks;
+  const IoHooks& h = hooks != nullptr ? *hooks : kNoHooks;
+  const std::function<void(uint8_t*, size_t)>* visit = h.on_bytes ? &h.on_bytes : nullptr;
   bool first = true;
   bool redirected = false;
   while (!cur->done()) {
@@ -57,22 +60,23 @@ absl::Status Transfer(int fd, bool write, IovCursor* cur, absl::Duration idle_ti
     int err = 0;
     {
       std::unique_lock<std::mutex> lock;
-      if (guard != nullptr && guard->mu != nullptr && !redirected) {
-        lock = std::unique_lock<std::mutex>(*guard->mu);
-        if (!guard->valid()) {
-          cur->Retarget(guard->scratch, guard->scratch_len);
+      if (h.mu != nullptr && !redirected) {
+        lock = std::unique_lock<std::mutex>(*h.mu);
+        if (!h.valid()) {
+          cur->Retarget(h.scratch, h.scratch_len);
           redirected = true;
+          visit = nullptr;
           lock.unlock();
         }
       }
       msghdr msg{};
       msg.msg_iov = cur->data();
-      msg.msg_iovlen = static_cast<size_t>(cur->count());
+      msg.msg_iovlen = static_cast<size_t>(cur->count(h.max_bytes_per_call));
       n = write ? sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) : recvmsg(fd, &msg, MSG_DONTWAIT);
       if (n < 0) err = errno;
+      if (n > 0) cur->Advance(static_cast<size_t>(n), visit);
     }
     if (n > 0) {
-      cur->Advance(static_cast<size_t>(n));
       first = false;
       continue;
     }
@@ -243,8 +247,13 @@ void IovCursor::Clear() {
 }
 
 void IovCursor::Add(const void* data, size_t n) {
-  if (n == 0) return;
-  iov_.push_back(iovec{const_cast<void*>(data), n});
+  auto* p = static_cast<uint8_t*>(const_cast<void*>(data));
+  while (n > 0) {
+    const size_t piece = std::min(n, kMaxPiece);
+    iov_.push_back(iovec{p, piece});
+    p += piece;
+    n -= piece;
+  }
 }
 
 size_t IovCursor::remaining() const {
@@ -253,26 +262,31 @@ size_t IovCursor::remaining() const {
   return n;
 }
 
-int IovCursor::count() const {
-  return static_cast<int>(std::min<size_t>(iov_.size() - index_, IOV_MAX));
+int IovCursor::count(size_t max_bytes) const {
+  const size_t available = std::min<size_t>(iov_.size() - index_, IOV_MAX);
+  if (max_bytes == 0) return static_cast<int>(available);
+  size_t n = 1, bytes = iov_[index_].iov_len;
+  while (n < available && bytes + iov_[index_ + n].iov_len <= max_bytes) {
+    bytes += iov_[index_ + n].iov_len;
+    ++n;
+  }
+  return static_cast<int>(n);
 }
 
-void IovCursor::Advance(size_t n) {
+void IovCursor::Advance(size_t n, const std::function<void(uint8_t*, size_t)>* visit) {
   while (n > 0 && index_ < iov_.size()) {
     iovec& v = iov_[index_];
-    if (n < v.iov_len) {
-      v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
-      v.iov_len -= n;
-      return;
-    }
-    n -= v.iov_len;
-    ++index_;
+    const size_t step = std::min(n, v.iov_len);
+    if (visit != nullptr) (*visit)(static_cast<uint8_t*>(v.iov_base), step);
+    v.iov_base = static_cast<uint8_t*>(v.iov_base) + step;
+    v.iov_len -= step;
+    n -= step;
+    if (v.iov_len == 0) ++index_;
   }
 }
 
 void IovCursor::Retarget(uint8_t* scratch, size_t scratch_len) {
   size_t left = remaining();
-  iov_.erase(iov_.begin(), iov_.begin() + static_cast<ptrdiff_t>(index_));
   iov_.clear();
   index_ = 0;
   while (left > 0) {
@@ -282,13 +296,13 @@ void IovCursor::Retarget(uint8_t* scratch, size_t scratch_len) {
   }
 }
 
-absl::Status WriteAll(int fd, IovCursor* cur, absl::Duration idle_timeout, const IoGuard* guard) {
-  return Transfer(fd, /*write=*/true, cur, idle_timeout, guard, absl::ZeroDuration());
+absl::Status WriteAll(int fd, IovCursor* cur, absl::Duration idle_timeout, const IoHooks* hooks) {
+  return Transfer(fd, /*write=*/true, cur, idle_timeout, hooks, absl::ZeroDuration());
 }
 
-absl::Status ReadAll(int fd, IovCursor* cur, absl::Duration idle_timeout, const IoGuard* guard,
+absl::Status ReadAll(int fd, IovCursor* cur, absl::Duration idle_timeout, const IoHooks* hooks,
                      absl::Duration first_byte_timeout) {
-  return Transfer(fd, /*write=*/false, cur, idle_timeout, guard, first_byte_timeout);
+  return Transfer(fd, /*write=*/false, cur, idle_timeout, hooks, first_byte_timeout);
 }
 
 absl::Status WriteBytes(int fd, const void* data, size_t n, absl::Duration idle_timeout) {

@@ -2,7 +2,7 @@
 
 // Non-blocking TCP sockets where every wait is a poll() with a timeout: nothing here can hang.
 // Scatter/gather I/O goes straight between the socket and the caller's buffers (the KV pool's
-// regions), one syscall at a time, optionally under a caller's lock (see IoGuard).
+// regions), one syscall at a time, optionally under a caller's lock (see IoHooks).
 
 #include <sys/uio.h>
 
@@ -55,38 +55,48 @@ std::string PeerName(int fd);
 class IovCursor {
  public:
   void Clear();
+  // Buffers longer than kMaxPiece are split so each syscall can be capped (IoHooks).
   void Add(const void* data, size_t n);
   bool done() const { return index_ == iov_.size(); }
   size_t remaining() const;
   iovec* data() { return iov_.data() + index_; }
-  int count() const;  // capped at IOV_MAX
-  void Advance(size_t n);
+  // Buffers for the next syscall: at most IOV_MAX, and about `max_bytes` (0: no cap).
+  int count(size_t max_bytes = 0) const;
+  // Moves past `n` bytes, showing each run of them to `visit` first (may be null).
+  void Advance(size_t n, const std::function<void(uint8_t*, size_t)>* visit = nullptr);
   // Redirects every byte not yet moved to `scratch` (reused as often as needed).
   void Retarget(uint8_t* scratch, size_t scratch_len);
+
+  static constexpr size_t kMaxPiece = 256 << 10;
 
  private:
   std::vector<iovec> iov_;
   size_t index_ = 0;
 };
 
-// Optional guard around each syscall: `mu` is held during it, and once `valid()` (checked under
-// `mu`) is false the rest of the transfer is redirected to `scratch` (writes send its bytes,
-// reads discard into it), keeping the stream framed while never touching the buffers again.
-struct IoGuard {
+// Optional hooks around each syscall of WriteAll / ReadAll.
+// Guard: `mu` is held during each syscall, and once `valid()` (checked under `mu`) is false the
+// rest of the transfer is redirected to `scratch` (writes send its bytes, reads discard into
+// it), keeping the stream framed while never touching the caller's buffers again.
+// `on_bytes` sees every run of bytes moved, right after the syscall moved it (still in cache;
+// under `mu` while the guard holds): the transports checksum there.
+struct IoHooks {
   std::mutex* mu = nullptr;
   std::function<bool()> valid;
   uint8_t* scratch = nullptr;
   size_t scratch_len = 0;
+  std::function<void(uint8_t*, size_t)> on_bytes;
+  size_t max_bytes_per_call = 0;  // 0: no cap
 };
 
 // Sends every byte of `cur`. UNAVAILABLE when the peer is gone, DEADLINE_EXCEEDED after
 // `idle_timeout` without progress.
 absl::Status WriteAll(int fd, IovCursor* cur, absl::Duration idle_timeout,
-                      const IoGuard* guard = nullptr);
+                      const IoHooks* hooks = nullptr);
 // Fills every byte of `cur`. The first byte may take `first_byte_timeout` (infinite while a
 // connection idles between messages), each later one `idle_timeout`.
 absl::Status ReadAll(int fd, IovCursor* cur, absl::Duration idle_timeout,
-                     const IoGuard* guard = nullptr,
+                     const IoHooks* hooks = nullptr,
                      absl::Duration first_byte_timeout = absl::ZeroDuration());
 
 absl::Status WriteBytes(int fd, const void* data, size_t n, absl::Duration idle_timeout);

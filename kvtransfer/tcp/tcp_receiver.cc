@@ -17,6 +17,8 @@ namespace tandem::kvtransfer::tcp {
 namespace {
 
 constexpr size_t kScratchBytes = 256 << 10;
+constexpr uint32_t kMaxHelloBytes = 64 << 10;  // before the handshake, trust little
+constexpr size_t kBytesPerCall = 512 << 10;    // per recv: checksummed while still in cache
 
 uint64_t NewIncarnation() {
   std::random_device rd;
@@ -54,7 +56,8 @@ TcpReceiver::TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
       incarnation_(NewIncarnation()),
       faults_(ResolveFaultOptions(options.faults, options.faults_from_env)),
       core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
-                                           options.deadline_grace, "kvt-recv-loop")) {}
+                                           options.deadline_grace, options.max_transfer_time,
+                                           "kvt-recv-loop")) {}
 
 TcpReceiver::~TcpReceiver() {
   stopping_ = true;
@@ -126,13 +129,16 @@ void TcpReceiver::Reject(Conn* conn, uint64_t transfer_id, uint32_t attempt,
 }
 
 absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta,
-                                      bool idle_ok) {
+                                      bool idle_ok, uint32_t max_meta) {
   uint8_t raw[wire::kPrefixBytes];
   absl::Status s = ReadBytes(conn->fd.get(), raw, sizeof raw, options_.io_timeout,
                              idle_ok ? absl::InfiniteDuration() : options_.handshake_timeout);
   if (!s.ok()) return s;
   absl::StatusOr<wire::Prefix> p = wire::DecodePrefix(raw);
   if (!p.ok()) return p.status();
+  if (p->meta_len > max_meta) {
+    return absl::DataLossError(absl::StrCat("kv transfer metadata of ", p->meta_len, " bytes"));
+  }
   *prefix = *p;
   meta->resize(p->meta_len);
   s = ReadBytes(conn->fd.get(), meta->data(), meta->size(), options_.io_timeout);
@@ -143,7 +149,7 @@ absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::str
 absl::Status TcpReceiver::Handshake(Conn* conn) {
   wire::Prefix prefix;
   std::string meta;
-  absl::Status s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false);
+  absl::Status s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false, kMaxHelloBytes);
   if (!s.ok()) return s;
   wire::Hello hello;
   if (prefix.type != wire::FrameType::kHello) {
@@ -266,20 +272,22 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
   wire::DataMeta d;
   absl::Status s = wire::DecodeDataMeta(meta, &d);
   if (!s.ok()) return s;
+  const bool checksummed = (prefix.flags & wire::kFlagChecksum) != 0;
+  const uint64_t wire_bytes = d.payload_len + (checksummed ? sizeof(uint32_t) : 0);
   const size_t region = options_.layout.region_bytes();
   if (d.payload_len != d.blocks.size() * region) {
     Reject(conn, d.transfer_id, d.attempt,
            absl::InvalidArgumentError(absl::StrCat("DATA payload of ", d.payload_len, " bytes for ",
                                                    d.blocks.size(), " regions of ", region,
                                                    " bytes")));
-    return Drain(conn, d.payload_len);
+    return Drain(conn, wire_bytes);
   }
   bool reported = false;
   absl::StatusOr<ReceiverCore::Ticket> ticket =
       core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
   if (!ticket.ok()) {
     if (!reported) Reject(conn, d.transfer_id, d.attempt, ticket.status());
-    return Drain(conn, d.payload_len);
+    return Drain(conn, wire_bytes);
   }
   const FaultInjector::Decision fault = faults_.Next();
   if (fault.any()) core_->counters().faults_injected.fetch_add(1, std::memory_order_relaxed);
@@ -288,40 +296,44 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
     core_->EndData(*ticket, absl::UnavailableError("fault injection closed the connection"));
     return absl::UnavailableError("fault injection closed the connection");
   }
-  std::mutex* io_mu = core_->io_mutex(*ticket);
+  if (fault.drop) return Drain(conn, wire_bytes);  // never arrived: FINISH finds it missing
+
+  // Payload straight into the regions; each piece is checksummed right after it landed.
   std::vector<uint8_t>& scratch = conn->scratch;
   if (scratch.empty()) scratch.resize(kScratchBytes);
-  IoGuard guard;
-  guard.mu = io_mu;
-  guard.valid = [&] { return core_->Writable(*ticket); };
-  guard.scratch = scratch.data();
-  guard.scratch_len = scratch.size();
+  uint32_t crc = 0;
+  uint64_t offset = 0;
+  const uint64_t corrupt_at = fault.corrupt ? fault.corrupt_position % d.payload_len : ~0ull;
+  IoHooks hooks;
+  hooks.mu = core_->io_mutex(*ticket);
+  hooks.valid = [&] { return core_->Writable(*ticket); };
+  hooks.scratch = scratch.data();
+  hooks.scratch_len = scratch.size();
+  if (checksummed || fault.corrupt) {
+    hooks.on_bytes = [&](uint8_t* p, size_t n) {
+      if (corrupt_at >= offset && corrupt_at < offset + n) p[corrupt_at - offset] ^= 0x5a;
+      offset += n;
+      if (checksummed) crc = Crc32c(crc, p, n);
+    };
+  }
+  hooks.max_bytes_per_call = kBytesPerCall;
   IovCursor cur;
   for (uint8_t* r : ticket->regions) cur.Add(r, region);
-  s = ReadAll(conn->fd.get(), &cur, options_.io_timeout, &guard);
+  s = ReadAll(conn->fd.get(), &cur, options_.io_timeout, &hooks);
+  uint32_t sent_crc = 0;
+  if (s.ok() && checksummed) {
+    s = ReadBytes(conn->fd.get(), &sent_crc, sizeof sent_crc, options_.io_timeout);
+  }
   if (!s.ok()) {
     core_->EndData(*ticket, s);
     return s;
   }
-  if (fault.drop) return absl::OkStatus();  // as if it never arrived: FINISH finds it missing
   absl::Status verdict;
-  {
-    std::lock_guard<std::mutex> lock(*io_mu);
-    if (!core_->Writable(*ticket)) return absl::OkStatus();
-    if (fault.corrupt && !ticket->regions.empty()) {
-      ticket->regions[fault.corrupt_position % ticket->regions.size()]
-                     [(fault.corrupt_position >> 20) % region] ^= 0x5a;
-    }
-    if (prefix.flags & wire::kFlagChecksum) {
-      uint32_t crc = 0;
-      for (uint8_t* r : ticket->regions) crc = Crc32c(crc, r, region);
-      if (crc != d.payload_crc) {
-        core_->counters().checksum_failures.fetch_add(1, std::memory_order_relaxed);
-        verdict = absl::DataLossError(absl::StrCat("checksum mismatch in layer ", d.layer,
-                                                   " of transfer ", d.transfer_id, " attempt ",
-                                                   d.attempt, " (", d.blocks.size(), " regions)"));
-      }
-    }
+  if (checksummed && crc != sent_crc) {
+    core_->counters().checksum_failures.fetch_add(1, std::memory_order_relaxed);
+    verdict = absl::DataLossError(absl::StrCat("checksum mismatch in layer ", d.layer,
+                                               " of transfer ", d.transfer_id, " attempt ",
+                                               d.attempt, " (", d.blocks.size(), " regions)"));
   }
   core_->EndData(*ticket, verdict);
   return absl::OkStatus();

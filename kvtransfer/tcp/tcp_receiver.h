@@ -55,7 +55,8 @@ class TcpReceiver : public KvReceiver {
   void AcceptLoop();
   void Serve(const std::shared_ptr<Conn>& conn);
   absl::Status Handshake(Conn* conn);
-  absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool idle_ok);
+  absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool idle_ok,
+                           uint32_t max_meta = wire::kMaxMetaBytes);
   absl::Status HandleBegin(const std::shared_ptr<Conn>& conn, const std::string& meta);
   absl::Status HandleData(Conn* conn, const wire::Prefix& prefix, const std::string& meta);
   absl::Status Drain(Conn* conn, uint64_t bytes);

@@ -118,7 +118,7 @@ absl::StatusOr<TransferHandle> TcpSender::Begin(const TransferTarget& target,
   t->incarnation = target.incarnation;
   t->src_blocks = std::move(src_blocks);
   t->dst_blocks = target.dst_blocks;
-  t->deadline = target.deadline;
+  t->deadline = std::min(target.deadline, absl::Now() + options_.max_transfer_time);
   t->started = absl::Now();
   t->conn = *conn;
   t->layer_queued.assign(static_cast<size_t>(options_.layout.num_layers), false);

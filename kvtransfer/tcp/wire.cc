@@ -193,7 +193,6 @@ std::string EncodeDataMeta(const DataMeta& m) {
   w.U64(m.transfer_id);
   w.U32(m.attempt);
   w.U32(m.layer);
-  w.U32(m.payload_crc);
   w.U64(m.payload_len);
   w.Blocks(m.blocks);
   return w.Take();
@@ -241,7 +240,7 @@ absl::Status DecodeBegin(absl::string_view meta, Begin* m) {
 absl::Status DecodeDataMeta(absl::string_view meta, DataMeta* m) {
   Reader r(meta);
   if (!r.U64(&m->transfer_id) || !r.U32(&m->attempt) || !r.U32(&m->layer) ||
-      !r.U32(&m->payload_crc) || !r.U64(&m->payload_len) || !r.Blocks(&m->blocks) || !r.AtEnd()) {
+      !r.U64(&m->payload_len) || !r.Blocks(&m->blocks) || !r.AtEnd()) {
     return Malformed("DATA");
   }
   return absl::OkStatus();

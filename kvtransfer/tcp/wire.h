@@ -1,10 +1,12 @@
 #pragma once
 
 // The TCP transport's wire format (README.md, "Wire protocol"). Every message is a 16-byte
-// prefix, a metadata block protected by its own CRC32C, and (DATA only) a payload of whole KV
-// regions protected by the payload CRC32C in the metadata. Integers are little-endian.
+// prefix and a metadata block protected by its own CRC32C; DATA adds a payload of whole KV
+// regions and, with kFlagChecksum, a u32 CRC32C of the payload after it (a trailer, so both
+// sides checksum each piece while it is still in cache). Integers are little-endian.
 //
 //   prefix:  u32 magic "TKVF" | u16 type | u16 flags | u32 meta_len | u32 meta_crc32c
+//   DATA:    prefix | metadata | payload (payload_len bytes) | [u32 payload_crc32c]
 //
 // The prefix and HELLO layouts never change, so any two versions can at least tell each other
 // that their protocol versions differ.
@@ -23,8 +25,8 @@ namespace tandem::kvtransfer::wire {
 inline constexpr uint32_t kFrameMagic = 0x46564b54;  // "TKVF"
 inline constexpr uint32_t kHelloMagic = 0x4d444e54;  // "TNDM"
 inline constexpr size_t kPrefixBytes = 16;
-inline constexpr uint32_t kMaxMetaBytes = 64u << 20;
-inline constexpr uint16_t kFlagChecksum = 1;  // DATA: payload_crc is set and must be verified
+inline constexpr uint32_t kMaxMetaBytes = 16u << 20;  // block lists and trailers
+inline constexpr uint16_t kFlagChecksum = 1;  // DATA: a u32 CRC32C of the payload follows it
 
 enum class FrameType : uint16_t {
   kHello = 1,    // sender -> receiver, first message: protocol version and KvLayout
@@ -70,7 +72,6 @@ struct DataMeta {
   uint64_t transfer_id = 0;
   uint32_t attempt = 0;
   uint32_t layer = 0;
-  uint32_t payload_crc = 0;
   uint64_t payload_len = 0;
   std::vector<int32_t> blocks;  // destination block ids, in payload order
 };

@@ -27,7 +27,7 @@ TEST(LayoutTest, CheckCompatibleNamesTheFirstDifferingField) {
     void (*mutate)(KvLayout*);
   };
   const Case cases[] = {
-      {"model_id", [](KvLayout* l) { l->model_id = "x"; }},
+      {"model_id", [](KvLayout* l) { l->model_id += "-other"; }},
       {"num_layers", [](KvLayout* l) { l->num_layers += 1; }},
       {"num_kv_heads", [](KvLayout* l) { l->num_kv_heads += 1; }},
       {"head_dim", [](KvLayout* l) { l->head_dim += 1; }},

@@ -85,8 +85,10 @@ class RawPeer {
     d.layer = layer;
     d.blocks = blocks;
     d.payload_len = payload.size();
-    d.payload_crc = Crc32c(0, payload.data(), payload.size()) ^ (good_crc ? 0 : 1);
-    Send(FrameType::kData, wire::EncodeDataMeta(d), payload, wire::kFlagChecksum);
+    const uint32_t crc = Crc32c(0, payload.data(), payload.size()) ^ (good_crc ? 0 : 1);
+    Send(FrameType::kData, wire::EncodeDataMeta(d),
+         payload + std::string(reinterpret_cast<const char*>(&crc), sizeof crc),
+         wire::kFlagChecksum);
   }
   // True when the peer closed the connection within `timeout`.
   bool ClosedWithin(absl::Duration timeout) {
@@ -210,7 +212,7 @@ TEST_F(TcpProtocolTest, SenderVanishingMidTransferFailsTheAttempt) {
     Begin(p, 4, 0, {1, 2});
     p.SendData(4, 0, 0, {1, 2}, Payload(2, 'x'));
     // Half a DATA message, then the process dies.
-    wire::DataMeta d{4, 0, 1, 0, 2 * layout_.region_bytes(), {1, 2}};
+    wire::DataMeta d{4, 0, 1, 2 * layout_.region_bytes(), {1, 2}};
     p.SendRaw(wire::MakeFrame(FrameType::kData, 0, wire::EncodeDataMeta(d)) + Payload(1, 'y'));
   }
   CompletedTransfer c = completions_.WaitFor(4, 0, absl::Seconds(2));

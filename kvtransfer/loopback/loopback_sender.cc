@@ -1,3 +1,6 @@
+// The loopback transport's sending side: one worker thread per sender copies regions with
+// memcpy, in order; deadlines and callbacks run on an event loop.
+
 #include "kvtransfer/loopback/loopback.h"
 
 #include <algorithm>
@@ -16,96 +19,12 @@
 #include "kvtransfer/event_loop.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/layout.h"
+#include "kvtransfer/loopback/registry.h"
 #include "kvtransfer/receiver_core.h"
 #include "kvtransfer/stats.h"
 
 namespace tandem::kvtransfer::loopback {
 namespace {
-
-// ---------------------------------------------------------------- registry
-
-struct Peer {
-  std::shared_mutex mu;  // shared while a sender works on the receiver; exclusive to retire it
-  bool alive = true;
-  ReceiverCore* core = nullptr;
-  KvLayout layout;
-  uint64_t incarnation = 0;
-};
-
-class Registry {
- public:
-  static Registry& Get() {
-    static Registry* r = new Registry;
-    return *r;
-  }
-  absl::Status Add(const std::string& name, std::shared_ptr<Peer> peer) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!peers_.emplace(name, std::move(peer)).second) {
-      return absl::AlreadyExistsError(absl::StrCat("loopback endpoint '", name, "' is taken"));
-    }
-    return absl::OkStatus();
-  }
-  void Remove(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
-    peers_.erase(name);
-  }
-  std::shared_ptr<Peer> Find(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(name);
-    return it == peers_.end() ? nullptr : it->second;
-  }
-  std::string UniqueName() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return absl::StrCat("loopback-", ++counter_);
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;
-  uint64_t counter_ = 0;
-};
-
-std::atomic<uint64_t> g_incarnation{0x10000};
-
-// ---------------------------------------------------------------- receiver
-
-class LoopbackReceiver : public KvReceiver {
- public:
-  LoopbackReceiver(const ReceiverOptions& options, KvRegionAccess* access,
-                   CompletionCallback on_complete, std::string name)
-      : name_(std::move(name)),
-        core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
-                                             options.deadline_grace, "kvt-loop-recv")),
-        peer_(std::make_shared<Peer>()) {
-    peer_->core = core_.get();
-    peer_->layout = options.layout;
-    peer_->incarnation = (g_incarnation.fetch_add(1) << 16) ^
-                         static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()) & 0xffff);
-  }
-  ~LoopbackReceiver() override {
-    core_->Shutdown();
-    Registry::Get().Remove(name_);
-    {
-      std::unique_lock<std::shared_mutex> lock(peer_->mu);
-      peer_->alive = false;
-      peer_->core = nullptr;
-    }
-    core_.reset();
-  }
-  absl::Status Register() { return Registry::Get().Add(name_, peer_); }
-
-  std::string endpoint() const override { return name_; }
-  uint64_t incarnation() const override { return peer_->incarnation; }
-  void Expect(const Expectation& expectation) override { core_->Expect(expectation); }
-  void Cancel(uint64_t transfer_id) override { core_->Cancel(transfer_id); }
-  int64_t num_in_flight() const override { return core_->num_in_flight(); }
-  TransportStats stats() const override { return core_->counters().Snapshot(); }
-
- private:
-  const std::string name_;
-  std::unique_ptr<ReceiverCore> core_;
-  std::shared_ptr<Peer> peer_;
-};
 
 // ---------------------------------------------------------------- sender
 
@@ -198,6 +117,7 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
     }
     auto t = std::make_shared<Transfer>();
     t->target = target;
+    t->target.deadline = std::min(target.deadline, absl::Now() + options_.max_transfer_time);
     t->src_blocks = std::move(src_blocks);
     t->peer = peer;
     t->owner = owner;
@@ -492,19 +412,6 @@ class LoopbackSender : public KvSender {
 };
 
 }  // namespace
-
-absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
-    const ReceiverOptions& options, KvRegionAccess* access,
-    KvReceiver::CompletionCallback on_complete) {
-  absl::Status valid = ValidateLayout(options.layout);
-  if (!valid.ok()) return valid;
-  if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
-  std::string name = options.name.empty() ? Registry::Get().UniqueName() : options.name;
-  auto r = std::make_unique<LoopbackReceiver>(options, access, std::move(on_complete), name);
-  absl::Status s = r->Register();
-  if (!s.ok()) return s;
-  return std::unique_ptr<KvReceiver>(std::move(r));
-}
 
 absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
                                                        KvRegionAccess* access) {
