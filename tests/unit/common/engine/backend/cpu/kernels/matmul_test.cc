@@ -126,18 +126,24 @@ TEST_P(MatMulTest, BatchInvariant) {
   }
 }
 
-// Large M takes the parallel path; compare it against the same rows computed one at a time.
+// Many rows take the K-blocked path (accumulators paused in memory between k chunks) and the
+// pool; every row must equal the same row computed alone (streamed, full-K tiles).
 TEST_P(MatMulTest, PrefillRowsEqualDecodeRows) {
   ThreadPool pool(2);
-  const int64_t M = 70, K = 300, N = 90;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const auto x = RandomFloats(M * K, 31);
-    const Weights w = MakeWeights(dtype, N, K, 32);
-    std::vector<float> y(M * N), y1(N);
-    MatMul(x.data(), M, K, K, w.data(), dtype, N, nullptr, y.data(), N, &pool);
-    for (int64_t m = 0; m < M; ++m) {
-      MatMul(x.data() + m * K, 1, K, K, w.data(), dtype, N, nullptr, y1.data(), N, nullptr);
-      ASSERT_EQ(0, std::memcmp(y.data() + m * N, y1.data(), N * sizeof(float))) << "m=" << m;
+  for (int64_t K : {257, 300, 512, 784, 1031}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t M = 70, N = 101;
+      const auto x = RandomFloats(M * K, 31 + K);
+      const Weights w = MakeWeights(dtype, N, K, 32 + K);
+      const auto bias = RandomFloats(N, 33);
+      std::vector<float> y(M * N), y1(N);
+      MatMul(x.data(), M, K, K, w.data(), dtype, N, bias.data(), y.data(), N, &pool);
+      ExpectCloseToReference(x, M, K, K, w, N, bias.data(), y, N);
+      for (int64_t m = 0; m < M; ++m) {
+        MatMul(x.data() + m * K, 1, K, K, w.data(), dtype, N, bias.data(), y1.data(), N, nullptr);
+        ASSERT_EQ(0, std::memcmp(y.data() + m * N, y1.data(), N * sizeof(float)))
+            << "m=" << m << " K=" << K << " " << DTypeName(dtype);
+      }
     }
   }
 }
@@ -153,6 +159,20 @@ TEST_P(MatMulTest, ZeroKGivesBias) {
 }
 
 TANDEM_INSTANTIATE_PER_SIMD_LEVEL(MatMulTest);
+
+// The public entry points follow ActiveSimdLevel() (and so the TANDEM_SIMD cap) by default.
+TEST(KernelDispatchTest, DefaultLevelIsActiveSimdLevel) {
+  EXPECT_EQ(internal::CurrentSimdLevel(), ActiveSimdLevel());
+  const auto levels = internal::SupportedSimdLevels();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_EQ(levels.front(), SimdLevel::kScalar);
+  EXPECT_LE(ActiveSimdLevel(), levels.back());
+  for (SimdLevel l : levels) {
+    ASSERT_TRUE(internal::SetSimdLevelForTesting(l));
+    EXPECT_EQ(internal::CurrentSimdLevel(), l);
+  }
+  internal::SetSimdLevelForTesting(ActiveSimdLevel());
+}
 
 }  // namespace
 }  // namespace tandem::cpu
