@@ -77,4 +77,28 @@ class RequestHooksFactory {
   virtual std::unique_ptr<RequestHooks> NewRequest(absl::Time arrival) = 0;
 };
 
+// Everything the router reports (implemented by RouterMetrics): per-request hooks plus
+// placement, failures and the health of the workers it knows. Thread-safe.
+class RouterHooks : public RequestHooksFactory {
+ public:
+  // `reason`: one of the routing_reason constants (router_metrics.h); keep labels bounded.
+  virtual void RecordRoutingDecision(std::string_view policy, std::string_view reason) = 0;
+  // A request re-sent after a worker of `role` (prefill or decode) failed or timed out.
+  virtual void RecordRetry(std::string_view role) = 0;
+  // A running stream moved to another decode worker.
+  virtual void RecordMigration() = 0;
+  virtual void SetWorkerHealthy(std::string_view worker, std::string_view role, bool healthy) = 0;
+  // The worker left discovery: drop its series.
+  virtual void RemoveWorker(std::string_view worker, std::string_view role) = 0;
+};
+
+// What a worker's gRPC service reports (implemented by WorkerMetrics). Thread-safe.
+class WorkerHooks {
+ public:
+  virtual ~WorkerHooks() = default;
+  virtual void StreamStarted() = 0;
+  virtual void StreamFinished(RequestOutcome outcome) = 0;
+  virtual void SetDraining(bool draining) = 0;
+};
+
 }  // namespace tandem

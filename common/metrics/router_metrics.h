@@ -43,13 +43,13 @@ inline constexpr char kNoWorker[] = "no_worker";              // nothing eligibl
 //   tandem_router_routing_decisions_total{policy, reason}
 //   tandem_router_retries_total{role}, tandem_router_migrations_total
 //   tandem_router_worker_healthy{worker, role}
-class RouterMetrics : public RequestHooksFactory {
+class RouterMetrics : public RouterHooks {
  public:
   explicit RouterMetrics(prometheus::Registry* registry);
   RouterMetrics(const RouterMetrics&) = delete;
   RouterMetrics& operator=(const RouterMetrics&) = delete;
 
-  // RequestHooksFactory: a RequestTracker feeding these metrics.
+  // RouterHooks (RequestHooksFactory): a RequestTracker feeding these metrics.
   std::unique_ptr<RequestHooks> NewRequest(absl::Time arrival) override;
 
   // Request lifecycle (RequestTracker calls these).
@@ -63,13 +63,13 @@ class RouterMetrics : public RequestHooksFactory {
   void ObserveInterTokenLatency(double seconds_per_token, int64_t tokens);
 
   // Placement and failures (disaggregated router).
-  void RecordRoutingDecision(std::string_view policy, std::string_view reason);
-  void RecordRetry(std::string_view role);  // prefill or decode
-  void RecordMigration();
+  void RecordRoutingDecision(std::string_view policy, std::string_view reason) override;
+  void RecordRetry(std::string_view role) override;  // prefill or decode
+  void RecordMigration() override;
   // The router's view of one worker (1 healthy, 0 not). RemoveWorker drops the series when the
   // worker leaves discovery.
-  void SetWorkerHealthy(std::string_view worker, std::string_view role, bool healthy);
-  void RemoveWorker(std::string_view worker, std::string_view role);
+  void SetWorkerHealthy(std::string_view worker, std::string_view role, bool healthy) override;
+  void RemoveWorker(std::string_view worker, std::string_view role) override;
 
  private:
   prometheus::Family<prometheus::Counter>* requests_family_;

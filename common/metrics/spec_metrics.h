@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/metrics/spec_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -17,14 +18,14 @@ namespace tandem {
 //   tandem_spec_accepted_tokens_total{proposer}      of which the target accepted
 //   tandem_spec_verifications_total{proposer}        sequence-steps that verified a proposal
 //   tandem_spec_acceptance_length{proposer}          histogram: accepted tokens per verification
-class SpecMetrics {
+class SpecMetrics : public SpecHooks {
  public:
   SpecMetrics(prometheus::Registry* registry, std::string_view proposer);
   SpecMetrics(const SpecMetrics&) = delete;
   SpecMetrics& operator=(const SpecMetrics&) = delete;
 
   // One sequence's proposal of `drafted` tokens, of which the first `accepted` were kept.
-  void OnVerification(int64_t drafted, int64_t accepted);
+  void OnVerification(int64_t drafted, int64_t accepted) override;
 
  private:
   prometheus::Counter* drafted_;

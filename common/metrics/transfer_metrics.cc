@@ -5,15 +5,9 @@
 namespace tandem {
 namespace {
 
-constexpr std::array<const char*, kNumTransferFailures> kFailureNames = {
-    "timeout", "aborted", "connection", "checksum", "incompatible", "other"};
 constexpr std::array<const char*, 2> kDirectionNames = {"send", "receive"};
 
 }  // namespace
-
-const char* TransferFailureName(TransferFailure failure) {
-  return kFailureNames[static_cast<int>(failure)];
-}
 
 TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_view transport) {
   auto& seconds = prometheus::BuildHistogram()
@@ -46,7 +40,7 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
     p.in_flight = &in_flight.Add(l);
     for (int f = 0; f < kNumTransferFailures; ++f) {
       prometheus::Labels lf = l;
-      lf["reason"] = kFailureNames[f];
+      lf["reason"] = TransferFailureName(static_cast<TransferFailure>(f));
       p.failures[f] = &failures.Add(lf);
     }
   }

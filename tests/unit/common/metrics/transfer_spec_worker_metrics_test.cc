@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "common/metrics/metric_reader.h"
+#include "common/metrics/router_metrics.h"
 #include "common/metrics/spec_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
@@ -61,6 +62,37 @@ TEST(WorkerMetricsTest, StreamsOutcomesAndDraining) {
   EXPECT_EQ(ReadMetric(registry, "tandem_worker_draining"), 0);
   metrics.SetDraining(true);
   EXPECT_EQ(ReadMetric(registry, "tandem_worker_draining"), 1);
+}
+
+TEST(HooksTest, ComponentsReachTheMetricsThroughHeaderOnlyInterfaces) {
+  prometheus::Registry registry;
+  TransferMetrics transfer(&registry, "nccl");
+  SpecMetrics spec(&registry, "draft");
+  WorkerMetrics worker(&registry, "prefill");
+  RouterMetrics router(&registry);
+  TransferHooks* t = &transfer;
+  SpecHooks* s = &spec;
+  WorkerHooks* w = &worker;
+  RouterHooks* r = &router;
+  t->TransferStarted(TransferDirection::kReceive);
+  t->TransferFailed(TransferDirection::kReceive, TransferFailure::kIncompatible);
+  s->OnVerification(5, 5);
+  w->StreamStarted();
+  w->SetDraining(true);
+  r->RecordRoutingDecision("least_loaded", routing_reason::kLeastLoaded);
+  r->RecordRetry("decode");
+  r->SetWorkerHealthy("w0", "prefill", false);
+  EXPECT_EQ(ReadMetric(registry, "tandem_kv_transfer_failures_total",
+                       {{"transport", "nccl"}, {"reason", "incompatible"}}),
+            1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_spec_accepted_tokens_total", {{"proposer", "draft"}}), 5);
+  EXPECT_EQ(ReadMetric(registry, "tandem_worker_streams_active", {{"role", "prefill"}}), 1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_worker_draining"), 1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_router_routing_decisions_total",
+                       {{"policy", "least_loaded"}, {"reason", "least_loaded"}}),
+            1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_router_retries_total", {{"role", "decode"}}), 1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_router_worker_healthy", {{"worker", "w0"}}), 0);
 }
 
 }  // namespace
