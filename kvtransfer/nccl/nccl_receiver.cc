@@ -29,6 +29,7 @@ std::atomic<uint64_t> g_names{0};
 
 // How an attempt ended, for the FINISH reply.
 struct Outcome {
+  uint64_t owner = 0;
   std::mutex mu;
   bool set = false;
   absl::Status status;
@@ -106,6 +107,7 @@ class NcclReceiver : public KvReceiver {
         core_->Abort(a.transfer_id, a.attempt,
                      absl::Status(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
                                   absl::StrCat("sender aborted: ", a.status.message())));
+        Forget({a.transfer_id, a.attempt});
         return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
       }
       case ControlKind::kDisconnect: {
@@ -196,6 +198,7 @@ class NcclReceiver : public KvReceiver {
       peer = it->second;
     }
     auto outcome = std::make_shared<Outcome>();
+    outcome->owner = peer->owner;
     ReceiverCore::AttemptStart start;
     start.transfer_id = b.transfer_id;
     start.attempt = b.attempt;
@@ -206,8 +209,7 @@ class NcclReceiver : public KvReceiver {
     const AttemptKey key{b.transfer_id, b.attempt};
     s = core_->Begin(std::move(start), [this, outcome, key](const absl::Status& st) {
       outcome->Set(st);
-      std::lock_guard<std::mutex> lock(mu_);
-      outcomes_.erase(key);
+      Forget(key);
     });
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -242,6 +244,12 @@ class NcclReceiver : public KvReceiver {
       return ResultReply(f.transfer_id, f.attempt, absl::UnavailableError("outcome unknown"));
     }
     return ResultReply(f.transfer_id, f.attempt, outcome->status);
+  }
+
+  void Forget(const AttemptKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    outcomes_.erase(key);
+    progress_.erase(key);
   }
 
   void Stop(const std::shared_ptr<Peer>& p) {
@@ -301,6 +309,15 @@ class NcclReceiver : public KvReceiver {
     }
     core_->FailOwner(
         p->owner, absl::UnavailableError(absl::StrCat("nccl kv communicator lost: ", s.message())));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = outcomes_.begin(); it != outcomes_.end();) {
+      if (it->second->owner == p->owner) {
+        progress_.erase(it->first);
+        it = outcomes_.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   const ReceiverOptions options_;

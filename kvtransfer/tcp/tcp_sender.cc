@@ -254,7 +254,8 @@ void TcpSender::EndLocked(SenderTransfer* t, const absl::Status& status, bool te
       WorkItem item;
       item.kind = WorkItem::Kind::kAbort;
       item.transfer = t->shared_from_this();
-      item.status = status;
+      // A fresh rep: Status refcounts live in the (uninstrumented) abseil library.
+      item.status = absl::Status(status.code(), std::string(status.message()));
       t->conn->Enqueue(std::move(item));
     }
   }
