@@ -269,18 +269,22 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
       std::lock_guard<std::mutex> src_lock(t->io_mu);
       std::lock_guard<std::mutex> dst_lock(*core->io_mutex(*ticket));
       if (!t->readable || !core->Writable(*ticket)) return;
+      // Region by region, so both checksums read bytes the copy just brought into cache; the
+      // corruption fault lands between the copy and the destination's checksum.
+      const size_t corrupt_region =
+          fault.corrupt && count > 0 ? fault.corrupt_position % count : count;
       uint32_t src_crc = 0, dst_crc = 0;
       for (size_t i = 0; i < count; ++i) {
         const uint8_t* src = access_->Region(layer, t->src_blocks[first + i]);
-        if (options_.checksum) src_crc = Crc32c(src_crc, src, region);
         std::memcpy(ticket->regions[i], src, region);
-      }
-      if (fault.corrupt && count > 0) {
-        ticket->regions[fault.corrupt_position % count][(fault.corrupt_position >> 20) % region] ^=
-            0x5a;
+        if (i == corrupt_region)
+          ticket->regions[i][(fault.corrupt_position >> 20) % region] ^= 0x5a;
+        if (options_.checksum) {
+          src_crc = Crc32c(src_crc, src, region);
+          dst_crc = Crc32c(dst_crc, ticket->regions[i], region);
+        }
       }
       if (options_.checksum) {
-        for (size_t i = 0; i < count; ++i) dst_crc = Crc32c(dst_crc, ticket->regions[i], region);
         if (src_crc != dst_crc) {
           core->counters().checksum_failures.fetch_add(1, std::memory_order_relaxed);
           verdict = absl::DataLossError(absl::StrCat(

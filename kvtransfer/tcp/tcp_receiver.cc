@@ -275,12 +275,9 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
   const bool checksummed = (prefix.flags & wire::kFlagChecksum) != 0;
   const uint64_t wire_bytes = d.payload_len + (checksummed ? sizeof(uint32_t) : 0);
   const size_t region = options_.layout.region_bytes();
-  if (d.payload_len != d.blocks.size() * region) {
-    Reject(conn, d.transfer_id, d.attempt,
-           absl::InvalidArgumentError(absl::StrCat("DATA payload of ", d.payload_len, " bytes for ",
-                                                   d.blocks.size(), " regions of ", region,
-                                                   " bytes")));
-    return Drain(conn, wire_bytes);
+  if (d.payload_len != d.blocks.size() * region) {  // a broken peer: stop trusting the stream
+    return absl::DataLossError(absl::StrCat("DATA payload of ", d.payload_len, " bytes for ",
+                                            d.blocks.size(), " regions of ", region, " bytes"));
   }
   bool reported = false;
   absl::StatusOr<ReceiverCore::Ticket> ticket =

@@ -241,6 +241,12 @@ TEST_F(TcpProtocolTest, BadPeersAreDisconnectedAndOthersKeepWorking) {
   ASSERT_TRUE(wire::DecodeOutcome(refuse->second, &o).ok());
   EXPECT_NE(o.status.message().find("protocol_version"), std::string::npos) << o.status;
 
+  RawPeer bad_length = RawPeer::Connect(receiver_->endpoint());
+  bad_length.Handshake(layout_);
+  wire::DataMeta lying{1, 0, 0, 3 * layout_.region_bytes(), {1}};  // one block, three regions
+  bad_length.Send(FrameType::kData, wire::EncodeDataMeta(lying));
+
+  EXPECT_TRUE(bad_length.ClosedWithin(absl::Seconds(2)));
   EXPECT_TRUE(silent.ClosedWithin(absl::Seconds(2)));
   EXPECT_TRUE(garbage.ClosedWithin(absl::Seconds(2)));
   EXPECT_TRUE(bad_meta.ClosedWithin(absl::Seconds(2)));
