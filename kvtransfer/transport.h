@@ -87,6 +87,9 @@ struct ReceiverOptions {
   std::string transport = "tcp";   // tcp | loopback | nccl
   std::string host = "127.0.0.1";  // tcp: address to listen on
   int port = 0;                    // tcp: 0 picks a free port
+  // tcp: the host part of endpoint(), for senders on other machines. Empty: `host`, or this
+  // machine's hostname when `host` is a wildcard ("0.0.0.0", "::", "").
+  std::string advertise_host;
   KvLayout layout;
   // loopback / nccl: the endpoint name senders use; empty picks a unique one.
   std::string name;

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <random>
 #include <utility>
@@ -43,9 +44,14 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOp
   absl::StatusOr<Fd> fd = Listen(options.host, options.port, &port);
   if (!fd.ok()) return fd.status();
   r->listen_fd_ = std::move(*fd);
-  const bool v6 = options.host.find(':') != std::string::npos;
-  r->endpoint_ = v6 ? absl::StrCat("[", options.host, "]:", port)
-                    : absl::StrCat(options.host.empty() ? "127.0.0.1" : options.host, ":", port);
+  std::string host = options.advertise_host;
+  if (host.empty()) host = options.host;
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    char name[256] = {};
+    host = gethostname(name, sizeof name - 1) == 0 && name[0] != '\0' ? name : "127.0.0.1";
+  }
+  r->endpoint_ = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                                     : absl::StrCat(host, ":", port);
   r->acceptor_ = std::thread([p = r.get()] { p->AcceptLoop(); });
   return std::unique_ptr<KvReceiver>(std::move(r));
 }

@@ -377,5 +377,30 @@ TEST_F(TcpProtocolTest, ReceiverSideCorruptionIsDetected) {
   EXPECT_EQ((*receiver)->num_in_flight(), 0);
 }
 
+TEST(TcpEndpointTest, WildcardListenersAdvertiseARoutableHost) {
+  KvLayout layout = testing::SmallLayout();
+  FakePool dst(layout, 4), src(layout, 4);
+  src.Fill(9);
+  Completions completions;
+  ReceiverOptions o;
+  o.layout = layout;
+  o.host = "0.0.0.0";
+  o.advertise_host = "127.0.0.1";
+  auto r = CreateReceiver(o, &dst, completions.Callback());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->endpoint().rfind("127.0.0.1:", 0), 0u) << (*r)->endpoint();
+  SenderOptions so;
+  so.layout = layout;
+  auto s = CreateSender(so, &src);
+  (*r)->Expect({1, {2}});
+  TransferTarget t{(*r)->endpoint(), (*r)->incarnation(), 1, 0, {2}};
+  ASSERT_TRUE(SendAll(s->get(), t, {1}, layout.num_layers).ok());
+  EXPECT_TRUE(testing::SameRegion(src, 3, 1, dst, 2));
+  o.advertise_host.clear();
+  auto hostname = CreateReceiver(o, &dst, completions.Callback());
+  ASSERT_TRUE(hostname.ok());
+  EXPECT_NE((*hostname)->endpoint().rfind("0.0.0.0", 0), 0u) << (*hostname)->endpoint();
+}
+
 }  // namespace
 }  // namespace tandem::kvtransfer
