@@ -6,6 +6,8 @@
 //
 // usage: kvtransfer_bench [--seconds=S] [--blocks=N] [--transport=tcp|loopback|all]
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +38,12 @@ class Pool : public KvRegionAccess {
   int64_t blocks_;
   std::vector<uint8_t> bytes_;
 };
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
 
 struct Model {
   const char* name;
@@ -76,6 +84,7 @@ void RunOne(const Model& m, const std::string& transport, bool checksum, int32_t
   const size_t bytes_per_transfer = m.layout.region_bytes() * m.layout.num_layers * blocks;
   uint64_t id = 0, transfers = 0;
   absl::Duration latency_sum;
+  const double cpu_start = CpuSeconds();
   const absl::Time start = absl::Now();
   while (absl::Now() - start < absl::Seconds(seconds) || transfers < 3) {
     (*receiver)->Expect({++id, ids});
@@ -98,11 +107,11 @@ void RunOne(const Model& m, const std::string& transport, bool checksum, int32_t
     ++transfers;
   }
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf("%-11s %-8s %-8s %6zu KiB %6d %9.2f MiB %8.2f GB/s %9.2f ms\n", m.name,
+  const double gb = static_cast<double>(bytes_per_transfer) * transfers / 1e9;
+  std::printf("%-11s %-9s %-8s %6zu KiB %6d %9.2f MiB %8.2f GB/s %9.2f ms %8.3f\n", m.name,
               transport.c_str(), checksum ? "crc32c" : "none", m.layout.region_bytes() >> 10,
-              blocks, bytes_per_transfer / 1048576.0,
-              bytes_per_transfer * transfers / elapsed / 1e9,
-              absl::ToDoubleMilliseconds(latency_sum) / transfers);
+              blocks, bytes_per_transfer / 1048576.0, gb / elapsed,
+              absl::ToDoubleMilliseconds(latency_sum) / transfers, (CpuSeconds() - cpu_start) / gb);
   std::fflush(stdout);
 }
 
@@ -141,8 +150,8 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--transport=", 12) == 0) transport = argv[i] + 12;
   }
   CrcSpeed();
-  std::printf("%-11s %-8s %-8s %10s %6s %13s %13s %12s\n", "model", "transport", "checksum",
-              "region", "blocks", "per transfer", "throughput", "latency");
+  std::printf("%-11s %-9s %-8s %10s %6s %13s %13s %12s %8s\n", "model", "transport", "checksum",
+              "region", "blocks", "per transfer", "throughput", "latency", "cpu s/GB");
   const Model models[] = {MakeModel("llama-110m", 12, 12), MakeModel("llama-1b", 16, 8)};
   for (const Model& m : models) {
     for (const char* t : {"tcp", "loopback"}) {
