@@ -7,6 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
+#if defined(TANDEM_HAVE_CUDA)
+#include "common/engine/backend/cuda/cuda_backend.h"
+#endif
 
 namespace tandem {
 
@@ -36,11 +39,32 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
   return static_cast<int64_t>(number * scale);
 }
 
-absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
-  if (options.device != "cpu") {
-    return absl::UnimplementedError(
-        absl::StrCat("device '", options.device, "' is not available in this build; use cpu"));
+absl::StatusOr<std::string> ResolveDevice(const std::string& device) {
+  if (device == "cpu") return std::string("cpu");
+  int index = 0;
+  if (device != "auto" && device != "cuda" &&
+      !(device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index) &&
+        index >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be auto, cpu, cuda or cuda:N, got '", device, "'"));
   }
+#if defined(TANDEM_HAVE_CUDA)
+  std::string why;
+  if (CudaDeviceAvailable(&why)) return absl::StrCat("cuda:", index);
+  if (device == "auto") return std::string("cpu");
+  return absl::FailedPreconditionError(absl::StrCat("device '", device, "' requested but ", why));
+#else
+  if (device == "auto") return std::string("cpu");
+  return absl::FailedPreconditionError(
+      absl::StrCat("device '", device,
+                   "' requested but this build has no CUDA backend (configure with -DWITH_CUDA=ON "
+                   "on a machine with the CUDA toolkit)"));
+#endif
+}
+
+absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
+  auto device = ResolveDevice(options.device);
+  if (!device.ok()) return device.status();
   LoadOptions load;
   load.show_progress = options.show_progress;
   if (options.weight_dtype == "auto") {
@@ -70,30 +94,55 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
         "kv cache dtype must be auto, f32 or bf16, got '", options.kv_cache_dtype, "'"));
   }
 
-  CpuBackendOptions backend_options;
-  backend_options.num_threads = options.threads;
-  backend_options.block_size = options.block_size;
-  backend_options.kv_dtype = kv_dtype;
   const size_t per_block =
       CpuBackend::KvBytesPerBlock(model->config(), options.block_size, kv_dtype);
-  backend_options.num_blocks = options.num_kv_blocks > 0
-                                   ? options.num_kv_blocks
-                                   : options.kv_cache_bytes / static_cast<int64_t>(per_block);
-  if (backend_options.num_blocks < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache budget ", options.kv_cache_bytes,
-                                                   " bytes holds no block of ", per_block,
-                                                   " bytes"));
+  std::unique_ptr<Backend> backend;
+  if (*device == "cpu") {
+    CpuBackendOptions backend_options;
+    backend_options.num_threads = options.threads;
+    backend_options.block_size = options.block_size;
+    backend_options.kv_dtype = kv_dtype;
+    backend_options.num_blocks = options.num_kv_blocks > 0
+                                     ? options.num_kv_blocks
+                                     : options.kv_cache_bytes / static_cast<int64_t>(per_block);
+    if (backend_options.num_blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("KV cache budget ", options.kv_cache_bytes,
+                                                     " bytes holds no block of ", per_block,
+                                                     " bytes"));
+    }
+    auto cpu = CpuBackend::Create(model, backend_options);
+    if (!cpu.ok()) return cpu.status();
+    backend = std::move(cpu).value();
+  } else {
+#if defined(TANDEM_HAVE_CUDA)
+    CudaBackendOptions backend_options;
+    if (!absl::SimpleAtoi(device->substr(5), &backend_options.device)) {
+      return absl::InternalError(absl::StrCat("bad resolved device '", *device, "'"));
+    }
+    backend_options.block_size = options.block_size;
+    backend_options.kv_dtype = kv_dtype;
+    backend_options.num_blocks = options.num_kv_blocks;
+    backend_options.gpu_memory_utilization = options.gpu_memory_utilization;
+    backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
+    backend_options.max_num_seqs = options.engine.scheduler.max_num_seqs;
+    backend_options.max_model_len = options.engine.max_model_len;
+    auto cuda = CreateCudaBackend(model, backend_options);
+    if (!cuda.ok()) return cuda.status();
+    backend = std::move(cuda).value();
+#else
+    return absl::InternalError(absl::StrCat("device '", *device, "' in a build without CUDA"));
+#endif
   }
-  auto backend = CpuBackend::Create(model, backend_options);
-  if (!backend.ok()) return backend.status();
-  auto engine = Engine::Create(options.engine, model, std::move(backend).value());
+  const int64_t num_blocks = backend->kv_spec().num_blocks;
+  const std::string backend_name = backend->name();
+  auto engine = Engine::Create(options.engine, model, std::move(backend));
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("
                << DTypeName(model->weight_dtype()) << " weights, " << model->config().num_layers
-               << " layers), KV pool " << backend_options.num_blocks << " blocks x "
+               << " layers) on " << backend_name << ", KV pool " << num_blocks << " blocks x "
                << options.block_size << " tokens (" << DTypeName(kv_dtype) << ", "
-               << (per_block * backend_options.num_blocks) / (1 << 20) << " MiB), "
+               << (per_block * num_blocks) / (1 << 20) << " MiB), "
                << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
   }
   return BuiltEngine{std::move(model), std::move(engine).value()};

@@ -12,7 +12,12 @@ namespace tandem {
 // Everything needed to stand up an engine on a model directory.
 struct EngineBuildOptions {
   std::string model_dir;
-  std::string device = "cpu";                 // "cpu" (the CUDA backend plugs in here too)
+  // "cpu", "cuda" (device 0), "cuda:N", or "auto": cuda when this build has the CUDA backend
+  // and a GPU is visible, else cpu.
+  std::string device = "cpu";
+  // cuda: the fraction of device memory the process may use; the KV pool gets what is left after
+  // weights and buffers (num_kv_blocks > 0 overrides; kv_cache_bytes applies to cpu only).
+  double gpu_memory_utilization = 0.9;
   std::string weight_dtype = "auto";          // auto | f32 | bf16
   std::string kv_cache_dtype = "auto";        // auto (f32 for f32 weights, else bf16) | f32 | bf16
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
@@ -27,6 +32,10 @@ struct BuiltEngine {
   std::shared_ptr<const Model> model;
   std::unique_ptr<Engine> engine;
 };
+
+// Resolves EngineBuildOptions::device to "cpu" or "cuda:N". Errors: an unknown name, or cuda
+// asked for when the build has no CUDA backend or no GPU/driver is usable (the reason is named).
+absl::StatusOr<std::string> ResolveDevice(const std::string& device);
 
 // Loads the model, creates the backend with a KV pool sized from the budget and the engine.
 absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options);

@@ -39,6 +39,8 @@ inline void SyncThreads() { ::tandem::cuda_emu::SyncThreads(); }
 inline float ShflXor(float v, int lane_mask) {
   return ::tandem::cuda_emu::ShuffleXor(v, lane_mask);
 }
+// The xor-shuffle butterfly, evaluated by the emulator in one exchange (same bits).
+inline float WarpSum(float v) { return ::tandem::cuda_emu::WarpSum(v); }
 inline float Exp(float x) { return std::exp(x); }
 inline float Sqrt(float x) { return std::sqrt(x); }
 inline float BitsToFloat(uint32_t u) {
@@ -70,6 +72,10 @@ __device__ __forceinline__ void SyncThreads() { __syncthreads(); }
 __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 }
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
 __device__ __forceinline__ float Exp(float x) { return expf(x); }
 __device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float BitsToFloat(uint32_t u) { return __uint_as_float(u); }
@@ -93,11 +99,6 @@ TANDEM_DEVICE float Load(const float* p) { return *p; }
 TANDEM_DEVICE float Load(const uint16_t* p) { return Bf16ToFloat(*p); }
 TANDEM_DEVICE void Store(float* p, float v) { *p = v; }
 TANDEM_DEVICE void Store(uint16_t* p, float v) { *p = FloatToBf16(v); }
-
-TANDEM_DEVICE float WarpSum(float v) {
-  for (int m = 16; m > 0; m >>= 1) v += ShflXor(v, m);
-  return v;
-}
 
 // Sum of `v` over the block (blockDim.x a multiple of 32, at most 1024), returned to every thread.
 // `scratch` holds 32 floats of shared memory; it may be reused after the call.

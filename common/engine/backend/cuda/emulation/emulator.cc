@@ -15,14 +15,54 @@ constexpr int kMaxThreads = 1024;
 
 enum class State { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 
+// Context switches: a few instructions on x86-64 (callee-saved registers and the stack
+// pointer); ucontext elsewhere and under sanitizers, which track stacks through it.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define TANDEM_EMU_FAST_SWITCH 1
+#endif
+
+#if defined(TANDEM_EMU_FAST_SWITCH)
+extern "C" void tandem_cuda_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+.text
+.globl tandem_cuda_emu_switch
+.hidden tandem_cuda_emu_switch
+.type tandem_cuda_emu_switch,@function
+tandem_cuda_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size tandem_cuda_emu_switch,.-tandem_cuda_emu_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+#else
+struct Context {
+  ucontext_t uc;
+};
+#endif
+
 struct Fiber {
-  ucontext_t context;
+  Context context;
   Dim3 thread_idx;
   State state = State::kRunnable;
 };
 
 struct Run {
-  ucontext_t scheduler;
+  Context scheduler;
   std::vector<Fiber> fibers;
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<unsigned char> smem;
@@ -41,17 +81,47 @@ Run* g_run = nullptr;
   std::abort();
 }
 
-void Entry() {
+// Saves the running context into `from` and resumes `to`.
+void Switch(Context& from, Context& to) {
+#if defined(TANDEM_EMU_FAST_SWITCH)
+  tandem_cuda_emu_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+}
+
+[[noreturn]] void FiberMain() {
   (*g_run->body)();
-  g_run->fibers[g_run->current].state = State::kDone;
-  // Returning resumes uc_link, the scheduler.
+  Fiber& f = g_run->fibers[g_run->current];
+  f.state = State::kDone;
+  Switch(f.context, g_run->scheduler);
+  std::abort();  // a finished fiber is never resumed
+}
+
+void StartFiber(Fiber& f, char* stack) {
+#if defined(TANDEM_EMU_FAST_SWITCH)
+  // The first switch pops six zero registers and "returns" into FiberMain with the stack aligned
+  // as after a call (rsp = 8 mod 16 at entry).
+  auto top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
+  auto* slots = reinterpret_cast<void**>(top) - 8;
+  for (int i = 0; i < 6; ++i) slots[i] = nullptr;
+  slots[6] = reinterpret_cast<void*>(&FiberMain);
+  slots[7] = nullptr;
+  f.context.sp = slots;
+#else
+  getcontext(&f.context.uc);
+  f.context.uc.uc_stack.ss_sp = stack;
+  f.context.uc.uc_stack.ss_size = kStackBytes;
+  f.context.uc.uc_link = nullptr;
+  makecontext(&f.context.uc, reinterpret_cast<void (*)()>(&FiberMain), 0);
+#endif
 }
 
 void Yield(State state) {
   if (g_run == nullptr || g_run->current < 0) Fail("device function called outside a kernel");
   Fiber& f = g_run->fibers[g_run->current];
   f.state = state;
-  swapcontext(&f.context, &g_run->scheduler);
+  Switch(f.context, g_run->scheduler);
 }
 
 // Releases the warps whose live lanes all wait at a warp barrier; else the whole block when every
@@ -99,18 +169,14 @@ void RunBlock(Run& run) {
     f.thread_idx = Dim3(i % run.block_dim.x, (i / run.block_dim.x) % run.block_dim.y,
                         i / (run.block_dim.x * run.block_dim.y));
     f.state = State::kRunnable;
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = run.stacks[i].get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &run.scheduler;
-    makecontext(&f.context, &Entry, 0);
+    StartFiber(f, run.stacks[i].get());
   }
   std::fill(run.smem.begin(), run.smem.end(), 0xff);
   for (;;) {
     for (int i = 0; i < n; ++i) {
       if (run.fibers[i].state != State::kRunnable) continue;
       run.current = i;
-      swapcontext(&run.scheduler, &run.fibers[i].context);
+      Switch(run.scheduler, run.fibers[i].context);
     }
     run.current = -1;
     bool all_done = true;
@@ -169,6 +235,26 @@ uint64_t WarpExchange(uint64_t value, int src_lane) {
   const uint64_t out = g_run->warp_slots[src];
   Yield(State::kWarpBarrier);  // nobody overwrites a slot before every lane has read
   return out;
+}
+
+float WarpSum(float value) {
+  const int me = g_run->current;
+  const int warp_base = me / 32 * 32;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof value);
+  g_run->warp_slots[me] = bits;
+  Yield(State::kWarpBarrier);
+  float v[32];
+  for (int i = 0; i < 32; ++i) std::memcpy(&v[i], &g_run->warp_slots[warp_base + i], sizeof(float));
+  Yield(State::kWarpBarrier);
+  // The butterfly of five shuffle rounds, computed for every lane at once: same operations and
+  // order as the device code, so the same bits.
+  for (int m = 16; m > 0; m >>= 1) {
+    float next[32];
+    for (int i = 0; i < 32; ++i) next[i] = v[i] + v[i ^ m];
+    std::memcpy(v, next, sizeof v);
+  }
+  return v[me - warp_base];
 }
 
 void* DynamicShared() { return g_run->smem.data(); }

@@ -37,6 +37,8 @@ void SyncThreads();
 void SyncWarp();
 // Publishes `value` as this lane's, waits for the warp, returns lane `src_lane`'s value.
 uint64_t WarpExchange(uint64_t value, int src_lane);
+// Sum over the warp by the xor-shuffle butterfly (lane masks 16, 8, 4, 2, 1), in two barriers.
+float WarpSum(float value);
 // The block's dynamic shared memory (poisoned with 0xff bytes when each block starts).
 void* DynamicShared();
 

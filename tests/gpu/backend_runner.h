@@ -1,0 +1,137 @@
+#pragma once
+
+// Drives any Backend step by step with simple block allocation, so the CUDA backend can be run
+// on exactly the batches given to the CPU backend and their logits compared.
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/engine/backend/backend.h"
+#include "common/engine/backend/cpu/cpu_backend.h"
+#include "common/engine/backend/cuda/cuda_backend_impl.h"
+#include "gtest/gtest.h"
+
+namespace tandem::gpu_testing {
+
+// A sequence fed in chunks: its tokens, its blocks and the logits after every fed position.
+struct Seq {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> blocks;
+  int64_t computed = 0;
+  std::vector<std::vector<float>> logits;  // one row per fed position whose logits were wanted
+};
+
+// Hands out block ids in a fixed shuffled order (tests never free), so that tables are not
+// contiguous and both backends see identical ids.
+class Blocks {
+ public:
+  Blocks(int64_t block_size, int64_t num_blocks, uint32_t seed = 7) : block_size_(block_size) {
+    for (int32_t i = 0; i < num_blocks; ++i) free_.push_back(i);
+    std::mt19937 rng(seed);
+    std::shuffle(free_.begin(), free_.end(), rng);
+  }
+  void Cover(Seq& s, int64_t positions) {
+    while (static_cast<int64_t>(s.blocks.size()) * block_size_ < positions) {
+      ASSERT_FALSE(free_.empty()) << "test ran out of KV blocks";
+      s.blocks.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+
+ private:
+  int64_t block_size_;
+  std::vector<int32_t> free_;
+};
+
+// Builds one step: each (seq, chunk) computes its next `chunk` tokens; logits are wanted for
+// every token when all_logits, else for the last token of each chunk.
+inline ForwardBatch MakeStep(int64_t block_size, Blocks& blocks,
+                             const std::vector<std::pair<Seq*, int64_t>>& work, bool all_logits) {
+  ForwardBatch batch;
+  for (auto& [seq, chunk] : work) {
+    blocks.Cover(*seq, seq->computed + chunk);
+    std::vector<int32_t> toks(seq->tokens.begin() + seq->computed,
+                              seq->tokens.begin() + seq->computed + chunk);
+    const int32_t first = static_cast<int32_t>(batch.num_tokens());
+    batch.AddSequence(toks, static_cast<int32_t>(seq->computed), seq->blocks, block_size,
+                      !all_logits);
+    if (all_logits) {
+      for (int64_t i = 0; i < chunk; ++i) batch.logit_rows.push_back(first + i);
+    }
+  }
+  return batch;
+}
+
+// Runs the step on `backend` and appends each wanted row's logits to its sequence.
+inline void RunStep(Backend& backend, const ForwardBatch& batch,
+                    const std::vector<std::pair<Seq*, int64_t>>& work, bool all_logits) {
+  const int64_t vocab = backend.vocab_size();
+  std::vector<float> logits(batch.logit_rows.size() * vocab);
+  absl::Status st = backend.Forward(batch, logits.data());
+  ASSERT_TRUE(st.ok()) << backend.name() << ": " << st;
+  size_t row = 0;
+  for (auto& [seq, chunk] : work) {
+    const int64_t rows = all_logits ? chunk : 1;
+    for (int64_t i = 0; i < rows; ++i, ++row) {
+      seq->logits.emplace_back(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+    }
+    seq->computed += chunk;
+  }
+}
+
+inline int32_t Argmax(const std::vector<float>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Greedy generation of `steps` tokens for every sequence together: prompts as one chunk each,
+// then one decode token per sequence per step. Returns the generated ids per sequence.
+inline std::vector<std::vector<int32_t>> Greedy(Backend& backend,
+                                                const std::vector<std::vector<int32_t>>& prompts,
+                                                int steps, std::vector<Seq>* seqs_out = nullptr) {
+  const int64_t bs = backend.kv_spec().block_size;
+  Blocks blocks(bs, backend.kv_spec().num_blocks);
+  std::vector<Seq> seqs(prompts.size());
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  std::vector<std::pair<Seq*, int64_t>> work;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    seqs[i].tokens = prompts[i];
+    work.emplace_back(&seqs[i], static_cast<int64_t>(prompts[i].size()));
+  }
+  for (int step = 0; step <= steps; ++step) {
+    ForwardBatch batch = MakeStep(bs, blocks, work, false);
+    RunStep(backend, batch, work, false);
+    if (::testing::Test::HasFatalFailure() || step == steps) break;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int32_t next = Argmax(seqs[i].logits.back());
+      seqs[i].tokens.push_back(next);
+      out[i].push_back(next);
+      work[i].second = 1;
+    }
+  }
+  if (seqs_out != nullptr) *seqs_out = std::move(seqs);
+  return out;
+}
+
+inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(std::shared_ptr<const Model> model,
+                                                          CudaBackendOptions options) {
+  auto backend = cuda::CudaBackend::Create(std::move(model), options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(backend).value() : nullptr;
+}
+
+inline std::unique_ptr<CpuBackend> MakeCpuBackend(std::shared_ptr<const Model> model,
+                                                  int64_t num_blocks, DType kv_dtype) {
+  CpuBackendOptions options;
+  options.num_blocks = num_blocks;
+  options.kv_dtype = kv_dtype;
+  auto backend = CpuBackend::Create(std::move(model), options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(backend).value() : nullptr;
+}
+
+}  // namespace tandem::gpu_testing
