@@ -465,6 +465,22 @@ TEST_P(TransportTest, ConcurrentSendersAndTransfers) {
   for (auto& s : senders) EXPECT_EQ(s->num_in_flight(), 0);
 }
 
+TEST_P(TransportTest, SenderShutdownAbortsWhatIsInFlight) {
+  SenderOptions o = SenderOpts();
+  o.faults.kv_delay_ms = 20;  // keep it in flight
+  KvSender* sender = Sender(o);
+  receiver_->Expect({22, Range(0, 8)});
+  auto h = sender->Begin(Target(22, Range(0, 8)), Range(0, 8));
+  ASSERT_TRUE(h.ok());
+  for (int64_t l = 0; l < layout_.num_layers; ++l) sender->SendLayer(*h, l);
+  Done done;
+  sender->Finish(*h, "", done.Callback());
+  sender_.reset();  // the prefill worker shuts down
+  EXPECT_EQ(done.Wait(absl::Seconds(1)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(completions_.WaitFor(22, 0).status.code(), absl::StatusCode::kAborted);
+  receiver_->Cancel(22);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "loopback"),
                          [](const auto& info) { return info.param; });
 
