@@ -11,21 +11,27 @@
 //   out[d] = (sum_j p[j] * v_j[d], fma chain over j ascending from +0) * (1 / sum)
 //   (the chain may pause in memory between chunks of positions: same values).
 
-#include <array>
 #include <cstdint>
 #include <utility>
 
 #include "common/base/dtype.h"
 #include "common/engine/backend/cpu/kernels/elementwise_impl.h"
+#include "common/engine/backend/cpu/kernels/fn_table.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 
 namespace tandem::cpu::impl {
+
+// PagedKvLayer::block_stride_elems(), as a template: ISA files call no shared inline function.
+template <class S>
+inline int64_t BlockStride(const PagedKvLayer& kv) {
+  return 2 * kv.num_kv_heads * kv.block_size * kv.head_dim;
+}
 
 // Offset (in elements) of a slot's K (which = 0) or V (which = 1) row of kv head h.
 template <class S>
 inline int64_t KvRowOffset(const PagedKvLayer& kv, int64_t slot, int which, int64_t h) {
   const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
-  return block * kv.block_stride_elems() +
+  return block * BlockStride<S>(kv) +
          ((which * kv.num_kv_heads + h) * kv.block_size + off) * kv.head_dim;
 }
 
@@ -148,7 +154,7 @@ inline constexpr int64_t kAttnChunkBytes = 16384;
 template <class S, class KT, class Fn>
 inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv, int64_t begin,
                             int64_t end, int64_t extra, Fn&& fn) {
-  const int64_t bs = kv.block_size, stride = kv.block_stride_elems(), hd = kv.head_dim;
+  const int64_t bs = kv.block_size, stride = BlockStride<S>(kv), hd = kv.head_dim;
   const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(KT));
   const int64_t ahead =
       row_bytes > 0 && row_bytes < kAttnPrefetchBytes ? kAttnPrefetchBytes / row_bytes : 1;
@@ -236,7 +242,7 @@ using AttentionTileFn = void (*)(const float*, int64_t, const AttentionQuery&, c
 
 // Indexed ((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + has_tail.
 template <class S, class KT, size_t... I>
-constexpr std::array<AttentionTileFn<KT>, sizeof...(I)> MakeAttentionTiles(
+constexpr FnTable<S, AttentionTileFn<KT>, sizeof...(I)> MakeAttentionTiles(
     std::index_sequence<I...>) {
   return {{&AttentionOutputTile<S, KT, static_cast<int>(I / 2 / (kAttnMaxVecs + 1)) + 1,
                                 static_cast<int>(I / 2 % (kAttnMaxVecs + 1)), (I % 2) == 1>...}};
@@ -323,7 +329,7 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
         const int64_t left = full - c;
         const bool with_tail = tail > 0 && left + 1 <= budget;
         const int64_t nv = with_tail ? left : (left < budget ? left : budget);
-        tiles[((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + (with_tail ? 1 : 0)](
+        tiles.fn[((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + (with_tail ? 1 : 0)](
             scratch + g0 * n, n, query, kv, begin, j0, j1, v_extra + c * L, with_tail ? tail : 0,
             j0 == begin, j1 == ctx, inv + g0, oh + g0 * hd + c * L);
         c += nv;

@@ -9,11 +9,11 @@
 // then S::ReduceAdd(acc) (a fixed tree), then + bias[n]. Tile shapes and loop order only choose
 // which outputs are computed together; they never change this sequence.
 
-#include <array>
 #include <cstdint>
 #include <utility>
 
 #include "common/base/dtype.h"
+#include "common/engine/backend/cpu/kernels/fn_table.h"
 
 namespace tandem::cpu::impl {
 
@@ -79,7 +79,7 @@ using MatMulTileFn = void (*)(const float*, int64_t, const WT*, int64_t, const f
 
 // Table of every tile shape 1..kMR x 1..kNR, indexed (mr - 1) * kNR + (nr - 1).
 template <class S, class WT, bool kPrefetch, size_t... I>
-constexpr std::array<MatMulTileFn<WT>, sizeof...(I)> MakeMatMulTiles(std::index_sequence<I...>) {
+constexpr FnTable<S, MatMulTileFn<WT>, sizeof...(I)> MakeMatMulTiles(std::index_sequence<I...>) {
   return {{&MatMulTile<S, static_cast<int>(I / S::kNR) + 1, static_cast<int>(I % S::kNR) + 1, WT,
                        kPrefetch>...}};
 }
@@ -112,8 +112,9 @@ void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const W
       }
       for (; n < b1; n += NR) {
         const int nr = static_cast<int>(b1 - n < NR ? b1 - n : NR);
-        tiles[(mr - 1) * NR + (nr - 1)](x + m * ldx, ldx, w + n * K, K,
-                                        bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
+        tiles.fn[(mr - 1) * NR + (nr - 1)](x + m * ldx, ldx, w + n * K, K,
+                                           bias != nullptr ? bias + n : nullptr, y + m * ldy + n,
+                                           ldy);
       }
     }
   }
