@@ -14,6 +14,21 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
+// Keeps the calling thread's current device (control calls arrive on the caller's threads).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
 }  // namespace
 
 absl::Status CheckDevice(int device) {
@@ -46,8 +61,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Start(const std::str
   std::unique_ptr<Communicator> c(new Communicator);
   c->rank_ = rank;
   c->device_ = device;
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  DeviceGuard guard(device);
+  cudaError_t e;
   if ((e = cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking)) != cudaSuccess) {
     return CudaError(e, "cudaStreamCreate");
   }
@@ -75,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Start(const std::str
 }
 
 Communicator::~Communicator() {
-  cudaSetDevice(device_);
+  DeviceGuard guard(device_);
   if (comm_ != nullptr) {
     bool clean = false;
     if (!broken_ && ncclCommFinalize(comm_) != ncclSystemError) {
@@ -169,14 +184,19 @@ absl::Status Communicator::Wait(absl::Time deadline, const std::atomic<bool>* st
       Abort();
       return absl::DeadlineExceededError("nccl transfer made no progress before its deadline");
     }
-    if (++spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Spin briefly (messages complete in microseconds over NVLink), then back off to 1 ms
+    // (an idle receiver waits here between messages).
+    ++spins;
+    if (spins > 200) {
+      std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 1000 : 50));
+    }
   }
 }
 
 void Communicator::Abort() {
   if (broken_.exchange(true)) return;
   if (comm_ != nullptr) {
-    cudaSetDevice(device_);
+    DeviceGuard guard(device_);
     ncclCommAbort(comm_);
     comm_ = nullptr;
   }

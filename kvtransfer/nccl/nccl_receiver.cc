@@ -259,6 +259,7 @@ class NcclReceiver : public KvReceiver {
   }
 
   void Serve(Peer* p) {
+    cudaSetDevice(p->comm->device());
     absl::Status s = p->comm->WaitReady(absl::Now() + options_.handshake_timeout, &p->stop);
     const size_t region = options_.layout.region_bytes();
     while (s.ok()) {

@@ -268,6 +268,7 @@ class NcclSender : public KvSender {
   }
 
   void Work(Peer* p) {
+    cudaSetDevice(p->comm->device());
     std::unique_lock<std::mutex> lock(p->mu);
     while (true) {
       p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop; });
