@@ -17,6 +17,9 @@
 #include "common/base/log.h"
 #include "common/engine/async_engine.h"
 #include "common/engine/tokenizer/tokenizer.h"
+#include "common/metrics/engine_metrics.h"
+#include "common/metrics/process_metrics.h"
+#include "common/metrics/router_metrics.h"
 #include "common/worker/kv_event_log.h"
 #include "common/worker/worker_service.h"
 #include "decode_worker/decode_core.h"
@@ -61,7 +64,8 @@ void DrainOnSignal(const sigset_t& signals, const ServerFlags& server_flags, grp
 }
 
 int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
-                    const ServerFlags& server_flags, const std::string& model_name) {
+                    const ServerFlags& server_flags, const std::string& model_name,
+                    ProcessMetrics* metrics) {
   auto tokenizer = Tokenizer::FromModelDir(engine_flags.model_dir);
   if (!tokenizer.ok()) {
     TLOG(ERROR) << tokenizer.status();
@@ -82,7 +86,9 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
                                             [&events](BlockHash h) { events.Removed(h); }});
   const ModelConfig& config = built->model->config();
   const int64_t context = built->engine->max_model_len();
-  AsyncEngine engine(std::move(built->engine));
+  EngineMetrics engine_metrics(metrics->registry(), "both");
+  RouterMetrics router_metrics(metrics->registry());
+  AsyncEngine engine(std::move(built->engine), &engine_metrics);
   DecodeCore core(&engine);
   LocalClient client(&core);
 
@@ -94,7 +100,7 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   service_options.architecture = config.architecture_name;
   service_options.max_model_len = static_cast<int32_t>(context);
   service_options.dtype = std::string(DTypeName(built->model->weight_dtype()));
-  GenerationService service(service_options, tokenizer->get(), &client);
+  GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
   WorkerServiceOptions worker_options;
   worker_options.info.set_role("both");
   worker_options.info.set_model_name(service_options.model_name);
@@ -182,11 +188,13 @@ int RunServe(int argc, char** argv) {
   RouterFlags router_flags;
   std::string model_name;
   int64_t prefill_workers = 0, decode_workers = 0;
+  MetricsOptions metrics_options;
   FlagSet flags("serve",
                 "Serves the Generation gRPC API: the router and one worker in this process, or\n"
                 "with --prefill-workers/--decode-workers a local disaggregated cluster.");
   engine_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
+  RegisterMetricsFlags(&flags, &metrics_options);
   flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
   flags.Int("prefill-workers", &prefill_workers, "prefill worker processes (cluster mode)");
   flags.Int("decode-workers", &decode_workers, "decode worker processes (cluster mode)");
@@ -194,6 +202,8 @@ int RunServe(int argc, char** argv) {
                "cluster mode: round_robin, least_loaded or prefix_affinity");
   flags.Int("disagg-min-uncached-tokens", &router_flags.disagg_min_uncached_tokens,
             "cluster mode: shorter uncached prompt parts are prefilled on the decode worker");
+  flags.Int("max-prefills-per-worker", &router_flags.max_prefills_per_worker,
+            "cluster mode: prefill workers above this many prefills in flight are saturated");
   flags.Double("prefill-timeout", &router_flags.prefill_timeout_s,
                "cluster mode: seconds before a prefill is retried elsewhere");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
@@ -202,6 +212,12 @@ int RunServe(int argc, char** argv) {
   }
   if (flags.help_requested()) return 0;
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "serve"});
+  auto metrics = ProcessMetrics::Start(metrics_options, "serve", server_flags.host);
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+  if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
   router_flags.model_name = model_name;
   if (prefill_workers > 0 || decode_workers > 0) {
     if (decode_workers < 1) {
@@ -211,7 +227,7 @@ int RunServe(int argc, char** argv) {
     return ServeCluster(signals, engine_flags, server_flags, router_flags, prefill_workers,
                         decode_workers);
   }
-  return ServeMonolithic(signals, engine_flags, server_flags, model_name);
+  return ServeMonolithic(signals, engine_flags, server_flags, model_name, metrics->get());
 }
 
 }  // namespace tandem

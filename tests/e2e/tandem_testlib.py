@@ -32,8 +32,11 @@ def load_stubs():
         sys.path.insert(0, _STUB_DIR)
     import grpc  # noqa: F401
     from tandem.v1 import common_pb2, generation_pb2, generation_pb2_grpc, sampling_pb2
-    from tandem.v1 import worker_pb2, worker_pb2_grpc
-    return Stubs(common_pb2, generation_pb2, generation_pb2_grpc, sampling_pb2, worker_pb2, worker_pb2_grpc)
+    from tandem.v1 import worker_pb2, worker_pb2_grpc, router_admin_pb2, router_admin_pb2_grpc
+    stubs = Stubs(common_pb2, generation_pb2, generation_pb2_grpc, sampling_pb2, worker_pb2,
+                  worker_pb2_grpc)
+    stubs.admin, stubs.admin_grpc = router_admin_pb2, router_admin_pb2_grpc
+    return stubs
 
 
 class Stubs:
@@ -54,7 +57,8 @@ class Server:
         if model:
             cmd += ["--model", model]
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=popen_env(getattr(self, "_env", None)))
         deadline = time.time() + startup_timeout
         while not os.path.exists(self.port_file):
             if self.proc.poll() is not None:
@@ -125,3 +129,58 @@ def generate(stubs, stub, timeout=120, **kwargs):
 
 def worker_stats(stubs, channel):
     return stubs.worker_grpc.WorkerStub(channel).GetStats(stubs.worker.StatsRequest(), timeout=10)
+
+
+class Cluster(Server):
+    """`tandem serve --prefill-workers N --decode-workers M`: worker processes on loopback and
+    the router in the serve process. Knows its children's pids and ports."""
+
+    def __init__(self, build_dir, prefill, decode, *args, env=None, **kwargs):
+        self._env = env
+        super().__init__(build_dir, "--prefill-workers", str(prefill), "--decode-workers",
+                         str(decode), *args, **kwargs)
+
+    def children(self):
+        """{role: [(pid, port)]} from the supervisor's log lines."""
+        out = {"prefill": [], "decode": []}
+        for line in self.logs().splitlines():
+            if "cluster_supervisor" in line and "started" in line and " worker pid " in line:
+                words = line.split()
+                role = words[words.index("worker") - 1]
+                pid = int(words[words.index("pid") + 1])
+                port = int(words[words.index("port") + 1])
+                out[role] = [(p, q) for (p, q) in out[role] if q != port] + [(pid, port)]
+        return out
+
+    def worker_channels(self):
+        import grpc
+        return {role: [grpc.insecure_channel(f"127.0.0.1:{port}") for _, port in lst]
+                for role, lst in self.children().items()}
+
+
+def popen_env(extra):
+    env = dict(os.environ)
+    env.update(extra or {})
+    return env
+
+
+def cluster_status(stubs, channel):
+    return stubs.admin_grpc.RouterAdminStub(channel).GetClusterStatus(
+        stubs.admin.ClusterStatusRequest(), timeout=10)
+
+
+def wait_no_leaks(stubs, channels, timeout=20):
+    """Every worker reports zero KV blocks used by requests, nothing awaiting, held or in flight."""
+    deadline = time.time() + timeout
+    while True:
+        bad = []
+        for ch in channels:
+            s = worker_stats(stubs, ch)
+            if s.kv_blocks_used or s.awaiting_kv or s.kv_blocks_held or s.transfers_in_flight \
+                    or s.running or s.waiting:
+                bad.append(s)
+        if not bad:
+            return
+        if time.time() > deadline:
+            raise AssertionError(f"workers still hold resources: {bad}")
+        time.sleep(0.1)
