@@ -20,6 +20,7 @@ rm -rf "$gopath/src/tandem/helm-render"
 mkdir -p "$gopath/src/tandem/helm-render"
 cp "$src/main.go" "$gopath/src/tandem/helm-render/"
 cd "$gopath/src/tandem/helm-render"
-GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOCACHE="$out/gocache" GOFLAGS= GOPROXY=off \
+GO111MODULE=off GOPATH="$gopath:/usr/share/gocode" GOCACHE="$out/gocache" GOENV=off GOFLAGS= \
+  GOPROXY=off GOTOOLCHAIN=local \
   go build -o "$out/helm-render" .
 echo "$out/helm-render"
