@@ -7,8 +7,9 @@
 // non-map object that the validator never looked at is unknown. It also checks object names
 // and label syntax like the API server.
 //
-// Usage: node validate.js MANIFESTS.json   (helm-render -output json: [{source, manifest}])
-// Prints one line per problem; exits 1 if there is any.
+// Usage: node validate.js MANIFESTS.json...   (helm-render -output json: [{source, manifest}])
+// Prints "FILE: SOURCE: KIND/NAME: problem" per problem and a summary line per file; exits 1 if
+// there is any problem.
 "use strict";
 const fs = require("fs");
 
@@ -126,19 +127,22 @@ function validate(manifest) {
 }
 
 function main() {
-  const docs = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
   let bad = 0;
-  const kinds = {};
-  for (const { source, manifest } of docs) {
-    const problems = validate(manifest);
-    kinds[manifest.kind] = (kinds[manifest.kind] || 0) + 1;
-    for (const p of problems) {
-      console.log(`${source}: ${manifest.kind}/${(manifest.metadata || {}).name}: ${p}`);
-      bad++;
+  for (const file of process.argv.slice(2)) {
+    const docs = JSON.parse(fs.readFileSync(file, "utf8"));
+    const kinds = {};
+    let problems = 0;
+    for (const { source, manifest } of docs) {
+      kinds[manifest.kind] = (kinds[manifest.kind] || 0) + 1;
+      for (const p of validate(manifest)) {
+        console.log(`${file}: ${source}: ${manifest.kind}/${(manifest.metadata || {}).name}: ${p}`);
+        problems++;
+      }
     }
+    const summary = Object.entries(kinds).map(([k, n]) => `${n} ${k}`).join(", ");
+    console.log(`${file}: ${problems === 0 ? `valid: ${summary}` : `${problems} problem(s)`}`);
+    bad += problems;
   }
-  const summary = Object.entries(kinds).map(([k, n]) => `${n} ${k}`).join(", ");
-  console.log(bad === 0 ? `valid: ${summary}` : `${bad} problem(s)`);
   process.exit(bad === 0 ? 0 : 1);
 }
 
