@@ -274,8 +274,13 @@ void CheckAttention(const AttentionCase& c, int partition, int graph_batch = 0) 
 
   cuda::AttentionPlanOptions options;
   options.group = group;
-  options.max_tile_tokens = std::max(1, 64 / group);
+  options.max_tile_tokens = std::max(1, 64 / group);  // as the backend: within 96 KiB
+  while (options.max_tile_tokens > 1 &&
+         cuda::AttentionSharedBytes(options.max_tile_tokens * group, hd) > 96 * 1024) {
+    --options.max_tile_tokens;
+  }
   options.partition = partition;
+  options.min_split_keys = 32;
   options.max_partial_slots = 64;
   cuda::AttentionPlan plan;
   int stride = 0;
@@ -307,7 +312,8 @@ void CheckAttention(const AttentionCase& c, int partition, int graph_batch = 0) 
   out.Poison();
   part_o.Poison();
   part_ml.Poison();
-  TANDEM_CUDA_CHECK(cuda::ConfigureAttention(cuda::AttentionSharedBytes(plan.max_tile_rows, hd)));
+  TANDEM_CUDA_CHECK(cuda::ConfigureAttention(96 * 1024));
+  ASSERT_LE(cuda::AttentionSharedBytes(plan.max_tile_rows, hd), 96u * 1024);
   cuda::AttentionArgs a;
   a.q = dq.get();
   a.ldq = ld;

@@ -7,15 +7,30 @@ namespace {
 
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
+// Splits of a key range of `len` keys: enough to keep splits under `partition` keys and to give
+// `occupancy_splits` when the batch alone does not fill the GPU, never under min_split_keys keys
+// a split, at most kMaxAttentionSplits.
+int SplitCount(int64_t len, int occupancy_splits, const AttentionPlanOptions& options) {
+  int splits = std::max(CeilDiv(len, std::max(1, options.partition)), occupancy_splits);
+  splits = std::min<int64_t>(splits, len / std::max(1, options.min_split_keys));
+  return std::clamp(splits, 1, kMaxAttentionSplits);
+}
+
+// Splits wanted for occupancy when `tiles` tiles make tiles * kv_heads blocks.
+int OccupancySplits(int64_t tiles, const AttentionPlanOptions& options) {
+  const int64_t blocks = std::max<int64_t>(1, tiles * options.kv_heads);
+  return blocks >= options.target_blocks ? 1 : CeilDiv(options.target_blocks, blocks);
+}
+
 // Appends the items of one tile over keys [lo, hi), split when allowed.
 void AddTile(int32_t token_begin, int32_t num_tokens, int32_t table_row, int32_t lo, int32_t hi,
-             const AttentionPlanOptions& options, AttentionPlan* plan) {
+             int occupancy_splits, const AttentionPlanOptions& options, AttentionPlan* plan) {
   plan->max_tile_rows = std::max(plan->max_tile_rows, num_tokens * options.group);
   const int64_t len = hi - lo;
   int splits = 1;
-  if (num_tokens <= options.split_max_tokens && len > options.partition &&
+  if (num_tokens <= options.split_max_tokens &&
       plan->partial_slots + num_tokens <= options.max_partial_slots) {
-    splits = std::min<int>(kMaxAttentionSplits, CeilDiv(len, options.partition));
+    splits = SplitCount(len, occupancy_splits, options);
   }
   if (splits <= 1) {
     plan->items.push_back(AttentionItem{token_begin, num_tokens, table_row, lo, hi, -1, 0, 0});
@@ -42,6 +57,9 @@ AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t
                             int32_t sliding_window, const AttentionPlanOptions& options) {
   AttentionPlan plan;
   const int tile = std::max(1, options.max_tile_tokens);
+  int64_t tiles = 0;
+  for (const ForwardSeq& seq : batch.seqs) tiles += (seq.num_tokens + tile - 1) / tile;
+  const int occupancy = OccupancySplits(tiles, options);
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
     const ForwardSeq& seq = batch.seqs[s];
     for (int32_t first = 0; first < seq.num_tokens; first += tile) {
@@ -56,7 +74,7 @@ AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t
         hi = std::max(hi, ctx);
       }
       if (hi <= lo) lo = hi = 0;
-      AddTile(begin, count, static_cast<int32_t>(s), lo, hi, options, &plan);
+      AddTile(begin, count, static_cast<int32_t>(s), lo, hi, occupancy, options, &plan);
     }
   }
   return plan;
@@ -65,7 +83,7 @@ AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t
 AttentionPlan PlanDecodeGraph(int batch, int context_bucket, const AttentionPlanOptions& options) {
   AttentionPlan plan;
   plan.max_tile_rows = options.group;
-  int splits = std::clamp(context_bucket / std::max(1, options.partition), 1, kMaxAttentionSplits);
+  int splits = SplitCount(context_bucket, OccupancySplits(batch, options), options);
   if (batch > options.max_partial_slots) splits = 1;
   const int span =
       CeilDiv(CeilDiv(context_bucket, splits), kAttentionKeyChunk) * kAttentionKeyChunk;

@@ -16,8 +16,13 @@ struct AttentionPlanOptions {
   int group = 1;              // query heads per kv head
   int max_tile_tokens = 16;   // tokens per tile (rows = tokens * group)
   int split_max_tokens = 8;   // only tiles of at most this many tokens are split over keys
-  int partition = 512;        // keys per split, about
+  int partition = 512;        // keys per split at most, about (longer ranges split further)
+  int min_split_keys = 64;    // keys per split at least
   int max_partial_slots = 0;  // capacity of the partial buffers, in tokens
+  // Occupancy: when tiles x kv_heads blocks fall short of target_blocks (about two per SM), small
+  // tiles are split further so that the GPU fills up (decode at small batch sizes).
+  int kv_heads = 1;
+  int target_blocks = 0;
 };
 
 struct AttentionPlan {

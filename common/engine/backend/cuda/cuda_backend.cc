@@ -143,9 +143,17 @@ absl::Status CudaBackend::Init() {
                                                  hd, " exceeds ", budget,
                                                  " bytes of shared memory"));
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(ConfigureAttention(AttentionSharedBytes(tile_tokens * group, hd)),
+  // The whole budget, not this model's need: the attribute is per kernel and process-wide, and
+  // another backend in the process may need more.
+  TANDEM_CUDA_RETURN_IF_ERROR(ConfigureAttention(budget),
                               "cudaFuncSetAttribute (attention shared memory)");
+  int sms = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, options_.device),
+      "cudaDeviceGetAttribute(MultiProcessorCount)");
   plan_options_.group = group;
+  plan_options_.kv_heads = static_cast<int>(c.num_kv_heads);
+  plan_options_.target_blocks = 2 * sms;
   plan_options_.max_tile_tokens = tile_tokens;
   plan_options_.max_partial_slots =
       static_cast<int>(std::max<int64_t>(kMinPartialSlots, options_.max_graph_batch));
