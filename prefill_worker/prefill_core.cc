@@ -22,11 +22,13 @@ struct PrefillCore::Job {
   bool begun = false;
   absl::Status begin_status;
   kvtransfer::TransferHandle handle = 0;
-  bool transfer_closed = false;  // Finish or Abort was called on the handle
+  bool transfer_closed = false;          // Finish or Abort was called on the handle
+  std::vector<int32_t> blocks;           // the sequence's block table (from layer 0)
+  std::vector<int64_t> deferred_layers;  // without layer-wise push: sent at the end
 };
 
-PrefillCore::PrefillCore(AsyncEngine* engine, int64_t block_size)
-    : engine_(engine), block_size_(block_size) {
+PrefillCore::PrefillCore(AsyncEngine* engine, int64_t block_size, bool layerwise)
+    : engine_(engine), block_size_(block_size), layerwise_(layerwise) {
   export_thread_ = std::thread([this] { ExportLoop(); });
 }
 
@@ -198,23 +200,21 @@ void PrefillCore::RunTask(Task& task) {
     }
     return;
   }
-  const v1::KvReservation& target = job.request.target();
-  if (task.layer >= 0) {
-    if (!job.begun) {
-      job.begun = true;
-      kvtransfer::TransferTarget t;
-      t.endpoint = target.kv_endpoint();
-      t.incarnation = target.incarnation();
-      t.transfer_id = target.transfer_id();
-      t.attempt = job.request.attempt();
-      t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
-      t.deadline = absl::Now() + absl::Seconds(30);
-      std::vector<int32_t> src(task.blocks.begin() + target.first_block(), task.blocks.end());
-      auto handle = sender_->Begin(t, std::move(src));
-      job.begin_status = handle.status();
-      if (handle.ok()) job.handle = *handle;
+  if (task.layer == 0) job.blocks = task.blocks;
+  if (task.layer >= 0 && !layerwise_) {
+    job.deferred_layers.push_back(task.layer);
+    return;
+  }
+  if (task.finish && !layerwise_) {
+    for (int64_t layer : job.deferred_layers) {
+      Task t;
+      t.job = task.job;
+      t.layer = layer;
+      SendLayerNow(t);
     }
-    if (job.begin_status.ok()) sender_->SendLayer(job.handle, task.layer);
+  }
+  if (task.layer >= 0) {
+    SendLayerNow(task);
     return;
   }
   if (!task.finish) return;
@@ -227,6 +227,26 @@ void PrefillCore::RunTask(Task& task) {
   job.transfer_closed = true;
   sender_->Finish(job.handle, job.first.SerializeAsString(),
                   [this, keep](absl::Status st) { Complete(keep, std::move(st)); });
+}
+
+void PrefillCore::SendLayerNow(Task& task) {
+  Job& job = *task.job;
+  const v1::KvReservation& target = job.request.target();
+  if (!job.begun) {
+    job.begun = true;
+    kvtransfer::TransferTarget t;
+    t.endpoint = target.kv_endpoint();
+    t.incarnation = target.incarnation();
+    t.transfer_id = target.transfer_id();
+    t.attempt = job.request.attempt();
+    t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
+    t.deadline = absl::Now() + absl::Seconds(30);
+    std::vector<int32_t> src(job.blocks.begin() + target.first_block(), job.blocks.end());
+    auto handle = sender_->Begin(t, std::move(src));
+    job.begin_status = handle.status();
+    if (handle.ok()) job.handle = *handle;
+  }
+  if (job.begin_status.ok()) sender_->SendLayer(job.handle, task.layer);
 }
 
 void PrefillCore::Complete(const std::shared_ptr<Job>& job, absl::Status status) {

@@ -24,7 +24,9 @@ namespace tandem {
 // sender completions run on transport threads. Thread-safe.
 class PrefillCore : public PrefillHandler {
  public:
-  PrefillCore(AsyncEngine* engine, int64_t block_size);
+  // layerwise: push each layer as soon as it is computed (default); false sends every layer
+  // after the prompt is done (the baseline layer-wise push is measured against).
+  PrefillCore(AsyncEngine* engine, int64_t block_size, bool layerwise = true);
   ~PrefillCore() override;
 
   absl::Status StartSender(const kvtransfer::SenderOptions& options,
@@ -45,12 +47,14 @@ class PrefillCore : public PrefillHandler {
   };
   void ExportLoop();
   void RunTask(Task& task);
+  void SendLayerNow(Task& task);  // export thread: Begin on first use, then SendLayer
   void OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u);
   void Complete(const std::shared_ptr<Job>& job, absl::Status status);
   void Enqueue(Task task);
 
   AsyncEngine* engine_;
   int64_t block_size_;
+  bool layerwise_;
   std::unique_ptr<kvtransfer::KvSender> sender_;
 
   mutable std::mutex mu_;

@@ -166,6 +166,13 @@ void RequestFlow::OnResponse(DecodeLeg* leg, const v1::DecodeResponse& r) {
         out.mutable_final()->set_index(indices[local]);
         out.mutable_final()->mutable_usage()->set_completion_tokens(
             static_cast<int32_t>(s.delivered.size()));
+        double prefill_s = 0, transfer_s = 0;
+        if (leg->PrefillTimings(&prefill_s, &transfer_s)) {
+          v1::Timings* t = out.mutable_final()->mutable_timings();
+          t->set_remote(true);
+          t->set_remote_prefill_s(prefill_s);
+          t->set_kv_transfer_s(transfer_s);
+        }
       }
     } else {
       return;
@@ -406,6 +413,7 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   }
   if (prefill) prefill->inflight_requests.fetch_sub(1);
   std::unique_lock<std::mutex> lock(mu_);
+  if (status.ok()) prefill_ok_ = true;
   if (ended_ || status.ok()) return;
   TLOG(WARNING) << "request " << request_.request_id() << ": prefill on " << prefill->address
                 << " failed (" << status.error_message() << ")";
@@ -423,6 +431,14 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   const v1::KvReservation reservation = reservation_;
   lock.unlock();
   StartPrefill(reservation);
+}
+
+bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!prefill_ok_) return false;
+  *prefill_s = prefill_response_.prefill_s();
+  *transfer_s = prefill_response_.transfer_s();
+  return true;
 }
 
 void DecodeLeg::SendCancel(const std::shared_ptr<Worker>& worker, int32_t index) {

@@ -75,6 +75,8 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   const v1::DecodeRequest& request() const { return request_; }
   Worker* worker() const { return decode_.get(); }
   const std::shared_ptr<Worker>& worker_ptr() const { return decode_; }
+  // Timings of the successful remote prefill, if any (for the final's TTFT split).
+  bool PrefillTimings(double* prefill_s, double* transfer_s);
 
  private:
   void StartPrefill(const v1::KvReservation& reservation);
@@ -100,6 +102,7 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   std::unique_ptr<grpc::ClientContext> prefill_context_;
   v1::PrefillRequest prefill_request_;
   v1::PrefillResponse prefill_response_;
+  bool prefill_ok_ = false;
 };
 
 }  // namespace tandem

@@ -131,7 +131,7 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
 
 int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
                  const ServerFlags& server_flags, RouterFlags router_flags, int64_t prefill_workers,
-                 int64_t decode_workers) {
+                 int64_t decode_workers, bool layerwise_push) {
   const std::string state_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
   std::filesystem::create_directories(state_dir);
@@ -188,6 +188,7 @@ int RunServe(int argc, char** argv) {
   RouterFlags router_flags;
   std::string model_name;
   int64_t prefill_workers = 0, decode_workers = 0;
+  bool no_layerwise_push = false;
   MetricsOptions metrics_options;
   FlagSet flags("serve",
                 "Serves the Generation gRPC API: the router and one worker in this process, or\n"
@@ -204,6 +205,8 @@ int RunServe(int argc, char** argv) {
             "cluster mode: shorter uncached prompt parts are prefilled on the decode worker");
   flags.Int("max-prefills-per-worker", &router_flags.max_prefills_per_worker,
             "cluster mode: prefill workers above this many prefills in flight are saturated");
+  flags.Bool("no-layerwise-push", &no_layerwise_push,
+             "cluster mode: prefill workers send the KV after the prompt, not layer by layer");
   flags.Double("prefill-timeout", &router_flags.prefill_timeout_s,
                "cluster mode: seconds before a prefill is retried elsewhere");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
@@ -225,7 +228,7 @@ int RunServe(int argc, char** argv) {
       return 2;
     }
     return ServeCluster(signals, engine_flags, server_flags, router_flags, prefill_workers,
-                        decode_workers);
+                        decode_workers, !no_layerwise_push);
   }
   return ServeMonolithic(signals, engine_flags, server_flags, model_name, metrics->get());
 }

@@ -29,6 +29,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
   ServerFlags server_flags;
   std::string model_name, kv_transport = "tcp", kv_host = "127.0.0.1";
   int64_t kv_port = 0;
+  bool no_layerwise_push = false;
   FlagSet flags(command, "Runs one worker of a disaggregated cluster (role: " +
                              (role.empty() ? std::string("--role") : role) +
                              "), serving the tandem.v1.Worker gRPC API.");
@@ -42,6 +43,8 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
   flags.String("kv-transport", &kv_transport, "KV transfer transport: tcp (or loopback in tests)");
   flags.String("kv-host", &kv_host, "decode role: address the KV receiver listens on");
   flags.Int("kv-port", &kv_port, "decode role: KV receiver port (0: any free port)");
+  flags.Bool("no-layerwise-push", &no_layerwise_push,
+             "prefill role: send the KV after the whole prompt instead of layer by layer");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 2;
@@ -88,7 +91,8 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     }
   }
   if (role == "prefill" || role == "both") {
-    prefill = std::make_unique<PrefillCore>(&engine, backend->kv_spec().block_size);
+    prefill =
+        std::make_unique<PrefillCore>(&engine, backend->kv_spec().block_size, !no_layerwise_push);
     kvtransfer::SenderOptions so;
     so.transport = kv_transport;
     so.layout = layout;
