@@ -208,8 +208,15 @@ TEST_F(CudaBackendTest, KvRegionsMoveBetweenCpuAndCuda) {
         ASSERT_TRUE(cuda->WriteBlockRegion(l, on_cuda.blocks[b], bytes.data()).ok());
         ASSERT_TRUE(cuda->ReadBlockRegion(l, on_cuda.blocks[b], back.data()).ok());
         EXPECT_EQ(back, bytes);
+        const uint8_t* device = CudaDeviceBlockRegion(cuda.get(), l, on_cuda.blocks[b]);
+        ASSERT_NE(device, nullptr);
+        std::fill(back.begin(), back.end(), 0);
+        TANDEM_CUDA_CHECK(cudaMemcpy(back.data(), device, region, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(back, bytes);
       }
     }
+    EXPECT_EQ(CudaDeviceBlockRegion(cpu.get(), 0, 0), nullptr);
+    EXPECT_EQ(CudaDeviceBlockRegion(cuda.get(), 0, 32), nullptr);
     EXPECT_FALSE(cuda->ReadBlockRegion(0, 32, back.data()).ok());
     EXPECT_FALSE(cuda->WriteBlockRegion(3, -1, back.data()).ok());
 

@@ -51,6 +51,16 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
   return std::unique_ptr<Backend>(std::move(backend).value());
 }
 
+uint8_t* CudaDeviceBlockRegion(Backend* backend, int64_t layer, int32_t block) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(backend);
+  if (cuda == nullptr) return nullptr;
+  const KvCacheSpec& spec = cuda->kv_spec();
+  if (layer < 0 || layer >= spec.num_layers || block < 0 || block >= spec.num_blocks) {
+    return nullptr;
+  }
+  return cuda->DeviceBlockRegion(layer, block);
+}
+
 namespace cuda {
 namespace {
 

@@ -47,4 +47,11 @@ std::string CudaDeviceDescription(int device);
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const Model> model,
                                                            const CudaBackendOptions& options);
 
+// Device address of a CUDA backend's (layer, block) KV region (Backend::HostBlockRegion is
+// nullptr there), for transports that move device memory (NCCL); nullptr when `backend` is not
+// a CUDA backend or the region is out of range. Pure address arithmetic, safe from any thread.
+// The bytes are current when Forward has returned, and inside the on_layer_done hook for the
+// hook's layer (the backend synchronizes its stream before calling it).
+uint8_t* CudaDeviceBlockRegion(Backend* backend, int64_t layer, int32_t block);
+
 }  // namespace tandem

@@ -32,6 +32,9 @@ class CudaBackend final : public Backend {
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
   absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) override;
 
+  // Device address of a (layer, block) region (see CudaDeviceBlockRegion).
+  uint8_t* DeviceBlockRegion(int64_t layer, int32_t block) const { return Region(layer, block); }
+
   // Statistics for tests and benchmarks.
   int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
   int64_t graph_steps() const { return graph_steps_; }
