@@ -126,8 +126,15 @@ void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
   }
 #pragma GCC unroll 4
   for (int h = 0; h < H; ++h) {
+    float sums[P];
+    if constexpr (P == 4) {
+      S::ReduceAdd4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], sums);
+    } else {
 #pragma GCC unroll 8
-    for (int i = 0; i < P; ++i) s[h * n + i] = S::ReduceAdd(acc[h][i]) * scale;
+      for (int i = 0; i < P; ++i) sums[i] = S::ReduceAdd(acc[h][i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < P; ++i) s[h * n + i] = sums[i] * scale;
   }
 }
 

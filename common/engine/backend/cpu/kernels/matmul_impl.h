@@ -62,11 +62,21 @@ void MatMulTile(const float* x, int64_t ldx, const WT* w, int64_t K, const float
       for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv[i], wv, acc[i][j]);
     }
   }
+  // Horizontal sums, four at a time where possible (ReduceAdd4 adds exactly as ReduceAdd).
+  float sums[MR * NR];
+  int e = 0;
+#pragma GCC unroll 8
+  for (; e + 4 <= MR * NR; e += 4) {
+    S::ReduceAdd4(acc[e / NR][e % NR], acc[(e + 1) / NR][(e + 1) % NR],
+                  acc[(e + 2) / NR][(e + 2) % NR], acc[(e + 3) / NR][(e + 3) % NR], sums + e);
+  }
+#pragma GCC unroll 4
+  for (; e < MR * NR; ++e) sums[e] = S::ReduceAdd(acc[e / NR][e % NR]);
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      float s = S::ReduceAdd(acc[i][j]);
+      float s = sums[i * NR + j];
       if (bias != nullptr) s += bias[j];
       y[i * ldy + j] = s;
     }

@@ -57,6 +57,22 @@ struct Simd {
     return _mm_cvtss_f32(s1);
   }
 
+  // Four ReduceAdds at once with exactly the same additions: out[i] = ReduceAdd(v_i).
+  static void ReduceAdd4(F a, F b, F c, F d, float* out) {
+    // 128-bit halves: [a.lo + a.hi | b.lo + b.hi], [c.lo + c.hi | d.lo + d.hi].
+    F ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    F cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    // 64-bit halves, then the final pair, inside every 128-bit group.
+    ab = _mm256_add_ps(ab, _mm256_shuffle_ps(ab, ab, _MM_SHUFFLE(3, 2, 3, 2)));
+    cd = _mm256_add_ps(cd, _mm256_shuffle_ps(cd, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    ab = _mm256_add_ps(ab, _mm256_movehdup_ps(ab));
+    cd = _mm256_add_ps(cd, _mm256_movehdup_ps(cd));
+    // Results sit in lanes 0 and 4 of ab and cd.
+    const __m128 lo = _mm_unpacklo_ps(_mm256_castps256_ps128(ab), _mm256_extractf128_ps(ab, 1));
+    const __m128 hi = _mm_unpacklo_ps(_mm256_castps256_ps128(cd), _mm256_extractf128_ps(cd, 1));
+    _mm_storeu_ps(out, _mm_movelh_ps(lo, hi));
+  }
+
   // Same algorithm as avx512::Simd::Exp (<= 2 ulp for normal results, NaN preserved).
   static F Exp(F x) {
     x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));

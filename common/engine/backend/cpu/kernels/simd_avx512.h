@@ -58,6 +58,25 @@ struct Simd {
     return _mm_cvtss_f32(s1);
   }
 
+  // Four ReduceAdds at once with exactly the same additions (same tree, lanes packed together):
+  // out[i] = ReduceAdd(v_i).
+  static void ReduceAdd4(F a, F b, F c, F d, float* out) {
+    // 256-bit halves: [a.lo + a.hi | b.lo + b.hi] and likewise for c, d.
+    F ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    F cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+    // 128-bit halves: lane group k holds the 4-float partial sums of vector k.
+    F v = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    // 64-bit halves, then the final pair, inside every 128-bit group.
+    v = _mm512_add_ps(v, _mm512_shuffle_ps(v, v, _MM_SHUFFLE(3, 2, 3, 2)));
+    v = _mm512_add_ps(v, _mm512_movehdup_ps(v));
+    const __m128 r = _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+    _mm_storeu_ps(out, r);
+  }
+
   // exp(x) with <= 2 ulp error for normal results (Cephes expf polynomial, FMA evaluation).
   // exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN, results below 2^-126 are computed as subnormals.
   static F Exp(F x) {

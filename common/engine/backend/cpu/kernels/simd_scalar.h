@@ -81,6 +81,13 @@ struct Simd {
     return s2[0] + s2[1];
   }
 
+  static void ReduceAdd4(F a, F b, F c, F d, float* out) {
+    out[0] = ReduceAdd(a);
+    out[1] = ReduceAdd(b);
+    out[2] = ReduceAdd(c);
+    out[3] = ReduceAdd(d);
+  }
+
   static F Exp(F a) {
     for (int i = 0; i < 8; ++i) a.v[i] = __builtin_expf(a.v[i]);
     return a;
