@@ -19,6 +19,7 @@ EngineCounters ToCounters(const EngineStats& s) {
   c.generated_tokens = s.generated_tokens;
   c.prefix_cache_queried = s.prefix_cache_queried;
   c.prefix_cache_hit = s.prefix_cache_hit;
+  c.kv_evictions = s.kv_evictions;
   return c;
 }
 

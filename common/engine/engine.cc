@@ -213,6 +213,7 @@ EngineStats Engine::stats() const {
   s.kv_blocks_used = pool_->num_referenced();
   s.kv_blocks_cached = pool_->num_cached();
   s.kv_blocks_evictable = pool_->num_evictable();
+  s.kv_evictions = pool_->num_evictions();
   const int64_t block_size = kv_->block_size();
   for (const auto& [id, seqs] : requests_) {
     for (const auto& seq : seqs) {

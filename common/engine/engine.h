@@ -96,6 +96,7 @@ struct EngineStats {
   int64_t kv_blocks_used = 0;       // referenced by sequences
   int64_t kv_blocks_cached = 0;     // holding a prefix-cache entry (referenced or not)
   int64_t kv_blocks_evictable = 0;  // cached and unreferenced
+  int64_t kv_evictions = 0;         // cached blocks evicted to make room (cumulative)
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;         // admitted prompt tokens

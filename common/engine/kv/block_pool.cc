@@ -24,6 +24,7 @@ std::optional<int32_t> BlockPool::Allocate() {
     block = head_;
     LruRemove(block);
     Uncache(block);
+    ++num_evictions_;
   } else {
     return std::nullopt;
   }

@@ -35,6 +35,8 @@ class BlockPool {
   int64_t num_referenced() const { return num_referenced_; }
   int64_t num_evictable() const { return num_evictable_; }
   int64_t num_cached() const { return static_cast<int64_t>(by_hash_.size()); }
+  // Cached blocks evicted so far to make room (not counting ClearCache).
+  int64_t num_evictions() const { return num_evictions_; }
   bool prefix_cache_enabled() const { return prefix_cache_; }
 
   // A block with refcount 1, or nullopt when every block is referenced.
@@ -83,6 +85,7 @@ class BlockPool {
   int32_t head_ = -1, tail_ = -1;
   int64_t num_evictable_ = 0;
   int64_t num_referenced_ = 0;
+  int64_t num_evictions_ = 0;
   Listener listener_;
 };
 
