@@ -16,14 +16,24 @@ Engine::~Engine() = default;
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                        std::shared_ptr<const Model> model,
-                                                       std::unique_ptr<Backend> backend) {
+                                                       std::unique_ptr<Backend> backend,
+                                                       std::unique_ptr<Proposer> proposer) {
   if (model == nullptr || backend == nullptr) {
     return absl::InvalidArgumentError("engine needs a model and a backend");
   }
   if (options.scheduler.max_num_seqs < 1 || options.scheduler.max_num_batched_tokens < 1) {
     return absl::InvalidArgumentError("max_num_seqs and max_num_batched_tokens must be >= 1");
   }
+  if (options.spec.method != SpecOptions::Method::kNone) {
+    if (proposer == nullptr) {
+      return absl::InvalidArgumentError("speculative decoding is enabled but no proposer given");
+    }
+    if (options.spec.num_speculative_tokens < 1 || options.spec.num_speculative_tokens > 16) {
+      return absl::InvalidArgumentError("num_speculative_tokens must be in [1, 16]");
+    }
+  }
   std::unique_ptr<Engine> e(new Engine(options, std::move(model), std::move(backend)));
+  e->proposer_ = std::move(proposer);
   const ModelConfig& c = e->model_->config();
   const KvCacheSpec& spec = e->backend_->kv_spec();
   e->pool_ = std::make_unique<BlockPool>(spec.num_blocks, options.enable_prefix_cache);
@@ -34,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                           : c.max_position_embeddings;
   e->vocab_size_ = c.vocab_size;
   e->eos_ids_ = c.eos_token_ids;
+  e->stats_.spec_accepted_at.assign(std::max(1, options.spec.num_speculative_tokens), 0);
   uint64_t seed =
       options.seed != 0 ? options.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
   e->seed_source_.Seed(seed);
@@ -115,6 +126,7 @@ std::vector<Sequence*> Engine::Fork(Sequence* parent) {
     child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
                                                     : seed_source_.Next());
     child->prefill_only = parent->prefill_only;
+    child->spec_k = parent->spec_k;
     child->cached_prompt_tokens = parent->cached_prompt_tokens;
     child->admission_counted = true;
     child->arrival_time = parent->arrival_time;
@@ -144,13 +156,20 @@ std::vector<SequenceUpdate> Engine::Step() {
   std::vector<SequenceUpdate> updates = std::move(pending_updates_);
   pending_updates_.clear();
   ExpireLeases(&updates);
-  if (scheduler_->idle()) return updates;
+  if (scheduler_->idle()) {
+    ReapFinished();
+    return updates;
+  }
 
+  ProposeDrafts();
   SchedulerOutput plan = scheduler_->Schedule();
   ++stats_.steps;
   stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
   ReportReservations(plan, &updates);
-  if (plan.scheduled.empty()) return updates;
+  if (plan.scheduled.empty()) {
+    ReapFinished();
+    return updates;
+  }
 
   for (const BlockCopy& c : plan.block_copies) backend_->CopyBlock(c.src, c.dst);
 
@@ -160,17 +179,20 @@ std::vector<SequenceUpdate> Engine::Step() {
   for (const ScheduledSeq& s : plan.scheduled) {
     Sequence* seq = s.seq;
     CountAdmission(seq);
-    const bool completes = seq->num_computed + s.num_new_tokens == seq->num_tokens();
+    // A speculating decode feeds its last token and the drafted ones, with logits at each.
+    const int64_t real = s.num_new_tokens - static_cast<int64_t>(seq->draft.size());
+    const bool completes = seq->num_computed + real == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
-                               seq->tokens.begin() + seq->num_computed + s.num_new_tokens);
-    batch.AddSequence(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table, block_size,
-                      completes);
+                               seq->tokens.begin() + seq->num_computed + real);
+    chunk.insert(chunk.end(), seq->draft.begin(), seq->draft.end());
+    batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
+                          block_size, completes ? 1 + static_cast<int64_t>(seq->draft.size()) : 0);
     if (completes) sampled.push_back(seq);
   }
 
   batch.on_layer_done = ExportHook(plan);
   const size_t vocab = static_cast<size_t>(vocab_size_);
-  logits_.resize(sampled.size() * vocab);
+  logits_.resize(batch.logit_rows.size() * vocab);
   absl::Status st = backend_->Forward(batch, logits_.data());
   if (!st.ok()) {
     FailStep(st, plan, &updates);
@@ -178,18 +200,27 @@ std::vector<SequenceUpdate> Engine::Step() {
   }
 
   for (const ScheduledSeq& s : plan.scheduled) {
+    if (!s.seq->draft.empty()) continue;  // advanced by verification below
     s.seq->num_computed += s.num_new_tokens;
     kv_->RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
   }
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    float* row = logits_.data() + i * vocab;
+  size_t row_index = 0;
+  for (Sequence* seq : sampled) {
+    float* row = logits_.data() + row_index * vocab;
+    if (!seq->draft.empty()) {
+      row_index += 1 + seq->draft.size();
+      VerifyDrafts(seq, row, &updates);
+      continue;
+    }
+    ++row_index;
     const float* raw = row;
-    if (sampled[i]->params.logprobs >= 0) {
+    if (seq->params.logprobs >= 0) {
       raw_logits_.assign(row, row + vocab);
       raw = raw_logits_.data();
     }
-    SampleInto(sampled[i], row, &updates, raw);
+    SampleInto(seq, row, &updates, raw);
   }
+  ReapFinished();
   return updates;
 }
 
@@ -214,6 +245,7 @@ EngineStats Engine::stats() const {
   s.kv_blocks_cached = pool_->num_cached();
   s.kv_blocks_evictable = pool_->num_evictable();
   s.kv_evictions = pool_->num_evictions();
+  s.spec_draft_blocks = proposer_ ? proposer_->blocks_in_use() : 0;
   const int64_t block_size = kv_->block_size();
   for (const auto& [id, seqs] : requests_) {
     for (const auto& seq : seqs) {

@@ -18,6 +18,8 @@
 #include "common/engine/sampler/sampler.h"
 #include "common/engine/scheduler/scheduler.h"
 #include "common/engine/scheduler/sequence.h"
+#include "common/engine/spec/proposer.h"
+#include "common/engine/spec/spec_options.h"
 
 namespace tandem {
 
@@ -28,6 +30,7 @@ struct EngineOptions {
   int64_t max_waiting = 4096;  // queued sequences beyond this: RESOURCE_EXHAUSTED
   int32_t max_n = 16;          // samples per request at most
   uint64_t seed = 0;           // seeds requests that bring none (0: from the clock)
+  SpecOptions spec;            // speculative decoding (the proposer is given to Create)
 };
 
 struct EngineRequest {
@@ -83,10 +86,11 @@ struct SequenceUpdate {
   int64_t cached_tokens = 0;
   int64_t completion_tokens = 0;
   int32_t num_preemptions = 0;
-  absl::Duration queue_time;    // arrival -> first scheduled
-  absl::Duration prefill_time;  // first scheduled -> first token
-  absl::Duration ttft;          // arrival -> first token
-  absl::Duration total_time;    // arrival -> finish
+  int64_t spec_accepted_tokens = 0;  // drafted tokens the target accepted
+  absl::Duration queue_time;         // arrival -> first scheduled
+  absl::Duration prefill_time;       // first scheduled -> first token
+  absl::Duration ttft;               // arrival -> first token
+  absl::Duration total_time;         // arrival -> finish
 };
 
 struct EngineStats {
@@ -103,10 +107,16 @@ struct EngineStats {
   int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission
   int64_t prefix_cache_hit = 0;      // of which found cached
   int64_t generated_tokens = 0;
-  int64_t num_awaiting_kv = 0;          // decode role: reservations waiting for their KV
-  int64_t kv_blocks_held = 0;           // prefill role: blocks held for export
-  int64_t kv_reserved_token_slots = 0;  // block slots held by running sequences
-  int64_t kv_filled_token_slots = 0;    // of which hold computed tokens
+  int64_t num_awaiting_kv = 0;  // decode role: reservations waiting for their KV
+  int64_t kv_blocks_held = 0;   // prefill role: blocks held for export
+  // Speculative decoding.
+  int64_t spec_verifications = 0;  // sequence-steps that verified a proposal
+  int64_t spec_drafted_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_at;  // [i]: proposals whose position i was accepted
+  int64_t spec_draft_blocks = 0;          // draft model KV blocks in use
+  int64_t kv_reserved_token_slots = 0;    // block slots held by running sequences
+  int64_t kv_filled_token_slots = 0;      // of which hold computed tokens
 };
 
 // The inference engine both worker kinds share (DESIGN §4): continuous batching over a paged
@@ -115,9 +125,10 @@ struct EngineStats {
 // queue in front of it).
 class Engine {
  public:
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
-                                                        std::shared_ptr<const Model> model,
-                                                        std::unique_ptr<Backend> backend);
+  // `proposer` is required when options.spec.method is not kNone.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      const EngineOptions& options, std::shared_ptr<const Model> model,
+      std::unique_ptr<Backend> backend, std::unique_ptr<Proposer> proposer = nullptr);
   ~Engine();
 
   // Validates and queues a request. INVALID_ARGUMENT names the bad field; RESOURCE_EXHAUSTED
@@ -165,6 +176,11 @@ class Engine {
   std::vector<Sequence*> Fork(Sequence* parent);
   void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);
   void ExpireLeases(std::vector<SequenceUpdate>* updates);
+  void ReapFinished();
+  // Speculative decoding (engine_spec.cc).
+  void ProposeDrafts();
+  void VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates);
+  void AdaptSpeculation(Sequence* seq, int32_t drafted, int32_t accepted);
   void ReportReservations(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates);
   std::function<void(int64_t)> ExportHook(const SchedulerOutput& plan);
   void CountAdmission(Sequence* seq);
@@ -178,6 +194,8 @@ class Engine {
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<Proposer> proposer_;
+  std::vector<std::string> finished_requests_;  // erased at the end of Step
   int64_t max_model_len_ = 0;
   int64_t vocab_size_ = 0;
   std::vector<int32_t> eos_ids_;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
+#include "common/engine/spec/draft_proposer.h"
+#include "common/engine/spec/ngram_proposer.h"
 #if defined(TANDEM_HAVE_CUDA)
 #include "common/engine/backend/cuda/cuda_backend.h"
 #endif
@@ -61,6 +63,50 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& device) {
                    "on a machine with the CUDA toolkit)"));
 #endif
 }
+
+namespace {
+
+// The speculative proposer the options ask for (null when speculation is off). A draft model
+// runs on the CPU backend with its own KV pool (f32).
+absl::StatusOr<std::unique_ptr<Proposer>> BuildProposer(const EngineBuildOptions& options,
+                                                        const Model& target, int64_t target_blocks,
+                                                        const LoadOptions& load) {
+  const SpecOptions& spec = options.engine.spec;
+  switch (spec.method) {
+    case SpecOptions::Method::kNone:
+      return std::unique_ptr<Proposer>();
+    case SpecOptions::Method::kNgram:
+      if (spec.ngram_min < 1 || spec.ngram_max < spec.ngram_min) {
+        return absl::InvalidArgumentError("ngram sizes must satisfy 1 <= min <= max");
+      }
+      return std::unique_ptr<Proposer>(new NgramProposer(spec.ngram_max, spec.ngram_min));
+    case SpecOptions::Method::kDraft:
+      break;
+  }
+  if (spec.draft_model_dir.empty()) {
+    return absl::InvalidArgumentError("speculative method 'draft' needs a draft model directory");
+  }
+  auto draft = LoadModel(spec.draft_model_dir, load);
+  if (!draft.ok()) return draft.status();
+  if ((*draft)->config().vocab_size != target.config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model ", spec.draft_model_dir, " has vocabulary size ",
+        (*draft)->config().vocab_size, ", the target has ", target.config().vocab_size));
+  }
+  std::shared_ptr<const Model> draft_model = std::move(draft).value();
+  CpuBackendOptions bo;
+  bo.num_threads = options.threads;
+  bo.block_size = options.block_size;
+  bo.kv_dtype = DType::kF32;
+  bo.num_blocks = spec.draft_kv_blocks > 0 ? spec.draft_kv_blocks : target_blocks;
+  auto backend = CpuBackend::Create(draft_model, bo);
+  if (!backend.ok()) return backend.status();
+  auto proposer = DraftProposer::Create(draft_model, std::move(backend).value());
+  if (!proposer.ok()) return proposer.status();
+  return std::unique_ptr<Proposer>(std::move(proposer).value());
+}
+
+}  // namespace
 
 absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   auto device = ResolveDevice(options.device);
@@ -135,7 +181,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   }
   const int64_t num_blocks = backend->kv_spec().num_blocks;
   const std::string backend_name = backend->name();
-  auto engine = Engine::Create(options.engine, model, std::move(backend));
+  auto proposer = BuildProposer(options, *model, num_blocks, load);
+  if (!proposer.ok()) return proposer.status();
+  auto engine = Engine::Create(options.engine, model, std::move(backend), std::move(*proposer));
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("

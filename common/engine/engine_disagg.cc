@@ -90,6 +90,7 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
     AppendToken(s, first_tokens[i], nullptr, &u);
     s->params.logprobs = saved;
   }
+  ReapFinished();
   return absl::OkStatus();
 }
 

@@ -83,6 +83,7 @@ absl::Status Engine::AddRequest(EngineRequest r) {
   seq->prefill_only = r.prefill_only;
   seq->export_hooks = std::move(r.export_hooks);
   seq->lease_deadline = absl::InfiniteFuture();
+  seq->spec_k = options_.spec.num_speculative_tokens;
   seq->kv_lease = r.kv_lease;
   seq->blocks.salt_hash = HashSalt(r.cache_salt);
   seq->params = std::move(r.params);
@@ -117,6 +118,10 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   u->cached_tokens = std::max<int64_t>(0, seq->cached_prompt_tokens);
   u->completion_tokens = seq->num_output();
   u->num_preemptions = seq->num_preemptions;
+  u->spec_accepted_tokens = seq->spec_accepted;
+  seq->draft.clear();
+  seq->draft_q.clear();
+  if (proposer_ != nullptr) proposer_->Release(seq->seq_id);
   const bool scheduled = seq->first_scheduled_time != absl::InfinitePast();
   const bool sampled = seq->first_token_time != absl::InfinitePast();
   u->queue_time = (scheduled ? seq->first_scheduled_time : now) - seq->arrival_time;
@@ -131,7 +136,8 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   bool all_done = std::all_of(seqs.begin(), seqs.end(), [](const auto& s) {
     return s->status == SeqStatus::kFinished && s->pending_forks == 0;
   });
-  if (all_done) requests_.erase(it);
+  // Sequences stay alive until the end of the step (callers may still hold pointers).
+  if (all_done) finished_requests_.push_back(seq->request_id);
 }
 
 void Engine::AbortRequest(const std::string& request_id) {
@@ -146,9 +152,15 @@ void Engine::AbortRequest(const std::string& request_id) {
     SequenceUpdate u;
     u.request_id = s->request_id;
     u.index = s->index;
-    Finish(s, FinishReason::kAbort, &u);  // may erase the request (and `s`) at the last one
+    Finish(s, FinishReason::kAbort, &u);
     pending_updates_.push_back(std::move(u));
   }
+  ReapFinished();
+}
+
+void Engine::ReapFinished() {
+  for (const std::string& id : finished_requests_) requests_.erase(id);
+  finished_requests_.clear();
 }
 
 void Engine::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
@@ -162,8 +174,9 @@ void Engine::FinishSequence(const std::string& request_id, int32_t index, Finish
     u.index = index;
     Finish(s.get(), reason, &u);
     pending_updates_.push_back(std::move(u));
-    return;
+    break;
   }
+  ReapFinished();
 }
 
 }  // namespace tandem

@@ -28,6 +28,7 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams&
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   s.stop.assign(p.stop().begin(), p.stop().end());
   s.logprobs = p.has_logprobs() ? p.logprobs() : -1;
+  if (p.has_speculative()) s.speculative = p.speculative();
   if (p.has_logprobs() && p.logprobs() < 0) {
     return absl::InvalidArgumentError("logprobs: must be in [0, 20]");
   }

@@ -1,10 +1,12 @@
 #include "common/engine/backend/backend.h"
 
+#include <algorithm>
+
 namespace tandem {
 
-void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start_pos,
-                               const std::vector<int32_t>& block_table, int64_t block_size,
-                               bool want_last_logits) {
+void ForwardBatch::AddSequenceRows(const std::vector<int32_t>& tokens, int32_t start_pos,
+                                   const std::vector<int32_t>& block_table, int64_t block_size,
+                                   int64_t logit_rows) {
   ForwardSeq seq;
   seq.token_begin = static_cast<int32_t>(token_ids.size());
   seq.num_tokens = static_cast<int32_t>(tokens.size());
@@ -18,8 +20,9 @@ void ForwardBatch::AddSequence(const std::vector<int32_t>& tokens, int32_t start
                     pos % block_size);
     seq_of_token.push_back(seq_index);
   }
-  if (want_last_logits && !tokens.empty()) {
-    logit_rows.push_back(seq.token_begin + seq.num_tokens - 1);
+  const int64_t rows = std::min<int64_t>(logit_rows, seq.num_tokens);
+  for (int64_t r = seq.num_tokens - rows; r < seq.num_tokens; ++r) {
+    this->logit_rows.push_back(seq.token_begin + static_cast<int32_t>(r));
   }
   seqs.push_back(std::move(seq));
 }

@@ -48,7 +48,13 @@ struct ForwardBatch {
   // Appends a sequence chunk: tokens at positions [start_pos, start_pos + tokens.size()).
   void AddSequence(const std::vector<int32_t>& tokens, int32_t start_pos,
                    const std::vector<int32_t>& block_table, int64_t block_size,
-                   bool want_last_logits);
+                   bool want_last_logits) {
+    AddSequenceRows(tokens, start_pos, block_table, block_size, want_last_logits ? 1 : 0);
+  }
+  // Like AddSequence, with logits for the last `logit_rows` tokens (speculative verification).
+  void AddSequenceRows(const std::vector<int32_t>& tokens, int32_t start_pos,
+                       const std::vector<int32_t>& block_table, int64_t block_size,
+                       int64_t logit_rows);
 };
 
 // The compute device behind the engine: runs forward passes and owns the KV pool's storage.

@@ -28,6 +28,7 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // stop after emitting any of these (included in output)
   std::vector<std::string> stop;        // stop strings (matched on detokenized text by callers)
   int32_t logprobs = -1;                // -1: none; n >= 0: the sampled token's and top-n logprobs
+  std::optional<bool> speculative;      // per-request switch; unset: the server's setting
 
   bool greedy() const { return temperature == 0.0f; }
 };

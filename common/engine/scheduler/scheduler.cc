@@ -79,6 +79,8 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
                           out->block_copies.end());
   kv_->Free(&seq->blocks);
   seq->num_computed = 0;
+  seq->draft.clear();
+  seq->draft_q.clear();
   ++seq->num_preemptions;
   InsertWaiting(seq);
   out->preempted.push_back(seq);
@@ -190,7 +192,14 @@ SchedulerOutput Scheduler::Schedule() {
                       [seq](const ScheduledSeq& s) { return s.seq == seq; })) {
         continue;
       }
-      int64_t num_new = std::min(seq->num_uncomputed(), budget);
+      // A decode with a speculative proposal verifies 1 + k tokens; drafts that do not fit the
+      // budget are dropped.
+      int64_t num_new = std::min<int64_t>(
+          seq->num_uncomputed() + static_cast<int64_t>(seq->draft.size()), budget);
+      if (pass == 0 && num_new - 1 < static_cast<int64_t>(seq->draft.size())) {
+        seq->draft.resize(std::max<int64_t>(0, num_new - 1));
+        if (seq->draft_q.size() > seq->draft.size()) seq->draft_q.resize(seq->draft.size());
+      }
       if (pass == 1 && options_.max_prefill_chunk > 0) {
         num_new = std::min(num_new, options_.max_prefill_chunk);
       }

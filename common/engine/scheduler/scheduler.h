@@ -59,6 +59,7 @@ class Scheduler {
   // A kAwaitingKv sequence whose prompt KV arrived: it joins the running sequences.
   void StartAwaited(Sequence* seq);
   const std::vector<Sequence*>& awaiting() const { return awaiting_; }
+  const std::vector<Sequence*>& running() const { return running_; }
 
   SchedulerOutput Schedule();
 

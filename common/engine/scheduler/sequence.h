@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/engine/kv/kv_cache_manager.h"
 #include "common/engine/sampler/rng.h"
+#include "common/engine/sampler/sampler.h"
 #include "common/engine/sampler/sampling_params.h"
 
 namespace tandem {
@@ -63,6 +64,14 @@ struct Sequence {
   absl::Duration kv_lease = absl::Seconds(60);         // reservation lifetime
   absl::Time lease_deadline = absl::InfiniteFuture();  // kAwaitingKv: reservation expiry
   int64_t prior_output = 0;  // tokens generated before a migration (part of `tokens`)
+
+  // Speculative decoding (DESIGN §4): this step's proposal, verified after the forward pass.
+  std::vector<int32_t> draft;
+  std::vector<TokenDistribution> draft_q;  // empty: deterministic proposal
+  int32_t spec_k = 0;                      // adaptive: tokens to draft next time (0: paused)
+  double spec_acceptance = 1.0;            // moving average of the accepted fraction
+  int32_t spec_pause = 0;                  // steps left before probing again
+  int64_t spec_accepted = 0;               // accepted drafted tokens (reported in the usage)
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
 

@@ -1,0 +1,33 @@
+#include "common/engine/spec/ngram_proposer.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+std::vector<int32_t> NgramProposer::Lookup(const std::vector<int32_t>& tokens, int32_t max_n,
+                                           int32_t min_n, int32_t k) {
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  for (int32_t n = std::min<int64_t>(max_n, len - 1); n >= min_n && n >= 1; --n) {
+    const int32_t* suffix = tokens.data() + len - n;
+    // Most recent earlier occurrence whose continuation exists.
+    for (int64_t start = len - n - 1; start >= 0; --start) {
+      if (!std::equal(suffix, suffix + n, tokens.data() + start)) continue;
+      const int64_t follow = start + n;
+      const int64_t take = std::min<int64_t>(k, len - follow);
+      if (take <= 0) continue;
+      return std::vector<int32_t>(tokens.begin() + follow, tokens.begin() + follow + take);
+    }
+  }
+  return {};
+}
+
+absl::Status NgramProposer::Propose(const std::vector<SpecRequest>& requests,
+                                    std::vector<Proposal>* out) {
+  out->assign(requests.size(), Proposal());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    (*out)[i].tokens = Lookup(*requests[i].tokens, max_n_, min_n_, requests[i].k);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem
