@@ -49,7 +49,14 @@ absl::Status DraftProposer::Propose(const std::vector<SpecRequest>& requests,
       st.rng.Seed(r.params->seed.has_value() ? (*r.params->seed ^ 0xd4af7d4af7ull)
                                              : seed_source_.Next());
     }
+    if (st.unverified_from >= 0) {
+      st.computed = std::min(st.computed, st.unverified_from);
+      st.unverified_from = -1;
+    }
+    st.computed = std::min(st.computed, len - 1);  // the last token always goes in again
+    kv_->Truncate(&st.blocks, st.computed);
     if (!kv_->Grow(&st.blocks, len + k - 1)) continue;  // no draft KV room: no proposal
+    st.unverified_from = len;
     active.push_back({i, &st, *r.tokens, k});
   }
 
@@ -95,6 +102,7 @@ void DraftProposer::OnVerified(int64_t seq_id, int64_t num_tokens_before, int32_
   auto it = states_.find(seq_id);
   if (it == states_.end()) return;
   SeqState& st = it->second;
+  st.unverified_from = -1;
   st.computed = std::min(st.computed, num_tokens_before + accepted);
   kv_->Truncate(&st.blocks, st.computed);
 }

@@ -35,6 +35,9 @@ class DraftProposer : public Proposer {
   struct SeqState {
     SequenceBlocks blocks;
     int64_t computed = 0;  // leading tokens whose draft KV is valid
+    // The sequence's length when it last got a proposal that was not verified yet. A proposal
+    // the engine dropped (budget, preemption) is treated as fully rejected.
+    int64_t unverified_from = -1;
     Rng rng;
   };
   DraftProposer(std::shared_ptr<const Model> draft, std::unique_ptr<Backend> backend);
