@@ -20,6 +20,7 @@
 #include "common/engine/scheduler/sequence.h"
 #include "common/engine/spec/proposer.h"
 #include "common/engine/spec/spec_options.h"
+#include "common/metrics/spec_hooks.h"
 
 namespace tandem {
 
@@ -158,6 +159,10 @@ class Engine {
   absl::Time NextDeadline() const;
   EngineStats stats() const;
 
+  // Hears every speculative verification (metrics); may be null, must outlive the engine.
+  void set_spec_hooks(SpecHooks* hooks) { spec_hooks_ = hooks; }
+  const SpecOptions& spec_options() const { return options_.spec; }
+
   const Model& model() const { return *model_; }
   Backend& backend() { return *backend_; }
   int64_t max_model_len() const { return max_model_len_; }
@@ -195,6 +200,7 @@ class Engine {
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Proposer> proposer_;
+  SpecHooks* spec_hooks_ = nullptr;
   std::vector<std::string> finished_requests_;  // erased at the end of Step
   int64_t max_model_len_ = 0;
   int64_t vocab_size_ = 0;

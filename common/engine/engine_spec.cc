@@ -92,6 +92,7 @@ void Engine::VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpda
     if (!v.accepted) break;
   }
 
+  if (spec_hooks_ != nullptr) spec_hooks_->OnVerification(drafted, accepted);
   ++stats_.spec_verifications;
   stats_.spec_drafted_tokens += drafted;
   stats_.spec_accepted_tokens += accepted;

@@ -21,6 +21,14 @@ SpecMetrics::SpecMetrics(prometheus::Registry* registry, std::string_view propos
                  .Help("Speculative tokens accepted per verification (0 .. proposal length).")
                  .Register(*registry)
                  .Add(l, buckets::AcceptedTokens());
+  auto& at = prometheus::BuildCounter()
+                 .Name("tandem_spec_accepted_at_position_total")
+                 .Help("Speculative proposals whose token at this position (0-based) was accepted.")
+                 .Register(*registry);
+  for (int i = 0; i < kMaxPositions; ++i) {
+    accepted_at_[i] =
+        &at.Add({{"proposer", std::string(proposer)}, {"position", std::to_string(i)}});
+  }
 }
 
 void SpecMetrics::OnVerification(int64_t drafted, int64_t accepted) {
@@ -28,6 +36,7 @@ void SpecMetrics::OnVerification(int64_t drafted, int64_t accepted) {
   accepted_->Increment(static_cast<double>(accepted));
   verifications_->Increment();
   length_->Observe(static_cast<double>(accepted));
+  for (int64_t i = 0; i < accepted && i < kMaxPositions; ++i) accepted_at_[i]->Increment();
 }
 
 }  // namespace tandem

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "common/metrics/spec_hooks.h"
 #include "prometheus/counter.h"
@@ -18,6 +19,9 @@ namespace tandem {
 //   tandem_spec_accepted_tokens_total{proposer}      of which the target accepted
 //   tandem_spec_verifications_total{proposer}        sequence-steps that verified a proposal
 //   tandem_spec_acceptance_length{proposer}          histogram: accepted tokens per verification
+//   tandem_spec_accepted_at_position_total{proposer,position}
+//                                                    proposals whose position i (0-based) was
+//                                                    accepted; position < kMaxPositions
 class SpecMetrics : public SpecHooks {
  public:
   SpecMetrics(prometheus::Registry* registry, std::string_view proposer);
@@ -27,7 +31,10 @@ class SpecMetrics : public SpecHooks {
   // One sequence's proposal of `drafted` tokens, of which the first `accepted` were kept.
   void OnVerification(int64_t drafted, int64_t accepted) override;
 
+  static constexpr int kMaxPositions = 16;  // the engine drafts at most 16 tokens
+
  private:
+  prometheus::Counter* accepted_at_[kMaxPositions];
   prometheus::Counter* drafted_;
   prometheus::Counter* accepted_;
   prometheus::Counter* verifications_;
