@@ -78,6 +78,18 @@ int64_t NextPow2(int64_t v) {
   return p;
 }
 
+// Decode graph batch sizes: 1, 2, 4, 8, then by 8 to 64, by 16 to 128, by 32 beyond, and `max`.
+std::vector<int> GraphBatchBuckets(int64_t max) {
+  std::vector<int> buckets;
+  int b = 1;
+  while (b <= max) {
+    buckets.push_back(b);
+    b += b < 8 ? b : (b < 64 ? 8 : (b < 128 ? 16 : 32));
+  }
+  if (max > 0 && buckets.back() != max) buckets.push_back(static_cast<int>(max));
+  return buckets;
+}
+
 }  // namespace
 
 CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const CudaBackendOptions& options)
@@ -172,16 +184,7 @@ absl::Status CudaBackend::Init() {
   TANDEM_RETURN_IF_ERROR(
       partial_.Allocate(slots * (c.head_dim + 2) * sizeof(float), "attention split buffers"));
 
-  // Decode graph batch sizes: 1, 2, 4, 8, 16, ..., 64 by 8, then by 16 to 128, then by 32.
-  for (int b = 1; b <= options_.max_graph_batch; b = b < 8 ? 2 * b
-                                                           : b + (b < 64    ? 8
-                                                                  : b < 128 ? 16
-                                                                            : 32)) {
-    batch_buckets_.push_back(b);
-  }
-  if (options_.max_graph_batch > 0 && batch_buckets_.back() != options_.max_graph_batch) {
-    batch_buckets_.push_back(static_cast<int>(options_.max_graph_batch));
-  }
+  batch_buckets_ = GraphBatchBuckets(options_.max_graph_batch);
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(std::max(options_.max_num_tokens, options_.max_graph_batch),
                                         std::max(options_.max_num_seqs, options_.max_graph_batch),
                                         std::max(options_.max_num_seqs, options_.max_graph_batch)));
