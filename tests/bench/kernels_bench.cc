@@ -122,10 +122,10 @@ void PrefillArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_MatMul)->Name("MatMulDecode")->Apply(DecodeArgs)->UseRealTime();
 BENCHMARK(BM_MatMul)->Name("MatMulPrefill")->Apply(PrefillArgs)->UseRealTime();
 
-// Decode attention: `seqs` sequences, one query each, 32 heads / 8 kv heads, head_dim 128.
-// Args: context, kv dtype (0 f32, 1 bf16), seqs.
+// Attention over `seqs` sequences of `ctx` tokens, 32 heads / 8 kv heads, head_dim 128.
+// Args: context, kv dtype (0 f32, 1 bf16), seqs, queries per sequence.
 void BM_Attention(benchmark::State& state) {
-  const int64_t ctx = state.range(0), seqs = state.range(2);
+  const int64_t ctx = state.range(0), seqs = state.range(2), chunk = state.range(3);
   const DType dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
   const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
   const int64_t blocks_per_seq = (ctx + bs - 1) / bs;
@@ -150,35 +150,53 @@ void BM_Attention(benchmark::State& state) {
       WriteKv(kvals.data(), 0, kvals.data(), 0, 1, slots.data(), kv);
     }
   }
-  std::vector<AttentionQuery> queries(seqs);
+  // `chunk` queries per sequence at the last positions (1: decode; more: a causal prefill chunk).
+  std::vector<AttentionQuery> queries;
+  double positions = 0;
   for (int64_t s = 0; s < seqs; ++s) {
-    queries[s] = {s, ctx, tables.data() + s * blocks_per_seq};
+    for (int64_t c = chunk - 1; c >= 0; --c) {
+      queries.push_back(
+          {static_cast<int64_t>(queries.size()), ctx - c, tables.data() + s * blocks_per_seq});
+      positions += static_cast<double>(ctx - c);
+    }
   }
-  const auto q = Random(seqs * heads * hd, 5);
-  std::vector<float> out(seqs * heads * hd);
+  const int64_t nq = static_cast<int64_t>(queries.size());
+  const auto q = Random(nq * heads * hd, 5);
+  std::vector<float> out(nq * heads * hd);
   ThreadPool* pool = Pool(DefaultComputeThreads());
   BestTime best;
   for (auto _ : state) {
     best.Start();
-    PagedAttention(q.data(), heads * hd, queries.data(), seqs, heads, kv, 0, out.data(), heads * hd,
+    PagedAttention(q.data(), heads * hd, queries.data(), nq, heads, kv, 0, out.data(), heads * hd,
                    pool);
     best.Stop();
     benchmark::DoNotOptimize(out.data());
   }
-  const double kv_bytes = 2.0 * seqs * ctx * kv_heads * hd * DTypeSize(dtype);
+  // K and V bytes read (each query reads its whole context) and multiply-add flops.
+  const double kv_bytes = 2.0 * positions * kv_heads * hd * DTypeSize(dtype);
+  const double flops = 4.0 * positions * heads * hd;
+  state.counters["GFLOPs"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["KV_GBps"] =
       benchmark::Counter(kv_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["best_KV_GBps"] = kv_bytes * 1e-9 / best.seconds;
+  state.counters["best_GFLOPs"] = flops * 1e-9 / best.seconds;
   state.SetLabel(SimdLevelName(ActiveSimdLevel()));
 }
 
 BENCHMARK(BM_Attention)
     ->Name("AttentionDecode")
-    ->ArgNames({"ctx", "bf16", "seqs"})
-    ->Args({512, 0, 4})
-    ->Args({2048, 0, 4})
-    ->Args({512, 1, 4})
-    ->Args({2048, 1, 4})
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk"})
+    ->Args({512, 0, 4, 1})
+    ->Args({2048, 0, 4, 1})
+    ->Args({512, 1, 4, 1})
+    ->Args({2048, 1, 4, 1})
+    ->UseRealTime();
+BENCHMARK(BM_Attention)
+    ->Name("AttentionPrefill")
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk"})
+    ->Args({512, 0, 1, 512})
+    ->Args({512, 1, 1, 512})
     ->UseRealTime();
 
 }  // namespace
