@@ -21,6 +21,7 @@ constexpr Command kCommands[] = {
     {"prefill", tandem::RunPrefillWorker, "run a prefill worker"},
     {"decode", tandem::RunDecodeWorker, "run a decode worker"},
     {"worker", tandem::RunWorker, "run a worker with --role prefill, decode or both"},
+    {"bench", tandem::RunBench, "drive a server with load and report throughput and latency"},
     {"make-model", tandem::RunMakeModel, "write a random-initialised model at a real shape"},
 };
 
