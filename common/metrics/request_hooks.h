@@ -81,7 +81,7 @@ class RequestHooksFactory {
 // placement, failures and the health of the workers it knows. Thread-safe.
 class RouterHooks : public RequestHooksFactory {
  public:
-  // `reason`: one of the routing_reason constants (router_metrics.h); keep labels bounded.
+  // `reason`: one of the routing_reason constants (routing_reason.h); keep labels bounded.
   virtual void RecordRoutingDecision(std::string_view policy, std::string_view reason) = 0;
   // A request re-sent after a worker of `role` (prefill or decode) failed or timed out.
   virtual void RecordRetry(std::string_view role) = 0;

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/finish_reason.h"
 #include "common/metrics/request_hooks.h"
+#include "common/metrics/routing_reason.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -17,20 +18,6 @@
 #include "prometheus/registry.h"
 
 namespace tandem {
-
-// Documented `reason` values of tandem_router_routing_decisions_total. Keep labels bounded: add a
-// constant here (and to docs/operations.md) rather than passing free text.
-namespace routing_reason {
-inline constexpr char kOnlyCandidate[] = "only_candidate";    // one eligible worker
-inline constexpr char kRoundRobin[] = "round_robin";          // next in turn
-inline constexpr char kLeastLoaded[] = "least_loaded";        // lowest load
-inline constexpr char kPrefixOverlap[] = "prefix_overlap";    // best cached-prefix overlap won
-inline constexpr char kLoadBalance[] = "load_balance";        // overlap tied or absent: load won
-inline constexpr char kImbalanceBound[] = "imbalance_bound";  // best overlap was too loaded
-inline constexpr char kRemotePrefill[] = "remote_prefill";    // prefill sent to a prefill worker
-inline constexpr char kLocalPrefill[] = "local_prefill";      // decode worker prefills itself
-inline constexpr char kNoWorker[] = "no_worker";              // nothing eligible: rejected
-}  // namespace routing_reason
 
 // Metric families of the router (DESIGN §6, §7). Latencies are measured here, at the client
 // boundary. Thread-safe.
