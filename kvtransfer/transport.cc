@@ -1,8 +1,10 @@
 // CreateReceiver / CreateSender: the transport is chosen at run time by name.
 
 #include "kvtransfer/transport.h"
+
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/loopback/loopback.h"
+#include "kvtransfer/metered.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 
@@ -12,7 +14,9 @@
 
 namespace tandem::kvtransfer {
 
-absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
+namespace {
+
+absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
     KvReceiver::CompletionCallback on_complete) {
   if (options.transport == "tcp") {
@@ -32,8 +36,8 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
       absl::StrCat("unknown kv transport '", options.transport, "' (tcp, loopback, nccl)"));
 }
 
-absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
-                                                       KvRegionAccess* access) {
+absl::StatusOr<std::unique_ptr<KvSender>> CreateTransportSender(const SenderOptions& options,
+                                                                KvRegionAccess* access) {
   if (options.transport == "tcp") return tcp::TcpSender::Create(options, access);
   if (options.transport == "loopback") return loopback::CreateSender(options, access);
   if (options.transport == "nccl") {
@@ -45,6 +49,28 @@ absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& opti
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown kv transport '", options.transport, "' (tcp, loopback, nccl)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
+    const ReceiverOptions& options, KvRegionAccess* access,
+    KvReceiver::CompletionCallback on_complete) {
+  if (options.hooks == nullptr) {
+    return CreateTransportReceiver(options, access, std::move(on_complete));
+  }
+  return CreateMeteredReceiver(
+      [&](KvReceiver::CompletionCallback metered) {
+        return CreateTransportReceiver(options, access, std::move(metered));
+      },
+      options.layout, options.hooks, std::move(on_complete));
+}
+
+absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
+                                                       KvRegionAccess* access) {
+  auto sender = CreateTransportSender(options, access);
+  if (!sender.ok() || options.hooks == nullptr) return sender;
+  return MeterSender(std::move(sender).value(), options.layout, options.hooks);
 }
 
 }  // namespace tandem::kvtransfer

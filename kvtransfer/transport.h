@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
+#include "common/metrics/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 
 namespace tandem::kvtransfer {
@@ -108,6 +109,9 @@ struct ReceiverOptions {
   // nccl: CUDA device of the KV pool and the most communicators kept (each costs memory).
   int cuda_device = 0;
   int max_communicators = 8;
+  // Metrics (direction receive), whatever the transport: one transfer per expectation, from
+  // Expect to its completion. May be null; must outlive the receiver.
+  TransferHooks* hooks = nullptr;
 };
 
 // The outcome of one expected transfer.
@@ -185,6 +189,9 @@ struct SenderOptions {
   ControlChannel control_channel;
   int cuda_device = 0;
   int max_communicators = 8;
+  // Metrics (direction send), whatever the transport: one transfer per Begin, until its done
+  // or Abort. May be null; must outlive the sender.
+  TransferHooks* hooks = nullptr;
 };
 
 struct TransferTarget {
