@@ -45,6 +45,20 @@ void ClusterClient::FlowDone(const std::string& request_id) {
   flows_.erase(request_id);
 }
 
+void ClusterClient::RecordDecision(const char* reason) {
+  if (options_.hooks != nullptr) {
+    options_.hooks->RecordRoutingDecision(RoutingPolicyName(options_.routing.policy), reason);
+  }
+}
+
+void ClusterClient::RecordRetry(const char* role) {
+  if (options_.hooks != nullptr) options_.hooks->RecordRetry(role);
+}
+
+void ClusterClient::RecordMigration() {
+  if (options_.hooks != nullptr) options_.hooks->RecordMigration();
+}
+
 int64_t ClusterClient::active_requests() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(flows_.size());

@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/metrics/request_hooks.h"
 #include "router/inference_client.h"
 #include "router/routing_policy.h"
 #include "router/worker_registry.h"
@@ -25,6 +26,9 @@ struct ClusterOptions {
   int max_prefill_attempts = 3;
   int max_migrations = 4;
   int32_t kv_lease_ms = 60000;
+  // Told every placement (routing decisions), prefill retry and migration. May be null; must
+  // outlive the client.
+  RouterHooks* hooks = nullptr;
 };
 
 // Counters of the orchestration, for tests, logs and metrics.
@@ -58,6 +62,10 @@ class ClusterClient : public InferenceClient {
   friend class RequestFlow;
   friend class DecodeLeg;
   void FlowDone(const std::string& request_id);
+  // Reports a placement to the hooks under the configured policy's name.
+  void RecordDecision(const char* reason);
+  void RecordRetry(const char* role);
+  void RecordMigration();
 
   WorkerRegistry* registry_;
   ClusterOptions options_;

@@ -100,12 +100,16 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
   for (auto& w : registry->Healthy("decode")) {
     if (std::find(exclude.begin(), exclude.end(), w.get()) == exclude.end()) decoders.push_back(w);
   }
-  if (decoders.empty()) return false;
+  if (decoders.empty()) {
+    client_->RecordDecision(routing_reason::kNoWorker);
+    return false;
+  }
   const std::vector<uint64_t> hashes = PromptBlockHashes(leg, block_size);
   std::vector<RouteCandidate> candidates = Candidates(decoders, hashes);
   RouteChoice choice = ChooseWorker(o.routing, candidates, static_cast<int64_t>(hashes.size()),
                                     &client_->decode_counter_);
   const RouteCandidate& chosen = candidates[choice.index];
+  client_->RecordDecision(choice.reason);
 
   // Conditional disaggregation.
   const int64_t total = leg.prompt_token_ids_size() + leg.prior_output_token_ids_size();
@@ -123,6 +127,7 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
   leg.set_remote_prefill(remote);
   leg.set_kv_lease_ms(o.kv_lease_ms);
   (remote ? client_->counters_.remote_prefills : client_->counters_.local_prefills).fetch_add(1);
+  client_->RecordDecision(remote ? routing_reason::kRemotePrefill : routing_reason::kLocalPrefill);
 
   const int64_t max_tokens = leg.sampling().has_max_tokens() ? leg.sampling().max_tokens() : 16;
   const int64_t load = (total + max_tokens + block_size - 1) / block_size * leg.n();
@@ -194,6 +199,7 @@ void RequestFlow::OnResponse(DecodeLeg* leg, const v1::DecodeResponse& r) {
 void RequestFlow::OnLegDone(DecodeLeg* leg, const grpc::Status& status, bool retry_local) {
   std::vector<int32_t> unfinished;
   bool cancelled;
+  bool streamed = false;  // some unfinished sample already sent tokens: a mid-stream move
   std::shared_ptr<Worker> worker = leg->worker_ptr();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -201,7 +207,9 @@ void RequestFlow::OnLegDone(DecodeLeg* leg, const grpc::Status& status, bool ret
         std::remove_if(legs_.begin(), legs_.end(), [leg](const auto& l) { return l.get() == leg; }),
         legs_.end());
     for (int32_t i : leg->indices()) {
-      if (!samples_[i].finished) unfinished.push_back(i);
+      if (samples_[i].finished) continue;
+      unfinished.push_back(i);
+      streamed |= !samples_[i].delivered.empty();
     }
     cancelled = cancelled_;
     if (cancelled) {
@@ -238,6 +246,12 @@ void RequestFlow::OnLegDone(DecodeLeg* leg, const grpc::Status& status, bool ret
     return;
   }
   client_->counters_.migrations.fetch_add(1);
+  // Metrics: a stream that had sent tokens migrates; one that had not is simply re-sent.
+  if (streamed) {
+    client_->RecordMigration();
+  } else {
+    client_->RecordRetry("decode");
+  }
   TLOG(WARNING) << "request " << request_.request_id() << ": decode worker " << worker->address
                 << " failed (" << status.error_message() << "); migrating " << unfinished.size()
                 << " sample(s)";
@@ -372,6 +386,7 @@ void DecodeLeg::StartPrefill(const v1::KvReservation& reservation) {
   if (prefillers.empty()) {
     // No prefill worker left to try: the decode worker prefills itself (the reservation is
     // released by cancelling this stream).
+    client->RecordDecision(routing_reason::kNoWorker);
     retry_local_ = true;
     context_.TryCancel();
     return;
@@ -383,6 +398,7 @@ void DecodeLeg::StartPrefill(const v1::KvReservation& reservation) {
   RouteChoice choice = ChooseWorker(o.routing, candidates, static_cast<int64_t>(hashes.size()),
                                     &client->prefill_counter_);
   prefill_ = candidates[choice.index].worker;
+  client->RecordDecision(choice.reason);
   prefill_->inflight_requests.fetch_add(1);
   prefill_->routed_requests.fetch_add(1);
 
@@ -421,6 +437,8 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
     client->registry_->ReportFailure(prefill);
   }
   failed_prefill_.push_back(prefill.get());
+  // Metrics: the prefill is re-sent, to another prefill worker or to the decode worker.
+  client->RecordRetry("prefill");
   if (++attempt_ >= static_cast<uint32_t>(client->options_.max_prefill_attempts)) {
     retry_local_ = true;
     context_.TryCancel();

@@ -34,7 +34,7 @@ RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandida
   if (n == 0) return choice;
   if (o.policy == RoutingPolicy::kRoundRobin) {
     choice.index = static_cast<int>(counter->fetch_add(1) % n);
-    choice.reason = "round_robin";
+    choice.reason = n == 1 ? routing_reason::kOnlyCandidate : routing_reason::kRoundRobin;
     return choice;
   }
   int64_t min_load = std::numeric_limits<int64_t>::max();
@@ -49,38 +49,41 @@ RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandida
         break;
       }
     }
-    choice.reason = "least_loaded";
+    choice.reason = n == 1 ? routing_reason::kOnlyCandidate : routing_reason::kLeastLoaded;
     return choice;
   }
   // prefix_affinity with the imbalance bound.
   const double bound = o.max_imbalance * static_cast<double>(min_load) +
                        static_cast<double>(o.imbalance_slack_blocks);
   double best_cost = std::numeric_limits<double>::infinity();
-  int64_t best_cached = -1;
-  bool bounded = false;
+  int64_t max_cached = 0, min_cached = std::numeric_limits<int64_t>::max();
+  int64_t max_cached_in_bound = 0;
   const uint64_t start = counter->fetch_add(1);
   for (int k = 0; k < n; ++k) {
     const int i = static_cast<int>((start + k) % n);
-    if (static_cast<double>(c[i].load_blocks) > bound) {
-      bounded = true;
-      continue;
-    }
+    max_cached = std::max(max_cached, c[i].cached_blocks);
+    min_cached = std::min(min_cached, c[i].cached_blocks);
+    if (static_cast<double>(c[i].load_blocks) > bound) continue;
+    max_cached_in_bound = std::max(max_cached_in_bound, c[i].cached_blocks);
     const double uncached =
         static_cast<double>(std::max<int64_t>(0, prompt_blocks - c[i].cached_blocks));
     const double cost = o.w_overlap * uncached + o.w_load * static_cast<double>(c[i].load_blocks);
     if (cost < best_cost) {
       best_cost = cost;
-      best_cached = c[i].cached_blocks;
       choice.index = i;
     }
   }
   if (choice.index < 0) {  // cannot happen (the least loaded is within the bound); be safe
     choice.index = 0;
   }
-  if (best_cached > 0) {
-    choice.reason = "prefix_hit";
+  if (n == 1) {
+    choice.reason = routing_reason::kOnlyCandidate;
+  } else if (max_cached_in_bound < max_cached) {
+    choice.reason = routing_reason::kImbalanceBound;
+  } else if (c[choice.index].cached_blocks == max_cached && max_cached > min_cached) {
+    choice.reason = routing_reason::kPrefixOverlap;
   } else {
-    choice.reason = bounded ? "imbalance_bound" : "least_cost";
+    choice.reason = routing_reason::kLoadBalance;
   }
   return choice;
 }

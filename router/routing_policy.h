@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/metrics/routing_reason.h"
 #include "router/worker_registry.h"
 
 namespace tandem {
@@ -35,11 +36,17 @@ struct RouteCandidate {
 };
 
 struct RouteChoice {
-  int index = -1;
-  std::string reason;  // "prefix_hit", "least_loaded", "round_robin", "imbalance_bound"
+  int index = -1;  // -1: no candidate
+  // Why the candidate won: a routing_reason constant (common/metrics/routing_reason.h), the
+  // `reason` label of tandem_router_routing_decisions_total.
+  const char* reason = routing_reason::kNoWorker;
 };
 
-// Picks among candidates (non-empty). Deterministic given the inputs and the counter.
+// Picks among candidates. Deterministic given the inputs and the counter. Reasons: no_worker
+// (no candidate), only_candidate, round_robin, least_loaded; prefix_affinity: prefix_overlap (the
+// winner has the longest cached prefix, longer than some other's), imbalance_bound (a longer
+// overlap sat on a worker over the imbalance bound), load_balance (overlaps tied or none, or
+// load outweighed a longer overlap).
 RouteChoice ChooseWorker(const RoutingOptions& options, const std::vector<RouteCandidate>& c,
                          int64_t prompt_blocks, std::atomic<uint64_t>* round_robin_counter);
 

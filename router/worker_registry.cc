@@ -35,8 +35,8 @@ class WatchStream : public grpc::ClientReadReactor<v1::WorkerStats> {
       message_.clear_stored_block_hashes();
       message_.clear_removed_block_hashes();
       worker_->stats = message_;
+      registry_->SetHealthyLocked(worker_.get(), true);
     }
-    worker_->healthy.store(true);
     StartRead(&message_);
   }
 
@@ -173,7 +173,8 @@ std::vector<std::pair<std::string, std::string>> WorkerRegistry::CurrentAddresse
 }
 
 void WorkerRegistry::DiscoverOnce() {
-  for (const auto& [address, role] : CurrentAddresses()) {
+  const auto current = CurrentAddresses();
+  for (const auto& [address, role] : current) {
     std::shared_ptr<Worker> known;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -187,6 +188,36 @@ void WorkerRegistry::DiscoverOnce() {
       if (known->watch != nullptr) continue;  // alive
     }
     Register(address, role);
+  }
+  ForgetVanished(current);
+}
+
+void WorkerRegistry::ForgetVanished(
+    const std::vector<std::pair<std::string, std::string>>& current) {
+  std::vector<std::shared_ptr<Worker>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto vanished = [&](const std::shared_ptr<Worker>& w) {
+      if (std::any_of(current.begin(), current.end(),
+                      [&](const auto& a) { return a.first == w->address; })) {
+        return false;
+      }
+      std::lock_guard<std::mutex> wlock(w->mu);
+      return w->watch == nullptr;  // still streaming: keep it until the stream ends
+    };
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (vanished(*it)) {
+        gone.push_back(*it);
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& w : gone) {
+    TLOG(INFO) << "forgetting " << w->info.role() << " worker " << w->address
+               << " (no longer discovered)";
+    if (options_.hooks != nullptr) options_.hooks->RemoveWorker(w->address, w->info.role());
   }
 }
 
@@ -233,10 +264,15 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
                            [&](const auto& w) { return w->address == address; });
     if (it != workers_.end()) {
       (*it)->healthy.store(false);
+      if (options_.hooks != nullptr && (*it)->info.role() != role) {
+        options_.hooks->RemoveWorker(address, (*it)->info.role());
+      }
       *it = worker;
     } else {
       workers_.push_back(worker);
     }
+    // Known to the router, not healthy until its stats stream is up.
+    if (options_.hooks != nullptr) options_.hooks->SetWorkerHealthy(address, role, false);
   }
   TLOG(INFO) << "registered " << role << " worker " << address << " (incarnation "
              << worker->info.incarnation() << ")";
@@ -256,22 +292,28 @@ void WorkerRegistry::StartWatch(const std::shared_ptr<Worker>& worker) {
 void WorkerRegistry::OnWatchEnded(Worker* worker, uint64_t generation) {
   std::lock_guard<std::mutex> lock(worker->mu);
   if (worker->watch_generation != generation) return;
-  if (worker->healthy.exchange(false)) {
+  if (worker->healthy.load()) {
     TLOG(WARNING) << "worker " << worker->address << " is unreachable";
   }
+  SetHealthyLocked(worker, false);
   worker->watch.reset();
   worker->cached.clear();
   cv_.notify_all();
 }
 
 void WorkerRegistry::ReportFailure(const std::shared_ptr<Worker>& worker) {
-  worker->healthy.store(false);
   std::shared_ptr<WatchStream> watch;
   {
     std::lock_guard<std::mutex> lock(worker->mu);
+    SetHealthyLocked(worker.get(), false);
     watch = worker->watch;
   }
   if (watch) watch->Cancel();
+}
+
+void WorkerRegistry::SetHealthyLocked(Worker* worker, bool healthy) {
+  if (worker->healthy.exchange(healthy) == healthy || options_.hooks == nullptr) return;
+  options_.hooks->SetWorkerHealthy(worker->address, worker->info.role(), healthy);
 }
 
 std::vector<std::shared_ptr<Worker>> WorkerRegistry::Healthy(const std::string& role) const {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/metrics/request_hooks.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem {
@@ -56,11 +57,15 @@ struct RegistryOptions {
   std::string decode_dns;   // Kubernetes headless Service)
   absl::Duration resolve_interval = absl::Seconds(2);
   absl::Duration rpc_timeout = absl::Seconds(2);
+  // Told each worker's health (0 at registration, 1 once its stats stream is up, 0 when it
+  // fails) and when it leaves discovery. May be null; must outlive the registry.
+  RouterHooks* hooks = nullptr;
 };
 
 // Discovers workers (static lists and DNS names), checks that each speaks the cluster's KV
 // layout before it may take requests (refusing it at registration otherwise), and keeps a
-// WatchStats stream per worker for load and prefix-cache events. Thread-safe.
+// WatchStats stream per worker for load and prefix-cache events. A worker that is no longer
+// discovered (its DNS record went away) is forgotten once its stream has ended. Thread-safe.
 class WorkerRegistry {
  public:
   explicit WorkerRegistry(RegistryOptions options);
@@ -88,6 +93,11 @@ class WorkerRegistry {
   void Register(const std::string& address, const std::string& expected_role);
   void StartWatch(const std::shared_ptr<Worker>& worker);
   void OnWatchEnded(Worker* worker, uint64_t generation);
+  // Sets worker->healthy and, on a change, tells the hooks. Requires worker->mu, so that the
+  // hooks see one worker's changes in order.
+  void SetHealthyLocked(Worker* worker, bool healthy);
+  // Forgets workers that discovery no longer lists and whose stream has ended.
+  void ForgetVanished(const std::vector<std::pair<std::string, std::string>>& current);
 
   RegistryOptions options_;
   mutable std::mutex mu_;
