@@ -33,7 +33,7 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
  public:
   DecodeCall(WorkerService* service, const v1::DecodeRequest& request)
       : service_(service), request_id_(request.request_id()) {
-    service_->active_.fetch_add(1);
+    service_->CallStarted();
   }
 
   static void Begin(std::shared_ptr<DecodeCall> self, const v1::DecodeRequest& request) {
@@ -74,10 +74,17 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
   }
 
   void OnDone() override {
-    service_->active_.fetch_sub(1);
     std::shared_ptr<DecodeCall> self;
-    std::lock_guard<std::mutex> lock(mu_);
-    self.swap(self_);
+    RequestOutcome outcome;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      self.swap(self_);
+      // A stream that ended OK may still carry an error inside its final.
+      outcome = OutcomeForStatusCode(status_.has_value() && !status_->ok()
+                                         ? static_cast<absl::StatusCode>(status_->error_code())
+                                         : error_code_);
+    }
+    service_->CallEnded(outcome);
   }
 
  private:
@@ -86,6 +93,11 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
     if (status_.has_value()) return;
     queue_.push_back(r);
     if (r.has_final()) {
+      if (r.final().finish_reason() == v1::FINISH_REASON_ERROR) {
+        error_code_ = r.final().error_code() != 0
+                          ? static_cast<absl::StatusCode>(r.final().error_code())
+                          : absl::StatusCode::kInternal;
+      }
       if (r.final().finish_reason() == v1::FINISH_REASON_ERROR || --open_ <= 0) {
         status_ = grpc::Status::OK;  // errors travel inside SampleFinal
       }
@@ -122,6 +134,7 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
   bool finish_called_ = false;
   int32_t open_ = 0;
   std::optional<grpc::Status> status_;
+  absl::StatusCode error_code_ = absl::StatusCode::kOk;  // of an error final, if any
   std::shared_ptr<DecodeCall> self_;
 };
 
@@ -191,8 +204,14 @@ class WatchCall : public grpc::ServerWriteReactor<v1::WorkerStats> {
 };
 
 WorkerService::WorkerService(const WorkerServiceOptions& options, AsyncEngine* engine,
-                             KvEventLog* events, DecodeHandler* decode, PrefillHandler* prefill)
-    : options_(options), engine_(engine), events_(events), decode_(decode), prefill_(prefill) {
+                             KvEventLog* events, DecodeHandler* decode, PrefillHandler* prefill,
+                             WorkerHooks* hooks)
+    : options_(options),
+      engine_(engine),
+      events_(events),
+      decode_(decode),
+      prefill_(prefill),
+      hooks_(hooks) {
   ticker_ = std::thread([this] { TickerLoop(); });
 }
 
@@ -214,6 +233,17 @@ void WorkerService::Stop() {
 void WorkerService::StartDrain() {
   draining_.store(true);
   options_.info.set_draining(true);
+  if (hooks_ != nullptr) hooks_->SetDraining(true);
+}
+
+void WorkerService::CallStarted() {
+  active_.fetch_add(1);
+  if (hooks_ != nullptr) hooks_->StreamStarted();
+}
+
+void WorkerService::CallEnded(RequestOutcome outcome) {
+  if (hooks_ != nullptr) hooks_->StreamFinished(outcome);
+  active_.fetch_sub(1);
 }
 
 void WorkerService::TickerLoop() {
@@ -266,19 +296,21 @@ grpc::ServerUnaryReactor* WorkerService::Prefill(grpc::CallbackServerContext* co
                                                  const v1::PrefillRequest* request,
                                                  v1::PrefillResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (prefill_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a prefill worker"));
+  auto refuse = [&](grpc::StatusCode code, const char* message) {
+    if (hooks_ != nullptr) {
+      hooks_->StreamStarted();
+      hooks_->StreamFinished(OutcomeForStatusCode(static_cast<absl::StatusCode>(code)));
+    }
+    reactor->Finish(grpc::Status(code, message));
     return reactor;
-  }
-  if (draining_.load()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
-    return reactor;
-  }
-  active_.fetch_add(1);
+  };
+  if (prefill_ == nullptr) return refuse(grpc::StatusCode::UNIMPLEMENTED, "not a prefill worker");
+  if (draining_.load()) return refuse(grpc::StatusCode::UNAVAILABLE, "worker is shutting down");
+  CallStarted();
   prefill_->Prefill(
       *request, [this, reactor, response](const absl::Status& st, const v1::PrefillResponse& r) {
         *response = r;
-        active_.fetch_sub(1);
+        CallEnded(OutcomeForStatusCode(st.code()));
         reactor->Finish(st.ok() ? grpc::Status::OK
                                 : grpc::Status(static_cast<grpc::StatusCode>(st.code()),
                                                std::string(st.message())));

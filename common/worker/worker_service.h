@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/engine/async_engine.h"
+#include "common/metrics/request_hooks.h"
 #include "common/worker/handlers.h"
 #include "common/worker/kv_event_log.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -25,11 +26,12 @@ struct WorkerServiceOptions {
 // The gRPC service tandem.v1.Worker of one worker process, whatever its role: Decode goes to
 // the DecodeHandler, Prefill to the PrefillHandler (either may be null: UNIMPLEMENTED), and
 // GetInfo / GetStats / WatchStats report the engine's load and prefix-cache events.
-// Thread-safe. One ticker thread feeds every WatchStats stream.
+// Thread-safe. One ticker thread feeds every WatchStats stream. `hooks` (may be null; must
+// outlive the service) counts Decode and Prefill calls and the draining state: metrics.
 class WorkerService final : public v1::Worker::CallbackService {
  public:
   WorkerService(const WorkerServiceOptions& options, AsyncEngine* engine, KvEventLog* events,
-                DecodeHandler* decode, PrefillHandler* prefill);
+                DecodeHandler* decode, PrefillHandler* prefill, WorkerHooks* hooks = nullptr);
   ~WorkerService() override;
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
@@ -60,12 +62,16 @@ class WorkerService final : public v1::Worker::CallbackService {
   friend class DecodeCall;
   friend class WatchCall;
   void TickerLoop();
+  // Every Decode and Prefill call: counted active from start to end (metrics).
+  void CallStarted();
+  void CallEnded(RequestOutcome outcome);
 
   WorkerServiceOptions options_;
   AsyncEngine* engine_;
   KvEventLog* events_;
   DecodeHandler* decode_;
   PrefillHandler* prefill_;
+  WorkerHooks* hooks_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
 
