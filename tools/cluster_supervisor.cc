@@ -14,14 +14,40 @@
 
 namespace tandem {
 
+namespace {
+
+// The port a child wrote to `path`, or 0 while it has not.
+int ReadPort(const std::string& path) {
+  std::ifstream in(path);
+  int port = 0;
+  return in >> port && port > 0 ? port : 0;
+}
+
+// The host a scraper on this machine reaches a child's /metrics at, when it listens on `host`.
+std::string LocalAddressOf(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") return "127.0.0.1";
+  if (host.find(':') != std::string::npos && host.front() != '[') return "[" + host + "]";
+  return host;
+}
+
+}  // namespace
+
 ClusterSupervisor::~ClusterSupervisor() { Stop(absl::Seconds(10)); }
 
 absl::Status ClusterSupervisor::Spawn(Child& child, absl::Duration timeout) {
-  const std::string port_file = absl::StrCat(state_dir_, "/", child.role, "-", getpid(), "-",
-                                             children_.size(), "-", child.restarts, ".port");
+  const std::string name =
+      absl::StrCat(options_.state_dir, "/", child.role, "-", child.index, "-", child.restarts);
+  const std::string port_file = name + ".port";
+  const std::string metrics_port_file = name + ".metrics-port";
   std::filesystem::remove(port_file);
+  std::filesystem::remove(metrics_port_file);
   std::vector<std::string> args = {"/proc/self/exe", child.role,
                                    absl::StrCat("--port=", child.port), "--port-file=" + port_file};
+  if (options_.metrics) {
+    args.push_back(absl::StrCat("--metrics-port=", child.metrics_port));
+    args.push_back("--metrics-port-file=" + metrics_port_file);
+    if (!options_.metrics_host.empty()) args.push_back("--metrics-host=" + options_.metrics_host);
+  }
   args.insert(args.end(), child.args.begin(), child.args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -46,11 +72,14 @@ absl::Status ClusterSupervisor::Spawn(Child& child, absl::Duration timeout) {
       child.pid = -1;
       return absl::InternalError(absl::StrCat(child.role, " worker exited during startup"));
     }
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) {
+    // A worker starts its /metrics before its gRPC server: both files exist once serving.
+    if (const int port = ReadPort(port_file); port > 0) {
       child.port = port;
       std::filesystem::remove(port_file);
+      if (options_.metrics) {
+        child.metrics_port = ReadPort(metrics_port_file);
+        std::filesystem::remove(metrics_port_file);
+      }
       return absl::OkStatus();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -63,12 +92,17 @@ absl::Status ClusterSupervisor::Launch(const std::string& role, int count,
                                        const std::vector<std::string>& args,
                                        absl::Duration timeout) {
   std::lock_guard<std::mutex> lock(mu_);
+  int index = 0;
+  for (const Child& c : children_) index += c.role == role ? 1 : 0;
   for (int i = 0; i < count; ++i) {
     Child child;
     child.role = role;
+    child.index = index++;
     child.args = args;
     if (auto st = Spawn(child, timeout); !st.ok()) return st;
-    TLOG(INFO) << "started " << role << " worker pid " << child.pid << " on port " << child.port;
+    TLOG(INFO) << "started " << role << " worker pid " << child.pid << " on port " << child.port
+               << (options_.metrics ? absl::StrCat(" (metrics on port ", child.metrics_port, ")")
+                                    : "");
     children_.push_back(std::move(child));
   }
   return absl::OkStatus();
@@ -79,6 +113,16 @@ std::vector<std::string> ClusterSupervisor::Addresses(const std::string& role) c
   std::vector<std::string> out;
   for (const Child& c : children_) {
     if (c.role == role) out.push_back(absl::StrCat("127.0.0.1:", c.port));
+  }
+  return out;
+}
+
+std::string ClusterSupervisor::MetricsTargets() const {
+  const std::string host = LocalAddressOf(options_.metrics_host);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  for (const Child& c : children_) {
+    if (c.metrics_port > 0) absl::StrAppend(&out, c.role, " ", host, ":", c.metrics_port, "\n");
   }
   return out;
 }

@@ -11,6 +11,14 @@
 
 namespace tandem {
 
+struct ClusterSupervisorOptions {
+  std::string state_dir;  // port files of the children
+  // Each child serves /metrics on a free port (the same one again after a restart), on
+  // metrics_host (empty: the child's --host, loopback).
+  bool metrics = false;
+  std::string metrics_host;
+};
+
 // Runs the worker processes of a local cluster (`tandem serve --prefill-workers N
 // --decode-workers M`) on loopback: starts each as a child `tandem prefill|decode` on a free
 // port, restarts one that dies on the same port (the router re-registers it and never reuses
@@ -20,19 +28,24 @@ class ClusterSupervisor {
  public:
   struct Child {
     std::string role;  // "prefill" or "decode"
+    int index = 0;     // among the children of its role
     std::vector<std::string> args;
     int port = 0;
+    int metrics_port = -1;  // -1: any free port (first start), 0: no /metrics
     pid_t pid = -1;
     int restarts = 0;
   };
 
-  explicit ClusterSupervisor(std::string state_dir) : state_dir_(std::move(state_dir)) {}
+  explicit ClusterSupervisor(ClusterSupervisorOptions options) : options_(std::move(options)) {}
   ~ClusterSupervisor();
 
   // Starts `count` workers of `role` with `args` and waits until each serves.
   absl::Status Launch(const std::string& role, int count, const std::vector<std::string>& args,
                       absl::Duration timeout);
   std::vector<std::string> Addresses(const std::string& role) const;
+  // "role host:port" of each child's /metrics, one per line (empty without metrics); host is
+  // metrics_host, or 127.0.0.1 for a wildcard or none.
+  std::string MetricsTargets() const;
   // Restarts children that died, until Stop.
   void StartMonitor();
   // SIGTERM to every child, then waits (SIGKILL after `timeout`).
@@ -42,7 +55,7 @@ class ClusterSupervisor {
   absl::Status Spawn(Child& child, absl::Duration timeout);
   void MonitorLoop();
 
-  std::string state_dir_;
+  ClusterSupervisorOptions options_;
   mutable std::mutex mu_;
   std::vector<Child> children_;
   bool stopping_ = false;

@@ -89,6 +89,7 @@ void ServerFlags::Register(FlagSet* f, int64_t default_port) {
   f->String("port-file", &port_file, "write the bound port to this file once serving");
   f->Double("drain-timeout", &drain_timeout_s, "seconds to let requests finish on SIGTERM");
   f->Bool("log-json", &log_json, "log one JSON object per line");
+  RegisterMetricsFlags(f, &metrics);
 }
 
 sigset_t BlockTerminationSignals() {

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
 #include "common/engine/engine_builder.h"
+#include "common/metrics/process_metrics.h"
 
 namespace grpc {
 class Server;
@@ -40,13 +41,14 @@ struct EngineFlags {
   std::vector<std::string> ToArgs() const;
 };
 
-// Flags of every gRPC server command.
+// Flags of every gRPC server command, including where it serves /metrics.
 struct ServerFlags {
   std::string host = "127.0.0.1";
   int64_t port = 0;
   std::string port_file;
   double drain_timeout_s = 60;
   bool log_json = false;
+  MetricsOptions metrics;  // --metrics-host, --metrics-port, --metrics-port-file
 
   void Register(FlagSet* flags, int64_t default_port);
 };

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "common/base/log.h"
+#include "common/metrics/process_metrics.h"
+#include "common/metrics/router_metrics.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
 #include "tools/router_runtime.h"
@@ -31,7 +33,14 @@ int RunRouter(int argc, char** argv) {
   }
   if (flags.help_requested()) return 0;
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "router"});
-  auto router = RouterRuntime::Create(router_flags, model_dir);
+  auto metrics = ProcessMetrics::Start(server_flags.metrics, "router", server_flags.host);
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+  if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
+  RouterMetrics router_metrics((*metrics)->registry());
+  auto router = RouterRuntime::Create(router_flags, model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
     return 1;

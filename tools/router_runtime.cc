@@ -31,7 +31,8 @@ RouterRuntime::~RouterRuntime() {
 }
 
 absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const RouterFlags& flags,
-                                                                     const std::string& model_dir) {
+                                                                     const std::string& model_dir,
+                                                                     RouterHooks* hooks) {
   std::unique_ptr<RouterRuntime> r(new RouterRuntime);
   auto tokenizer = Tokenizer::FromModelDir(model_dir);
   if (!tokenizer.ok()) return tokenizer.status();
@@ -46,6 +47,7 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   }
   ro.prefill_dns = flags.prefill_dns;
   ro.decode_dns = flags.decode_dns;
+  ro.hooks = hooks;
   if (ro.decode_addresses.empty() && ro.decode_dns.empty()) {
     return absl::InvalidArgumentError("the router needs --decode-addresses or --decode-dns");
   }
@@ -62,6 +64,7 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   co.disagg_min_uncached_tokens = flags.disagg_min_uncached_tokens;
   co.max_prefills_per_worker = flags.max_prefills_per_worker;
   co.prefill_timeout = absl::Seconds(flags.prefill_timeout_s);
+  co.hooks = hooks;
   r->client_ = std::make_unique<ClusterClient>(r->registry_.get(), co);
 
   if (!r->registry_->WaitForWorkers(0, 1, absl::Seconds(flags.startup_timeout_s))) {
@@ -76,7 +79,8 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
                       : std::filesystem::path(model_dir).filename().string();
   go.max_model_len = info.max_model_len();
   go.dtype = info.layout().kv_dtype();
-  r->generation_ = std::make_unique<GenerationService>(go, r->tokenizer_.get(), r->client_.get());
+  r->generation_ =
+      std::make_unique<GenerationService>(go, r->tokenizer_.get(), r->client_.get(), hooks);
   r->admin_ = std::make_unique<RouterAdminService>(r->registry_.get(), r->client_.get());
   TLOG(INFO) << "router: policy " << flags.routing_policy << ", "
              << r->registry_->Healthy("prefill").size() << " prefill and " << decoders.size()

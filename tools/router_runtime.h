@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
 #include "common/engine/tokenizer/tokenizer.h"
+#include "common/metrics/request_hooks.h"
 #include "router/admin_service.h"
 #include "router/cluster_client.h"
 #include "router/generation_service.h"
@@ -37,9 +38,11 @@ struct RouterFlags {
 class RouterRuntime {
  public:
   // Loads the tokenizer from `model_dir`, starts discovery and waits (startup_timeout) for a
-  // decode worker to learn the served model's limits.
+  // decode worker to learn the served model's limits. `hooks` (may be null; must outlive the
+  // runtime) sees every request, placement, retry, migration and worker health change.
   static absl::StatusOr<std::unique_ptr<RouterRuntime>> Create(const RouterFlags& flags,
-                                                               const std::string& model_dir);
+                                                               const std::string& model_dir,
+                                                               RouterHooks* hooks = nullptr);
   ~RouterRuntime();
 
   std::vector<grpc::Service*> services() { return {generation_.get(), admin_.get()}; }

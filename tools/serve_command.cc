@@ -131,15 +131,21 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
 
 int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
                  const ServerFlags& server_flags, RouterFlags router_flags, int64_t prefill_workers,
-                 int64_t decode_workers, bool layerwise_push) {
-  const std::string state_dir =
+                 int64_t decode_workers, bool layerwise_push, ProcessMetrics* metrics) {
+  ClusterSupervisorOptions supervisor_options;
+  supervisor_options.state_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
-  std::filesystem::create_directories(state_dir);
-  ClusterSupervisor supervisor(state_dir);
+  std::filesystem::create_directories(supervisor_options.state_dir);
+  // With /metrics on, every worker serves its own on a free port.
+  supervisor_options.metrics = metrics->port() != 0;
+  supervisor_options.metrics_host = server_flags.metrics.host;
+  ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = engine_flags.ToArgs();
   if (server_flags.log_json) args.push_back("--log-json");
-  if (auto st =
-          supervisor.Launch("prefill", static_cast<int>(prefill_workers), args, absl::Seconds(120));
+  std::vector<std::string> prefill_args = args;
+  if (!layerwise_push) prefill_args.push_back("--no-layerwise-push");
+  if (auto st = supervisor.Launch("prefill", static_cast<int>(prefill_workers), prefill_args,
+                                  absl::Seconds(120));
       !st.ok()) {
     TLOG(ERROR) << st;
     return 1;
@@ -151,9 +157,14 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
     return 1;
   }
   supervisor.StartMonitor();
+  if (supervisor_options.metrics && !server_flags.metrics.port_file.empty()) {
+    // Scrape targets of the workers, next to this process's own metrics port file.
+    WriteFileAtomically(server_flags.metrics.port_file + ".workers", supervisor.MetricsTargets());
+  }
   router_flags.prefill_addresses = absl::StrJoin(supervisor.Addresses("prefill"), ",");
   router_flags.decode_addresses = absl::StrJoin(supervisor.Addresses("decode"), ",");
-  auto router = RouterRuntime::Create(router_flags, engine_flags.model_dir);
+  RouterMetrics router_metrics(metrics->registry());
+  auto router = RouterRuntime::Create(router_flags, engine_flags.model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
     return 1;
@@ -174,7 +185,7 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*router)->Stop();
   supervisor.Stop(absl::Seconds(30));
-  std::filesystem::remove_all(state_dir);
+  std::filesystem::remove_all(supervisor_options.state_dir);
   TLOG(INFO) << "stopped";
   return 0;
 }
@@ -189,13 +200,11 @@ int RunServe(int argc, char** argv) {
   std::string model_name;
   int64_t prefill_workers = 0, decode_workers = 0;
   bool no_layerwise_push = false;
-  MetricsOptions metrics_options;
   FlagSet flags("serve",
                 "Serves the Generation gRPC API: the router and one worker in this process, or\n"
                 "with --prefill-workers/--decode-workers a local disaggregated cluster.");
   engine_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
-  RegisterMetricsFlags(&flags, &metrics_options);
   flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
   flags.Int("prefill-workers", &prefill_workers, "prefill worker processes (cluster mode)");
   flags.Int("decode-workers", &decode_workers, "decode worker processes (cluster mode)");
@@ -215,7 +224,7 @@ int RunServe(int argc, char** argv) {
   }
   if (flags.help_requested()) return 0;
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "serve"});
-  auto metrics = ProcessMetrics::Start(metrics_options, "serve", server_flags.host);
+  auto metrics = ProcessMetrics::Start(server_flags.metrics, "serve", server_flags.host);
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();
     return 1;
@@ -228,7 +237,7 @@ int RunServe(int argc, char** argv) {
       return 2;
     }
     return ServeCluster(signals, engine_flags, server_flags, router_flags, prefill_workers,
-                        decode_workers, !no_layerwise_push);
+                        decode_workers, !no_layerwise_push, metrics->get());
   }
   return ServeMonolithic(signals, engine_flags, server_flags, model_name, metrics->get());
 }

@@ -12,6 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/async_engine.h"
+#include "common/metrics/engine_metrics.h"
+#include "common/metrics/process_metrics.h"
+#include "common/metrics/transfer_metrics.h"
+#include "common/metrics/worker_metrics.h"
 #include "common/worker/backend_regions.h"
 #include "common/worker/kv_event_log.h"
 #include "common/worker/worker_service.h"
@@ -55,6 +59,16 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     return 2;
   }
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, role});
+  auto metrics = ProcessMetrics::Start(server_flags.metrics, role, server_flags.host);
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+  if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
+  prometheus::Registry* registry = (*metrics)->registry();
+  EngineMetrics engine_metrics(registry, role);
+  WorkerMetrics worker_metrics(registry, role);
+  TransferMetrics transfer_metrics(registry, kv_transport);
   auto options = engine_flags.ToBuildOptions();
   if (!options.ok()) {
     std::fprintf(stderr, "%s: %s\n", command.c_str(),
@@ -72,7 +86,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
   built->engine->block_pool().set_listener({[&events](BlockHash h) { events.Stored(h); },
                                             [&events](BlockHash h) { events.Removed(h); }});
   const int64_t max_model_len = built->engine->max_model_len();
-  AsyncEngine engine(std::move(built->engine));
+  AsyncEngine engine(std::move(built->engine), &engine_metrics);
   BackendRegions regions(backend);
   const kvtransfer::KvLayout layout = LayoutOf(*backend, model->model_id());
 
@@ -85,6 +99,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     ro.host = kv_host;
     ro.port = static_cast<int>(kv_port);
     ro.layout = layout;
+    ro.hooks = &transfer_metrics;
     if (auto st = decode->StartReceiver(ro, &regions); !st.ok()) {
       TLOG(ERROR) << "KV receiver: " << st;
       return 1;
@@ -96,6 +111,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     kvtransfer::SenderOptions so;
     so.transport = kv_transport;
     so.layout = layout;
+    so.hooks = &transfer_metrics;
     if (auto st = prefill->StartSender(so, &regions); !st.ok()) {
       TLOG(ERROR) << "KV sender: " << st;
       return 1;
@@ -123,7 +139,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
                           : std::filesystem::path(engine_flags.model_dir).filename().string());
   info.set_max_model_len(static_cast<int32_t>(max_model_len));
   info.set_vocab_size(static_cast<int32_t>(model->config().vocab_size));
-  WorkerService service(wo, &engine, &events, decode.get(), prefill.get());
+  WorkerService service(wo, &engine, &events, decode.get(), prefill.get(), &worker_metrics);
 
   auto server = StartGrpcServer(server_flags, {&service});
   if (!server.ok()) {
