@@ -16,6 +16,7 @@
    state change with request id, component and level.
 
 Usage: prometheus_dashboards_test.py BUILD_DIR [--mode monolithic|cluster:P,D]
+(default: $TANDEM_OBS_MODE, else monolithic; ctest runs monolithic and cluster:1,2)
 """
 import argparse
 import concurrent.futures
@@ -350,11 +351,16 @@ def scrape_value(addr, name, labels=()):
 
 def check_counts(cluster, load):
     addr = cluster.targets[0][1]
-    for outcome in ("ok", "invalid"):
-        got = scrape_value(addr, "tandem_router_requests_total", [("outcome", outcome)])
-        check(got == load.counts[outcome],
-              f"tandem_router_requests_total{{outcome={outcome}}} = {got}, client saw "
-              f"{load.counts[outcome]}")
+    invalid = scrape_value(addr, "tandem_router_requests_total", [("outcome", "invalid")])
+    check(invalid == load.counts["invalid"],
+          f"tandem_router_requests_total{{outcome=invalid}} = {invalid}, client saw "
+          f"{load.counts['invalid']}")
+    # A request can finish at the router just as its client's deadline fires: ok there,
+    # DEADLINE_EXCEEDED at the client. Only such requests may differ.
+    ok = scrape_value(addr, "tandem_router_requests_total", [("outcome", "ok")])
+    check(load.counts["ok"] <= ok <= load.counts["ok"] + load.counts["cancelled"],
+          f"tandem_router_requests_total{{outcome=ok}} = {ok}, client saw {load.counts['ok']} ok "
+          f"and {load.counts['cancelled']} cancelled")
     cancelled = scrape_value(addr, "tandem_router_requests_total", [("outcome", "cancelled")])
     check(cancelled is not None and cancelled >= 1, "cancelled requests are counted")
     total = scrape_value(addr, "tandem_router_requests_total")
