@@ -14,6 +14,7 @@ int RunWorker(int argc, char** argv);
 int RunPrefillWorker(int argc, char** argv);
 int RunDecodeWorker(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunClient(int argc, char** argv);
 
 // The bundled default model directory: $TANDEM_MODEL, else models/stories260k next to the
 // build or install tree of this executable, else the source tree it was built from.

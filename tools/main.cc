@@ -22,6 +22,7 @@ constexpr Command kCommands[] = {
     {"decode", tandem::RunDecodeWorker, "run a decode worker"},
     {"worker", tandem::RunWorker, "run a worker with --role prefill, decode or both"},
     {"bench", tandem::RunBench, "drive a server with load and report throughput and latency"},
+    {"client", tandem::RunClient, "send one Generate request to a server and stream the text"},
     {"make-model", tandem::RunMakeModel, "write a random-initialised model at a real shape"},
 };
 
