@@ -54,6 +54,7 @@ void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
     f->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(u.prompt_tokens));
     f->mutable_usage()->set_completion_tokens(static_cast<int32_t>(u.completion_tokens));
     f->mutable_usage()->set_cached_tokens(static_cast<int32_t>(u.cached_tokens));
+    f->mutable_usage()->set_spec_accepted_tokens(static_cast<int32_t>(u.spec_accepted_tokens));
     f->mutable_timings()->set_queue_s(absl::ToDoubleSeconds(u.queue_time));
     f->mutable_timings()->set_prefill_s(absl::ToDoubleSeconds(u.prefill_time));
     f->mutable_timings()->set_time_to_first_token_s(absl::ToDoubleSeconds(u.ttft));

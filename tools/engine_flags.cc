@@ -30,6 +30,16 @@ void EngineFlags::Register(FlagSet* f) {
   f->String("scheduling-policy", &policy, "fcfs, priority or static (benchmark baseline)");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
   f->Int("threads", &threads, "compute threads (0: one per core)");
+  f->String("device", &device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
+  f->Double("gpu-memory-utilization", &gpu_memory_utilization,
+            "cuda: fraction of device memory for weights, activations and the KV pool");
+  f->String("speculative-method", &speculative_method, "none, ngram or draft");
+  f->Int("num-speculative-tokens", &num_speculative_tokens, "drafted tokens per step at most");
+  f->String("draft-model", &draft_model, "draft model directory (speculative method draft)");
+  f->Int("ngram-max", &ngram_max, "ngram: longest suffix to match");
+  f->Int("ngram-min", &ngram_min, "ngram: shortest suffix to match");
+  f->Bool("no-adaptive-speculation", &no_adaptive_speculation,
+          "keep k fixed instead of adapting it to each sequence's acceptance");
 }
 
 absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
@@ -59,6 +69,24 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   o.engine.enable_prefix_cache = !no_prefix_cache;
   o.engine.max_model_len = max_model_len;
   o.engine.max_waiting = max_waiting;
+  o.device = device;
+  o.gpu_memory_utilization = gpu_memory_utilization;
+  SpecOptions& spec = o.engine.spec;
+  if (speculative_method == "none") {
+    spec.method = SpecOptions::Method::kNone;
+  } else if (speculative_method == "ngram") {
+    spec.method = SpecOptions::Method::kNgram;
+  } else if (speculative_method == "draft") {
+    spec.method = SpecOptions::Method::kDraft;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-method must be none, ngram or draft, got '", speculative_method, "'"));
+  }
+  spec.num_speculative_tokens = static_cast<int32_t>(num_speculative_tokens);
+  spec.draft_model_dir = draft_model;
+  spec.ngram_max = static_cast<int32_t>(ngram_max);
+  spec.ngram_min = static_cast<int32_t>(ngram_min);
+  spec.adaptive = !no_adaptive_speculation;
   return o;
 }
 
@@ -77,7 +105,15 @@ std::vector<std::string> EngineFlags::ToArgs() const {
       absl::StrCat("--max-waiting=", max_waiting),
       "--scheduling-policy=" + policy,
       absl::StrCat("--threads=", threads),
+      "--device=" + device,
+      absl::StrCat("--gpu-memory-utilization=", gpu_memory_utilization),
+      "--speculative-method=" + speculative_method,
+      absl::StrCat("--num-speculative-tokens=", num_speculative_tokens),
+      "--draft-model=" + draft_model,
+      absl::StrCat("--ngram-max=", ngram_max),
+      absl::StrCat("--ngram-min=", ngram_min),
   };
+  if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
   if (no_prefix_cache) a.push_back("--no-prefix-cache");
   return a;
 }

@@ -33,6 +33,15 @@ struct EngineFlags {
   int64_t max_prefill_chunk = 0;
   int64_t num_kv_blocks = 0;
   bool no_prefix_cache = false;
+  std::string device = "cpu";
+  double gpu_memory_utilization = 0.9;
+  // Speculative decoding.
+  std::string speculative_method = "none";
+  int64_t num_speculative_tokens = 4;
+  std::string draft_model;
+  int64_t ngram_max = 4;
+  int64_t ngram_min = 1;
+  bool no_adaptive_speculation = false;
 
   EngineFlags();
   void Register(FlagSet* flags);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "common/metrics/engine_metrics.h"
 #include "common/metrics/process_metrics.h"
 #include "common/metrics/router_metrics.h"
+#include "common/metrics/spec_metrics.h"
 #include "common/worker/kv_event_log.h"
 #include "common/worker/worker_service.h"
 #include "decode_worker/decode_core.h"
@@ -88,6 +90,11 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   const int64_t context = built->engine->max_model_len();
   EngineMetrics engine_metrics(metrics->registry(), "both");
   RouterMetrics router_metrics(metrics->registry());
+  std::optional<SpecMetrics> spec_metrics;  // only when speculating: no empty series otherwise
+  if (engine_flags.speculative_method != "none") {
+    spec_metrics.emplace(metrics->registry(), engine_flags.speculative_method);
+    built->engine->set_spec_hooks(&*spec_metrics);
+  }
   AsyncEngine engine(std::move(built->engine), &engine_metrics);
   DecodeCore core(&engine);
   LocalClient client(&core);

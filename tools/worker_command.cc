@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "common/engine/async_engine.h"
 #include "common/metrics/engine_metrics.h"
 #include "common/metrics/process_metrics.h"
+#include "common/metrics/spec_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
 #include "common/worker/backend_regions.h"
@@ -76,6 +78,11 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     return 2;
   }
   auto built = BuildEngine(*options);
+  std::optional<SpecMetrics> spec_metrics;  // only when speculating: no empty series otherwise
+  if (built.ok() && engine_flags.speculative_method != "none") {
+    spec_metrics.emplace(registry, engine_flags.speculative_method);
+    built->engine->set_spec_hooks(&*spec_metrics);
+  }
   if (!built.ok()) {
     TLOG(ERROR) << built.status();
     return 1;
