@@ -52,7 +52,8 @@ class Phase {
 
   std::vector<CallResult> Run(int64_t num_requests, double duration_s,
                               std::vector<std::shared_ptr<grpc::Channel>> stats_channels,
-                              std::vector<OccupancySample>* samples, std::string* server_note);
+                              std::vector<OccupancySample>* samples, std::string* server_note,
+                              LoadWindow* window);
 
  private:
   void Issue();
@@ -79,8 +80,8 @@ class Phase {
 
 std::vector<CallResult> Phase::Run(int64_t num_requests, double duration_s,
                                    std::vector<std::shared_ptr<grpc::Channel>> stats_channels,
-                                   std::vector<OccupancySample>* samples,
-                                   std::string* server_note) {
+                                   std::vector<OccupancySample>* samples, std::string* server_note,
+                                   LoadWindow* window) {
   settings_.origin = Clock::now();
   const Clock::time_point end =
       duration_s > 0
@@ -124,6 +125,11 @@ std::vector<CallResult> Phase::Run(int64_t num_requests, double duration_s,
     ++issued_;
     lock.unlock();
     Issue();
+  }
+  if (window != nullptr) {
+    const Clock::time_point now = Clock::now();
+    window->seconds = SecondsBetween(settings_.origin, std::min(now, end));
+    window->output_tokens = tokens_.load();
   }
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -287,7 +293,7 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& options) {
     warm.cancel_fraction = 0;
     Workload warm_workload(warm);
     Phase warmup(effective, stub.get(), &warm_workload, info->name(), /*warmup=*/true);
-    warmup.Run(options.warmup_requests, 0, {}, nullptr, nullptr);
+    warmup.Run(options.warmup_requests, 0, {}, nullptr, nullptr, nullptr);
   }
   std::vector<std::shared_ptr<grpc::Channel>> stats_channels;
   if (options.stats_targets.empty()) {
@@ -299,9 +305,11 @@ absl::StatusOr<BenchReport> RunBench(const BenchOptions& options) {
   Phase phase(effective, stub.get(), &workload, info->name(), /*warmup=*/false);
   std::vector<OccupancySample> samples;
   std::string server_note;
-  std::vector<CallResult> results = phase.Run(options.num_requests, options.duration_s,
-                                              std::move(stats_channels), &samples, &server_note);
-  return BuildReport(run, results, samples, server_note);
+  LoadWindow window;
+  std::vector<CallResult> results =
+      phase.Run(options.num_requests, options.duration_s, std::move(stats_channels), &samples,
+                &server_note, &window);
+  return BuildReport(run, results, samples, server_note, window);
 }
 
 }  // namespace tandem::bench

@@ -112,8 +112,8 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
 }  // namespace
 
 BenchReport BuildReport(const RunDescription& run, const std::vector<CallResult>& results,
-                        const std::vector<OccupancySample>& samples,
-                        const std::string& server_note) {
+                        const std::vector<OccupancySample>& samples, const std::string& server_note,
+                        const LoadWindow& window) {
   BenchReport report;
   report.run = run;
   report.issued = static_cast<int64_t>(results.size());
@@ -148,6 +148,8 @@ BenchReport BuildReport(const RunDescription& run, const std::vector<CallResult>
     report.output_throughput = report.output_tokens / report.duration_s;
     report.total_throughput = (report.prompt_tokens + report.output_tokens) / report.duration_s;
   }
+  report.window = window;
+  if (window.seconds > 0) report.window_output_throughput = window.output_tokens / window.seconds;
   report.ttft = Summarize(std::move(ttft));
   report.itl = Summarize(std::move(itl));
   report.tpot = Summarize(std::move(tpot));

@@ -12,6 +12,15 @@
 
 namespace tandem::bench {
 
+// The part of the run during which requests were being issued (the load was applied): from
+// the first request to the moment the last one was issued (or --duration ran out), and the
+// output tokens received by then. Throughput over it leaves out the final drain, when fewer
+// and fewer requests are left in flight.
+struct LoadWindow {
+  double seconds = 0;
+  int64_t output_tokens = 0;
+};
+
 // What the run was (echoed into the report).
 struct RunDescription {
   std::string label;
@@ -97,6 +106,8 @@ struct BenchReport {
   double request_throughput = 0;  // completed requests/s
   double output_throughput = 0;   // output tokens/s
   double total_throughput = 0;    // (prompt + output) tokens/s
+  LoadWindow window;
+  double window_output_throughput = 0;  // output tokens/s while requests were being issued
   Summary ttft;
   Summary itl;
   Summary tpot;  // per request: (e2e - ttft) / (output tokens - 1)
@@ -107,8 +118,8 @@ struct BenchReport {
 };
 
 BenchReport BuildReport(const RunDescription& run, const std::vector<CallResult>& results,
-                        const std::vector<OccupancySample>& samples,
-                        const std::string& server_note);
+                        const std::vector<OccupancySample>& samples, const std::string& server_note,
+                        const LoadWindow& window = {});
 
 // A human-readable table.
 void PrintReport(const BenchReport& report, std::FILE* out);

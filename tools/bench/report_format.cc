@@ -68,6 +68,10 @@ void PrintReport(const BenchReport& r, std::FILE* out) {
   std::fprintf(out, "%-12s %.2f s\n", "Duration", r.duration_s);
   std::fprintf(out, "%-12s %.3f req/s, %.1f output tok/s, %.1f total tok/s\n", "Throughput",
                r.request_throughput, r.output_throughput, r.total_throughput);
+  if (r.window.seconds > 0) {
+    std::fprintf(out, "%-12s %.1f output tok/s while issuing requests (first %.1f s)\n", "",
+                 r.window_output_throughput, r.window.seconds);
+  }
   std::fprintf(out, "%-12s prompt %lld, output %lld, prefix-cached %lld\n", "Tokens",
                static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.output_tokens),
                static_cast<long long>(r.cached_tokens));
@@ -150,7 +154,9 @@ std::string ReportToJson(const BenchReport& r) {
       Json{{"prompt", r.prompt_tokens}, {"output", r.output_tokens}, {"cached", r.cached_tokens}};
   j["throughput"] = Json{{"requests_per_s", r.request_throughput},
                          {"output_tokens_per_s", r.output_throughput},
-                         {"total_tokens_per_s", r.total_throughput}};
+                         {"total_tokens_per_s", r.total_throughput},
+                         {"issuing_s", r.window.seconds},
+                         {"output_tokens_per_s_while_issuing", r.window_output_throughput}};
   j["ttft_ms"] = SummaryJson(r.ttft, 1e3);
   j["itl_ms"] = SummaryJson(r.itl, 1e3);
   j["tpot_ms"] = SummaryJson(r.tpot, 1e3);

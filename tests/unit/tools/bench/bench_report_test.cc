@@ -66,6 +66,16 @@ TEST(BenchReportTest, ThroughputAndLatencies) {
   EXPECT_EQ(r.itl.count, 10 + 10 + 2);
 }
 
+TEST(BenchReportTest, ThroughputWhileIssuing) {
+  RunDescription run;
+  LoadWindow window;
+  window.seconds = 4;
+  window.output_tokens = 30;
+  const BenchReport r = BuildReport(run, {Done(0, 0, 0.1, 5, 40)}, {}, "", window);
+  EXPECT_DOUBLE_EQ(r.window_output_throughput, 7.5);
+  EXPECT_DOUBLE_EQ(r.output_throughput, 8);  // over the whole run, drain included
+}
+
 TEST(BenchReportTest, ServerTtftSplit) {
   RunDescription run;
   CallResult local = Done(0, 0, 0.5, 1, 2);
