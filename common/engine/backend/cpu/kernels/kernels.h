@@ -62,8 +62,8 @@ void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M
 
 // One query token's attention work item.
 struct AttentionQuery {
-  int64_t row = 0;                     // row of q / out
-  int64_t context_len = 0;             // attends to positions [0, context_len) of its sequence
+  int64_t row = 0;                       // row of q / out
+  int64_t context_len = 0;               // attends to positions [0, context_len) of its sequence
   const int32_t* block_table = nullptr;  // block ids covering those positions, in order
 };
 
