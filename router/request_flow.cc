@@ -36,12 +36,12 @@ std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& r, int64_t bloc
 }
 
 std::vector<RouteCandidate> Candidates(const std::vector<std::shared_ptr<Worker>>& workers,
-                                       const std::vector<uint64_t>& hashes) {
+                                       const std::vector<uint64_t>& hashes, absl::Time now) {
   std::vector<RouteCandidate> c;
   for (const auto& w : workers) {
     RouteCandidate x;
     x.worker = w;
-    x.cached_blocks = w->CachedPrefix(hashes);
+    x.cached_blocks = w->CachedPrefix(hashes, now);
     x.load_blocks = w->inflight_blocks.load();
     c.push_back(std::move(x));
   }
@@ -105,10 +105,12 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
     return false;
   }
   const std::vector<uint64_t> hashes = PromptBlockHashes(leg, block_size);
-  std::vector<RouteCandidate> candidates = Candidates(decoders, hashes);
+  const absl::Time now = absl::Now();
+  std::vector<RouteCandidate> candidates = Candidates(decoders, hashes, now);
   RouteChoice choice = ChooseWorker(o.routing, candidates, static_cast<int64_t>(hashes.size()),
                                     &client_->decode_counter_);
   const RouteCandidate& chosen = candidates[choice.index];
+  chosen.worker->NoteRouted(hashes, now + o.routing.pending_block_ttl);
   client_->RecordDecision(choice.reason);
 
   // Conditional disaggregation.
@@ -393,11 +395,13 @@ void DecodeLeg::StartPrefill(const v1::KvReservation& reservation) {
   }
   v1::DecodeRequest as_decode = request_;
   const std::vector<uint64_t> hashes = PromptBlockHashes(as_decode, BlockSize(client->registry_));
-  std::vector<RouteCandidate> candidates = Candidates(prefillers, hashes);
+  const absl::Time now = absl::Now();
+  std::vector<RouteCandidate> candidates = Candidates(prefillers, hashes, now);
   for (auto& c : candidates) c.load_blocks = c.worker->inflight_requests.load();
   RouteChoice choice = ChooseWorker(o.routing, candidates, static_cast<int64_t>(hashes.size()),
                                     &client->prefill_counter_);
   prefill_ = candidates[choice.index].worker;
+  prefill_->NoteRouted(hashes, now + o.routing.pending_block_ttl);
   client->RecordDecision(choice.reason);
   prefill_->inflight_requests.fetch_add(1);
   prefill_->routed_requests.fetch_add(1);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/metrics/routing_reason.h"
 #include "router/worker_registry.h"
 
@@ -27,6 +28,9 @@ struct RoutingOptions {
   // hot prefix cannot pile all the load on one worker.
   double max_imbalance = 1.25;
   int64_t imbalance_slack_blocks = 8;
+  // Prompt blocks of a routed request count as cached on its worker for this long, or until the
+  // worker's KV events confirm or drop them (Worker::pending).
+  absl::Duration pending_block_ttl = absl::Seconds(10);
 };
 
 struct RouteCandidate {

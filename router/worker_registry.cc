@@ -29,9 +29,18 @@ class WatchStream : public grpc::ClientReadReactor<v1::WorkerStats> {
     if (!ok) return;  // OnDone follows
     {
       std::lock_guard<std::mutex> lock(worker_->mu);
-      if (message_.snapshot()) worker_->cached.clear();
-      for (uint64_t h : message_.stored_block_hashes()) worker_->cached.insert(h);
-      for (uint64_t h : message_.removed_block_hashes()) worker_->cached.erase(h);
+      if (message_.snapshot()) {
+        worker_->cached.clear();
+        worker_->pending.clear();
+      }
+      for (uint64_t h : message_.stored_block_hashes()) {
+        worker_->cached.insert(h);
+        worker_->pending.erase(h);
+      }
+      for (uint64_t h : message_.removed_block_hashes()) {
+        worker_->cached.erase(h);
+        worker_->pending.erase(h);
+      }
       message_.clear_stored_block_hashes();
       message_.clear_removed_block_hashes();
       worker_->stats = message_;
@@ -55,11 +64,27 @@ class WatchStream : public grpc::ClientReadReactor<v1::WorkerStats> {
   std::shared_ptr<WatchStream> self_;
 };
 
-int64_t Worker::CachedPrefix(const std::vector<uint64_t>& hashes) const {
+int64_t Worker::CachedPrefix(const std::vector<uint64_t>& hashes, absl::Time now) const {
   std::lock_guard<std::mutex> lock(mu);
   int64_t n = 0;
-  while (n < static_cast<int64_t>(hashes.size()) && cached.count(hashes[n]) != 0) ++n;
+  for (; n < static_cast<int64_t>(hashes.size()); ++n) {
+    if (cached.count(hashes[n]) != 0) continue;
+    auto it = pending.find(hashes[n]);
+    if (it == pending.end() || it->second <= now) break;
+  }
   return n;
+}
+
+void Worker::NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry) {
+  constexpr size_t kPruneAbove = 1 << 16;
+  std::lock_guard<std::mutex> lock(mu);
+  if (pending.size() > kPruneAbove) {
+    const absl::Time now = absl::Now();
+    std::erase_if(pending, [now](const auto& e) { return e.second <= now; });
+  }
+  for (uint64_t h : hashes) {
+    if (cached.count(h) == 0) pending[h] = expiry;
+  }
 }
 
 absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayoutInfo& b) {
@@ -298,6 +323,7 @@ void WorkerRegistry::OnWatchEnded(Worker* worker, uint64_t generation) {
   SetHealthyLocked(worker, false);
   worker->watch.reset();
   worker->cached.clear();
+  worker->pending.clear();
   cv_.notify_all();
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -40,11 +41,19 @@ struct Worker {
   mutable std::mutex mu;
   v1::WorkerStats stats;
   std::unordered_set<uint64_t> cached;
+  // Blocks of requests routed here whose KV events have not arrived yet (hash -> expiry). They
+  // count as cached so that a burst of requests sharing a new prefix follows the first one
+  // instead of spreading before the worker reports the blocks; a stored or removed event, a
+  // snapshot or the end of the stream drops them.
+  std::unordered_map<uint64_t, absl::Time> pending;
   std::shared_ptr<WatchStream> watch;
   uint64_t watch_generation = 0;
 
-  // Leading blocks of `hashes` this worker holds in its prefix cache.
-  int64_t CachedPrefix(const std::vector<uint64_t>& hashes) const;
+  // Leading blocks of `hashes` this worker holds in its prefix cache, counting pending blocks
+  // that have not expired by `now`.
+  int64_t CachedPrefix(const std::vector<uint64_t>& hashes, absl::Time now) const;
+  // Marks `hashes` pending until `expiry` (a request with these prompt blocks was routed here).
+  void NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry);
 };
 
 // OK when `b` has the same KV layout as `a`; else FAILED_PRECONDITION naming the field.

@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git clang-format
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev libcpp-httplib-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libbenchmark-dev libssl-dev zlib1g-dev
   # test clients and tools
   python3 python3-grpcio python3-protobuf python3-numpy curl

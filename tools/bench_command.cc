@@ -31,6 +31,8 @@ int RunBench(int argc, char** argv) {
   flags.Int("num-requests", &o.num_requests,
             "requests to measure (default 100 without --duration)");
   flags.Double("duration", &o.duration_s, "seconds to issue requests for (in-flight ones finish)");
+  flags.Bool("cut-at-end", &o.cut_at_end,
+             "with --duration: cancel the requests still in flight when it ends");
   flags.Int("warmup-requests", &o.warmup_requests, "unmeasured requests run first");
   flags.String("prompt-len", &prompt_len,
                "prompt length distribution (the unique suffix with "

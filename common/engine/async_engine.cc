@@ -46,21 +46,21 @@ void AsyncEngine::Push(Command command) {
 
 void AsyncEngine::Submit(EngineRequest request, Callback callback) {
   active_.fetch_add(1);
-  Command c{Command::kSubmit};
+  Command c(Command::kSubmit);
   c.request = std::move(request);
   c.callback = std::move(callback);
   Push(std::move(c));
 }
 
 void AsyncEngine::Cancel(const std::string& request_id) {
-  Command c{Command::kCancel};
+  Command c(Command::kCancel);
   c.request_id = request_id;
   Push(std::move(c));
 }
 
 void AsyncEngine::FinishSequence(const std::string& request_id, int32_t index,
                                  FinishReason reason) {
-  Command c{Command::kFinish};
+  Command c(Command::kFinish);
   c.request_id = request_id;
   c.index = index;
   c.reason = reason;
@@ -68,7 +68,7 @@ void AsyncEngine::FinishSequence(const std::string& request_id, int32_t index,
 }
 
 void AsyncEngine::RunOnEngineThread(const std::function<void(Engine&)>& fn) {
-  Command c{Command::kRun};
+  Command c(Command::kRun);
   c.fn = &fn;
   c.done = std::make_shared<std::promise<void>>();
   std::future<void> done = c.done->get_future();
@@ -77,7 +77,7 @@ void AsyncEngine::RunOnEngineThread(const std::function<void(Engine&)>& fn) {
 }
 
 void AsyncEngine::Post(std::function<void(Engine&)> fn) {
-  Command c{Command::kPost};
+  Command c(Command::kPost);
   c.posted = std::move(fn);
   Push(std::move(c));
 }

@@ -54,7 +54,9 @@ class AsyncEngine {
 
  private:
   struct Command {
-    enum Kind { kSubmit, kCancel, kFinish, kRun, kPost } kind;
+    enum Kind { kSubmit, kCancel, kFinish, kRun, kPost };
+    explicit Command(Kind k) : kind(k) {}
+    Kind kind;
     EngineRequest request;
     Callback callback;
     std::string request_id;

@@ -3,19 +3,21 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "prometheus/registry.h"
 
-namespace prometheus {
-class Exposer;
-}  // namespace prometheus
+namespace httplib {
+class Server;
+}  // namespace httplib
 
 namespace tandem {
 
-// Serves a registry at http://host:port/metrics (Prometheus text format) on its own port, via
-// prometheus-cpp's pull exposer (civetweb, 2 threads). Besides the registry's families the
-// exposer adds its own `exposer_*` families (scrapes, bytes, scrape latency).
+// Serves a registry at http://host:port/metrics (Prometheus text format 0.0.4) on its own port
+// and thread (cpp-httplib). Not prometheus-cpp's pull exposer: its civetweb threads are created
+// with a fixed 100 KiB stack, which glibc refuses (EINVAL) once CUDA's libraries put more static
+// TLS than that in the process.
 class MetricsServer {
  public:
   // Port 0 picks a free port. Fails (UNAVAILABLE) when the address cannot be bound.
@@ -29,7 +31,8 @@ class MetricsServer {
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
   std::shared_ptr<prometheus::Registry> registry_;
   int port_ = 0;
 };

@@ -49,7 +49,7 @@ def main():
         req = r["requests"]
         check(r["label"] == "smoke", str(r["label"]))
         check(req["issued"] == 24 and req["failed"] == 0, str(req))
-        check(req["completed"] + req["cancelled"] == 24, str(req))
+        check(req["completed"] + req["cancelled"] == 24 and req["cut"] == 0, str(req))
         check(req["cancelled"] >= 1, f"a quarter of the requests is cancelled: {req}")
         check(r["config"]["concurrency"] == 4 and r["config"]["num_prefixes"] == 2, str(r["config"]))
         check(r["config"]["vocab_size"] == 512, f"vocab from ListModels: {r['config']}")
@@ -83,6 +83,18 @@ def main():
         check(r["output_len"]["min"] == 8 and r["output_len"]["max"] == 8, str(r["output_len"]))
         check(r["config"]["request_rate"] == 4, str(r["config"]))
         print(f"ok: Poisson 4 req/s for 3 s issued {req['issued']} requests")
+        # --cut-at-end: long requests still running when the duration ends are cancelled.
+        report_path = os.path.join(tmp, "cut.json")
+        out = bench(build_dir, "--target", server.address, "--duration", "2", "--concurrency", "4",
+                    "--prompt-len", "16", "--output-len", "480", "--cut-at-end",
+                    "--json-out", report_path, "--quiet", timeout=60)
+        check(out.returncode == 0, f"bench failed ({out.returncode}):\n{out.stderr}")
+        r = json.load(open(report_path))
+        req = r["requests"]
+        check(req["cut"] >= 1 and req["failed"] == 0, f"cut at the end, not failed: {req}")
+        check(r["duration_s"] < 20, f"cut requests do not run to the end: {r['duration_s']}")
+        check(r["throughput"]["output_tokens_per_s_while_issuing"] > 0, str(r["throughput"]))
+        print(f"ok: --cut-at-end cut {req['cut']} requests")
         check(server.terminate() == 0, "server exits cleanly")
 
 

@@ -131,6 +131,14 @@ std::vector<CallResult> Phase::Run(int64_t num_requests, double duration_s,
     window->seconds = SecondsBetween(settings_.origin, std::min(now, end));
     window->output_tokens = tokens_.load();
   }
+  if (options_.cut_at_end && duration_s > 0 && !warmup_) {
+    std::vector<std::shared_ptr<LiveCall>> running;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [index, call] : live_) running.push_back(call);
+    }
+    for (auto& call : running) call->Cut();  // unlocked: OnDone may run inline
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return in_flight_ == 0; });

@@ -22,6 +22,9 @@ struct BenchOptions {
   // whichever comes first). Requests in flight then run to their end.
   int64_t num_requests = 0;
   double duration_s = 0;
+  // With duration_s: cancel the requests still in flight when it ends (counted as cut), instead
+  // of letting them finish.
+  bool cut_at_end = false;
   // Requests run (at the same load) before measuring; their results are dropped.
   int64_t warmup_requests = 0;
   // vocab_size and max_model_len are taken from the server's ListModels when 0.

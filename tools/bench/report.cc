@@ -127,11 +127,13 @@ BenchReport BuildReport(const RunDescription& run, const std::vector<CallResult>
       ++report.completed;
     } else if (r.cancelled) {
       ++report.cancelled;
+    } else if (r.cut) {
+      ++report.cut;
     } else {
       ++report.failed;
       ++report.errors[r.error];
     }
-    if (r.ok || r.cancelled) report.prompt_tokens += r.prompt_tokens;
+    if (r.ok || r.cancelled || r.cut) report.prompt_tokens += r.prompt_tokens;
     if (r.has_final) report.cached_tokens += r.final.usage().cached_tokens();
     if (r.ttft_s >= 0) ttft.push_back(r.ttft_s);
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());

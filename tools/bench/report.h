@@ -97,6 +97,7 @@ struct BenchReport {
   int64_t issued = 0;
   int64_t completed = 0;
   int64_t cancelled = 0;
+  int64_t cut = 0;  // still running when the run ended with cut_at_end
   int64_t failed = 0;
   std::map<std::string, int64_t> errors;  // message -> count
   double duration_s = 0;                  // first request sent to last stream ended

@@ -58,9 +58,11 @@ void PrintReport(const BenchReport& r, std::FILE* out) {
                run.model.c_str(), run.vocab_size, run.max_model_len);
   std::fprintf(out, "%-12s %s\n", "Load", LoadText(run).c_str());
   std::fprintf(out, "%-12s %s\n", "Workload", WorkloadText(run).c_str());
-  std::fprintf(out, "%-12s %lld issued, %lld completed, %lld cancelled, %lld failed\n", "Requests",
-               static_cast<long long>(r.issued), static_cast<long long>(r.completed),
-               static_cast<long long>(r.cancelled), static_cast<long long>(r.failed));
+  std::fprintf(
+      out, "%-12s %lld issued, %lld completed, %lld cancelled, %lld cut at the end, %lld failed\n",
+      "Requests", static_cast<long long>(r.issued), static_cast<long long>(r.completed),
+      static_cast<long long>(r.cancelled), static_cast<long long>(r.cut),
+      static_cast<long long>(r.failed));
   for (const auto& [message, count] : r.errors) {
     std::fprintf(out, "%-12s %lld x %s\n", "  error", static_cast<long long>(count),
                  message.c_str());
@@ -145,6 +147,7 @@ std::string ReportToJson(const BenchReport& r) {
   j["requests"] = Json{{"issued", r.issued},
                        {"completed", r.completed},
                        {"cancelled", r.cancelled},
+                       {"cut", r.cut},
                        {"failed", r.failed}};
   Json errors = Json::object();
   for (const auto& [message, count] : r.errors) errors[message] = count;

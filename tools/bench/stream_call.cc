@@ -57,9 +57,31 @@ StreamCall::StreamCall(const RequestSpec& spec, const CallSettings& settings,
   result_.max_tokens = spec.max_tokens;
 }
 
+void LiveCall::Cut() {
+  std::shared_ptr<StreamCall> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cut_ = true;
+    call = call_.lock();
+  }
+  // The local reference keeps the call (and its context) alive even if OnDone runs inline.
+  if (call != nullptr) call->context_.TryCancel();
+}
+
 void StreamCall::Start(v1::Generation::Stub* stub, const RequestSpec& spec,
                        const CallSettings& settings, std::shared_ptr<LiveCall> live, DoneFn done) {
-  auto* call = new StreamCall(spec, settings, std::move(live), std::move(done));
+  std::shared_ptr<StreamCall> owner(
+      new StreamCall(spec, settings, std::move(live), std::move(done)));
+  StreamCall* call = owner.get();
+  call->self_ = owner;
+  bool cut = false;
+  {
+    std::lock_guard<std::mutex> lock(call->live_->mu_);
+    call->live_->call_ = owner;
+    cut = call->live_->cut_;
+  }
+  owner.reset();
+  if (cut) call->context_.TryCancel();  // cut before it started: it fails at once
   call->sent_ = Clock::now();
   call->result_.start_s = SecondsBetween(settings.origin, call->sent_);
   stub->async()->Generate(&call->context_, &call->request_, call);
@@ -100,8 +122,15 @@ void StreamCall::OnReadDone(bool ok) {
 
 void StreamCall::OnDone(const grpc::Status& status) {
   result_.e2e_s = SecondsBetween(sent_, Clock::now());
+  bool cut = false;
+  {
+    std::lock_guard<std::mutex> lock(live_->mu_);
+    cut = live_->cut_;
+  }
   if (status.ok()) {
     result_.ok = true;
+  } else if (cut && status.error_code() == grpc::StatusCode::CANCELLED) {
+    result_.cut = true;
   } else if (cancel_sent_ && status.error_code() == grpc::StatusCode::CANCELLED) {
     result_.cancelled = true;
   } else {
@@ -109,7 +138,8 @@ void StreamCall::OnDone(const grpc::Status& status) {
   }
   DoneFn done = std::move(done_);
   CallResult result = std::move(result_);
-  delete this;
+  // Destroyed at the end of this function, unless LiveCall::Cut still holds it.
+  std::shared_ptr<StreamCall> self = std::move(self_);
   done(std::move(result));
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,8 @@
 #include "tools/bench/workload.h"
 
 namespace tandem::bench {
+
+class StreamCall;
 
 using Clock = std::chrono::steady_clock;
 
@@ -29,6 +32,7 @@ struct CallResult {
   std::vector<double> itl_s;  // one gap per token after the first (a chunk's gap split evenly)
   bool ok = false;
   bool cancelled = false;  // ended by the client's planned cancellation
+  bool cut = false;        // cancelled because the run ended (LiveCall::Cut)
   std::string error;       // "CODE: message" when the stream failed
   bool has_final = false;
   v1::GenerateFinal final;
@@ -40,6 +44,17 @@ struct LiveCall {
   int32_t prompt_tokens = 0;
   int32_t max_tokens = 0;
   std::atomic<int32_t> received{0};
+
+  // Cancels the call at the end of the run (it then counts as cut, not failed). Thread-safe;
+  // a no-op once the call has ended. Call it without holding locks that `done` takes: gRPC may
+  // run the call's OnDone inline.
+  void Cut();
+
+ private:
+  friend class StreamCall;
+  std::mutex mu_;
+  std::weak_ptr<StreamCall> call_;
+  bool cut_ = false;
 };
 
 struct CallSettings {
@@ -52,7 +67,7 @@ struct CallSettings {
 };
 
 // One Generate stream driven by gRPC's callback API. Start() returns at once; `done` runs
-// exactly once, on a gRPC thread, when the stream has ended; the call then deletes itself.
+// exactly once, on a gRPC thread, when the stream has ended; the call owns itself until then.
 class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
  public:
   using DoneFn = std::function<void(CallResult)>;
@@ -64,6 +79,7 @@ class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   void OnDone(const grpc::Status& status) override;
 
  private:
+  friend struct LiveCall;  // Cut() cancels context_
   StreamCall(const RequestSpec& spec, const CallSettings& settings, std::shared_ptr<LiveCall> live,
              DoneFn done);
 
@@ -77,6 +93,7 @@ class StreamCall : public grpc::ClientReadReactor<v1::GenerateResponse> {
   Clock::time_point sent_;
   Clock::time_point last_token_;
   std::shared_ptr<LiveCall> live_;
+  std::shared_ptr<StreamCall> self_;  // released in OnDone
   CallResult result_;
 };
 

@@ -289,9 +289,7 @@ def check_promtool_metrics(targets):
         check(r.returncode == 0, f"promtool check metrics {job} {addr}:\n{r.stdout}{r.stderr}")
         families = {ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE ")}
         ours = {f for f in families if f.startswith("tandem_")}
-        check(families - ours <= {"exposer_transferred_bytes_total", "exposer_scrapes_total",
-                                  "exposer_request_latencies"},
-              f"{addr}: unexpected families {sorted(families - ours)}")
+        check(families == ours, f"{addr}: unexpected families {sorted(families - ours)}")
         print(f"ok: promtool check metrics {job} {addr}: {len(ours)} tandem_ families")
 
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Section "continuous batching and paged KV" (issue #3): tandem bench against two
+# `tandem serve` processes on the random llama-110m bf16 model, one with continuous batching
+# (fcfs) and one with the static-batching baseline, identical otherwise.
+#  1. Throughput on a mixed-length, decode-heavy workload (the same seed gives both servers the
+#     same requests), the two servers interleaved, repeated.
+#  2. KV waste: the paged pool against the static reservation and a reserve-max-length
+#     baseline, sampled during the runs of 1 and during one run of long-prompt requests.
+# Writes $BENCH_RESULTS/batching.{md,json}. About 6 minutes.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+bench_init batching
+REPS="${BENCH_REPS:-3}"
+MODEL="$(ensure_model llama-110m)"
+
+# One compute thread per server: on this shared 2-core machine the engine's 2-thread pool loses
+# more than half its speed whenever another process takes a core (see docs/benchmarks.md).
+SERVER=(--model "$MODEL" --dtype bf16 --threads "${BENCH_THREADS:-1}" --max-num-seqs 16
+        --max-num-batched-tokens 8192 --kv-cache-memory 1GiB --block-size 16)
+THROUGHPUT=(--duration "${BATCHING_SECONDS:-40}" --concurrency 16 --prompt-len uniform:16:128
+            --output-len lognormal:96:1.0:512 --sample-interval 0.25 --block-size 16)
+LONG=(--num-requests 16 --concurrency 16 --prompt-len uniform:256:768
+      --output-len lognormal:64:1.0:256 --sample-interval 0.25 --block-size 16)
+start_serve continuous "${SERVER[@]}" --scheduling-policy fcfs
+CONTINUOUS="127.0.0.1:$LAST_PORT"
+start_serve static "${SERVER[@]}" --scheduling-policy static
+STATIC="127.0.0.1:$LAST_PORT"
+for target in "$CONTINUOUS" "$STATIC"; do  # touch the weights and code paths once
+  "$TANDEM" bench --target "$target" --num-requests 2 --prompt-len 16 --output-len 8 \
+    --quiet --progress-interval 0 --sample-interval 0
+done
+
+for rep in $(seq 1 "$REPS"); do
+  log "throughput, repetition $rep/$REPS"
+  run_bench "$WORK/continuous.$rep.json" --target "$CONTINUOUS" --label "continuous $rep" \
+    --seed "$rep" "${THROUGHPUT[@]}"
+  run_bench "$WORK/static.$rep.json" --target "$STATIC" --label "static $rep" \
+    --seed "$rep" "${THROUGHPUT[@]}"
+done
+log "KV waste, long prompts"
+run_bench "$WORK/long-continuous.json" --target "$CONTINUOUS" --label "long prompts, continuous" \
+  --seed 1 "${LONG[@]}"
+run_bench "$WORK/long-static.json" --target "$STATIC" --label "long prompts, static" \
+  --seed 1 "${LONG[@]}"
+render batching "$WORK" "$BENCH_RESULTS"
+log "wrote $BENCH_RESULTS/batching.md"

@@ -1,0 +1,41 @@
+#!/usr/bin/python3
+"""Turns a benchmark script's raw outputs (tandem bench JSON reports, tool logs) into its
+docs/benchmarks.md section (<section>.md) and a summary (<section>.json), or splices sections
+into docs/benchmarks.md.
+
+  render.py decode_bandwidth|batching|disagg WORK OUTDIR
+  render.py splice DOC FRAGMENT.md...
+
+WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
+the section's script wrote. Medians are over the repetitions; ratios are medians of
+per-repetition ratios of runs made side by side (interleaved), so that background load hits
+both sides alike.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    command = argv[1]
+    if command == "splice":
+        from splice import splice
+        splice(argv[2], argv[3:])
+    elif command == "decode_bandwidth":
+        from render_decode import render_decode_bandwidth
+        render_decode_bandwidth(argv[2], argv[3])
+    elif command == "batching":
+        from render_batching import render_batching
+        render_batching(argv[2], argv[3])
+    elif command == "disagg":
+        from render_disagg import render_disagg
+        render_disagg(argv[2], argv[3])
+    else:
+        sys.exit(f"unknown command {command}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

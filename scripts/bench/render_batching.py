@@ -1,0 +1,144 @@
+"""Section: continuous vs static batching and KV waste (scripts/bench/batching.sh)."""
+import json
+import os
+
+from benchfmt import commands_block, fmt, header, load_reports, median, pct, spread, table, write
+
+
+def _metrics(report):
+    kv = report["kv_waste"]
+    lengths = report["tokens"]
+    return {
+        "output_tokens_per_s_while_issuing": report["throughput"][
+            "output_tokens_per_s_while_issuing"],
+        "output_tokens_per_s": report["throughput"]["output_tokens_per_s"],
+        "requests_per_s": report["throughput"]["requests_per_s"],
+        "total_tokens_per_s": report["throughput"]["total_tokens_per_s"],
+        "ttft_p50_ms": report["ttft_ms"]["p50"],
+        "ttft_p99_ms": report["ttft_ms"]["p99"],
+        "itl_p50_ms": report["itl_ms"]["p50"],
+        "itl_p99_ms": report["itl_ms"]["p99"],
+        "e2e_p50_ms": report["e2e_ms"]["p50"],
+        "completed": report["requests"]["completed"],
+        "duration_s": report["duration_s"],
+        "mean_len": ((lengths["prompt"] + lengths["output"]) / report["requests"]["completed"]
+                     if report["requests"]["completed"] else None),
+        "steps_paged": kv["steps"]["paged"],
+        "steps_static": kv["steps"]["static"],
+        "steps_max_len": kv["steps"]["max_len"],
+        "sampled_paged": kv["sampled"]["paged"],
+        "server_blocks_waste": kv["server"]["blocks_waste"],
+        "server_slot_waste": kv["server"]["waste"],
+        "mean_running": kv["server"]["mean_running"],
+    }
+
+
+def _col(runs, key):
+    return median([r[key] for r in runs])
+
+
+def _throughput_part(cont, stat, config):
+    ratios = [c["output_tokens_per_s_while_issuing"] / s["output_tokens_per_s_while_issuing"]
+              for c, s in zip(cont, stat) if s["output_tokens_per_s_while_issuing"] > 0]
+    occupancy = [c["mean_running"] / s["mean_running"] for c, s in zip(cont, stat)
+                 if s["mean_running"] > 0]
+    ratio = median(ratios)
+    goal = "met" if ratio is not None and ratio >= 3 else "**not met**"
+    rows = []
+    for key, name in [("output_tokens_per_s_while_issuing", "**output tokens/s under load**"),
+                      ("output_tokens_per_s", "output tokens/s, drain included"),
+                      ("requests_per_s", "requests/s, drain included"),
+                      ("mean_running", "running sequences per step (mean, sampled)"),
+                      ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
+                      ("itl_p50_ms", "inter-token p50 (ms)"), ("itl_p99_ms", "inter-token p99 (ms)"),
+                      ("e2e_p50_ms", "end-to-end p50 (ms)"), ("completed", "requests completed")]:
+        rows.append([name, fmt(_col(cont, key)), spread([r[key] for r in cont]),
+                     fmt(_col(stat, key)), spread([r[key] for r in stat])])
+    md = ("### Throughput: continuous vs static batching\n\n"
+          "Two `tandem serve` processes on the random llama-110m bf16 model (one compute thread "
+          "each, at most 16 sequences per step, 8192 tokens per step), identical but for "
+          "`--scheduling-policy`: fcfs = continuous batching; static = the baseline (a batch "
+          "runs to completion with KV reserved for prompt + max_tokens; nothing joins until it "
+          f"is done). Workload: {config.get('concurrency')} clients in a closed loop for "
+          f"{fmt(config.get('duration_s'))} s, prompt lengths `{config.get('prompt_len')}`, "
+          f"output lengths `{config.get('output_len')}` (lognormal: mean, sigma, max) with "
+          "`ignore_eos`; the same seed gives both servers the same request sequence. "
+          "Throughput under load counts the output tokens received while the clients were "
+          "issuing requests (the final drain, when the last requests finish with fewer and "
+          "fewer in flight, is reported separately).\n\n"
+          f"**Continuous / static = {fmt(ratio)}x output tokens/s under load** (median of the "
+          f"per-repetition ratios, {spread(ratios)}; goal >= 3x: {goal}). Sequences per step: "
+          f"{fmt(median(occupancy))}x as many with continuous batching.\n\n")
+    md += table(["metric (median of runs)", "continuous", "runs", "static", "runs"], rows)
+    md += ("\n\nWhy the throughput ratio stays below the occupancy ratio here: on one CPU core "
+           "a decode step's cost grows with the batch (batch 16 costs about twice batch 1; "
+           "the matrix products are compute-bound beyond a few rows), so the small batches of "
+           "a static batch's tail are cheap. On a memory-bound accelerator, where a step costs "
+           "nearly the same at 1 and 16 sequences, throughput follows the sequences-per-step "
+           "ratio.")
+    return md, {"ratios": ratios, "ratio_median": ratio, "occupancy_ratios": occupancy}
+
+
+def _kv_part(cont, stat, long_cont, long_stat, config):
+    def row(name, c, s):
+        return [name, fmt(c["mean_len"]), pct(c["steps_paged"]), pct(c["server_blocks_waste"]),
+                pct(c["steps_static"]), pct(s["server_blocks_waste"]) if s else "-",
+                pct(c["steps_max_len"])]
+
+    rows = []
+    if cont:
+        mixed = {k: _col(cont, k) for k in cont[0]}
+        mixed_static = {k: _col(stat, k) for k in stat[0]} if stat else None
+        rows.append(row("mixed (throughput runs, median)", mixed, mixed_static))
+    if long_cont:
+        rows.append(row(f"long prompts (`{long_cont['prompt_len']}`)", long_cont["m"],
+                        long_stat["m"] if long_stat else None))
+    paged = [r["steps_paged"] for r in (cont + ([long_cont["m"]] if long_cont else []))]
+    met = all(p is not None and p < 0.04 for p in paged)
+    md = ("### KV waste: paged pool vs reserved-ahead baselines\n\n"
+          "Reserved-but-unused KV slots over reserved slots, time-averaged (goal: paged pool "
+          f"under 4%: {'met' if met else '**not met** for every workload'}; reserve-ahead "
+          "baselines typically waste 60-80%).\n\n")
+    md += table(["workload", "mean tokens / request", "paged (model)", "paged (server)",
+                 "static: prompt + max_tokens (model)", "static (server)",
+                 f"reserve max length {config.get('max_model_len')} (model)"], rows)
+    md += ("\n\nMethod. *Model*: for every finished request, decode step k holds prompt + k "
+           "computed tokens; the paged pool reserves them rounded up to whole 16-token blocks, "
+           "the static policy reserves prompt + max_tokens from the start, the max-length "
+           "baseline the model's context; waste = sum(reserved - filled) / sum(reserved) over "
+           "all decode steps of all requests (a step-weighted time average). *Server*: every "
+           "0.25 s, `Worker.GetStats` kv_blocks_used x 16 against the tokens the client has "
+           "received for its running requests (a sequence still in prefill counts as "
+           "reserved-but-empty, so this overstates the waste a little); on the static server "
+           "it measures the static reservation for real. The paged pool's waste is below one "
+           "block per sequence (7.5 slots on average with 16-token blocks), so it shrinks as "
+           "sequences grow: it is under 4% from about 190 tokens per sequence.")
+    return md
+
+
+def render_batching(work, outdir):
+    tandem = open(os.path.join(work, "tandem.txt")).read().strip()
+    cont_reports = load_reports(work, "continuous.*.json")
+    config = cont_reports[0]["config"] if cont_reports else {}
+    cont = [_metrics(r) for r in cont_reports]
+    stat = [_metrics(r) for r in load_reports(work, "static.*.json")]
+    long = {}
+    for name in ("continuous", "static"):
+        path = os.path.join(work, f"long-{name}.json")
+        if os.path.exists(path):
+            report = json.load(open(path))
+            long[name] = {"m": _metrics(report), "prompt_len": report["config"]["prompt_len"]}
+    reps = min(len(cont), len(stat))
+    md = header(work, "scripts/bench/batching.sh",
+                "## Continuous batching and paged KV (issue #3)", reps)
+    throughput_md, ratios = _throughput_part(cont, stat, config)
+    md += "\n" + throughput_md + "\n\n"
+    md += _kv_part(cont, stat, long.get("continuous"), long.get("static"), config)
+    if all(r["server_slot_waste"] is None for r in cont):
+        md += (" The engine's exact kv_reserved_token_slots / kv_filled_token_slots are not in "
+               "`WorkerStats` yet; `tandem bench` reads them by name once they are.")
+    md += ("\n\nNoise: 2 cores shared with other engineers' builds; the runs columns give each "
+           "repetition's spread, and ratios are taken per repetition between the two servers' "
+           "back-to-back runs.\n\n")
+    md += commands_block(work, tandem) + "\n"
+    write(outdir, "batching", md, {"continuous": cont, "static": stat, "long": long} | ratios)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Regenerates the generated sections of docs/benchmarks.md: runs every section script (each
+# writes docs/benchmarks/<section>.{md,json}) and splices the sections into docs/benchmarks.md
+# between their BEGIN/END markers, leaving hand-written sections alone.
+#   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 15 minutes)
+#   scripts/bench/run_all.sh batching disagg            # some sections
+# BENCH_NO_BUILD=1 skips building tandem, membw and kvtransfer_bench first.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
+export BUILD_DIR
+RESULTS="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
+export BENCH_RESULTS="$RESULTS"
+sections=("$@")
+[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg)
+
+if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+  ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench
+fi
+for s in "${sections[@]}"; do
+  echo "=== $s ===" >&2
+  "$ROOT/scripts/bench/$s.sh"
+done
+fragments=()
+for s in "${sections[@]}"; do fragments+=("$RESULTS/$s.md"); done
+python3 "$ROOT/scripts/bench/render.py" splice "$ROOT/docs/benchmarks.md" "${fragments[@]}"
+echo "updated $ROOT/docs/benchmarks.md" >&2
