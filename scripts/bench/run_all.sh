@@ -12,7 +12,7 @@ export BUILD_DIR
 RESULTS="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
 export BENCH_RESULTS="$RESULTS"
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg)
+[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative)
 
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
   ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench
