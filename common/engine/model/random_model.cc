@@ -69,8 +69,13 @@ absl::Status WriteTextFile(const std::string& path, const std::string& text) {
 }
 
 absl::Status CopyTokenizer(const std::string& from, const std::string& to) {
-  const char* kFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "tokenizer.model"};
+  // NOTICE and LICENSE carry the tokenizer's attribution requirements along with it.
+  const char* kFiles[] = {"tokenizer.json",
+                          "tokenizer_config.json",
+                          "special_tokens_map.json",
+                          "tokenizer.model",
+                          "NOTICE",
+                          "LICENSE"};
   for (const char* name : kFiles) {
     const fs::path src = fs::path(from) / name;
     std::error_code ec;
