@@ -138,8 +138,10 @@ void StreamCall::OnDone(const grpc::Status& status) {
   }
   DoneFn done = std::move(done_);
   CallResult result = std::move(result_);
-  // Destroyed at the end of this function, unless LiveCall::Cut still holds it.
-  std::shared_ptr<StreamCall> self = std::move(self_);
+  // Released before `done`, which may let the runner finish and destroy the channel: the call
+  // (and its ClientContext) must be gone by then. LiveCall::Cut may hold it a moment longer,
+  // but only while the runner waits for its calls.
+  self_.reset();  // may delete this
   done(std::move(result));
 }
 
