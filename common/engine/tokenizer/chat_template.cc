@@ -93,8 +93,8 @@ absl::StatusOr<ChatTemplateChoice> ChooseChatTemplate(const Tokenizer& tokenizer
     }
     std::ifstream in(override_spec, std::ios::binary);
     if (!in) {
-      return absl::NotFoundError(absl::StrCat(
-          "chat template '", override_spec, "': neither llama-2, llama-3, chatml nor a file"));
+      return absl::NotFoundError(absl::StrCat("chat template '", override_spec,
+                                              "': neither llama-2, llama-3, chatml nor a file"));
     }
     std::stringstream text;
     text << in.rdbuf();

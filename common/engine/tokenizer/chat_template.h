@@ -25,7 +25,7 @@ struct Node;
 }  // namespace chat_template
 
 struct ChatTemplateLimits {
-  int64_t max_steps = 1'000'000;      // expression evaluations and executed nodes
+  int64_t max_steps = 1'000'000;       // expression evaluations and executed nodes
   size_t max_output_bytes = 16 << 20;  // the rendered prompt
   int64_t max_work_bytes = 256 << 20;  // bytes of all strings built while rendering
 };

@@ -63,16 +63,18 @@ class Evaluator {
       return Value(std::move(obj));
     });
     g["raise_exception"] = Value::Callable([](CallArgs& a) -> absl::StatusOr<Value> {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chat template: ", a.positional.empty() ? "error" : a.positional[0].ToString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chat template: ", a.positional.empty() ? "error" : a.positional[0].ToString()));
     });
     g["strftime_now"] = Value::Callable([](CallArgs& a) -> absl::StatusOr<Value> {
-      if (a.positional.empty() || !a.positional[0].is_string()) return TypeError("strftime_now: format");
+      if (a.positional.empty() || !a.positional[0].is_string())
+        return TypeError("strftime_now: format");
       const std::time_t now = std::time(nullptr);
       std::tm tm;
       localtime_r(&now, &tm);
       char buf[256];
-      const size_t n = std::strftime(buf, sizeof buf, a.positional[0].data().get<std::string>().c_str(), &tm);
+      const size_t n =
+          std::strftime(buf, sizeof buf, a.positional[0].data().get<std::string>().c_str(), &tm);
       return Value(Json(std::string(buf, n)));
     });
   }
@@ -183,9 +185,11 @@ class Evaluator {
     absl::Status status;
     for (int64_t i = 0; i < len && status.ok(); ++i) {
       scopes_.emplace_back();
-      Json loop = {{"index0", i},        {"index", i + 1},        {"revindex", len - i},
-                   {"revindex0", len - i - 1}, {"first", i == 0}, {"last", i == len - 1},
-                   {"length", len},      {"depth", 1},            {"depth0", 0}};
+      Json loop = {{"index0", i},         {"index", i + 1},
+                   {"revindex", len - i}, {"revindex0", len - i - 1},
+                   {"first", i == 0},     {"last", i == len - 1},
+                   {"length", len},       {"depth", 1},
+                   {"depth0", 0}};
       if (i > 0) loop["previtem"] = items[i - 1];
       if (i + 1 < len) loop["nextitem"] = items[i + 1];
       scopes_.back()["loop"] = Value(std::move(loop));

@@ -10,7 +10,9 @@
 namespace tandem::chat_template {
 namespace {
 
-bool IsPySpace(uint32_t c) { return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f); }
+bool IsPySpace(uint32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+}
 
 std::string MapAscii(const std::string& s, int (*f)(int)) {
   std::string r = s;
@@ -22,7 +24,8 @@ std::string MapAscii(const std::string& s, int (*f)(int)) {
 
 std::string Capitalize(const std::string& s) {
   std::string r = MapAscii(s, [](int c) { return std::tolower(c); });
-  if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80) r[0] = static_cast<char>(std::toupper(r[0]));
+  if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80)
+    r[0] = static_cast<char>(std::toupper(r[0]));
   return r;
 }
 
@@ -89,11 +92,12 @@ absl::StatusOr<Json> Split(const std::string& s, const Value& sep, int64_t maxsp
   return out;
 }
 
-absl::StatusOr<const std::string*> StringArg(const CallArgs& args, size_t i, absl::string_view name,
-                                             absl::string_view what) {
+// A copy: Arg returns the argument by value.
+absl::StatusOr<std::string> StringArg(const CallArgs& args, size_t i, absl::string_view name,
+                                      absl::string_view what) {
   Value v = Arg(args, i, name);
   if (!v.is_string()) return TypeError(absl::StrCat(what, ": expected a string argument"));
-  return &v.data().get_ref<const std::string&>();
+  return v.data().get<std::string>();
 }
 
 int64_t IntArg(const CallArgs& args, size_t i, absl::string_view name, int64_t fallback) {
@@ -106,7 +110,8 @@ bool AffixMatch(const std::string& s, const Value& affix, bool prefix) {
     if (!a.is_string()) return false;
     const std::string& p = a.get_ref<const std::string&>();
     if (p.size() > s.size()) return false;
-    return prefix ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
+    return prefix ? s.compare(0, p.size(), p) == 0
+                  : s.compare(s.size() - p.size(), p.size(), p) == 0;
   };
   if (affix.is_array()) {
     for (const Json& a : affix.data()) {
@@ -122,7 +127,9 @@ absl::StatusOr<Value> Sorted(const Value& input, const CallArgs& args) {
   if (!items.ok()) return items.status();
   Value attr = Arg(args, 2, "attribute");
   const bool reverse = Arg(args, 0, "reverse").Truthy();
-  auto key = [&](const Json& j) { return attr.is_string() ? GetAttr(Value(j), attr.data().get<std::string>()) : Value(j); };
+  auto key = [&](const Json& j) {
+    return attr.is_string() ? GetAttr(Value(j), attr.data().get<std::string>()) : Value(j);
+  };
   absl::Status error;
   std::stable_sort(items->begin(), items->end(), [&](const Json& a, const Json& b) {
     Budget unlimited;
@@ -155,7 +162,8 @@ absl::StatusOr<Value> Sequence(absl::string_view name, const Value& input, CallA
     first = by_attr ? 1 : 0;
   }
   CallArgs rest;
-  for (size_t i = first + 1; i < args.positional.size(); ++i) rest.positional.push_back(args.positional[i]);
+  for (size_t i = first + 1; i < args.positional.size(); ++i)
+    rest.positional.push_back(args.positional[i]);
   for (const Json& item : *items) {
     Value v = attr.empty() ? Value(item) : GetAttr(Value(item), attr);
     if (name == "map") {
@@ -237,14 +245,16 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
   if (name == "tojson") {
     if (input.is_undefined() || input.is_callable()) return TypeError("tojson: not serializable");
     Value indent = Arg(args, 0, "indent");
-    std::string s = PythonJsonDumps(j, indent.is_number() ? std::clamp<int>(indent.data().get<int>(), 0, 16) : -1);
+    std::string s = PythonJsonDumps(
+        j, indent.is_number() ? std::clamp<int>(indent.data().get<int>(), 0, 16) : -1);
     if (auto st = budget->Charge(s.size()); !st.ok()) return st;
     return Value(Json(std::move(s)));
   }
   if (name == "items" || name == "dictsort") {
     if (!j.is_object()) return input.is_undefined() ? Value(Json::array()) : input;
     Json out = Json::array();
-    for (auto it = j.begin(); it != j.end(); ++it) out.push_back(Json::array({it.key(), it.value()}));
+    for (auto it = j.begin(); it != j.end(); ++it)
+      out.push_back(Json::array({it.key(), it.value()}));
     if (name == "dictsort") {
       std::stable_sort(out.begin(), out.end(), [](const Json& a, const Json& b) {
         return a[0].get_ref<const std::string&>() < b[0].get_ref<const std::string&>();
@@ -315,13 +325,15 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     return Value(Json(0.0));
   }
   if (name == "abs") {
-    if (j.is_number_integer()) return Value(Json(j.get<int64_t>() < 0 ? -j.get<int64_t>() : j.get<int64_t>()));
+    if (j.is_number_integer())
+      return Value(Json(j.get<int64_t>() < 0 ? -j.get<int64_t>() : j.get<int64_t>()));
     if (input.is_number()) return Value(Json(std::fabs(j.get<double>())));
     return TypeError("abs: expected a number");
   }
   if (name == "round") {
     if (!input.is_number()) return TypeError("round: expected a number");
-    const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(IntArg(args, 0, "precision", 0), -15, 15)));
+    const double scale = std::pow(
+        10.0, static_cast<double>(std::clamp<int64_t>(IntArg(args, 0, "precision", 0), -15, 15)));
     return Value(Json(std::round(j.get<double>() * scale) / scale));
   }
   if (name == "sum" || name == "min" || name == "max") {
@@ -334,8 +346,10 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
       auto r = name == "sum" ? BinaryOp("+", acc, v, budget)
                              : BinaryOp(name == "min" ? "<" : ">", v, acc, budget);
       if (!r.ok()) return r.status();
-      if (name == "sum") acc = *r;
-      else if (r->Truthy()) acc = v;
+      if (name == "sum")
+        acc = *r;
+      else if (r->Truthy())
+        acc = v;
     }
     return acc;
   }
@@ -354,7 +368,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     auto to = StringArg(args, 1, "new", "replace");
     if (!from.ok()) return from.status();
     if (!to.ok()) return to.status();
-    std::string r = Replace(str(), **from, **to, IntArg(args, 2, "count", -1));
+    std::string r = Replace(str(), *from, *to, IntArg(args, 2, "count", -1));
     if (auto st = budget->Charge(r.size()); !st.ok()) return st;
     return Value(Json(std::move(r)));
   }
@@ -362,12 +376,23 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     std::string r;
     for (char c : str()) {
       switch (c) {
-        case '&': r += "&amp;"; break;
-        case '<': r += "&lt;"; break;
-        case '>': r += "&gt;"; break;
-        case '"': r += "&#34;"; break;
-        case '\'': r += "&#39;"; break;
-        default: r.push_back(c);
+        case '&':
+          r += "&amp;";
+          break;
+        case '<':
+          r += "&lt;";
+          break;
+        case '>':
+          r += "&gt;";
+          break;
+        case '"':
+          r += "&#34;";
+          break;
+        case '\'':
+          r += "&#39;";
+          break;
+        default:
+          r.push_back(c);
       }
     }
     return Value(Json(std::move(r)));
@@ -400,16 +425,19 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, CallArgs&
   if (name == "integer") return v.is_data() && j.is_number_integer();
   if (name == "float") return v.is_data() && j.is_number_float();
   if (name == "mapping") return v.is_object() || v.is_namespace();
-  if (name == "sequence" || name == "iterable") return v.is_string() || v.is_array() || v.is_object();
+  if (name == "sequence" || name == "iterable")
+    return v.is_string() || v.is_array() || v.is_object();
   if (name == "callable") return v.is_callable();
   if (name == "lower" || name == "upper") {
     if (!v.is_string()) return false;
     const std::string& s = j.get_ref<const std::string&>();
-    return s == MapAscii(s, name == "lower" ? [](int c) { return std::tolower(c); }
-                                            : [](int c) { return std::toupper(c); });
+    return s == MapAscii(
+                    s, name == "lower" ? [](int c) { return std::tolower(c); }
+                                       : [](int c) { return std::toupper(c); });
   }
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    if (!v.is_data() || !j.is_number_integer()) return TypeError(absl::StrCat(name, ": expected an integer"));
+    if (!v.is_data() || !j.is_number_integer())
+      return TypeError(absl::StrCat(name, ": expected an integer"));
     const int64_t n = j.get<int64_t>();
     if (name == "odd") return n % 2 != 0;
     if (name == "even") return n % 2 == 0;
@@ -445,7 +473,8 @@ absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallA
     if (name == "items") return ApplyFilter("items", obj, args, budget);
     if (name == "keys" || name == "values") {
       Json out = Json::array();
-      for (auto it = j.begin(); it != j.end(); ++it) out.push_back(name == "keys" ? Json(it.key()) : it.value());
+      for (auto it = j.begin(); it != j.end(); ++it)
+        out.push_back(name == "keys" ? Json(it.key()) : it.value());
       return Value(std::move(out));
     }
     return absl::NotFoundError("");
@@ -467,12 +496,15 @@ absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallA
     auto sub = StringArg(args, 0, "sub", name);
     if (!sub.ok()) return sub.status();
     if (name == "find") {
-      const size_t at = s.find(**sub);
-      return Value(Json(at == std::string::npos ? int64_t{-1} : static_cast<int64_t>(DecodeUtf8(s.substr(0, at)).size())));
+      const size_t at = s.find(*sub);
+      return Value(Json(at == std::string::npos
+                            ? int64_t{-1}
+                            : static_cast<int64_t>(DecodeUtf8(s.substr(0, at)).size())));
     }
-    if ((*sub)->empty()) return Value(Json(static_cast<int64_t>(DecodeUtf8(s).size() + 1)));
+    if (sub->empty()) return Value(Json(static_cast<int64_t>(DecodeUtf8(s).size() + 1)));
     int64_t n = 0;
-    for (size_t at = s.find(**sub); at != std::string::npos; at = s.find(**sub, at + (*sub)->size())) ++n;
+    for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size()))
+      ++n;
     return Value(Json(n));
   }
   if (name == "join") {

@@ -121,7 +121,8 @@ absl::Status LexTag(absl::string_view src, size_t* pos, char closer, std::vector
       bool is_float = false;
       while (i < src.size() && (std::isdigit(static_cast<unsigned char>(src[i])) || src[i] == '_'))
         ++i;
-      if (i + 1 < src.size() && src[i] == '.' && std::isdigit(static_cast<unsigned char>(src[i + 1]))) {
+      if (i + 1 < src.size() && src[i] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src[i + 1]))) {
         is_float = true;
         ++i;
         while (i < src.size() && std::isdigit(static_cast<unsigned char>(src[i]))) ++i;
@@ -184,7 +185,8 @@ absl::StatusOr<std::vector<Piece>> LexTemplate(absl::string_view src) {
            src[start + 1] != '%' && src[start + 1] != '#') {
       start = src.find('{', start + 1);
     }
-    if (start != absl::string_view::npos && start + 1 >= src.size()) start = absl::string_view::npos;
+    if (start != absl::string_view::npos && start + 1 >= src.size())
+      start = absl::string_view::npos;
     const size_t text_end = start == absl::string_view::npos ? src.size() : start;
     std::string text(src.substr(pos, text_end - pos));
     // Jinja's line_starting: the previous match (a tag's end with what it consumed) ended a line.
@@ -231,8 +233,8 @@ absl::StatusOr<std::vector<Piece>> LexTemplate(absl::string_view src) {
       piece.kind = kind == '{' ? Piece::Kind::kOutput : Piece::Kind::kStatement;
       piece.line = LineAt(src, start);
       pos = i;
-      if (auto st = LexTag(src, &pos, kind == '{' ? '}' : '%', &piece.tokens, &strip_after,
-                           &keep_after);
+      if (auto st =
+              LexTag(src, &pos, kind == '{' ? '}' : '%', &piece.tokens, &strip_after, &keep_after);
           !st.ok()) {
         return st;
       }

@@ -4,8 +4,8 @@
 // (trim_blocks and lstrip_blocks on; "-" and "+" whitespace control), and tokenizes the tags.
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "common/engine/tokenizer/chat_template_value.h"

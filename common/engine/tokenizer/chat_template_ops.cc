@@ -30,8 +30,8 @@ const char* TypeName(const Value& v) {
 }
 
 absl::Status Unsupported(absl::string_view op, const Value& a, const Value& b) {
-  return TypeError(absl::StrCat("unsupported operand types for ", op, ": '", TypeName(a),
-                                "' and '", TypeName(b), "'"));
+  return TypeError(absl::StrCat("unsupported operand types for ", op, ": '", TypeName(a), "' and '",
+                                TypeName(b), "'"));
 }
 
 absl::StatusOr<Value> Arithmetic(absl::string_view op, const Json& x, const Json& y) {
@@ -85,8 +85,8 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
     const int c = x.get_ref<const std::string&>().compare(y.get_ref<const std::string&>());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
-  return TypeError(absl::StrCat("'<' not supported between '", TypeName(a), "' and '",
-                                TypeName(b), "'"));
+  return TypeError(
+      absl::StrCat("'<' not supported between '", TypeName(a), "' and '", TypeName(b), "'"));
 }
 
 absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
@@ -178,7 +178,8 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
   if (!a.is_data() || !b.is_data()) return Unsupported(op, a, b);
   if (IsNumeric(x) && IsNumeric(y)) return Arithmetic(op, x, y);
   if (op == "+" && x.is_string() && y.is_string()) {
-    const size_t n = x.get_ref<const std::string&>().size() + y.get_ref<const std::string&>().size();
+    const size_t n =
+        x.get_ref<const std::string&>().size() + y.get_ref<const std::string&>().size();
     if (auto st = budget->Charge(n); !st.ok()) return st;
     return Value(Json(x.get<std::string>() + y.get<std::string>()));
   }
@@ -250,7 +251,8 @@ absl::StatusOr<Value> Slice(const Value& obj, const Value& start, const Value& s
   }
   std::vector<uint32_t> cps;
   if (j.is_string()) cps = DecodeUtf8(j.get<std::string>());
-  const int64_t n = j.is_string() ? static_cast<int64_t>(cps.size()) : static_cast<int64_t>(j.size());
+  const int64_t n =
+      j.is_string() ? static_cast<int64_t>(cps.size()) : static_cast<int64_t>(j.size());
   int64_t b, e, s;
   if (auto st = SliceIndices(start, stop, step, n, &b, &e, &s); !st.ok()) return st;
   Json out = j.is_string() ? Json("") : Json::array();

@@ -312,9 +312,8 @@ class TagParser {
           CallArgs(test.get());
         } else if (t != nullptr && t->type != Token::Type::kOp &&
                    !(t->type == Token::Type::kName &&
-                     (t->text == "else" || t->text == "or" || t->text == "and" ||
-                      t->text == "if" || t->text == "is" || t->text == "in" ||
-                      t->text == "not"))) {
+                     (t->text == "else" || t->text == "or" || t->text == "and" || t->text == "if" ||
+                      t->text == "is" || t->text == "in" || t->text == "not"))) {
           test->args.push_back(Postfix(Primary()));
         }
         e = std::move(test);

@@ -169,8 +169,9 @@ void Dumps(const Json& v, int indent, int level, std::string* out) {
       return;
     case Json::value_t::number_float: {
       const double d = v.get<double>();
-      *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
-                                                     : FloatRepr(d);
+      *out += std::isnan(d)   ? "NaN"
+              : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                              : FloatRepr(d);
       return;
     }
     case Json::value_t::string:
