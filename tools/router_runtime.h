@@ -49,6 +49,7 @@ class RouterRuntime {
   GenerationService& generation() { return *generation_; }
   WorkerRegistry& registry() { return *registry_; }
   ClusterClient& client() { return *client_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
   void Stop() { registry_->Stop(); }
 
  private:

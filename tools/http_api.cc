@@ -1,0 +1,61 @@
+#include "tools/http_api.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+#include "tools/engine_flags.h"
+
+namespace tandem {
+
+void HttpFlags::Register(FlagSet* f) {
+  f->Int("http-port", &port, "OpenAI-compatible HTTP API port (0: any free port; -1: off)");
+  f->String("http-port-file", &port_file, "write the bound HTTP port to this file");
+  f->Int("http-max-body-bytes", &max_body_bytes, "largest HTTP request body (413 above)");
+  f->Int("http-threads", &threads, "HTTP requests served at once (streams included)");
+  f->String("chat-template", &chat_template,
+            "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
+  f->String("http-tls-cert", &tls_cert, "serve HTTPS with this PEM certificate (chain)");
+  f->String("http-tls-key", &tls_key, "PEM private key of --http-tls-cert");
+  f->String("http-tls-client-ca", &tls_client_ca,
+            "require client certificates signed by this PEM CA (mTLS)");
+}
+
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
+    const HttpFlags& flags, const std::string& host, grpc::Server* grpc_server,
+    const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len) {
+  if (flags.port < 0) return std::unique_ptr<HttpApi>();
+  if (flags.max_body_bytes < 1024 || flags.threads < 1) {
+    return absl::InvalidArgumentError("--http-max-body-bytes >= 1024 and --http-threads >= 1");
+  }
+  std::unique_ptr<HttpApi> api(new HttpApi);
+  auto choice = ChooseChatTemplate(*tokenizer, flags.chat_template);
+  if (!choice.ok()) return choice.status();
+  auto parsed = ChatTemplate::Parse(choice->source);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chat template (", choice->origin, "): ", parsed.status().message()));
+  }
+  api->chat_template_ = std::move(parsed).value();
+  HttpServerOptions o;
+  o.host = host;
+  o.port = static_cast<int>(flags.port);
+  o.max_body_bytes = static_cast<size_t>(flags.max_body_bytes);
+  o.threads = static_cast<int>(flags.threads);
+  o.model_name = model_name;
+  o.max_model_len = max_model_len;
+  o.tls_cert = flags.tls_cert;
+  o.tls_key = flags.tls_key;
+  o.tls_client_ca = flags.tls_client_ca;
+  auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
+                                  tokenizer, api->chat_template_.get());
+  if (!server.ok()) return server.status();
+  api->server_ = std::move(server).value();
+  if (!flags.port_file.empty()) {
+    WriteFileAtomically(flags.port_file, absl::StrCat(api->server_->port(), "\n"));
+  }
+  TLOG(INFO) << "OpenAI-compatible HTTP API on " << host << ":" << api->server_->port() << " ("
+             << (flags.tls_cert.empty() ? "http" : "https") << ", chat template: " << choice->origin
+             << ")";
+  return api;
+}
+
+}  // namespace tandem

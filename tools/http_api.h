@@ -1,0 +1,42 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/base/flags.h"
+#include "common/engine/tokenizer/chat_template.h"
+#include "router/http/http_server.h"
+
+namespace tandem {
+
+// Flags of the OpenAI-compatible HTTP API (`tandem serve`, `tandem router`).
+struct HttpFlags {
+  int64_t port = -1;  // -1: off; 0: any free port
+  std::string port_file;
+  int64_t max_body_bytes = 4 << 20;
+  int64_t threads = 32;
+  std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
+  std::string tls_cert, tls_key, tls_client_ca;
+
+  void Register(FlagSet* flags);
+};
+
+// The HTTP API of a process serving the Generation service on `grpc_server`.
+class HttpApi {
+ public:
+  // Null (and OK) when --http-port is off.
+  static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
+      const HttpFlags& flags, const std::string& host, grpc::Server* grpc_server,
+      const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len);
+  int port() const { return server_->port(); }
+  void Stop() { server_->Stop(); }
+
+ private:
+  std::unique_ptr<ChatTemplate> chat_template_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+}  // namespace tandem
