@@ -133,7 +133,10 @@ sigset_t BlockTerminationSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGHUP too (it reloads the API keys, tools/http_api.h), but it is not a termination signal.
+  sigset_t blocked = signals;
+  sigaddset(&blocked, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   return signals;
 }
 

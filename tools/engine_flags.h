@@ -62,8 +62,8 @@ struct ServerFlags {
   void Register(FlagSet* flags, int64_t default_port);
 };
 
-// Blocks SIGTERM and SIGINT in the calling thread and returns the set; call it first thing, so
-// that every thread started later inherits the mask and only sigwait sees the signals.
+// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and returns the first two; call it first
+// thing, so that every thread started later inherits the mask and only sigwait sees the signals.
 sigset_t BlockTerminationSignals();
 // Waits for SIGTERM or SIGINT and returns it.
 int WaitForTerminationSignal(const sigset_t& signals);

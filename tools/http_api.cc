@@ -1,5 +1,8 @@
 #include "tools/http_api.h"
 
+#include <csignal>
+#include <ctime>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "tools/engine_flags.h"
@@ -17,6 +20,46 @@ void HttpFlags::Register(FlagSet* f) {
   f->String("http-tls-key", &tls_key, "PEM private key of --http-tls-cert");
   f->String("http-tls-client-ca", &tls_client_ca,
             "require client certificates signed by this PEM CA (mTLS)");
+}
+
+void ApiKeyFlags::Register(FlagSet* f) {
+  f->String("api-keys", &path,
+            "API key file (hashed keys -> tenants with limits; reloaded on SIGHUP); "
+            "default: no keys needed");
+}
+
+absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::Start(const ApiKeyFlags& flags,
+                                                        GenerationService* service) {
+  if (flags.path.empty()) return std::unique_ptr<ApiKeys>();
+  std::unique_ptr<ApiKeys> keys(new ApiKeys);
+  auto access = AccessControl::Load(flags.path);
+  if (!access.ok()) return access.status();
+  keys->access_ = std::move(access).value();
+  service->set_access_control(keys->access_.get());
+  AccessControl* ac = keys->access_.get();
+  std::atomic<bool>* stop = &keys->stop_;
+  const std::string path = flags.path;
+  keys->reloader_ = std::thread([ac, stop, path] {
+    sigset_t hup;
+    sigemptyset(&hup);
+    sigaddset(&hup, SIGHUP);
+    const timespec tick = {0, 200 * 1000 * 1000};
+    while (!stop->load()) {
+      if (sigtimedwait(&hup, nullptr, &tick) != SIGHUP) continue;
+      if (absl::Status st = ac->Reload(); st.ok()) {
+        TLOG(INFO) << "SIGHUP: reloaded the API keys from " << path;
+      } else {
+        TLOG(ERROR) << "SIGHUP: kept the previous API keys: " << st;
+      }
+    }
+  });
+  TLOG(INFO) << "API keys required (" << flags.path << ")";
+  return keys;
+}
+
+ApiKeys::~ApiKeys() {
+  stop_.store(true);
+  if (reloader_.joinable()) reloader_.join();
 }
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(

@@ -2,12 +2,16 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
 #include "common/engine/tokenizer/chat_template.h"
+#include "router/access_control.h"
+#include "router/generation_service.h"
 #include "router/http/http_server.h"
 
 namespace tandem {
@@ -22,6 +26,27 @@ struct HttpFlags {
   std::string tls_cert, tls_key, tls_client_ca;
 
   void Register(FlagSet* flags);
+};
+
+// API keys (`--api-keys`, router/access_control.h), reloaded on SIGHUP.
+struct ApiKeyFlags {
+  std::string path;
+  void Register(FlagSet* flags);
+};
+
+// Loads the key file into `service` and reloads it on every SIGHUP until destroyed (which
+// must happen before the service's). Null (and OK) without --api-keys. Requires SIGHUP blocked
+// in every thread (BlockTerminationSignals).
+class ApiKeys {
+ public:
+  static absl::StatusOr<std::unique_ptr<ApiKeys>> Start(const ApiKeyFlags& flags,
+                                                        GenerationService* service);
+  ~ApiKeys();
+
+ private:
+  std::unique_ptr<AccessControl> access_;
+  std::atomic<bool> stop_{false};
+  std::thread reloader_;
 };
 
 // The HTTP API of a process serving the Generation service on `grpc_server`.

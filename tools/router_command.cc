@@ -22,6 +22,7 @@ int RunRouter(int argc, char** argv) {
   RouterFlags router_flags;
   ServerFlags server_flags;
   HttpFlags http_flags;
+  ApiKeyFlags key_flags;
   std::string model_dir = DefaultModelDir();
   FlagSet flags("router",
                 "Serves the Generation gRPC API in front of prefill and decode workers: places\n"
@@ -30,6 +31,7 @@ int RunRouter(int argc, char** argv) {
   router_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
   http_flags.Register(&flags);
+  key_flags.Register(&flags);
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 2;
@@ -46,6 +48,11 @@ int RunRouter(int argc, char** argv) {
   auto router = RouterRuntime::Create(router_flags, model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
+    return 1;
+  }
+  auto keys = ApiKeys::Start(key_flags, &(*router)->generation());
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
     return 1;
   }
   auto server = StartGrpcServer(server_flags, (*router)->services());

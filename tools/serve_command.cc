@@ -68,7 +68,8 @@ void DrainOnSignal(const sigset_t& signals, const ServerFlags& server_flags, grp
 
 int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
                     const ServerFlags& server_flags, const HttpFlags& http_flags,
-                    const std::string& model_name, ProcessMetrics* metrics) {
+                    const ApiKeyFlags& key_flags, const std::string& model_name,
+                    ProcessMetrics* metrics) {
   auto tokenizer = Tokenizer::FromModelDir(engine_flags.model_dir);
   if (!tokenizer.ok()) {
     TLOG(ERROR) << tokenizer.status();
@@ -109,6 +110,11 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   service_options.max_model_len = static_cast<int32_t>(context);
   service_options.dtype = std::string(DTypeName(built->model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
+  auto keys = ApiKeys::Start(key_flags, &service);
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
+    return 1;
+  }
   WorkerServiceOptions worker_options;
   worker_options.info.set_role("both");
   worker_options.info.set_model_name(service_options.model_name);
@@ -146,8 +152,8 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
 
 int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
                  const ServerFlags& server_flags, const HttpFlags& http_flags,
-                 RouterFlags router_flags, int64_t prefill_workers, int64_t decode_workers,
-                 bool layerwise_push, ProcessMetrics* metrics) {
+                 const ApiKeyFlags& key_flags, RouterFlags router_flags, int64_t prefill_workers,
+                 int64_t decode_workers, bool layerwise_push, ProcessMetrics* metrics) {
   ClusterSupervisorOptions supervisor_options;
   supervisor_options.state_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
@@ -183,6 +189,11 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   auto router = RouterRuntime::Create(router_flags, engine_flags.model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
+    return 1;
+  }
+  auto keys = ApiKeys::Start(key_flags, &(*router)->generation());
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
     return 1;
   }
   (*router)->registry().WaitForWorkers(static_cast<int>(prefill_workers),
@@ -222,6 +233,7 @@ int RunServe(int argc, char** argv) {
   ServerFlags server_flags;
   RouterFlags router_flags;
   HttpFlags http_flags;
+  ApiKeyFlags key_flags;
   std::string model_name;
   int64_t prefill_workers = 0, decode_workers = 0;
   bool no_layerwise_push = false;
@@ -231,6 +243,7 @@ int RunServe(int argc, char** argv) {
   engine_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
   http_flags.Register(&flags);
+  key_flags.Register(&flags);
   flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
   flags.Int("prefill-workers", &prefill_workers, "prefill worker processes (cluster mode)");
   flags.Int("decode-workers", &decode_workers, "decode worker processes (cluster mode)");
@@ -262,10 +275,10 @@ int RunServe(int argc, char** argv) {
       std::fprintf(stderr, "serve: a cluster needs --decode-workers >= 1\n");
       return 2;
     }
-    return ServeCluster(signals, engine_flags, server_flags, http_flags, router_flags,
+    return ServeCluster(signals, engine_flags, server_flags, http_flags, key_flags, router_flags,
                         prefill_workers, decode_workers, !no_layerwise_push, metrics->get());
   }
-  return ServeMonolithic(signals, engine_flags, server_flags, http_flags, model_name,
+  return ServeMonolithic(signals, engine_flags, server_flags, http_flags, key_flags, model_name,
                          metrics->get());
 }
 
