@@ -16,10 +16,6 @@ void HttpFlags::Register(FlagSet* f) {
   f->Int("http-threads", &threads, "HTTP requests served at once (streams included)");
   f->String("chat-template", &chat_template,
             "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
-  f->String("http-tls-cert", &tls_cert, "serve HTTPS with this PEM certificate (chain)");
-  f->String("http-tls-key", &tls_key, "PEM private key of --http-tls-cert");
-  f->String("http-tls-client-ca", &tls_client_ca,
-            "require client certificates signed by this PEM CA (mTLS)");
 }
 
 void ApiKeyFlags::Register(FlagSet* f) {
@@ -63,7 +59,7 @@ ApiKeys::~ApiKeys() {
 }
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
-    const HttpFlags& flags, const std::string& host, grpc::Server* grpc_server,
+    const HttpFlags& flags, const ServerFlags& server_flags, grpc::Server* grpc_server,
     const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len) {
   if (flags.port < 0) return std::unique_ptr<HttpApi>();
   if (flags.max_body_bytes < 1024 || flags.threads < 1) {
@@ -79,15 +75,16 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
   }
   api->chat_template_ = std::move(parsed).value();
   HttpServerOptions o;
+  const std::string& host = server_flags.host;
   o.host = host;
   o.port = static_cast<int>(flags.port);
   o.max_body_bytes = static_cast<size_t>(flags.max_body_bytes);
   o.threads = static_cast<int>(flags.threads);
   o.model_name = model_name;
   o.max_model_len = max_model_len;
-  o.tls_cert = flags.tls_cert;
-  o.tls_key = flags.tls_key;
-  o.tls_client_ca = flags.tls_client_ca;
+  o.tls_cert = server_flags.tls_cert;
+  o.tls_key = server_flags.tls_key;
+  if (server_flags.tls_client_auth) o.tls_client_ca = server_flags.tls_ca;
   auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
                                   tokenizer, api->chat_template_.get());
   if (!server.ok()) return server.status();
@@ -96,8 +93,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
     WriteFileAtomically(flags.port_file, absl::StrCat(api->server_->port(), "\n"));
   }
   TLOG(INFO) << "OpenAI-compatible HTTP API on " << host << ":" << api->server_->port() << " ("
-             << (flags.tls_cert.empty() ? "http" : "https") << ", chat template: " << choice->origin
-             << ")";
+             << (server_flags.tls_cert.empty() ? "http" : "https")
+             << ", chat template: " << choice->origin << ")";
   return api;
 }
 

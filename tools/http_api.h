@@ -13,6 +13,7 @@
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"
+#include "tools/engine_flags.h"
 
 namespace tandem {
 
@@ -23,7 +24,6 @@ struct HttpFlags {
   int64_t max_body_bytes = 4 << 20;
   int64_t threads = 32;
   std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
-  std::string tls_cert, tls_key, tls_client_ca;
 
   void Register(FlagSet* flags);
 };
@@ -54,7 +54,7 @@ class HttpApi {
  public:
   // Null (and OK) when --http-port is off.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
-      const HttpFlags& flags, const std::string& host, grpc::Server* grpc_server,
+      const HttpFlags& flags, const ServerFlags& server_flags, grpc::Server* grpc_server,
       const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len);
   int port() const { return server_->port(); }
   void Stop() { server_->Stop(); }

@@ -45,6 +45,12 @@ int RunRouter(int argc, char** argv) {
   }
   if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
   RouterMetrics router_metrics((*metrics)->registry());
+  auto credentials = MakeChannelCredentials(server_flags);
+  if (!credentials.ok()) {
+    TLOG(ERROR) << credentials.status();
+    return 2;
+  }
+  router_flags.channel_credentials = *credentials;
   auto router = RouterRuntime::Create(router_flags, model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
@@ -61,7 +67,7 @@ int RunRouter(int argc, char** argv) {
     return 1;
   }
   TLOG(INFO) << "router serving on " << server_flags.host << ":" << server->port;
-  auto http = HttpApi::Start(http_flags, server_flags.host, server->server.get(),
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(),
                              &(*router)->tokenizer(), (*router)->generation().options().model_name,
                              (*router)->generation().options().max_model_len);
   if (!http.ok()) {

@@ -129,7 +129,7 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   }
   TLOG(INFO) << "serving model '" << service_options.model_name << "' on " << server_flags.host
              << ":" << server->port;
-  auto http = HttpApi::Start(http_flags, server_flags.host, server->server.get(), tokenizer->get(),
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(), tokenizer->get(),
                              service_options.model_name, service_options.max_model_len);
   if (!http.ok()) {
     TLOG(ERROR) << http.status();
@@ -164,6 +164,14 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = engine_flags.ToArgs();
   if (server_flags.log_json) args.push_back("--log-json");
+  // The workers serve with the same certificate; the router dials them with it (mTLS).
+  for (std::string& a : server_flags.TlsArgs()) args.push_back(std::move(a));
+  auto credentials = MakeChannelCredentials(server_flags);
+  if (!credentials.ok()) {
+    TLOG(ERROR) << credentials.status();
+    return 2;
+  }
+  router_flags.channel_credentials = *credentials;
   std::vector<std::string> prefill_args = args;
   if (!layerwise_push) prefill_args.push_back("--no-layerwise-push");
   if (auto st = supervisor.Launch("prefill", static_cast<int>(prefill_workers), prefill_args,
@@ -205,7 +213,7 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   }
   TLOG(INFO) << "cluster of " << prefill_workers << " prefill and " << decode_workers
              << " decode workers serving on " << server_flags.host << ":" << server->port;
-  auto http = HttpApi::Start(http_flags, server_flags.host, server->server.get(),
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(),
                              &(*router)->tokenizer(), (*router)->generation().options().model_name,
                              (*router)->generation().options().max_model_len);
   if (!http.ok()) {
