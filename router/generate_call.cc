@@ -52,8 +52,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
   v1::GenerateRequest request;
   grpc::Status st = service->draining()
                         ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down")
-                        : ParseGenerateRequest(*raw_request, &request);
+                        : service->CheckAccess(context, &call->tenant_);
+  if (st.ok()) st = ParseGenerateRequest(*raw_request, &request);
   if (st.ok()) st = call->Prepare(request, &decode);
+  if (st.ok() && call->tenant_ != nullptr) {
+    const absl::Status admit = service->access_control()->Admit(
+        *call->tenant_, static_cast<int64_t>(call->prompt_ids_.size()));
+    if (admit.ok()) {
+      call->admitted_ = true;
+    } else {
+      st = grpc::Status(static_cast<grpc::StatusCode>(admit.code()), std::string(admit.message()));
+    }
+  }
   if (st.ok()) {
     if (call->hooks_ != nullptr) {
       call->hooks_->Start(decode.n(), static_cast<int64_t>(call->prompt_ids_.size()));
@@ -62,6 +72,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
       LogMessage(LogLevel::kInfo, __FILE__, __LINE__)
               .Field("event", "received")
               .Field("request_id", call->request_id_)
+              .Field("tenant", call->tenant_ != nullptr ? call->tenant_->name : "")
               .Field("prompt_tokens", absl::StrCat(call->prompt_ids_.size()))
               .Field("n", absl::StrCat(decode.n()))
               .Field("max_tokens", absl::StrCat(request.sampling().max_tokens()))
@@ -149,7 +160,11 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   *decode->mutable_sampling() = s;
   decode->set_n(n);
   decode->set_priority(r.priority());
-  decode->set_cache_salt(r.cache_salt());
+  // A tenant's requests share cached prefixes only among themselves (and never time another
+  // tenant's): its name leads the salt the block hashes are keyed with.
+  decode->set_cache_salt(tenant_ != nullptr
+                             ? absl::StrCat("tenant\x1f", tenant_->name, "\x1f", r.cache_salt())
+                             : r.cache_salt());
   return grpc::Status::OK;
 }
 
@@ -269,6 +284,12 @@ void GenerateCall::FinishCall(std::unique_lock<std::mutex>& lock, grpc::Status s
 
 void GenerateCall::SetFinishStatusLocked(grpc::Status status) {
   if (finish_status_.has_value()) return;
+  if (admitted_) {
+    admitted_ = false;
+    int64_t generated = 0;
+    for (const Sample& s : samples_) generated += s.tokens;
+    service_->access_control()->Release(*tenant_, generated);
+  }
   const RequestOutcome outcome =
       OutcomeForStatusCode(static_cast<absl::StatusCode>(status.error_code()));
   if (hooks_ != nullptr) hooks_->Finish(outcome, last_finish_reason_);

@@ -70,8 +70,10 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool sent_first_ = false;
   std::shared_ptr<GenerateCall> self_;  // keeps the call alive until OnDone
   absl::Time arrival_;
-  std::unique_ptr<RequestHooks> hooks_;  // metrics; null without a factory
-  std::string last_finish_reason_;       // of the last sample to finish
+  std::unique_ptr<RequestHooks> hooks_;   // metrics; null without a factory
+  std::string last_finish_reason_;        // of the last sample to finish
+  std::shared_ptr<const Tenant> tenant_;  // with API keys: whose request this is
+  bool admitted_ = false;                 // counted by the tenant's limits; released once
 };
 
 }  // namespace tandem

@@ -24,6 +24,17 @@ std::string GenerationService::NextRequestId() {
   return buf;
 }
 
+grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* context,
+                                            std::shared_ptr<const Tenant>* tenant) const {
+  if (access_ == nullptr) return grpc::Status::OK;
+  auto t = access_->Authenticate(context->client_metadata());
+  if (!t.ok()) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(t.status().message()));
+  }
+  if (tenant != nullptr) *tenant = std::move(t).value();
+  return grpc::Status::OK;
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   return GenerateCall::Start(this, context, raw);
@@ -34,6 +45,10 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   v1::TokenizeRequest parsed;
+  if (grpc::Status st = CheckAccess(context, nullptr); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
   if (grpc::Status st = ParseTokenizeRequest(*raw, &parsed); !st.ok()) {
     reactor->Finish(st);
     return reactor;
@@ -71,6 +86,11 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerContext* context,
                                                         const v1::ListModelsRequest* request,
                                                         v1::ListModelsResponse* response) {
+  if (grpc::Status st = CheckAccess(context, nullptr); !st.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(st);
+    return reactor;
+  }
   v1::ModelInfo* m = response->add_models();
   m->set_name(options_.model_name);
   m->set_architecture(options_.architecture);

@@ -6,6 +6,7 @@
 
 #include "common/engine/tokenizer/tokenizer.h"
 #include "common/metrics/request_hooks.h"
+#include "router/access_control.h"
 #include "router/inference_client.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -61,6 +62,12 @@ class GenerationService final : public GenerationServiceBase {
     return hooks_ != nullptr ? hooks_->NewRequest(arrival) : nullptr;
   }
   void CallStarted() { active_.fetch_add(1); }
+  // API keys and tenant limits (null: open access). Must outlive the service.
+  void set_access_control(AccessControl* access) { access_ = access; }
+  AccessControl* access_control() const { return access_; }
+  // OK without access control; else UNAUTHENTICATED unless the call carries a valid key.
+  grpc::Status CheckAccess(const grpc::CallbackServerContext* context,
+                           std::shared_ptr<const Tenant>* tenant) const;
   void CallEnded() { active_.fetch_sub(1); }
 
  private:
@@ -68,6 +75,7 @@ class GenerationService final : public GenerationServiceBase {
   const Tokenizer* tokenizer_;
   InferenceClient* client_;
   RequestHooksFactory* hooks_;
+  AccessControl* access_ = nullptr;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
   std::atomic<uint64_t> next_id_{1};

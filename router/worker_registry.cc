@@ -255,12 +255,21 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  worker->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  worker->channel = grpc::CreateCustomChannel(address,
+                                              options_.channel_credentials != nullptr
+                                                  ? options_.channel_credentials
+                                                  : grpc::InsecureChannelCredentials(),
+                                              args);
   worker->stub = v1::Worker::NewStub(worker->channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status st = worker->stub->GetInfo(&context, v1::InfoRequest(), &worker->info);
-  if (!st.ok()) return;  // not up (yet); discovery retries
+  if (!st.ok()) {  // not up (yet), or a TLS handshake it failed; discovery retries
+    if (LogEnabled(LogLevel::kDebug)) {
+      TLOG(DEBUG) << "worker " << address << " not registered: " << st.error_message();
+    }
+    return;
+  }
   const std::string& role = worker->info.role();
   const bool role_ok = role == "both" || role == expected_role;
   std::string refusal;

@@ -69,6 +69,9 @@ struct RegistryOptions {
   // Told each worker's health (0 at registration, 1 once its stats stream is up, 0 when it
   // fails) and when it leaves discovery. May be null; must outlive the registry.
   RouterHooks* hooks = nullptr;
+  // How the router dials workers: TLS (verifying the worker's certificate, presenting the
+  // router's own for mTLS) when set, else plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 };
 
 // Discovers workers (static lists and DNS names), checks that each speaks the cluster's KV

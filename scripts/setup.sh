@@ -9,7 +9,7 @@ packages=(
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libcpp-httplib-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libssl-dev zlib1g-dev
+  libbenchmark-dev libssl-dev zlib1g-dev openssl
   # test clients and tools
   python3 python3-grpcio python3-protobuf python3-numpy curl
   prometheus golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-yaml nodejs $(command -v npm >/dev/null 2>&1 || echo npm)

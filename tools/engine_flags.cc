@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "tools/commands.h"
@@ -126,6 +127,78 @@ void ServerFlags::Register(FlagSet* f, int64_t default_port) {
   f->Double("drain-timeout", &drain_timeout_s, "seconds to let requests finish on SIGTERM");
   f->Bool("log-json", &log_json, "log one JSON object per line");
   RegisterMetricsFlags(f, &metrics);
+  f->String("tls-cert", &tls_cert, "PEM certificate (chain): TLS on the gRPC and HTTP listeners");
+  f->String("tls-key", &tls_key, "PEM private key of --tls-cert");
+  f->String("tls-ca", &tls_ca, "PEM CA certificates that peers' certificates must chain to");
+  f->Bool("tls-client-auth", &tls_client_auth,
+          "mTLS: refuse clients without a certificate signed by --tls-ca");
+}
+
+std::vector<std::string> ServerFlags::TlsArgs() const {
+  std::vector<std::string> a;
+  if (!tls_cert.empty()) a.push_back("--tls-cert=" + tls_cert);
+  if (!tls_key.empty()) a.push_back("--tls-key=" + tls_key);
+  if (!tls_ca.empty()) a.push_back("--tls-ca=" + tls_ca);
+  if (tls_client_auth) a.push_back("--tls-client-auth");
+  return a;
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream s;
+  s << in.rdbuf();
+  if (s.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not PEM"));
+  }
+  return s.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerFlags& flags) {
+  if (flags.tls_cert.empty()) {
+    if (!flags.tls_key.empty() || flags.tls_client_auth) {
+      return absl::InvalidArgumentError("--tls-key and --tls-client-auth need --tls-cert");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  auto cert = ReadPem(flags.tls_cert, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem(flags.tls_key, "--tls-key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions o(
+      flags.tls_client_auth ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  if (flags.tls_client_auth) {
+    if (flags.tls_ca.empty()) return absl::InvalidArgumentError("--tls-client-auth needs --tls-ca");
+    auto ca = ReadPem(flags.tls_ca, "--tls-ca");
+    if (!ca.ok()) return ca.status();
+    o.pem_root_certs = *ca;
+  }
+  o.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(o);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ServerFlags& flags) {
+  if (flags.tls_ca.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  auto ca = ReadPem(flags.tls_ca, "--tls-ca");
+  if (!ca.ok()) return ca.status();
+  o.pem_root_certs = *ca;
+  if (!flags.tls_cert.empty()) {
+    auto cert = ReadPem(flags.tls_cert, "--tls-cert");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadPem(flags.tls_key, "--tls-key");
+    if (!key.ok()) return key.status();
+    o.pem_cert_chain = *cert;
+    o.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(o);
 }
 
 sigset_t BlockTerminationSignals() {
@@ -133,7 +206,10 @@ sigset_t BlockTerminationSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGHUP too (it reloads the API keys, tools/http_api.h), but it is not a termination signal.
+  sigset_t blocked = signals;
+  sigaddset(&blocked, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   return signals;
 }
 
@@ -154,10 +230,11 @@ absl::StatusOr<RunningServer> StartGrpcServer(const ServerFlags& flags,
                                               const std::vector<grpc::Service*>& services) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto credentials = MakeServerCredentials(flags);
+  if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   RunningServer running;
-  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port),
-                           grpc::InsecureServerCredentials(), &running.port);
+  builder.AddListeningPort(absl::StrCat(flags.host, ":", flags.port), *credentials, &running.port);
   builder.SetMaxReceiveMessageSize(64 << 20);
   for (grpc::Service* s : services) builder.RegisterService(s);
   running.server = builder.BuildAndStart();

@@ -11,7 +11,9 @@
 #include "common/metrics/process_metrics.h"
 
 namespace grpc {
+class ChannelCredentials;
 class Server;
+class ServerCredentials;
 class Service;
 }  // namespace grpc
 
@@ -58,12 +60,29 @@ struct ServerFlags {
   double drain_timeout_s = 60;
   bool log_json = false;
   MetricsOptions metrics;  // --metrics-host, --metrics-port, --metrics-port-file
+  // TLS on every listener of the process (gRPC and HTTP) from PEM files; the same certificate
+  // is the process's client identity when it dials workers. tls_ca verifies peers: workers'
+  // certificates when dialing, clients' certificates when tls_client_auth (mTLS).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  bool tls_client_auth = false;
 
   void Register(FlagSet* flags, int64_t default_port);
+  // The TLS flags as arguments (to start worker processes with them).
+  std::vector<std::string> TlsArgs() const;
 };
 
-// Blocks SIGTERM and SIGINT in the calling thread and returns the set; call it first thing, so
-// that every thread started later inherits the mask and only sigwait sees the signals.
+// Credentials of the process's listeners: TLS when --tls-cert is set, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerFlags& flags);
+// Credentials to dial workers: TLS verifying against --tls-ca (and presenting --tls-cert) when
+// --tls-ca is set, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ServerFlags& flags);
+
+// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and returns the first two; call it first
+// thing, so that every thread started later inherits the mask and only sigwait sees the signals.
 sigset_t BlockTerminationSignals();
 // Waits for SIGTERM or SIGINT and returns it.
 int WaitForTerminationSignal(const sigset_t& signals);

@@ -12,6 +12,7 @@
 #include "common/metrics/router_metrics.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
+#include "tools/http_api.h"
 #include "tools/router_runtime.h"
 
 namespace tandem {
@@ -20,6 +21,8 @@ int RunRouter(int argc, char** argv) {
   const sigset_t signals = BlockTerminationSignals();
   RouterFlags router_flags;
   ServerFlags server_flags;
+  HttpFlags http_flags;
+  ApiKeyFlags key_flags;
   std::string model_dir = DefaultModelDir();
   FlagSet flags("router",
                 "Serves the Generation gRPC API in front of prefill and decode workers: places\n"
@@ -27,6 +30,8 @@ int RunRouter(int argc, char** argv) {
   flags.String("model", &model_dir, "model directory (only its tokenizer is loaded)");
   router_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
+  http_flags.Register(&flags);
+  key_flags.Register(&flags);
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 2;
@@ -40,9 +45,20 @@ int RunRouter(int argc, char** argv) {
   }
   if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
   RouterMetrics router_metrics((*metrics)->registry());
+  auto credentials = MakeChannelCredentials(server_flags);
+  if (!credentials.ok()) {
+    TLOG(ERROR) << credentials.status();
+    return 2;
+  }
+  router_flags.channel_credentials = *credentials;
   auto router = RouterRuntime::Create(router_flags, model_dir, &router_metrics);
   if (!router.ok()) {
     TLOG(ERROR) << router.status();
+    return 1;
+  }
+  auto keys = ApiKeys::Start(key_flags, &(*router)->generation());
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
     return 1;
   }
   auto server = StartGrpcServer(server_flags, (*router)->services());
@@ -51,6 +67,13 @@ int RunRouter(int argc, char** argv) {
     return 1;
   }
   TLOG(INFO) << "router serving on " << server_flags.host << ":" << server->port;
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(),
+                             &(*router)->tokenizer(), (*router)->generation().options().model_name,
+                             (*router)->generation().options().max_model_len);
+  if (!http.ok()) {
+    TLOG(ERROR) << http.status();
+    return 1;
+  }
   const int sig = WaitForTerminationSignal(signals);
   TLOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << ", draining";
   (*router)->generation().StartDrain();
@@ -59,6 +82,7 @@ int RunRouter(int argc, char** argv) {
   while ((*router)->generation().active_calls() > 0 && absl::Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (*http != nullptr) (*http)->Stop();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*router)->Stop();
   TLOG(INFO) << "stopped";

@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   ro.prefill_dns = flags.prefill_dns;
   ro.decode_dns = flags.decode_dns;
   ro.hooks = hooks;
+  ro.channel_credentials = flags.channel_credentials;
   if (ro.decode_addresses.empty() && ro.decode_dns.empty()) {
     return absl::InvalidArgumentError("the router needs --decode-addresses or --decode-dns");
   }

@@ -30,6 +30,8 @@ struct RouterFlags {
   double prefill_timeout_s = 60;
   double startup_timeout_s = 60;
   std::string model_name;
+  // How to dial workers (set by the command from its TLS flags; null: plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 
   void Register(FlagSet* flags);
 };
@@ -49,6 +51,7 @@ class RouterRuntime {
   GenerationService& generation() { return *generation_; }
   WorkerRegistry& registry() { return *registry_; }
   ClusterClient& client() { return *client_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
   void Stop() { registry_->Stop(); }
 
  private:

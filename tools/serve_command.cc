@@ -29,6 +29,7 @@
 #include "tools/cluster_supervisor.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
+#include "tools/http_api.h"
 #include "tools/router_runtime.h"
 
 namespace tandem {
@@ -66,7 +67,8 @@ void DrainOnSignal(const sigset_t& signals, const ServerFlags& server_flags, grp
 }
 
 int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
-                    const ServerFlags& server_flags, const std::string& model_name,
+                    const ServerFlags& server_flags, const HttpFlags& http_flags,
+                    const ApiKeyFlags& key_flags, const std::string& model_name,
                     ProcessMetrics* metrics) {
   auto tokenizer = Tokenizer::FromModelDir(engine_flags.model_dir);
   if (!tokenizer.ok()) {
@@ -108,6 +110,11 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   service_options.max_model_len = static_cast<int32_t>(context);
   service_options.dtype = std::string(DTypeName(built->model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
+  auto keys = ApiKeys::Start(key_flags, &service);
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
+    return 1;
+  }
   WorkerServiceOptions worker_options;
   worker_options.info.set_role("both");
   worker_options.info.set_model_name(service_options.model_name);
@@ -122,6 +129,12 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
   }
   TLOG(INFO) << "serving model '" << service_options.model_name << "' on " << server_flags.host
              << ":" << server->port;
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(), tokenizer->get(),
+                             service_options.model_name, service_options.max_model_len);
+  if (!http.ok()) {
+    TLOG(ERROR) << http.status();
+    return 1;
+  }
   DrainOnSignal(
       signals, server_flags, server->server.get(),
       [&] { return service.active_calls() + worker_service.active_calls(); },
@@ -129,6 +142,7 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
         service.StartDrain();
         worker_service.StartDrain();
       });
+  if (*http != nullptr) (*http)->Stop();
   worker_service.Stop();
   engine.Shutdown();  // aborts whatever is left; their streams end
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -137,7 +151,8 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
 }
 
 int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
-                 const ServerFlags& server_flags, RouterFlags router_flags, int64_t prefill_workers,
+                 const ServerFlags& server_flags, const HttpFlags& http_flags,
+                 const ApiKeyFlags& key_flags, RouterFlags router_flags, int64_t prefill_workers,
                  int64_t decode_workers, bool layerwise_push, ProcessMetrics* metrics) {
   ClusterSupervisorOptions supervisor_options;
   supervisor_options.state_dir =
@@ -149,6 +164,14 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = engine_flags.ToArgs();
   if (server_flags.log_json) args.push_back("--log-json");
+  // The workers serve with the same certificate; the router dials them with it (mTLS).
+  for (std::string& a : server_flags.TlsArgs()) args.push_back(std::move(a));
+  auto credentials = MakeChannelCredentials(server_flags);
+  if (!credentials.ok()) {
+    TLOG(ERROR) << credentials.status();
+    return 2;
+  }
+  router_flags.channel_credentials = *credentials;
   std::vector<std::string> prefill_args = args;
   if (!layerwise_push) prefill_args.push_back("--no-layerwise-push");
   if (auto st = supervisor.Launch("prefill", static_cast<int>(prefill_workers), prefill_args,
@@ -176,6 +199,11 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
     TLOG(ERROR) << router.status();
     return 1;
   }
+  auto keys = ApiKeys::Start(key_flags, &(*router)->generation());
+  if (!keys.ok()) {
+    TLOG(ERROR) << keys.status();
+    return 1;
+  }
   (*router)->registry().WaitForWorkers(static_cast<int>(prefill_workers),
                                        static_cast<int>(decode_workers), absl::Seconds(60));
   auto server = StartGrpcServer(server_flags, (*router)->services());
@@ -185,10 +213,18 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   }
   TLOG(INFO) << "cluster of " << prefill_workers << " prefill and " << decode_workers
              << " decode workers serving on " << server_flags.host << ":" << server->port;
+  auto http = HttpApi::Start(http_flags, server_flags, server->server.get(),
+                             &(*router)->tokenizer(), (*router)->generation().options().model_name,
+                             (*router)->generation().options().max_model_len);
+  if (!http.ok()) {
+    TLOG(ERROR) << http.status();
+    return 1;
+  }
   DrainOnSignal(
       signals, server_flags, server->server.get(),
       [&] { return (*router)->generation().active_calls(); },
       [&] { (*router)->generation().StartDrain(); });
+  if (*http != nullptr) (*http)->Stop();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   (*router)->Stop();
   supervisor.Stop(absl::Seconds(30));
@@ -204,6 +240,8 @@ int RunServe(int argc, char** argv) {
   EngineFlags engine_flags;
   ServerFlags server_flags;
   RouterFlags router_flags;
+  HttpFlags http_flags;
+  ApiKeyFlags key_flags;
   std::string model_name;
   int64_t prefill_workers = 0, decode_workers = 0;
   bool no_layerwise_push = false;
@@ -212,6 +250,8 @@ int RunServe(int argc, char** argv) {
                 "with --prefill-workers/--decode-workers a local disaggregated cluster.");
   engine_flags.Register(&flags);
   server_flags.Register(&flags, 50051);
+  http_flags.Register(&flags);
+  key_flags.Register(&flags);
   flags.String("model-name", &model_name, "name clients use (default: the directory's name)");
   flags.Int("prefill-workers", &prefill_workers, "prefill worker processes (cluster mode)");
   flags.Int("decode-workers", &decode_workers, "decode worker processes (cluster mode)");
@@ -243,10 +283,11 @@ int RunServe(int argc, char** argv) {
       std::fprintf(stderr, "serve: a cluster needs --decode-workers >= 1\n");
       return 2;
     }
-    return ServeCluster(signals, engine_flags, server_flags, router_flags, prefill_workers,
-                        decode_workers, !no_layerwise_push, metrics->get());
+    return ServeCluster(signals, engine_flags, server_flags, http_flags, key_flags, router_flags,
+                        prefill_workers, decode_workers, !no_layerwise_push, metrics->get());
   }
-  return ServeMonolithic(signals, engine_flags, server_flags, model_name, metrics->get());
+  return ServeMonolithic(signals, engine_flags, server_flags, http_flags, key_flags, model_name,
+                         metrics->get());
 }
 
 }  // namespace tandem

@@ -1,0 +1,87 @@
+#pragma once
+
+// API keys and per-tenant limits at the router (both the gRPC and the HTTP API: the HTTP API
+// forwards its Authorization header as gRPC metadata).
+//
+// Key file (`--api-keys`), reloaded on SIGHUP; keys are stored as SHA-256 hex digests only:
+//   # comment
+//   tenant <name> [requests_per_minute=N] [tokens_per_minute=N] [max_streams=N]
+//   key <sha256 hex of the key> <tenant name>
+// A key names a declared tenant; 0 or an absent limit means unlimited. `echo -n KEY | sha256sum`
+// gives a key's digest. Removing a key's line and sending SIGHUP revokes it.
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem {
+
+struct TenantLimits {
+  int64_t requests_per_minute = 0;
+  int64_t tokens_per_minute = 0;  // prompt + generated tokens
+  int64_t max_streams = 0;        // requests in flight at once
+};
+
+struct Tenant {
+  std::string name;
+  TenantLimits limits;
+};
+
+// The parsed key file.
+struct ApiKeySet {
+  absl::flat_hash_map<std::string, std::shared_ptr<const Tenant>> by_digest;  // hex SHA-256
+  absl::flat_hash_map<std::string, std::shared_ptr<const Tenant>> tenants;
+};
+// INVALID_ARGUMENT naming the line for a malformed file.
+absl::StatusOr<std::shared_ptr<const ApiKeySet>> ParseApiKeyFile(const std::string& text);
+// Lowercase hex SHA-256 of `data`.
+std::string Sha256Hex(const std::string& data);
+
+// Thread-safe.
+class AccessControl {
+ public:
+  // Loads `path`; fails when it cannot be read or parsed.
+  static absl::StatusOr<std::unique_ptr<AccessControl>> Load(const std::string& path);
+
+  // Re-reads the file; on failure keeps the keys it had and returns the error.
+  absl::Status Reload();
+
+  // The tenant of a call's "authorization: Bearer <key>" metadata, else UNAUTHENTICATED.
+  absl::StatusOr<std::shared_ptr<const Tenant>> Authenticate(
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+  absl::StatusOr<std::shared_ptr<const Tenant>> AuthenticateHeader(
+      const std::string& authorization) const;
+
+  // Admits a request of `prompt_tokens` (RESOURCE_EXHAUSTED naming the limit otherwise); every
+  // admitted request ends with one Release.
+  absl::Status Admit(const Tenant& tenant, int64_t prompt_tokens);
+  void Release(const Tenant& tenant, int64_t generated_tokens);
+
+  // Within the last minute (for tests and logs).
+  int64_t streams(const std::string& tenant) const;
+
+ private:
+  struct Usage {
+    std::deque<absl::Time> requests;
+    std::deque<std::pair<absl::Time, int64_t>> tokens;
+    int64_t token_sum = 0;
+    int64_t streams = 0;
+  };
+  explicit AccessControl(std::string path) : path_(std::move(path)) {}
+  void Expire(Usage& u, absl::Time now) const;
+
+  const std::string path_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const ApiKeySet> keys_;
+  absl::flat_hash_map<std::string, Usage> usage_;
+};
+
+}  // namespace tandem

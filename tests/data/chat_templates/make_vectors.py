@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""Writes vectors.json: chat-template renderings by the two reference implementations.
+
+`expected` comes from Python's jinja2 configured exactly as Hugging Face transformers'
+apply_chat_template configures it (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+its tojson and raise_exception); `hf_js` from Hugging Face's JavaScript Jinja
+(@huggingface/jinja), recorded for comparison. Run at test-preparation time only:
+  (cd /tmp && npm install @huggingface/jinja)
+  NODE_PATH=/tmp/node_modules /usr/bin/python3 tests/data/chat_templates/make_vectors.py
+"""
+import json
+import os
+import subprocess
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "../../.."))
+
+
+def hf_environment():
+    # transformers/utils/chat_template_utils.py: _compile_jinja_template
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def from_config(name):
+    path = os.path.join(ROOT, "tests/data/tokenizers", name, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)["chat_template"]
+
+
+with open(os.path.join(HERE, "builtin_templates.json"), encoding="utf-8") as f:
+    BUILTINS = json.load(f)
+
+TEMPLATES = {
+    "llama-2": BUILTINS["llama-2"],
+    "llama-3": BUILTINS["llama-3"],
+    "chatml": BUILTINS["chatml"],
+    "tokenizer:llama3": from_config("llama3"),
+    "tokenizer:qwen3": from_config("qwen3"),
+}
+
+CONVERSATIONS = {
+    "user": [{"role": "user", "content": "Hello there!"}],
+    "system_user": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "  What is 2+2?\n"},
+    ],
+    "multi_turn": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a story about a cat named \u00c9mile \U0001f408."},
+    ],
+    "no_system_turns": [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": " two "},
+        {"role": "user", "content": "three"},
+    ],
+    "thinking": [
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "<think>\nreasoning here\n</think>\n\nA1"},
+        {"role": "user", "content": "Q2"},
+    ],
+    "bad_alternation": [
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"},
+    ],
+}
+
+SNIPPETS = [
+    "{{ 'a' + 'b' }}|{{ 7 // 2 }}|{{ 7 % 3 }}|{{ 2 ** 10 }}|{{ 1 ~ 2 }}",
+    "{% for x in [3, 1, 2] %}{{ loop.index }}:{{ x }}{% if not loop.last %},{% endif %}{% endfor %}",
+    "{% for x in [] %}x{% else %}empty{% endfor %}",
+    "{% for x in [1,2,3,4] if x is even %}{{ x }}{% endfor %}",
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}"
+    "{{ ns.n }}",
+    "{{ messages | length }}|{{ messages[0].role | upper }}|{{ messages[-1]['content'] }}",
+    "{{ messages[1:] | map(attribute='role') | join(',') }}",
+    "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}",
+    "{{ 'Hello World'.split(' ')[1].lower() }}|{{ '  x  '.strip() }}|{{ 'abc'[::-1] }}",
+    "{{ 'a' if false else 'b' }}|{{ none is none }}|{{ undefined_var is defined }}",
+    "{{ {'k': 'v', 'n': [1, 2.5, true, none]} | tojson }}",
+    "{{ messages[0] | tojson }}",
+    "{{ 'x' * 3 }}|{{ [1, 2] + [3] }}|{{ 'ab' in 'cabd' }}|{{ 3 not in [1, 2] }}",
+    "{%- macro greet(name, punct='!') -%}Hi {{ name }}{{ punct }}{%- endmacro -%}"
+    "{{ greet('Ann') }} {{ greet('Bo', '?') }}",
+    "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}",
+    "  {%- if true %}\n  yes\n  {%- endif %}\n",
+    "{% if true %}\nline\n{% endif %}\nend",
+    "{{ 'title case words' | title }}|{{ 'cap' | capitalize }}|{{ 'a-b-c' | replace('-', '+') }}",
+    "{{ range(3) | list }}|{{ range(1, 7, 2) | list }}|{{ [3, 1, 2] | sort }}",
+    "{{ 'x' | default('d') }}|{{ missing | default('d') }}|{{ [1, 2, 3] | first }}"
+    "{{ [1, 2, 3] | last }}",
+    "{{ raise_exception('boom') }}",
+    "{{ 10 / 4 }}|{{ -3 // 2 }}|{{ 1.5 + 1 }}|{{ true and false or true }}",
+    "{% for m in messages %}{% if loop.first %}[{% endif %}{{ loop.index0 }}"
+    "{% if loop.last %}]{% endif %}{% endfor %}",
+    "{{ messages[0].content.startswith('You') }}|{{ 'abc'.endswith('c') }}|{{ 'a,b'.split(',') }}",
+    "{% for i in range(10) %}{% if i == 2 %}{% continue %}{% endif %}{% if i == 5 %}{% break %}"
+    "{% endif %}{{ i }}{% endfor %}",
+    "{{ messages[0]['content'] | trim | length }}|{{ 'a\\nb' | indent(2) }}|{{ [1, 2, 3] | sum }}",
+    "{% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}|{{ 'AbC' | lower }}",
+    "{% set x %}block {{ 1 + 1 }}{% endset %}[{{ x }}]",
+    "{{ 3 > 2 and 2 >= 2 and 1 < 2 and 1 <= 1 and 1 != 2 }}|{{ not none }}|{{ 'a' < 'b' }}",
+]
+
+
+def main():
+    env = hf_environment()
+    cases = []
+    for tname, source in TEMPLATES.items():
+        llama3 = "llama3" in tname or tname == "llama-3"
+        for cname, messages in CONVERSATIONS.items():
+            for add_gen in (False, True):
+                variables = {
+                    "messages": messages,
+                    "add_generation_prompt": add_gen,
+                    "bos_token": "<|begin_of_text|>" if llama3 else "<s>",
+                    "eos_token": "<|eot_id|>" if llama3 else "</s>",
+                }
+                cases.append({"template": tname, "source": source,
+                              "name": f"{tname}/{cname}/gen={add_gen}", "variables": variables})
+    for i, source in enumerate(SNIPPETS):
+        cases.append({"template": "inline", "source": source, "name": f"snippet{i}",
+                      "variables": {"messages": CONVERSATIONS["system_user"]}})
+    for c in cases:
+        try:
+            c["expected"] = env.from_string(c["source"]).render(**c["variables"])
+        except Exception as e:  # noqa: BLE001 - any failure of the reference is a vector
+            c["error"] = str(e)
+    js = json.loads(subprocess.run(
+        ["node", os.path.join(HERE, "render_js.mjs")], check=True, capture_output=True,
+        input=json.dumps([{"source": c["source"], "variables": c["variables"]} for c in cases]),
+        text=True).stdout)
+    for c, r in zip(cases, js):
+        c["hf_js"] = r.get("expected", "error: " + r.get("error", ""))
+        if c["template"] != "inline":
+            del c["source"]  # the test takes it from the template name
+    with open(os.path.join(HERE, "vectors.json"), "w", encoding="utf-8") as f:
+        json.dump({"generator": f"jinja2 {jinja2.__version__} (transformers' environment); "
+                                "hf_js: @huggingface/jinja", "cases": cases},
+                  f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""TLS and mTLS on every listener, with certificates made here with `openssl`: `tandem serve`
+(gRPC and HTTP) refuses plaintext clients, clients without a certificate and clients with a
+certificate of another CA, and serves clients with a valid one; in a disaggregated cluster
+(`tandem serve --prefill-workers 1 --decode-workers 1`) the workers' gRPC listeners refuse
+clients without a certificate while the router (presenting its certificate) serves through
+them; a decode worker whose certificate another CA signed cannot join a `tandem router`."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+
+from http_api_test import HttpServer
+from tandem_testlib import Cluster, check, generate, load_stubs
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], check=True, cwd=cwd, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=d)
+
+
+def make_cert(d, name, ca):
+    with open(os.path.join(d, f"{name}.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout",
+            f"{name}.key", "-out", f"{name}.csr", cwd=d)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
+
+
+def read(d, name):
+    return open(os.path.join(d, name), "rb").read()
+
+
+def main():
+    build_dir = sys.argv[1]
+    stubs = load_stubs()
+    d = tempfile.mkdtemp(prefix="tandem-tls-")
+    make_ca(d, "ca")
+    make_ca(d, "rogue_ca")
+    make_cert(d, "node", "ca")
+    make_cert(d, "rogue", "rogue_ca")
+    p = lambda name: os.path.join(d, name)  # noqa: E731
+    tls = ["--tls-cert", p("node.pem"), "--tls-key", p("node.key"), "--tls-ca", p("ca.pem"),
+           "--tls-client-auth"]
+
+    def creds(cert="node", root="ca"):
+        if cert is None:
+            return grpc.ssl_channel_credentials(root_certificates=read(d, f"{root}.pem"))
+        return grpc.ssl_channel_credentials(root_certificates=read(d, f"{root}.pem"),
+                                            private_key=read(d, f"{cert}.key"),
+                                            certificate_chain=read(d, f"{cert}.pem"))
+
+    def grpc_ok(address, credentials):
+        channel = (grpc.secure_channel(address, credentials) if credentials is not None
+                   else grpc.insecure_channel(address))
+        stub = stubs.gen_grpc.GenerationStub(channel)
+        try:
+            stub.ListModels(stubs.gen.ListModelsRequest(), timeout=5)
+            return True
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAVAILABLE, f"refused as UNAVAILABLE: {e.code()}")
+            return False
+
+    def curl(port, *args):
+        r = subprocess.run(["curl", "-sS", "--max-time", "10", *args,
+                            f"https://127.0.0.1:{port}/v1/models"], capture_output=True)
+        return r.returncode == 0 and b'"object":"list"' in r.stdout
+
+    with HttpServer(build_dir, *tls) as server:
+        check(grpc_ok(server.address, creds()), "gRPC with a valid client certificate")
+        stub = stubs.gen_grpc.GenerationStub(grpc.secure_channel(server.address, creds()))
+        out = generate(stubs, stub, text="Once upon a time", sampling=dict(temperature=0, max_tokens=8))
+        check(out[0]["final"].usage.completion_tokens == 8, "generation over mTLS")
+        check(not grpc_ok(server.address, None), "plaintext gRPC refused")
+        check(not grpc_ok(server.address, creds(cert=None)), "gRPC without a client cert refused")
+        check(not grpc_ok(server.address, creds(cert="rogue")), "gRPC with a rogue cert refused")
+        port = server.http_port
+        good = ["--cacert", p("ca.pem"), "--cert", p("node.pem"), "--key", p("node.key")]
+        check(curl(port, *good), "HTTPS with a valid client certificate")
+        check(not curl(port, "--cacert", p("ca.pem")), "HTTPS without a client cert refused")
+        check(not curl(port, "--cacert", p("ca.pem"), "--cert", p("rogue.pem"), "--key",
+                       p("rogue.key")), "HTTPS with a rogue client cert refused")
+        r = subprocess.run(["curl", "-sS", "--max-time", "10", f"http://127.0.0.1:{port}/v1/models"],
+                           capture_output=True)
+        check(b'"object":"list"' not in r.stdout, "plaintext HTTP refused")
+        print("ok: serve: gRPC and HTTPS listeners accept only clients with a valid certificate")
+
+    with Cluster(build_dir, 1, 1, *tls) as cluster:
+        stub = stubs.gen_grpc.GenerationStub(grpc.secure_channel(cluster.address, creds()))
+        out = generate(stubs, stub, text="Once upon a time", sampling=dict(temperature=0, max_tokens=8))
+        check(out[0]["final"].usage.completion_tokens == 8, "cluster generation over mTLS")
+        for role, workers in cluster.children().items():
+            for _, port in workers:
+                address = f"127.0.0.1:{port}"
+                ch = grpc.secure_channel(address, creds(cert=None))
+                try:
+                    stubs.worker_grpc.WorkerStub(ch).GetInfo(stubs.worker.InfoRequest(), timeout=5)
+                    check(False, f"{role} worker served a client without a certificate")
+                except grpc.RpcError as e:
+                    check(e.code() == grpc.StatusCode.UNAVAILABLE, f"{role}: {e.code()}")
+                for bad in (grpc.insecure_channel(address),
+                            grpc.secure_channel(address, creds(cert="rogue"))):
+                    try:
+                        stubs.worker_grpc.WorkerStub(bad).GetInfo(stubs.worker.InfoRequest(),
+                                                                  timeout=5)
+                        check(False, f"{role} worker served a plaintext / rogue client")
+                    except grpc.RpcError:
+                        pass
+                info = stubs.worker_grpc.WorkerStub(grpc.secure_channel(address, creds())).GetInfo(
+                    stubs.worker.InfoRequest(), timeout=5)
+                check(info.role == role, f"{role} worker serves the router's certificate")
+        print("ok: cluster: workers' listeners require a valid client certificate; the router's works")
+
+    # A decode worker with another CA's certificate cannot join a router.
+    procs = []
+    try:
+        ports = {}
+        for name, cert, ca in (("good", "node", "ca"), ("rogue", "rogue", "rogue_ca")):
+            port_file = p(f"{name}.port")
+            procs.append(subprocess.Popen(
+                [os.path.join(build_dir, "bin", "tandem"), "decode", "--port", "0", "--port-file",
+                 port_file, "--tls-cert", p(f"{cert}.pem"), "--tls-key", p(f"{cert}.key"),
+                 "--tls-ca", p(f"{ca}.pem"), "--tls-client-auth"],
+                stdout=open(p(f"{name}.log"), "wb"), stderr=subprocess.STDOUT))
+            deadline = time.time() + 60
+            while not os.path.exists(port_file):
+                check(time.time() < deadline and procs[-1].poll() is None,
+                      f"{name} worker did not start: {read(d, name + '.log')[-2000:]!r}")
+                time.sleep(0.05)
+            ports[name] = int(open(port_file).read())
+        router = [os.path.join(build_dir, "bin", "tandem"), "router", "--port", "0",
+                  "--startup-timeout", "5", "--tls-cert", p("node.pem"), "--tls-key", p("node.key"),
+                  "--tls-ca", p("ca.pem")]
+        rogue = subprocess.run(router + ["--decode-addresses", f"127.0.0.1:{ports['rogue']}"],
+                               capture_output=True, timeout=60)
+        check(rogue.returncode != 0 and b"no decode worker registered" in rogue.stderr + rogue.stdout,
+              f"router with only the rogue worker: {rogue.returncode} {rogue.stderr[-500:]!r}")
+        port_file = p("router.port")
+        good = subprocess.Popen(router + ["--decode-addresses", f"127.0.0.1:{ports['good']}",
+                                          "--port-file", port_file],
+                                stdout=open(p("router.log"), "wb"), stderr=subprocess.STDOUT)
+        procs.append(good)
+        deadline = time.time() + 60
+        while not os.path.exists(port_file):
+            check(time.time() < deadline and good.poll() is None,
+                  f"router did not start: {read(d, 'router.log')[-2000:]!r}")
+            time.sleep(0.05)
+        print("ok: a worker with a certificate of another CA cannot join; a valid one can")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
