@@ -174,7 +174,12 @@ void RequestFlow::OnResponse(DecodeLeg* leg, const v1::DecodeResponse& r) {
         out.mutable_final()->mutable_usage()->set_completion_tokens(
             static_cast<int32_t>(s.delivered.size()));
         double prefill_s = 0, transfer_s = 0;
-        if (leg->PrefillTimings(&prefill_s, &transfer_s)) {
+        int32_t prefill_cached = 0;
+        if (leg->PrefillTimings(&prefill_s, &transfer_s, &prefill_cached)) {
+          // Prompt tokens neither worker computed: the decode worker's own prefix hit, or the
+          // prefill worker's when it prefilled the rest.
+          v1::Usage* usage = out.mutable_final()->mutable_usage();
+          usage->set_cached_tokens(std::max(usage->cached_tokens(), prefill_cached));
           v1::Timings* t = out.mutable_final()->mutable_timings();
           t->set_remote(true);
           t->set_remote_prefill_s(prefill_s);
@@ -455,11 +460,12 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   StartPrefill(reservation);
 }
 
-bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s) {
+bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s, int32_t* cached_tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!prefill_ok_) return false;
   *prefill_s = prefill_response_.prefill_s();
   *transfer_s = prefill_response_.transfer_s();
+  *cached_tokens = prefill_response_.cached_tokens();
   return true;
 }
 

@@ -20,9 +20,12 @@ const char* RoutingPolicyName(RoutingPolicy policy);
 
 struct RoutingOptions {
   RoutingPolicy policy = RoutingPolicy::kPrefixAffinity;
-  // prefix_affinity cost = w_overlap * uncached prompt blocks + w_load * active blocks.
+  // prefix_affinity cost = w_overlap * uncached prompt blocks + w_load * active blocks. A request
+  // holds about as many active blocks as its prompt has, so with equal weights a one-request load
+  // difference would outweigh a whole cached prompt: load weighs a quarter, and large imbalances
+  // are left to the bound below.
   double w_overlap = 1.0;
-  double w_load = 1.0;
+  double w_load = 0.25;
   // Imbalance bound: a worker whose active blocks exceed max_imbalance x the least loaded
   // worker's (plus imbalance_slack_blocks) is passed over while another one is below it, so one
   // hot prefix cannot pile all the load on one worker.

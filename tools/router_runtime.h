@@ -23,7 +23,7 @@ struct RouterFlags {
   std::string decode_dns;
   std::string routing_policy = "prefix_affinity";
   double w_overlap = 1.0;
-  double w_load = 1.0;
+  double w_load = 0.25;
   double max_imbalance = 1.25;
   int64_t disagg_min_uncached_tokens = 32;
   int64_t max_prefills_per_worker = 16;

@@ -26,7 +26,8 @@ std::vector<RouteCandidate> Make(const std::vector<std::pair<int64_t, int64_t>>&
 
 RoutingOptions Policy(RoutingPolicy policy) {
   RoutingOptions o;
-  o.policy = policy;  // w_overlap = w_load = 1, bound 1.25 x least loaded + 8 blocks
+  o.policy = policy;
+  o.w_load = 1;  // w_overlap = w_load = 1, bound 1.25 x least loaded + 8 blocks
   return o;
 }
 
