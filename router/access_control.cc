@@ -49,8 +49,9 @@ absl::StatusOr<std::shared_ptr<const ApiKeySet>> ParseApiKeyFile(const std::stri
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
+    if (size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
     line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || line[0] == '#') continue;
+    if (line.empty()) continue;
     std::vector<std::string> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (f[0] == "tenant") {
       if (f.size() < 2) return LineError(line_no, "tenant needs a name");

@@ -4,7 +4,7 @@
 // forwards its Authorization header as gRPC metadata).
 //
 // Key file (`--api-keys`), reloaded on SIGHUP; keys are stored as SHA-256 hex digests only:
-//   # comment
+//   # comment (also after a line's fields)
 //   tenant <name> [requests_per_minute=N] [tokens_per_minute=N] [max_streams=N]
 //   key <sha256 hex of the key> <tenant name>
 // A key names a declared tenant; 0 or an absent limit means unlimited. `echo -n KEY | sha256sum`

@@ -18,7 +18,7 @@ TEST(AccessControlTest, ParsesTenantsAndKeys) {
   auto set = ParseApiKeyFile(
       "# c\n tenant a requests_per_minute=2 tokens_per_minute=7 max_streams=1\ntenant b\n"
       "key " +
-      Sha256Hex("k1") + " a\nkey " + Sha256Hex("k2") + " b\n");
+      Sha256Hex("k1") + " a\nkey " + Sha256Hex("k2") + " b  # the second key\n");
   ASSERT_TRUE(set.ok()) << set.status();
   ASSERT_EQ((*set)->by_digest.size(), 2u);
   const Tenant& a = *(*set)->by_digest.at(Sha256Hex("k1"));
