@@ -1,6 +1,7 @@
 #include "kvtransfer/layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_layout.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer {
@@ -49,7 +50,10 @@ absl::Status ValidateLayout(const KvLayout& l) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv layout needs positive dimensions: ", LayoutDebugString(l)));
   }
-  if (DTypeSize(l.kv_dtype) == 0) return absl::InvalidArgumentError("kv layout: unknown dtype");
+  if (!IsKvDType(l.kv_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv layout: ", std::string(DTypeName(l.kv_dtype)), " is not a KV dtype"));
+  }
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
+#include "common/base/kv_layout.h"
 #include "common/metrics/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 
@@ -34,9 +35,10 @@ struct KvLayout {
   DType kv_dtype = DType::kF32;
   uint32_t protocol_version = kProtocolVersion;
 
-  // Bytes of one (layer, block) region: [2][num_kv_heads][block_size][head_dim] of kv_dtype.
+  // Bytes of one (layer, block) region: [2][num_kv_heads][block_size][head_dim] of kv_dtype (plus
+  // per-row scales for int8 / fp8, common/base/kv_layout.h).
   size_t region_bytes() const {
-    return static_cast<size_t>(2 * num_kv_heads * block_size * head_dim) * DTypeSize(kv_dtype);
+    return KvRegionBytes(num_kv_heads, block_size, head_dim, kv_dtype);
   }
 };
 

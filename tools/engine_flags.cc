@@ -19,7 +19,14 @@ EngineFlags::EngineFlags() : model_dir(DefaultModelDir()) {}
 void EngineFlags::Register(FlagSet* f) {
   f->String("model", &model_dir, "Hugging Face model directory");
   f->String("dtype", &dtype, "weight dtype in memory: auto, f32 or bf16");
-  f->String("kv-cache-dtype", &kv_dtype, "KV cache dtype: auto, f32 or bf16");
+  f->String("kv-cache-dtype", &kv_dtype,
+            "KV cache dtype: auto, f32, bf16, fp8 (e4m3) or int8 (fp8/int8: a scale per token and "
+            "kv head; cpu only)");
+  f->String("quantization", &quantization,
+            "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
+            "(groups with zero points); cpu only");
+  f->Int("quantization-group-size", &quant_group_size,
+         "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
   f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &block_size, "tokens per KV block");
@@ -48,6 +55,8 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   o.model_dir = model_dir;
   o.weight_dtype = dtype;
   o.kv_cache_dtype = kv_dtype;
+  o.quantization = quantization;
+  o.quant_group_size = quant_group_size;
   auto bytes = ParseByteSize(kv_memory);
   if (!bytes.ok()) return bytes.status();
   o.kv_cache_bytes = *bytes;
@@ -96,6 +105,8 @@ std::vector<std::string> EngineFlags::ToArgs() const {
       "--model=" + model_dir,
       "--dtype=" + dtype,
       "--kv-cache-dtype=" + kv_dtype,
+      "--quantization=" + quantization,
+      absl::StrCat("--quantization-group-size=", quant_group_size),
       "--kv-cache-memory=" + kv_memory,
       absl::StrCat("--num-kv-blocks=", num_kv_blocks),
       absl::StrCat("--block-size=", block_size),

@@ -24,6 +24,8 @@ struct EngineFlags {
   std::string model_dir;
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
+  std::string quantization = "none";
+  int64_t quant_group_size = 128;
   std::string kv_memory = "1GiB";
   std::string policy = "fcfs";
   int64_t threads = 0;

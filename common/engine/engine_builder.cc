@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
+#include "common/engine/model/quantize.h"
 #include "common/engine/spec/draft_proposer.h"
 #include "common/engine/spec/ngram_proposer.h"
 #if defined(TANDEM_HAVE_CUDA)
@@ -125,6 +126,15 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("weight dtype must be auto, f32 or bf16, got '", options.weight_dtype, "'"));
   }
+  if (!ParseWeightQuant(options.quantization, &load.quantization)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantization must be none, int8 or int4, got '", options.quantization, "'"));
+  }
+  load.quant_group_size = options.quant_group_size;
+  if (load.quantization != WeightQuant::kNone && *device != "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantization ", options.quantization, " is implemented on cpu only"));
+  }
   absl::Time start = absl::Now();
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
@@ -135,9 +145,13 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     kv_dtype = DType::kF32;
   } else if (options.kv_cache_dtype == "bf16") {
     kv_dtype = DType::kBF16;
+  } else if (options.kv_cache_dtype == "fp8" || options.kv_cache_dtype == "fp8_e4m3") {
+    kv_dtype = DType::kF8E4M3;
+  } else if (options.kv_cache_dtype == "int8") {
+    kv_dtype = DType::kI8;
   } else if (options.kv_cache_dtype != "auto") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "kv cache dtype must be auto, f32 or bf16, got '", options.kv_cache_dtype, "'"));
+        "kv cache dtype must be auto, f32, bf16, fp8 or int8, got '", options.kv_cache_dtype, "'"));
   }
 
   const size_t per_block =
@@ -187,10 +201,13 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("
-               << DTypeName(model->weight_dtype()) << " weights, " << model->config().num_layers
-               << " layers) on " << backend_name << ", KV pool " << num_blocks << " blocks x "
-               << options.block_size << " tokens (" << DTypeName(kv_dtype) << ", "
-               << (per_block * num_blocks) / (1 << 20) << " MiB), "
+               << DTypeName(model->weight_dtype()) << " weights"
+               << (load.quantization == WeightQuant::kNone
+                       ? std::string()
+                       : absl::StrCat(" quantized ", options.quantization))
+               << ", " << model->config().num_layers << " layers) on " << backend_name
+               << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
+               << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "
                << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
   }
   return BuiltEngine{std::move(model), std::move(engine).value()};

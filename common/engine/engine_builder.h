@@ -18,8 +18,12 @@ struct EngineBuildOptions {
   // cuda: the fraction of device memory the process may use; the KV pool gets what is left after
   // weights and buffers (num_kv_blocks > 0 overrides; kv_cache_bytes applies to cpu only).
   double gpu_memory_utilization = 0.9;
-  std::string weight_dtype = "auto";          // auto | f32 | bf16
-  std::string kv_cache_dtype = "auto";        // auto (f32 for f32 weights, else bf16) | f32 | bf16
+  std::string weight_dtype = "auto";  // auto | f32 | bf16
+  // auto (f32 for f32 weights, else bf16) | f32 | bf16 | fp8 (e4m3) | int8; fp8 and int8 keep
+  // one f32 scale per (token, kv head) row, cpu only.
+  std::string kv_cache_dtype = "auto";
+  std::string quantization = "none";          // none | int8 | int4 (weight-only, cpu only)
+  int64_t quant_group_size = 128;             // int4 group along K (power of two >= 32)
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
   int64_t block_size = 16;

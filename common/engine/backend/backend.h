@@ -7,11 +7,13 @@
 
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
+#include "common/base/kv_layout.h"
 
 namespace tandem {
 
 // Shape of the paged KV pool. Block b of layer l is one contiguous region of
-// bytes_per_block_layer() bytes laid out [2 (K, V)][num_kv_heads][block_size][head_dim].
+// bytes_per_block_layer() bytes laid out [2 (K, V)][num_kv_heads][block_size][head_dim] (plus
+// per-row scales for the quantized dtypes, common/base/kv_layout.h).
 struct KvCacheSpec {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
@@ -21,7 +23,7 @@ struct KvCacheSpec {
   int64_t num_blocks = 0;
 
   size_t bytes_per_block_layer() const {
-    return static_cast<size_t>(2 * num_kv_heads * block_size * head_dim) * DTypeSize(dtype);
+    return KvRegionBytes(num_kv_heads, block_size, head_dim, dtype);
   }
   size_t bytes_per_block() const { return bytes_per_block_layer() * num_layers; }
 };

@@ -13,6 +13,7 @@
 #include "common/base/thread_pool.h"
 #include "common/engine/model/checkpoint.h"
 #include "common/engine/model/convert.h"
+#include "common/engine/model/quantize.h"
 
 namespace tandem {
 namespace {
@@ -54,9 +55,14 @@ class ModelLoader {
   // copied) into an owned 64-byte-aligned buffer.
   absl::Status LoadTensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
                           Tensor* out);
+  // A projection [N, K]: LoadTensor, or quantized from the stored values when the options ask.
+  absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
+  // Quantizes [N, K] f32/bf16/f16 rows at `src` into owned buffers described by `out`.
+  void QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K, Tensor* out);
   absl::Status LoadLayer(int64_t i, LayerWeights* layer);
   void WarnAboutUnusedTensors() const;
   std::string ModelId() const;
+  std::string QuantSuffix() const;
   ThreadPool* pool() {
     if (pool_ == nullptr) {
       pool_ = std::make_unique<ThreadPool>(options_.num_threads > 0 ? options_.num_threads
@@ -126,9 +132,56 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
   return absl::OkStatus();
 }
 
+void ModelLoader::QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K,
+                               Tensor* out) {
+  const WeightQuant quant = options_.quantization;
+  const size_t row_bytes = static_cast<size_t>(K) * DTypeSize(src_dtype);
+  QuantizedMatrix q = Quantize(
+      quant, N, K, options_.quant_group_size,
+      [&](int64_t n, float* row) {
+        ConvertElements(src + static_cast<size_t>(n) * row_bytes, src_dtype, row, DType::kF32, K);
+      },
+      pool());
+  out->dtype = model_->weight_dtype_;
+  out->shape = {N, K};
+  out->quant = quant;
+  out->group_size = q.group_size;
+  model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
+  model_->owned_codes_.push_back(std::move(q.codes));
+  out->data = model_->owned_codes_.back().data();
+  model_->owned_floats_.push_back(std::move(q.scales));
+  out->scales = model_->owned_floats_.back().data();
+  if (!q.zeros.empty()) {
+    model_->owned_floats_.push_back(std::move(q.zeros));
+    out->zeros = model_->owned_floats_.back().data();
+  }
+  ++converted_tensors_;
+  converted_bytes_ += out->stored_bytes();
+}
+
+absl::Status ModelLoader::LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
+                                     Tensor* out) {
+  if (options_.quantization == WeightQuant::kNone) {
+    return LoadTensor(name, shape, model_->weight_dtype_, out);
+  }
+  TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
+  const SafetensorsEntry& e = *ref.entry;
+  if (e.shape != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ref.file->path(), ": tensor '", name, "' has shape ", ShapeString(e.shape),
+                     ", expected ", ShapeString(shape), " from config.json"));
+  }
+  used_.insert(name);
+  const size_t sample = std::min<size_t>(256, e.nbytes());
+  digest_.Add(name);
+  digest_.Add(e.data, sample);
+  digest_.Add(e.data + e.nbytes() - sample, sample);
+  QuantizeInto(e.data, e.dtype, shape[0], shape[1], out);
+  return absl::OkStatus();
+}
+
 absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
   const ModelConfig& c = model_->config_;
-  const DType w = model_->weight_dtype_;
   const std::string p = absl::StrCat("model.layers.", i, ".");
   const int64_t q_dim = c.num_heads * c.head_dim;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
@@ -136,9 +189,9 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
   const int64_t f = c.intermediate_size;
   TANDEM_RETURN_IF_ERROR(
       LoadTensor(p + "input_layernorm.weight", {h}, DType::kF32, &l->input_norm));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "self_attn.q_proj.weight", {q_dim, h}, w, &l->q_proj));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "self_attn.k_proj.weight", {kv_dim, h}, w, &l->k_proj));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "self_attn.v_proj.weight", {kv_dim, h}, w, &l->v_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.q_proj.weight", {q_dim, h}, &l->q_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.k_proj.weight", {kv_dim, h}, &l->k_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.v_proj.weight", {kv_dim, h}, &l->v_proj));
   if (c.attention_bias) {
     TANDEM_RETURN_IF_ERROR(
         LoadTensor(p + "self_attn.q_proj.bias", {q_dim}, DType::kF32, &l->q_bias));
@@ -147,12 +200,12 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
     TANDEM_RETURN_IF_ERROR(
         LoadTensor(p + "self_attn.v_proj.bias", {kv_dim}, DType::kF32, &l->v_bias));
   }
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "self_attn.o_proj.weight", {h, q_dim}, w, &l->o_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.o_proj.weight", {h, q_dim}, &l->o_proj));
   TANDEM_RETURN_IF_ERROR(
       LoadTensor(p + "post_attention_layernorm.weight", {h}, DType::kF32, &l->post_norm));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "mlp.gate_proj.weight", {f, h}, w, &l->gate_proj));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "mlp.up_proj.weight", {f, h}, w, &l->up_proj));
-  TANDEM_RETURN_IF_ERROR(LoadTensor(p + "mlp.down_proj.weight", {h, f}, w, &l->down_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.gate_proj.weight", {f, h}, &l->gate_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.up_proj.weight", {f, h}, &l->up_proj));
+  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.down_proj.weight", {h, f}, &l->down_proj));
   return absl::OkStatus();
 }
 
@@ -175,6 +228,18 @@ void ModelLoader::WarnAboutUnusedTensors() const {
   }
 }
 
+std::string ModelLoader::QuantSuffix() const {
+  switch (options_.quantization) {
+    case WeightQuant::kNone:
+      break;
+    case WeightQuant::kInt8:
+      return "-int8";
+    case WeightQuant::kInt4:
+      return absl::StrCat("-int4g", options_.quant_group_size);
+  }
+  return "";
+}
+
 std::string ModelLoader::ModelId() const {
   const ModelConfig& c = model_->config_;
   Fnv1a digest = digest_;
@@ -182,10 +247,10 @@ std::string ModelLoader::ModelId() const {
   for (const auto& file : ckpt_->files()) digest.Add(file->header().json);
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(digest.value()));
-  return absl::StrCat(c.model_type, "-L", c.num_layers, "-H", c.hidden_size, "-F",
-                      c.intermediate_size, "-A", c.num_heads, "x", c.head_dim, "-KV",
-                      c.num_kv_heads, "-V", c.vocab_size, "-",
-                      std::string(DTypeName(model_->weight_dtype_)), "-", std::string(hash, 12));
+  return absl::StrCat(
+      c.model_type, "-L", c.num_layers, "-H", c.hidden_size, "-F", c.intermediate_size, "-A",
+      c.num_heads, "x", c.head_dim, "-KV", c.num_kv_heads, "-V", c.vocab_size, "-",
+      std::string(DTypeName(model_->weight_dtype_)), QuantSuffix(), "-", std::string(hash, 12));
 }
 
 absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
@@ -196,6 +261,13 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   TANDEM_RETURN_IF_ERROR(MergeGenerationConfig(dir_, &model_->config_));
   TANDEM_ASSIGN_OR_RETURN(ckpt_, Checkpoint::Open(dir_, options_.show_progress));
   TANDEM_RETURN_IF_ERROR(ResolveWeightDType());
+  if (options_.quantization == WeightQuant::kInt4 &&
+      (options_.quant_group_size < kInt4Chunk ||
+       (options_.quant_group_size & (options_.quant_group_size - 1)) != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "int4 group size must be a power of two >= 32, got ", options_.quant_group_size));
+  }
+  model_->quantization_ = options_.quantization;
 
   const ModelConfig& c = model_->config_;
   ModelWeights& w = model_->weights_;
@@ -209,10 +281,14 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   TANDEM_RETURN_IF_ERROR(
       LoadTensor("model.norm.weight", {c.hidden_size}, DType::kF32, &w.final_norm));
   if (c.tie_word_embeddings) {
-    w.lm_head = w.embed_tokens;
+    if (options_.quantization == WeightQuant::kNone) {
+      w.lm_head = w.embed_tokens;
+    } else {  // the embedding table stays dense for lookups; lm_head gets a quantized copy
+      QuantizeInto(static_cast<const uint8_t*>(w.embed_tokens.data), wt, c.vocab_size,
+                   c.hidden_size, &w.lm_head);
+    }
   } else {
-    TANDEM_RETURN_IF_ERROR(
-        LoadTensor("lm_head.weight", {c.vocab_size, c.hidden_size}, wt, &w.lm_head));
+    TANDEM_RETURN_IF_ERROR(LoadMatrix("lm_head.weight", {c.vocab_size, c.hidden_size}, &w.lm_head));
   }
   WarnAboutUnusedTensors();
   model_->model_id_ = ModelId();
@@ -228,9 +304,27 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
     TLOG(INFO) << "loaded " << model_->model_id_ << " from " << dir_ << " in "
                << static_cast<int64_t>(ms) << " ms (" << ckpt_->files().size() << " file(s), "
                << mapped_bytes_ / (1 << 20) << " MiB mapped, " << converted_bytes_ / (1 << 20)
-               << " MiB converted, weights " << DTypeName(wt) << ")";
+               << " MiB converted, weights " << DTypeName(wt)
+               << (options_.quantization == WeightQuant::kNone
+                       ? std::string()
+                       : absl::StrCat(", quantized ",
+                                      std::string(WeightQuantName(options_.quantization))))
+               << ")";
   }
   return std::move(model_);
+}
+
+size_t Model::decode_weight_bytes() const {
+  const ModelWeights& w = weights_;
+  size_t bytes = w.lm_head.stored_bytes() +
+                 static_cast<size_t>(config_.hidden_size) * DTypeSize(w.embed_tokens.dtype);
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t :
+         {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+      bytes += t->stored_bytes();
+    }
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& dir,

@@ -47,6 +47,10 @@ struct LoadOptions {
   bool show_progress = false;  // log one line per loaded shard / converted tensor group
   // Threads used for dtype conversions; 0: DefaultComputeThreads().
   int num_threads = 0;
+  // Weight-only quantization of the projections and lm_head (embeddings and norms stay dense),
+  // made at load time from the checkpoint's values (common/base/quant.h).
+  WeightQuant quantization = WeightQuant::kNone;
+  int64_t quant_group_size = 128;  // int4: a power of two >= 32
 };
 
 // A loaded model: config, weights and whatever keeps the weights' bytes alive.
@@ -56,6 +60,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   DType weight_dtype() const { return weight_dtype_; }
+  WeightQuant quantization() const { return quantization_; }
+  // Bytes of weights one decode step reads (every projection and lm_head as stored, plus one
+  // embedding row): the numerator of the memory roofline.
+  size_t decode_weight_bytes() const;
   const std::string& dir() const { return dir_; }
   // A stable identifier for handshakes: architecture, shapes and a digest of the weights' header.
   const std::string& model_id() const { return model_id_; }
@@ -69,10 +77,13 @@ class Model {
   ModelConfig config_;
   ModelWeights weights_;
   DType weight_dtype_ = DType::kF32;
+  WeightQuant quantization_ = WeightQuant::kNone;
   std::string dir_;
   std::string model_id_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
+  std::vector<std::vector<uint8_t>> owned_codes_;
+  std::vector<std::vector<float>> owned_floats_;
   size_t owned_bytes_ = 0;
 };
 

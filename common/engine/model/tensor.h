@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 
 namespace tandem {
 
@@ -16,13 +17,27 @@ struct Tensor {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  // Weight-only quantized matrices (common/base/quant.h): `data` holds the codes, `dtype` is the
+  // dense dtype the model would otherwise use; scales (and int4 zeros) are owned by the Model.
+  WeightQuant quant = WeightQuant::kNone;
+  const float* scales = nullptr;
+  const float* zeros = nullptr;
+  int64_t group_size = 0;
 
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     return n;
   }
+  // Bytes of the dense elements (quantized: of the dequantized matrix in `dtype`).
   size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
+  // Bytes a matrix product reads: codes plus scales (and zeros) when quantized, else nbytes().
+  size_t stored_bytes() const {
+    if (quant == WeightQuant::kNone) return nbytes();
+    if (quant == WeightQuant::kInt8) return static_cast<size_t>(rows() * (cols() + 4));
+    return static_cast<size_t>(rows() *
+                               (Int4RowBytes(cols()) + Int4Groups(cols(), group_size) * 8));
+  }
   bool empty() const { return data == nullptr; }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
   int64_t cols() const { return shape.size() < 2 ? 1 : shape[1]; }

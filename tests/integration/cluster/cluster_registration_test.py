@@ -48,7 +48,7 @@ def main():
                 "block_size": Proc(build_dir, tmp, "bad-block", ["decode", "--model", model,
                                                                  "--block-size", "32"]),
                 "kv_dtype": Proc(build_dir, tmp, "bad-dtype", ["prefill", "--model", model,
-                                                               "--kv-cache-dtype", "bf16"]),
+                                                               "--kv-cache-dtype", "fp8"]),
                 "model_id": Proc(build_dir, tmp, "bad-model", ["decode", "--model", other]),
             }
             procs = [good_p, good_d] + list(bad.values())

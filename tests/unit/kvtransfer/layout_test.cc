@@ -17,6 +17,11 @@ TEST(LayoutTest, RegionBytesMatchesTheBackendLayout) {
   l.head_dim = 64;
   l.block_size = 16;
   EXPECT_EQ(l.region_bytes(), 48u << 10);  // llama-110m-like, bf16
+  // Quantized KV: one byte per element plus an f32 scale per (K/V, head, token) row.
+  l.kv_dtype = DType::kF8E4M3;
+  EXPECT_EQ(l.region_bytes(), 24u * 1024 + 2 * 12 * 16 * 4);
+  l.kv_dtype = DType::kI8;
+  EXPECT_EQ(l.region_bytes(), 24u * 1024 + 2 * 12 * 16 * 4);
 }
 
 TEST(LayoutTest, CheckCompatibleNamesTheFirstDifferingField) {
@@ -52,6 +57,13 @@ TEST(LayoutTest, ValidateLayout) {
   EXPECT_TRUE(ValidateLayout(testing::SmallLayout()).ok());
   KvLayout l = testing::SmallLayout();
   l.head_dim = 0;
+  EXPECT_EQ(ValidateLayout(l).code(), absl::StatusCode::kInvalidArgument);
+  for (DType kv : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    l = testing::SmallLayout();
+    l.kv_dtype = kv;
+    EXPECT_TRUE(ValidateLayout(l).ok()) << DTypeName(kv);
+  }
+  l.kv_dtype = DType::kI64;
   EXPECT_EQ(ValidateLayout(l).code(), absl::StatusCode::kInvalidArgument);
 }
 

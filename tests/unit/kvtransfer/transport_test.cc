@@ -148,7 +148,7 @@ TEST_P(TransportTest, HandshakeMismatchIsRefusedNamingTheField) {
       {"num_kv_heads", [](KvLayout* l) { l->num_kv_heads = 2; }},
       {"head_dim", [](KvLayout* l) { l->head_dim = 32; }},
       {"block_size", [](KvLayout* l) { l->block_size = 16; }},
-      {"kv_dtype", [](KvLayout* l) { l->kv_dtype = DType::kF16; }},
+      {"kv_dtype", [](KvLayout* l) { l->kv_dtype = DType::kF8E4M3; }},
       {"protocol_version", [](KvLayout* l) { l->protocol_version = kProtocolVersion + 1; }},
   };
   receiver_->Expect({1, {0}});

@@ -20,12 +20,23 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
+// The kernels' view of a projection (dense or quantized).
+cpu::MatMulWeight View(const Tensor& t) {
+  cpu::MatMulWeight w;
+  w.data = t.data;
+  w.dtype = t.dtype;
+  w.quant = t.quant;
+  w.scales = t.scales;
+  w.zeros = t.zeros;
+  w.group_size = t.group_size;
+  return w;
+}
+
 }  // namespace
 
 size_t CpuBackend::KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype) {
-  return static_cast<size_t>(config.num_layers * 2 * config.num_kv_heads * block_size *
-                             config.head_dim) *
-         DTypeSize(kv_dtype);
+  return KvRegionBytes(config.num_kv_heads, block_size, config.head_dim, kv_dtype) *
+         static_cast<size_t>(config.num_layers);
 }
 
 CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendOptions& options)
@@ -39,9 +50,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
                                                                const CpuBackendOptions& options) {
   if (options.num_blocks <= 0) return absl::InvalidArgumentError("num_blocks must be > 0");
   if (options.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
-  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("CPU KV cache dtype must be f32 or bf16, got ",
-                                                   std::string(DTypeName(options.kv_dtype))));
+  if (!IsKvDType(options.kv_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CPU KV cache dtype must be f32, bf16, i8 or f8e4m3, got ",
+                     std::string(DTypeName(options.kv_dtype))));
   }
   std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();
@@ -155,7 +167,6 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   if (t == 0) return absl::OkStatus();
   const ModelConfig& c = model_->config();
   const ModelWeights& w = model_->weights();
-  const DType wt = model_->weight_dtype();
   const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
   const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -188,21 +199,21 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     } else {  // x += previous layer's MLP output; h = norm(x)
       cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h);
     }
-    cpu::MatMul(h, t, d, d, lw.q_proj.data, wt, qd, bias(lw.q_bias), q, qd, pool);
-    cpu::MatMul(h, t, d, d, lw.k_proj.data, wt, kvd, bias(lw.k_bias), k, kvd, pool);
-    cpu::MatMul(h, t, d, d, lw.v_proj.data, wt, kvd, bias(lw.v_bias), v, kvd, pool);
+    cpu::MatMul(h, t, d, d, View(lw.q_proj), qd, bias(lw.q_bias), q, qd, pool);
+    cpu::MatMul(h, t, d, d, View(lw.k_proj), kvd, bias(lw.k_bias), k, kvd, pool);
+    cpu::MatMul(h, t, d, d, View(lw.v_proj), kvd, bias(lw.v_bias), v, kvd, pool);
     cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data());
     cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data());
     const cpu::PagedKvLayer kv = KvLayer(l);
     cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv);
     cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, c.sliding_window, attn, qd, pool);
     if (b.on_layer_done) b.on_layer_done(l);
-    cpu::MatMul(attn, t, qd, qd, lw.o_proj.data, wt, d, nullptr, delta, d, pool);
+    cpu::MatMul(attn, t, qd, qd, View(lw.o_proj), d, nullptr, delta, d, pool);
     cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h);
-    cpu::MatMul(h, t, d, d, lw.gate_proj.data, wt, f, nullptr, gate, f, pool);
-    cpu::MatMul(h, t, d, d, lw.up_proj.data, wt, f, nullptr, up, f, pool);
+    cpu::MatMul(h, t, d, d, View(lw.gate_proj), f, nullptr, gate, f, pool);
+    cpu::MatMul(h, t, d, d, View(lw.up_proj), f, nullptr, up, f, pool);
     cpu::SiluMul(gate, up, t, f, act);
-    cpu::MatMul(act, t, f, f, lw.down_proj.data, wt, d, nullptr, delta, d, pool);
+    cpu::MatMul(act, t, f, f, View(lw.down_proj), d, nullptr, delta, d, pool);
   }
 
   // Final residual add and norm, only for the rows whose logits are wanted.
@@ -216,8 +227,8 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     std::memcpy(rows_delta + i * d, delta + b.logit_rows[i] * d, d * sizeof(float));
   }
   cpu::AddRmsNorm(rows, rows_delta, w.final_norm.as<float>(), n, d, eps, rows_norm);
-  cpu::MatMul(rows_norm, n, d, d, w.lm_head.data, w.lm_head.dtype, c.vocab_size, nullptr, logits,
-              c.vocab_size, pool);
+  cpu::MatMul(rows_norm, n, d, d, View(w.lm_head), c.vocab_size, nullptr, logits, c.vocab_size,
+              pool);
   return absl::OkStatus();
 }
 

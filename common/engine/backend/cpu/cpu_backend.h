@@ -16,7 +16,7 @@ struct CpuBackendOptions {
   int num_threads = 0;           // 0: one per available core
   int64_t block_size = 16;       // tokens per KV block
   int64_t num_blocks = 0;        // KV pool size in blocks (> 0)
-  DType kv_dtype = DType::kF32;  // kF32 or kBF16
+  DType kv_dtype = DType::kF32;  // kF32, kBF16, kI8 or kF8E4M3 (common/base/kv_layout.h)
 };
 
 // Runs Llama-family forward passes on the CPU over a paged KV cache held in host memory.

@@ -18,13 +18,66 @@
 #include "common/engine/backend/cpu/kernels/elementwise_impl.h"
 #include "common/engine/backend/cpu/kernels/fn_table.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/backend/cpu/kernels/kv_types.h"
 
 namespace tandem::cpu::impl {
 
 // PagedKvLayer::block_stride_elems(), as a template: ISA files call no shared inline function.
 template <class S>
 inline int64_t BlockStride(const PagedKvLayer& kv) {
-  return 2 * kv.num_kv_heads * kv.block_size * kv.head_dim;
+  const int64_t rows = 2 * kv.num_kv_heads * kv.block_size;
+  return rows * kv.head_dim + (kv.dtype == DType::kI8 || kv.dtype == DType::kF8E4M3 ? rows * 4 : 0);
+}
+
+// Quantized KV element types carry a per-row f32 scale after the block's codes.
+template <class KT>
+inline constexpr bool kKvQuantized = sizeof(KT) == 1;
+
+// Byte offset, inside a block, of the scale of row 0 of (which, kv head h); rows follow at 4 bytes.
+template <class S>
+inline int64_t KvScaleExtra(const PagedKvLayer& kv, int which, int64_t h) {
+  return 2 * kv.num_kv_heads * kv.block_size * kv.head_dim +
+         (which * kv.num_kv_heads + h) * kv.block_size * 4;
+}
+
+template <class S>
+inline float* KvScalePtr(const PagedKvLayer& kv, int64_t slot, int which, int64_t h) {
+  const int64_t block = slot / kv.block_size, off = slot % kv.block_size;
+  return reinterpret_cast<float*>(static_cast<char*>(kv.base) + block * BlockStride<S>(kv) +
+                                  KvScaleExtra<S>(kv, which, h) + off * 4);
+}
+
+// fp8 e4m3 code (round to nearest even, saturating at 448) of a finite |x| <= ~448.
+template <class S>
+inline uint8_t F32ToFp8E4M3(float x) {
+  const uint32_t b = __builtin_bit_cast(uint32_t, x);
+  const uint8_t sign = static_cast<uint8_t>((b >> 24) & 0x80);
+  const float a = __builtin_bit_cast(float, b & 0x7fffffffu);
+  if (!(a < 464.0f)) return sign | 0x7e;          // saturate (and NaN) to 448
+  if (a < 0.015625f) {                            // below the smallest normal: multiples of 2^-9
+    const float q = __builtin_rintf(a * 512.0f);  // exact scaling, then round to even
+    return sign | static_cast<uint8_t>(q);        // q == 8 is the smallest normal's code
+  }
+  int32_t e = static_cast<int32_t>((__builtin_bit_cast(uint32_t, a) >> 23) & 0xff) - 127;
+  const uint32_t m = __builtin_bit_cast(uint32_t, a) & 0x7fffffu;
+  uint32_t keep = m >> 20;
+  const uint32_t rest = m & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u) != 0)) ++keep;
+  if (keep == 8) {
+    keep = 0;
+    ++e;
+  }
+  if (e > 8 || (e == 8 && keep > 6)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(((e + 7) << 3) | static_cast<int32_t>(keep));
+}
+
+// The value of an fp8 e4m3 code times 2^-8 (what S::Load of Fp8E4M3 gives).
+template <class S>
+inline float Fp8E4M3ToF32Scaled(uint8_t c) {
+  const uint32_t e = (c >> 3) & 15u, m = c & 7u;
+  const float v = e == 0 ? static_cast<float>(m) * 0x1p-17f
+                         : __builtin_bit_cast(float, ((e + 112u) << 23) | (m << 20));
+  return (c & 0x80) != 0 ? -v : v;
 }
 
 // Offset (in elements) of a slot's K (which = 0) or V (which = 1) row of kv head h.
@@ -46,7 +99,30 @@ void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M
       for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
         const float* src = src_row + h * hd;
         const int64_t off = KvRowOffset<S>(kv, slots[m], which, h);
-        if (kv.dtype == DType::kBF16) {
+        if (kv.dtype == DType::kI8 || kv.dtype == DType::kF8E4M3) {
+          float amax = 0.0f;
+          for (int64_t d = 0; d < hd; ++d) {
+            const float a = src[d] < 0.0f ? -src[d] : src[d];
+            amax = a > amax ? a : amax;
+          }
+          uint8_t* dst = static_cast<uint8_t*>(kv.base) + off;
+          float* scale = KvScalePtr<S>(kv, slots[m], which, h);
+          if (kv.dtype == DType::kI8) {
+            const float sc = amax / 127.0f;
+            *scale = sc;
+            for (int64_t d = 0; d < hd; ++d) {
+              float q = sc > 0.0f ? __builtin_rintf(src[d] / sc) : 0.0f;
+              q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+              dst[d] = static_cast<uint8_t>(static_cast<int8_t>(q));
+            }
+          } else {
+            const float sc = amax / 448.0f;
+            *scale = sc * 256.0f;  // the loads give e4m3 values times 2^-8
+            for (int64_t d = 0; d < hd; ++d) {
+              dst[d] = sc > 0.0f ? F32ToFp8E4M3<S>(src[d] / sc) : uint8_t{0};
+            }
+          }
+        } else if (kv.dtype == DType::kBF16) {
           uint16_t* dst = static_cast<uint16_t*>(kv.base) + off;
           for (int64_t d = 0; d < hd; ++d) dst[d] = F32ToBf16Bits<S>(src[d]);
         } else {
@@ -63,7 +139,15 @@ void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
   const int64_t hd = kv.head_dim;
   for (int64_t h = 0; h < kv.num_kv_heads; ++h) {
     const int64_t off = KvRowOffset<S>(kv, slot, which, h);
-    if (kv.dtype == DType::kBF16) {
+    if (kv.dtype == DType::kI8 || kv.dtype == DType::kF8E4M3) {
+      const uint8_t* src = static_cast<const uint8_t*>(kv.base) + off;
+      const float sc = *KvScalePtr<S>(kv, slot, which, h);
+      for (int64_t d = 0; d < hd; ++d) {
+        const float c = kv.dtype == DType::kI8 ? static_cast<float>(static_cast<int8_t>(src[d]))
+                                               : Fp8E4M3ToF32Scaled<S>(src[d]);
+        out[h * hd + d] = c * sc;
+      }
+    } else if (kv.dtype == DType::kBF16) {
       const uint16_t* src = static_cast<const uint16_t*>(kv.base) + off;
       for (int64_t d = 0; d < hd; ++d) out[h * hd + d] = Bf16BitsToF32<S>(src[d]);
     } else {
@@ -90,8 +174,8 @@ float Dot(const float* a, const KT* b, int64_t n) {
 // s[g * n + i] = Dot(q_g, k_rows[i]) * scale for i < P and H heads from q: the arithmetic of
 // Dot, H * P chains interleaved (enough independent fmas to hide their latency).
 template <class S, class KT, int P, int H>
-void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows, float scale,
-                float* s, int64_t n) {
+void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
+                const float* row_scales, float scale, float* s, int64_t n) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
   const int64_t main = hd - hd % L;
@@ -134,19 +218,27 @@ void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
       for (int i = 0; i < P; ++i) sums[i] = S::ReduceAdd(acc[h][i]);
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < P; ++i) s[h * n + i] = sums[i] * scale;
+    for (int i = 0; i < P; ++i) {
+      if constexpr (kKvQuantized<KT>) {
+        s[h * n + i] = (sums[i] * row_scales[i]) * scale;
+      } else {
+        s[h * n + i] = sums[i] * scale;
+      }
+    }
   }
 }
 
 // Scores of P key rows for every head of the group.
 template <class S, class KT, int P>
 void ScoresOfRows(const float* q, int64_t group, int64_t hd, const KT* base, const int64_t* rows,
-                  float scale, float* s, int64_t n) {
+                  const float* row_scales, float scale, float* s, int64_t n) {
   int64_t g = 0;
   for (; g + 2 <= group; g += 2) {
-    ScoresTile<S, KT, P, 2>(q + g * hd, hd, base, rows, scale, s + g * n, n);
+    ScoresTile<S, KT, P, 2>(q + g * hd, hd, base, rows, row_scales, scale, s + g * n, n);
   }
-  if (g < group) ScoresTile<S, KT, P, 1>(q + g * hd, hd, base, rows, scale, s + g * n, n);
+  if (g < group) {
+    ScoresTile<S, KT, P, 1>(q + g * hd, hd, base, rows, row_scales, scale, s + g * n, n);
+  }
 }
 
 // Bytes of K or V rows prefetched ahead of the position being processed (blocks are scattered,
@@ -155,12 +247,13 @@ inline constexpr int64_t kAttnPrefetchBytes = 4096;
 // Bytes of V rows per chunk of the output pass (kept in L1 across the output tiles).
 inline constexpr int64_t kAttnChunkBytes = 16384;
 
-// Calls fn(j, row) for j in [begin, end) ascending, row = element offset of position j's row:
-// block_table[j / block_size] * block_stride + (j % block_size) * head_dim + extra. Prefetches
-// the rows some positions ahead.
+// Calls fn(j, row, rs) for j in [begin, end) ascending, row = element offset of position j's row:
+// block_table[j / block_size] * block_stride + (j % block_size) * head_dim + extra, and rs = that
+// row's scale for the quantized KV types (read at byte scale_extra + 4 * (j % block_size) of the
+// block), 1 otherwise. Prefetches the rows some positions ahead.
 template <class S, class KT, class Fn>
 inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv, int64_t begin,
-                            int64_t end, int64_t extra, Fn&& fn) {
+                            int64_t end, int64_t extra, int64_t scale_extra, Fn&& fn) {
   const int64_t bs = kv.block_size, stride = BlockStride<S>(kv), hd = kv.head_dim;
   const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(KT));
   const int64_t ahead =
@@ -171,7 +264,12 @@ inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv,
   while (j < end) {
     const int64_t off = j % bs;
     const int64_t count = bs - off < end - j ? bs - off : end - j;
-    const int64_t row0 = query.block_table[j / bs] * stride + off * hd + extra;
+    const int64_t block_start = query.block_table[j / bs] * stride;
+    const int64_t row0 = block_start + off * hd + extra;
+    const float* scales = nullptr;
+    if constexpr (kKvQuantized<KT>) {
+      scales = reinterpret_cast<const float*>(base + block_start + scale_extra) + off;
+    }
     for (int64_t t = 0; t < count; ++t) {
       if (pj < end) {
         const char* r = base + (query.block_table[pblock] * stride + poff * hd + extra) *
@@ -183,7 +281,9 @@ inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv,
           ++pblock;
         }
       }
-      fn(j + t, row0 + t * hd);
+      float rs = 1.0f;
+      if constexpr (kKvQuantized<KT>) rs = scales[t];
+      fn(j + t, row0 + t * hd, rs);
     }
     j += count;
   }
@@ -197,8 +297,8 @@ inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv,
 template <class S, class KT, int GT, int NV, bool kTail>
 void AttentionOutputTile(const float* p, int64_t n, const AttentionQuery& query,
                          const PagedKvLayer& kv, int64_t begin, int64_t j0, int64_t j1,
-                         int64_t v_extra, int tail, bool first, bool last, const float* inv,
-                         float* o) {
+                         int64_t v_extra, int64_t v_scale_extra, int tail, bool first, bool last,
+                         const float* inv, float* o) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
   constexpr int NA = NV > 0 ? NV : 1;
@@ -211,20 +311,24 @@ void AttentionOutputTile(const float* p, int64_t n, const AttentionQuery& query,
     for (int c = 0; c < NV; ++c) acc[g][c] = first ? S::Zero() : S::Load(o + g * hd + c * L);
   }
   const KT* base = static_cast<const KT*>(kv.base);
-  ForEachPosition<S, KT>(query, kv, j0, j1, v_extra, [&](int64_t j, int64_t row) {
-    const KT* vp = base + row;
-    F v[NA], vt = S::Zero();
+  ForEachPosition<S, KT>(
+      query, kv, j0, j1, v_extra, v_scale_extra, [&](int64_t j, int64_t row, float rs) {
+        const KT* vp = base + row;
+        F v[NA], vt = S::Zero();
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) v[c] = S::Load(vp + c * L);
-    if constexpr (kTail) vt = S::LoadTail(vp + NV * L, tail);
+        for (int c = 0; c < NV; ++c) v[c] = S::Load(vp + c * L);
+        if constexpr (kTail) vt = S::LoadTail(vp + NV * L, tail);
 #pragma GCC unroll 4
-    for (int g = 0; g < GT; ++g) {
-      const F pv = S::Set1(p[g * n + (j - begin)]);
+        for (int g = 0; g < GT; ++g) {
+          // Quantized V: the row's scale folds into the probability (one rounding, same
+          // everywhere).
+          const F pv =
+              S::Set1(kKvQuantized<KT> ? p[g * n + (j - begin)] * rs : p[g * n + (j - begin)]);
 #pragma GCC unroll 8
-      for (int c = 0; c < NV; ++c) acc[g][c] = S::Fma(pv, v[c], acc[g][c]);
-      if constexpr (kTail) acc_tail[g] = S::Fma(pv, vt, acc_tail[g]);
-    }
-  });
+          for (int c = 0; c < NV; ++c) acc[g][c] = S::Fma(pv, v[c], acc[g][c]);
+          if constexpr (kTail) acc_tail[g] = S::Fma(pv, vt, acc_tail[g]);
+        }
+      });
 #pragma GCC unroll 4
   for (int g = 0; g < GT; ++g) {
     const F iv = S::Set1(last ? inv[g] : 1.0f);
@@ -244,8 +348,8 @@ inline constexpr int kAttnMaxVecs = 8;
 
 template <class KT>
 using AttentionTileFn = void (*)(const float*, int64_t, const AttentionQuery&, const PagedKvLayer&,
-                                 int64_t, int64_t, int64_t, int64_t, int, bool, bool, const float*,
-                                 float*);
+                                 int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool,
+                                 const float*, float*);
 
 // Indexed ((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + has_tail.
 template <class S, class KT, size_t... I>
@@ -299,19 +403,25 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
   const int64_t k_extra = kv_head * kv.block_size * hd;
   const int64_t v_extra = (kv.num_kv_heads + kv_head) * kv.block_size * hd;
   // Scores of every head of the group, four positions at a time (independent fma chains).
+  const int64_t k_scale_extra = KvScaleExtra<S>(kv, 0, kv_head);
+  const int64_t v_scale_extra = KvScaleExtra<S>(kv, 1, kv_head);
   int64_t rows[4], first_j = begin;
+  float row_scales[4];
   int pending = 0;
-  ForEachPosition<S, KT>(query, kv, begin, ctx, k_extra, [&](int64_t j, int64_t row) {
-    if (pending == 0) first_j = j;
-    rows[pending++] = row;
-    if (pending == 4) {
-      ScoresOfRows<S, KT, 4>(qh, group, hd, base, rows, scale, scratch + (first_j - begin), n);
-      pending = 0;
-    }
-  });
+  ForEachPosition<S, KT>(query, kv, begin, ctx, k_extra, k_scale_extra,
+                         [&](int64_t j, int64_t row, float rs) {
+                           if (pending == 0) first_j = j;
+                           row_scales[pending] = rs;
+                           rows[pending++] = row;
+                           if (pending == 4) {
+                             ScoresOfRows<S, KT, 4>(qh, group, hd, base, rows, row_scales, scale,
+                                                    scratch + (first_j - begin), n);
+                             pending = 0;
+                           }
+                         });
   for (int i = 0; i < pending; ++i) {
-    ScoresOfRows<S, KT, 1>(qh, group, hd, base, rows + i, scale, scratch + (first_j - begin) + i,
-                           n);
+    ScoresOfRows<S, KT, 1>(qh, group, hd, base, rows + i, row_scales + i, scale,
+                           scratch + (first_j - begin) + i, n);
   }
   // Softmax of every head; 1 / sum goes after the scores in scratch.
   float* inv = scratch + group * n;
@@ -337,8 +447,8 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
         const bool with_tail = tail > 0 && left + 1 <= budget;
         const int64_t nv = with_tail ? left : (left < budget ? left : budget);
         tiles.fn[((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + (with_tail ? 1 : 0)](
-            scratch + g0 * n, n, query, kv, begin, j0, j1, v_extra + c * L, with_tail ? tail : 0,
-            j0 == begin, j1 == ctx, inv + g0, oh + g0 * hd + c * L);
+            scratch + g0 * n, n, query, kv, begin, j0, j1, v_extra + c * L, v_scale_extra,
+            with_tail ? tail : 0, j0 == begin, j1 == ctx, inv + g0, oh + g0 * hd + c * L);
         c += nv;
         if (with_tail) break;
       } while (c < full || (c == full && tail > 0));
@@ -353,6 +463,10 @@ void Attention(const float* q, int64_t ldq, const AttentionQuery& query, int64_t
   if (kv.dtype == DType::kBF16) {
     AttentionTyped<S, uint16_t>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo,
                                 scratch);
+  } else if (kv.dtype == DType::kI8) {
+    AttentionTyped<S, int8_t>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
+  } else if (kv.dtype == DType::kF8E4M3) {
+    AttentionTyped<S, Fp8E4M3>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
   } else {
     AttentionTyped<S, float>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
   }

@@ -84,6 +84,11 @@ constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
 // Columns are split among threads in multiples of this (any split gives the same bits).
 constexpr int64_t kMatMulColumnGrain = 16;
 
+void CheckKvType(DType t) {
+  TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kI8 || t == DType::kF8E4M3)
+      << "KV cache dtype must be f32, bf16, i8 or f8e4m3, got " << DTypeName(t);
+}
+
 void CheckFloatType(DType t, const char* what) {
   TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16)
       << what << " dtype must be f32 or bf16, got " << DTypeName(t);
@@ -91,19 +96,50 @@ void CheckFloatType(DType t, const char* what) {
 
 }  // namespace
 
-void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
-            int64_t N, const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
-  CheckFloatType(wtype, "MatMul weight");
+int64_t MatMulWeight::RowBytes(int64_t K) const {
+  switch (quant) {
+    case WeightQuant::kInt8:
+      return K;
+    case WeightQuant::kInt4:
+      return Int4RowBytes(K);
+    case WeightQuant::kNone:
+      break;
+  }
+  return K * static_cast<int64_t>(DTypeSize(dtype));
+}
+
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t N,
+            const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
+  switch (w.quant) {
+    case WeightQuant::kNone:
+      CheckFloatType(w.dtype, "MatMul weight");
+      break;
+    case WeightQuant::kInt8:
+      TANDEM_CHECK(w.scales != nullptr) << "int8 MatMul weight without scales";
+      break;
+    case WeightQuant::kInt4:
+      TANDEM_CHECK(w.scales != nullptr && w.zeros != nullptr && w.group_size >= kInt4Chunk &&
+                   (w.group_size & (w.group_size - 1)) == 0)
+          << "int4 MatMul weight needs scales, zeros and a power-of-two group >= 32, got group "
+          << w.group_size;
+      break;
+  }
   if (M <= 0 || N <= 0) return;
   const internal::KernelTable& t = internal::ActiveKernels();
-  auto run = [&](int64_t n0, int64_t n1) {
-    t.matmul(x, M, K, ldx, w, wtype, n0, n1, bias, y, ldy);
-  };
+  auto run = [&](int64_t n0, int64_t n1) { t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy); };
   if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
     run(0, N);
   } else {
     pool->ParallelForGrain(N, kMatMulColumnGrain, run);
   }
+}
+
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+            int64_t N, const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
+  MatMulWeight weight;
+  weight.data = w;
+  weight.dtype = wtype;
+  MatMul(x, M, K, ldx, weight, N, bias, y, ldy, pool);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out) {
@@ -131,19 +167,19 @@ void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_
 
 void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
              const int64_t* slots, const PagedKvLayer& kv) {
-  CheckFloatType(kv.dtype, "KV cache");
+  CheckKvType(kv.dtype);
   internal::ActiveKernels().write_kv(k, ldk, v, ldv, M, slots, kv);
 }
 
 void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
-  CheckFloatType(kv.dtype, "KV cache");
+  CheckKvType(kv.dtype);
   internal::ActiveKernels().read_kv_slot(kv, slot, which, out);
 }
 
 void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
                     int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
                     int64_t ldo, ThreadPool* pool) {
-  CheckFloatType(kv.dtype, "KV cache");
+  CheckKvType(kv.dtype);
   TANDEM_CHECK(kv.num_kv_heads > 0 && num_heads % kv.num_kv_heads == 0)
       << "num_heads " << num_heads << " is not a multiple of num_kv_heads " << kv.num_kv_heads;
   if (num_queries <= 0) return;

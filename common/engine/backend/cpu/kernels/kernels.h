@@ -13,15 +13,34 @@
 #include <cstdint>
 
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 #include "common/base/thread_pool.h"
 
 namespace tandem::cpu {
+
+// A weight matrix [N, K] for MatMul: dense (quant kNone, dtype kF32 or kBF16, row-major) or
+// weight-only quantized (common/base/quant.h: int8 per-row scales, int4 groups with zeros).
+struct MatMulWeight {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;  // dense element type (ignored when quantized)
+  WeightQuant quant = WeightQuant::kNone;
+  const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
+  const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 15]
+  int64_t group_size = 0;         // int4: a power of two >= 32
+  // Bytes of one stored row of K elements (excluding scales).
+  int64_t RowBytes(int64_t K) const;
+};
 
 // y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n] if bias != nullptr), m < M, n < N.
 // x: f32 [M, K] row stride ldx; W: row-major [N, K] of `wtype` (kF32 or kBF16), row stride K;
 // y: f32 [M, N] row stride ldy. The weights are streamed once per call for all M rows.
 void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
             int64_t N, const float* bias, float* y, int64_t ldy, ThreadPool* pool);
+// The same for any weight format. Quantized weights are dequantized in registers (one exact f32
+// product per element, see quant.h) and then used exactly like dense f32 weights, so the result
+// equals MatMul over the dequantized f32 matrix bit for bit (same SIMD level).
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t N,
+            const float* bias, float* y, int64_t ldy, ThreadPool* pool);
 
 // out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight[:]. x, out: f32 [M, D]; may alias.
 void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out);
@@ -44,18 +63,26 @@ void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* ou
 void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D, float* out);
 
 // Paged KV cache of one layer. Block b holds `block_size` token slots and is one contiguous
-// region laid out [2 (K, V)][num_kv_heads][block_size][head_dim] of `dtype` (kF32 or kBF16), so
-// a (layer, block) pair is a single span for transfer. Slot s = block * block_size + offset.
+// region laid out [2 (K, V)][num_kv_heads][block_size][head_dim] of `dtype` (kF32, kBF16, kI8 or
+// kF8E4M3), the 1-byte dtypes followed by one f32 scale per row [2][num_kv_heads][block_size]
+// (common/base/kv_layout.h), so a (layer, block) pair is a single span for transfer.
+// Slot s = block * block_size + offset.
 struct PagedKvLayer {
   void* base = nullptr;  // start of block 0 of this layer
   DType dtype = DType::kF32;
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t block_stride_elems() const { return 2 * num_kv_heads * block_size * head_dim; }
+  // Block stride in elements of `dtype` (bytes for the 1-byte dtypes, scales included).
+  int64_t block_stride_elems() const {
+    const int64_t rows = 2 * num_kv_heads * block_size;
+    return rows * head_dim + (DTypeSize(dtype) == 1 ? rows * 4 : 0);
+  }
 };
 
-// Writes each token's K and V into its slot. k, v: f32 [M, num_kv_heads * head_dim] with row
+// Writes each token's K and V into its slot (quantized dtypes: each (token, head) row gets its own
+// scale from its max |value|: int8 codes rint(x / s), s = max / 127; fp8 e4m3 codes of x / s
+// rounded to nearest even, s = max / 448). k, v: f32 [M, num_kv_heads * head_dim] with row
 // strides ldk, ldv. slots[m] < 0 means "no slot" (skip).
 void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
              const int64_t* slots, const PagedKvLayer& kv);

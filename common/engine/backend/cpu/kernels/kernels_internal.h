@@ -17,7 +17,7 @@ struct KernelTable {
   SimdLevel level;
   const char* name;
   // y[m, n] for all m < M and n in [n_begin, n_end); otherwise as cpu::MatMul.
-  void (*matmul)(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+  void (*matmul)(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
                  int64_t n_begin, int64_t n_end, const float* bias, float* y, int64_t ldy);
   void (*rms_norm)(const float* x, const float* weight, int64_t M, int64_t D, float eps,
                    float* out);

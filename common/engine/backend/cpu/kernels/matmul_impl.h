@@ -13,7 +13,9 @@
 #include <utility>
 
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 #include "common/engine/backend/cpu/kernels/fn_table.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
 
 namespace tandem::cpu::impl {
 
@@ -23,12 +25,85 @@ inline constexpr int64_t kMatMulPrefetchBytes = 1024;
 // activation row tile.
 inline constexpr int64_t kMatMulBlockBytes = 256 * 1024;
 
+// Weight row formats. Fmt::MakeRow(w, n, K) gives a handle on row n; Load(row, k) is the f32
+// vector of elements [k, k + L) (k a multiple of L), LoadTail(row, k, t) its first t lanes with the
+// others +0; Addr(row, k) the address of element k's bytes (for prefetch).
+template <class S, class WT>
+struct DenseFmt {
+  using F = typename S::F;
+  using Row = const WT*;
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return static_cast<const WT*>(w.data) + n * K;
+  }
+  static F Load(Row r, int64_t k) { return S::Load(r + k); }
+  static F LoadTail(Row r, int64_t k, int t) { return S::LoadTail(r + k, t); }
+  static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
+  static int64_t RowBytes(int64_t K) { return K * static_cast<int64_t>(sizeof(WT)); }
+};
+
+// int8, one scale per row: w = float(q) * scale[n].
+template <class S>
+struct Int8Fmt {
+  using F = typename S::F;
+  struct Row {
+    const int8_t* q;
+    F s;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return Row{static_cast<const int8_t*>(w.data) + n * K, S::Set1(w.scales[n])};
+  }
+  static F Load(const Row& r, int64_t k) { return S::Mul(S::LoadI8(r.q + k), r.s); }
+  static F LoadTail(const Row& r, int64_t k, int t) {
+    return S::ZeroTail(S::Mul(S::LoadI8Tail(r.q + k, t), r.s), t);
+  }
+  static const char* Addr(const Row& r, int64_t k) {
+    return reinterpret_cast<const char*>(r.q + k);
+  }
+  static int64_t RowBytes(int64_t K) { return K; }
+};
+
+// int4 groups with zero points: w = (float(q) - zero[n, g]) * scale[n, g], g = k >> shift.
+// Packing (quant.h): 32-element chunks of 16 bytes, element c*32 + j in the low nibble of byte
+// c*16 + j (j < 16) and element c*32 + 16 + j in its high nibble.
+template <class S>
+struct Int4Fmt {
+  using F = typename S::F;
+  struct Row {
+    const uint8_t* q;
+    const float* s;
+    const float* z;
+    int shift;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    const int64_t groups = (K + w.group_size - 1) / w.group_size;
+    int shift = 0;
+    while ((int64_t{1} << shift) < w.group_size) ++shift;
+    return Row{static_cast<const uint8_t*>(w.data) + n * ((K + 31) / 32 * 16),
+               w.scales + n * groups, w.zeros + n * groups, shift};
+  }
+  static F Dequant(const Row& r, int64_t k) {
+    const int64_t g = k >> r.shift;
+    const F q = S::LoadU4(r.q + (k >> 5) * 16 + (k & 15), static_cast<int>((k >> 4) & 1) * 4);
+    return S::Mul(S::Sub(q, S::Set1(r.z[g])), S::Set1(r.s[g]));
+  }
+  static F Load(const Row& r, int64_t k) { return Dequant(r, k); }
+  // Rows are padded to whole chunks, so the full load stays inside the row.
+  static F LoadTail(const Row& r, int64_t k, int t) { return S::ZeroTail(Dequant(r, k), t); }
+  static const char* Addr(const Row& r, int64_t k) {
+    return reinterpret_cast<const char*>(r.q + (k >> 5) * 16);
+  }
+  static int64_t RowBytes(int64_t K) { return (K + 31) / 32 * 16; }
+};
+
 // y[0..MR) x [0..NR) = x[MR rows] . w[NR rows]^T, full K.
-template <class S, int MR, int NR, class WT, bool kPrefetch>
-void MatMulTile(const float* x, int64_t ldx, const WT* w, int64_t K, const float* bias, float* y,
-                int64_t ldy) {
+template <class S, int MR, int NR, class Fmt, bool kPrefetch>
+void MatMulTile(const float* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, int64_t K,
+                const float* bias, float* y, int64_t ldy) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
+  typename Fmt::Row rows[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) rows[j] = Fmt::MakeRow(wt, n0 + j, K);
   F acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -42,10 +117,8 @@ void MatMulTile(const float* x, int64_t ldx, const WT* w, int64_t K, const float
     for (int i = 0; i < MR; ++i) xv[i] = S::Load(x + i * ldx + k);
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const WT* wp = w + j * K + k;
-      if constexpr (kPrefetch)
-        S::Prefetch(reinterpret_cast<const char*>(wp) + kMatMulPrefetchBytes);
-      F wv = S::Load(wp);
+      if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k) + kMatMulPrefetchBytes);
+      F wv = Fmt::Load(rows[j], k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv[i], wv, acc[i][j]);
     }
@@ -57,7 +130,7 @@ void MatMulTile(const float* x, int64_t ldx, const WT* w, int64_t K, const float
     for (int i = 0; i < MR; ++i) xv[i] = S::LoadTail(x + i * ldx + kmain, t);
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      F wv = S::LoadTail(w + j * K + kmain, t);
+      F wv = Fmt::LoadTail(rows[j], kmain, t);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv[i], wv, acc[i][j]);
     }
@@ -83,29 +156,29 @@ void MatMulTile(const float* x, int64_t ldx, const WT* w, int64_t K, const float
   }
 }
 
-template <class WT>
-using MatMulTileFn = void (*)(const float*, int64_t, const WT*, int64_t, const float*, float*,
-                              int64_t);
+template <class Fmt>
+using MatMulTileFn = void (*)(const float*, int64_t, const MatMulWeight&, int64_t, int64_t,
+                              const float*, float*, int64_t);
 
 // Table of every tile shape 1..kMR x 1..kNR, indexed (mr - 1) * kNR + (nr - 1).
-template <class S, class WT, bool kPrefetch, size_t... I>
-constexpr FnTable<S, MatMulTileFn<WT>, sizeof...(I)> MakeMatMulTiles(std::index_sequence<I...>) {
-  return {{&MatMulTile<S, static_cast<int>(I / S::kNR) + 1, static_cast<int>(I % S::kNR) + 1, WT,
+template <class S, class Fmt, bool kPrefetch, size_t... I>
+constexpr FnTable<S, MatMulTileFn<Fmt>, sizeof...(I)> MakeMatMulTiles(std::index_sequence<I...>) {
+  return {{&MatMulTile<S, static_cast<int>(I / S::kNR) + 1, static_cast<int>(I % S::kNR) + 1, Fmt,
                        kPrefetch>...}};
 }
 
-template <class S, class WT, bool kPrefetch>
+template <class S, class Fmt, bool kPrefetch>
 inline constexpr auto kMatMulTiles =
-    MakeMatMulTiles<S, WT, kPrefetch>(std::make_index_sequence<S::kMR * S::kNR>());
+    MakeMatMulTiles<S, Fmt, kPrefetch>(std::make_index_sequence<S::kMR * S::kNR>());
 
-template <class S, class WT>
-void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const WT* w, int64_t n0,
-                      int64_t n1, const float* bias, float* y, int64_t ldy) {
+template <class S, class Fmt>
+void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
+                      int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int MR = S::kMR, NR = S::kNR;
   // Few activation rows: each weight block is touched by few tiles, so the stream from memory
   // dominates and software prefetch helps. Many rows: compute-bound, the block sits in L2.
-  const auto& tiles = M <= 2 * MR ? kMatMulTiles<S, WT, true> : kMatMulTiles<S, WT, false>;
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(WT));
+  const auto& tiles = M <= 2 * MR ? kMatMulTiles<S, Fmt, true> : kMatMulTiles<S, Fmt, false>;
+  const int64_t row_bytes = Fmt::RowBytes(K);
   int64_t block = row_bytes > 0 ? kMatMulBlockBytes / row_bytes / NR * NR : NR;
   if (block < NR) block = NR;
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
@@ -115,28 +188,37 @@ void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const W
       int64_t n = b0;
       if (mr == 1) {  // a lone row: more weight rows in flight
         for (; n + S::kNR1 <= b1; n += S::kNR1) {
-          MatMulTile<S, 1, S::kNR1, WT, true>(x + m * ldx, ldx, w + n * K, K,
-                                              bias != nullptr ? bias + n : nullptr, y + m * ldy + n,
-                                              ldy);
+          MatMulTile<S, 1, S::kNR1, Fmt, true>(x + m * ldx, ldx, w, n, K,
+                                               bias != nullptr ? bias + n : nullptr,
+                                               y + m * ldy + n, ldy);
         }
       }
       for (; n < b1; n += NR) {
         const int nr = static_cast<int>(b1 - n < NR ? b1 - n : NR);
-        tiles.fn[(mr - 1) * NR + (nr - 1)](x + m * ldx, ldx, w + n * K, K,
-                                           bias != nullptr ? bias + n : nullptr, y + m * ldy + n,
-                                           ldy);
+        tiles.fn[(mr - 1) * NR + (nr - 1)](
+            x + m * ldx, ldx, w, n, K, bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
       }
     }
   }
 }
 
 template <class S>
-void MatMulRange(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,
+void MatMulRange(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
                  int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
-  if (wtype == DType::kBF16) {
-    MatMulRangeTyped<S>(x, M, K, ldx, static_cast<const uint16_t*>(w), n0, n1, bias, y, ldy);
+  switch (w.quant) {
+    case WeightQuant::kInt8:
+      MatMulRangeTyped<S, Int8Fmt<S>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
+      return;
+    case WeightQuant::kInt4:
+      MatMulRangeTyped<S, Int4Fmt<S>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
+      return;
+    case WeightQuant::kNone:
+      break;
+  }
+  if (w.dtype == DType::kBF16) {
+    MatMulRangeTyped<S, DenseFmt<S, uint16_t>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
   } else {
-    MatMulRangeTyped<S>(x, M, K, ldx, static_cast<const float*>(w), n0, n1, bias, y, ldy);
+    MatMulRangeTyped<S, DenseFmt<S, float>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
   }
 }
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/engine/backend/cpu/kernels/kv_types.h"
+
 namespace tandem::cpu::avx2 {
 
 struct Simd {
@@ -40,6 +42,41 @@ struct Simd {
     for (int i = 0; i < n; ++i) buf[i] = p[i];
     return Load(buf);
   }
+  // int8 -> f32 (exact).
+  static F Load(const int8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F LoadTail(const int8_t* p, int n) {
+    alignas(16) int8_t buf[16] = {0};
+    for (int i = 0; i < n; ++i) buf[i] = p[i];
+    return Load(buf);
+  }
+  static F LoadI8(const int8_t* p) { return Load(p); }
+  static F LoadI8Tail(const int8_t* p, int n) { return LoadTail(p, n); }
+  // 8 nibbles: (p[i] >> shift) & 15 for i < 8, shift 0 or 4, as f32.
+  static F LoadU4(const uint8_t* p, int shift) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    v = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(15));
+    return _mm256_cvtepi32_ps(v);
+  }
+  // fp8 e4m3 -> f32 * 2^-8 (exact), as avx512::Simd::Fp8Widen.
+  static F Fp8Widen(__m128i b) {
+    const __m128i w = _mm_cvtepu8_epi16(b);
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
+                                   _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+    return _mm256_cvtph_ps(h);
+  }
+  static F Load(const Fp8E4M3* p) {
+    return Fp8Widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F LoadTail(const Fp8E4M3* p, int n) {
+    alignas(16) uint8_t buf[16] = {0};
+    for (int i = 0; i < n; ++i) buf[i] = p[i].bits;
+    return Fp8Widen(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  }
+  // Lanes n.. set to +0.
+  static F ZeroTail(F v, int n) { return _mm256_and_ps(v, _mm256_castsi256_ps(Mask(n))); }
   static void Store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void StoreTail(float* p, F v, int n) { _mm256_maskstore_ps(p, Mask(n), v); }
 

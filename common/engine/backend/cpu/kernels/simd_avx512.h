@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "common/engine/backend/cpu/kernels/kv_types.h"
+
 namespace tandem::cpu::avx512 {
 
 struct Simd {
@@ -38,6 +40,37 @@ struct Simd {
     __m256i h = _mm256_maskz_loadu_epi16(Mask(n), p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  // int8 -> f32 (exact).
+  static F Load(const int8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static F LoadTail(const int8_t* p, int n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(Mask(n), p)));
+  }
+  static F LoadI8(const int8_t* p) { return Load(p); }
+  static F LoadI8Tail(const int8_t* p, int n) { return LoadTail(p, n); }
+  // 16 nibbles: (p[i] >> shift) & 15 for i < 16, shift 0 or 4, as f32.
+  static F LoadU4(const uint8_t* p, int shift) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(15));
+    return _mm512_cvtepi32_ps(v);
+  }
+  // fp8 e4m3 -> f32 * 2^-8 (exact): the code's bits placed as an f16 (sign, 4 exponent bits in
+  // the low 4 of the f16's 5, 3 mantissa bits at the top of its 10).
+  static F Fp8Widen(__m128i b) {
+    const __m256i w = _mm256_cvtepu8_epi16(b);
+    const __m256i h =
+        _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                        _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+  }
+  static F Load(const Fp8E4M3* p) {
+    return Fp8Widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F LoadTail(const Fp8E4M3* p, int n) { return Fp8Widen(_mm_maskz_loadu_epi8(Mask(n), p)); }
+  // Lanes n.. set to +0.
+  static F ZeroTail(F v, int n) { return _mm512_maskz_mov_ps(Mask(n), v); }
   static void Store(float* p, F v) { _mm512_storeu_ps(p, v); }
   static void StoreTail(float* p, F v, int n) { _mm512_mask_storeu_ps(p, Mask(n), v); }
 

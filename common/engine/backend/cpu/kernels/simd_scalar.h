@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "common/engine/backend/cpu/kernels/kv_types.h"
+
 namespace tandem::cpu::scalar {
 
 struct Simd {
@@ -31,6 +33,18 @@ struct Simd {
   static float ToF32(uint16_t h) {
     return __builtin_bit_cast(float, static_cast<uint32_t>(h) << 16);
   }
+  static float ToF32(int8_t q) { return static_cast<float>(q); }
+  // fp8 e4m3 value times 2^-8 (exact), as the AVX paths give it.
+  static float ToF32(Fp8E4M3 c) {
+    const uint32_t b = c.bits, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 0) {
+      v = static_cast<float>(m) * 0x1p-17f;
+    } else {
+      v = __builtin_bit_cast(float, ((e + 112) << 23) | (m << 20));
+    }
+    return (b & 0x80) != 0 ? -v : v;
+  }
 
   template <class T>
   static F Load(const T* p) {
@@ -43,6 +57,19 @@ struct Simd {
     F r = Zero();
     for (int i = 0; i < n; ++i) r.v[i] = ToF32(p[i]);
     return r;
+  }
+  static F LoadI8(const int8_t* p) { return Load(p); }
+  static F LoadI8Tail(const int8_t* p, int n) { return LoadTail(p, n); }
+  // 8 nibbles: (p[i] >> shift) & 15 for i < 8, shift 0 or 4, as f32.
+  static F LoadU4(const uint8_t* p, int shift) {
+    F r;
+    for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>((p[i] >> shift) & 15);
+    return r;
+  }
+  // Lanes n.. set to +0.
+  static F ZeroTail(F a, int n) {
+    for (int i = n; i < 8; ++i) a.v[i] = 0.0f;
+    return a;
   }
   static void Store(float* p, F a) {
     for (int i = 0; i < 8; ++i) p[i] = a.v[i];

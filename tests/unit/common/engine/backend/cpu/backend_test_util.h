@@ -41,10 +41,14 @@ inline Reference LoadReference(const std::string& model) {
   return ref;
 }
 
-inline std::shared_ptr<const Model> Load(const std::string& model, DType weights) {
+inline std::shared_ptr<const Model> Load(const std::string& model, DType weights,
+                                         WeightQuant quant = WeightQuant::kNone,
+                                         int64_t group_size = 128) {
   LoadOptions options;
   options.weight_dtype_auto = false;
   options.weight_dtype = weights;
+  options.quantization = quant;
+  options.quant_group_size = group_size;
   auto m = LoadModel(ModelDir(model), options);
   EXPECT_TRUE(m.ok()) << m.status();
   return std::shared_ptr<const Model>(std::move(m).value());

@@ -3,6 +3,8 @@
 
 #include <random>
 
+#include "absl/strings/str_cat.h"
+
 #include "tests/unit/common/engine/backend/cpu/backend_test_util.h"
 
 namespace tandem::testing {
@@ -26,14 +28,22 @@ void RunAlone(CpuBackend& backend, BlockCounter& blocks, TestSeq& seq, int64_t p
   }
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<DType> {};
+struct Case {
+  DType weights;
+  WeightQuant quant;
+  int64_t group;
+  DType kv;
+};
+
+class BatchInvarianceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BatchInvarianceTest, LogitsIdenticalAloneAndAmongSevenOthers) {
-  const DType weights = GetParam();
-  auto model = Load("stories260k", weights);
+  const Case& c = GetParam();
+  auto model = Load("stories260k", c.weights, c.quant, c.group);
+  ASSERT_NE(model, nullptr);
   CpuBackendOptions options;
   options.num_blocks = 512;
-  options.kv_dtype = weights == DType::kF32 ? DType::kF32 : DType::kBF16;
+  options.kv_dtype = c.kv;
   const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
   std::mt19937 rng(1234);
 
@@ -95,8 +105,23 @@ TEST_P(BatchInvarianceTest, LogitsIdenticalAloneAndAmongSevenOthers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Weights, BatchInvarianceTest, ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(
+    Weights, BatchInvarianceTest,
+    ::testing::Values(Case{DType::kF32, WeightQuant::kNone, 0, DType::kF32},
+                      Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16},
+                      Case{DType::kF32, WeightQuant::kInt8, 0, DType::kF32},
+                      Case{DType::kF32, WeightQuant::kInt4, 32, DType::kF32},
+                      Case{DType::kBF16, WeightQuant::kInt4, 128, DType::kBF16},
+                      Case{DType::kF32, WeightQuant::kNone, 0, DType::kI8},
+                      Case{DType::kBF16, WeightQuant::kNone, 0, DType::kF8E4M3},
+                      Case{DType::kBF16, WeightQuant::kInt8, 0, DType::kF8E4M3},
+                      Case{DType::kF32, WeightQuant::kInt4, 32, DType::kI8}),
+    [](const auto& info) {
+      return absl::StrCat(std::string(DTypeName(info.param.weights)), "_",
+                          std::string(WeightQuantName(info.param.quant)),
+                          info.param.group > 0 ? absl::StrCat("g", info.param.group) : "", "_kv_",
+                          std::string(DTypeName(info.param.kv)));
+    });
 
 }  // namespace
 }  // namespace tandem::testing

@@ -85,10 +85,74 @@ TestCache MakeCache(const CacheSpec& spec, uint64_t seed) {
       WriteKv(kb.data(), ld, vb.data(), ld, n + 1, slots.data(), c.kv);
     }
   }
+  // Quantized caches: the values the kernels use are the dequantized ones (code * row scale).
+  if (spec.dtype == DType::kI8 || spec.dtype == DType::kF8E4M3) {
+    for (size_t s = 0; s < spec.seq_lens.size(); ++s) {
+      for (int64_t p = 0; p < spec.seq_lens[s]; ++p) {
+        ReadKvSlot(c.kv, c.Slot(s, p), 0, &c.k[s][p * width]);
+        ReadKvSlot(c.kv, c.Slot(s, p), 1, &c.v[s][p * width]);
+      }
+    }
+  }
   return c;
 }
 
 class AttentionTest : public PerSimdLevelTest {};
+
+// The f32 value of an fp8 e4m3 code (OCP E4M3FN), straight from the definition.
+double Fp8Value(uint8_t c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  const double v = e == 0 ? m / 8.0 * std::ldexp(1.0, -6) : (1 + m / 8.0) * std::ldexp(1.0, e - 7);
+  return (c & 0x80) ? -v : v;
+}
+
+// Quantized KV rows: documented layout (codes, then one f32 scale per row after the block's
+// codes), scale = max|row| / 127 (int8) or / 448 (fp8, stored times 256), codes within half a step,
+// read-back = code * scale.
+TEST_P(AttentionTest, QuantizedKvLayoutScalesAndRoundTrip) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    const int64_t kvh = 3, hd = 20, bs = 4, width = kvh * hd;
+    const TestCache c = MakeCache({dtype, kvh, hd, bs, {9, 1, 4}}, 100);
+    ASSERT_EQ(c.kv.block_stride_elems(), 2 * kvh * bs * hd + 2 * kvh * bs * 4);
+    std::vector<float> out(width);
+    for (size_t s = 0; s < c.tables.size(); ++s) {
+      for (int64_t p = 0; p < static_cast<int64_t>(c.k_in[s].size() / width); ++p) {
+        const int64_t slot = c.Slot(s, p), block = slot / bs, off = slot % bs;
+        const uint8_t* blk = c.storage.data() + block * c.kv.block_stride_elems();
+        for (int which = 0; which < 2; ++which) {
+          const auto& input = which == 0 ? c.k_in[s] : c.v_in[s];
+          ReadKvSlot(c.kv, slot, which, out.data());
+          for (int64_t h = 0; h < kvh; ++h) {
+            float amax = 0;
+            for (int64_t d = 0; d < hd; ++d) {
+              amax = std::max(amax, std::fabs(input[p * width + h * hd + d]));
+            }
+            float scale;
+            std::memcpy(&scale, blk + 2 * kvh * bs * hd + ((which * kvh + h) * bs + off) * 4, 4);
+            const uint8_t* codes = blk + ((which * kvh + h) * bs + off) * hd;
+            for (int64_t d = 0; d < hd; ++d) {
+              const float x = input[p * width + h * hd + d];
+              if (dtype == DType::kI8) {
+                ASSERT_EQ(scale, amax / 127.0f);
+                const int8_t q = static_cast<int8_t>(codes[d]);
+                ASSERT_EQ(q, static_cast<int8_t>(std::rint(x / scale)));
+                ASSERT_EQ(out[h * hd + d], q * scale);
+                ASSERT_LE(std::fabs(out[h * hd + d] - x), 0.5001f * scale);
+              } else {
+                ASSERT_EQ(scale, amax / 448.0f * 256.0f);
+                const double v = Fp8Value(codes[d]) * (scale / 256.0);
+                ASSERT_NEAR(out[h * hd + d], v, 1e-6 * std::fabs(v));
+                // Half a unit in the last place of 3 mantissa bits (or of the subnormal step).
+                ASSERT_LE(std::fabs(v - x), std::max(std::fabs(x) / 16.0, amax / 448.0 / 1024.0))
+                    << "x=" << x << " code=" << int{codes[d]};
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
 
 TEST_P(AttentionTest, WriteKvLayoutAndReadBack) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -162,7 +226,7 @@ struct AttnCase {
 
 std::vector<AttnCase> Cases() {
   std::vector<AttnCase> cases;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
     cases.push_back({dtype, 8, 2, 64, 16, 0});    // GQA 4
     cases.push_back({dtype, 6, 2, 20, 5, 0});     // GQA 3, head_dim tail, odd block size
     cases.push_back({dtype, 4, 4, 136, 16, 37});  // MHA, sliding window, > 8 vectors + tail

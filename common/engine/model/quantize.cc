@@ -1,0 +1,74 @@
+#include "common/engine/model/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tandem {
+
+void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_size, uint8_t* codes,
+                 float* scales, float* zeros) {
+  if (quant == WeightQuant::kInt8) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[k]));
+    const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+    scales[0] = s;
+    for (int64_t k = 0; k < K; ++k) {
+      const float q = std::clamp(std::rint(w[k] / s), -127.0f, 127.0f);
+      codes[k] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+    return;
+  }
+  // int4: groups along K, packed in 32-element chunks (quant.h).
+  const int64_t groups = Int4Groups(K, group_size);
+  std::fill(codes, codes + Int4RowBytes(K), uint8_t{0});
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k0 = g * group_size, k1 = std::min(K, k0 + group_size);
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t k = k0; k < k1; ++k) {
+      lo = std::min(lo, w[k]);
+      hi = std::max(hi, w[k]);
+    }
+    float s = (hi - lo) / 15.0f;
+    if (!(s > 0.0f)) s = 1.0f;
+    const float z = std::clamp(std::rint(-lo / s), 0.0f, 15.0f);
+    scales[g] = s;
+    zeros[g] = z;
+    for (int64_t k = k0; k < k1; ++k) {
+      const auto q = static_cast<uint8_t>(std::clamp(std::rint(w[k] / s) + z, 0.0f, 15.0f));
+      const int64_t chunk = k / kInt4Chunk, j = k % kInt4Chunk;
+      uint8_t& byte = codes[chunk * 16 + (j & 15)];
+      byte = static_cast<uint8_t>(byte | (j < 16 ? q : q << 4));
+    }
+  }
+}
+
+void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,
+                   int64_t K, int64_t group_size, float* out) {
+  if (quant == WeightQuant::kInt8) {
+    for (int64_t k = 0; k < K; ++k) {
+      out[k] = static_cast<float>(static_cast<int8_t>(codes[k])) * scales[0];
+    }
+    return;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t g = k / group_size, chunk = k / kInt4Chunk, j = k % kInt4Chunk;
+    const uint8_t byte = codes[chunk * 16 + (j & 15)];
+    const float q = static_cast<float>(j < 16 ? byte & 15 : byte >> 4);
+    out[k] = (q - zeros[g]) * scales[g];
+  }
+}
+
+bool ParseWeightQuant(const std::string& text, WeightQuant* out) {
+  if (text == "none") {
+    *out = WeightQuant::kNone;
+  } else if (text == "int8") {
+    *out = WeightQuant::kInt8;
+  } else if (text == "int4") {
+    *out = WeightQuant::kInt4;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace tandem

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Section "weight quantization and KV dtypes" (issue #7): for the random llama-110m and llama-1b
+# models (bf16 checkpoints) with bf16 / int8 / int4 weights: batch-1 decode tokens/s with the
+# memory read bandwidth measured in the same process just before (fraction of the roofline =
+# tokens/s x bytes read per token / bandwidth), prefill tokens/s and decode tokens/s at batch
+# 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the accuracy cost of each weight
+# format and KV dtype on stories260k against its f32 reference logits (quant_bench --accuracy).
+# The formats run interleaved, repetition by repetition, so background load hits them alike.
+# Writes $BENCH_RESULTS/quantization.{md,json}.
+#   BENCH_REPS=3 QUANT_MODELS="llama-110m llama-1b" scripts/bench/quantization.sh
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+bench_init quantization
+REPS="${BENCH_REPS:-3}"
+BENCH="$BUILD_DIR/bin/quant_bench"
+[ -x "$BENCH" ] || { echo "build quant_bench first: ninja -C $BUILD_DIR quant_bench" >&2; exit 1; }
+MODELS=(${QUANT_MODELS:-llama-110m llama-1b})
+FORMATS=("none 128" "int8 128" "int4 32" "int4 128")
+
+record "accuracy (stories260k, teacher-forced on its reference sequence)" \
+  "$BENCH" --accuracy --model "$ROOT/models/stories260k"
+"$BENCH" --accuracy --model "$ROOT/models/stories260k" >"$WORK/accuracy.json"
+for rep in $(seq 1 "$REPS"); do
+  for preset in "${MODELS[@]}"; do
+    dir="$(ensure_model "$preset")"
+    steps=32
+    [ "$preset" = llama-1b ] && steps=16
+    for fmt in "${FORMATS[@]}"; do
+      set -- $fmt
+      cmd=("$BENCH" --model "$dir" --quantization "$1" --group "$2" --kv bf16 --reps 1
+           --decode-tokens "$steps" --prefill-tokens 512 --batches 8,16,32 --batch-steps 4)
+      [ "$rep" = 1 ] && record "$preset $1 g$2" "${cmd[@]}"
+      log "rep $rep/$REPS $preset $1 g$2 (load $(cut -d' ' -f1 /proc/loadavg))"
+      "${cmd[@]}" >"$WORK/run.$preset.$1.g$2.$rep.json" 2>"$WORK/run.$preset.$1.g$2.$rep.log"
+      echo "$(cut -d' ' -f1-3 /proc/loadavg)" >"$WORK/run.$preset.$1.g$2.$rep.load"
+    done
+  done
+done
+python3 "$ROOT/scripts/bench/quantization.py" "$WORK" "$BENCH_RESULTS"
+log "wrote $BENCH_RESULTS/quantization.md"
