@@ -10,6 +10,10 @@
 namespace tandem {
 namespace {
 constexpr int kSpinIterations = 20000;  // ~tens of microseconds before sleeping
+// Spins of the joining thread before it starts yielding its core: on a machine busier than the
+// pool (other processes runnable), a worker it waits for may be descheduled, and spinning would
+// only burn the time slice that worker needs.
+constexpr int kJoinSpinsBeforeYield = 2000;
 }  // namespace
 
 int DefaultComputeThreads() { return GetCpuFeatures().num_cores; }
@@ -66,7 +70,13 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   }
   if (sleepers_.load() > 0) cv_.notify_all();
   fn(0, num_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kJoinSpinsBeforeYield) {
+      _mm_pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 

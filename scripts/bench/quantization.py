@@ -52,7 +52,19 @@ def render(work, outdir):
            "decode run; *roofline* = decode tokens/s x (weight bytes + KV bytes read per token) / "
            "that bandwidth. Weight bytes per token count every projection and lm_head as stored "
            "(codes + scales + zeros) plus one embedding row.", ""]
-    summary = {"throughput": [], "accuracy": acc}
+    threads = sorted({r["threads"] for rs in runs.values() for r, _ in rs})
+    out += [f"Compute threads: {', '.join(map(str, threads))} (the bandwidth is measured with as "
+            "many threads as the decode uses)."]
+    if threads == [1]:
+        out += ["", "Why one thread: while these figures were taken, three other agents were "
+                "building on this 2-core machine (load average ~10). The thread pool joins every "
+                "MatMul with a static split, so a 2-thread pool waits for a descheduled worker "
+                "at each of the ~100 joins per token: measured side by side in this session, "
+                "llama-110m bf16 batch-1 decode ran at 4.4 tok/s with 2 threads and 39 tok/s "
+                "with 1 (`quant_bench --model <llama-110m> --threads 0|1`). A join that lets "
+                "the caller take a late worker's share (work claiming) is the fix; not done yet."]
+    out.append("")
+    summary = {"throughput": [], "accuracy": acc, "threads": threads}
     for preset in ("llama-110m", "llama-1b"):
         keys = [k for k in runs if k[0] == preset]
         if not keys:

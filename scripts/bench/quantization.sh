@@ -15,6 +15,10 @@ REPS="${BENCH_REPS:-3}"
 BENCH="$BUILD_DIR/bin/quant_bench"
 [ -x "$BENCH" ] || { echo "build quant_bench first: ninja -C $BUILD_DIR quant_bench" >&2; exit 1; }
 MODELS=(${QUANT_MODELS:-llama-110m llama-1b})
+# Compute threads (0: one per core). On a machine shared with other busy processes a 2-thread
+# fork-join pool waits for descheduled workers at every MatMul (see the section's notes), so the
+# script can run single-threaded: QUANT_THREADS=1.
+THREADS="${QUANT_THREADS:-0}"
 FORMATS=("none 128" "int8 128" "int4 32" "int4 128")
 
 record "accuracy (stories260k, teacher-forced on its reference sequence)" \
@@ -27,7 +31,7 @@ for rep in $(seq 1 "$REPS"); do
     [ "$preset" = llama-1b ] && steps=16
     for fmt in "${FORMATS[@]}"; do
       set -- $fmt
-      cmd=("$BENCH" --model "$dir" --quantization "$1" --group "$2" --kv bf16 --reps 1
+      cmd=("$BENCH" --model "$dir" --quantization "$1" --group "$2" --kv bf16 --reps 1 --threads "$THREADS"
            --decode-tokens "$steps" --prefill-tokens 512 --batches 8,16,32 --batch-steps 4)
       [ "$rep" = 1 ] && record "$preset $1 g$2" "${cmd[@]}"
       log "rep $rep/$REPS $preset $1 g$2 (load $(cut -d' ' -f1 /proc/loadavg))"

@@ -12,10 +12,10 @@ export BUILD_DIR
 RESULTS="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
 export BENCH_RESULTS="$RESULTS"
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative)
+[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative quantization)
 
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
-  ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench
+  ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench quant_bench
 fi
 for s in "${sections[@]}"; do
   echo "=== $s ===" >&2

@@ -33,8 +33,13 @@ std::vector<Req> MakeRequests(int n, uint32_t seed) {
   return out;
 }
 
-std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks) {
+std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks,
+                                   const std::string& quantization = "none",
+                                   const std::string& kv_dtype = "auto") {
   EngineBuildOptions b;
+  b.quantization = quantization;
+  b.kv_cache_dtype = kv_dtype;
+  b.quant_group_size = 32;
   b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
   b.num_kv_blocks = num_blocks;
   b.show_progress = false;
@@ -111,6 +116,52 @@ TEST(EngineTest, BatchingChunkingAndCachingDoNotChangeGreedyOutput) {
       if (v.blocks == 12) EXPECT_GT(s.preemptions, 0) << "the small pool forces preemption";
     }
   }
+}
+
+// Within each weight format and KV dtype (issue 7), batching, chunking, prefix caching and
+// preemption leave greedy output unchanged, through the same options the flags set.
+TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
+  std::vector<Req> reqs = MakeRequests(16, 7);
+  struct Format {
+    const char* quant;
+    const char* kv;
+  };
+  std::vector<std::map<std::string, std::vector<int32_t>>> outputs;
+  for (const Format& f : {Format{"int8", "fp8"}, Format{"int4", "int8"}, Format{"none", "fp8"}}) {
+    EngineOptions solo_options;
+    solo_options.enable_prefix_cache = false;
+    solo_options.scheduler.max_num_seqs = 1;
+    auto solo_engine = MakeEngine(solo_options, 256, f.quant, f.kv);
+    ASSERT_NE(solo_engine, nullptr);
+    const auto solo = RunAll(*solo_engine, reqs);
+    outputs.push_back(solo);
+    for (int64_t blocks : {int64_t{256}, int64_t{12}}) {
+      EngineOptions o;
+      o.scheduler.max_num_seqs = 16;
+      o.scheduler.max_num_batched_tokens = 64;
+      o.scheduler.max_prefill_chunk = 5;
+      auto engine = MakeEngine(o, blocks, f.quant, f.kv);
+      for (int pass = 0; pass < 2; ++pass) {
+        EXPECT_EQ(RunAll(*engine, reqs), solo)
+            << f.quant << " kv " << f.kv << " blocks " << blocks << " pass " << pass;
+      }
+      EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+      if (blocks == 12) EXPECT_GT(engine->stats().preemptions, 0);
+    }
+  }
+  // The options are honoured: int4 weights change some greedy tokens against int8.
+  EXPECT_NE(outputs[0], outputs[1]);
+}
+
+TEST(EngineTest, UnknownQuantizationOrKvDtypeIsAnError) {
+  EngineBuildOptions b;
+  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.show_progress = false;
+  b.quantization = "int3";
+  EXPECT_NE(BuildEngine(b).status().message().find("quantization"), std::string::npos);
+  b.quantization = "int8";
+  b.kv_cache_dtype = "fp4";
+  EXPECT_NE(BuildEngine(b).status().message().find("kv cache dtype"), std::string::npos);
 }
 
 TEST(EngineTest, SamplesShareThePromptCopyOnWrite) {
