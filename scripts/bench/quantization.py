@@ -71,7 +71,7 @@ def render(work, outdir):
             continue
         out += [f"### {preset}", "",
                 "| weights | MB read / token | bandwidth GB/s | batch-1 decode tok/s | roofline | "
-                "prefill tok/s (512) | decode tok/s batch 8 / 16 / 32 | load avg (1 min) |",
+                "prefill tok/s (512) | decode tok/s batch 8 / 16 / 32 | load avg after each run (1 min) |",
                 "|---|---:|---:|---:|---:|---:|---:|---|"]
         order = {"none": 0, "int8": 1, "int4": 2}
         for key in sorted(keys, key=lambda k: (order[k[1]], int(k[2][1:]))):
@@ -86,7 +86,7 @@ def render(work, outdir):
             bat = {b: med(vals(lambda r, b=b: r["batch_decode_tok_s"][b])) for b in ("8", "16", "32")}
             mb = (rs[0][0]["weight_bytes_per_token"] + rs[0][0]["kv_bytes_per_token"]) / 1e6
             loads = ", ".join(l.split()[0] for _, l in rs if l)
-            out.append(f"| {name} | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | {pre:.1f} | "
+            out.append(f"| {name} ({len(rs)} rep{'s' if len(rs) > 1 else ''}) | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | {pre:.1f} | "
                        f"{bat['8']:.1f} / {bat['16']:.1f} / {bat['32']:.1f} | {loads} |")
             summary["throughput"].append({"model": preset, "quantization": quant, "group": group,
                                           "mb_per_token": mb, "membw_GBps": bw,
@@ -124,7 +124,10 @@ def render(work, outdir):
         out.append(f"| {w} | {a['kv_dtype']} | {100 * a['top1_agreement']:.1f}% "
                    f"({a['positions']} positions) | {a['mean_rel_logits_err']:.4f} | "
                    f"{a['max_rel_logits_err']:.4f} |")
-    out += ["", "Commands (each run once per repetition):", "", "```"]
+    out += ["", "Regenerate with `scripts/bench/run_all.sh quantization` or "
+            "`BENCH_REPS=2 QUANT_THREADS=1 scripts/bench/quantization.sh`; rows list the "
+            "repetitions that completed (a run stopped early keeps the finished ones).", "",
+            "Commands (each run once per repetition):", "", "```"]
     out += [f"# {label}\n{cmd}" for label, cmd in commands]
     out += ["```", "<!-- END quantization -->", ""]
     os.makedirs(outdir, exist_ok=True)
