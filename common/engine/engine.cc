@@ -154,7 +154,7 @@ void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
               << " sequences: " << status;
   for (const ScheduledSeq& s : plan.scheduled) {
     if (s.seq->status == SeqStatus::kFinished) continue;
-    s.seq->pending_forks = 0;
+    EndPendingForks(s.seq, FinishReason::kError, status, updates);
     SequenceUpdate& u = UpdateFor(s.seq, updates);
     u.status = status;
     Finish(s.seq, FinishReason::kError, &u);

@@ -185,6 +185,10 @@ class Engine {
   // Creates the samples 1..n-1 of `parent` (sharing its blocks) and returns them.
   std::vector<Sequence*> Fork(Sequence* parent);
   void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);
+  // Ends the samples `seq` was still to fork (n > 1, prompt not computed yet): one finished
+  // update each, with `reason` and `status`, so every request hears exactly n endings.
+  void EndPendingForks(Sequence* seq, FinishReason reason, const absl::Status& status,
+                       std::vector<SequenceUpdate>* updates);
   void ExpireLeases(std::vector<SequenceUpdate>* updates);
   void ReapFinished();
   // Speculative decoding (engine_spec.cc).
