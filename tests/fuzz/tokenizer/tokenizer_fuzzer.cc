@@ -91,6 +91,9 @@ void CheckDecode(const tandem::Tokenizer& t, const std::vector<int32_t>& ids, bo
   tandem::StreamDecoder stream(t, skip_special);
   for (int32_t id : ids) {
     auto piece = stream.StepOrError(id);
+    if (!piece.ok() && id >= 0 && id < t.vocab_size()) {
+      std::fprintf(stderr, "id %d: %s\n", id, std::string(piece.status().message()).c_str());
+    }
     FUZZ_CHECK(piece.ok() == (id >= 0 && id < t.vocab_size()));
     if (!piece.ok()) break;  // the router never feeds a stream an id outside the vocabulary
     if (piece->has_value()) FUZZ_CHECK(ValidUtf8(**piece));
