@@ -103,7 +103,7 @@ def run_stream(stubs, stub, request, cancel_after=None, timeout=REQUEST_TIMEOUT)
                     call.cancel()
             else:
                 s = rec["samples"].setdefault(r.final.index, {"ids": [], "text": "", "end": None})
-                s["end"] = stubs.gen.FinishReason.Name(r.final.finish_reason)
+                s["end"] = stubs.common.FinishReason.Name(r.final.finish_reason)
         rec["outcome"] = "completed"
     except grpc.RpcError as e:
         rec["code"], rec["details"] = e.code().name, e.details() or ""
@@ -140,6 +140,9 @@ class Chaos:
         self.events = []
         self.probes = []
         self.lock = threading.Lock()
+        # Held while the driver stops and restarts a worker, so that check_crashes never takes
+        # the driver's own kill (or a drain in progress) for a crash.
+        self.slot_lock = threading.Lock()
         b = args.build_dir
         self.prefill = [Slot(b, f"prefill{i}", "prefill", WORKER_ARGS, self.tmp) for i in range(2)]
         self.decode = [Slot(b, f"decode{i}", "decode", WORKER_ARGS, self.tmp) for i in range(2)]
@@ -199,20 +202,22 @@ class Chaos:
             downtime = self.rng.uniform(0.2, 2.0)
             profile, spec = self.next_profile()
             self.check_crashes()
-            rc = slot.stop(sig, timeout=30)
-            time.sleep(downtime)
-            slot.start(spec)
-            slot.profile = profile
+            with self.slot_lock:
+                rc = slot.stop(sig, timeout=30)
+                time.sleep(downtime)
+                slot.start(spec)
+                slot.profile = profile
             self.log_event(action=signal.Signals(sig).name, worker=slot.name, rc=rc,
                            downtime=round(downtime, 2), new_profile=profile)
 
     def check_crashes(self):
         """Restarts (and records) any process that died without the driver's signal."""
-        for slot in self.workers:
-            if slot.check_unexpected_exit():
-                self.log_event(action="CRASH", worker=slot.name, rc=slot.proc.returncode)
-                slot.start("")
-                slot.profile = "none"
+        with self.slot_lock:
+            for slot in self.workers:
+                if slot.check_unexpected_exit():
+                    self.log_event(action="CRASH", worker=slot.name, rc=slot.proc.returncode)
+                    slot.start("")
+                    slot.profile = "none"
 
     def probe_loop(self, index):
         rng = random.Random(self.args.seed * 100 + index)
