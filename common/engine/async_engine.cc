@@ -146,12 +146,14 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
         const std::string id = c.request.id;
         const int32_t n = c.request.n;
         if (pending_.count(id) != 0) {
-          // A newer submission of a running id supersedes it: the router re-sends a request
-          // (local prefill after failed remote ones, migration) only after giving up on the
-          // earlier stream, whose cancellation may not have arrived yet. The earlier one ends
-          // (aborted); this one starts once that ending is delivered (issue #10, chaos_test).
-          engine_->AbortRequest(id);
-          deferred_.push_back(std::move(c));
+          SequenceUpdate u;
+          u.request_id = id;
+          u.finished = true;
+          u.finish_reason = FinishReason::kError;
+          u.status = absl::AlreadyExistsError("request_id: '" + id + "' is already running");
+          OnFinished(u);
+          c.callback(u);
+          active_.fetch_sub(1);
           break;
         }
         absl::Status st = engine_->AddRequest(std::move(c.request));
@@ -194,19 +196,6 @@ void AsyncEngine::ApplyCommands(std::deque<Command>& commands) {
   }
 }
 
-void AsyncEngine::ApplyDeferred() {
-  std::deque<Command> ready;
-  for (auto it = deferred_.begin(); it != deferred_.end();) {
-    if (pending_.count(it->request.id) == 0) {
-      ready.push_back(std::move(*it));
-      it = deferred_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  if (!ready.empty()) ApplyCommands(ready);
-}
-
 void AsyncEngine::Loop() {
   while (true) {
     std::deque<Command> commands;
@@ -234,16 +223,6 @@ void AsyncEngine::Loop() {
       for (const auto& [id, p] : pending_) ids.push_back(id);
       for (const auto& id : ids) engine_->AbortRequest(id);
       for (const SequenceUpdate& u : engine_->Step()) Deliver(u);
-      for (Command& c : deferred_) {  // superseding submissions that never started
-        SequenceUpdate u;
-        u.request_id = c.request.id;
-        u.finished = true;
-        u.finish_reason = FinishReason::kAbort;
-        OnFinished(u);
-        c.callback(u);
-        active_.fetch_sub(1);
-      }
-      deferred_.clear();
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = engine_->stats();
       return;
@@ -253,7 +232,6 @@ void AsyncEngine::Loop() {
     std::vector<SequenceUpdate> updates = engine_->Step();
     const double step_seconds = work ? absl::ToDoubleSeconds(absl::Now() - start) : -1;
     for (const SequenceUpdate& u : updates) Deliver(u);
-    ApplyDeferred();
     EngineStats s = engine_->stats();
     if (hooks_ != nullptr) hooks_->OnStep(ToCounters(s), step_seconds);
     std::lock_guard<std::mutex> lock(mu_);

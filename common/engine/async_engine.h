@@ -23,8 +23,7 @@ namespace tandem {
 //
 // Callbacks run ON THE ENGINE THREAD and must not block (queue the update and return).
 // Every submitted request gets exactly n finished updates (or one error update when it is
-// rejected), after which its callback is dropped. Submitting an id that is still running aborts
-// the earlier request first (its callback hears the aborts), then runs the new one.
+// rejected), after which its callback is dropped.
 class AsyncEngine {
  public:
   using Callback = std::function<void(const SequenceUpdate&)>;
@@ -75,8 +74,6 @@ class AsyncEngine {
   void Push(Command command);
   void ApplyCommands(std::deque<Command>& commands);
   void Deliver(const SequenceUpdate& update);
-  // Submits the deferred commands whose earlier request with the same id has ended.
-  void ApplyDeferred();
   // Reports a finished sequence to the hooks and the log.
   void OnFinished(const SequenceUpdate& update);
 
@@ -89,7 +86,6 @@ class AsyncEngine {
   EngineStats stats_;
   std::atomic<int64_t> active_{0};
   std::unordered_map<std::string, Pending> pending_;  // engine thread only
-  std::deque<Command> deferred_;  // engine thread only: submissions superseding a running id
   std::thread thread_;
 };
 

@@ -163,54 +163,5 @@ TEST(AsyncEngineTest, ShutdownWithRequestsInFlightEndsEveryOne) {
   EXPECT_EQ(finished.load(), 20);
 }
 
-// Regression (issue #10, found by chaos_test): the router re-sends a request id to the same
-// worker (a local prefill after failed remote ones) before the earlier stream's cancellation has
-// arrived. The newer submission supersedes: the earlier one ends aborted, the newer one runs to
-// exactly the tokens it would give alone (it used to be refused with ALREADY_EXISTS).
-TEST(AsyncEngineTest, ResubmittedIdSupersedesTheRunningOne) {
-  EngineRequest r = MakeRequest(1);
-  r.n = 2;
-  r.params.max_tokens = 30;
-  std::map<int32_t, std::vector<int32_t>> want;
-  {
-    auto sync = MakeEngine({});
-    ASSERT_TRUE(sync->AddRequest(r).ok());
-    while (sync->HasWork()) {
-      for (const auto& u : sync->Step()) {
-        want[u.index].insert(want[u.index].end(), u.new_tokens.begin(), u.new_tokens.end());
-      }
-    }
-  }
-  AsyncEngine engine(MakeEngine({}));
-  std::mutex mu;
-  int first_endings = 0, first_aborts = 0, second_endings = 0;
-  std::map<int32_t, std::vector<int32_t>> second;
-  engine.Submit(r, [&](const SequenceUpdate& u) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (u.finished) {
-      ++first_endings;
-      first_aborts += u.finish_reason == FinishReason::kAbort && u.status.ok();
-    }
-  });
-  engine.Submit(r, [&](const SequenceUpdate& u) {
-    std::lock_guard<std::mutex> lock(mu);
-    second[u.index].insert(second[u.index].end(), u.new_tokens.begin(), u.new_tokens.end());
-    if (u.finished) {
-      EXPECT_TRUE(u.status.ok()) << u.status;
-      ++second_endings;
-    }
-  });
-  for (int waited = 0; engine.num_active_requests() > 0 && waited < 60000; waited += 5) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_EQ(engine.num_active_requests(), 0);
-  std::lock_guard<std::mutex> lock(mu);
-  EXPECT_EQ(first_endings, 2);
-  EXPECT_EQ(first_aborts, 2);
-  EXPECT_EQ(second_endings, 2);
-  EXPECT_EQ(second, want);
-  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
-}
-
 }  // namespace
 }  // namespace tandem
