@@ -327,6 +327,8 @@ class Chaos:
             "hung": outcomes["hung"] + sum(n for m, n in bench["errors"].items()
                                            if m.startswith("DEADLINE_EXCEEDED")),
             "mismatches": outcomes["mismatch"],
+            "mismatch_examples": [{"key": p["key"], "got": p["samples"], "want": self.want[p["key"]]}
+                                  for p in self.probes if p["outcome"] == "mismatch"][:3],
             "unclear_errors": unclear,
             "events": collections.Counter(e["action"] for e in self.events),
             "profiles_used": collections.Counter(
