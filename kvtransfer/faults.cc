@@ -57,10 +57,14 @@ absl::StatusOr<FaultOptions> ParseFaultOptions(absl::string_view spec) {
         s = absl::InvalidArgumentError(
             absl::StrCat("fault option max_faults: bad value '", value, "'"));
       }
+    } else if (key == "engine_stall_ms" || key == "engine_stall_prob" ||
+               key == "kv_alloc_fail_prob") {
+      // The engine's faults (common/engine/engine_faults.h) share TANDEM_FAULTS.
     } else {
       s = absl::InvalidArgumentError(absl::StrCat(
           "unknown fault option '", key,
-          "' (known: kv_corrupt, kv_drop, kv_close, kv_delay, kv_delay_ms, seed, max_faults)"));
+          "' (known: kv_corrupt, kv_drop, kv_close, kv_delay, kv_delay_ms, seed, max_faults; "
+          "engine_stall_ms, engine_stall_prob, kv_alloc_fail_prob for the engine)"));
     }
     if (!s.ok()) return s;
   }
@@ -76,6 +80,7 @@ FaultOptions ResolveFaultOptions(const FaultOptions& options, bool from_env) {
     TLOG(ERROR) << "ignoring TANDEM_FAULTS: " << parsed.status().message();
     return options;
   }
+  if (!parsed->enabled()) return options;
   TLOG(WARNING) << "kv transfer fault injection enabled: " << FaultOptionsDebugString(*parsed);
   return *parsed;
 }

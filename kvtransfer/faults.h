@@ -34,7 +34,8 @@ struct FaultOptions {
 };
 
 // Parses "key=value,key=value". Keys: kv_corrupt, kv_drop, kv_close, kv_delay, kv_delay_ms,
-// seed, max_faults. Unknown keys and bad values are INVALID_ARGUMENT.
+// seed, max_faults; the engine's keys (engine_stall_ms, engine_stall_prob, kv_alloc_fail_prob:
+// common/engine/engine_faults.h) are skipped. Unknown keys and bad values are INVALID_ARGUMENT.
 absl::StatusOr<FaultOptions> ParseFaultOptions(absl::string_view spec);
 
 // `options` when enabled; else TANDEM_FAULTS if `from_env` and it is set (a malformed value is

@@ -81,6 +81,15 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
          {});
     return;
   }
+  // Host names are at most 253 bytes; a longer endpoint is garbage (and must not be echoed).
+  constexpr size_t kMaxEndpointBytes = 300;
+  if (target.kv_endpoint().size() > kMaxEndpointBytes) {
+    done(
+        absl::InvalidArgumentError(absl::StrCat("target.kv_endpoint: ", target.kv_endpoint().size(),
+                                                " bytes, longer than ", kMaxEndpointBytes)),
+        {});
+    return;
+  }
   auto job = std::make_shared<Job>();
   job->request = request;
   job->done = std::move(done);

@@ -142,6 +142,11 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   if (prompt_ids_.empty()) return Invalid("prompt: tokenizes to no tokens");
 
   request_id_ = r.request_id().empty() ? service_->NextRequestId() : r.request_id();
+  if (!service_->ClaimRequestId(request_id_)) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat("request_id: '", request_id_, "' is already running"));
+  }
+  id_claimed_ = true;
   echo_prompt_ids_ = r.echo_prompt_ids();
   skip_special_tokens_ = s.has_skip_special_tokens() ? s.skip_special_tokens() : true;
   samples_.resize(n);
@@ -365,6 +370,8 @@ void GenerateCall::OnDone() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     self.swap(self_);
+    if (id_claimed_) service_->ReleaseRequestId(request_id_);
+    id_claimed_ = false;
   }
   // `self` goes out of scope here; worker callbacks may still hold references and will find
   // finish_status_ set.

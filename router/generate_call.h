@@ -55,6 +55,7 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
   std::string request_id_;
+  bool id_claimed_ = false;  // request_id_ is claimed in the service until OnDone
   std::vector<int32_t> prompt_ids_;
   bool echo_prompt_ids_ = false;
   bool skip_special_tokens_ = true;

@@ -35,6 +35,16 @@ grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* c
   return grpc::Status::OK;
 }
 
+bool GenerationService::ClaimRequestId(const std::string& id) {
+  std::lock_guard<std::mutex> lock(ids_mu_);
+  return active_ids_.insert(id).second;
+}
+
+void GenerationService::ReleaseRequestId(const std::string& id) {
+  std::lock_guard<std::mutex> lock(ids_mu_);
+  active_ids_.erase(id);
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   return GenerateCall::Start(this, context, raw);

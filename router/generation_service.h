@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include "common/engine/tokenizer/tokenizer.h"
 #include "common/metrics/request_hooks.h"
@@ -57,6 +59,11 @@ class GenerationService final : public GenerationServiceBase {
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   InferenceClient& client() { return *client_; }
   std::string NextRequestId();
+  // Request ids of the calls in flight: a call claims its id before it reaches the client and
+  // releases it when it ends, so a second call with the same id is refused (ALREADY_EXISTS) here
+  // and never reaches, nor cancels, the request that owns the id.
+  bool ClaimRequestId(const std::string& id);
+  void ReleaseRequestId(const std::string& id);
   // Hooks for a call that arrived at `arrival`, or null without a factory.
   std::unique_ptr<RequestHooks> NewRequestHooks(absl::Time arrival) {
     return hooks_ != nullptr ? hooks_->NewRequest(arrival) : nullptr;
@@ -80,6 +87,8 @@ class GenerationService final : public GenerationServiceBase {
   std::atomic<int64_t> active_{0};
   std::atomic<uint64_t> next_id_{1};
   uint64_t id_prefix_;
+  std::mutex ids_mu_;
+  std::unordered_set<std::string> active_ids_;
 };
 
 }  // namespace tandem

@@ -92,6 +92,10 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
       }
       const auto& delivered = samples_[index].delivered;
       leg.mutable_prior_output_token_ids()->Assign(delivered.begin(), delivered.end());
+    } else if (leg_counter_ > 0) {
+      // A whole request again (a local retry after failed remote prefills): its own id, so the
+      // worker never refuses it as a duplicate of the attempt it is still cancelling.
+      leg.set_request_id(absl::StrCat(request_.request_id(), "/r", leg_counter_));
     }
     ++leg_counter_;
   }
@@ -174,12 +178,7 @@ void RequestFlow::OnResponse(DecodeLeg* leg, const v1::DecodeResponse& r) {
         out.mutable_final()->mutable_usage()->set_completion_tokens(
             static_cast<int32_t>(s.delivered.size()));
         double prefill_s = 0, transfer_s = 0;
-        int32_t prefill_cached = 0;
-        if (leg->PrefillTimings(&prefill_s, &transfer_s, &prefill_cached)) {
-          // Prompt tokens neither worker computed: the decode worker's own prefix hit, or the
-          // prefill worker's when it prefilled the rest.
-          v1::Usage* usage = out.mutable_final()->mutable_usage();
-          usage->set_cached_tokens(std::max(usage->cached_tokens(), prefill_cached));
+        if (leg->PrefillTimings(&prefill_s, &transfer_s)) {
           v1::Timings* t = out.mutable_final()->mutable_timings();
           t->set_remote(true);
           t->set_remote_prefill_s(prefill_s);
@@ -460,12 +459,11 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   StartPrefill(reservation);
 }
 
-bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s, int32_t* cached_tokens) {
+bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!prefill_ok_) return false;
   *prefill_s = prefill_response_.prefill_s();
   *transfer_s = prefill_response_.transfer_s();
-  *cached_tokens = prefill_response_.cached_tokens();
   return true;
 }
 

@@ -75,8 +75,8 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   const v1::DecodeRequest& request() const { return request_; }
   Worker* worker() const { return decode_.get(); }
   const std::shared_ptr<Worker>& worker_ptr() const { return decode_; }
-  // Timings and cached prompt tokens of the successful remote prefill, if any (for the final).
-  bool PrefillTimings(double* prefill_s, double* transfer_s, int32_t* cached_tokens);
+  // Timings of the successful remote prefill, if any (for the final's TTFT split).
+  bool PrefillTimings(double* prefill_s, double* transfer_s);
 
  private:
   void StartPrefill(const v1::KvReservation& reservation);

@@ -30,7 +30,9 @@ struct RoutingOptions {
   // worker's (plus imbalance_slack_blocks) is passed over while another one is below it, so one
   // hot prefix cannot pile all the load on one worker.
   double max_imbalance = 1.25;
-  int64_t imbalance_slack_blocks = 8;
+  // The slack is a few requests' worth: with less, the first requests of a burst alternate
+  // between workers whatever their prefixes.
+  int64_t imbalance_slack_blocks = 128;
   // Prompt blocks of a routed request count as cached on its worker for this long, or until the
   // worker's KV events confirm or drop them (Worker::pending).
   absl::Duration pending_block_ttl = absl::Seconds(10);

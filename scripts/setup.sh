@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config git clang-format
+  # sanitizer and fuzzing stages (scripts/sanitize.sh, scripts/fuzz.sh)
+  clang libclang-rt-14-dev llvm
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libcpp-httplib-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev

@@ -1,5 +1,6 @@
 #include "common/base/cpu_features.h"
 
+#include <cpuid.h>
 #include <sched.h>
 
 #include <cstdlib>
@@ -14,7 +15,13 @@ CpuFeatures Detect() {
   __builtin_cpu_init();
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
+#if defined(__clang__) && __clang_major__ < 16
+  // Clang before 16 does not know "f16c" here: CPUID leaf 1, ECX bit 29.
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  f.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+#else
   f.f16c = __builtin_cpu_supports("f16c");
+#endif
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");

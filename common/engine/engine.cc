@@ -39,6 +39,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   e->pool_ = std::make_unique<BlockPool>(spec.num_blocks, options.enable_prefix_cache);
   e->kv_ = std::make_unique<KvCacheManager>(e->pool_.get(), spec.block_size);
   e->scheduler_ = std::make_unique<Scheduler>(options.scheduler, e->kv_.get());
+  const EngineFaultOptions faults =
+      ResolveEngineFaultOptions(options.faults, options.faults_from_env);
+  if (faults.enabled()) {
+    e->faults_ = std::make_unique<EngineFaultInjector>(faults);
+    if (faults.alloc_fail_prob > 0) {
+      EngineFaultInjector* injector = e->faults_.get();
+      e->scheduler_->set_allocation_fault([injector] { return injector->FailAllocation(); });
+    }
+  }
   e->max_model_len_ = options.max_model_len > 0
                           ? std::min(options.max_model_len, c.max_position_embeddings)
                           : c.max_position_embeddings;
@@ -145,7 +154,7 @@ void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
               << " sequences: " << status;
   for (const ScheduledSeq& s : plan.scheduled) {
     if (s.seq->status == SeqStatus::kFinished) continue;
-    s.seq->pending_forks = 0;
+    EndPendingForks(s.seq, FinishReason::kError, status, updates);
     SequenceUpdate& u = UpdateFor(s.seq, updates);
     u.status = status;
     Finish(s.seq, FinishReason::kError, &u);
@@ -161,6 +170,10 @@ std::vector<SequenceUpdate> Engine::Step() {
     return updates;
   }
 
+  if (faults_ != nullptr) {
+    const absl::Duration stall = faults_->NextStall();
+    if (stall > absl::ZeroDuration()) absl::SleepFor(stall);
+  }
   ProposeDrafts();
   SchedulerOutput plan = scheduler_->Schedule();
   ++stats_.steps;

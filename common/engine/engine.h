@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/engine/backend/backend.h"
+#include "common/engine/engine_faults.h"
 #include "common/engine/kv/block_pool.h"
 #include "common/engine/kv/kv_cache_manager.h"
 #include "common/engine/model/model.h"
@@ -32,6 +33,10 @@ struct EngineOptions {
   int32_t max_n = 16;          // samples per request at most
   uint64_t seed = 0;           // seeds requests that bring none (0: from the clock)
   SpecOptions spec;            // speculative decoding (the proposer is given to Create)
+  // Fault injection (engine_faults.h): off unless set here or, with faults_from_env, by the
+  // TANDEM_FAULTS environment variable.
+  EngineFaultOptions faults;
+  bool faults_from_env = true;
 };
 
 struct EngineRequest {
@@ -180,6 +185,10 @@ class Engine {
   // Creates the samples 1..n-1 of `parent` (sharing its blocks) and returns them.
   std::vector<Sequence*> Fork(Sequence* parent);
   void Finish(Sequence* seq, FinishReason reason, SequenceUpdate* update);
+  // Ends the samples `seq` was still to fork (n > 1, prompt not computed yet): one finished
+  // update each, with `reason` and `status`, so every request hears exactly n endings.
+  void EndPendingForks(Sequence* seq, FinishReason reason, const absl::Status& status,
+                       std::vector<SequenceUpdate>* updates);
   void ExpireLeases(std::vector<SequenceUpdate>* updates);
   void ReapFinished();
   // Speculative decoding (engine_spec.cc).
@@ -200,6 +209,7 @@ class Engine {
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<Proposer> proposer_;
+  std::unique_ptr<EngineFaultInjector> faults_;  // null unless fault injection is on
   SpecHooks* spec_hooks_ = nullptr;
   std::vector<std::string> finished_requests_;  // erased at the end of Step
   int64_t max_model_len_ = 0;

@@ -34,11 +34,12 @@ void Engine::ExpireLeases(std::vector<SequenceUpdate>* updates) {
     TLOG(WARNING) << "request " << seq->request_id << ": KV reservation lease expired after "
                   << absl::FormatDuration(seq->kv_lease) << "; freeing " << seq->blocks.table.size()
                   << " blocks";
-    seq->pending_forks = 0;
-    SequenceUpdate& u = UpdateFor(seq, updates);
-    u.status = absl::DeadlineExceededError(
+    const absl::Status expired = absl::DeadlineExceededError(
         absl::StrCat("the prompt's KV did not arrive within the ",
                      absl::FormatDuration(seq->kv_lease), " reservation lease"));
+    EndPendingForks(seq, FinishReason::kError, expired, updates);
+    SequenceUpdate& u = UpdateFor(seq, updates);
+    u.status = expired;
     Finish(seq, FinishReason::kError, &u);
   }
 }

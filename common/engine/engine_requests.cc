@@ -140,12 +140,30 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   if (all_done) finished_requests_.push_back(seq->request_id);
 }
 
+void Engine::EndPendingForks(Sequence* seq, FinishReason reason, const absl::Status& status,
+                             std::vector<SequenceUpdate>* updates) {
+  const absl::Time now = absl::Now();
+  for (int32_t i = 1; i <= seq->pending_forks; ++i) {
+    SequenceUpdate u;
+    u.request_id = seq->request_id;
+    u.index = seq->index + i;
+    u.finished = true;
+    u.finish_reason = reason;
+    u.status = status;
+    u.prompt_tokens = seq->prompt_len;
+    u.queue_time = now - seq->arrival_time;
+    u.total_time = now - seq->arrival_time;
+    updates->push_back(std::move(u));
+  }
+  seq->pending_forks = 0;
+}
+
 void Engine::AbortRequest(const std::string& request_id) {
   auto it = requests_.find(request_id);
   if (it == requests_.end()) return;
   std::vector<Sequence*> live;
   for (auto& s : it->second) {
-    s->pending_forks = 0;
+    EndPendingForks(s.get(), FinishReason::kAbort, absl::OkStatus(), &pending_updates_);
     if (s->status != SeqStatus::kFinished) live.push_back(s.get());
   }
   for (Sequence* s : live) {
@@ -168,7 +186,8 @@ void Engine::FinishSequence(const std::string& request_id, int32_t index, Finish
   if (it == requests_.end()) return;
   for (auto& s : it->second) {
     if (s->index != index || s->status == SeqStatus::kFinished) continue;
-    s->pending_forks = 0;
+    // Samples not forked yet cannot start without this one's prompt: they end (aborted) too.
+    EndPendingForks(s.get(), FinishReason::kAbort, absl::OkStatus(), &pending_updates_);
     SequenceUpdate u;
     u.request_id = request_id;
     u.index = index;

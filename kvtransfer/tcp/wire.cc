@@ -87,6 +87,7 @@ class Reader {
  private:
   bool Raw(void* p, size_t n) {
     if (n > in_.size() - pos_) return false;
+    if (n == 0) return true;  // p may be null (an empty block list): memcpy(nullptr, ..., 0) is UB
     std::memcpy(p, in_.data() + pos_, n);
     pos_ += n;
     return true;

@@ -40,7 +40,7 @@ def main():
         out = bench(build_dir, "--target", server.address, "--num-requests", "24",
                     "--concurrency", "4", "--warmup-requests", "2", "--prompt-len", "uniform:8:48",
                     "--output-len", "lognormal:24:0.5:64", "--shared-prefixes", "2",
-                    "--prefix-len", "32", "--cancel-fraction", "0.25", "--sample-interval", "0.2",
+                    "--prefix-len", "32", "--cancel-fraction", "0.25", "--sample-interval", "0.01",
                     "--label", "smoke", "--json-out", report_path)
         check(out.returncode == 0, f"bench failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
         check("TTFT" in out.stdout and "Throughput" in out.stdout, out.stdout)

@@ -86,6 +86,11 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   out->preempted.push_back(seq);
 }
 
+bool Scheduler::Fits(int64_t needed) const {
+  if (needed > kv_->pool()->num_available()) return false;
+  return needed <= 0 || !fail_allocation_ || !fail_allocation_();
+}
+
 bool Scheduler::Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out) {
   const int64_t begin = seq->num_computed, end = seq->num_computed + num_new;
   while (true) {
@@ -96,7 +101,7 @@ bool Scheduler::Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out) {
     for (int64_t i = first; i <= last; ++i) {
       needed += kv_->pool()->refcount(seq->blocks.table[i]) > 1;
     }
-    if (needed <= kv_->pool()->num_available()) {
+    if (Fits(needed)) {
       TANDEM_CHECK(kv_->Grow(&seq->blocks, end));
       MakeWritable(seq, begin, end, out);
       return true;
@@ -131,7 +136,7 @@ bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
     if (options_.max_prefill_chunk > 0) num_new = std::min(num_new, options_.max_prefill_chunk);
     const int64_t reserve_to =
         is_static ? seq->prompt_len + seq->params.max_tokens : seq->num_computed + num_new;
-    if (kv_->BlocksNeeded(seq->blocks, reserve_to) > kv_->pool()->num_available()) {
+    if (!Fits(kv_->BlocksNeeded(seq->blocks, reserve_to))) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
       seq->num_computed = 0;
@@ -153,7 +158,7 @@ bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
   const bool first_admission = seq->cached_prompt_tokens < 0;
   seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
   if (first_admission) seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
-  if (kv_->BlocksNeeded(seq->blocks, seq->num_tokens()) > kv_->pool()->num_available()) {
+  if (!Fits(kv_->BlocksNeeded(seq->blocks, seq->num_tokens()))) {
     kv_->Free(&seq->blocks);
     seq->num_computed = 0;
     if (first_admission) seq->cached_prompt_tokens = -1;

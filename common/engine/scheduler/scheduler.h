@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -70,8 +71,13 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   bool empty() const { return idle() && awaiting_.empty(); }
   const SchedulerOptions& options() const { return options_; }
+  // Fault injection (engine_faults.h): when `fail` returns true, an allocation of blocks the
+  // pool could give is refused as if the pool were short. Unset (the default): never.
+  void set_allocation_fault(std::function<bool()> fail) { fail_allocation_ = std::move(fail); }
 
  private:
+  // Whether `needed` more blocks can be taken from the pool now.
+  bool Fits(int64_t needed) const;
   bool Before(const Sequence* a, const Sequence* b) const;  // a is served before b
   void InsertWaiting(Sequence* seq);
   Sequence* PickVictim(const std::vector<Sequence*>& candidates) const;
@@ -88,6 +94,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;    // in service order
   std::vector<Sequence*> running_;   // in service order
   std::vector<Sequence*> awaiting_;  // kAwaitingKv, in admission order
+  std::function<bool()> fail_allocation_;
 };
 
 }  // namespace tandem

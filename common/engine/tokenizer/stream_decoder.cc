@@ -31,10 +31,19 @@ absl::StatusOr<std::optional<std::string>> StreamDecoder::StepOrError(int32_t id
   ids_.push_back(id);
   TANDEM_ASSIGN_OR_RETURN(std::string text, tokenizer_.Decode(ids_, skip_special_tokens_));
   if (text.size() <= prefix_.size() || EndsWithReplacementChar(text)) return std::nullopt;
+  size_t emitted = prefix_.size();
   if (!absl::StartsWith(text, prefix_)) {
-    return absl::InternalError("stream decode: the window text no longer starts with its prefix");
+    // A byte-fallback token can change how the bytes before it decode (HF ByteFallback turns a
+    // run of byte tokens that is not valid UTF-8 into one U+FFFD per byte), so the window no
+    // longer starts with the text already sent. That text cannot be taken back: go on from the
+    // longest common prefix (cut at a character boundary) instead of failing the rest of the
+    // stream (issue #10, found by tokenizer_fuzzer).
+    size_t common = 0;
+    while (common < prefix_.size() && prefix_[common] == text[common]) ++common;
+    while (common > 0 && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;
+    emitted = common;
   }
-  std::string chunk = text.substr(prefix_.size());
+  std::string chunk = text.substr(emitted);
   const size_t new_prefix_index = ids_.size() - prefix_index_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
   TANDEM_ASSIGN_OR_RETURN(prefix_, tokenizer_.Decode(ids_, skip_special_tokens_));

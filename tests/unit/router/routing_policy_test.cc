@@ -28,6 +28,7 @@ RoutingOptions Policy(RoutingPolicy policy) {
   RoutingOptions o;
   o.policy = policy;
   o.w_load = 1;  // w_overlap = w_load = 1, bound 1.25 x least loaded + 8 blocks
+  o.imbalance_slack_blocks = 8;
   return o;
 }
 

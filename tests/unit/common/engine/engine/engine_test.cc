@@ -232,5 +232,33 @@ TEST(EngineTest, RejectsBadRequestsNamingTheField) {
   EXPECT_NE(engine->AddRequest(r).message().find("n:"), std::string::npos);
 }
 
+// Regression (issue #10, found by async_engine_test): a request with n > 1 aborted or finished
+// before its prompt was computed (its samples not forked yet) used to end only sample 0, so its
+// caller waited forever for the other n - 1 endings.
+TEST(EngineTest, EndingARequestBeforeItForksEndsEverySample) {
+  for (int how = 0; how < 2; ++how) {
+    auto engine = MakeEngine(EngineOptions{}, 16);
+    EngineRequest r;
+    r.id = "fork";
+    r.prompt = {1, 10, 20, 30, 40};
+    r.params.max_tokens = 8;
+    r.n = 3;
+    ASSERT_TRUE(engine->AddRequest(r).ok());
+    if (how == 0) {
+      engine->AbortRequest("fork");
+    } else {
+      engine->FinishSequence("fork", 0, FinishReason::kStop);
+    }
+    std::map<int32_t, int> endings;
+    for (int steps = 0; steps < 100 && engine->HasWork(); ++steps) {
+      for (const SequenceUpdate& u : engine->Step()) endings[u.index] += u.finished;
+    }
+    for (const SequenceUpdate& u : engine->Step()) endings[u.index] += u.finished;
+    EXPECT_EQ(endings, (std::map<int32_t, int>{{0, 1}, {1, 1}, {2, 1}})) << "how " << how;
+    EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+    EXPECT_FALSE(engine->HasWork());
+  }
+}
+
 }  // namespace
 }  // namespace tandem
