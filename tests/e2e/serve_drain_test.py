@@ -10,13 +10,21 @@ import grpc
 from tandem_testlib import Server, check, generate, load_stubs
 
 
+class SlowServer(Server):
+    # Every engine step with work first sleeps 10 ms (common/engine/engine_faults.h), so the
+    # 300-token streams are still running well after SIGTERM however fast the machine is.
+    _env = {"TANDEM_FAULTS": "engine_stall_ms=10"}
+
+
 def main():
     build_dir = sys.argv[1]
     stubs = load_stubs()
-    with Server(build_dir) as server:
+    with SlowServer(build_dir) as server:
         stub = stubs.gen_grpc.GenerationStub(grpc.insecure_channel(server.address))
         results = {}
-        started = threading.Event()
+        # Each stream is in flight (has a token) before SIGTERM: a request that has not reached
+        # the server yet is rightly refused by the drain.
+        started = [threading.Event() for _ in range(4)]
 
         def run(i):
             call = stub.Generate(stubs.gen.GenerateRequest(
@@ -26,14 +34,14 @@ def main():
             for r in call:
                 if r.HasField("chunk"):
                     n += len(r.chunk.token_ids)
-                    started.set()
+                    started[i].set()
                 else:
                     results[i] = (n, r.final.finish_reason)
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        check(started.wait(30), "streams started")
+        check(all(e.wait(30) for e in started), "streams started")
         server.proc.send_signal(15)
         time.sleep(0.2)
         try:
