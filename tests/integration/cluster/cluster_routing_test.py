@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Routing over 2 prefill and 2 decode workers (real processes):
 - 8 shared 512-token system prompts x 64 requests: prefix_affinity reaches a prefix-cache hit
-  rate of at least 85% of the achievable tokens, round_robin does not;
+  rate of at least 85% of the achievable tokens and at least 5 points above round_robin's;
 - one dominant prefix: the busiest decode worker carries at most 1.5x the requests of the
   least busy (the imbalance bound).
 Uses the random `tiny` model (context 2048) written by `tandem make-model`."""
@@ -71,7 +71,11 @@ def main():
                 check(status.failures == 0, str(status))
             print(f"ok: {policy}: prefix-cache hit rate {rates[policy]:.1%} of achievable tokens")
         check(rates["prefix_affinity"] >= 0.85, f"prefix_affinity hit rate {rates}")
-        check(rates["round_robin"] < 0.85, f"round_robin hit rate {rates}")
+        # Round robin spreads each prefix over both decode workers; after one miss per worker it
+        # hits too, so with 2 workers and 7 followers per prefix it can come near 6/7 = 86%:
+        # prefix_affinity must beat it clearly rather than round robin stay under 85%.
+        check(rates["prefix_affinity"] >= rates["round_robin"] + 0.05,
+              f"prefix_affinity does not beat round_robin: {rates}")
 
         # One dominant prefix: all 64 requests share prefix 0.
         with Cluster(build_dir, 2, 2, *common, "--routing-policy", "prefix_affinity") as cluster:
