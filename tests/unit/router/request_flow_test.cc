@@ -30,7 +30,7 @@ struct Script {
   absl::Notification prefill_called;  // the prefill worker got the Prefill call
   absl::Notification decode_done;     // the decode worker sent its final and ended the stream
   absl::Time decode_done_at;
-  absl::Duration prefill_delay;       // after decode_done, before answering Prefill
+  absl::Duration prefill_delay;  // after decode_done, before answering Prefill
 };
 
 class FakeWorker : public v1::Worker::Service {
