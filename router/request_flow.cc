@@ -369,23 +369,33 @@ bool DecodeLeg::HoldFinal(const v1::DecodeResponse& r) {
     kv_arrived_ = true;
     if (!releasing_ && (!prefill_in_flight_ || hold_expired_)) return false;
     held_finals_.push_back(r);
-    arm = !alarm_set_ && !hold_expired_;
-    alarm_set_ = true;
+    arm = !alarm_requested_ && !hold_expired_;
+    if (arm) {
+      alarm_requested_ = true;
+      alarm_keep_ = self_;  // the reader thread: self_ is set until the leg ends
+    }
   }
   if (arm) {
-    std::shared_ptr<DecodeLeg> keep = self_;  // the reader thread: self_ is set until OnDone
+    // Set and Cancel under alarm_mu_, never under mu_ (the callback takes mu_). The callback
+    // captures no reference: grpc keeps it until the alarm is destroyed.
+    std::lock_guard<std::mutex> lock(alarm_mu_);
     alarm_.Set(absl::ToChronoTime(absl::Now() + flow_->client()->options_.prefill_timings_wait),
-               [keep](bool fired) {
-                 if (!fired) return;  // cancelled: the Prefill response released the finals
-                 {
-                   std::lock_guard<std::mutex> lock(keep->mu_);
-                   keep->hold_expired_ = true;
-                 }
-                 keep->ReleaseFinals();
-               });
+               [this](bool fired) { OnAlarm(fired); });
+    alarm_set_ = true;
   }
   return true;
 }
+
+void DecodeLeg::OnAlarm(bool fired) {
+  std::shared_ptr<DecodeLeg> keep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep = std::move(alarm_keep_);
+    if (fired) hold_expired_ = true;
+  }
+  // Not fired: cancelled, the Prefill response released the finals.
+  if (fired) ReleaseFinals();
+}  // may delete this
 
 void DecodeLeg::ReleaseFinals() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -505,9 +515,11 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   prefill_in_flight_ = false;
   if (status.ok()) prefill_ok_ = true;
   if (!held_finals_.empty() || finish_held_) {
-    const bool cancel_alarm = alarm_set_;
     lock.unlock();
-    if (cancel_alarm) alarm_.Cancel();
+    {
+      std::lock_guard<std::mutex> alarm_lock(alarm_mu_);
+      if (alarm_set_) alarm_.Cancel();  // not set yet: it fires later and finds nothing held
+    }
     ReleaseFinals();  // now with the timings (when the call succeeded)
     lock.lock();
   }

@@ -89,6 +89,8 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   bool HoldFinal(const v1::DecodeResponse& response);
   // Delivers the held finals, then ends the leg if its stream has ended meanwhile.
   void ReleaseFinals();
+  // The bound on holding finals passed (fired) or was cancelled.
+  void OnAlarm(bool fired);
   void FinishLeg(const grpc::Status& status, bool retry_local);
   void SendCancel(const std::shared_ptr<Worker>& worker, int32_t index);
 
@@ -117,9 +119,12 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   std::vector<v1::DecodeResponse> held_finals_;
   bool hold_expired_ = false;  // prefill_timings_wait passed: finals are no longer held
   bool releasing_ = false;     // a thread is delivering held finals
-  bool alarm_set_ = false;
-  bool finish_held_ = false;  // the stream ended while finals were held
+  bool alarm_requested_ = false;
+  std::shared_ptr<DecodeLeg> alarm_keep_;  // keeps the leg until the alarm's callback
+  bool finish_held_ = false;               // the stream ended while finals were held
   grpc::Status finish_status_;
+  std::mutex alarm_mu_;  // Set and Cancel of alarm_
+  bool alarm_set_ = false;
   grpc::Alarm alarm_;  // the bound on holding finals
 };
 

@@ -2,6 +2,7 @@
 // final of a disaggregated request carries the prefill worker's timings (the TTFT split) even
 // when the decode worker's final reaches the router before the Prefill response, and a Prefill
 // response that never comes delays the final by at most ClusterOptions::prefill_timings_wait.
+// Either way the flow and its leg are freed afterwards (the hold's alarm keeps no cycle).
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -163,7 +164,10 @@ Result RunOne(absl::Duration prefill_delay, absl::Duration timings_wait) {
     std::mutex mu;
     std::condition_variable cv;
     absl::Time final_at;
-    client.Decode(request, [&](const v1::DecodeResponse& r) {
+    // Held by the flow through its callback: gone once the flow and its legs are freed.
+    auto token = std::make_shared<int>(0);
+    std::weak_ptr<int> flow_alive = token;
+    client.Decode(request, [&, token](const v1::DecodeResponse& r) {
       std::lock_guard<std::mutex> lock(mu);
       result.responses.push_back(r);
       if (r.has_final()) final_at = absl::Now();
@@ -180,6 +184,9 @@ Result RunOne(absl::Duration prefill_delay, absl::Duration timings_wait) {
       absl::SleepFor(absl::Milliseconds(5));
     }
     EXPECT_EQ(client.active_requests(), 0) << "the flow did not end";
+    token.reset();
+    while (!flow_alive.expired() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_TRUE(flow_alive.expired()) << "the flow or its leg is never freed";
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_TRUE(script.decode_done.HasBeenNotified());
     result.final_after_decode = final_at - script.decode_done_at;
