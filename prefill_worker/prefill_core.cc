@@ -73,7 +73,8 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
   const int64_t total = request.prompt_token_ids_size() + request.prior_output_token_ids_size();
   const int64_t blocks = (total + block_size_ - 1) / block_size_;
   const auto& target = request.target();
-  if (target.first_block() < 0 || target.first_block() + target.dst_blocks_size() != blocks) {
+  if (target.first_block() < 0 ||
+      int64_t{target.first_block()} + target.dst_blocks_size() != blocks) {
     done(absl::InvalidArgumentError(
              absl::StrCat("target: reservation of ", target.dst_blocks_size(),
                           " blocks from block ", target.first_block(), " does not cover a ", total,
