@@ -3,5 +3,7 @@
 # Usage: scripts/build.sh [extra cmake args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "$@" >/dev/null
+source scripts/ccache_args.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${CCACHE_LAUNCHER[@]}" "$@" \
+  >/dev/null
 cmake --build build -j "$(nproc)"

@@ -23,7 +23,9 @@ seconds="${1:-30}"
 [ $# -gt 0 ] && shift
 
 if [ "$do_build" = 1 ]; then
+  source scripts/ccache_args.sh
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DWITH_CUDA=OFF -DTANDEM_FUZZ=ON \
+    "${CCACHE_LAUNCHER[@]}" \
     -DTANDEM_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Release \
     "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -fno-sanitize-recover=all" \
     "-DCMAKE_C_FLAGS_RELEASE=-O1 -g1 -fno-sanitize-recover=all" >/dev/null

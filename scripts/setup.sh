@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git clang-format
+  build-essential cmake ninja-build pkg-config git clang-format ccache
   # sanitizer and fuzzing stages (scripts/sanitize.sh, scripts/fuzz.sh)
   clang libclang-rt-14-dev llvm
   # libraries
