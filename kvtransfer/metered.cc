@@ -206,6 +206,8 @@ TransferFailure TransferFailureOf(const absl::Status& status) {
       return TransferFailure::kChecksum;
     case absl::StatusCode::kFailedPrecondition:
       return TransferFailure::kIncompatible;
+    case absl::StatusCode::kUnauthenticated:
+      return TransferFailure::kUnauthenticated;
     default:
       return TransferFailure::kOther;
   }

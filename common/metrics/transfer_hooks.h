@@ -10,17 +10,18 @@ enum class TransferDirection { kSend = 0, kReceive = 1 };
 
 // Why a transfer failed, the `reason` label. Bounded.
 enum class TransferFailure {
-  kTimeout = 0,   // deadline or lease expired
-  kAborted,       // the request was cancelled or the peer aborted
-  kConnection,    // the connection broke or could not be made
-  kChecksum,      // data arrived corrupted
-  kIncompatible,  // layout handshake refused (model, dtype, block size, ...)
+  kTimeout = 0,      // deadline or lease expired
+  kAborted,          // the request was cancelled or the peer aborted
+  kConnection,       // the connection broke or could not be made
+  kChecksum,         // data arrived corrupted
+  kIncompatible,     // layout handshake refused (model, dtype, block size, ...)
+  kUnauthenticated,  // shared-secret handshake failed (either side lacks or has another secret)
   kOther,
 };
-inline constexpr int kNumTransferFailures = 6;
+inline constexpr int kNumTransferFailures = 7;
 inline const char* TransferFailureName(TransferFailure failure) {
-  constexpr const char* kNames[kNumTransferFailures] = {"timeout",  "aborted",      "connection",
-                                                        "checksum", "incompatible", "other"};
+  constexpr const char* kNames[kNumTransferFailures] = {
+      "timeout", "aborted", "connection", "checksum", "incompatible", "unauthenticated", "other"};
   return kNames[static_cast<int>(failure)];
 }
 
