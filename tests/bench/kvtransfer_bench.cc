@@ -8,8 +8,9 @@
 //        kvtransfer_bench --auth-compare [--reps=R] [--connects=K] [--seconds=S] [--blocks=N]
 //
 // --auth-compare: tcp without and with the shared-secret handshake (kvtransfer/auth.h), side by
-// side in this process, R repetitions interleaved: connection setup (a fresh sender's Begin:
-// TCP connect + handshake, median of K) and llama-1b throughput (crc32c); medians over the reps.
+// side in this process, R repetitions interleaved (alternating which goes first): connection setup
+// (a fresh sender's Begin: TCP connect + handshake, median of K) and llama-1b throughput (crc32c);
+// medians over the reps.
 
 #include <sys/resource.h>
 
@@ -183,7 +184,8 @@ void AuthCompare(int reps, int connects, double seconds, int32_t blocks) {
       "cpu s/GB\n",
       connects, blocks);
   for (int rep = 0; rep < reps; ++rep) {
-    for (int auth = 0; auth < 2; ++auth) {
+    for (int k = 0; k < 2; ++k) {
+      const int auth = (rep + k) % 2;  // alternate which goes first: no order bias
       const std::string secret = auth ? kBenchSecret : "";
       connect[auth].push_back(ConnectMicros(m, secret, connects));
       RunResult r = RunOne(m, "tcp", /*checksum=*/true, blocks, seconds, /*print=*/false, secret);
