@@ -74,6 +74,10 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
     s = wire::DecodeChallenge(meta, &challenge);
     if (!s.ok()) return unreachable(s);
     receiver_nonce = challenge.nonce;
+    if (receiver_nonce.size() != kAuthNonceBytes) {
+      return unauthenticated(absl::StrCat("its challenge has a nonce of ", receiver_nonce.size(),
+                                          " bytes, not ", kAuthNonceBytes));
+    }
     wire::Auth auth;
     if (!options.secret.empty()) {
       absl::StatusOr<std::string> nonce = NewNonce();

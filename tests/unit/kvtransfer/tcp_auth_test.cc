@@ -231,8 +231,9 @@ TEST_F(TcpAuthTest, AProofForAnotherChallengeIsRefused) {
 class FakeReceiver {
  public:
   explicit FakeReceiver(const KvLayout& layout,
-                        std::function<std::string(const wire::Auth&, const std::string&)> proof)
-      : layout_(layout), proof_(std::move(proof)) {
+                        std::function<std::string(const wire::Auth&, const std::string&)> proof,
+                        size_t nonce_bytes = kAuthNonceBytes)
+      : layout_(layout), proof_(std::move(proof)), nonce_bytes_(nonce_bytes) {
     auto fd = tcp::Listen("127.0.0.1", 0, &port_);
     EXPECT_TRUE(fd.ok()) << fd.status();
     listen_ = std::move(*fd);
@@ -257,7 +258,7 @@ class FakeReceiver {
     tcp::Fd conn(fd);
     auto hello = ReadFrame(conn.get());
     if (!hello.ok()) return;
-    const std::string nonce(kAuthNonceBytes, 'n');
+    const std::string nonce(nonce_bytes_, 'n');
     if (!WriteFrame(conn.get(), FrameType::kChallenge, wire::EncodeChallenge({nonce})).ok()) return;
     auto auth_frame = ReadFrame(conn.get());
     if (!auth_frame.ok()) return;
@@ -278,6 +279,7 @@ class FakeReceiver {
 
   KvLayout layout_;
   std::function<std::string(const wire::Auth&, const std::string&)> proof_;
+  size_t nonce_bytes_;
   int port_ = 0;
   tcp::Fd listen_;
   std::thread thread_;
@@ -317,6 +319,26 @@ TEST_F(TcpAuthTest, ASenderRefusesAReceiverThatCannotProveTheSecret) {
         << name << ": " << h.status();
     EXPECT_TRUE(fake.sent_welcome()) << name;
     EXPECT_EQ(sender->stats().connects, 0u) << name;
+  }
+}
+
+TEST_F(TcpAuthTest, AChallengeWithoutAFullNonceIsRefused) {
+  // An empty challenge would let a fake receiver collect proofs it chose the input of.
+  for (size_t bytes : {size_t{0}, size_t{8}}) {
+    FakeReceiver fake(
+        layout_, [](const wire::Auth&, const std::string&) { return std::string(); }, bytes);
+    auto sender = NewSender(kSecret);
+    TransferTarget t;
+    t.endpoint = fake.endpoint();
+    t.incarnation = 7;
+    t.transfer_id = 1;
+    t.dst_blocks = Range(0, 4);
+    auto h = sender->Begin(t, Range(8, 4));
+    ASSERT_FALSE(h.ok()) << bytes;
+    EXPECT_TRUE(absl::IsUnauthenticated(h.status())) << h.status();
+    EXPECT_NE(h.status().message().find("its challenge has a nonce of"), std::string::npos)
+        << h.status();
+    EXPECT_FALSE(fake.sent_welcome()) << bytes;  // the sender sent no AUTH: nothing to answer
   }
 }
 
