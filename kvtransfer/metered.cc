@@ -213,6 +213,14 @@ TransferFailure TransferFailureOf(const absl::Status& status) {
   }
 }
 
+void ReportRefused(TransferHooks* hooks, TransferDirection direction, const absl::Status& status) {
+  if (hooks == nullptr) return;
+  const TransferFailure reason = TransferFailureOf(status);
+  if (reason == TransferFailure::kIncompatible || reason == TransferFailure::kUnauthenticated) {
+    hooks->ConnectionRefused(direction, reason);
+  }
+}
+
 std::unique_ptr<KvSender> MeterSender(std::unique_ptr<KvSender> inner, const KvLayout& layout,
                                       TransferHooks* hooks) {
   return std::make_unique<MeteredSender>(std::move(inner), layout, hooks);

@@ -35,6 +35,10 @@ class TransferHooks {
   virtual void TransferSucceeded(TransferDirection direction, double seconds, int64_t bytes,
                                  int64_t blocks) = 0;
   virtual void TransferFailed(TransferDirection direction, TransferFailure reason) = 0;
+  // A connection refused at its handshake, by the side that refused it (tcp): kIncompatible
+  // (layout or protocol mismatch) or kUnauthenticated (shared-secret authentication failed).
+  // Not a transfer: no TransferStarted precedes it.
+  virtual void ConnectionRefused(TransferDirection direction, TransferFailure reason) {}
 };
 
 }  // namespace tandem

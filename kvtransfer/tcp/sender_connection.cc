@@ -64,6 +64,9 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
   if (!s.ok()) return unreachable(s);
   auto unauthenticated = [&](const std::string& why) {
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    if (options.hooks != nullptr) {
+      options.hooks->ConnectionRefused(TransferDirection::kSend, TransferFailure::kUnauthenticated);
+    }
     return absl::UnauthenticatedError(
         absl::StrCat("kv transfer peer ", endpoint, " failed authentication: ", why));
   };
@@ -125,6 +128,9 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
   s = CheckCompatible(options.layout, welcome.layout);
   if (!s.ok()) {
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    if (options.hooks != nullptr) {
+      options.hooks->ConnectionRefused(TransferDirection::kSend, TransferFailure::kIncompatible);
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("kv transfer peer ", endpoint, " is incompatible: ", s.message()));
   }

@@ -73,6 +73,8 @@ struct ConnectionOptions {
   absl::Duration io_timeout = absl::Seconds(10);
   bool checksum = true;
   std::string secret;  // SenderOptions::secret
+  // Told of the connections this sender refuses itself (not of the receiver's refusals).
+  TransferHooks* hooks = nullptr;
 };
 
 class SenderConnection {

@@ -14,6 +14,7 @@
 #include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/layout.h"
+#include "kvtransfer/metered.h"
 
 namespace tandem::kvtransfer::tcp {
 namespace {
@@ -171,6 +172,7 @@ absl::Status TcpReceiver::Handshake(Conn* conn) {
   if (!s.ok()) {
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) return s;  // the peer went away
     core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    ReportRefused(options_.hooks, TransferDirection::kReceive, s);
     TLOG(WARNING) << "kv transfer: refusing " << conn->peer << ": " << s.message();
     Send(conn, wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})).IgnoreError();
     return s;

@@ -29,6 +29,7 @@ TcpSender::TcpSender(const SenderOptions& options, KvRegionAccess* access)
   conn_options_.io_timeout = options.io_timeout;
   conn_options_.checksum = options.checksum;
   conn_options_.secret = options.secret;
+  conn_options_.hooks = options.hooks;
 }
 
 TcpSender::~TcpSender() {

@@ -93,7 +93,7 @@ def mismatched(build_dir, d, stubs, decode_secret_args, reference, label):
     try:
         _, prefill_metrics = ps.start(f"prefill-{label}", "prefill", "--kv-secret-file",
                                       os.path.join(d, "a.secret"))
-        decode_port, _ = ps.start(f"decode-{label}", "decode", *decode_secret_args)
+        decode_port, decode_metrics = ps.start(f"decode-{label}", "decode", *decode_secret_args)
         prefill_port = int(open(os.path.join(d, f"prefill-{label}.port")).read())
         router_port, _ = ps.start(f"router-{label}", "router", "--prefill-addresses",
                                   f"127.0.0.1:{prefill_port}", "--decode-addresses",
@@ -108,7 +108,10 @@ def mismatched(build_dir, d, stubs, decode_secret_args, reference, label):
         router_log = ps.log(f"router-{label}")
         check("failed authentication" in router_log or "authentication failed" in router_log,
               f"{label}: the router's log does not say why the prefill failed:\n{router_log[-3000:]}")
-        return ps.log(f"decode-{label}"), ps.log(f"prefill-{label}")
+        refused = {side: metric(port, "tandem_kv_transfer_connections_refused_total",
+                                reason="unauthenticated")
+                   for side, port in (("prefill", prefill_metrics), ("decode", decode_metrics))}
+        return ps.log(f"decode-{label}"), ps.log(f"prefill-{label}"), refused
     finally:
         ps.stop()
 
@@ -141,16 +144,20 @@ def main():
           f"moved the KV over the authenticated path")
 
     # 2. Another secret, or none, on the decode worker: no KV reaches it; the request completes.
-    decode_log, _ = mismatched(build_dir, d, stubs,
+    decode_log, _, refused = mismatched(build_dir, d, stubs,
                                ["--kv-secret-file", os.path.join(d, "b.secret")], reference,
                                "other-secret")
     check("kv transfer: refusing" in decode_log and
           "does not match this receiver's shared secret" in decode_log,
           f"the decode worker's log does not name the refusal:\n{decode_log[-3000:]}")
+    check(refused["decode"] >= 1 and refused["prefill"] == 0,
+          f"the decode worker refused (and counted) the connections: {refused}")
     print("ok: a decode worker with another secret receives no KV; the request is prefilled on it")
-    _, prefill_log = mismatched(build_dir, d, stubs, [], reference, "no-secret")
+    _, prefill_log, refused = mismatched(build_dir, d, stubs, [], reference, "no-secret")
     check("no shared secret configured there" in prefill_log,
           f"the prefill worker's log does not name the cause:\n{prefill_log[-3000:]}")
+    check(refused["prefill"] >= 1 and refused["decode"] == 0,
+          f"the prefill worker refused (and counted) the connections: {refused}")
     print("ok: a decode worker without a secret is refused by the prefill worker")
 
     # 3. Bad secret files stop the process at startup with a message.

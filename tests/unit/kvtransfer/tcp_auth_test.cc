@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -46,6 +48,26 @@ absl::StatusOr<std::pair<FrameType, std::string>> ReadFrame(int fd) {
   return std::make_pair(p->type, meta);
 }
 
+// Counts ConnectionRefused by (direction, reason).
+class RefusalHooks : public TransferHooks {
+ public:
+  void TransferStarted(TransferDirection) override {}
+  void TransferSucceeded(TransferDirection, double, int64_t, int64_t) override {}
+  void TransferFailed(TransferDirection, TransferFailure) override {}
+  void ConnectionRefused(TransferDirection d, TransferFailure reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_[{d, reason}];
+  }
+  int count(TransferDirection d, TransferFailure reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_[{d, reason}];
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::pair<TransferDirection, TransferFailure>, int> counts_;
+};
+
 class TcpAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -64,6 +86,7 @@ class TcpAuthTest : public ::testing::Test {
     ReceiverOptions o;
     o.layout = layout_;
     o.secret = secret;
+    o.hooks = &receiver_hooks_;
     o.handshake_timeout = absl::Milliseconds(500);
     o.faults_from_env = false;
     auto r = CreateReceiver(o, dst_.get(), completions_.Callback());
@@ -74,6 +97,7 @@ class TcpAuthTest : public ::testing::Test {
     SenderOptions o;
     o.layout = layout_;
     o.secret = secret;
+    o.hooks = &sender_hooks_;
     o.faults_from_env = false;
     auto s = CreateSender(o, src_.get());
     EXPECT_TRUE(s.ok()) << s.status();
@@ -113,6 +137,7 @@ class TcpAuthTest : public ::testing::Test {
     return s;
   }
 
+  RefusalHooks receiver_hooks_, sender_hooks_;  // outlive the transports below
   KvLayout layout_;
   std::unique_ptr<FakePool> src_, dst_;
   Completions completions_;
@@ -147,6 +172,10 @@ TEST_F(TcpAuthTest, AWrongSecretIsRefusedAtConnectTimeAndOthersKeepWorking) {
       << s;
   EXPECT_EQ(bad->stats().connects, 0u);
   EXPECT_EQ(receiver_->stats().handshakes_refused, 1u);
+  EXPECT_EQ(receiver_hooks_.count(TransferDirection::kReceive, TransferFailure::kUnauthenticated),
+            1);
+  // The receiver refused it, not the sender.
+  EXPECT_EQ(sender_hooks_.count(TransferDirection::kSend, TransferFailure::kUnauthenticated), 0);
 
   for (int64_t l = 1; l < layout_.num_layers; ++l) good->SendLayer(*h, l);
   testing::Done done;
@@ -180,6 +209,9 @@ TEST_F(TcpAuthTest, ASenderWithASecretRefusesAReceiverWithout) {
   EXPECT_EQ(sender->stats().connects, 0u);
   EXPECT_EQ(sender->stats().handshakes_refused, 1u);
   EXPECT_TRUE(AllZero());
+  EXPECT_EQ(sender_hooks_.count(TransferDirection::kSend, TransferFailure::kUnauthenticated), 1);
+  EXPECT_EQ(receiver_hooks_.count(TransferDirection::kReceive, TransferFailure::kUnauthenticated),
+            0);  // it accepted: the sender refused
 }
 
 TEST_F(TcpAuthTest, WithoutSecretsOnBothSidesNothingChanges) {
@@ -196,6 +228,9 @@ TEST_F(TcpAuthTest, ALayoutMismatchIsStillRefusedNamingTheField) {
   absl::Status s = TryTransfer(sender.get(), 1);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("block_size"), std::string::npos) << s;
+  EXPECT_EQ(receiver_hooks_.count(TransferDirection::kReceive, TransferFailure::kIncompatible), 1);
+  EXPECT_EQ(receiver_hooks_.count(TransferDirection::kReceive, TransferFailure::kUnauthenticated),
+            0);
 }
 
 TEST_F(TcpAuthTest, AProofForAnotherChallengeIsRefused) {
@@ -320,6 +355,8 @@ TEST_F(TcpAuthTest, ASenderRefusesAReceiverThatCannotProveTheSecret) {
     EXPECT_TRUE(fake.sent_welcome()) << name;
     EXPECT_EQ(sender->stats().connects, 0u) << name;
   }
+  EXPECT_EQ(sender_hooks_.count(TransferDirection::kSend, TransferFailure::kUnauthenticated),
+            static_cast<int>(fakes.size()));
 }
 
 TEST_F(TcpAuthTest, AChallengeWithoutAFullNonceIsRefused) {
