@@ -1,23 +1,11 @@
 #include "router/request_decoding.h"
 
-#include <vector>
-
 #include "absl/strings/str_cat.h"
+#include "common/rpc/byte_buffer.h"
 #include "tandem/v1/wire_check.pb.h"
 
 namespace tandem {
 namespace {
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Dump(&slices).ok()) return out;
-  out.reserve(buffer.Length());
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
@@ -61,14 +49,8 @@ bool IsValidUtf8(const std::string& text) {
   return true;
 }
 
-grpc::ByteBuffer SerializeToByteBuffer(const google::protobuf::MessageLite& message) {
-  std::string bytes = message.SerializeAsString();
-  grpc::Slice slice(bytes);
-  return grpc::ByteBuffer(&slice, 1);
-}
-
 grpc::Status ParseGenerateRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request) {
-  const std::string bytes = Flatten(buffer);
+  const std::string bytes = FlattenByteBuffer(buffer);
   if (request->ParseFromString(bytes)) return grpc::Status::OK;
   v1::GenerateRequestBytesView view;
   if (!view.ParseFromString(bytes)) return Invalid("request: not a valid GenerateRequest message");
@@ -85,7 +67,7 @@ grpc::Status ParseGenerateRequest(const grpc::ByteBuffer& buffer, v1::GenerateRe
 }
 
 grpc::Status ParseTokenizeRequest(const grpc::ByteBuffer& buffer, v1::TokenizeRequest* request) {
-  const std::string bytes = Flatten(buffer);
+  const std::string bytes = FlattenByteBuffer(buffer);
   if (request->ParseFromString(bytes)) return grpc::Status::OK;
   v1::TokenizeRequestBytesView view;
   if (view.ParseFromString(bytes)) {

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/rpc/byte_buffer.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem {
@@ -13,9 +14,6 @@ namespace tandem {
 // deserialization failure.
 grpc::Status ParseGenerateRequest(const grpc::ByteBuffer& buffer, v1::GenerateRequest* request);
 grpc::Status ParseTokenizeRequest(const grpc::ByteBuffer& buffer, v1::TokenizeRequest* request);
-
-// Serializes a message into a ByteBuffer for a raw reactor.
-grpc::ByteBuffer SerializeToByteBuffer(const google::protobuf::MessageLite& message);
 
 // True when `text` is well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
 bool IsValidUtf8(const std::string& text);

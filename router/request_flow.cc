@@ -354,18 +354,92 @@ void DecodeLeg::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
   if (message_.has_reservation()) {
     StartPrefill(message_.reservation());
-  } else {
+  } else if (!HoldFinal(message_)) {
     flow_->OnResponse(this, message_);
   }
   StartRead(&message_);
 }
 
+bool DecodeLeg::HoldFinal(const v1::DecodeResponse& r) {
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r.has_tokens()) kv_arrived_ = true;
+    if (!r.has_final() || r.final().finish_reason() == v1::FINISH_REASON_ERROR) return false;
+    kv_arrived_ = true;
+    if (!releasing_ && (!prefill_in_flight_ || hold_expired_)) return false;
+    held_finals_.push_back(r);
+    arm = !alarm_requested_ && !hold_expired_;
+    if (arm) {
+      alarm_requested_ = true;
+      alarm_keep_ = self_;  // the reader thread: self_ is set until the leg ends
+    }
+  }
+  if (arm) {
+    // Set and Cancel under alarm_mu_, never under mu_ (the callback takes mu_). The callback
+    // captures no reference: grpc keeps it until the alarm is destroyed.
+    std::lock_guard<std::mutex> lock(alarm_mu_);
+    alarm_.Set(absl::ToChronoTime(absl::Now() + flow_->client()->options_.prefill_timings_wait),
+               [this](bool fired) { OnAlarm(fired); });
+    alarm_set_ = true;
+  }
+  return true;
+}
+
+void DecodeLeg::OnAlarm(bool fired) {
+  std::shared_ptr<DecodeLeg> keep;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep = std::move(alarm_keep_);
+    if (fired) hold_expired_ = true;
+  }
+  // Not fired: cancelled, the Prefill response released the finals.
+  if (fired) ReleaseFinals();
+}  // may delete this
+
+void DecodeLeg::ReleaseFinals() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (releasing_) return;  // that thread delivers these too, and ends the leg if due
+  releasing_ = true;
+  while (!held_finals_.empty()) {
+    std::vector<v1::DecodeResponse> held = std::move(held_finals_);
+    held_finals_.clear();
+    lock.unlock();
+    for (const v1::DecodeResponse& r : held) flow_->OnResponse(this, r);
+    lock.lock();
+  }
+  releasing_ = false;
+  const bool finish = finish_held_;
+  finish_held_ = false;
+  const grpc::Status status = finish_status_;
+  const bool retry_local = retry_local_;
+  lock.unlock();
+  if (finish) FinishLeg(status, retry_local);
+}
+
 void DecodeLeg::OnDone(const grpc::Status& status) {
   bool retry_local;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ended_ = true;
     retry_local = retry_local_;
+    if (!held_finals_.empty() || releasing_) {
+      // Finals are held for the Prefill response: the leg ends after they are delivered.
+      finish_held_ = true;
+      finish_status_ = status;
+      if (status.ok() && prefill_in_flight_ && !hold_expired_) return;
+      hold_expired_ = true;  // the stream failed: deliver them now
+      lock.unlock();
+      ReleaseFinals();
+      return;
+    }
+  }
+  FinishLeg(status, retry_local);
+}
+
+void DecodeLeg::FinishLeg(const grpc::Status& status, bool retry_local) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     if (prefill_context_ != nullptr) prefill_context_->TryCancel();
   }
   decode_->inflight_requests.fetch_sub(1);
@@ -424,6 +498,7 @@ void DecodeLeg::StartPrefill(const v1::KvReservation& reservation) {
   prefill_context_ = std::make_unique<grpc::ClientContext>();
   prefill_context_->set_deadline(absl::ToChronoTime(absl::Now() + o.prefill_timeout));
   std::shared_ptr<DecodeLeg> keep = self_;
+  prefill_in_flight_ = true;
   prefill_->stub->async()->Prefill(prefill_context_.get(), &prefill_request_, &prefill_response_,
                                    [keep](grpc::Status st) { keep->OnPrefillDone(st); });
 }
@@ -437,8 +512,20 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   }
   if (prefill) prefill->inflight_requests.fetch_sub(1);
   std::unique_lock<std::mutex> lock(mu_);
+  prefill_in_flight_ = false;
   if (status.ok()) prefill_ok_ = true;
-  if (ended_ || status.ok()) return;
+  if (!held_finals_.empty() || finish_held_) {
+    lock.unlock();
+    {
+      std::lock_guard<std::mutex> alarm_lock(alarm_mu_);
+      if (alarm_set_) alarm_.Cancel();  // not set yet: it fires later and finds nothing held
+    }
+    ReleaseFinals();  // now with the timings (when the call succeeded)
+    lock.lock();
+  }
+  // Once the decode worker streams tokens it has verified the KV: a Prefill call that fails
+  // afterwards (its answer was lost) is not sent again.
+  if (ended_ || status.ok() || kv_arrived_) return;
   TLOG(WARNING) << "request " << request_.request_id() << ": prefill on " << prefill->address
                 << " failed (" << status.error_message() << ")";
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <grpcpp/alarm.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -57,7 +58,10 @@ class RequestFlow : public std::enable_shared_from_this<RequestFlow> {
   bool done_ = false;
 };
 
-// One Decode stream to one decode worker, plus the prefill calls for its reservation.
+// One Decode stream to one decode worker, plus the prefill calls for its reservation. A final
+// that arrives while the Prefill call is still out is held until its response (or, at most,
+// ClusterOptions::prefill_timings_wait) so that it carries the prefill worker's timings; the end
+// of the stream waits for the held finals, so the flow sees every final before the leg's end.
 class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
  public:
   DecodeLeg(std::shared_ptr<RequestFlow> flow, std::shared_ptr<Worker> decode,
@@ -81,6 +85,13 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
  private:
   void StartPrefill(const v1::KvReservation& reservation);
   void OnPrefillDone(const grpc::Status& status);
+  // Holds a (non-error) final while the Prefill call is out; false: deliver it now.
+  bool HoldFinal(const v1::DecodeResponse& response);
+  // Delivers the held finals, then ends the leg if its stream has ended meanwhile.
+  void ReleaseFinals();
+  // The bound on holding finals passed (fired) or was cancelled.
+  void OnAlarm(bool fired);
+  void FinishLeg(const grpc::Status& status, bool retry_local);
   void SendCancel(const std::shared_ptr<Worker>& worker, int32_t index);
 
   std::shared_ptr<RequestFlow> flow_;
@@ -103,6 +114,18 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   v1::PrefillRequest prefill_request_;
   v1::PrefillResponse prefill_response_;
   bool prefill_ok_ = false;
+  bool prefill_in_flight_ = false;  // a Prefill call awaits its response
+  bool kv_arrived_ = false;         // the decode worker streamed tokens: it has the KV
+  std::vector<v1::DecodeResponse> held_finals_;
+  bool hold_expired_ = false;  // prefill_timings_wait passed: finals are no longer held
+  bool releasing_ = false;     // a thread is delivering held finals
+  bool alarm_requested_ = false;
+  std::shared_ptr<DecodeLeg> alarm_keep_;  // keeps the leg until the alarm's callback
+  bool finish_held_ = false;               // the stream ended while finals were held
+  grpc::Status finish_status_;
+  std::mutex alarm_mu_;  // Set and Cancel of alarm_
+  bool alarm_set_ = false;
+  grpc::Alarm alarm_;  // the bound on holding finals
 };
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/byte_buffer.h"
 
 namespace tandem {
 
@@ -29,17 +30,21 @@ v1::WorkerStats ToWorkerStats(const EngineStats& s) {
 // One Decode stream. Responses arrive on the engine thread and are queued; only the holder of
 // the writer role (writing_) calls StartWrite or Finish, so the reactor outlives every call on
 // it (the same protocol as router/generate_call.h).
-class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
+class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DecodeCall(WorkerService* service, const v1::DecodeRequest& request)
       : service_(service), request_id_(request.request_id()) {
     service_->CallStarted();
   }
 
-  static void Begin(std::shared_ptr<DecodeCall> self, const v1::DecodeRequest& request) {
+  // `parsed`: the outcome of parsing the raw request (an error ends the call with it).
+  static void Begin(std::shared_ptr<DecodeCall> self, const v1::DecodeRequest& request,
+                    const grpc::Status& parsed) {
     self->self_ = self;
     std::unique_lock<std::mutex> lock(self->mu_);
-    if (self->service_->decode_ == nullptr) {
+    if (!parsed.ok()) {
+      self->status_ = parsed;
+    } else if (self->service_->decode_ == nullptr) {
       self->status_ = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a decode worker");
     } else if (self->service_->draining_.load()) {
       self->status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down");
@@ -109,7 +114,7 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
     if (writing_ || finish_called_) return;
     if (!queue_.empty()) {
       writing_ = true;
-      in_flight_ = std::move(queue_.front());
+      in_flight_ = SerializeToByteBuffer(queue_.front());
       queue_.pop_front();
       lock.unlock();
       StartWrite(&in_flight_);
@@ -129,7 +134,7 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
   std::string request_id_;
   std::mutex mu_;
   std::deque<v1::DecodeResponse> queue_;
-  v1::DecodeResponse in_flight_;
+  grpc::ByteBuffer in_flight_;
   bool writing_ = false;
   bool finish_called_ = false;
   int32_t open_ = 0;
@@ -140,7 +145,7 @@ class DecodeCall : public grpc::ServerWriteReactor<v1::DecodeResponse> {
 
 // One WatchStats stream, fed by the service's ticker: a message goes out only when the previous
 // one was written, so a slow router never makes the worker queue unboundedly.
-class WatchCall : public grpc::ServerWriteReactor<v1::WorkerStats> {
+class WatchCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit WatchCall(WorkerService* service) : service_(service) {}
 
@@ -152,23 +157,25 @@ class WatchCall : public grpc::ServerWriteReactor<v1::WorkerStats> {
     KvEventLog::Delta delta =
         service_->events_ != nullptr ? service_->events_->Read(cursor_) : KvEventLog::Delta{};
     cursor_ = delta.next_cursor;
-    message_ = service_->Stats();
-    message_.set_snapshot(delta.snapshot);
-    message_.mutable_stored_block_hashes()->Assign(delta.stored.begin(), delta.stored.end());
-    message_.mutable_removed_block_hashes()->Assign(delta.removed.begin(), delta.removed.end());
+    v1::WorkerStats message = service_->Stats();
+    message.set_snapshot(delta.snapshot);
+    message.mutable_stored_block_hashes()->Assign(delta.stored.begin(), delta.stored.end());
+    message.mutable_removed_block_hashes()->Assign(delta.removed.begin(), delta.removed.end());
+    message_ = SerializeToByteBuffer(message);
     writing_ = true;
     lock.unlock();
     StartWrite(&message_);
     return true;
   }
 
-  void End() {
+  // Ends the stream (with `status` unless a write is in flight: then OK after it).
+  void End(const grpc::Status& status = grpc::Status::OK) {
     std::unique_lock<std::mutex> lock(mu_);
     if (finishing_ || done_) return;
     finishing_ = true;
     if (!writing_) {
       lock.unlock();
-      Finish(grpc::Status::OK);
+      Finish(status);
     }
   }
 
@@ -196,7 +203,7 @@ class WatchCall : public grpc::ServerWriteReactor<v1::WorkerStats> {
  private:
   WorkerService* service_;
   std::mutex mu_;
-  v1::WorkerStats message_;
+  grpc::ByteBuffer message_;
   uint64_t cursor_ = 0;
   bool writing_ = false;
   bool finishing_ = false;
@@ -275,41 +282,65 @@ v1::WorkerStats WorkerService::Stats() const {
   return s;
 }
 
+namespace {
+
+// Parses a raw unary request; on failure finishes the reactor with INVALID_ARGUMENT.
+bool ParseOrFinish(const grpc::ByteBuffer* raw, google::protobuf::MessageLite* request,
+                   grpc::ServerUnaryReactor* reactor) {
+  grpc::Status st = ParseRawRequest(*raw, request);
+  if (!st.ok()) reactor->Finish(st);
+  return st.ok();
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* WorkerService::GetInfo(grpc::CallbackServerContext* context,
-                                                 const v1::InfoRequest* request,
-                                                 v1::WorkerInfo* response) {
-  *response = options_.info;
-  response->set_draining(draining_.load());
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::InfoRequest request;
+  if (!ParseOrFinish(raw, &request, reactor)) return reactor;
+  v1::WorkerInfo info = options_.info;
+  info.set_draining(draining_.load());
+  *response = SerializeToByteBuffer(info);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::DecodeResponse>* WorkerService::Decode(
-    grpc::CallbackServerContext* context, const v1::DecodeRequest* request) {
-  auto call = std::make_shared<DecodeCall>(this, *request);
-  DecodeCall::Begin(call, *request);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* WorkerService::Decode(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  v1::DecodeRequest request;
+  const grpc::Status parsed = ParseRawRequest(*raw, &request);
+  auto call = std::make_shared<DecodeCall>(this, request);
+  DecodeCall::Begin(call, request, parsed);
   return call.get();
 }
 
 grpc::ServerUnaryReactor* WorkerService::Prefill(grpc::CallbackServerContext* context,
-                                                 const v1::PrefillRequest* request,
-                                                 v1::PrefillResponse* response) {
+                                                 const grpc::ByteBuffer* raw,
+                                                 grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto refuse = [&](grpc::StatusCode code, const char* message) {
+  auto refuse = [&](const grpc::Status& status) {
     if (hooks_ != nullptr) {
       hooks_->StreamStarted();
-      hooks_->StreamFinished(OutcomeForStatusCode(static_cast<absl::StatusCode>(code)));
+      hooks_->StreamFinished(
+          OutcomeForStatusCode(static_cast<absl::StatusCode>(status.error_code())));
     }
-    reactor->Finish(grpc::Status(code, message));
+    reactor->Finish(status);
     return reactor;
   };
-  if (prefill_ == nullptr) return refuse(grpc::StatusCode::UNIMPLEMENTED, "not a prefill worker");
-  if (draining_.load()) return refuse(grpc::StatusCode::UNAVAILABLE, "worker is shutting down");
+  v1::PrefillRequest request;
+  if (grpc::Status st = ParseRawRequest(*raw, &request); !st.ok()) return refuse(st);
+  if (prefill_ == nullptr) {
+    return refuse(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not a prefill worker"));
+  }
+  if (draining_.load()) {
+    return refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is shutting down"));
+  }
   CallStarted();
   prefill_->Prefill(
-      *request, [this, reactor, response](const absl::Status& st, const v1::PrefillResponse& r) {
-        *response = r;
+      request, [this, reactor, response](const absl::Status& st, const v1::PrefillResponse& r) {
+        *response = SerializeToByteBuffer(r);
         CallEnded(OutcomeForStatusCode(st.code()));
         reactor->Finish(st.ok() ? grpc::Status::OK
                                 : grpc::Status(static_cast<grpc::StatusCode>(st.code()),
@@ -319,28 +350,38 @@ grpc::ServerUnaryReactor* WorkerService::Prefill(grpc::CallbackServerContext* co
 }
 
 grpc::ServerUnaryReactor* WorkerService::Cancel(grpc::CallbackServerContext* context,
-                                                const v1::CancelRequest* request,
-                                                v1::CancelResponse* response) {
-  if (decode_ != nullptr) decode_->Cancel(request->request_id(), request->index());
-  if (prefill_ != nullptr) prefill_->Cancel(request->request_id());
+                                                const grpc::ByteBuffer* raw,
+                                                grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::CancelRequest request;
+  if (!ParseOrFinish(raw, &request, reactor)) return reactor;
+  if (decode_ != nullptr) decode_->Cancel(request.request_id(), request.index());
+  if (prefill_ != nullptr) prefill_->Cancel(request.request_id());
+  *response = SerializeToByteBuffer(v1::CancelResponse());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* context,
-                                                  const v1::StatsRequest* request,
-                                                  v1::WorkerStats* response) {
-  *response = Stats();
+                                                  const grpc::ByteBuffer* raw,
+                                                  grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::StatsRequest request;
+  if (!ParseOrFinish(raw, &request, reactor)) return reactor;
+  *response = SerializeToByteBuffer(Stats());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::WorkerStats>* WorkerService::WatchStats(
-    grpc::CallbackServerContext* context, const v1::StatsRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* WorkerService::WatchStats(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   auto call = std::make_shared<WatchCall>(this);
   call->self_ = call;
+  v1::StatsRequest request;
+  if (grpc::Status st = ParseRawRequest(*raw, &request); !st.ok()) {
+    call->End(st);
+    return call.get();
+  }
   std::unique_lock<std::mutex> lock(watch_mu_);
   if (stop_) {
     lock.unlock();

@@ -18,6 +18,13 @@ namespace tandem {
 class DecodeCall;
 class WatchCall;
 
+// Every method takes its request raw, so a malformed frame gets INVALID_ARGUMENT from
+// ParseRawRequest (common/rpc) rather than gRPC's generic UNIMPLEMENTED.
+using WorkerServiceBase = v1::Worker::WithRawCallbackMethod_GetInfo<
+    v1::Worker::WithRawCallbackMethod_Decode<v1::Worker::WithRawCallbackMethod_Prefill<
+        v1::Worker::WithRawCallbackMethod_Cancel<v1::Worker::WithRawCallbackMethod_GetStats<
+            v1::Worker::WithRawCallbackMethod_WatchStats<v1::Worker::CallbackService>>>>>>;
+
 struct WorkerServiceOptions {
   v1::WorkerInfo info;  // role, layout, endpoints: returned by GetInfo
   absl::Duration watch_interval = absl::Milliseconds(100);
@@ -28,28 +35,28 @@ struct WorkerServiceOptions {
 // GetInfo / GetStats / WatchStats report the engine's load and prefix-cache events.
 // Thread-safe. One ticker thread feeds every WatchStats stream. `hooks` (may be null; must
 // outlive the service) counts Decode and Prefill calls and the draining state: metrics.
-class WorkerService final : public v1::Worker::CallbackService {
+class WorkerService final : public WorkerServiceBase {
  public:
   WorkerService(const WorkerServiceOptions& options, AsyncEngine* engine, KvEventLog* events,
                 DecodeHandler* decode, PrefillHandler* prefill, WorkerHooks* hooks = nullptr);
   ~WorkerService() override;
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
-                                    const v1::InfoRequest* request,
-                                    v1::WorkerInfo* response) override;
-  grpc::ServerWriteReactor<v1::DecodeResponse>* Decode(grpc::CallbackServerContext* context,
-                                                       const v1::DecodeRequest* request) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Decode(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
-                                    const v1::PrefillRequest* request,
-                                    v1::PrefillResponse* response) override;
+                                    const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
-                                   const v1::CancelRequest* request,
-                                   v1::CancelResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
-                                     const v1::StatsRequest* request,
-                                     v1::WorkerStats* response) override;
-  grpc::ServerWriteReactor<v1::WorkerStats>* WatchStats(grpc::CallbackServerContext* context,
-                                                        const v1::StatsRequest* request) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchStats(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override;
 
   // New Decode / Prefill calls fail with UNAVAILABLE from now on; running ones continue.
   void StartDrain();

@@ -4,7 +4,7 @@
 // API's GenerateRequest. Only the mapping lives here: the request then goes through the same
 // validation as a gRPC client's (router/generate_call.cc), so both APIs accept and refuse the
 // same things with the same messages. Pure functions over bytes: the fuzz target
-// (tests/fuzz_http/openai_request_fuzz.cc) feeds them arbitrary input.
+// (tests/fuzz/http/openai_request_fuzzer.cc) feeds them arbitrary input.
 
 #include <cstdint>
 #include <string>

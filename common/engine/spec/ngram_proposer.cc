@@ -12,10 +12,17 @@ std::vector<int32_t> NgramProposer::Lookup(const std::vector<int32_t>& tokens, i
     // Most recent earlier occurrence whose continuation exists.
     for (int64_t start = len - n - 1; start >= 0; --start) {
       if (!std::equal(suffix, suffix + n, tokens.data() + start)) continue;
+      // What followed, copied forward like an overlapping LZ77 match: once the copy reaches
+      // the end of the sequence it goes on through the tokens it has just proposed, so a
+      // repeating span (period len - follow) is proposed k tokens deep, not cut at one period.
       const int64_t follow = start + n;
-      const int64_t take = std::min<int64_t>(k, len - follow);
-      if (take <= 0) continue;
-      return std::vector<int32_t>(tokens.begin() + follow, tokens.begin() + follow + take);
+      std::vector<int32_t> proposal;
+      proposal.reserve(std::max(k, 0));
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t at = follow + j;
+        proposal.push_back(at < len ? tokens[at] : proposal[at - len]);
+      }
+      return proposal;
     }
   }
   return {};

@@ -5,8 +5,9 @@
 namespace tandem {
 
 // Prompt lookup decoding: finds the most recent earlier occurrence of the sequence's last n
-// tokens (n from max_n down to min_n) in its own prompt and output, and proposes the tokens that
-// followed it. No model; proposals are deterministic.
+// tokens (n from max_n down to min_n) in its own prompt and output, and proposes the k tokens
+// that followed it; a match whose continuation runs into the end of the sequence is continued
+// periodically (a repeating span is proposed k deep). No model; proposals are deterministic.
 class NgramProposer : public Proposer {
  public:
   NgramProposer(int32_t max_n, int32_t min_n) : max_n_(max_n), min_n_(min_n) {}

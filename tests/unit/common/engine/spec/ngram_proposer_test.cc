@@ -27,6 +27,16 @@ TEST(NgramProposerTest, NoMatchOrTooShortGivesNothing) {
   EXPECT_EQ(NgramProposer::Lookup({3, 5, 4, 3}, 3, 1, 2), (std::vector<int32_t>{5, 4}));
 }
 
+TEST(NgramProposerTest, RepeatingSpanIsProposedKDeep) {
+  // Suffix [3] last occurred one token earlier: the continuation [3] runs into the end and is
+  // continued periodically.
+  EXPECT_EQ(NgramProposer::Lookup({1, 3, 3}, 2, 1, 4), (std::vector<int32_t>{3, 3, 3, 3}));
+  // Period 3: suffix [7, 8] at 2..3, followed by [9, 7, 8] then the proposal itself.
+  EXPECT_EQ(NgramProposer::Lookup({5, 6, 7, 8, 9, 7, 8}, 2, 1, 5),
+            (std::vector<int32_t>{9, 7, 8, 9, 7}));
+  EXPECT_TRUE(NgramProposer::Lookup({1, 3, 3}, 2, 1, 0).empty());
+}
+
 TEST(NgramProposerTest, ProposalIsCappedAtK) {
   std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 1};
   EXPECT_EQ(NgramProposer::Lookup(t, 1, 1, 3), (std::vector<int32_t>{2, 3, 4}));
