@@ -206,8 +206,18 @@ TransferFailure TransferFailureOf(const absl::Status& status) {
       return TransferFailure::kChecksum;
     case absl::StatusCode::kFailedPrecondition:
       return TransferFailure::kIncompatible;
+    case absl::StatusCode::kUnauthenticated:
+      return TransferFailure::kUnauthenticated;
     default:
       return TransferFailure::kOther;
+  }
+}
+
+void ReportRefused(TransferHooks* hooks, TransferDirection direction, const absl::Status& status) {
+  if (hooks == nullptr) return;
+  const TransferFailure reason = TransferFailureOf(status);
+  if (reason == TransferFailure::kIncompatible || reason == TransferFailure::kUnauthenticated) {
+    hooks->ConnectionRefused(direction, reason);
   }
 }
 

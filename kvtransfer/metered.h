@@ -16,6 +16,9 @@ namespace tandem::kvtransfer {
 // aborted, UNAVAILABLE connection, DATA_LOSS checksum, FAILED_PRECONDITION incompatible (layout
 // or a restarted receiver), anything else other.
 TransferFailure TransferFailureOf(const absl::Status& status);
+// Tells `hooks` (may be null) of a connection refused at its handshake when `status` says so
+// (FAILED_PRECONDITION: incompatible, UNAUTHENTICATED); other failures are not refusals.
+void ReportRefused(TransferHooks* hooks, TransferDirection direction, const absl::Status& status);
 
 // `inner` does the work; `hooks` must outlive the sender.
 std::unique_ptr<KvSender> MeterSender(std::unique_ptr<KvSender> inner, const KvLayout& layout,

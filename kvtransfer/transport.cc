@@ -19,6 +19,10 @@ namespace {
 absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
     KvReceiver::CompletionCallback on_complete) {
+  if (!options.secret.empty() && options.transport != "tcp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a kv secret applies to the tcp transport only, not '", options.transport, "'"));
+  }
   if (options.transport == "tcp") {
     return tcp::TcpReceiver::Create(options, access, std::move(on_complete));
   }
@@ -38,6 +42,10 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
 
 absl::StatusOr<std::unique_ptr<KvSender>> CreateTransportSender(const SenderOptions& options,
                                                                 KvRegionAccess* access) {
+  if (!options.secret.empty() && options.transport != "tcp") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a kv secret applies to the tcp transport only, not '", options.transport, "'"));
+  }
   if (options.transport == "tcp") return tcp::TcpSender::Create(options, access);
   if (options.transport == "loopback") return loopback::CreateSender(options, access);
   if (options.transport == "nccl") {

@@ -22,7 +22,8 @@
 
 namespace tandem::kvtransfer {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: the shared-secret challenge-response (CHALLENGE, AUTH, WELCOME's proof).
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // What both sides must agree on before any byte moves. Exchanged at connect time; a mismatch
 // refuses the connection with a message naming the field.
@@ -98,8 +99,13 @@ struct ReceiverOptions {
   std::string name;
   // tcp: a connection that makes no progress inside a message for this long is broken.
   absl::Duration io_timeout = absl::Seconds(10);
-  // tcp: time a new connection has to send its HELLO.
+  // tcp: time a new connection has to send its HELLO (and its AUTH).
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // tcp: the shared secret (ReadSecretFile, kvtransfer/auth.h). Non-empty: every connection
+  // must prove it in the handshake (HMAC-SHA256 challenge-response) and this receiver proves
+  // it back; senders without it, or with another, are refused. Empty: senders with a secret
+  // refuse this receiver. Other transports reject a secret (INVALID_ARGUMENT).
+  std::string secret;
   // An attempt whose sender went silent is failed this long after its deadline (the sender
   // normally aborts it at the deadline itself).
   absl::Duration deadline_grace = absl::Seconds(2);
@@ -183,6 +189,9 @@ struct SenderOptions {
   // tcp: a layer is split into DATA messages of at most this many payload bytes, so that
   // transfers sharing a connection interleave.
   size_t max_message_bytes = 4 << 20;
+  // tcp: the shared secret, as ReceiverOptions::secret: this sender proves it to every receiver
+  // and refuses a receiver that cannot prove it back (or has none). Empty: none.
+  std::string secret;
   // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;

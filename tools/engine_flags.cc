@@ -145,6 +145,14 @@ void ServerFlags::Register(FlagSet* f, int64_t default_port) {
           "mTLS: refuse clients without a certificate signed by --tls-ca");
 }
 
+MetricsOptions ServerFlags::Metrics() const {
+  MetricsOptions m = metrics;
+  m.tls.cert = tls_cert;
+  m.tls.key = tls_key;
+  if (tls_client_auth) m.tls.client_ca = tls_ca;
+  return m;
+}
+
 std::vector<std::string> ServerFlags::TlsArgs() const {
   std::vector<std::string> a;
   if (!tls_cert.empty()) a.push_back("--tls-cert=" + tls_cert);

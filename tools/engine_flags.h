@@ -73,6 +73,9 @@ struct ServerFlags {
   void Register(FlagSet* flags, int64_t default_port);
   // The TLS flags as arguments (to start worker processes with them).
   std::vector<std::string> TlsArgs() const;
+  // `metrics` with the TLS of the other listeners: /metrics over HTTPS when --tls-cert is set,
+  // requiring a client certificate signed by --tls-ca when --tls-client-auth.
+  MetricsOptions Metrics() const;
 };
 
 // Credentials of the process's listeners: TLS when --tls-cert is set, else plaintext.

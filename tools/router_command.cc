@@ -38,7 +38,7 @@ int RunRouter(int argc, char** argv) {
   }
   if (flags.help_requested()) return 0;
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "router"});
-  auto metrics = ProcessMetrics::Start(server_flags.metrics, "router", server_flags.host);
+  auto metrics = ProcessMetrics::Start(server_flags.Metrics(), "router", server_flags.host);
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();
     return 1;

@@ -25,6 +25,7 @@
 #include "common/worker/kv_event_log.h"
 #include "common/worker/worker_service.h"
 #include "decode_worker/decode_core.h"
+#include "kvtransfer/auth.h"
 #include "router/generation_service.h"
 #include "tools/cluster_supervisor.h"
 #include "tools/commands.h"
@@ -153,7 +154,8 @@ int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
 int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
                  const ServerFlags& server_flags, const HttpFlags& http_flags,
                  const ApiKeyFlags& key_flags, RouterFlags router_flags, int64_t prefill_workers,
-                 int64_t decode_workers, bool layerwise_push, ProcessMetrics* metrics) {
+                 int64_t decode_workers, bool layerwise_push, const std::string& kv_secret_file,
+                 ProcessMetrics* metrics) {
   ClusterSupervisorOptions supervisor_options;
   supervisor_options.state_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
@@ -166,6 +168,15 @@ int ServeCluster(const sigset_t& signals, const EngineFlags& engine_flags,
   if (server_flags.log_json) args.push_back("--log-json");
   // The workers serve with the same certificate; the router dials them with it (mTLS).
   for (std::string& a : server_flags.TlsArgs()) args.push_back(std::move(a));
+  // The KV data path between them authenticates with the shared secret (the path, not the
+  // secret, goes on their command lines).
+  if (!kv_secret_file.empty()) {
+    if (auto secret = kvtransfer::ReadSecretFile(kv_secret_file); !secret.ok()) {
+      TLOG(ERROR) << "--kv-secret-file: " << secret.status();
+      return 2;
+    }
+    args.push_back("--kv-secret-file=" + kv_secret_file);
+  }
   auto credentials = MakeChannelCredentials(server_flags);
   if (!credentials.ok()) {
     TLOG(ERROR) << credentials.status();
@@ -242,7 +253,7 @@ int RunServe(int argc, char** argv) {
   RouterFlags router_flags;
   HttpFlags http_flags;
   ApiKeyFlags key_flags;
-  std::string model_name;
+  std::string model_name, kv_secret_file;
   int64_t prefill_workers = 0, decode_workers = 0;
   bool no_layerwise_push = false;
   FlagSet flags("serve",
@@ -265,13 +276,16 @@ int RunServe(int argc, char** argv) {
              "cluster mode: prefill workers send the KV after the prompt, not layer by layer");
   flags.Double("prefill-timeout", &router_flags.prefill_timeout_s,
                "cluster mode: seconds before a prefill is retried elsewhere");
+  flags.String("kv-secret-file", &kv_secret_file,
+               "cluster mode: file holding the shared secret the workers' KV data path "
+               "authenticates with (HMAC handshake per connection)");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 2;
   }
   if (flags.help_requested()) return 0;
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, "serve"});
-  auto metrics = ProcessMetrics::Start(server_flags.metrics, "serve", server_flags.host);
+  auto metrics = ProcessMetrics::Start(server_flags.Metrics(), "serve", server_flags.host);
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();
     return 1;
@@ -284,7 +298,12 @@ int RunServe(int argc, char** argv) {
       return 2;
     }
     return ServeCluster(signals, engine_flags, server_flags, http_flags, key_flags, router_flags,
-                        prefill_workers, decode_workers, !no_layerwise_push, metrics->get());
+                        prefill_workers, decode_workers, !no_layerwise_push, kv_secret_file,
+                        metrics->get());
+  }
+  if (!kv_secret_file.empty()) {
+    std::fprintf(stderr, "serve: --kv-secret-file needs cluster mode (--decode-workers)\n");
+    return 2;
   }
   return ServeMonolithic(signals, engine_flags, server_flags, http_flags, key_flags, model_name,
                          metrics->get());

@@ -22,6 +22,7 @@
 #include "common/worker/kv_event_log.h"
 #include "common/worker/worker_service.h"
 #include "decode_worker/decode_core.h"
+#include "kvtransfer/auth.h"
 #include "prefill_worker/prefill_core.h"
 #include "tools/commands.h"
 #include "tools/engine_flags.h"
@@ -33,7 +34,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
   const sigset_t signals = BlockTerminationSignals();
   EngineFlags engine_flags;
   ServerFlags server_flags;
-  std::string model_name, kv_transport = "tcp", kv_host = "127.0.0.1";
+  std::string model_name, kv_transport = "tcp", kv_host = "127.0.0.1", kv_secret_file;
   int64_t kv_port = 0;
   bool no_layerwise_push = false;
   FlagSet flags(command, "Runs one worker of a disaggregated cluster (role: " +
@@ -49,6 +50,9 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
   flags.String("kv-transport", &kv_transport, "KV transfer transport: tcp (or loopback in tests)");
   flags.String("kv-host", &kv_host, "decode role: address the KV receiver listens on");
   flags.Int("kv-port", &kv_port, "decode role: KV receiver port (0: any free port)");
+  flags.String("kv-secret-file", &kv_secret_file,
+               "file holding the shared secret every KV data connection proves (tcp; all "
+               "workers of a cluster need the same one)");
   flags.Bool("no-layerwise-push", &no_layerwise_push,
              "prefill role: send the KV after the whole prompt instead of layer by layer");
   if (auto st = flags.Parse(argc, argv); !st.ok()) {
@@ -61,7 +65,17 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     return 2;
   }
   ConfigureLogging({LogLevel::kInfo, server_flags.log_json, role});
-  auto metrics = ProcessMetrics::Start(server_flags.metrics, role, server_flags.host);
+  std::string kv_secret;
+  if (!kv_secret_file.empty()) {
+    auto secret = kvtransfer::ReadSecretFile(kv_secret_file);
+    if (!secret.ok()) {
+      std::fprintf(stderr, "%s: --kv-secret-file: %s\n", command.c_str(),
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    kv_secret = *std::move(secret);
+  }
+  auto metrics = ProcessMetrics::Start(server_flags.Metrics(), role, server_flags.host);
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();
     return 1;
@@ -106,6 +120,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     ro.host = kv_host;
     ro.port = static_cast<int>(kv_port);
     ro.layout = layout;
+    ro.secret = kv_secret;
     ro.hooks = &transfer_metrics;
     if (auto st = decode->StartReceiver(ro, &regions); !st.ok()) {
       TLOG(ERROR) << "KV receiver: " << st;
@@ -118,6 +133,7 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     kvtransfer::SenderOptions so;
     so.transport = kv_transport;
     so.layout = layout;
+    so.secret = kv_secret;
     so.hooks = &transfer_metrics;
     if (auto st = prefill->StartSender(so, &regions); !st.ok()) {
       TLOG(ERROR) << "KV sender: " << st;

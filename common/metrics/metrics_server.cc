@@ -17,10 +17,13 @@
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    const HttpTlsOptions& tls) {
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
-  server->http_ = std::make_unique<httplib::Server>();
+  auto http_server = NewHttpServer(tls, "metrics");
+  if (!http_server.ok()) return http_server.status();
+  server->http_ = std::move(http_server).value();
   httplib::Server& http = *server->http_;
   http.new_task_queue = [] { return new httplib::ThreadPool(/*n=*/2); };
   // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/http/http_server_factory.h"
 #include "prometheus/registry.h"
 
 namespace httplib {
@@ -15,14 +16,17 @@ class Server;
 namespace tandem {
 
 // Serves a registry at http://host:port/metrics (Prometheus text format 0.0.4) on its own port
-// and thread (cpp-httplib). Not prometheus-cpp's pull exposer: its civetweb threads are created
-// with a fixed 100 KiB stack, which glibc refuses (EINVAL) once CUDA's libraries put more static
-// TLS than that in the process.
+// and thread (cpp-httplib); with TLS options, at https:// only (and with a client CA, only to
+// clients holding a certificate it signed). Not prometheus-cpp's pull exposer: its civetweb threads
+// are created with a fixed 100 KiB stack, which glibc refuses (EINVAL) once CUDA's libraries put
+// more static TLS than that in the process.
 class MetricsServer {
  public:
-  // Port 0 picks a free port. Fails (UNAVAILABLE) when the address cannot be bound.
+  // Port 0 picks a free port. Fails (UNAVAILABLE) when the address cannot be bound,
+  // INVALID_ARGUMENT when the TLS files cannot be loaded.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+      const HttpTlsOptions& tls = {});
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

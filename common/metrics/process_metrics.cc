@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<ProcessMetrics>> ProcessMetrics::Start(
   if (options.port == 0) return m;
   const std::string host = options.host.empty() ? default_host : options.host;
   auto server = MetricsServer::Start(host, options.port < 0 ? 0 : static_cast<int>(options.port),
-                                     m->registry_);
+                                     m->registry_, options.tls);
   if (!server.ok()) return server.status();
   m->server_ = std::move(server).value();
   if (!options.port_file.empty()) {

@@ -17,6 +17,10 @@ struct MetricsOptions {
   std::string host;       // empty: the process's gRPC --host
   int64_t port = 0;       // 0: no endpoint (metrics are still collected); -1: any free port
   std::string port_file;  // write the bound port here once serving
+  // HTTPS only when tls.cert is set; mTLS with tls.client_ca. Not flags of their own: the
+  // commands fill it from their --tls-* flags (ServerFlags::Metrics), so /metrics is as
+  // protected as the process's other listeners.
+  HttpTlsOptions tls;
 };
 
 // Registers --metrics-host, --metrics-port and --metrics-port-file (for server commands' main).

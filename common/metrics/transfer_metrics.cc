@@ -30,6 +30,12 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
                        .Name("tandem_kv_transfer_failures_total")
                        .Help("KV transfers that failed, by reason.")
                        .Register(*registry);
+  auto& refused = prometheus::BuildCounter()
+                      .Name("tandem_kv_transfer_connections_refused_total")
+                      .Help(
+                          "KV data connections refused at their handshake, by the refusing "
+                          "side: layout mismatch or failed shared-secret authentication.")
+                      .Register(*registry);
   for (int d = 0; d < 2; ++d) {
     const prometheus::Labels l = {{"transport", std::string(transport)},
                                   {"direction", kDirectionNames[d]}};
@@ -43,6 +49,11 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
       lf["reason"] = TransferFailureName(static_cast<TransferFailure>(f));
       p.failures[f] = &failures.Add(lf);
     }
+    prometheus::Labels lr = l;
+    lr["reason"] = TransferFailureName(TransferFailure::kIncompatible);
+    p.refused_incompatible = &refused.Add(lr);
+    lr["reason"] = TransferFailureName(TransferFailure::kUnauthenticated);
+    p.refused_unauthenticated = &refused.Add(lr);
   }
 }
 
@@ -63,6 +74,12 @@ void TransferMetrics::TransferFailed(TransferDirection direction, TransferFailur
   PerDirection& p = directions_[static_cast<int>(direction)];
   p.in_flight->Decrement();
   p.failures[static_cast<int>(reason)]->Increment();
+}
+
+void TransferMetrics::ConnectionRefused(TransferDirection direction, TransferFailure reason) {
+  PerDirection& p = directions_[static_cast<int>(direction)];
+  if (reason == TransferFailure::kIncompatible) p.refused_incompatible->Increment();
+  if (reason == TransferFailure::kUnauthenticated) p.refused_unauthenticated->Increment();
 }
 
 }  // namespace tandem

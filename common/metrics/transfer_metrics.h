@@ -21,6 +21,8 @@ namespace tandem {
 //   tandem_kv_transfer_blocks_total{transport, direction}       KV blocks moved
 //   tandem_kv_transfers_in_flight{transport, direction}
 //   tandem_kv_transfer_failures_total{transport, direction, reason}
+//   tandem_kv_transfer_connections_refused_total{transport, direction, reason}
+//       reason: incompatible or unauthenticated
 class TransferMetrics : public TransferHooks {
  public:
   TransferMetrics(prometheus::Registry* registry, std::string_view transport);
@@ -31,6 +33,7 @@ class TransferMetrics : public TransferHooks {
   void TransferSucceeded(TransferDirection direction, double seconds, int64_t bytes,
                          int64_t blocks) override;
   void TransferFailed(TransferDirection direction, TransferFailure reason) override;
+  void ConnectionRefused(TransferDirection direction, TransferFailure reason) override;
 
  private:
   struct PerDirection {
@@ -39,6 +42,8 @@ class TransferMetrics : public TransferHooks {
     prometheus::Counter* blocks;
     prometheus::Gauge* in_flight;
     std::array<prometheus::Counter*, kNumTransferFailures> failures;
+    prometheus::Counter* refused_incompatible;
+    prometheus::Counter* refused_unauthenticated;
   };
   std::array<PerDirection, 2> directions_;
 };

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/tcp/wire.h"
 
@@ -31,6 +32,13 @@ absl::Status ReadReply(int fd, absl::Time deadline, wire::Prefix* prefix, std::s
   return wire::VerifyMeta(*prefix, *meta);
 }
 
+absl::Status WriteFrame(int fd, wire::FrameType type, const std::string& meta,
+                        absl::Time deadline) {
+  const std::string frame = wire::MakeFrame(type, 0, meta);
+  return WriteBytes(fd, frame.data(), frame.size(),
+                    std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
@@ -47,21 +55,54 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
 
   wire::Hello hello;
   hello.layout = options.layout;
-  const std::string frame = wire::MakeFrame(wire::FrameType::kHello, 0, wire::EncodeHello(hello));
-  absl::Status s = WriteBytes(fd->get(), frame.data(), frame.size(),
-                              std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+  const std::string hello_meta = wire::EncodeHello(hello);
+  absl::Status s = WriteFrame(fd->get(), wire::FrameType::kHello, hello_meta, deadline);
   if (!s.ok()) return unreachable(s);
   wire::Prefix prefix;
   std::string meta;
   s = ReadReply(fd->get(), deadline, &prefix, &meta);
   if (!s.ok()) return unreachable(s);
+  auto unauthenticated = [&](const std::string& why) {
+    counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    if (options.hooks != nullptr) {
+      options.hooks->ConnectionRefused(TransferDirection::kSend, TransferFailure::kUnauthenticated);
+    }
+    return absl::UnauthenticatedError(
+        absl::StrCat("kv transfer peer ", endpoint, " failed authentication: ", why));
+  };
+  std::string sender_nonce, receiver_nonce;
+  if (prefix.type == wire::FrameType::kChallenge) {
+    // The receiver has a secret: answer with a proof (empty without one; it refuses that).
+    wire::Challenge challenge;
+    s = wire::DecodeChallenge(meta, &challenge);
+    if (!s.ok()) return unreachable(s);
+    receiver_nonce = challenge.nonce;
+    if (receiver_nonce.size() != kAuthNonceBytes) {
+      return unauthenticated(absl::StrCat("its challenge has a nonce of ", receiver_nonce.size(),
+                                          " bytes, not ", kAuthNonceBytes));
+    }
+    wire::Auth auth;
+    if (!options.secret.empty()) {
+      absl::StatusOr<std::string> nonce = NewNonce();
+      if (!nonce.ok()) return nonce.status();
+      sender_nonce = auth.nonce = *nonce;
+      auth.proof = SenderProof(options.secret, receiver_nonce, sender_nonce, hello_meta);
+    }
+    s = WriteFrame(fd->get(), wire::FrameType::kAuth, wire::EncodeAuth(auth), deadline);
+    if (!s.ok()) return unreachable(s);
+    s = ReadReply(fd->get(), deadline, &prefix, &meta);
+    if (!s.ok()) return unreachable(s);
+  }
   if (prefix.type == wire::FrameType::kRefuse) {
     wire::Outcome refuse;
     s = wire::DecodeOutcome(meta, &refuse);
     if (!s.ok()) return unreachable(s);
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kv transfer peer ", endpoint, " refused the connection: ", refuse.status.message()));
+    return absl::Status(absl::IsUnauthenticated(refuse.status)
+                            ? absl::StatusCode::kUnauthenticated
+                            : absl::StatusCode::kFailedPrecondition,
+                        absl::StrCat("kv transfer peer ", endpoint,
+                                     " refused the connection: ", refuse.status.message()));
   }
   if (prefix.type != wire::FrameType::kWelcome) {
     return unreachable(absl::DataLossError(
@@ -70,9 +111,26 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
   wire::Welcome welcome;
   s = wire::DecodeWelcome(meta, &welcome);
   if (!s.ok()) return unreachable(s);
+  if (!options.secret.empty()) {
+    // The receiver must prove the secret too: KV never goes to an impostor.
+    if (receiver_nonce.empty()) {
+      return unauthenticated(
+          "it did not challenge this sender (no shared secret configured there: "
+          "--kv-secret-file), and this sender requires one");
+    }
+    wire::Welcome unsigned_welcome = welcome;
+    unsigned_welcome.proof.clear();
+    if (!ProofMatches(welcome.proof, ReceiverProof(options.secret, sender_nonce, receiver_nonce,
+                                                   wire::EncodeWelcome(unsigned_welcome)))) {
+      return unauthenticated("its proof of the shared secret is wrong (another --kv-secret-file?)");
+    }
+  }
   s = CheckCompatible(options.layout, welcome.layout);
   if (!s.ok()) {
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    if (options.hooks != nullptr) {
+      options.hooks->ConnectionRefused(TransferDirection::kSend, TransferFailure::kIncompatible);
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("kv transfer peer ", endpoint, " is incompatible: ", s.message()));
   }

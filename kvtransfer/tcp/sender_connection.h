@@ -72,6 +72,9 @@ struct ConnectionOptions {
   KvLayout layout;
   absl::Duration io_timeout = absl::Seconds(10);
   bool checksum = true;
+  std::string secret;  // SenderOptions::secret
+  // Told of the connections this sender refuses itself (not of the receiver's refusals).
+  TransferHooks* hooks = nullptr;
 };
 
 class SenderConnection {
@@ -85,9 +88,10 @@ class SenderConnection {
     std::function<void(SenderConnection*, const absl::Status&)> on_failed;
   };
 
-  // Connects and handshakes (HELLO -> WELCOME | REFUSE) on the calling thread, then starts
-  // the threads. FAILED_PRECONDITION when refused (the message names the field), UNAVAILABLE
-  // or DEADLINE_EXCEEDED when unreachable.
+  // Connects and handshakes (HELLO -> [CHALLENGE -> AUTH ->] WELCOME | REFUSE) on the calling
+  // thread, then starts the threads. FAILED_PRECONDITION when refused for the layout (the
+  // message names the field), UNAUTHENTICATED when either side cannot prove the shared secret
+  // (the message says which), UNAVAILABLE or DEADLINE_EXCEEDED when unreachable.
   static absl::StatusOr<std::shared_ptr<SenderConnection>> Connect(
       const std::string& endpoint, const ConnectionOptions& options, absl::Duration timeout,
       KvRegionAccess* access, FaultInjector* faults, StatsCounters* counters, Callbacks callbacks);

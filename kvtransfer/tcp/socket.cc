@@ -63,9 +63,12 @@ absl::Status Transfer(int fd, bool write, IovCursor* cur, absl::Duration idle_ti
       if (h.mu != nullptr && !redirected) {
         lock = std::unique_lock<std::mutex>(*h.mu);
         if (!h.valid()) {
+          // The rest goes to / comes from scratch; on_bytes still sees it, so the message's
+          // checksum stays that of the bytes on the wire (a sender that ended a transfer
+          // mid-message sends zeros the receiver accepts under a matching CRC, until the
+          // ABORT behind them ends the attempt: never a spurious DATA_LOSS).
           cur->Retarget(h.scratch, h.scratch_len);
           redirected = true;
-          visit = nullptr;
           lock.unlock();
         }
       }

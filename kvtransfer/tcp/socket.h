@@ -79,7 +79,8 @@ class IovCursor {
 // rest of the transfer is redirected to `scratch` (writes send its bytes, reads discard into
 // it), keeping the stream framed while never touching the caller's buffers again.
 // `on_bytes` sees every run of bytes moved, right after the syscall moved it (still in cache;
-// under `mu` while the guard holds): the transports checksum there.
+// under `mu` while the guard holds; scratch bytes too after a redirect): the transports
+// checksum there.
 struct IoHooks {
   std::mutex* mu = nullptr;
   std::function<bool()> valid;

@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/layout.h"
+#include "kvtransfer/metered.h"
 
 namespace tandem::kvtransfer::tcp {
 namespace {
@@ -154,18 +156,23 @@ absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::str
 
 absl::Status TcpReceiver::Handshake(Conn* conn) {
   wire::Prefix prefix;
-  std::string meta;
-  absl::Status s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false, kMaxHelloBytes);
+  std::string hello_meta;
+  absl::Status s = ReadMessage(conn, &prefix, &hello_meta, /*idle_ok=*/false, kMaxHelloBytes);
   if (!s.ok()) return s;
   wire::Hello hello;
   if (prefix.type != wire::FrameType::kHello) {
     return absl::DataLossError("first kv transfer message is not HELLO");
   }
-  s = wire::DecodeHello(meta, &hello);
+  s = wire::DecodeHello(hello_meta, &hello);
   if (s.ok() && hello.magic != wire::kHelloMagic) s = absl::DataLossError("bad HELLO magic");
   if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+  std::string receiver_nonce, sender_nonce;
+  if (s.ok() && !options_.secret.empty())
+    s = Authenticate(conn, hello_meta, &receiver_nonce, &sender_nonce);
   if (!s.ok()) {
+    if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) return s;  // the peer went away
     core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+    ReportRefused(options_.hooks, TransferDirection::kReceive, s);
     TLOG(WARNING) << "kv transfer: refusing " << conn->peer << ": " << s.message();
     Send(conn, wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})).IgnoreError();
     return s;
@@ -173,9 +180,49 @@ absl::Status TcpReceiver::Handshake(Conn* conn) {
   wire::Welcome welcome;
   welcome.incarnation = incarnation_;
   welcome.layout = options_.layout;
+  if (!options_.secret.empty()) {
+    welcome.proof =
+        ReceiverProof(options_.secret, sender_nonce, receiver_nonce, wire::EncodeWelcome(welcome));
+  }
   s = Send(conn, wire::FrameType::kWelcome, wire::EncodeWelcome(welcome));
   if (s.ok()) core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
   return s;
+}
+
+absl::Status TcpReceiver::Authenticate(Conn* conn, const std::string& hello_meta,
+                                       std::string* receiver_nonce, std::string* sender_nonce) {
+  absl::StatusOr<std::string> nonce = NewNonce();
+  if (!nonce.ok()) return nonce.status();
+  *receiver_nonce = *nonce;
+  absl::Status s =
+      Send(conn, wire::FrameType::kChallenge, wire::EncodeChallenge({*receiver_nonce}));
+  if (!s.ok()) return s;
+  wire::Prefix prefix;
+  std::string meta;
+  s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false, kMaxHelloBytes);
+  if (!s.ok()) return s;
+  if (prefix.type != wire::FrameType::kAuth) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("kv transfer authentication failed: the sender answered the challenge with ",
+                     wire::FrameTypeName(prefix.type), " instead of AUTH"));
+  }
+  wire::Auth auth;
+  s = wire::DecodeAuth(meta, &auth);
+  if (!s.ok()) return s;
+  if (auth.proof.empty()) {
+    return absl::UnauthenticatedError(
+        "kv transfer authentication failed: the sender has no shared secret "
+        "(--kv-secret-file) and this receiver requires one");
+  }
+  if (auth.nonce.size() != kAuthNonceBytes ||
+      !ProofMatches(auth.proof,
+                    SenderProof(options_.secret, *receiver_nonce, auth.nonce, hello_meta))) {
+    return absl::UnauthenticatedError(
+        "kv transfer authentication failed: the sender's proof does not match this receiver's "
+        "shared secret (another --kv-secret-file?)");
+  }
+  *sender_nonce = auth.nonce;
+  return absl::OkStatus();
 }
 
 void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {

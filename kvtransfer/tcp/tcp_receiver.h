@@ -55,6 +55,9 @@ class TcpReceiver : public KvReceiver {
   void AcceptLoop();
   void Serve(const std::shared_ptr<Conn>& conn);
   absl::Status Handshake(Conn* conn);
+  // With a secret: CHALLENGE, then checks the sender's AUTH. UNAUTHENTICATED saying why.
+  absl::Status Authenticate(Conn* conn, const std::string& hello_meta, std::string* receiver_nonce,
+                            std::string* sender_nonce);
   absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool idle_ok,
                            uint32_t max_meta = wire::kMaxMetaBytes);
   absl::Status HandleBegin(const std::shared_ptr<Conn>& conn, const std::string& meta);

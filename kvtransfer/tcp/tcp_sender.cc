@@ -28,6 +28,8 @@ TcpSender::TcpSender(const SenderOptions& options, KvRegionAccess* access)
   conn_options_.layout = options.layout;
   conn_options_.io_timeout = options.io_timeout;
   conn_options_.checksum = options.checksum;
+  conn_options_.secret = options.secret;
+  conn_options_.hooks = options.hooks;
 }
 
 TcpSender::~TcpSender() {

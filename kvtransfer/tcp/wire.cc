@@ -120,6 +120,10 @@ const char* FrameTypeName(FrameType type) {
       return "ABORT";
     case FrameType::kResult:
       return "RESULT";
+    case FrameType::kChallenge:
+      return "CHALLENGE";
+    case FrameType::kAuth:
+      return "AUTH";
   }
   return "?";
 }
@@ -147,7 +151,7 @@ absl::StatusOr<Prefix> DecodePrefix(const uint8_t in[kPrefixBytes]) {
     return absl::DataLossError("kv transfer stream out of sync (bad message magic)");
   }
   if (type < static_cast<uint16_t>(FrameType::kHello) ||
-      type > static_cast<uint16_t>(FrameType::kResult)) {
+      type > static_cast<uint16_t>(FrameType::kAuth)) {
     return absl::DataLossError(absl::StrCat("unknown kv transfer message type ", type));
   }
   if (p.meta_len > kMaxMetaBytes) {
@@ -176,6 +180,20 @@ std::string EncodeWelcome(const Welcome& m) {
   Writer w;
   w.U64(m.incarnation);
   w.Layout(m.layout);
+  w.Str(m.proof);
+  return w.Take();
+}
+
+std::string EncodeChallenge(const Challenge& m) {
+  Writer w;
+  w.Str(m.nonce);
+  return w.Take();
+}
+
+std::string EncodeAuth(const Auth& m) {
+  Writer w;
+  w.Str(m.nonce);
+  w.Str(m.proof);
   return w.Take();
 }
 
@@ -225,7 +243,21 @@ absl::Status DecodeHello(absl::string_view meta, Hello* m) {
 
 absl::Status DecodeWelcome(absl::string_view meta, Welcome* m) {
   Reader r(meta);
-  if (!r.U64(&m->incarnation) || !r.Layout(&m->layout) || !r.AtEnd()) return Malformed("WELCOME");
+  if (!r.U64(&m->incarnation) || !r.Layout(&m->layout) || !r.Str(&m->proof) || !r.AtEnd()) {
+    return Malformed("WELCOME");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeChallenge(absl::string_view meta, Challenge* m) {
+  Reader r(meta);
+  if (!r.Str(&m->nonce) || !r.AtEnd()) return Malformed("CHALLENGE");
+  return absl::OkStatus();
+}
+
+absl::Status DecodeAuth(absl::string_view meta, Auth* m) {
+  Reader r(meta);
+  if (!r.Str(&m->nonce) || !r.Str(&m->proof) || !r.AtEnd()) return Malformed("AUTH");
   return absl::OkStatus();
 }
 

@@ -29,14 +29,16 @@ inline constexpr uint32_t kMaxMetaBytes = 16u << 20;  // block lists and trailer
 inline constexpr uint16_t kFlagChecksum = 1;  // DATA: a u32 CRC32C of the payload follows it
 
 enum class FrameType : uint16_t {
-  kHello = 1,    // sender -> receiver, first message: protocol version and KvLayout
-  kWelcome = 2,  // receiver -> sender: accepted; the receiver's incarnation and KvLayout
-  kRefuse = 3,   // receiver -> sender: refused (message names the field); then close
-  kBegin = 4,    // sender: an attempt starts (ids, incarnation, deadline, destination blocks)
-  kData = 5,     // sender: regions of one layer, payload follows the metadata
-  kFinish = 6,   // sender: attempt complete (message/byte counts, trailer)
-  kAbort = 7,    // sender: attempt abandoned (deadline, abort)
-  kResult = 8,   // receiver: an attempt's outcome (OK after FINISH, or why it failed)
+  kHello = 1,      // sender -> receiver, first message: protocol version and KvLayout
+  kWelcome = 2,    // receiver -> sender: accepted; the receiver's incarnation and KvLayout
+  kRefuse = 3,     // receiver -> sender: refused (message names the field); then close
+  kBegin = 4,      // sender: an attempt starts (ids, incarnation, deadline, destination blocks)
+  kData = 5,       // sender: regions of one layer, payload follows the metadata
+  kFinish = 6,     // sender: attempt complete (message/byte counts, trailer)
+  kAbort = 7,      // sender: attempt abandoned (deadline, abort)
+  kResult = 8,     // receiver: an attempt's outcome (OK after FINISH, or why it failed)
+  kChallenge = 9,  // receiver -> sender, after HELLO when it has a secret: a fresh nonce
+  kAuth = 10,      // sender -> receiver: its nonce and proof of the secret (empty: none)
 };
 const char* FrameTypeName(FrameType type);
 
@@ -60,6 +62,15 @@ struct Hello {
 struct Welcome {
   uint64_t incarnation = 0;
   KvLayout layout;
+  // With a shared secret: ReceiverProof over this message encoded with an empty proof.
+  std::string proof;
+};
+struct Challenge {
+  std::string nonce;  // the receiver's, kAuthNonceBytes
+};
+struct Auth {
+  std::string nonce;  // the sender's, kAuthNonceBytes; empty with no secret
+  std::string proof;  // SenderProof; empty with no secret
 };
 struct Begin {
   uint64_t transfer_id = 0;
@@ -91,6 +102,8 @@ struct Outcome {
 
 std::string EncodeHello(const Hello& m);
 std::string EncodeWelcome(const Welcome& m);
+std::string EncodeChallenge(const Challenge& m);
+std::string EncodeAuth(const Auth& m);
 std::string EncodeBegin(const Begin& m);
 std::string EncodeDataMeta(const DataMeta& m);
 std::string EncodeFinish(const Finish& m);
@@ -98,6 +111,8 @@ std::string EncodeOutcome(const Outcome& m);
 
 absl::Status DecodeHello(absl::string_view meta, Hello* m);
 absl::Status DecodeWelcome(absl::string_view meta, Welcome* m);
+absl::Status DecodeChallenge(absl::string_view meta, Challenge* m);
+absl::Status DecodeAuth(absl::string_view meta, Auth* m);
 absl::Status DecodeBegin(absl::string_view meta, Begin* m);
 absl::Status DecodeDataMeta(absl::string_view meta, DataMeta* m);
 absl::Status DecodeFinish(absl::string_view meta, Finish* m);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/http/http_server_factory.h"
 #include "router/http/generate_stream.h"
 #include "router/http/openai_response.h"
 
@@ -132,21 +133,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   s->context_.chat_template = chat_template;
   s->context_.max_model_len = options.max_model_len;
   s->context_.limits = options.limits;
-  if (!options.tls_cert.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(
-        options.tls_cert.c_str(), options.tls_key.c_str(),
-        options.tls_client_ca.empty() ? nullptr : options.tls_client_ca.c_str());
-    if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("http: cannot load the TLS certificate/key (",
-                                                     options.tls_cert, ", ", options.tls_key, ")"));
-    }
-    s->server_ = std::move(ssl);
-  } else {
-    if (!options.tls_client_ca.empty()) {
-      return absl::InvalidArgumentError("http: a client CA needs a server certificate");
-    }
-    s->server_ = std::make_unique<httplib::Server>();
-  }
+  auto made = NewHttpServer({options.tls_cert, options.tls_key, options.tls_client_ca}, "http");
+  if (!made.ok()) return made.status();
+  s->server_ = std::move(made).value();
   const int threads = options.threads;
   s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s->server_->set_payload_max_length(options.max_body_bytes);

@@ -5,9 +5,16 @@
 //   llama-1b:   16 layers,  8 kv heads, head_dim 64, block 16, bf16 -> 32 KiB regions
 //
 // usage: kvtransfer_bench [--seconds=S] [--blocks=N] [--transport=tcp|loopback|all]
+//        kvtransfer_bench --auth-compare [--reps=R] [--connects=K] [--seconds=S] [--blocks=N]
+//
+// --auth-compare: tcp without and with the shared-secret handshake (kvtransfer/auth.h), side by
+// side in this process, R repetitions interleaved (alternating which goes first): connection setup
+// (a fresh sender's Begin: TCP connect + handshake, median of K) and llama-1b throughput (crc32c);
+// medians over the reps.
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -61,19 +68,29 @@ Model MakeModel(const char* name, int64_t layers, int64_t kv_heads) {
   return {name, l};
 }
 
-void RunOne(const Model& m, const std::string& transport, bool checksum, int32_t blocks,
-            double seconds) {
+constexpr char kBenchSecret[] = "kvtransfer-bench-shared-secret-0123456789";
+
+struct RunResult {
+  double gbps = 0;
+  double latency_ms = 0;
+  double cpu_s_per_gb = 0;
+};
+
+RunResult RunOne(const Model& m, const std::string& transport, bool checksum, int32_t blocks,
+                 double seconds, bool print = true, const std::string& secret = "") {
   Pool src(m.layout, blocks), dst(m.layout, blocks);
   ReceiverOptions ro;
   ro.transport = transport;
   ro.layout = m.layout;
   ro.faults_from_env = false;
+  ro.secret = secret;
   auto receiver = CreateReceiver(ro, &dst, [](const CompletedTransfer&) {});
   SenderOptions so;
   so.transport = transport;
   so.layout = m.layout;
   so.checksum = checksum;
   so.faults_from_env = false;
+  so.secret = secret;
   auto sender = CreateSender(so, &src);
   if (!receiver.ok() || !sender.ok()) {
     std::fprintf(stderr, "setup failed\n");
@@ -108,11 +125,83 @@ void RunOne(const Model& m, const std::string& transport, bool checksum, int32_t
   }
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   const double gb = static_cast<double>(bytes_per_transfer) * transfers / 1e9;
+  RunResult r{gb / elapsed, absl::ToDoubleMilliseconds(latency_sum) / transfers,
+              (CpuSeconds() - cpu_start) / gb};
+  if (!print) return r;
   std::printf("%-11s %-9s %-8s %6zu KiB %6d %9.2f MiB %8.2f GB/s %9.2f ms %8.3f\n", m.name,
               transport.c_str(), checksum ? "crc32c" : "none", m.layout.region_bytes() >> 10,
-              blocks, bytes_per_transfer / 1048576.0, gb / elapsed,
-              absl::ToDoubleMilliseconds(latency_sum) / transfers, (CpuSeconds() - cpu_start) / gb);
+              blocks, bytes_per_transfer / 1048576.0, gb / elapsed, r.latency_ms, r.cpu_s_per_gb);
   std::fflush(stdout);
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+}
+
+// Median microseconds of a fresh sender's first Begin (TCP connect + handshake), K times.
+double ConnectMicros(const Model& m, const std::string& secret, int connects) {
+  Pool src(m.layout, 1), dst(m.layout, 1);
+  ReceiverOptions ro;
+  ro.layout = m.layout;
+  ro.faults_from_env = false;
+  ro.secret = secret;
+  auto receiver = CreateReceiver(ro, &dst, [](const CompletedTransfer&) {});
+  if (!receiver.ok()) std::exit(1);
+  std::vector<double> micros;
+  for (int i = 0; i < connects; ++i) {
+    SenderOptions so;
+    so.layout = m.layout;
+    so.faults_from_env = false;
+    so.secret = secret;
+    auto sender = CreateSender(so, &src);
+    if (!sender.ok()) std::exit(1);
+    const uint64_t id = static_cast<uint64_t>(i) + 1;
+    (*receiver)->Expect({id, {0}});
+    TransferTarget t{(*receiver)->endpoint(), (*receiver)->incarnation(), id, 0, {0}};
+    const absl::Time t0 = absl::Now();
+    auto h = (*sender)->Begin(t, {0});
+    micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    if (!h.ok()) {
+      std::fprintf(stderr, "begin: %s\n", std::string(h.status().message()).c_str());
+      std::exit(1);
+    }
+    for (int64_t l = 0; l < m.layout.num_layers; ++l) (*sender)->SendLayer(*h, l);
+    std::promise<absl::Status> done;
+    (*sender)->Finish(*h, "", [&](absl::Status s) { done.set_value(s); });
+    if (!done.get_future().get().ok()) std::exit(1);
+  }
+  return Median(micros);
+}
+
+void AuthCompare(int reps, int connects, double seconds, int32_t blocks) {
+  const Model m = MakeModel("llama-1b", 16, 8);
+  std::vector<double> connect[2], gbps[2], cpu[2];
+  std::printf(
+      "rep  handshake  connect us (median of %d)  GB/s (llama-1b, %d blocks, crc32c)  "
+      "cpu s/GB\n",
+      connects, blocks);
+  for (int rep = 0; rep < reps; ++rep) {
+    for (int k = 0; k < 2; ++k) {
+      const int auth = (rep + k) % 2;  // alternate which goes first: no order bias
+      const std::string secret = auth ? kBenchSecret : "";
+      connect[auth].push_back(ConnectMicros(m, secret, connects));
+      RunResult r = RunOne(m, "tcp", /*checksum=*/true, blocks, seconds, /*print=*/false, secret);
+      gbps[auth].push_back(r.gbps);
+      cpu[auth].push_back(r.cpu_s_per_gb);
+      std::printf("%3d  %-9s  %24.1f  %34.3f  %8.3f\n", rep + 1, auth ? "hmac" : "none",
+                  connect[auth].back(), r.gbps, r.cpu_s_per_gb);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("median  none: connect %.1f us, %.3f GB/s, %.3f cpu s/GB\n", Median(connect[0]),
+              Median(gbps[0]), Median(cpu[0]));
+  std::printf("median  hmac: connect %.1f us, %.3f GB/s, %.3f cpu s/GB\n", Median(connect[1]),
+              Median(gbps[1]), Median(cpu[1]));
+  std::printf("ratio   hmac/none: connect %.2fx, throughput %.3fx\n",
+              Median(connect[1]) / Median(connect[0]), Median(gbps[1]) / Median(gbps[0]));
 }
 
 void CrcSpeed() {
@@ -144,10 +233,19 @@ int main(int argc, char** argv) {
   double seconds = 2;
   int blocks = 128;  // a 2048-token prompt
   std::string transport = "all";
+  bool auth_compare = false;
+  int reps = 5, connects = 200;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--auth-compare") == 0) auth_compare = true;
+    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
+    if (std::strncmp(argv[i], "--connects=", 11) == 0) connects = std::atoi(argv[i] + 11);
     if (std::strncmp(argv[i], "--seconds=", 10) == 0) seconds = std::atof(argv[i] + 10);
     if (std::strncmp(argv[i], "--blocks=", 9) == 0) blocks = std::atoi(argv[i] + 9);
     if (std::strncmp(argv[i], "--transport=", 12) == 0) transport = argv[i] + 12;
+  }
+  if (auth_compare) {
+    AuthCompare(reps, connects, seconds, blocks);
+    return 0;
   }
   CrcSpeed();
   std::printf("%-11s %-9s %-8s %10s %6s %13s %13s %12s %8s\n", "model", "transport", "checksum",

@@ -235,8 +235,23 @@ def check_wiring(r, values, name):
             # TLS.
             if v["tls"]["enabled"]:
                 check(arg(c, "--tls-cert") == f"{v['tls']['mountPath']}/tls.crt", f"{where}: tls")
+                check(arg(c, "--tls-ca") == f"{v['tls']['mountPath']}/ca.crt", f"{where}: tls ca")
+                check(("--tls-client-auth" in c["args"]) == v["tls"]["mutual"], f"{where}: mTLS")
                 check(volumes["tls"]["secret"]["secretName"] == v["tls"]["secretName"],
                       f"{where}: tls secret")
+                if v["metrics"]["enabled"]:
+                    check(annotations.get("prometheus.io/scheme") == "https",
+                          f"{where}: /metrics is scraped over https")
+            # The KV data path's shared secret: on workers, from the mounted Secret.
+            kv_file = arg(c, "--kv-secret-file")
+            if v["kvSecret"]["secretName"] and role != "router":
+                check(kv_file == f"{v['kvSecret']['mountPath']}/kv-secret", f"{where}: kv secret")
+                check(volumes["kv-secret"]["secret"]["secretName"] == v["kvSecret"]["secretName"],
+                      f"{where}: kv secret volume")
+                check(any(mnt["name"] == "kv-secret" for mnt in c["volumeMounts"]),
+                      f"{where}: kv secret mount")
+            else:
+                check(kv_file is None, f"{where}: no kv secret")
             if role == "decode":
                 check(arg(c, "--kv-port") == str(ports["kv"]), f"{where}: kv port")
                 check(arg(c, "--kv-host") == "$(POD_IP)", f"{where}: kv host")
@@ -277,6 +292,15 @@ def check_wiring(r, values, name):
         check({s["metadata"]["labels"]["app.kubernetes.io/component"] for s in matched}
               == set(ws), f"{name}: ServiceMonitor selects every component's Service")
         for ep in sm["spec"]["endpoints"]:
+            if v["tls"]["enabled"]:
+                tc = ep.get("tlsConfig", {})
+                check(ep.get("scheme") == "https" and
+                      tc.get("ca", {}).get("secret", {}).get("name") == v["tls"]["secretName"],
+                      f"{name}: ServiceMonitor scrapes https with the release's CA")
+                check(("keySecret" in tc) == v["tls"]["mutual"],
+                      f"{name}: ServiceMonitor client certificate under mTLS")
+            else:
+                check(ep.get("scheme", "http") == "http", f"{name}: ServiceMonitor scheme")
             for s in matched:
                 check(any(p["name"] == ep["port"] for p in s["spec"]["ports"]),
                       f"{name}: ServiceMonitor port {ep['port']} on {s['metadata']['name']}")
@@ -307,6 +331,8 @@ def check_failures(renderer):
         (["model.source=nfs"], "model.source must be pvc, hostPath or bundled"),
         (["tls.enabled=true"], "tls.secretName is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
+        (["kvSecret.secretName=kv", "prefill.kvTransport=nccl"],
+         "kvSecret authenticates the tcp KV transport only"),
         (["model.source=hostPath", "model.hostPath.path="], "model.hostPath.path is required"),
         (["router.replica=3"], None),  # a typo'd key is merely unused, like Helm
     ]

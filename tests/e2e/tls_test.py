@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """TLS and mTLS on every listener, with certificates made here with `openssl`: `tandem serve`
-(gRPC and HTTP) refuses plaintext clients, clients without a certificate and clients with a
-certificate of another CA, and serves clients with a valid one; in a disaggregated cluster
-(`tandem serve --prefill-workers 1 --decode-workers 1`) the workers' gRPC listeners refuse
-clients without a certificate while the router (presenting its certificate) serves through
-them; a decode worker whose certificate another CA signed cannot join a `tandem router`."""
+(gRPC, HTTP and Prometheus /metrics) refuses plaintext clients, clients without a certificate
+and clients with a certificate of another CA, and serves clients with a valid one; in a
+disaggregated cluster (`tandem serve --prefill-workers 1 --decode-workers 1`) the workers' gRPC
+and /metrics listeners refuse clients without a certificate while the router (presenting its
+certificate) serves through them; a decode worker whose certificate another CA signed cannot
+join a `tandem router`."""
 import os
 import subprocess
 import sys
@@ -75,7 +76,24 @@ def main():
                             f"https://127.0.0.1:{port}/v1/models"], capture_output=True)
         return r.returncode == 0 and b'"object":"list"' in r.stdout
 
-    with HttpServer(build_dir, *tls) as server:
+    good = ["--cacert", p("ca.pem"), "--cert", p("node.pem"), "--key", p("node.key")]
+
+    def check_metrics_listener(port, what):
+        """/metrics on `port`: Prometheus text over mTLS only."""
+        def get(scheme, *args):
+            r = subprocess.run(["curl", "-sS", "--max-time", "10", *args,
+                                f"{scheme}://127.0.0.1:{port}/metrics"], capture_output=True)
+            return r.returncode == 0 and b"# TYPE tandem_build_info gauge" in r.stdout
+        check(get("https", *good), f"{what}: /metrics over mTLS serves Prometheus text")
+        check(not get("http"), f"{what}: plaintext /metrics refused")
+        check(not get("https", "--cacert", p("ca.pem")), f"{what}: /metrics without a client cert")
+        check(not get("https", "--cacert", p("ca.pem"), "--cert", p("rogue.pem"), "--key",
+                      p("rogue.key")), f"{what}: /metrics with a rogue client cert refused")
+        check(get("https", *good), f"{what}: /metrics still serves after the refusals")
+
+    metrics_file = p("serve.metrics")
+    metrics = ["--metrics-port=-1", f"--metrics-port-file={metrics_file}"]
+    with HttpServer(build_dir, *tls, *metrics) as server:
         check(grpc_ok(server.address, creds()), "gRPC with a valid client certificate")
         stub = stubs.gen_grpc.GenerationStub(grpc.secure_channel(server.address, creds()))
         out = generate(stubs, stub, text="Once upon a time", sampling=dict(temperature=0, max_tokens=8))
@@ -84,7 +102,6 @@ def main():
         check(not grpc_ok(server.address, creds(cert=None)), "gRPC without a client cert refused")
         check(not grpc_ok(server.address, creds(cert="rogue")), "gRPC with a rogue cert refused")
         port = server.http_port
-        good = ["--cacert", p("ca.pem"), "--cert", p("node.pem"), "--key", p("node.key")]
         check(curl(port, *good), "HTTPS with a valid client certificate")
         check(not curl(port, "--cacert", p("ca.pem")), "HTTPS without a client cert refused")
         check(not curl(port, "--cacert", p("ca.pem"), "--cert", p("rogue.pem"), "--key",
@@ -92,9 +109,12 @@ def main():
         r = subprocess.run(["curl", "-sS", "--max-time", "10", f"http://127.0.0.1:{port}/v1/models"],
                            capture_output=True)
         check(b'"object":"list"' not in r.stdout, "plaintext HTTP refused")
-        print("ok: serve: gRPC and HTTPS listeners accept only clients with a valid certificate")
+        check_metrics_listener(int(open(metrics_file).read()), "serve")
+        print("ok: serve: gRPC, HTTPS and /metrics listeners accept only clients with a valid "
+              "certificate")
 
-    with Cluster(build_dir, 1, 1, *tls) as cluster:
+    os.unlink(metrics_file)
+    with Cluster(build_dir, 1, 1, *tls, *metrics) as cluster:
         stub = stubs.gen_grpc.GenerationStub(grpc.secure_channel(cluster.address, creds()))
         out = generate(stubs, stub, text="Once upon a time", sampling=dict(temperature=0, max_tokens=8))
         check(out[0]["final"].usage.completion_tokens == 8, "cluster generation over mTLS")
@@ -118,7 +138,13 @@ def main():
                 info = stubs.worker_grpc.WorkerStub(grpc.secure_channel(address, creds())).GetInfo(
                     stubs.worker.InfoRequest(), timeout=5)
                 check(info.role == role, f"{role} worker serves the router's certificate")
-        print("ok: cluster: workers' listeners require a valid client certificate; the router's works")
+        check_metrics_listener(int(open(metrics_file).read()), "cluster router")
+        targets = open(metrics_file + ".workers").read().split()
+        check(len(targets) == 4, f"two workers' /metrics targets: {targets}")
+        for role, target in zip(targets[::2], targets[1::2]):
+            check_metrics_listener(int(target.rsplit(":", 1)[1]), f"{role} worker")
+        print("ok: cluster: workers' listeners (gRPC, /metrics) require a valid client "
+              "certificate; the router's works")
 
     # A decode worker with another CA's certificate cannot join a router.
     procs = []

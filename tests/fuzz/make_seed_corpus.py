@@ -119,14 +119,16 @@ def blocks(ids):
 
 
 def layout():
-    return struct.pack("<I", 1) + s(b"stories260k") + struct.pack("<qqqqB", 5, 4, 8, 16, 1)
+    return struct.pack("<I", 2) + s(b"stories260k") + struct.pack("<qqqqB", 5, 4, 8, 16, 1)
 
 
 def kvtransfer():
     d = os.path.join(HERE, "kvtransfer", "corpus", "kv_wire_fuzzer")
     clear(d)
     hello = struct.pack("<I", 0x4d444e54) + layout()
-    welcome = struct.pack("<Q", 77) + layout()
+    welcome = struct.pack("<Q", 77) + layout() + s(bytes(range(32)))
+    challenge = s(bytes(range(64, 96)))
+    auth = s(bytes(range(32, 64))) + s(bytes(range(96, 128)))
     begin = struct.pack("<QIQq", 5, 1, 77, 30000) + blocks([3, 4, 9])
     data = struct.pack("<QIIQ", 5, 1, 2, 3 * 2048) + blocks([3, 4, 9])
     finish = struct.pack("<QIQQ", 5, 1, 5, 5 * 3 * 2048) + s(b"\x08\x01\x10\x02")
@@ -135,6 +137,11 @@ def kvtransfer():
     write(d, "prefix-data-checksum", bytes([0]) + frame(5, data, flags=1))
     write(d, "hello", bytes([1]) + hello)
     write(d, "welcome", bytes([2]) + welcome)
+    write(d, "welcome-no-proof", bytes([2]) + struct.pack("<Q", 77) + layout() + s(b""))
+    write(d, "challenge", bytes([8]) + challenge)
+    write(d, "auth", bytes([9]) + auth)
+    write(d, "auth-no-secret", bytes([9]) + s(b"") + s(b""))
+    write(d, "prefix-auth", bytes([0]) + frame(10, auth))
     write(d, "begin", bytes([3]) + begin)
     write(d, "begin-no-deadline", bytes([3]) + struct.pack("<QIQq", 1, 0, 1, -1) + blocks([]))
     write(d, "data", bytes([4]) + data)

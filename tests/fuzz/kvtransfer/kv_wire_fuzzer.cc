@@ -1,7 +1,7 @@
 // Fuzzes the TCP transport's message decoders (kvtransfer/tcp/wire.h), which read what any peer
-// sends. Byte 0 picks the decoder, the rest is the message. Checked: decoding never reads out of
-// bounds; a decoded message encodes to bytes that decode to the same message (and a prefix to
-// the very same 16 bytes); a decoded HELLO / WELCOME layout can be compared, validated and
+// sends. Byte 0 (mod 10) picks the decoder, the rest is the message. Checked: decoding never reads
+// out of bounds; a decoded message encodes to bytes that decode to the same message (and a prefix
+// to the very same 16 bytes); a decoded HELLO / WELCOME layout can be compared, validated and
 // printed.
 
 #include <cstdint>
@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   // A private copy of exactly the message, so reads past its end are caught.
   const std::string meta(reinterpret_cast<const char*>(data + 1), size - 1);
-  switch (data[0] % 8) {
+  switch (data[0] % 10) {
     case 0: {
       if (meta.size() < w::kPrefixBytes) return 0;
       std::vector<uint8_t> raw(meta.begin(), meta.begin() + w::kPrefixBytes);
@@ -78,7 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       w::Welcome m, n;
       if (!w::DecodeWelcome(meta, &m).ok()) return 0;
       FUZZ_CHECK(w::DecodeWelcome(w::EncodeWelcome(m), &n).ok());
-      FUZZ_CHECK(m.incarnation == n.incarnation && SameLayout(m.layout, n.layout));
+      FUZZ_CHECK(m.incarnation == n.incarnation && SameLayout(m.layout, n.layout) &&
+                 m.proof == n.proof);
       UseLayout(m.layout);
       break;
     }
@@ -107,6 +108,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Codes beyond absl's are read as UNKNOWN; the rest survives a round trip.
       FUZZ_CHECK(w::DecodeOutcome(w::EncodeOutcome(m), &n).ok());
       FUZZ_CHECK(n.transfer_id == m.transfer_id && n.attempt == m.attempt && n.status == m.status);
+      break;
+    }
+    case 8: {
+      w::Challenge m;
+      if (!w::DecodeChallenge(meta, &m).ok()) return 0;
+      FUZZ_CHECK(w::EncodeChallenge(m) == meta);
+      break;
+    }
+    case 9: {
+      w::Auth m;
+      if (!w::DecodeAuth(meta, &m).ok()) return 0;
+      FUZZ_CHECK(w::EncodeAuth(m) == meta);
       break;
     }
     default: {

@@ -203,6 +203,7 @@ TEST(TransferFailureOfTest, MapsStatusCodesToReasons) {
   EXPECT_EQ(TransferFailureOf(absl::UnavailableError("")), TransferFailure::kConnection);
   EXPECT_EQ(TransferFailureOf(absl::DataLossError("")), TransferFailure::kChecksum);
   EXPECT_EQ(TransferFailureOf(absl::FailedPreconditionError("")), TransferFailure::kIncompatible);
+  EXPECT_EQ(TransferFailureOf(absl::UnauthenticatedError("")), TransferFailure::kUnauthenticated);
   EXPECT_EQ(TransferFailureOf(absl::InternalError("")), TransferFailure::kOther);
 }
 

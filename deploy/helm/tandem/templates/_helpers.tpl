@@ -112,6 +112,13 @@ app.kubernetes.io/component: {{ .component }}
     secretName: {{ required "tls.secretName is required when tls.enabled" $v.tls.secretName }}
     defaultMode: 0440
 {{- end }}
+{{- if and .worker $v.kvSecret.secretName }}
+- name: kv-secret
+  secret:
+    secretName: {{ $v.kvSecret.secretName }}
+    items: [{key: {{ $v.kvSecret.key }}, path: kv-secret}]
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{- define "tandem.volumeMounts" -}}
@@ -130,6 +137,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.tls.enabled }}
 - name: tls
   mountPath: {{ $v.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if and .worker $v.kvSecret.secretName }}
+- name: kv-secret
+  mountPath: {{ $v.kvSecret.mountPath }}
   readOnly: true
 {{- end }}
 {{- end -}}
@@ -153,9 +165,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.tls.enabled }}
 - --tls-cert={{ $v.tls.mountPath }}/tls.crt
 - --tls-key={{ $v.tls.mountPath }}/tls.key
-{{- if $v.tls.mutual }}
 - --tls-ca={{ $v.tls.mountPath }}/ca.crt
-- --tls-require-client-cert
+{{- if $v.tls.mutual }}
+- --tls-client-auth
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -230,6 +242,9 @@ checksum/config: {{ include (print .root.Template.BasePath "/configmap.yaml") .r
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ .root.Values.ports.metrics | quote }}
 prometheus.io/path: /metrics
+{{- if .root.Values.tls.enabled }}
+prometheus.io/scheme: https
+{{- end }}
 {{- end }}
 {{- with .extra }}
 {{ toYaml . }}

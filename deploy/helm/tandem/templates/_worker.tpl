@@ -37,6 +37,12 @@ spec:
         {{- else }}
         - --kv-transport={{ $v.kvTransport }}
         {{- end }}
+        {{- if $root.Values.kvSecret.secretName }}
+        {{- if ne $root.Values.prefill.kvTransport "tcp" }}
+        {{- fail "kvSecret authenticates the tcp KV transport only (prefill.kvTransport is not tcp)" }}
+        {{- end }}
+        - --kv-secret-file={{ $root.Values.kvSecret.mountPath }}/kv-secret
+        {{- end }}
         {{- with $v.extraArgs }}
         {{- toYaml . | nindent 8 }}
         {{- end }}

@@ -76,6 +76,10 @@ TEST(HooksTest, ComponentsReachTheMetricsThroughHeaderOnlyInterfaces) {
   RouterHooks* r = &router;
   t->TransferStarted(TransferDirection::kReceive);
   t->TransferFailed(TransferDirection::kReceive, TransferFailure::kIncompatible);
+  t->ConnectionRefused(TransferDirection::kReceive, TransferFailure::kUnauthenticated);
+  t->ConnectionRefused(TransferDirection::kReceive, TransferFailure::kUnauthenticated);
+  t->ConnectionRefused(TransferDirection::kSend, TransferFailure::kIncompatible);
+  t->ConnectionRefused(TransferDirection::kSend, TransferFailure::kTimeout);  // not a refusal
   s->OnVerification(5, 5);
   w->StreamStarted();
   w->SetDraining(true);
@@ -85,6 +89,15 @@ TEST(HooksTest, ComponentsReachTheMetricsThroughHeaderOnlyInterfaces) {
   EXPECT_EQ(ReadMetric(registry, "tandem_kv_transfer_failures_total",
                        {{"transport", "nccl"}, {"reason", "incompatible"}}),
             1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_kv_transfer_connections_refused_total",
+                       {{"direction", "receive"}, {"reason", "unauthenticated"}}),
+            2);
+  EXPECT_EQ(ReadMetric(registry, "tandem_kv_transfer_connections_refused_total",
+                       {{"direction", "send"}, {"reason", "incompatible"}}),
+            1);
+  EXPECT_EQ(ReadMetric(registry, "tandem_kv_transfer_connections_refused_total",
+                       {{"direction", "send"}, {"reason", "unauthenticated"}}),
+            0);
   EXPECT_EQ(ReadMetric(registry, "tandem_spec_accepted_tokens_total", {{"proposer", "draft"}}), 5);
   EXPECT_EQ(ReadMetric(registry, "tandem_worker_streams_active", {{"role", "prefill"}}), 1);
   EXPECT_EQ(ReadMetric(registry, "tandem_worker_draining"), 1);

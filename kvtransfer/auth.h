@@ -1,0 +1,39 @@
+#pragma once
+
+// Per-connection authentication of the TCP data path with a shared secret (README.md,
+// "Authentication"): an HMAC-SHA256 challenge-response inside the HELLO/WELCOME handshake.
+// The receiver proves it knows the secret too, so a sender never feeds KV to an impostor.
+// Only the handshake is authenticated; the KV bytes themselves are not encrypted.
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace tandem::kvtransfer {
+
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthMacBytes = 32;  // HMAC-SHA256
+inline constexpr size_t kMinSecretBytes = 16;
+
+// The secret in `path`: its bytes, less trailing newlines / carriage returns. NOT_FOUND when it
+// cannot be read, INVALID_ARGUMENT when shorter than kMinSecretBytes.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+// kAuthNonceBytes fresh random bytes (OpenSSL RAND_bytes); INTERNAL if the generator fails.
+absl::StatusOr<std::string> NewNonce();
+
+// The sender's answer to a challenge: HMAC(secret, "sender" label || receiver_nonce ||
+// sender_nonce || hello), `hello` being the HELLO metadata exactly as sent.
+std::string SenderProof(absl::string_view secret, absl::string_view receiver_nonce,
+                        absl::string_view sender_nonce, absl::string_view hello);
+// The receiver's proof in its WELCOME: HMAC(secret, "receiver" label || sender_nonce ||
+// receiver_nonce || welcome), `welcome` being the WELCOME metadata with an empty proof. The
+// labels keep one side's proof from being replayed as the other's.
+std::string ReceiverProof(absl::string_view secret, absl::string_view sender_nonce,
+                          absl::string_view receiver_nonce, absl::string_view welcome);
+
+// Constant-time comparison (CRYPTO_memcmp); false when the sizes differ or `expected` is empty.
+bool ProofMatches(absl::string_view got, absl::string_view expected);
+
+}  // namespace tandem::kvtransfer
