@@ -22,9 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stage="${1:?usage: scripts/sanitize.sh asan|tsan}"
 
-asan_unit='^(half_test|thread_pool_test|model_config_test|pre_tokenizer_test|tokenizer_test|unicode_test|safetensors_test|model_loader_test|sampler_test|block_pool_test|engine_test|scheduler_test|engine_disagg_test|engine_faults_test|async_engine_test|crc32c_test|faults_test|layout_test|transport_test|metered_transport_test|tcp_protocol_test|routing_policy_test)$'
-asan_integration='^(chaos_test|serve_bad_input_corpus_test|worker_bad_input_test)$'
-tsan_tests='^(transport_test|tcp_protocol_test|metered_transport_test|faults_test|engine_test|engine_disagg_test|engine_faults_test|scheduler_test|thread_pool_test|async_engine_test)$'
+asan_unit='^(half_test|thread_pool_test|model_config_test|pre_tokenizer_test|tokenizer_test|unicode_test|safetensors_test|model_loader_test|sampler_test|block_pool_test|engine_test|scheduler_test|engine_disagg_test|engine_faults_test|async_engine_test|crc32c_test|faults_test|layout_test|transport_test|metered_transport_test|tcp_protocol_test|tcp_auth_test|routing_policy_test|request_flow_test|byte_buffer_test)$'
+asan_integration='^(chaos_test|serve_bad_input_corpus_test|worker_bad_input_test|kv_secret_test)$'
+tsan_tests='^(transport_test|tcp_protocol_test|tcp_auth_test|metered_transport_test|faults_test|engine_test|engine_disagg_test|engine_faults_test|scheduler_test|thread_pool_test|async_engine_test)$'
 
 case "$stage" in
   asan)
