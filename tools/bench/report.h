@@ -78,6 +78,12 @@ struct KvWaste {
   double mean_running = 0;
   int64_t max_running = 0;
   double mean_waiting = 0;
+  // The same over the samples taken while requests were being issued (LoadWindow): the closed
+  // loop at full concurrency, without the final drain (when fewer and fewer remain in flight)
+  // that the means over the whole run include. 0 samples: no window (or no server samples).
+  int64_t server_samples_while_issuing = 0;
+  double mean_running_while_issuing = 0;
+  double mean_waiting_while_issuing = 0;
   double mean_blocks_used = 0;
   int64_t max_blocks_used = 0;
   int64_t blocks_total = 0;
