@@ -8,7 +8,8 @@
 #     baseline, sampled during the runs of 1 and during one run of long-prompt requests.
 #  3. Step costs on this machine (why the ratio is what it is): before each repetition, the
 #     continuous server runs 1, 4 and 16 equal requests that start together (decode step time
-#     = inter-token p50 at that batch) and 128-token prompts one at a time (prefill time = TTFT p50 of 4).
+#     = inter-token p50 at that batch) and 128-token prompts one at a time (prefill time = TTFT
+#     p50 of 4).
 # Writes $BENCH_RESULTS/batching.{md,json}. About 6 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

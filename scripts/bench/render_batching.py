@@ -112,8 +112,8 @@ def _step_part(work, cont, stat):
             path = os.path.join(work, f"step-{b}.{rep}.json")
             if os.path.exists(path):
                 costs[b].append(json.load(open(path))["itl_ms"]["p50"])
-        prefill.append(json.load(open(os.path.join(work, f"prefill.{rep}.json")))["ttft_ms"]["p50"] /
-                       128)
+        report = json.load(open(os.path.join(work, f"prefill.{rep}.json")))
+        prefill.append(report["ttft_ms"]["p50"] / 128)
     c = {b: median(v) for b, v in costs.items()}
     p = median(prefill)
     if any(v is None for v in c.values()) or p is None:
@@ -131,7 +131,8 @@ def _step_part(work, cont, stat):
     md = ("### Step costs on this machine\n\n"
           "Measured before each repetition on the continuous server: 1, 4 and 16 equal requests "
           "(16-token prompts, 64 output tokens) started together, so that the inter-token p50 "
-          "is one decode step at that batch; and four 128-token prompts one at a time (TTFT p50).\n\n")
+          "is one decode step at that batch; and four 128-token prompts one at a time (TTFT "
+          "p50).\n\n")
     md += table(["step (median of repetitions)", "ms", "ms per token", "runs (ms)"], rows)
     if None not in (prompt, output, s_run, c_run) and s_run > 0 and c_run > 0:
         static_tok = _interpolate(points, s_run) / s_run
@@ -224,4 +225,5 @@ def render_batching(work, outdir):
            "repetition's spread, and ratios are taken per repetition between the two servers' "
            "back-to-back runs.\n\n")
     md += commands_block(work, tandem) + "\n"
-    write(outdir, "batching", md, {"continuous": cont, "static": stat, "long": long, "steps": steps} | ratios)
+    write(outdir, "batching", md,
+          {"continuous": cont, "static": stat, "long": long, "steps": steps} | ratios)
