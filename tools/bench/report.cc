@@ -71,6 +71,8 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
   int64_t sequences = 0, running = 0, waiting = 0, used = 0, reserved = 0, filled = 0;
   int64_t model_filled_with_server = 0;
   int64_t running_issuing = 0, waiting_issuing = 0;
+  const OccupancySample* first_issuing = nullptr;
+  const OccupancySample* last_issuing = nullptr;
   for (const OccupancySample& s : samples) {
     ++kv.samples;
     sampled += s.model;
@@ -81,6 +83,8 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
     waiting += s.waiting;
     if (window.seconds > 0 && s.t_s <= window.seconds) {
       ++kv.server_samples_while_issuing;
+      if (first_issuing == nullptr) first_issuing = &s;
+      last_issuing = &s;
       running_issuing += s.running;
       waiting_issuing += s.waiting;
     }
@@ -111,6 +115,12 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
     const double n = static_cast<double>(kv.server_samples_while_issuing);
     kv.mean_running_while_issuing = running_issuing / n;
     kv.mean_waiting_while_issuing = waiting_issuing / n;
+    const int64_t steps = last_issuing->steps - first_issuing->steps;
+    if (steps > 0) {
+      kv.tokens_per_step_while_issuing =
+          static_cast<double>(last_issuing->generated_tokens - first_issuing->generated_tokens) /
+          static_cast<double>(steps);
+    }
   }
   if (kv.server_slot_samples > 0) {
     kv.server_waste = WasteFraction(reserved, filled);

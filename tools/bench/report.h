@@ -84,6 +84,11 @@ struct KvWaste {
   int64_t server_samples_while_issuing = 0;
   double mean_running_while_issuing = 0;
   double mean_waiting_while_issuing = 0;
+  // Tokens generated per engine step between the first and the last server sample while
+  // issuing (WorkerStats counters): the decode batch steps really ran at, each step counted
+  // once however long it took (time-sampled `running` weights long prefill steps more).
+  // -1: fewer than two such samples or no step in between.
+  double tokens_per_step_while_issuing = -1;
   double mean_blocks_used = 0;
   int64_t max_blocks_used = 0;
   int64_t blocks_total = 0;

@@ -119,8 +119,11 @@ void PrintReport(const BenchReport& r, std::FILE* out) {
                  kv.mean_blocks_used, static_cast<long long>(kv.max_blocks_used),
                  static_cast<long long>(kv.blocks_total));
     if (kv.server_samples_while_issuing > 0) {
-      std::fprintf(out, "  server while issuing: running %.1f mean, waiting %.1f (%lld samples)\n",
+      std::fprintf(out,
+                   "  server while issuing: running %.1f mean, waiting %.1f, %.2f tokens per step "
+                   "(%lld samples)\n",
                    kv.mean_running_while_issuing, kv.mean_waiting_while_issuing,
+                   kv.tokens_per_step_while_issuing,
                    static_cast<long long>(kv.server_samples_while_issuing));
     }
   }
@@ -200,6 +203,9 @@ std::string ReportToJson(const BenchReport& r) {
             {"samples_while_issuing", kv.server_samples_while_issuing},
             {"mean_running_while_issuing", kv.mean_running_while_issuing},
             {"mean_waiting_while_issuing", kv.mean_waiting_while_issuing},
+            {"tokens_per_step_while_issuing", kv.tokens_per_step_while_issuing >= 0
+                                                  ? Json(kv.tokens_per_step_while_issuing)
+                                                  : Json()},
             {"mean_blocks_used", kv.mean_blocks_used},
             {"max_blocks_used", kv.max_blocks_used},
             {"blocks_total", kv.blocks_total},

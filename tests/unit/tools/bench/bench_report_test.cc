@@ -158,6 +158,8 @@ TEST(BenchReportTest, OccupancyWhileIssuingLeavesOutTheDrain) {
     s.has_server = true;
     s.running = running;
     s.waiting = waiting;
+    s.steps = static_cast<int64_t>(t * 10);  // 10 steps a second
+    s.generated_tokens = static_cast<int64_t>(t * 10) * running;
     samples.push_back(s);
   }
   LoadWindow window;
@@ -167,12 +169,15 @@ TEST(BenchReportTest, OccupancyWhileIssuingLeavesOutTheDrain) {
   EXPECT_EQ(r.kv.server_samples_while_issuing, 3);
   EXPECT_DOUBLE_EQ(r.kv.mean_running_while_issuing, 16);
   EXPECT_DOUBLE_EQ(r.kv.mean_waiting_while_issuing, 1);
+  // Samples at t = 1 and t = 4 bound the window: (640 - 160) tokens over (40 - 10) steps.
+  EXPECT_DOUBLE_EQ(r.kv.tokens_per_step_while_issuing, 16);
   const std::string json = ReportToJson(r);
   EXPECT_NE(json.find("\"mean_running_while_issuing\": 16"), std::string::npos) << json;
   // No window (a --num-requests run): nothing is reported as "while issuing".
   const BenchReport no_window = BuildReport(run, {Done(0, 0, 0.1, 5, 40)}, samples, "");
   EXPECT_EQ(no_window.kv.server_samples_while_issuing, 0);
   EXPECT_DOUBLE_EQ(no_window.kv.mean_running_while_issuing, 0);
+  EXPECT_DOUBLE_EQ(no_window.kv.tokens_per_step_while_issuing, -1);
 }
 
 TEST(BenchReportTest, JsonHasTheHeadlineFields) {
