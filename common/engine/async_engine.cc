@@ -31,12 +31,6 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, EngineHooks* hooks)
     : engine_(std::move(engine)), hooks_(hooks) {
   stats_ = engine_->stats();
   if (hooks_ != nullptr) hooks_->OnStep(ToCounters(stats_), -1);  // capacity from the start
-  // stats() callers (Worker.GetStats) see the batch being computed, not the state before it.
-  engine_->set_on_scheduled([this] {
-    EngineStats s = engine_->stats();
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_ = s;
-  });
   thread_ = std::thread([this] { Loop(); });
 }
 

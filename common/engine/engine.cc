@@ -183,7 +183,6 @@ std::vector<SequenceUpdate> Engine::Step() {
     ReapFinished();
     return updates;
   }
-  if (on_scheduled_) on_scheduled_();
 
   for (const BlockCopy& c : plan.block_copies) backend_->CopyBlock(c.src, c.dst);
 

@@ -166,10 +166,6 @@ class Engine {
 
   // Hears every speculative verification (metrics); may be null, must outlive the engine.
   void set_spec_hooks(SpecHooks* hooks) { spec_hooks_ = hooks; }
-  // Called by Step() once the step's batch is scheduled (blocks allocated), before the forward
-  // pass, on the engine thread: stats() then describes the batch being computed. A long step
-  // (a big prefill) would otherwise show the state before it until it ends.
-  void set_on_scheduled(std::function<void()> fn) { on_scheduled_ = std::move(fn); }
   const SpecOptions& spec_options() const { return options_.spec; }
 
   const Model& model() const { return *model_; }
@@ -215,7 +211,6 @@ class Engine {
   std::unique_ptr<Proposer> proposer_;
   std::unique_ptr<EngineFaultInjector> faults_;  // null unless fault injection is on
   SpecHooks* spec_hooks_ = nullptr;
-  std::function<void()> on_scheduled_;
   std::vector<std::string> finished_requests_;  // erased at the end of Step
   int64_t max_model_len_ = 0;
   int64_t vocab_size_ = 0;

@@ -260,41 +260,5 @@ TEST(EngineTest, EndingARequestBeforeItForksEndsEverySample) {
   }
 }
 
-// The on-scheduled hook runs once per step that computes something, after the batch is
-// scheduled and before the forward pass: stats() then counts the sequences being computed and
-// their blocks (the step's results are not in yet), which stats() before the step did not.
-TEST(EngineTest, OnScheduledSeesTheBatchBeingComputed) {
-  EngineOptions o;
-  o.scheduler.max_num_batched_tokens = 512;
-  auto engine = MakeEngine(o, 64);
-  std::vector<EngineStats> seen;
-  engine->set_on_scheduled([&] { seen.push_back(engine->stats()); });
-  for (int i = 0; i < 3; ++i) {
-    EngineRequest r;
-    r.id = std::to_string(i);
-    r.prompt = {1, 10, 20, 30, 40, 50};
-    r.prompt.push_back(60 + i);
-    r.params.max_tokens = 2;
-    r.params.ignore_eos = true;
-    ASSERT_TRUE(engine->AddRequest(r).ok());
-  }
-  EXPECT_EQ(engine->stats().num_running, 0);
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
-  const EngineStats before_first = engine->stats();
-  engine->Step();  // the three prompts
-  ASSERT_EQ(seen.size(), 1u);
-  EXPECT_EQ(seen[0].num_running, 3);
-  EXPECT_EQ(seen[0].num_waiting, 0);
-  EXPECT_GT(seen[0].kv_blocks_used, 0);
-  EXPECT_EQ(seen[0].generated_tokens, before_first.generated_tokens);  // nothing sampled yet
-  engine->Step();  // the second tokens: every sequence finishes
-  ASSERT_EQ(seen.size(), 2u);
-  EXPECT_EQ(seen[1].num_running, 3);
-  EXPECT_EQ(engine->stats().num_running, 0);
-  while (engine->HasWork()) engine->Step();
-  EXPECT_EQ(seen.size(), 2u);  // steps with nothing to compute do not call it
-  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
-}
-
 }  // namespace
 }  // namespace tandem
