@@ -84,8 +84,9 @@ def _throughput_part(cont, stat, config):
           f"engine step while the clients issue requests: {fmt(median(occupancy))}x as many "
           "with continuous batching (growth of `Worker.GetStats` steps and generated_tokens "
           "between the first and last sample of the window: each step counts once, however "
-          "long). The running and waiting rows are sampled every 0.25 s, so a long step (a "
-          "static batch's prefill of all its prompts) weighs by its duration; the means over "
+          "long). The running and waiting rows are sampled every 0.25 s and read the engine's "
+          "state after its last finished step, so during a long step (a static batch's "
+          "prefill of all its prompts) they still show the state before it; the means over "
           "the whole run also count the drain after the last request is issued, when fewer "
           "and fewer sequences remain.\n\n")
     md += table(["metric (median of runs)", "continuous", "runs", "static", "runs"], rows)
