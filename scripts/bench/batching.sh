@@ -6,6 +6,10 @@
 #     same requests), the two servers interleaved, repeated.
 #  2. KV waste: the paged pool against the static reservation and a reserve-max-length
 #     baseline, sampled during the runs of 1 and during one run of long-prompt requests.
+#  3. Step costs on this machine (why the ratio is what it is): before each repetition, the
+#     continuous server runs 1, 4 and 16 equal requests that start together (decode step time
+#     = inter-token p50 at that batch) and 128-token prompts one at a time (prefill time = TTFT
+#     p50 of 4).
 # Writes $BENCH_RESULTS/batching.{md,json}. About 6 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -31,6 +35,15 @@ for target in "$CONTINUOUS" "$STATIC"; do  # touch the weights and code paths on
 done
 
 for rep in $(seq 1 "$REPS"); do
+  log "step costs, repetition $rep/$REPS"
+  for batch in 1 4 16; do
+    run_bench "$WORK/step-$batch.$rep.json" --target "$CONTINUOUS" --label "decode step, $batch" \
+      --seed "$rep" --num-requests "$batch" --concurrency "$batch" --prompt-len 16 \
+      --output-len 64 --sample-interval 0
+  done
+  run_bench "$WORK/prefill.$rep.json" --target "$CONTINUOUS" --label "prefill 128" \
+    --seed "$rep" --num-requests 4 --concurrency 1 --prompt-len 128 --output-len 2 \
+    --sample-interval 0
   log "throughput, repetition $rep/$REPS"
   run_bench "$WORK/continuous.$rep.json" --target "$CONTINUOUS" --label "continuous $rep" \
     --seed "$rep" "${THROUGHPUT[@]}"

@@ -88,6 +88,8 @@ OccupancySample OccupancySampler::TakeSample() {
     s.waiting += stats.waiting();
     s.kv_blocks_used += stats.kv_blocks_used();
     s.kv_blocks_total += stats.kv_blocks_total();
+    s.steps += stats.steps();
+    s.generated_tokens += stats.generated_tokens();
     const int64_t reserved = Int64FieldOrMinusOne(stats, "kv_reserved_token_slots");
     const int64_t filled = Int64FieldOrMinusOne(stats, "kv_filled_token_slots");
     if (reserved < 0 || filled < 0) {

@@ -29,6 +29,10 @@ struct OccupancySample {
   int64_t waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  // Cumulative engine counters (WorkerStats.steps, generated_tokens): their growth between two
+  // samples gives the tokens generated per engine step, the batch size steps actually ran at.
+  int64_t steps = 0;
+  int64_t generated_tokens = 0;
   // WorkerStats.kv_reserved_token_slots / kv_filled_token_slots when the server's proto has
   // them (read by field name), else -1.
   int64_t reserved_slots = -1;

@@ -55,7 +55,7 @@ TtftSplit BuildSplit(const std::vector<CallResult>& results) {
 }
 
 KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& results,
-                     const std::vector<OccupancySample>& samples) {
+                     const std::vector<OccupancySample>& samples, const LoadWindow& window) {
   KvWaste kv;
   KvSlots steps;
   for (const CallResult& r : results) {
@@ -70,6 +70,9 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
   KvSlots sampled;
   int64_t sequences = 0, running = 0, waiting = 0, used = 0, reserved = 0, filled = 0;
   int64_t model_filled_with_server = 0;
+  int64_t running_issuing = 0, waiting_issuing = 0;
+  const OccupancySample* first_issuing = nullptr;
+  const OccupancySample* last_issuing = nullptr;
   for (const OccupancySample& s : samples) {
     ++kv.samples;
     sampled += s.model;
@@ -78,6 +81,13 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
     ++kv.server_samples;
     running += s.running;
     waiting += s.waiting;
+    if (window.seconds > 0 && s.t_s <= window.seconds) {
+      ++kv.server_samples_while_issuing;
+      if (first_issuing == nullptr) first_issuing = &s;
+      last_issuing = &s;
+      running_issuing += s.running;
+      waiting_issuing += s.waiting;
+    }
     used += s.kv_blocks_used;
     model_filled_with_server += s.model.filled;
     kv.max_running = std::max(kv.max_running, s.running);
@@ -100,6 +110,17 @@ KvWaste BuildKvWaste(const RunDescription& run, const std::vector<CallResult>& r
     kv.mean_blocks_used = used / n;
     if (used > 0)
       kv.server_blocks_waste = WasteFraction(used * run.block_size, model_filled_with_server);
+  }
+  if (kv.server_samples_while_issuing > 0) {
+    const double n = static_cast<double>(kv.server_samples_while_issuing);
+    kv.mean_running_while_issuing = running_issuing / n;
+    kv.mean_waiting_while_issuing = waiting_issuing / n;
+    const int64_t steps = last_issuing->steps - first_issuing->steps;
+    if (steps > 0) {
+      kv.tokens_per_step_while_issuing =
+          static_cast<double>(last_issuing->generated_tokens - first_issuing->generated_tokens) /
+          static_cast<double>(steps);
+    }
   }
   if (kv.server_slot_samples > 0) {
     kv.server_waste = WasteFraction(reserved, filled);
@@ -158,7 +179,7 @@ BenchReport BuildReport(const RunDescription& run, const std::vector<CallResult>
   report.e2e = Summarize(std::move(e2e));
   report.output_len = Summarize(std::move(output_len));
   report.split = BuildSplit(results);
-  report.kv = BuildKvWaste(run, results, samples);
+  report.kv = BuildKvWaste(run, results, samples, window);
   report.kv.server_note = server_note;
   return report;
 }

@@ -78,6 +78,17 @@ struct KvWaste {
   double mean_running = 0;
   int64_t max_running = 0;
   double mean_waiting = 0;
+  // The same over the samples taken while requests were being issued (LoadWindow): the closed
+  // loop at full concurrency, without the final drain (when fewer and fewer remain in flight)
+  // that the means over the whole run include. 0 samples: no window (or no server samples).
+  int64_t server_samples_while_issuing = 0;
+  double mean_running_while_issuing = 0;
+  double mean_waiting_while_issuing = 0;
+  // Tokens generated per engine step between the first and the last server sample while
+  // issuing (WorkerStats counters): the decode batch steps really ran at, each step counted
+  // once however long it took (time-sampled `running` weights long prefill steps more).
+  // -1: fewer than two such samples or no step in between.
+  double tokens_per_step_while_issuing = -1;
   double mean_blocks_used = 0;
   int64_t max_blocks_used = 0;
   int64_t blocks_total = 0;

@@ -118,6 +118,14 @@ void PrintReport(const BenchReport& r, std::FILE* out) {
                  kv.mean_running, static_cast<long long>(kv.max_running), kv.mean_waiting,
                  kv.mean_blocks_used, static_cast<long long>(kv.max_blocks_used),
                  static_cast<long long>(kv.blocks_total));
+    if (kv.server_samples_while_issuing > 0) {
+      std::fprintf(out,
+                   "  server while issuing: running %.1f mean, waiting %.1f, %.2f tokens per step "
+                   "(%lld samples)\n",
+                   kv.mean_running_while_issuing, kv.mean_waiting_while_issuing,
+                   kv.tokens_per_step_while_issuing,
+                   static_cast<long long>(kv.server_samples_while_issuing));
+    }
   }
   if (!kv.server_note.empty()) std::fprintf(out, "  note: %s\n", kv.server_note.c_str());
   std::fflush(out);
@@ -192,6 +200,12 @@ std::string ReportToJson(const BenchReport& r) {
             {"mean_running", kv.mean_running},
             {"max_running", kv.max_running},
             {"mean_waiting", kv.mean_waiting},
+            {"samples_while_issuing", kv.server_samples_while_issuing},
+            {"mean_running_while_issuing", kv.mean_running_while_issuing},
+            {"mean_waiting_while_issuing", kv.mean_waiting_while_issuing},
+            {"tokens_per_step_while_issuing", kv.tokens_per_step_while_issuing >= 0
+                                                  ? Json(kv.tokens_per_step_while_issuing)
+                                                  : Json()},
             {"mean_blocks_used", kv.mean_blocks_used},
             {"max_blocks_used", kv.max_blocks_used},
             {"blocks_total", kv.blocks_total},

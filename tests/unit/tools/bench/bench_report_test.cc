@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "nlohmann/json.hpp"
 #include "tools/bench/report.h"
 
@@ -139,6 +143,41 @@ TEST(BenchReportTest, KvWasteFromStepsAndSamples) {
   EXPECT_NEAR(report.kv.server_blocks_waste, 22.0 / 112, 1e-12);  // 7 blocks of 16, 90 filled
   EXPECT_EQ(report.kv.max_blocks_used, 7);
   EXPECT_DOUBLE_EQ(report.kv.mean_sequences, 2);
+}
+
+TEST(BenchReportTest, OccupancyWhileIssuingLeavesOutTheDrain) {
+  RunDescription run;
+  run.block_size = 16;
+  std::vector<OccupancySample> samples;
+  // Full concurrency for the first 4 s (two samples at the window's edge included), then the
+  // drain: 16, 16, 16 running up to t = 4, then 8 and 2 after it.
+  for (const auto& [t, running, waiting] : std::vector<std::tuple<double, int, int>>{
+           {1, 16, 2}, {2.5, 16, 0}, {4, 16, 1}, {5, 8, 0}, {6, 2, 0}}) {
+    OccupancySample s;
+    s.t_s = t;
+    s.has_server = true;
+    s.running = running;
+    s.waiting = waiting;
+    s.steps = static_cast<int64_t>(t * 10);  // 10 steps a second
+    s.generated_tokens = static_cast<int64_t>(t * 10) * running;
+    samples.push_back(s);
+  }
+  LoadWindow window;
+  window.seconds = 4;
+  const BenchReport r = BuildReport(run, {Done(0, 0, 0.1, 5, 40)}, samples, "", window);
+  EXPECT_DOUBLE_EQ(r.kv.mean_running, 58.0 / 5);
+  EXPECT_EQ(r.kv.server_samples_while_issuing, 3);
+  EXPECT_DOUBLE_EQ(r.kv.mean_running_while_issuing, 16);
+  EXPECT_DOUBLE_EQ(r.kv.mean_waiting_while_issuing, 1);
+  // Samples at t = 1 and t = 4 bound the window: (640 - 160) tokens over (40 - 10) steps.
+  EXPECT_DOUBLE_EQ(r.kv.tokens_per_step_while_issuing, 16);
+  const std::string json = ReportToJson(r);
+  EXPECT_NE(json.find("\"mean_running_while_issuing\": 16"), std::string::npos) << json;
+  // No window (a --num-requests run): nothing is reported as "while issuing".
+  const BenchReport no_window = BuildReport(run, {Done(0, 0, 0.1, 5, 40)}, samples, "");
+  EXPECT_EQ(no_window.kv.server_samples_while_issuing, 0);
+  EXPECT_DOUBLE_EQ(no_window.kv.mean_running_while_issuing, 0);
+  EXPECT_DOUBLE_EQ(no_window.kv.tokens_per_step_while_issuing, -1);
 }
 
 TEST(BenchReportTest, JsonHasTheHeadlineFields) {
