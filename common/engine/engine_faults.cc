@@ -1,79 +1,34 @@
 #include "common/engine/engine_faults.h"
 
-#include <cstdlib>
 #include <random>
-#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
+#include "common/base/fault_spec.h"
 #include "common/base/log.h"
 
 namespace tandem {
-namespace {
-
-absl::Status ParseProbability(absl::string_view key, absl::string_view value, double* out) {
-  double v;
-  if (!absl::SimpleAtod(value, &v) || !(v >= 0 && v <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fault option ", key, ": '", value, "' is not a probability in [0, 1]"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-bool IsTransferKey(absl::string_view key) {
-  return key == "kv_corrupt" || key == "kv_drop" || key == "kv_close" || key == "kv_delay" ||
-         key == "kv_delay_ms";
-}
-
-}  // namespace
 
 absl::StatusOr<EngineFaultOptions> ParseEngineFaultOptions(absl::string_view spec) {
   EngineFaultOptions o;
-  for (absl::string_view item : absl::StrSplit(spec, ',', absl::SkipWhitespace())) {
-    item = absl::StripAsciiWhitespace(item);
-    std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    if (kv.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("fault option '", item, "' is not key=value"));
-    }
-    const absl::string_view key = absl::StripAsciiWhitespace(kv[0]);
-    const absl::string_view value = absl::StripAsciiWhitespace(kv[1]);
-    absl::Status s;
-    if (key == "engine_stall_ms") {
-      if (!absl::SimpleAtoi(value, &o.stall_ms) || o.stall_ms < 0) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("fault option engine_stall_ms: bad value '", value, "'"));
-      }
-    } else if (key == "engine_stall_prob") {
-      s = ParseProbability(key, value, &o.stall_prob);
-    } else if (key == "kv_alloc_fail_prob") {
-      s = ParseProbability(key, value, &o.alloc_fail_prob);
-    } else if (key == "seed") {
-      if (!absl::SimpleAtoi(value, &o.seed)) {
-        s = absl::InvalidArgumentError(absl::StrCat("fault option seed: bad value '", value, "'"));
-      }
-    } else if (key == "max_faults") {
-      if (!absl::SimpleAtoi(value, &o.max_faults) || o.max_faults < 0) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("fault option max_faults: bad value '", value, "'"));
-      }
-    } else if (!IsTransferKey(key)) {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "unknown fault option '", key,
-          "' (known: engine_stall_ms, engine_stall_prob, kv_alloc_fail_prob, kv_corrupt, "
-          "kv_drop, kv_close, kv_delay, kv_delay_ms, seed, max_faults)"));
-    }
-    if (!s.ok()) return s;
-  }
+  absl::Status s = FaultSpecParser(&o.seed, &o.max_faults)
+                       .Count("engine_stall_ms", &o.stall_ms)
+                       .Probability("engine_stall_prob", &o.stall_prob)
+                       .Probability("kv_alloc_fail_prob", &o.alloc_fail_prob)
+                       // kvtransfer's keys (kvtransfer/faults.h)
+                       .Skip("kv_corrupt")
+                       .Skip("kv_drop")
+                       .Skip("kv_close")
+                       .Skip("kv_delay")
+                       .Skip("kv_delay_ms")
+                       .Parse(spec);
+  if (!s.ok()) return s;
   return o;
 }
 
 EngineFaultOptions ResolveEngineFaultOptions(const EngineFaultOptions& options, bool from_env) {
   if (options.enabled() || !from_env) return options;
-  const char* env = std::getenv("TANDEM_FAULTS");
-  if (env == nullptr || *env == '\0') return options;
+  const std::string env = FaultSpecParser::FromEnv();
+  if (env.empty()) return options;
   absl::StatusOr<EngineFaultOptions> parsed = ParseEngineFaultOptions(env);
   if (!parsed.ok()) {
     TLOG(ERROR) << "ignoring TANDEM_FAULTS for the engine: " << parsed.status().message();
