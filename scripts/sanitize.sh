@@ -3,18 +3,16 @@
 #
 #   scripts/sanitize.sh asan   clang -O1 with AddressSanitizer + UndefinedBehaviorSanitizer and
 #                              libFuzzer coverage (./build-asan): builds `tandem`, the fuzz targets
-#                              and the unit tests of the code that takes untrusted input or keeps
-#                              the books ($asan_unit below: tokenizer, config and safetensors
-#                              parsing, KV pool, scheduler, engine, sampler, kvtransfer, router);
-#                              runs them, the e2e / integration tests that drive the failure paths
-#                              (bad-input corpora, chaos for TANDEM_CHAOS_SECONDS=20),
-#                              and each fuzz target for FUZZ_SECONDS (default 10).
+#                              and every test; runs the whole `unit` and `integration` suites
+#                              (chaos for TANDEM_CHAOS_SECONDS=20), the e2e tests that drive the
+#                              failure paths ($asan_e2e: bad-input corpora, KV secrets), and
+#                              each fuzz target for FUZZ_SECONDS (default 10).
 #   scripts/sanitize.sh tsan   clang -O1 with ThreadSanitizer (./build-tsan): the engine and
 #                              kvtransfer tests (threads: engine loop, transports, event loops).
 #
 # Scope (CI budget, docs/reliability.md): the SIMD kernel files are not ASan/UBSan-instrumented
-# (common/engine/backend/cpu/kernels/CMakeLists.txt), and the kernel / CPU backend / speculative
-# decoding / metrics / bench unit tests run only in the main suite.
+# (common/engine/backend/cpu/kernels/CMakeLists.txt); the other e2e tests run only in the main
+# suite.
 #
 # Every sanitizer report, from any process (servers started by the Python tests included), goes
 # to <build>/sanitizer-logs/; a stage fails when a test fails or any report was written.
@@ -22,8 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stage="${1:?usage: scripts/sanitize.sh asan|tsan}"
 
-asan_unit='^(half_test|thread_pool_test|model_config_test|pre_tokenizer_test|tokenizer_test|unicode_test|safetensors_test|model_loader_test|sampler_test|block_pool_test|engine_test|scheduler_test|engine_disagg_test|engine_faults_test|async_engine_test|crc32c_test|faults_test|layout_test|transport_test|metered_transport_test|tcp_protocol_test|tcp_auth_test|routing_policy_test|request_flow_test|byte_buffer_test)$'
-asan_integration='^(chaos_test|serve_bad_input_corpus_test|worker_bad_input_test|kv_secret_test)$'
+asan_e2e='^(serve_bad_input_corpus_test|worker_bad_input_test|kv_secret_test)$'
 tsan_tests='^(transport_test|tcp_protocol_test|tcp_auth_test|metered_transport_test|faults_test|engine_test|engine_disagg_test|engine_faults_test|scheduler_test|thread_pool_test|async_engine_test)$'
 
 case "$stage" in
@@ -65,13 +62,12 @@ targets_of() {
 
 status=0
 if [ "$stage" = asan ]; then
-  mapfile -t unit < <(targets_of -R "$asan_unit")
-  cmake --build "$build" -j "$(nproc)" --target tandem fuzzers "${unit[@]}"
-  ctest --test-dir "$build" -R "$asan_unit" --output-on-failure -j "$(nproc)" --timeout 900 ||
-    status=1
+  cmake --build "$build" -j "$(nproc)"
   TANDEM_CHAOS_SECONDS="${TANDEM_CHAOS_SECONDS:-20}" \
-    ctest --test-dir "$build" -R "$asan_integration" --output-on-failure -j "$(nproc)" \
+    ctest --test-dir "$build" -L 'unit|integration' --output-on-failure -j "$(nproc)" \
     --timeout 900 || status=1
+  ctest --test-dir "$build" -R "$asan_e2e" --output-on-failure -j "$(nproc)" --timeout 900 ||
+    status=1
   scripts/fuzz.sh --build-dir "$build" --no-build "${FUZZ_SECONDS:-10}" || status=1
 else
   mapfile -t tests < <(targets_of -R "$tsan_tests")
