@@ -35,7 +35,8 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("max-prefill-chunk", &max_prefill_chunk, "tokens of one prompt per step (0: budget)");
   f->Int("max-model-len", &max_model_len, "context length (0: the model's)");
   f->Int("max-waiting", &max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
-  f->String("scheduling-policy", &policy, "fcfs, priority or static (benchmark baseline)");
+  f->String("scheduling-policy", &policy,
+            "fcfs, priority, static or static-compact (the last two: benchmark baselines)");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
   f->Int("threads", &threads, "compute threads (0: one per core)");
   f->String("device", &device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
@@ -69,9 +70,12 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
     o.engine.scheduler.policy = SchedulingPolicy::kPriority;
   } else if (policy == "static") {
     o.engine.scheduler.policy = SchedulingPolicy::kStatic;
+  } else if (policy == "static-compact") {
+    o.engine.scheduler.policy = SchedulingPolicy::kStaticCompact;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--scheduling-policy must be fcfs, priority or static, got '", policy, "'"));
+        absl::StrCat("--scheduling-policy must be fcfs, priority, static or static-compact, got '",
+                     policy, "'"));
   }
   o.engine.scheduler.max_num_seqs = max_num_seqs;
   o.engine.scheduler.max_num_batched_tokens = max_batched_tokens;

@@ -202,6 +202,11 @@ std::vector<SequenceUpdate> Engine::Step() {
                           block_size, completes ? 1 + static_cast<int64_t>(seq->draft.size()) : 0);
     if (completes) sampled.push_back(seq);
   }
+  // Static (fixed-shape) baseline: finished members are still computed, their logits discarded.
+  for (const PaddingRow& p : scheduler_->padding()) {
+    batch.AddSequenceRows({p.token}, p.pos, p.blocks.table, block_size, 1);
+  }
+  stats_.padding_rows += static_cast<int64_t>(scheduler_->padding().size());
 
   batch.on_layer_done = ExportHook(plan);
   const size_t vocab = static_cast<size_t>(vocab_size_);
@@ -266,6 +271,10 @@ EngineStats Engine::stats() const {
       s.kv_reserved_token_slots += static_cast<int64_t>(seq->blocks.table.size()) * block_size;
       s.kv_filled_token_slots += seq->num_computed;
     }
+  }
+  for (const PaddingRow& p : scheduler_->padding()) {
+    s.kv_reserved_token_slots += static_cast<int64_t>(p.blocks.table.size()) * block_size;
+    s.kv_filled_token_slots += p.pos + 1;
   }
   return s;
 }

@@ -121,8 +121,9 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_at;  // [i]: proposals whose position i was accepted
   int64_t spec_draft_blocks = 0;          // draft model KV blocks in use
-  int64_t kv_reserved_token_slots = 0;    // block slots held by running sequences
+  int64_t kv_reserved_token_slots = 0;    // block slots held by running sequences (and padding)
   int64_t kv_filled_token_slots = 0;      // of which hold computed tokens
+  int64_t padding_rows = 0;  // static baseline: rows computed for finished batch members
 };
 
 // The inference engine both worker kinds share (DESIGN §4): continuous batching over a paged

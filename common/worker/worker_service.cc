@@ -16,6 +16,8 @@ v1::WorkerStats ToWorkerStats(const EngineStats& s) {
   out.set_kv_blocks_total(s.kv_blocks_total);
   out.set_kv_blocks_used(s.kv_blocks_used);
   out.set_kv_blocks_cached(s.kv_blocks_cached);
+  out.set_kv_reserved_token_slots(s.kv_reserved_token_slots);
+  out.set_kv_filled_token_slots(s.kv_filled_token_slots);
   out.set_prompt_tokens(s.prompt_tokens);
   out.set_generated_tokens(s.generated_tokens);
   out.set_prefix_cache_queried_tokens(s.prefix_cache_queried);

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Section "continuous batching and paged KV" (issue #3): tandem bench against two
+# Section "continuous batching and paged KV" (issue #3): tandem bench against three
 # `tandem serve` processes on the random llama-110m bf16 model, one with continuous batching
-# (fcfs) and one with the static-batching baseline, identical otherwise.
-#  1. Throughput on a mixed-length, decode-heavy workload (the same seed gives both servers the
-#     same requests), the two servers interleaved, repeated.
+# (fcfs), one with the static-batching baseline (fixed shape: finished members stay as padding
+# rows) and one with static-compact (finished members leave the batch), identical otherwise.
+#  1. Throughput on a mixed-length, decode-heavy workload (the same seed gives every server the
+#     same requests), the servers interleaved, repeated.
 #  2. KV waste: the paged pool against the static reservation and a reserve-max-length
 #     baseline, sampled during the runs of 1 and during one run of long-prompt requests.
 #  3. Step costs on this machine (why the ratio is what it is): before each repetition, the
 #     continuous server runs 1, 4 and 16 equal requests that start together (decode step time
 #     = inter-token p50 at that batch) and 128-token prompts one at a time (prefill time = TTFT
 #     p50 of 4).
-# Writes $BENCH_RESULTS/batching.{md,json}. About 6 minutes.
+# Writes $BENCH_RESULTS/batching.{md,json}. About 8 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init batching
@@ -29,7 +30,9 @@ start_serve continuous "${SERVER[@]}" --scheduling-policy fcfs
 CONTINUOUS="127.0.0.1:$LAST_PORT"
 start_serve static "${SERVER[@]}" --scheduling-policy static
 STATIC="127.0.0.1:$LAST_PORT"
-for target in "$CONTINUOUS" "$STATIC"; do  # touch the weights and code paths once
+start_serve compact "${SERVER[@]}" --scheduling-policy static-compact
+COMPACT="127.0.0.1:$LAST_PORT"
+for target in "$CONTINUOUS" "$STATIC" "$COMPACT"; do  # touch the weights and code paths once
   "$TANDEM" bench --target "$target" --num-requests 2 --prompt-len 16 --output-len 8 \
     --quiet --progress-interval 0 --sample-interval 0
 done
@@ -48,6 +51,8 @@ for rep in $(seq 1 "$REPS"); do
   run_bench "$WORK/continuous.$rep.json" --target "$CONTINUOUS" --label "continuous $rep" \
     --seed "$rep" "${THROUGHPUT[@]}"
   run_bench "$WORK/static.$rep.json" --target "$STATIC" --label "static $rep" \
+    --seed "$rep" "${THROUGHPUT[@]}"
+  run_bench "$WORK/compact.$rep.json" --target "$COMPACT" --label "static-compact $rep" \
     --seed "$rep" "${THROUGHPUT[@]}"
 done
 log "KV waste, long prompts"

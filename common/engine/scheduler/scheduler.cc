@@ -53,10 +53,43 @@ void Scheduler::Remove(Sequence* seq) {
   auto w = std::find(waiting_.begin(), waiting_.end(), seq);
   if (w != waiting_.end()) waiting_.erase(w);
   auto r = std::find(running_.begin(), running_.end(), seq);
-  if (r != running_.end()) running_.erase(r);
+  const bool was_running = r != running_.end();
+  if (was_running) running_.erase(r);
   auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
   if (a != awaiting_.end()) awaiting_.erase(a);
-  kv_->Free(&seq->blocks);
+  if (!(was_running && KeepAsPadding(seq))) kv_->Free(&seq->blocks);
+  ReleasePaddingIfBatchDone();
+}
+
+bool Scheduler::is_static() const {
+  return options_.policy == SchedulingPolicy::kStatic ||
+         options_.policy == SchedulingPolicy::kStaticCompact;
+}
+
+bool Scheduler::KeepAsPadding(Sequence* seq) {
+  if (options_.policy != SchedulingPolicy::kStatic || running_.empty() || seq->tokens.empty()) {
+    return false;
+  }
+  const int64_t pos = std::min(seq->num_computed, seq->num_tokens() - 1);
+  const int64_t block = pos / kv_->block_size();
+  // The row writes its slot: only into a block of its own (a forked sibling may share others).
+  if (block >= static_cast<int64_t>(seq->blocks.table.size()) ||
+      kv_->pool()->refcount(seq->blocks.table[block]) != 1) {
+    return false;
+  }
+  PaddingRow row;
+  row.token = seq->tokens[pos];
+  row.pos = static_cast<int32_t>(pos);
+  row.blocks = std::move(seq->blocks);
+  seq->blocks = SequenceBlocks{};
+  padding_.push_back(std::move(row));
+  return true;
+}
+
+void Scheduler::ReleasePaddingIfBatchDone() {
+  if (!running_.empty()) return;
+  for (PaddingRow& row : padding_) kv_->Free(&row.blocks);
+  padding_.clear();
 }
 
 void Scheduler::StartAwaited(Sequence* seq) {
@@ -78,6 +111,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
                                          [seq](const BlockCopy& c) { return c.seq == seq; }),
                           out->block_copies.end());
   kv_->Free(&seq->blocks);
+  ReleasePaddingIfBatchDone();
   seq->num_computed = 0;
   seq->draft.clear();
   seq->draft_q.clear();
@@ -113,7 +147,6 @@ bool Scheduler::Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out) {
 }
 
 bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
-  const bool is_static = options_.policy == SchedulingPolicy::kStatic;
   bool admitted = false;
   while (!waiting_.empty() &&
          static_cast<int64_t>(running_.size() + awaiting_.size()) < options_.max_num_seqs) {
@@ -135,7 +168,7 @@ bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
     int64_t num_new = std::min(seq->num_uncomputed(), *budget);
     if (options_.max_prefill_chunk > 0) num_new = std::min(num_new, options_.max_prefill_chunk);
     const int64_t reserve_to =
-        is_static ? seq->prompt_len + seq->params.max_tokens : seq->num_computed + num_new;
+        is_static() ? seq->prompt_len + seq->params.max_tokens : seq->num_computed + num_new;
     if (!Fits(kv_->BlocksNeeded(seq->blocks, reserve_to))) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
@@ -182,7 +215,6 @@ void Scheduler::MakeWritable(Sequence* seq, int64_t begin, int64_t end, Schedule
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = options_.max_num_batched_tokens;
-  const bool is_static = options_.policy == SchedulingPolicy::kStatic;
   const bool batch_done = running_.empty();
 
   // Running sequences: decodes first (one token each, cheap and latency-critical), then
@@ -217,7 +249,7 @@ SchedulerOutput Scheduler::Schedule() {
 
   // Newcomers join only when nothing had to be preempted (there is no room to spare), and under
   // the static baseline only when the previous batch has finished.
-  if (out.preempted.empty() && (!is_static || batch_done)) AdmitWaiting(&budget, &out);
+  if (out.preempted.empty() && (!is_static() || batch_done)) AdmitWaiting(&budget, &out);
 
   for (const ScheduledSeq& s : out.scheduled) {
     out.num_batched_tokens += s.num_new_tokens;

@@ -14,8 +14,21 @@ namespace tandem {
 enum class SchedulingPolicy {
   kFcfs,      // first come, first served
   kPriority,  // lower Sequence::priority first, then arrival
-  kStatic,    // benchmark baseline only: a fixed batch runs to completion with KV reserved for
-              // the whole max length; nothing joins until the batch is done
+  // Benchmark baselines only. A batch is admitted when the previous one has finished, with KV
+  // reserved for prompt + max_tokens; nothing joins it until it is done.
+  kStatic,         // fixed shape, as static-batching servers run (HF generate, FasterTransformer):
+                   // a member that finishes stays in the batch as a padding row, computed and
+                   // discarded every step, its KV held, until the whole batch is done
+  kStaticCompact,  // the same, but a finished member leaves the batch (its row is not computed)
+};
+
+// kStatic: a finished member of the running batch. Each step recomputes `token` at `pos` (the
+// slot after the last computed one, inside its own reservation), so it costs what a decode row
+// costs and never grows.
+struct PaddingRow {
+  SequenceBlocks blocks;
+  int32_t token = 0;
+  int32_t pos = 0;
 };
 
 struct SchedulerOptions {
@@ -71,6 +84,8 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   bool empty() const { return idle() && awaiting_.empty(); }
   const SchedulerOptions& options() const { return options_; }
+  // kStatic: the padding rows of the running batch (freed when its last member finishes).
+  const std::vector<PaddingRow>& padding() const { return padding_; }
   // Fault injection (engine_faults.h): when `fail` returns true, an allocation of blocks the
   // pool could give is refused as if the pool were short. Unset (the default): never.
   void set_allocation_fault(std::function<bool()> fail) { fail_allocation_ = std::move(fail); }
@@ -88,6 +103,10 @@ class Scheduler {
   bool AdmitWaiting(int64_t* budget, SchedulerOutput* out);
   bool ReserveRemote(Sequence* seq, SchedulerOutput* out);
   void MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out);
+  bool is_static() const;
+  // kStatic: keeps a finished running member's blocks as a padding row; false when it cannot.
+  bool KeepAsPadding(Sequence* seq);
+  void ReleasePaddingIfBatchDone();
 
   SchedulerOptions options_;
   KvCacheManager* kv_;
@@ -95,6 +114,7 @@ class Scheduler {
   std::vector<Sequence*> running_;   // in service order
   std::vector<Sequence*> awaiting_;  // kAwaitingKv, in admission order
   std::function<bool()> fail_allocation_;
+  std::vector<PaddingRow> padding_;
 };
 
 }  // namespace tandem
