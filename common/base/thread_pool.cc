@@ -3,74 +3,100 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "common/base/cpu_features.h"
 
 namespace tandem {
 namespace {
 constexpr int kSpinIterations = 20000;  // ~tens of microseconds before sleeping
-// Spins of the joining thread before it starts yielding its core: on a machine busier than the
-// pool (other processes runnable), a worker it waits for may be descheduled, and spinning would
-// only burn the time slice that worker needs.
+// Spins of the joining thread before it starts yielding its core: a ticket still running on a
+// descheduled worker needs that core more than the spin does.
 constexpr int kJoinSpinsBeforeYield = 2000;
+
+uint32_t GenOf(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+int TicketsOf(uint64_t state) { return static_cast<int>((state >> 16) & 0xffff); }
+int NextOf(uint64_t state) { return static_cast<int>(state & 0xffff); }
 }  // namespace
 
 int DefaultComputeThreads() { return GetCpuFeatures().num_cores; }
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
+  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
-    generation_.fetch_add(1);
+    ++generation_;
+    state_.store(static_cast<uint64_t>(generation_) << 32, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::WorkerLoop(int tid) {
-  uint64_t seen = 0;
+bool ThreadPool::Claim(uint32_t gen, int* ticket, int* tickets) {
+  uint64_t s = state_.load(std::memory_order_acquire);
+  while (GenOf(s) == gen && NextOf(s) < TicketsOf(s)) {
+    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      *ticket = NextOf(s);
+      *tickets = TicketsOf(s);
+      return true;
+    }
+  }
+  return false;
+}
+
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
   while (true) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    int spins = 0;
-    while (gen == seen && spins < kSpinIterations) {
+    uint32_t gen = GenOf(state_.load(std::memory_order_acquire));
+    for (int spins = 0; gen == seen && spins < kSpinIterations; ++spins) {
       _mm_pause();
-      ++spins;
-      gen = generation_.load(std::memory_order_acquire);
+      gen = GenOf(state_.load(std::memory_order_acquire));
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       sleepers_.fetch_add(1);
-      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      cv_.wait(lock, [&] { return GenOf(state_.load(std::memory_order_acquire)) != seen; });
       sleepers_.fetch_sub(1);
-      gen = generation_.load(std::memory_order_acquire);
+      gen = GenOf(state_.load(std::memory_order_acquire));
     }
     seen = gen;
     if (stop_.load()) return;
-    (*job_)(tid, num_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // A successful claim proves the job is still live: the caller waits for every claimed ticket
+    // before it returns, so job_ stays valid until this ticket is done.
+    int ticket = 0, tickets = 0;
+    while (Claim(gen, &ticket, &tickets)) {
+      (*job_)(ticket, tickets);
+      done_.fetch_add(1, std::memory_order_acq_rel);
+    }
   }
 }
 
-void ThreadPool::Run(const std::function<void(int, int)>& fn) {
-  if (num_threads_ == 1) {
-    fn(0, 1);
+void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn) {
+  if (num_threads_ == 1 || tickets == 1) {
+    for (int t = 0; t < tickets; ++t) fn(t, tickets);
     return;
   }
   job_ = &fn;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
   {
     // Publishing under the mutex pairs with the sleepers' predicate check.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
+    ++generation_;
+    state_.store((static_cast<uint64_t>(generation_) << 32) |
+                     (static_cast<uint64_t>(tickets) << 16),
+                 std::memory_order_release);
   }
   if (sleepers_.load() > 0) cv_.notify_all();
-  fn(0, num_threads_);
-  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+  int ticket = 0, n = 0;
+  while (Claim(generation_, &ticket, &n)) {
+    fn(ticket, n);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  for (int spins = 0; done_.load(std::memory_order_acquire) != tickets; ++spins) {
     if (spins < kJoinSpinsBeforeYield) {
       _mm_pause();
     } else {
@@ -80,6 +106,8 @@ void ThreadPool::Run(const std::function<void(int, int)>& fn) {
   job_ = nullptr;
 }
 
+void ThreadPool::Run(const std::function<void(int, int)>& fn) { RunTickets(num_threads_, fn); }
+
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   ParallelForGrain(n, 1, fn);
 }
@@ -87,16 +115,18 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
 void ThreadPool::ParallelForGrain(int64_t n, int64_t grain,
                                   const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  int64_t units = (n + grain - 1) / grain;
+  const int64_t units = (n + grain - 1) / grain;
   if (num_threads_ == 1 || units == 1) {
     fn(0, n);
     return;
   }
-  Run([&](int tid, int nt) {
-    int64_t per = units / nt, extra = units % nt;
-    int64_t begin_u = tid * per + std::min<int64_t>(tid, extra);
-    int64_t end_u = begin_u + per + (tid < extra ? 1 : 0);
-    int64_t begin = std::min(n, begin_u * grain), end = std::min(n, end_u * grain);
+  const int ranges = static_cast<int>(
+      std::min<int64_t>({units, int64_t{num_threads_} * kRangesPerThread, kMaxTickets}));
+  RunTickets(ranges, [&](int r, int nr) {
+    const int64_t per = units / nr, extra = units % nr;
+    const int64_t begin_u = r * per + std::min<int64_t>(r, extra);
+    const int64_t end_u = begin_u + per + (r < extra ? 1 : 0);
+    const int64_t begin = std::min(n, begin_u * grain), end = std::min(n, end_u * grain);
     if (begin < end) fn(begin, end);
   });
 }

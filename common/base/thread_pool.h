@@ -10,8 +10,15 @@
 
 namespace tandem {
 
-// A fixed team of compute threads for data-parallel kernels. The calling thread takes part as
-// participant 0, so a pool of size N starts N-1 threads and never oversubscribes N cores.
+// A fixed team of compute threads for data-parallel kernels. The calling thread takes part, so a
+// pool of size N starts N-1 threads and never oversubscribes N cores.
+//
+// Work claiming: a job is a number of tickets; the caller and every awake worker claim tickets
+// one at a time until none is left, and the job ends when every claimed ticket is done. A worker
+// that is descheduled (another process took its core) or still asleep simply claims nothing: the
+// others take its share, and the caller never waits for a thread that has not started work.
+// Which thread runs a ticket never changes what the ticket computes.
+//
 // Workers spin briefly between jobs (decode steps issue many short jobs back to back), then sleep.
 // Run() may be called from one thread at a time (the engine thread); it is not reentrant.
 class ThreadPool {
@@ -23,25 +30,38 @@ class ThreadPool {
 
   int size() const { return num_threads_; }
 
-  // Calls fn(tid, size()) once on every participant and returns when all are done.
-  void Run(const std::function<void(int tid, int nthreads)>& fn);
+  // Calls fn(ticket, size()) once for every ticket in [0, size()) and returns when all are done.
+  // Tickets may run on any participant, several on one thread (one after the other).
+  void Run(const std::function<void(int ticket, int num_tickets)>& fn);
 
-  // Splits [0, n) into size() contiguous ranges (some may be empty) and calls fn(begin, end) on
-  // each. The split depends only on n and size(): results never depend on timing.
+  // Splits [0, n) into ranges and calls fn(begin, end) once per range. The ranges depend only on
+  // n and size(), never on timing; there are up to kRangesPerThread per thread, so a late thread's
+  // ranges are taken by the others.
   void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
   // Like ParallelFor, but ranges are multiples of `grain` (except the last).
   void ParallelForGrain(int64_t n, int64_t grain,
                         const std::function<void(int64_t begin, int64_t end)>& fn);
 
+  static constexpr int kRangesPerThread = 4;
+
  private:
-  void WorkerLoop(int tid);
+  // Runs fn(ticket, tickets) for every ticket in [0, tickets), 1 <= tickets <= kMaxTickets.
+  void RunTickets(int tickets, const std::function<void(int, int)>& fn);
+  // Claims the next ticket of job `gen`; false when the job has none left (or is over).
+  bool Claim(uint32_t gen, int* ticket, int* tickets);
+  void WorkerLoop();
+
+  static constexpr int kMaxTickets = 0xffff;
 
   const int num_threads_;
   std::vector<std::thread> workers_;
+  // (job generation << 32) | (tickets << 16) | next ticket: one word, so a claim can never mix
+  // one job's generation with another's counts.
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int> done_{0};  // tickets of the current job finished
   const std::function<void(int, int)>* job_ = nullptr;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  uint32_t generation_ = 0;  // the caller's copy of the current job's generation
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
