@@ -86,9 +86,9 @@ void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn
     // Publishing under the mutex pairs with the sleepers' predicate check.
     std::lock_guard<std::mutex> lock(mu_);
     ++generation_;
-    state_.store((static_cast<uint64_t>(generation_) << 32) |
-                     (static_cast<uint64_t>(tickets) << 16),
-                 std::memory_order_release);
+    state_.store(
+        (static_cast<uint64_t>(generation_) << 32) | (static_cast<uint64_t>(tickets) << 16),
+        std::memory_order_release);
   }
   if (sleepers_.load() > 0) cv_.notify_all();
   int ticket = 0, n = 0;
