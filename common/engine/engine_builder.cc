@@ -139,6 +139,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
   std::shared_ptr<const Model> model = std::move(model_or).value();
+  if (model->checkpoint_quant().quantized() && *device != "cpu") {
+    if (options.device != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.model_dir, " is a ", model->checkpoint_quant().MethodName(),
+          " int4 checkpoint: quantized weights are implemented on cpu only (--device cpu)"));
+    }
+    *device = "cpu";  // auto: the one backend that serves it
+  }
 
   DType kv_dtype = model->weight_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
   if (options.kv_cache_dtype == "f32") {
