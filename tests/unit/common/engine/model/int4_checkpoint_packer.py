@@ -77,6 +77,7 @@ def write_safetensors(path, tensors):
 def quantize(w, group, sym, act_order):
     """RTN int4 of w [N, K]: codes q [N, K], zeros [N, G], f16 scales [N, G], g_idx [K]."""
     n, k = w.shape
+    group = k if group == -1 else group  # GPTQ group_size -1: one group per output channel
     groups = k // group
     if act_order:  # most important input channels first, as GPTQ's act-order does
         perm = np.argsort(-(w.astype(np.float64) ** 2).sum(axis=0), kind="stable")
@@ -147,7 +148,7 @@ def main():
     p.add_argument("src")
     p.add_argument("out")
     p.add_argument("--format", choices=["awq", "gptq"], required=True)
-    p.add_argument("--group", type=int, default=64)
+    p.add_argument("--group", type=int, default=64, help="group size; -1 (GPTQ): per channel")
     p.add_argument("--sym", action="store_true")
     p.add_argument("--act-order", action="store_true")
     p.add_argument("--gptq-version", type=int, choices=[1, 2], default=1)

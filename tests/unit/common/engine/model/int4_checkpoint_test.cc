@@ -77,8 +77,13 @@ TEST_P(Int4CheckpointTest, DequantizesExactlyToThePackersWeights) {
       ASSERT_EQ(t.quant, WeightQuant::kInt4);
       ASSERT_EQ(r.quant, WeightQuant::kNone);
       ASSERT_EQ(t.shape, r.shape);
-      ASSERT_EQ(t.group_size, c.group);
-      const int64_t N = t.rows(), K = t.cols(), G = K / c.group;
+      int64_t group = c.group, kernel_group = c.group;
+      if (c.group == -1) {  // one group per row; the kernels' group is a power of two >= K
+        group = t.cols();
+        for (kernel_group = 32; kernel_group < group;) kernel_group *= 2;
+      }
+      ASSERT_EQ(t.group_size, kernel_group);
+      const int64_t N = t.rows(), K = t.cols(), G = K / group;
       // A single group (K == group) has nothing to permute.
       ASSERT_EQ(t.input_perm != nullptr, c.act_order && G > 1) << "layer " << l << " proj " << p;
       expected_bytes += static_cast<size_t>(N * (K / 2 + G * 8) + (t.input_perm ? K * 4 : 0));
@@ -117,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gptq_act_g32", "--format gptq --group 32 --act-order", "-gptq-g32-act", 32, true},
         Case{"gptq_sym_act_g64_quantize_config",
              "--format gptq --group 64 --sym --act-order --quantize-config-json", "-gptq-g64-act",
-             64, true}),
+             64, true},
+        Case{"gptq_per_channel", "--format gptq --group -1", "-gptq-gch", -1, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Damaged or unsupported checkpoints, each made from a freshly packed one.

@@ -136,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(
     Formats, Int4CheckpointBackendTest,
     ::testing::Values(Case{"awq_g32", "--format awq --group 32", false},
                       Case{"gptq_sym_g64", "--format gptq --group 64 --sym", false},
-                      Case{"gptq_act_g32", "--format gptq --group 32 --act-order", true}),
+                      Case{"gptq_act_g32", "--format gptq --group 32 --act-order", true},
+                      Case{"gptq_per_channel", "--format gptq --group -1", false}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
