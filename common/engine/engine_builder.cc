@@ -210,9 +210,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("
                << DTypeName(model->weight_dtype()) << " weights"
-               << (load.quantization == WeightQuant::kNone
-                       ? std::string()
-                       : absl::StrCat(" quantized ", options.quantization))
+               << (load.quantization != WeightQuant::kNone
+                       ? absl::StrCat(" quantized ", options.quantization)
+                   : model->checkpoint_quant().quantized()
+                       ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " int4")
+                       : std::string())
                << ", " << model->config().num_layers << " layers) on " << backend_name
                << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
                << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "

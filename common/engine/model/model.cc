@@ -381,6 +381,9 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
                        ? std::string()
                        : absl::StrCat(", quantized ",
                                       std::string(WeightQuantName(options_.quantization))))
+               << (ckpt_quant_.quantized()
+                       ? absl::StrCat(", ", ckpt_quant_.MethodName(), " int4 checkpoint")
+                       : std::string())
                << ")";
   }
   return std::move(model_);

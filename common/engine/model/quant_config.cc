@@ -74,14 +74,12 @@ absl::Status ParseGptq(CheckpointQuantConfig& c, const nlohmann::json& q,
                        const std::string& source) {
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> sym, JsonOptionalBool(q, "sym", source));
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> desc_act, JsonOptionalBool(q, "desc_act", source));
-  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> lm_head, JsonOptionalBool(q, "lm_head", source));
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> marlin,
                           JsonOptionalBool(q, "is_marlin_format", source));
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> format,
                           JsonOptionalString(q, "checkpoint_format", source));
   c.sym = sym.value_or(true);
   c.desc_act = desc_act.value_or(false);
-  c.lm_head = lm_head.value_or(false);
   const std::string f = Lower(format.value_or("gptq"));
   if (marlin.value_or(false) || (f != "gptq" && f != "gptq_v2")) {
     return Unsupported(source, absl::StrCat("GPTQ checkpoint_format '",

@@ -21,7 +21,6 @@ struct CheckpointQuantConfig {
   bool sym = false;        // GPTQ: symmetric (zero point 8)
   bool desc_act = false;   // GPTQ: act-order (g_idx permutes the input channels)
   int gptq_version = 1;    // GPTQ checkpoint_format: 1 ("gptq", zeros stored minus one) or 2
-  bool lm_head = false;    // GPTQ: lm_head is quantized too (else it is dense)
 
   bool quantized() const { return method != CheckpointQuantMethod::kNone; }
   // "awq" / "gptq" / "none".
