@@ -19,7 +19,8 @@ values the quantized one means: every projection (q - zero) * scale evaluated in
 other tensor its f16 value.
 
 Usage: int4_checkpoint_packer.py SRC OUT --format awq|gptq [--group 64] [--sym] [--act-order]
-         [--gptq-version 1|2] [--quantize-config-json] [--force-zero0] [--dequant-out DIR]
+         [--gptq-version 1|2] [--quantize-config-json] [--force-zero0] [--dense PROJ,..]
+         [--dequant-out DIR]
 """
 
 import argparse
@@ -155,6 +156,9 @@ def main():
     p.add_argument("--quantize-config-json", action="store_true",
                    help="GPTQ: settings in quantize_config.json (AutoGPTQ) instead of config.json")
     p.add_argument("--dequant-out")
+    p.add_argument("--dense", default="",
+                   help="comma-separated projection names kept dense f16 (e.g. mlp.down_proj), "
+                        "as AWQ's modules_to_not_convert does")
     p.add_argument("--force-zero0", action="store_true",
                    help="make layer 0 q_proj row 0's first group non-negative, so its zero point "
                         "is 0 (GPTQ v1 stores it as 15, meaning 16)")
@@ -168,7 +172,8 @@ def main():
     packed, dense = {}, {}
     for name, w in src.items():
         prefix = name[:-len(".weight")]
-        if any(prefix.endswith(proj) for proj in PROJECTIONS):
+        dense_proj = any(prefix.endswith(d) for d in a.dense.split(",") if d)
+        if any(prefix.endswith(proj) for proj in PROJECTIONS) and not dense_proj:
             if a.force_zero0 and name == "model.layers.0.self_attn.q_proj.weight":
                 w = w.copy()
                 w[0, :a.group] = np.abs(w[0, :a.group])
@@ -183,7 +188,8 @@ def main():
 
     if a.format == "awq":
         qc = {"quant_method": "awq", "bits": 4, "group_size": a.group, "zero_point": True,
-              "version": "gemm", "modules_to_not_convert": None}
+              "version": "gemm",
+              "modules_to_not_convert": a.dense.split(",") if a.dense else None}
     else:
         qc = {"quant_method": "gptq", "bits": 4, "group_size": a.group, "desc_act": a.act_order,
               "sym": a.sym, "damp_percent": 0.01, "true_sequential": True, "static_groups": False,

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/model/model.h"
+#include "common/engine/model/quant_config.h"
 #include "common/engine/model/quantize.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +48,7 @@ struct Case {
   int64_t group;
   bool act_order;
   float zero00 = -1;  // expected zero point of layer 0 q_proj [0, 0] (-1: not checked)
+  bool dense_down_proj = false;
 };
 
 class Int4CheckpointTest : public ::testing::TestWithParam<Case> {};
@@ -74,6 +76,12 @@ TEST_P(Int4CheckpointTest, DequantizesExactlyToThePackersWeights) {
     for (size_t p = 0; p < got.size(); ++p) {
       const Tensor& t = *got[p];
       const Tensor& r = *want[p];
+      if (c.dense_down_proj && p == 6) {  // modules_to_not_convert: stored f16, loaded dense
+        ASSERT_EQ(t.quant, WeightQuant::kNone);
+        EXPECT_EQ(0, std::memcmp(t.data, r.data, r.nbytes()));
+        expected_bytes += r.nbytes();
+        continue;
+      }
       ASSERT_EQ(t.quant, WeightQuant::kInt4);
       ASSERT_EQ(r.quant, WeightQuant::kNone);
       ASSERT_EQ(t.shape, r.shape);
@@ -123,8 +131,36 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"gptq_sym_act_g64_quantize_config",
              "--format gptq --group 64 --sym --act-order --quantize-config-json", "-gptq-g64-act",
              64, true},
-        Case{"gptq_per_channel", "--format gptq --group -1", "-gptq-gch", -1, false}),
+        Case{"gptq_per_channel", "--format gptq --group -1", "-gptq-gch", -1, false},
+        Case{"awq_dense_down_proj", "--format awq --group 32 --dense mlp.down_proj", "-awq-g32", 32,
+             false, -1, true}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// AutoAWQ's own spellings (w_bit, q_group_size, "GEMM") and AutoGPTQ's defaults.
+TEST(CheckpointQuantConfigTest, AcceptsBothSpellingsAndDefaults) {
+  auto awq = ParseCheckpointQuantConfig(
+      nlohmann::json::parse(
+          R"({"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "version": "GEMM"})"),
+      "c.json", false);
+  ASSERT_TRUE(awq.ok()) << awq.status();
+  EXPECT_EQ(awq->method, CheckpointQuantMethod::kAwq);
+  EXPECT_EQ(awq->group_size, 128);
+  EXPECT_EQ(awq->IdSuffix(), "-awq-g128");
+  auto gptq = ParseCheckpointQuantConfig(nlohmann::json::parse(R"({"bits": 4, "group_size": 32})"),
+                                         "quantize_config.json", true);
+  ASSERT_TRUE(gptq.ok()) << gptq.status();
+  EXPECT_EQ(gptq->method, CheckpointQuantMethod::kGptq);
+  EXPECT_TRUE(gptq->sym);
+  EXPECT_FALSE(gptq->desc_act);
+  EXPECT_EQ(gptq->gptq_version, 1);
+  auto v2 = ParseCheckpointQuantConfig(
+      nlohmann::json::parse(R"({"quant_method": "GPTQ", "bits": 4, "group_size": -1,
+                                "desc_act": true, "checkpoint_format": "gptq_v2"})"),
+      "c.json", false);
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  EXPECT_EQ(v2->gptq_version, 2);
+  EXPECT_EQ(v2->IdSuffix(), "-gptq-gch-act");
+}
 
 // Damaged or unsupported checkpoints, each made from a freshly packed one.
 class Int4CheckpointErrorsTest : public ::testing::Test {
