@@ -89,11 +89,10 @@ absl::StatusOr<Int4CheckpointMatrix> ConvertInt4Checkpoint(const CheckpointQuant
   const bool awq = config.method == CheckpointQuantMethod::kAwq;
   const int64_t group = config.group_size > 0 ? config.group_size : K;
   if (K % group != 0 || K % 8 != 0) {
-    return Bad(refs.qweight, absl::StrCat("belongs to a [", N, ", ", K,
-                                          "] projection whose input "
-                                          "dimension ",
-                                          K, " is not a multiple of group_size ", group, " from ",
-                                          config.source));
+    const std::string what =
+        absl::StrCat("] projection whose input dimension ", K, " is not a multiple of group_size ",
+                     group, " (from ", config.source, ") and of 8");
+    return Bad(refs.qweight, absl::StrCat("belongs to a [", N, ", ", K, what));
   }
   if (N % 8 != 0) {
     return Bad(refs.qweight,
