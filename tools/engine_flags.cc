@@ -24,7 +24,8 @@ void EngineFlags::Register(FlagSet* f) {
             "kv head; cpu only)");
   f->String("quantization", &quantization,
             "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
-            "(groups with zero points); cpu only");
+            "(groups with zero points); cpu only. AWQ / GPTQ int4 checkpoints are detected from "
+            "config.json and load as int4 by themselves (keep none)");
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");

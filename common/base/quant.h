@@ -5,8 +5,11 @@
 // kInt8: symmetric, one f32 scale per output channel (row): w[n, k] = q[n, k] * scale[n],
 //   q int8 in [-127, 127], stored row-major [N, K].
 // kInt4: asymmetric, group-wise along K: w[n, k] = (q[n, k] - zero[n, g]) * scale[n, g] with
-//   g = k / group_size (group_size a power of two >= 32), q and zero integers in [0, 15]; scales
-//   and zeros f32 [N, G] (zeros hold the exact integers), G = ceil(K / group_size). Each row is
+//   g = k / group_size (group_size a power of two >= 32), q integers in [0, 15], zero integers in
+//   [0, 16] (16 only from GPTQ v1 checkpoints, which store zero - 1 in a nibble); scales and zeros
+//   f32 [N, G] (zeros hold the exact integers), G = ceil(K / group_size). Made at load time
+//   (common/engine/model/quantize.h) or converted from AWQ / GPTQ checkpoints
+//   (common/engine/model/int4_checkpoint.h). Each row is
 //   Int4RowBytes(K) bytes: K padded to a multiple of 32 with q = 0, and every chunk of 32 elements
 //   is 16 bytes where byte j holds element j in its low nibble and element j + 16 in its high
 //   nibble (so 16 consecutive elements are one load + one shift whatever the vector width).

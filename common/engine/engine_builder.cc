@@ -139,6 +139,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
   std::shared_ptr<const Model> model = std::move(model_or).value();
+  if (model->checkpoint_quant().quantized() && *device != "cpu") {
+    if (options.device != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.model_dir, " is a ", model->checkpoint_quant().MethodName(),
+          " int4 checkpoint: quantized weights are implemented on cpu only (--device cpu)"));
+    }
+    *device = "cpu";  // auto: the one backend that serves it
+  }
 
   DType kv_dtype = model->weight_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
   if (options.kv_cache_dtype == "f32") {
@@ -202,9 +210,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("
                << DTypeName(model->weight_dtype()) << " weights"
-               << (load.quantization == WeightQuant::kNone
-                       ? std::string()
-                       : absl::StrCat(" quantized ", options.quantization))
+               << (load.quantization != WeightQuant::kNone
+                       ? absl::StrCat(" quantized ", options.quantization)
+                   : model->checkpoint_quant().quantized()
+                       ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " int4")
+                       : std::string())
                << ", " << model->config().num_layers << " layers) on " << backend_name
                << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
                << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "

@@ -13,6 +13,7 @@
 #include "common/base/thread_pool.h"
 #include "common/engine/model/checkpoint.h"
 #include "common/engine/model/convert.h"
+#include "common/engine/model/int4_checkpoint.h"
 #include "common/engine/model/quantize.h"
 
 namespace tandem {
@@ -34,6 +35,14 @@ class Fnv1a {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+absl::Status NotFloat(const Checkpoint::TensorRef& ref) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(ref.file->path(), ": tensor '", ref.entry->name, "' has unsupported dtype '",
+                   SafetensorsDTypeName(ref.entry->dtype), "' (expected F32, BF16 or F16)"));
 }
 
 }  // namespace
@@ -59,6 +68,13 @@ class ModelLoader {
   absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
   // Quantizes [N, K] f32/bf16/f16 rows at `src` into owned buffers described by `out`.
   void QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K, Tensor* out);
+  // Moves a quantized matrix into owned buffers described by `out`.
+  void StoreQuantized(QuantizedMatrix q, Tensor* out);
+  // An AWQ / GPTQ projection `<prefix>.qweight` etc. of logical shape [N, K].
+  absl::Status LoadPacked(const std::string& prefix, const std::vector<int64_t>& shape,
+                          Tensor* out);
+  // Marks a tensor used and adds a sample of its bytes to the model id's digest.
+  void Digest(const std::string& name, const SafetensorsEntry& e);
   absl::Status LoadLayer(int64_t i, LayerWeights* layer);
   void WarnAboutUnusedTensors() const;
   std::string ModelId() const;
@@ -76,6 +92,7 @@ class ModelLoader {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ThreadPool> pool_;
+  CheckpointQuantConfig ckpt_quant_;
   std::set<std::string> used_;
   Fnv1a digest_;
   size_t mapped_bytes_ = 0;
@@ -93,6 +110,7 @@ absl::Status ModelLoader::ResolveWeightDType() {
     return absl::OkStatus();
   }
   TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef embed, ckpt_->Get("model.embed_tokens.weight"));
+  if (!IsFloat(embed.entry->dtype)) return NotFloat(embed);
   model_->weight_dtype_ = embed.entry->dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
   return absl::OkStatus();
 }
@@ -101,17 +119,13 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
                                      DType dtype, Tensor* out) {
   TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
   const SafetensorsEntry& e = *ref.entry;
+  if (!IsFloat(e.dtype)) return NotFloat(ref);
   if (e.shape != shape) {
     return absl::InvalidArgumentError(
         absl::StrCat(ref.file->path(), ": tensor '", name, "' has shape ", ShapeString(e.shape),
                      ", expected ", ShapeString(shape), " from config.json"));
   }
-  used_.insert(name);
-  // Digest a sample of the bytes so that models with equal shapes but different weights differ.
-  const size_t sample = std::min<size_t>(256, e.nbytes());
-  digest_.Add(name);
-  digest_.Add(e.data, sample);
-  digest_.Add(e.data + e.nbytes() - sample, sample);
+  Digest(name, e);
 
   out->dtype = dtype;
   out->shape = shape;
@@ -132,6 +146,15 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
   return absl::OkStatus();
 }
 
+void ModelLoader::Digest(const std::string& name, const SafetensorsEntry& e) {
+  used_.insert(name);
+  // Digest a sample of the bytes so that models with equal shapes but different weights differ.
+  const size_t sample = std::min<size_t>(256, e.nbytes());
+  digest_.Add(name);
+  digest_.Add(e.data, sample);
+  digest_.Add(e.data + e.nbytes() - sample, sample);
+}
+
 void ModelLoader::QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K,
                                Tensor* out) {
   const WeightQuant quant = options_.quantization;
@@ -142,9 +165,13 @@ void ModelLoader::QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, i
         ConvertElements(src + static_cast<size_t>(n) * row_bytes, src_dtype, row, DType::kF32, K);
       },
       pool());
+  StoreQuantized(std::move(q), out);
+}
+
+void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
   out->dtype = model_->weight_dtype_;
-  out->shape = {N, K};
-  out->quant = quant;
+  out->shape = {q.rows, q.cols};
+  out->quant = q.quant;
   out->group_size = q.group_size;
   model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
   model_->owned_codes_.push_back(std::move(q.codes));
@@ -159,23 +186,55 @@ void ModelLoader::QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, i
   converted_bytes_ += out->stored_bytes();
 }
 
+absl::Status ModelLoader::LoadPacked(const std::string& prefix, const std::vector<int64_t>& shape,
+                                     Tensor* out) {
+  PackedInt4Refs refs;
+  TANDEM_ASSIGN_OR_RETURN(refs.qweight, ckpt_->Get(prefix + ".qweight"));
+  TANDEM_ASSIGN_OR_RETURN(refs.qzeros, ckpt_->Get(prefix + ".qzeros"));
+  TANDEM_ASSIGN_OR_RETURN(refs.scales, ckpt_->Get(prefix + ".scales"));
+  const bool gptq = ckpt_quant_.method == CheckpointQuantMethod::kGptq;
+  if (gptq && (ckpt_quant_.desc_act || ckpt_->Has(prefix + ".g_idx"))) {
+    TANDEM_ASSIGN_OR_RETURN(refs.g_idx, ckpt_->Get(prefix + ".g_idx"));
+  }
+  for (const Checkpoint::TensorRef* r : {&refs.qweight, &refs.qzeros, &refs.scales, &refs.g_idx}) {
+    if (r->entry != nullptr) Digest(r->entry->name, *r->entry);
+  }
+  TANDEM_ASSIGN_OR_RETURN(Int4CheckpointMatrix m,
+                          ConvertInt4Checkpoint(ckpt_quant_, refs, shape[0], shape[1], pool()));
+  StoreQuantized(std::move(m.matrix), out);
+  if (!m.perm.empty()) {  // q/k/v (and gate/up) usually share one permutation: keep one copy
+    auto& perms = model_->owned_perms_;
+    if (perms.empty() || perms.back() != m.perm) {
+      model_->owned_bytes_ += m.perm.size() * sizeof(int32_t);
+      perms.push_back(std::move(m.perm));
+    }
+    out->input_perm = perms.back().data();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelLoader::LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
                                      Tensor* out) {
+  if (ckpt_quant_.quantized()) {
+    // Projections the quantizer skipped (modules_to_not_convert, a dense lm_head) stay dense.
+    const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+    if (ckpt_->Has(prefix + ".qweight") || !ckpt_->Has(name)) {
+      return LoadPacked(prefix, shape, out);
+    }
+    return LoadTensor(name, shape, model_->weight_dtype_, out);
+  }
   if (options_.quantization == WeightQuant::kNone) {
     return LoadTensor(name, shape, model_->weight_dtype_, out);
   }
   TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
   const SafetensorsEntry& e = *ref.entry;
+  if (!IsFloat(e.dtype)) return NotFloat(ref);
   if (e.shape != shape) {
     return absl::InvalidArgumentError(
         absl::StrCat(ref.file->path(), ": tensor '", name, "' has shape ", ShapeString(e.shape),
                      ", expected ", ShapeString(shape), " from config.json"));
   }
-  used_.insert(name);
-  const size_t sample = std::min<size_t>(256, e.nbytes());
-  digest_.Add(name);
-  digest_.Add(e.data, sample);
-  digest_.Add(e.data + e.nbytes() - sample, sample);
+  Digest(name, e);
   QuantizeInto(e.data, e.dtype, shape[0], shape[1], out);
   return absl::OkStatus();
 }
@@ -229,6 +288,7 @@ void ModelLoader::WarnAboutUnusedTensors() const {
 }
 
 std::string ModelLoader::QuantSuffix() const {
+  if (ckpt_quant_.quantized()) return ckpt_quant_.IdSuffix();
   switch (options_.quantization) {
     case WeightQuant::kNone:
       break;
@@ -268,6 +328,18 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
         "int4 group size must be a power of two >= 32, got ", options_.quant_group_size));
   }
   model_->quantization_ = options_.quantization;
+  TANDEM_ASSIGN_OR_RETURN(ckpt_quant_, LoadCheckpointQuantConfig(dir_));
+  if (ckpt_quant_.quantized()) {
+    if (options_.quantization != WeightQuant::kNone) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir_, " is already quantized (", ckpt_quant_.MethodName(), " int4, from ",
+                       ckpt_quant_.source, "); quantization ",
+                       std::string(WeightQuantName(options_.quantization)),
+                       " at load applies to f32/bf16/f16 checkpoints only: use none"));
+    }
+    model_->quantization_ = WeightQuant::kInt4;
+    model_->checkpoint_quant_ = ckpt_quant_;
+  }
 
   const ModelConfig& c = model_->config_;
   ModelWeights& w = model_->weights_;
@@ -309,6 +381,9 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
                        ? std::string()
                        : absl::StrCat(", quantized ",
                                       std::string(WeightQuantName(options_.quantization))))
+               << (ckpt_quant_.quantized()
+                       ? absl::StrCat(", ", ckpt_quant_.MethodName(), " int4 checkpoint")
+                       : std::string())
                << ")";
   }
   return std::move(model_);

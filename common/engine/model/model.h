@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/dtype.h"
 #include "common/config/model_config.h"
+#include "common/engine/model/quant_config.h"
 #include "common/engine/model/tensor.h"
 
 namespace tandem {
@@ -48,7 +49,8 @@ struct LoadOptions {
   // Threads used for dtype conversions; 0: DefaultComputeThreads().
   int num_threads = 0;
   // Weight-only quantization of the projections and lm_head (embeddings and norms stay dense),
-  // made at load time from the checkpoint's values (common/base/quant.h).
+  // made at load time from the checkpoint's values (common/base/quant.h). Must stay kNone for
+  // checkpoints that are already quantized (AWQ / GPTQ), which load as int4 by themselves.
   WeightQuant quantization = WeightQuant::kNone;
   int64_t quant_group_size = 128;  // int4: a power of two >= 32
 };
@@ -60,7 +62,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   DType weight_dtype() const { return weight_dtype_; }
+  // kInt4 for AWQ / GPTQ checkpoints as well as for LoadOptions::quantization int4.
   WeightQuant quantization() const { return quantization_; }
+  // The checkpoint's own quantization (AWQ / GPTQ), method kNone for dense checkpoints.
+  const CheckpointQuantConfig& checkpoint_quant() const { return checkpoint_quant_; }
   // Bytes of weights one decode step reads (every projection and lm_head as stored, plus one
   // embedding row): the numerator of the memory roofline.
   size_t decode_weight_bytes() const;
@@ -78,12 +83,14 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kF32;
   WeightQuant quantization_ = WeightQuant::kNone;
+  CheckpointQuantConfig checkpoint_quant_;
   std::string dir_;
   std::string model_id_;
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::vector<std::unique_ptr<uint8_t[]>> owned_;
   std::vector<std::vector<uint8_t>> owned_codes_;
   std::vector<std::vector<float>> owned_floats_;
+  std::vector<std::vector<int32_t>> owned_perms_;
   size_t owned_bytes_ = 0;
 };
 

@@ -21,7 +21,8 @@ namespace tandem {
 // Headers longer than this are rejected (the reference implementation's limit).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// "F32", "BF16", "F16" for those dtypes; nullptr for dtypes this loader does not read.
+// "F32", "BF16", "F16", "I32" for those dtypes; nullptr for dtypes this loader does not read.
+// I32 holds packed int4 checkpoints (AWQ / GPTQ qweight, qzeros, g_idx).
 const char* SafetensorsDTypeName(DType dtype);
 
 struct SafetensorsEntry {
@@ -47,8 +48,8 @@ struct SafetensorsHeader {
 
 // Parses and validates the header of a safetensors file held in memory. Rejects, with errors
 // naming `path` and (where it applies) the tensor: a file too short for its header, header lengths
-// beyond the file or the size limit, bad JSON, dtypes other than F32/BF16/F16, shapes whose size
-// disagrees with data_offsets, offsets beyond the data region (truncated files), reversed or
+// beyond the file or the size limit, bad JSON, dtypes other than F32/BF16/F16/I32, shapes whose
+// size disagrees with data_offsets, offsets beyond the data region (truncated files), reversed or
 // overlapping ranges. Entries' data pointers point into `data`.
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size,
                                                    const std::string& path);

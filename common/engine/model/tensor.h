@@ -23,6 +23,10 @@ struct Tensor {
   const float* scales = nullptr;
   const float* zeros = nullptr;
   int64_t group_size = 0;
+  // Act-order int4 checkpoints (GPTQ desc_act): column j of the matrix multiplies input element
+  // input_perm[j] (int32 [K], owned by the Model), so y = W' . x[input_perm]; null when the
+  // columns are in input order.
+  const int32_t* input_perm = nullptr;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -31,12 +35,14 @@ struct Tensor {
   }
   // Bytes of the dense elements (quantized: of the dequantized matrix in `dtype`).
   size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
-  // Bytes a matrix product reads: codes plus scales (and zeros) when quantized, else nbytes().
+  // Bytes a matrix product reads: codes plus scales (and zeros, and the input permutation) when
+  // quantized, else nbytes().
   size_t stored_bytes() const {
     if (quant == WeightQuant::kNone) return nbytes();
     if (quant == WeightQuant::kInt8) return static_cast<size_t>(rows() * (cols() + 4));
     return static_cast<size_t>(rows() *
-                               (Int4RowBytes(cols()) + Int4Groups(cols(), group_size) * 8));
+                                   (Int4RowBytes(cols()) + Int4Groups(cols(), group_size) * 8) +
+                               (input_perm != nullptr ? cols() * 4 : 0));
   }
   bool empty() const { return data == nullptr; }
   int64_t rows() const { return shape.empty() ? 0 : shape[0]; }

@@ -32,6 +32,15 @@ cpu::MatMulWeight View(const Tensor& t) {
   return w;
 }
 
+// out[m, j] = x[m, perm[j]] for m < M, j < K (x row stride ldx, out contiguous).
+void Gather(const float* x, int64_t M, int64_t K, int64_t ldx, const int32_t* perm, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * ldx;
+    float* dst = out + m * K;
+    for (int64_t j = 0; j < K; ++j) dst[j] = row[perm[j]];
+  }
+}
+
 }  // namespace
 
 size_t CpuBackend::KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype) {
@@ -190,6 +199,23 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   }
 
   auto bias = [](const Tensor& tensor) { return tensor.empty() ? nullptr : tensor.as<float>(); };
+  // y[M, N] = in[M, K] . W^T. Act-order int4 weights (Tensor::input_perm) multiply the input
+  // gathered by their permutation; consecutive projections of one input (`fresh` false) with the
+  // same permutation (q/k/v, gate/up) reuse one gathered copy. A gather is an exact copy of each
+  // row on its own, so batch invariance holds.
+  const int32_t* gathered = nullptr;
+  auto matmul = [&](const float* in, int64_t M, int64_t K, bool fresh, const Tensor& wt, int64_t N,
+                    const float* b, float* y) {
+    if (fresh) gathered = nullptr;
+    const float* src = in;
+    if (wt.input_perm != nullptr) {
+      float* buf = Grow(permuted_, M * K);
+      if (gathered != wt.input_perm) Gather(in, M, K, K, wt.input_perm, buf);
+      gathered = wt.input_perm;
+      src = buf;
+    }
+    cpu::MatMul(src, M, K, K, View(wt), N, b, y, N, pool);
+  };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -199,21 +225,21 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     } else {  // x += previous layer's MLP output; h = norm(x)
       cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h);
     }
-    cpu::MatMul(h, t, d, d, View(lw.q_proj), qd, bias(lw.q_bias), q, qd, pool);
-    cpu::MatMul(h, t, d, d, View(lw.k_proj), kvd, bias(lw.k_bias), k, kvd, pool);
-    cpu::MatMul(h, t, d, d, View(lw.v_proj), kvd, bias(lw.v_bias), v, kvd, pool);
+    matmul(h, t, d, true, lw.q_proj, qd, bias(lw.q_bias), q);
+    matmul(h, t, d, false, lw.k_proj, kvd, bias(lw.k_bias), k);
+    matmul(h, t, d, false, lw.v_proj, kvd, bias(lw.v_bias), v);
     cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data());
     cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data());
     const cpu::PagedKvLayer kv = KvLayer(l);
     cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv);
     cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, c.sliding_window, attn, qd, pool);
     if (b.on_layer_done) b.on_layer_done(l);
-    cpu::MatMul(attn, t, qd, qd, View(lw.o_proj), d, nullptr, delta, d, pool);
+    matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
     cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h);
-    cpu::MatMul(h, t, d, d, View(lw.gate_proj), f, nullptr, gate, f, pool);
-    cpu::MatMul(h, t, d, d, View(lw.up_proj), f, nullptr, up, f, pool);
+    matmul(h, t, d, true, lw.gate_proj, f, nullptr, gate);
+    matmul(h, t, d, false, lw.up_proj, f, nullptr, up);
     cpu::SiluMul(gate, up, t, f, act);
-    cpu::MatMul(act, t, f, f, View(lw.down_proj), d, nullptr, delta, d, pool);
+    matmul(act, t, f, true, lw.down_proj, d, nullptr, delta);
   }
 
   // Final residual add and norm, only for the rows whose logits are wanted.
@@ -227,8 +253,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     std::memcpy(rows_delta + i * d, delta + b.logit_rows[i] * d, d * sizeof(float));
   }
   cpu::AddRmsNorm(rows, rows_delta, w.final_norm.as<float>(), n, d, eps, rows_norm);
-  cpu::MatMul(rows_norm, n, d, d, View(w.lm_head), c.vocab_size, nullptr, logits, c.vocab_size,
-              pool);
+  matmul(rows_norm, n, d, true, w.lm_head, c.vocab_size, nullptr, logits);
   return absl::OkStatus();
 }
 

@@ -115,6 +115,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat("gpu_memory_utilization must be in (0, 1], got ",
                                                    options.gpu_memory_utilization));
   }
+  if (model->quantization() != WeightQuant::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend serves dense weights only; this model is quantized (",
+                     std::string(WeightQuantName(model->quantization())), ")"));
+  }
   std::string why;
   if (!CudaDeviceAvailable(&why)) return absl::FailedPreconditionError(why);
   std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(model), options));

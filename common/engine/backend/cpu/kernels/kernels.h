@@ -25,7 +25,7 @@ struct MatMulWeight {
   DType dtype = DType::kF32;  // dense element type (ignored when quantized)
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
-  const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 15]
+  const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
   int64_t group_size = 0;         // int4: a power of two >= 32
   // Bytes of one stored row of K elements (excluding scales).
   int64_t RowBytes(int64_t K) const;

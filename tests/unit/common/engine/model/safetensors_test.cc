@@ -95,7 +95,7 @@ TEST(SafetensorsTest, StreamingWriterChecksByteCounts) {
     ASSERT_TRUE((*w)->Finish().ok());
   }
   EXPECT_TRUE(std::filesystem::exists(path));
-  std::vector<SafetensorsWriter::Spec> bad = {{"i", DType::kI32, {4}}};
+  std::vector<SafetensorsWriter::Spec> bad = {{"i", DType::kI64, {4}}};
   EXPECT_FALSE(SafetensorsWriter::Create(dir.file("bad.safetensors"), bad).ok());
 }
 

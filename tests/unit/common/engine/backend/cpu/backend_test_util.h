@@ -3,10 +3,12 @@
 // Helpers shared by the CPU backend tests: load a bundled model, read its reference logits,
 // and drive a CpuBackend with simple per-sequence block allocation.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -112,6 +114,89 @@ inline void RunStep(CpuBackend& backend, BlockCounter& blocks,
       seq->logits.emplace_back(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
     }
     seq->computed += chunk;
+  }
+}
+
+inline std::vector<int32_t> RandomTokens(std::mt19937& rng, int64_t n, int32_t vocab) {
+  std::uniform_int_distribution<int32_t> dist(3, vocab - 1);
+  std::vector<int32_t> v(n);
+  for (auto& t : v) t = dist(rng);
+  return v;
+}
+
+// Feeds `seq` in chunks of `chunk` tokens until its prompt is done, then one token per step.
+inline void RunAlone(CpuBackend& backend, BlockCounter& blocks, TestSeq& seq, int64_t prompt_len,
+                     int64_t chunk) {
+  while (seq.computed < prompt_len) {
+    RunStep(backend, blocks, {{&seq, std::min(chunk, prompt_len - seq.computed)}});
+  }
+  while (seq.computed < static_cast<int64_t>(seq.tokens.size())) {
+    RunStep(backend, blocks, {{&seq, 1}});
+  }
+}
+
+// Batch invariance (DESIGN §4 "Determinism"): a sequence's logits are bit-identical alone, with
+// its prompt chunked by 1, 5 and 16, and batched among seven others joining at different steps.
+inline void ExpectBatchInvariant(const std::shared_ptr<const Model>& model,
+                                 const CpuBackendOptions& options) {
+  const int32_t vocab = static_cast<int32_t>(model->config().vocab_size);
+  std::mt19937 rng(1234);
+
+  // The sequence under test: a 37-token prompt and 20 continuation tokens.
+  std::vector<int32_t> target = RandomTokens(rng, 57, vocab);
+  const int64_t target_prompt = 37;
+
+  auto alone_backend = CpuBackend::Create(model, options);
+  ASSERT_TRUE(alone_backend.ok());
+  BlockCounter alone_blocks(options.block_size);
+  TestSeq alone;
+  alone.tokens = target;
+  RunAlone(**alone_backend, alone_blocks, alone, target_prompt, target_prompt);
+
+  // Same sequence with prompt chunks of 1, 5 and 16 tokens, each alone: identical logits.
+  for (int64_t chunk : {1, 5, 16}) {
+    auto b = CpuBackend::Create(model, options);
+    BlockCounter counter(options.block_size);
+    TestSeq s;
+    s.tokens = target;
+    RunAlone(**b, counter, s, target_prompt, chunk);
+    for (size_t i = 0; i < target.size(); ++i) {
+      ASSERT_EQ(0, std::memcmp(s.logits[i].data(), alone.logits[i].data(), vocab * sizeof(float)))
+          << "chunk " << chunk << " position " << i;
+    }
+  }
+
+  // Batched: 7 other sequences of different lengths, joining at different steps, with
+  // different chunk sizes; the target's prompt chunked by 7.
+  auto batch_backend = CpuBackend::Create(model, options);
+  ASSERT_TRUE(batch_backend.ok());
+  BlockCounter counter(options.block_size);
+  TestSeq t;
+  t.tokens = target;
+  std::vector<TestSeq> others(7);
+  std::vector<int64_t> other_chunk = {3, 11, 64, 1, 9, 24, 2};
+  for (size_t k = 0; k < others.size(); ++k) {
+    others[k].tokens = RandomTokens(rng, 10 + 13 * static_cast<int64_t>(k), vocab);
+  }
+  int64_t step = 0;
+  while (t.computed < static_cast<int64_t>(t.tokens.size())) {
+    std::vector<std::pair<TestSeq*, int64_t>> work;
+    for (size_t k = 0; k < others.size(); ++k) {
+      TestSeq& o = others[k];
+      const int64_t remaining = static_cast<int64_t>(o.tokens.size()) - o.computed;
+      if (remaining <= 0 || step < static_cast<int64_t>(k)) continue;  // staggered joins
+      work.push_back({&o, std::min(other_chunk[k], remaining)});
+    }
+    const int64_t chunk =
+        t.computed < target_prompt ? std::min<int64_t>(7, target_prompt - t.computed) : 1;
+    // Put the target in the middle of the batch.
+    work.insert(work.begin() + work.size() / 2, {&t, chunk});
+    RunStep(**batch_backend, counter, work);
+    ++step;
+  }
+  for (size_t i = 0; i < target.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(t.logits[i].data(), alone.logits[i].data(), vocab * sizeof(float)))
+        << "batched position " << i;
   }
 }
 

@@ -1,0 +1,46 @@
+#pragma once
+
+// Detection of pre-quantized int4 checkpoints (AWQ and GPTQ) from a model directory's
+// config.json `quantization_config`, or from a separate quantize_config.json (AutoGPTQ).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem {
+
+enum class CheckpointQuantMethod : uint8_t { kNone = 0, kAwq = 1, kGptq = 2 };
+
+struct CheckpointQuantConfig {
+  CheckpointQuantMethod method = CheckpointQuantMethod::kNone;
+  std::string source;      // the file the settings came from (for error messages)
+  int64_t bits = 4;        // always 4 once validated
+  int64_t group_size = 0;  // a power of two >= 32, or -1 (GPTQ: one group per output channel)
+  bool sym = false;        // GPTQ: symmetric (zero point 8)
+  bool desc_act = false;   // GPTQ: act-order (g_idx permutes the input channels)
+  int gptq_version = 1;    // GPTQ checkpoint_format: 1 ("gptq", zeros stored minus one) or 2
+
+  bool quantized() const { return method != CheckpointQuantMethod::kNone; }
+  // "awq" / "gptq" / "none".
+  std::string MethodName() const;
+  // The model id suffix: "-awq-g128", "-gptq-g128", "-gptq-gch" (group_size -1).
+  std::string IdSuffix() const;
+};
+
+// Reads `dir`/config.json (its "quantization_config") and, when that is absent,
+// `dir`/quantize_config.json. Returns method kNone when neither says the checkpoint is quantized.
+// Supported: quant_method "awq" with version "gemm" (zero_point true), and "gptq" with
+// checkpoint_format "gptq" (v1) or "gptq_v2"; bits 4; group_size a power of two >= 32 (GPTQ also
+// -1). Anything else is an error naming the file and the field (e.g. AWQ "gemv", "marlin",
+// bits 8, group_size 16, an unknown quant_method).
+absl::StatusOr<CheckpointQuantConfig> LoadCheckpointQuantConfig(const std::string& dir);
+
+// The same from one settings object: config.json's "quantization_config" or the whole
+// quantize_config.json (where a missing quant_method means "gptq"); `source` names its file.
+absl::StatusOr<CheckpointQuantConfig> ParseCheckpointQuantConfig(const nlohmann::json& q,
+                                                                 const std::string& source,
+                                                                 bool from_quantize_config);
+
+}  // namespace tandem
