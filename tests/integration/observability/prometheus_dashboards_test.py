@@ -247,16 +247,23 @@ class Load:
                 text=prompt, n=2 if kind == "n2" else 1,
                 sampling=sampling.SamplingParams(
                     temperature=0 if kind != "n2" else 0.8, seed=rng.randint(1, 1000),
-                    max_tokens=rng.randint(8, 48), ignore_eos=kind != "stop",
-                    stop=["Lily"] if kind == "stop" else []))
-        timeout = 0.15 if kind == "cancel" else 120
+                    max_tokens=400 if kind == "cancel" else rng.randint(8, 48),
+                    ignore_eos=kind != "stop", stop=["Lily"] if kind == "stop" else []))
         tokens = 0
         try:
-            for r in stub.Generate(req, timeout=timeout):
+            call = stub.Generate(req, timeout=120)
+            for r in call:
+                if kind == "cancel":  # the client goes away after the first message
+                    call.cancel()
+                    raise grpc.RpcError()
                 if r.HasField("chunk"):
                     tokens += len(r.chunk.token_ids)
             outcome = "ok"
         except grpc.RpcError as e:
+            if kind == "cancel":
+                with self.lock:
+                    self.counts["cancelled"] += 1
+                return
             outcome = {grpc.StatusCode.INVALID_ARGUMENT: "invalid",
                        grpc.StatusCode.DEADLINE_EXCEEDED: "cancelled",
                        grpc.StatusCode.CANCELLED: "cancelled"}.get(e.code(), "other")
