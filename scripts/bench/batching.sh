@@ -18,8 +18,8 @@ bench_init batching
 REPS="${BENCH_REPS:-3}"
 MODEL="$(ensure_model llama-110m)"
 
-# One compute thread per server: on this shared 2-core machine the engine's 2-thread pool loses
-# more than half its speed whenever another process takes a core (see docs/benchmarks.md).
+# One compute thread per server (BENCH_THREADS): the step costs below are then those of one
+# core, and the three servers cannot take cores from each other's measurements.
 SERVER=(--model "$MODEL" --dtype bf16 --threads "${BENCH_THREADS:-1}" --max-num-seqs 16
         --max-num-batched-tokens 8192 --kv-cache-memory 1GiB --block-size 16)
 THROUGHPUT=(--duration "${BATCHING_SECONDS:-40}" --concurrency 16 --prompt-len uniform:16:128

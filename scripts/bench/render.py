@@ -3,7 +3,7 @@
 docs/benchmarks.md section (<section>.md) and a summary (<section>.json), or splices sections
 into docs/benchmarks.md.
 
-  render.py decode_bandwidth|batching|disagg WORK OUTDIR
+  render.py decode_bandwidth|batching|disagg|serve_curve WORK OUTDIR
   render.py splice DOC FRAGMENT.md...
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
@@ -33,6 +33,9 @@ def main(argv):
     elif command == "disagg":
         from render_disagg import render_disagg
         render_disagg(argv[2], argv[3])
+    elif command == "serve_curve":
+        from render_serve_curve import render_serve_curve
+        render_serve_curve(argv[2], argv[3])
     else:
         sys.exit(f"unknown command {command}\n{__doc__}")
 

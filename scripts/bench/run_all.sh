@@ -2,7 +2,7 @@
 # Regenerates the generated sections of docs/benchmarks.md: runs every section script (each
 # writes docs/benchmarks/<section>.{md,json}) and splices the sections into docs/benchmarks.md
 # between their BEGIN/END markers, leaving hand-written sections alone.
-#   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 15 minutes)
+#   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 35 minutes)
 #   scripts/bench/run_all.sh batching disagg            # some sections
 # BENCH_NO_BUILD=1 skips building tandem, membw and kvtransfer_bench first.
 set -euo pipefail
@@ -12,7 +12,7 @@ export BUILD_DIR
 RESULTS="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
 export BENCH_RESULTS="$RESULTS"
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative quantization)
+[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative quantization serve_curve)
 
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
   ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench quant_bench

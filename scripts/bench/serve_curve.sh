@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Section "serving curve" (issue #7): aggregate decode throughput and time to first token through
+# `tandem serve` (router + engine in one process, all cores) at rising concurrency, on the
+# random llama-110m and llama-1b models in bf16 / int8 / int4, with the peer's server workload:
+# 128-token prompts, 128 new tokens (ignore_eos), one wave of C requests started together at
+# concurrency C. One server at a time (each takes every core).
+#   SERVE_FORMATS_110M="none int8 int4" SERVE_FORMATS_1B="int8 int4" scripts/bench/serve_curve.sh
+# Writes $BENCH_RESULTS/serve_curve.{md,json}. About 10 minutes.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+bench_init serve_curve
+FORMATS_110M=(${SERVE_FORMATS_110M:-none int8 int4})
+FORMATS_1B=(${SERVE_FORMATS_1B:-int8 int4})
+CONC_110M=(${SERVE_CONC_110M:-1 4 8 16 32})
+CONC_1B=(${SERVE_CONC_1B:-1 4 8 16})
+
+run_model() {
+  local preset="$1" dir
+  shift
+  dir="$(ensure_model "$preset")"
+  local -n formats="$1" concurrencies="$2"
+  for fmt in "${formats[@]}"; do
+    local name="$preset.$fmt"
+    start_serve "$name" --model "$dir" --dtype bf16 --quantization "$fmt" --threads 0 \
+      --max-num-seqs 32 --max-num-batched-tokens 2048 --kv-cache-memory 2GiB
+    local target="127.0.0.1:$LAST_PORT" pid="$LAST_PID"
+    "$TANDEM" bench --target "$target" --num-requests 2 --prompt-len 16 --output-len 4 \
+      --quiet --progress-interval 0 --sample-interval 0
+    for c in "${concurrencies[@]}"; do
+      run_bench "$WORK/$name.c$c.json" --target "$target" --label "$preset $fmt c=$c" \
+        --num-requests "$c" --concurrency "$c" --prompt-len 128 --output-len 128 \
+        --sample-interval 0
+    done
+    stop_process "$pid"
+  done
+}
+run_model llama-110m FORMATS_110M CONC_110M
+run_model llama-1b FORMATS_1B CONC_1B
+render serve_curve "$WORK" "$BENCH_RESULTS"
+log "wrote $BENCH_RESULTS/serve_curve.md"
