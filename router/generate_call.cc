@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "router/finish_reason.h"
 #include "router/request_decoding.h"
 
 namespace tandem {
@@ -15,19 +16,6 @@ constexpr size_t kDetokenizerContext = 8;
 
 grpc::Status Invalid(const std::string& message) {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-}
-
-const char* FinishReasonLabel(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return "stop";
-    case v1::FINISH_REASON_LENGTH:
-      return "length";
-    case v1::FINISH_REASON_ABORT:
-      return "abort";
-    default:
-      return "error";
-  }
 }
 
 std::string SecondsSince(absl::Time start) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/engine/tokenizer/tokenizer.h"
+#include "router/finish_reason.h"
 
 namespace tandem {
 
@@ -67,19 +68,6 @@ OpenAiError MakeOpenAiError(absl::StatusCode code, const std::string& message) {
   return e;
 }
 
-const char* OpenAiFinishReason(v1::FinishReason reason) {
-  switch (reason) {
-    case v1::FINISH_REASON_STOP:
-      return "stop";
-    case v1::FINISH_REASON_LENGTH:
-      return "length";
-    case v1::FINISH_REASON_ABORT:
-      return "abort";
-    default:
-      return "error";
-  }
-}
-
 OpenAiResponder::OpenAiResponder(OpenAiResponderOptions options) : options_(std::move(options)) {}
 
 OpenAiResponder::Choice& OpenAiResponder::choice(int32_t index) { return choices_[index]; }
@@ -136,7 +124,7 @@ void OpenAiResponder::AppendLogprobs(const v1::TokenChunk& chunk, Json* into, Ch
 
 void OpenAiResponder::NoteFinal(const v1::GenerateFinal& f) {
   Choice& c = choice(f.index());
-  c.finish_reason = OpenAiFinishReason(f.finish_reason());
+  c.finish_reason = FinishReasonLabel(f.finish_reason());
   prompt_tokens_ = f.usage().prompt_tokens();
   if (f.index() == 0 || cached_tokens_ == 0) cached_tokens_ = f.usage().cached_tokens();
   completion_tokens_ += f.usage().completion_tokens();

@@ -76,6 +76,4 @@ class OpenAiResponder {
   int32_t last_prompt_id_ = -1;  // from the echoed prompt ids (requested with logprobs)
 };
 
-const char* OpenAiFinishReason(v1::FinishReason reason);
-
 }  // namespace tandem

@@ -11,7 +11,7 @@
 #     continuous server runs 1, 4 and 16 equal requests that start together (decode step time
 #     = inter-token p50 at that batch) and 128-token prompts one at a time (prefill time = TTFT
 #     p50 of 4).
-# Writes $BENCH_RESULTS/batching.{md,json}. About 8 minutes.
+# Writes $BENCH_RESULTS/batching.{md,json}. About 17 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init batching
@@ -22,7 +22,7 @@ MODEL="$(ensure_model llama-110m)"
 # core, and the three servers cannot take cores from each other's measurements.
 SERVER=(--model "$MODEL" --dtype bf16 --threads "${BENCH_THREADS:-1}" --max-num-seqs 16
         --max-num-batched-tokens 8192 --kv-cache-memory 1GiB --block-size 16)
-THROUGHPUT=(--duration "${BATCHING_SECONDS:-40}" --concurrency 16 --prompt-len uniform:16:128
+THROUGHPUT=(--duration "${BATCHING_SECONDS:-90}" --concurrency 16 --prompt-len uniform:16:128
             --output-len lognormal:96:1.0:512 --sample-interval 0.25 --block-size 16)
 LONG=(--num-requests 16 --concurrency 16 --prompt-len uniform:256:768
       --output-len lognormal:64:1.0:256 --sample-interval 0.25 --block-size 16)

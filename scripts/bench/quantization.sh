@@ -15,9 +15,7 @@ REPS="${BENCH_REPS:-3}"
 BENCH="$BUILD_DIR/bin/quant_bench"
 [ -x "$BENCH" ] || { echo "build quant_bench first: ninja -C $BUILD_DIR quant_bench" >&2; exit 1; }
 MODELS=(${QUANT_MODELS:-llama-110m llama-1b})
-# Compute threads (0: one per core). On a machine shared with other busy processes a 2-thread
-# fork-join pool waits for descheduled workers at every MatMul (see the section's notes), so the
-# script can run single-threaded: QUANT_THREADS=1.
+# Compute threads (0: one per core; QUANT_THREADS=1 for single-core figures).
 THREADS="${QUANT_THREADS:-0}"
 FORMATS=("none 128" "int8 128" "int4 32" "int4 128")
 

@@ -83,6 +83,11 @@ float* ThreadScratch(int64_t floats) {
 constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
 // Columns are split among threads in multiples of this (any split gives the same bits).
 constexpr int64_t kMatMulColumnGrain = 16;
+// Up to this many activation rows (decode batches), columns go out in several small ranges per
+// thread, so that a thread another process delays has its share taken by the others. Above it
+// (prefill), one range per thread: every range re-reads all the activations, which costs more
+// than the finer split saves on an idle machine.
+constexpr int64_t kMatMulFineSplitRows = 32;
 
 void CheckKvType(DType t) {
   TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kI8 || t == DType::kF8E4M3)
@@ -130,7 +135,12 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
   if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
     run(0, N);
   } else {
-    pool->ParallelForGrain(N, kMatMulColumnGrain, run);
+    int64_t grain = kMatMulColumnGrain;
+    if (M > kMatMulFineSplitRows) {
+      const int64_t per_thread = (N + pool->size() - 1) / pool->size();
+      grain = (per_thread + kMatMulColumnGrain - 1) / kMatMulColumnGrain * kMatMulColumnGrain;
+    }
+    pool->ParallelForGrain(N, grain, run);
   }
 }
 

@@ -87,6 +87,19 @@ struct Int4Fmt {
     return S::Mul(S::Sub(q, S::Set1(r.z[g])), S::Set1(r.s[g]));
   }
   static F Load(const Row& r, int64_t k) { return Dequant(r, k); }
+  // 16 lanes: elements [k, k + 16) and [k + 16, k + 32) of one chunk (k a multiple of 32, so both
+  // lie in one group), each exactly as Load would give them, from one load and one widening.
+  static constexpr bool kPairs = S::kLanes == 16;
+  static void LoadPair(const Row& r, int64_t k, F* w0, F* w1) {
+    if constexpr (kPairs) {
+      const int64_t g = k >> r.shift;
+      const F z = S::Set1(r.z[g]), s = S::Set1(r.s[g]);
+      F q0, q1;
+      S::LoadU4Pair(r.q + (k >> 5) * 16, &q0, &q1);
+      *w0 = S::Mul(S::Sub(q0, z), s);
+      *w1 = S::Mul(S::Sub(q1, z), s);
+    }
+  }
   // Rows are padded to whole chunks, so the full load stays inside the row.
   static F LoadTail(const Row& r, int64_t k, int t) { return S::ZeroTail(Dequant(r, k), t); }
   static const char* Addr(const Row& r, int64_t k) {
@@ -94,6 +107,16 @@ struct Int4Fmt {
   }
   static int64_t RowBytes(int64_t K) { return (K + 31) / 32 * 16; }
 };
+
+// Whether Fmt loads two vectors at once (Fmt::kPairs and LoadPair).
+template <class Fmt>
+constexpr bool HasPairs() {
+  if constexpr (requires { Fmt::kPairs; }) {
+    return Fmt::kPairs;
+  } else {
+    return false;
+  }
+}
 
 // y[0..MR) x [0..NR) = x[MR rows] . w[NR rows]^T, full K.
 template <class S, int MR, int NR, class Fmt, bool kPrefetch>
@@ -111,7 +134,30 @@ void MatMulTile(const float* x, int64_t ldx, const MatMulWeight& wt, int64_t n0,
     for (int j = 0; j < NR; ++j) acc[i][j] = S::Zero();
   }
   const int64_t kmain = K - K % L;
-  for (int64_t k = 0; k < kmain; k += L) {
+  int64_t k0 = 0;
+  if constexpr (HasPairs<Fmt>()) {
+    // Two vectors per chunk load; each accumulator still sees fma(k) then fma(k + L), the same
+    // chain as the loop below.
+    for (; k0 + 2 * L <= kmain; k0 += 2 * L) {
+      F xv0[MR], xv1[MR];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        xv0[i] = S::Load(x + i * ldx + k0);
+        xv1[i] = S::Load(x + i * ldx + k0 + L);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k0) + kMatMulPrefetchBytes);
+        F w0, w1;
+        Fmt::LoadPair(rows[j], k0, &w0, &w1);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv0[i], w0, acc[i][j]);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv1[i], w1, acc[i][j]);
+      }
+    }
+  }
+  for (int64_t k = k0; k < kmain; k += L) {
     F xv[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) xv[i] = S::Load(x + i * ldx + k);

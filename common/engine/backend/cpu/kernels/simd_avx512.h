@@ -56,6 +56,13 @@ struct Simd {
     v = _mm512_and_si512(_mm512_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(15));
     return _mm512_cvtepi32_ps(v);
   }
+  // 32 nibbles of one 16-byte chunk: lo[i] = p[i] & 15, hi[i] = p[i] >> 4, as f32 (one load, one
+  // widening for both halves).
+  static void LoadU4Pair(const uint8_t* p, F* lo, F* hi) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+  }
   // fp8 e4m3 -> f32 * 2^-8 (exact): the code's bits placed as an f16 (sign, 4 exponent bits in
   // the low 4 of the f16's 5, 3 mantissa bits at the top of its 10).
   static F Fp8Widen(__m128i b) {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A/B: two quant_bench binaries (built before and after a kernel or thread-pool change) side by
+# side, alternating, with 2 compute threads on a random model (AB_MODEL, default llama-110m;
+# AB_ARGS adds quant_bench flags, e.g. "--quantization int4 --group 128"), on an idle machine and,
+# with AB_LOADS="idle busy", also with one busy process competing for a core (what a shared
+# machine does to a fork-join pool). Prints a markdown table of medians: batch-1 decode,
+# batch-16 decode, prefill of 256 tokens.
+#   scripts/bench/quant_bench_ab.sh OLD_QUANT_BENCH NEW_QUANT_BENCH [REPS]
+set -euo pipefail
+OLD="${1:?old quant_bench}" NEW="${2:?new quant_bench}" REPS="${3:-3}"
+source "$(dirname "$0")/lib.sh"
+bench_init quant_bench_ab
+MODEL="$(ensure_model "${AB_MODEL:-llama-110m}")"
+read -r -a EXTRA <<<"${AB_ARGS:-}"
+run() {  # run BINARY OUT
+  "$1" --model "$MODEL" --threads 2 --reps 1 --decode-tokens 32 --prefill-tokens 256 \
+    --batches 16 --batch-steps 4 "${EXTRA[@]}" 2>/dev/null | tail -1 >"$2"
+}
+for load in ${AB_LOADS:-idle}; do
+  busy_pid=""
+  if [ "$load" = busy ]; then
+    (while :; do :; done) &
+    busy_pid=$!
+  fi
+  for rep in $(seq 1 "$REPS"); do
+    log "$load, repetition $rep/$REPS"
+    run "$OLD" "$WORK/$load.old.$rep.json"
+    run "$NEW" "$WORK/$load.new.$rep.json"
+  done
+  [ -n "$busy_pid" ] && kill "$busy_pid"
+done
+python3 - "$WORK" <<'PY'
+import glob, json, statistics, sys
+work = sys.argv[1]
+def med(load, which, key):
+    vals = []
+    for p in glob.glob(f"{work}/{load}.{which}.*.json"):
+        m = json.load(open(p))["median"]
+        vals.append(m["batch_decode_tok_s"]["16"] if key == "b16" else m[key])
+    return statistics.median(vals)
+print("| machine | metric | old | new | new / old |")
+print("| --- | --- | ---: | ---: | ---: |")
+for load in sorted({p.split("/")[-1].split(".")[0] for p in glob.glob(f"{work}/*.json")}):
+    for key, name in (("decode_b1_tok_s", "batch-1 decode tok/s"), ("b16", "batch-16 decode tok/s"),
+                      ("prefill_tok_s", "prefill tok/s (256)")):
+        o, n = med(load, "old", key), med(load, "new", key)
+        print(f"| {load} | {name} | {o:.1f} | {n:.1f} | {n / o:.2f}x |")
+PY
