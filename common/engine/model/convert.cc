@@ -10,17 +10,25 @@
 namespace tandem {
 namespace {
 
+// Element i of a source that may sit at any address (a safetensors tensor can start at an odd
+// offset): memcpy, which compiles to a plain unaligned load.
+template <typename T>
+T LoadAt(const void* src, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const uint8_t*>(src) + i * static_cast<int64_t>(sizeof(T)),
+              sizeof(T));
+  return v;
+}
+
 template <typename Load>
 void ConvertLoop(const void* src, void* dst, DType dst_dtype, int64_t begin, int64_t end,
                  Load load) {
-  const uint16_t* in16 = static_cast<const uint16_t*>(src);
-  const float* in32 = static_cast<const float*>(src);
   if (dst_dtype == DType::kF32) {
     float* out = static_cast<float*>(dst);
-    for (int64_t i = begin; i < end; ++i) out[i] = load(in16, in32, i);
+    for (int64_t i = begin; i < end; ++i) out[i] = load(src, i);
   } else {
     uint16_t* out = static_cast<uint16_t*>(dst);
-    for (int64_t i = begin; i < end; ++i) out[i] = FloatToBf16(load(in16, in32, i));
+    for (int64_t i = begin; i < end; ++i) out[i] = FloatToBf16(load(src, i));
   }
 }
 
@@ -38,15 +46,15 @@ void ConvertRange(const void* src, DType src_dtype, void* dst, DType dst_dtype, 
   switch (src_dtype) {
     case DType::kF32:
       ConvertLoop(src, dst, dst_dtype, begin, end,
-                  [](const uint16_t*, const float* in, int64_t i) { return in[i]; });
+                  [](const void* in, int64_t i) { return LoadAt<float>(in, i); });
       return;
     case DType::kBF16:
       ConvertLoop(src, dst, dst_dtype, begin, end,
-                  [](const uint16_t* in, const float*, int64_t i) { return Bf16ToFloat(in[i]); });
+                  [](const void* in, int64_t i) { return Bf16ToFloat(LoadAt<uint16_t>(in, i)); });
       return;
     case DType::kF16:
       ConvertLoop(src, dst, dst_dtype, begin, end,
-                  [](const uint16_t* in, const float*, int64_t i) { return Fp16ToFloat(in[i]); });
+                  [](const void* in, int64_t i) { return Fp16ToFloat(LoadAt<uint16_t>(in, i)); });
       return;
     default:
       TLOG(FATAL) << "unsupported source dtype " << DTypeName(src_dtype);
