@@ -9,31 +9,15 @@
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/engine_test_util.h"
 #include "tests/unit/common/engine/model/int4_checkpoint_util.h"
 
 namespace tandem {
 namespace {
 
-struct Req {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens;
-};
-
-std::vector<Req> MakeRequests(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Req> out;
-  for (int i = 0; i < n; ++i) {
-    Req r;
-    r.prompt.push_back(1);
-    const int len = std::uniform_int_distribution<int>(1, 60)(rng);
-    for (int k = 0; k < len; ++k) {
-      r.prompt.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
-    }
-    r.max_tokens = std::uniform_int_distribution<int>(1, 30)(rng);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+using testing_util::MakeRequests;
+using testing_util::Req;
+using testing_util::RunAll;
 
 EngineBuildOptions BuildOptions(const std::string& dir, EngineOptions options, int64_t blocks) {
   EngineBuildOptions b;
@@ -45,30 +29,8 @@ EngineBuildOptions BuildOptions(const std::string& dir, EngineOptions options, i
   return b;
 }
 
-std::map<std::string, std::vector<int32_t>> RunAll(Engine& engine, const std::vector<Req>& reqs) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EngineRequest r;
-    r.id = std::to_string(i);
-    r.prompt = reqs[i].prompt;
-    r.params.max_tokens = reqs[i].max_tokens;
-    r.params.ignore_eos = true;
-    r.params.temperature = 0;
-    EXPECT_TRUE(engine.AddRequest(r).ok());
-  }
-  std::map<std::string, std::vector<int32_t>> out;
-  while (engine.HasWork()) {
-    for (const SequenceUpdate& u : engine.Step()) {
-      auto& v = out[u.request_id];
-      v.insert(v.end(), u.new_tokens.begin(), u.new_tokens.end());
-      if (u.finished) EXPECT_TRUE(u.status.ok()) << u.status;
-    }
-  }
-  EXPECT_EQ(out.size(), reqs.size());
-  return out;
-}
-
 TEST(EngineInt4CheckpointTest, GreedyOutputInvariantUnderBatchingChunkingCachingPreemption) {
-  const std::vector<Req> reqs = MakeRequests(12, 3);
+  const std::vector<Req> reqs = MakeRequests(12, 3, 60, 30);
   std::vector<std::map<std::string, std::vector<int32_t>>> per_format;
   const std::pair<const char*, const char*> formats[] = {
       {"engine_awq", "--format awq --group 32"},

@@ -9,29 +9,14 @@
 
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/engine_test_util.h"
 
 namespace tandem {
 namespace {
 
-struct Req {
-  std::vector<int32_t> prompt;
-  int32_t max_tokens;
-};
-
-std::vector<Req> MakeRequests(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Req> out;
-  for (int i = 0; i < n; ++i) {
-    Req r;
-    r.prompt.push_back(1);
-    int len = std::uniform_int_distribution<int>(1, 70)(rng);
-    for (int k = 0; k < len; ++k)
-      r.prompt.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
-    r.max_tokens = std::uniform_int_distribution<int>(1, 40)(rng);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
+using testing_util::MakeRequests;
+using testing_util::Req;
+using testing_util::RunAll;
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks,
                                    const std::string& quantization = "none",
@@ -50,39 +35,8 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks,
   return std::move(built->engine);
 }
 
-// Runs requests to completion; returns tokens per (request, sample).
-std::map<std::string, std::vector<int32_t>> RunAll(Engine& engine, const std::vector<Req>& reqs,
-                                                   int32_t n = 1, float temperature = 0) {
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EngineRequest r;
-    r.id = std::to_string(i);
-    r.prompt = reqs[i].prompt;
-    r.params.max_tokens = reqs[i].max_tokens;
-    r.params.ignore_eos = true;
-    r.params.temperature = temperature;
-    r.params.seed = 100 + i;
-    r.n = n;
-    EXPECT_TRUE(engine.AddRequest(r).ok());
-  }
-  std::map<std::string, std::vector<int32_t>> out;
-  int finished = 0;
-  while (engine.HasWork()) {
-    for (const SequenceUpdate& u : engine.Step()) {
-      auto& v = out[u.request_id + "/" + std::to_string(u.index)];
-      v.insert(v.end(), u.new_tokens.begin(), u.new_tokens.end());
-      if (u.finished) {
-        EXPECT_TRUE(u.status.ok()) << u.status;
-        EXPECT_EQ(u.finish_reason, FinishReason::kLength);
-        ++finished;
-      }
-    }
-  }
-  EXPECT_EQ(finished, static_cast<int>(reqs.size()) * n);
-  return out;
-}
-
 TEST(EngineTest, BatchingChunkingAndCachingDoNotChangeGreedyOutput) {
-  std::vector<Req> reqs = MakeRequests(24, 5);
+  std::vector<Req> reqs = MakeRequests(24, 5, 70, 40);
   // Reference: each request alone, prompt in one step, no prefix cache.
   std::map<std::string, std::vector<int32_t>> solo;
   {
@@ -121,7 +75,7 @@ TEST(EngineTest, BatchingChunkingAndCachingDoNotChangeGreedyOutput) {
 // The static baselines change what runs together, never a token: the fixed-shape one computes a
 // padding row for every finished member of a running batch until the batch is done.
 TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
-  std::vector<Req> reqs = MakeRequests(12, 9);
+  std::vector<Req> reqs = MakeRequests(12, 9, 70, 40);
   EngineOptions solo_options;
   solo_options.scheduler.max_num_seqs = 1;
   auto solo = RunAll(*MakeEngine(solo_options, 256), reqs);
@@ -148,7 +102,7 @@ TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
 // Within each weight format and KV dtype (issue 7), batching, chunking, prefix caching and
 // preemption leave greedy output unchanged, through the same options the flags set.
 TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
-  std::vector<Req> reqs = MakeRequests(16, 7);
+  std::vector<Req> reqs = MakeRequests(16, 7, 70, 40);
   struct Format {
     const char* quant;
     const char* kv;
