@@ -28,6 +28,10 @@ void EngineFlags::Register(FlagSet* f) {
             "config.json and load as int4 by themselves (keep none)");
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
+  f->String("matmul-input-dtype", &matmul_input_dtype,
+            "cpu: what the matrix products' inputs are rounded to: auto (bf16 for dense bf16 "
+            "weights, else f32), f32 (exact) or bf16 (dense bf16 weights only; bf16 dot "
+            "products, vdpbf16ps where the CPU has AVX512_BF16)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
   f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &block_size, "tokens per KV block");
@@ -59,6 +63,7 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   o.kv_cache_dtype = kv_dtype;
   o.quantization = quantization;
   o.quant_group_size = quant_group_size;
+  o.matmul_input_dtype = matmul_input_dtype;
   auto bytes = ParseByteSize(kv_memory);
   if (!bytes.ok()) return bytes.status();
   o.kv_cache_bytes = *bytes;
@@ -112,6 +117,7 @@ std::vector<std::string> EngineFlags::ToArgs() const {
       "--kv-cache-dtype=" + kv_dtype,
       "--quantization=" + quantization,
       absl::StrCat("--quantization-group-size=", quant_group_size),
+      "--matmul-input-dtype=" + matmul_input_dtype,
       "--kv-cache-memory=" + kv_memory,
       absl::StrCat("--num-kv-blocks=", num_kv_blocks),
       absl::StrCat("--block-size=", block_size),

@@ -26,6 +26,7 @@ struct EngineFlags {
   std::string kv_dtype = "auto";
   std::string quantization = "none";
   int64_t quant_group_size = 128;
+  std::string matmul_input_dtype = "auto";
   std::string kv_memory = "1GiB";
   std::string policy = "fcfs";
   int64_t threads = 0;

@@ -148,6 +148,22 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";  // auto: the one backend that serves it
   }
 
+  const bool dense_bf16 = model->weight_dtype() == DType::kBF16 &&
+                          model->quantization() == WeightQuant::kNone &&
+                          !model->checkpoint_quant().quantized();
+  DType matmul_input_dtype = DType::kF32;
+  if (options.matmul_input_dtype == "auto") {
+    if (dense_bf16 && *device == "cpu") matmul_input_dtype = DType::kBF16;
+  } else if (options.matmul_input_dtype == "bf16" || options.matmul_input_dtype == "bfloat16") {
+    matmul_input_dtype = DType::kBF16;
+    if (*device != "cpu") {
+      return absl::InvalidArgumentError("matmul input dtype bf16 is a cpu option");
+    }
+  } else if (options.matmul_input_dtype != "f32" && options.matmul_input_dtype != "float32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "matmul input dtype must be auto, f32 or bf16, got '", options.matmul_input_dtype, "'"));
+  }
+
   DType kv_dtype = model->weight_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
   if (options.kv_cache_dtype == "f32") {
     kv_dtype = DType::kF32;
@@ -170,6 +186,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.num_threads = options.threads;
     backend_options.block_size = options.block_size;
     backend_options.kv_dtype = kv_dtype;
+    backend_options.matmul_input_dtype = matmul_input_dtype;
     backend_options.num_blocks = options.num_kv_blocks > 0
                                      ? options.num_kv_blocks
                                      : options.kv_cache_bytes / static_cast<int64_t>(per_block);
@@ -215,8 +232,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
                    : model->checkpoint_quant().quantized()
                        ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " int4")
                        : std::string())
-               << ", " << model->config().num_layers << " layers) on " << backend_name
-               << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
+               << (matmul_input_dtype == DType::kBF16 ? ", bf16 matmul inputs" : "") << ", "
+               << model->config().num_layers << " layers) on " << backend_name << ", KV pool "
+               << num_blocks << " blocks x " << options.block_size << " tokens ("
                << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "
                << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
   }

@@ -22,8 +22,11 @@ struct EngineBuildOptions {
   // auto (f32 for f32 weights, else bf16) | f32 | bf16 | fp8 (e4m3) | int8; fp8 and int8 keep
   // one f32 scale per (token, kv head) row, cpu only.
   std::string kv_cache_dtype = "auto";
-  std::string quantization = "none";          // none | int8 | int4 (weight-only, cpu only)
-  int64_t quant_group_size = 128;             // int4 group along K (power of two >= 32)
+  std::string quantization = "none";  // none | int8 | int4 (weight-only, cpu only)
+  int64_t quant_group_size = 128;     // int4 group along K (power of two >= 32)
+  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (bf16 when the
+  // weights are dense bf16, else f32) | f32 | bf16 (needs dense bf16 weights).
+  std::string matmul_input_dtype = "auto";
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
   int64_t block_size = 16;

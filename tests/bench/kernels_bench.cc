@@ -70,9 +70,9 @@ std::vector<uint8_t> MakeWeights(DType dtype, int64_t N, int64_t K, int copies) 
   return buf;
 }
 
-// Args: dtype (0 f32, 1 bf16), M, K, N, threads.
+// Args: dtype (0 f32, 1 bf16, 2 bf16 with bf16 inputs), M, K, N, threads.
 void BM_MatMul(benchmark::State& state) {
-  const DType dtype = state.range(0) == 1 ? DType::kBF16 : DType::kF32;
+  const DType dtype = state.range(0) >= 1 ? DType::kBF16 : DType::kF32;
   const int64_t M = state.range(1), K = state.range(2), N = state.range(3);
   ThreadPool* pool = Pool(static_cast<int>(state.range(4)));
   const size_t wbytes = N * K * DTypeSize(dtype);
@@ -84,7 +84,11 @@ void BM_MatMul(benchmark::State& state) {
   BestTime best;
   for (auto _ : state) {
     best.Start();
-    MatMul(x.data(), M, K, K, w.data() + c * wbytes, dtype, N, nullptr, y.data(), N, pool);
+    MatMulWeight mw;
+    mw.data = w.data() + c * wbytes;
+    mw.dtype = dtype;
+    mw.input_dtype = state.range(0) == 2 ? DType::kBF16 : DType::kF32;
+    MatMul(x.data(), M, K, K, mw, N, nullptr, y.data(), N, pool);
     best.Stop();
     benchmark::DoNotOptimize(y.data());
     c = c + 1 == copies ? 0 : c + 1;
@@ -102,7 +106,7 @@ void BM_MatMul(benchmark::State& state) {
 void DecodeArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"bf16", "M", "K", "N", "thr"});
   const int t = DefaultComputeThreads();
-  for (int bf16 : {1, 0}) {
+  for (int bf16 : {2, 1, 0}) {
     for (int M : {1, 4, 8, 16, 32}) {
       b->Args({bf16, M, 2048, 2048, t});
       b->Args({bf16, M, 2048, 8192, t});
@@ -115,7 +119,8 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 void PrefillArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"bf16", "M", "K", "N", "thr"});
   const int t = DefaultComputeThreads();
-  for (int bf16 : {1, 0}) b->Args({bf16, 512, 2048, 2048, t});
+  for (int bf16 : {2, 1, 0}) b->Args({bf16, 512, 2048, 2048, t});
+  b->Args({2, 512, 2048, 2048, 1});
   b->Args({1, 512, 2048, 2048, 1});
 }
 

@@ -5,9 +5,10 @@
 //
 //   quant_bench --model DIR [--quantization none|int8|int4] [--group 128] [--kv bf16|fp8|int8]
 //               [--threads 0] [--reps 3] [--decode-tokens 32] [--prefill-tokens 512]
-//               [--batches 8,16,32] [--batch-steps 8]
+//               [--batches 8,16,32] [--batch-steps 8] [--matmul-input f32|bf16]
 //   quant_bench --accuracy --model DIR (a model with reference/ logits, e.g. stories260k):
-//               top-1 agreement and logits error of none/int8/int4 weights and bf16/fp8/int8 KV.
+//               top-1 agreement and logits error of none/int8/int4 weights, bf16 weights with
+//               f32 or bf16 matmul inputs, and bf16/fp8/int8 KV.
 
 #include <algorithm>
 #include <chrono>
@@ -121,8 +122,9 @@ DType ParseKv(const std::string& s) {
 }
 
 int Throughput(const std::string& model_dir, const std::string& quant_name, int64_t group,
-               const std::string& kv_name, int threads, int reps, int64_t decode_tokens,
-               int64_t prefill_tokens, const std::vector<int64_t>& batches, int64_t batch_steps) {
+               const std::string& kv_name, DType matmul_input, int threads, int reps,
+               int64_t decode_tokens, int64_t prefill_tokens, const std::vector<int64_t>& batches,
+               int64_t batch_steps) {
   LoadOptions lo;
   lo.weight_dtype_auto = false;
   lo.weight_dtype = DType::kBF16;
@@ -140,6 +142,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   CpuBackendOptions bo;
   bo.num_threads = threads;
   bo.kv_dtype = ParseKv(kv_name);
+  bo.matmul_input_dtype = matmul_input;
   int64_t max_batch = 1;
   for (int64_t b : batches) max_batch = std::max(max_batch, b);
   const int64_t per_seq =
@@ -165,6 +168,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["quantization"] = quant_name;
   out["group_size"] = lo.quantization == WeightQuant::kInt4 ? group : 0;
   out["kv_dtype"] = std::string(DTypeName(bo.kv_dtype));
+  out["matmul_input_dtype"] = std::string(DTypeName(matmul_input));
   out["threads"] = pool_threads;
   out["weight_bytes_per_token"] = weight_bytes;
   out["kv_bytes_per_token"] = kv_bytes;
@@ -223,15 +227,26 @@ int Accuracy(const std::string& model_dir) {
     std::string quant;
     int64_t group;
     std::string kv;
+    DType weights = DType::kF32;  // dense weights' dtype in memory
+    DType input = DType::kF32;    // matmul inputs
   };
-  const Case cases[] = {{"none", 0, "f32"},   {"int8", 0, "f32"},  {"int4", 32, "f32"},
-                        {"int4", 128, "f32"}, {"none", 0, "bf16"}, {"none", 0, "int8"},
-                        {"none", 0, "fp8"},   {"int8", 0, "fp8"},  {"int4", 32, "int8"}};
+  const Case cases[] = {{"none", 0, "f32"},
+                        {"int8", 0, "f32"},
+                        {"int4", 32, "f32"},
+                        {"int4", 128, "f32"},
+                        {"none", 0, "f32", DType::kBF16},
+                        {"none", 0, "f32", DType::kBF16, DType::kBF16},
+                        {"none", 0, "bf16", DType::kBF16, DType::kBF16},
+                        {"none", 0, "bf16"},
+                        {"none", 0, "int8"},
+                        {"none", 0, "fp8"},
+                        {"int8", 0, "fp8"},
+                        {"int4", 32, "int8"}};
   nlohmann::json out = nlohmann::json::array();
   for (const Case& k : cases) {
     LoadOptions lo;
     lo.weight_dtype_auto = false;
-    lo.weight_dtype = DType::kF32;
+    lo.weight_dtype = k.weights;
     ParseWeightQuant(k.quant, &lo.quantization);
     lo.quant_group_size = k.group > 0 ? k.group : 128;
     auto m = LoadModel(model_dir, lo);
@@ -240,6 +255,7 @@ int Accuracy(const std::string& model_dir) {
     CpuBackendOptions bo;
     bo.num_blocks = 64;
     bo.kv_dtype = ParseKv(k.kv);
+    bo.matmul_input_dtype = k.input;
     auto b = CpuBackend::Create(model, bo);
     if (!b.ok()) return 1;
     const int64_t vocab = (*b)->vocab_size();
@@ -268,6 +284,8 @@ int Accuracy(const std::string& model_dir) {
     out.push_back({{"quantization", k.quant},
                    {"group_size", k.group},
                    {"kv_dtype", k.kv},
+                   {"weight_dtype", std::string(DTypeName(k.weights))},
+                   {"matmul_input_dtype", std::string(DTypeName(k.input))},
                    {"positions", rows},
                    {"top1_agreement", static_cast<double>(agree) / rows},
                    {"mean_rel_logits_err", sum_rel / rows},
@@ -281,7 +299,7 @@ int Accuracy(const std::string& model_dir) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  std::string model, quant = "none", kv = "bf16", batches = "8,16,32";
+  std::string model, quant = "none", kv = "bf16", batches = "8,16,32", matmul_input = "f32";
   int64_t group = 128, threads = 0, reps = 3, decode_tokens = 32, prefill_tokens = 512,
           batch_steps = 8;
   bool accuracy = false;
@@ -296,6 +314,7 @@ int main(int argc, char** argv) {
   f.Int("prefill-tokens", &prefill_tokens, "prompt length of the prefill measurement");
   f.String("batches", &batches, "batch sizes of the batched decode measurement");
   f.Int("batch-steps", &batch_steps, "decode steps timed per batch size");
+  f.String("matmul-input", &matmul_input, "f32 or bf16 (bf16 weights only)");
   f.Bool("accuracy", &accuracy, "accuracy mode (model with reference logits)");
   if (absl::Status st = f.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
@@ -308,6 +327,12 @@ int main(int argc, char** argv) {
     int64_t v;
     if (absl::SimpleAtoi(s, &v)) bs.push_back(v);
   }
-  return tandem::Throughput(model, quant, group, kv, static_cast<int>(threads),
-                            static_cast<int>(reps), decode_tokens, prefill_tokens, bs, batch_steps);
+  if (matmul_input != "f32" && matmul_input != "bf16") {
+    std::fprintf(stderr, "bad --matmul-input %s\n", matmul_input.c_str());
+    return 2;
+  }
+  return tandem::Throughput(model, quant, group, kv,
+                            matmul_input == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF32,
+                            static_cast<int>(threads), static_cast<int>(reps), decode_tokens,
+                            prefill_tokens, bs, batch_steps);
 }

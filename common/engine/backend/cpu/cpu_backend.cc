@@ -20,8 +20,9 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The kernels' view of a projection (dense or quantized).
-cpu::MatMulWeight View(const Tensor& t) {
+// The kernels' view of a projection (dense or quantized); dense bf16 weights take their inputs
+// in `input_dtype`.
+cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   cpu::MatMulWeight w;
   w.data = t.data;
   w.dtype = t.dtype;
@@ -29,6 +30,7 @@ cpu::MatMulWeight View(const Tensor& t) {
   w.scales = t.scales;
   w.zeros = t.zeros;
   w.group_size = t.group_size;
+  if (t.quant == WeightQuant::kNone && t.dtype == DType::kBF16) w.input_dtype = input_dtype;
   return w;
 }
 
@@ -63,6 +65,17 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
     return absl::InvalidArgumentError(
         absl::StrCat("CPU KV cache dtype must be f32, bf16, i8 or f8e4m3, got ",
                      std::string(DTypeName(options.kv_dtype))));
+  }
+  if (options.matmul_input_dtype != DType::kF32 &&
+      (options.matmul_input_dtype != DType::kBF16 || model->weight_dtype() != DType::kBF16 ||
+       model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MatMul input dtype ", std::string(DTypeName(options.matmul_input_dtype)),
+        ": bf16 inputs need dense bf16 weights (--dtype bf16, no quantization), got ",
+        std::string(DTypeName(model->weight_dtype())), " weights",
+        model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized()
+            ? " quantized"
+            : ""));
   }
   std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();
@@ -214,7 +227,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
       gathered = wt.input_perm;
       src = buf;
     }
-    cpu::MatMul(src, M, K, K, View(wt), N, b, y, N, pool);
+    cpu::MatMul(src, M, K, K, View(wt, options_.matmul_input_dtype), N, b, y, N, pool);
   };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);

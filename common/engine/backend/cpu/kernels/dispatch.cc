@@ -1,11 +1,13 @@
 // Public entry points of the CPU kernels: pick the ISA table, split work among pool threads,
 // hand out per-thread scratch. Compiled with the baseline flags; no arithmetic happens here
-// except the attention scale, so results depend only on the ISA table in use.
+// except the attention scale and the rounding of bf16 MatMul inputs (the same bit operations on
+// every ISA), so results depend only on the ISA table in use.
 
 #include <atomic>
 #include <cmath>
 #include <vector>
 
+#include "common/base/half.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/backend/cpu/kernels/kernels_internal.h"
@@ -78,6 +80,19 @@ float* ThreadScratch(int64_t floats) {
   return buffer.data();
 }
 
+// Per-thread bf16 scratch (MatMul inputs rounded to bf16), likewise.
+uint16_t* ThreadScratchBf16(int64_t elems) {
+  thread_local std::vector<uint16_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < elems) buffer.resize(elems);
+  return buffer.data();
+}
+
+// Whether bf16-input MatMuls run on vdpbf16ps: only with the AVX-512 table (so forcing a lower
+// level in tests or by TANDEM_SIMD also leaves it) and only on CPUs with AVX512_BF16.
+bool UseAvx512Bf16(const internal::KernelTable& t) {
+  return t.level == SimdLevel::kAvx512 && GetCpuFeatures().avx512bf16;
+}
+
 // Below this many multiply-adds a MatMul runs on the calling thread only (waking the pool costs
 // more than it saves). Which thread computes an output never changes its value.
 constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
@@ -129,9 +144,35 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
           << w.group_size;
       break;
   }
+  TANDEM_CHECK(
+      w.input_dtype == DType::kF32 ||
+      (w.input_dtype == DType::kBF16 && w.quant == WeightQuant::kNone && w.dtype == DType::kBF16))
+      << "MatMul input dtype " << DTypeName(w.input_dtype)
+      << ": bf16 inputs need dense bf16 weights, f32 inputs any weights";
   if (M <= 0 || N <= 0) return;
   const internal::KernelTable& t = internal::ActiveKernels();
-  auto run = [&](int64_t n0, int64_t n1) { t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy); };
+  const uint16_t* xb = nullptr;  // bf16 inputs: x rounded, rows contiguous
+  if (w.input_dtype == DType::kBF16) {
+    uint16_t* r = ThreadScratchBf16(M * K);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) r[m * K + k] = FloatToBf16(x[m * ldx + k]);
+    }
+    xb = r;
+    if (!UseAvx512Bf16(t)) {  // the same products in the f32 kernels: widen the rounded inputs
+      float* xr = ThreadScratch(M * K);
+      for (int64_t i = 0; i < M * K; ++i) xr[i] = Bf16ToFloat(xb[i]);
+      x = xr;
+      ldx = K;
+      xb = nullptr;
+    }
+  }
+  auto run = [&](int64_t n0, int64_t n1) {
+    if (xb != nullptr) {
+      internal::MatMulBf16Avx512(xb, M, K, K, w, n0, n1, bias, y, ldy);
+    } else {
+      t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy);
+    }
+  };
   if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
     run(0, N);
   } else {

@@ -27,6 +27,11 @@ struct MatMulWeight {
   const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
   const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
   int64_t group_size = 0;         // int4: a power of two >= 32
+  // What x is rounded to before the products: kF32 (not at all) or kBF16 (dense bf16 weights
+  // only: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums; on
+  // AVX512_BF16 by vdpbf16ps, twice the products per instruction). Like the weight format, it
+  // is fixed per weight, so batch invariance holds within each choice.
+  DType input_dtype = DType::kF32;
   // Bytes of one stored row of K elements (excluding scales).
   int64_t RowBytes(int64_t K) const;
 };

@@ -15,6 +15,7 @@ struct Case {
   WeightQuant quant;
   int64_t group;
   DType kv;
+  DType input = DType::kF32;  // MatMul inputs (CpuBackendOptions::matmul_input_dtype)
 };
 
 class BatchInvarianceTest : public ::testing::TestWithParam<Case> {};
@@ -26,6 +27,7 @@ TEST_P(BatchInvarianceTest, LogitsIdenticalAloneAndAmongSevenOthers) {
   CpuBackendOptions options;
   options.num_blocks = 512;
   options.kv_dtype = c.kv;
+  options.matmul_input_dtype = c.input;
   ExpectBatchInvariant(model, options);
 }
 
@@ -33,6 +35,7 @@ INSTANTIATE_TEST_SUITE_P(
     Weights, BatchInvarianceTest,
     ::testing::Values(Case{DType::kF32, WeightQuant::kNone, 0, DType::kF32},
                       Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16},
+                      Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16, DType::kBF16},
                       Case{DType::kF32, WeightQuant::kInt8, 0, DType::kF32},
                       Case{DType::kF32, WeightQuant::kInt4, 32, DType::kF32},
                       Case{DType::kBF16, WeightQuant::kInt4, 128, DType::kBF16},
@@ -44,7 +47,8 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(std::string(DTypeName(info.param.weights)), "_",
                           std::string(WeightQuantName(info.param.quant)),
                           info.param.group > 0 ? absl::StrCat("g", info.param.group) : "", "_kv_",
-                          std::string(DTypeName(info.param.kv)));
+                          std::string(DTypeName(info.param.kv)),
+                          info.param.input == DType::kBF16 ? "_bf16_inputs" : "");
     });
 
 }  // namespace

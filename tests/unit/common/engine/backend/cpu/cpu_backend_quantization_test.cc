@@ -18,9 +18,10 @@ struct Accuracy {
   double worst_relative_err = 0;  // max over rows of max|diff| / max|ref|
 };
 
-Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32) {
+Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32,
+                 DType weights = DType::kF32, DType input = DType::kF32) {
   Reference ref = LoadReference("stories260k");
-  auto model = Load("stories260k", DType::kF32, quant, group);
+  auto model = Load("stories260k", weights, quant, group);
   EXPECT_NE(model, nullptr);
   Accuracy a;
   if (model == nullptr) return a;
@@ -28,6 +29,7 @@ Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32) {
   CpuBackendOptions options;
   options.num_blocks = 16;
   options.kv_dtype = kv;
+  options.matmul_input_dtype = input;
   auto backend = CpuBackend::Create(model, options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   const int64_t vocab = (*backend)->vocab_size();
@@ -47,11 +49,12 @@ Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32) {
   }
   a.top1_agreement = static_cast<double>(agree) / static_cast<double>(rows);
   std::printf(
-      "stories260k %s%s kv %s: top-1 agreement with f32 reference %.4f over %zu positions, "
-      "worst row relative logits error %.4g\n",
-      std::string(WeightQuantName(quant)).c_str(),
+      "stories260k %s %s%s kv %s inputs %s: top-1 agreement with f32 reference %.4f over %zu "
+      "positions, worst row relative logits error %.4g\n",
+      std::string(DTypeName(weights)).c_str(), std::string(WeightQuantName(quant)).c_str(),
       quant == WeightQuant::kInt4 ? absl::StrCat(" g", group).c_str() : "",
-      std::string(DTypeName(kv)).c_str(), a.top1_agreement, rows, a.worst_relative_err);
+      std::string(DTypeName(kv)).c_str(), std::string(DTypeName(input)).c_str(), a.top1_agreement,
+      rows, a.worst_relative_err);
   return a;
 }
 
@@ -59,6 +62,31 @@ TEST(QuantizationAccuracyTest, NoQuantizationAgreesEverywhere) {
   const Accuracy a = Measure(WeightQuant::kNone, 0);
   EXPECT_EQ(a.top1_agreement, 1.0);
   EXPECT_LT(a.worst_relative_err, 1e-4);
+}
+
+// bf16 weights with bf16 MatMul inputs (bf16 dot products): measured 100% top-1 agreement and a
+// worst row error of 0.0066 (bf16 weights alone: 0.0048) when written.
+TEST(QuantizationAccuracyTest, Bf16InputsAgreeEverywhere) {
+  const Accuracy w = Measure(WeightQuant::kNone, 0, DType::kF32, DType::kBF16);
+  const Accuracy a = Measure(WeightQuant::kNone, 0, DType::kF32, DType::kBF16, DType::kBF16);
+  EXPECT_EQ(a.top1_agreement, 1.0);
+  EXPECT_LT(a.worst_relative_err, 0.02);
+  EXPECT_NE(a.worst_relative_err, w.worst_relative_err);  // the inputs really were rounded
+}
+
+TEST(QuantizationAccuracyTest, Bf16InputsNeedDenseBf16Weights) {
+  CpuBackendOptions options;
+  options.num_blocks = 16;
+  options.matmul_input_dtype = DType::kBF16;
+  for (auto [weights, quant] :
+       {std::pair{DType::kF32, WeightQuant::kNone}, std::pair{DType::kBF16, WeightQuant::kInt8}}) {
+    auto backend = CpuBackend::Create(Load("stories260k", weights, quant), options);
+    ASSERT_FALSE(backend.ok());
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(backend.status().message().find("bf16 inputs need dense bf16 weights"),
+              std::string::npos)
+        << backend.status();
+  }
 }
 
 TEST(QuantizationAccuracyTest, Int8TopOneAgreementAtLeast95Percent) {

@@ -158,6 +158,66 @@ TEST_P(MatMulTest, ZeroKGivesBias) {
   }
 }
 
+// bf16 inputs (MatMulWeight::input_dtype): each x element rounded to nearest-even bf16, the
+// products exact, f32 sums: close to the double-precision sum over the rounded inputs, and every
+// row bit-identical to that row alone, whatever M, its position, K's tail and the thread count.
+TEST_P(MatMulTest, Bf16InputsMatchReferenceAndAreBatchInvariant) {
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  for (int64_t K : {1, 31, 32, 33, 100, 515, 1031}) {
+    const int64_t N = 67;
+    const Weights w = MakeWeights(DType::kBF16, N, K, 41 + K);
+    MatMulWeight mw;
+    mw.data = w.data();
+    mw.dtype = DType::kBF16;
+    mw.input_dtype = DType::kBF16;
+    const auto bias = RandomFloats(N, 42);
+    const auto row = RandomFloats(K, 43 + K);
+    std::vector<float> want(N);
+    MatMul(row.data(), 1, K, K, mw, N, bias.data(), want.data(), N, nullptr);
+    ExpectCloseToReference(testing::RoundTripBf16(row), 1, K, K, w, N, bias.data(), want, N);
+    for (int64_t M : {1, 3, 7, 16, 33, 70}) {
+      const int64_t ldx = K + 5;
+      auto x = RandomFloats(M * ldx, 44 + M);
+      for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
+        auto xb = x;
+        std::memcpy(xb.data() + pos * ldx, row.data(), K * sizeof(float));
+        for (auto& pool : pools) {
+          std::vector<float> y(M * N);
+          MatMul(xb.data(), M, K, ldx, mw, N, bias.data(), y.data(), N, pool.get());
+          ASSERT_EQ(0, std::memcmp(y.data() + pos * N, want.data(), N * sizeof(float)))
+              << "K=" << K << " M=" << M << " pos=" << pos << " threads=" << pool->size();
+          if (pos == 0 && pool->size() == 1) {
+            ExpectCloseToReference(testing::RoundTripBf16(xb), M, K, ldx, w, N, bias.data(), y, N);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Rounding the inputs is what bf16 inputs mean: f32 inputs that are already bf16 values give
+// the f32 path's products exactly, so both paths agree up to the order of the f32 sums.
+TEST_P(MatMulTest, Bf16InputsEqualF32InputsOnBf16Values) {
+  const int64_t M = 5, K = 300, N = 40;
+  const auto x = testing::RoundTripBf16(RandomFloats(M * K, 51));
+  const Weights w = MakeWeights(DType::kBF16, N, K, 52);
+  MatMulWeight mw;
+  mw.data = w.data();
+  mw.dtype = DType::kBF16;
+  std::vector<float> y32(M * N), y16(M * N);
+  MatMul(x.data(), M, K, K, mw, N, nullptr, y32.data(), N, nullptr);
+  mw.input_dtype = DType::kBF16;
+  MatMul(x.data(), M, K, K, mw, N, nullptr, y16.data(), N, nullptr);
+  if (GetParam() == SimdLevel::kAvx512 && GetCpuFeatures().avx512bf16) {
+    // vdpbf16ps: the same products, summed pairwise into 16 lanes.
+    for (int64_t i = 0; i < M * N; ++i) ASSERT_NEAR(y16[i], y32[i], 1e-4f) << i;
+  } else {
+    // The f32 kernels on the rounded inputs: the same bits.
+    ASSERT_EQ(0, std::memcmp(y16.data(), y32.data(), y32.size() * sizeof(float)));
+  }
+}
+
 TANDEM_INSTANTIATE_PER_SIMD_LEVEL(MatMulTest);
 
 // The public entry points follow ActiveSimdLevel() (and so the TANDEM_SIMD cap) by default.
