@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the unicode_tables*.cc files (normalization and lowercase tables) from Python's unicodedata.
+"""Writes the unicode_tables*.cc files (normalization, lowercase tables) from unicodedata.
 
 Usage (from the repository root, with Debian 12's /usr/bin/python3, whose unicodedata is 14.0.0):
   /usr/bin/python3 common/engine/tokenizer/gen_unicode_tables.py [OUT_DIR]
@@ -138,9 +138,9 @@ def main_tables(ranges, pairs):
 def lowercase_tables(simple, multi):
     body = array('const CaseMapping kLowercase[]', ['{0x%X,0x%X}' % (a, b) for a, b in simple])
     body += 'const int kNumLowercase = %d;\n\n' % len(simple)
+    padded = [(a, parts + [0] * (3 - len(parts))) for a, parts in multi]
     body += array('const MultiCaseMapping kLowercaseMulti[]',
-                  ['{0x%X,{%s}}' % (a, ','.join('0x%X' % p for p in parts + [0] * (3 - len(parts))))
-                   for a, parts in multi])
+                  ['{0x%X,{%s}}' % (a, ','.join('0x%X' % p for p in parts)) for a, parts in padded])
     body += 'const int kNumLowercaseMulti = %d;\n' % len(multi)
     return file_text(body)
 
@@ -198,7 +198,8 @@ def decomposition_index(runs, pool_size):
 
 
 def decomposition_pool(pool):
-    body = array('const char32_t kDecompositionPool[]', ['0x%X' % p for p in pool], sep='')
+    body = ('// The mappings of kDecompositions, one after another in code point order.\n' +
+            array('const char32_t kDecompositionPool[]', ['0x%X' % p for p in pool], sep=''))
     return file_text(body)
 
 
