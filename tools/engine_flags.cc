@@ -29,9 +29,10 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->String("matmul-input-dtype", &matmul_input_dtype,
-            "cpu: what the matrix products' inputs are rounded to: auto (bf16 for dense bf16 "
-            "weights, else f32), f32 (exact) or bf16 (dense bf16 weights only; bf16 dot "
-            "products, vdpbf16ps where the CPU has AVX512_BF16)");
+            "cpu: what the matrix products' inputs are rounded to: auto (bf16 for bf16, int8 or "
+            "int4 weights on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
+            "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
+            "with f32 weights)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
   f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &block_size, "tokens per KV block");

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/cpu_features.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "common/engine/model/quantize.h"
@@ -148,12 +149,15 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";  // auto: the one backend that serves it
   }
 
-  const bool dense_bf16 = model->weight_dtype() == DType::kBF16 &&
-                          model->quantization() == WeightQuant::kNone &&
-                          !model->checkpoint_quant().quantized();
+  // auto: bf16 dot products where the CPU has them (AVX512_BF16, and the AVX-512 kernels in use)
+  // for the weights they apply to (bf16, int8, int4); f32 elsewhere, where they would only cost.
+  const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
+                            model->quantization() != WeightQuant::kNone ||
+                            model->checkpoint_quant().quantized();
+  const bool bf16_dot = GetCpuFeatures().avx512bf16 && ActiveSimdLevel() == SimdLevel::kAvx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {
-    if (dense_bf16 && *device == "cpu") matmul_input_dtype = DType::kBF16;
+    if (bf16_weights && bf16_dot && *device == "cpu") matmul_input_dtype = DType::kBF16;
   } else if (options.matmul_input_dtype == "bf16" || options.matmul_input_dtype == "bfloat16") {
     matmul_input_dtype = DType::kBF16;
     if (*device != "cpu") {

@@ -170,12 +170,21 @@ def cluster_status(stubs, channel):
 
 
 def wait_no_leaks(stubs, channels, timeout=20):
-    """Every worker reports zero KV blocks used by requests, nothing awaiting, held or in flight."""
+    """Every worker reports zero KV blocks used by requests, nothing awaiting, held or in flight.
+    A worker that does not answer yet (UNAVAILABLE: a supervisor still restarting it) counts as
+    not done until the deadline."""
+    import grpc
     deadline = time.time() + timeout
     while True:
         bad = []
         for ch in channels:
-            s = worker_stats(stubs, ch)
+            try:
+                s = worker_stats(stubs, ch)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                bad.append(f"unavailable: {e.details()}")
+                continue
             if s.kv_blocks_used or s.awaiting_kv or s.kv_blocks_held or s.transfers_in_flight \
                     or s.running or s.waiting:
                 bad.append(s)

@@ -20,8 +20,8 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The kernels' view of a projection (dense or quantized); dense bf16 weights take their inputs
-// in `input_dtype`.
+// The kernels' view of a projection (dense or quantized); bf16 and quantized weights take their
+// inputs in `input_dtype` (dense f32 weights always in f32).
 cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   cpu::MatMulWeight w;
   w.data = t.data;
@@ -30,7 +30,7 @@ cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   w.scales = t.scales;
   w.zeros = t.zeros;
   w.group_size = t.group_size;
-  if (t.quant == WeightQuant::kNone && t.dtype == DType::kBF16) w.input_dtype = input_dtype;
+  if (t.quant != WeightQuant::kNone || t.dtype == DType::kBF16) w.input_dtype = input_dtype;
   return w;
 }
 
@@ -66,16 +66,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         absl::StrCat("CPU KV cache dtype must be f32, bf16, i8 or f8e4m3, got ",
                      std::string(DTypeName(options.kv_dtype))));
   }
+  const bool quantized =
+      model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
   if (options.matmul_input_dtype != DType::kF32 &&
-      (options.matmul_input_dtype != DType::kBF16 || model->weight_dtype() != DType::kBF16 ||
-       model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized())) {
+      (options.matmul_input_dtype != DType::kBF16 ||
+       (model->weight_dtype() != DType::kBF16 && !quantized))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul input dtype ", std::string(DTypeName(options.matmul_input_dtype)),
-        ": bf16 inputs need dense bf16 weights (--dtype bf16, no quantization), got ",
-        std::string(DTypeName(model->weight_dtype())), " weights",
-        model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized()
-            ? " quantized"
-            : ""));
+        ": bf16 inputs need bf16, int8 or int4 weights (--dtype bf16 or --quantization), got ",
+        std::string(DTypeName(model->weight_dtype())), " weights"));
   }
   std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();

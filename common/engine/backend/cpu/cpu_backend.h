@@ -18,8 +18,8 @@ struct CpuBackendOptions {
   int64_t num_blocks = 0;        // KV pool size in blocks (> 0)
   DType kv_dtype = DType::kF32;  // kF32, kBF16, kI8 or kF8E4M3 (common/base/kv_layout.h)
   // What the projections' inputs are rounded to (cpu::MatMulWeight::input_dtype): kF32 (exact
-  // f32 activations) or kBF16 (dense bf16 weights only: bf16 dot products, vdpbf16ps on
-  // AVX512_BF16, about 1.5x the compute-bound throughput of batched decode and prefill).
+  // f32 activations) or kBF16 (bf16 dot products, vdpbf16ps on AVX512_BF16, over bf16 weights or
+  // int8 / int4 weights dequantized to bf16 a block at a time; dense f32 weights stay f32).
   DType matmul_input_dtype = DType::kF32;
 };
 

@@ -80,11 +80,49 @@ float* ThreadScratch(int64_t floats) {
   return buffer.data();
 }
 
-// Per-thread bf16 scratch (MatMul inputs rounded to bf16), likewise.
-uint16_t* ThreadScratchBf16(int64_t elems) {
-  thread_local std::vector<uint16_t> buffer;
+// Per-thread bf16 scratch, likewise: MatMul inputs rounded to bf16 (the calling thread's, read by
+// every thread of the call) and weight blocks dequantized to bf16 (each thread its own).
+uint16_t* GrowBf16(std::vector<uint16_t>& buffer, int64_t elems) {
   if (static_cast<int64_t>(buffer.size()) < elems) buffer.resize(elems);
   return buffer.data();
+}
+uint16_t* InputScratchBf16(int64_t elems) {
+  thread_local std::vector<uint16_t> buffer;
+  return GrowBf16(buffer, elems);
+}
+uint16_t* WeightScratchBf16(int64_t elems) {
+  thread_local std::vector<uint16_t> buffer;
+  return GrowBf16(buffer, elems);
+}
+
+// Quantized weights with bf16 inputs are dequantized this many rows (of 256 KiB of bf16) at a
+// time, at least 8 (any block size gives the same bits).
+int64_t DequantBlockRows(int64_t K) {
+  const int64_t rows = K > 0 ? (int64_t{256} << 10) / (2 * K) : 8;
+  return rows < 8 ? 8 : rows;
+}
+
+// Rows [n0, n1) of a quantized weight as bf16 (rows of K from out), the same values as the
+// AVX512_BF16 kernel's: the f32 dequantized value (one exact product, quant.h) rounded to nearest
+// even. The path for CPUs without AVX512_BF16.
+void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
+  const int64_t groups = w.quant == WeightQuant::kInt4 ? Int4Groups(K, w.group_size) : 0;
+  for (int64_t n = n0; n < n1; ++n) {
+    uint16_t* o = out + (n - n0) * K;
+    if (w.quant == WeightQuant::kInt8) {
+      const int8_t* q = static_cast<const int8_t*>(w.data) + n * K;
+      for (int64_t k = 0; k < K; ++k) o[k] = FloatToBf16(static_cast<float>(q[k]) * w.scales[n]);
+    } else {
+      const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * Int4RowBytes(K);
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t j = k % kInt4Chunk;
+        const uint8_t b = q[k / kInt4Chunk * 16 + (j & 15)];
+        const int64_t g = n * groups + k / w.group_size;
+        const float v = static_cast<float>(j < 16 ? b & 15 : b >> 4) - w.zeros[g];
+        o[k] = FloatToBf16(v * w.scales[g]);
+      }
+    }
+  }
 }
 
 // Whether bf16-input MatMuls run on vdpbf16ps: only with the AVX-512 table (so forcing a lower
@@ -144,16 +182,18 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
           << w.group_size;
       break;
   }
-  TANDEM_CHECK(
-      w.input_dtype == DType::kF32 ||
-      (w.input_dtype == DType::kBF16 && w.quant == WeightQuant::kNone && w.dtype == DType::kBF16))
+  const bool quantized = w.quant != WeightQuant::kNone;
+  TANDEM_CHECK(w.input_dtype == DType::kF32 ||
+               (w.input_dtype == DType::kBF16 && (quantized || w.dtype == DType::kBF16)))
       << "MatMul input dtype " << DTypeName(w.input_dtype)
-      << ": bf16 inputs need dense bf16 weights, f32 inputs any weights";
+      << ": bf16 inputs need bf16, int8 or int4 weights, f32 inputs any weights";
   if (M <= 0 || N <= 0) return;
   const internal::KernelTable& t = internal::ActiveKernels();
-  const uint16_t* xb = nullptr;  // bf16 inputs: x rounded, rows contiguous
+  const uint16_t* xb = nullptr;  // bf16 inputs on AVX512_BF16: x rounded, rows contiguous
+  bool dequant = false;          // bf16 inputs elsewhere, quantized weights: via dense bf16 blocks
+  const int64_t block_rows = DequantBlockRows(K);
   if (w.input_dtype == DType::kBF16) {
-    uint16_t* r = ThreadScratchBf16(M * K);
+    uint16_t* r = InputScratchBf16(M * K);
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t k = 0; k < K; ++k) r[m * K + k] = FloatToBf16(x[m * ldx + k]);
     }
@@ -164,11 +204,24 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
       x = xr;
       ldx = K;
       xb = nullptr;
+      dequant = quantized;
     }
   }
   auto run = [&](int64_t n0, int64_t n1) {
     if (xb != nullptr) {
-      internal::MatMulBf16Avx512(xb, M, K, K, w, n0, n1, bias, y, ldy);
+      uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
+      internal::MatMulBf16Avx512(xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
+    } else if (dequant) {
+      uint16_t* ws = WeightScratchBf16(block_rows * K);
+      MatMulWeight dense;
+      dense.data = ws;
+      dense.dtype = DType::kBF16;
+      for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
+        const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
+        DequantRowsBf16(w, K, b0, b1, ws);
+        t.matmul(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
+                 ldy);
+      }
     } else {
       t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy);
     }

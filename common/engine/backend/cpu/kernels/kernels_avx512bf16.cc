@@ -1,7 +1,9 @@
-// MatMul with bf16 inputs and dense bf16 weights on AVX512_BF16 (vdpbf16ps: 32 bf16 products per
-// instruction, summed pairwise into 16 f32 lanes). Compiled with this ISA's flags only (see
-// CMakeLists.txt); the dispatcher calls it only when the CPU has AVX512_BF16. Everything here has
-// internal linkage except MatMulBf16Avx512 (see README.md, "ODR").
+// MatMul with bf16 inputs on AVX512_BF16 (vdpbf16ps: 32 bf16 products per instruction, summed
+// pairwise into 16 f32 lanes), over dense bf16 weights or int8 / int4 weights dequantized to bf16
+// a block of rows at a time (w = bf16(q * s) / bf16((q - z) * s), rounded to nearest even).
+// Compiled with this ISA's flags only (see CMakeLists.txt); the dispatcher calls it only when the
+// CPU has AVX512_BF16. Everything here has internal linkage except MatMulBf16Avx512 (see README.md,
+// "ODR").
 //
 // Arithmetic of every output y[m, n] (its batch-invariance rule): one accumulator of 16 f32 lanes
 // starts at +0; for k = 0, 32, 64, ... while k + 32 <= K: acc = vdpbf16ps(acc, x[k:k+32],
@@ -25,17 +27,115 @@ constexpr int kNR1 = 8;  // weight rows per tile for a lone activation row
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kBlockBytes = 256 * 1024;
 
-inline __m512bh LoadBh(const uint16_t* p) {
-  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+inline __m512bh Bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
+
+// Weight row formats: MakeRow(w, n, K) is a handle on row n; Load(row, k) the 32 bf16 weights
+// [k, k + 32) (k a multiple of 32), LoadTail(row, k, mask) those under `mask` with the others +0;
+// Addr(row, k) where element k's bytes are (for prefetch). Quantized rows are dequantized in
+// registers to bf16(f32 value) (the f32 value as in quant.h: one exact product), rounded to
+// nearest even, so the fused tiles and a block dequantized to memory use the same weights.
+struct Bf16Fmt {
+  using Row = const uint16_t*;
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return static_cast<const uint16_t*>(w.data) + n * K;
+  }
+  static __m512bh Load(Row r, int64_t k) { return Bh(_mm512_loadu_si512(r + k)); }
+  static __m512bh LoadTail(Row r, int64_t k, __mmask32 m) {
+    return Bh(_mm512_maskz_loadu_epi16(m, r + k));
+  }
+  static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
+};
+
+struct Int8Fmt {
+  struct Row {
+    const int8_t* q;
+    __m512 s;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return Row{static_cast<const int8_t*>(w.data) + n * K, _mm512_set1_ps(w.scales[n])};
+  }
+  static __m512bh Widen(__m256i q, __m512 s) {
+    const __m512 lo =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), s);
+    const __m512 hi =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), s);
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+  static __m512bh Load(const Row& r, int64_t k) {
+    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q + k)), r.s);
+  }
+  static __m512bh LoadTail(const Row& r, int64_t k, __mmask32 m) {
+    return Bh(_mm512_maskz_mov_epi16(
+        m, reinterpret_cast<__m512i>(Widen(_mm256_maskz_loadu_epi8(m, r.q + k), r.s))));
+  }
+  static const char* Addr(const Row& r, int64_t k) {
+    return reinterpret_cast<const char*>(r.q + k);
+  }
+};
+
+struct Int4Fmt {
+  struct Row {
+    const uint8_t* q;
+    const float* s;
+    const float* z;
+    int shift;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    const int64_t groups = (K + w.group_size - 1) / w.group_size;
+    int shift = 0;
+    while ((int64_t{1} << shift) < w.group_size) ++shift;
+    return Row{static_cast<const uint8_t*>(w.data) + n * ((K + 31) / 32 * 16),
+               w.scales + n * groups, w.zeros + n * groups, shift};
+  }
+  // Rows are padded to whole 16-byte chunks, so the full load stays inside the row.
+  static __m512bh Load(const Row& r, int64_t k) {
+    const int64_t g = k >> r.shift;
+    const __m512 z = _mm512_set1_ps(r.z[g]), s = _mm512_set1_ps(r.s[g]);
+    const __m512i v =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r.q + k / 2)));
+    const __m512 lo = _mm512_mul_ps(
+        _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), z), s);
+    const __m512 hi =
+        _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), z), s);
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+  static __m512bh LoadTail(const Row& r, int64_t k, __mmask32 m) {
+    return Bh(_mm512_maskz_mov_epi16(m, reinterpret_cast<__m512i>(Load(r, k))));
+  }
+  static const char* Addr(const Row& r, int64_t k) {
+    return reinterpret_cast<const char*>(r.q + k / 2);
+  }
+};
+
+inline __mmask32 TailMask(int64_t n) { return static_cast<__mmask32>((uint64_t{1} << n) - 1); }
+
+// Rows [n0, n1) of a quantized weight as bf16 (K elements per row) from `out`: the values the
+// fused tiles load.
+template <class Fmt>
+void DequantRows(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
+  const int64_t kmain = K - K % 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const typename Fmt::Row row = Fmt::MakeRow(w, n, K);
+    uint16_t* o = out + (n - n0) * K;
+    for (int64_t k = 0; k < kmain; k += 32) {
+      _mm_prefetch(Fmt::Addr(row, k) + kPrefetchBytes, _MM_HINT_T0);
+      _mm512_storeu_si512(o + k, reinterpret_cast<__m512i>(Fmt::Load(row, k)));
+    }
+    if (kmain < K) {
+      const __mmask32 m = TailMask(K - kmain);
+      _mm512_mask_storeu_epi16(o + kmain, m,
+                               reinterpret_cast<__m512i>(Fmt::LoadTail(row, kmain, m)));
+    }
+  }
 }
 
-inline __m512bh LoadBhTail(const uint16_t* p, __mmask32 mask) {
-  return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, p));
-}
-
-template <int MR, int NR, bool kPrefetch>
-void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, const float* bias, float* y,
-          int64_t ldy) {
+// y[0..MR) x [0..NR) = x[MR rows] . w[rows n0..n0+NR)^T, full K.
+template <int MR, int NR, bool kPrefetch, class Fmt>
+void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, int64_t K,
+          const float* bias, float* y, int64_t ldy) {
+  typename Fmt::Row rows[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) rows[j] = Fmt::MakeRow(wt, n0 + j, K);
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -46,26 +146,23 @@ void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, const fl
   for (int64_t k = 0; k < kmain; k += 32) {
     __m512bh xv[MR];
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xv[i] = LoadBh(x + i * ldx + k);
+    for (int i = 0; i < MR; ++i) xv[i] = Bh(_mm512_loadu_si512(x + i * ldx + k));
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const uint16_t* wr = w + j * K + k;
-      if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr) + kPrefetchBytes, _MM_HINT_T0);
-      }
-      const __m512bh wv = LoadBh(wr);
+      if constexpr (kPrefetch) _mm_prefetch(Fmt::Addr(rows[j], k) + kPrefetchBytes, _MM_HINT_T0);
+      const __m512bh wv = Fmt::Load(rows[j], k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
     }
   }
   if (kmain < K) {
-    const __mmask32 mask = static_cast<__mmask32>((uint64_t{1} << (K - kmain)) - 1);
+    const __mmask32 m = TailMask(K - kmain);
     __m512bh xv[MR];
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) xv[i] = LoadBhTail(x + i * ldx + kmain, mask);
+    for (int i = 0; i < MR; ++i) xv[i] = Bh(_mm512_maskz_loadu_epi16(m, x + i * ldx + kmain));
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const __m512bh wv = LoadBhTail(w + j * K + kmain, mask);
+      const __m512bh wv = Fmt::LoadTail(rows[j], kmain, m);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);
     }
@@ -81,29 +178,26 @@ void Tile(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t K, const fl
   }
 }
 
-using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const float*, float*,
-                        int64_t);
+using TileFn = void (*)(const uint16_t*, int64_t, const MatMulWeight&, int64_t, int64_t,
+                        const float*, float*, int64_t);
 
-template <bool kPrefetch, int... I>
-constexpr TileFn kTiles[] = {&Tile<I / kNR + 1, I % kNR + 1, kPrefetch>...};
+template <bool kPrefetch, class Fmt, int... I>
+constexpr TileFn kTiles[] = {&Tile<I / kNR + 1, I % kNR + 1, kPrefetch, Fmt>...};
 
-template <bool kPrefetch, int... I>
+template <bool kPrefetch, class Fmt, int... I>
 constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
-  return kTiles<kPrefetch, I...>;
+  return kTiles<kPrefetch, Fmt, I...>;
 }
 
-}  // namespace
-
-void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& wt,
-                      int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
-  const auto* w = static_cast<const uint16_t*>(wt.data);
+// Columns [n0, n1) over weight rows in format Fmt, in blocks of `block` rows.
+template <class Fmt>
+void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
+           int64_t n1, const float* bias, float* y, int64_t ldy, int64_t block) {
   // Few activation rows: the weight stream from memory dominates, prefetch helps (as in the f32
   // path); many rows: compute-bound, each block sits in L2.
-  const TileFn* tiles = M <= 2 * kMR ? TilesOf<true>(std::make_integer_sequence<int, kMR * kNR>())
-                                     : TilesOf<false>(std::make_integer_sequence<int, kMR * kNR>());
-  const int64_t row_bytes = K * 2;
-  int64_t block = row_bytes > 0 ? kBlockBytes / row_bytes / kNR * kNR : kNR;
-  if (block < kNR) block = kNR;
+  const TileFn* tiles = M <= 2 * kMR
+                            ? TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>())
+                            : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
     const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
     for (int64_t m = 0; m < M; m += kMR) {
@@ -111,18 +205,60 @@ void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, cons
       int64_t n = b0;
       if (mr == 1) {  // a lone row: more weight rows in flight
         for (; n + kNR1 <= b1; n += kNR1) {
-          Tile<1, kNR1, true>(x + m * ldx, ldx, w + n * K, K, bias != nullptr ? bias + n : nullptr,
-                              y + m * ldy + n, ldy);
+          Tile<1, kNR1, true, Fmt>(x + m * ldx, ldx, w, n, K, bias != nullptr ? bias + n : nullptr,
+                                   y + m * ldy + n, ldy);
         }
       }
       for (; n < b1; n += kNR) {
         const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
-        tiles[(mr - 1) * kNR + (nr - 1)](x + m * ldx, ldx, w + n * K, K,
-                                         bias != nullptr ? bias + n : nullptr, y + m * ldy + n,
-                                         ldy);
+        tiles[(mr - 1) * kNR + (nr - 1)](
+            x + m * ldx, ldx, w, n, K, bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
       }
     }
   }
+}
+
+// Quantized weights: up to kMR activation rows (one row tile: each weight is dequantized once
+// either way) dequantize in registers inside the tiles; more rows dequantize each block of rows
+// once into `scratch` and run the bf16 tiles over it, instead of once per row tile (the same bf16
+// weights either way, so the same bits).
+template <class Fmt>
+void QuantRange(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
+                int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, uint16_t* scratch,
+                int64_t scratch_rows) {
+  const int64_t dense_block = K > 0 ? kBlockBytes / (K * 2) / kNR * kNR : kNR;
+  if (M <= kMR) {
+    Range<Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, dense_block < kNR ? kNR : dense_block);
+    return;
+  }
+  MatMulWeight dense;
+  dense.data = scratch;
+  dense.dtype = DType::kBF16;
+  for (int64_t b0 = n0; b0 < n1; b0 += scratch_rows) {
+    const int64_t b1 = b0 + scratch_rows < n1 ? b0 + scratch_rows : n1;
+    DequantRows<Fmt>(w, K, b0, b1, scratch);
+    Range<Bf16Fmt>(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
+                   ldy, b1 - b0);
+  }
+}
+
+}  // namespace
+
+void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
+                      int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy,
+                      uint16_t* scratch, int64_t scratch_rows) {
+  switch (w.quant) {
+    case WeightQuant::kInt8:
+      QuantRange<Int8Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, scratch, scratch_rows);
+      return;
+    case WeightQuant::kInt4:
+      QuantRange<Int4Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, scratch, scratch_rows);
+      return;
+    case WeightQuant::kNone:
+      break;
+  }
+  int64_t block = K > 0 ? kBlockBytes / (K * 2) / kNR * kNR : kNR;
+  Range<Bf16Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, block < kNR ? kNR : block);
 }
 
 }  // namespace tandem::cpu::internal

@@ -41,10 +41,13 @@ struct KernelTable {
 };
 
 const KernelTable& ScalarKernels();
-// MatMul of bf16 inputs x (row stride ldx, in elements) and dense bf16 weights on AVX512_BF16
-// (kernels_avx512bf16.cc); callable only when GetCpuFeatures().avx512bf16. Columns [n0, n1).
+// MatMul of bf16 inputs x (row stride ldx, in elements) on AVX512_BF16 (kernels_avx512bf16.cc);
+// callable only when GetCpuFeatures().avx512bf16. Columns [n0, n1). Dense bf16 weights are used
+// in place; int8 / int4 weights are dequantized to bf16 `scratch_rows` rows at a time into
+// `scratch` (scratch_rows * K elements; unused for dense weights).
 void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                      int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy);
+                      int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy,
+                      uint16_t* scratch, int64_t scratch_rows);
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512Kernels();
 

@@ -74,19 +74,25 @@ TEST(QuantizationAccuracyTest, Bf16InputsAgreeEverywhere) {
   EXPECT_NE(a.worst_relative_err, w.worst_relative_err);  // the inputs really were rounded
 }
 
-TEST(QuantizationAccuracyTest, Bf16InputsNeedDenseBf16Weights) {
+TEST(QuantizationAccuracyTest, Bf16InputsNeedBf16OrQuantizedWeights) {
   CpuBackendOptions options;
   options.num_blocks = 16;
   options.matmul_input_dtype = DType::kBF16;
-  for (auto [weights, quant] :
-       {std::pair{DType::kF32, WeightQuant::kNone}, std::pair{DType::kBF16, WeightQuant::kInt8}}) {
-    auto backend = CpuBackend::Create(Load("stories260k", weights, quant), options);
-    ASSERT_FALSE(backend.ok());
-    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(backend.status().message().find("bf16 inputs need dense bf16 weights"),
-              std::string::npos)
-        << backend.status();
+  auto backend = CpuBackend::Create(Load("stories260k", DType::kF32), options);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(backend.status().message().find("bf16 inputs need bf16, int8 or int4 weights"),
+            std::string::npos)
+      << backend.status();
+  for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
+    EXPECT_TRUE(CpuBackend::Create(Load("stories260k", DType::kF32, quant), options).ok());
   }
+}
+
+// int8 with bf16 inputs (weights used as bf16(q * s)): still >= 95% top-1 agreement.
+TEST(QuantizationAccuracyTest, Int8Bf16InputsTopOneAgreementAtLeast95Percent) {
+  const Accuracy a = Measure(WeightQuant::kInt8, 0, DType::kF32, DType::kF32, DType::kBF16);
+  EXPECT_GE(a.top1_agreement, 0.95);
 }
 
 TEST(QuantizationAccuracyTest, Int8TopOneAgreementAtLeast95Percent) {

@@ -23,8 +23,9 @@ using testing::RandomFloats;
 struct QWeights {
   QuantizedMatrix q;
   std::vector<float> dequant;  // [N, K] the values the kernel must use
-  MatMulWeight view() const {
+  MatMulWeight view(DType input = DType::kF32) const {
     MatMulWeight w;
+    w.input_dtype = input;
     w.data = q.codes.data();
     w.quant = q.quant;
     w.scales = q.scales.data();
@@ -86,26 +87,58 @@ TEST_P(QuantMatMulTest, EqualsDenseMatMulOfDequantizedWeights) {
   }
 }
 
+// bf16 inputs: the weights are used as bf16(dequantized value), so the result equals the bf16-input
+// MatMul over that dense bf16 matrix bit for bit, across K tails, several dequantized blocks of
+// rows (K = 1000: 131 rows per block) and a split among threads.
+TEST_P(QuantMatMulTest, Bf16InputsEqualDenseBf16OfDequantizedWeights) {
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t K, N, M;
+  };
+  for (const Format& fmt : kFormats) {
+    for (Shape s : {Shape{1, 5, 3}, Shape{31, 40, 9}, Shape{100, 31, 1}, Shape{257, 40, 17},
+                    Shape{1000, 300, 37}, Shape{1000, 300, 1}}) {
+      const QWeights w = MakeQuantized(fmt.quant, s.N, s.K, fmt.group, 61 + s.K + s.N);
+      MatMulWeight dense;
+      const std::vector<uint16_t> bf16 = testing::ToBf16(w.dequant);
+      dense.data = bf16.data();
+      dense.dtype = DType::kBF16;
+      dense.input_dtype = DType::kBF16;
+      const int64_t ldx = s.K + 3;
+      const auto x = RandomFloats(s.M * ldx, 62 + s.K);
+      const auto bias = RandomFloats(s.N, 63);
+      std::vector<float> y(s.M * s.N), ref(s.M * s.N);
+      MatMul(x.data(), s.M, s.K, ldx, w.view(DType::kBF16), s.N, bias.data(), y.data(), s.N, &pool);
+      MatMul(x.data(), s.M, s.K, ldx, dense, s.N, bias.data(), ref.data(), s.N, nullptr);
+      ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+          << WeightQuantName(fmt.quant) << " g=" << fmt.group << " K=" << s.K << " N=" << s.N
+          << " M=" << s.M;
+    }
+  }
+}
+
 TEST_P(QuantMatMulTest, BatchInvariant) {
   std::vector<std::unique_ptr<ThreadPool>> pools;
   for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
   for (const Format& fmt : kFormats) {
-    const int64_t K = 300, N = 130;
-    const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 41);
-    const auto row = RandomFloats(K, 42);
-    std::vector<float> want(N);
-    MatMul(row.data(), 1, K, K, w.view(), N, nullptr, want.data(), N, nullptr);
-    for (int64_t M : {1, 3, 7, 16, 33}) {
-      auto x = RandomFloats(M * K, 43 + M);
-      for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
-        auto xb = x;
-        std::memcpy(xb.data() + pos * K, row.data(), K * sizeof(float));
-        for (auto& pool : pools) {
-          std::vector<float> y(M * N);
-          MatMul(xb.data(), M, K, K, w.view(), N, nullptr, y.data(), N, pool.get());
-          ASSERT_EQ(0, std::memcmp(y.data() + pos * N, want.data(), N * sizeof(float)))
-              << WeightQuantName(fmt.quant) << " M=" << M << " pos=" << pos
-              << " threads=" << pool->size();
+    for (DType input : {DType::kF32, DType::kBF16}) {
+      const int64_t K = 300, N = 130;
+      const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 41);
+      const auto row = RandomFloats(K, 42);
+      std::vector<float> want(N);
+      MatMul(row.data(), 1, K, K, w.view(input), N, nullptr, want.data(), N, nullptr);
+      for (int64_t M : {1, 3, 7, 16, 33}) {
+        auto x = RandomFloats(M * K, 43 + M);
+        for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
+          auto xb = x;
+          std::memcpy(xb.data() + pos * K, row.data(), K * sizeof(float));
+          for (auto& pool : pools) {
+            std::vector<float> y(M * N);
+            MatMul(xb.data(), M, K, K, w.view(input), N, nullptr, y.data(), N, pool.get());
+            ASSERT_EQ(0, std::memcmp(y.data() + pos * N, want.data(), N * sizeof(float)))
+                << WeightQuantName(fmt.quant) << " M=" << M << " pos=" << pos
+                << " threads=" << pool->size() << " input " << DTypeName(input);
+          }
         }
       }
     }
