@@ -26,13 +26,13 @@ def med(xs):
 def load_runs(work):
     runs = {}
     for path in sorted(glob.glob(os.path.join(work, "run.*.json"))):
-        _, preset, quant, group, rep, _ = os.path.basename(path).split(".")
+        _, preset, quant, group, inputs, rep, _ = os.path.basename(path).split(".")
         try:
             r = json.load(open(path))
         except (json.JSONDecodeError, OSError):
             continue
         load = open(path[:-5] + ".load").read().strip() if os.path.exists(path[:-5] + ".load") else ""
-        runs.setdefault((preset, quant, group), []).append((r, load))
+        runs.setdefault((preset, quant, group, inputs), []).append((r, load))
     return runs
 
 
@@ -70,13 +70,13 @@ def render(work, outdir):
         if not keys:
             continue
         out += [f"### {preset}", "",
-                "| weights | MB read / token | bandwidth GB/s | batch-1 decode tok/s | roofline | "
+                "| weights | matmul inputs | MB read / token | bandwidth GB/s | batch-1 decode tok/s | roofline | "
                 "prefill tok/s (512) | decode tok/s batch 8 / 16 / 32 | load avg after each run (1 min) |",
-                "|---|---:|---:|---:|---:|---:|---:|---|"]
+                "|---|---|---:|---:|---:|---:|---:|---:|---|"]
         order = {"none": 0, "int8": 1, "int4": 2}
-        for key in sorted(keys, key=lambda k: (order[k[1]], int(k[2][1:]))):
+        for key in sorted(keys, key=lambda k: (order[k[1]], int(k[2][1:]), k[3])):
             rs = runs[key]
-            quant, group = key[1], int(key[2][1:])
+            quant, group, inputs = key[1], int(key[2][1:]), key[3]
             name = LABEL[quant] + (f" g{group}" if quant == "int4" else "")
             vals = lambda f: [x for r, _ in rs for x in f(r)]
             bw = med(vals(lambda r: r["membw_GBps"]))
@@ -86,9 +86,10 @@ def render(work, outdir):
             bat = {b: med(vals(lambda r, b=b: r["batch_decode_tok_s"][b])) for b in ("8", "16", "32")}
             mb = (rs[0][0]["weight_bytes_per_token"] + rs[0][0]["kv_bytes_per_token"]) / 1e6
             loads = ", ".join(l.split()[0] for _, l in rs if l)
-            out.append(f"| {name} ({len(rs)} rep{'s' if len(rs) > 1 else ''}) | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | {pre:.1f} | "
+            out.append(f"| {name} ({len(rs)} rep{'s' if len(rs) > 1 else ''}) | {inputs} | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | {pre:.1f} | "
                        f"{bat['8']:.1f} / {bat['16']:.1f} / {bat['32']:.1f} | {loads} |")
             summary["throughput"].append({"model": preset, "quantization": quant, "group": group,
+                                          "matmul_inputs": inputs,
                                           "mb_per_token": mb, "membw_GBps": bw,
                                           "decode_b1_tok_s": b1, "roofline_fraction": roof,
                                           "prefill_tok_s": pre, "batch_decode_tok_s": bat,
@@ -100,14 +101,14 @@ def render(work, outdir):
                 "The peer figures were measured by the issue's author on this machine; they are "
                 "not re-run here (llama.cpp is not available offline), so the ratios compare runs "
                 "made at different times under different background load.", "",
-                "| weights (peer format) | batch-1 tok/s: Tandem / peer | roofline: Tandem / peer | "
+                "| weights (peer format) | matmul inputs | batch-1 tok/s: Tandem / peer | roofline: Tandem / peer | "
                 "batch 8 tok/s: Tandem / peer (ratio) | prefill 512 tok/s: Tandem / peer |",
-                "|---|---:|---:|---:|---:|"]
+                "|---|---|---:|---:|---:|---:|"]
         for t in one_b:
             p = PEER[t["quantization"]]
             name = LABEL[t["quantization"]] + (f" g{t['group']}" if t["quantization"] == "int4" else "")
             b8 = t["batch_decode_tok_s"]["8"]
-            out.append(f"| {name} ({p['name']}) | {t['decode_b1_tok_s']:.1f} / {p['b1']} | "
+            out.append(f"| {name} ({p['name']}) | {t['matmul_inputs']} | {t['decode_b1_tok_s']:.1f} / {p['b1']} | "
                        f"{100 * t['roofline_fraction']:.0f}% / {p['roof']} | {b8:.1f} / {p['b8']} "
                        f"({b8 / p['b8']:.2f}x) | {t['prefill_tok_s']:.1f} / {p['pp512']} |")
         out.append("")
@@ -115,13 +116,15 @@ def render(work, outdir):
             "Teacher-forced over the reference sequence (prompt + 64 greedy tokens); top-1 "
             "agreement = fraction of positions whose argmax equals the reference's; logits error = "
             "max |difference| / max |reference| per position (mean and worst over positions). "
-            "Weights quantized at load from the f32 checkpoint (lm_head too).", "",
-            "| weights | KV cache | top-1 agreement | mean rel. logits error | worst |",
-            "|---|---|---:|---:|---:|"]
+            "Weights quantized at load from the f32 checkpoint (lm_head too); bf16 weights are the "
+            "checkpoint rounded to bf16. bf16 matmul inputs: every projection's input rounded to "
+            "bf16 (bf16 dot products; quantized weights used as bf16 of their f32 value).", "",
+            "| weights | matmul inputs | KV cache | top-1 agreement | mean rel. logits error | worst |",
+            "|---|---|---|---:|---:|---:|"]
     for a in acc:
-        w = LABEL[a["quantization"]].replace("bf16", "f32") + (
+        w = LABEL[a["quantization"]].replace("bf16", a["weight_dtype"]) + (
             f" g{a['group_size']}" if a["quantization"] == "int4" else "")
-        out.append(f"| {w} | {a['kv_dtype']} | {100 * a['top1_agreement']:.1f}% "
+        out.append(f"| {w} | {a['matmul_input_dtype']} | {a['kv_dtype']} | {100 * a['top1_agreement']:.1f}% "
                    f"({a['positions']} positions) | {a['mean_rel_logits_err']:.4f} | "
                    f"{a['max_rel_logits_err']:.4f} |")
     out += ["", "Regenerate with `scripts/bench/run_all.sh quantization` or "

@@ -5,6 +5,7 @@
 # tokens/s x bytes read per token / bandwidth), prefill tokens/s and decode tokens/s at batch
 # 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the accuracy cost of each weight
 # format and KV dtype on stories260k against its f32 reference logits (quant_bench --accuracy).
+# Each weight format runs with f32 matmul inputs and with bf16 inputs (bf16 dot products).
 # The formats run interleaved, repetition by repetition, so background load hits them alike.
 # Writes $BENCH_RESULTS/quantization.{md,json}.
 #   BENCH_REPS=3 QUANT_MODELS="llama-110m llama-1b" scripts/bench/quantization.sh
@@ -17,7 +18,10 @@ BENCH="$BUILD_DIR/bin/quant_bench"
 MODELS=(${QUANT_MODELS:-llama-110m llama-1b})
 # Compute threads (0: one per core; QUANT_THREADS=1 for single-core figures).
 THREADS="${QUANT_THREADS:-0}"
-FORMATS=("none 128" "int8 128" "int4 32" "int4 128")
+# weights, int4 group, matmul inputs (f32: exact; bf16: bf16 dot products, the serving default on
+# CPUs with AVX512_BF16, --matmul-input-dtype auto).
+FORMATS=("none 128 f32" "none 128 bf16" "int8 128 f32" "int8 128 bf16" "int4 32 bf16"
+         "int4 128 f32" "int4 128 bf16")
 
 record "accuracy (stories260k, teacher-forced on its reference sequence)" \
   "$BENCH" --accuracy --model "$ROOT/models/stories260k"
@@ -30,11 +34,13 @@ for rep in $(seq 1 "$REPS"); do
     for fmt in "${FORMATS[@]}"; do
       set -- $fmt
       cmd=("$BENCH" --model "$dir" --quantization "$1" --group "$2" --kv bf16 --reps 1 --threads "$THREADS"
-           --decode-tokens "$steps" --prefill-tokens 512 --batches 8,16,32 --batch-steps 4)
-      [ "$rep" = 1 ] && record "$preset $1 g$2" "${cmd[@]}"
-      log "rep $rep/$REPS $preset $1 g$2 (load $(cut -d' ' -f1 /proc/loadavg))"
-      "${cmd[@]}" >"$WORK/run.$preset.$1.g$2.$rep.json" 2>"$WORK/run.$preset.$1.g$2.$rep.log"
-      echo "$(cut -d' ' -f1-3 /proc/loadavg)" >"$WORK/run.$preset.$1.g$2.$rep.load"
+           --decode-tokens "$steps" --prefill-tokens 512 --batches 8,16,32 --batch-steps 8
+           --matmul-input "$3")
+      [ "$rep" = 1 ] && record "$preset $1 g$2 $3 inputs" "${cmd[@]}"
+      log "rep $rep/$REPS $preset $1 g$2 $3 inputs (load $(cut -d' ' -f1 /proc/loadavg))"
+      base="$WORK/run.$preset.$1.g$2.$3.$rep"
+      "${cmd[@]}" >"$base.json" 2>"$base.log"
+      echo "$(cut -d' ' -f1-3 /proc/loadavg)" >"$base.load"
     done
   done
 done

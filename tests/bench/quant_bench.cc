@@ -234,6 +234,8 @@ int Accuracy(const std::string& model_dir) {
                         {"int8", 0, "f32"},
                         {"int4", 32, "f32"},
                         {"int4", 128, "f32"},
+                        {"int8", 0, "f32", DType::kF32, DType::kBF16},
+                        {"int4", 128, "f32", DType::kF32, DType::kBF16},
                         {"none", 0, "f32", DType::kBF16},
                         {"none", 0, "f32", DType::kBF16, DType::kBF16},
                         {"none", 0, "bf16", DType::kBF16, DType::kBF16},
