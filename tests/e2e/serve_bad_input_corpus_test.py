@@ -208,9 +208,11 @@ def main():
         print("ok: Tokenize rejects malformed requests")
 
         # The same client-chosen request id twice at once: the second is refused, and its
-        # cancellation does not touch the first.
-        first_req = request(stubs, dict(temperature=0, max_tokens=200, ignore_eos=True),
-                            text="Once upon a time", request_id="dup")
+        # cancellation does not touch the first. The first is as long as the context allows, four
+        # samples of it, so that it is still running while the duplicates arrive (at 200 tokens
+        # it could finish first on this tiny model: one flaky failure under CI load).
+        first_req = request(stubs, dict(temperature=0, max_tokens=480, ignore_eos=True),
+                            text="Once upon a time", request_id="dup", n=4)
         first = client.raw(first_req.SerializeToString(), timeout=60)
         next(first)
         dup = request(stubs, dict(max_tokens=5), text="Hi", request_id="dup", n=2)
@@ -225,7 +227,7 @@ def main():
         for _ in range(20):  # cancelled at once, racing its refusal
             client.raw(dup.SerializeToString(), timeout=60).cancel()
         n = sum(len(r.chunk.token_ids) for r in first if r.HasField("chunk"))
-        check(n >= 199, f"the first request with the id completes: {n} more tokens")
+        check(n >= 4 * 480 - 4, f"the first request with the id completes: {n} more tokens")
         print("ok: a duplicate request id is refused and cannot cancel the first")
 
         abandon_streams(stubs, server, client, vocab)
