@@ -29,8 +29,8 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->String("matmul-input-dtype", &matmul_input_dtype,
-            "cpu: what the matrix products' inputs are rounded to: auto (bf16 for bf16 or int4 "
-            "weights on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
+            "cpu: what the matrix products' inputs are rounded to: auto (bf16 for bf16, int8 or "
+            "int4 weights on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
             "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
             "with f32 weights)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");

@@ -150,13 +150,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   }
 
   // auto: bf16 dot products where the CPU has them (AVX512_BF16, and the AVX-512 kernels in use)
-  // for bf16 and int4 weights. Not for int8: measured on this CPU (docs/benchmarks.md,
-  // quantization), its in-register dequantization to bf16 makes batch-1 decode 0.72x as fast
-  // (prefill 1.33x); nor for f32 weights, or elsewhere, where it would only cost.
-  const bool checkpoint_int4 = model->checkpoint_quant().quantized();
-  const bool bf16_weights = (model->weight_dtype() == DType::kBF16 &&
-                             model->quantization() == WeightQuant::kNone && !checkpoint_int4) ||
-                            model->quantization() == WeightQuant::kInt4 || checkpoint_int4;
+  // for bf16, int8 and int4 weights; not for f32 weights, or elsewhere, where it would only cost.
+  const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
+                            model->quantization() != WeightQuant::kNone ||
+                            model->checkpoint_quant().quantized();
   const bool bf16_dot = GetCpuFeatures().avx512bf16 && ActiveSimdLevel() == SimdLevel::kAvx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {

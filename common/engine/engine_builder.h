@@ -24,8 +24,8 @@ struct EngineBuildOptions {
   std::string kv_cache_dtype = "auto";
   std::string quantization = "none";  // none | int8 | int4 (weight-only, cpu only)
   int64_t quant_group_size = 128;     // int4 group along K (power of two >= 32)
-  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (bf16 for bf16 or
-  // int4 weights on a CPU with AVX512_BF16, else f32) | f32 | bf16 (not with f32 weights).
+  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (bf16 for bf16,
+  // int8 or int4 weights on a CPU with AVX512_BF16, else f32) | f32 | bf16 (not with f32 weights).
   std::string matmul_input_dtype = "auto";
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes

@@ -103,7 +103,8 @@ int64_t DequantBlockRows(int64_t K) {
 }
 
 // Rows [n0, n1) of a quantized weight as bf16 (rows of K from out), the same values as the
-// AVX512_BF16 kernel's: the f32 dequantized value (one exact product, quant.h) rounded to nearest
+// AVX512_BF16 kernel's: int8 codes themselves (exact; the row scale is applied to the finished
+// dot product), int4 the f32 dequantized value (one exact product, quant.h) rounded to nearest
 // even. The path for CPUs without AVX512_BF16.
 void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
   const int64_t groups = w.quant == WeightQuant::kInt4 ? Int4Groups(K, w.group_size) : 0;
@@ -111,7 +112,7 @@ void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, u
     uint16_t* o = out + (n - n0) * K;
     if (w.quant == WeightQuant::kInt8) {
       const int8_t* q = static_cast<const int8_t*>(w.data) + n * K;
-      for (int64_t k = 0; k < K; ++k) o[k] = FloatToBf16(static_cast<float>(q[k]) * w.scales[n]);
+      for (int64_t k = 0; k < K; ++k) o[k] = FloatToBf16(static_cast<float>(q[k]));
     } else {
       const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * Int4RowBytes(K);
       for (int64_t k = 0; k < K; ++k) {
@@ -219,8 +220,19 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
       for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
         const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
         DequantRowsBf16(w, K, b0, b1, ws);
-        t.matmul(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
-                 ldy);
+        if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
+          t.matmul(x, M, K, ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = b0; n < b1; ++n) {
+              float v = y[m * ldy + n] * w.scales[n];
+              if (bias != nullptr) v += bias[n];
+              y[m * ldy + n] = v;
+            }
+          }
+        } else {
+          t.matmul(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
+                   ldy);
+        }
       }
     } else {
       t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy);

@@ -1,6 +1,6 @@
 // MatMul with bf16 inputs on AVX512_BF16 (vdpbf16ps: 32 bf16 products per instruction, summed
-// pairwise into 16 f32 lanes), over dense bf16 weights or int8 / int4 weights dequantized to bf16
-// a block of rows at a time (w = bf16(q * s) / bf16((q - z) * s), rounded to nearest even).
+// pairwise into 16 f32 lanes), over dense bf16 weights, int8 codes (exact in bf16; the row scale
+// multiplies the finished dot product) or int4 weights as bf16((q - z) * s), nearest even.
 // Compiled with this ISA's flags only (see CMakeLists.txt); the dispatcher calls it only when the
 // CPU has AVX512_BF16. Everything here has internal linkage except MatMulBf16Avx512 (see README.md,
 // "ODR").
@@ -8,8 +8,8 @@
 // Arithmetic of every output y[m, n] (its batch-invariance rule): one accumulator of 16 f32 lanes
 // starts at +0; for k = 0, 32, 64, ... while k + 32 <= K: acc = vdpbf16ps(acc, x[k:k+32],
 // w[k:k+32]); then, if K % 32 != 0, one more with both tails zero-padded (masked loads); then
-// _mm512_reduce_add_ps (one fixed tree), then + bias[n]. Tiles only choose which outputs are
-// computed together.
+// _mm512_reduce_add_ps (one fixed tree), then (int8) * scale[n], then + bias[n]. Tiles only choose
+// which outputs are computed together.
 
 #include <immintrin.h>
 
@@ -46,31 +46,26 @@ struct Bf16Fmt {
   static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
 };
 
+// int8: the codes themselves, exact in bf16; the row's scale multiplies the finished dot product
+// (see Tile's `scales`).
 struct Int8Fmt {
-  struct Row {
-    const int8_t* q;
-    __m512 s;
-  };
+  using Row = const int8_t*;
   static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
-    return Row{static_cast<const int8_t*>(w.data) + n * K, _mm512_set1_ps(w.scales[n])};
+    return static_cast<const int8_t*>(w.data) + n * K;
   }
-  static __m512bh Widen(__m256i q, __m512 s) {
-    const __m512 lo =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), s);
-    const __m512 hi =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))), s);
-    return _mm512_cvtne2ps_pbh(hi, lo);
+  static __m512bh Widen(__m128i lo, __m128i hi) {
+    return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)),
+                               _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)));
   }
-  static __m512bh Load(const Row& r, int64_t k) {
-    return Widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.q + k)), r.s);
+  static __m512bh Load(Row r, int64_t k) {
+    return Widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + k)),
+                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + k + 16)));
   }
-  static __m512bh LoadTail(const Row& r, int64_t k, __mmask32 m) {
-    return Bh(_mm512_maskz_mov_epi16(
-        m, reinterpret_cast<__m512i>(Widen(_mm256_maskz_loadu_epi8(m, r.q + k), r.s))));
+  static __m512bh LoadTail(Row r, int64_t k, __mmask32 m) {
+    const __m256i q = _mm256_maskz_loadu_epi8(m, r + k);  // masked-off codes are 0
+    return Widen(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
   }
-  static const char* Addr(const Row& r, int64_t k) {
-    return reinterpret_cast<const char*>(r.q + k);
-  }
+  static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
 };
 
 struct Int4Fmt {
@@ -130,9 +125,10 @@ void DequantRows(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint1
 }
 
 // y[0..MR) x [0..NR) = x[MR rows] . w[rows n0..n0+NR)^T, full K.
+// scales (int8): the NR rows' scales, multiplying each finished dot product before the bias.
 template <int MR, int NR, bool kPrefetch, class Fmt>
 void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, int64_t K,
-          const float* bias, float* y, int64_t ldy) {
+          const float* scales, const float* bias, float* y, int64_t ldy) {
   typename Fmt::Row rows[NR];
 #pragma GCC unroll 8
   for (int j = 0; j < NR; ++j) rows[j] = Fmt::MakeRow(wt, n0 + j, K);
@@ -172,6 +168,7 @@ void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, in
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       float s = _mm512_reduce_add_ps(acc[i][j]);
+      if (scales != nullptr) s *= scales[j];
       if (bias != nullptr) s += bias[j];
       y[i * ldy + j] = s;
     }
@@ -179,7 +176,7 @@ void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, in
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const MatMulWeight&, int64_t, int64_t,
-                        const float*, float*, int64_t);
+                        const float*, const float*, float*, int64_t);
 
 template <bool kPrefetch, class Fmt, int... I>
 constexpr TileFn kTiles[] = {&Tile<I / kNR + 1, I % kNR + 1, kPrefetch, Fmt>...};
@@ -189,10 +186,12 @@ constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
   return kTiles<kPrefetch, Fmt, I...>;
 }
 
-// Columns [n0, n1) over weight rows in format Fmt, in blocks of `block` rows.
+// Columns [n0, n1) over weight rows in format Fmt, in blocks of `block` rows; scales (int8) and
+// bias indexed like the columns.
 template <class Fmt>
 void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
-           int64_t n1, const float* bias, float* y, int64_t ldy, int64_t block) {
+           int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,
+           int64_t block) {
   // Few activation rows: the weight stream from memory dominates, prefetch helps (as in the f32
   // path); many rows: compute-bound, each block sits in L2.
   const TileFn* tiles = M <= 2 * kMR
@@ -205,14 +204,16 @@ void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWei
       int64_t n = b0;
       if (mr == 1) {  // a lone row: more weight rows in flight
         for (; n + kNR1 <= b1; n += kNR1) {
-          Tile<1, kNR1, true, Fmt>(x + m * ldx, ldx, w, n, K, bias != nullptr ? bias + n : nullptr,
-                                   y + m * ldy + n, ldy);
+          Tile<1, kNR1, true, Fmt>(x + m * ldx, ldx, w, n, K,
+                                   scales != nullptr ? scales + n : nullptr,
+                                   bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
         }
       }
       for (; n < b1; n += kNR) {
         const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
         tiles[(mr - 1) * kNR + (nr - 1)](
-            x + m * ldx, ldx, w, n, K, bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
+            x + m * ldx, ldx, w, n, K, scales != nullptr ? scales + n : nullptr,
+            bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
       }
     }
   }
@@ -226,9 +227,11 @@ template <class Fmt>
 void QuantRange(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
                 int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy, uint16_t* scratch,
                 int64_t scratch_rows) {
+  const float* scales = w.quant == WeightQuant::kInt8 ? w.scales : nullptr;
   const int64_t dense_block = K > 0 ? kBlockBytes / (K * 2) / kNR * kNR : kNR;
   if (M <= kMR) {
-    Range<Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, dense_block < kNR ? kNR : dense_block);
+    Range<Fmt>(x, M, K, ldx, w, n0, n1, scales, bias, y, ldy,
+               dense_block < kNR ? kNR : dense_block);
     return;
   }
   MatMulWeight dense;
@@ -237,8 +240,8 @@ void QuantRange(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatM
   for (int64_t b0 = n0; b0 < n1; b0 += scratch_rows) {
     const int64_t b1 = b0 + scratch_rows < n1 ? b0 + scratch_rows : n1;
     DequantRows<Fmt>(w, K, b0, b1, scratch);
-    Range<Bf16Fmt>(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
-                   ldy, b1 - b0);
+    Range<Bf16Fmt>(x, M, K, ldx, dense, 0, b1 - b0, scales != nullptr ? scales + b0 : nullptr,
+                   bias != nullptr ? bias + b0 : nullptr, y + b0, ldy, b1 - b0);
   }
 }
 
@@ -258,7 +261,7 @@ void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, cons
       break;
   }
   int64_t block = K > 0 ? kBlockBytes / (K * 2) / kNR * kNR : kNR;
-  Range<Bf16Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, block < kNR ? kNR : block);
+  Range<Bf16Fmt>(x, M, K, ldx, w, n0, n1, nullptr, bias, y, ldy, block < kNR ? kNR : block);
 }
 
 }  // namespace tandem::cpu::internal

@@ -87,20 +87,28 @@ TEST_P(QuantMatMulTest, EqualsDenseMatMulOfDequantizedWeights) {
   }
 }
 
-// bf16 inputs: the weights are used as bf16(dequantized value), so the result equals the bf16-input
-// MatMul over that dense bf16 matrix bit for bit, across K tails, several dequantized blocks of
-// rows (K = 1000: 131 rows per block) and a split among threads.
+// bf16 inputs: int4 weights are used as bf16(dequantized value), int8 weights as their codes
+// (exact in bf16) with the row scale applied to the finished dot product, then the bias. So the
+// result equals the bf16-input MatMul over that dense bf16 matrix (int8: without bias, then
+// * scale + bias) bit for bit, across K tails, several dequantized blocks of rows (K = 1000: 131
+// rows per block) and a split among threads.
 TEST_P(QuantMatMulTest, Bf16InputsEqualDenseBf16OfDequantizedWeights) {
   ThreadPool pool(2);
   struct Shape {
     int64_t K, N, M;
   };
   for (const Format& fmt : kFormats) {
+    const bool int8 = fmt.quant == WeightQuant::kInt8;
     for (Shape s : {Shape{1, 5, 3}, Shape{31, 40, 9}, Shape{100, 31, 1}, Shape{257, 40, 17},
                     Shape{1000, 300, 37}, Shape{1000, 300, 1}}) {
       const QWeights w = MakeQuantized(fmt.quant, s.N, s.K, fmt.group, 61 + s.K + s.N);
+      std::vector<float> values = w.dequant;
+      if (int8) {
+        const auto* codes = reinterpret_cast<const int8_t*>(w.q.codes.data());
+        for (int64_t i = 0; i < s.N * s.K; ++i) values[i] = static_cast<float>(codes[i]);
+      }
+      const std::vector<uint16_t> bf16 = testing::ToBf16(values);
       MatMulWeight dense;
-      const std::vector<uint16_t> bf16 = testing::ToBf16(w.dequant);
       dense.data = bf16.data();
       dense.dtype = DType::kBF16;
       dense.input_dtype = DType::kBF16;
@@ -109,7 +117,17 @@ TEST_P(QuantMatMulTest, Bf16InputsEqualDenseBf16OfDequantizedWeights) {
       const auto bias = RandomFloats(s.N, 63);
       std::vector<float> y(s.M * s.N), ref(s.M * s.N);
       MatMul(x.data(), s.M, s.K, ldx, w.view(DType::kBF16), s.N, bias.data(), y.data(), s.N, &pool);
-      MatMul(x.data(), s.M, s.K, ldx, dense, s.N, bias.data(), ref.data(), s.N, nullptr);
+      MatMul(x.data(), s.M, s.K, ldx, dense, s.N, int8 ? nullptr : bias.data(), ref.data(), s.N,
+             nullptr);
+      if (int8) {
+        for (int64_t m = 0; m < s.M; ++m) {
+          for (int64_t n = 0; n < s.N; ++n) {
+            float v = ref[m * s.N + n] * w.q.scales[n];
+            v += bias[n];
+            ref[m * s.N + n] = v;
+          }
+        }
+      }
       ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
           << WeightQuantName(fmt.quant) << " g=" << fmt.group << " K=" << s.K << " N=" << s.N
           << " M=" << s.M;
