@@ -222,20 +222,27 @@ void AsyncEngine::Loop() {
       std::vector<std::string> ids;
       for (const auto& [id, p] : pending_) ids.push_back(id);
       for (const auto& id : ids) engine_->AbortRequest(id);
-      for (const SequenceUpdate& u : engine_->Step()) Deliver(u);
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_ = engine_->stats();
+      std::vector<SequenceUpdate> last = engine_->Step();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_ = engine_->stats();
+      }
+      for (const SequenceUpdate& u : last) Deliver(u);
       return;
     }
     const bool work = engine_->HasWork();
     const absl::Time start = absl::Now();
     std::vector<SequenceUpdate> updates = engine_->Step();
     const double step_seconds = work ? absl::ToDoubleSeconds(absl::Now() - start) : -1;
-    for (const SequenceUpdate& u : updates) Deliver(u);
+    // Publish the stats before delivering: a client that has heard the end of its request
+    // then sees a snapshot in which that request no longer runs or holds blocks.
     EngineStats s = engine_->stats();
     if (hooks_ != nullptr) hooks_->OnStep(ToCounters(s), step_seconds);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_ = s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = s;
+    }
+    for (const SequenceUpdate& u : updates) Deliver(u);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <future>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -144,6 +145,25 @@ TEST(AsyncEngineTest, SameUnderRefusedAllocationsAndStalls) {
   faults.stall_prob = 0.05;
   faults.seed = 3;
   RunConcurrently(faults);
+}
+
+// A caller that has heard the end of its (only) request reads stats in which it no longer runs
+// or holds blocks: the engine thread publishes each step's stats before delivering its updates.
+TEST(AsyncEngineTest, StatsSeenAfterTheLastUpdateReflectIt) {
+  AsyncEngine engine(MakeEngine({}));
+  for (int i = 0; i < 10; ++i) {
+    std::promise<void> done;
+    EngineRequest r = MakeRequest(i);
+    r.n = 1;
+    engine.Submit(std::move(r), [&](const SequenceUpdate& u) {
+      if (u.finished) done.set_value();
+    });
+    done.get_future().wait();
+    const EngineStats s = engine.stats();
+    EXPECT_EQ(s.num_running, 0) << "request " << i;
+    EXPECT_EQ(s.num_waiting, 0) << "request " << i;
+    EXPECT_EQ(s.kv_blocks_used, 0) << "request " << i;
+  }
 }
 
 TEST(AsyncEngineTest, ShutdownWithRequestsInFlightEndsEveryOne) {
