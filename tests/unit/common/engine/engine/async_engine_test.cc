@@ -8,8 +8,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
