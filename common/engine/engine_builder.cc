@@ -149,23 +149,38 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";  // auto: the one backend that serves it
   }
 
-  // auto: bf16 dot products where the CPU has them (AVX512_BF16, and the AVX-512 kernels in use)
-  // for bf16, int8 and int4 weights; not for f32 weights, or elsewhere, where it would only cost.
+  // auto: int8 inputs (vpdpbusd) for int8 weights where the CPU has AVX512_VNNI; bf16 dot
+  // products where the CPU has AVX512_BF16 for bf16 and int4 weights (and int8 without VNNI);
+  // both only with the AVX-512 kernels in use; f32 for f32 weights or elsewhere, where the
+  // others would only cost. (int4 with int8 inputs decodes a lone sequence faster but batches
+  // and prefill slower here: docs/benchmarks.md.)
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();
-  const bool bf16_dot = GetCpuFeatures().avx512bf16 && ActiveSimdLevel() == SimdLevel::kAvx512;
+  const bool avx512 = ActiveSimdLevel() == SimdLevel::kAvx512;
+  const bool bf16_dot = GetCpuFeatures().avx512bf16 && avx512;
+  const bool int8_dot = GetCpuFeatures().avx512vnni && avx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {
-    if (bf16_weights && bf16_dot && *device == "cpu") matmul_input_dtype = DType::kBF16;
+    if (*device == "cpu" && int8_dot && model->quantization() == WeightQuant::kInt8) {
+      matmul_input_dtype = DType::kI8;
+    } else if (*device == "cpu" && bf16_weights && bf16_dot) {
+      matmul_input_dtype = DType::kBF16;
+    }
   } else if (options.matmul_input_dtype == "bf16" || options.matmul_input_dtype == "bfloat16") {
     matmul_input_dtype = DType::kBF16;
     if (*device != "cpu") {
       return absl::InvalidArgumentError("matmul input dtype bf16 is a cpu option");
     }
+  } else if (options.matmul_input_dtype == "int8" || options.matmul_input_dtype == "i8") {
+    matmul_input_dtype = DType::kI8;
+    if (*device != "cpu") {
+      return absl::InvalidArgumentError("matmul input dtype int8 is a cpu option");
+    }
   } else if (options.matmul_input_dtype != "f32" && options.matmul_input_dtype != "float32") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "matmul input dtype must be auto, f32 or bf16, got '", options.matmul_input_dtype, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul input dtype must be auto, f32, bf16 or int8, got '",
+                     options.matmul_input_dtype, "'"));
   }
 
   DType kv_dtype = model->weight_dtype() == DType::kF32 ? DType::kF32 : DType::kBF16;
@@ -236,9 +251,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
                    : model->checkpoint_quant().quantized()
                        ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " int4")
                        : std::string())
-               << (matmul_input_dtype == DType::kBF16 ? ", bf16 matmul inputs" : "") << ", "
-               << model->config().num_layers << " layers) on " << backend_name << ", KV pool "
-               << num_blocks << " blocks x " << options.block_size << " tokens ("
+               << (matmul_input_dtype == DType::kBF16 ? ", bf16 matmul inputs"
+                   : matmul_input_dtype == DType::kI8 ? ", int8 matmul inputs"
+                                                      : "")
+               << ", " << model->config().num_layers << " layers) on " << backend_name
+               << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
                << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "
                << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
   }

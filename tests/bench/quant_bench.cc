@@ -5,7 +5,7 @@
 //
 //   quant_bench --model DIR [--quantization none|int8|int4] [--group 128] [--kv bf16|fp8|int8]
 //               [--threads 0] [--reps 3] [--decode-tokens 32] [--prefill-tokens 512]
-//               [--batches 8,16,32] [--batch-steps 8] [--matmul-input f32|bf16]
+//               [--batches 8,16,32] [--batch-steps 8] [--matmul-input f32|bf16|int8]
 //   quant_bench --accuracy --model DIR (a model with reference/ logits, e.g. stories260k):
 //               top-1 agreement and logits error of none/int8/int4 weights, bf16 weights with
 //               f32 or bf16 matmul inputs, and bf16/fp8/int8 KV.
@@ -236,6 +236,9 @@ int Accuracy(const std::string& model_dir) {
                         {"int4", 128, "f32"},
                         {"int8", 0, "f32", DType::kF32, DType::kBF16},
                         {"int4", 128, "f32", DType::kF32, DType::kBF16},
+                        {"int8", 0, "f32", DType::kF32, DType::kI8},
+                        {"int4", 32, "f32", DType::kF32, DType::kI8},
+                        {"int4", 128, "f32", DType::kF32, DType::kI8},
                         {"none", 0, "f32", DType::kBF16},
                         {"none", 0, "f32", DType::kBF16, DType::kBF16},
                         {"none", 0, "bf16", DType::kBF16, DType::kBF16},
@@ -316,7 +319,8 @@ int main(int argc, char** argv) {
   f.Int("prefill-tokens", &prefill_tokens, "prompt length of the prefill measurement");
   f.String("batches", &batches, "batch sizes of the batched decode measurement");
   f.Int("batch-steps", &batch_steps, "decode steps timed per batch size");
-  f.String("matmul-input", &matmul_input, "f32 or bf16 (bf16 weights only)");
+  f.String("matmul-input", &matmul_input,
+           "f32, bf16 (bf16 or quantized weights) or int8 (quantized)");
   f.Bool("accuracy", &accuracy, "accuracy mode (model with reference logits)");
   if (absl::Status st = f.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
@@ -329,12 +333,15 @@ int main(int argc, char** argv) {
     int64_t v;
     if (absl::SimpleAtoi(s, &v)) bs.push_back(v);
   }
-  if (matmul_input != "f32" && matmul_input != "bf16") {
+  tandem::DType input = tandem::DType::kF32;
+  if (matmul_input == "bf16") {
+    input = tandem::DType::kBF16;
+  } else if (matmul_input == "int8") {
+    input = tandem::DType::kI8;
+  } else if (matmul_input != "f32") {
     std::fprintf(stderr, "bad --matmul-input %s\n", matmul_input.c_str());
     return 2;
   }
-  return tandem::Throughput(model, quant, group, kv,
-                            matmul_input == "bf16" ? tandem::DType::kBF16 : tandem::DType::kF32,
-                            static_cast<int>(threads), static_cast<int>(reps), decode_tokens,
-                            prefill_tokens, bs, batch_steps);
+  return tandem::Throughput(model, quant, group, kv, input, static_cast<int>(threads),
+                            static_cast<int>(reps), decode_tokens, prefill_tokens, bs, batch_steps);
 }

@@ -182,6 +182,18 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
     model_->owned_floats_.push_back(std::move(q.zeros));
     out->zeros = model_->owned_floats_.back().data();
   }
+  if (q.quant == WeightQuant::kInt8) {
+    std::vector<float> sums(q.rows);
+    const auto* codes = reinterpret_cast<const int8_t*>(out->data);
+    for (int64_t n = 0; n < q.rows; ++n) {
+      int32_t sum = 0;
+      for (int64_t k = 0; k < q.cols; ++k) sum += codes[n * q.cols + k];
+      sums[n] = static_cast<float>(sum);
+    }
+    model_->owned_bytes_ += sums.size() * sizeof(float);
+    model_->owned_floats_.push_back(std::move(sums));
+    out->row_sums = model_->owned_floats_.back().data();
+  }
   ++converted_tensors_;
   converted_bytes_ += out->stored_bytes();
 }

@@ -22,6 +22,8 @@ struct Tensor {
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;
   const float* zeros = nullptr;
+  // int8: [N] the sum of each row's codes (exact integers; int8 MatMul inputs use them).
+  const float* row_sums = nullptr;
   int64_t group_size = 0;
   // Act-order int4 checkpoints (GPTQ desc_act): column j of the matrix multiplies input element
   // input_perm[j] (int32 [K], owned by the Model), so y = W' . x[input_perm]; null when the

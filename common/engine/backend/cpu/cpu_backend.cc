@@ -20,8 +20,9 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The kernels' view of a projection (dense or quantized); bf16 and quantized weights take their
-// inputs in `input_dtype` (dense f32 weights always in f32).
+// The kernels' view of a projection (dense or quantized): quantized weights take their inputs in
+// `input_dtype`, dense bf16 weights too except that int8 inputs become bf16 for them (int8
+// inputs are for int8 / int4 weights), dense f32 weights always f32.
 cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   cpu::MatMulWeight w;
   w.data = t.data;
@@ -29,8 +30,13 @@ cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   w.quant = t.quant;
   w.scales = t.scales;
   w.zeros = t.zeros;
+  w.row_sums = t.row_sums;
   w.group_size = t.group_size;
-  if (t.quant != WeightQuant::kNone || t.dtype == DType::kBF16) w.input_dtype = input_dtype;
+  if (t.quant != WeightQuant::kNone) {
+    w.input_dtype = input_dtype;
+  } else if (t.dtype == DType::kBF16) {
+    w.input_dtype = input_dtype == DType::kI8 ? DType::kBF16 : input_dtype;
+  }
   return w;
 }
 
@@ -68,13 +74,16 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
   }
   const bool quantized =
       model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
-  if (options.matmul_input_dtype != DType::kF32 &&
-      (options.matmul_input_dtype != DType::kBF16 ||
-       (model->weight_dtype() != DType::kBF16 && !quantized))) {
+  const DType input = options.matmul_input_dtype;
+  if ((input == DType::kBF16 && model->weight_dtype() != DType::kBF16 && !quantized) ||
+      (input == DType::kI8 && !quantized) ||
+      (input != DType::kF32 && input != DType::kBF16 && input != DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "MatMul input dtype ", std::string(DTypeName(options.matmul_input_dtype)),
-        ": bf16 inputs need bf16, int8 or int4 weights (--dtype bf16 or --quantization), got ",
-        std::string(DTypeName(model->weight_dtype())), " weights"));
+        "MatMul input dtype ", std::string(DTypeName(input)),
+        ": bf16 inputs need bf16, int8 or int4 weights (--dtype bf16 or --quantization), int8 "
+        "inputs int8 or int4 weights; got ",
+        std::string(DTypeName(model->weight_dtype())), " weights",
+        quantized ? " (quantized)" : ""));
   }
   std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();

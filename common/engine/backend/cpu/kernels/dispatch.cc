@@ -9,6 +9,7 @@
 
 #include "common/base/half.h"
 #include "common/base/log.h"
+#include "common/engine/backend/cpu/kernels/int8_inputs.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/backend/cpu/kernels/kernels_internal.h"
 
@@ -132,6 +133,12 @@ bool UseAvx512Bf16(const internal::KernelTable& t) {
   return t.level == SimdLevel::kAvx512 && GetCpuFeatures().avx512bf16;
 }
 
+// Whether int8-input MatMuls run on vpdpbusd (else the scalar reference, the same bits): only
+// with the AVX-512 table and only on CPUs with AVX512_VNNI.
+bool UseAvx512Vnni(const internal::KernelTable& t) {
+  return t.level == SimdLevel::kAvx512 && GetCpuFeatures().avx512vnni;
+}
+
 // Below this many multiply-adds a MatMul runs on the calling thread only (waking the pool costs
 // more than it saves). Which thread computes an output never changes its value.
 constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
@@ -142,6 +149,21 @@ constexpr int64_t kMatMulColumnGrain = 16;
 // (prefill), one range per thread: every range re-reads all the activations, which costs more
 // than the finer split saves on an idle machine.
 constexpr int64_t kMatMulFineSplitRows = 32;
+
+// Runs fn(n0, n1) over column ranges covering [0, N), on the pool when the call is big enough.
+template <class Fn>
+void ForColumns(ThreadPool* pool, int64_t M, int64_t N, int64_t K, const Fn& fn) {
+  if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
+    fn(0, N);
+    return;
+  }
+  int64_t grain = kMatMulColumnGrain;
+  if (M > kMatMulFineSplitRows) {
+    const int64_t per_thread = (N + pool->size() - 1) / pool->size();
+    grain = (per_thread + kMatMulColumnGrain - 1) / kMatMulColumnGrain * kMatMulColumnGrain;
+  }
+  pool->ParallelForGrain(N, grain, fn);
+}
 
 void CheckKvType(DType t) {
   TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kI8 || t == DType::kF8E4M3)
@@ -185,11 +207,28 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
   }
   const bool quantized = w.quant != WeightQuant::kNone;
   TANDEM_CHECK(w.input_dtype == DType::kF32 ||
-               (w.input_dtype == DType::kBF16 && (quantized || w.dtype == DType::kBF16)))
+               (w.input_dtype == DType::kBF16 && (quantized || w.dtype == DType::kBF16)) ||
+               (w.input_dtype == DType::kI8 && quantized))
       << "MatMul input dtype " << DTypeName(w.input_dtype)
-      << ": bf16 inputs need bf16, int8 or int4 weights, f32 inputs any weights";
+      << ": bf16 inputs need bf16, int8 or int4 weights, int8 inputs int8 or int4 weights, f32 "
+         "inputs any weights";
   if (M <= 0 || N <= 0) return;
   const internal::KernelTable& t = internal::ActiveKernels();
+  if (w.input_dtype == DType::kI8) {
+    TANDEM_CHECK(K <= internal::kI8MaxK)
+        << "int8 MatMul inputs: K " << K << " exceeds " << internal::kI8MaxK;
+    thread_local internal::I8InputBuffer buffer;  // the calling thread's, read by every thread
+    const internal::I8Inputs in = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer);
+    const bool vnni = UseAvx512Vnni(t);
+    ForColumns(pool, M, N, K, [&](int64_t n0, int64_t n1) {
+      if (vnni) {
+        internal::MatMulI8Avx512Vnni(in, w, n0, n1, bias, y, ldy);
+      } else {
+        internal::MatMulI8Reference(in, w, n0, n1, bias, y, ldy);
+      }
+    });
+    return;
+  }
   const uint16_t* xb = nullptr;  // bf16 inputs on AVX512_BF16: x rounded, rows contiguous
   bool dequant = false;          // bf16 inputs elsewhere, quantized weights: via dense bf16 blocks
   const int64_t block_rows = DequantBlockRows(K);
@@ -238,16 +277,7 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
       t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy);
     }
   };
-  if (pool == nullptr || pool->size() == 1 || M * N * K < kMatMulMinParallelMacs) {
-    run(0, N);
-  } else {
-    int64_t grain = kMatMulColumnGrain;
-    if (M > kMatMulFineSplitRows) {
-      const int64_t per_thread = (N + pool->size() - 1) / pool->size();
-      grain = (per_thread + kMatMulColumnGrain - 1) / kMatMulColumnGrain * kMatMulColumnGrain;
-    }
-    pool->ParallelForGrain(N, grain, run);
-  }
+  ForColumns(pool, M, N, K, run);
 }
 
 void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,

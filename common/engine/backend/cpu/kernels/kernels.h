@@ -26,11 +26,16 @@ struct MatMulWeight {
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
   const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
+  // int8, optional: [N] the sum of each row's codes (exact integers). With int8 inputs it lets
+  // the inputs be the unsigned operand of vpdpbusd (a + 128) and the weights enter as they are.
+  const float* row_sums = nullptr;
   int64_t group_size = 0;         // int4: a power of two >= 32
-  // What x is rounded to before the products: kF32 (not at all) or kBF16 (dense bf16 weights
-  // only: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums; on
-  // AVX512_BF16 by vdpbf16ps, twice the products per instruction). Like the weight format, it
-  // is fixed per weight, so batch invariance holds within each choice.
+  // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
+  // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
+  // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4
+  // weights: x quantized per 32-element block to int8 with an f32 scale, integer dot products;
+  // on AVX512_VNNI by vpdpbusd; int8_inputs.h). Like the weight format, it is fixed per weight,
+  // so batch invariance holds within each choice.
   DType input_dtype = DType::kF32;
   // Bytes of one stored row of K elements (excluding scales).
   int64_t RowBytes(int64_t K) const;

@@ -42,13 +42,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kF32, WeightQuant::kNone, 0, DType::kI8},
                       Case{DType::kBF16, WeightQuant::kNone, 0, DType::kF8E4M3},
                       Case{DType::kBF16, WeightQuant::kInt8, 0, DType::kF8E4M3},
-                      Case{DType::kF32, WeightQuant::kInt4, 32, DType::kI8}),
+                      Case{DType::kF32, WeightQuant::kInt4, 32, DType::kI8},
+                      Case{DType::kBF16, WeightQuant::kInt8, 0, DType::kBF16, DType::kI8},
+                      Case{DType::kBF16, WeightQuant::kInt4, 128, DType::kBF16, DType::kI8}),
     [](const auto& info) {
       return absl::StrCat(std::string(DTypeName(info.param.weights)), "_",
                           std::string(WeightQuantName(info.param.quant)),
                           info.param.group > 0 ? absl::StrCat("g", info.param.group) : "", "_kv_",
                           std::string(DTypeName(info.param.kv)),
-                          info.param.input == DType::kBF16 ? "_bf16_inputs" : "");
+                          info.param.input == DType::kBF16 ? "_bf16_inputs"
+                          : info.param.input == DType::kI8 ? "_int8_inputs"
+                                                           : "");
     });
 
 }  // namespace

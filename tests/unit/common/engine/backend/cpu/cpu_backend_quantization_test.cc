@@ -95,6 +95,37 @@ TEST(QuantizationAccuracyTest, Int8Bf16InputsTopOneAgreementAtLeast95Percent) {
   EXPECT_GE(a.top1_agreement, 0.95);
 }
 
+// int8 MatMul inputs (int8 codes per 32-element block, integer dot products): int8 weights
+// still >= 95% top-1 agreement; int4 within the same floors as with f32 inputs.
+TEST(QuantizationAccuracyTest, Int8InputsTopOneAgreement) {
+  const Accuracy f = Measure(WeightQuant::kInt8, 0);
+  const Accuracy a = Measure(WeightQuant::kInt8, 0, DType::kF32, DType::kF32, DType::kI8);
+  RecordProperty("int8_int8_inputs_top1_agreement", std::to_string(a.top1_agreement));
+  EXPECT_GE(a.top1_agreement, 0.95);
+  EXPECT_NE(a.worst_relative_err, f.worst_relative_err);  // the inputs really were quantized
+  for (int64_t group : {32, 128}) {
+    const Accuracy b = Measure(WeightQuant::kInt4, group, DType::kF32, DType::kF32, DType::kI8);
+    EXPECT_GE(b.top1_agreement, group == 32 ? 0.85 : 0.7) << "group " << group;
+  }
+}
+
+TEST(QuantizationAccuracyTest, Int8InputsNeedQuantizedWeights) {
+  CpuBackendOptions options;
+  options.num_blocks = 16;
+  options.matmul_input_dtype = DType::kI8;
+  for (DType weights : {DType::kF32, DType::kBF16}) {
+    auto backend = CpuBackend::Create(Load("stories260k", weights), options);
+    ASSERT_FALSE(backend.ok()) << DTypeName(weights);
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(backend.status().message().find("int8 inputs int8 or int4 weights"),
+              std::string::npos)
+        << backend.status();
+  }
+  for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
+    EXPECT_TRUE(CpuBackend::Create(Load("stories260k", DType::kBF16, quant), options).ok());
+  }
+}
+
 TEST(QuantizationAccuracyTest, Int8TopOneAgreementAtLeast95Percent) {
   const Accuracy a = Measure(WeightQuant::kInt8, 0);
   RecordProperty("int8_top1_agreement", std::to_string(a.top1_agreement));

@@ -1,0 +1,76 @@
+#pragma once
+
+// int8 MatMul inputs (MatMulWeight::input_dtype == kI8; int8 and int4 weights only): each row of
+// x is quantized to int8 codes with one f32 scale per row (dynamic per-token quantization, as in
+// W8A8 serving), and the products are integer dot products (AVX512_VNNI vpdpbusd: 64 u8 x s8
+// products per instruction, summed in fours into 16 int32 lanes). With quantized weights the
+// bf16 path spends more instructions widening weights than multiplying; here int8 weights need
+// one xor per 64 and one vpdpbusd per 64 products per row, and int4 weights are products of
+// their nibbles directly.
+//
+// Numerics (the reference below is the specification and the path for CPUs without
+// AVX512_VNNI; the VNNI kernel equals it bit for bit):
+// - Row m: amax = max |x|; d = amax / 127; codes a = clamp(round_half_even(x * (127 / amax)),
+//   -127, 127) (all 0 and d = 0 when amax is 0 or not finite).
+// - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
+//   however it is summed (as (w + 128) * a - 128 sum(a), or as (a + 128) * w - 128 sum(w) when
+//   the weight carries its row sums); y = ((float(dot) * d) * s) + bias.
+// - int4 weights (codes q in [0, 15], group scale s_g, zero z_g): 16 f32 lanes; per 128-element
+//   chunk j, lane l holds the 8 products of block 4j + l/4 that share a 16-byte row chunk
+//   (bytes 16c + 4(l%4) .. + 3, low and high nibbles), summed exactly in int32 over
+//   max(1, group / 128) chunks, then acc = fma(float(lane sum), s of the lane's group, acc);
+//   r = reduce_add(acc); zc = reduce over groups (16 lanes, g % 16) of fma(s_g * z_g, A_g, .),
+//   A_g = sum of the group's codes; y = ((r - zc) * d) + bias.
+// - reduce_add is _mm512_reduce_add_ps's fixed tree; every order is fixed per output, so
+//   results are batch-invariant.
+
+#include <cstdint>
+#include <vector>
+
+#include "common/base/quant.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+
+namespace tandem::cpu::internal {
+
+// Longest rows for which the int32 sums are exact (255 * 127 * K < 2^31).
+constexpr int64_t kI8MaxK = 65536;
+
+// Quantized inputs of M rows laid out for one weight format (the int4 layout interleaves each
+// 128-element chunk as the nibbles sit in the weight rows).
+struct I8Inputs {
+  WeightQuant quant = WeightQuant::kNone;
+  int64_t M = 0;
+  int64_t K = 0;
+  int64_t chunk = 0;   // elements per chunk: 64 (int8 weights) or 128 (int4)
+  int64_t chunks = 0;  // chunks per row
+  int64_t groups = 0;  // int4: weight groups per row
+  // [M][chunks * chunk], zero past K. int8 weights with row sums: stored as a + 128 (u8 bit
+  // patterns; the weights are then the signed operand, and 128 * row sum comes off at the end).
+  const int8_t* codes = nullptr;
+  bool biased = false;
+  const float* scale = nullptr;       // [M] d
+  const int32_t* sum = nullptr;       // int8: [M] sum of the codes
+  const float* group_sums = nullptr;  // int4: [M][groups] A_g (exact integers)
+};
+
+// Owns an I8Inputs' memory; reused across calls (grows only).
+struct I8InputBuffer {
+  std::vector<int8_t> codes;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+  std::vector<float> group_sums;
+};
+
+// Quantizes x [M, K] (row stride ldx) for weight w (kInt8 or kInt4) into `buffer`.
+I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
+                          I8InputBuffer* buffer);
+
+// y[m, n] for n in [n0, n1), as specified above: the scalar reference (and the path for CPUs
+// without AVX512_VNNI) and the VNNI kernel (kernels_avx512vnni.cc; callable only when
+// GetCpuFeatures().avx512vnni).
+void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                       const float* bias, float* y, int64_t ldy);
+void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                        const float* bias, float* y, int64_t ldy);
+
+}  // namespace tandem::cpu::internal

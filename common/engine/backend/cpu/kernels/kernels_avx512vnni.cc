@@ -1,0 +1,319 @@
+// MatMul with int8 inputs on AVX512_VNNI (vpdpbusd) over int8 or int4 weights: the arithmetic
+// int8_inputs.h specifies and MatMulI8Reference spells out, bit for bit. Compiled with this
+// ISA's flags only (see CMakeLists.txt); the dispatcher calls it only when the CPU has
+// AVX512_VNNI. Everything here has internal linkage except MatMulI8Avx512Vnni (README.md, "ODR").
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "common/engine/backend/cpu/kernels/int8_inputs.h"
+
+namespace tandem::cpu::internal {
+namespace {
+
+constexpr int64_t kPrefetchBytes = 1024;
+constexpr int64_t kInt4PrefetchBytes = 16384;
+
+constexpr int64_t kBlockBytes = 256 * 1024;
+
+inline __mmask64 ByteMask(int64_t n) {
+  return n >= 64 ? ~__mmask64{0} : static_cast<__mmask64>((uint64_t{1} << n) - 1);
+}
+
+// int8 weights: 64 codes per chunk, entering vpdpbusd as w + 128 (u8); the int32 lanes run over
+// the whole row (exact: K <= 65536), and 128 * sum(a) comes off at the end.
+struct Int8Fmt {
+  static constexpr int kMR = 4, kNR = 6;  // register tile: 24 int32 accumulators
+  static constexpr int kNR1 = 8;          // weight rows per tile for a lone input row
+  struct Row {
+    const int8_t* w;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return Row{static_cast<const int8_t*>(w.data) + n * K};
+  }
+  static int64_t RowBytes(int64_t K) { return K; }
+  static const char* Addr(const Row& r, int64_t j) {
+    return reinterpret_cast<const char*>(r.w + j * 64);
+  }
+  struct Chunk {
+    __m512i u;
+  };
+  static Chunk Load(const Row& r, int64_t j, __mmask64 m) {
+    return Chunk{_mm512_xor_si512(_mm512_maskz_loadu_epi8(m, r.w + j * 64),
+                                  _mm512_set1_epi8(static_cast<char>(0x80)))};
+  }
+  static __m512i Dot(__m512i acc, const Chunk& c, const int8_t* a) {
+    return _mm512_dpbusd_epi32(acc, c.u, _mm512_loadu_si512(a));
+  }
+};
+
+// int4 weights: 128 codes per 64-byte chunk (low nibbles, then high nibbles per 16 bytes, which
+// is how the inputs are interleaved); see TileInt4.
+struct Int4Fmt {
+  static constexpr int kMR = 4, kNR = 3;  // register tile: 12 f32 + 12 int32 accumulators
+  static constexpr int kNR1 = 4;          // weight rows per tile for a lone input row
+  static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
+};
+
+// The int4 zero points of row n against input row sums A: reduce over groups of
+// fma(s_g * z_g, A_g, .).
+float ZeroCorrection(const MatMulWeight& w, int64_t n, int64_t G, const float* A) {
+  const float* s = w.scales + n * G;
+  const float* z = w.zeros + n * G;
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < G; g += 16) {
+    const __mmask16 m = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1 << (G - g)) - 1);
+    const __m512 sz =
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + g), _mm512_maskz_loadu_ps(m, z + g));
+    acc = _mm512_fmadd_ps(sz, _mm512_maskz_loadu_ps(m, A + g), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights with row sums: the inputs (a + 128, in registers)
+// are the unsigned operand, the weights enter vpdpbusd as they are (a memory operand), and
+// 128 * row sum comes off at the end.
+template <int MR, int NR, bool kPrefetch>
+void TileInt8Biased(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0,
+                    const float* bias, float* y, int64_t ldy) {
+  const int64_t K = in.K, code_stride = in.chunks * in.chunk;
+  const int8_t* rows[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) rows[j] = static_cast<const int8_t*>(wt.data) + (n0 + j) * K;
+  __m512i acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
+  }
+  const int64_t full = K / 64;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
+    __m512i a[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      a[i] = _mm512_loadu_si512(in.codes + (m0 + i) * code_stride + c * 64);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + c * 64) + kPrefetchBytes, _MM_HINT_T0);
+      }
+      const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[j] + c * 64);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a[i], w);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const float d = in.scale[m0 + i];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const int64_t n = n0 + j;
+      const int32_t dot =
+          _mm512_reduce_add_epi32(acc[i][j]) - 128 * static_cast<int32_t>(wt.row_sums[n]);
+      float out = (static_cast<float>(dot) * d) * wt.scales[n];
+      if (bias != nullptr) out = out + bias[n];
+      y[(m0 + i) * ldy + n] = out;
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights.
+template <int MR, int NR, bool kPrefetch>
+void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
+              float* y, int64_t ldy) {
+  using Fmt = Int8Fmt;
+  const int64_t K = in.K, code_stride = in.chunks * in.chunk;
+  Fmt::Row rows[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) rows[j] = Fmt::MakeRow(wt, n0 + j, K);
+  __m512i acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
+  }
+  const int64_t full = K / 64;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (kPrefetch) _mm_prefetch(Fmt::Addr(rows[j], c) + kPrefetchBytes, _MM_HINT_T0);
+      const Fmt::Chunk w = Fmt::Load(rows[j], c, mask);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j] = Fmt::Dot(acc[i][j], w, in.codes + (m0 + i) * code_stride + c * 64);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const int32_t offset = 128 * in.sum[m0 + i];
+    const float d = in.scale[m0 + i];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const int64_t n = n0 + j;
+      const int32_t dot = _mm512_reduce_add_epi32(acc[i][j]) - offset;
+      float out = (static_cast<float>(dot) * d) * wt.scales[n];
+      if (bias != nullptr) out = out + bias[n];
+      y[(m0 + i) * ldy + n] = out;
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights. kWide: groups of 128 or more (one scale per
+// chunk, broadcast); else 32 or 64 (per-lane scales gathered by a permute).
+template <int MR, int NR, bool kPrefetch, bool kWide>
+void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
+              float* y, int64_t ldy) {
+  const int64_t K = in.K, code_stride = in.chunks * in.chunk, G = in.groups;
+  const int64_t row_bytes = Int4RowBytes(K);
+  int shift = 0;
+  while ((int64_t{1} << shift) < wt.group_size) ++shift;
+  const uint8_t* q[NR];
+  const float* sc[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) {
+    q[j] = static_cast<const uint8_t*>(wt.data) + (n0 + j) * row_bytes;
+    sc[j] = wt.scales + (n0 + j) * G;
+  }
+  __m512 acc[MR][NR];
+  __m512i lanes[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      acc[i][j] = _mm512_setzero_ps();
+      lanes[i][j] = _mm512_setzero_si512();
+    }
+  }
+  // Lane l of a chunk is block l/4; its group within the chunk's first group, for narrow groups.
+  const __m512i idx = _mm512_srli_epi32(
+      _mm512_setr_epi32(0, 0, 0, 0, 32, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 96),
+      kWide ? 7 : shift);
+  const __m512i nib = _mm512_set1_epi8(15);
+  const int64_t full = row_bytes / 64;  // chunks whose 64 weight bytes lie inside the row
+  const int64_t period = kWide ? wt.group_size / 128 : 1;
+  int64_t countdown = period;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(row_bytes - c * 64);
+    const bool flush = --countdown == 0 || c + 1 == in.chunks;
+    if (countdown == 0) countdown = period;
+    const int64_t base = (c * 128) >> shift;  // the chunk's first group
+    const __mmask16 smask =
+        G - base >= 4 ? __mmask16{0xF} : static_cast<__mmask16>((1 << (G - base)) - 1);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
+                     _MM_HINT_T0);
+      }
+      const __m512i v = _mm512_maskz_loadu_epi8(mask, q[j] + c * 64);
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const int8_t* a = in.codes + (m0 + i) * code_stride + c * 128;
+        lanes[i][j] = _mm512_dpbusd_epi32(lanes[i][j], lo, _mm512_loadu_si512(a));
+        lanes[i][j] = _mm512_dpbusd_epi32(lanes[i][j], hi, _mm512_loadu_si512(a + 64));
+      }
+      if (flush) {
+        __m512 sv;
+        if constexpr (kWide) {
+          sv = _mm512_set1_ps(sc[j][base]);
+        } else {
+          sv = _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(smask, sc[j] + base));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes[i][j]), sv, acc[i][j]);
+          lanes[i][j] = _mm512_setzero_si512();
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const float d = in.scale[m0 + i];
+    const float* sums = in.group_sums + (m0 + i) * G;
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const int64_t n = n0 + j;
+      float out = (_mm512_reduce_add_ps(acc[i][j]) - ZeroCorrection(wt, n, G, sums)) * d;
+      if (bias != nullptr) out = out + bias[n];
+      y[(m0 + i) * ldy + n] = out;
+    }
+  }
+}
+
+template <int MR, int NR, bool kPrefetch, class Fmt>
+void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
+          float* y, int64_t ldy) {
+  if constexpr (std::is_same_v<Fmt, Int8Fmt>) {
+    if (in.biased) {
+      TileInt8Biased<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
+    } else {
+      TileInt8<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
+    }
+  } else if (wt.group_size >= 128) {
+    TileInt4<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
+  } else {
+    TileInt4<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
+  }
+}
+
+using TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, const float*,
+                        float*, int64_t);
+
+template <bool kPrefetch, class Fmt, int... I>
+constexpr TileFn kTiles[] = {&Tile<I / Fmt::kNR + 1, I % Fmt::kNR + 1, kPrefetch, Fmt>...};
+
+template <bool kPrefetch, class Fmt, int... I>
+constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
+  return kTiles<kPrefetch, Fmt, I...>;
+}
+
+// Columns [n0, n1) in blocks of weight rows that stay in L2 while every row tile passes over them.
+template <class Fmt>
+void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+           float* y, int64_t ldy) {
+  constexpr int kMR = Fmt::kMR, kNR = Fmt::kNR, kNR1 = Fmt::kNR1;
+  const int64_t M = in.M;
+  const TileFn* tiles = M <= 2 * kMR
+                            ? TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>())
+                            : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  const int64_t row_bytes = Fmt::RowBytes(in.K);
+  int64_t block = row_bytes > 0 ? kBlockBytes / row_bytes / kNR * kNR : kNR;
+  if (block < kNR) block = kNR;
+  for (int64_t b0 = n0; b0 < n1; b0 += block) {
+    const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
+    for (int64_t m = 0; m < M; m += kMR) {
+      const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+      int64_t n = b0;
+      if (mr == 1) {
+        for (; n + kNR1 <= b1; n += kNR1) Tile<1, kNR1, true, Fmt>(in, m, w, n, bias, y, ldy);
+      }
+      for (; n < b1; n += kNR) {
+        const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
+        tiles[(mr - 1) * kNR + (nr - 1)](in, m, w, n, bias, y, ldy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                        const float* bias, float* y, int64_t ldy) {
+  if (in.quant == WeightQuant::kInt4) {
+    Range<Int4Fmt>(in, w, n0, n1, bias, y, ldy);
+  } else {
+    Range<Int8Fmt>(in, w, n0, n1, bias, y, ldy);
+  }
+}
+
+}  // namespace tandem::cpu::internal

@@ -1,0 +1,258 @@
+// int8 MatMul inputs (MatMulWeight::input_dtype kI8, int8_inputs.h): the quantizer's codes,
+// scales and sums, the VNNI kernel bit-exact against the scalar reference (across K tails, groups,
+// tiles, blocks of rows and threads), bit-exact batch invariance, and the error within the bound
+// that the input quantization allows, for every SIMD level this CPU supports.
+
+#include "common/engine/backend/cpu/kernels/int8_inputs.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "common/base/thread_pool.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/model/quantize.h"
+#include "tests/unit/common/engine/backend/cpu/kernels/kernel_test_util.h"
+
+namespace tandem::cpu {
+namespace {
+
+using testing::PerSimdLevelTest;
+using testing::RandomFloats;
+
+struct QWeights {
+  QuantizedMatrix q;
+  std::vector<float> dequant;   // [N, K]
+  std::vector<float> row_sums;  // int8 with row sums: [N]
+  MatMulWeight view() const {
+    MatMulWeight w;
+    w.row_sums = row_sums.empty() ? nullptr : row_sums.data();
+    w.input_dtype = DType::kI8;
+    w.data = q.codes.data();
+    w.quant = q.quant;
+    w.scales = q.scales.data();
+    w.zeros = q.zeros.empty() ? nullptr : q.zeros.data();
+    w.group_size = q.group_size;
+    return w;
+  }
+};
+
+QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t group, uint64_t seed,
+                       bool row_sums = false) {
+  const std::vector<float> f = RandomFloats(N * K, seed, -0.7f, 1.3f);
+  QWeights w;
+  w.q = Quantize(
+      quant, N, K, group,
+      [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * K, K * sizeof(float)); },
+      nullptr);
+  const int64_t groups = quant == WeightQuant::kInt4 ? Int4Groups(K, group) : 1;
+  const int64_t row_bytes = quant == WeightQuant::kInt4 ? Int4RowBytes(K) : K;
+  w.dequant.resize(N * K);
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeRow(quant, w.q.codes.data() + n * row_bytes, w.q.scales.data() + n * groups,
+                  w.q.zeros.empty() ? nullptr : w.q.zeros.data() + n * groups, K, group,
+                  w.dequant.data() + n * K);
+  }
+  if (row_sums) {
+    for (int64_t n = 0; n < N; ++n) {
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(w.q.codes[n * K + k]);
+      w.row_sums.push_back(static_cast<float>(sum));
+    }
+  }
+  return w;
+}
+
+struct Format {
+  WeightQuant quant;
+  int64_t group;
+  bool row_sums = false;  // int8: the weights carry their row sums (inputs biased by 128)
+};
+const Format kFormats[] = {{WeightQuant::kInt8, 0},   {WeightQuant::kInt8, 0, true},
+                           {WeightQuant::kInt4, 32},  {WeightQuant::kInt4, 64},
+                           {WeightQuant::kInt4, 128}, {WeightQuant::kInt4, 256}};
+
+std::string Name(const Format& f) {
+  return std::string(WeightQuantName(f.quant)) + " g=" + std::to_string(f.group) +
+         (f.row_sums ? " row sums" : "");
+}
+
+// Codes are round-half-even of x * 127 / amax over the row, the scale amax / 127, the sums
+// those of the codes (int4: per weight group), and a row of zeros or with a non-finite value
+// quantizes to nothing.
+TEST(Int8InputsTest, QuantizerCodesScalesAndSums) {
+  const int64_t K = 100;
+  std::vector<float> x(3 * K, 0.0f);
+  for (int64_t k = 0; k < K; ++k) x[k] = 0.5f * static_cast<float>(k % 40) - 10.25f;
+  x[7] = 127.0f;  // row 0: amax 127, so codes are x rounded half to even
+  x[K + 3] = std::numeric_limits<float>::infinity();  // row 1: not finite; row 2: zeros
+  MatMulWeight w;
+  w.quant = WeightQuant::kInt8;
+  internal::I8InputBuffer buffer;
+  internal::I8Inputs in = internal::QuantizeInputsI8(x.data(), 3, K, K, w, &buffer);
+  ASSERT_EQ(in.chunks, 2);
+  int32_t sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    EXPECT_EQ(in.codes[k], static_cast<int8_t>(std::nearbyint(x[k]))) << k;
+    sum += in.codes[k];
+  }
+  EXPECT_EQ(in.codes[0], -10);  // -10.25
+  EXPECT_EQ(in.codes[1], -10);  // -9.75
+  EXPECT_EQ(in.codes[2], -9);   // -9.25
+  for (int64_t k = K; k < 128; ++k) EXPECT_EQ(in.codes[k], 0) << "padding " << k;
+  EXPECT_EQ(in.scale[0], 1.0f);
+  EXPECT_EQ(in.sum[0], sum);
+  for (int64_t m = 1; m < 3; ++m) {
+    EXPECT_EQ(in.scale[m], 0.0f) << m;
+    EXPECT_EQ(in.sum[m], 0) << m;
+    for (int64_t k = 0; k < 128; ++k) ASSERT_EQ(in.codes[m * 128 + k], 0) << m << " " << k;
+  }
+  // int4 layout: each 128-element chunk holds the low halves of its four 32-blocks, then the
+  // high halves; group sums per 32-element group.
+  w.quant = WeightQuant::kInt4;
+  w.group_size = 32;
+  in = internal::QuantizeInputsI8(x.data(), 1, K, K, w, &buffer);
+  ASSERT_EQ(in.chunks, 1);
+  ASSERT_EQ(in.groups, 4);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t c = k / 32, e = k % 32;
+    EXPECT_EQ(in.codes[(e < 16 ? 0 : 64) + 16 * c + e % 16],
+              static_cast<int8_t>(std::nearbyint(x[k])))
+        << k;
+  }
+  for (int64_t g = 0; g < 4; ++g) {
+    float want = 0;
+    for (int64_t k = 32 * g; k < K && k < 32 * g + 32; ++k) want += std::nearbyint(x[k]);
+    EXPECT_EQ(in.group_sums[g], want) << g;
+  }
+}
+
+class Int8InputsTest : public PerSimdLevelTest {};
+
+// What MatMul computes (VNNI where this level and CPU have it) is the reference, bit for bit.
+TEST_P(Int8InputsTest, EqualsReference) {
+  ThreadPool pool(2);
+  for (const Format& fmt : kFormats) {
+    for (int64_t K : {1, 31, 32, 33, 64, 100, 127, 128, 129, 300, 515, 1031}) {
+      for (int64_t N : {1, 5, 9, 67}) {
+        const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 5 + K * 3 + N, fmt.row_sums);
+        for (int64_t M : {1, 2, 5, 9}) {
+          const int64_t ldx = K + 3, ldy = N + 2;
+          const auto x = RandomFloats(M * ldx, 7 + K + M, -3.0f, 2.0f);
+          const auto bias = RandomFloats(N, 3 + N);
+          std::vector<float> y(M * ldy, -7.0f), ref(M * ldy, -7.0f);
+          MatMul(x.data(), M, K, ldx, w.view(), N, bias.data(), y.data(), ldy, &pool);
+          internal::I8InputBuffer buffer;
+          const internal::I8Inputs in =
+              internal::QuantizeInputsI8(x.data(), M, K, ldx, w.view(), &buffer);
+          internal::MatMulI8Reference(in, w.view(), 0, N, bias.data(), ref.data(), ldy);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+              << Name(fmt) << " K=" << K << " N=" << N << " M=" << M;
+        }
+      }
+    }
+  }
+}
+
+// The quantized inputs change each product by at most half a step: the result is within
+// sum_k |w_k| * d / 2 (d = max |x| / 127 of the row, plus f32 rounding) of the exact sum over
+// the dequantized weights, and far closer than that on average.
+TEST_P(Int8InputsTest, WithinTheInputQuantizationBound) {
+  for (const Format& fmt : kFormats) {
+    const int64_t M = 3, K = 515, N = 40;
+    const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 17, fmt.row_sums);
+    const auto x = RandomFloats(M * K, 18, -3.0f, 2.0f);
+    std::vector<float> y(M * N);
+    MatMul(x.data(), M, K, K, w.view(), N, nullptr, y.data(), N, nullptr);
+    double err_sum = 0, bound_sum = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      double amax = 0;
+      for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(x[m * K + k]));
+      for (int64_t n = 0; n < N; ++n) {
+        double exact = 0, bound = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double wk = w.dequant[n * K + k], xk = x[m * K + k];
+          exact += wk * xk;
+          bound += std::fabs(wk) * amax / 127 / 2;
+          mag += std::fabs(wk * xk);
+        }
+        const double err = std::fabs(y[m * N + n] - exact);
+        ASSERT_LE(err, bound + 1e-5 * mag) << Name(fmt) << " m=" << m << " n=" << n;
+        err_sum += err;
+        bound_sum += bound;
+      }
+    }
+    // Rounding errors mostly cancel: the mean error is a small fraction of the worst case.
+    EXPECT_LT(err_sum, 0.2 * bound_sum) << Name(fmt);
+  }
+}
+
+TEST_P(Int8InputsTest, BatchInvariant) {
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  for (const Format& fmt : kFormats) {
+    const int64_t K = 300, N = 130;
+    const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 41, fmt.row_sums);
+    const auto row = RandomFloats(K, 42);
+    std::vector<float> want(N);
+    MatMul(row.data(), 1, K, K, w.view(), N, nullptr, want.data(), N, nullptr);
+    for (int64_t M : {1, 3, 7, 16, 33}) {
+      auto x = RandomFloats(M * K, 43 + M);
+      for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
+        auto xb = x;
+        std::memcpy(xb.data() + pos * K, row.data(), K * sizeof(float));
+        for (auto& pool : pools) {
+          std::vector<float> y(M * N);
+          MatMul(xb.data(), M, K, K, w.view(), N, nullptr, y.data(), N, pool.get());
+          ASSERT_EQ(0, std::memcmp(y.data() + pos * N, want.data(), N * sizeof(float)))
+              << Name(fmt) << " M=" << M << " pos=" << pos << " threads=" << pool->size();
+        }
+      }
+    }
+  }
+}
+
+// Larger shapes: several L2 blocks of weight rows and every register tile, against the reference.
+TEST_P(Int8InputsTest, LargeShapesEqualReference) {
+  ThreadPool pool(2);
+  for (const Format& fmt : {kFormats[0], kFormats[1], kFormats[2], kFormats[4]}) {
+    const int64_t K = 2048, N = 700;
+    const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 71, fmt.row_sums);
+    for (int64_t M : {1, 4, 13}) {
+      const auto x = RandomFloats(M * K, 72 + M);
+      std::vector<float> y(M * N), ref(M * N);
+      MatMul(x.data(), M, K, K, w.view(), N, nullptr, y.data(), N, &pool);
+      internal::I8InputBuffer buffer;
+      const internal::I8Inputs in =
+          internal::QuantizeInputsI8(x.data(), M, K, K, w.view(), &buffer);
+      internal::MatMulI8Reference(in, w.view(), 0, N, nullptr, ref.data(), N);
+      ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
+          << Name(fmt) << " M=" << M;
+    }
+  }
+}
+
+// The dot products are exact integers, so int8 weights give the same bits whether or not they
+// carry their row sums (which only change which operand is biased by 128).
+TEST_P(Int8InputsTest, RowSumsChangeNoBit) {
+  ThreadPool pool(2);
+  for (int64_t K : {1, 63, 64, 65, 300, 2048}) {
+    const int64_t N = 70, M = 6;
+    const QWeights plain = MakeQuantized(WeightQuant::kInt8, N, K, 0, 81 + K);
+    const QWeights summed = MakeQuantized(WeightQuant::kInt8, N, K, 0, 81 + K, true);
+    const auto x = RandomFloats(M * K, 82 + K);
+    std::vector<float> a(M * N), b(M * N);
+    MatMul(x.data(), M, K, K, plain.view(), N, nullptr, a.data(), N, &pool);
+    MatMul(x.data(), M, K, K, summed.view(), N, nullptr, b.data(), N, &pool);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "K=" << K;
+  }
+}
+
+TANDEM_INSTANTIATE_PER_SIMD_LEVEL(Int8InputsTest);
+
+}  // namespace
+}  // namespace tandem::cpu
