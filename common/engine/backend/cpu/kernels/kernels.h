@@ -29,7 +29,7 @@ struct MatMulWeight {
   // int8, optional: [N] the sum of each row's codes (exact integers). With int8 inputs it lets
   // the inputs be the unsigned operand of vpdpbusd (a + 128) and the weights enter as they are.
   const float* row_sums = nullptr;
-  int64_t group_size = 0;         // int4: a power of two >= 32
+  int64_t group_size = 0;  // int4: a power of two >= 32
   // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
   // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
   // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4
