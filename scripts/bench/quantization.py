@@ -118,7 +118,9 @@ def render(work, outdir):
             "max |difference| / max |reference| per position (mean and worst over positions). "
             "Weights quantized at load from the f32 checkpoint (lm_head too); bf16 weights are the "
             "checkpoint rounded to bf16. bf16 matmul inputs: every projection's input rounded to "
-            "bf16 (bf16 dot products; quantized weights used as bf16 of their f32 value).", "",
+            "bf16 (bf16 dot products; quantized weights used as bf16 of their f32 value). int8 "
+            "matmul inputs: every projection's input row quantized to int8 with one scale "
+            "(per-token), integer dot products with the int8 / int4 codes.", "",
             "| weights | matmul inputs | KV cache | top-1 agreement | mean rel. logits error | worst |",
             "|---|---|---|---:|---:|---:|"]
     for a in acc:

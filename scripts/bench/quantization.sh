@@ -5,7 +5,8 @@
 # tokens/s x bytes read per token / bandwidth), prefill tokens/s and decode tokens/s at batch
 # 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the accuracy cost of each weight
 # format and KV dtype on stories260k against its f32 reference logits (quant_bench --accuracy).
-# Each weight format runs with f32 matmul inputs and with bf16 inputs (bf16 dot products).
+# Each weight format runs with f32 matmul inputs and with bf16 inputs (bf16 dot products); int8
+# and int4 g128 also with int8 inputs (per-token int8, integer dot products).
 # The formats run interleaved, repetition by repetition, so background load hits them alike.
 # Writes $BENCH_RESULTS/quantization.{md,json}.
 #   BENCH_REPS=3 QUANT_MODELS="llama-110m llama-1b" scripts/bench/quantization.sh
@@ -19,9 +20,10 @@ MODELS=(${QUANT_MODELS:-llama-110m llama-1b})
 # Compute threads (0: one per core; QUANT_THREADS=1 for single-core figures).
 THREADS="${QUANT_THREADS:-0}"
 # weights, int4 group, matmul inputs (f32: exact; bf16: bf16 dot products, the serving default on
-# CPUs with AVX512_BF16, --matmul-input-dtype auto).
-FORMATS=("none 128 f32" "none 128 bf16" "int8 128 f32" "int8 128 bf16" "int4 32 bf16"
-         "int4 128 f32" "int4 128 bf16")
+# CPUs with AVX512_BF16 for bf16 and int4 weights; int8: the default for int8 weights on CPUs
+# with AVX512_VNNI; --matmul-input-dtype auto).
+FORMATS=("none 128 f32" "none 128 bf16" "int8 128 f32" "int8 128 bf16" "int8 128 int8"
+         "int4 32 bf16" "int4 128 f32" "int4 128 bf16" "int4 128 int8")
 
 record "accuracy (stories260k, teacher-forced on its reference sequence)" \
   "$BENCH" --accuracy --model "$ROOT/models/stories260k"
