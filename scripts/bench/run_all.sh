@@ -25,3 +25,12 @@ fragments=()
 for s in "${sections[@]}"; do fragments+=("$RESULTS/$s.md"); done
 python3 "$ROOT/scripts/bench/render.py" splice "$ROOT/docs/benchmarks.md" "${fragments[@]}"
 echo "updated $ROOT/docs/benchmarks.md" >&2
+# PNG plots of the quantization and serving figures (issue 7), from docs/benchmarks/*.json.
+if ! /usr/bin/python3 -c "import matplotlib" 2>/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get install -y -qq python3-matplotlib >/dev/null || true
+fi
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+  /usr/bin/python3 "$ROOT/scripts/bench/plots.py" "$RESULTS"
+else
+  echo "plots skipped: apt-get install python3-matplotlib" >&2
+fi

@@ -23,31 +23,11 @@ inline __mmask64 ByteMask(int64_t n) {
   return n >= 64 ? ~__mmask64{0} : static_cast<__mmask64>((uint64_t{1} << n) - 1);
 }
 
-// int8 weights: 64 codes per chunk, entering vpdpbusd as w + 128 (u8); the int32 lanes run over
-// the whole row (exact: K <= 65536), and 128 * sum(a) comes off at the end.
+// int8 weights: 64 codes per chunk; see TileInt8.
 struct Int8Fmt {
   static constexpr int kMR = 4, kNR = 6;  // register tile: 24 int32 accumulators
   static constexpr int kNR1 = 8;          // weight rows per tile for a lone input row
-  struct Row {
-    const int8_t* w;
-  };
-  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
-    return Row{static_cast<const int8_t*>(w.data) + n * K};
-  }
   static int64_t RowBytes(int64_t K) { return K; }
-  static const char* Addr(const Row& r, int64_t j) {
-    return reinterpret_cast<const char*>(r.w + j * 64);
-  }
-  struct Chunk {
-    __m512i u;
-  };
-  static Chunk Load(const Row& r, int64_t j, __mmask64 m) {
-    return Chunk{_mm512_xor_si512(_mm512_maskz_loadu_epi8(m, r.w + j * 64),
-                                  _mm512_set1_epi8(static_cast<char>(0x80)))};
-  }
-  static __m512i Dot(__m512i acc, const Chunk& c, const int8_t* a) {
-    return _mm512_dpbusd_epi32(acc, c.u, _mm512_loadu_si512(a));
-  }
 };
 
 // int4 weights: 128 codes per 64-byte chunk (low nibbles, then high nibbles per 16 bytes, which
@@ -73,12 +53,13 @@ float ZeroCorrection(const MatMulWeight& w, int64_t n, int64_t G, const float* A
   return _mm512_reduce_add_ps(acc);
 }
 
-// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights with row sums: the inputs (a + 128, in registers)
-// are the unsigned operand, the weights enter vpdpbusd as they are (a memory operand), and
-// 128 * row sum comes off at the end.
-template <int MR, int NR, bool kPrefetch>
-void TileInt8Biased(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0,
-                    const float* bias, float* y, int64_t ldy) {
+// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights; the int32 lanes run over the whole row (exact:
+// K <= 65536). kBiased (the weights carry row sums): the inputs, stored as a + 128, are the
+// unsigned operand of vpdpbusd and the weights enter as they are; 128 * row sum comes off at the
+// end. Otherwise the weights enter as w + 128 (one xor) and 128 * sum(a) comes off.
+template <int MR, int NR, bool kPrefetch, bool kBiased>
+void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
+              float* y, int64_t ldy) {
   const int64_t K = in.K, code_stride = in.chunks * in.chunk;
   const int8_t* rows[NR];
 #pragma GCC unroll 8
@@ -89,6 +70,7 @@ void TileInt8Biased(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int6
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
   }
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t full = K / 64;
   for (int64_t c = 0; c < in.chunks; ++c) {
     const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
@@ -104,59 +86,23 @@ void TileInt8Biased(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int6
       }
       const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[j] + c * 64);
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a[i], w);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    const float d = in.scale[m0 + i];
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const int64_t n = n0 + j;
-      const int32_t dot =
-          _mm512_reduce_add_epi32(acc[i][j]) - 128 * static_cast<int32_t>(wt.row_sums[n]);
-      float out = (static_cast<float>(dot) * d) * wt.scales[n];
-      if (bias != nullptr) out = out + bias[n];
-      y[(m0 + i) * ldy + n] = out;
-    }
-  }
-}
-
-// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights.
-template <int MR, int NR, bool kPrefetch>
-void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
-              float* y, int64_t ldy) {
-  using Fmt = Int8Fmt;
-  const int64_t K = in.K, code_stride = in.chunks * in.chunk;
-  Fmt::Row rows[NR];
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; ++j) rows[j] = Fmt::MakeRow(wt, n0 + j, K);
-  __m512i acc[MR][NR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
-  }
-  const int64_t full = K / 64;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) _mm_prefetch(Fmt::Addr(rows[j], c) + kPrefetchBytes, _MM_HINT_T0);
-      const Fmt::Chunk w = Fmt::Load(rows[j], c, mask);
-#pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        acc[i][j] = Fmt::Dot(acc[i][j], w, in.codes + (m0 + i) * code_stride + c * 64);
+        if constexpr (kBiased) {
+          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a[i], w);
+        } else {
+          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], _mm512_xor_si512(w, flip), a[i]);
+        }
       }
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const int32_t offset = 128 * in.sum[m0 + i];
     const float d = in.scale[m0 + i];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       const int64_t n = n0 + j;
+      const int32_t offset =
+          128 * (kBiased ? static_cast<int32_t>(wt.row_sums[n]) : in.sum[m0 + i]);
       const int32_t dot = _mm512_reduce_add_epi32(acc[i][j]) - offset;
       float out = (static_cast<float>(dot) * d) * wt.scales[n];
       if (bias != nullptr) out = out + bias[n];
@@ -255,9 +201,9 @@ void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, co
           float* y, int64_t ldy) {
   if constexpr (std::is_same_v<Fmt, Int8Fmt>) {
     if (in.biased) {
-      TileInt8Biased<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
+      TileInt8<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
     } else {
-      TileInt8<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
+      TileInt8<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
     }
   } else if (wt.group_size >= 128) {
     TileInt4<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);

@@ -20,9 +20,11 @@ using testing_util::RunAll;
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks,
                                    const std::string& quantization = "none",
-                                   const std::string& kv_dtype = "auto") {
+                                   const std::string& kv_dtype = "auto",
+                                   const std::string& matmul_input = "auto") {
   EngineBuildOptions b;
   b.quantization = quantization;
+  b.matmul_input_dtype = matmul_input;
   b.kv_cache_dtype = kv_dtype;
   b.quant_group_size = 32;
   b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
@@ -106,13 +108,15 @@ TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
   struct Format {
     const char* quant;
     const char* kv;
+    const char* inputs = "auto";  // matmul inputs
   };
   std::vector<std::map<std::string, std::vector<int32_t>>> outputs;
-  for (const Format& f : {Format{"int8", "fp8"}, Format{"int4", "int8"}, Format{"none", "fp8"}}) {
+  for (const Format& f : {Format{"int8", "fp8"}, Format{"int4", "int8"}, Format{"none", "fp8"},
+                          Format{"int4", "auto", "int8"}, Format{"int8", "auto", "bf16"}}) {
     EngineOptions solo_options;
     solo_options.enable_prefix_cache = false;
     solo_options.scheduler.max_num_seqs = 1;
-    auto solo_engine = MakeEngine(solo_options, 256, f.quant, f.kv);
+    auto solo_engine = MakeEngine(solo_options, 256, f.quant, f.kv, f.inputs);
     ASSERT_NE(solo_engine, nullptr);
     const auto solo = RunAll(*solo_engine, reqs);
     outputs.push_back(solo);
@@ -121,10 +125,11 @@ TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
       o.scheduler.max_num_seqs = 16;
       o.scheduler.max_num_batched_tokens = 64;
       o.scheduler.max_prefill_chunk = 5;
-      auto engine = MakeEngine(o, blocks, f.quant, f.kv);
+      auto engine = MakeEngine(o, blocks, f.quant, f.kv, f.inputs);
       for (int pass = 0; pass < 2; ++pass) {
         EXPECT_EQ(RunAll(*engine, reqs), solo)
-            << f.quant << " kv " << f.kv << " blocks " << blocks << " pass " << pass;
+            << f.quant << " kv " << f.kv << " inputs " << f.inputs << " blocks " << blocks
+            << " pass " << pass;
       }
       EXPECT_EQ(engine->stats().kv_blocks_used, 0);
       if (blocks == 12) EXPECT_GT(engine->stats().preemptions, 0);
@@ -143,6 +148,16 @@ TEST(EngineTest, UnknownQuantizationOrKvDtypeIsAnError) {
   b.quantization = "int8";
   b.kv_cache_dtype = "fp4";
   EXPECT_NE(BuildEngine(b).status().message().find("kv cache dtype"), std::string::npos);
+  b.kv_cache_dtype = "auto";
+  b.matmul_input_dtype = "int4";
+  EXPECT_NE(BuildEngine(b).status().message().find("matmul input dtype must be"),
+            std::string::npos);
+  // int8 inputs are for quantized weights only.
+  b.quantization = "none";
+  b.matmul_input_dtype = "int8";
+  const absl::Status st = BuildEngine(b).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("int8 inputs int8 or int4 weights"), std::string::npos) << st;
 }
 
 TEST(EngineTest, SamplesShareThePromptCopyOnWrite) {
