@@ -85,8 +85,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         std::string(DTypeName(model->weight_dtype())), " weights",
         quantized ? " (quantized)" : ""));
   }
-  std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   const ModelConfig& c = model->config();
+  const int64_t longest_row =  // K of every projection
+      std::max({c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim});
+  if (input == DType::kI8 && longest_row > cpu::kMatMulI8MaxK) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul input dtype i8: rows of up to ",
+                                                   cpu::kMatMulI8MaxK, " elements, the model has ",
+                                                   longest_row));
+  }
+  std::unique_ptr<CpuBackend> backend(new CpuBackend(model, options));
   KvCacheSpec& s = backend->spec_;
   s.num_layers = c.num_layers;
   s.num_kv_heads = c.num_kv_heads;

@@ -33,7 +33,7 @@
 namespace tandem::cpu::internal {
 
 // Longest rows for which the int32 sums are exact (255 * 127 * K < 2^31).
-constexpr int64_t kI8MaxK = 65536;
+constexpr int64_t kI8MaxK = kMatMulI8MaxK;
 
 // Quantized inputs of M rows laid out for one weight format (the int4 layout interleaves each
 // 128-element chunk as the nibbles sit in the weight rows).

@@ -18,6 +18,9 @@
 
 namespace tandem::cpu {
 
+// Longest rows (K) that int8 MatMul inputs take: their int32 sums are exact up to it.
+inline constexpr int64_t kMatMulI8MaxK = 65536;
+
 // A weight matrix [N, K] for MatMul: dense (quant kNone, dtype kF32 or kBF16, row-major) or
 // weight-only quantized (common/base/quant.h: int8 per-row scales, int4 groups with zeros).
 struct MatMulWeight {
@@ -36,7 +39,7 @@ struct MatMulWeight {
   // weights: x quantized per 32-element block to int8 with an f32 scale, integer dot products;
   // on AVX512_VNNI by vpdpbusd; int8_inputs.h). Like the weight format, it is fixed per weight,
   // so batch invariance holds within each choice.
-  DType input_dtype = DType::kF32;
+  DType input_dtype = DType::kF32;  // kI8: K <= kMatMulI8MaxK
   // Bytes of one stored row of K elements (excluding scales).
   int64_t RowBytes(int64_t K) const;
 };
