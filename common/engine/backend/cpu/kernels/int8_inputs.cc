@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace tandem::cpu::internal {
 namespace {
@@ -61,8 +62,13 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
     buffer->scale[m] = 0.0f;
     buffer->sum[m] = 0;
     float amax = 0.0f;
-    for (int64_t k = 0; k < K; ++k) amax = std::fmax(amax, std::fabs(xr[k]));
-    if (!(amax > 0.0f) || !std::isfinite(amax)) continue;  // codes, scale and sums stay 0
+    bool finite = true;  // a NaN anywhere makes max |x| NaN, not the max of the rest
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = std::fabs(xr[k]);
+      amax = a > amax ? a : amax;
+      finite = finite && a <= std::numeric_limits<float>::max();
+    }
+    if (!finite || !(amax > 0.0f)) continue;  // codes, scale and sums stay 0
     const float inv = 127.0f / amax;
     buffer->scale[m] = amax / 127.0f;
     int32_t sum = 0, group_sum = 0;

@@ -11,7 +11,7 @@
 // Numerics (the reference below is the specification and the path for CPUs without
 // AVX512_VNNI; the VNNI kernel equals it bit for bit):
 // - Row m: amax = max |x|; d = amax / 127; codes a = clamp(round_half_even(x * (127 / amax)),
-//   -127, 127) (all 0 and d = 0 when amax is 0 or not finite).
+//   -127, 127) (all 0 and d = 0 when amax is 0 or the row holds a NaN or an infinity).
 // - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
 //   however it is summed (as (w + 128) * a - 128 sum(a), or as (a + 128) * w - 128 sum(w) when
 //   the weight carries its row sums); y = ((float(dot) * d) * s) + bias.

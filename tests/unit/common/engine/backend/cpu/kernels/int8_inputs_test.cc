@@ -86,14 +86,16 @@ std::string Name(const Format& f) {
 // quantizes to nothing.
 TEST(Int8InputsTest, QuantizerCodesScalesAndSums) {
   const int64_t K = 100;
-  std::vector<float> x(3 * K, 0.0f);
+  std::vector<float> x(4 * K, 0.0f);
   for (int64_t k = 0; k < K; ++k) x[k] = 0.5f * static_cast<float>(k % 40) - 10.25f;
   x[7] = 127.0f;  // row 0: amax 127, so codes are x rounded half to even
-  x[K + 3] = std::numeric_limits<float>::infinity();  // row 1: not finite; row 2: zeros
+  x[K + 3] = std::numeric_limits<float>::infinity();    // row 1: not finite; row 2: zeros
+  for (int64_t k = 0; k < K; ++k) x[3 * K + k] = 1.0f;  // row 3: a NaN among ones
+  x[3 * K + 50] = std::numeric_limits<float>::quiet_NaN();
   MatMulWeight w;
   w.quant = WeightQuant::kInt8;
   internal::I8InputBuffer buffer;
-  internal::I8Inputs in = internal::QuantizeInputsI8(x.data(), 3, K, K, w, &buffer);
+  internal::I8Inputs in = internal::QuantizeInputsI8(x.data(), 4, K, K, w, &buffer);
   ASSERT_EQ(in.chunks, 2);
   int32_t sum = 0;
   for (int64_t k = 0; k < K; ++k) {
@@ -106,7 +108,7 @@ TEST(Int8InputsTest, QuantizerCodesScalesAndSums) {
   for (int64_t k = K; k < 128; ++k) EXPECT_EQ(in.codes[k], 0) << "padding " << k;
   EXPECT_EQ(in.scale[0], 1.0f);
   EXPECT_EQ(in.sum[0], sum);
-  for (int64_t m = 1; m < 3; ++m) {
+  for (int64_t m = 1; m < 4; ++m) {
     EXPECT_EQ(in.scale[m], 0.0f) << m;
     EXPECT_EQ(in.sum[m], 0) << m;
     for (int64_t k = 0; k < 128; ++k) ASSERT_EQ(in.codes[m * 128 + k], 0) << m << " " << k;
