@@ -45,14 +45,9 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
       const QuantizedMatrix q = Quantize(
           quant, s.N, s.K, 128,
           [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * s.K, s.K * 4); }, nullptr);
-      std::vector<float> row_sums;  // int8: as the model loader stores them
-      if (quant == WeightQuant::kInt8) {
-        for (int64_t n = 0; n < s.N; ++n) {
-          int32_t sum = 0;
-          for (int64_t k = 0; k < s.K; ++k) sum += static_cast<int8_t>(q.codes[n * s.K + k]);
-          row_sums.push_back(static_cast<float>(sum));
-        }
-      }
+      const std::vector<float> row_sums =  // int8: as the model loader stores them
+          quant == WeightQuant::kInt8 ? Int8RowSums(q.codes.data(), s.N, s.K)
+                                      : std::vector<float>();
       const int copies =
           static_cast<int>(std::max<int64_t>(1, kColdBytes / static_cast<int64_t>(q.codes.size())));
       std::vector<QuantizedMatrix> cold(copies, q);

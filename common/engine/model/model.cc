@@ -183,13 +183,7 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
     out->zeros = model_->owned_floats_.back().data();
   }
   if (q.quant == WeightQuant::kInt8) {
-    std::vector<float> sums(q.rows);
-    const auto* codes = reinterpret_cast<const int8_t*>(out->data);
-    for (int64_t n = 0; n < q.rows; ++n) {
-      int32_t sum = 0;
-      for (int64_t k = 0; k < q.cols; ++k) sum += codes[n * q.cols + k];
-      sums[n] = static_cast<float>(sum);
-    }
+    std::vector<float> sums = Int8RowSums(static_cast<const uint8_t*>(out->data), q.rows, q.cols);
     model_->owned_bytes_ += sums.size() * sizeof(float);
     model_->owned_floats_.push_back(std::move(sums));
     out->row_sums = model_->owned_floats_.back().data();

@@ -42,6 +42,16 @@ void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_siz
   }
 }
 
+std::vector<float> Int8RowSums(const uint8_t* codes, int64_t N, int64_t K) {
+  std::vector<float> sums(N);
+  for (int64_t n = 0; n < N; ++n) {
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(codes[n * K + k]);
+    sums[n] = static_cast<float>(sum);
+  }
+  return sums;
+}
+
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,
                    int64_t K, int64_t group_size, float* out) {
   if (quant == WeightQuant::kInt8) {

@@ -36,6 +36,10 @@ QuantizedMatrix Quantize(WeightQuant quant, int64_t N, int64_t K, int64_t group_
 void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_size, uint8_t* codes,
                  float* scales, float* zeros);
 
+// int8 codes [N, K]: the sum of each row's codes, as exact f32 integers (Tensor::row_sums; int8
+// MatMul inputs use them).
+std::vector<float> Int8RowSums(const uint8_t* codes, int64_t N, int64_t K);
+
 // The f32 values the kernels multiply with: row n of the dequantized matrix (K floats).
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,
                    int64_t K, int64_t group_size, float* out);

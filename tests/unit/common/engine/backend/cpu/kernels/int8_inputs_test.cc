@@ -17,55 +17,15 @@
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/model/quantize.h"
 #include "tests/unit/common/engine/backend/cpu/kernels/kernel_test_util.h"
+#include "tests/unit/common/engine/backend/cpu/kernels/quant_test_util.h"
 
 namespace tandem::cpu {
 namespace {
 
+using testing::MakeQuantized;
 using testing::PerSimdLevelTest;
+using testing::QWeights;
 using testing::RandomFloats;
-
-struct QWeights {
-  QuantizedMatrix q;
-  std::vector<float> dequant;   // [N, K]
-  std::vector<float> row_sums;  // int8 with row sums: [N]
-  MatMulWeight view() const {
-    MatMulWeight w;
-    w.row_sums = row_sums.empty() ? nullptr : row_sums.data();
-    w.input_dtype = DType::kI8;
-    w.data = q.codes.data();
-    w.quant = q.quant;
-    w.scales = q.scales.data();
-    w.zeros = q.zeros.empty() ? nullptr : q.zeros.data();
-    w.group_size = q.group_size;
-    return w;
-  }
-};
-
-QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t group, uint64_t seed,
-                       bool row_sums = false) {
-  const std::vector<float> f = RandomFloats(N * K, seed, -0.7f, 1.3f);
-  QWeights w;
-  w.q = Quantize(
-      quant, N, K, group,
-      [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * K, K * sizeof(float)); },
-      nullptr);
-  const int64_t groups = quant == WeightQuant::kInt4 ? Int4Groups(K, group) : 1;
-  const int64_t row_bytes = quant == WeightQuant::kInt4 ? Int4RowBytes(K) : K;
-  w.dequant.resize(N * K);
-  for (int64_t n = 0; n < N; ++n) {
-    DequantizeRow(quant, w.q.codes.data() + n * row_bytes, w.q.scales.data() + n * groups,
-                  w.q.zeros.empty() ? nullptr : w.q.zeros.data() + n * groups, K, group,
-                  w.dequant.data() + n * K);
-  }
-  if (row_sums) {
-    for (int64_t n = 0; n < N; ++n) {
-      int32_t sum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(w.q.codes[n * K + k]);
-      w.row_sums.push_back(static_cast<float>(sum));
-    }
-  }
-  return w;
-}
 
 struct Format {
   WeightQuant quant;
@@ -147,11 +107,11 @@ TEST_P(Int8InputsTest, EqualsReference) {
           const auto x = RandomFloats(M * ldx, 7 + K + M, -3.0f, 2.0f);
           const auto bias = RandomFloats(N, 3 + N);
           std::vector<float> y(M * ldy, -7.0f), ref(M * ldy, -7.0f);
-          MatMul(x.data(), M, K, ldx, w.view(), N, bias.data(), y.data(), ldy, &pool);
+          MatMul(x.data(), M, K, ldx, w.view(DType::kI8), N, bias.data(), y.data(), ldy, &pool);
           internal::I8InputBuffer buffer;
           const internal::I8Inputs in =
-              internal::QuantizeInputsI8(x.data(), M, K, ldx, w.view(), &buffer);
-          internal::MatMulI8Reference(in, w.view(), 0, N, bias.data(), ref.data(), ldy);
+              internal::QuantizeInputsI8(x.data(), M, K, ldx, w.view(DType::kI8), &buffer);
+          internal::MatMulI8Reference(in, w.view(DType::kI8), 0, N, bias.data(), ref.data(), ldy);
           ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
               << Name(fmt) << " K=" << K << " N=" << N << " M=" << M;
         }
@@ -169,7 +129,7 @@ TEST_P(Int8InputsTest, WithinTheInputQuantizationBound) {
     const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 17, fmt.row_sums);
     const auto x = RandomFloats(M * K, 18, -3.0f, 2.0f);
     std::vector<float> y(M * N);
-    MatMul(x.data(), M, K, K, w.view(), N, nullptr, y.data(), N, nullptr);
+    MatMul(x.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, nullptr);
     double err_sum = 0, bound_sum = 0;
     for (int64_t m = 0; m < M; ++m) {
       double amax = 0;
@@ -201,7 +161,7 @@ TEST_P(Int8InputsTest, BatchInvariant) {
     const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 41, fmt.row_sums);
     const auto row = RandomFloats(K, 42);
     std::vector<float> want(N);
-    MatMul(row.data(), 1, K, K, w.view(), N, nullptr, want.data(), N, nullptr);
+    MatMul(row.data(), 1, K, K, w.view(DType::kI8), N, nullptr, want.data(), N, nullptr);
     for (int64_t M : {1, 3, 7, 16, 33}) {
       auto x = RandomFloats(M * K, 43 + M);
       for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
@@ -209,7 +169,7 @@ TEST_P(Int8InputsTest, BatchInvariant) {
         std::memcpy(xb.data() + pos * K, row.data(), K * sizeof(float));
         for (auto& pool : pools) {
           std::vector<float> y(M * N);
-          MatMul(xb.data(), M, K, K, w.view(), N, nullptr, y.data(), N, pool.get());
+          MatMul(xb.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, pool.get());
           ASSERT_EQ(0, std::memcmp(y.data() + pos * N, want.data(), N * sizeof(float)))
               << Name(fmt) << " M=" << M << " pos=" << pos << " threads=" << pool->size();
         }
@@ -227,11 +187,11 @@ TEST_P(Int8InputsTest, LargeShapesEqualReference) {
     for (int64_t M : {1, 4, 13}) {
       const auto x = RandomFloats(M * K, 72 + M);
       std::vector<float> y(M * N), ref(M * N);
-      MatMul(x.data(), M, K, K, w.view(), N, nullptr, y.data(), N, &pool);
+      MatMul(x.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, &pool);
       internal::I8InputBuffer buffer;
       const internal::I8Inputs in =
-          internal::QuantizeInputsI8(x.data(), M, K, K, w.view(), &buffer);
-      internal::MatMulI8Reference(in, w.view(), 0, N, nullptr, ref.data(), N);
+          internal::QuantizeInputsI8(x.data(), M, K, K, w.view(DType::kI8), &buffer);
+      internal::MatMulI8Reference(in, w.view(DType::kI8), 0, N, nullptr, ref.data(), N);
       ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), y.size() * sizeof(float)))
           << Name(fmt) << " M=" << M;
     }
@@ -248,8 +208,8 @@ TEST_P(Int8InputsTest, RowSumsChangeNoBit) {
     const QWeights summed = MakeQuantized(WeightQuant::kInt8, N, K, 0, 81 + K, true);
     const auto x = RandomFloats(M * K, 82 + K);
     std::vector<float> a(M * N), b(M * N);
-    MatMul(x.data(), M, K, K, plain.view(), N, nullptr, a.data(), N, &pool);
-    MatMul(x.data(), M, K, K, summed.view(), N, nullptr, b.data(), N, &pool);
+    MatMul(x.data(), M, K, K, plain.view(DType::kI8), N, nullptr, a.data(), N, &pool);
+    MatMul(x.data(), M, K, K, summed.view(DType::kI8), N, nullptr, b.data(), N, &pool);
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "K=" << K;
   }
 }

@@ -13,45 +13,15 @@
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/model/quantize.h"
 #include "tests/unit/common/engine/backend/cpu/kernels/kernel_test_util.h"
+#include "tests/unit/common/engine/backend/cpu/kernels/quant_test_util.h"
 
 namespace tandem::cpu {
 namespace {
 
+using testing::MakeQuantized;
 using testing::PerSimdLevelTest;
+using testing::QWeights;
 using testing::RandomFloats;
-
-struct QWeights {
-  QuantizedMatrix q;
-  std::vector<float> dequant;  // [N, K] the values the kernel must use
-  MatMulWeight view(DType input = DType::kF32) const {
-    MatMulWeight w;
-    w.input_dtype = input;
-    w.data = q.codes.data();
-    w.quant = q.quant;
-    w.scales = q.scales.data();
-    w.zeros = q.zeros.empty() ? nullptr : q.zeros.data();
-    w.group_size = q.group_size;
-    return w;
-  }
-};
-
-QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t group, uint64_t seed) {
-  const std::vector<float> f = RandomFloats(N * K, seed, -0.7f, 1.3f);
-  QWeights w;
-  w.q = Quantize(
-      quant, N, K, group,
-      [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * K, K * sizeof(float)); },
-      nullptr);
-  const int64_t groups = quant == WeightQuant::kInt4 ? Int4Groups(K, group) : 1;
-  const int64_t row_bytes = quant == WeightQuant::kInt4 ? Int4RowBytes(K) : K;
-  w.dequant.resize(N * K);
-  for (int64_t n = 0; n < N; ++n) {
-    DequantizeRow(quant, w.q.codes.data() + n * row_bytes, w.q.scales.data() + n * groups,
-                  w.q.zeros.empty() ? nullptr : w.q.zeros.data() + n * groups, K, group,
-                  w.dequant.data() + n * K);
-  }
-  return w;
-}
 
 struct Format {
   WeightQuant quant;
