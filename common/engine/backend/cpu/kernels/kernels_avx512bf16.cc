@@ -44,6 +44,7 @@ struct Bf16Fmt {
     return Bh(_mm512_maskz_loadu_epi16(m, r + k));
   }
   static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
+  static int64_t RowBytes(int64_t K) { return 2 * K; }
 };
 
 // int8: the codes themselves, exact in bf16; the row's scale multiplies the finished dot product
@@ -66,6 +67,7 @@ struct Int8Fmt {
     return Widen(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
   }
   static const char* Addr(Row r, int64_t k) { return reinterpret_cast<const char*>(r + k); }
+  static int64_t RowBytes(int64_t K) { return K; }
 };
 
 struct Int4Fmt {
@@ -100,6 +102,7 @@ struct Int4Fmt {
   static const char* Addr(const Row& r, int64_t k) {
     return reinterpret_cast<const char*>(r.q + k / 2);
   }
+  static int64_t RowBytes(int64_t K) { return (K + 31) / 32 * 16; }
 };
 
 inline __mmask32 TailMask(int64_t n) { return static_cast<__mmask32>((uint64_t{1} << n) - 1); }
@@ -139,13 +142,22 @@ void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, in
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   const int64_t kmain = K - K % 32;
+  const int64_t row_bytes = Fmt::RowBytes(K);
   for (int64_t k = 0; k < kmain; k += 32) {
     __m512bh xv[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) xv[i] = Bh(_mm512_loadu_si512(x + i * ldx + k));
+    // kPrefetchBytes ahead in each row or, past its end, in the next tile's row (consecutive
+    // tiles' rows are consecutive in memory): a tile starts with its first lines on the way.
+    int64_t pf = kPrefetchBytes;
+    if constexpr (kPrefetch) {
+      if (Fmt::Addr(rows[0], k) - Fmt::Addr(rows[0], 0) + kPrefetchBytes >= row_bytes) {
+        pf += (NR - 1) * row_bytes;
+      }
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) _mm_prefetch(Fmt::Addr(rows[j], k) + kPrefetchBytes, _MM_HINT_T0);
+      if constexpr (kPrefetch) _mm_prefetch(Fmt::Addr(rows[j], k) + pf, _MM_HINT_T0);
       const __m512bh wv = Fmt::Load(rows[j], k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv[i], wv);

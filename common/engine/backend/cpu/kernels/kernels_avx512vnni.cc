@@ -17,6 +17,15 @@ namespace {
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kInt4PrefetchBytes = 16384;
 
+// Where weight row j of a tile of NR rows (row_bytes apart) is prefetched while chunk c is read:
+// kPrefetchBytes ahead in the same row, or, past the row's end, in the next tile's row j (the
+// rows of consecutive tiles are consecutive in memory), so a tile starts with its lines on the way.
+template <int NR>
+inline int64_t PrefetchOffset(int64_t c, int64_t row_bytes) {
+  const int64_t ahead = c * 64 + kPrefetchBytes;
+  return ahead < row_bytes ? ahead : ahead + (NR - 1) * row_bytes;
+}
+
 constexpr int64_t kBlockBytes = 256 * 1024;
 
 inline __mmask64 ByteMask(int64_t n) {
@@ -74,6 +83,7 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
   const int64_t full = K / 64;
   for (int64_t c = 0; c < in.chunks; ++c) {
     const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
+    const int64_t pf = kPrefetch ? PrefetchOffset<NR>(c, K) : 0;
     __m512i a[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -82,7 +92,7 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + c * 64) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + pf), _MM_HINT_T0);
       }
       const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[j] + c * 64);
 #pragma GCC unroll 8

@@ -134,6 +134,14 @@ void MatMulTile(const float* x, int64_t ldx, const MatMulWeight& wt, int64_t n0,
     for (int j = 0; j < NR; ++j) acc[i][j] = S::Zero();
   }
   const int64_t kmain = K - K % L;
+  // kMatMulPrefetchBytes ahead in each row or, past its end, in the next tile's row (consecutive
+  // tiles' rows are consecutive in memory): a tile starts with its first lines on the way.
+  const int64_t row_bytes = Fmt::RowBytes(K);
+  auto prefetch_offset = [&](int64_t k) {
+    return Fmt::Addr(rows[0], k) - Fmt::Addr(rows[0], 0) + kMatMulPrefetchBytes < row_bytes
+               ? kMatMulPrefetchBytes
+               : kMatMulPrefetchBytes + (NR - 1) * row_bytes;
+  };
   int64_t k0 = 0;
   if constexpr (HasPairs<Fmt>()) {
     // Two vectors per chunk load; each accumulator still sees fma(k) then fma(k + L), the same
@@ -145,9 +153,10 @@ void MatMulTile(const float* x, int64_t ldx, const MatMulWeight& wt, int64_t n0,
         xv0[i] = S::Load(x + i * ldx + k0);
         xv1[i] = S::Load(x + i * ldx + k0 + L);
       }
+      const int64_t pf = kPrefetch ? prefetch_offset(k0) : 0;
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) {
-        if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k0) + kMatMulPrefetchBytes);
+        if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k0) + pf);
         F w0, w1;
         Fmt::LoadPair(rows[j], k0, &w0, &w1);
 #pragma GCC unroll 8
@@ -161,9 +170,10 @@ void MatMulTile(const float* x, int64_t ldx, const MatMulWeight& wt, int64_t n0,
     F xv[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) xv[i] = S::Load(x + i * ldx + k);
+    const int64_t pf = kPrefetch ? prefetch_offset(k) : 0;
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k) + kMatMulPrefetchBytes);
+      if constexpr (kPrefetch) S::Prefetch(Fmt::Addr(rows[j], k) + pf);
       F wv = Fmt::Load(rows[j], k);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) acc[i][j] = S::Fma(xv[i], wv, acc[i][j]);
