@@ -218,8 +218,8 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
     TANDEM_CHECK(K <= internal::kI8MaxK)
         << "int8 MatMul inputs: K " << K << " exceeds " << internal::kI8MaxK;
     thread_local internal::I8InputBuffer buffer;  // the calling thread's, read by every thread
-    const internal::I8Inputs in = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer);
     const bool vnni = UseAvx512Vnni(t);
+    const internal::I8Inputs in = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer, vnni, pool);
     ForColumns(pool, M, N, K, [&](int64_t n0, int64_t n1) {
       if (vnni) {
         internal::MatMulI8Avx512Vnni(in, w, n0, n1, bias, y, ldy);

@@ -35,8 +35,47 @@ inline int64_t Int4Position(int64_t k) {
 
 }  // namespace
 
+bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv) {
+  *scale = 0.0f;
+  if (!finite || !(amax > 0.0f)) return false;
+  const float i = 127.0f / amax;
+  if (!(i <= std::numeric_limits<float>::max())) return false;  // amax below 127 / FLT_MAX
+  *inv = i;
+  *scale = amax / 127.0f;
+  return true;
+}
+
+void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size,
+                            int32_t offset, int8_t* codes, float* scale, int32_t* sum,
+                            float* group_sums) {
+  *sum = 0;
+  float amax = 0.0f;
+  bool finite = true;  // a NaN anywhere makes max |x| NaN, not the max of the rest
+  for (int64_t k = 0; k < K; ++k) {
+    const float a = std::fabs(x[k]);
+    amax = a > amax ? a : amax;
+    finite = finite && a <= std::numeric_limits<float>::max();
+  }
+  float inv = 0.0f;
+  if (!QuantizeRowI8Scale(amax, finite, scale, &inv)) return;  // codes and sums stay 0
+  int32_t total = 0, group_sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    float v = RoundEven(x[k] * inv);
+    v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+    const int32_t q = static_cast<int32_t>(v);
+    codes[int4 ? Int4Position(k) : k] = static_cast<int8_t>(static_cast<uint8_t>(q + offset));
+    total += q;
+    group_sum += q;
+    if (int4 && ((k + 1) % group_size == 0 || k + 1 == K)) {
+      group_sums[k / group_size] = static_cast<float>(group_sum);
+      group_sum = 0;
+    }
+  }
+  *sum = total;
+}
+
 I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                          I8InputBuffer* buffer) {
+                          I8InputBuffer* buffer, bool avx512, ThreadPool* pool) {
   I8Inputs in;
   in.quant = w.quant;
   in.M = M;
@@ -54,37 +93,19 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
   buffer->scale.resize(M);
   buffer->sum.resize(M);
   buffer->group_sums.assign(M * in.groups, 0.0f);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* xr = x + m * ldx;
-    int8_t* codes = buffer->codes.data() + m * code_stride;
-    float* group_sums = buffer->group_sums.data() + m * in.groups;
-    std::memset(codes, offset, code_stride);
-    buffer->scale[m] = 0.0f;
-    buffer->sum[m] = 0;
-    float amax = 0.0f;
-    bool finite = true;  // a NaN anywhere makes max |x| NaN, not the max of the rest
-    for (int64_t k = 0; k < K; ++k) {
-      const float a = std::fabs(xr[k]);
-      amax = a > amax ? a : amax;
-      finite = finite && a <= std::numeric_limits<float>::max();
+  const auto rows = [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      int8_t* codes = buffer->codes.data() + m * code_stride;
+      std::memset(codes, offset, code_stride);
+      (avx512 ? QuantizeRowI8Avx512 : QuantizeRowI8Reference)(
+          x + m * ldx, K, int4, w.group_size, offset, codes, &buffer->scale[m], &buffer->sum[m],
+          buffer->group_sums.data() + m * in.groups);
     }
-    if (!finite || !(amax > 0.0f)) continue;  // codes, scale and sums stay 0
-    const float inv = 127.0f / amax;
-    buffer->scale[m] = amax / 127.0f;
-    int32_t sum = 0, group_sum = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      float v = RoundEven(xr[k] * inv);
-      v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-      const int32_t q = static_cast<int32_t>(v);
-      codes[int4 ? Int4Position(k) : k] = static_cast<int8_t>(static_cast<uint8_t>(q + offset));
-      sum += q;
-      group_sum += q;
-      if (int4 && ((k + 1) % w.group_size == 0 || k + 1 == K)) {
-        group_sums[k / w.group_size] = static_cast<float>(group_sum);
-        group_sum = 0;
-      }
-    }
-    buffer->sum[m] = sum;
+  };
+  if (pool != nullptr && pool->size() > 1 && M * K >= kQuantizeMinParallelElements) {
+    pool->ParallelFor(M, rows);
+  } else {
+    rows(0, M);
   }
   in.codes = buffer->codes.data();
   in.scale = buffer->scale.data();

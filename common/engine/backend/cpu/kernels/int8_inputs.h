@@ -11,7 +11,8 @@
 // Numerics (the reference below is the specification and the path for CPUs without
 // AVX512_VNNI; the VNNI kernel equals it bit for bit):
 // - Row m: amax = max |x|; d = amax / 127; codes a = clamp(round_half_even(x * (127 / amax)),
-//   -127, 127) (all 0 and d = 0 when amax is 0 or the row holds a NaN or an infinity).
+//   -127, 127) (all 0 and d = 0 when amax is 0 or below 127 / FLT_MAX, where 127 / amax
+//   overflows, or the row holds a NaN or an infinity).
 // - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
 //   however it is summed (as (w + 128) * a - 128 sum(a), or as (a + 128) * w - 128 sum(w) when
 //   the weight carries its row sums); y = ((float(dot) * d) * s) + bias.
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "common/base/quant.h"
+#include "common/base/thread_pool.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 
 namespace tandem::cpu::internal {
@@ -61,9 +63,26 @@ struct I8InputBuffer {
   std::vector<float> group_sums;
 };
 
-// Quantizes x [M, K] (row stride ldx) for weight w (kInt8 or kInt4) into `buffer`.
+// Quantizes x [M, K] (row stride ldx) for weight w (kInt8 or kInt4) into `buffer`, one row at a
+// time with QuantizeRowI8Avx512 (avx512: only on CPUs with AVX512F/BW/VL) or the reference (the
+// same bits); rows split over `pool` when there are enough elements.
 I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                          I8InputBuffer* buffer);
+                          I8InputBuffer* buffer, bool avx512 = false, ThreadPool* pool = nullptr);
+
+// Below this many input elements QuantizeInputsI8 stays on the calling thread.
+constexpr int64_t kQuantizeMinParallelElements = int64_t{1} << 16;
+
+// One input row of K elements: its codes (at their layout positions in `codes`, whose bytes the
+// caller has set to `offset`, the stored code of 0), *scale = d, *sum = sum of the codes and, for
+// int4, group_sums[g] = the sums per weight group (left as they are when the row quantizes to
+// nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x| and whether every element
+// is finite; false when the row quantizes to nothing.
+bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv);
+void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size,
+                            int32_t offset, int8_t* codes, float* scale, int32_t* sum,
+                            float* group_sums);
+void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int32_t offset,
+                         int8_t* codes, float* scale, int32_t* sum, float* group_sums);
 
 // y[m, n] for n in [n0, n1), as specified above: the scalar reference (and the path for CPUs
 // without AVX512_VNNI) and the VNNI kernel (kernels_avx512vnni.cc; callable only when

@@ -93,6 +93,70 @@ TEST(Int8InputsTest, QuantizerCodesScalesAndSums) {
   }
 }
 
+// A row whose max |x| is so small that 127 / max overflows quantizes to nothing too.
+TEST(Int8InputsTest, QuantizerTinyRowQuantizesToNothing) {
+  std::vector<float> x(40, 0.0f);
+  x[3] = 1e-38f;
+  x[9] = -2e-38f;
+  MatMulWeight w;
+  w.quant = WeightQuant::kInt8;
+  internal::I8InputBuffer buffer;
+  const internal::I8Inputs in = internal::QuantizeInputsI8(x.data(), 1, 40, 40, w, &buffer);
+  EXPECT_EQ(in.scale[0], 0.0f);
+  EXPECT_EQ(in.sum[0], 0);
+  for (int64_t k = 0; k < 64; ++k) EXPECT_EQ(in.codes[k], 0) << k;
+}
+
+// The AVX-512 row quantizer equals the reference bit for bit: codes at their layout positions,
+// padding, scales, sums and int4 group sums, over K tails, group sizes, both code offsets, rows
+// split over threads, and rows of zeros, tiny, huge, infinite or NaN values.
+TEST(Int8InputsTest, Avx512QuantizerEqualsReference) {
+  if (!GetCpuFeatures().avx512bw || !GetCpuFeatures().avx512vl) {
+    GTEST_SKIP() << "no AVX-512 BW/VL";
+  }
+  ThreadPool pool(2);
+  for (const Format& f : kFormats) {
+    for (int64_t K : {1, 15, 16, 17, 100, 128, 300, 2048}) {
+      const int64_t M = 9;
+      std::vector<float> x = RandomFloats(M * K, 1000 + K);
+      for (int64_t k = 0; k < K; ++k) {
+        x[1 * K + k] = 0.0f;
+        x[2 * K + k] = 1e-39f * static_cast<float>(k % 3);
+        x[3 * K + k] *= 3e38f;
+        x[4 * K + k] = 0.5f * static_cast<float>(k % 9) - 2.0f;  // halves: ties to even
+      }
+      x[5 * K + K / 2] = std::numeric_limits<float>::infinity();
+      x[6 * K + K - 1] = -std::numeric_limits<float>::infinity();
+      x[7 * K + K / 3] = std::numeric_limits<float>::quiet_NaN();
+      x[8 * K + K - 1] = -7.0f;  // the largest magnitude last (the masked tail)
+      const QWeights w = MakeQuantized(f.quant, 4, K, f.group, 5, f.row_sums);
+      internal::I8InputBuffer ref_buffer, avx_buffer;
+      const internal::I8Inputs ref =
+          internal::QuantizeInputsI8(x.data(), M, K, K, w.view(DType::kI8), &ref_buffer);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        const internal::I8Inputs avx = internal::QuantizeInputsI8(
+            x.data(), M, K, K, w.view(DType::kI8), &avx_buffer, /*avx512=*/true, p);
+        const std::string what = Name(f) + " K=" + std::to_string(K);
+        ASSERT_EQ(avx.chunks, ref.chunks) << what;
+        ASSERT_EQ(avx.biased, ref.biased) << what;
+        for (int64_t m = 0; m < M; ++m) {
+          EXPECT_EQ(std::memcmp(&avx.scale[m], &ref.scale[m], sizeof(float)), 0)
+              << what << " " << m;
+          EXPECT_EQ(avx.sum[m], ref.sum[m]) << what << " " << m;
+          for (int64_t g = 0; g < ref.groups; ++g) {
+            EXPECT_EQ(avx.group_sums[m * ref.groups + g], ref.group_sums[m * ref.groups + g])
+                << what << " row " << m << " group " << g;
+          }
+        }
+        const int64_t bytes = M * ref.chunks * ref.chunk;
+        for (int64_t i = 0; i < bytes; ++i) {
+          ASSERT_EQ(avx.codes[i], ref.codes[i]) << what << " byte " << i;
+        }
+      }
+    }
+  }
+}
+
 class Int8InputsTest : public PerSimdLevelTest {};
 
 // What MatMul computes (VNNI where this level and CPU have it) is the reference, bit for bit.
