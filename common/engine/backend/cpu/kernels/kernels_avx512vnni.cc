@@ -65,6 +65,45 @@ float ZeroCorrection(const MatMulWeight& w, int64_t n, int64_t G, const float* A
   return _mm512_reduce_add_ps(acc);
 }
 
+// [sum of a's lanes, b's, c's, d's] (int32, wrapping like any order of the same adds).
+inline __m128i Reduce4(__m512i a, __m512i b, __m512i c, __m512i d) {
+  // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], cd likewise, then [a, b, c, d].
+  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+  const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// y for a finished int8 tile, four outputs at a time: integer sums (exact in any order), then per
+// output ((float(dot - offset) * d) * s) + bias, the same IEEE operations as one at a time.
+template <int MR, int NR, bool kBiased>
+__attribute__((noinline)) void StoreInt8(const __m512i (&acc)[MR][NR], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t n0,
+                                         const float* bias, float* y, int64_t ldy) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m128 d = _mm_set1_ps(in.scale[m0 + i]);
+    constexpr int kPadded = (NR + 3) / 4 * 4;
+    __m512i r[kPadded];
+#pragma GCC unroll 8
+    for (int j = 0; j < kPadded; ++j) r[j] = j < NR ? acc[i][j] : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j += 4) {
+      const int n = NR - j < 4 ? NR - j : 4;
+      const __mmask8 m = static_cast<__mmask8>((1 << n) - 1);
+      const __m128i sums = Reduce4(r[j], r[j + 1], r[j + 2], r[j + 3]);
+      const __m128i offset =
+          kBiased ? _mm_slli_epi32(_mm_cvttps_epi32(_mm_maskz_loadu_ps(m, wt.row_sums + n0 + j)), 7)
+                  : _mm_set1_epi32(128 * in.sum[m0 + i]);
+      __m128 out = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums, offset)), d),
+                              _mm_maskz_loadu_ps(m, wt.scales + n0 + j));
+      if (bias != nullptr) out = _mm_add_ps(out, _mm_maskz_loadu_ps(m, bias + n0 + j));
+      _mm_mask_storeu_ps(y + (m0 + i) * ldy + n0 + j, m, out);
+    }
+  }
+}
+
 // y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights; the int32 lanes run over the whole row (exact:
 // K <= 65536). kBiased (the weights carry row sums): the inputs, stored as a + 128, are the
 // unsigned operand of vpdpbusd and the weights enter as they are; 128 * row sum comes off at the
@@ -108,20 +147,14 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
       }
     }
   }
+  // The epilogue out of line, on a copy: the accumulators stay in registers through the loop.
+  __m512i sums[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const float d = in.scale[m0 + i];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const int64_t n = n0 + j;
-      const int32_t offset =
-          128 * (kBiased ? static_cast<int32_t>(wt.row_sums[n]) : in.sum[m0 + i]);
-      const int32_t dot = _mm512_reduce_add_epi32(acc[i][j]) - offset;
-      float out = (static_cast<float>(dot) * d) * wt.scales[n];
-      if (bias != nullptr) out = out + bias[n];
-      y[(m0 + i) * ldy + n] = out;
-    }
+    for (int j = 0; j < NR; ++j) sums[i][j] = acc[i][j];
   }
+  StoreInt8<MR, NR, kBiased>(sums, in, m0, wt, n0, bias, y, ldy);
 }
 
 // y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights. kWide: groups of 128 or more (one scale per
