@@ -50,6 +50,14 @@ struct Int4Fmt {
   static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
 };
 
+// int4 weights in groups of 128: one group per chunk, so each chunk's int32 lanes go straight
+// into the f32 accumulators (no int32 accumulators live across chunks); see TileInt4G128.
+struct Int4G128Fmt {
+  static constexpr int kMR = 4, kNR = 4;  // register tile: 16 f32 accumulators
+  static constexpr int kNR1 = 4;
+  static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
+};
+
 // The int4 zero points of row n against input row sums A: reduce over groups of
 // fma(s_g * z_g, A_g, .).
 float ZeroCorrection(const MatMulWeight& w, int64_t n, int64_t G, const float* A) {
@@ -157,6 +165,27 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
   StoreInt8<MR, NR, kBiased>(sums, in, m0, wt, n0, bias, y, ldy);
 }
 
+// y for a finished int4 tile: per output ((reduce_add(acc) - zero point term) * d) + bias.
+// Out of line, so the tile's accumulators stay in registers through its loop.
+template <int MR, int NR>
+__attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NR], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t n0,
+                                         const float* bias, float* y, int64_t ldy) {
+  const int64_t G = in.groups;
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const float d = in.scale[m0 + i];
+    const float* sums = in.group_sums + (m0 + i) * G;
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const int64_t n = n0 + j;
+      float out = (_mm512_reduce_add_ps(acc[i][j]) - ZeroCorrection(wt, n, G, sums)) * d;
+      if (bias != nullptr) out = out + bias[n];
+      y[(m0 + i) * ldy + n] = out;
+    }
+  }
+}
+
 // y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights. kWide: groups of 128 or more (one scale per
 // chunk, broadcast); else 32 or 64 (per-lane scales gathered by a permute).
 template <int MR, int NR, bool kPrefetch, bool kWide>
@@ -228,18 +257,59 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
       }
     }
   }
+  StoreInt4<MR, NR>(acc, in, m0, wt, n0, bias, y, ldy);
+}
+
+// y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights in groups of 128: TileInt4 with kWide and a flush
+// after every chunk (the same operations in the same order), the int32 lanes a temporary.
+template <int MR, int NR, bool kPrefetch>
+void TileInt4G128(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0,
+                  const float* bias, float* y, int64_t ldy) {
+  const int64_t code_stride = in.chunks * in.chunk, G = in.groups;
+  const int64_t row_bytes = Int4RowBytes(in.K);
+  const uint8_t* q[NR];
+  const float* sc[NR];
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) {
+    q[j] = static_cast<const uint8_t*>(wt.data) + (n0 + j) * row_bytes;
+    sc[j] = wt.scales + (n0 + j) * G;
+  }
+  __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const float d = in.scale[m0 + i];
-    const float* sums = in.group_sums + (m0 + i) * G;
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  const __m512i nib = _mm512_set1_epi8(15);
+  const int64_t full = row_bytes / 64;
+  for (int64_t c = 0; c < in.chunks; ++c) {
+    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(row_bytes - c * 64);
+    __m512i a0[MR], a1[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const int8_t* a = in.codes + (m0 + i) * code_stride + c * 128;
+      a0[i] = _mm512_loadu_si512(a);
+      a1[i] = _mm512_loadu_si512(a + 64);
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const int64_t n = n0 + j;
-      float out = (_mm512_reduce_add_ps(acc[i][j]) - ZeroCorrection(wt, n, G, sums)) * d;
-      if (bias != nullptr) out = out + bias[n];
-      y[(m0 + i) * ldy + n] = out;
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
+                     _MM_HINT_T0);
+      }
+      const __m512i v = _mm512_maskz_loadu_epi8(mask, q[j] + c * 64);
+      const __m512i lo = _mm512_and_si512(v, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      const __m512 sv = _mm512_set1_ps(sc[j][c]);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a0[i]);
+        acc[i][j] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, hi, a1[i])), sv, acc[i][j]);
+      }
     }
   }
+  StoreInt4<MR, NR>(acc, in, m0, wt, n0, bias, y, ldy);
 }
 
 template <int MR, int NR, bool kPrefetch, class Fmt>
@@ -251,6 +321,8 @@ void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, co
     } else {
       TileInt8<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
     }
+  } else if constexpr (std::is_same_v<Fmt, Int4G128Fmt>) {
+    TileInt4G128<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
   } else if (wt.group_size >= 128) {
     TileInt4<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
   } else {
@@ -301,7 +373,9 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
 
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy) {
-  if (in.quant == WeightQuant::kInt4) {
+  if (in.quant == WeightQuant::kInt4 && w.group_size == 128) {
+    Range<Int4G128Fmt>(in, w, n0, n1, bias, y, ldy);
+  } else if (in.quant == WeightQuant::kInt4) {
     Range<Int4Fmt>(in, w, n0, n1, bias, y, ldy);
   } else {
     Range<Int8Fmt>(in, w, n0, n1, bias, y, ldy);
