@@ -58,21 +58,6 @@ struct Int4G128Fmt {
   static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
 };
 
-// The int4 zero points of row n against input row sums A: reduce over groups of
-// fma(s_g * z_g, A_g, .).
-float ZeroCorrection(const MatMulWeight& w, int64_t n, int64_t G, const float* A) {
-  const float* s = w.scales + n * G;
-  const float* z = w.zeros + n * G;
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t g = 0; g < G; g += 16) {
-    const __mmask16 m = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1 << (G - g)) - 1);
-    const __m512 sz =
-        _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + g), _mm512_maskz_loadu_ps(m, z + g));
-    acc = _mm512_fmadd_ps(sz, _mm512_maskz_loadu_ps(m, A + g), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
 // [sum of a's lanes, b's, c's, d's] (int32, wrapping like any order of the same adds).
 inline __m128i Reduce4(__m512i a, __m512i b, __m512i c, __m512i d) {
   // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], cd likewise, then [a, b, c, d].
@@ -165,23 +150,70 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
   StoreInt8<MR, NR, kBiased>(sums, in, m0, wt, n0, bias, y, ldy);
 }
 
-// y for a finished int4 tile: per output ((reduce_add(acc) - zero point term) * d) + bias.
-// Out of line, so the tile's accumulators stay in registers through its loop.
+// [reduce_add(a), reduce_add(b), reduce_add(c), reduce_add(d)] with _mm512_reduce_add_ps's tree
+// for each (halves, then quarters, then (0 + 2) + (1 + 3)), four at once.
+inline __m128 Reduce4Ps(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // 256-bit halves: [a.lo + a.hi, b.lo + b.hi] and likewise c, d.
+  const __m512 ab =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd =
+      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // 128-bit quarters: lane q holds vector q's t6 = [t3[0] + t3[4], ..].
+  const __m512 t6 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  // Per lane: [t6_0 + t6_2, t6_1 + t6_3, ..], then element 0 = (t6_0 + t6_2) + (t6_1 + t6_3).
+  const __m512 p = _mm512_add_ps(t6, _mm512_permute_ps(t6, 0x4E));
+  const __m512 r = _mm512_add_ps(p, _mm512_permute_ps(p, 0xB1));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
+
+// y for a finished int4 tile, four outputs at a time: ((reduce_add(acc) - zc) * d) + bias, where
+// the zero points' term zc of row n reduces over groups of fma(s_g * z_g, A_g, .) (A = the input
+// row's group code sums) in 16 lanes, g % 16. Out of line, so the
+// tile's accumulators stay in registers through its loop.
 template <int MR, int NR>
 __attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NR], const I8Inputs& in,
                                          int64_t m0, const MatMulWeight& wt, int64_t n0,
                                          const float* bias, float* y, int64_t ldy) {
   const int64_t G = in.groups;
+  constexpr int kPadded = (NR + 3) / 4 * 4;
+  // Zero point terms of the tile: zacc[i][j] lanes g % 16 of fma(s_g * z_g, A_g, .).
+  __m512 zacc[MR][kPadded];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    const float d = in.scale[m0 + i];
-    const float* sums = in.group_sums + (m0 + i) * G;
+#pragma GCC unroll 8
+    for (int j = 0; j < kPadded; ++j) zacc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < G; g += 16) {
+    const __mmask16 m = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1 << (G - g)) - 1);
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const int64_t n = n0 + j;
-      float out = (_mm512_reduce_add_ps(acc[i][j]) - ZeroCorrection(wt, n, G, sums)) * d;
-      if (bias != nullptr) out = out + bias[n];
-      y[(m0 + i) * ldy + n] = out;
+      const float* s = wt.scales + (n0 + j) * G + g;
+      const float* z = wt.zeros + (n0 + j) * G + g;
+      const __m512 sz = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s), _mm512_maskz_loadu_ps(m, z));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 A = _mm512_maskz_loadu_ps(m, in.group_sums + (m0 + i) * G + g);
+        zacc[i][j] = _mm512_fmadd_ps(sz, A, zacc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m128 d = _mm_set1_ps(in.scale[m0 + i]);
+    __m512 r[kPadded];
+#pragma GCC unroll 8
+    for (int j = 0; j < kPadded; ++j) r[j] = j < NR ? acc[i][j] : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j += 4) {
+      const int n = NR - j < 4 ? NR - j : 4;
+      const __mmask8 m = static_cast<__mmask8>((1 << n) - 1);
+      const __m128 dot = Reduce4Ps(r[j], r[j + 1], r[j + 2], r[j + 3]);
+      const __m128 zc = Reduce4Ps(zacc[i][j], zacc[i][j + 1], zacc[i][j + 2], zacc[i][j + 3]);
+      __m128 out = _mm_mul_ps(_mm_sub_ps(dot, zc), d);
+      if (bias != nullptr) out = _mm_add_ps(out, _mm_maskz_loadu_ps(m, bias + n0 + j));
+      _mm_mask_storeu_ps(y + (m0 + i) * ldy + n0 + j, m, out);
     }
   }
 }
@@ -347,9 +379,11 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
            float* y, int64_t ldy) {
   constexpr int kMR = Fmt::kMR, kNR = Fmt::kNR, kNR1 = Fmt::kNR1;
   const int64_t M = in.M;
-  const TileFn* tiles = M <= 2 * kMR
-                            ? TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>())
-                            : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  // The first row tile of a block brings its weights in from memory: prefetched. The others
+  // find them in L2, where prefetching only costs, unless there are few rows.
+  const TileFn* first = TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  const TileFn* rest =
+      M <= 2 * kMR ? first : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
   const int64_t row_bytes = Fmt::RowBytes(in.K);
   int64_t block = row_bytes > 0 ? kBlockBytes / row_bytes / kNR * kNR : kNR;
   if (block < kNR) block = kNR;
@@ -361,6 +395,7 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
       if (mr == 1) {
         for (; n + kNR1 <= b1; n += kNR1) Tile<1, kNR1, true, Fmt>(in, m, w, n, bias, y, ldy);
       }
+      const TileFn* tiles = m == 0 ? first : rest;
       for (; n < b1; n += kNR) {
         const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
         tiles[(mr - 1) * kNR + (nr - 1)](in, m, w, n, bias, y, ldy);
