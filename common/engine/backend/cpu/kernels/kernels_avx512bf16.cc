@@ -204,11 +204,11 @@ template <class Fmt>
 void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
            int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,
            int64_t block) {
-  // Few activation rows: the weight stream from memory dominates, prefetch helps (as in the f32
-  // path); many rows: compute-bound, each block sits in L2.
-  const TileFn* tiles = M <= 2 * kMR
-                            ? TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>())
-                            : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  // The first row tile of a block streams its weights from memory: prefetched (as in the f32
+  // path). With many rows the other tiles find the block in L2, where prefetching only costs.
+  const TileFn* first = TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  const TileFn* rest =
+      M <= 2 * kMR ? first : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
     const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
     for (int64_t m = 0; m < M; m += kMR) {
@@ -221,6 +221,7 @@ void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWei
                                    bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
         }
       }
+      const TileFn* tiles = m == 0 ? first : rest;
       for (; n < b1; n += kNR) {
         const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
         tiles[(mr - 1) * kNR + (nr - 1)](

@@ -231,9 +231,10 @@ template <class S, class Fmt>
 void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
                       int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy) {
   constexpr int MR = S::kMR, NR = S::kNR;
-  // Few activation rows: each weight block is touched by few tiles, so the stream from memory
-  // dominates and software prefetch helps. Many rows: compute-bound, the block sits in L2.
-  const auto& tiles = M <= 2 * MR ? kMatMulTiles<S, Fmt, true> : kMatMulTiles<S, Fmt, false>;
+  // The first row tile of a block streams its weights from memory: prefetched. With many rows
+  // the other tiles find the block in L2, where prefetching only costs.
+  const auto& first = kMatMulTiles<S, Fmt, true>;
+  const auto& rest = M <= 2 * MR ? kMatMulTiles<S, Fmt, true> : kMatMulTiles<S, Fmt, false>;
   const int64_t row_bytes = Fmt::RowBytes(K);
   int64_t block = row_bytes > 0 ? kMatMulBlockBytes / row_bytes / NR * NR : NR;
   if (block < NR) block = NR;
@@ -249,6 +250,7 @@ void MatMulRangeTyped(const float* x, int64_t M, int64_t K, int64_t ldx, const M
                                                y + m * ldy + n, ldy);
         }
       }
+      const auto& tiles = m == 0 ? first : rest;
       for (; n < b1; n += NR) {
         const int nr = static_cast<int>(b1 - n < NR ? b1 - n : NR);
         tiles.fn[(mr - 1) * NR + (nr - 1)](
