@@ -149,11 +149,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";  // auto: the one backend that serves it
   }
 
-  // auto: int8 inputs (vpdpbusd) for int8 weights where the CPU has AVX512_VNNI; bf16 dot
-  // products where the CPU has AVX512_BF16 for bf16 and int4 weights (and int8 without VNNI);
-  // both only with the AVX-512 kernels in use; f32 for f32 weights or elsewhere, where the
-  // others would only cost. (int4 with int8 inputs decodes a lone sequence faster but batches
-  // and prefill slower here: docs/benchmarks.md.)
+  // auto: int8 inputs (vpdpbusd) for int8 and int4 weights where the CPU has AVX512_VNNI; bf16
+  // dot products where the CPU has AVX512_BF16 for bf16 weights (and quantized ones without
+  // VNNI); both only with the AVX-512 kernels in use; f32 for f32 weights or elsewhere, where the
+  // others would only cost. (Figures: docs/benchmarks.md, "int8 inputs".)
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();
@@ -162,7 +161,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const bool int8_dot = GetCpuFeatures().avx512vnni && avx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {
-    if (*device == "cpu" && int8_dot && model->quantization() == WeightQuant::kInt8) {
+    const bool quantized =
+        model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
+    if (*device == "cpu" && int8_dot && quantized) {
       matmul_input_dtype = DType::kI8;
     } else if (*device == "cpu" && bf16_weights && bf16_dot) {
       matmul_input_dtype = DType::kBF16;
