@@ -244,6 +244,40 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     }
     cpu::MatMul(src, M, K, K, View(wt, options_.matmul_input_dtype), N, b, y, N, pool);
   };
+  // Projections of one input (q/k/v, gate/up) in one MatMulShared call when they share their
+  // permutation (always, but for act-order checkpoints that differ): one input rounding or
+  // quantization and one fork/join instead of one per projection; the same bits as `matmul`.
+  struct Proj {
+    const Tensor* wt;
+    int64_t N;
+    const float* b;
+    float* y;
+  };
+  auto matmul_shared = [&](const float* in, int64_t M, int64_t K, std::initializer_list<Proj> ps) {
+    bool same_perm = true;
+    for (const Proj& p : ps)
+      same_perm = same_perm && p.wt->input_perm == ps.begin()->wt->input_perm;
+    if (!same_perm) {
+      bool fresh = true;
+      for (const Proj& p : ps) {
+        matmul(in, M, K, fresh, *p.wt, p.N, p.b, p.y);
+        fresh = false;
+      }
+      return;
+    }
+    const float* src = in;
+    if (ps.begin()->wt->input_perm != nullptr) {
+      float* buf = Grow(permuted_, M * K);
+      Gather(in, M, K, K, ps.begin()->wt->input_perm, buf);
+      src = buf;
+    }
+    cpu::MatMulProjection out[3];
+    int n = 0;
+    for (const Proj& p : ps) {
+      out[n++] = {View(*p.wt, options_.matmul_input_dtype), p.N, p.b, p.y, p.N};
+    }
+    cpu::MatMulShared(src, M, K, K, out, n, pool);
+  };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -253,9 +287,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     } else {  // x += previous layer's MLP output; h = norm(x)
       cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h);
     }
-    matmul(h, t, d, true, lw.q_proj, qd, bias(lw.q_bias), q);
-    matmul(h, t, d, false, lw.k_proj, kvd, bias(lw.k_bias), k);
-    matmul(h, t, d, false, lw.v_proj, kvd, bias(lw.v_bias), v);
+    matmul_shared(h, t, d,
+                  {{&lw.q_proj, qd, bias(lw.q_bias), q},
+                   {&lw.k_proj, kvd, bias(lw.k_bias), k},
+                   {&lw.v_proj, kvd, bias(lw.v_bias), v}});
     cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data());
     cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data());
     const cpu::PagedKvLayer kv = KvLayer(l);
@@ -264,8 +299,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     if (b.on_layer_done) b.on_layer_done(l);
     matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
     cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h);
-    matmul(h, t, d, true, lw.gate_proj, f, nullptr, gate);
-    matmul(h, t, d, false, lw.up_proj, f, nullptr, up);
+    matmul_shared(h, t, d, {{&lw.gate_proj, f, nullptr, gate}, {&lw.up_proj, f, nullptr, up}});
     cpu::SiluMul(gate, up, t, f, act);
     matmul(act, t, f, true, lw.down_proj, d, nullptr, delta);
   }

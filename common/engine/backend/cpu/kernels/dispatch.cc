@@ -189,8 +189,9 @@ int64_t MatMulWeight::RowBytes(int64_t K) const {
   return K * static_cast<int64_t>(DTypeSize(dtype));
 }
 
-void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t N,
-            const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
+namespace {
+
+void CheckWeight(const MatMulWeight& w, int64_t K) {
   switch (w.quant) {
     case WeightQuant::kNone:
       CheckFloatType(w.dtype, "MatMul weight");
@@ -212,72 +213,132 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeigh
       << "MatMul input dtype " << DTypeName(w.input_dtype)
       << ": bf16 inputs need bf16, int8 or int4 weights, int8 inputs int8 or int4 weights, f32 "
          "inputs any weights";
-  if (M <= 0 || N <= 0) return;
-  const internal::KernelTable& t = internal::ActiveKernels();
+  TANDEM_CHECK(w.input_dtype != DType::kI8 || K <= internal::kI8MaxK)
+      << "int8 MatMul inputs: K " << K << " exceeds " << internal::kI8MaxK;
+}
+
+// Whether weights a and b take the input in the same prepared form (MatMulShared prepares it
+// once): the same input dtype and, for int8 inputs, the same code layout.
+bool SameInputs(const MatMulWeight& a, const MatMulWeight& b) {
+  if (a.input_dtype != b.input_dtype) return false;
+  if (a.input_dtype != DType::kI8) return true;
+  if (a.quant != b.quant) return false;
+  return a.quant == WeightQuant::kInt4 ? a.group_size == b.group_size
+                                       : (a.row_sums != nullptr) == (b.row_sums != nullptr);
+}
+
+// The input as the kernels take it, made once per call.
+struct PreparedInput {
+  const float* x = nullptr;  // f32 rows (or bf16-rounded and widened: `rounded`)
+  int64_t ldx = 0;
+  bool rounded = false;
+  const uint16_t* xb = nullptr;  // bf16 inputs on AVX512_BF16: rounded, rows contiguous
+  internal::I8Inputs i8;         // int8 inputs
+  bool vnni = false;
+};
+
+PreparedInput PrepareInput(const internal::KernelTable& t, const float* x, int64_t M, int64_t K,
+                           int64_t ldx, const MatMulWeight& w, ThreadPool* pool) {
+  PreparedInput p;
+  p.x = x;
+  p.ldx = ldx;
   if (w.input_dtype == DType::kI8) {
-    TANDEM_CHECK(K <= internal::kI8MaxK)
-        << "int8 MatMul inputs: K " << K << " exceeds " << internal::kI8MaxK;
     thread_local internal::I8InputBuffer buffer;  // the calling thread's, read by every thread
-    const bool vnni = UseAvx512Vnni(t);
-    const internal::I8Inputs in = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer, vnni, pool);
-    ForColumns(pool, M, N, K, [&](int64_t n0, int64_t n1) {
-      if (vnni) {
-        internal::MatMulI8Avx512Vnni(in, w, n0, n1, bias, y, ldy);
-      } else {
-        internal::MatMulI8Reference(in, w, n0, n1, bias, y, ldy);
-      }
-    });
-    return;
-  }
-  const uint16_t* xb = nullptr;  // bf16 inputs on AVX512_BF16: x rounded, rows contiguous
-  bool dequant = false;          // bf16 inputs elsewhere, quantized weights: via dense bf16 blocks
-  const int64_t block_rows = DequantBlockRows(K);
-  if (w.input_dtype == DType::kBF16) {
+    p.vnni = UseAvx512Vnni(t);
+    p.i8 = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer, p.vnni, pool);
+  } else if (w.input_dtype == DType::kBF16) {
     uint16_t* r = InputScratchBf16(M * K);
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t k = 0; k < K; ++k) r[m * K + k] = FloatToBf16(x[m * ldx + k]);
     }
-    xb = r;
+    p.xb = r;
     if (!UseAvx512Bf16(t)) {  // the same products in the f32 kernels: widen the rounded inputs
       float* xr = ThreadScratch(M * K);
-      for (int64_t i = 0; i < M * K; ++i) xr[i] = Bf16ToFloat(xb[i]);
-      x = xr;
-      ldx = K;
-      xb = nullptr;
-      dequant = quantized;
+      for (int64_t i = 0; i < M * K; ++i) xr[i] = Bf16ToFloat(r[i]);
+      p.x = xr;
+      p.ldx = K;
+      p.xb = nullptr;
+      p.rounded = true;
     }
   }
-  auto run = [&](int64_t n0, int64_t n1) {
-    if (xb != nullptr) {
-      uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
-      internal::MatMulBf16Avx512(xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
-    } else if (dequant) {
-      uint16_t* ws = WeightScratchBf16(block_rows * K);
-      MatMulWeight dense;
-      dense.data = ws;
-      dense.dtype = DType::kBF16;
-      for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
-        const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
-        DequantRowsBf16(w, K, b0, b1, ws);
-        if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
-          t.matmul(x, M, K, ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
-          for (int64_t m = 0; m < M; ++m) {
-            for (int64_t n = b0; n < b1; ++n) {
-              float v = y[m * ldy + n] * w.scales[n];
-              if (bias != nullptr) v += bias[n];
-              y[m * ldy + n] = v;
-            }
-          }
-        } else {
-          t.matmul(x, M, K, ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
-                   ldy);
-        }
-      }
+  return p;
+}
+
+// Columns [n0, n1) of y = x . w^T (+ bias) from the prepared input.
+void RunColumns(const internal::KernelTable& t, const PreparedInput& p, int64_t M, int64_t K,
+                const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias, float* y,
+                int64_t ldy) {
+  const bool quantized = w.quant != WeightQuant::kNone;
+  const int64_t block_rows = DequantBlockRows(K);
+  if (w.input_dtype == DType::kI8) {
+    if (p.vnni) {
+      internal::MatMulI8Avx512Vnni(p.i8, w, n0, n1, bias, y, ldy);
     } else {
-      t.matmul(x, M, K, ldx, w, n0, n1, bias, y, ldy);
+      internal::MatMulI8Reference(p.i8, w, n0, n1, bias, y, ldy);
     }
-  };
-  ForColumns(pool, M, N, K, run);
+  } else if (p.xb != nullptr) {
+    uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
+    internal::MatMulBf16Avx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
+  } else if (p.rounded && quantized) {  // bf16 inputs elsewhere: via dense bf16 blocks
+    uint16_t* ws = WeightScratchBf16(block_rows * K);
+    MatMulWeight dense;
+    dense.data = ws;
+    dense.dtype = DType::kBF16;
+    for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
+      const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
+      DequantRowsBf16(w, K, b0, b1, ws);
+      if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
+        t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = b0; n < b1; ++n) {
+            float v = y[m * ldy + n] * w.scales[n];
+            if (bias != nullptr) v += bias[n];
+            y[m * ldy + n] = v;
+          }
+        }
+      } else {
+        t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
+                 ldy);
+      }
+    }
+  } else {
+    t.matmul(p.x, M, K, p.ldx, w, n0, n1, bias, y, ldy);
+  }
+}
+
+}  // namespace
+
+void MatMulShared(const float* x, int64_t M, int64_t K, int64_t ldx,
+                  const MatMulProjection* projections, int count, ThreadPool* pool) {
+  for (int i = 0; i < count; ++i) CheckWeight(projections[i].w, K);
+  for (int i = 1; i < count; ++i) {
+    if (!SameInputs(projections[0].w, projections[i].w)) {  // each prepares its own input
+      for (int j = 0; j < count; ++j) MatMulShared(x, M, K, ldx, projections + j, 1, pool);
+      return;
+    }
+  }
+  int64_t total = 0;
+  for (int i = 0; i < count; ++i) total += projections[i].N;
+  if (M <= 0 || total <= 0) return;
+  const internal::KernelTable& t = internal::ActiveKernels();
+  const PreparedInput p = PrepareInput(t, x, M, K, ldx, projections[0].w, pool);
+  // The projections' columns side by side: [0, N0) the first's, [N0, N0 + N1) the second's, ...
+  ForColumns(pool, M, total, K, [&](int64_t n0, int64_t n1) {
+    int64_t offset = 0;
+    for (int i = 0; i < count && offset < n1; ++i) {
+      const MatMulProjection& q = projections[i];
+      const int64_t lo = n0 > offset ? n0 - offset : 0;
+      const int64_t hi = n1 - offset < q.N ? n1 - offset : q.N;
+      if (lo < hi) RunColumns(t, p, M, K, q.w, lo, hi, q.bias, q.y, q.ldy);
+      offset += q.N;
+    }
+  });
+}
+
+void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t N,
+            const float* bias, float* y, int64_t ldy, ThreadPool* pool) {
+  const MatMulProjection p{w, N, bias, y, ldy};
+  MatMulShared(x, M, K, ldx, &p, 1, pool);
 }
 
 void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DType wtype,

@@ -55,6 +55,20 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DT
 void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t N,
             const float* bias, float* y, int64_t ldy, ThreadPool* pool);
 
+// One of several projections of the same input (MatMulShared): y[M, N] (row stride ldy).
+struct MatMulProjection {
+  MatMulWeight w;
+  int64_t N = 0;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+// The projections of one input x (q/k/v, gate/up) in one call: the input is rounded or quantized
+// once when the weights take it in the same form, and their columns are split over the pool
+// together (one fork/join). Each y equals its own MatMul bit for bit.
+void MatMulShared(const float* x, int64_t M, int64_t K, int64_t ldx,
+                  const MatMulProjection* projections, int count, ThreadPool* pool);
+
 // out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight[:]. x, out: f32 [M, D]; may alias.
 void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out);
 
