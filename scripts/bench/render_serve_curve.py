@@ -41,8 +41,9 @@ def render_serve_curve(work, outdir):
            "threads, at most 32 sequences per step), weights quantized at load from the random "
            "bf16 checkpoint. Workload, as the peer's server figures: for each concurrency C, C "
            "requests started together, 128-token prompts, 128 new tokens each (ignore_eos), "
-           "greedy. Aggregate tok/s = output tokens / wall time of the wave (prefill included); "
-           "TTFT = mean time to first token of the wave.\n")
+           "greedy; each wave draws its own prompts (a seed per wave: no prefix-cache hits), "
+           "after a warm-up at the same shape. Aggregate tok/s = output tokens / wall time of "
+           "the wave (prefill included); TTFT = mean time to first token of the wave.\n")
     summary = {}
     for model in ("llama-110m", "llama-1b"):
         fmts = sorted({f for (m, f, _) in runs if m == model},

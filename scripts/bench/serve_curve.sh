@@ -24,12 +24,14 @@ run_model() {
     start_serve "$name" --model "$dir" --dtype bf16 --quantization "$fmt" --threads 0 \
       --max-num-seqs 32 --max-num-batched-tokens 2048 --kv-cache-memory 2GiB
     local target="127.0.0.1:$LAST_PORT" pid="$LAST_PID"
-    "$TANDEM" bench --target "$target" --num-requests 2 --prompt-len 16 --output-len 4 \
-      --quiet --progress-interval 0 --sample-interval 0
+    # Warm-up at the measured shape (first-touch of scratch and KV pages). Every wave draws
+    # prompts with its own seed: waves that repeated earlier prompts would hit the prefix cache.
+    "$TANDEM" bench --target "$target" --num-requests 2 --concurrency 2 --prompt-len 128 \
+      --output-len 16 --seed 999 --quiet --progress-interval 0 --sample-interval 0
     for c in "${concurrencies[@]}"; do
       run_bench "$WORK/$name.c$c.json" --target "$target" --label "$preset $fmt c=$c" \
         --num-requests "$c" --concurrency "$c" --prompt-len 128 --output-len 128 \
-        --sample-interval 0
+        --seed $((100 + c)) --sample-interval 0
     done
     stop_process "$pid"
   done
