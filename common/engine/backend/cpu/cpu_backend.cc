@@ -271,12 +271,12 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
       Gather(in, M, K, K, ps.begin()->wt->input_perm, buf);
       src = buf;
     }
-    cpu::MatMulProjection out[3];
-    int n = 0;
+    std::vector<cpu::MatMulProjection>& out = projections_;  // reused: no allocation per call
+    out.clear();
     for (const Proj& p : ps) {
-      out[n++] = {View(*p.wt, options_.matmul_input_dtype), p.N, p.b, p.y, p.N};
+      out.push_back({View(*p.wt, options_.matmul_input_dtype), p.N, p.b, p.y, p.N});
     }
-    cpu::MatMulShared(src, M, K, K, out, n, pool);
+    cpu::MatMulShared(src, M, K, K, out.data(), static_cast<int>(out.size()), pool);
   };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);

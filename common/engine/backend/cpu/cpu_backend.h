@@ -64,6 +64,7 @@ class CpuBackend : public Backend {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, act_, tmp_, final_;
   std::vector<float> permuted_;  // act-order int4: a projection's input gathered by input_perm
   std::vector<cpu::AttentionQuery> queries_;
+  std::vector<cpu::MatMulProjection> projections_;  // one MatMulShared call's projections
 };
 
 }  // namespace tandem
