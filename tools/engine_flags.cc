@@ -29,12 +29,12 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->String("matmul-input-dtype", &matmul_input_dtype,
-            "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 weights "
-            "on CPUs with AVX512_VNNI, bf16 for bf16, int4 (or int8) weights on CPUs with "
-            "AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
+            "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
+            "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "
+            "without VNNI) on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
             "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
-            "with f32 weights) or int8 (int8 / int4 weights only: inputs quantized per 32 "
-            "elements, integer dot products, vpdpbusd on AVX512_VNNI)");
+            "with f32 weights) or int8 (int8 / int4 weights only: each input row quantized to "
+            "int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
   f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
   f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &block_size, "tokens per KV block");

@@ -20,7 +20,7 @@ struct CpuBackendOptions {
   // What the projections' inputs are rounded to (cpu::MatMulWeight::input_dtype): kF32 (exact
   // f32 activations) or kBF16 (bf16 dot products, vdpbf16ps on AVX512_BF16, over bf16 weights or
   // int8 / int4 weights dequantized to bf16 a block at a time; dense f32 weights stay f32) or
-  // kI8 (int8 / int4 weights only: inputs quantized per 32 elements, integer dot products,
+  // kI8 (int8 / int4 weights only: each input row quantized with one scale, integer dot products,
   // vpdpbusd on AVX512_VNNI; dense bf16 weights such as an unquantized lm_head take bf16).
   DType matmul_input_dtype = DType::kF32;
 };

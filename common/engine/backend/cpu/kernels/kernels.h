@@ -36,7 +36,7 @@ struct MatMulWeight {
   // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
   // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
   // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4
-  // weights: x quantized per 32-element block to int8 with an f32 scale, integer dot products;
+  // weights: each x row quantized to int8 with one f32 scale, integer dot products;
   // on AVX512_VNNI by vpdpbusd; int8_inputs.h). Like the weight format, it is fixed per weight,
   // so batch invariance holds within each choice.
   DType input_dtype = DType::kF32;  // kI8: K <= kMatMulI8MaxK

@@ -58,6 +58,15 @@ struct Int4G128Fmt {
   static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
 };
 
+// The 128 int4 codes of one 64-byte chunk of a weight row (bytes under `mask`): low nibbles
+// and high nibbles, each byte a u8 operand for vpdpbusd against the interleaved inputs.
+inline void LoadNibbles(const uint8_t* p, __mmask64 mask, __m512i* lo, __m512i* hi) {
+  const __m512i nib = _mm512_set1_epi8(15);
+  const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
+  *lo = _mm512_and_si512(v, nib);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+}
+
 // [sum of a's lanes, b's, c's, d's] (int32, wrapping like any order of the same adds).
 inline __m128i Reduce4(__m512i a, __m512i b, __m512i c, __m512i d) {
   // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], cd likewise, then [a, b, c, d].
@@ -248,7 +257,6 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
   const __m512i idx = _mm512_srli_epi32(
       _mm512_setr_epi32(0, 0, 0, 0, 32, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 96),
       kWide ? 7 : shift);
-  const __m512i nib = _mm512_set1_epi8(15);
   const int64_t full = row_bytes / 64;  // chunks whose 64 weight bytes lie inside the row
   const int64_t period = kWide ? wt.group_size / 128 : 1;
   int64_t countdown = period;
@@ -265,9 +273,8 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
         _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
                      _MM_HINT_T0);
       }
-      const __m512i v = _mm512_maskz_loadu_epi8(mask, q[j] + c * 64);
-      const __m512i lo = _mm512_and_si512(v, nib);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      __m512i lo, hi;
+      LoadNibbles(q[j] + c * 64, mask, &lo, &hi);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         const int8_t* a = in.codes + (m0 + i) * code_stride + c * 128;
@@ -312,7 +319,6 @@ void TileInt4G128(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   }
-  const __m512i nib = _mm512_set1_epi8(15);
   const int64_t full = row_bytes / 64;
   for (int64_t c = 0; c < in.chunks; ++c) {
     const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(row_bytes - c * 64);
@@ -329,9 +335,8 @@ void TileInt4G128(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_
         _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
                      _MM_HINT_T0);
       }
-      const __m512i v = _mm512_maskz_loadu_epi8(mask, q[j] + c * 64);
-      const __m512i lo = _mm512_and_si512(v, nib);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      __m512i lo, hi;
+      LoadNibbles(q[j] + c * 64, mask, &lo, &hi);
       const __m512 sv = _mm512_set1_ps(sc[j][c]);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
