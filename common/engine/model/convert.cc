@@ -1,7 +1,5 @@
 #include "common/engine/model/convert.h"
 
-#include <sys/mman.h>
-
 #include <cstring>
 
 #include "common/base/half.h"
@@ -73,22 +71,6 @@ void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtyp
   pool->ParallelForGrain(n, 1024, [&](int64_t begin, int64_t end) {
     ConvertRange(src, src_dtype, dst, dst_dtype, begin, end);
   });
-}
-
-std::unique_ptr<uint8_t[]> AllocateAligned(size_t bytes, uint8_t** aligned) {
-  std::unique_ptr<uint8_t[]> buffer(new uint8_t[bytes + kOwnedBufferAlignment]);
-  uintptr_t p = reinterpret_cast<uintptr_t>(buffer.get());
-  p = (p + kOwnedBufferAlignment - 1) & ~(uintptr_t{kOwnedBufferAlignment} - 1);
-  *aligned = reinterpret_cast<uint8_t*>(p);
-  // Large buffers: ask for transparent huge pages, which makes first-touch page faults (the main
-  // cost of converting a big checkpoint) about 500x rarer. A hint; failure is harmless.
-  constexpr size_t kPage = 4096;
-  if (bytes >= (size_t{8} << 20)) {
-    const uintptr_t begin = (p + kPage - 1) & ~(uintptr_t{kPage} - 1);
-    const uintptr_t end = (p + bytes) & ~(uintptr_t{kPage} - 1);
-    if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  }
-  return buffer;
 }
 
 }  // namespace tandem

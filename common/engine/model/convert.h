@@ -2,7 +2,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "common/base/dtype.h"
 #include "common/base/thread_pool.h"
@@ -14,12 +13,5 @@ namespace tandem {
 // Equal dtypes copy. Splits the work over `pool` when it is given and n is large.
 void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                      ThreadPool* pool = nullptr);
-
-// Byte alignment of every buffer AllocateAligned hands out.
-inline constexpr size_t kOwnedBufferAlignment = 64;
-
-// A heap buffer of `bytes` bytes whose start is kOwnedBufferAlignment-aligned; `*aligned` receives
-// that start. The returned array owns the memory (it begins up to 63 bytes earlier).
-std::unique_ptr<uint8_t[]> AllocateAligned(size_t bytes, uint8_t** aligned);
 
 }  // namespace tandem

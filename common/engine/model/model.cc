@@ -136,8 +136,7 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
     return absl::OkStatus();
   }
   const size_t bytes = static_cast<size_t>(out->numel()) * elem;
-  uint8_t* dst = nullptr;
-  model_->owned_.push_back(AllocateAligned(bytes, &dst));
+  void* dst = model_->arena_.Allocate(bytes);
   model_->owned_bytes_ += bytes;
   ConvertElements(e.data, e.dtype, dst, dtype, out->numel(), pool());
   out->data = dst;
@@ -174,19 +173,14 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
   out->quant = q.quant;
   out->group_size = q.group_size;
   model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
-  model_->owned_codes_.push_back(std::move(q.codes));
-  out->data = model_->owned_codes_.back().data();
-  model_->owned_floats_.push_back(std::move(q.scales));
-  out->scales = model_->owned_floats_.back().data();
-  if (!q.zeros.empty()) {
-    model_->owned_floats_.push_back(std::move(q.zeros));
-    out->zeros = model_->owned_floats_.back().data();
-  }
+  HugePageArena& arena = model_->arena_;
+  out->data = arena.Copy(q.codes);
+  out->scales = arena.Copy(q.scales);
+  out->zeros = arena.Copy(q.zeros);  // nullptr when there are none
   if (q.quant == WeightQuant::kInt8) {
-    std::vector<float> sums = Int8RowSums(static_cast<const uint8_t*>(out->data), q.rows, q.cols);
+    std::vector<float> sums = Int8RowSums(q.codes.data(), q.rows, q.cols);
     model_->owned_bytes_ += sums.size() * sizeof(float);
-    model_->owned_floats_.push_back(std::move(sums));
-    out->row_sums = model_->owned_floats_.back().data();
+    out->row_sums = arena.Copy(sums);
   }
   ++converted_tensors_;
   converted_bytes_ += out->stored_bytes();

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/dtype.h"
+#include "common/base/huge_page_arena.h"
 #include "common/config/model_config.h"
 #include "common/engine/model/quant_config.h"
 #include "common/engine/model/tensor.h"
@@ -87,9 +88,8 @@ class Model {
   std::string dir_;
   std::string model_id_;
   std::vector<std::unique_ptr<MappedFile>> files_;
-  std::vector<std::unique_ptr<uint8_t[]>> owned_;
-  std::vector<std::vector<uint8_t>> owned_codes_;
-  std::vector<std::vector<float>> owned_floats_;
+  // Converted, realigned and quantized tensors (huge pages: decode streams them every step).
+  HugePageArena arena_;
   std::vector<std::vector<int32_t>> owned_perms_;
   size_t owned_bytes_ = 0;
 };
