@@ -28,6 +28,10 @@ void EngineFlags::Register(FlagSet* f) {
             "config.json and load as int4 by themselves (keep none)");
   f->Int("quantization-group-size", &quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
+  f->Bool("mmap-weights", &mmap_weights,
+          "cpu: use weights stored in their in-memory dtype straight from the checkpoint's file "
+          "mapping (less memory, 4 KiB page-cache pages) instead of copying them into huge-page "
+          "memory at load (faster decode)");
   f->String("matmul-input-dtype", &matmul_input_dtype,
             "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
             "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "
@@ -67,6 +71,7 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   o.quantization = quantization;
   o.quant_group_size = quant_group_size;
   o.matmul_input_dtype = matmul_input_dtype;
+  o.mmap_weights = mmap_weights;
   auto bytes = ParseByteSize(kv_memory);
   if (!bytes.ok()) return bytes.status();
   o.kv_cache_bytes = *bytes;
@@ -141,6 +146,7 @@ std::vector<std::string> EngineFlags::ToArgs() const {
   };
   if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
   if (no_prefix_cache) a.push_back("--no-prefix-cache");
+  if (mmap_weights) a.push_back("--mmap-weights");
   return a;
 }
 

@@ -38,6 +38,7 @@ struct EngineFlags {
   int64_t max_prefill_chunk = 0;
   int64_t num_kv_blocks = 0;
   bool no_prefix_cache = false;
+  bool mmap_weights = false;
   std::string device = "cpu";
   double gpu_memory_utilization = 0.9;
   // Speculative decoding.

@@ -132,6 +132,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
         absl::StrCat("quantization must be none, int8 or int4, got '", options.quantization, "'"));
   }
   load.quant_group_size = options.quant_group_size;
+  load.map_weights = options.mmap_weights || *device != "cpu";
   if (load.quantization != WeightQuant::kNone && *device != "cpu") {
     return absl::InvalidArgumentError(
         absl::StrCat("quantization ", options.quantization, " is implemented on cpu only"));

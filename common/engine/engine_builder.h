@@ -24,9 +24,15 @@ struct EngineBuildOptions {
   std::string kv_cache_dtype = "auto";
   std::string quantization = "none";  // none | int8 | int4 (weight-only, cpu only)
   int64_t quant_group_size = 128;     // int4 group along K (power of two >= 32)
-  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (bf16 for bf16,
-  // int8 or int4 weights on a CPU with AVX512_BF16, else f32) | f32 | bf16 (not with f32 weights).
+  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (int8 for int8 and
+  // int4 weights on a CPU with AVX512_VNNI, bf16 for bf16 weights (and quantized ones without
+  // VNNI) on a CPU with AVX512_BF16, else f32) | f32 | bf16 (not with f32 weights) | int8
+  // (quantized weights only).
   std::string matmul_input_dtype = "auto";
+  // cpu: serve weights stored in their in-memory dtype from the checkpoint's file mapping
+  // (LoadOptions::map_weights) instead of copying them into huge-page memory at load. cuda
+  // always maps (the weights are uploaded to the device).
+  bool mmap_weights = false;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
   int64_t block_size = 16;

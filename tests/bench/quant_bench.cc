@@ -6,6 +6,7 @@
 //   quant_bench --model DIR [--quantization none|int8|int4] [--group 128] [--kv bf16|fp8|int8]
 //               [--threads 0] [--reps 3] [--decode-tokens 32] [--prefill-tokens 512]
 //               [--batches 8,16,32] [--batch-steps 8] [--matmul-input f32|bf16|int8]
+//               [--mmap-weights]
 //   quant_bench --accuracy --model DIR (a model with reference/ logits, e.g. stories260k):
 //               top-1 agreement and logits error of none/int8/int4 weights, bf16 weights with
 //               f32 or bf16 matmul inputs, and bf16/fp8/int8 KV.
@@ -124,10 +125,11 @@ DType ParseKv(const std::string& s) {
 int Throughput(const std::string& model_dir, const std::string& quant_name, int64_t group,
                const std::string& kv_name, DType matmul_input, int threads, int reps,
                int64_t decode_tokens, int64_t prefill_tokens, const std::vector<int64_t>& batches,
-               int64_t batch_steps) {
+               int64_t batch_steps, bool mmap_weights) {
   LoadOptions lo;
   lo.weight_dtype_auto = false;
   lo.weight_dtype = DType::kBF16;
+  lo.map_weights = mmap_weights;
   if (!ParseWeightQuant(quant_name, &lo.quantization)) {
     std::fprintf(stderr, "bad --quantization %s\n", quant_name.c_str());
     return 2;
@@ -170,6 +172,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["kv_dtype"] = std::string(DTypeName(bo.kv_dtype));
   out["matmul_input_dtype"] = std::string(DTypeName(matmul_input));
   out["threads"] = pool_threads;
+  out["mmap_weights"] = mmap_weights;
   out["weight_bytes_per_token"] = weight_bytes;
   out["kv_bytes_per_token"] = kv_bytes;
   std::vector<double> bw, dec, pre, roof;
@@ -307,7 +310,7 @@ int main(int argc, char** argv) {
   std::string model, quant = "none", kv = "bf16", batches = "8,16,32", matmul_input = "f32";
   int64_t group = 128, threads = 0, reps = 3, decode_tokens = 32, prefill_tokens = 512,
           batch_steps = 8;
-  bool accuracy = false;
+  bool accuracy = false, mmap_weights = false;
   tandem::FlagSet f("quant_bench", "decode/prefill throughput and roofline per weight format");
   f.String("model", &model, "model directory");
   f.String("quantization", &quant, "none, int8 or int4");
@@ -321,6 +324,9 @@ int main(int argc, char** argv) {
   f.Int("batch-steps", &batch_steps, "decode steps timed per batch size");
   f.String("matmul-input", &matmul_input,
            "f32, bf16 (bf16 or quantized weights) or int8 (quantized)");
+  f.Bool("mmap-weights", &mmap_weights,
+         "bf16 weights from the checkpoint's file mapping (as tandem --mmap-weights) instead of "
+         "copied into huge-page memory (the default of tandem serve)");
   f.Bool("accuracy", &accuracy, "accuracy mode (model with reference logits)");
   if (absl::Status st = f.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
@@ -343,5 +349,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   return tandem::Throughput(model, quant, group, kv, input, static_cast<int>(threads),
-                            static_cast<int>(reps), decode_tokens, prefill_tokens, bs, batch_steps);
+                            static_cast<int>(reps), decode_tokens, prefill_tokens, bs, batch_steps,
+                            mmap_weights);
 }

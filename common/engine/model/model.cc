@@ -130,7 +130,7 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
   out->dtype = dtype;
   out->shape = shape;
   const size_t elem = DTypeSize(dtype);
-  if (e.dtype == dtype && reinterpret_cast<uintptr_t>(e.data) % elem == 0) {
+  if (options_.map_weights && e.dtype == dtype && reinterpret_cast<uintptr_t>(e.data) % elem == 0) {
     out->data = e.data;
     mapped_bytes_ += e.nbytes();
     return absl::OkStatus();

@@ -42,7 +42,8 @@ struct ModelWeights {
 
 struct LoadOptions {
   // Element type of the projection matrices and embeddings in memory. kF32 or kBF16.
-  // Tensors already stored in that type are memory-mapped, others are converted once at load.
+  // Tensors already stored in that type are memory-mapped (see map_weights), others are converted
+  // once at load.
   // "auto" (unset): bf16 for bf16/f16 checkpoints, f32 for f32 checkpoints.
   bool weight_dtype_auto = true;
   DType weight_dtype = DType::kF32;
@@ -54,6 +55,11 @@ struct LoadOptions {
   // checkpoints that are already quantized (AWQ / GPTQ), which load as int4 by themselves.
   WeightQuant quantization = WeightQuant::kNone;
   int64_t quant_group_size = 128;  // int4: a power of two >= 32
+  // true: tensors stored in their in-memory dtype are used straight from the checkpoint's file
+  // mapping (no copy; page-cache memory in 4 KiB pages). false: they are copied at load into the
+  // model's huge-page memory like converted tensors (CPU decode streams every weight each step:
+  // batch-1 bf16 decode ~1.1x faster in an A/B, docs/benchmarks.md), at the cost of a copy.
+  bool map_weights = true;
 };
 
 // A loaded model: config, weights and whatever keeps the weights' bytes alive.

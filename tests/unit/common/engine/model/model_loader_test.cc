@@ -71,6 +71,37 @@ TEST(ModelLoaderTest, Stories260kF32IsMappedNotCopied) {
   EXPECT_EQ(std::memcmp((*m)->weights().layers[3].down_proj.data, e->data, e->nbytes()), 0);
 }
 
+TEST(ModelLoaderTest, UnmappedWeightsAreCopiesOfTheFile) {
+  LoadOptions o;
+  o.map_weights = false;
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(SourcePath("models/stories260k"), o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> f =
+      SafetensorsFile::Open(SourcePath("models/stories260k/model.safetensors"));
+  ASSERT_TRUE(f.ok());
+  size_t file_bytes = 0;
+  for (const char* name : {"model.layers.3.mlp.down_proj.weight", "model.embed_tokens.weight",
+                           "model.layers.0.input_layernorm.weight"}) {
+    const SafetensorsEntry* e = (*f)->Find(name);
+    ASSERT_NE(e, nullptr);
+    file_bytes += e->nbytes();
+  }
+  const ModelWeights& w = (*m)->weights();
+  const Tensor* tensors[] = {&w.layers[3].down_proj, &w.embed_tokens, &w.layers[0].input_norm};
+  const char* names[] = {"model.layers.3.mlp.down_proj.weight", "model.embed_tokens.weight",
+                         "model.layers.0.input_layernorm.weight"};
+  for (int i = 0; i < 3; ++i) {
+    const SafetensorsEntry* e = (*f)->Find(names[i]);
+    const char* file_begin = reinterpret_cast<const char*>(e->data);
+    const char* data = static_cast<const char*>(tensors[i]->data);
+    EXPECT_EQ(std::memcmp(data, e->data, e->nbytes()), 0) << names[i];
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 64, 0u) << names[i];
+    EXPECT_NE(data, file_begin) << names[i] << " is still the mapping";
+  }
+  // Everything is owned now: at least the three tensors above.
+  EXPECT_GE((*m)->owned_bytes(), file_bytes);
+}
+
 TEST(ModelLoaderTest, Llama2xsF32AndBf16Conversion) {
   const std::string dir = SourcePath("models/llama2xs-280k");
   absl::StatusOr<std::unique_ptr<Model>> f32 = LoadModel(dir, WithDType(DType::kF32));
