@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/engine/backend/cpu/kernels/kernels_internal.h"
@@ -21,9 +22,12 @@
 namespace tandem::cpu::internal {
 namespace {
 
-constexpr int kMR = 4;   // activation rows per register tile
-constexpr int kNR = 6;   // weight rows per register tile (24 accumulators)
+constexpr int kMR = 4;   // activation rows per register tile fused with dequantization
+constexpr int kNR = 6;   // weight blocks hold a multiple of this many rows (see Wide, Tall)
 constexpr int kNR1 = 8;  // weight rows per tile for a lone activation row
+// Up to this many activation rows every row tile prefetches its weights (decode batches), and
+// the tiles are Wide; beyond it only the first row tile of a block does, and they are Tall.
+constexpr int64_t kPrefetchAllRows = 8;
 constexpr int64_t kPrefetchBytes = 1024;
 constexpr int64_t kBlockBytes = 256 * 1024;
 
@@ -190,25 +194,38 @@ void Tile(const uint16_t* x, int64_t ldx, const MatMulWeight& wt, int64_t n0, in
 using TileFn = void (*)(const uint16_t*, int64_t, const MatMulWeight&, int64_t, int64_t,
                         const float*, const float*, float*, int64_t);
 
-template <bool kPrefetch, class Fmt, int... I>
-constexpr TileFn kTiles[] = {&Tile<I / kNR + 1, I % kNR + 1, kPrefetch, Fmt>...};
+// Register tile shapes (24 accumulators each). Wide: 4 input rows x 6 weight rows, six weight
+// streams, for few rows (decode batches up to 8, where the first row tile streams the weights
+// from memory). Tall: 6 x 4, fewer weight loads from L2 per product (4 weight + 6 input vectors
+// per 24 vdpbf16ps), for more rows.
+struct Wide {
+  static constexpr int kMR = 4, kNR = 6;
+};
+struct Tall {
+  static constexpr int kMR = 6, kNR = 4;
+};
 
-template <bool kPrefetch, class Fmt, int... I>
+template <bool kPrefetch, class Fmt, class Shape, int... I>
+constexpr TileFn kTiles[] = {&Tile<I / Shape::kNR + 1, I % Shape::kNR + 1, kPrefetch, Fmt>...};
+
+template <bool kPrefetch, class Fmt, class Shape, int... I>
 constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
-  return kTiles<kPrefetch, Fmt, I...>;
+  return kTiles<kPrefetch, Fmt, Shape, I...>;
 }
 
 // Columns [n0, n1) over weight rows in format Fmt, in blocks of `block` rows; scales (int8) and
 // bias indexed like the columns.
-template <class Fmt>
-void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
-           int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,
-           int64_t block) {
+template <class Fmt, class Shape>
+void RangeOf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
+             int64_t n0, int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,
+             int64_t block) {
+  constexpr int kMR = Shape::kMR, kNR = Shape::kNR;
   // The first row tile of a block streams its weights from memory: prefetched (as in the f32
   // path). With many rows the other tiles find the block in L2, where prefetching only costs.
-  const TileFn* first = TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
-  const TileFn* rest =
-      M <= 2 * kMR ? first : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
+  const TileFn* first = TilesOf<true, Fmt, Shape>(std::make_integer_sequence<int, kMR * kNR>());
+  const TileFn* rest = M <= kPrefetchAllRows ? first
+                                             : TilesOf<false, Fmt, Shape>(
+                                                   std::make_integer_sequence<int, kMR * kNR>());
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
     const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
     for (int64_t m = 0; m < M; m += kMR) {
@@ -230,6 +247,22 @@ void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWei
       }
     }
   }
+}
+
+// Up to kPrefetchAllRows rows Wide tiles (decode: each weight block is streamed from memory by the first row
+// tile), beyond that Tall ones (the block comes from L2 for most row tiles). Only the grouping of
+// outputs differs, never their arithmetic.
+template <class Fmt>
+void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
+           int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,
+           int64_t block) {
+  if constexpr (std::is_same_v<Fmt, Bf16Fmt>) {  // quantized formats come with M <= kMR
+    if (M > kPrefetchAllRows) {
+      RangeOf<Fmt, Tall>(x, M, K, ldx, w, n0, n1, scales, bias, y, ldy, block);
+      return;
+    }
+  }
+  RangeOf<Fmt, Wide>(x, M, K, ldx, w, n0, n1, scales, bias, y, ldy, block);
 }
 
 // Quantized weights: up to kMR activation rows (one row tile: each weight is dequantized once
