@@ -226,6 +226,21 @@ void RangeOf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulW
   const TileFn* rest = M <= kPrefetchAllRows ? first
                                              : TilesOf<false, Fmt, Shape>(
                                                    std::make_integer_sequence<int, kMR * kNR>());
+  if (M > kMR && M <= kPrefetchAllRows) {
+    // A decode batch of a few row tiles: all of them over each group of weight rows in turn, the
+    // later ones from L1, while the prefetches of every tile keep the next rows streaming in.
+    // (Block by block, the memory would idle while the later row tiles ran from L2.)
+    for (int64_t n = n0; n < n1; n += kNR) {
+      const int nr = static_cast<int>(n1 - n < kNR ? n1 - n : kNR);
+      for (int64_t m = 0; m < M; m += kMR) {
+        const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+        first[(mr - 1) * kNR + (nr - 1)](
+            x + m * ldx, ldx, w, n, K, scales != nullptr ? scales + n : nullptr,
+            bias != nullptr ? bias + n : nullptr, y + m * ldy + n, ldy);
+      }
+    }
+    return;
+  }
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
     const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
     for (int64_t m = 0; m < M; m += kMR) {
