@@ -43,7 +43,9 @@ class ThreadPool {
   void ParallelForGrain(int64_t n, int64_t grain,
                         const std::function<void(int64_t begin, int64_t end)>& fn);
 
-  static constexpr int kRangesPerThread = 4;
+  // 8: the last range a thread finishes while the other waits is 1/16 of a 2-thread job (with 4,
+  // batch-1 decode spent ~10% of its time joining; 8 measured 1.03-1.05x faster).
+  static constexpr int kRangesPerThread = 8;
 
  private:
   // Runs fn(ticket, tickets) for every ticket in [0, tickets), 1 <= tickets <= kMaxTickets.
