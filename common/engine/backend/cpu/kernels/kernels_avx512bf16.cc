@@ -223,9 +223,10 @@ void RangeOf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulW
   // The first row tile of a block streams its weights from memory: prefetched (as in the f32
   // path). With many rows the other tiles find the block in L2, where prefetching only costs.
   const TileFn* first = TilesOf<true, Fmt, Shape>(std::make_integer_sequence<int, kMR * kNR>());
-  const TileFn* rest = M <= kPrefetchAllRows ? first
-                                             : TilesOf<false, Fmt, Shape>(
-                                                   std::make_integer_sequence<int, kMR * kNR>());
+  const TileFn* rest =
+      M <= kPrefetchAllRows
+          ? first
+          : TilesOf<false, Fmt, Shape>(std::make_integer_sequence<int, kMR * kNR>());
   if (M > kMR && M <= kPrefetchAllRows) {
     // A decode batch of a few row tiles: all of them over each group of weight rows in turn, the
     // later ones from L1, while the prefetches of every tile keep the next rows streaming in.
@@ -264,9 +265,9 @@ void RangeOf(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulW
   }
 }
 
-// Up to kPrefetchAllRows rows Wide tiles (decode: each weight block is streamed from memory by the first row
-// tile), beyond that Tall ones (the block comes from L2 for most row tiles). Only the grouping of
-// outputs differs, never their arithmetic.
+// Wide tiles up to kPrefetchAllRows rows (decode batches: six weight streams from memory), Tall
+// ones beyond (most row tiles find the weights in L2). Only the grouping of outputs differs,
+// never their arithmetic.
 template <class Fmt>
 void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w, int64_t n0,
            int64_t n1, const float* scales, const float* bias, float* y, int64_t ldy,

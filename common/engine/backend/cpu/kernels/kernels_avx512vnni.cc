@@ -69,7 +69,7 @@ inline void LoadNibbles(const uint8_t* p, __mmask64 mask, __m512i* lo, __m512i* 
 
 // Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
 // themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
-// store per accumulator and chunk (in the int4 tiles it did; ~2x slower).
+// store per accumulator and chunk (the int4 tiles did: 1.05-1.25x slower).
 template <class V, int MR, int NR>
 inline void CopyAccumulators(const V (&from)[MR][NR], V (&to)[MR][NR]) {
 #pragma GCC unroll 8
