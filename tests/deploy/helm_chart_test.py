@@ -232,6 +232,12 @@ def check_wiring(r, values, name):
             gpus = v[role]["gpus"] if role != "router" else 0
             limits = c["resources"].get("limits", {})
             check(limits.get("nvidia.com/gpu", 0) == gpus, f"{where}: {gpus} GPUs")
+            # Engine switches of workers.
+            if role != "router":
+                check(("--mmap-weights" in c["args"]) == v["config"]["mmapWeights"],
+                      f"{where}: --mmap-weights")
+                check(("--no-prefix-cache" in c["args"]) != v["config"]["prefixCache"],
+                      f"{where}: --no-prefix-cache")
             # TLS.
             if v["tls"]["enabled"]:
                 check(arg(c, "--tls-cert") == f"{v['tls']['mountPath']}/tls.crt", f"{where}: tls")

@@ -187,6 +187,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if not .Values.config.prefixCache }}
 - --no-prefix-cache
 {{- end }}
+{{- if .Values.config.mmapWeights }}
+- --mmap-weights
+{{- end }}
 {{- end -}}
 
 {{/* Environment of every container. */}}
