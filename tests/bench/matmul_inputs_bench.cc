@@ -50,7 +50,9 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
                                       : std::vector<float>();
       const int copies =
           static_cast<int>(std::max<int64_t>(1, kColdBytes / static_cast<int64_t>(q.codes.size())));
-      std::vector<QuantizedMatrix> cold(copies, q);
+      QuantizedMatrix tiles = q;  // int4 with int8 inputs: Int4Layout::kTiles16
+      ToInt4Tiles16(&tiles);
+      std::vector<QuantizedMatrix> cold(copies, q), cold_i8(copies, tiles);
       for (int64_t M : ms) {
         std::vector<float> x(M * s.K), y(M * s.N);
         for (int64_t i = 0; i < M * s.K; ++i) x[i] = static_cast<float>((i * 7919) % 100) / 50 - 1;
@@ -58,7 +60,7 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
         int c = 0;
         for (int r = 0; r < reps; ++r) {
           for (int which = 0; which < 2; ++which) {
-            const QuantizedMatrix& w = cold[c];
+            const QuantizedMatrix& w = which == 0 ? cold[c] : cold_i8[c];
             c = (c + 1) % copies;
             cpu::MatMulWeight mw;
             mw.data = w.codes.data();
@@ -66,6 +68,7 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
             mw.scales = w.scales.data();
             mw.zeros = w.zeros.empty() ? nullptr : w.zeros.data();
             mw.group_size = 128;
+            mw.int4_layout = w.layout;
             mw.row_sums = row_sums.empty() ? nullptr : row_sums.data();
             mw.input_dtype = which == 0 ? DType::kBF16 : DType::kI8;
             const auto t0 = std::chrono::steady_clock::now();

@@ -172,6 +172,10 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
   out->shape = {q.rows, q.cols};
   out->quant = q.quant;
   out->group_size = q.group_size;
+  if (q.quant == WeightQuant::kInt4 && options_.int4_layout == Int4Layout::kTiles16) {
+    ToInt4Tiles16(&q);
+  }
+  out->int4_layout = q.layout;
   model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
   HugePageArena& arena = model_->arena_;
   out->data = arena.Copy(q.codes);
@@ -328,6 +332,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
         "int4 group size must be a power of two >= 32, got ", options_.quant_group_size));
   }
   model_->quantization_ = options_.quantization;
+  model_->int4_layout_ = options_.int4_layout;
   TANDEM_ASSIGN_OR_RETURN(ckpt_quant_, LoadCheckpointQuantConfig(dir_));
   if (ckpt_quant_.quantized()) {
     if (options_.quantization != WeightQuant::kNone) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace tandem {
 
@@ -40,6 +41,39 @@ void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_siz
       byte = static_cast<uint8_t>(byte | (j < 16 ? q : q << 4));
     }
   }
+}
+
+void ToInt4Tiles16(QuantizedMatrix* m) {
+  if (m->quant != WeightQuant::kInt4 || m->layout == Int4Layout::kTiles16) return;
+  const int64_t N = m->rows, K = m->cols, row_bytes = Int4RowBytes(K);
+  const int64_t G = Int4Groups(K, m->group_size), steps = row_bytes / 4;  // 8 elements a step
+  const int64_t tiles = Int4StoredRows(N, Int4Layout::kTiles16) / kInt4TileRows;
+  std::vector<uint8_t> codes(static_cast<size_t>(tiles * kInt4TileRows * row_bytes), 0);
+  std::vector<float> scales(static_cast<size_t>(tiles * kInt4TileRows * G), 0.0f);
+  std::vector<float> zeros(scales.size(), 0.0f);
+  // Element k of a kRows row: chunk k / 32, byte k % 16, high nibble when k % 32 >= 16.
+  const auto code = [&](int64_t n, int64_t k) -> uint8_t {
+    const uint8_t b = m->codes[n * row_bytes + k / kInt4Chunk * 16 + k % 16];
+    return k % kInt4Chunk < 16 ? b & 15 : b >> 4;
+  };
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t t = n / kInt4TileRows, l = n % kInt4TileRows;
+    uint8_t* tile = codes.data() + t * kInt4TileRows * row_bytes;
+    for (int64_t p = 0; p < steps; ++p) {
+      for (int64_t i = 0; i < 4; ++i) {
+        tile[p * 64 + 4 * l + i] =
+            static_cast<uint8_t>(code(n, 8 * p + i) | code(n, 8 * p + 4 + i) << 4);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      scales[(t * G + g) * kInt4TileRows + l] = m->scales[n * G + g];
+      zeros[(t * G + g) * kInt4TileRows + l] = m->zeros[n * G + g];
+    }
+  }
+  m->codes = std::move(codes);
+  m->scales = std::move(scales);
+  m->zeros = std::move(zeros);
+  m->layout = Int4Layout::kTiles16;
 }
 
 std::vector<float> Int8RowSums(const uint8_t* codes, int64_t N, int64_t K) {

@@ -16,11 +16,17 @@ namespace tandem {
 // Codes and scales of one quantized [N, K] matrix, in the kernels' layout.
 struct QuantizedMatrix {
   WeightQuant quant = WeightQuant::kNone;
+  Int4Layout layout = Int4Layout::kRows;  // int4
   int64_t rows = 0, cols = 0, group_size = 0;
-  std::vector<uint8_t> codes;  // int8: [N, K] (int8 bit patterns); int4: [N, Int4RowBytes(K)]
-  std::vector<float> scales;   // int8: [N]; int4: [N, G]
-  std::vector<float> zeros;    // int4: [N, G] (integers in [0, 15])
+  // int8: [N, K] (int8 bit patterns); int4: Int4StoredRows(N) rows of Int4RowBytes(K)
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;  // int8: [N]; int4: [Int4StoredRows(N), G]
+  std::vector<float> zeros;   // int4: [Int4StoredRows(N), G] (integers in [0, 16])
 };
+
+// An int4 matrix in Int4Layout::kRows rearranged into kTiles16 (quant.h); the same codes,
+// scales and zeros, padded to whole tiles of 16 rows.
+void ToInt4Tiles16(QuantizedMatrix* m);
 
 // Quantizes row-major f32 rows `w` [N, K]. int8: symmetric per row, scale = max|w| / 127 (1 for
 // an all-zero row), q = clamp(rint(w / scale), -127, 127). int4: per group of `group_size` (a

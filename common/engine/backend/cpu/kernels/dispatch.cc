@@ -204,6 +204,9 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
                    (w.group_size & (w.group_size - 1)) == 0)
           << "int4 MatMul weight needs scales, zeros and a power-of-two group >= 32, got group "
           << w.group_size;
+      TANDEM_CHECK((w.int4_layout == Int4Layout::kTiles16) == (w.input_dtype == DType::kI8))
+          << "int4 MatMul weights take int8 inputs in the kTiles16 layout and f32 or bf16 inputs "
+             "in kRows";
       break;
   }
   const bool quantized = w.quant != WeightQuant::kNone;

@@ -1,5 +1,5 @@
 // int8 MatMul inputs: the quantizer (shared by every path) and the scalar reference kernel, which
-// spells out the VNNI kernel's lanes and reduction tree (see int8_inputs.h). Baseline flags,
+// spells out the VNNI kernel's arithmetic (see int8_inputs.h). Baseline flags,
 // no contraction (CMakeLists.txt): every rounding here is explicit.
 
 #include "common/engine/backend/cpu/kernels/int8_inputs.h"
@@ -11,26 +11,10 @@
 namespace tandem::cpu::internal {
 namespace {
 
-// _mm512_reduce_add_ps's tree: halves, then quarters, then (0 + 2) + (1 + 3).
-float Reduce16(const float* v) {
-  float t3[8], t6[4];
-  for (int i = 0; i < 8; ++i) t3[i] = v[i + 8] + v[i];
-  for (int i = 0; i < 4; ++i) t6[i] = t3[i + 4] + t3[i];
-  return (t6[0] + t6[2]) + (t6[1] + t6[3]);
-}
-
 // Round half to even for |v| <= 127 (adding and removing 1.5 * 2^23 leaves the integer part).
 inline float RoundEven(float v) {
   constexpr float kMagic = 12582912.0f;
   return (v + kMagic) - kMagic;
-}
-
-// Where element k of a row sits in the int4 layout: chunk j of 128 holds the low-nibble halves
-// of its four 32-blocks (elements 32c + [0, 16) at bytes 16c + [0, 16)) in its first 64 bytes and
-// the high-nibble halves (32c + 16 + [0, 16)) in its last 64.
-inline int64_t Int4Position(int64_t k) {
-  const int64_t j = k / 128, r = k % 128, c = r / 32, e = r % 32;
-  return j * 128 + (e < 16 ? 0 : 64) + 16 * c + e % 16;
 }
 
 }  // namespace
@@ -63,7 +47,7 @@ void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_
     float v = RoundEven(x[k] * inv);
     v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
     const int32_t q = static_cast<int32_t>(v);
-    codes[int4 ? Int4Position(k) : k] = static_cast<int8_t>(static_cast<uint8_t>(q + offset));
+    codes[k] = static_cast<int8_t>(static_cast<uint8_t>(q + offset));
     total += q;
     group_sum += q;
     if (int4 && ((k + 1) % group_size == 0 || k + 1 == K)) {
@@ -81,7 +65,7 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
   in.M = M;
   in.K = K;
   const bool int4 = w.quant == WeightQuant::kInt4;
-  in.chunk = int4 ? 128 : 64;
+  in.chunk = int4 ? kInt4Chunk : 64;
   in.chunks = (K + in.chunk - 1) / in.chunk;
   in.groups = int4 ? Int4Groups(K, w.group_size) : 0;
   in.biased = w.quant == WeightQuant::kInt8 && w.row_sums != nullptr;
@@ -130,34 +114,27 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
         }
         out = (static_cast<float>(dot) * d) * w.scales[n];
       } else {
-        const int64_t row_bytes = Int4RowBytes(K), G = in.groups;
-        const int64_t period = w.group_size > 128 ? w.group_size / 128 : 1;
-        const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * row_bytes;
-        const float* s = w.scales + n * G;
-        const float* z = w.zeros + n * G;
+        // Row n is lane l of tile t: element k in step k / 8, byte 4l + k % 4, the high
+        // nibble for k % 8 >= 4; scales and zeros 16 apart per group.
+        const int64_t G = in.groups, t = n / kInt4TileRows, l = n % kInt4TileRows;
+        const uint8_t* tile =
+            static_cast<const uint8_t*>(w.data) + t * kInt4TileRows * Int4RowBytes(K);
+        const float* s = w.scales + t * G * kInt4TileRows + l;
+        const float* z = w.zeros + t * G * kInt4TileRows + l;
         const float* sums = in.group_sums + m * G;
-        float acc[16] = {};
-        int32_t lanes[16] = {};
-        for (int64_t j = 0; j < in.chunks; ++j) {
-          for (int l = 0; l < 16; ++l) {
-            const int64_t c = l / 4;
-            for (int t = 0; t < 4; ++t) {
-              const int64_t p = 16 * c + 4 * (l % 4) + t;  // byte within the chunk
-              const int32_t byte = j * 64 + p < row_bytes ? q[j * 64 + p] : 0;
-              lanes[l] += (byte & 15) * a[j * 128 + p] + (byte >> 4) * a[j * 128 + 64 + p];
-            }
+        float r = 0.0f, zc = 0.0f;
+        for (int64_t g = 0; g < G; ++g) {
+          int32_t dot = 0;
+          const int64_t k1 = (g + 1) * w.group_size < K ? (g + 1) * w.group_size : K;
+          for (int64_t k = g * w.group_size; k < k1; ++k) {
+            const int32_t byte = tile[k / 8 * 64 + 4 * l + k % 4];
+            dot += (k % 8 < 4 ? byte & 15 : byte >> 4) * a[k];
           }
-          if ((j + 1) % period == 0 || j + 1 == in.chunks) {
-            for (int l = 0; l < 16; ++l) {
-              const int64_t g = (j * 128 + 32 * (l / 4)) / w.group_size;
-              acc[l] = std::fma(static_cast<float>(lanes[l]), g < G ? s[g] : 0.0f, acc[l]);
-              lanes[l] = 0;
-            }
-          }
+          const float sg = s[g * kInt4TileRows];
+          r = std::fma(static_cast<float>(dot), sg, r);
+          zc = std::fma(sg * z[g * kInt4TileRows], sums[g], zc);
         }
-        float zacc[16] = {};
-        for (int64_t g = 0; g < G; ++g) zacc[g % 16] = std::fma(s[g] * z[g], sums[g], zacc[g % 16]);
-        out = (Reduce16(acc) - Reduce16(zacc)) * d;
+        out = (r - zc) * d;
       }
       if (bias != nullptr) out = out + bias[n];
       y[m * ldy + n] = out;

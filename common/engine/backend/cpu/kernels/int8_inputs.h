@@ -16,12 +16,11 @@
 // - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
 //   however it is summed (as (w + 128) * a - 128 sum(a), or as (a + 128) * w - 128 sum(w) when
 //   the weight carries its row sums); y = ((float(dot) * d) * s) + bias.
-// - int4 weights (codes q in [0, 15], group scale s_g, zero z_g): 16 f32 lanes; per 128-element
-//   chunk j, lane l holds the 8 products of block 4j + l/4 that share a 16-byte row chunk
-//   (bytes 16c + 4(l%4) .. + 3, low and high nibbles), summed exactly in int32 over
-//   max(1, group / 128) chunks, then acc = fma(float(lane sum), s of the lane's group, acc);
-//   r = reduce_add(acc); zc = reduce over groups (16 lanes, g % 16) of fma(s_g * z_g, A_g, .),
-//   A_g = sum of the group's codes; y = ((r - zc) * d) + bias.
+// - int4 weights (Int4Layout::kTiles16; codes q in [0, 15], group scale s_g, zero z_g): per
+//   output, dot_g = sum of q_k a_k over the group's elements (exact in int32), then for
+//   g = 0, 1, .. from r = zc = 0: r = fma(float(dot_g), s_g, r) and zc = fma(s_g * z_g, A_g, zc),
+//   A_g = the sum of the group's input codes; y = ((r - zc) * d) + bias. (The VNNI kernel keeps
+//   16 rows of a tile in the 16 lanes, so the group scales are one vector load per group.)
 // - reduce_add is _mm512_reduce_add_ps's fixed tree; every order is fixed per output, so
 //   results are batch-invariant.
 
@@ -37,13 +36,12 @@ namespace tandem::cpu::internal {
 // Longest rows for which the int32 sums are exact (255 * 127 * K < 2^31).
 constexpr int64_t kI8MaxK = kMatMulI8MaxK;
 
-// Quantized inputs of M rows laid out for one weight format (the int4 layout interleaves each
-// 128-element chunk as the nibbles sit in the weight rows).
+// Quantized inputs of M rows, codes in element order.
 struct I8Inputs {
   WeightQuant quant = WeightQuant::kNone;
   int64_t M = 0;
   int64_t K = 0;
-  int64_t chunk = 0;   // elements per chunk: 64 (int8 weights) or 128 (int4)
+  int64_t chunk = 0;   // elements per chunk: 64 (int8 weights) or 32 (int4)
   int64_t chunks = 0;  // chunks per row
   int64_t groups = 0;  // int4: weight groups per row
   // [M][chunks * chunk], zero past K. int8 weights with row sums: stored as a + 128 (u8 bit
@@ -72,8 +70,8 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
 // Below this many input elements QuantizeInputsI8 stays on the calling thread.
 constexpr int64_t kQuantizeMinParallelElements = int64_t{1} << 16;
 
-// One input row of K elements: its codes (at their layout positions in `codes`, whose bytes the
-// caller has set to `offset`, the stored code of 0), *scale = d, *sum = sum of the codes and, for
+// One input row of K elements: its codes (in `codes`, whose bytes the caller has set to
+// `offset`, the stored code of 0), *scale = d, *sum = sum of the codes and, for
 // int4, group_sums[g] = the sums per weight group (left as they are when the row quantizes to
 // nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x| and whether every element
 // is finite; false when the row quantizes to nothing.

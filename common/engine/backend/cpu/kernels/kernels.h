@@ -33,6 +33,8 @@ struct MatMulWeight {
   // the inputs be the unsigned operand of vpdpbusd (a + 128) and the weights enter as they are.
   const float* row_sums = nullptr;
   int64_t group_size = 0;  // int4: a power of two >= 32
+  // int4: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs.
+  Int4Layout int4_layout = Int4Layout::kRows;
   // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
   // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
   // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4

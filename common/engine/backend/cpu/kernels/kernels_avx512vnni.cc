@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -41,31 +42,6 @@ struct Int8Fmt {
   static constexpr int kNR1 = 8;          // weight rows per tile for a lone input row
   static int64_t RowBytes(int64_t K) { return K; }
 };
-
-// int4 weights: 128 codes per 64-byte chunk (low nibbles, then high nibbles per 16 bytes, which
-// is how the inputs are interleaved); see TileInt4.
-struct Int4Fmt {
-  static constexpr int kMR = 4, kNR = 3;  // register tile: 12 f32 + 12 int32 accumulators
-  static constexpr int kNR1 = 4;          // weight rows per tile for a lone input row
-  static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
-};
-
-// int4 weights in groups of 128: one group per chunk, so each chunk's int32 lanes go straight
-// into the f32 accumulators (no int32 accumulators live across chunks); see TileInt4G128.
-struct Int4G128Fmt {
-  static constexpr int kMR = 4, kNR = 4;  // register tile: 16 f32 accumulators
-  static constexpr int kNR1 = 8;          // a lone input row: eight weight streams (1.2-1.4x four)
-  static int64_t RowBytes(int64_t K) { return Int4RowBytes(K); }
-};
-
-// The 128 int4 codes of one 64-byte chunk of a weight row (bytes under `mask`): low nibbles
-// and high nibbles, each byte a u8 operand for vpdpbusd against the interleaved inputs.
-inline void LoadNibbles(const uint8_t* p, __mmask64 mask, __m512i* lo, __m512i* hi) {
-  const __m512i nib = _mm512_set1_epi8(15);
-  const __m512i v = _mm512_maskz_loadu_epi8(mask, p);
-  *lo = _mm512_and_si512(v, nib);
-  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-}
 
 // Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
 // themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
@@ -166,215 +142,13 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0
   StoreInt8<MR, NR, kBiased>(sums, in, m0, wt, n0, bias, y, ldy);
 }
 
-// [reduce_add(a), reduce_add(b), reduce_add(c), reduce_add(d)] with _mm512_reduce_add_ps's tree
-// for each (halves, then quarters, then (0 + 2) + (1 + 3)), four at once.
-inline __m128 Reduce4Ps(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // 256-bit halves: [a.lo + a.hi, b.lo + b.hi] and likewise c, d.
-  const __m512 ab =
-      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd =
-      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  // 128-bit quarters: lane q holds vector q's t6 = [t3[0] + t3[4], ..].
-  const __m512 t6 =
-      _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  // Per lane: [t6_0 + t6_2, t6_1 + t6_3, ..], then element 0 = (t6_0 + t6_2) + (t6_1 + t6_3).
-  const __m512 p = _mm512_add_ps(t6, _mm512_permute_ps(t6, 0x4E));
-  const __m512 r = _mm512_add_ps(p, _mm512_permute_ps(p, 0xB1));
-  return _mm512_castps512_ps128(
-      _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), r));
-}
-
-// y for a finished int4 tile, four outputs at a time: ((reduce_add(acc) - zc) * d) + bias, where
-// the zero points' term zc of row n reduces over groups of fma(s_g * z_g, A_g, .) (A = the input
-// row's group code sums) in 16 lanes, g % 16. Out of line, so the
-// tile's accumulators stay in registers through its loop.
-template <int MR, int NR>
-__attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NR], const I8Inputs& in,
-                                         int64_t m0, const MatMulWeight& wt, int64_t n0,
-                                         const float* bias, float* y, int64_t ldy) {
-  const int64_t G = in.groups;
-  constexpr int kPadded = (NR + 3) / 4 * 4;
-  // Zero point terms of the tile: zacc[i][j] lanes g % 16 of fma(s_g * z_g, A_g, .).
-  __m512 zacc[MR][kPadded];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < kPadded; ++j) zacc[i][j] = _mm512_setzero_ps();
-  }
-  for (int64_t g = 0; g < G; g += 16) {
-    const __mmask16 m = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1 << (G - g)) - 1);
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const float* s = wt.scales + (n0 + j) * G + g;
-      const float* z = wt.zeros + (n0 + j) * G + g;
-      const __m512 sz = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s), _mm512_maskz_loadu_ps(m, z));
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512 A = _mm512_maskz_loadu_ps(m, in.group_sums + (m0 + i) * G + g);
-        zacc[i][j] = _mm512_fmadd_ps(sz, A, zacc[i][j]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    const __m128 d = _mm_set1_ps(in.scale[m0 + i]);
-    __m512 r[kPadded];
-#pragma GCC unroll 8
-    for (int j = 0; j < kPadded; ++j) r[j] = j < NR ? acc[i][j] : _mm512_setzero_ps();
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; j += 4) {
-      const int n = NR - j < 4 ? NR - j : 4;
-      const __mmask8 m = static_cast<__mmask8>((1 << n) - 1);
-      const __m128 dot = Reduce4Ps(r[j], r[j + 1], r[j + 2], r[j + 3]);
-      const __m128 zc = Reduce4Ps(zacc[i][j], zacc[i][j + 1], zacc[i][j + 2], zacc[i][j + 3]);
-      __m128 out = _mm_mul_ps(_mm_sub_ps(dot, zc), d);
-      if (bias != nullptr) out = _mm_add_ps(out, _mm_maskz_loadu_ps(m, bias + n0 + j));
-      _mm_mask_storeu_ps(y + (m0 + i) * ldy + n0 + j, m, out);
-    }
-  }
-}
-
-// y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights. kWide: groups of 128 or more (one scale per
-// chunk, broadcast); else 32 or 64 (per-lane scales gathered by a permute).
-template <int MR, int NR, bool kPrefetch, bool kWide>
-void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
-              float* y, int64_t ldy) {
-  const int64_t K = in.K, code_stride = in.chunks * in.chunk, G = in.groups;
-  const int64_t row_bytes = Int4RowBytes(K);
-  int shift = 0;
-  while ((int64_t{1} << shift) < wt.group_size) ++shift;
-  const uint8_t* q[NR];
-  const float* sc[NR];
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; ++j) {
-    q[j] = static_cast<const uint8_t*>(wt.data) + (n0 + j) * row_bytes;
-    sc[j] = wt.scales + (n0 + j) * G;
-  }
-  __m512 acc[MR][NR];
-  __m512i lanes[MR][NR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      acc[i][j] = _mm512_setzero_ps();
-      lanes[i][j] = _mm512_setzero_si512();
-    }
-  }
-  // Lane l of a chunk is block l/4; its group within the chunk's first group, for narrow groups.
-  const __m512i idx = _mm512_srli_epi32(
-      _mm512_setr_epi32(0, 0, 0, 0, 32, 32, 32, 32, 64, 64, 64, 64, 96, 96, 96, 96),
-      kWide ? 7 : shift);
-  const int64_t full = row_bytes / 64;  // chunks whose 64 weight bytes lie inside the row
-  const int64_t period = kWide ? wt.group_size / 128 : 1;
-  int64_t countdown = period;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(row_bytes - c * 64);
-    const bool flush = --countdown == 0 || c + 1 == in.chunks;
-    if (countdown == 0) countdown = period;
-    const int64_t base = (c * 128) >> shift;  // the chunk's first group
-    const __mmask16 smask =
-        G - base >= 4 ? __mmask16{0xF} : static_cast<__mmask16>((1 << (G - base)) - 1);
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
-                     _MM_HINT_T0);
-      }
-      __m512i lo, hi;
-      LoadNibbles(q[j] + c * 64, mask, &lo, &hi);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const int8_t* a = in.codes + (m0 + i) * code_stride + c * 128;
-        lanes[i][j] = _mm512_dpbusd_epi32(lanes[i][j], lo, _mm512_loadu_si512(a));
-        lanes[i][j] = _mm512_dpbusd_epi32(lanes[i][j], hi, _mm512_loadu_si512(a + 64));
-      }
-      if (flush) {
-        __m512 sv;
-        if constexpr (kWide) {
-          sv = _mm512_set1_ps(sc[j][base]);
-        } else {
-          sv = _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(smask, sc[j] + base));
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes[i][j]), sv, acc[i][j]);
-          lanes[i][j] = _mm512_setzero_si512();
-        }
-      }
-    }
-  }
-  __m512 sums[MR][NR];
-  CopyAccumulators(acc, sums);
-  StoreInt4<MR, NR>(sums, in, m0, wt, n0, bias, y, ldy);
-}
-
-// y[m0 .. m0+MR) x [n0 .. n0+NR), int4 weights in groups of 128: TileInt4 with kWide and a flush
-// after every chunk (the same operations in the same order), the int32 lanes a temporary.
-template <int MR, int NR, bool kPrefetch>
-void TileInt4G128(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0,
-                  const float* bias, float* y, int64_t ldy) {
-  const int64_t code_stride = in.chunks * in.chunk, G = in.groups;
-  const int64_t row_bytes = Int4RowBytes(in.K);
-  const uint8_t* q[NR];
-  const float* sc[NR];
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; ++j) {
-    q[j] = static_cast<const uint8_t*>(wt.data) + (n0 + j) * row_bytes;
-    sc[j] = wt.scales + (n0 + j) * G;
-  }
-  __m512 acc[MR][NR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
-  const int64_t full = row_bytes / 64;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(row_bytes - c * 64);
-    __m512i a0[MR], a1[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const int8_t* a = in.codes + (m0 + i) * code_stride + c * 128;
-      a0[i] = _mm512_loadu_si512(a);
-      a1[i] = _mm512_loadu_si512(a + 64);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(q[j] + c * 64) + kInt4PrefetchBytes,
-                     _MM_HINT_T0);
-      }
-      __m512i lo, hi;
-      LoadNibbles(q[j] + c * 64, mask, &lo, &hi);
-      const __m512 sv = _mm512_set1_ps(sc[j][c]);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, a0[i]);
-        acc[i][j] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(t, hi, a1[i])), sv, acc[i][j]);
-      }
-    }
-  }
-  __m512 sums[MR][NR];
-  CopyAccumulators(acc, sums);
-  StoreInt4<MR, NR>(sums, in, m0, wt, n0, bias, y, ldy);
-}
-
 template <int MR, int NR, bool kPrefetch, class Fmt>
 void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
           float* y, int64_t ldy) {
-  if constexpr (std::is_same_v<Fmt, Int8Fmt>) {
-    if (in.biased) {
-      TileInt8<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
-    } else {
-      TileInt8<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
-    }
-  } else if constexpr (std::is_same_v<Fmt, Int4G128Fmt>) {
-    TileInt4G128<MR, NR, kPrefetch>(in, m0, wt, n0, bias, y, ldy);
-  } else if (wt.group_size >= 128) {
-    TileInt4<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
+  if (in.biased) {
+    TileInt8<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
   } else {
-    TileInt4<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
+    TileInt8<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
   }
 }
 
@@ -401,20 +175,6 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
   const TileFn* rest =
       M <= 2 * kMR ? first : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
   const int64_t row_bytes = Fmt::RowBytes(in.K);
-  if (!std::is_same_v<Fmt, Int8Fmt> && M > kMR && M <= 2 * kMR) {
-    // int4, a decode batch of two row tiles: both over each group of weight rows in turn, the
-    // second from L1, while the prefetches of both keep the next rows streaming in. (Block by
-    // block, the memory would idle while the second row tile ran from L2: 1.1-1.3x slower at
-    // M = 8. int8 weights measured the other way round, so they keep the blocks.)
-    for (int64_t n = n0; n < n1; n += kNR) {
-      const int nr = static_cast<int>(n1 - n < kNR ? n1 - n : kNR);
-      for (int64_t m = 0; m < M; m += kMR) {
-        const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
-        first[(mr - 1) * kNR + (nr - 1)](in, m, w, n, bias, y, ldy);
-      }
-    }
-    return;
-  }
   int64_t block = row_bytes > 0 ? kBlockBytes / row_bytes / kNR * kNR : kNR;
   if (block < kNR) block = kNR;
   for (int64_t b0 = n0; b0 < n1; b0 += block) {
@@ -434,14 +194,205 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
   }
 }
 
+// ---- int4 weights in tiles of 16 rows (Int4Layout::kTiles16) ----
+// Lane l of a tile's vectors is weight row 16t + l: per step of 8 elements one 64-byte load gives
+// the tile's 4 elements 8p .. 8p + 3 (low nibbles) and 8p + 4 .. 8p + 7 (high nibbles), each the
+// u8 operand of one vpdpbusd against 4 input codes broadcast. The int32 lanes hold one group's
+// exact dot products, so per group and (input row, tile) one conversion and one FMA with the
+// group's 16 scales (one load) finish it: 2 vpdpbusd per 8 x 16 products, the group's FMA spread
+// over group / 8 steps.
+constexpr int kInt4MR = 4, kInt4NT = 2;  // register tile: 8 int32 + 8 f32 accumulators
+constexpr int kInt4NT1 = 4;              // tiles per register tile for a lone input row
+
+// Where tile j of a register tile of NT (tile_bytes apart) is prefetched while step p is read:
+// kInt4PrefetchBytes ahead in the same tile or, past its end, in the next register tile's tile j.
+template <int NT>
+inline int64_t Int4PrefetchOffset(int64_t p, int64_t tile_bytes) {
+  const int64_t ahead = p * 64 + kInt4PrefetchBytes;
+  return ahead < tile_bytes ? ahead : ahead + (NT - 1) * tile_bytes;
+}
+
+// Lanes of tile t that are columns in [n0, n1).
+inline __mmask16 TileMask(int64_t t, int64_t n0, int64_t n1) {
+  const int64_t lo = n0 > 16 * t ? n0 - 16 * t : 0;
+  const int64_t hi = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
+  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
+}
+
+// y for a finished int4 register tile: zc = fma(s_g * z_g, A_g, zc) over the groups, then
+// ((r - zc) * d) + bias, stored in the lanes that are columns in [n0, n1). Out of line (and
+// handed a copy of the accumulators), so those stay in registers through the tile's loop.
+template <int MR, int NT>
+__attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NT], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                                         int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t G = in.groups;
+  __m512 zc[MR][NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) zc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < G; ++g) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      const int64_t at = ((t0 + j) * G + g) * 16;
+      const __m512 sz =
+          _mm512_mul_ps(_mm512_loadu_ps(wt.scales + at), _mm512_loadu_ps(wt.zeros + at));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        zc[i][j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(in.group_sums[(m0 + i) * G + g]), zc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m512 d = _mm512_set1_ps(in.scale[m0 + i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + j;
+      const __mmask16 m = TileMask(t, n0, n1);
+      __m512 out = _mm512_mul_ps(_mm512_sub_ps(acc[i][j], zc[i][j]), d);
+      if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + 16 * t));
+      _mm512_mask_storeu_ps(y + (m0 + i) * ldy + 16 * t, m, out);
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT.
+template <int MR, int NT, bool kPrefetch>
+void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+              int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t code_stride = in.chunks * in.chunk, G = in.groups;
+  const int64_t tile_bytes = 16 * Int4RowBytes(in.K), steps = tile_bytes / 64;
+  const int64_t per_group = wt.group_size / 8;
+  const uint8_t* q[NT];
+  const float* sc[NT];
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) {
+    q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
+    sc[j] = wt.scales + (t0 + j) * G * 16;
+  }
+  const int8_t* a[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) a[i] = in.codes + (m0 + i) * code_stride;
+  __m512 acc[MR][NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  const __m512i nib = _mm512_set1_epi8(15);
+  int64_t p = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t end = p + per_group < steps ? p + per_group : steps;
+    __m512i dot[MR][NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT; ++j) dot[i][j] = _mm512_setzero_si512();
+    }
+    for (; p < end; ++p) {
+      __m512i lo[NT], hi[NT];
+#pragma GCC unroll 8
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (kPrefetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(q[j] + Int4PrefetchOffset<NT>(p, tile_bytes)),
+                       _MM_HINT_T0);
+        }
+        const __m512i v = _mm512_loadu_si512(q[j] + p * 64);
+        lo[j] = _mm512_and_si512(v, nib);
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        int32_t x0, x1;
+        std::memcpy(&x0, a[i] + p * 8, 4);
+        std::memcpy(&x1, a[i] + p * 8 + 4, 4);
+        const __m512i b0 = _mm512_set1_epi32(x0), b1 = _mm512_set1_epi32(x1);
+#pragma GCC unroll 8
+        for (int j = 0; j < NT; ++j) {
+          dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], lo[j], b0);
+          dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], hi[j], b1);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      const __m512 s = _mm512_loadu_ps(sc[j] + g * 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][j]), s, acc[i][j]);
+      }
+    }
+  }
+  __m512 sums[MR][NT];
+  CopyAccumulators(acc, sums);
+  StoreInt4<MR, NT>(sums, in, m0, wt, t0, n0, n1, bias, y, ldy);
+}
+
+using Int4TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, int64_t,
+                            int64_t, const float*, float*, int64_t);
+
+template <bool kPrefetch, int... I>
+constexpr Int4TileFn kInt4Tiles[] = {&TileInt4<I / kInt4NT + 1, I % kInt4NT + 1, kPrefetch>...};
+
+template <bool kPrefetch, int... I>
+constexpr const Int4TileFn* Int4TilesOf(std::integer_sequence<int, I...>) {
+  return kInt4Tiles<kPrefetch, I...>;
+}
+
+// Columns [n0, n1) of int4 weights: the tiles that hold them, in blocks that stay in L2 while
+// every row tile passes over them (as Range), or for a decode batch of two row tiles, both row
+// tiles over each register tile of weights in turn (the second from L1, while the prefetches
+// keep the next tiles streaming in; block by block, memory would idle while the second row tile
+// ran from L2).
+void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+               float* y, int64_t ldy) {
+  constexpr int kMR = kInt4MR, kNT = kInt4NT;
+  const int64_t M = in.M;
+  const Int4TileFn* first = Int4TilesOf<true>(std::make_integer_sequence<int, kMR * kNT>());
+  const Int4TileFn* rest =
+      M <= 2 * kMR ? first : Int4TilesOf<false>(std::make_integer_sequence<int, kMR * kNT>());
+  const int64_t t_begin = n0 / 16, t_end = (n1 + 15) / 16;
+  if (M > kMR && M <= 2 * kMR) {
+    for (int64_t t = t_begin; t < t_end; t += kNT) {
+      const int nt = static_cast<int>(t_end - t < kNT ? t_end - t : kNT);
+      for (int64_t m = 0; m < M; m += kMR) {
+        const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+        first[(mr - 1) * kNT + (nt - 1)](in, m, w, t, n0, n1, bias, y, ldy);
+      }
+    }
+    return;
+  }
+  const int64_t tile_bytes = 16 * Int4RowBytes(in.K);
+  int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / kNT * kNT : kNT;
+  if (block < kNT) block = kNT;
+  for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {
+    const int64_t b1 = b0 + block < t_end ? b0 + block : t_end;
+    for (int64_t m = 0; m < M; m += kMR) {
+      const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+      int64_t t = b0;
+      if (mr == 1) {
+        for (; t + kInt4NT1 <= b1; t += kInt4NT1) {
+          TileInt4<1, kInt4NT1, true>(in, m, w, t, n0, n1, bias, y, ldy);
+        }
+      }
+      const Int4TileFn* tiles = m == 0 ? first : rest;
+      for (; t < b1; t += kNT) {
+        const int nt = static_cast<int>(b1 - t < kNT ? b1 - t : kNT);
+        tiles[(mr - 1) * kNT + (nt - 1)](in, m, w, t, n0, n1, bias, y, ldy);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy) {
-  if (in.quant == WeightQuant::kInt4 && w.group_size == 128) {
-    Range<Int4G128Fmt>(in, w, n0, n1, bias, y, ldy);
-  } else if (in.quant == WeightQuant::kInt4) {
-    Range<Int4Fmt>(in, w, n0, n1, bias, y, ldy);
+  if (in.quant == WeightQuant::kInt4) {
+    RangeInt4(in, w, n0, n1, bias, y, ldy);
   } else {
     Range<Int8Fmt>(in, w, n0, n1, bias, y, ldy);
   }
@@ -474,17 +425,13 @@ void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_siz
     const __m512i q = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(v, hi), lo));
     total = _mm512_add_epi32(total, q);
     const __m128i b = _mm_xor_si128(_mm512_cvtepi32_epi8(q), flip);
+    _mm_mask_storeu_epi8(codes + k, m, b);
     if (int4) {
-      // 16 elements [32c + 16h, + 16) of a chunk of 128 sit at bytes 64h + 16c of its codes.
-      const int64_t r = k % 128;
-      _mm_mask_storeu_epi8(codes + (k - r) + (r % 32 >= 16 ? 64 : 0) + 16 * (r / 32), m, b);
       group = _mm512_add_epi32(group, q);
       if ((k + 16) % group_size == 0 || k + 16 >= K) {  // a group holds whole 16s (>= 32)
         group_sums[k / group_size] = static_cast<float>(_mm512_reduce_add_epi32(group));
         group = _mm512_setzero_si512();
       }
-    } else {
-      _mm_mask_storeu_epi8(codes + k, m, b);
     }
   }
   *sum = _mm512_reduce_add_epi32(total);

@@ -43,10 +43,13 @@ inline Reference LoadReference(const std::string& model) {
   return ref;
 }
 
+// `input`: the MatMul inputs the model's backend will take (int8 inputs take int4 weights in
+// their own layout).
 inline std::shared_ptr<const Model> Load(const std::string& model, DType weights,
                                          WeightQuant quant = WeightQuant::kNone,
-                                         int64_t group_size = 128) {
+                                         int64_t group_size = 128, DType input = DType::kF32) {
   LoadOptions options;
+  options.int4_layout = input == DType::kI8 ? Int4Layout::kTiles16 : Int4Layout::kRows;
   options.weight_dtype_auto = false;
   options.weight_dtype = weights;
   options.quantization = quant;

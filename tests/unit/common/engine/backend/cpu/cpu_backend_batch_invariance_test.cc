@@ -22,7 +22,7 @@ class BatchInvarianceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BatchInvarianceTest, LogitsIdenticalAloneAndAmongSevenOthers) {
   const Case& c = GetParam();
-  auto model = Load("stories260k", c.weights, c.quant, c.group);
+  auto model = Load("stories260k", c.weights, c.quant, c.group, c.input);
   ASSERT_NE(model, nullptr);
   CpuBackendOptions options;
   options.num_blocks = 512;

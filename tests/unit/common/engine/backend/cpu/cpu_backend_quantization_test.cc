@@ -21,7 +21,7 @@ struct Accuracy {
 Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32,
                  DType weights = DType::kF32, DType input = DType::kF32) {
   Reference ref = LoadReference("stories260k");
-  auto model = Load("stories260k", weights, quant, group);
+  auto model = Load("stories260k", weights, quant, group, input);
   EXPECT_NE(model, nullptr);
   Accuracy a;
   if (model == nullptr) return a;
@@ -122,8 +122,16 @@ TEST(QuantizationAccuracyTest, Int8InputsNeedQuantizedWeights) {
         << backend.status();
   }
   for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
-    EXPECT_TRUE(CpuBackend::Create(Load("stories260k", DType::kBF16, quant), options).ok());
+    EXPECT_TRUE(
+        CpuBackend::Create(Load("stories260k", DType::kBF16, quant, 128, DType::kI8), options)
+            .ok());
   }
+  // int4 weights in the layout of f32 / bf16 inputs: a clear error, not a wrong answer.
+  auto rows = CpuBackend::Create(Load("stories260k", DType::kBF16, WeightQuant::kInt4), options);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(rows.status().message().find("int4_layout kTiles16"), std::string::npos)
+      << rows.status();
 }
 
 TEST(QuantizationAccuracyTest, Int8TopOneAgreementAtLeast95Percent) {

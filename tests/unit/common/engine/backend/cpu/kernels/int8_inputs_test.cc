@@ -73,19 +73,16 @@ TEST(Int8InputsTest, QuantizerCodesScalesAndSums) {
     EXPECT_EQ(in.sum[m], 0) << m;
     for (int64_t k = 0; k < 128; ++k) ASSERT_EQ(in.codes[m * 128 + k], 0) << m << " " << k;
   }
-  // int4 layout: each 128-element chunk holds the low halves of its four 32-blocks, then the
-  // high halves; group sums per 32-element group.
+  // int4: codes in element order too (rows padded to 32), group sums per 32-element group.
   w.quant = WeightQuant::kInt4;
   w.group_size = 32;
   in = internal::QuantizeInputsI8(x.data(), 1, K, K, w, &buffer);
-  ASSERT_EQ(in.chunks, 1);
+  ASSERT_EQ(in.chunks, 4);
   ASSERT_EQ(in.groups, 4);
   for (int64_t k = 0; k < K; ++k) {
-    const int64_t c = k / 32, e = k % 32;
-    EXPECT_EQ(in.codes[(e < 16 ? 0 : 64) + 16 * c + e % 16],
-              static_cast<int8_t>(std::nearbyint(x[k])))
-        << k;
+    EXPECT_EQ(in.codes[k], static_cast<int8_t>(std::nearbyint(x[k]))) << k;
   }
+  for (int64_t k = K; k < 128; ++k) EXPECT_EQ(in.codes[k], 0) << "padding " << k;
   for (int64_t g = 0; g < 4; ++g) {
     float want = 0;
     for (int64_t k = 32 * g; k < K && k < 32 * g + 32; ++k) want += std::nearbyint(x[k]);

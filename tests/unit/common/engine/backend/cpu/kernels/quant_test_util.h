@@ -15,15 +15,18 @@ namespace tandem::cpu::testing {
 
 struct QWeights {
   QuantizedMatrix q;
+  QuantizedMatrix tiles;        // int4: q in Int4Layout::kTiles16 (what int8 inputs take)
   std::vector<float> dequant;   // [N, K] the values the kernel must use
   std::vector<float> row_sums;  // int8 with row sums: [N]
   MatMulWeight view(DType input = DType::kF32) const {
+    const QuantizedMatrix& m = q.quant == WeightQuant::kInt4 && input == DType::kI8 ? tiles : q;
     MatMulWeight w;
     w.input_dtype = input;
-    w.data = q.codes.data();
-    w.quant = q.quant;
-    w.scales = q.scales.data();
-    w.zeros = q.zeros.empty() ? nullptr : q.zeros.data();
+    w.data = m.codes.data();
+    w.quant = m.quant;
+    w.int4_layout = m.layout;
+    w.scales = m.scales.data();
+    w.zeros = m.zeros.empty() ? nullptr : m.zeros.data();
     w.row_sums = row_sums.empty() ? nullptr : row_sums.data();
     w.group_size = q.group_size;
     return w;
@@ -45,6 +48,10 @@ inline QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t g
     DequantizeRow(quant, w.q.codes.data() + n * row_bytes, w.q.scales.data() + n * groups,
                   w.q.zeros.empty() ? nullptr : w.q.zeros.data() + n * groups, K, group,
                   w.dequant.data() + n * K);
+  }
+  if (quant == WeightQuant::kInt4) {
+    w.tiles = w.q;
+    ToInt4Tiles16(&w.tiles);
   }
   if (row_sums) w.row_sums = Int8RowSums(w.q.codes.data(), N, K);
   return w;

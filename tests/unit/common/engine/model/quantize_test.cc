@@ -1,0 +1,78 @@
+// Load-time quantization layouts (common/base/quant.h): Int4Layout::kTiles16 holds exactly the
+// codes, scales and zeros of kRows, at the positions quant.h gives, with whole tiles of padding.
+
+#include "common/engine/model/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace tandem {
+namespace {
+
+QuantizedMatrix RandomInt4(int64_t N, int64_t K, int64_t group) {
+  uint64_t state = 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(N * 1000 + K);
+  return Quantize(
+      WeightQuant::kInt4, N, K, group,
+      [&](int64_t, float* row) {
+        for (int64_t k = 0; k < K; ++k) {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          row[k] = static_cast<float>(static_cast<int64_t>(state >> 40) % 2001 - 900) / 1000.0f;
+        }
+      },
+      nullptr);
+}
+
+// Element k of row n in kRows: chunk k / 32, byte k % 16, high nibble for k % 32 >= 16.
+int RowsCode(const QuantizedMatrix& m, int64_t n, int64_t k) {
+  const uint8_t b = m.codes[n * Int4RowBytes(m.cols) + k / 32 * 16 + k % 16];
+  return k % 32 < 16 ? b & 15 : b >> 4;
+}
+
+// Element k of row n in kTiles16: tile n / 16, step k / 8, byte 4 (n % 16) + k % 4, high
+// nibble for k % 8 >= 4.
+int TilesCode(const QuantizedMatrix& m, int64_t n, int64_t k) {
+  const uint8_t b = m.codes[n / 16 * 16 * Int4RowBytes(m.cols) + k / 8 * 64 + 4 * (n % 16) + k % 4];
+  return k % 8 < 4 ? b & 15 : b >> 4;
+}
+
+TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
+  for (const int64_t N : {1, 16, 37}) {
+    for (const int64_t K : {32, 100, 256}) {
+      for (const int64_t group : {32, 128}) {
+        const QuantizedMatrix rows = RandomInt4(N, K, group);
+        QuantizedMatrix tiles = rows;
+        ToInt4Tiles16(&tiles);
+        ASSERT_EQ(tiles.layout, Int4Layout::kTiles16);
+        const int64_t padded = Int4StoredRows(N, Int4Layout::kTiles16);
+        const int64_t G = Int4Groups(K, group);
+        ASSERT_EQ(padded % 16, 0);
+        ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded * Int4RowBytes(K)));
+        ASSERT_EQ(tiles.scales.size(), static_cast<size_t>(padded * G));
+        ASSERT_EQ(tiles.zeros.size(), tiles.scales.size());
+        int distinct = 0;
+        for (int64_t n = 0; n < padded; ++n) {
+          for (int64_t k = 0; k < Int4RowBytes(K) * 2; ++k) {
+            const int want = n < N && k < K ? RowsCode(rows, n, k) : 0;
+            ASSERT_EQ(TilesCode(tiles, n, k), want)
+                << "N=" << N << " K=" << K << " n=" << n << " k=" << k;
+            distinct |= 1 << want;
+          }
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t at = (n / 16 * G + g) * 16 + n % 16;
+            EXPECT_EQ(tiles.scales[at], n < N ? rows.scales[n * G + g] : 0.0f) << n << " " << g;
+            EXPECT_EQ(tiles.zeros[at], n < N ? rows.zeros[n * G + g] : 0.0f) << n << " " << g;
+          }
+        }
+        EXPECT_GT(__builtin_popcount(distinct), 8) << "the codes vary, so positions matter";
+        QuantizedMatrix again = tiles;  // already in the layout: unchanged
+        ToInt4Tiles16(&again);
+        EXPECT_EQ(again.codes, tiles.codes);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
