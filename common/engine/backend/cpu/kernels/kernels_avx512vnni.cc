@@ -201,8 +201,13 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
 // exact dot products, so per group and (input row, tile) one conversion and one FMA with the
 // group's 16 scales (one load) finish it: 2 vpdpbusd per 8 x 16 products, the group's FMA spread
 // over group / 8 steps.
-constexpr int kInt4MR = 4, kInt4NT = 2;  // register tile: 8 int32 + 8 f32 accumulators
-constexpr int kInt4NT1 = 4;              // tiles per register tile for a lone input row
+// Register tiles (rows x tiles of 16 weight rows): decode batches of up to 8 rows take all of
+// them in one (each weight vector loaded once per step: 1.13x 4x2 at M = 8), longer ones 6x2
+// (12 int32 + 12 f32 accumulators; 1.06-1.09x 4x2 and 4x3 at M = 16 and in prefill), a lone row
+// four tiles (four weight streams).
+constexpr int kInt4DecodeMR = 8, kInt4DecodeNT = 1;
+constexpr int kInt4MR = 6, kInt4NT = 2;
+constexpr int kInt4NT1 = 4;
 
 // Where tile j of a register tile of NT (tile_bytes apart) is prefetched while step p is read:
 // kInt4PrefetchBytes ahead in the same tile or, past its end, in the next register tile's tile j.
@@ -334,12 +339,12 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 using Int4TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, int64_t,
                             int64_t, const float*, float*, int64_t);
 
-template <bool kPrefetch, int... I>
-constexpr Int4TileFn kInt4Tiles[] = {&TileInt4<I / kInt4NT + 1, I % kInt4NT + 1, kPrefetch>...};
+template <int NT, bool kPrefetch, int... I>
+constexpr Int4TileFn kInt4Tiles[] = {&TileInt4<I / NT + 1, I % NT + 1, kPrefetch>...};
 
-template <bool kPrefetch, int... I>
+template <int NT, bool kPrefetch, int... I>
 constexpr const Int4TileFn* Int4TilesOf(std::integer_sequence<int, I...>) {
-  return kInt4Tiles<kPrefetch, I...>;
+  return kInt4Tiles<NT, kPrefetch, I...>;
 }
 
 // Columns [n0, n1) of int4 weights: the tiles that hold them, in blocks that stay in L2 while
@@ -347,13 +352,13 @@ constexpr const Int4TileFn* Int4TilesOf(std::integer_sequence<int, I...>) {
 // tiles over each register tile of weights in turn (the second from L1, while the prefetches
 // keep the next tiles streaming in; block by block, memory would idle while the second row tile
 // ran from L2).
+template <int kMR, int kNT>
 void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
                float* y, int64_t ldy) {
-  constexpr int kMR = kInt4MR, kNT = kInt4NT;
   const int64_t M = in.M;
-  const Int4TileFn* first = Int4TilesOf<true>(std::make_integer_sequence<int, kMR * kNT>());
+  const Int4TileFn* first = Int4TilesOf<kNT, true>(std::make_integer_sequence<int, kMR * kNT>());
   const Int4TileFn* rest =
-      M <= 2 * kMR ? first : Int4TilesOf<false>(std::make_integer_sequence<int, kMR * kNT>());
+      M <= 2 * kMR ? first : Int4TilesOf<kNT, false>(std::make_integer_sequence<int, kMR * kNT>());
   const int64_t t_begin = n0 / 16, t_end = (n1 + 15) / 16;
   if (M > kMR && M <= 2 * kMR) {
     for (int64_t t = t_begin; t < t_end; t += kNT) {
@@ -392,7 +397,11 @@ void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy) {
   if (in.quant == WeightQuant::kInt4) {
-    RangeInt4(in, w, n0, n1, bias, y, ldy);
+    if (in.M <= kInt4DecodeMR) {
+      RangeInt4<kInt4DecodeMR, kInt4DecodeNT>(in, w, n0, n1, bias, y, ldy);
+    } else {
+      RangeInt4<kInt4MR, kInt4NT>(in, w, n0, n1, bias, y, ldy);
+    }
   } else {
     Range<Int8Fmt>(in, w, n0, n1, bias, y, ldy);
   }
