@@ -13,16 +13,19 @@
 //   Int4RowBytes(K) bytes: K padded to a multiple of 32 with q = 0, and every chunk of 32 elements
 //   is 16 bytes where byte j holds element j in its low nibble and element j + 16 in its high
 //   nibble (so 16 consecutive elements are one load + one shift whatever the vector width).
-//   That is Int4Layout::kRows. Int4Layout::kTiles16 (the CPU kernels with int8 MatMul inputs,
-//   made from kRows at load by common/engine/model/quantize.h ToInt4Tiles16) holds the same
-//   codes with 16 rows side by side: rows in tiles of 16 (N padded to a multiple of 16 with
-//   q = 0, scale 0, zero 0); tile t is 16 * Int4RowBytes(K) bytes, K in steps of 8 elements, step
-//   p 64 bytes where byte 4l + i holds row 16t + l's element 8p + i in its low nibble and element
-//   8p + 4 + i in its high nibble (i < 4): one 64-byte load and a mask (or a shift) give 16 rows x
-//   4 elements, a u8 operand of vpdpbusd against 4 broadcast input bytes. Scales and zeros are
-//   [N / 16][G][16] (lane l of tile t, group g at (t * G + g) * 16 + l).
 // In both formats the dequantized value is computed as one f32 product of exact operands
 // ((q - zero) is an exact small integer), so every kernel and the reference agree bit for bit.
+//
+// Layouts (QuantLayout). The above is kRows. kTiles16 (what the CPU kernels with int8 MatMul
+// inputs take; made from kRows at load by common/engine/model/quantize.h ToTiles16) holds the
+// same values with 16 rows side by side, so that one 64-byte vector is 16 rows x 4 elements, the
+// u8 operand of vpdpbusd against 4 input bytes broadcast: rows in tiles of 16 (N padded to a
+// multiple of 16 with code 0 and scale 0, zero 0), and
+// - int8: tile t is 16 * Int8TileK(K) bytes (K padded to a multiple of 4), step p 64 bytes where
+//   byte 4l + i holds row 16t + l's element 4p + i as q + 128 (u8); scales [N / 16 * 16];
+// - int4: tile t is 16 * Int4RowBytes(K) bytes, step p 64 bytes where byte 4l + i holds row
+//   16t + l's element 8p + i in its low nibble and element 8p + 4 + i in its high nibble (i < 4);
+//   scales and zeros [N / 16][G][16] (lane l of tile t, group g at (t * G + g) * 16 + l).
 
 #include <cstdint>
 #include <string_view>
@@ -31,15 +34,16 @@ namespace tandem {
 
 enum class WeightQuant : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2 };
 
-// How int4 codes, scales and zeros are laid out (above).
-enum class Int4Layout : uint8_t { kRows = 0, kTiles16 = 1 };
+// How quantized codes, scales and zeros are laid out (above).
+enum class QuantLayout : uint8_t { kRows = 0, kTiles16 = 1 };
 
-inline constexpr int64_t kInt4TileRows = 16;
+inline constexpr int64_t kQuantTileRows = 16;
 
-// Rows of an int4 matrix of N rows as stored in `layout` (kTiles16 pads to whole tiles).
-inline int64_t Int4StoredRows(int64_t n, Int4Layout layout) {
-  return layout == Int4Layout::kTiles16 ? (n + kInt4TileRows - 1) / kInt4TileRows * kInt4TileRows
-                                        : n;
+// Rows of a quantized matrix of N rows as stored in `layout` (kTiles16 pads to whole tiles).
+inline int64_t QuantStoredRows(int64_t n, QuantLayout layout) {
+  return layout == QuantLayout::kTiles16
+             ? (n + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows
+             : n;
 }
 
 inline std::string_view WeightQuantName(WeightQuant q) {
@@ -57,6 +61,9 @@ inline std::string_view WeightQuantName(WeightQuant q) {
 inline constexpr int64_t kInt4Chunk = 32;
 
 inline int64_t Int4RowBytes(int64_t k) { return (k + kInt4Chunk - 1) / kInt4Chunk * 16; }
+
+// Elements per row of an int8 matrix in kTiles16 (K padded to whole steps of 4).
+inline int64_t Int8TileK(int64_t k) { return (k + 3) / 4 * 4; }
 
 inline int64_t Int4Groups(int64_t k, int64_t group_size) {
   return (k + group_size - 1) / group_size;

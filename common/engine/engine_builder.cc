@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<Proposer>> BuildProposer(const EngineBuildOptions
     return absl::InvalidArgumentError("speculative method 'draft' needs a draft model directory");
   }
   LoadOptions draft_load = load;  // its backend takes f32 inputs
-  draft_load.int4_layout = Int4Layout::kRows;
+  draft_load.quant_layout = QuantLayout::kRows;
   auto draft = LoadModel(spec.draft_model_dir, draft_load);
   if (!draft.ok()) return draft.status();
   if ((*draft)->config().vocab_size != target.config().vocab_size) {
@@ -139,14 +139,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("quantization ", options.quantization, " is implemented on cpu only"));
   }
-  // int4 weights go into the layout of int8 MatMul inputs wherever those can be chosen: asked
+  // Quantized weights go into the layout of int8 MatMul inputs wherever those can be chosen: asked
   // for, or auto on a cpu with AVX512_VNNI (the rule below; decided before loading, as the
   // layout is made at load).
   const bool int8_dot = GetCpuFeatures().avx512vnni && ActiveSimdLevel() == SimdLevel::kAvx512;
   const bool int8_inputs = options.matmul_input_dtype == "int8" ||
                            options.matmul_input_dtype == "i8" ||
                            (options.matmul_input_dtype == "auto" && int8_dot);
-  load.int4_layout = *device == "cpu" && int8_inputs ? Int4Layout::kTiles16 : Int4Layout::kRows;
+  load.quant_layout = *device == "cpu" && int8_inputs ? QuantLayout::kTiles16 : QuantLayout::kRows;
   absl::Time start = absl::Now();
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
@@ -173,8 +173,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   if (options.matmul_input_dtype == "auto") {
     const bool quantized =
         model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
-    const bool tiles16 =
-        model->int4_layout() == Int4Layout::kTiles16 || model->quantization() != WeightQuant::kInt4;
+    const bool tiles16 = model->quant_layout() == QuantLayout::kTiles16;
     if (*device == "cpu" && int8_dot && quantized && tiles16) {
       matmul_input_dtype = DType::kI8;
     } else if (*device == "cpu" && bf16_weights && bf16_dot) {

@@ -45,13 +45,10 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
       const QuantizedMatrix q = Quantize(
           quant, s.N, s.K, 128,
           [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * s.K, s.K * 4); }, nullptr);
-      const std::vector<float> row_sums =  // int8: as the model loader stores them
-          quant == WeightQuant::kInt8 ? Int8RowSums(q.codes.data(), s.N, s.K)
-                                      : std::vector<float>();
       const int copies =
           static_cast<int>(std::max<int64_t>(1, kColdBytes / static_cast<int64_t>(q.codes.size())));
-      QuantizedMatrix tiles = q;  // int4 with int8 inputs: Int4Layout::kTiles16
-      ToInt4Tiles16(&tiles);
+      QuantizedMatrix tiles = q;  // int8 inputs take QuantLayout::kTiles16
+      ToTiles16(&tiles);
       std::vector<QuantizedMatrix> cold(copies, q), cold_i8(copies, tiles);
       for (int64_t M : ms) {
         std::vector<float> x(M * s.K), y(M * s.N);
@@ -68,8 +65,7 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
             mw.scales = w.scales.data();
             mw.zeros = w.zeros.empty() ? nullptr : w.zeros.data();
             mw.group_size = 128;
-            mw.int4_layout = w.layout;
-            mw.row_sums = row_sums.empty() ? nullptr : row_sums.data();
+            mw.quant_layout = w.layout;
             mw.input_dtype = which == 0 ? DType::kBF16 : DType::kI8;
             const auto t0 = std::chrono::steady_clock::now();
             cpu::MatMul(x.data(), M, s.K, s.K, mw, s.N, nullptr, y.data(), s.N, &pool);

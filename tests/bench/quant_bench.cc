@@ -135,7 +135,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
     return 2;
   }
   lo.quant_group_size = group;
-  lo.int4_layout = matmul_input == DType::kI8 ? Int4Layout::kTiles16 : Int4Layout::kRows;
+  lo.quant_layout = matmul_input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
   auto m = LoadModel(model_dir, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
@@ -258,7 +258,7 @@ int Accuracy(const std::string& model_dir) {
     lo.weight_dtype = k.weights;
     ParseWeightQuant(k.quant, &lo.quantization);
     lo.quant_group_size = k.group > 0 ? k.group : 128;
-    lo.int4_layout = k.input == DType::kI8 ? Int4Layout::kTiles16 : Int4Layout::kRows;
+    lo.quant_layout = k.input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
     auto m = LoadModel(model_dir, lo);
     if (!m.ok()) return 1;
     std::shared_ptr<const Model> model = std::move(m).value();

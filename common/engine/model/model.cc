@@ -172,20 +172,13 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
   out->shape = {q.rows, q.cols};
   out->quant = q.quant;
   out->group_size = q.group_size;
-  if (q.quant == WeightQuant::kInt4 && options_.int4_layout == Int4Layout::kTiles16) {
-    ToInt4Tiles16(&q);
-  }
-  out->int4_layout = q.layout;
+  if (options_.quant_layout == QuantLayout::kTiles16) ToTiles16(&q);
+  out->quant_layout = q.layout;
   model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
   HugePageArena& arena = model_->arena_;
   out->data = arena.Copy(q.codes);
   out->scales = arena.Copy(q.scales);
   out->zeros = arena.Copy(q.zeros);  // nullptr when there are none
-  if (q.quant == WeightQuant::kInt8) {
-    std::vector<float> sums = Int8RowSums(q.codes.data(), q.rows, q.cols);
-    model_->owned_bytes_ += sums.size() * sizeof(float);
-    out->row_sums = arena.Copy(sums);
-  }
   ++converted_tensors_;
   converted_bytes_ += out->stored_bytes();
 }
@@ -332,7 +325,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
         "int4 group size must be a power of two >= 32, got ", options_.quant_group_size));
   }
   model_->quantization_ = options_.quantization;
-  model_->int4_layout_ = options_.int4_layout;
+  model_->quant_layout_ = options_.quant_layout;
   TANDEM_ASSIGN_OR_RETURN(ckpt_quant_, LoadCheckpointQuantConfig(dir_));
   if (ckpt_quant_.quantized()) {
     if (options_.quantization != WeightQuant::kNone) {

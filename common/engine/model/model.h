@@ -55,10 +55,10 @@ struct LoadOptions {
   // checkpoints that are already quantized (AWQ / GPTQ), which load as int4 by themselves.
   WeightQuant quantization = WeightQuant::kNone;
   int64_t quant_group_size = 128;  // int4: a power of two >= 32
-  // Layout of int4 tensors (made at load or converted from AWQ / GPTQ; common/base/quant.h):
+  // Layout of quantized tensors (made at load or converted from AWQ / GPTQ; common/base/quant.h):
   // kTiles16 is what CPU backends with int8 MatMul inputs take (and all they take), kRows every
   // other path.
-  Int4Layout int4_layout = Int4Layout::kRows;
+  QuantLayout quant_layout = QuantLayout::kRows;
   // true: tensors stored in their in-memory dtype are used straight from the checkpoint's file
   // mapping (no copy; page-cache memory in 4 KiB pages). false: they are copied at load into the
   // model's huge-page memory like converted tensors (CPU decode streams every weight each step:
@@ -75,8 +75,8 @@ class Model {
   DType weight_dtype() const { return weight_dtype_; }
   // kInt4 for AWQ / GPTQ checkpoints as well as for LoadOptions::quantization int4.
   WeightQuant quantization() const { return quantization_; }
-  // Layout of the int4 tensors (LoadOptions::int4_layout; meaningless without int4 weights).
-  Int4Layout int4_layout() const { return int4_layout_; }
+  // Layout of the quantized tensors (LoadOptions::quant_layout; meaningless without them).
+  QuantLayout quant_layout() const { return quant_layout_; }
   // The checkpoint's own quantization (AWQ / GPTQ), method kNone for dense checkpoints.
   const CheckpointQuantConfig& checkpoint_quant() const { return checkpoint_quant_; }
   // Bytes of weights one decode step reads (every projection and lm_head as stored, plus one
@@ -96,7 +96,7 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kF32;
   WeightQuant quantization_ = WeightQuant::kNone;
-  Int4Layout int4_layout_ = Int4Layout::kRows;
+  QuantLayout quant_layout_ = QuantLayout::kRows;
   CheckpointQuantConfig checkpoint_quant_;
   std::string dir_;
   std::string model_id_;

@@ -43,13 +43,39 @@ void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_siz
   }
 }
 
-void ToInt4Tiles16(QuantizedMatrix* m) {
-  if (m->quant != WeightQuant::kInt4 || m->layout == Int4Layout::kTiles16) return;
+namespace {
+
+void Int8ToTiles16(QuantizedMatrix* m) {
+  const int64_t N = m->rows, K = m->cols, KT = Int8TileK(K);
+  const int64_t rows = QuantStoredRows(N, QuantLayout::kTiles16);
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * KT), 128);  // code 0
+  std::vector<float> scales(static_cast<size_t>(rows), 0.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* tile = codes.data() + n / kQuantTileRows * kQuantTileRows * KT;
+    const int64_t l = n % kQuantTileRows;
+    for (int64_t k = 0; k < K; ++k) {
+      tile[k / 4 * 64 + 4 * l + k % 4] = static_cast<uint8_t>(m->codes[n * K + k] ^ 0x80);
+    }
+    scales[n] = m->scales[n];
+  }
+  m->codes = std::move(codes);
+  m->scales = std::move(scales);
+  m->layout = QuantLayout::kTiles16;
+}
+
+}  // namespace
+
+void ToTiles16(QuantizedMatrix* m) {
+  if (m->quant == WeightQuant::kNone || m->layout == QuantLayout::kTiles16) return;
+  if (m->quant == WeightQuant::kInt8) {
+    Int8ToTiles16(m);
+    return;
+  }
   const int64_t N = m->rows, K = m->cols, row_bytes = Int4RowBytes(K);
   const int64_t G = Int4Groups(K, m->group_size), steps = row_bytes / 4;  // 8 elements a step
-  const int64_t tiles = Int4StoredRows(N, Int4Layout::kTiles16) / kInt4TileRows;
-  std::vector<uint8_t> codes(static_cast<size_t>(tiles * kInt4TileRows * row_bytes), 0);
-  std::vector<float> scales(static_cast<size_t>(tiles * kInt4TileRows * G), 0.0f);
+  const int64_t tiles = QuantStoredRows(N, QuantLayout::kTiles16) / kQuantTileRows;
+  std::vector<uint8_t> codes(static_cast<size_t>(tiles * kQuantTileRows * row_bytes), 0);
+  std::vector<float> scales(static_cast<size_t>(tiles * kQuantTileRows * G), 0.0f);
   std::vector<float> zeros(scales.size(), 0.0f);
   // Element k of a kRows row: chunk k / 32, byte k % 16, high nibble when k % 32 >= 16.
   const auto code = [&](int64_t n, int64_t k) -> uint8_t {
@@ -57,8 +83,8 @@ void ToInt4Tiles16(QuantizedMatrix* m) {
     return k % kInt4Chunk < 16 ? b & 15 : b >> 4;
   };
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = n / kInt4TileRows, l = n % kInt4TileRows;
-    uint8_t* tile = codes.data() + t * kInt4TileRows * row_bytes;
+    const int64_t t = n / kQuantTileRows, l = n % kQuantTileRows;
+    uint8_t* tile = codes.data() + t * kQuantTileRows * row_bytes;
     for (int64_t p = 0; p < steps; ++p) {
       for (int64_t i = 0; i < 4; ++i) {
         tile[p * 64 + 4 * l + i] =
@@ -66,24 +92,14 @@ void ToInt4Tiles16(QuantizedMatrix* m) {
       }
     }
     for (int64_t g = 0; g < G; ++g) {
-      scales[(t * G + g) * kInt4TileRows + l] = m->scales[n * G + g];
-      zeros[(t * G + g) * kInt4TileRows + l] = m->zeros[n * G + g];
+      scales[(t * G + g) * kQuantTileRows + l] = m->scales[n * G + g];
+      zeros[(t * G + g) * kQuantTileRows + l] = m->zeros[n * G + g];
     }
   }
   m->codes = std::move(codes);
   m->scales = std::move(scales);
   m->zeros = std::move(zeros);
-  m->layout = Int4Layout::kTiles16;
-}
-
-std::vector<float> Int8RowSums(const uint8_t* codes, int64_t N, int64_t K) {
-  std::vector<float> sums(N);
-  for (int64_t n = 0; n < N; ++n) {
-    int32_t sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += static_cast<int8_t>(codes[n * K + k]);
-    sums[n] = static_cast<float>(sum);
-  }
-  return sums;
+  m->layout = QuantLayout::kTiles16;
 }
 
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,

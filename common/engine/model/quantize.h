@@ -16,17 +16,17 @@ namespace tandem {
 // Codes and scales of one quantized [N, K] matrix, in the kernels' layout.
 struct QuantizedMatrix {
   WeightQuant quant = WeightQuant::kNone;
-  Int4Layout layout = Int4Layout::kRows;  // int4
+  QuantLayout layout = QuantLayout::kRows;
   int64_t rows = 0, cols = 0, group_size = 0;
-  // int8: [N, K] (int8 bit patterns); int4: Int4StoredRows(N) rows of Int4RowBytes(K)
+  // kRows: int8 [N, K] (int8 bit patterns), int4 [N, Int4RowBytes(K)]; kTiles16: quant.h
   std::vector<uint8_t> codes;
-  std::vector<float> scales;  // int8: [N]; int4: [Int4StoredRows(N), G]
-  std::vector<float> zeros;   // int4: [Int4StoredRows(N), G] (integers in [0, 16])
+  std::vector<float> scales;  // int8: [QuantStoredRows(N)]; int4: [QuantStoredRows(N), G]
+  std::vector<float> zeros;   // int4: [QuantStoredRows(N), G] (integers in [0, 16])
 };
 
-// An int4 matrix in Int4Layout::kRows rearranged into kTiles16 (quant.h); the same codes,
-// scales and zeros, padded to whole tiles of 16 rows.
-void ToInt4Tiles16(QuantizedMatrix* m);
+// A quantized matrix in QuantLayout::kRows rearranged into kTiles16 (quant.h): the same codes,
+// scales and zeros, padded to whole tiles of 16 rows. No-op when already there.
+void ToTiles16(QuantizedMatrix* m);
 
 // Quantizes row-major f32 rows `w` [N, K]. int8: symmetric per row, scale = max|w| / 127 (1 for
 // an all-zero row), q = clamp(rint(w / scale), -127, 127). int4: per group of `group_size` (a
@@ -41,10 +41,6 @@ QuantizedMatrix Quantize(WeightQuant quant, int64_t N, int64_t K, int64_t group_
 // Quantizes one f32 row into `codes` (K or Int4RowBytes(K) bytes), `scales`, `zeros`.
 void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_size, uint8_t* codes,
                  float* scales, float* zeros);
-
-// int8 codes [N, K]: the sum of each row's codes, as exact f32 integers (Tensor::row_sums; int8
-// MatMul inputs use them).
-std::vector<float> Int8RowSums(const uint8_t* codes, int64_t N, int64_t K);
 
 // The f32 values the kernels multiply with: row n of the dequantized matrix (K floats).
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,

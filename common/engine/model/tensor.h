@@ -22,10 +22,8 @@ struct Tensor {
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;
   const float* zeros = nullptr;
-  // int8: [N] the sum of each row's codes (exact integers; int8 MatMul inputs use them).
-  const float* row_sums = nullptr;
   int64_t group_size = 0;
-  Int4Layout int4_layout = Int4Layout::kRows;  // int4 (kTiles16: LoadOptions::int4_layout)
+  QuantLayout quant_layout = QuantLayout::kRows;  // LoadOptions::quant_layout
   // Act-order int4 checkpoints (GPTQ desc_act): column j of the matrix multiplies input element
   // input_perm[j] (int32 [K], owned by the Model), so y = W' . x[input_perm]; null when the
   // columns are in input order.
@@ -42,8 +40,13 @@ struct Tensor {
   // quantized, else nbytes().
   size_t stored_bytes() const {
     if (quant == WeightQuant::kNone) return nbytes();
-    if (quant == WeightQuant::kInt8) return static_cast<size_t>(rows() * (cols() + 4));
-    return static_cast<size_t>(Int4StoredRows(rows(), int4_layout) *
+    if (quant == WeightQuant::kInt8) {
+      return quant_layout == QuantLayout::kTiles16
+                 ? static_cast<size_t>(QuantStoredRows(rows(), quant_layout) *
+                                       (Int8TileK(cols()) + 4))
+                 : static_cast<size_t>(rows() * (cols() + 4));
+    }
+    return static_cast<size_t>(QuantStoredRows(rows(), quant_layout) *
                                    (Int4RowBytes(cols()) + Int4Groups(cols(), group_size) * 8) +
                                (input_perm != nullptr ? cols() * 4 : 0));
   }

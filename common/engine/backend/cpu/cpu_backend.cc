@@ -30,9 +30,8 @@ cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   w.quant = t.quant;
   w.scales = t.scales;
   w.zeros = t.zeros;
-  w.row_sums = t.row_sums;
   w.group_size = t.group_size;
-  w.int4_layout = t.int4_layout;
+  w.quant_layout = t.quant_layout;
   if (t.quant != WeightQuant::kNone) {
     w.input_dtype = input_dtype;
   } else if (t.dtype == DType::kBF16) {
@@ -86,13 +85,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         std::string(DTypeName(model->weight_dtype())), " weights",
         quantized ? " (quantized)" : ""));
   }
-  const bool int4 = model->quantization() == WeightQuant::kInt4;
-  if (int4 && (model->int4_layout() == Int4Layout::kTiles16) != (input == DType::kI8)) {
+  if (quantized && (model->quant_layout() == QuantLayout::kTiles16) != (input == DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "int4 weights with ", std::string(DTypeName(input)),
-        " MatMul inputs: the model must be loaded with LoadOptions::int4_layout ",
+        "quantized weights with ", std::string(DTypeName(input)),
+        " MatMul inputs: the model must be loaded with LoadOptions::quant_layout ",
         input == DType::kI8 ? "kTiles16 (the layout of int8 inputs)" : "kRows", ", it has ",
-        model->int4_layout() == Int4Layout::kTiles16 ? "kTiles16" : "kRows"));
+        model->quant_layout() == QuantLayout::kTiles16 ? "kTiles16" : "kRows"));
   }
   const ModelConfig& c = model->config();
   const int64_t longest_row =  // K of every projection

@@ -204,11 +204,12 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
                    (w.group_size & (w.group_size - 1)) == 0)
           << "int4 MatMul weight needs scales, zeros and a power-of-two group >= 32, got group "
           << w.group_size;
-      TANDEM_CHECK((w.int4_layout == Int4Layout::kTiles16) == (w.input_dtype == DType::kI8))
-          << "int4 MatMul weights take int8 inputs in the kTiles16 layout and f32 or bf16 inputs "
-             "in kRows";
       break;
   }
+  TANDEM_CHECK(w.quant == WeightQuant::kNone ||
+               (w.quant_layout == QuantLayout::kTiles16) == (w.input_dtype == DType::kI8))
+      << "quantized MatMul weights take int8 inputs in the kTiles16 layout and f32 or bf16 "
+         "inputs in kRows";
   const bool quantized = w.quant != WeightQuant::kNone;
   TANDEM_CHECK(w.input_dtype == DType::kF32 ||
                (w.input_dtype == DType::kBF16 && (quantized || w.dtype == DType::kBF16)) ||
@@ -225,9 +226,7 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
 bool SameInputs(const MatMulWeight& a, const MatMulWeight& b) {
   if (a.input_dtype != b.input_dtype) return false;
   if (a.input_dtype != DType::kI8) return true;
-  if (a.quant != b.quant) return false;
-  return a.quant == WeightQuant::kInt4 ? a.group_size == b.group_size
-                                       : (a.row_sums != nullptr) == (b.row_sums != nullptr);
+  return a.quant == b.quant && (a.quant != WeightQuant::kInt4 || a.group_size == b.group_size);
 }
 
 // The input as the kernels take it, made once per call.

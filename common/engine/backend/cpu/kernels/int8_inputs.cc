@@ -29,9 +29,8 @@ bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv) {
   return true;
 }
 
-void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size,
-                            int32_t offset, int8_t* codes, float* scale, int32_t* sum,
-                            float* group_sums) {
+void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                            float* scale, int32_t* sum, float* group_sums) {
   *sum = 0;
   float amax = 0.0f;
   bool finite = true;  // a NaN anywhere makes max |x| NaN, not the max of the rest
@@ -47,7 +46,7 @@ void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_
     float v = RoundEven(x[k] * inv);
     v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
     const int32_t q = static_cast<int32_t>(v);
-    codes[k] = static_cast<int8_t>(static_cast<uint8_t>(q + offset));
+    codes[k] = static_cast<int8_t>(q);
     total += q;
     group_sum += q;
     if (int4 && ((k + 1) % group_size == 0 || k + 1 == K)) {
@@ -68,8 +67,6 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
   in.chunk = int4 ? kInt4Chunk : 64;
   in.chunks = (K + in.chunk - 1) / in.chunk;
   in.groups = int4 ? Int4Groups(K, w.group_size) : 0;
-  in.biased = w.quant == WeightQuant::kInt8 && w.row_sums != nullptr;
-  const int32_t offset = in.biased ? 128 : 0;  // the stored code of input 0
   const int64_t code_stride = in.chunks * in.chunk;
   if (static_cast<int64_t>(buffer->codes.size()) < M * code_stride) {
     buffer->codes.resize(M * code_stride);
@@ -80,9 +77,9 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
   const auto rows = [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       int8_t* codes = buffer->codes.data() + m * code_stride;
-      std::memset(codes, offset, code_stride);
+      std::memset(codes, 0, code_stride);
       (avx512 ? QuantizeRowI8Avx512 : QuantizeRowI8Reference)(
-          x + m * ldx, K, int4, w.group_size, offset, codes, &buffer->scale[m], &buffer->sum[m],
+          x + m * ldx, K, int4, w.group_size, codes, &buffer->scale[m], &buffer->sum[m],
           buffer->group_sums.data() + m * in.groups);
     }
   };
@@ -107,20 +104,21 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
     for (int64_t n = n0; n < n1; ++n) {
       float out;
       if (in.quant == WeightQuant::kInt8) {
-        const int8_t* wr = static_cast<const int8_t*>(w.data) + n * K;
+        // Row n is lane l of tile t: element k at byte 64 (k / 4) + 4l + k % 4, as q + 128.
+        const int64_t t = n / kQuantTileRows, l = n % kQuantTileRows;
+        const uint8_t* tile =
+            static_cast<const uint8_t*>(w.data) + t * kQuantTileRows * Int8TileK(K);
         int32_t dot = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          dot += wr[k] * (in.biased ? static_cast<uint8_t>(a[k]) - 128 : a[k]);
-        }
+        for (int64_t k = 0; k < K; ++k) dot += (tile[k / 4 * 64 + 4 * l + k % 4] - 128) * a[k];
         out = (static_cast<float>(dot) * d) * w.scales[n];
       } else {
         // Row n is lane l of tile t: element k in step k / 8, byte 4l + k % 4, the high
         // nibble for k % 8 >= 4; scales and zeros 16 apart per group.
-        const int64_t G = in.groups, t = n / kInt4TileRows, l = n % kInt4TileRows;
+        const int64_t G = in.groups, t = n / kQuantTileRows, l = n % kQuantTileRows;
         const uint8_t* tile =
-            static_cast<const uint8_t*>(w.data) + t * kInt4TileRows * Int4RowBytes(K);
-        const float* s = w.scales + t * G * kInt4TileRows + l;
-        const float* z = w.zeros + t * G * kInt4TileRows + l;
+            static_cast<const uint8_t*>(w.data) + t * kQuantTileRows * Int4RowBytes(K);
+        const float* s = w.scales + t * G * kQuantTileRows + l;
+        const float* z = w.zeros + t * G * kQuantTileRows + l;
         const float* sums = in.group_sums + m * G;
         float r = 0.0f, zc = 0.0f;
         for (int64_t g = 0; g < G; ++g) {
@@ -130,9 +128,9 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
             const int32_t byte = tile[k / 8 * 64 + 4 * l + k % 4];
             dot += (k % 8 < 4 ? byte & 15 : byte >> 4) * a[k];
           }
-          const float sg = s[g * kInt4TileRows];
+          const float sg = s[g * kQuantTileRows];
           r = std::fma(static_cast<float>(dot), sg, r);
-          zc = std::fma(sg * z[g * kInt4TileRows], sums[g], zc);
+          zc = std::fma(sg * z[g * kQuantTileRows], sums[g], zc);
         }
         out = (r - zc) * d;
       }

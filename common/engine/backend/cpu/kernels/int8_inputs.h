@@ -4,9 +4,10 @@
 // x is quantized to int8 codes with one f32 scale per row (dynamic per-token quantization, as in
 // W8A8 serving), and the products are integer dot products (AVX512_VNNI vpdpbusd: 64 u8 x s8
 // products per instruction, summed in fours into 16 int32 lanes). With quantized weights the
-// bf16 path spends more instructions widening weights than multiplying; here int8 weights need
-// one xor per 64 and one vpdpbusd per 64 products per row, and int4 weights are products of
-// their nibbles directly.
+// bf16 path spends more instructions widening weights than multiplying; here both weight
+// formats come in QuantLayout::kTiles16 (common/base/quant.h), 16 weight rows in the 16 lanes:
+// one vpdpbusd per 64 products per input row against 4 input codes broadcast, int8 weights as
+// stored (q + 128), int4 nibbles after a mask or a shift.
 //
 // Numerics (the reference below is the specification and the path for CPUs without
 // AVX512_VNNI; the VNNI kernel equals it bit for bit):
@@ -14,9 +15,8 @@
 //   -127, 127) (all 0 and d = 0 when amax is 0 or below 127 / FLT_MAX, where 127 / amax
 //   overflows, or the row holds a NaN or an infinity).
 // - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
-//   however it is summed (as (w + 128) * a - 128 sum(a), or as (a + 128) * w - 128 sum(w) when
-//   the weight carries its row sums); y = ((float(dot) * d) * s) + bias.
-// - int4 weights (Int4Layout::kTiles16; codes q in [0, 15], group scale s_g, zero z_g): per
+//   however it is summed (as (w + 128) * a - 128 sum(a)); y = ((float(dot) * d) * s) + bias.
+// - int4 weights (QuantLayout::kTiles16; codes q in [0, 15], group scale s_g, zero z_g): per
 //   output, dot_g = sum of q_k a_k over the group's elements (exact in int32), then for
 //   g = 0, 1, .. from r = zc = 0: r = fma(float(dot_g), s_g, r) and zc = fma(s_g * z_g, A_g, zc),
 //   A_g = the sum of the group's input codes; y = ((r - zc) * d) + bias. (The VNNI kernel keeps
@@ -41,13 +41,10 @@ struct I8Inputs {
   WeightQuant quant = WeightQuant::kNone;
   int64_t M = 0;
   int64_t K = 0;
-  int64_t chunk = 0;   // elements per chunk: 64 (int8 weights) or 32 (int4)
-  int64_t chunks = 0;  // chunks per row
-  int64_t groups = 0;  // int4: weight groups per row
-  // [M][chunks * chunk], zero past K. int8 weights with row sums: stored as a + 128 (u8 bit
-  // patterns; the weights are then the signed operand, and 128 * row sum comes off at the end).
-  const int8_t* codes = nullptr;
-  bool biased = false;
+  int64_t chunk = 0;                  // elements per chunk: 64 (int8 weights) or 32 (int4)
+  int64_t chunks = 0;                 // chunks per row
+  int64_t groups = 0;                 // int4: weight groups per row
+  const int8_t* codes = nullptr;      // [M][chunks * chunk], zero past K
   const float* scale = nullptr;       // [M] d
   const int32_t* sum = nullptr;       // int8: [M] sum of the codes
   const float* group_sums = nullptr;  // int4: [M][groups] A_g (exact integers)
@@ -70,17 +67,15 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
 // Below this many input elements QuantizeInputsI8 stays on the calling thread.
 constexpr int64_t kQuantizeMinParallelElements = int64_t{1} << 16;
 
-// One input row of K elements: its codes (in `codes`, whose bytes the caller has set to
-// `offset`, the stored code of 0), *scale = d, *sum = sum of the codes and, for
-// int4, group_sums[g] = the sums per weight group (left as they are when the row quantizes to
-// nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x| and whether every element
-// is finite; false when the row quantizes to nothing.
+// One input row of K elements: its codes (in `codes`, which the caller has zeroed), *scale = d,
+// *sum = sum of the codes and, for int4, group_sums[g] = the sums per weight group (left as they
+// are when the row quantizes to nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x|
+// and whether every element is finite; false when the row quantizes to nothing.
 bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv);
-void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size,
-                            int32_t offset, int8_t* codes, float* scale, int32_t* sum,
-                            float* group_sums);
-void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int32_t offset,
-                         int8_t* codes, float* scale, int32_t* sum, float* group_sums);
+void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                            float* scale, int32_t* sum, float* group_sums);
+void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                         float* scale, int32_t* sum, float* group_sums);
 
 // y[m, n] for n in [n0, n1), as specified above: the scalar reference (and the path for CPUs
 // without AVX512_VNNI) and the VNNI kernel (kernels_avx512vnni.cc; callable only when

@@ -29,12 +29,9 @@ struct MatMulWeight {
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
   const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
-  // int8, optional: [N] the sum of each row's codes (exact integers). With int8 inputs it lets
-  // the inputs be the unsigned operand of vpdpbusd (a + 128) and the weights enter as they are.
-  const float* row_sums = nullptr;
-  int64_t group_size = 0;  // int4: a power of two >= 32
-  // int4: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs.
-  Int4Layout int4_layout = Int4Layout::kRows;
+  int64_t group_size = 0;         // int4: a power of two >= 32
+  // Quantized: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs.
+  QuantLayout quant_layout = QuantLayout::kRows;
   // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
   // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
   // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4

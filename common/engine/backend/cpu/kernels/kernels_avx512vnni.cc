@@ -1,16 +1,20 @@
-// MatMul with int8 inputs on AVX512_VNNI (vpdpbusd) over int8 or int4 weights: the arithmetic
-// int8_inputs.h specifies and MatMulI8Reference spells out, bit for bit. Compiled with this
-// ISA's flags only (see CMakeLists.txt); the dispatcher calls it only when the CPU has
-// AVX512_VNNI. Also the input quantizer's row function, equal to QuantizeRowI8Reference bit for
-// bit. Everything here has internal linkage except MatMulI8Avx512Vnni and QuantizeRowI8Avx512
-// (README.md, "ODR").
+// MatMul with int8 inputs on AVX512_VNNI (vpdpbusd) over int8 or int4 weights in
+// QuantLayout::kTiles16: the arithmetic int8_inputs.h specifies and MatMulI8Reference spells
+// out, bit for bit. Compiled with this ISA's flags only (see CMakeLists.txt); the dispatcher
+// calls it only when the CPU has AVX512_VNNI. Also the input quantizer's row function, equal to
+// QuantizeRowI8Reference bit for bit. Everything here has internal linkage except
+// MatMulI8Avx512Vnni and QuantizeRowI8Avx512 (README.md, "ODR").
+//
+// Lane l of a tile's vectors is weight row 16t + l, so every accumulator holds 16 outputs and
+// needs no reduction: per step one 64-byte load gives 16 rows x 4 elements (int8: as stored,
+// q + 128; int4: two such operands, low and high nibbles), each the u8 operand of one vpdpbusd
+// per input row against 4 of its codes broadcast.
 
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <utility>
 
 #include "common/engine/backend/cpu/kernels/int8_inputs.h"
@@ -18,202 +22,33 @@
 namespace tandem::cpu::internal {
 namespace {
 
-constexpr int64_t kPrefetchBytes = 1024;
-constexpr int64_t kInt4PrefetchBytes = 16384;
-
-// Where weight row j of a tile of NR rows (row_bytes apart) is prefetched while chunk c is read:
-// kPrefetchBytes ahead in the same row, or, past the row's end, in the next tile's row j (the
-// rows of consecutive tiles are consecutive in memory), so a tile starts with its lines on the way.
-template <int NR>
-inline int64_t PrefetchOffset(int64_t c, int64_t row_bytes) {
-  const int64_t ahead = c * 64 + kPrefetchBytes;
-  return ahead < row_bytes ? ahead : ahead + (NR - 1) * row_bytes;
-}
-
-constexpr int64_t kBlockBytes = 256 * 1024;
-
-inline __mmask64 ByteMask(int64_t n) {
-  return n >= 64 ? ~__mmask64{0} : static_cast<__mmask64>((uint64_t{1} << n) - 1);
-}
-
-// int8 weights: 64 codes per chunk; see TileInt8.
-struct Int8Fmt {
-  static constexpr int kMR = 4, kNR = 6;  // register tile: 24 int32 accumulators
-  static constexpr int kNR1 = 8;          // weight rows per tile for a lone input row
-  static int64_t RowBytes(int64_t K) { return K; }
+// Register tiles (input rows x tiles of 16 weight rows) per weight format. Decode batches of up
+// to 8 rows take all of them in one (each weight vector loaded once per step; int4: 1.13x 4x2 at
+// M = 8), longer ones kMR x kNT (int4 6x2: 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and
+// 4x3 at M = 16 and in prefill), a lone row kNT1 tiles (that many weight streams).
+template <WeightQuant Q>
+struct Shapes;
+template <>
+struct Shapes<WeightQuant::kInt8> {
+  static constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 6, kNT = 3, kNT1 = 4;
+  static int64_t TileBytes(int64_t K) { return kQuantTileRows * Int8TileK(K); }
+};
+template <>
+struct Shapes<WeightQuant::kInt4> {
+  static constexpr int kDecodeMR = 8, kDecodeNT = 1, kMR = 6, kNT = 2, kNT1 = 4;
+  static int64_t TileBytes(int64_t K) { return kQuantTileRows * Int4RowBytes(K); }
 };
 
-// Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
-// themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
-// store per accumulator and chunk (the int4 tiles did: 1.05-1.25x slower).
-template <class V, int MR, int NR>
-inline void CopyAccumulators(const V (&from)[MR][NR], V (&to)[MR][NR]) {
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) to[i][j] = from[i][j];
-  }
-}
-
-// [sum of a's lanes, b's, c's, d's] (int32, wrapping like any order of the same adds).
-inline __m128i Reduce4(__m512i a, __m512i b, __m512i c, __m512i d) {
-  // Per 128-bit lane: ab = [a0+a2, b0+b2, a1+a3, b1+b3], cd likewise, then [a, b, c, d].
-  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
-  const __m512i v = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
-  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
-  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
-// y for a finished int8 tile, four outputs at a time: integer sums (exact in any order), then per
-// output ((float(dot - offset) * d) * s) + bias, the same IEEE operations as one at a time.
-template <int MR, int NR, bool kBiased>
-__attribute__((noinline)) void StoreInt8(const __m512i (&acc)[MR][NR], const I8Inputs& in,
-                                         int64_t m0, const MatMulWeight& wt, int64_t n0,
-                                         const float* bias, float* y, int64_t ldy) {
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-    const __m128 d = _mm_set1_ps(in.scale[m0 + i]);
-    constexpr int kPadded = (NR + 3) / 4 * 4;
-    __m512i r[kPadded];
-#pragma GCC unroll 8
-    for (int j = 0; j < kPadded; ++j) r[j] = j < NR ? acc[i][j] : _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; j += 4) {
-      const int n = NR - j < 4 ? NR - j : 4;
-      const __mmask8 m = static_cast<__mmask8>((1 << n) - 1);
-      const __m128i sums = Reduce4(r[j], r[j + 1], r[j + 2], r[j + 3]);
-      const __m128i offset =
-          kBiased ? _mm_slli_epi32(_mm_cvttps_epi32(_mm_maskz_loadu_ps(m, wt.row_sums + n0 + j)), 7)
-                  : _mm_set1_epi32(128 * in.sum[m0 + i]);
-      __m128 out = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums, offset)), d),
-                              _mm_maskz_loadu_ps(m, wt.scales + n0 + j));
-      if (bias != nullptr) out = _mm_add_ps(out, _mm_maskz_loadu_ps(m, bias + n0 + j));
-      _mm_mask_storeu_ps(y + (m0 + i) * ldy + n0 + j, m, out);
-    }
-  }
-}
-
-// y[m0 .. m0+MR) x [n0 .. n0+NR), int8 weights; the int32 lanes run over the whole row (exact:
-// K <= 65536). kBiased (the weights carry row sums): the inputs, stored as a + 128, are the
-// unsigned operand of vpdpbusd and the weights enter as they are; 128 * row sum comes off at the
-// end. Otherwise the weights enter as w + 128 (one xor) and 128 * sum(a) comes off.
-template <int MR, int NR, bool kPrefetch, bool kBiased>
-void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
-              float* y, int64_t ldy) {
-  const int64_t K = in.K, code_stride = in.chunks * in.chunk;
-  const int8_t* rows[NR];
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; ++j) rows[j] = static_cast<const int8_t*>(wt.data) + (n0 + j) * K;
-  __m512i acc[MR][NR];
-#pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
-  }
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const int64_t full = K / 64;
-  for (int64_t c = 0; c < in.chunks; ++c) {
-    const __mmask64 mask = c < full ? ~__mmask64{0} : ByteMask(K - c * 64);
-    const int64_t pf = kPrefetch ? PrefetchOffset<NR>(c, K) : 0;
-    __m512i a[MR];
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      a[i] = _mm512_loadu_si512(in.codes + (m0 + i) * code_stride + c * 64);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(rows[j] + pf), _MM_HINT_T0);
-      }
-      const __m512i w = _mm512_maskz_loadu_epi8(mask, rows[j] + c * 64);
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        if constexpr (kBiased) {
-          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], a[i], w);
-        } else {
-          acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], _mm512_xor_si512(w, flip), a[i]);
-        }
-      }
-    }
-  }
-  __m512i sums[MR][NR];
-  CopyAccumulators(acc, sums);
-  StoreInt8<MR, NR, kBiased>(sums, in, m0, wt, n0, bias, y, ldy);
-}
-
-template <int MR, int NR, bool kPrefetch, class Fmt>
-void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t n0, const float* bias,
-          float* y, int64_t ldy) {
-  if (in.biased) {
-    TileInt8<MR, NR, kPrefetch, true>(in, m0, wt, n0, bias, y, ldy);
-  } else {
-    TileInt8<MR, NR, kPrefetch, false>(in, m0, wt, n0, bias, y, ldy);
-  }
-}
-
-using TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, const float*,
-                        float*, int64_t);
-
-template <bool kPrefetch, class Fmt, int... I>
-constexpr TileFn kTiles[] = {&Tile<I / Fmt::kNR + 1, I % Fmt::kNR + 1, kPrefetch, Fmt>...};
-
-template <bool kPrefetch, class Fmt, int... I>
-constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
-  return kTiles<kPrefetch, Fmt, I...>;
-}
-
-// Columns [n0, n1) in blocks of weight rows that stay in L2 while every row tile passes over them.
-template <class Fmt>
-void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
-           float* y, int64_t ldy) {
-  constexpr int kMR = Fmt::kMR, kNR = Fmt::kNR, kNR1 = Fmt::kNR1;
-  const int64_t M = in.M;
-  // The first row tile of a block brings its weights in from memory: prefetched. The others
-  // find them in L2, where prefetching only costs, unless there are few rows.
-  const TileFn* first = TilesOf<true, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
-  const TileFn* rest =
-      M <= 2 * kMR ? first : TilesOf<false, Fmt>(std::make_integer_sequence<int, kMR * kNR>());
-  const int64_t row_bytes = Fmt::RowBytes(in.K);
-  int64_t block = row_bytes > 0 ? kBlockBytes / row_bytes / kNR * kNR : kNR;
-  if (block < kNR) block = kNR;
-  for (int64_t b0 = n0; b0 < n1; b0 += block) {
-    const int64_t b1 = b0 + block < n1 ? b0 + block : n1;
-    for (int64_t m = 0; m < M; m += kMR) {
-      const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
-      int64_t n = b0;
-      if (mr == 1) {
-        for (; n + kNR1 <= b1; n += kNR1) Tile<1, kNR1, true, Fmt>(in, m, w, n, bias, y, ldy);
-      }
-      const TileFn* tiles = m == 0 ? first : rest;
-      for (; n < b1; n += kNR) {
-        const int nr = static_cast<int>(b1 - n < kNR ? b1 - n : kNR);
-        tiles[(mr - 1) * kNR + (nr - 1)](in, m, w, n, bias, y, ldy);
-      }
-    }
-  }
-}
-
-// ---- int4 weights in tiles of 16 rows (Int4Layout::kTiles16) ----
-// Lane l of a tile's vectors is weight row 16t + l: per step of 8 elements one 64-byte load gives
-// the tile's 4 elements 8p .. 8p + 3 (low nibbles) and 8p + 4 .. 8p + 7 (high nibbles), each the
-// u8 operand of one vpdpbusd against 4 input codes broadcast. The int32 lanes hold one group's
-// exact dot products, so per group and (input row, tile) one conversion and one FMA with the
-// group's 16 scales (one load) finish it: 2 vpdpbusd per 8 x 16 products, the group's FMA spread
-// over group / 8 steps.
-// Register tiles (rows x tiles of 16 weight rows): decode batches of up to 8 rows take all of
-// them in one (each weight vector loaded once per step: 1.13x 4x2 at M = 8), longer ones 6x2
-// (12 int32 + 12 f32 accumulators; 1.06-1.09x 4x2 and 4x3 at M = 16 and in prefill), a lone row
-// four tiles (four weight streams).
-constexpr int kInt4DecodeMR = 8, kInt4DecodeNT = 1;
-constexpr int kInt4MR = 6, kInt4NT = 2;
-constexpr int kInt4NT1 = 4;
+// Weight bytes that one row tile's blocks of tiles keep in L2 while every row tile passes over.
+constexpr int64_t kBlockBytes = 256 * 1024;
+constexpr int64_t kPrefetchBytes = 16384;
 
 // Where tile j of a register tile of NT (tile_bytes apart) is prefetched while step p is read:
-// kInt4PrefetchBytes ahead in the same tile or, past its end, in the next register tile's tile j.
+// kPrefetchBytes ahead in the same tile or, past its end, in the next register tile's tile j
+// (consecutive tiles are consecutive in memory), so a tile starts with its lines on the way.
 template <int NT>
-inline int64_t Int4PrefetchOffset(int64_t p, int64_t tile_bytes) {
-  const int64_t ahead = p * 64 + kInt4PrefetchBytes;
+inline int64_t PrefetchOffset(int64_t p, int64_t tile_bytes) {
+  const int64_t ahead = p * 64 + kPrefetchBytes;
   return ahead < tile_bytes ? ahead : ahead + (NT - 1) * tile_bytes;
 }
 
@@ -223,6 +58,89 @@ inline __mmask16 TileMask(int64_t t, int64_t n0, int64_t n1) {
   const int64_t hi = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
   return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
+
+// Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
+// themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
+// store per accumulator and step (the int4 tiles did: 1.05-1.25x slower).
+template <class V, int MR, int NR>
+inline void CopyAccumulators(const V (&from)[MR][NR], V (&to)[MR][NR]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) to[i][j] = from[i][j];
+  }
+}
+
+// ---- int8 weights: the int32 lanes run over the whole row (exact: K <= 65536) ----
+
+// y for a finished int8 register tile: ((float(dot - 128 sum(a)) * d) * s) + bias, stored in
+// the lanes that are columns in [n0, n1).
+template <int MR, int NT>
+__attribute__((noinline)) void StoreInt8(const __m512i (&acc)[MR][NT], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                                         int64_t n1, const float* bias, float* y, int64_t ldy) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m512i offset = _mm512_set1_epi32(128 * in.sum[m0 + i]);
+    const __m512 d = _mm512_set1_ps(in.scale[m0 + i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      const int64_t t = t0 + j;
+      const __mmask16 m = TileMask(t, n0, n1);
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], offset));
+      __m512 out = _mm512_mul_ps(_mm512_mul_ps(dot, d), _mm512_loadu_ps(wt.scales + 16 * t));
+      if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias + 16 * t));
+      _mm512_mask_storeu_ps(y + (m0 + i) * ldy + 16 * t, m, out);
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int8 weights.
+template <int MR, int NT, bool kPrefetch>
+void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+              int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t code_stride = in.chunks * in.chunk;
+  const int64_t tile_bytes = Shapes<WeightQuant::kInt8>::TileBytes(in.K), steps = tile_bytes / 64;
+  const uint8_t* q[NT];
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
+  const int8_t* a[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) a[i] = in.codes + (m0 + i) * code_stride;
+  __m512i acc[MR][NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_si512();
+  }
+  for (int64_t p = 0; p < steps; ++p) {
+    __m512i w[NT];
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      if constexpr (kPrefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(q[j] + PrefetchOffset<NT>(p, tile_bytes)),
+                     _MM_HINT_T0);
+      }
+      w[j] = _mm512_loadu_si512(q[j] + p * 64);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      int32_t x;
+      std::memcpy(&x, a[i] + p * 4, 4);
+      const __m512i b = _mm512_set1_epi32(x);
+#pragma GCC unroll 8
+      for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], w[j], b);
+    }
+  }
+  __m512i sums[MR][NT];
+  CopyAccumulators(acc, sums);
+  StoreInt8<MR, NT>(sums, in, m0, wt, t0, n0, n1, bias, y, ldy);
+}
+
+// ---- int4 weights: per step of 8 elements the low nibbles hold elements 8p .. 8p + 3 and the
+// high nibbles 8p + 4 .. 8p + 7. The int32 lanes hold one group's exact dot products, so per
+// group and (input row, tile) one conversion and one FMA with the group's 16 scales (one load)
+// finish it: 2 vpdpbusd per 8 x 16 products, the group's FMA spread over group / 8 steps. ----
 
 // y for a finished int4 register tile: zc = fma(s_g * z_g, A_g, zc) over the groups, then
 // ((r - zc) * d) + bias, stored in the lanes that are columns in [n0, n1). Out of line (and
@@ -269,7 +187,7 @@ template <int MR, int NT, bool kPrefetch>
 void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
               int64_t n1, const float* bias, float* y, int64_t ldy) {
   const int64_t code_stride = in.chunks * in.chunk, G = in.groups;
-  const int64_t tile_bytes = 16 * Int4RowBytes(in.K), steps = tile_bytes / 64;
+  const int64_t tile_bytes = Shapes<WeightQuant::kInt4>::TileBytes(in.K), steps = tile_bytes / 64;
   const int64_t per_group = wt.group_size / 8;
   const uint8_t* q[NT];
   const float* sc[NT];
@@ -302,7 +220,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
         if constexpr (kPrefetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(q[j] + Int4PrefetchOffset<NT>(p, tile_bytes)),
+          _mm_prefetch(reinterpret_cast<const char*>(q[j] + PrefetchOffset<NT>(p, tile_bytes)),
                        _MM_HINT_T0);
         }
         const __m512i v = _mm512_loadu_si512(q[j] + p * 64);
@@ -336,29 +254,40 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
   StoreInt4<MR, NT>(sums, in, m0, wt, t0, n0, n1, bias, y, ldy);
 }
 
-using Int4TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, int64_t,
-                            int64_t, const float*, float*, int64_t);
-
-template <int NT, bool kPrefetch, int... I>
-constexpr Int4TileFn kInt4Tiles[] = {&TileInt4<I / NT + 1, I % NT + 1, kPrefetch>...};
-
-template <int NT, bool kPrefetch, int... I>
-constexpr const Int4TileFn* Int4TilesOf(std::integer_sequence<int, I...>) {
-  return kInt4Tiles<NT, kPrefetch, I...>;
+template <WeightQuant Q, int MR, int NT, bool kPrefetch>
+void Tile(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+          int64_t n1, const float* bias, float* y, int64_t ldy) {
+  if constexpr (Q == WeightQuant::kInt4) {
+    TileInt4<MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+  } else {
+    TileInt8<MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+  }
 }
 
-// Columns [n0, n1) of int4 weights: the tiles that hold them, in blocks that stay in L2 while
-// every row tile passes over them (as Range), or for a decode batch of two row tiles, both row
-// tiles over each register tile of weights in turn (the second from L1, while the prefetches
-// keep the next tiles streaming in; block by block, memory would idle while the second row tile
-// ran from L2).
-template <int kMR, int kNT>
-void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
-               float* y, int64_t ldy) {
+using TileFn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, int64_t, int64_t,
+                        const float*, float*, int64_t);
+
+template <WeightQuant Q, int NT, bool kPrefetch, int... I>
+constexpr TileFn kTiles[] = {&Tile<Q, I / NT + 1, I % NT + 1, kPrefetch>...};
+
+template <WeightQuant Q, int NT, bool kPrefetch, int... I>
+constexpr const TileFn* TilesOf(std::integer_sequence<int, I...>) {
+  return kTiles<Q, NT, kPrefetch, I...>;
+}
+
+// Columns [n0, n1): the tiles that hold them, in blocks that stay in L2 while every row tile
+// passes over them (the first row tile of a block prefetches: it brings the block in from
+// memory; the others find it in L2, where prefetching only costs, unless there are few rows),
+// or, for a decode batch of two row tiles, both row tiles over each register tile of weights in
+// turn (the second from L1, while the prefetches keep the next tiles streaming in; block by
+// block, memory would idle while the second row tile ran from L2).
+template <WeightQuant Q, int kMR, int kNT>
+void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+           float* y, int64_t ldy) {
   const int64_t M = in.M;
-  const Int4TileFn* first = Int4TilesOf<kNT, true>(std::make_integer_sequence<int, kMR * kNT>());
-  const Int4TileFn* rest =
-      M <= 2 * kMR ? first : Int4TilesOf<kNT, false>(std::make_integer_sequence<int, kMR * kNT>());
+  const TileFn* first = TilesOf<Q, kNT, true>(std::make_integer_sequence<int, kMR * kNT>());
+  const TileFn* rest =
+      M <= 2 * kMR ? first : TilesOf<Q, kNT, false>(std::make_integer_sequence<int, kMR * kNT>());
   const int64_t t_begin = n0 / 16, t_end = (n1 + 15) / 16;
   if (M > kMR && M <= 2 * kMR) {
     for (int64_t t = t_begin; t < t_end; t += kNT) {
@@ -370,7 +299,8 @@ void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1
     }
     return;
   }
-  const int64_t tile_bytes = 16 * Int4RowBytes(in.K);
+  constexpr int kNT1 = Shapes<Q>::kNT1;
+  const int64_t tile_bytes = Shapes<Q>::TileBytes(in.K);
   int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / kNT * kNT : kNT;
   if (block < kNT) block = kNT;
   for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {
@@ -379,11 +309,9 @@ void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1
       const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
       int64_t t = b0;
       if (mr == 1) {
-        for (; t + kInt4NT1 <= b1; t += kInt4NT1) {
-          TileInt4<1, kInt4NT1, true>(in, m, w, t, n0, n1, bias, y, ldy);
-        }
+        for (; t + kNT1 <= b1; t += kNT1) Tile<Q, 1, kNT1, true>(in, m, w, t, n0, n1, bias, y, ldy);
       }
-      const Int4TileFn* tiles = m == 0 ? first : rest;
+      const TileFn* tiles = m == 0 ? first : rest;
       for (; t < b1; t += kNT) {
         const int nt = static_cast<int>(b1 - t < kNT ? b1 - t : kNT);
         tiles[(mr - 1) * kNT + (nt - 1)](in, m, w, t, n0, n1, bias, y, ldy);
@@ -392,23 +320,30 @@ void RangeInt4(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1
   }
 }
 
+template <WeightQuant Q>
+void RangeOf(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+             float* y, int64_t ldy) {
+  using S = Shapes<Q>;
+  if (in.M <= S::kDecodeMR) {
+    Range<Q, S::kDecodeMR, S::kDecodeNT>(in, w, n0, n1, bias, y, ldy);
+  } else {
+    Range<Q, S::kMR, S::kNT>(in, w, n0, n1, bias, y, ldy);
+  }
+}
+
 }  // namespace
 
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy) {
   if (in.quant == WeightQuant::kInt4) {
-    if (in.M <= kInt4DecodeMR) {
-      RangeInt4<kInt4DecodeMR, kInt4DecodeNT>(in, w, n0, n1, bias, y, ldy);
-    } else {
-      RangeInt4<kInt4MR, kInt4NT>(in, w, n0, n1, bias, y, ldy);
-    }
+    RangeOf<WeightQuant::kInt4>(in, w, n0, n1, bias, y, ldy);
   } else {
-    Range<Int8Fmt>(in, w, n0, n1, bias, y, ldy);
+    RangeOf<WeightQuant::kInt8>(in, w, n0, n1, bias, y, ldy);
   }
 }
 
-void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int32_t offset,
-                         int8_t* codes, float* scale, int32_t* sum, float* group_sums) {
+void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                         float* scale, int32_t* sum, float* group_sums) {
   *sum = 0;
   const int64_t kmain = K - K % 16;
   const auto tail = static_cast<__mmask16>((1u << (K - kmain)) - 1);
@@ -425,7 +360,6 @@ void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_siz
   if (!QuantizeRowI8Scale(_mm512_reduce_max_ps(vmax), bad == 0, scale, &inv)) return;
   const __m512 vinv = _mm512_set1_ps(inv);
   const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
-  const __m128i flip = _mm_set1_epi8(static_cast<char>(offset));  // + 128 == xor 0x80 on codes
   __m512i total = _mm512_setzero_si512(), group = _mm512_setzero_si512();
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 m = k < kmain ? __mmask16{0xFFFF} : tail;
@@ -433,8 +367,7 @@ void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_siz
     v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512i q = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(v, hi), lo));
     total = _mm512_add_epi32(total, q);
-    const __m128i b = _mm_xor_si128(_mm512_cvtepi32_epi8(q), flip);
-    _mm_mask_storeu_epi8(codes + k, m, b);
+    _mm_mask_storeu_epi8(codes + k, m, _mm512_cvtepi32_epi8(q));
     if (int4) {
       group = _mm512_add_epi32(group, q);
       if ((k + 16) % group_size == 0 || k + 16 >= K) {  // a group holds whole 16s (>= 32)

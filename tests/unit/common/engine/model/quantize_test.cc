@@ -1,5 +1,6 @@
-// Load-time quantization layouts (common/base/quant.h): Int4Layout::kTiles16 holds exactly the
-// codes, scales and zeros of kRows, at the positions quant.h gives, with whole tiles of padding.
+// Load-time quantization layouts (common/base/quant.h): QuantLayout::kTiles16 holds exactly the
+// codes, scales and zeros of kRows, at the positions quant.h gives, with whole tiles of padding
+// (int8 codes stored + 128, padding as code 0).
 
 #include "common/engine/model/quantize.h"
 
@@ -11,10 +12,10 @@
 namespace tandem {
 namespace {
 
-QuantizedMatrix RandomInt4(int64_t N, int64_t K, int64_t group) {
+QuantizedMatrix Random(WeightQuant quant, int64_t N, int64_t K, int64_t group) {
   uint64_t state = 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(N * 1000 + K);
   return Quantize(
-      WeightQuant::kInt4, N, K, group,
+      quant, N, K, group,
       [&](int64_t, float* row) {
         for (int64_t k = 0; k < K; ++k) {
           state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -41,11 +42,11 @@ TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
   for (const int64_t N : {1, 16, 37}) {
     for (const int64_t K : {32, 100, 256}) {
       for (const int64_t group : {32, 128}) {
-        const QuantizedMatrix rows = RandomInt4(N, K, group);
+        const QuantizedMatrix rows = Random(WeightQuant::kInt4, N, K, group);
         QuantizedMatrix tiles = rows;
-        ToInt4Tiles16(&tiles);
-        ASSERT_EQ(tiles.layout, Int4Layout::kTiles16);
-        const int64_t padded = Int4StoredRows(N, Int4Layout::kTiles16);
+        ToTiles16(&tiles);
+        ASSERT_EQ(tiles.layout, QuantLayout::kTiles16);
+        const int64_t padded = QuantStoredRows(N, QuantLayout::kTiles16);
         const int64_t G = Int4Groups(K, group);
         ASSERT_EQ(padded % 16, 0);
         ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded * Int4RowBytes(K)));
@@ -67,8 +68,32 @@ TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
         }
         EXPECT_GT(__builtin_popcount(distinct), 8) << "the codes vary, so positions matter";
         QuantizedMatrix again = tiles;  // already in the layout: unchanged
-        ToInt4Tiles16(&again);
+        ToTiles16(&again);
         EXPECT_EQ(again.codes, tiles.codes);
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, Int8Tiles16HoldsTheSameCodesPlus128AndScales) {
+  for (const int64_t N : {1, 16, 37}) {
+    for (const int64_t K : {1, 6, 100}) {
+      const QuantizedMatrix rows = Random(WeightQuant::kInt8, N, K, 0);
+      QuantizedMatrix tiles = rows;
+      ToTiles16(&tiles);
+      ASSERT_EQ(tiles.layout, QuantLayout::kTiles16);
+      const int64_t padded = QuantStoredRows(N, QuantLayout::kTiles16), KT = Int8TileK(K);
+      ASSERT_EQ(KT % 4, 0);
+      ASSERT_GE(KT, K);
+      ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded * KT));
+      ASSERT_EQ(tiles.scales.size(), static_cast<size_t>(padded));
+      for (int64_t n = 0; n < padded; ++n) {
+        for (int64_t k = 0; k < KT; ++k) {
+          const int want = n < N && k < K ? static_cast<int8_t>(rows.codes[n * K + k]) : 0;
+          const uint8_t got = tiles.codes[n / 16 * 16 * KT + k / 4 * 64 + 4 * (n % 16) + k % 4];
+          ASSERT_EQ(got - 128, want) << "N=" << N << " K=" << K << " n=" << n << " k=" << k;
+        }
+        EXPECT_EQ(tiles.scales[n], n < N ? rows.scales[n] : 0.0f) << n;
       }
     }
   }

@@ -49,7 +49,7 @@ inline std::shared_ptr<const Model> Load(const std::string& model, DType weights
                                          WeightQuant quant = WeightQuant::kNone,
                                          int64_t group_size = 128, DType input = DType::kF32) {
   LoadOptions options;
-  options.int4_layout = input == DType::kI8 ? Int4Layout::kTiles16 : Int4Layout::kRows;
+  options.quant_layout = input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
   options.weight_dtype_auto = false;
   options.weight_dtype = weights;
   options.quantization = quant;

@@ -130,7 +130,7 @@ TEST(QuantizationAccuracyTest, Int8InputsNeedQuantizedWeights) {
   auto rows = CpuBackend::Create(Load("stories260k", DType::kBF16, WeightQuant::kInt4), options);
   ASSERT_FALSE(rows.ok());
   EXPECT_EQ(rows.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(rows.status().message().find("int4_layout kTiles16"), std::string::npos)
+  EXPECT_NE(rows.status().message().find("quant_layout kTiles16"), std::string::npos)
       << rows.status();
 }
 

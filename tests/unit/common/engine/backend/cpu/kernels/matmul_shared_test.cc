@@ -41,9 +41,9 @@ Weights Make(const std::string& format, int64_t N, int64_t K, DType input, uint6
     w.view.input_dtype = input;
     return w;
   }
-  const bool int8 = format == "int8" || format == "int8+sums";
+  const bool int8 = format == "int8";
   w.quantized = MakeQuantized(int8 ? WeightQuant::kInt8 : WeightQuant::kInt4, N, K,
-                              int8 ? 0 : std::stoi(format.substr(6)), seed, format == "int8+sums");
+                              int8 ? 0 : std::stoi(format.substr(6)), seed);
   w.view = w.quantized.view(input);
   return w;
 }
@@ -60,12 +60,12 @@ TEST_P(MatMulSharedTest, EqualsOneMatMulPerProjection) {
       {{"f32", "f32", "f32"}, {DType::kF32, DType::kF32, DType::kF32}},
       {{"bf16", "bf16", "bf16"}, {DType::kBF16, DType::kBF16, DType::kBF16}},
       {{"int8", "int8"}, {DType::kBF16, DType::kBF16}},
-      {{"int8+sums", "int8+sums", "int8+sums"}, {DType::kI8, DType::kI8, DType::kI8}},
+      {{"int8", "int8", "int8"}, {DType::kI8, DType::kI8, DType::kI8}},
       {{"int4 g128", "int4 g128"}, {DType::kI8, DType::kI8}},
       {{"int4 g32", "int4 g32", "int4 g32"}, {DType::kF32, DType::kF32, DType::kF32}},
       // Inputs prepared differently: each projection on its own.
       {{"int4 g128", "int4 g64"}, {DType::kI8, DType::kI8}},
-      {{"int8", "int8+sums"}, {DType::kI8, DType::kI8}},
+      {{"int8", "int4 g128"}, {DType::kI8, DType::kI8}},
       {{"bf16", "int8"}, {DType::kBF16, DType::kI8}},
   };
   ThreadPool pool(3);

@@ -15,26 +15,24 @@ namespace tandem::cpu::testing {
 
 struct QWeights {
   QuantizedMatrix q;
-  QuantizedMatrix tiles;        // int4: q in Int4Layout::kTiles16 (what int8 inputs take)
-  std::vector<float> dequant;   // [N, K] the values the kernel must use
-  std::vector<float> row_sums;  // int8 with row sums: [N]
+  QuantizedMatrix tiles;       // q in QuantLayout::kTiles16 (what int8 inputs take)
+  std::vector<float> dequant;  // [N, K] the values the kernel must use
   MatMulWeight view(DType input = DType::kF32) const {
-    const QuantizedMatrix& m = q.quant == WeightQuant::kInt4 && input == DType::kI8 ? tiles : q;
+    const QuantizedMatrix& m = input == DType::kI8 ? tiles : q;
     MatMulWeight w;
     w.input_dtype = input;
     w.data = m.codes.data();
     w.quant = m.quant;
-    w.int4_layout = m.layout;
+    w.quant_layout = m.layout;
     w.scales = m.scales.data();
     w.zeros = m.zeros.empty() ? nullptr : m.zeros.data();
-    w.row_sums = row_sums.empty() ? nullptr : row_sums.data();
     w.group_size = q.group_size;
     return w;
   }
 };
 
-inline QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t group, uint64_t seed,
-                              bool row_sums = false) {
+inline QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t group,
+                              uint64_t seed) {
   const std::vector<float> f = RandomFloats(N * K, seed, -0.7f, 1.3f);
   QWeights w;
   w.q = Quantize(
@@ -49,11 +47,8 @@ inline QWeights MakeQuantized(WeightQuant quant, int64_t N, int64_t K, int64_t g
                   w.q.zeros.empty() ? nullptr : w.q.zeros.data() + n * groups, K, group,
                   w.dequant.data() + n * K);
   }
-  if (quant == WeightQuant::kInt4) {
-    w.tiles = w.q;
-    ToInt4Tiles16(&w.tiles);
-  }
-  if (row_sums) w.row_sums = Int8RowSums(w.q.codes.data(), N, K);
+  w.tiles = w.q;
+  ToTiles16(&w.tiles);
   return w;
 }
 
