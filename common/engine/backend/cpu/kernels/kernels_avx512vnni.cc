@@ -23,14 +23,15 @@ namespace tandem::cpu::internal {
 namespace {
 
 // Register tiles (input rows x tiles of 16 weight rows) per weight format. Decode batches of up
-// to 8 rows take all of them in one (each weight vector loaded once per step; int4: 1.13x 4x2 at
-// M = 8), longer ones kMR x kNT (int4 6x2: 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and
-// 4x3 at M = 16 and in prefill), a lone row kNT1 tiles (that many weight streams).
+// to 8 rows take all of them in one 8x1 tile (each weight vector loaded once per step for the
+// whole batch: at M = 8 int4 1.13-1.22x 4x2, int8 1.09x 8x2), longer ones kMR x kNT (int4 6x2:
+// 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and 4x3 at M = 16 and in prefill; int8 6x3,
+// 6x4 / 8x3 / 4x4 / 8x2 within noise of it), a lone row kNT1 tiles (that many weight streams).
 template <WeightQuant Q>
 struct Shapes;
 template <>
 struct Shapes<WeightQuant::kInt8> {
-  static constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 6, kNT = 3, kNT1 = 4;
+  static constexpr int kDecodeMR = 8, kDecodeNT = 1, kMR = 6, kNT = 3, kNT1 = 4;
   static int64_t TileBytes(int64_t K) { return kQuantTileRows * Int8TileK(K); }
 };
 template <>
