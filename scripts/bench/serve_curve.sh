@@ -3,7 +3,9 @@
 # `tandem serve` (router + engine in one process, all cores) at rising concurrency, on the
 # random llama-110m and llama-1b models in bf16 / int8 / int4, with the peer's server workload:
 # 128-token prompts, 128 new tokens (ignore_eos), one wave of C requests started together at
-# concurrency C. One server at a time (each takes every core).
+# concurrency C. One server at a time (each takes every core). Token budget per step 256: the
+# prompts of a wave are prefilled a few per step, so the first ones answer sooner, at no cost in
+# throughput on two cores (scripts/bench/serve_budget_ab.sh; docs/benchmarks.md, "third pass").
 #   SERVE_FORMATS_110M="none int8 int4" SERVE_FORMATS_1B="int8 int4" scripts/bench/serve_curve.sh
 # Writes $BENCH_RESULTS/serve_curve.{md,json}. About 10 minutes.
 set -euo pipefail
@@ -22,7 +24,7 @@ run_model() {
   for fmt in "${formats[@]}"; do
     local name="$preset.$fmt"
     start_serve "$name" --model "$dir" --dtype bf16 --quantization "$fmt" --threads 0 \
-      --max-num-seqs 32 --max-num-batched-tokens 2048 --kv-cache-memory 2GiB
+      --max-num-seqs 32 --max-num-batched-tokens 256 --kv-cache-memory 2GiB
     local target="127.0.0.1:$LAST_PORT" pid="$LAST_PID"
     # Warm-up at the measured shape (first-touch of scratch and KV pages). Every wave draws
     # prompts with its own seed: waves that repeated earlier prompts would hit the prefix cache.
