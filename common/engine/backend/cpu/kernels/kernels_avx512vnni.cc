@@ -290,6 +290,26 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
   const TileFn* rest =
       M <= 2 * kMR ? first : TilesOf<Q, kNT, false>(std::make_integer_sequence<int, kMR * kNT>());
   const int64_t t_begin = n0 / 16, t_end = (n1 + 15) / 16;
+  constexpr int kNT1 = Shapes<Q>::kNT1;
+  if (M == 1) {
+    // One row tile: L2 blocks would only cut the weight streams short (a block of long rows
+    // holds fewer than kNT1 tiles), so the lone-row tile runs over the whole range.
+    int64_t t = t_begin;
+    for (; t + kNT1 <= t_end; t += kNT1) Tile<Q, 1, kNT1, true>(in, 0, w, t, n0, n1, bias, y, ldy);
+    static_assert(kNT1 == 4, "the remainder below covers up to 3 tiles");
+    switch (t_end - t) {
+      case 3:
+        Tile<Q, 1, 3, true>(in, 0, w, t, n0, n1, bias, y, ldy);
+        break;
+      case 2:
+        Tile<Q, 1, 2, true>(in, 0, w, t, n0, n1, bias, y, ldy);
+        break;
+      case 1:
+        Tile<Q, 1, 1, true>(in, 0, w, t, n0, n1, bias, y, ldy);
+        break;
+    }
+    return;
+  }
   if (M > kMR && M <= 2 * kMR) {
     for (int64_t t = t_begin; t < t_end; t += kNT) {
       const int nt = static_cast<int>(t_end - t < kNT ? t_end - t : kNT);
@@ -300,7 +320,6 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
     }
     return;
   }
-  constexpr int kNT1 = Shapes<Q>::kNT1;
   const int64_t tile_bytes = Shapes<Q>::TileBytes(in.K);
   int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / kNT * kNT : kNT;
   if (block < kNT) block = kNT;
@@ -309,9 +328,6 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
     for (int64_t m = 0; m < M; m += kMR) {
       const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
       int64_t t = b0;
-      if (mr == 1) {
-        for (; t + kNT1 <= b1; t += kNT1) Tile<Q, 1, kNT1, true>(in, m, w, t, n0, n1, bias, y, ldy);
-      }
       const TileFn* tiles = m == 0 ? first : rest;
       for (; t < b1; t += kNT) {
         const int nt = static_cast<int>(b1 - t < kNT ? b1 - t : kNT);
