@@ -62,6 +62,13 @@ inline constexpr int64_t kInt4Chunk = 32;
 
 inline int64_t Int4RowBytes(int64_t k) { return (k + kInt4Chunk - 1) / kInt4Chunk * 16; }
 
+// Code of element k of an int4 row in QuantLayout::kRows (chunk k / 32, byte k % 16, the high
+// nibble for k % 32 >= 16).
+inline int Int4RowCode(const uint8_t* row, int64_t k) {
+  const uint8_t b = row[k / kInt4Chunk * 16 + k % 16];
+  return k % kInt4Chunk < 16 ? b & 15 : b >> 4;
+}
+
 // Elements per row of an int8 matrix in kTiles16 (K padded to whole steps of 4).
 inline int64_t Int8TileK(int64_t k) { return (k + 3) / 4 * 4; }
 

@@ -142,7 +142,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   // Quantized weights go into the layout of int8 MatMul inputs wherever those can be chosen: asked
   // for, or auto on a cpu with AVX512_VNNI (the rule below; decided before loading, as the
   // layout is made at load).
-  const bool int8_dot = GetCpuFeatures().avx512vnni && ActiveSimdLevel() == SimdLevel::kAvx512;
+  const bool avx512 = ActiveSimdLevel() == SimdLevel::kAvx512;
+  const bool int8_dot = GetCpuFeatures().avx512vnni && avx512;
   const bool int8_inputs = options.matmul_input_dtype == "int8" ||
                            options.matmul_input_dtype == "i8" ||
                            (options.matmul_input_dtype == "auto" && int8_dot);
@@ -167,7 +168,6 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();
-  const bool avx512 = ActiveSimdLevel() == SimdLevel::kAvx512;
   const bool bf16_dot = GetCpuFeatures().avx512bf16 && avx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {

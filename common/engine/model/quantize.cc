@@ -77,18 +77,14 @@ void ToTiles16(QuantizedMatrix* m) {
   std::vector<uint8_t> codes(static_cast<size_t>(tiles * kQuantTileRows * row_bytes), 0);
   std::vector<float> scales(static_cast<size_t>(tiles * kQuantTileRows * G), 0.0f);
   std::vector<float> zeros(scales.size(), 0.0f);
-  // Element k of a kRows row: chunk k / 32, byte k % 16, high nibble when k % 32 >= 16.
-  const auto code = [&](int64_t n, int64_t k) -> uint8_t {
-    const uint8_t b = m->codes[n * row_bytes + k / kInt4Chunk * 16 + k % 16];
-    return k % kInt4Chunk < 16 ? b & 15 : b >> 4;
-  };
   for (int64_t n = 0; n < N; ++n) {
     const int64_t t = n / kQuantTileRows, l = n % kQuantTileRows;
+    const uint8_t* row = m->codes.data() + n * row_bytes;
     uint8_t* tile = codes.data() + t * kQuantTileRows * row_bytes;
     for (int64_t p = 0; p < steps; ++p) {
       for (int64_t i = 0; i < 4; ++i) {
-        tile[p * 64 + 4 * l + i] =
-            static_cast<uint8_t>(code(n, 8 * p + i) | code(n, 8 * p + 4 + i) << 4);
+        tile[p * 64 + 4 * l + i] = static_cast<uint8_t>(Int4RowCode(row, 8 * p + i) |
+                                                        Int4RowCode(row, 8 * p + 4 + i) << 4);
       }
     }
     for (int64_t g = 0; g < G; ++g) {
@@ -111,10 +107,8 @@ void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales,
     return;
   }
   for (int64_t k = 0; k < K; ++k) {
-    const int64_t g = k / group_size, chunk = k / kInt4Chunk, j = k % kInt4Chunk;
-    const uint8_t byte = codes[chunk * 16 + (j & 15)];
-    const float q = static_cast<float>(j < 16 ? byte & 15 : byte >> 4);
-    out[k] = (q - zeros[g]) * scales[g];
+    const int64_t g = k / group_size;
+    out[k] = (static_cast<float>(Int4RowCode(codes, k)) - zeros[g]) * scales[g];
   }
 }
 

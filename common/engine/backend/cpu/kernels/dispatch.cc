@@ -117,10 +117,8 @@ void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, u
     } else {
       const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * Int4RowBytes(K);
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t j = k % kInt4Chunk;
-        const uint8_t b = q[k / kInt4Chunk * 16 + (j & 15)];
         const int64_t g = n * groups + k / w.group_size;
-        const float v = static_cast<float>(j < 16 ? b & 15 : b >> 4) - w.zeros[g];
+        const float v = static_cast<float>(Int4RowCode(q, k)) - w.zeros[g];
         o[k] = FloatToBf16(v * w.scales[g]);
       }
     }
