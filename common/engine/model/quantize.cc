@@ -71,30 +71,32 @@ void ToTiles16(QuantizedMatrix* m) {
     Int8ToTiles16(m);
     return;
   }
-  const int64_t N = m->rows, K = m->cols, row_bytes = Int4RowBytes(K);
-  const int64_t G = Int4Groups(K, m->group_size), steps = row_bytes / 4;  // 8 elements a step
+  const int64_t N = m->rows, K = m->cols, row_bytes = Int4RowBytes(K), gs = m->group_size;
+  const int64_t G = Int4Groups(K, gs), tile_bytes = Int4TileBytes(K, gs);
   const int64_t tiles = QuantStoredRows(N, QuantLayout::kTiles16) / kQuantTileRows;
-  std::vector<uint8_t> codes(static_cast<size_t>(tiles * kQuantTileRows * row_bytes), 0);
-  std::vector<float> scales(static_cast<size_t>(tiles * kQuantTileRows * G), 0.0f);
-  std::vector<float> zeros(scales.size(), 0.0f);
+  std::vector<uint8_t> codes(static_cast<size_t>(tiles * tile_bytes), 0);  // padding: all 0
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t t = n / kQuantTileRows, l = n % kQuantTileRows;
+    const int64_t l = n % kQuantTileRows;
     const uint8_t* row = m->codes.data() + n * row_bytes;
-    uint8_t* tile = codes.data() + t * kQuantTileRows * row_bytes;
-    for (int64_t p = 0; p < steps; ++p) {
-      for (int64_t i = 0; i < 4; ++i) {
-        tile[p * 64 + 4 * l + i] = static_cast<uint8_t>(Int4RowCode(row, 8 * p + i) |
-                                                        Int4RowCode(row, 8 * p + 4 + i) << 4);
-      }
-    }
+    uint8_t* tile = codes.data() + n / kQuantTileRows * tile_bytes;
     for (int64_t g = 0; g < G; ++g) {
-      scales[(t * G + g) * kQuantTileRows + l] = m->scales[n * G + g];
-      zeros[(t * G + g) * kQuantTileRows + l] = m->zeros[n * G + g];
+      uint8_t* block = tile + Int4TileGroupStart(g, gs);
+      const int64_t steps = Int4TileGroupSteps(K, g, gs), p0 = g * (gs / 8);
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t k = 8 * (p0 + s);
+        for (int64_t i = 0; i < 4; ++i) {
+          block[s * 64 + 4 * l + i] =
+              static_cast<uint8_t>(Int4RowCode(row, k + i) | Int4RowCode(row, k + 4 + i) << 4);
+        }
+      }
+      float* trailer = reinterpret_cast<float*>(block + steps * 64);
+      trailer[l] = m->scales[n * G + g];
+      trailer[kQuantTileRows + l] = m->zeros[n * G + g];
     }
   }
   m->codes = std::move(codes);
-  m->scales = std::move(scales);
-  m->zeros = std::move(zeros);
+  m->scales.clear();
+  m->zeros.clear();
   m->layout = QuantLayout::kTiles16;
 }
 

@@ -18,10 +18,12 @@ struct QuantizedMatrix {
   WeightQuant quant = WeightQuant::kNone;
   QuantLayout layout = QuantLayout::kRows;
   int64_t rows = 0, cols = 0, group_size = 0;
-  // kRows: int8 [N, K] (int8 bit patterns), int4 [N, Int4RowBytes(K)]; kTiles16: quant.h
+  // kRows: int8 [N, K] (int8 bit patterns), int4 [N, Int4RowBytes(K)]; kTiles16: quant.h (int4:
+  // with the scales and zeros)
   std::vector<uint8_t> codes;
-  std::vector<float> scales;  // int8: [QuantStoredRows(N)]; int4: [QuantStoredRows(N), G]
-  std::vector<float> zeros;   // int4: [QuantStoredRows(N), G] (integers in [0, 16])
+  // int8: [QuantStoredRows(N)]; int4 kRows: [N, G] (kTiles16: empty, they are in `codes`)
+  std::vector<float> scales;
+  std::vector<float> zeros;  // int4 kRows: [N, G] (integers in [0, 16]); kTiles16: empty
 };
 
 // A quantized matrix in QuantLayout::kRows rearranged into kTiles16 (quant.h): the same codes,

@@ -18,7 +18,8 @@ struct Tensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   // Weight-only quantized matrices (common/base/quant.h): `data` holds the codes, `dtype` is the
-  // dense dtype the model would otherwise use; scales (and int4 zeros) are owned by the Model.
+  // dense dtype the model would otherwise use; scales (and int4 zeros) are owned by the Model
+  // (int4 in kTiles16: both null, `data` holds them with the codes).
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;
   const float* zeros = nullptr;

@@ -198,8 +198,10 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
       TANDEM_CHECK(w.scales != nullptr) << "int8 MatMul weight without scales";
       break;
     case WeightQuant::kInt4:
-      TANDEM_CHECK(w.scales != nullptr && w.zeros != nullptr && w.group_size >= kInt4Chunk &&
-                   (w.group_size & (w.group_size - 1)) == 0)
+      // kTiles16 holds the scales and zeros in the tiles.
+      TANDEM_CHECK((w.quant_layout == QuantLayout::kTiles16 ||
+                    (w.scales != nullptr && w.zeros != nullptr)) &&
+                   w.group_size >= kInt4Chunk && (w.group_size & (w.group_size - 1)) == 0)
           << "int4 MatMul weight needs scales, zeros and a power-of-two group >= 32, got group "
           << w.group_size;
       break;

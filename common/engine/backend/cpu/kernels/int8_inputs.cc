@@ -112,25 +112,28 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
         for (int64_t k = 0; k < K; ++k) dot += (tile[k / 4 * 64 + 4 * l + k % 4] - 128) * a[k];
         out = (static_cast<float>(dot) * d) * w.scales[n];
       } else {
-        // Row n is lane l of tile t: element k in step k / 8, byte 4l + k % 4, the high
-        // nibble for k % 8 >= 4; scales and zeros 16 apart per group.
-        const int64_t G = in.groups, t = n / kQuantTileRows, l = n % kQuantTileRows;
+        // Row n is lane l of tile t: element k in step k / 8 (of its group's block), byte
+        // 4l + k % 4, the high nibble for k % 8 >= 4; the block's scales and zeros after its
+        // steps, lane l.
+        const int64_t G = in.groups, gs = w.group_size, l = n % kQuantTileRows;
         const uint8_t* tile =
-            static_cast<const uint8_t*>(w.data) + t * kQuantTileRows * Int4RowBytes(K);
-        const float* s = w.scales + t * G * kQuantTileRows + l;
-        const float* z = w.zeros + t * G * kQuantTileRows + l;
+            static_cast<const uint8_t*>(w.data) + n / kQuantTileRows * Int4TileBytes(K, gs);
         const float* sums = in.group_sums + m * G;
         float r = 0.0f, zc = 0.0f;
         for (int64_t g = 0; g < G; ++g) {
+          const uint8_t* block = tile + Int4TileGroupStart(g, gs);
+          const int64_t steps = Int4TileGroupSteps(K, g, gs);
           int32_t dot = 0;
-          const int64_t k1 = (g + 1) * w.group_size < K ? (g + 1) * w.group_size : K;
-          for (int64_t k = g * w.group_size; k < k1; ++k) {
-            const int32_t byte = tile[k / 8 * 64 + 4 * l + k % 4];
+          const int64_t k0 = g * gs, k1 = k0 + gs < K ? k0 + gs : K;
+          for (int64_t k = k0; k < k1; ++k) {
+            const int32_t byte = block[(k - k0) / 8 * 64 + 4 * l + k % 4];
             dot += (k % 8 < 4 ? byte & 15 : byte >> 4) * a[k];
           }
-          const float sg = s[g * kQuantTileRows];
+          float sg, zg;
+          std::memcpy(&sg, block + steps * 64 + 4 * l, 4);
+          std::memcpy(&zg, block + steps * 64 + 64 + 4 * l, 4);
           r = std::fma(static_cast<float>(dot), sg, r);
-          zc = std::fma(sg * z[g * kQuantTileRows], sums[g], zc);
+          zc = std::fma(sg * zg, sums[g], zc);
         }
         out = (r - zc) * d;
       }

@@ -32,30 +32,34 @@ struct Shapes;
 template <>
 struct Shapes<WeightQuant::kInt8> {
   static constexpr int kDecodeMR = 8, kDecodeNT = 1, kMR = 6, kNT = 3, kNT1 = 4;
-  static int64_t TileBytes(int64_t K) { return kQuantTileRows * Int8TileK(K); }
+  static int64_t TileBytes(int64_t K, int64_t /*group_size*/) {
+    return kQuantTileRows * Int8TileK(K);
+  }
 };
 template <>
 struct Shapes<WeightQuant::kInt4> {
   static constexpr int kDecodeMR = 8, kDecodeNT = 1, kMR = 6, kNT = 2, kNT1 = 4;
-  static int64_t TileBytes(int64_t K) { return kQuantTileRows * Int4RowBytes(K); }
+  static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
 };
 
 // Weight bytes that one row tile's blocks of tiles keep in L2 while every row tile passes over.
 constexpr int64_t kBlockBytes = 256 * 1024;
-// Bytes ahead that a tile prefetches in each of its weight streams: 2 KiB for a lone input row
+// Bytes ahead that a tile prefetches in each of its weight streams: 1 KiB for a lone input row
 // (batch-1 decode), 4 KiB for more. Measured per decode step, alternating settings step by step
 // in one process (llama-1b, 2 threads, int8 and int4): at batch 1, 1-2 KiB ran 1.12-1.14x faster
-// than 16 KiB, 4 KiB 1.07x, 512 B 1.04x; at batch 8-32, 4-8 KiB 1.02-1.05x faster than 16 KiB,
-// 1-2 KiB slower from batch 4; prefill alike. (Four streams 16 KiB ahead overrun the 48 KiB L1.)
+// than 16 KiB, 4 KiB 1.07x, 512 B 1.04x (and 1 KiB 1.04-1.08x faster than 2 KiB in a kernel
+// benchmark over 256 MiB); at batch 8-32, 4-8 KiB 1.02-1.05x faster than 16 KiB, 1-2 KiB slower
+// from batch 4; prefill alike. (Four streams 16 KiB ahead overran the 48 KiB L1.)
 template <int MR>
-constexpr int64_t kPrefetchBytes = MR == 1 ? 2048 : 4096;
+constexpr int64_t kPrefetchBytes = MR == 1 ? 1024 : 4096;
 
-// Where tile j of a register tile of MR x NT (tile_bytes apart) is prefetched while step p is
-// read: kPrefetchBytes ahead in the same tile or, past its end, in the next register tile's tile
-// j (consecutive tiles are consecutive in memory), so a tile starts with its lines on the way.
+// Where tile j of a register tile of MR x NT (tile_bytes apart) is prefetched while byte
+// `offset` of it is read: kPrefetchBytes ahead in the same tile or, past its end, in the next
+// register tile's tile j (consecutive tiles are consecutive in memory), so a tile starts with its
+// lines on the way.
 template <int MR, int NT>
-inline int64_t PrefetchOffset(int64_t p, int64_t tile_bytes) {
-  const int64_t ahead = p * 64 + kPrefetchBytes<MR>;
+inline int64_t PrefetchOffset(int64_t offset, int64_t tile_bytes) {
+  const int64_t ahead = offset + kPrefetchBytes<MR>;
   return ahead < tile_bytes ? ahead : ahead + (NT - 1) * tile_bytes;
 }
 
@@ -107,7 +111,8 @@ template <int MR, int NT, bool kPrefetch>
 void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
               int64_t n1, const float* bias, float* y, int64_t ldy) {
   const int64_t code_stride = in.chunks * in.chunk;
-  const int64_t tile_bytes = Shapes<WeightQuant::kInt8>::TileBytes(in.K), steps = tile_bytes / 64;
+  const int64_t tile_bytes = Shapes<WeightQuant::kInt8>::TileBytes(in.K, 0),
+                steps = tile_bytes / 64;
   const uint8_t* q[NT];
 #pragma GCC unroll 8
   for (int j = 0; j < NT; ++j) q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
@@ -132,8 +137,9 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
       if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p, tile_bytes)),
-                     _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes)),
+            _MM_HINT_T0);
       }
       w[j] = _mm512_loadu_si512(q[j] + p * 64);
     }
@@ -153,8 +159,9 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 
 // ---- int4 weights: per step of 8 elements the low nibbles hold elements 8p .. 8p + 3 and the
 // high nibbles 8p + 4 .. 8p + 7. The int32 lanes hold one group's exact dot products, so per
-// group and (input row, tile) one conversion and one FMA with the group's 16 scales (one load)
-// finish it: 2 vpdpbusd per 8 x 16 products, the group's FMA spread over group / 8 steps. ----
+// group and (input row, tile) one conversion and one FMA with the group's 16 scales (one load,
+// after the group's steps in its block) finish it: 2 vpdpbusd per 8 x 16 products, the group's
+// FMA spread over group / 8 steps. ----
 
 // y for a finished int4 register tile: zc = fma(s_g * z_g, A_g, zc) over the groups, then
 // ((r - zc) * d) + bias, stored in the lanes that are columns in [n0, n1). Out of line (and
@@ -163,7 +170,8 @@ template <int MR, int NT>
 __attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NT], const I8Inputs& in,
                                          int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
                                          int64_t n1, const float* bias, float* y, int64_t ldy) {
-  const int64_t G = in.groups;
+  const int64_t G = in.groups, gs = wt.group_size, tile_bytes = Int4TileBytes(in.K, gs);
+  const uint8_t* tiles = static_cast<const uint8_t*>(wt.data) + t0 * tile_bytes;
   __m512 zc[MR][NT];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -171,11 +179,11 @@ __attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NT], const I8In
     for (int j = 0; j < NT; ++j) zc[i][j] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < G; ++g) {
+    const int64_t at = Int4TileGroupStart(g, gs) + Int4TileGroupSteps(in.K, g, gs) * 64;
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
-      const int64_t at = ((t0 + j) * G + g) * 16;
-      const __m512 sz =
-          _mm512_mul_ps(_mm512_loadu_ps(wt.scales + at), _mm512_loadu_ps(wt.zeros + at));
+      const uint8_t* trailer = tiles + j * tile_bytes + at;  // 16 scales, then 16 zeros
+      const __m512 sz = _mm512_mul_ps(_mm512_loadu_ps(trailer), _mm512_loadu_ps(trailer + 64));
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         zc[i][j] = _mm512_fmadd_ps(sz, _mm512_set1_ps(in.group_sums[(m0 + i) * G + g]), zc[i][j]);
@@ -200,18 +208,11 @@ __attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NT], const I8In
 template <int MR, int NT, bool kPrefetch>
 void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
               int64_t n1, const float* bias, float* y, int64_t ldy) {
-  const int64_t code_stride = in.chunks * in.chunk, G = in.groups;
-  const int64_t tile_bytes = Shapes<WeightQuant::kInt4>::TileBytes(in.K), steps = tile_bytes / 64;
-  const int64_t per_group = wt.group_size / 8;
+  const int64_t code_stride = in.chunks * in.chunk, G = in.groups, gs = wt.group_size;
+  const int64_t tile_bytes = Int4TileBytes(in.K, gs);
   const uint8_t* q[NT];
-  const float* sc[NT];
-  const float* zr[NT];
 #pragma GCC unroll 8
-  for (int j = 0; j < NT; ++j) {
-    q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
-    sc[j] = wt.scales + (t0 + j) * G * 16;
-    zr[j] = wt.zeros + (t0 + j) * G * 16;
-  }
+  for (int j = 0; j < NT; ++j) q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
   const int8_t* a[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) a[i] = in.codes + (m0 + i) * code_stride;
@@ -222,16 +223,23 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
     for (int j = 0; j < NT; ++j) acc[i][j] = _mm512_setzero_ps();
   }
   const __m512i nib = _mm512_set1_epi8(15);
-  int64_t p = 0;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t end = p + per_group < steps ? p + per_group : steps;
+    const int64_t at = Int4TileGroupStart(g, gs), steps = Int4TileGroupSteps(in.K, g, gs);
+    const int8_t* ag[MR];  // the group's input codes
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) ag[i] = a[i] + g * gs;
     if constexpr (kPrefetch) {
-      // The next register tile's group g: its scales and zeros (one line each per tile) stream
-      // in with its weights; unprefetched, the epilogue's loads of zeros stalled (1.1x).
+      // The block's scale and zero lines, as far ahead as its steps (which prefetch one line
+      // each).
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
-        _mm_prefetch(reinterpret_cast<const char*>(sc[j] + (NT * G + g) * 16), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(zr[j] + (NT * G + g) * 16), _MM_HINT_T0);
+        const int64_t trailer = at + steps * 64;
+        _mm_prefetch(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes)),
+            _MM_HINT_T0);
+        _mm_prefetch(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes)),
+            _MM_HINT_T0);
       }
     }
     __m512i dot[MR][NT];
@@ -240,23 +248,24 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) dot[i][j] = _mm512_setzero_si512();
     }
-    for (; p < end; ++p) {
+    for (int64_t p = 0; p < steps; ++p) {
       __m512i lo[NT], hi[NT];
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
         if constexpr (kPrefetch) {
-          _mm_prefetch(reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p, tile_bytes)),
-                       _MM_HINT_T0);
+          _mm_prefetch(
+              reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes)),
+              _MM_HINT_T0);
         }
-        const __m512i v = _mm512_loadu_si512(q[j] + p * 64);
+        const __m512i v = _mm512_loadu_si512(q[j] + at + p * 64);
         lo[j] = _mm512_and_si512(v, nib);
         hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
       }
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         int32_t x0, x1;
-        std::memcpy(&x0, a[i] + p * 8, 4);
-        std::memcpy(&x1, a[i] + p * 8 + 4, 4);
+        std::memcpy(&x0, ag[i] + p * 8, 4);
+        std::memcpy(&x1, ag[i] + p * 8 + 4, 4);
         const __m512i b0 = _mm512_set1_epi32(x0), b1 = _mm512_set1_epi32(x1);
 #pragma GCC unroll 8
         for (int j = 0; j < NT; ++j) {
@@ -267,7 +276,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
-      const __m512 s = _mm512_loadu_ps(sc[j] + g * 16);
+      const __m512 s = _mm512_loadu_ps(q[j] + at + steps * 64);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][j]), s, acc[i][j]);
@@ -344,7 +353,7 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
     }
     return;
   }
-  const int64_t tile_bytes = Shapes<Q>::TileBytes(in.K);
+  const int64_t tile_bytes = Shapes<Q>::TileBytes(in.K, w.group_size);
   int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / kNT * kNT : kNT;
   if (block < kNT) block = kNT;
   for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {

@@ -1,12 +1,14 @@
 // Load-time quantization layouts (common/base/quant.h): QuantLayout::kTiles16 holds exactly the
 // codes, scales and zeros of kRows, at the positions quant.h gives, with whole tiles of padding
-// (int8 codes stored + 128, padding as code 0).
+// (int8 codes stored + 128, padding as code 0; int4 scales and zeros in the tiles' group blocks).
 
 #include "common/engine/model/quantize.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace tandem {
@@ -31,16 +33,38 @@ int RowsCode(const QuantizedMatrix& m, int64_t n, int64_t k) {
   return k % 32 < 16 ? b & 15 : b >> 4;
 }
 
-// Element k of row n in kTiles16: tile n / 16, step k / 8, byte 4 (n % 16) + k % 4, high
-// nibble for k % 8 >= 4.
+// kTiles16 int4, written out here on its own: a tile is 16 rows of K elements padded to 32 at
+// half a byte each plus 128 bytes per group; group g's block starts at g (8 group + 128) and
+// holds min(group, K32 - g group) / 8 steps of 64 bytes, then 16 f32 scales, then 16 zeros.
+int64_t K32(const QuantizedMatrix& m) { return (m.cols + 31) / 32 * 32; }
+int64_t TileBytes(const QuantizedMatrix& m) {
+  return 16 * K32(m) / 2 + 128 * ((m.cols + m.group_size - 1) / m.group_size);
+}
+int64_t Block(const QuantizedMatrix& m, int64_t n, int64_t g) {
+  return n / 16 * TileBytes(m) + g * (8 * m.group_size + 128);
+}
+int64_t BlockSteps(const QuantizedMatrix& m, int64_t g) {
+  return std::min(m.group_size, K32(m) - g * m.group_size) / 8;
+}
+
+// Element k of row n: in its group's block step (k % group) / 8, byte 4 (n % 16) + k % 4, the
+// high nibble for k % 8 >= 4.
 int TilesCode(const QuantizedMatrix& m, int64_t n, int64_t k) {
-  const uint8_t b = m.codes[n / 16 * 16 * Int4RowBytes(m.cols) + k / 8 * 64 + 4 * (n % 16) + k % 4];
+  const int64_t g = k / m.group_size;
+  const uint8_t b = m.codes[Block(m, n, g) + k % m.group_size / 8 * 64 + 4 * (n % 16) + k % 4];
   return k % 8 < 4 ? b & 15 : b >> 4;
+}
+
+// Scale (which 0) or zero (1) of row n, group g: after the block's steps, lane n % 16.
+float TilesFloat(const QuantizedMatrix& m, int64_t n, int64_t g, int which) {
+  float v;
+  std::memcpy(&v, &m.codes[Block(m, n, g) + BlockSteps(m, g) * 64 + 64 * which + 4 * (n % 16)], 4);
+  return v;
 }
 
 TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
   for (const int64_t N : {1, 16, 37}) {
-    for (const int64_t K : {32, 100, 256}) {
+    for (const int64_t K : {32, 100, 200, 256}) {
       for (const int64_t group : {32, 128}) {
         const QuantizedMatrix rows = Random(WeightQuant::kInt4, N, K, group);
         QuantizedMatrix tiles = rows;
@@ -49,9 +73,11 @@ TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
         const int64_t padded = QuantStoredRows(N, QuantLayout::kTiles16);
         const int64_t G = Int4Groups(K, group);
         ASSERT_EQ(padded % 16, 0);
-        ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded * Int4RowBytes(K)));
-        ASSERT_EQ(tiles.scales.size(), static_cast<size_t>(padded * G));
-        ASSERT_EQ(tiles.zeros.size(), tiles.scales.size());
+        ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded / 16 * TileBytes(tiles)));
+        ASSERT_EQ(tiles.codes.size(),
+                  static_cast<size_t>(padded * (Int4RowBytes(K) + 8 * G)));  // stored_bytes()
+        EXPECT_TRUE(tiles.scales.empty());
+        EXPECT_TRUE(tiles.zeros.empty());
         int distinct = 0;
         for (int64_t n = 0; n < padded; ++n) {
           for (int64_t k = 0; k < Int4RowBytes(K) * 2; ++k) {
@@ -61,9 +87,10 @@ TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
             distinct |= 1 << want;
           }
           for (int64_t g = 0; g < G; ++g) {
-            const int64_t at = (n / 16 * G + g) * 16 + n % 16;
-            EXPECT_EQ(tiles.scales[at], n < N ? rows.scales[n * G + g] : 0.0f) << n << " " << g;
-            EXPECT_EQ(tiles.zeros[at], n < N ? rows.zeros[n * G + g] : 0.0f) << n << " " << g;
+            EXPECT_EQ(TilesFloat(tiles, n, g, 0), n < N ? rows.scales[n * G + g] : 0.0f)
+                << n << " " << g;
+            EXPECT_EQ(TilesFloat(tiles, n, g, 1), n < N ? rows.zeros[n * G + g] : 0.0f)
+                << n << " " << g;
           }
         }
         EXPECT_GT(__builtin_popcount(distinct), 8) << "the codes vary, so positions matter";
