@@ -13,15 +13,20 @@ constexpr int kSpinIterations = 20000;  // ~tens of microseconds before sleeping
 // descheduled worker needs that core more than the spin does.
 constexpr int kJoinSpinsBeforeYield = 2000;
 
-uint32_t GenOf(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
-int TicketsOf(uint64_t state) { return static_cast<int>((state >> 16) & 0xffff); }
-int NextOf(uint64_t state) { return static_cast<int>(state & 0xffff); }
+uint32_t GenOf(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+int BeginOf(uint64_t word) { return static_cast<int>((word >> 16) & 0xffff); }
+int EndOf(uint64_t word) { return static_cast<int>(word & 0xffff); }
+uint64_t ShareWord(uint32_t gen, int begin, int end) {
+  return (static_cast<uint64_t>(gen) << 32) | (static_cast<uint64_t>(begin) << 16) |
+         static_cast<uint64_t>(end);
+}
 }  // namespace
 
 int DefaultComputeThreads() { return GetCpuFeatures().num_cores; }
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
-  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this] { WorkerLoop(); });
+ThreadPool::ThreadPool(int num_threads)
+    : num_threads_(std::max(1, num_threads)), shares_(static_cast<size_t>(num_threads_)) {
+  for (int t = 1; t < num_threads_; ++t) workers_.emplace_back([this, t] { WorkerLoop(t); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -29,49 +34,64 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
     ++generation_;
-    state_.store(static_cast<uint64_t>(generation_) << 32, std::memory_order_release);
+    current_.store(generation_, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& w : workers_) w.join();
 }
 
-bool ThreadPool::Claim(uint32_t gen, int* ticket, int* tickets) {
-  uint64_t s = state_.load(std::memory_order_acquire);
-  while (GenOf(s) == gen && NextOf(s) < TicketsOf(s)) {
-    if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
-                                     std::memory_order_acquire)) {
-      *ticket = NextOf(s);
-      *tickets = TicketsOf(s);
+bool ThreadPool::Claim(uint32_t gen, int self, int* ticket) {
+  std::atomic<uint64_t>& own = shares_[self].word;
+  uint64_t w = own.load(std::memory_order_acquire);
+  while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
+    if (own.compare_exchange_weak(w, w + (uint64_t{1} << 16), std::memory_order_acq_rel,
+                                  std::memory_order_acquire)) {
+      *ticket = BeginOf(w);
       return true;
+    }
+  }
+  for (int i = 1; i < num_threads_; ++i) {
+    std::atomic<uint64_t>& other = shares_[(self + i) % num_threads_].word;
+    w = other.load(std::memory_order_acquire);
+    while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
+      if (other.compare_exchange_weak(w, w - 1, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+        *ticket = EndOf(w) - 1;
+        return true;
+      }
     }
   }
   return false;
 }
 
-void ThreadPool::WorkerLoop() {
+void ThreadPool::Work(uint32_t gen, int self) {
+  // A successful claim proves the job is still live: the caller waits for every claimed ticket
+  // before it returns, so job_ and tickets_ stay valid until this ticket is done.
+  int ticket = 0;
+  while (Claim(gen, self, &ticket)) {
+    (*job_)(ticket, tickets_);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::WorkerLoop(int self) {
   uint32_t seen = 0;
   while (true) {
-    uint32_t gen = GenOf(state_.load(std::memory_order_acquire));
+    uint32_t gen = current_.load(std::memory_order_acquire);
     for (int spins = 0; gen == seen && spins < kSpinIterations; ++spins) {
       _mm_pause();
-      gen = GenOf(state_.load(std::memory_order_acquire));
+      gen = current_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
       sleepers_.fetch_add(1);
-      cv_.wait(lock, [&] { return GenOf(state_.load(std::memory_order_acquire)) != seen; });
+      cv_.wait(lock, [&] { return current_.load(std::memory_order_acquire) != seen; });
       sleepers_.fetch_sub(1);
-      gen = GenOf(state_.load(std::memory_order_acquire));
+      gen = current_.load(std::memory_order_acquire);
     }
     seen = gen;
     if (stop_.load()) return;
-    // A successful claim proves the job is still live: the caller waits for every claimed ticket
-    // before it returns, so job_ stays valid until this ticket is done.
-    int ticket = 0, tickets = 0;
-    while (Claim(gen, &ticket, &tickets)) {
-      (*job_)(ticket, tickets);
-      done_.fetch_add(1, std::memory_order_acq_rel);
-    }
+    Work(gen, self);
   }
 }
 
@@ -81,21 +101,23 @@ void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn
     return;
   }
   job_ = &fn;
+  tickets_ = tickets;
   done_.store(0, std::memory_order_relaxed);
+  ++generation_;
+  // Shares before the generation: a worker that sees the job finds them dealt. (Every share of
+  // the previous job is empty, so no late claim can take from these.)
+  for (int p = 0; p < num_threads_; ++p) {
+    const int begin = static_cast<int>(int64_t{tickets} * p / num_threads_);
+    const int end = static_cast<int>(int64_t{tickets} * (p + 1) / num_threads_);
+    shares_[p].word.store(ShareWord(generation_, begin, end), std::memory_order_release);
+  }
   {
     // Publishing under the mutex pairs with the sleepers' predicate check.
     std::lock_guard<std::mutex> lock(mu_);
-    ++generation_;
-    state_.store(
-        (static_cast<uint64_t>(generation_) << 32) | (static_cast<uint64_t>(tickets) << 16),
-        std::memory_order_release);
+    current_.store(generation_, std::memory_order_release);
   }
   if (sleepers_.load() > 0) cv_.notify_all();
-  int ticket = 0, n = 0;
-  while (Claim(generation_, &ticket, &n)) {
-    fn(ticket, n);
-    done_.fetch_add(1, std::memory_order_acq_rel);
-  }
+  Work(generation_, 0);
   for (int spins = 0; done_.load(std::memory_order_acquire) != tickets; ++spins) {
     if (spins < kJoinSpinsBeforeYield) {
       _mm_pause();

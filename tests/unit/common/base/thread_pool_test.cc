@@ -1,6 +1,10 @@
 #include "common/base/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -55,6 +59,41 @@ TEST(ThreadPoolTest, ClaimedRangesCoverEveryJobUnderChurn) {
       });
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << job;
     }
+  }
+}
+
+TEST(ThreadPoolTest, EachThreadRunsItsShareFrontToBackThenStealsFromTheOtherBack) {
+  // Two participants: each runs consecutive tickets of its own share in order (one stream
+  // through memory), then, if any are left, the other share's from its back.
+  ThreadPool pool(2);
+  for (int job = 0; job < 2000; ++job) {
+    const int64_t n = 2 + job % 40;
+    std::mutex mu;
+    std::map<std::thread::id, std::vector<int64_t>> seen;
+    pool.ParallelFor(n, [&](int64_t b, int64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen[std::this_thread::get_id()].push_back(b);
+    });
+    std::vector<int64_t> starts;  // range starts in order, to map a start to its ticket
+    pool.ParallelFor(n, [&](int64_t b, int64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      starts.push_back(b);
+    });
+    std::sort(starts.begin(), starts.end());
+    auto ticket = [&](int64_t b) {
+      return std::lower_bound(starts.begin(), starts.end(), b) - starts.begin();
+    };
+    size_t total = 0;
+    for (const auto& [id, begins] : seen) {
+      total += begins.size();
+      size_t i = 1;
+      while (i < begins.size() && ticket(begins[i]) == ticket(begins[i - 1]) + 1) ++i;
+      // Then (after its share) the other share's tickets from its back, one below the other.
+      for (++i; i < begins.size(); ++i) {
+        ASSERT_EQ(ticket(begins[i]), ticket(begins[i - 1]) - 1) << "job " << job;
+      }
+    }
+    ASSERT_EQ(total, starts.size());
   }
 }
 
