@@ -89,7 +89,7 @@ void ToTiles16(QuantizedMatrix* m) {
               static_cast<uint8_t>(Int4RowCode(row, k + i) | Int4RowCode(row, k + 4 + i) << 4);
         }
       }
-      float* trailer = reinterpret_cast<float*>(block + steps * 64);
+      float* trailer = reinterpret_cast<float*>(tile + Int4TileGroupScales(K, g, gs));
       trailer[l] = m->scales[n * G + g];
       trailer[kQuantTileRows + l] = m->zeros[n * G + g];
     }

@@ -122,7 +122,7 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
         float r = 0.0f, zc = 0.0f;
         for (int64_t g = 0; g < G; ++g) {
           const uint8_t* block = tile + Int4TileGroupStart(g, gs);
-          const int64_t steps = Int4TileGroupSteps(K, g, gs);
+          const uint8_t* trailer = tile + Int4TileGroupScales(K, g, gs);
           int32_t dot = 0;
           const int64_t k0 = g * gs, k1 = k0 + gs < K ? k0 + gs : K;
           for (int64_t k = k0; k < k1; ++k) {
@@ -130,8 +130,8 @@ void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, in
             dot += (k % 8 < 4 ? byte & 15 : byte >> 4) * a[k];
           }
           float sg, zg;
-          std::memcpy(&sg, block + steps * 64 + 4 * l, 4);
-          std::memcpy(&zg, block + steps * 64 + 64 + 4 * l, 4);
+          std::memcpy(&sg, trailer + 4 * l, 4);
+          std::memcpy(&zg, trailer + 64 + 4 * l, 4);
           r = std::fma(static_cast<float>(dot), sg, r);
           zc = std::fma(sg * zg, sums[g], zc);
         }

@@ -111,7 +111,7 @@ template <int MR, int NT, bool kPrefetch>
 void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
               int64_t n1, const float* bias, float* y, int64_t ldy) {
   const int64_t code_stride = in.chunks * in.chunk;
-  const int64_t tile_bytes = Shapes<WeightQuant::kInt8>::TileBytes(in.K, 0),
+  const int64_t tile_bytes = Shapes<WeightQuant::kInt8>::TileBytes(in.K, wt.group_size),
                 steps = tile_bytes / 64;
   const uint8_t* q[NT];
 #pragma GCC unroll 8
@@ -179,7 +179,7 @@ __attribute__((noinline)) void StoreInt4(const __m512 (&acc)[MR][NT], const I8In
     for (int j = 0; j < NT; ++j) zc[i][j] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t at = Int4TileGroupStart(g, gs) + Int4TileGroupSteps(in.K, g, gs) * 64;
+    const int64_t at = Int4TileGroupScales(in.K, g, gs);
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
       const uint8_t* trailer = tiles + j * tile_bytes + at;  // 16 scales, then 16 zeros
@@ -225,7 +225,8 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
   const __m512i nib = _mm512_set1_epi8(15);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t at = Int4TileGroupStart(g, gs), steps = Int4TileGroupSteps(in.K, g, gs);
-    const int8_t* ag[MR];  // the group's input codes
+    const int64_t trailer = Int4TileGroupScales(in.K, g, gs);  // 16 scales, then 16 zeros
+    const int8_t* ag[MR];                                      // the group's input codes
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) ag[i] = a[i] + g * gs;
     if constexpr (kPrefetch) {
@@ -233,7 +234,6 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
       // each).
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
-        const int64_t trailer = at + steps * 64;
         _mm_prefetch(
             reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes)),
             _MM_HINT_T0);
@@ -276,7 +276,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
-      const __m512 s = _mm512_loadu_ps(q[j] + at + steps * 64);
+      const __m512 s = _mm512_loadu_ps(q[j] + trailer);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
         acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i][j]), s, acc[i][j]);
