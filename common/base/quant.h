@@ -16,7 +16,7 @@
 // In both formats the dequantized value is computed as one f32 product of exact operands
 // ((q - zero) is an exact small integer), so every kernel and the reference agree bit for bit.
 //
-// Layouts (QuantLayout). The above is kRows. kTiles16 (what the CPU kernels with int8 MatMul
+// Layouts (WeightLayout). The above is kRows. kTiles16 (what the CPU kernels with int8 MatMul
 // inputs take; made from kRows at load by common/engine/model/quantize.h ToTiles16) holds the
 // same values with 16 rows side by side, so that one 64-byte vector is 16 rows x 4 elements, the
 // u8 operand of vpdpbusd against 4 input bytes broadcast: rows in tiles of 16 (N padded to a
@@ -31,6 +31,13 @@
 //   So one tile is one stream, read front to back once: with scales and zeros in arrays of
 //   their own, batch-1 decode ran 1.14-1.27x slower (three streams per tile). The codes,
 //   scales and zeros are all in the one buffer (no separate scale or zero arrays).
+// Dense bf16 matrices come in kTiles16 too (what the CPU kernels with bf16 MatMul inputs on
+// AVX512_BF16 take; made at load by common/engine/model/quantize.h Bf16ToTiles16): tile t is
+// Bf16TileBytes(K) bytes (K padded to even), step p 64 bytes = 32 bf16 where element 2l + i
+// holds row 16t + l's element 2p + i (Bf16TileIndex), the operand of vdpbf16ps against one input
+// pair broadcast; padding (rows to whole tiles, the odd K's last element) is +0. One tile is one
+// stream: batch-1 decode over row-major rows (eight rows, eight streams per thread) ran
+// 1.3x slower.
 
 #include <cstdint>
 #include <string_view>
@@ -39,14 +46,14 @@ namespace tandem {
 
 enum class WeightQuant : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2 };
 
-// How quantized codes, scales and zeros are laid out (above).
-enum class QuantLayout : uint8_t { kRows = 0, kTiles16 = 1 };
+// How a MatMul weight's elements (quantized: codes, scales and zeros) are laid out (above).
+enum class WeightLayout : uint8_t { kRows = 0, kTiles16 = 1 };
 
 inline constexpr int64_t kQuantTileRows = 16;
 
 // Rows of a quantized matrix of N rows as stored in `layout` (kTiles16 pads to whole tiles).
-inline int64_t QuantStoredRows(int64_t n, QuantLayout layout) {
-  return layout == QuantLayout::kTiles16
+inline int64_t QuantStoredRows(int64_t n, WeightLayout layout) {
+  return layout == WeightLayout::kTiles16
              ? (n + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows
              : n;
 }
@@ -67,7 +74,7 @@ inline constexpr int64_t kInt4Chunk = 32;
 
 inline int64_t Int4RowBytes(int64_t k) { return (k + kInt4Chunk - 1) / kInt4Chunk * 16; }
 
-// Code of element k of an int4 row in QuantLayout::kRows (chunk k / 32, byte k % 16, the high
+// Code of element k of an int4 row in WeightLayout::kRows (chunk k / 32, byte k % 16, the high
 // nibble for k % 32 >= 16).
 inline int Int4RowCode(const uint8_t* row, int64_t k) {
   const uint8_t b = row[k / kInt4Chunk * 16 + k % 16];
@@ -96,6 +103,15 @@ inline int64_t Int4TileGroupSteps(int64_t k, int64_t g, int64_t group_size) {
 // Where group g's 16 f32 scales start in a tile (its 16 zeros follow, 64 bytes on).
 inline int64_t Int4TileGroupScales(int64_t k, int64_t g, int64_t group_size) {
   return Int4TileGroupStart(g, group_size) + 64 * Int4TileGroupSteps(k, g, group_size);
+}
+
+// kTiles16 dense bf16 (above): elements per row as stored (K padded to even), bytes of one tile
+// of 16 rows, and where element k of row n is, in bf16 elements from the start of the matrix.
+inline int64_t Bf16TileK(int64_t k) { return (k + 1) / 2 * 2; }
+inline int64_t Bf16TileBytes(int64_t k) { return kQuantTileRows * Bf16TileK(k) * 2; }
+inline int64_t Bf16TileIndex(int64_t k_total, int64_t n, int64_t k) {
+  return n / kQuantTileRows * kQuantTileRows * Bf16TileK(k_total) + k / 2 * 32 +
+         2 * (n % kQuantTileRows) + k % 2;
 }
 
 }  // namespace tandem

@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<Proposer>> BuildProposer(const EngineBuildOptions
     return absl::InvalidArgumentError("speculative method 'draft' needs a draft model directory");
   }
   LoadOptions draft_load = load;  // its backend takes f32 inputs
-  draft_load.quant_layout = QuantLayout::kRows;
+  draft_load.quant_layout = WeightLayout::kRows;
+  draft_load.bf16_layout = WeightLayout::kRows;
   auto draft = LoadModel(spec.draft_model_dir, draft_load);
   if (!draft.ok()) return draft.status();
   if ((*draft)->config().vocab_size != target.config().vocab_size) {
@@ -147,7 +148,15 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const bool int8_inputs = options.matmul_input_dtype == "int8" ||
                            options.matmul_input_dtype == "i8" ||
                            (options.matmul_input_dtype == "auto" && int8_dot);
-  load.quant_layout = *device == "cpu" && int8_inputs ? QuantLayout::kTiles16 : QuantLayout::kRows;
+  load.quant_layout =
+      *device == "cpu" && int8_inputs ? WeightLayout::kTiles16 : WeightLayout::kRows;
+  // Dense bf16 matrices go into the tiles of bf16 inputs on AVX512_BF16 unless f32 inputs are
+  // asked for: every other choice gives them bf16 inputs (int8 ones are for quantized weights).
+  const bool bf16_dot = GetCpuFeatures().avx512bf16 && avx512;
+  const bool f32_inputs =
+      options.matmul_input_dtype == "f32" || options.matmul_input_dtype == "float32";
+  load.bf16_layout =
+      *device == "cpu" && bf16_dot && !f32_inputs ? WeightLayout::kTiles16 : WeightLayout::kRows;
   absl::Time start = absl::Now();
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
@@ -168,12 +177,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();
-  const bool bf16_dot = GetCpuFeatures().avx512bf16 && avx512;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {
     const bool quantized =
         model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
-    const bool tiles16 = model->quant_layout() == QuantLayout::kTiles16;
+    const bool tiles16 = model->quant_layout() == WeightLayout::kTiles16;
     if (*device == "cpu" && int8_dot && quantized && tiles16) {
       matmul_input_dtype = DType::kI8;
     } else if (*device == "cpu" && bf16_weights && bf16_dot) {

@@ -47,7 +47,7 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
           [&](int64_t n, float* row) { std::memcpy(row, f.data() + n * s.K, s.K * 4); }, nullptr);
       const int copies =
           static_cast<int>(std::max<int64_t>(1, kColdBytes / static_cast<int64_t>(q.codes.size())));
-      QuantizedMatrix tiles = q;  // int8 inputs take QuantLayout::kTiles16
+      QuantizedMatrix tiles = q;  // int8 inputs take WeightLayout::kTiles16
       ToTiles16(&tiles);
       std::vector<QuantizedMatrix> cold(copies, q), cold_i8(copies, tiles);
       for (int64_t M : ms) {
@@ -65,7 +65,7 @@ int Run(int threads, int reps, const std::vector<int64_t>& ms) {
             mw.scales = w.scales.data();
             mw.zeros = w.zeros.empty() ? nullptr : w.zeros.data();
             mw.group_size = 128;
-            mw.quant_layout = w.layout;
+            mw.layout = w.layout;
             mw.input_dtype = which == 0 ? DType::kBF16 : DType::kI8;
             const auto t0 = std::chrono::steady_clock::now();
             cpu::MatMul(x.data(), M, s.K, s.K, mw, s.N, nullptr, y.data(), s.N, &pool);

@@ -6,7 +6,7 @@
 //   quant_bench --model DIR [--quantization none|int8|int4] [--group 128] [--kv bf16|fp8|int8]
 //               [--threads 0] [--reps 3] [--decode-tokens 32] [--prefill-tokens 512]
 //               [--batches 8,16,32] [--batch-steps 8] [--matmul-input f32|bf16|int8]
-//               [--mmap-weights]
+//               [--mmap-weights] [--bf16-layout auto|rows|tiles]
 //   quant_bench --accuracy --model DIR (a model with reference/ logits, e.g. stories260k):
 //               top-1 agreement and logits error of none/int8/int4 weights, bf16 weights with
 //               f32 or bf16 matmul inputs, and bf16/fp8/int8 KV.
@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/base/cpu_features.h"
 #include "common/base/flags.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "common/engine/backend/cpu/kernels/membw.h"
@@ -115,6 +116,14 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
 }
 
+// The layout tandem serve gives dense bf16 matrices: tiles for bf16 inputs on AVX512_BF16.
+WeightLayout AutoBf16Layout(DType input) {
+  return input == DType::kBF16 && GetCpuFeatures().avx512bf16 &&
+                 ActiveSimdLevel() == SimdLevel::kAvx512
+             ? WeightLayout::kTiles16
+             : WeightLayout::kRows;
+}
+
 DType ParseKv(const std::string& s) {
   if (s == "f32") return DType::kF32;
   if (s == "fp8") return DType::kF8E4M3;
@@ -125,7 +134,7 @@ DType ParseKv(const std::string& s) {
 int Throughput(const std::string& model_dir, const std::string& quant_name, int64_t group,
                const std::string& kv_name, DType matmul_input, int threads, int reps,
                int64_t decode_tokens, int64_t prefill_tokens, const std::vector<int64_t>& batches,
-               int64_t batch_steps, bool mmap_weights) {
+               int64_t batch_steps, bool mmap_weights, WeightLayout bf16_layout) {
   LoadOptions lo;
   lo.weight_dtype_auto = false;
   lo.weight_dtype = DType::kBF16;
@@ -135,7 +144,8 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
     return 2;
   }
   lo.quant_group_size = group;
-  lo.quant_layout = matmul_input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
+  lo.quant_layout = matmul_input == DType::kI8 ? WeightLayout::kTiles16 : WeightLayout::kRows;
+  lo.bf16_layout = bf16_layout;
   auto m = LoadModel(model_dir, lo);
   if (!m.ok()) {
     std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
@@ -174,6 +184,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["matmul_input_dtype"] = std::string(DTypeName(matmul_input));
   out["threads"] = pool_threads;
   out["mmap_weights"] = mmap_weights;
+  out["bf16_layout"] = model->bf16_layout() == WeightLayout::kTiles16 ? "tiles" : "rows";
   out["weight_bytes_per_token"] = weight_bytes;
   out["kv_bytes_per_token"] = kv_bytes;
   std::vector<double> bw, dec, pre, roof;
@@ -258,7 +269,8 @@ int Accuracy(const std::string& model_dir) {
     lo.weight_dtype = k.weights;
     ParseWeightQuant(k.quant, &lo.quantization);
     lo.quant_group_size = k.group > 0 ? k.group : 128;
-    lo.quant_layout = k.input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
+    lo.quant_layout = k.input == DType::kI8 ? WeightLayout::kTiles16 : WeightLayout::kRows;
+    lo.bf16_layout = AutoBf16Layout(k.input);
     auto m = LoadModel(model_dir, lo);
     if (!m.ok()) return 1;
     std::shared_ptr<const Model> model = std::move(m).value();
@@ -309,7 +321,8 @@ int Accuracy(const std::string& model_dir) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  std::string model, quant = "none", kv = "bf16", batches = "8,16,32", matmul_input = "f32";
+  std::string model, quant = "none", kv = "bf16", batches = "8,16,32", matmul_input = "f32",
+                     bf16_layout = "auto";
   int64_t group = 128, threads = 0, reps = 3, decode_tokens = 32, prefill_tokens = 512,
           batch_steps = 8;
   bool accuracy = false, mmap_weights = false;
@@ -329,6 +342,9 @@ int main(int argc, char** argv) {
   f.Bool("mmap-weights", &mmap_weights,
          "bf16 weights from the checkpoint's file mapping (as tandem --mmap-weights) instead of "
          "copied into huge-page memory (the default of tandem serve)");
+  f.String("bf16-layout", &bf16_layout,
+           "dense bf16 matrices: auto (tiles for bf16 inputs on AVX512_BF16, as tandem serve), "
+           "rows or tiles");
   f.Bool("accuracy", &accuracy, "accuracy mode (model with reference logits)");
   if (absl::Status st = f.Parse(argc, argv); !st.ok()) {
     std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
@@ -350,7 +366,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad --matmul-input %s\n", matmul_input.c_str());
     return 2;
   }
+  tandem::WeightLayout layout = tandem::AutoBf16Layout(input);
+  if (bf16_layout == "rows" || bf16_layout == "tiles") {
+    layout = bf16_layout == "rows" ? tandem::WeightLayout::kRows : tandem::WeightLayout::kTiles16;
+  } else if (bf16_layout != "auto") {
+    std::fprintf(stderr, "bad --bf16-layout %s\n", bf16_layout.c_str());
+    return 2;
+  }
   return tandem::Throughput(model, quant, group, kv, input, static_cast<int>(threads),
                             static_cast<int>(reps), decode_tokens, prefill_tokens, bs, batch_steps,
-                            mmap_weights);
+                            mmap_weights, layout);
 }

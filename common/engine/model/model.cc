@@ -64,8 +64,19 @@ class ModelLoader {
   // copied) into an owned 64-byte-aligned buffer.
   absl::Status LoadTensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
                           Tensor* out);
-  // A projection [N, K]: LoadTensor, or quantized from the stored values when the options ask.
+  // Tensor `name` checked to be a float tensor of `shape` (and digested).
+  absl::StatusOr<const SafetensorsEntry*> CheckedEntry(const std::string& name,
+                                                       const std::vector<int64_t>& shape);
+  // A projection [N, K]: LoadDense, or quantized from the stored values when the options ask.
   absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
+  // A dense projection: LoadTensor, or bf16 tiles (TileBf16Into) when the options ask for them.
+  absl::Status LoadDense(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
+  // Whether dense matrices go into bf16 tiles (LoadOptions::bf16_layout, bf16 weights).
+  bool TilesBf16() const {
+    return options_.bf16_layout == WeightLayout::kTiles16 && model_->weight_dtype_ == DType::kBF16;
+  }
+  // [N, K] f32/bf16/f16 rows at `src` as bf16 in WeightLayout::kTiles16, in an owned buffer.
+  void TileBf16Into(const uint8_t* src, DType src_dtype, int64_t N, int64_t K, Tensor* out);
   // Quantizes [N, K] f32/bf16/f16 rows at `src` into owned buffers described by `out`.
   void QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K, Tensor* out);
   // Moves a quantized matrix into owned buffers described by `out`.
@@ -115,8 +126,8 @@ absl::Status ModelLoader::ResolveWeightDType() {
   return absl::OkStatus();
 }
 
-absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<int64_t>& shape,
-                                     DType dtype, Tensor* out) {
+absl::StatusOr<const SafetensorsEntry*> ModelLoader::CheckedEntry(
+    const std::string& name, const std::vector<int64_t>& shape) {
   TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
   const SafetensorsEntry& e = *ref.entry;
   if (!IsFloat(e.dtype)) return NotFloat(ref);
@@ -126,7 +137,13 @@ absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<
                      ", expected ", ShapeString(shape), " from config.json"));
   }
   Digest(name, e);
+  return ref.entry;
+}
 
+absl::Status ModelLoader::LoadTensor(const std::string& name, const std::vector<int64_t>& shape,
+                                     DType dtype, Tensor* out) {
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* entry, CheckedEntry(name, shape));
+  const SafetensorsEntry& e = *entry;
   out->dtype = dtype;
   out->shape = shape;
   const size_t elem = DTypeSize(dtype);
@@ -172,8 +189,8 @@ void ModelLoader::StoreQuantized(QuantizedMatrix q, Tensor* out) {
   out->shape = {q.rows, q.cols};
   out->quant = q.quant;
   out->group_size = q.group_size;
-  if (options_.quant_layout == QuantLayout::kTiles16) ToTiles16(&q);
-  out->quant_layout = q.layout;
+  if (options_.quant_layout == WeightLayout::kTiles16) ToTiles16(&q);
+  out->layout = q.layout;
   model_->owned_bytes_ += q.codes.size() + (q.scales.size() + q.zeros.size()) * sizeof(float);
   HugePageArena& arena = model_->arena_;
   out->data = arena.Copy(q.codes);
@@ -218,22 +235,41 @@ absl::Status ModelLoader::LoadMatrix(const std::string& name, const std::vector<
     if (ckpt_->Has(prefix + ".qweight") || !ckpt_->Has(name)) {
       return LoadPacked(prefix, shape, out);
     }
-    return LoadTensor(name, shape, model_->weight_dtype_, out);
+    return LoadDense(name, shape, out);
   }
-  if (options_.quantization == WeightQuant::kNone) {
-    return LoadTensor(name, shape, model_->weight_dtype_, out);
-  }
-  TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
-  const SafetensorsEntry& e = *ref.entry;
-  if (!IsFloat(e.dtype)) return NotFloat(ref);
-  if (e.shape != shape) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ref.file->path(), ": tensor '", name, "' has shape ", ShapeString(e.shape),
-                     ", expected ", ShapeString(shape), " from config.json"));
-  }
-  Digest(name, e);
-  QuantizeInto(e.data, e.dtype, shape[0], shape[1], out);
+  if (options_.quantization == WeightQuant::kNone) return LoadDense(name, shape, out);
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, shape));
+  QuantizeInto(e->data, e->dtype, shape[0], shape[1], out);
   return absl::OkStatus();
+}
+
+absl::Status ModelLoader::LoadDense(const std::string& name, const std::vector<int64_t>& shape,
+                                    Tensor* out) {
+  if (!TilesBf16()) return LoadTensor(name, shape, model_->weight_dtype_, out);
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, shape));
+  TileBf16Into(e->data, e->dtype, shape[0], shape[1], out);
+  return absl::OkStatus();
+}
+
+void ModelLoader::TileBf16Into(const uint8_t* src, DType src_dtype, int64_t N, int64_t K,
+                               Tensor* out) {
+  std::vector<uint16_t> converted;  // the rows in bf16 when stored otherwise
+  const uint16_t* rows = reinterpret_cast<const uint16_t*>(src);
+  if (src_dtype != DType::kBF16 || reinterpret_cast<uintptr_t>(src) % 2 != 0) {
+    converted.resize(static_cast<size_t>(N * K));
+    ConvertElements(src, src_dtype, converted.data(), DType::kBF16, N * K, pool());
+    rows = converted.data();
+  }
+  out->dtype = DType::kBF16;
+  out->shape = {N, K};
+  out->layout = WeightLayout::kTiles16;
+  const size_t bytes = out->stored_bytes();
+  auto* tiles = static_cast<uint16_t*>(model_->arena_.Allocate(bytes));
+  Bf16ToTiles16(rows, N, K, tiles, pool());
+  out->data = tiles;
+  model_->owned_bytes_ += bytes;
+  converted_bytes_ += bytes;
+  ++converted_tensors_;
 }
 
 absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
@@ -326,6 +362,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   }
   model_->quantization_ = options_.quantization;
   model_->quant_layout_ = options_.quant_layout;
+  model_->bf16_layout_ = TilesBf16() ? WeightLayout::kTiles16 : WeightLayout::kRows;
   TANDEM_ASSIGN_OR_RETURN(ckpt_quant_, LoadCheckpointQuantConfig(dir_));
   if (ckpt_quant_.quantized()) {
     if (options_.quantization != WeightQuant::kNone) {
@@ -351,8 +388,11 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   TANDEM_RETURN_IF_ERROR(
       LoadTensor("model.norm.weight", {c.hidden_size}, DType::kF32, &w.final_norm));
   if (c.tie_word_embeddings) {
-    if (options_.quantization == WeightQuant::kNone) {
+    if (options_.quantization == WeightQuant::kNone && !TilesBf16()) {
       w.lm_head = w.embed_tokens;
+    } else if (options_.quantization == WeightQuant::kNone) {  // lookups stay on the rows
+      TileBf16Into(static_cast<const uint8_t*>(w.embed_tokens.data), wt, c.vocab_size,
+                   c.hidden_size, &w.lm_head);
     } else {  // the embedding table stays dense for lookups; lm_head gets a quantized copy
       QuantizeInto(static_cast<const uint8_t*>(w.embed_tokens.data), wt, c.vocab_size,
                    c.hidden_size, &w.lm_head);

@@ -58,7 +58,11 @@ struct LoadOptions {
   // Layout of quantized tensors (made at load or converted from AWQ / GPTQ; common/base/quant.h):
   // kTiles16 is what CPU backends with int8 MatMul inputs take (and all they take), kRows every
   // other path.
-  QuantLayout quant_layout = QuantLayout::kRows;
+  WeightLayout quant_layout = WeightLayout::kRows;
+  // Layout of dense bf16 projections and lm_head (embeddings stay rows; a tied lm_head gets a
+  // copy): kTiles16 is what CPU backends with bf16 MatMul inputs on AVX512_BF16 take, kRows any
+  // other path. Ignored for f32 weights.
+  WeightLayout bf16_layout = WeightLayout::kRows;
   // true: tensors stored in their in-memory dtype are used straight from the checkpoint's file
   // mapping (no copy; page-cache memory in 4 KiB pages). false: they are copied at load into the
   // model's huge-page memory like converted tensors (CPU decode streams every weight each step:
@@ -76,7 +80,10 @@ class Model {
   // kInt4 for AWQ / GPTQ checkpoints as well as for LoadOptions::quantization int4.
   WeightQuant quantization() const { return quantization_; }
   // Layout of the quantized tensors (LoadOptions::quant_layout; meaningless without them).
-  QuantLayout quant_layout() const { return quant_layout_; }
+  WeightLayout quant_layout() const { return quant_layout_; }
+  // Layout of the dense bf16 projections and lm_head (LoadOptions::bf16_layout; kRows for f32
+  // weights).
+  WeightLayout bf16_layout() const { return bf16_layout_; }
   // The checkpoint's own quantization (AWQ / GPTQ), method kNone for dense checkpoints.
   const CheckpointQuantConfig& checkpoint_quant() const { return checkpoint_quant_; }
   // Bytes of weights one decode step reads (every projection and lm_head as stored, plus one
@@ -96,7 +103,8 @@ class Model {
   ModelWeights weights_;
   DType weight_dtype_ = DType::kF32;
   WeightQuant quantization_ = WeightQuant::kNone;
-  QuantLayout quant_layout_ = QuantLayout::kRows;
+  WeightLayout quant_layout_ = WeightLayout::kRows;
+  WeightLayout bf16_layout_ = WeightLayout::kRows;
   CheckpointQuantConfig checkpoint_quant_;
   std::string dir_;
   std::string model_id_;

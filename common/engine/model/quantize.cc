@@ -47,7 +47,7 @@ namespace {
 
 void Int8ToTiles16(QuantizedMatrix* m) {
   const int64_t N = m->rows, K = m->cols, KT = Int8TileK(K);
-  const int64_t rows = QuantStoredRows(N, QuantLayout::kTiles16);
+  const int64_t rows = QuantStoredRows(N, WeightLayout::kTiles16);
   std::vector<uint8_t> codes(static_cast<size_t>(rows * KT), 128);  // code 0
   std::vector<float> scales(static_cast<size_t>(rows), 0.0f);
   for (int64_t n = 0; n < N; ++n) {
@@ -60,20 +60,20 @@ void Int8ToTiles16(QuantizedMatrix* m) {
   }
   m->codes = std::move(codes);
   m->scales = std::move(scales);
-  m->layout = QuantLayout::kTiles16;
+  m->layout = WeightLayout::kTiles16;
 }
 
 }  // namespace
 
 void ToTiles16(QuantizedMatrix* m) {
-  if (m->quant == WeightQuant::kNone || m->layout == QuantLayout::kTiles16) return;
+  if (m->quant == WeightQuant::kNone || m->layout == WeightLayout::kTiles16) return;
   if (m->quant == WeightQuant::kInt8) {
     Int8ToTiles16(m);
     return;
   }
   const int64_t N = m->rows, K = m->cols, row_bytes = Int4RowBytes(K), gs = m->group_size;
   const int64_t G = Int4Groups(K, gs), tile_bytes = Int4TileBytes(K, gs);
-  const int64_t tiles = QuantStoredRows(N, QuantLayout::kTiles16) / kQuantTileRows;
+  const int64_t tiles = QuantStoredRows(N, WeightLayout::kTiles16) / kQuantTileRows;
   std::vector<uint8_t> codes(static_cast<size_t>(tiles * tile_bytes), 0);  // padding: all 0
   for (int64_t n = 0; n < N; ++n) {
     const int64_t l = n % kQuantTileRows;
@@ -97,7 +97,26 @@ void ToTiles16(QuantizedMatrix* m) {
   m->codes = std::move(codes);
   m->scales.clear();
   m->zeros.clear();
-  m->layout = QuantLayout::kTiles16;
+  m->layout = WeightLayout::kTiles16;
+}
+
+void Bf16ToTiles16(const uint16_t* rows, int64_t N, int64_t K, uint16_t* tiles, ThreadPool* pool) {
+  const int64_t tile_elems = Bf16TileBytes(K) / 2;
+  const int64_t count = QuantStoredRows(N, WeightLayout::kTiles16) / kQuantTileRows;
+  auto fill = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      uint16_t* tile = tiles + t * tile_elems;
+      std::fill(tile, tile + tile_elems, uint16_t{0});
+      for (int64_t n = t * kQuantTileRows; n < std::min(N, (t + 1) * kQuantTileRows); ++n) {
+        for (int64_t k = 0; k < K; ++k) tiles[Bf16TileIndex(K, n, k)] = rows[n * K + k];
+      }
+    }
+  };
+  if (pool == nullptr) {
+    fill(0, count);
+  } else {
+    pool->ParallelFor(count, fill);
+  }
 }
 
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,

@@ -16,7 +16,7 @@ namespace tandem {
 // Codes and scales of one quantized [N, K] matrix, in the kernels' layout.
 struct QuantizedMatrix {
   WeightQuant quant = WeightQuant::kNone;
-  QuantLayout layout = QuantLayout::kRows;
+  WeightLayout layout = WeightLayout::kRows;
   int64_t rows = 0, cols = 0, group_size = 0;
   // kRows: int8 [N, K] (int8 bit patterns), int4 [N, Int4RowBytes(K)]; kTiles16: quant.h (int4:
   // with the scales and zeros)
@@ -26,9 +26,14 @@ struct QuantizedMatrix {
   std::vector<float> zeros;  // int4 kRows: [N, G] (integers in [0, 16]); kTiles16: empty
 };
 
-// A quantized matrix in QuantLayout::kRows rearranged into kTiles16 (quant.h): the same codes,
+// A quantized matrix in WeightLayout::kRows rearranged into kTiles16 (quant.h): the same codes,
 // scales and zeros, padded to whole tiles of 16 rows. No-op when already there.
 void ToTiles16(QuantizedMatrix* m);
+
+// Dense bf16 rows [N, K] (row-major) into kTiles16 (quant.h) at `tiles`, which holds
+// QuantStoredRows(N, kTiles16) / 16 * Bf16TileBytes(K) bytes; the padding is +0. Tiles are
+// written in parallel on `pool` (nullptr: the calling thread).
+void Bf16ToTiles16(const uint16_t* rows, int64_t N, int64_t K, uint16_t* tiles, ThreadPool* pool);
 
 // Quantizes row-major f32 rows `w` [N, K]. int8: symmetric per row, scale = max|w| / 127 (1 for
 // an all-zero row), q = clamp(rint(w / scale), -127, 127). int4: per group of `group_size` (a

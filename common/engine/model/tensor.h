@@ -24,7 +24,8 @@ struct Tensor {
   const float* scales = nullptr;
   const float* zeros = nullptr;
   int64_t group_size = 0;
-  QuantLayout quant_layout = QuantLayout::kRows;  // LoadOptions::quant_layout
+  // LoadOptions::quant_layout (quantized), LoadOptions::bf16_layout (dense bf16 matrices).
+  WeightLayout layout = WeightLayout::kRows;
   // Act-order int4 checkpoints (GPTQ desc_act): column j of the matrix multiplies input element
   // input_perm[j] (int32 [K], owned by the Model), so y = W' . x[input_perm]; null when the
   // columns are in input order.
@@ -40,14 +41,18 @@ struct Tensor {
   // Bytes a matrix product reads: codes plus scales (and zeros, and the input permutation) when
   // quantized, else nbytes().
   size_t stored_bytes() const {
-    if (quant == WeightQuant::kNone) return nbytes();
+    if (quant == WeightQuant::kNone) {
+      return layout == WeightLayout::kTiles16  // bf16 tiles: rows and K padded
+                 ? static_cast<size_t>(QuantStoredRows(rows(), layout) / kQuantTileRows *
+                                       Bf16TileBytes(cols()))
+                 : nbytes();
+    }
     if (quant == WeightQuant::kInt8) {
-      return quant_layout == QuantLayout::kTiles16
-                 ? static_cast<size_t>(QuantStoredRows(rows(), quant_layout) *
-                                       (Int8TileK(cols()) + 4))
+      return layout == WeightLayout::kTiles16
+                 ? static_cast<size_t>(QuantStoredRows(rows(), layout) * (Int8TileK(cols()) + 4))
                  : static_cast<size_t>(rows() * (cols() + 4));
     }
-    return static_cast<size_t>(QuantStoredRows(rows(), quant_layout) *
+    return static_cast<size_t>(QuantStoredRows(rows(), layout) *
                                    (Int4RowBytes(cols()) + Int4Groups(cols(), group_size) * 8) +
                                (input_perm != nullptr ? cols() * 4 : 0));
   }

@@ -31,7 +31,7 @@ cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
   w.scales = t.scales;
   w.zeros = t.zeros;
   w.group_size = t.group_size;
-  w.quant_layout = t.quant_layout;
+  w.layout = t.layout;
   if (t.quant != WeightQuant::kNone) {
     w.input_dtype = input_dtype;
   } else if (t.dtype == DType::kBF16) {
@@ -85,12 +85,17 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         std::string(DTypeName(model->weight_dtype())), " weights",
         quantized ? " (quantized)" : ""));
   }
-  if (quantized && (model->quant_layout() == QuantLayout::kTiles16) != (input == DType::kI8)) {
+  if (quantized && (model->quant_layout() == WeightLayout::kTiles16) != (input == DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quantized weights with ", std::string(DTypeName(input)),
         " MatMul inputs: the model must be loaded with LoadOptions::quant_layout ",
         input == DType::kI8 ? "kTiles16 (the layout of int8 inputs)" : "kRows", ", it has ",
-        model->quant_layout() == QuantLayout::kTiles16 ? "kTiles16" : "kRows"));
+        model->quant_layout() == WeightLayout::kTiles16 ? "kTiles16" : "kRows"));
+  }
+  if (model->bf16_layout() == WeightLayout::kTiles16 && input == DType::kF32) {
+    return absl::InvalidArgumentError(
+        "bf16 weights in the kTiles16 layout take bf16 MatMul inputs, not f32: load the model "
+        "with LoadOptions::bf16_layout kRows for f32 inputs");
   }
   const ModelConfig& c = model->config();
   const int64_t longest_row =  // K of every projection

@@ -125,6 +125,15 @@ void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, u
   }
 }
 
+// Rows [n0, n1) of a dense bf16 weight in kTiles16 as rows of K elements from `out`: the path for
+// CPUs without AVX512_BF16.
+void RowsFromBf16Tiles(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
+  const auto* tiles = static_cast<const uint16_t*>(w.data);
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t k = 0; k < K; ++k) out[(n - n0) * K + k] = tiles[Bf16TileIndex(K, n, k)];
+  }
+}
+
 // Whether bf16-input MatMuls run on vdpbf16ps: only with the AVX-512 table (so forcing a lower
 // level in tests or by TANDEM_SIMD also leaves it) and only on CPUs with AVX512_BF16.
 bool UseAvx512Bf16(const internal::KernelTable& t) {
@@ -193,21 +202,24 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
   switch (w.quant) {
     case WeightQuant::kNone:
       CheckFloatType(w.dtype, "MatMul weight");
+      TANDEM_CHECK(w.layout == WeightLayout::kRows ||
+                   (w.dtype == DType::kBF16 && w.input_dtype == DType::kBF16))
+          << "dense MatMul weights in the kTiles16 layout are bf16 and take bf16 inputs";
       break;
     case WeightQuant::kInt8:
       TANDEM_CHECK(w.scales != nullptr) << "int8 MatMul weight without scales";
       break;
     case WeightQuant::kInt4:
       // kTiles16 holds the scales and zeros in the tiles.
-      TANDEM_CHECK((w.quant_layout == QuantLayout::kTiles16 ||
-                    (w.scales != nullptr && w.zeros != nullptr)) &&
-                   w.group_size >= kInt4Chunk && (w.group_size & (w.group_size - 1)) == 0)
+      TANDEM_CHECK(
+          (w.layout == WeightLayout::kTiles16 || (w.scales != nullptr && w.zeros != nullptr)) &&
+          w.group_size >= kInt4Chunk && (w.group_size & (w.group_size - 1)) == 0)
           << "int4 MatMul weight needs scales, zeros and a power-of-two group >= 32, got group "
           << w.group_size;
       break;
   }
   TANDEM_CHECK(w.quant == WeightQuant::kNone ||
-               (w.quant_layout == QuantLayout::kTiles16) == (w.input_dtype == DType::kI8))
+               (w.layout == WeightLayout::kTiles16) == (w.input_dtype == DType::kI8))
       << "quantized MatMul weights take int8 inputs in the kTiles16 layout and f32 or bf16 "
          "inputs in kRows";
   const bool quantized = w.quant != WeightQuant::kNone;
@@ -271,6 +283,7 @@ void RunColumns(const internal::KernelTable& t, const PreparedInput& p, int64_t 
                 const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias, float* y,
                 int64_t ldy) {
   const bool quantized = w.quant != WeightQuant::kNone;
+  const bool bf16_tiles = !quantized && w.layout == WeightLayout::kTiles16;
   const int64_t block_rows = DequantBlockRows(K);
   if (w.input_dtype == DType::kI8) {
     if (p.vnni) {
@@ -278,17 +291,23 @@ void RunColumns(const internal::KernelTable& t, const PreparedInput& p, int64_t 
     } else {
       internal::MatMulI8Reference(p.i8, w, n0, n1, bias, y, ldy);
     }
+  } else if (p.xb != nullptr && bf16_tiles) {
+    internal::MatMulBf16TilesAvx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy);
   } else if (p.xb != nullptr) {
     uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
     internal::MatMulBf16Avx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
-  } else if (p.rounded && quantized) {  // bf16 inputs elsewhere: via dense bf16 blocks
+  } else if (p.rounded && (quantized || bf16_tiles)) {  // bf16 inputs elsewhere: via bf16 rows
     uint16_t* ws = WeightScratchBf16(block_rows * K);
     MatMulWeight dense;
     dense.data = ws;
     dense.dtype = DType::kBF16;
     for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
       const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
-      DequantRowsBf16(w, K, b0, b1, ws);
+      if (bf16_tiles) {
+        RowsFromBf16Tiles(w, K, b0, b1, ws);
+      } else {
+        DequantRowsBf16(w, K, b0, b1, ws);
+      }
       if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
         t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
         for (int64_t m = 0; m < M; ++m) {

@@ -5,7 +5,7 @@
 // W8A8 serving), and the products are integer dot products (AVX512_VNNI vpdpbusd: 64 u8 x s8
 // products per instruction, summed in fours into 16 int32 lanes). With quantized weights the
 // bf16 path spends more instructions widening weights than multiplying; here both weight
-// formats come in QuantLayout::kTiles16 (common/base/quant.h), 16 weight rows in the 16 lanes:
+// formats come in WeightLayout::kTiles16 (common/base/quant.h), 16 weight rows in the 16 lanes:
 // one vpdpbusd per 64 products per input row against 4 input codes broadcast, int8 weights as
 // stored (q + 128), int4 nibbles after a mask or a shift.
 //
@@ -16,7 +16,7 @@
 //   overflows, or the row holds a NaN or an infinity).
 // - int8 weights (codes w, row scale s): dot = sum_k w_k a_k, exact in int32 (K <= 65536)
 //   however it is summed (as (w + 128) * a - 128 sum(a)); y = ((float(dot) * d) * s) + bias.
-// - int4 weights (QuantLayout::kTiles16; codes q in [0, 15], group scale s_g, zero z_g): per
+// - int4 weights (WeightLayout::kTiles16; codes q in [0, 15], group scale s_g, zero z_g): per
 //   output, dot_g = sum of q_k a_k over the group's elements (exact in int32), then for
 //   g = 0, 1, .. from r = zc = 0: r = fma(float(dot_g), s_g, r) and zc = fma(s_g * z_g, A_g, zc),
 //   A_g = the sum of the group's input codes; y = ((r - zc) * d) + bias. (The VNNI kernel keeps

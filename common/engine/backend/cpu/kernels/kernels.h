@@ -21,8 +21,9 @@ namespace tandem::cpu {
 // Longest rows (K) that int8 MatMul inputs take: their int32 sums are exact up to it.
 inline constexpr int64_t kMatMulI8MaxK = 65536;
 
-// A weight matrix [N, K] for MatMul: dense (quant kNone, dtype kF32 or kBF16, row-major) or
-// weight-only quantized (common/base/quant.h: int8 per-row scales, int4 groups with zeros).
+// A weight matrix [N, K] for MatMul: dense (quant kNone, dtype kF32 or kBF16, row-major; bf16
+// also in tiles) or weight-only quantized (common/base/quant.h: int8 per-row scales, int4 groups
+// with zeros).
 struct MatMulWeight {
   const void* data = nullptr;
   DType dtype = DType::kF32;  // dense element type (ignored when quantized)
@@ -30,8 +31,10 @@ struct MatMulWeight {
   const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
   const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
   int64_t group_size = 0;         // int4: a power of two >= 32
-  // Quantized: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs.
-  QuantLayout quant_layout = QuantLayout::kRows;
+  // Quantized: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs. Dense:
+  // kRows, or kTiles16 for bf16 weights with bf16 inputs (vdpbf16ps on AVX512_BF16 reads the
+  // tiles; other CPUs turn them back into rows a block at a time).
+  WeightLayout layout = WeightLayout::kRows;
   // What x is rounded to before the products: kF32 (not at all), kBF16 (bf16 or quantized
   // weights: each x element rounded to nearest-even bf16, exact bf16 x bf16 products, f32 sums;
   // on AVX512_BF16 by vdpbf16ps, twice the products per instruction) or kI8 (int8 / int4

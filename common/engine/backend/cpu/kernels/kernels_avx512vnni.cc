@@ -1,5 +1,5 @@
 // MatMul with int8 inputs on AVX512_VNNI (vpdpbusd) over int8 or int4 weights in
-// QuantLayout::kTiles16: the arithmetic int8_inputs.h specifies and MatMulI8Reference spells
+// WeightLayout::kTiles16: the arithmetic int8_inputs.h specifies and MatMulI8Reference spells
 // out, bit for bit. Compiled with this ISA's flags only (see CMakeLists.txt); the dispatcher
 // calls it only when the CPU has AVX512_VNNI. Also the input quantizer's row function, equal to
 // QuantizeRowI8Reference bit for bit. Everything here has internal linkage except

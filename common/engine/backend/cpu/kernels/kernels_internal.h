@@ -48,6 +48,10 @@ const KernelTable& ScalarKernels();
 void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
                       int64_t n0, int64_t n1, const float* bias, float* y, int64_t ldy,
                       uint16_t* scratch, int64_t scratch_rows);
+// The same over dense bf16 weights in WeightLayout::kTiles16 (kernels_avx512bf16_tiles.cc).
+void MatMulBf16TilesAvx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx,
+                           const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+                           float* y, int64_t ldy);
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512Kernels();
 

@@ -1,6 +1,7 @@
-// Load-time quantization layouts (common/base/quant.h): QuantLayout::kTiles16 holds exactly the
+// Load-time quantization layouts (common/base/quant.h): WeightLayout::kTiles16 holds exactly the
 // codes, scales and zeros of kRows, at the positions quant.h gives, with whole tiles of padding
-// (int8 codes stored + 128, padding as code 0; int4 scales and zeros in the tiles' group blocks).
+// (int8 codes stored + 128, padding as code 0; int4 scales and zeros in the tiles' group blocks);
+// dense bf16 tiles hold the rows' elements.
 
 #include "common/engine/model/quantize.h"
 
@@ -69,8 +70,8 @@ TEST(QuantizeTest, Int4Tiles16HoldsTheSameCodesScalesAndZeros) {
         const QuantizedMatrix rows = Random(WeightQuant::kInt4, N, K, group);
         QuantizedMatrix tiles = rows;
         ToTiles16(&tiles);
-        ASSERT_EQ(tiles.layout, QuantLayout::kTiles16);
-        const int64_t padded = QuantStoredRows(N, QuantLayout::kTiles16);
+        ASSERT_EQ(tiles.layout, WeightLayout::kTiles16);
+        const int64_t padded = QuantStoredRows(N, WeightLayout::kTiles16);
         const int64_t G = Int4Groups(K, group);
         ASSERT_EQ(padded % 16, 0);
         ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded / 16 * TileBytes(tiles)));
@@ -108,8 +109,8 @@ TEST(QuantizeTest, Int8Tiles16HoldsTheSameCodesPlus128AndScales) {
       const QuantizedMatrix rows = Random(WeightQuant::kInt8, N, K, 0);
       QuantizedMatrix tiles = rows;
       ToTiles16(&tiles);
-      ASSERT_EQ(tiles.layout, QuantLayout::kTiles16);
-      const int64_t padded = QuantStoredRows(N, QuantLayout::kTiles16), KT = Int8TileK(K);
+      ASSERT_EQ(tiles.layout, WeightLayout::kTiles16);
+      const int64_t padded = QuantStoredRows(N, WeightLayout::kTiles16), KT = Int8TileK(K);
       ASSERT_EQ(KT % 4, 0);
       ASSERT_GE(KT, K);
       ASSERT_EQ(tiles.codes.size(), static_cast<size_t>(padded * KT));
@@ -121,6 +122,30 @@ TEST(QuantizeTest, Int8Tiles16HoldsTheSameCodesPlus128AndScales) {
           ASSERT_EQ(got - 128, want) << "N=" << N << " K=" << K << " n=" << n << " k=" << k;
         }
         EXPECT_EQ(tiles.scales[n], n < N ? rows.scales[n] : 0.0f) << n;
+      }
+    }
+  }
+}
+
+// Dense bf16 tiles, written out here on their own: a tile is 16 rows of K elements padded to
+// even, step p holds element 2p + i of row 16t + l at element 32p + 2l + i; padding is +0.
+TEST(QuantizeTest, Bf16Tiles16HoldTheSameElementsAndZeroPadding) {
+  ThreadPool pool(2);
+  for (const int64_t N : {1, 16, 37}) {
+    for (const int64_t K : {1, 6, 101}) {
+      std::vector<uint16_t> rows(static_cast<size_t>(N * K));
+      for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<uint16_t>(0x3F80 + i % 1000);
+      const int64_t padded = (N + 15) / 16 * 16, KT = (K + 1) / 2 * 2;
+      ASSERT_EQ(Bf16TileBytes(K), 16 * KT * 2);
+      std::vector<uint16_t> tiles(static_cast<size_t>(padded * KT), 0xFFFF);
+      Bf16ToTiles16(rows.data(), N, K, tiles.data(), N == 37 ? &pool : nullptr);
+      for (int64_t n = 0; n < padded; ++n) {
+        for (int64_t k = 0; k < KT; ++k) {
+          const uint16_t want = n < N && k < K ? rows[n * K + k] : 0;
+          const int64_t at = n / 16 * 16 * KT + k / 2 * 32 + 2 * (n % 16) + k % 2;
+          ASSERT_EQ(tiles[at], want) << "N=" << N << " K=" << K << " n=" << n << " k=" << k;
+          ASSERT_EQ(Bf16TileIndex(K, n, k), at);
+        }
       }
     }
   }

@@ -44,12 +44,15 @@ inline Reference LoadReference(const std::string& model) {
 }
 
 // `input`: the MatMul inputs the model's backend will take (int8 inputs take int4 weights in
-// their own layout).
+// their own layout). `bf16_tiles`: dense bf16 matrices in WeightLayout::kTiles16 (for bf16
+// inputs).
 inline std::shared_ptr<const Model> Load(const std::string& model, DType weights,
                                          WeightQuant quant = WeightQuant::kNone,
-                                         int64_t group_size = 128, DType input = DType::kF32) {
+                                         int64_t group_size = 128, DType input = DType::kF32,
+                                         bool bf16_tiles = false) {
   LoadOptions options;
-  options.quant_layout = input == DType::kI8 ? QuantLayout::kTiles16 : QuantLayout::kRows;
+  options.quant_layout = input == DType::kI8 ? WeightLayout::kTiles16 : WeightLayout::kRows;
+  options.bf16_layout = bf16_tiles ? WeightLayout::kTiles16 : WeightLayout::kRows;
   options.weight_dtype_auto = false;
   options.weight_dtype = weights;
   options.quantization = quant;

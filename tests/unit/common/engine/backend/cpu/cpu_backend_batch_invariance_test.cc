@@ -16,13 +16,14 @@ struct Case {
   int64_t group;
   DType kv;
   DType input = DType::kF32;  // MatMul inputs (CpuBackendOptions::matmul_input_dtype)
+  bool bf16_tiles = false;    // dense bf16 matrices in WeightLayout::kTiles16
 };
 
 class BatchInvarianceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BatchInvarianceTest, LogitsIdenticalAloneAndAmongSevenOthers) {
   const Case& c = GetParam();
-  auto model = Load("stories260k", c.weights, c.quant, c.group, c.input);
+  auto model = Load("stories260k", c.weights, c.quant, c.group, c.input, c.bf16_tiles);
   ASSERT_NE(model, nullptr);
   CpuBackendOptions options;
   options.num_blocks = 512;
@@ -36,6 +37,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{DType::kF32, WeightQuant::kNone, 0, DType::kF32},
                       Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16},
                       Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16, DType::kBF16},
+                      Case{DType::kBF16, WeightQuant::kNone, 0, DType::kBF16, DType::kBF16, true},
                       Case{DType::kF32, WeightQuant::kInt8, 0, DType::kF32},
                       Case{DType::kF32, WeightQuant::kInt4, 32, DType::kF32},
                       Case{DType::kBF16, WeightQuant::kInt4, 128, DType::kBF16},
@@ -52,7 +54,8 @@ INSTANTIATE_TEST_SUITE_P(
                           std::string(DTypeName(info.param.kv)),
                           info.param.input == DType::kBF16 ? "_bf16_inputs"
                           : info.param.input == DType::kI8 ? "_int8_inputs"
-                                                           : "");
+                                                           : "",
+                          info.param.bf16_tiles ? "_tiles" : "");
     });
 
 }  // namespace

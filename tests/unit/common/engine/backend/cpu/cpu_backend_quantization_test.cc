@@ -19,9 +19,9 @@ struct Accuracy {
 };
 
 Accuracy Measure(WeightQuant quant, int64_t group, DType kv = DType::kF32,
-                 DType weights = DType::kF32, DType input = DType::kF32) {
+                 DType weights = DType::kF32, DType input = DType::kF32, bool bf16_tiles = false) {
   Reference ref = LoadReference("stories260k");
-  auto model = Load("stories260k", weights, quant, group, input);
+  auto model = Load("stories260k", weights, quant, group, input, bf16_tiles);
   EXPECT_NE(model, nullptr);
   Accuracy a;
   if (model == nullptr) return a;
@@ -72,6 +72,11 @@ TEST(QuantizationAccuracyTest, Bf16InputsAgreeEverywhere) {
   EXPECT_EQ(a.top1_agreement, 1.0);
   EXPECT_LT(a.worst_relative_err, 0.02);
   EXPECT_NE(a.worst_relative_err, w.worst_relative_err);  // the inputs really were rounded
+  // The same in bf16 tiles (one sum per output instead of 16 lanes and a tree).
+  const Accuracy t =
+      Measure(WeightQuant::kNone, 0, DType::kF32, DType::kBF16, DType::kBF16, /*bf16_tiles=*/true);
+  EXPECT_EQ(t.top1_agreement, 1.0);
+  EXPECT_LT(t.worst_relative_err, 0.02);
 }
 
 TEST(QuantizationAccuracyTest, Bf16InputsNeedBf16OrQuantizedWeights) {
@@ -87,6 +92,21 @@ TEST(QuantizationAccuracyTest, Bf16InputsNeedBf16OrQuantizedWeights) {
   for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
     EXPECT_TRUE(CpuBackend::Create(Load("stories260k", DType::kF32, quant), options).ok());
   }
+}
+
+// bf16 tiles are made for bf16 inputs: f32 inputs over them are a clear error.
+TEST(QuantizationAccuracyTest, Bf16TilesNeedBf16Inputs) {
+  auto model = Load("stories260k", DType::kBF16, WeightQuant::kNone, 0, DType::kBF16, true);
+  ASSERT_EQ(model->bf16_layout(), WeightLayout::kTiles16);
+  CpuBackendOptions options;
+  options.num_blocks = 16;
+  auto f32 = CpuBackend::Create(model, options);
+  ASSERT_FALSE(f32.ok());
+  EXPECT_EQ(f32.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f32.status().message().find("take bf16 MatMul inputs"), std::string::npos)
+      << f32.status();
+  options.matmul_input_dtype = DType::kBF16;
+  EXPECT_TRUE(CpuBackend::Create(model, options).ok());
 }
 
 // int8 with bf16 inputs (weights used as bf16(q * s)): still >= 95% top-1 agreement.

@@ -15,7 +15,7 @@ namespace tandem::cpu::testing {
 
 struct QWeights {
   QuantizedMatrix q;
-  QuantizedMatrix tiles;       // q in QuantLayout::kTiles16 (what int8 inputs take)
+  QuantizedMatrix tiles;       // q in WeightLayout::kTiles16 (what int8 inputs take)
   std::vector<float> dequant;  // [N, K] the values the kernel must use
   MatMulWeight view(DType input = DType::kF32) const {
     const QuantizedMatrix& m = input == DType::kI8 ? tiles : q;
@@ -23,7 +23,7 @@ struct QWeights {
     w.input_dtype = input;
     w.data = m.codes.data();
     w.quant = m.quant;
-    w.quant_layout = m.layout;
+    w.layout = m.layout;
     w.scales = m.scales.data();
     w.zeros = m.zeros.empty() ? nullptr : m.zeros.data();
     w.group_size = q.group_size;
