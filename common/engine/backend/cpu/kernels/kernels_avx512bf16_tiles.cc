@@ -25,10 +25,11 @@ namespace {
 inline __m512bh Bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // Register tiles (input rows x tiles of 16 weight rows): decode batches of up to kDecodeMR rows in
-// one kDecodeMR x kDecodeNT tile (each weight vector loaded once per step for the whole batch),
-// longer ones kMR x kNT (24 accumulators, 4 weight vectors and 1 broadcast), a lone row kNT1 tiles
-// (that many weight streams).
-constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 6, kNT = 4, kNT1 = 4;
+// one kDecodeMR x kDecodeNT tile (each weight vector loaded once per step for the whole batch;
+// llama-1b batch 8: 8x1 0.84x, 8x3 1.02x), longer ones kMR x kNT (24 accumulators, 3 weight
+// vectors, 1 broadcast; batch 32 and prefill: 6x4 0.92-0.94x, 4x4 0.93-0.97x, 12x2 0.4x), a
+// lone row kNT1 tiles (that many weight streams; 2 tiles 0.6-0.8x, 8 equal in a kernel benchmark).
+constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 8, kNT = 3, kNT1 = 4;
 // Weight bytes that one row tile's blocks of tiles keep in L2 while every row tile passes over.
 constexpr int64_t kBlockBytes = 256 * 1024;
 // Bytes ahead that a tile prefetches in each of its weight streams (as the int8-input tiles).
