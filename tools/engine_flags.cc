@@ -31,7 +31,8 @@ void EngineFlags::Register(FlagSet* f) {
   f->Bool("mmap-weights", &mmap_weights,
           "cpu: use weights stored in their in-memory dtype straight from the checkpoint's file "
           "mapping (less memory, 4 KiB page-cache pages) instead of copying them into huge-page "
-          "memory at load (faster decode)");
+          "memory at load (faster decode); bf16 projections that take bf16 inputs on "
+          "AVX512_BF16 are rearranged into tiles at load either way");
   f->String("matmul-input-dtype", &matmul_input_dtype,
             "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
             "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "

@@ -31,7 +31,8 @@ struct EngineBuildOptions {
   std::string matmul_input_dtype = "auto";
   // cpu: serve weights stored in their in-memory dtype from the checkpoint's file mapping
   // (LoadOptions::map_weights) instead of copying them into huge-page memory at load. cuda
-  // always maps (the weights are uploaded to the device).
+  // always maps (the weights are uploaded to the device). bf16 projections with bf16 inputs on
+  // AVX512_BF16 are rearranged into tiles at load either way (LoadOptions::bf16_layout).
   bool mmap_weights = false;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
