@@ -44,6 +44,11 @@
 
 namespace tandem {
 
+// The layout helpers below are called from kernel files built with ISA flags: always inlined,
+// so that no out-of-line copy (an unoptimized build emits one for a plain inline function) made
+// under those flags can be the one the linker keeps for every caller (kernels README, "ODR").
+#define TANDEM_LAYOUT_FN inline __attribute__((always_inline))
+
 enum class WeightQuant : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2 };
 
 // How a MatMul weight's elements (quantized: codes, scales and zeros) are laid out (above).
@@ -52,7 +57,7 @@ enum class WeightLayout : uint8_t { kRows = 0, kTiles16 = 1 };
 inline constexpr int64_t kQuantTileRows = 16;
 
 // Rows of a quantized matrix of N rows as stored in `layout` (kTiles16 pads to whole tiles).
-inline int64_t QuantStoredRows(int64_t n, WeightLayout layout) {
+TANDEM_LAYOUT_FN int64_t QuantStoredRows(int64_t n, WeightLayout layout) {
   return layout == WeightLayout::kTiles16
              ? (n + kQuantTileRows - 1) / kQuantTileRows * kQuantTileRows
              : n;
@@ -72,44 +77,44 @@ inline std::string_view WeightQuantName(WeightQuant q) {
 
 inline constexpr int64_t kInt4Chunk = 32;
 
-inline int64_t Int4RowBytes(int64_t k) { return (k + kInt4Chunk - 1) / kInt4Chunk * 16; }
+TANDEM_LAYOUT_FN int64_t Int4RowBytes(int64_t k) { return (k + kInt4Chunk - 1) / kInt4Chunk * 16; }
 
 // Code of element k of an int4 row in WeightLayout::kRows (chunk k / 32, byte k % 16, the high
 // nibble for k % 32 >= 16).
-inline int Int4RowCode(const uint8_t* row, int64_t k) {
+TANDEM_LAYOUT_FN int Int4RowCode(const uint8_t* row, int64_t k) {
   const uint8_t b = row[k / kInt4Chunk * 16 + k % 16];
   return k % kInt4Chunk < 16 ? b & 15 : b >> 4;
 }
 
 // Elements per row of an int8 matrix in kTiles16 (K padded to whole steps of 4).
-inline int64_t Int8TileK(int64_t k) { return (k + 3) / 4 * 4; }
+TANDEM_LAYOUT_FN int64_t Int8TileK(int64_t k) { return (k + 3) / 4 * 4; }
 
-inline int64_t Int4Groups(int64_t k, int64_t group_size) {
+TANDEM_LAYOUT_FN int64_t Int4Groups(int64_t k, int64_t group_size) {
   return (k + group_size - 1) / group_size;
 }
 
 // kTiles16 int4 (above): bytes of one tile of 16 rows, where group g's block starts in it, and
 // the steps of 8 elements in that block.
-inline int64_t Int4TileBytes(int64_t k, int64_t group_size) {
+TANDEM_LAYOUT_FN int64_t Int4TileBytes(int64_t k, int64_t group_size) {
   return kQuantTileRows * Int4RowBytes(k) + 128 * Int4Groups(k, group_size);
 }
-inline int64_t Int4TileGroupStart(int64_t g, int64_t group_size) {
+TANDEM_LAYOUT_FN int64_t Int4TileGroupStart(int64_t g, int64_t group_size) {
   return g * (8 * group_size + 128);
 }
-inline int64_t Int4TileGroupSteps(int64_t k, int64_t g, int64_t group_size) {
+TANDEM_LAYOUT_FN int64_t Int4TileGroupSteps(int64_t k, int64_t g, int64_t group_size) {
   const int64_t left = Int4RowBytes(k) / 4 - g * (group_size / 8);
   return left < group_size / 8 ? left : group_size / 8;
 }
 // Where group g's 16 f32 scales start in a tile (its 16 zeros follow, 64 bytes on).
-inline int64_t Int4TileGroupScales(int64_t k, int64_t g, int64_t group_size) {
+TANDEM_LAYOUT_FN int64_t Int4TileGroupScales(int64_t k, int64_t g, int64_t group_size) {
   return Int4TileGroupStart(g, group_size) + 64 * Int4TileGroupSteps(k, g, group_size);
 }
 
 // kTiles16 dense bf16 (above): elements per row as stored (K padded to even), bytes of one tile
 // of 16 rows, and where element k of row n is, in bf16 elements from the start of the matrix.
-inline int64_t Bf16TileK(int64_t k) { return (k + 1) / 2 * 2; }
-inline int64_t Bf16TileBytes(int64_t k) { return kQuantTileRows * Bf16TileK(k) * 2; }
-inline int64_t Bf16TileIndex(int64_t k_total, int64_t n, int64_t k) {
+TANDEM_LAYOUT_FN int64_t Bf16TileK(int64_t k) { return (k + 1) / 2 * 2; }
+TANDEM_LAYOUT_FN int64_t Bf16TileBytes(int64_t k) { return kQuantTileRows * Bf16TileK(k) * 2; }
+TANDEM_LAYOUT_FN int64_t Bf16TileIndex(int64_t k_total, int64_t n, int64_t k) {
   return n / kQuantTileRows * kQuantTileRows * Bf16TileK(k_total) + k / 2 * 32 +
          2 * (n % kQuantTileRows) + k % 2;
 }

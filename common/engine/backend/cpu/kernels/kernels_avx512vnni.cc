@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <utility>
 
 #include "common/engine/backend/cpu/kernels/int8_inputs.h"
@@ -397,7 +396,7 @@ void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_siz
   *sum = 0;
   const int64_t kmain = K - K % 16;
   const auto tail = static_cast<__mmask16>((1u << (K - kmain)) - 1);
-  const __m512 big = _mm512_set1_ps(std::numeric_limits<float>::max());
+  const __m512 big = _mm512_set1_ps(__FLT_MAX__);  // not std::numeric_limits (README, "ODR")
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;  // lanes that saw a NaN or an infinity (not <= FLT_MAX)
   for (int64_t k = 0; k < K; k += 16) {
