@@ -192,7 +192,9 @@ void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   engine_->Post(
       [request_id, tokens = std::move(tokens), logprobs = std::move(logprobs)](Engine& engine) {
         absl::Status st = engine.CompleteRemotePrefill(request_id, tokens, logprobs);
-        if (!st.ok()) TLOG(WARNING) << "request " << request_id << ": " << st;
+        if (!st.ok()) {
+          TLOG(WARNING) << "request " << request_id << ": " << st;
+        }
       });
 }
 

@@ -282,7 +282,9 @@ void PrefillCore::Complete(const std::shared_ptr<Job>& job, absl::Status status)
   } else if (!job->engine_finished) {
     engine_->Cancel(id);  // still computing: stop it (its blocks are freed by the abort)
   }
-  if (!status.ok()) TLOG(WARNING) << "prefill of " << id << " failed: " << status;
+  if (!status.ok()) {
+    TLOG(WARNING) << "prefill of " << id << " failed: " << status;
+  }
   Task cleanup;
   cleanup.job = job;
   cleanup.cleanup = true;
