@@ -4,6 +4,7 @@
 
 #include "common/base/half.h"
 #include "common/engine/model/model.h"
+#include "common/engine/model/model_writer.h"
 #include "common/engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -160,6 +161,70 @@ TEST(ModelLoaderTest, RejectsUnsupportedInMemoryDtype) {
       LoadModel(SourcePath("models/stories260k"), WithDType(DType::kI8));
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(m.status().message(), HasSubstr("f32 or bf16"));
+}
+
+// LoadOptions::bf16_layout kTiles16: every projection and lm_head (its own tiled copy when tied)
+// holds the rows' bf16 elements at quant.h's positions, +0 in the padding; the embedding table
+// stays rows; f32 weights stay rows whatever the option says.
+TEST(ModelLoaderTest, Bf16TilesHoldTheRowsElements) {
+  for (const bool tied : {true, false}) {
+    for (const DType stored : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(std::string(tied ? "tied " : "untied ") + std::string(DTypeName(stored)));
+      testing_util::ScratchDir dir(std::string(tied ? "tied" : "untied") +
+                                   std::string(DTypeName(stored)));
+      RandomModelOptions o;
+      ModelConfig c = *RandomModelPresetConfig("tiny");
+      c.vocab_size = 200;         // 12.5 tiles
+      c.intermediate_size = 100;  // 6.25 tiles
+      c.tie_word_embeddings = tied;
+      o.config = c;
+      o.dtype = stored;
+      o.seed = 3;
+      ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+      LoadOptions lo = WithDType(DType::kBF16);
+      auto rows = LoadModel(dir.path(), lo);
+      lo.bf16_layout = WeightLayout::kTiles16;
+      auto tiles = LoadModel(dir.path(), lo);
+      ASSERT_TRUE(rows.ok() && tiles.ok());
+      EXPECT_EQ((*rows)->bf16_layout(), WeightLayout::kRows);
+      EXPECT_EQ((*tiles)->bf16_layout(), WeightLayout::kTiles16);
+      const ModelWeights& r = (*rows)->weights();
+      const ModelWeights& t = (*tiles)->weights();
+      EXPECT_EQ(t.embed_tokens.layout, WeightLayout::kRows);
+      EXPECT_EQ(0, std::memcmp(t.embed_tokens.data, r.embed_tokens.data, r.embed_tokens.nbytes()));
+      std::vector<std::pair<const Tensor*, const Tensor*>> pairs = {{&r.lm_head, &t.lm_head}};
+      for (size_t i = 0; i < r.layers.size(); ++i) {
+        const LayerWeights &a = r.layers[i], &b = t.layers[i];
+        for (auto m : {&LayerWeights::q_proj, &LayerWeights::k_proj, &LayerWeights::v_proj,
+                       &LayerWeights::o_proj, &LayerWeights::gate_proj, &LayerWeights::up_proj,
+                       &LayerWeights::down_proj}) {
+          pairs.push_back({&(a.*m), &(b.*m)});
+        }
+      }
+      for (const auto& [want, got] : pairs) {
+        ASSERT_EQ(got->layout, WeightLayout::kTiles16);
+        ASSERT_EQ(got->dtype, DType::kBF16);
+        ASSERT_EQ(got->shape, want->shape);
+        const int64_t N = want->rows(), K = want->cols(), padded = (N + 15) / 16 * 16;
+        ASSERT_EQ(got->stored_bytes(), static_cast<size_t>(padded / 16 * Bf16TileBytes(K)));
+        const auto* w = want->as<uint16_t>();
+        const auto* g = got->as<uint16_t>();
+        for (int64_t n = 0; n < padded; ++n) {
+          for (int64_t k = 0; k < K; ++k) {
+            ASSERT_EQ(g[Bf16TileIndex(K, n, k)], n < N ? w[n * K + k] : 0)
+                << "N=" << N << " K=" << K << " n=" << n << " k=" << k;
+          }
+        }
+      }
+      // f32 weights: nothing to tile.
+      LoadOptions f32 = WithDType(DType::kF32);
+      f32.bf16_layout = WeightLayout::kTiles16;
+      auto dense = LoadModel(dir.path(), f32);
+      ASSERT_TRUE(dense.ok());
+      EXPECT_EQ((*dense)->bf16_layout(), WeightLayout::kRows);
+      EXPECT_EQ((*dense)->weights().layers[0].q_proj.layout, WeightLayout::kRows);
+    }
+  }
 }
 
 TEST(ModelLoaderTest, MissingDirectory) {
