@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/engine/backend/cpu/kernels/kernels_internal.h"
+#include "common/engine/backend/cpu/kernels/tile_stream.h"
 
 namespace tandem::cpu::internal {
 namespace {
@@ -30,28 +31,6 @@ inline __m512bh Bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 // vectors, 1 broadcast; batch 32 and prefill: 6x4 0.92-0.94x, 4x4 0.93-0.97x, 12x2 0.4x), a
 // lone row kNT1 tiles (that many weight streams; 2 tiles 0.6-0.8x, 8 equal in a kernel benchmark).
 constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 8, kNT = 3, kNT1 = 4;
-// Weight bytes that one row tile's blocks of tiles keep in L2 while every row tile passes over.
-constexpr int64_t kBlockBytes = 256 * 1024;
-// Bytes ahead that a tile prefetches in each of its weight streams (as the int8-input tiles).
-template <int MR>
-constexpr int64_t kPrefetchBytes = MR == 1 ? 1024 : 4096;
-
-// Where tile j of a register tile of NT tiles (tile_bytes apart) is prefetched while byte
-// `offset` of it is read: kPrefetchBytes ahead in the same tile or, past its end, in the next
-// register tile's tile j (consecutive tiles are consecutive in memory).
-template <int MR, int NT>
-inline int64_t PrefetchOffset(int64_t offset, int64_t tile_bytes) {
-  const int64_t ahead = offset + kPrefetchBytes<MR>;
-  return ahead < tile_bytes ? ahead : ahead + (NT - 1) * tile_bytes;
-}
-
-// Lanes of tile t that are columns in [n0, n1).
-inline __mmask16 TileMask(int64_t t, int64_t n0, int64_t n1) {
-  const int64_t lo = n0 > 16 * t ? n0 - 16 * t : 0;
-  const int64_t hi = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
-
 // Input pair p of a row, broadcast: (x[2p], x[2p + 1]), or (x[2p], +0) for an odd K's last one.
 inline __m512bh Pair(const uint16_t* x, int64_t p, bool last_odd) {
   uint32_t v = x[2 * p];
@@ -171,7 +150,7 @@ void Range(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, const uint16_t*
     return;
   }
   const int64_t tile_bytes = Bf16TileBytes(K);
-  int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / NT * NT : NT;
+  int64_t block = tile_bytes > 0 ? kTileBlockBytes / tile_bytes / NT * NT : NT;
   if (block < NT) block = NT;
   for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {
     const int64_t b1 = b0 + block < t_end ? b0 + block : t_end;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/engine/backend/cpu/kernels/int8_inputs.h"
+#include "common/engine/backend/cpu/kernels/tile_stream.h"
 
 namespace tandem::cpu::internal {
 namespace {
@@ -40,34 +41,6 @@ struct Shapes<WeightQuant::kInt4> {
   static constexpr int kDecodeMR = 8, kDecodeNT = 1, kMR = 6, kNT = 2, kNT1 = 4;
   static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
 };
-
-// Weight bytes that one row tile's blocks of tiles keep in L2 while every row tile passes over.
-constexpr int64_t kBlockBytes = 256 * 1024;
-// Bytes ahead that a tile prefetches in each of its weight streams: 1 KiB for a lone input row
-// (batch-1 decode), 4 KiB for more. Measured per decode step, alternating settings step by step
-// in one process (llama-1b, 2 threads, int8 and int4): at batch 1, 1-2 KiB ran 1.12-1.14x faster
-// than 16 KiB, 4 KiB 1.07x, 512 B 1.04x (and 1 KiB 1.04-1.08x faster than 2 KiB in a kernel
-// benchmark over 256 MiB); at batch 8-32, 4-8 KiB 1.02-1.05x faster than 16 KiB, 1-2 KiB slower
-// from batch 4; prefill alike. (Four streams 16 KiB ahead overran the 48 KiB L1.)
-template <int MR>
-constexpr int64_t kPrefetchBytes = MR == 1 ? 1024 : 4096;
-
-// Where tile j of a register tile of MR x NT (tile_bytes apart) is prefetched while byte
-// `offset` of it is read: kPrefetchBytes ahead in the same tile or, past its end, in the next
-// register tile's tile j (consecutive tiles are consecutive in memory), so a tile starts with its
-// lines on the way.
-template <int MR, int NT>
-inline int64_t PrefetchOffset(int64_t offset, int64_t tile_bytes) {
-  const int64_t ahead = offset + kPrefetchBytes<MR>;
-  return ahead < tile_bytes ? ahead : ahead + (NT - 1) * tile_bytes;
-}
-
-// Lanes of tile t that are columns in [n0, n1).
-inline __mmask16 TileMask(int64_t t, int64_t n0, int64_t n1) {
-  const int64_t lo = n0 > 16 * t ? n0 - 16 * t : 0;
-  const int64_t hi = n1 - 16 * t < 16 ? n1 - 16 * t : 16;
-  return static_cast<__mmask16>(((1u << hi) - 1) & ~((1u << lo) - 1));
-}
 
 // Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
 // themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
@@ -353,7 +326,7 @@ void Range(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, co
     return;
   }
   const int64_t tile_bytes = Shapes<Q>::TileBytes(in.K, w.group_size);
-  int64_t block = tile_bytes > 0 ? kBlockBytes / tile_bytes / kNT * kNT : kNT;
+  int64_t block = tile_bytes > 0 ? kTileBlockBytes / tile_bytes / kNT * kNT : kNT;
   if (block < kNT) block = kNT;
   for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {
     const int64_t b1 = b0 + block < t_end ? b0 + block : t_end;
