@@ -48,10 +48,16 @@ def render(work, outdir):
            "`CpuBackend` directly: no server, no scheduler). Every figure is the median over the "
            "repetitions; the formats of one model run one after the other inside each repetition, "
            "so background load (this machine is shared: see the load averages) hits them alike. "
-           "The memory read bandwidth is measured in the same process right before each batch-1 "
-           "decode run; *roofline* = decode tokens/s x (weight bytes + KV bytes read per token) / "
-           "that bandwidth. Weight bytes per token count every projection and lm_head as stored "
-           "(codes + scales + zeros) plus one embedding row.", ""]
+           "The memory read bandwidth is measured in the same process before every batch-1 "
+           "decode step (one untimed read pass over 256 MiB with as many threads, pauses on either "
+           "side so that neither thread pool spins on the other's cores): this machine's "
+           "bandwidth drifts by tens of percent within seconds, so each step is judged against "
+           "the bandwidth of its moment. *roofline* = the median over the steps of (weight bytes "
+           "+ KV bytes that step read) / its time / the bandwidth measured just before it; "
+           "*mean / median* = decode tokens/s (tokens / total time) x bytes per token / the "
+           "median of the passes, the cruder figure of the earlier runs. Weight bytes per token "
+           "count every projection and lm_head as stored (codes + scales + zeros) plus one "
+           "embedding row.", ""]
     threads = sorted({r["threads"] for rs in runs.values() for r, _ in rs})
     out += [f"Compute threads: {', '.join(map(str, threads))} (the bandwidth is measured with as "
             "many threads as the decode uses)."]
@@ -71,8 +77,9 @@ def render(work, outdir):
             continue
         out += [f"### {preset}", "",
                 "| weights | matmul inputs | MB read / token | bandwidth GB/s | batch-1 decode tok/s | roofline | "
-                "prefill tok/s (512) | decode tok/s batch 8 / 16 / 32 | load avg after each run (1 min) |",
-                "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+                "mean / median | prefill tok/s (512) | decode tok/s batch 8 / 16 / 32 | "
+                "load avg after each run (1 min) |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         order = {"none": 0, "int8": 1, "int4": 2}
         for key in sorted(keys, key=lambda k: (order[k[1]], int(k[2][1:]), k[3])):
             rs = runs[key]
@@ -82,16 +89,19 @@ def render(work, outdir):
             bw = med(vals(lambda r: r["membw_GBps"]))
             b1 = med(vals(lambda r: r["decode_b1_tok_s"]))
             roof = med(vals(lambda r: r["roofline_fraction"]))
+            roof_mean = med(vals(lambda r: r.get("roofline_fraction_of_mean", r["roofline_fraction"])))
             pre = med(vals(lambda r: r["prefill_tok_s"]))
             bat = {b: med(vals(lambda r, b=b: r["batch_decode_tok_s"][b])) for b in ("8", "16", "32")}
             mb = (rs[0][0]["weight_bytes_per_token"] + rs[0][0]["kv_bytes_per_token"]) / 1e6
             loads = ", ".join(l.split()[0] for _, l in rs if l)
-            out.append(f"| {name} ({len(rs)} rep{'s' if len(rs) > 1 else ''}) | {inputs} | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | {pre:.1f} | "
+            out.append(f"| {name} ({len(rs)} rep{'s' if len(rs) > 1 else ''}) | {inputs} | {mb:.0f} | {bw:.1f} | {b1:.2f} | {100 * roof:.0f}% | "
+                       f"{100 * roof_mean:.0f}% | {pre:.1f} | "
                        f"{bat['8']:.1f} / {bat['16']:.1f} / {bat['32']:.1f} | {loads} |")
             summary["throughput"].append({"model": preset, "quantization": quant, "group": group,
                                           "matmul_inputs": inputs,
                                           "mb_per_token": mb, "membw_GBps": bw,
                                           "decode_b1_tok_s": b1, "roofline_fraction": roof,
+                                          "roofline_fraction_of_mean": roof_mean,
                                           "prefill_tok_s": pre, "batch_decode_tok_s": bat,
                                           "reps": len(rs)})
         out.append("")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Section "weight quantization and KV dtypes" (issue #7): for the random llama-110m and llama-1b
 # models (bf16 checkpoints) with bf16 / int8 / int4 weights: batch-1 decode tokens/s with the
-# memory read bandwidth measured in the same process just before (fraction of the roofline =
-# tokens/s x bytes read per token / bandwidth), prefill tokens/s and decode tokens/s at batch
+# memory read bandwidth measured in the same process before every step (fraction of the roofline
+# = the median over steps of bytes read / step time / that bandwidth), prefill tokens/s and decode tokens/s at batch
 # 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the accuracy cost of each weight
 # format and KV dtype on stories260k against its f32 reference logits (quant_bench --accuracy).
 # Each weight format runs with f32 matmul inputs and with bf16 inputs (bf16 dot products); int8
@@ -31,8 +31,7 @@ record "accuracy (stories260k, teacher-forced on its reference sequence)" \
 for rep in $(seq 1 "$REPS"); do
   for preset in "${MODELS[@]}"; do
     dir="$(ensure_model "$preset")"
-    steps=32
-    [ "$preset" = llama-1b ] && steps=16
+    steps=32  # batch-1 decode steps, each paired with a bandwidth pass
     for fmt in "${FORMATS[@]}"; do
       set -- $fmt
       cmd=("$BENCH" --model "$dir" --quantization "$1" --group "$2" --kv bf16 --reps 1 --threads "$THREADS"

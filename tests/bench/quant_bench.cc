@@ -1,7 +1,7 @@
 // Decode / prefill throughput of the CPU backend for one model and weight format, with the
-// machine's memory read bandwidth measured in the same process between the timed runs, so that
-// the fraction of the memory roofline (bandwidth / weight bytes per token) compares like with
-// like on a noisy machine. Prints one JSON object (all repetitions) on stdout.
+// machine's memory read bandwidth measured in the same process before every batch-1 decode step,
+// so that the fraction of the memory roofline (step bytes / step time / bandwidth) compares like
+// with like on a noisy machine. Prints one JSON object (all repetitions) on stdout.
 //
 //   quant_bench --model DIR [--quantization none|int8|int4] [--group 128] [--kv bf16|fp8|int8]
 //               [--threads 0] [--reps 3] [--decode-tokens 32] [--prefill-tokens 512]
@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -88,19 +90,35 @@ std::vector<int32_t> Tokens(int64_t n, int64_t vocab, int64_t seed) {
   return t;
 }
 
-// Decode tokens/s of `batch` sequences (16-token prompts, untimed), `steps` steps.
-double DecodeRate(CpuBackend* backend, int64_t batch, int64_t steps) {
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+}
+
+// Seconds of each of `steps` decode steps of `batch` sequences (16-token prompts, untimed);
+// `before_step` (if any) runs, untimed, before each.
+std::vector<double> DecodeSteps(CpuBackend* backend, int64_t batch, int64_t steps,
+                                const std::function<void()>& before_step = nullptr) {
   Driver d(backend);
   std::vector<Driver::Seq> seqs(batch);
   std::vector<std::vector<int32_t>> toks(batch);
   const int64_t vocab = backend->vocab_size();
   for (int64_t i = 0; i < batch; ++i) toks[i] = Tokens(16, vocab, i);
   d.Step(seqs, toks);
-  double total = 0;
+  std::vector<double> seconds;
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t i = 0; i < batch; ++i) toks[i] = {static_cast<int32_t>(3 + (s * 31 + i) % 200)};
-    total += d.Step(seqs, toks);
+    if (before_step) before_step();
+    seconds.push_back(d.Step(seqs, toks));
   }
+  return seconds;
+}
+
+// Decode tokens/s of `batch` sequences over `steps` steps (total tokens / total time).
+double DecodeRate(CpuBackend* backend, int64_t batch, int64_t steps) {
+  double total = 0;
+  for (double s : DecodeSteps(backend, batch, steps)) total += s;
   return static_cast<double>(batch * steps) / total;
 }
 
@@ -108,12 +126,6 @@ double PrefillRate(CpuBackend* backend, int64_t tokens) {
   Driver d(backend);
   std::vector<Driver::Seq> seqs(1);
   return static_cast<double>(tokens) / d.Step(seqs, {Tokens(tokens, backend->vocab_size(), 99)});
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
 }
 
 // The layout tandem serve gives dense bf16 matrices: tiles for bf16 inputs on AVX512_BF16.
@@ -172,9 +184,11 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
 
   const ModelConfig& c = model->config();
   const double weight_bytes = static_cast<double>(model->decode_weight_bytes());
-  // KV read per decode token at the mean context of the batch-1 run (16 + decode_tokens / 2).
-  const double kv_bytes = static_cast<double>(CpuBackend::KvBytesPerBlock(c, 16, bo.kv_dtype)) /
-                          16.0 * (16.0 + static_cast<double>(decode_tokens) / 2.0);
+  // KV read by a decode token that attends over `context` positions.
+  const double kv_bytes_per_position =
+      static_cast<double>(CpuBackend::KvBytesPerBlock(c, 16, bo.kv_dtype)) / 16.0;
+  // ... and at the mean context of the batch-1 run (16 + decode_tokens / 2).
+  const double kv_bytes = kv_bytes_per_position * (16.0 + static_cast<double>(decode_tokens) / 2.0);
   nlohmann::json out;
   out["model"] = model_dir;
   out["model_id"] = model->model_id();
@@ -187,25 +201,53 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["bf16_layout"] = model->bf16_layout() == WeightLayout::kTiles16 ? "tiles" : "rows";
   out["weight_bytes_per_token"] = weight_bytes;
   out["kv_bytes_per_token"] = kv_bytes;
-  std::vector<double> bw, dec, pre, roof;
+  // Batch-1 decode against the bandwidth of its moment: before each step (untimed) one read pass
+  // over 256 MiB measures the bandwidth, and the step's roofline fraction is (weight + KV bytes
+  // it read) / its time / that bandwidth; a repetition's figure is the median over its steps.
+  // (This machine's bandwidth drifts by tens of percent within seconds: one measurement before
+  // the run judged every step against the bandwidth of another moment.) Also tokens / total time
+  // (mean step), 1 / the median step, and the mean rate against the passes' median bandwidth.
+  cpu::ReadBandwidthProbe probe(size_t{256} << 20, &bw_pool);
+  std::vector<double> bw, dec, dec_med, pre, roof, roof_of_mean;
   std::vector<std::vector<double>> bat(batches.size());
   DecodeRate(backend.get(), 1, 2);  // warm-up: page in the weights
   for (int r = 0; r < reps; ++r) {
-    bw.push_back(cpu::MeasureReadBandwidth(size_t{1} << 30, 5, &bw_pool).median_gbps);
-    dec.push_back(DecodeRate(backend.get(), 1, decode_tokens));
-    roof.push_back(dec.back() * (weight_bytes + kv_bytes) / 1e9 / bw.back());
+    std::vector<double> step_bw;
+    const std::vector<double> steps = DecodeSteps(backend.get(), 1, decode_tokens, [&] {
+      // The pauses let each pool's workers stop spinning first: the backend's after the last
+      // step would take the probe's cores, the probe's the decode's.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      step_bw.push_back(probe.PassGBps());
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    });
+    double total = 0;
+    std::vector<double> fractions;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      total += steps[i];
+      const double bytes = weight_bytes + kv_bytes_per_position * static_cast<double>(17 + i);
+      fractions.push_back(bytes / steps[i] / 1e9 / step_bw[i]);
+    }
+    bw.push_back(Median(step_bw));
+    dec.push_back(static_cast<double>(steps.size()) / total);
+    dec_med.push_back(1.0 / Median(steps));
+    roof.push_back(Median(fractions));
+    roof_of_mean.push_back(dec.back() * (weight_bytes + kv_bytes) / 1e9 / bw.back());
     pre.push_back(PrefillRate(backend.get(), prefill_tokens));
     for (size_t i = 0; i < batches.size(); ++i) {
       bat[i].push_back(DecodeRate(backend.get(), batches[i], batch_steps));
     }
     std::fprintf(
         stderr,
-        "rep %d: bw %.2f GB/s, decode %.2f tok/s (%.0f%% of roofline), prefill %.1f tok/s\n", r + 1,
-        bw.back(), dec.back(), 100 * roof.back(), pre.back());
+        "rep %d: bw %.2f GB/s, decode %.2f tok/s (median step %.2f), %.0f%% of roofline (mean "
+        "rate / median bandwidth %.0f%%), prefill %.1f tok/s\n",
+        r + 1, bw.back(), dec.back(), dec_med.back(), 100 * roof.back(), 100 * roof_of_mean.back(),
+        pre.back());
   }
   out["membw_GBps"] = bw;
   out["decode_b1_tok_s"] = dec;
   out["roofline_fraction"] = roof;
+  out["decode_b1_median_step_tok_s"] = dec_med;
+  out["roofline_fraction_of_mean"] = roof_of_mean;
   out["prefill_tok_s"] = pre;
   out["prefill_tokens"] = prefill_tokens;
   out["decode_tokens"] = decode_tokens;
@@ -215,6 +257,8 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["median"] = {{"membw_GBps", Median(bw)},
                    {"decode_b1_tok_s", Median(dec)},
                    {"roofline_fraction", Median(roof)},
+                   {"decode_b1_median_step_tok_s", Median(dec_med)},
+                   {"roofline_fraction_of_mean", Median(roof_of_mean)},
                    {"prefill_tok_s", Median(pre)}};
   for (size_t i = 0; i < batches.size(); ++i) {
     out["median"]["batch_decode_tok_s"][std::to_string(batches[i])] = Median(bat[i]);

@@ -79,41 +79,50 @@ void ForEachSlice(ThreadPool* pool, size_t bytes, const std::function<void(size_
 
 }  // namespace
 
-ReadBandwidth MeasureReadBandwidth(size_t bytes, int iterations, ThreadPool* pool) {
-  bytes = std::max<size_t>(bytes / kAlign * kAlign, kAlign);
-  iterations = std::max(iterations, 1);
-  char* buf = static_cast<char*>(std::aligned_alloc(kAlign, bytes));
-  TANDEM_CHECK(buf != nullptr) << "cannot allocate " << bytes << " bytes";
-  madvise(buf, bytes, MADV_HUGEPAGE);
+ReadBandwidthProbe::ReadBandwidthProbe(size_t bytes, ThreadPool* pool)
+    : bytes_(std::max<size_t>(bytes / kAlign * kAlign, kAlign)), pool_(pool) {
+  buf_ = static_cast<char*>(std::aligned_alloc(kAlign, bytes_));
+  TANDEM_CHECK(buf_ != nullptr) << "cannot allocate " << bytes_ << " bytes";
+  madvise(buf_, bytes_, MADV_HUGEPAGE);
   // First touch by the threads that will read (page placement), with a non-zero pattern.
-  ForEachSlice(pool, bytes, [&](size_t b, size_t e) { std::memset(buf + b, 0x5a, e - b); });
+  ForEachSlice(pool_, bytes_, [&](size_t b, size_t e) { std::memset(buf_ + b, 0x5a, e - b); });
+  Pass();  // warm-up
+}
 
+ReadBandwidthProbe::~ReadBandwidthProbe() {
+  if (sink_ == 1) {  // keeps the sums observable
+    TLOG(DEBUG) << "membw sink";
+  }
+  std::free(buf_);
+}
+
+void ReadBandwidthProbe::Pass() {
   const bool avx2 = GetCpuFeatures().avx2;
   std::atomic<uint64_t> sink{0};
-  auto pass = [&] {
-    ForEachSlice(pool, bytes, [&](size_t b, size_t e) {
-      sink.fetch_add(avx2 ? ReadAvx2(buf + b, e - b) : ReadSse2(buf + b, e - b),
-                     std::memory_order_relaxed);
-    });
-  };
-  pass();  // warm-up
+  ForEachSlice(pool_, bytes_, [&](size_t b, size_t e) {
+    sink.fetch_add(avx2 ? ReadAvx2(buf_ + b, e - b) : ReadSse2(buf_ + b, e - b),
+                   std::memory_order_relaxed);
+  });
+  sink_ += sink.load();
+}
+
+double ReadBandwidthProbe::PassGBps() {
+  const auto t0 = std::chrono::steady_clock::now();
+  Pass();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(bytes_) / s / 1e9;
+}
+
+ReadBandwidth MeasureReadBandwidth(size_t bytes, int iterations, ThreadPool* pool) {
+  ReadBandwidthProbe probe(bytes, pool);
   std::vector<double> gbps;
-  for (int i = 0; i < iterations; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gbps.push_back(static_cast<double>(bytes) / s / 1e9);
-  }
-  std::free(buf);
+  for (int i = 0; i < std::max(iterations, 1); ++i) gbps.push_back(probe.PassGBps());
   std::sort(gbps.begin(), gbps.end());
   ReadBandwidth r;
   r.worst_gbps = gbps.front();
   r.best_gbps = gbps.back();
   r.median_gbps = gbps.size() % 2 ? gbps[gbps.size() / 2]
                                   : 0.5 * (gbps[gbps.size() / 2 - 1] + gbps[gbps.size() / 2]);
-  if (sink.load() == 1) {  // keeps the sums observable
-    TLOG(DEBUG) << "membw sink";
-  }
   return r;
 }
 

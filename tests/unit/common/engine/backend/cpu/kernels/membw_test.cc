@@ -1,4 +1,5 @@
-// MeasureReadBandwidth: a sanity check that it runs and reports ordered, positive figures.
+// MeasureReadBandwidth and ReadBandwidthProbe: sanity checks that they run and report ordered,
+// positive figures.
 
 #include "common/engine/backend/cpu/kernels/membw.h"
 
@@ -16,6 +17,14 @@ TEST(MembwTest, ReportsPositiveOrderedFigures) {
   EXPECT_LE(bw.worst_gbps, bw.median_gbps);
   EXPECT_LE(bw.median_gbps, bw.best_gbps);
   EXPECT_GT(MeasureReadBandwidthGBps(8u << 20, 1, nullptr), 0.0);
+}
+
+TEST(MembwTest, ProbePassesAreRepeatable) {
+  ThreadPool pool(2);
+  ReadBandwidthProbe probe(8u << 20, &pool);
+  for (int i = 0; i < 3; ++i) EXPECT_GT(probe.PassGBps(), 0.0);
+  ReadBandwidthProbe alone(3u << 20, nullptr);  // rounded down to whole 2 MiB
+  EXPECT_GT(alone.PassGBps(), 0.0);
 }
 
 }  // namespace
