@@ -258,6 +258,31 @@ TEST_P(Int8InputsTest, LargeShapesEqualReference) {
   }
 }
 
+// A lone row over long ranges: register tiles of 4 tiles front to back, then the 1-3 tiles left
+// over (every remainder), one range (no pool) and ranges from a pool, against the reference.
+TEST_P(Int8InputsTest, LoneRowLongRangesEqualReference) {
+  ThreadPool pool(2);
+  for (const Format& fmt : kFormats) {
+    for (int64_t K : {300, 1031}) {
+      for (int64_t N : {16 * 8, 16 * 9 + 5, 16 * 14 + 7, 16 * 67 + 3}) {
+        const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 81 + N);
+        const auto x = RandomFloats(K, 82 + K);
+        internal::I8InputBuffer buffer;
+        const internal::I8Inputs in =
+            internal::QuantizeInputsI8(x.data(), 1, K, K, w.view(DType::kI8), &buffer);
+        std::vector<float> ref(N);
+        internal::MatMulI8Reference(in, w.view(DType::kI8), 0, N, nullptr, ref.data(), N);
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          std::vector<float> y(N, -7.0f);
+          MatMul(x.data(), 1, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, p);
+          ASSERT_EQ(0, std::memcmp(y.data(), ref.data(), N * sizeof(float)))
+              << Name(fmt) << " K=" << K << " N=" << N << " pool=" << (p != nullptr);
+        }
+      }
+    }
+  }
+}
+
 TANDEM_INSTANTIATE_PER_SIMD_LEVEL(Int8InputsTest);
 
 }  // namespace

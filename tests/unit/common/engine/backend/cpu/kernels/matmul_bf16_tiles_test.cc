@@ -110,6 +110,29 @@ TEST_P(MatMulBf16TilesTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// A lone row over long ranges (register tiles of 4 tiles, then the 1-3 left over): the same bits
+// as that row in a batch of two (8x2 register tiles), with one range (no pool) and with a pool's
+// ranges, and close to the reference.
+TEST_P(MatMulBf16TilesTest, LoneRowLongRangesEqualBatchedRows) {
+  ThreadPool pool(2);
+  for (int64_t K : {33, 512}) {
+    for (int64_t N : {16 * 8, 16 * 9 + 5, 16 * 14 + 7, 16 * 131 + 3}) {
+      const Bf16Matrix w = MakeMatrix(N, K, 91 + N);
+      const auto x = RandomFloats(2 * K, 92 + K);
+      std::vector<float> pair(2 * N);
+      MatMul(x.data(), 2, K, K, w.Tiles(), N, nullptr, pair.data(), N, nullptr);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        std::vector<float> y(N, -7.0f);
+        MatMul(x.data() + K, 1, K, K, w.Tiles(), N, nullptr, y.data(), N, p);
+        ASSERT_EQ(0, std::memcmp(y.data(), pair.data() + N, N * sizeof(float)))
+            << "K=" << K << " N=" << N << " pool=" << (p != nullptr);
+        const std::vector<float> row(x.begin() + K, x.end());
+        ExpectCloseToReference(testing::RoundTripBf16(row), 1, K, w, nullptr, y.data(), N);
+      }
+    }
+  }
+}
+
 // Off AVX512_BF16 the tiles are turned back into rows for the f32 kernels: the same bits as the
 // rows. On it, vdpbf16ps sums them in another order than the rows' kernel: close.
 TEST_P(MatMulBf16TilesTest, TilesEqualRows) {
