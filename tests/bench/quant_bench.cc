@@ -396,6 +396,11 @@ int main(int argc, char** argv) {
   }
   if (f.help_requested()) return 0;
   if (accuracy) return tandem::Accuracy(model);
+  if (reps < 1 || decode_tokens < 1 || prefill_tokens < 1 || batch_steps < 1) {
+    std::fprintf(stderr,
+                 "--reps, --decode-tokens, --prefill-tokens and --batch-steps must be >= 1\n");
+    return 2;
+  }
   std::vector<int64_t> bs;
   for (absl::string_view s : absl::StrSplit(batches, ',', absl::SkipEmpty())) {
     int64_t v;
