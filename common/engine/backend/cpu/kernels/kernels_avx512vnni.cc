@@ -111,7 +111,7 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
       if constexpr (kPrefetch) {
         _mm_prefetch(
             reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes)),
-            _MM_HINT_T0);
+            kTilePrefetchHint<MR>);
       }
       w[j] = _mm512_loadu_si512(q[j] + p * 64);
     }
@@ -208,10 +208,10 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
       for (int j = 0; j < NT; ++j) {
         _mm_prefetch(
             reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes)),
-            _MM_HINT_T0);
+            kTilePrefetchHint<MR>);
         _mm_prefetch(
             reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes)),
-            _MM_HINT_T0);
+            kTilePrefetchHint<MR>);
       }
     }
     __m512i dot[MR][NT];
@@ -227,7 +227,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
         if constexpr (kPrefetch) {
           _mm_prefetch(
               reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes)),
-              _MM_HINT_T0);
+              kTilePrefetchHint<MR>);
         }
         const __m512i v = _mm512_loadu_si512(q[j] + at + p * 64);
         lo[j] = _mm512_and_si512(v, nib);
