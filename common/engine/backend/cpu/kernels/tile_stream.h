@@ -34,8 +34,9 @@ inline constexpr int64_t kTilePrefetchBytes = MR == 1 ? 1024 : 4096;
 // decode of llama-1b (the hint switched every step, one process) ran int4 1.01-1.03x, bf16
 // 1.01-1.02x, int8 1.00-1.01x. Decode batches of 8 gained nothing (int4 0.99x), and more rows
 // reuse each L2 block across row tiles: T0.
+// (_mm_prefetch takes GCC's enum _mm_hint, Clang's int: the type of the hint constants.)
 template <int MR>
-inline constexpr _mm_hint kTilePrefetchHint = MR == 1 ? _MM_HINT_NTA : _MM_HINT_T0;
+inline constexpr decltype(_MM_HINT_T0) kTilePrefetchHint = MR == 1 ? _MM_HINT_NTA : _MM_HINT_T0;
 
 // Where tile j of a register tile of MR x NT (tile_bytes apart) is prefetched while byte
 // `offset` of it is read: kTilePrefetchBytes ahead in the same tile or, past its end, in the next
