@@ -64,7 +64,9 @@ void DrainOnSignal(const sigset_t& signals, const ServerFlags& server_flags, grp
   while (active() > 0 && absl::Now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (active() > 0) TLOG(WARNING) << "drain timeout: aborting " << active() << " streams";
+  if (active() > 0) {
+    TLOG(WARNING) << "drain timeout: aborting " << active() << " streams";
+  }
 }
 
 int ServeMonolithic(const sigset_t& signals, const EngineFlags& engine_flags,
@@ -290,7 +292,9 @@ int RunServe(int argc, char** argv) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-  if ((*metrics)->port() != 0) TLOG(INFO) << "metrics on port " << (*metrics)->port();
+  if ((*metrics)->port() != 0) {
+    TLOG(INFO) << "metrics on port " << (*metrics)->port();
+  }
   router_flags.model_name = model_name;
   if (prefill_workers > 0 || decode_workers > 0) {
     if (decode_workers < 1) {

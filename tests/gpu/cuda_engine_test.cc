@@ -26,7 +26,9 @@ TEST(CudaEngineTest, AutoPicksCudaOnlyWithAGpu) {
   auto d = ResolveDevice("auto");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(*d, gpu ? "cuda:0" : "cpu") << why;
-  if (gpu) EXPECT_EQ(ResolveDevice("cuda:1").value(), "cuda:1");
+  if (gpu) {
+    EXPECT_EQ(ResolveDevice("cuda:1").value(), "cuda:1");
+  }
 }
 
 TEST(CudaEngineTest, CudaWithoutGpuIsAClearError) {

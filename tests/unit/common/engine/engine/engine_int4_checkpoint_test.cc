@@ -57,7 +57,9 @@ TEST(EngineInt4CheckpointTest, GreedyOutputInvariantUnderBatchingChunkingCaching
             << args << " blocks " << blocks << " pass " << pass;
       }
       EXPECT_EQ(built->engine->stats().kv_blocks_used, 0);
-      if (blocks == 10) EXPECT_GT(built->engine->stats().preemptions, 0);
+      if (blocks == 10) {
+        EXPECT_GT(built->engine->stats().preemptions, 0);
+      }
     }
   }
   EXPECT_NE(per_format[0], per_format[1]) << "the two checkpoints hold different weights";

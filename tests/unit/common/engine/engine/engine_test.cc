@@ -69,7 +69,9 @@ TEST(EngineTest, BatchingChunkingAndCachingDoNotChangeGreedyOutput) {
       EngineStats s = engine->stats();
       EXPECT_EQ(s.kv_blocks_used, 0);
       EXPECT_EQ(s.num_running + s.num_waiting, 0);
-      if (v.blocks == 12) EXPECT_GT(s.preemptions, 0) << "the small pool forces preemption";
+      if (v.blocks == 12) {
+        EXPECT_GT(s.preemptions, 0) << "the small pool forces preemption";
+      }
     }
   }
 }
@@ -132,7 +134,9 @@ TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
             << " pass " << pass;
       }
       EXPECT_EQ(engine->stats().kv_blocks_used, 0);
-      if (blocks == 12) EXPECT_GT(engine->stats().preemptions, 0);
+      if (blocks == 12) {
+        EXPECT_GT(engine->stats().preemptions, 0);
+      }
     }
   }
   // The options are honoured: int4 weights change some greedy tokens against int8.

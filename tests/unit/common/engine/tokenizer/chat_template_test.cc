@@ -110,7 +110,9 @@ TEST(ChatTemplateTest, SyntaxErrorsAreInvalidArgument) {
                           "{% endfor %}", "{{ a | }}", "{% set = 3 %}", "{{ (((( }}"}) {
     auto t = ChatTemplate::Parse(bad);
     EXPECT_FALSE(t.ok()) << bad;
-    if (!t.ok()) EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    if (!t.ok()) {
+      EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    }
   }
 }
 

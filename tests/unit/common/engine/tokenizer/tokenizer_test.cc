@@ -398,7 +398,9 @@ TEST(TokenizerTest, RandomTextRoundTrips) {
       for (int32_t id : *ids) {
         if (auto chunk = stream.Step(id)) streamed += *chunk;
       }
-      if (lossless) EXPECT_EQ(streamed, *decoded);
+      if (lossless) {
+        EXPECT_EQ(streamed, *decoded);
+      }
     }
   }
 }
