@@ -89,7 +89,7 @@ def render(work, outdir):
             bw = med(vals(lambda r: r["membw_GBps"]))
             b1 = med(vals(lambda r: r["decode_b1_tok_s"]))
             roof = med(vals(lambda r: r["roofline_fraction"]))
-            roof_mean = med(vals(lambda r: r.get("roofline_fraction_of_mean", r["roofline_fraction"])))
+            roof_mean = med(vals(lambda r: r["roofline_fraction_of_mean"]))
             pre = med(vals(lambda r: r["prefill_tok_s"]))
             bat = {b: med(vals(lambda r, b=b: r["batch_decode_tok_s"][b])) for b in ("8", "16", "32")}
             mb = (rs[0][0]["weight_bytes_per_token"] + rs[0][0]["kv_bytes_per_token"]) / 1e6

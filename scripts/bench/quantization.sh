@@ -2,9 +2,10 @@
 # Section "weight quantization and KV dtypes" (issue #7): for the random llama-110m and llama-1b
 # models (bf16 checkpoints) with bf16 / int8 / int4 weights: batch-1 decode tokens/s with the
 # memory read bandwidth measured in the same process before every step (fraction of the roofline
-# = the median over steps of bytes read / step time / that bandwidth), prefill tokens/s and decode tokens/s at batch
-# 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the accuracy cost of each weight
-# format and KV dtype on stories260k against its f32 reference logits (quant_bench --accuracy).
+# = the median over steps of bytes read / step time / that bandwidth), prefill tokens/s and
+# decode tokens/s at batch 8 / 16 / 32 (quant_bench, CpuBackend directly, no server); and the
+# accuracy cost of each weight format and KV dtype on stories260k against its f32 reference
+# logits (quant_bench --accuracy).
 # Each weight format runs with f32 matmul inputs and with bf16 inputs (bf16 dot products); int8
 # and int4 g128 also with int8 inputs (per-token int8, integer dot products).
 # The formats run interleaved, repetition by repetition, so background load hits them alike.

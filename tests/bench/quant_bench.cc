@@ -96,15 +96,19 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
 }
 
-// Seconds of each of `steps` decode steps of `batch` sequences (16-token prompts, untimed);
-// `before_step` (if any) runs, untimed, before each.
+// Prompt tokens of each decoded sequence (prefilled untimed): decode step s (from 0) attends over
+// kPromptTokens + s + 1 positions.
+constexpr int64_t kPromptTokens = 16;
+
+// Seconds of each of `steps` decode steps of `batch` sequences (kPromptTokens-token prompts,
+// untimed); `before_step` (if any) runs, untimed, before each.
 std::vector<double> DecodeSteps(CpuBackend* backend, int64_t batch, int64_t steps,
                                 const std::function<void()>& before_step = nullptr) {
   Driver d(backend);
   std::vector<Driver::Seq> seqs(batch);
   std::vector<std::vector<int32_t>> toks(batch);
   const int64_t vocab = backend->vocab_size();
-  for (int64_t i = 0; i < batch; ++i) toks[i] = Tokens(16, vocab, i);
+  for (int64_t i = 0; i < batch; ++i) toks[i] = Tokens(kPromptTokens, vocab, i);
   d.Step(seqs, toks);
   std::vector<double> seconds;
   for (int64_t s = 0; s < steps; ++s) {
@@ -171,7 +175,10 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   int64_t max_batch = 1;
   for (int64_t b : batches) max_batch = std::max(max_batch, b);
   const int64_t per_seq =
-      (std::max<int64_t>(prefill_tokens, 16 + std::max(decode_tokens, batch_steps)) + 15) / 16 + 1;
+      (std::max<int64_t>(prefill_tokens, kPromptTokens + std::max(decode_tokens, batch_steps)) +
+       15) /
+          16 +
+      1;
   bo.num_blocks = per_seq * max_batch + per_seq;
   auto backend_or = CpuBackend::Create(model, bo);
   if (!backend_or.ok()) {
@@ -184,11 +191,13 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
 
   const ModelConfig& c = model->config();
   const double weight_bytes = static_cast<double>(model->decode_weight_bytes());
-  // KV read by a decode token that attends over `context` positions.
+  // KV bytes read by batch-1 decode step s, and their mean over the run's steps.
   const double kv_bytes_per_position =
       static_cast<double>(CpuBackend::KvBytesPerBlock(c, 16, bo.kv_dtype)) / 16.0;
-  // ... and at the mean context of the batch-1 run (16 + decode_tokens / 2).
-  const double kv_bytes = kv_bytes_per_position * (16.0 + static_cast<double>(decode_tokens) / 2.0);
+  auto step_kv_bytes = [&](int64_t s) {
+    return kv_bytes_per_position * static_cast<double>(kPromptTokens + s + 1);
+  };
+  const double kv_bytes = (step_kv_bytes(0) + step_kv_bytes(decode_tokens - 1)) / 2.0;
   nlohmann::json out;
   out["model"] = model_dir;
   out["model_id"] = model->model_id();
@@ -224,7 +233,7 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
     std::vector<double> fractions;
     for (size_t i = 0; i < steps.size(); ++i) {
       total += steps[i];
-      const double bytes = weight_bytes + kv_bytes_per_position * static_cast<double>(17 + i);
+      const double bytes = weight_bytes + step_kv_bytes(static_cast<int64_t>(i));
       fractions.push_back(bytes / steps[i] / 1e9 / step_bw[i]);
     }
     bw.push_back(Median(step_bw));
