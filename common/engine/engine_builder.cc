@@ -220,6 +220,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const size_t per_block =
       CpuBackend::KvBytesPerBlock(model->config(), options.block_size, kv_dtype);
   std::unique_ptr<Backend> backend;
+  std::string kv_commit;  // how long the CPU pool took to commit, for the log line
   if (*device == "cpu") {
     CpuBackendOptions backend_options;
     backend_options.num_threads = options.threads;
@@ -236,6 +237,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
     auto cpu = CpuBackend::Create(model, backend_options);
     if (!cpu.ok()) return cpu.status();
+    kv_commit = absl::StrCat(", committed in ",
+                             static_cast<int64_t>((*cpu)->kv_commit_seconds() * 1e3), " ms");
     backend = std::move(cpu).value();
   } else {
 #if defined(TANDEM_HAVE_CUDA)
@@ -276,8 +279,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
                                                       : "")
                << ", " << model->config().num_layers << " layers) on " << backend_name
                << ", KV pool " << num_blocks << " blocks x " << options.block_size << " tokens ("
-               << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB), "
-               << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
+               << DTypeName(kv_dtype) << ", " << (per_block * num_blocks) / (1 << 20) << " MiB"
+               << kv_commit << "), " << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms";
   }
   return BuiltEngine{std::move(model), std::move(engine).value()};
 }
