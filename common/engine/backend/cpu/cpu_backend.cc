@@ -327,24 +327,24 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
     if (l == 0) {
-      cpu::RmsNorm(x, lw.input_norm.as<float>(), t, d, eps, h);
+      cpu::RmsNorm(x, lw.input_norm.as<float>(), t, d, eps, h, pool);
     } else {  // x += previous layer's MLP output; h = norm(x)
-      cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h);
+      cpu::AddRmsNorm(x, delta, lw.input_norm.as<float>(), t, d, eps, h, pool);
     }
     matmul_shared(h, t, d,
                   {{&lw.q_proj, qd, bias(lw.q_bias), q},
                    {&lw.k_proj, kvd, bias(lw.k_bias), k},
                    {&lw.v_proj, kvd, bias(lw.v_bias), v}});
-    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data());
-    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data());
+    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data(), pool);
+    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data(), pool);
     const cpu::PagedKvLayer kv = KvLayer(l);
-    cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv);
+    cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv, pool);
     cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, c.sliding_window, attn, qd, pool);
     if (b.on_layer_done) b.on_layer_done(l);
     matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
-    cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h);
+    cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h, pool);
     matmul_shared(h, t, d, {{&lw.gate_proj, f, nullptr, gate}, {&lw.up_proj, f, nullptr, up}});
-    cpu::SiluMul(gate, up, t, f, act);
+    cpu::SiluMul(gate, up, t, f, act, pool);
     matmul(act, t, f, true, lw.down_proj, d, nullptr, delta);
   }
 

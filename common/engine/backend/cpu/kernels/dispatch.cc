@@ -172,6 +172,21 @@ void ForColumns(ThreadPool* pool, int64_t M, int64_t N, int64_t K, const Fn& fn)
   pool->ParallelForGrain(N, grain, fn);
 }
 
+// Elements below which a row-wise op runs on the caller alone: a fork/join costs a few us, a
+// thread does ~1-2 G elements/s of these ops.
+constexpr int64_t kRowsMinParallelElements = int64_t{1} << 16;
+
+// Runs fn(m0, m1) over row ranges covering [0, M), on the pool when the call is big enough.
+template <class Fn>
+void ForRows(ThreadPool* pool, int64_t M, int64_t row_elements, const Fn& fn) {
+  if (pool == nullptr || pool->size() == 1 || M < 2 ||
+      M * row_elements < kRowsMinParallelElements) {
+    fn(0, M);
+    return;
+  }
+  pool->ParallelFor(M, fn);
+}
+
 void CheckKvType(DType t) {
   TANDEM_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kI8 || t == DType::kF8E4M3)
       << "KV cache dtype must be f32, bf16, i8 or f8e4m3, got " << DTypeName(t);
@@ -370,22 +385,36 @@ void MatMul(const float* x, int64_t M, int64_t K, int64_t ldx, const void* w, DT
   MatMul(x, M, K, ldx, weight, N, bias, y, ldy, pool);
 }
 
-void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out) {
-  internal::ActiveKernels().rms_norm(x, weight, M, D, eps, out);
+void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out,
+             ThreadPool* pool) {
+  const internal::KernelTable& t = internal::ActiveKernels();
+  ForRows(pool, M, D, [&](int64_t m0, int64_t m1) {
+    t.rms_norm(x + m0 * D, weight, m1 - m0, D, eps, out + m0 * D);
+  });
 }
 
 void AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M, int64_t D,
-                float eps, float* out) {
-  internal::ActiveKernels().add_rms_norm(residual, delta, weight, M, D, eps, out);
+                float eps, float* out, ThreadPool* pool) {
+  const internal::KernelTable& t = internal::ActiveKernels();
+  ForRows(pool, M, D, [&](int64_t m0, int64_t m1) {
+    t.add_rms_norm(residual + m0 * D, delta + m0 * D, weight, m1 - m0, D, eps, out + m0 * D);
+  });
 }
 
 void ApplyRope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
-               const int32_t* positions, const float* cos_sin) {
-  internal::ActiveKernels().apply_rope(x, M, ldx, num_heads, head_dim, positions, cos_sin);
+               const int32_t* positions, const float* cos_sin, ThreadPool* pool) {
+  const internal::KernelTable& t = internal::ActiveKernels();
+  ForRows(pool, M, num_heads * head_dim, [&](int64_t m0, int64_t m1) {
+    t.apply_rope(x + m0 * ldx, m1 - m0, ldx, num_heads, head_dim, positions + m0, cos_sin);
+  });
 }
 
-void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out) {
-  internal::ActiveKernels().silu_mul(gate, up, M, F, out);
+void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out,
+             ThreadPool* pool) {
+  const internal::KernelTable& t = internal::ActiveKernels();
+  ForRows(pool, M, F, [&](int64_t m0, int64_t m1) {
+    t.silu_mul(gate + m0 * F, up + m0 * F, m1 - m0, F, out + m0 * F);
+  });
 }
 
 void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D, float* out) {
@@ -394,9 +423,12 @@ void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_
 }
 
 void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
-             const int64_t* slots, const PagedKvLayer& kv) {
+             const int64_t* slots, const PagedKvLayer& kv, ThreadPool* pool) {
   CheckKvType(kv.dtype);
-  internal::ActiveKernels().write_kv(k, ldk, v, ldv, M, slots, kv);
+  const internal::KernelTable& t = internal::ActiveKernels();
+  ForRows(pool, M, 2 * kv.num_kv_heads * kv.head_dim, [&](int64_t m0, int64_t m1) {
+    t.write_kv(k + m0 * ldk, ldk, v + m0 * ldv, ldv, m1 - m0, slots + m0, kv);
+  });
 }
 
 void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {

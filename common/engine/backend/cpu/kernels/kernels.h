@@ -71,22 +71,28 @@ struct MatMulProjection {
 void MatMulShared(const float* x, int64_t M, int64_t K, int64_t ldx,
                   const MatMulProjection* projections, int count, ThreadPool* pool);
 
+// The row-wise ops below (RmsNorm, AddRmsNorm, ApplyRope, SiluMul, WriteKv) split their rows
+// over `pool` when a call has enough elements to pay for a fork/join (prefill chunks, decode
+// batches of ~16 and up); every row is computed the same way wherever it runs.
+
 // out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight[:]. x, out: f32 [M, D]; may alias.
-void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out);
+void RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, float* out,
+             ThreadPool* pool = nullptr);
 
 // residual[m, :] += delta[m, :]; then out[m, :] = RmsNorm(residual[m, :]).
 void AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M, int64_t D,
-                float eps, float* out);
+                float eps, float* out, ThreadPool* pool = nullptr);
 
 // Rotary embedding in Hugging Face's rotate_half layout, in place, for each token m:
 // for each head h and i < head_dim/2, with (c, s) = cos_sin[pos[m]][i]:
 //   a = x[h, i], b = x[h, i + head_dim/2];  x[h, i] = a*c - b*s;  x[h, i + head_dim/2] = b*c + a*s
 // x: f32 [M, num_heads * head_dim] row stride ldx. cos_sin: f32 [max_pos][head_dim/2][2].
 void ApplyRope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
-               const int32_t* positions, const float* cos_sin);
+               const int32_t* positions, const float* cos_sin, ThreadPool* pool = nullptr);
 
 // out[m, i] = silu(gate[m, i]) * up[m, i], silu(g) = g / (1 + exp(-g)). f32 [M, F] contiguous.
-void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out);
+void SiluMul(const float* gate, const float* up, int64_t M, int64_t F, float* out,
+             ThreadPool* pool = nullptr);
 
 // out[m, :] = table[ids[m], :] converted to f32. table: [vocab, D] of kF32 or kBF16.
 void Embed(const int32_t* ids, int64_t M, const void* table, DType dtype, int64_t D, float* out);
@@ -114,7 +120,7 @@ struct PagedKvLayer {
 // rounded to nearest even, s = max / 448). k, v: f32 [M, num_kv_heads * head_dim] with row
 // strides ldk, ldv. slots[m] < 0 means "no slot" (skip).
 void WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
-             const int64_t* slots, const PagedKvLayer& kv);
+             const int64_t* slots, const PagedKvLayer& kv, ThreadPool* pool = nullptr);
 
 // One query token's attention work item.
 struct AttentionQuery {

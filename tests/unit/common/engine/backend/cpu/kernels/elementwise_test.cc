@@ -119,6 +119,59 @@ TEST_P(ElementwiseTest, SiluMul) {
   }
 }
 
+// Big enough calls split their rows over the pool: the same bits as the caller alone.
+TEST_P(ElementwiseTest, RowOpsOnAPoolMatchTheCallerAlone) {
+  ThreadPool pool(3);
+  const int64_t M = 67, D = 2048, H = 32, hd = 64, half = hd / 2, max_pos = 80;
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const auto x = RandomFloats(M * D, 1, -3.0f, 3.0f), delta = RandomFloats(M * D, 2);
+  const auto w = RandomFloats(D, 3, 0.5f, 1.5f);
+  std::vector<float> alone(M * D), pooled(M * D);
+  RmsNorm(x.data(), w.data(), M, D, 1e-5f, alone.data());
+  RmsNorm(x.data(), w.data(), M, D, 1e-5f, pooled.data(), &pool);
+  EXPECT_TRUE(same(alone, pooled)) << "RmsNorm";
+
+  std::vector<float> r_alone = x, r_pooled = x;
+  AddRmsNorm(r_alone.data(), delta.data(), w.data(), M, D, 1e-5f, alone.data());
+  AddRmsNorm(r_pooled.data(), delta.data(), w.data(), M, D, 1e-5f, pooled.data(), &pool);
+  EXPECT_TRUE(same(r_alone, r_pooled) && same(alone, pooled)) << "AddRmsNorm";
+
+  SiluMul(x.data(), delta.data(), M, D, alone.data());
+  SiluMul(x.data(), delta.data(), M, D, pooled.data(), &pool);
+  EXPECT_TRUE(same(alone, pooled)) << "SiluMul";
+
+  std::vector<float> cos_sin(max_pos * half * 2);
+  for (size_t i = 0; i < cos_sin.size(); ++i) cos_sin[i] = std::cos(0.01f * static_cast<float>(i));
+  std::vector<int32_t> pos(M);
+  for (int64_t m = 0; m < M; ++m) pos[m] = static_cast<int32_t>((m * 37) % max_pos);
+  std::vector<float> q_alone = x, q_pooled = x;  // [M, H * hd] = [M, D]
+  ApplyRope(q_alone.data(), M, D, H, hd, pos.data(), cos_sin.data());
+  ApplyRope(q_pooled.data(), M, D, H, hd, pos.data(), cos_sin.data(), &pool);
+  EXPECT_TRUE(same(q_alone, q_pooled)) << "ApplyRope";
+  EXPECT_FALSE(same(q_alone, x));
+
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    PagedKvLayer kv;
+    kv.dtype = dtype;
+    kv.num_kv_heads = H / 2;
+    kv.head_dim = hd;
+    const int64_t blocks = (M + kv.block_size - 1) / kv.block_size + 1;
+    const size_t bytes = blocks * kv.block_stride_elems() * DTypeSize(dtype);
+    std::vector<uint8_t> kv_alone(bytes, 0xee), kv_pooled(bytes, 0xee);
+    std::vector<int64_t> slots(M);
+    for (int64_t m = 0; m < M; ++m) slots[m] = (m * 5) % (blocks * kv.block_size);  // distinct
+    slots[3] = -1;                                                                   // skipped
+    const int64_t ld = kv.num_kv_heads * hd;
+    kv.base = kv_alone.data();
+    WriteKv(x.data(), ld, delta.data(), ld, M, slots.data(), kv);
+    kv.base = kv_pooled.data();
+    WriteKv(x.data(), ld, delta.data(), ld, M, slots.data(), kv, &pool);
+    EXPECT_EQ(kv_alone, kv_pooled) << "WriteKv " << DTypeName(dtype);
+  }
+}
+
 TEST_P(ElementwiseTest, EmbedF32AndBf16) {
   const int64_t vocab = 10, D = 37;
   const auto table = RandomFloats(vocab * D, 9);
