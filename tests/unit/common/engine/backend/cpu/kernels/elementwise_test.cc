@@ -162,7 +162,7 @@ TEST_P(ElementwiseTest, RowOpsOnAPoolMatchTheCallerAlone) {
     std::vector<uint8_t> kv_alone(bytes, 0xee), kv_pooled(bytes, 0xee);
     std::vector<int64_t> slots(M);
     for (int64_t m = 0; m < M; ++m) slots[m] = (m * 5) % (blocks * kv.block_size);  // distinct
-    slots[3] = -1;                                                                   // skipped
+    slots[3] = -1;                                                                  // skipped
     const int64_t ld = kv.num_kv_heads * hd;
     kv.base = kv_alone.data();
     WriteKv(x.data(), ld, delta.data(), ld, M, slots.data(), kv);
