@@ -127,12 +127,12 @@ void PrefillArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_MatMul)->Name("MatMulDecode")->Apply(DecodeArgs)->UseRealTime();
 BENCHMARK(BM_MatMul)->Name("MatMulPrefill")->Apply(PrefillArgs)->UseRealTime();
 
-// Attention over `seqs` sequences of `ctx` tokens, 32 heads / 8 kv heads, head_dim 128.
-// Args: context, kv dtype (0 f32, 1 bf16), seqs, queries per sequence.
+// Attention over `seqs` sequences of `ctx` tokens, 32 heads / 8 kv heads.
+// Args: context, kv dtype (0 f32, 1 bf16), seqs, queries per sequence, head_dim.
 void BM_Attention(benchmark::State& state) {
   const int64_t ctx = state.range(0), seqs = state.range(2), chunk = state.range(3);
   const DType dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
-  const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
+  const int64_t heads = 32, kv_heads = 8, hd = state.range(4), bs = 16;
   const int64_t blocks_per_seq = (ctx + bs - 1) / bs;
   PagedKvLayer kv;
   kv.dtype = dtype;
@@ -191,17 +191,20 @@ void BM_Attention(benchmark::State& state) {
 
 BENCHMARK(BM_Attention)
     ->Name("AttentionDecode")
-    ->ArgNames({"ctx", "bf16", "seqs", "chunk"})
-    ->Args({512, 0, 4, 1})
-    ->Args({2048, 0, 4, 1})
-    ->Args({512, 1, 4, 1})
-    ->Args({2048, 1, 4, 1})
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd"})
+    ->Args({512, 0, 4, 1, 128})
+    ->Args({2048, 0, 4, 1, 128})
+    ->Args({512, 1, 4, 1, 128})
+    ->Args({2048, 1, 4, 1, 128})
+    ->Args({512, 1, 16, 1, 64})  // llama-1b's heads, a decode batch
     ->UseRealTime();
 BENCHMARK(BM_Attention)
     ->Name("AttentionPrefill")
-    ->ArgNames({"ctx", "bf16", "seqs", "chunk"})
-    ->Args({512, 0, 1, 512})
-    ->Args({512, 1, 1, 512})
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd"})
+    ->Args({512, 0, 1, 512, 128})
+    ->Args({512, 1, 1, 512, 128})
+    ->Args({512, 1, 1, 512, 64})  // llama-1b's heads
+    ->Args({2048, 1, 1, 512, 64})
     ->UseRealTime();
 
 }  // namespace

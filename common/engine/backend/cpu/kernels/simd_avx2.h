@@ -82,6 +82,8 @@ struct Simd {
 
   static F Add(F a, F b) { return _mm256_add_ps(a, b); }
   static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  // Per lane v > running ? v : running (a NaN in v is skipped).
+  static F MaxKeep(F running, F v) { return _mm256_max_ps(v, running); }
   static F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm256_div_ps(a, b); }
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }

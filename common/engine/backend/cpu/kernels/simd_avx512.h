@@ -83,6 +83,8 @@ struct Simd {
 
   static F Add(F a, F b) { return _mm512_add_ps(a, b); }
   static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  // Per lane v > running ? v : running (a NaN in v is skipped).
+  static F MaxKeep(F running, F v) { return _mm512_max_ps(v, running); }
   static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }  // a*b+c, one rounding

@@ -82,6 +82,11 @@ struct Simd {
     for (int i = 0; i < 8; ++i) a.v[i] += b.v[i];
     return a;
   }
+  // Per lane v > running ? v : running (a NaN in v is skipped).
+  static F MaxKeep(F running, F v) {
+    for (int i = 0; i < 8; ++i) running.v[i] = v.v[i] > running.v[i] ? v.v[i] : running.v[i];
+    return running;
+  }
   static F Sub(F a, F b) {
     for (int i = 0; i < 8; ++i) a.v[i] -= b.v[i];
     return a;
