@@ -222,7 +222,7 @@ TEST_P(Int8InputsTest, BatchInvariant) {
     const auto row = RandomFloats(K, 42);
     std::vector<float> want(N);
     MatMul(row.data(), 1, K, K, w.view(DType::kI8), N, nullptr, want.data(), N, nullptr);
-    for (int64_t M : {1, 3, 7, 16, 33}) {
+    for (int64_t M : {1, 3, 7, 16, 24, 33}) {
       auto x = RandomFloats(M * K, 43 + M);
       for (int64_t pos : {int64_t{0}, M / 2, M - 1}) {
         auto xb = x;
@@ -244,7 +244,7 @@ TEST_P(Int8InputsTest, LargeShapesEqualReference) {
   for (const Format& fmt : {kFormats[0], kFormats[1], kFormats[3]}) {
     const int64_t K = 2048, N = 700;
     const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 71);
-    for (int64_t M : {1, 4, 13, 16}) {
+    for (int64_t M : {1, 4, 13, 16, 25, 32, 40}) {  // every tile shape: decode, batch, prefill
       const auto x = RandomFloats(M * K, 72 + M);
       std::vector<float> y(M * N), ref(M * N);
       MatMul(x.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, &pool);
