@@ -54,6 +54,10 @@ class Server:
         self.log_path = os.path.join(self.tmp, "serve.log")
         cmd = [os.path.join(build_dir, "bin", "tandem"), "serve", "--port", "0",
                "--port-file", self.port_file] + list(args)
+        if not any(a.startswith(("--kv-cache-memory", "--num-kv-blocks")) for a in args):
+            # The bundled models need far less than the 1 GiB default, which every engine
+            # commits at startup (~2 s per GiB on the CI VM, more under load).
+            cmd += ["--kv-cache-memory", "128MiB"]
         if model:
             cmd += ["--model", model]
         self.log = open(self.log_path, "wb")

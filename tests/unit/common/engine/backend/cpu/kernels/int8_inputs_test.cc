@@ -244,7 +244,7 @@ TEST_P(Int8InputsTest, LargeShapesEqualReference) {
   for (const Format& fmt : {kFormats[0], kFormats[1], kFormats[3]}) {
     const int64_t K = 2048, N = 700;
     const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 71);
-    for (int64_t M : {1, 4, 13, 16, 25, 32, 40}) {  // every tile shape: decode, batch, prefill
+    for (int64_t M : {1, 4, 16, 20, 33}) {  // every tile shape: decode, batch, prefill
       const auto x = RandomFloats(M * K, 72 + M);
       std::vector<float> y(M * N), ref(M * N);
       MatMul(x.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, &pool);
