@@ -154,6 +154,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
   int threads = options.num_threads > 0 ? options.num_threads : DefaultComputeThreads();
   backend->pool_ = std::make_unique<ThreadPool>(threads);
   if (options.commit_kv) {
+    if (backend->kv_bytes_ >= (size_t{512} << 20)) {  // seconds of work: say what is happening
+      TLOG(INFO) << "committing the " << (backend->kv_bytes_ >> 20) << " MiB KV pool";
+    }
     const auto start = std::chrono::steady_clock::now();
     absl::Status st = CommitPages(backend->kv_, backend->kv_bytes_, backend->pool_.get());
     if (!st.ok()) return st;
