@@ -40,7 +40,8 @@ void EngineFlags::Register(FlagSet* f) {
             "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
             "with f32 weights) or int8 (int8 / int4 weights only: each input row quantized to "
             "int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
-  f->String("kv-cache-memory", &kv_memory, "KV pool budget, e.g. 512MiB or 4GiB");
+  f->String("kv-cache-memory", &kv_memory,
+            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup)");
   f->Int("num-kv-blocks", &num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &block_size, "tokens per KV block");
   f->Int("max-num-seqs", &max_num_seqs, "sequences per step at most");

@@ -22,19 +22,19 @@
 namespace tandem::cpu::internal {
 namespace {
 
-// Register tiles (input rows x tiles of 16 weight rows) per weight format. Decode batches of up
-// to 8 rows take all of them in one 8x1 tile (each weight vector loaded once per step for the
-// whole batch: at M = 8 int4 1.13-1.22x 4x2, int8 1.09x 8x2), longer ones kMR x kNT (int4 6x2:
-// 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and 4x3 at M = 16 and in prefill; int8 6x3,
-// 6x4 / 8x3 / 4x4 / 8x2 within noise of it), a lone row kNT1 tiles (that many weight streams).
+// Register tiles (input rows x tiles of 16 weight rows) per weight format, by input rows:
+// * a lone row: kNT1 tiles (that many weight streams);
+// * up to kDecodeMR rows: one 8x1 tile (each weight vector loaded once per step for the whole
+//   batch: at M = 8 int4 1.13-1.22x 4x2, int8 1.09x 8x2);
+// * up to kBatchMaxM rows (decode batches): kBatchMR x kBatchNT, 8x2. Against the prefill tiles
+//   (llama-1b, 2 threads, the choice switched between passes in one process): batch 16 int8
+//   1.07-1.09x, int4 1.13-1.14x; batch 24-32 1.04-1.08x both (the 6-row tiles' passes over an
+//   L2 block after the first left memory idle; 16 rows in one 16x1 pass ran 0.83-0.97x: a
+//   broadcast load per vpdpbusd);
+// * more (prefill): kMR x kNT (int4 6x2: 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and
+//   4x3; int8 6x3, 6x4 / 8x3 / 4x4 / 8x2 within noise of it at batch 32).
 template <WeightQuant Q>
 struct Shapes;
-// Register tiles by input rows: kDecodeMR x kDecodeNT up to kDecodeMR rows, kBatchMR x kBatchNT up
-// to kBatchMaxM (decode batches), kMR x kNT beyond (prefill). 8x2 for batches of 9-32 rows
-// against the 6x3 / 6x2 of prefill (llama-1b, 2 threads, the choice switched between passes in
-// one process): batch 16 int8 1.07-1.09x, int4 1.13-1.14x; batch 24-32 1.04-1.08x both (the 6-row
-// tiles' passes over an L2 block after the first left memory idle; 16 rows in one 16x1 pass ran
-// 0.83-0.97x: a broadcast per vpdpbusd).
 template <>
 struct Shapes<WeightQuant::kInt8> {
   static constexpr int kDecodeMR = 8, kDecodeNT = 1, kBatchMR = 8, kBatchNT = 2, kBatchMaxM = 32;
