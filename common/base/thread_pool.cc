@@ -40,7 +40,7 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-bool ThreadPool::Claim(uint32_t gen, int self, int* ticket) {
+bool ThreadPool::ClaimOwn(uint32_t gen, int self, int* ticket) {
   std::atomic<uint64_t>& own = shares_[self].word;
   uint64_t w = own.load(std::memory_order_acquire);
   while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
@@ -50,9 +50,13 @@ bool ThreadPool::Claim(uint32_t gen, int self, int* ticket) {
       return true;
     }
   }
+  return false;
+}
+
+bool ThreadPool::Steal(uint32_t gen, int self, int* ticket) {
   for (int i = 1; i < num_threads_; ++i) {
     std::atomic<uint64_t>& other = shares_[(self + i) % num_threads_].word;
-    w = other.load(std::memory_order_acquire);
+    uint64_t w = other.load(std::memory_order_acquire);
     while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
       if (other.compare_exchange_weak(w, w - 1, std::memory_order_acq_rel,
                                       std::memory_order_acquire)) {
@@ -66,9 +70,17 @@ bool ThreadPool::Claim(uint32_t gen, int self, int* ticket) {
 
 void ThreadPool::Work(uint32_t gen, int self) {
   // A successful claim proves the job is still live: the caller waits for every claimed ticket
-  // before it returns, so job_ and tickets_ stay valid until this ticket is done.
-  int ticket = 0;
-  while (Claim(gen, self, &ticket)) {
+  // before it returns, so job_ and tickets_ stay valid until this ticket is done. Tickets of the
+  // own share are counted in done_ together once the share is empty (one transfer of that line
+  // per participant and job, not one per ticket), stolen ones one by one (the join waits on the
+  // last of them).
+  int ticket = 0, done = 0;
+  while (ClaimOwn(gen, self, &ticket)) {
+    (*job_)(ticket, tickets_);
+    ++done;
+  }
+  if (done > 0) done_.fetch_add(done, std::memory_order_acq_rel);
+  while (Steal(gen, self, &ticket)) {
     (*job_)(ticket, tickets_);
     done_.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -84,8 +96,8 @@ void ThreadPool::WorkerLoop(int self) {
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      sleepers_.fetch_add(1);
-      cv_.wait(lock, [&] { return current_.load(std::memory_order_acquire) != seen; });
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      cv_.wait(lock, [&] { return current_.load(std::memory_order_seq_cst) != seen; });
       sleepers_.fetch_sub(1);
       gen = current_.load(std::memory_order_acquire);
     }
@@ -102,7 +114,7 @@ void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn
   }
   job_ = &fn;
   tickets_ = tickets;
-  done_.store(0, std::memory_order_relaxed);
+  done_target_ += tickets;
   ++generation_;
   // Shares before the generation: a worker that sees the job finds them dealt. (Every share of
   // the previous job is empty, so no late claim can take from these.)
@@ -111,14 +123,17 @@ void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn
     const int end = static_cast<int>(int64_t{tickets} * (p + 1) / num_threads_);
     shares_[p].word.store(ShareWord(generation_, begin, end), std::memory_order_release);
   }
-  {
-    // Publishing under the mutex pairs with the sleepers' predicate check.
-    std::lock_guard<std::mutex> lock(mu_);
-    current_.store(generation_, std::memory_order_release);
+  // No mutex on this path: a worker going to sleep counts itself in sleepers_ and then checks
+  // current_ (both seq_cst), the caller publishes current_ and then checks sleepers_ (seq_cst):
+  // one of the two sees the other. A sleeper found here holds or waits on the mutex, so taking
+  // it before notifying cannot slip between its check and its wait.
+  current_.store(generation_, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    cv_.notify_all();
   }
-  if (sleepers_.load() > 0) cv_.notify_all();
   Work(generation_, 0);
-  for (int spins = 0; done_.load(std::memory_order_acquire) != tickets; ++spins) {
+  for (int spins = 0; done_.load(std::memory_order_acquire) != done_target_; ++spins) {
     if (spins < kJoinSpinsBeforeYield) {
       _mm_pause();
     } else {

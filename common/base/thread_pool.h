@@ -56,9 +56,12 @@ class ThreadPool {
  private:
   // Runs fn(ticket, tickets) for every ticket in [0, tickets), 1 <= tickets <= kMaxTickets.
   void RunTickets(int tickets, const std::function<void(int, int)>& fn);
-  // Claims a ticket of job `gen` for participant `self`: the front of its own share, else the
-  // back of another's; false when the job has none left (or is over).
-  bool Claim(uint32_t gen, int self, int* ticket);
+  // Claims a ticket of job `gen` for participant `self` from the front of its own share; false
+  // when that is empty (or the job is over).
+  bool ClaimOwn(uint32_t gen, int self, int* ticket);
+  // Claims a ticket of job `gen` from the back of another participant's share; false when the
+  // job has none left (or is over).
+  bool Steal(uint32_t gen, int self, int* ticket);
   // Runs job `gen`'s tickets as participant `self` until none is left to claim.
   void Work(uint32_t gen, int self);
   void WorkerLoop(int self);
@@ -74,16 +77,25 @@ class ThreadPool {
 
   const int num_threads_;
   std::vector<std::thread> workers_;
-  std::vector<Share> shares_;         // one per participant
-  std::atomic<uint32_t> current_{0};  // generation of the current job (what workers wait for)
-  int tickets_ = 0;                   // of the current job
-  std::atomic<int> done_{0};          // tickets of the current job finished
-  const std::function<void(int, int)>* job_ = nullptr;
-  uint32_t generation_ = 0;  // the caller's copy of the current job's generation
+  std::vector<Share> shares_;  // one per participant
+  uint32_t generation_ = 0;    // the caller's copy of the current job's generation
+  int64_t done_target_ = 0;    // the caller's: done_ once the current job is over
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<int> sleepers_{0};
+
+  // What a worker reads to start a job, on one cache line that only the caller writes (once per
+  // job): a worker that sees the generation gets the rest in the same transfer. A cache line
+  // moving between the two cores of the development VM takes ~275 ns, and a fork/join is a
+  // chain of such moves: the pool keeps it short (tests/bench/thread_pool_bench.cc).
+  alignas(64) std::atomic<uint32_t> current_{0};  // generation of the current job
+  int tickets_ = 0;                               // of the current job
+  const std::function<void(int, int)>* job_ = nullptr;
+
+  // Tickets finished over the pool's life (see Work); the caller only reads it (never resets
+  // it), on a line of its own.
+  alignas(64) std::atomic<int64_t> done_{0};
 };
 
 // Default pool size: the number of cores available to this process.

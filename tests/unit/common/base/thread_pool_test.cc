@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -44,6 +45,33 @@ TEST(ThreadPoolTest, ManyShortJobsBackToBack) {
     pool.Run([&](int tid, int nt) { sum.fetch_add(tid + 1); });
   }
   EXPECT_EQ(sum.load(), 20000 * 3);
+}
+
+TEST(ThreadPoolTest, SleepingWorkersWakeForTheNextJob) {
+  // Between jobs the workers spin briefly, then sleep; the caller publishes a job without a lock
+  // and wakes sleepers only when it sees one. A lost wakeup would not hang the job (the caller
+  // takes every ticket itself) but would leave the worker out: each ticket here waits for the
+  // other to start, so a job run by one thread alone takes the whole deadline and fails.
+  ThreadPool pool(2);
+  for (int job = 0; job < 20; ++job) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(job % 2 == 0 ? 30 : 0));
+    std::atomic<int> started{0};
+    std::mutex mu;
+    std::vector<std::thread::id> ran;
+    pool.Run([&](int, int) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ran.push_back(std::this_thread::get_id());
+      }
+      started.fetch_add(1);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+    });
+    ASSERT_EQ(ran.size(), 2u);
+    EXPECT_NE(ran[0], ran[1]) << "job " << job << " ran on one thread: a worker missed its wakeup";
+  }
 }
 
 TEST(ThreadPoolTest, ClaimedRangesCoverEveryJobUnderChurn) {
