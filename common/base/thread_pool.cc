@@ -9,7 +9,7 @@
 namespace tandem {
 namespace {
 constexpr int kSpinIterations = 20000;  // ~tens of microseconds before sleeping
-// Spins of the joining thread before it starts yielding its core: a ticket still running on a
+// Spins of the joining thread before it starts yielding its core: a claim still running on a
 // descheduled worker needs that core more than the spin does.
 constexpr int kJoinSpinsBeforeYield = 2000;
 
@@ -40,27 +40,33 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-bool ThreadPool::ClaimOwn(uint32_t gen, int self, int* ticket) {
+bool ThreadPool::ClaimOwn(uint32_t gen, int self, int* begin, int* end) {
   std::atomic<uint64_t>& own = shares_[self].word;
   uint64_t w = own.load(std::memory_order_acquire);
   while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
-    if (own.compare_exchange_weak(w, w + (uint64_t{1} << 16), std::memory_order_acq_rel,
-                                  std::memory_order_acquire)) {
-      *ticket = BeginOf(w);
+    const int b = BeginOf(w), left = EndOf(w) - b;
+    const int take = (left + kClaimDivisor - 1) / kClaimDivisor;
+    if (own.compare_exchange_weak(w, w + (static_cast<uint64_t>(take) << 16),
+                                  std::memory_order_acq_rel, std::memory_order_acquire)) {
+      *begin = b;
+      *end = b + take;
       return true;
     }
   }
   return false;
 }
 
-bool ThreadPool::Steal(uint32_t gen, int self, int* ticket) {
+bool ThreadPool::Steal(uint32_t gen, int self, int* begin, int* end) {
   for (int i = 1; i < num_threads_; ++i) {
     std::atomic<uint64_t>& other = shares_[(self + i) % num_threads_].word;
     uint64_t w = other.load(std::memory_order_acquire);
     while (GenOf(w) == gen && BeginOf(w) < EndOf(w)) {
-      if (other.compare_exchange_weak(w, w - 1, std::memory_order_acq_rel,
+      const int left = EndOf(w) - BeginOf(w);
+      const int take = (left + 1) / 2;
+      if (other.compare_exchange_weak(w, w - static_cast<uint64_t>(take), std::memory_order_acq_rel,
                                       std::memory_order_acquire)) {
-        *ticket = EndOf(w) - 1;
+        *begin = EndOf(w) - take;
+        *end = EndOf(w);
         return true;
       }
     }
@@ -69,20 +75,24 @@ bool ThreadPool::Steal(uint32_t gen, int self, int* ticket) {
 }
 
 void ThreadPool::Work(uint32_t gen, int self) {
-  // A successful claim proves the job is still live: the caller waits for every claimed ticket
-  // before it returns, so job_ and tickets_ stay valid until this ticket is done. Tickets of the
-  // own share are counted in done_ together once the share is empty (one transfer of that line
-  // per participant and job, not one per ticket), stolen ones one by one (the join waits on the
-  // last of them).
-  int ticket = 0, done = 0;
-  while (ClaimOwn(gen, self, &ticket)) {
-    (*job_)(ticket, tickets_);
-    ++done;
-  }
-  if (done > 0) done_.fetch_add(done, std::memory_order_acq_rel);
-  while (Steal(gen, self, &ticket)) {
-    (*job_)(ticket, tickets_);
-    done_.fetch_add(1, std::memory_order_acq_rel);
+  // A successful claim proves the job is still live: the caller waits for every claimed unit
+  // before it returns, so job_ stays valid until this claim is done. Units are counted in done_
+  // once per run of claims from the own share (one transfer of that line, not one per claim).
+  std::atomic<uint64_t>& own = shares_[self].word;
+  int begin = 0, end = 0;
+  int64_t done = 0;
+  while (true) {
+    while (ClaimOwn(gen, self, &begin, &end)) {
+      (*job_)(begin, end);
+      done += end - begin;
+    }
+    if (done > 0) done_.fetch_add(done, std::memory_order_acq_rel);
+    done = 0;
+    if (!Steal(gen, self, &begin, &end)) return;
+    // The stolen units become this participant's share, claimed front to back like its own and
+    // open to stealing in turn. The share is empty (nobody else writes an empty share) and the
+    // job cannot end before these units are done, so this store can overwrite nothing.
+    own.store(ShareWord(gen, begin, end), std::memory_order_release);
   }
 }
 
@@ -107,20 +117,19 @@ void ThreadPool::WorkerLoop(int self) {
   }
 }
 
-void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn) {
-  if (num_threads_ == 1 || tickets == 1) {
-    for (int t = 0; t < tickets; ++t) fn(t, tickets);
+void ThreadPool::RunUnits(int units, const std::function<void(int, int)>& fn) {
+  if (num_threads_ == 1 || units == 1) {
+    fn(0, units);
     return;
   }
   job_ = &fn;
-  tickets_ = tickets;
-  done_target_ += tickets;
+  done_target_ += units;
   ++generation_;
   // Shares before the generation: a worker that sees the job finds them dealt. (Every share of
   // the previous job is empty, so no late claim can take from these.)
   for (int p = 0; p < num_threads_; ++p) {
-    const int begin = static_cast<int>(int64_t{tickets} * p / num_threads_);
-    const int end = static_cast<int>(int64_t{tickets} * (p + 1) / num_threads_);
+    const int begin = static_cast<int>(int64_t{units} * p / num_threads_);
+    const int end = static_cast<int>(int64_t{units} * (p + 1) / num_threads_);
     shares_[p].word.store(ShareWord(generation_, begin, end), std::memory_order_release);
   }
   // No mutex on this path: a worker going to sleep counts itself in sleepers_ and then checks
@@ -143,7 +152,11 @@ void ThreadPool::RunTickets(int tickets, const std::function<void(int, int)>& fn
   job_ = nullptr;
 }
 
-void ThreadPool::Run(const std::function<void(int, int)>& fn) { RunTickets(num_threads_, fn); }
+void ThreadPool::Run(const std::function<void(int, int)>& fn) {
+  RunUnits(num_threads_, [&](int begin, int end) {
+    for (int t = begin; t < end; ++t) fn(t, num_threads_);
+  });
+}
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   ParallelForGrain(n, 1, fn);
@@ -152,20 +165,17 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
 void ThreadPool::ParallelForGrain(int64_t n, int64_t grain,
                                   const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int64_t units = (n + grain - 1) / grain;
+  int64_t units = (n + grain - 1) / grain;
+  if (units > kMaxUnits) {  // coarser units, still multiples of grain
+    grain *= (units + kMaxUnits - 1) / kMaxUnits;
+    units = (n + grain - 1) / grain;
+  }
   if (num_threads_ == 1 || units == 1) {
     fn(0, n);
     return;
   }
-  const int ranges = static_cast<int>(
-      std::min<int64_t>({units, int64_t{num_threads_} * kRangesPerThread, kMaxTickets}));
-  RunTickets(ranges, [&](int r, int nr) {
-    const int64_t per = units / nr, extra = units % nr;
-    const int64_t begin_u = r * per + std::min<int64_t>(r, extra);
-    const int64_t end_u = begin_u + per + (r < extra ? 1 : 0);
-    const int64_t begin = std::min(n, begin_u * grain), end = std::min(n, end_u * grain);
-    if (begin < end) fn(begin, end);
-  });
+  RunUnits(static_cast<int>(units),
+           [&](int begin, int end) { fn(begin * grain, std::min(n, end * grain)); });
 }
 
 }  // namespace tandem

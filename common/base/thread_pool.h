@@ -13,18 +13,19 @@ namespace tandem {
 // A fixed team of compute threads for data-parallel kernels. The calling thread takes part, so a
 // pool of size N starts N-1 threads and never oversubscribes N cores.
 //
-// Work claiming: a job is a number of tickets, dealt out in N consecutive shares, one per
-// participant (the caller is participant 0). Each participant claims its own share's tickets
-// from the front, one at a time, then takes the others' left from their back, until none is
-// left; the job ends when every claimed ticket is done. So a participant runs consecutive
-// tickets (one stream through memory: a kernel's prefetch past the end of a ticket feeds the
-// next one it runs, where tickets dealt round robin sent it into another thread's), and a worker
-// that is descheduled (another process took its core) or still asleep simply claims nothing: the
-// others take its share, and the caller never waits for a thread that has not started work.
-// Which thread runs a ticket never changes what the ticket computes.
+// Work claiming: a job is a number of units (a range of elements in multiples of a grain), dealt
+// out in N consecutive shares, one per participant (the caller is participant 0). Each
+// participant claims from the front of its share, a quarter of what is left at a time (so
+// claims shrink as the share runs out), then steals the back half of what is left in another's
+// share, which becomes its own share and is claimed (and stolen from) the same way, until none
+// is left; the job ends when every claimed unit is done. So a participant runs consecutive
+// claims (one stream through memory: a kernel's prefetch past the end of a claim feeds the next
+// one it runs), both threads end on small claims (the join waits for a fraction of a
+// microsecond's work, not a sixteenth of the job), and a worker that is descheduled (another
+// process took its core) or still asleep simply claims nothing: the others take its share, and
+// the caller never waits for a thread that has not started work. Where the claims fall depends
+// on timing; which thread runs an element never changes what is computed for it.
 //
-// Workers spin briefly between jobs (decode steps issue many short jobs back to back), then sleep.
-// Run() may be called from one thread at a time (the engine thread); it is not reentrant.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads);
@@ -38,38 +39,39 @@ class ThreadPool {
   // Tickets may run on any participant, several on one thread (one after the other).
   void Run(const std::function<void(int ticket, int num_tickets)>& fn);
 
-  // Splits [0, n) into ranges and calls fn(begin, end) once per range. The ranges depend only on
-  // n and size(), never on timing; there are up to kRangesPerThread per thread, so a late thread's
-  // ranges are taken by the others.
+  // Calls fn(begin, end) over ranges that cover [0, n) exactly once (claims, see above; where
+  // they fall depends on timing) and returns when all are done.
   void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
 
-  // Like ParallelFor, but ranges are multiples of `grain` (except the last).
+  // Like ParallelFor, but ranges start at multiples of `grain` (units of grain elements; the
+  // last may be shorter). A job of one unit (grain >= n / size(), say) runs each share whole:
+  // one range per participant, contiguous slices.
   void ParallelForGrain(int64_t n, int64_t grain,
                         const std::function<void(int64_t begin, int64_t end)>& fn);
 
-  // 8: the last range a thread finishes while the other waits is 1/16 of a 2-thread job (with 4,
-  // batch-1 decode spent ~10% of its time joining; 8 measured 1.03-1.05x faster). With shares
-  // per participant 8 still beats 32 on jobs of a few hundred KB (0.92x: more claims and range
-  // ends for every job).
-  static constexpr int kRangesPerThread = 8;
+  // A participant claims ceil(left / kClaimDivisor) of its share's units at a time. Against
+  // fixed claims of 1/8 of a share (the split before, one process switching between the two
+  // every decode step; llama-1b, 2 threads): batch-1 int4 1.01-1.03x per step, decode batches
+  // of 4-16 int8 1.02-1.04x, prefill 1.00x (one range per thread); llama-110m 1.01-1.04x.
+  static constexpr int kClaimDivisor = 4;
 
  private:
-  // Runs fn(ticket, tickets) for every ticket in [0, tickets), 1 <= tickets <= kMaxTickets.
-  void RunTickets(int tickets, const std::function<void(int, int)>& fn);
-  // Claims a ticket of job `gen` for participant `self` from the front of its own share; false
-  // when that is empty (or the job is over).
-  bool ClaimOwn(uint32_t gen, int self, int* ticket);
-  // Claims a ticket of job `gen` from the back of another participant's share; false when the
-  // job has none left (or is over).
-  bool Steal(uint32_t gen, int self, int* ticket);
-  // Runs job `gen`'s tickets as participant `self` until none is left to claim.
+  // Runs fn(begin, end) over claims covering the units [0, units), 1 <= units <= kMaxUnits.
+  void RunUnits(int units, const std::function<void(int, int)>& fn);
+  // Claims the front of participant `self`'s share of job `gen`; false when it is empty (or the
+  // job is over).
+  bool ClaimOwn(uint32_t gen, int self, int* begin, int* end);
+  // Claims the back half of another participant's share of job `gen`; false when the job has
+  // none left (or is over).
+  bool Steal(uint32_t gen, int self, int* begin, int* end);
+  // Runs job `gen`'s claims as participant `self` until none is left.
   void Work(uint32_t gen, int self);
   void WorkerLoop(int self);
 
-  static constexpr int kMaxTickets = 0xffff;
+  static constexpr int kMaxUnits = 0xffff;
 
   // One participant's share of the current job: (generation << 32) | (begin << 16) | end, the
-  // tickets [begin, end) not yet claimed, one word so that a claim can never mix one job's
+  // units [begin, end) not yet claimed, one word so that a claim can never mix one job's
   // generation with another's counts; on a cache line of its own.
   struct alignas(64) Share {
     std::atomic<uint64_t> word{0};
@@ -90,7 +92,6 @@ class ThreadPool {
   // moving between the two cores of the development VM takes ~275 ns, and a fork/join is a
   // chain of such moves: the pool keeps it short (tests/bench/thread_pool_bench.cc).
   alignas(64) std::atomic<uint32_t> current_{0};  // generation of the current job
-  int tickets_ = 0;                               // of the current job
   const std::function<void(int, int)>* job_ = nullptr;
 
   // Tickets finished over the pool's life (see Work); the caller only reads it (never resets

@@ -1,6 +1,6 @@
 // The cost of one fork/join of the compute pool, in the shape a decode step gives it: the
 // calling thread runs a little serial work (norms, RoPE, input quantization), then a job of
-// 16 short tickets (a projection's column ranges) over the pool. Prints the median over rounds
+// 16 short units (a projection's column ranges) over the pool. Prints the median over rounds
 // of the time per job beyond its ideal (serial + tickets / threads): what the pool costs.
 //
 //   build/bin/thread_pool_bench [threads=2] [ticket_us=1] [serial_us=2] [rounds=9]
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tandem::ThreadPool pool(threads);
-  const int tickets = threads * tandem::ThreadPool::kRangesPerThread;
+  constexpr int tickets = 16;  // units of ticket_us each (a projection's column units)
   const double ideal_us = serial_us + ticket_us * tickets / threads;
   constexpr int kJobs = 5000;
   std::vector<double> overhead;
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     const Clock::time_point t0 = Clock::now();
     for (int j = 0; j < kJobs; ++j) {
       BusyFor(serial_us);
-      pool.ParallelFor(tickets, [&](int64_t, int64_t) { BusyFor(ticket_us); });
+      pool.ParallelFor(tickets, [&](int64_t b, int64_t e) { BusyFor(ticket_us * (e - b)); });
     }
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kJobs;
     overhead.push_back(us - ideal_us);
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   }
   std::sort(overhead.begin(), overhead.end());
   std::printf(
-      "threads %d, %d tickets of %.1f us after %.1f us serial: fork/join overhead %.2f us "
+      "threads %d, %d units of %.1f us after %.1f us serial: fork/join overhead %.2f us "
       "(median of %d rounds; min %.2f, max %.2f)\n",
       threads, tickets, ticket_us, serial_us, overhead[overhead.size() / 2], rounds,
       overhead.front(), overhead.back());

@@ -90,55 +90,61 @@ TEST(ThreadPoolTest, ClaimedRangesCoverEveryJobUnderChurn) {
   }
 }
 
-TEST(ThreadPoolTest, EachThreadRunsItsShareFrontToBackThenStealsFromTheOtherBack) {
-  // Two participants: each runs consecutive tickets of its own share in order (one stream
-  // through memory), then, if any are left, the other share's from its back.
+TEST(ThreadPoolTest, ClaimsShrinkAsTheJobRunsOut) {
+  // Each thread's claims come in runs, a claim starting where the one before ended (its share,
+  // or a stolen half that became its share); within a run each claim is a quarter of what was
+  // left, so sizes never grow, no claim exceeds a quarter of a share, and the job ends on claims
+  // of one unit.
   ThreadPool pool(2);
-  for (int job = 0; job < 2000; ++job) {
-    const int64_t n = 2 + job % 40;
+  for (int job = 0; job < 500; ++job) {
+    const int64_t n = 64 + job % 200;
     std::mutex mu;
-    std::map<std::thread::id, std::vector<int64_t>> seen;
-    pool.ParallelFor(n, [&](int64_t b, int64_t) {
+    std::map<std::thread::id, std::vector<std::pair<int64_t, int64_t>>> claims;
+    pool.ParallelFor(n, [&](int64_t b, int64_t e) {
       std::lock_guard<std::mutex> lock(mu);
-      seen[std::this_thread::get_id()].push_back(b);
+      claims[std::this_thread::get_id()].push_back({b, e});
     });
-    std::vector<int64_t> starts;  // range starts in order, to map a start to its ticket
-    pool.ParallelFor(n, [&](int64_t b, int64_t) {
-      std::lock_guard<std::mutex> lock(mu);
-      starts.push_back(b);
-    });
-    std::sort(starts.begin(), starts.end());
-    auto ticket = [&](int64_t b) {
-      return std::lower_bound(starts.begin(), starts.end(), b) - starts.begin();
-    };
-    size_t total = 0;
-    for (const auto& [id, begins] : seen) {
-      total += begins.size();
-      size_t i = 1;
-      while (i < begins.size() && ticket(begins[i]) == ticket(begins[i - 1]) + 1) ++i;
-      // Then (after its share) the other share's tickets from its back, one below the other.
-      for (++i; i < begins.size(); ++i) {
-        ASSERT_EQ(ticket(begins[i]), ticket(begins[i - 1]) - 1) << "job " << job;
+    const int64_t share = (n + 1) / 2,
+                  largest = (share + ThreadPool::kClaimDivisor - 1) / ThreadPool::kClaimDivisor;
+    int64_t smallest = n, total = 0;
+    for (const auto& [id, list] : claims) {
+      for (size_t i = 0; i < list.size(); ++i) {
+        const int64_t size = list[i].second - list[i].first;
+        total += size;
+        smallest = std::min(smallest, size);
+        ASSERT_LE(size, largest) << "job " << job;
+        if (i > 0 && list[i].first == list[i - 1].second) {  // the same run
+          ASSERT_LE(size, list[i - 1].second - list[i - 1].first) << "job " << job;
+        }
       }
     }
-    ASSERT_EQ(total, starts.size());
+    ASSERT_EQ(total, n);
+    EXPECT_EQ(smallest, 1) << "job " << job;
   }
 }
 
-TEST(ThreadPoolTest, RangesDependOnlyOnTheSizeAndThePool) {
-  ThreadPool pool(3);
-  auto ranges = [&] {
-    std::vector<std::atomic<int64_t>> end_of(1000);
-    pool.ParallelForGrain(1000, 16, [&](int64_t b, int64_t e) { end_of[b].store(e); });
-    std::vector<int64_t> out;
-    for (auto& e : end_of) out.push_back(e.load());
-    return out;
-  };
-  const auto first = ranges();
-  int count = 0;
-  for (int64_t e : first) count += e != 0;
-  EXPECT_EQ(count, 3 * ThreadPool::kRangesPerThread);
-  for (int i = 0; i < 50; ++i) EXPECT_EQ(ranges(), first);
+TEST(ThreadPoolTest, OneUnitPerParticipantRunsEachShareWhole) {
+  // A grain of n / size() makes one unit per participant: contiguous slices, one range each
+  // (the read-bandwidth probe and prefill-sized MatMuls rely on it).
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    for (int job = 0; job < 200; ++job) {
+      const int64_t n = 1000 + job;
+      const int64_t grain = (n + threads - 1) / threads;
+      std::mutex mu;
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      pool.ParallelForGrain(n, grain, [&](int64_t b, int64_t e) {
+        std::lock_guard<std::mutex> lock(mu);
+        ranges.push_back({b, e});
+      });
+      std::sort(ranges.begin(), ranges.end());
+      ASSERT_EQ(ranges.size(), static_cast<size_t>(threads));
+      for (int t = 0; t < threads; ++t) {
+        ASSERT_EQ(ranges[t].first, t * grain);
+        ASSERT_EQ(ranges[t].second, std::min(n, (t + 1) * grain));
+      }
+    }
+  }
 }
 
 }  // namespace
