@@ -94,7 +94,7 @@ class ThreadPool {
   alignas(64) std::atomic<uint32_t> current_{0};  // generation of the current job
   const std::function<void(int, int)>* job_ = nullptr;
 
-  // Tickets finished over the pool's life (see Work); the caller only reads it (never resets
+  // Units finished over the pool's life (see Work); the caller only reads it (never resets
   // it), on a line of its own.
   alignas(64) std::atomic<int64_t> done_{0};
 };
