@@ -26,6 +26,8 @@ namespace tandem {
 // the caller never waits for a thread that has not started work. Where the claims fall depends
 // on timing; which thread runs an element never changes what is computed for it.
 //
+// Workers spin briefly between jobs (decode steps issue many short jobs back to back), then sleep.
+// Run() may be called from one thread at a time (the engine thread); it is not reentrant.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads);
