@@ -127,12 +127,12 @@ void PrefillArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_MatMul)->Name("MatMulDecode")->Apply(DecodeArgs)->UseRealTime();
 BENCHMARK(BM_MatMul)->Name("MatMulPrefill")->Apply(PrefillArgs)->UseRealTime();
 
-// Attention over `seqs` sequences of `ctx` tokens, 32 heads / 8 kv heads.
-// Args: context, kv dtype (0 f32, 1 bf16), seqs, queries per sequence, head_dim.
+// Attention over `seqs` sequences of `ctx` tokens.
+// Args: context, kv dtype (0 f32, 1 bf16), seqs, queries per sequence, head_dim, heads, kv heads.
 void BM_Attention(benchmark::State& state) {
   const int64_t ctx = state.range(0), seqs = state.range(2), chunk = state.range(3);
   const DType dtype = state.range(1) == 1 ? DType::kBF16 : DType::kF32;
-  const int64_t heads = 32, kv_heads = 8, hd = state.range(4), bs = 16;
+  const int64_t heads = state.range(5), kv_heads = state.range(6), hd = state.range(4), bs = 16;
   const int64_t blocks_per_seq = (ctx + bs - 1) / bs;
   PagedKvLayer kv;
   kv.dtype = dtype;
@@ -191,20 +191,22 @@ void BM_Attention(benchmark::State& state) {
 
 BENCHMARK(BM_Attention)
     ->Name("AttentionDecode")
-    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd"})
-    ->Args({512, 0, 4, 1, 128})
-    ->Args({2048, 0, 4, 1, 128})
-    ->Args({512, 1, 4, 1, 128})
-    ->Args({2048, 1, 4, 1, 128})
-    ->Args({512, 1, 16, 1, 64})  // llama-1b's heads, a decode batch
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd", "heads", "kvh"})
+    ->Args({512, 0, 4, 1, 128, 32, 8})
+    ->Args({2048, 0, 4, 1, 128, 32, 8})
+    ->Args({512, 1, 4, 1, 128, 32, 8})
+    ->Args({2048, 1, 4, 1, 128, 32, 8})
+    ->Args({512, 1, 16, 1, 64, 32, 8})  // llama-1b's heads, a decode batch
     ->UseRealTime();
 BENCHMARK(BM_Attention)
     ->Name("AttentionPrefill")
-    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd"})
-    ->Args({512, 0, 1, 512, 128})
-    ->Args({512, 1, 1, 512, 128})
-    ->Args({512, 1, 1, 512, 64})  // llama-1b's heads
-    ->Args({2048, 1, 1, 512, 64})
+    ->ArgNames({"ctx", "bf16", "seqs", "chunk", "hd", "heads", "kvh"})
+    ->Args({512, 0, 1, 512, 128, 32, 8})
+    ->Args({512, 1, 1, 512, 128, 32, 8})
+    ->Args({512, 1, 1, 512, 64, 32, 8})  // llama-1b's heads
+    ->Args({2048, 1, 1, 512, 64, 32, 8})
+    ->Args({512, 1, 1, 512, 64, 12, 12})  // llama-110m's heads (no GQA)
+    ->Args({128, 1, 1, 128, 64, 12, 12})
     ->UseRealTime();
 
 }  // namespace

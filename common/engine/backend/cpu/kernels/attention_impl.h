@@ -10,8 +10,11 @@
 //   sum = ReduceAdd(lane-wise sum of the p vectors, zero-padded tail);
 //   out[d] = (sum_j p[j] * v_j[d], fma chain over j ascending from +0) * (1 / sum)
 //   (the chain may pause in memory between chunks of positions: same values).
+// A work item may hold several queries of one sequence at consecutive positions (AttentionTyped):
+// they share each K and V row load, and each one's arithmetic stays the above.
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/base/dtype.h"
@@ -171,11 +174,12 @@ float Dot(const float* a, const KT* b, int64_t n) {
   return S::ReduceAdd(acc);
 }
 
-// s[g * n + i] = Dot(q_g, k_rows[i]) * scale for i < P and H heads from q: the arithmetic of
+// s[h][i] = Dot(q[h], k_rows[i]) * scale for i < P and H slots (a slot is one query head;
+// several heads of a GQA group, or one head of several queries of a sequence): the arithmetic of
 // Dot, H * P chains interleaved (enough independent fmas to hide their latency).
 template <class S, class KT, int P, int H>
-void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
-                const float* row_scales, float scale, float* s, int64_t n) {
+void ScoresTile(const float* const* q, int64_t hd, const KT* base, const int64_t* rows,
+                const float* row_scales, float scale, float* const* s) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
   const int64_t main = hd - hd % L;
@@ -192,7 +196,7 @@ void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
     for (int i = 0; i < P; ++i) kv[i] = S::Load(base + rows[i] + d);
 #pragma GCC unroll 4
     for (int h = 0; h < H; ++h) {
-      const F qv = S::Load(q + h * hd + d);
+      const F qv = S::Load(q[h] + d);
 #pragma GCC unroll 8
       for (int i = 0; i < P; ++i) acc[h][i] = S::Fma(qv, kv[i], acc[h][i]);
     }
@@ -203,7 +207,7 @@ void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
     for (int i = 0; i < P; ++i) kv[i] = S::LoadTail(base + rows[i] + main, t);
 #pragma GCC unroll 4
     for (int h = 0; h < H; ++h) {
-      const F qv = S::LoadTail(q + h * hd + main, t);
+      const F qv = S::LoadTail(q[h] + main, t);
 #pragma GCC unroll 8
       for (int i = 0; i < P; ++i) acc[h][i] = S::Fma(qv, kv[i], acc[h][i]);
     }
@@ -220,32 +224,36 @@ void ScoresTile(const float* q, int64_t hd, const KT* base, const int64_t* rows,
 #pragma GCC unroll 8
     for (int i = 0; i < P; ++i) {
       if constexpr (kKvQuantized<KT>) {
-        s[h * n + i] = (sums[i] * row_scales[i]) * scale;
+        s[h][i] = (sums[i] * row_scales[i]) * scale;
       } else {
-        s[h * n + i] = sums[i] * scale;
+        s[h][i] = sums[i] * scale;
       }
     }
   }
 }
 
-// Scores of P key rows for every head of the group: four heads per tile where the registers
-// allow (16 accumulators: each K vector loaded once for four heads; attention 1.00-1.25x over
-// two, kernels_bench), then two, then one. Every score's arithmetic is the same in any tile.
+// Scores of P key rows for `slots` slots, slot h's at s[h] + off: four slots per tile where the
+// registers allow (16 accumulators: each K vector loaded once for four slots; attention
+// 1.00-1.25x over two, kernels_bench), then two, then one. Every score's arithmetic is the same
+// in any tile.
 template <class S, class KT, int P>
-void ScoresOfRows(const float* q, int64_t group, int64_t hd, const KT* base, const int64_t* rows,
-                  const float* row_scales, float scale, float* s, int64_t n) {
+void ScoresOfRows(const float* const* q, int64_t slots, int64_t hd, const KT* base,
+                  const int64_t* rows, const float* row_scales, float scale, float* const* s,
+                  int64_t off) {
   int64_t g = 0;
+  auto tile = [&](auto h_const) {
+    constexpr int H = decltype(h_const)::value;
+    float* dst[H];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; ++h) dst[h] = s[g + h] + off;
+    ScoresTile<S, KT, P, H>(q + g, hd, base, rows, row_scales, scale, dst);
+    g += H;
+  };
   if constexpr (S::kAttnAccs >= 16) {
-    for (; g + 4 <= group; g += 4) {
-      ScoresTile<S, KT, P, 4>(q + g * hd, hd, base, rows, row_scales, scale, s + g * n, n);
-    }
+    while (g + 4 <= slots) tile(std::integral_constant<int, 4>());
   }
-  for (; g + 2 <= group; g += 2) {
-    ScoresTile<S, KT, P, 2>(q + g * hd, hd, base, rows, row_scales, scale, s + g * n, n);
-  }
-  if (g < group) {
-    ScoresTile<S, KT, P, 1>(q + g * hd, hd, base, rows, row_scales, scale, s + g * n, n);
-  }
+  while (g + 2 <= slots) tile(std::integral_constant<int, 2>());
+  if (g < slots) tile(std::integral_constant<int, 1>());
 }
 
 // Bytes of K or V rows prefetched ahead of the position being processed (blocks are scattered,
@@ -296,67 +304,70 @@ inline void ForEachPosition(const AttentionQuery& query, const PagedKvLayer& kv,
   }
 }
 
-// Output of GT heads over NV vectors (+ a masked tail vector) of head_dim, for positions
+// Output of GT slots over NV vectors (+ a masked tail vector) of head_dim, for positions
 // [j0, j1) of the span that starts at `begin`: o[g][d] accumulates p[g][j - begin] * v_j[d], one
-// fma chain per (g, d) in ascending j, starting from +0 when `first`; when `last` the result is
-// scaled by inv[g]. The running sums live in o between calls (same values as in registers).
-// Each V row is loaded once for the GT heads. p rows are n apart, o rows head_dim apart.
+// fma chain per (g, d) in ascending j, starting from +0 when `first`; then, when `mult` is given,
+// the result is multiplied by mult[g] (1 / sum where slot g's chain ends here, else 1: x * 1 is
+// x). The running sums live in o between calls (same values as in registers). Each V row is
+// loaded once for the GT slots; o[g] points at the tile's first vector of slot g's output.
 template <class S, class KT, int GT, int NV, bool kTail>
-void AttentionOutputTile(const float* p, int64_t n, const AttentionQuery& query,
-                         const PagedKvLayer& kv, int64_t begin, int64_t j0, int64_t j1,
-                         int64_t v_extra, int64_t v_scale_extra, int tail, bool first, bool last,
-                         const float* inv, float* o) {
+void AttentionOutputTile(const float* const* p, const AttentionQuery& query, const PagedKvLayer& kv,
+                         int64_t begin, int64_t j0, int64_t j1, int64_t v_extra,
+                         int64_t v_scale_extra, int tail, bool first, const float* mult,
+                         float* const* o) {
   using F = typename S::F;
   constexpr int L = S::kLanes;
   constexpr int NA = NV > 0 ? NV : 1;
-  const int64_t hd = kv.head_dim;
   F acc[GT][NA], acc_tail[GT];
+  const float* pg[GT];
+  float* og[GT];
 #pragma GCC unroll 4
   for (int g = 0; g < GT; ++g) {
-    acc_tail[g] = first ? S::Zero() : S::LoadTail(o + g * hd + NV * L, tail);
+    pg[g] = p[g] - begin;
+    og[g] = o[g];
+    acc_tail[g] = first ? S::Zero() : S::LoadTail(og[g] + NV * L, tail);
 #pragma GCC unroll 8
-    for (int c = 0; c < NV; ++c) acc[g][c] = first ? S::Zero() : S::Load(o + g * hd + c * L);
+    for (int c = 0; c < NV; ++c) acc[g][c] = first ? S::Zero() : S::Load(og[g] + c * L);
   }
   const KT* base = static_cast<const KT*>(kv.base);
-  ForEachPosition<S, KT>(
-      query, kv, j0, j1, v_extra, v_scale_extra, [&](int64_t j, int64_t row, float rs) {
-        const KT* vp = base + row;
-        F v[NA], vt = S::Zero();
+  ForEachPosition<S, KT>(query, kv, j0, j1, v_extra, v_scale_extra,
+                         [&](int64_t j, int64_t row, float rs) {
+                           const KT* vp = base + row;
+                           F v[NA], vt = S::Zero();
 #pragma GCC unroll 8
-        for (int c = 0; c < NV; ++c) v[c] = S::Load(vp + c * L);
-        if constexpr (kTail) vt = S::LoadTail(vp + NV * L, tail);
+                           for (int c = 0; c < NV; ++c) v[c] = S::Load(vp + c * L);
+                           if constexpr (kTail) vt = S::LoadTail(vp + NV * L, tail);
 #pragma GCC unroll 4
-        for (int g = 0; g < GT; ++g) {
-          // Quantized V: the row's scale folds into the probability (one rounding, same
-          // everywhere).
-          const F pv =
-              S::Set1(kKvQuantized<KT> ? p[g * n + (j - begin)] * rs : p[g * n + (j - begin)]);
+                           for (int g = 0; g < GT; ++g) {
+                             // Quantized V: the row's scale folds into the probability (one
+                             // rounding, same everywhere).
+                             const F pv = S::Set1(kKvQuantized<KT> ? pg[g][j] * rs : pg[g][j]);
 #pragma GCC unroll 8
-          for (int c = 0; c < NV; ++c) acc[g][c] = S::Fma(pv, v[c], acc[g][c]);
-          if constexpr (kTail) acc_tail[g] = S::Fma(pv, vt, acc_tail[g]);
-        }
-      });
+                             for (int c = 0; c < NV; ++c) acc[g][c] = S::Fma(pv, v[c], acc[g][c]);
+                             if constexpr (kTail) acc_tail[g] = S::Fma(pv, vt, acc_tail[g]);
+                           }
+                         });
 #pragma GCC unroll 4
   for (int g = 0; g < GT; ++g) {
-    const F iv = S::Set1(last ? inv[g] : 1.0f);
+    const F iv = S::Set1(mult != nullptr ? mult[g] : 1.0f);
 #pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) {
-      S::Store(o + g * hd + c * L, last ? S::Mul(acc[g][c], iv) : acc[g][c]);
+      S::Store(og[g] + c * L, mult != nullptr ? S::Mul(acc[g][c], iv) : acc[g][c]);
     }
     if constexpr (kTail) {
-      S::StoreTail(o + g * hd + NV * L, last ? S::Mul(acc_tail[g], iv) : acc_tail[g], tail);
+      S::StoreTail(og[g] + NV * L, mult != nullptr ? S::Mul(acc_tail[g], iv) : acc_tail[g], tail);
     }
   }
 }
 
-// Output tiles: at most kAttnMaxHeads heads and kAttnMaxVecs vectors (with the tail) per head.
+// Output tiles: at most kAttnMaxHeads slots and kAttnMaxVecs vectors (with the tail) per slot.
 inline constexpr int kAttnMaxHeads = 4;
 inline constexpr int kAttnMaxVecs = 8;
 
 template <class KT>
-using AttentionTileFn = void (*)(const float*, int64_t, const AttentionQuery&, const PagedKvLayer&,
-                                 int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, bool,
-                                 const float*, float*);
+using AttentionTileFn = void (*)(const float* const*, const AttentionQuery&, const PagedKvLayer&,
+                                 int64_t, int64_t, int64_t, int64_t, int64_t, int, bool,
+                                 const float*, float* const*);
 
 // Indexed ((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + has_tail.
 template <class S, class KT, size_t... I>
@@ -401,58 +412,99 @@ float SoftmaxInPlace(float* s, int64_t n) {
   return 1.0f / S::ReduceAdd(acc);
 }
 
+// The slots of one work item: the `group` query heads that share kv head `kv_head`, of each of
+// `count` queries; query r's slots are r * group ... r * group + group - 1. Scores of slot i at
+// scratch + i * stride, 1 / sum of its probabilities at scratch + slots * stride + i.
+template <class S>
+struct AttentionSlots {
+  const float* q;
+  int64_t ldq;
+  const AttentionQuery* queries;
+  int64_t group, head0, hd;
+  float* out;
+  int64_t ldo;
+  float* scratch;
+  int64_t stride, slots;
+
+  const AttentionQuery& query(int64_t i) const { return queries[i / group]; }
+  const float* Q(int64_t i) const { return q + query(i).row * ldq + (head0 + i % group) * hd; }
+  float* Out(int64_t i) const { return out + query(i).row * ldo + (head0 + i % group) * hd; }
+  float* Scores(int64_t i) const { return scratch + i * stride; }
+  float* Inv(int64_t i) const { return scratch + slots * stride + i; }
+};
+
+// Slots per pass over the key rows of ScoreRange (pointer arrays on the stack; a GQA group
+// larger than this takes several passes).
+inline constexpr int64_t kAttnScoreSlots = 64;
+
+// Scores of key positions [jb, je) for slots [s0, s1), four positions at a time.
 template <class S, class KT>
-void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, int64_t kv_head,
-                    int64_t group, const PagedKvLayer& kv, int64_t window, float scale, float* out,
-                    int64_t ldo, float* scratch) {
-  constexpr int L = S::kLanes;
-  const int64_t hd = kv.head_dim, ctx = query.context_len;
-  const int64_t begin = (window > 0 && ctx > window) ? ctx - window : 0;
-  const int64_t n = ctx > begin ? ctx - begin : 0;
-  const float* qh = q + query.row * ldq + kv_head * group * hd;
-  float* oh = out + query.row * ldo + kv_head * group * hd;
-  if (n == 0) {
-    for (int64_t i = 0; i < group * hd; ++i) oh[i] = 0.0f;
-    return;
-  }
+void ScoreRange(const AttentionSlots<S>& sl, const PagedKvLayer& kv, int64_t kv_head, int64_t begin,
+                int64_t jb, int64_t je, int64_t s0, int64_t s1, float scale) {
   const KT* base = static_cast<const KT*>(kv.base);
-  const int64_t k_extra = kv_head * kv.block_size * hd;
-  const int64_t v_extra = (kv.num_kv_heads + kv_head) * kv.block_size * hd;
-  // Scores of every head of the group, four positions at a time (independent fma chains).
+  const int64_t k_extra = kv_head * kv.block_size * kv.head_dim;
   const int64_t k_scale_extra = KvScaleExtra<S>(kv, 0, kv_head);
-  const int64_t v_scale_extra = KvScaleExtra<S>(kv, 1, kv_head);
-  int64_t rows[4], first_j = begin;
-  float row_scales[4];
-  int pending = 0;
-  ForEachPosition<S, KT>(query, kv, begin, ctx, k_extra, k_scale_extra,
-                         [&](int64_t j, int64_t row, float rs) {
-                           if (pending == 0) first_j = j;
-                           row_scales[pending] = rs;
-                           rows[pending++] = row;
-                           if (pending == 4) {
-                             ScoresOfRows<S, KT, 4>(qh, group, hd, base, rows, row_scales, scale,
-                                                    scratch + (first_j - begin), n);
-                             pending = 0;
-                           }
-                         });
-  for (int i = 0; i < pending; ++i) {
-    ScoresOfRows<S, KT, 1>(qh, group, hd, base, rows + i, row_scales + i, scale,
-                           scratch + (first_j - begin) + i, n);
+  for (; s0 < s1; s0 += kAttnScoreSlots) {
+    const int64_t n = s1 - s0 < kAttnScoreSlots ? s1 - s0 : kAttnScoreSlots;
+    const float* qs[kAttnScoreSlots];
+    float* ss[kAttnScoreSlots];
+    for (int64_t i = 0; i < n; ++i) {
+      qs[i] = sl.Q(s0 + i);
+      ss[i] = sl.Scores(s0 + i);
+    }
+    int64_t rows[4], first_j = jb;
+    float row_scales[4];
+    int pending = 0;
+    ForEachPosition<S, KT>(sl.query(s0), kv, jb, je, k_extra, k_scale_extra,
+                           [&](int64_t j, int64_t row, float rs) {
+                             if (pending == 0) first_j = j;
+                             row_scales[pending] = rs;
+                             rows[pending++] = row;
+                             if (pending == 4) {
+                               ScoresOfRows<S, KT, 4>(qs, n, sl.hd, base, rows, row_scales, scale,
+                                                      ss, first_j - begin);
+                               pending = 0;
+                             }
+                           });
+    for (int i = 0; i < pending; ++i) {
+      ScoresOfRows<S, KT, 1>(qs, n, sl.hd, base, rows + i, row_scales + i, scale, ss,
+                             first_j - begin + i);
+    }
   }
-  // Softmax of every head; 1 / sum goes after the scores in scratch.
-  float* inv = scratch + group * n;
-  for (int64_t g = 0; g < group; ++g) inv[g] = SoftmaxInPlace<S>(scratch + g * n, n);
-  // Weighted sum of V, in chunks of positions small enough to stay in L1 while every head and
-  // head_dim tile passes over them (each (head, d) chain still runs over j in ascending order).
+}
+
+// Weighted sums of V over positions [jb, je) for slots [s0, s1), in chunks of positions small
+// enough to stay in L1 while every slot and head_dim tile passes over them (each (slot, d) chain
+// still runs over j in ascending order); a slot's sums are scaled by its 1 / sum in the chunk
+// that ends at its query's context length.
+template <class S, class KT>
+void OutputRange(const AttentionSlots<S>& sl, const PagedKvLayer& kv, int64_t kv_head,
+                 int64_t begin, int64_t jb, int64_t je, int64_t s0, int64_t s1) {
+  constexpr int L = S::kLanes;
   const auto& tiles = kAttentionTiles<S, KT>;
+  const int64_t hd = kv.head_dim;
+  const int64_t v_extra = (kv.num_kv_heads + kv_head) * kv.block_size * hd;
+  const int64_t v_scale_extra = KvScaleExtra<S>(kv, 1, kv_head);
   const int64_t full = hd / L;
   const int tail = static_cast<int>(hd % L);
   const int64_t row_bytes = hd * static_cast<int64_t>(sizeof(KT));
   const int64_t chunk = row_bytes < kAttnChunkBytes ? kAttnChunkBytes / row_bytes : 1;
-  for (int64_t j0 = begin; j0 < ctx; j0 += chunk) {
-    const int64_t j1 = ctx - j0 < chunk ? ctx : j0 + chunk;
-    for (int64_t g0 = 0; g0 < group; g0 += kAttnMaxHeads) {
-      const int gt = static_cast<int>(group - g0 < kAttnMaxHeads ? group - g0 : kAttnMaxHeads);
+  for (int64_t j0 = jb; j0 < je; j0 += chunk) {
+    const int64_t j1 = je - j0 < chunk ? je : j0 + chunk;
+    for (int64_t g0 = s0; g0 < s1; g0 += kAttnMaxHeads) {
+      const int gt = static_cast<int>(s1 - g0 < kAttnMaxHeads ? s1 - g0 : kAttnMaxHeads);
+      const float* ps[kAttnMaxHeads];
+      float* outs[kAttnMaxHeads];
+      float* os[kAttnMaxHeads];
+      float mult[kAttnMaxHeads];
+      bool ends = false;
+      for (int g = 0; g < gt; ++g) {
+        ps[g] = sl.Scores(g0 + g);
+        outs[g] = sl.Out(g0 + g);
+        const bool end = sl.query(g0 + g).context_len == j1;
+        mult[g] = end ? *sl.Inv(g0 + g) : 1.0f;
+        ends = ends || end;
+      }
       // Vectors of head_dim per tile (the masked tail counts as one) within the register budget.
       int budget = S::kAttnAccs / gt;
       if (budget > kAttnMaxVecs) budget = kAttnMaxVecs;
@@ -462,9 +514,10 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
         const int64_t left = full - c;
         const bool with_tail = tail > 0 && left + 1 <= budget;
         const int64_t nv = with_tail ? left : (left < budget ? left : budget);
+        for (int g = 0; g < gt; ++g) os[g] = outs[g] + c * L;
         tiles.fn[((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + (with_tail ? 1 : 0)](
-            scratch + g0 * n, n, query, kv, begin, j0, j1, v_extra + c * L, v_scale_extra,
-            with_tail ? tail : 0, j0 == begin, j1 == ctx, inv + g0, oh + g0 * hd + c * L);
+            ps, sl.query(g0), kv, begin, j0, j1, v_extra + c * L, v_scale_extra,
+            with_tail ? tail : 0, j0 == begin, ends ? mult : nullptr, os);
         c += nv;
         if (with_tail) break;
       } while (c < full || (c == full && tail > 0));
@@ -472,19 +525,66 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery& query, in
   }
 }
 
+// One work item: kv head `kv_head` for `count` queries that share a block table, at context
+// lengths c, c + 1, ..., c + count - 1 (consecutive positions of one sequence: a prefill chunk),
+// with no sliding window shorter than c + count - 1 when count > 1. The positions before c are
+// scored and summed for every slot at once (each K and V row loaded once for all of them), the
+// few after it for the queries that reach them; every (query, head) pair's arithmetic is the
+// one in the header comment, whatever the count.
+template <class S, class KT>
+void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
+                    int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t window,
+                    float scale, float* out, int64_t ldo, float* scratch) {
+  const int64_t hd = kv.head_dim, ctx = queries[0].context_len;
+  const int64_t begin = (window > 0 && ctx > window) ? ctx - window : 0;
+  if (ctx <= begin) {  // an empty context (count is 1 then)
+    float* oh = out + queries[0].row * ldo + kv_head * group * hd;
+    for (int64_t i = 0; i < group * hd; ++i) oh[i] = 0.0f;
+    return;
+  }
+  const int64_t slots = count * group;
+  const AttentionSlots<S> sl{.q = q,
+                             .ldq = ldq,
+                             .queries = queries,
+                             .group = group,
+                             .head0 = kv_head * group,
+                             .hd = hd,
+                             .out = out,
+                             .ldo = ldo,
+                             .scratch = scratch,
+                             .stride = queries[count - 1].context_len - begin,
+                             .slots = slots};
+  ScoreRange<S, KT>(sl, kv, kv_head, begin, begin, ctx, 0, slots, scale);
+  for (int64_t r = 1; r < count; ++r) {
+    ScoreRange<S, KT>(sl, kv, kv_head, begin, ctx, queries[r].context_len, r * group,
+                      (r + 1) * group, scale);
+  }
+  for (int64_t i = 0; i < slots; ++i) {
+    *sl.Inv(i) = SoftmaxInPlace<S>(sl.Scores(i), sl.query(i).context_len - begin);
+  }
+  OutputRange<S, KT>(sl, kv, kv_head, begin, begin, ctx, 0, slots);
+  for (int64_t r = 1; r < count; ++r) {
+    OutputRange<S, KT>(sl, kv, kv_head, begin, ctx, queries[r].context_len, r * group,
+                       (r + 1) * group);
+  }
+}
+
 template <class S>
-void Attention(const float* q, int64_t ldq, const AttentionQuery& query, int64_t kv_head,
-               int64_t group, const PagedKvLayer& kv, int64_t window, float scale, float* out,
-               int64_t ldo, float* scratch) {
+void Attention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
+               int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t window, float scale,
+               float* out, int64_t ldo, float* scratch) {
   if (kv.dtype == DType::kBF16) {
-    AttentionTyped<S, uint16_t>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo,
+    AttentionTyped<S, uint16_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
                                 scratch);
   } else if (kv.dtype == DType::kI8) {
-    AttentionTyped<S, int8_t>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
+    AttentionTyped<S, int8_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
+                              scratch);
   } else if (kv.dtype == DType::kF8E4M3) {
-    AttentionTyped<S, Fp8E4M3>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
+    AttentionTyped<S, Fp8E4M3>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
+                               scratch);
   } else {
-    AttentionTyped<S, float>(q, ldq, query, kv_head, group, kv, window, scale, out, ldo, scratch);
+    AttentionTyped<S, float>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
+                             scratch);
   }
 }
 

@@ -31,11 +31,13 @@ struct KernelTable {
   void (*write_kv)(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
                    const int64_t* slots, const PagedKvLayer& kv);
   void (*read_kv_slot)(const PagedKvLayer& kv, int64_t slot, int which, float* out);
-  // One attention work item: `query` with the `group` query heads that share kv head `kv_head`.
-  // scratch holds at least group * (AttentionSpan(query.context_len, sliding_window) + 1) floats.
-  void (*attention)(const float* q, int64_t ldq, const AttentionQuery& query, int64_t kv_head,
-                    int64_t group, const PagedKvLayer& kv, int64_t sliding_window, float scale,
-                    float* out, int64_t ldo, float* scratch);
+  // One attention work item: the `group` query heads that share kv head `kv_head`, of `count`
+  // queries with one block table at consecutive context lengths (count > 1 only where the
+  // sliding window cuts none of them; attention_impl.h). scratch holds at least count * group *
+  // (AttentionSpan(queries[count - 1].context_len, sliding_window) + 1) floats.
+  void (*attention)(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
+                    int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t sliding_window,
+                    float scale, float* out, int64_t ldo, float* scratch);
   // out[i] = exp(x[i]) with the vector exp the attention and SiLU kernels use.
   void (*exp)(const float* x, int64_t n, float* out);
 };

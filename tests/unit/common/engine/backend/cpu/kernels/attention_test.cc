@@ -232,6 +232,8 @@ std::vector<AttnCase> Cases() {
     cases.push_back({dtype, 4, 4, 136, 16, 37});  // MHA, sliding window, > 8 vectors + tail
     cases.push_back({dtype, 2, 1, 256, 8, 1});    // window of 1
     cases.push_back({dtype, 4, 2, 32, 16, 500});  // window longer than every context
+    cases.push_back({dtype, 3, 3, 64, 16, 0});    // MHA: a prefill chunk's queries share rows
+    cases.push_back({dtype, 4, 2, 20, 5, 0});     // GQA 2: two queries per tile, tail
   }
   return cases;
 }
@@ -335,6 +337,54 @@ TEST_P(AttentionTest, BatchInvariant) {
                                    width * sizeof(float)))
               << "query " << order[i] << " threads " << pool->size() << " hd " << ac.head_dim;
         }
+      }
+    }
+  }
+}
+
+// Queries at consecutive positions of one sequence (a prefill chunk; PagedAttention runs them in
+// tiles that share each K and V row) give each query's bits alone, among other queries, at any
+// row and thread count.
+TEST_P(AttentionTest, PrefillChunksMatchQueriesAlone) {
+  const std::vector<int64_t> lens = {5, 16, 70, 129};
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  for (const AttnCase& ac : Cases()) {
+    const TestCache c =
+        MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 90 + ac.head_dim);
+    // Every sequence's positions from 0, then a chunk from the middle, then one decode query.
+    std::vector<QuerySpec> qspecs;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      for (int64_t L = 1; L <= lens[s]; ++L) qspecs.push_back({s, L});
+      for (int64_t L = lens[s] / 2 + 1; L <= lens[s]; ++L) qspecs.push_back({s, L});
+      qspecs.push_back({s, lens[s]});
+    }
+    const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim, ldq = width + 5;
+    const auto q = RandomFloats(n * ldq, 8);
+    std::vector<float> alone(n * width);
+    for (int64_t i = 0; i < n; ++i) {
+      const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
+      PagedAttention(q.data() + i * ldq, ldq, &query, 1, ac.num_heads, c.kv, ac.window,
+                     alone.data() + i * width, width, nullptr);
+    }
+    std::vector<AttentionQuery> queries;  // query i at row n - 1 - i
+    for (int64_t i = 0; i < n; ++i) {
+      queries.push_back({n - 1 - i, qspecs[i].context_len, c.tables[qspecs[i].seq].data()});
+    }
+    std::vector<float> qb(n * ldq);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&qb[(n - 1 - i) * ldq], &q[i * ldq], width * sizeof(float));
+    }
+    for (auto& pool : pools) {
+      std::vector<float> out(n * width, 7.0f);
+      PagedAttention(qb.data(), ldq, queries.data(), n, ac.num_heads, c.kv, ac.window, out.data(),
+                     width, pool.get());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(0,
+                  std::memcmp(&out[(n - 1 - i) * width], &alone[i * width], width * sizeof(float)))
+            << DTypeName(ac.dtype) << " heads " << ac.num_heads << "/" << ac.num_kv_heads << " hd "
+            << ac.head_dim << " window " << ac.window << " seq " << qspecs[i].seq << " ctx "
+            << qspecs[i].context_len << " threads " << pool->size();
       }
     }
   }
