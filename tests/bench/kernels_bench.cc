@@ -196,7 +196,9 @@ BENCHMARK(BM_Attention)
     ->Args({2048, 0, 4, 1, 128, 32, 8})
     ->Args({512, 1, 4, 1, 128, 32, 8})
     ->Args({2048, 1, 4, 1, 128, 32, 8})
-    ->Args({512, 1, 16, 1, 64, 32, 8})  // llama-1b's heads, a decode batch
+    ->Args({512, 1, 16, 1, 64, 32, 8})   // llama-1b's heads, a decode batch
+    ->Args({192, 1, 16, 1, 64, 12, 12})  // llama-110m's, a serving wave's decode step
+    ->Args({192, 1, 64, 1, 64, 12, 12})  // the same from memory (past the last-level cache)
     ->UseRealTime();
 BENCHMARK(BM_Attention)
     ->Name("AttentionPrefill")

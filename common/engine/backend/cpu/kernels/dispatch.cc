@@ -445,10 +445,13 @@ void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
   internal::ActiveKernels().read_kv_slot(kv, slot, which, out);
 }
 
-// Query heads per attention work item that share each K and V row load: a GQA group, or one head
-// of several queries of a prefill chunk (llama-110m, no GQA: prefill attention 2.3x,
-// kernels_bench).
-constexpr int64_t kAttnTileSlots = 4;
+// Query heads per attention work item: a GQA group, or the heads of one kv head in several queries
+// of a prefill chunk. Each K and V row comes from L2 once per item and serves every one of them
+// from L1 (kernels_bench AttentionPrefill, llama-110m's heads: 2.0-2.5x over one query per item;
+// llama-1b's: 1.2-1.5x over the 4 heads of one query). A tile's scores stay under
+// kAttnTileScoreFloats (they are read back by the softmax and the output pass).
+constexpr int64_t kAttnTileSlots = 32;
+constexpr int64_t kAttnTileScoreFloats = int64_t{1} << 16;
 
 void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
                     int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
@@ -466,10 +469,10 @@ void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, 
     if (span > max_span) max_span = span;
   }
   // Tiles: runs of queries at consecutive positions of one sequence (a prefill chunk) go out
-  // together, up to kAttnTileSlots query heads per kv head, so that each K and V row is loaded
-  // once for all of them (a GQA group shares its rows already). Not across a sliding window's
-  // cut (the queries would not share their first position).
-  const int64_t max_tile = std::max<int64_t>(1, kAttnTileSlots / group);
+  // together, up to kAttnTileSlots query heads per kv head. Not across a sliding window's cut
+  // (the queries would not share their first position).
+  const int64_t max_tile = std::max<int64_t>(
+      1, std::min(kAttnTileSlots / group, kAttnTileScoreFloats / (group * (max_span + 1))));
   static thread_local std::vector<int64_t> tile_starts;
   tile_starts.clear();
   for (int64_t i = 0; i < num_queries;) {
