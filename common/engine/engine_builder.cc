@@ -227,6 +227,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.block_size = options.block_size;
     backend_options.kv_dtype = kv_dtype;
     backend_options.matmul_input_dtype = matmul_input_dtype;
+    backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
     backend_options.num_blocks = options.num_kv_blocks > 0
                                      ? options.num_kv_blocks
                                      : options.kv_cache_bytes / static_cast<int64_t>(per_block);
@@ -237,8 +238,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
     auto cpu = CpuBackend::Create(model, backend_options);
     if (!cpu.ok()) return cpu.status();
-    kv_commit = absl::StrCat(", committed in ",
-                             static_cast<int64_t>((*cpu)->kv_commit_seconds() * 1e3), " ms");
+    kv_commit =
+        absl::StrCat(", committed in ", static_cast<int64_t>((*cpu)->kv_commit_seconds() * 1e3),
+                     " ms; activations for ", backend_options.max_num_tokens, " tokens ",
+                     (*cpu)->activation_bytes() >> 20, " MiB");
     backend = std::move(cpu).value();
   } else {
 #if defined(TANDEM_HAVE_CUDA)

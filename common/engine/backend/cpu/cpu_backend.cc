@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
     backend->kv_commit_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  if (options.max_num_tokens > 0) backend->GrowActivations(options.max_num_tokens);
   return backend;
 }
 
@@ -245,6 +246,25 @@ absl::Status CpuBackend::Validate(const ForwardBatch& b) const {
   return absl::OkStatus();
 }
 
+void CpuBackend::GrowActivations(int64_t t) {
+  const ModelConfig& c = model_->config();
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  for (std::vector<float>* buf : {&x_, &h_, &tmp_}) Grow(*buf, t * d);
+  for (std::vector<float>* buf : {&q_, &attn_}) Grow(*buf, t * qd);
+  for (std::vector<float>* buf : {&k_, &v_}) Grow(*buf, t * kvd);
+  for (std::vector<float>* buf : {&gate_, &up_, &act_}) Grow(*buf, t * f);
+  Grow(queries_, t);
+}
+
+size_t CpuBackend::activation_bytes() const {
+  size_t bytes = queries_.size() * sizeof(cpu::AttentionQuery);
+  for (const std::vector<float>* buf :
+       {&x_, &h_, &tmp_, &q_, &attn_, &k_, &v_, &gate_, &up_, &act_})
+    bytes += buf->size() * sizeof(float);
+  return bytes;
+}
+
 absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   if (auto st = Validate(b); !st.ok()) return st;
   const int64_t t = b.num_tokens();
@@ -256,17 +276,18 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   const float eps = static_cast<float>(c.rms_norm_eps);
   ThreadPool* pool = pool_.get();
 
-  float* x = Grow(x_, t * d);
-  float* h = Grow(h_, t * d);
-  float* q = Grow(q_, t * qd);
-  float* k = Grow(k_, t * kvd);
-  float* v = Grow(v_, t * kvd);
-  float* attn = Grow(attn_, t * qd);
-  float* gate = Grow(gate_, t * f);
-  float* up = Grow(up_, t * f);
-  float* act = Grow(act_, t * f);
-  float* delta = Grow(tmp_, t * d);
-  cpu::AttentionQuery* queries = Grow(queries_, t);
+  GrowActivations(t);
+  float* x = x_.data();
+  float* h = h_.data();
+  float* q = q_.data();
+  float* k = k_.data();
+  float* v = v_.data();
+  float* attn = attn_.data();
+  float* gate = gate_.data();
+  float* up = up_.data();
+  float* act = act_.data();
+  float* delta = tmp_.data();
+  cpu::AttentionQuery* queries = queries_.data();
   for (int64_t i = 0; i < t; ++i) {
     queries[i].row = i;
     queries[i].context_len = b.positions[i] + 1;

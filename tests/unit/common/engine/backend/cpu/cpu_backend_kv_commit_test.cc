@@ -1,5 +1,6 @@
 // The KV pool is committed at creation (CpuBackendOptions::commit_kv): every page of it is
-// resident before the first step, and left to first use when asked not to.
+// resident before the first step, and left to first use when asked not to. The activation
+// buffers are sized at creation for CpuBackendOptions::max_num_tokens.
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -51,6 +52,34 @@ TEST(CpuBackendKvCommitTest, CommittedPoolIsResidentBeforeTheFirstStep) {
 
 TEST(CpuBackendKvCommitTest, UncommittedPoolComesOnFirstUse) {
   EXPECT_LT(PoolResidentFraction(/*commit=*/false), 0.5);
+}
+
+TEST(CpuBackendKvCommitTest, ActivationsSizedAtCreationAndGrownBeyond) {
+  auto model = Load("stories260k", DType::kF32);
+  if (model == nullptr) GTEST_SKIP() << "no stories260k";
+  const ModelConfig& c = model->config();
+  const size_t per_token = (3 * c.hidden_size + 2 * c.num_heads * c.head_dim +
+                            2 * c.num_kv_heads * c.head_dim + 3 * c.intermediate_size) *
+                               sizeof(float) +
+                           sizeof(cpu::AttentionQuery);
+  for (int64_t max_tokens : {int64_t{0}, int64_t{48}}) {
+    CpuBackendOptions options;
+    options.num_blocks = 64;
+    options.kv_dtype = DType::kF32;
+    options.max_num_tokens = max_tokens;
+    auto backend = CpuBackend::Create(model, options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    CpuBackend& b = **backend;
+    EXPECT_EQ(b.activation_bytes(), per_token * static_cast<size_t>(max_tokens));
+    // A step longer than max_num_tokens still runs: the buffers grow to it.
+    std::vector<int32_t> tokens(80, 5), blocks;
+    for (int32_t i = 0; i < 5; ++i) blocks.push_back(i);
+    ForwardBatch batch;
+    batch.AddSequence(tokens, 0, blocks, b.kv_spec().block_size, true);
+    std::vector<float> logits(b.vocab_size());
+    ASSERT_TRUE(b.Forward(batch, logits.data()).ok());
+    EXPECT_EQ(b.activation_bytes(), per_token * 80);
+  }
 }
 
 }  // namespace
