@@ -447,8 +447,8 @@ void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
 
 // Query heads per attention work item: a GQA group, or the heads of one kv head in several queries
 // of a prefill chunk. Each K and V row comes from L2 once per item and serves every one of them
-// from L1 (kernels_bench AttentionPrefill, llama-110m's heads: 2.0-2.5x over one query per item;
-// llama-1b's: 1.2-1.5x over the 4 heads of one query). A tile's scores stay under
+// from L1 (kernels_bench AttentionPrefill: llama-110m's heads 2.4-2.6x with 4 over one query per
+// item and 1.3-1.5x more with 32; llama-1b's 1.2-1.5x with 32). A tile's scores stay under
 // kAttnTileScoreFloats (they are read back by the softmax and the output pass).
 constexpr int64_t kAttnTileSlots = 32;
 constexpr int64_t kAttnTileScoreFloats = int64_t{1} << 16;
