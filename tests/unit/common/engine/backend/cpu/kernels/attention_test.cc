@@ -249,6 +249,26 @@ std::vector<QuerySpec> MakeQueries(const std::vector<int64_t>& lens) {
   return qs;
 }
 
+// Each query's output computed alone (one query per call, no pool): [n][num_heads * head_dim].
+std::vector<float> AloneOutputs(const TestCache& c, const AttnCase& ac,
+                                const std::vector<QuerySpec>& qspecs, const float* q, int64_t ldq) {
+  const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim;
+  std::vector<float> alone(n * width);
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
+    PagedAttention(q + i * ldq, ldq, &query, 1, ac.num_heads, c.kv, ac.window,
+                   alone.data() + i * width, width, nullptr);
+  }
+  return alone;
+}
+
+// Pools of 1, 2 and 3 threads.
+std::vector<std::unique_ptr<ThreadPool>> SmallPools() {
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  return pools;
+}
+
 TEST_P(AttentionTest, MatchesReference) {
   const std::vector<int64_t> lens = {1, 17, 100, 300};
   for (const AttnCase& ac : Cases()) {
@@ -291,21 +311,14 @@ TEST_P(AttentionTest, EmptyContextGivesZeros) {
 // Each query's output is bit-identical alone, in any batch order, at any row, with 1-3 threads.
 TEST_P(AttentionTest, BatchInvariant) {
   const std::vector<int64_t> lens = {3, 16, 70, 129};
-  std::vector<std::unique_ptr<ThreadPool>> pools;
-  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  const std::vector<std::unique_ptr<ThreadPool>> pools = SmallPools();
   for (const AttnCase& ac : Cases()) {
     const TestCache c =
         MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 50 + ac.head_dim);
     const auto qspecs = MakeQueries(lens);
     const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim;
     const auto q = RandomFloats(n * width, 4);
-    // Alone, single-threaded.
-    std::vector<float> alone(n * width);
-    for (int64_t i = 0; i < n; ++i) {
-      const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
-      PagedAttention(q.data() + i * width, width, &query, 1, ac.num_heads, c.kv, ac.window,
-                     alone.data() + i * width, width, nullptr);
-    }
+    const std::vector<float> alone = AloneOutputs(c, ac, qspecs, q.data(), width);
     std::mt19937 rng(5);
     for (int trial = 0; trial < 3; ++trial) {
       // A random subset in random order, placed at random rows of a larger batch.
@@ -347,8 +360,7 @@ TEST_P(AttentionTest, BatchInvariant) {
 // row and thread count.
 TEST_P(AttentionTest, PrefillChunksMatchQueriesAlone) {
   const std::vector<int64_t> lens = {5, 16, 70, 129};
-  std::vector<std::unique_ptr<ThreadPool>> pools;
-  for (int t : {1, 2, 3}) pools.push_back(std::make_unique<ThreadPool>(t));
+  const std::vector<std::unique_ptr<ThreadPool>> pools = SmallPools();
   for (const AttnCase& ac : Cases()) {
     const TestCache c =
         MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 90 + ac.head_dim);
@@ -361,12 +373,7 @@ TEST_P(AttentionTest, PrefillChunksMatchQueriesAlone) {
     }
     const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim, ldq = width + 5;
     const auto q = RandomFloats(n * ldq, 8);
-    std::vector<float> alone(n * width);
-    for (int64_t i = 0; i < n; ++i) {
-      const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
-      PagedAttention(q.data() + i * ldq, ldq, &query, 1, ac.num_heads, c.kv, ac.window,
-                     alone.data() + i * width, width, nullptr);
-    }
+    const std::vector<float> alone = AloneOutputs(c, ac, qspecs, q.data(), ldq);
     std::vector<AttentionQuery> queries;  // query i at row n - 1 - i
     for (int64_t i = 0; i < n; ++i) {
       queries.push_back({n - 1 - i, qspecs[i].context_len, c.tables[qspecs[i].seq].data()});
