@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -246,22 +247,32 @@ absl::Status CpuBackend::Validate(const ForwardBatch& b) const {
   return absl::OkStatus();
 }
 
-void CpuBackend::GrowActivations(int64_t t) {
+std::array<CpuBackend::ActivationBuffer, 10> CpuBackend::ActivationBuffers() const {
   const ModelConfig& c = model_->config();
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
-  for (std::vector<float>* buf : {&x_, &h_, &tmp_}) Grow(*buf, t * d);
-  for (std::vector<float>* buf : {&q_, &attn_}) Grow(*buf, t * qd);
-  for (std::vector<float>* buf : {&k_, &v_}) Grow(*buf, t * kvd);
-  for (std::vector<float>* buf : {&gate_, &up_, &act_}) Grow(*buf, t * f);
+  return {{{&CpuBackend::x_, d},
+           {&CpuBackend::h_, d},
+           {&CpuBackend::tmp_, d},
+           {&CpuBackend::q_, qd},
+           {&CpuBackend::attn_, qd},
+           {&CpuBackend::k_, kvd},
+           {&CpuBackend::v_, kvd},
+           {&CpuBackend::gate_, f},
+           {&CpuBackend::up_, f},
+           {&CpuBackend::act_, f}}};
+}
+
+void CpuBackend::GrowActivations(int64_t t) {
+  for (const ActivationBuffer& b : ActivationBuffers()) Grow(this->*b.buffer, t * b.per_token);
   Grow(queries_, t);
 }
 
 size_t CpuBackend::activation_bytes() const {
   size_t bytes = queries_.size() * sizeof(cpu::AttentionQuery);
-  for (const std::vector<float>* buf :
-       {&x_, &h_, &tmp_, &q_, &attn_, &k_, &v_, &gate_, &up_, &act_})
-    bytes += buf->size() * sizeof(float);
+  for (const ActivationBuffer& b : ActivationBuffers()) {
+    bytes += (this->*b.buffer).size() * sizeof(float);
+  }
   return bytes;
 }
 

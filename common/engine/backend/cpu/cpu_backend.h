@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -75,6 +76,12 @@ class CpuBackend : public Backend {
   double kv_commit_seconds_ = 0;
   // Sizes the activation buffers below for steps of t tokens.
   void GrowActivations(int64_t t);
+  // The per-token activation buffers with their floats per token.
+  struct ActivationBuffer {
+    std::vector<float> CpuBackend::*buffer;
+    int64_t per_token;
+  };
+  std::array<ActivationBuffer, 10> ActivationBuffers() const;
   std::vector<float> rope_;  // [max_pos][head_dim/2][2]
   int64_t max_positions_ = 0;
 
