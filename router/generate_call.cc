@@ -258,7 +258,7 @@ void GenerateCall::HandleFinal(const v1::SampleFinal& f) {
 }
 
 void GenerateCall::Enqueue(std::unique_lock<std::mutex>& lock, v1::GenerateResponse message) {
-  if (finish_called_) return;
+  if (writes_.finish_called()) return;
   message.set_request_id(request_id_);
   if (!sent_first_) {
     sent_first_ = true;
@@ -266,7 +266,7 @@ void GenerateCall::Enqueue(std::unique_lock<std::mutex>& lock, v1::GenerateRespo
       message.mutable_prompt_token_ids()->Assign(prompt_ids_.begin(), prompt_ids_.end());
     }
   }
-  queue_.push_back(std::move(message));
+  writes_.Push(std::move(message));
   PumpLocked(lock);
 }
 
@@ -310,34 +310,16 @@ void GenerateCall::SetFinishStatusLocked(grpc::Status status) {
   finish_status_ = std::move(status);
 }
 
-// Starts the next write or the Finish when nobody holds the writer role. Called with mu_ held;
-// releases it around the reactor call.
 void GenerateCall::PumpLocked(std::unique_lock<std::mutex>& lock) {
-  if (writing_ || finish_called_) return;
-  if (!queue_.empty()) {
-    writing_ = true;
-    in_flight_ = SerializeToByteBuffer(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    StartWrite(&in_flight_);
-    lock.lock();
-    return;
-  }
-  if (finish_status_.has_value()) {
-    finish_called_ = true;
-    grpc::Status status = *finish_status_;
-    lock.unlock();
-    Finish(status);
-    lock.lock();
-  }
+  writes_.Pump(this, lock, finish_status_);
 }
 
 void GenerateCall::OnWriteDone(bool ok) {
   std::unique_lock<std::mutex> lock(mu_);
-  writing_ = false;
+  writes_.WriteDone();
   if (!ok) {
     // The client went away: stop generating and end the call.
-    queue_.clear();
+    writes_.Clear();
     if (samples_open_ > 0) service_->client().Cancel(request_id_, -1);
     SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
@@ -347,7 +329,7 @@ void GenerateCall::OnWriteDone(bool ok) {
 void GenerateCall::OnCancel() {
   std::unique_lock<std::mutex> lock(mu_);
   if (samples_open_ > 0 && !request_id_.empty()) service_->client().Cancel(request_id_, -1);
-  queue_.clear();
+  writes_.Clear();
   SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   PumpLocked(lock);
 }

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "common/engine/tokenizer/stream_decoder.h"
+#include "common/rpc/write_queue.h"
 #include "router/generation_service.h"
 #include "router/stop_matcher.h"
 
@@ -18,8 +18,8 @@ namespace tandem {
 //
 // Threads: the reactor's callbacks (OnWriteDone, OnCancel, OnDone) run on gRPC threads; worker
 // responses arrive on the client's thread. `mu_` guards everything below it. Only the holder
-// of the "writer" role (writing_ == true) calls StartWrite or Finish, so the reactor cannot be
-// deleted (OnDone) while a response is being handed to it.
+// of the "writer" role (common/rpc/write_queue.h) calls StartWrite or Finish, so the reactor
+// cannot be deleted (OnDone) while a response is being handed to it.
 class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                      public std::enable_shared_from_this<GenerateCall> {
  public:
@@ -63,11 +63,8 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   std::mutex mu_;
   std::vector<Sample> samples_;
   int32_t samples_open_ = 0;
-  std::deque<v1::GenerateResponse> queue_;
-  grpc::ByteBuffer in_flight_;
-  bool writing_ = false;
+  WriteQueue<v1::GenerateResponse> writes_;
   std::optional<grpc::Status> finish_status_;  // set once the stream should end
-  bool finish_called_ = false;
   bool sent_first_ = false;
   std::shared_ptr<GenerateCall> self_;  // keeps the call alive until OnDone
   absl::Time arrival_;

@@ -1,11 +1,11 @@
 #include "common/worker/worker_service.h"
 
 #include <algorithm>
-#include <deque>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/byte_buffer.h"
+#include "common/rpc/write_queue.h"
 
 namespace tandem {
 
@@ -30,8 +30,8 @@ v1::WorkerStats ToWorkerStats(const EngineStats& s) {
 }
 
 // One Decode stream. Responses arrive on the engine thread and are queued; only the holder of
-// the writer role (writing_) calls StartWrite or Finish, so the reactor outlives every call on
-// it (the same protocol as router/generate_call.h).
+// the writer role (common/rpc/write_queue.h) calls StartWrite or Finish, so the reactor outlives
+// every call on it.
 class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DecodeCall(WorkerService* service, const v1::DecodeRequest& request)
@@ -63,10 +63,10 @@ class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void OnWriteDone(bool ok) override {
     std::unique_lock<std::mutex> lock(mu_);
-    writing_ = false;
+    writes_.WriteDone();
     if (!ok && !status_.has_value()) {
       service_->decode_->Cancel(request_id_, -1);
-      queue_.clear();
+      writes_.Clear();
       status_ = grpc::Status(grpc::StatusCode::CANCELLED, "router went away");
     }
     PumpLocked(lock);
@@ -75,7 +75,7 @@ class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnCancel() override {
     std::unique_lock<std::mutex> lock(mu_);
     if (open_ > 0 && service_->decode_ != nullptr) service_->decode_->Cancel(request_id_, -1);
-    queue_.clear();
+    writes_.Clear();
     if (!status_.has_value()) status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     PumpLocked(lock);
   }
@@ -98,7 +98,7 @@ class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnResponse(const v1::DecodeResponse& r) {
     std::unique_lock<std::mutex> lock(mu_);
     if (status_.has_value()) return;
-    queue_.push_back(r);
+    writes_.Push(r);
     if (r.has_final()) {
       if (r.final().finish_reason() == v1::FINISH_REASON_ERROR) {
         error_code_ = r.final().error_code() != 0
@@ -112,33 +112,12 @@ class DecodeCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     PumpLocked(lock);
   }
 
-  void PumpLocked(std::unique_lock<std::mutex>& lock) {
-    if (writing_ || finish_called_) return;
-    if (!queue_.empty()) {
-      writing_ = true;
-      in_flight_ = SerializeToByteBuffer(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      StartWrite(&in_flight_);
-      lock.lock();
-      return;
-    }
-    if (status_.has_value()) {
-      finish_called_ = true;
-      grpc::Status st = *status_;
-      lock.unlock();
-      Finish(st);
-      lock.lock();
-    }
-  }
+  void PumpLocked(std::unique_lock<std::mutex>& lock) { writes_.Pump(this, lock, status_); }
 
   WorkerService* service_;
   std::string request_id_;
   std::mutex mu_;
-  std::deque<v1::DecodeResponse> queue_;
-  grpc::ByteBuffer in_flight_;
-  bool writing_ = false;
-  bool finish_called_ = false;
+  WriteQueue<v1::DecodeResponse> writes_;
   int32_t open_ = 0;
   std::optional<grpc::Status> status_;
   absl::StatusCode error_code_ = absl::StatusCode::kOk;  // of an error final, if any

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
 
 void ForwardBatch::AddSequenceRows(const std::vector<int32_t>& tokens, int32_t start_pos,
@@ -25,6 +27,60 @@ void ForwardBatch::AddSequenceRows(const std::vector<int32_t>& tokens, int32_t s
     this->logit_rows.push_back(seq.token_begin + static_cast<int32_t>(r));
   }
   seqs.push_back(std::move(seq));
+}
+
+absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec,
+                                  int64_t vocab_size, int64_t max_positions) {
+  const int64_t t = b.num_tokens();
+  if (static_cast<int64_t>(b.positions.size()) != t || static_cast<int64_t>(b.slots.size()) != t ||
+      static_cast<int64_t>(b.seq_of_token.size()) != t) {
+    return absl::InvalidArgumentError("forward batch: per-token arrays differ in length");
+  }
+  const int64_t capacity = spec.num_blocks * spec.block_size;
+  for (int64_t i = 0; i < t; ++i) {
+    if (b.token_ids[i] < 0 || b.token_ids[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", b.token_ids[i], " outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    if (b.positions[i] < 0 || b.positions[i] >= max_positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", b.positions[i], " outside [0, ", max_positions, ")"));
+    }
+    if (b.slots[i] >= capacity) return absl::InvalidArgumentError("KV slot out of range");
+    const int32_t s = b.seq_of_token[i];
+    if (s < 0 || s >= static_cast<int32_t>(b.seqs.size())) {
+      return absl::InvalidArgumentError("token refers to no sequence");
+    }
+    const int64_t needed = b.positions[i] / spec.block_size + 1;
+    if (static_cast<int64_t>(b.seqs[s].block_table.size()) < needed) {
+      return absl::InvalidArgumentError("block table does not cover the token's position");
+    }
+  }
+  int64_t covered = 0;
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const ForwardSeq& seq = b.seqs[s];
+    if (seq.token_begin < 0 || seq.num_tokens < 0 || seq.token_begin + seq.num_tokens > t) {
+      return absl::InvalidArgumentError("sequence token range outside the batch");
+    }
+    for (int32_t i = seq.token_begin; i < seq.token_begin + seq.num_tokens; ++i) {
+      if (b.seq_of_token[i] != static_cast<int32_t>(s)) {
+        return absl::InvalidArgumentError("sequence token ranges disagree with seq_of_token");
+      }
+    }
+    covered += seq.num_tokens;
+    for (int32_t block : seq.block_table) {
+      if (block < 0 || block >= spec.num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat("block id ", block, " out of range"));
+      }
+    }
+  }
+  if (covered != t) {
+    return absl::InvalidArgumentError("sequence token ranges do not cover the batch");
+  }
+  for (int32_t r : b.logit_rows) {
+    if (r < 0 || r >= t) return absl::InvalidArgumentError("logit row out of range");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem

@@ -59,6 +59,13 @@ struct ForwardBatch {
                        int64_t logit_rows);
 };
 
+// Checks that every index a backend follows in `batch` stays in range: per-token arrays of one
+// length, token ids inside the vocabulary, positions below `max_positions`, KV slots and block ids
+// inside the pool of `spec`, block tables covering each token's position, sequence token ranges
+// that tile the batch in order and agree with seq_of_token, logit rows inside the batch.
+absl::Status ValidateForwardBatch(const ForwardBatch& batch, const KvCacheSpec& spec,
+                                  int64_t vocab_size, int64_t max_positions);
+
 // The compute device behind the engine: runs forward passes and owns the KV pool's storage.
 // Not thread-safe: one engine thread calls it.
 class Backend {

@@ -206,47 +206,6 @@ void CpuBackend::CopyBlock(int32_t src, int32_t dst) {
   }
 }
 
-absl::Status CpuBackend::Validate(const ForwardBatch& b) const {
-  const int64_t t = b.num_tokens();
-  if (static_cast<int64_t>(b.positions.size()) != t || static_cast<int64_t>(b.slots.size()) != t ||
-      static_cast<int64_t>(b.seq_of_token.size()) != t) {
-    return absl::InvalidArgumentError("forward batch: per-token arrays differ in length");
-  }
-  const int64_t vocab = model_->config().vocab_size;
-  const int64_t capacity = spec_.num_blocks * spec_.block_size;
-  for (int64_t i = 0; i < t; ++i) {
-    if (b.token_ids[i] < 0 || b.token_ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", b.token_ids[i], " outside the vocabulary [0, ", vocab, ")"));
-    }
-    if (b.positions[i] < 0 || b.positions[i] >= max_positions_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.positions[i], " outside [0, ", max_positions_, ")"));
-    }
-    if (b.slots[i] >= capacity) return absl::InvalidArgumentError("KV slot out of range");
-    int32_t s = b.seq_of_token[i];
-    if (s < 0 || s >= static_cast<int32_t>(b.seqs.size())) {
-      return absl::InvalidArgumentError("token refers to no sequence");
-    }
-    const ForwardSeq& seq = b.seqs[s];
-    int64_t needed = b.positions[i] / spec_.block_size + 1;
-    if (static_cast<int64_t>(seq.block_table.size()) < needed) {
-      return absl::InvalidArgumentError("block table does not cover the token's position");
-    }
-  }
-  for (const ForwardSeq& seq : b.seqs) {
-    for (int32_t block : seq.block_table) {
-      if (block < 0 || block >= spec_.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("block id ", block, " out of range"));
-      }
-    }
-  }
-  for (int32_t r : b.logit_rows) {
-    if (r < 0 || r >= t) return absl::InvalidArgumentError("logit row out of range");
-  }
-  return absl::OkStatus();
-}
-
 std::array<CpuBackend::ActivationBuffer, 10> CpuBackend::ActivationBuffers() const {
   const ModelConfig& c = model_->config();
   const int64_t d = c.hidden_size, f = c.intermediate_size;
@@ -277,7 +236,10 @@ size_t CpuBackend::activation_bytes() const {
 }
 
 absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
-  if (auto st = Validate(b); !st.ok()) return st;
+  if (auto st = ValidateForwardBatch(b, spec_, model_->config().vocab_size, max_positions_);
+      !st.ok()) {
+    return st;
+  }
   const int64_t t = b.num_tokens();
   if (t == 0) return absl::OkStatus();
   const ModelConfig& c = model_->config();

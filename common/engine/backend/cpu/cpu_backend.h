@@ -64,7 +64,6 @@ class CpuBackend : public Backend {
 
  private:
   CpuBackend(std::shared_ptr<const Model> model, const CpuBackendOptions& options);
-  absl::Status Validate(const ForwardBatch& batch) const;
   cpu::PagedKvLayer KvLayer(int64_t layer) const;
 
   std::shared_ptr<const Model> model_;

@@ -70,7 +70,6 @@ class CudaBackend final : public Backend {
   absl::Status Init();
   absl::Status AllocateKvPool();
   absl::Status EnsureCapacity(int64_t tokens, int64_t seqs, int64_t logit_rows);
-  absl::Status Validate(const ForwardBatch& batch) const;
   bool GraphEligible(const ForwardBatch& batch) const;
   absl::Status ForwardEager(const ForwardBatch& batch);
   absl::Status ForwardGraph(const ForwardBatch& batch);

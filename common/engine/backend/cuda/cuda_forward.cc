@@ -25,59 +25,6 @@ int64_t NextPow2(int64_t v) {
 
 }  // namespace
 
-absl::Status CudaBackend::Validate(const ForwardBatch& b) const {
-  const int64_t t = b.num_tokens();
-  if (static_cast<int64_t>(b.positions.size()) != t || static_cast<int64_t>(b.slots.size()) != t ||
-      static_cast<int64_t>(b.seq_of_token.size()) != t) {
-    return absl::InvalidArgumentError("forward batch: per-token arrays differ in length");
-  }
-  const int64_t vocab = model_->config().vocab_size;
-  const int64_t capacity = spec_.num_blocks * spec_.block_size;
-  for (int64_t i = 0; i < t; ++i) {
-    if (b.token_ids[i] < 0 || b.token_ids[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", b.token_ids[i], " outside the vocabulary [0, ", vocab, ")"));
-    }
-    if (b.positions[i] < 0 || b.positions[i] >= max_positions_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("position ", b.positions[i], " outside [0, ", max_positions_, ")"));
-    }
-    if (b.slots[i] >= capacity) return absl::InvalidArgumentError("KV slot out of range");
-    const int32_t s = b.seq_of_token[i];
-    if (s < 0 || s >= static_cast<int32_t>(b.seqs.size())) {
-      return absl::InvalidArgumentError("token refers to no sequence");
-    }
-    const int64_t needed = b.positions[i] / spec_.block_size + 1;
-    if (static_cast<int64_t>(b.seqs[s].block_table.size()) < needed) {
-      return absl::InvalidArgumentError("block table does not cover the token's position");
-    }
-  }
-  int64_t covered = 0;
-  for (size_t s = 0; s < b.seqs.size(); ++s) {
-    const ForwardSeq& seq = b.seqs[s];
-    if (seq.token_begin < 0 || seq.num_tokens < 0 || seq.token_begin + seq.num_tokens > t) {
-      return absl::InvalidArgumentError("sequence token range outside the batch");
-    }
-    for (int32_t i = seq.token_begin; i < seq.token_begin + seq.num_tokens; ++i) {
-      if (b.seq_of_token[i] != static_cast<int32_t>(s)) {
-        return absl::InvalidArgumentError("sequence token ranges disagree with seq_of_token");
-      }
-    }
-    covered += seq.num_tokens;
-    for (int32_t block : seq.block_table) {
-      if (block < 0 || block >= spec_.num_blocks) {
-        return absl::InvalidArgumentError(absl::StrCat("block id ", block, " out of range"));
-      }
-    }
-  }
-  if (covered != t)
-    return absl::InvalidArgumentError("sequence token ranges do not cover the batch");
-  for (int32_t r : b.logit_rows) {
-    if (r < 0 || r >= t) return absl::InvalidArgumentError("logit row out of range");
-  }
-  return absl::OkStatus();
-}
-
 bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
   if (!options_.cuda_graphs || !graphs_enabled_ || b.on_layer_done || batch_buckets_.empty()) {
     return false;
@@ -98,7 +45,8 @@ bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
 absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
   if (!sticky_.ok()) return sticky_;
-  TANDEM_RETURN_IF_ERROR(Validate(b));
+  TANDEM_RETURN_IF_ERROR(
+      ValidateForwardBatch(b, spec_, model_->config().vocab_size, max_positions_));
   if (b.num_tokens() == 0) return absl::OkStatus();
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
   if (GraphEligible(b)) {
