@@ -4,7 +4,7 @@ import json
 import os
 import re
 
-from benchfmt import commands_block, fmt, header, table, write
+from benchfmt import commands_block, fmt, header, median, spread, table, write
 
 # Issue 7's llama.cpp server figures (this machine, 2 threads, 128-token prompts, 128 new tokens):
 # aggregate tok/s at concurrency 1 / 4 / 8 and mean TTFT (ms) at concurrency 8.
@@ -17,13 +17,14 @@ NAMES = {"none": "bf16", "int8": "int8 (per-channel)", "int4": "int4 g128"}
 
 
 def _load(work):
+    """{(model, format, concurrency): {round: wave}} from <model>.<format>.c<C>.<round>.json."""
     runs = {}
     for path in glob.glob(os.path.join(work, "*.c*.json")):
-        m = re.match(r"(.+)\.(none|int8|int4)\.c(\d+)\.json$", os.path.basename(path))
+        m = re.match(r"(.+)\.(none|int8|int4)\.c(\d+)\.(\d+)\.json$", os.path.basename(path))
         if not m:
             continue
         report = json.load(open(path))
-        runs[(m.group(1), m.group(2), int(m.group(3)))] = {
+        runs.setdefault((m.group(1), m.group(2), int(m.group(3))), {})[int(m.group(4))] = {
             "tok_s": report["throughput"]["output_tokens_per_s"],
             "ttft_mean_ms": report["ttft_ms"]["mean"],
             "completed": report["requests"]["completed"],
@@ -31,19 +32,41 @@ def _load(work):
     return runs
 
 
+def _point(waves):
+    """Medians over a point's rounds, with the rounds kept for the JSON summary."""
+    if not waves:
+        return None
+    return {
+        "tok_s": median(w["tok_s"] for w in waves.values()),
+        "ttft_mean_ms": median(w["ttft_mean_ms"] for w in waves.values()),
+        "rounds": [waves[r] for r in sorted(waves)],
+    }
+
+
+def _round_ratios(c1, c16):
+    """c=16 / c=1 within each round: two waves a few seconds apart on one server."""
+    if not c1 or not c16:
+        return []
+    return [c16[r]["tok_s"] / c1[r]["tok_s"] for r in sorted(c1)
+            if r in c16 and c1[r]["tok_s"] > 0]
+
+
 def render_serve_curve(work, outdir):
     tandem = open(os.path.join(work, "tandem.txt")).read().strip()
     runs = _load(work)
+    reps = int(open(os.path.join(work, "reps.txt")).read())
     md = header(work, "scripts/bench/serve_curve.sh",
                 "## Serving curve: aggregate throughput and TTFT through `tandem serve` "
-                "(issue #7)", 1).replace("(1 repetitions, interleaved)", "(one run per point)")
+                "(issue #7)", reps).replace("interleaved", "rounds of the whole sweep per server")
     md += ("\nOne `tandem serve` at a time (router and engine in one process, 2 compute "
            "threads, at most 32 sequences per step), weights quantized at load from the random "
            "bf16 checkpoint. Workload, as the peer's server figures: for each concurrency C, C "
            "requests started together, 128-token prompts, 128 new tokens each (ignore_eos), "
            "greedy; each wave draws its own prompts (a seed per wave: no prefix-cache hits), "
            "after a warm-up at the same shape. Aggregate tok/s = output tokens / wall time of "
-           "the wave (prefill included); TTFT = mean time to first token of the wave.\n")
+           "the wave (prefill included); TTFT = mean time to first token of the wave. Each "
+           "figure is the median of the rounds; c=16 / c=1 is the median of each round's own "
+           "ratio (its two waves a few seconds apart on one server), with the rounds' range.\n")
     summary = {}
     for model in ("llama-110m", "llama-1b"):
         fmts = sorted({f for (m, f, _) in runs if m == model},
@@ -53,12 +76,11 @@ def render_serve_curve(work, outdir):
             continue
         rows = []
         for f in fmts:
-            point = {c: runs.get((model, f, c)) for c in concs}
-            base = point.get(1)
+            point = {c: _point(runs.get((model, f, c))) for c in concs}
             row = [NAMES[f]] + [fmt(point[c]["tok_s"]) if point[c] else "-" for c in concs]
-            scale16 = (point[16]["tok_s"] / base["tok_s"]
-                       if base and point.get(16) and base["tok_s"] > 0 else None)
-            row.append(f"{fmt(scale16)}x" if scale16 else "-")
+            ratios = _round_ratios(runs.get((model, f, 1)), runs.get((model, f, 16)))
+            scale16 = median(ratios)
+            row.append(f"{fmt(scale16)}x ({spread(ratios)})" if scale16 else "-")
             row += [fmt(point[c]["ttft_mean_ms"]) if point.get(c) else "-" for c in (1, 8)]
             peer = PEER.get((model, f))
             if peer:
@@ -71,7 +93,8 @@ def render_serve_curve(work, outdir):
             else:
                 row += ["-", "-"]
             rows.append(row)
-            summary[f"{model}.{f}"] = {"points": point, "c16_over_c1": scale16}
+            summary[f"{model}.{f}"] = {"points": point, "c16_over_c1": scale16,
+                                       "c16_over_c1_rounds": ratios}
         md += f"\n### {model}\n\n"
         md += table(["weights"] + [f"c={c} tok/s" for c in concs]
                     + ["c=16 / c=1", "TTFT c=1 (ms)", "TTFT c=8 (ms)",

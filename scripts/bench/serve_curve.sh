@@ -6,8 +6,11 @@
 # concurrency C. One server at a time (each takes every core). Token budget per step 256: the
 # prompts of a wave are prefilled a few per step, so the first ones answer sooner, at no cost in
 # throughput on two cores (scripts/bench/serve_budget_ab.sh; docs/benchmarks.md, "third pass").
+# Each server runs BENCH_REPS rounds (default 3) of the whole sweep, so that a slow moment of
+# this machine lands on one round's points, not on one point: the report takes medians per point
+# and the c=16 / c=1 ratio of each round (two waves a few seconds apart on one server).
 #   SERVE_FORMATS_110M="none int8 int4" SERVE_FORMATS_1B="int8 int4" scripts/bench/serve_curve.sh
-# Writes $BENCH_RESULTS/serve_curve.{md,json}. About 10 minutes.
+# Writes $BENCH_RESULTS/serve_curve.{md,json}. About 15 minutes.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init serve_curve
@@ -15,6 +18,8 @@ FORMATS_110M=(${SERVE_FORMATS_110M:-none int8 int4})
 FORMATS_1B=(${SERVE_FORMATS_1B:-int8 int4})
 CONC_110M=(${SERVE_CONC_110M:-1 4 8 16 32})
 CONC_1B=(${SERVE_CONC_1B:-1 4 8 16})
+REPS="${BENCH_REPS:-3}"
+echo "$REPS" >"$WORK/reps.txt"
 
 run_model() {
   local preset="$1" dir
@@ -30,10 +35,12 @@ run_model() {
     # prompts with its own seed: waves that repeated earlier prompts would hit the prefix cache.
     "$TANDEM" bench --target "$target" --num-requests 2 --concurrency 2 --prompt-len 128 \
       --output-len 16 --seed 999 --quiet --progress-interval 0 --sample-interval 0
-    for c in "${concurrencies[@]}"; do
-      run_bench "$WORK/$name.c$c.json" --target "$target" --label "$preset $fmt c=$c" \
-        --num-requests "$c" --concurrency "$c" --prompt-len 128 --output-len 128 \
-        --seed $((100 + c)) --sample-interval 0
+    for rep in $(seq 1 "$REPS"); do
+      for c in "${concurrencies[@]}"; do
+        run_bench "$WORK/$name.c$c.$rep.json" --target "$target" \
+          --label "$preset $fmt c=$c" --num-requests "$c" --concurrency "$c" \
+          --prompt-len 128 --output-len 128 --seed $((1000 * rep + c)) --sample-interval 0
+      done
     done
     stop_process "$pid"
   done
