@@ -10,7 +10,7 @@
 # this machine lands on one round's points, not on one point: the report takes medians per point
 # and the c=16 / c=1 ratio of each round (two waves a few seconds apart on one server).
 #   SERVE_FORMATS_110M="none int8 int4" SERVE_FORMATS_1B="int8 int4" scripts/bench/serve_curve.sh
-# Writes $BENCH_RESULTS/serve_curve.{md,json}. About 15 minutes.
+# Writes $BENCH_RESULTS/serve_curve.{md,json}. About 5 minutes (the random models made once).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init serve_curve
