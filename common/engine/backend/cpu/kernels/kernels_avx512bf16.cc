@@ -75,19 +75,8 @@ struct Int8Fmt {
 };
 
 struct Int4Fmt {
-  struct Row {
-    const uint8_t* q;
-    const float* s;
-    const float* z;
-    int shift;
-  };
-  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
-    const int64_t groups = (K + w.group_size - 1) / w.group_size;
-    int shift = 0;
-    while ((int64_t{1} << shift) < w.group_size) ++shift;
-    return Row{static_cast<const uint8_t*>(w.data) + n * ((K + 31) / 32 * 16),
-               w.scales + n * groups, w.zeros + n * groups, shift};
-  }
+  using Row = Int4Row;
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) { return MakeInt4Row(w, n, K); }
   // Rows are padded to whole 16-byte chunks, so the full load stays inside the row.
   static __m512bh Load(const Row& r, int64_t k) {
     const int64_t g = k >> r.shift;

@@ -9,9 +9,26 @@
 
 #include "common/base/cpu_features.h"
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 
 namespace tandem::cpu::internal {
+
+// Row n of int4 weights in WeightLayout::kRows (common/base/quant.h): its codes, its groups'
+// scales and zeros; element k is in group k >> shift. Every ISA's row format starts from it.
+struct Int4Row {
+  const uint8_t* q;
+  const float* s;
+  const float* z;
+  int shift;
+};
+inline Int4Row MakeInt4Row(const MatMulWeight& w, int64_t n, int64_t K) {
+  const int64_t groups = Int4Groups(K, w.group_size);
+  int shift = 0;
+  while ((int64_t{1} << shift) < w.group_size) ++shift;
+  return Int4Row{static_cast<const uint8_t*>(w.data) + n * Int4RowBytes(K), w.scales + n * groups,
+                 w.zeros + n * groups, shift};
+}
 
 struct KernelTable {
   SimdLevel level;

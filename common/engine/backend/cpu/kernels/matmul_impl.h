@@ -16,6 +16,7 @@
 #include "common/base/quant.h"
 #include "common/engine/backend/cpu/kernels/fn_table.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/backend/cpu/kernels/kernels_internal.h"
 
 namespace tandem::cpu::impl {
 
@@ -68,18 +69,9 @@ struct Int8Fmt {
 template <class S>
 struct Int4Fmt {
   using F = typename S::F;
-  struct Row {
-    const uint8_t* q;
-    const float* s;
-    const float* z;
-    int shift;
-  };
+  using Row = internal::Int4Row;
   static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
-    const int64_t groups = (K + w.group_size - 1) / w.group_size;
-    int shift = 0;
-    while ((int64_t{1} << shift) < w.group_size) ++shift;
-    return Row{static_cast<const uint8_t*>(w.data) + n * ((K + 31) / 32 * 16),
-               w.scales + n * groups, w.zeros + n * groups, shift};
+    return internal::MakeInt4Row(w, n, K);
   }
   static F Dequant(const Row& r, int64_t k) {
     const int64_t g = k >> r.shift;
