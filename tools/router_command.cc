@@ -43,9 +43,6 @@ int RunRouter(int argc, char** argv) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-  if ((*metrics)->port() != 0) {
-    TLOG(INFO) << "metrics on port " << (*metrics)->port();
-  }
   RouterMetrics router_metrics((*metrics)->registry());
   auto credentials = MakeChannelCredentials(server_flags);
   if (!credentials.ok()) {

@@ -292,9 +292,6 @@ int RunServe(int argc, char** argv) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-  if ((*metrics)->port() != 0) {
-    TLOG(INFO) << "metrics on port " << (*metrics)->port();
-  }
   router_flags.model_name = model_name;
   if (prefill_workers > 0 || decode_workers > 0) {
     if (decode_workers < 1) {

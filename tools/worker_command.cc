@@ -80,9 +80,6 @@ int RunWorkerWithRole(int argc, char** argv, const std::string& command, std::st
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-  if ((*metrics)->port() != 0) {
-    TLOG(INFO) << "metrics on port " << (*metrics)->port();
-  }
   prometheus::Registry* registry = (*metrics)->registry();
   EngineMetrics engine_metrics(registry, role);
   WorkerMetrics worker_metrics(registry, role);

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 
 namespace tandem {
 
@@ -41,6 +42,7 @@ absl::StatusOr<std::unique_ptr<ProcessMetrics>> ProcessMetrics::Start(
           absl::StrCat("cannot write ", options.port_file, ": ", ec.message()));
     }
   }
+  TLOG(INFO) << "metrics on port " << m->server_->port();
   return m;
 }
 

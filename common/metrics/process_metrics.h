@@ -30,7 +30,8 @@ void RegisterMetricsFlags(FlagSet* flags, MetricsOptions* options);
 // the process's components declare their families, and the /metrics endpoint when enabled.
 class ProcessMetrics {
  public:
-  // `component` labels tandem_build_info (serve, router, prefill, decode, worker).
+  // `component` labels tandem_build_info (serve, router, prefill, decode, worker). Logs the
+  // bound port when serving.
   static absl::StatusOr<std::unique_ptr<ProcessMetrics>> Start(const MetricsOptions& options,
                                                                std::string_view component,
                                                                const std::string& default_host);
