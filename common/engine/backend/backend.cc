@@ -59,7 +59,8 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec
   int64_t covered = 0;
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const ForwardSeq& seq = b.seqs[s];
-    if (seq.token_begin < 0 || seq.num_tokens < 0 || seq.token_begin + seq.num_tokens > t) {
+    if (seq.token_begin < 0 || seq.num_tokens < 0 ||
+        int64_t{seq.token_begin} + seq.num_tokens > t) {
       return absl::InvalidArgumentError("sequence token range outside the batch");
     }
     for (int32_t i = seq.token_begin; i < seq.token_begin + seq.num_tokens; ++i) {

@@ -15,7 +15,8 @@
 namespace tandem::cpu::internal {
 
 // Row n of int4 weights in WeightLayout::kRows (common/base/quant.h): its codes, its groups'
-// scales and zeros; element k is in group k >> shift. Every ISA's row format starts from it.
+// scales and zeros; element k is in group k >> shift. The int4 row formats of matmul_impl.h and
+// kernels_avx512bf16.cc read through it.
 struct Int4Row {
   const uint8_t* q;
   const float* s;

@@ -4,6 +4,7 @@
 #include "common/engine/backend/backend.h"
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,8 @@ TEST(ValidateForwardBatchTest, EachMalformedIndexIsRefused) {
       {"negative block id", [](ForwardBatch& b) { b.seqs[1].block_table[0] = -1; }},
       {"sequence range past the batch", [](ForwardBatch& b) { b.seqs[1].num_tokens = 2; }},
       {"negative sequence range", [](ForwardBatch& b) { b.seqs[0].token_begin = -1; }},
+      {"sequence range end overflowing",
+       [](ForwardBatch& b) { b.seqs[1].token_begin = std::numeric_limits<int32_t>::max(); }},
       {"ranges disagree with seq_of_token", [](ForwardBatch& b) { b.seqs[0].num_tokens = 7; }},
       {"ranges leave tokens out", [](ForwardBatch& b) { b.seqs[0].num_tokens = 5; }},
       {"logit row past the batch", [](ForwardBatch& b) { b.logit_rows.push_back(7); }},
