@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/log.h"
+#include "common/rpc/callback_cq.h"
 
 namespace tandem {
 
@@ -106,7 +107,10 @@ absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayout
   return absl::OkStatus();
 }
 
-WorkerRegistry::WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {}
+WorkerRegistry::WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {
+  // Legs and watch streams may drop the last reference to a worker's channel in a callback.
+  PinCallbackCompletionQueue();
+}
 
 WorkerRegistry::~WorkerRegistry() { Stop(); }
 

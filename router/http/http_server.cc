@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/http/http_server_factory.h"
+#include "common/rpc/callback_cq.h"
 #include "router/http/generate_stream.h"
 #include "router/http/openai_response.h"
 
@@ -126,6 +127,7 @@ bool PumpJson(Exchange& x, httplib::DataSink& sink) {
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const HttpServerOptions& options, std::shared_ptr<grpc::Channel> channel,
     const Tokenizer* tokenizer, const ChatTemplate* chat_template) {
+  PinCallbackCompletionQueue();  // the streams' reactors run on it
   std::unique_ptr<HttpServer> s(new HttpServer);
   s->options_ = options;
   s->stub_ = v1::Generation::NewStub(channel);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/rpc/callback_cq.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tools/bench/kv_occupancy.h"
 #include "tools/bench/occupancy_sampler.h"
@@ -22,6 +23,7 @@ namespace tandem::bench {
 namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+  PinCallbackCompletionQueue();  // the streams' reactors run on it
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
