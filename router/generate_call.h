@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/engine/tokenizer/stream_decoder.h"
 #include "common/rpc/write_queue.h"
+#include "common/tokenizer/stream_decoder.h"
 #include "router/generation_service.h"
 #include "router/stop_matcher.h"
 

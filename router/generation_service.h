@@ -6,8 +6,8 @@
 #include <string>
 #include <unordered_set>
 
-#include "common/engine/tokenizer/tokenizer.h"
 #include "common/metrics/request_hooks.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/access_control.h"
 #include "router/inference_client.h"
 #include "tandem/v1/generation.grpc.pb.h"

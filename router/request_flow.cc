@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/block_hash.h"
 #include "common/base/log.h"
-#include "common/engine/kv/block_hash.h"
 
 namespace tandem {
 namespace {

@@ -9,8 +9,8 @@
 #include "common/base/flags.h"
 #include "common/base/log.h"
 #include "common/engine/engine_builder.h"
-#include "common/engine/tokenizer/stream_decoder.h"
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tools/commands.h"
 
 namespace tandem {

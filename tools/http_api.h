@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
-#include "common/engine/tokenizer/chat_template.h"
+#include "common/tokenizer/chat_template.h"
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"

@@ -6,8 +6,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
-#include "common/engine/tokenizer/tokenizer.h"
 #include "common/metrics/request_hooks.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/admin_service.h"
 #include "router/cluster_client.h"
 #include "router/generation_service.h"

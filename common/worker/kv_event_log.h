@@ -6,7 +6,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/engine/kv/block_hash.h"
+#include "common/base/block_hash.h"
 
 namespace tandem {
 

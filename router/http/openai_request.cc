@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/engine/tokenizer/chat_template.h"
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace tandem {
 namespace {

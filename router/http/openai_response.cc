@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/finish_reason.h"
 
 namespace tandem {

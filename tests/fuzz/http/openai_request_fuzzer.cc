@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/engine/tokenizer/chat_template.h"
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/http/openai_request.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// libFuzzer entry point: chat-template parsing and rendering (common/engine/tokenizer/
+// libFuzzer entry point: chat-template parsing and rendering (common/tokenizer/
 // chat_template.h). Input: a template, then optionally "\n---\n" and a JSON object of variables
 // (default: a small conversation). Must never crash, hang or throw: budgets bound every render.
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/engine/tokenizer/chat_template.h"
+#include "common/tokenizer/chat_template.h"
 #include "nlohmann/json.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

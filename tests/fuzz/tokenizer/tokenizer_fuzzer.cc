@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/engine/tokenizer/stream_decoder.h"
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace {
 

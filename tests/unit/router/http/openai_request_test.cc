@@ -3,8 +3,8 @@
 #include <memory>
 #include <string>
 
-#include "common/engine/tokenizer/chat_template.h"
-#include "common/engine/tokenizer/tokenizer.h"
+#include "common/tokenizer/chat_template.h"
+#include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "router/http/openai_response.h"
 

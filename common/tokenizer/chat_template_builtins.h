@@ -1,0 +1,55 @@
+#pragma once
+
+// Operators, filters, tests and methods of the chat-template interpreter, with Python's
+// semantics where Jinja defers to Python (truthiness, slicing, str methods, json.dumps).
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/chat_template_value.h"
+
+namespace tandem::chat_template {
+
+// What one rendering may spend: evaluation steps and bytes of strings it builds. Exhausting
+// either fails the rendering (RESOURCE_EXHAUSTED), so no template or input can hang or blow up.
+struct Budget {
+  int64_t steps = 1'000'000;
+  int64_t bytes = 256 << 20;
+  size_t max_string = 16 << 20;  // longest string one operation may produce
+
+  absl::Status Step() {
+    if (--steps >= 0) return absl::OkStatus();
+    return absl::ResourceExhaustedError("chat template: evaluation step limit reached");
+  }
+  absl::Status Charge(size_t n);
+};
+
+// a op b for + - * / // % ** ~ == != < <= > >= in "not in".
+absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value& b,
+                               Budget* budget);
+// obj.name (dict keys, namespace attributes); undefined when absent.
+Value GetAttr(const Value& obj, const std::string& name);
+// obj[key] (dict keys, list and string indices, negative from the end); undefined when absent.
+Value GetItem(const Value& obj, const Value& key);
+// obj[start:stop:step] of a list or string (unset parts are undefined values).
+absl::StatusOr<Value> Slice(const Value& obj, const Value& start, const Value& stop,
+                            const Value& step);
+// Items a for loop visits: list elements, dict keys, string characters; none for undefined.
+absl::StatusOr<std::vector<Json>> Iterate(const Value& v);
+
+absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, CallArgs& args,
+                                  Budget* budget);
+absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, CallArgs& args);
+// obj.name(args) for str, dict and list methods; NOT_FOUND when there is no such method.
+absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallArgs& args,
+                                 Budget* budget);
+
+// Helpers shared by the builtins.
+absl::Status TypeError(absl::string_view message);
+// Positional argument i, else keyword `name`, else undefined.
+Value Arg(const CallArgs& args, size_t i, absl::string_view name);
+// Python's str.strip family: `mode` 'b'oth, 'l'eft, 'r'ight; chars undefined/none: whitespace.
+std::string Strip(const std::string& s, const Value& chars, char mode);
+
+}  // namespace tandem::chat_template

@@ -1,0 +1,522 @@
+// Filters, tests and str/dict methods of the chat-template interpreter.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer/chat_template_builtins.h"
+
+namespace tandem::chat_template {
+namespace {
+
+bool IsPySpace(uint32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+}
+
+std::string MapAscii(const std::string& s, int (*f)(int)) {
+  std::string r = s;
+  for (char& c : r) {
+    if (static_cast<unsigned char>(c) < 0x80) c = static_cast<char>(f(c));
+  }
+  return r;
+}
+
+std::string Capitalize(const std::string& s) {
+  std::string r = MapAscii(s, [](int c) { return std::tolower(c); });
+  if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80)
+    r[0] = static_cast<char>(std::toupper(r[0]));
+  return r;
+}
+
+std::string Title(const std::string& s) {
+  std::string r = s;
+  bool prev_alpha = false;
+  for (char& c : r) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    const bool alpha = u < 0x80 && std::isalpha(u);
+    if (alpha) c = static_cast<char>(prev_alpha ? std::tolower(u) : std::toupper(u));
+    prev_alpha = alpha;
+  }
+  return r;
+}
+
+std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count) {
+  if (from.empty()) return s;
+  std::string r;
+  size_t pos = 0;
+  for (int64_t n = 0; count < 0 || n < count; ++n) {
+    const size_t hit = s.find(from, pos);
+    if (hit == std::string::npos) break;
+    r.append(s, pos, hit - pos);
+    r += to;
+    pos = hit + from.size();
+  }
+  r.append(s, pos, std::string::npos);
+  return r;
+}
+
+absl::StatusOr<Json> Split(const std::string& s, const Value& sep, int64_t maxsplit) {
+  Json out = Json::array();
+  if (sep.is_undefined() || sep.is_none()) {  // runs of whitespace, no empty strings
+    const std::vector<uint32_t> cps = DecodeUtf8(s);
+    size_t i = 0;
+    while (i < cps.size()) {
+      while (i < cps.size() && IsPySpace(cps[i])) ++i;
+      if (i >= cps.size()) break;
+      size_t j = i;
+      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) >= maxsplit) {
+        size_t end = cps.size();
+        while (end > i && IsPySpace(cps[end - 1])) --end;
+        out.push_back(EncodeUtf8(cps, i, end));
+        break;
+      }
+      while (j < cps.size() && !IsPySpace(cps[j])) ++j;
+      out.push_back(EncodeUtf8(cps, i, j));
+      i = j;
+    }
+    return out;
+  }
+  if (!sep.is_string()) return TypeError("split: the separator must be a string");
+  const std::string& d = sep.data().get_ref<const std::string&>();
+  if (d.empty()) return TypeError("split: empty separator");
+  size_t pos = 0;
+  while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
+    const size_t hit = s.find(d, pos);
+    if (hit == std::string::npos) break;
+    out.push_back(s.substr(pos, hit - pos));
+    pos = hit + d.size();
+  }
+  out.push_back(s.substr(pos));
+  return out;
+}
+
+// A copy: Arg returns the argument by value.
+absl::StatusOr<std::string> StringArg(const CallArgs& args, size_t i, absl::string_view name,
+                                      absl::string_view what) {
+  Value v = Arg(args, i, name);
+  if (!v.is_string()) return TypeError(absl::StrCat(what, ": expected a string argument"));
+  return v.data().get<std::string>();
+}
+
+int64_t IntArg(const CallArgs& args, size_t i, absl::string_view name, int64_t fallback) {
+  Value v = Arg(args, i, name);
+  return v.is_number() ? v.data().get<int64_t>() : fallback;
+}
+
+bool AffixMatch(const std::string& s, const Value& affix, bool prefix) {
+  auto one = [&](const Json& a) {
+    if (!a.is_string()) return false;
+    const std::string& p = a.get_ref<const std::string&>();
+    if (p.size() > s.size()) return false;
+    return prefix ? s.compare(0, p.size(), p) == 0
+                  : s.compare(s.size() - p.size(), p.size(), p) == 0;
+  };
+  if (affix.is_array()) {
+    for (const Json& a : affix.data()) {
+      if (one(a)) return true;
+    }
+    return false;
+  }
+  return one(affix.data());
+}
+
+absl::StatusOr<Value> Sorted(const Value& input, const CallArgs& args) {
+  auto items = Iterate(input);
+  if (!items.ok()) return items.status();
+  Value attr = Arg(args, 2, "attribute");
+  const bool reverse = Arg(args, 0, "reverse").Truthy();
+  auto key = [&](const Json& j) {
+    return attr.is_string() ? GetAttr(Value(j), attr.data().get<std::string>()) : Value(j);
+  };
+  absl::Status error;
+  std::stable_sort(items->begin(), items->end(), [&](const Json& a, const Json& b) {
+    Budget unlimited;
+    auto lt = BinaryOp("<", key(a), key(b), &unlimited);
+    if (!lt.ok()) {
+      if (error.ok()) error = lt.status();
+      return false;
+    }
+    return lt->Truthy();
+  });
+  if (!error.ok()) return error;
+  if (reverse) std::reverse(items->begin(), items->end());
+  return Value(Json(std::move(*items)));
+}
+
+// select / reject / selectattr / rejectattr / map.
+absl::StatusOr<Value> Sequence(absl::string_view name, const Value& input, CallArgs& args,
+                               Budget* budget) {
+  auto items = Iterate(input);
+  if (!items.ok()) return items.status();
+  const bool by_attr = name == "selectattr" || name == "rejectattr";
+  const bool keep = name == "select" || name == "selectattr";
+  Json out = Json::array();
+  size_t first = 0;
+  std::string attr;
+  if (by_attr || name == "map") {
+    Value a = name == "map" ? Arg(args, 99, "attribute") : Arg(args, 0, "attribute");
+    if (a.is_string()) attr = a.data().get<std::string>();
+    if (by_attr && attr.empty()) return TypeError(absl::StrCat(name, ": missing attribute"));
+    first = by_attr ? 1 : 0;
+  }
+  CallArgs rest;
+  for (size_t i = first + 1; i < args.positional.size(); ++i)
+    rest.positional.push_back(args.positional[i]);
+  for (const Json& item : *items) {
+    Value v = attr.empty() ? Value(item) : GetAttr(Value(item), attr);
+    if (name == "map") {
+      if (!attr.empty()) {
+        out.push_back(v.is_undefined() ? Arg(args, 99, "default").data() : v.data());
+        continue;
+      }
+      Value f = Arg(args, 0, "");
+      if (!f.is_string()) return TypeError("map: expected a filter name or attribute=");
+      auto r = ApplyFilter(f.data().get<std::string>(), v, rest, budget);
+      if (!r.ok()) return r.status();
+      out.push_back(r->data());
+      continue;
+    }
+    Value test = args.positional.size() > first ? args.positional[first] : Value();
+    bool pass;
+    if (test.is_undefined()) {
+      pass = v.Truthy();
+    } else {
+      if (!test.is_string()) return TypeError(absl::StrCat(name, ": expected a test name"));
+      auto r = ApplyTest(test.data().get<std::string>(), v, rest);
+      if (!r.ok()) return r.status();
+      pass = *r;
+    }
+    if (pass == keep) out.push_back(item);
+  }
+  return Value(std::move(out));
+}
+
+}  // namespace
+
+Value Arg(const CallArgs& args, size_t i, absl::string_view name) {
+  if (i < args.positional.size()) return args.positional[i];
+  for (const auto& [key, value] : args.keyword) {
+    if (key == name) return value;
+  }
+  return Value();
+}
+
+std::string Strip(const std::string& s, const Value& chars, char mode) {
+  const std::vector<uint32_t> cps = DecodeUtf8(s);
+  std::vector<uint32_t> set;
+  const bool whitespace = !chars.is_string();
+  if (!whitespace) set = DecodeUtf8(chars.data().get<std::string>());
+  auto strip = [&](uint32_t c) {
+    return whitespace ? IsPySpace(c) : std::find(set.begin(), set.end(), c) != set.end();
+  };
+  size_t b = 0, e = cps.size();
+  if (mode != 'r') {
+    while (b < e && strip(cps[b])) ++b;
+  }
+  if (mode != 'l') {
+    while (e > b && strip(cps[e - 1])) --e;
+  }
+  return EncodeUtf8(cps, b, e);
+}
+
+absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, CallArgs& args,
+                                  Budget* budget) {
+  const Json& j = input.data();
+  const bool is_str = input.is_string();
+  auto str = [&]() -> const std::string& { return j.get_ref<const std::string&>(); };
+  if (name == "safe" || (name == "string" && is_str)) return input;
+  if (name == "string") return Value(Json(input.ToString()));
+  if (name == "default" || name == "d") {
+    const bool boolean = Arg(args, 1, "boolean").Truthy();
+    if (input.is_undefined() || (boolean && !input.Truthy())) {
+      Value d = Arg(args, 0, "default_value");
+      return d.is_undefined() ? Value(Json("")) : d;
+    }
+    return input;
+  }
+  if (name == "length" || name == "count") {
+    if (input.is_undefined()) return Value(Json(0));
+    if (is_str) return Value(Json(static_cast<int64_t>(DecodeUtf8(str()).size())));
+    if (j.is_array() || j.is_object()) return Value(Json(static_cast<int64_t>(j.size())));
+    return TypeError("length: object has no length");
+  }
+  if (name == "tojson") {
+    if (input.is_undefined() || input.is_callable()) return TypeError("tojson: not serializable");
+    Value indent = Arg(args, 0, "indent");
+    std::string s = PythonJsonDumps(
+        j, indent.is_number() ? std::clamp<int>(indent.data().get<int>(), 0, 16) : -1);
+    if (auto st = budget->Charge(s.size()); !st.ok()) return st;
+    return Value(Json(std::move(s)));
+  }
+  if (name == "items" || name == "dictsort") {
+    if (!j.is_object()) return input.is_undefined() ? Value(Json::array()) : input;
+    Json out = Json::array();
+    for (auto it = j.begin(); it != j.end(); ++it)
+      out.push_back(Json::array({it.key(), it.value()}));
+    if (name == "dictsort") {
+      std::stable_sort(out.begin(), out.end(), [](const Json& a, const Json& b) {
+        return a[0].get_ref<const std::string&>() < b[0].get_ref<const std::string&>();
+      });
+    }
+    return Value(std::move(out));
+  }
+  if (name == "list") {
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    return Value(Json(std::move(*items)));
+  }
+  if (name == "first" || name == "last") {
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    if (items->empty()) return Value();
+    return Value(name == "first" ? items->front() : items->back());
+  }
+  if (name == "reverse") {
+    if (is_str) {
+      std::vector<uint32_t> cps = DecodeUtf8(str());
+      std::reverse(cps.begin(), cps.end());
+      return Value(Json(EncodeUtf8(cps, 0, cps.size())));
+    }
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    std::reverse(items->begin(), items->end());
+    return Value(Json(std::move(*items)));
+  }
+  if (name == "join") {
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    Value sep = Arg(args, 0, "d");
+    Value attr = Arg(args, 1, "attribute");
+    std::string out;
+    for (size_t i = 0; i < items->size(); ++i) {
+      if (i > 0 && sep.is_string()) out += sep.data().get_ref<const std::string&>();
+      Value v = attr.is_string() ? GetAttr(Value((*items)[i]), attr.data().get<std::string>())
+                                 : Value((*items)[i]);
+      out += v.ToString();
+      if (auto st = budget->Charge(out.size()); !st.ok()) return st;
+    }
+    return Value(Json(std::move(out)));
+  }
+  if (name == "sort") return Sorted(input, args);
+  if (name == "unique") {
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    Json out = Json::array();
+    for (const Json& e : *items) {
+      if (std::none_of(out.begin(), out.end(), [&](const Json& o) { return DataEquals(o, e); }))
+        out.push_back(e);
+    }
+    return Value(std::move(out));
+  }
+  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr" ||
+      name == "map") {
+    return Sequence(name, input, args, budget);
+  }
+  if (name == "int") {
+    if (input.is_number()) return Value(Json(static_cast<int64_t>(j.get<double>())));
+    if (is_str) return Value(Json(static_cast<int64_t>(std::strtoll(str().c_str(), nullptr, 10))));
+    return Value(Json(IntArg(args, 0, "default", 0)));
+  }
+  if (name == "float") {
+    if (input.is_number()) return Value(Json(j.get<double>()));
+    if (is_str) return Value(Json(std::strtod(str().c_str(), nullptr)));
+    return Value(Json(0.0));
+  }
+  if (name == "abs") {
+    if (j.is_number_integer())
+      return Value(Json(j.get<int64_t>() < 0 ? -j.get<int64_t>() : j.get<int64_t>()));
+    if (input.is_number()) return Value(Json(std::fabs(j.get<double>())));
+    return TypeError("abs: expected a number");
+  }
+  if (name == "round") {
+    if (!input.is_number()) return TypeError("round: expected a number");
+    const double scale = std::pow(
+        10.0, static_cast<double>(std::clamp<int64_t>(IntArg(args, 0, "precision", 0), -15, 15)));
+    return Value(Json(std::round(j.get<double>() * scale) / scale));
+  }
+  if (name == "sum" || name == "min" || name == "max") {
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    if (items->empty()) return Value(name == "sum" ? Json(0) : Json());
+    Value acc(items->front());
+    for (size_t i = 1; i < items->size(); ++i) {
+      Value v((*items)[i]);
+      auto r = name == "sum" ? BinaryOp("+", acc, v, budget)
+                             : BinaryOp(name == "min" ? "<" : ">", v, acc, budget);
+      if (!r.ok()) return r.status();
+      if (name == "sum")
+        acc = *r;
+      else if (r->Truthy())
+        acc = v;
+    }
+    return acc;
+  }
+  if (!is_str) {
+    if (input.is_undefined() && (name == "trim" || name == "upper" || name == "lower"))
+      return Value(Json(""));
+    return TypeError(absl::StrCat("filter '", name, "' expects a string"));
+  }
+  if (name == "trim") return Value(Json(Strip(str(), Arg(args, 0, "chars"), 'b')));
+  if (name == "upper") return Value(Json(MapAscii(str(), [](int c) { return std::toupper(c); })));
+  if (name == "lower") return Value(Json(MapAscii(str(), [](int c) { return std::tolower(c); })));
+  if (name == "capitalize") return Value(Json(Capitalize(str())));
+  if (name == "title") return Value(Json(Title(str())));
+  if (name == "replace") {
+    auto from = StringArg(args, 0, "old", "replace");
+    auto to = StringArg(args, 1, "new", "replace");
+    if (!from.ok()) return from.status();
+    if (!to.ok()) return to.status();
+    std::string r = Replace(str(), *from, *to, IntArg(args, 2, "count", -1));
+    if (auto st = budget->Charge(r.size()); !st.ok()) return st;
+    return Value(Json(std::move(r)));
+  }
+  if (name == "escape" || name == "e") {
+    std::string r;
+    for (char c : str()) {
+      switch (c) {
+        case '&':
+          r += "&amp;";
+          break;
+        case '<':
+          r += "&lt;";
+          break;
+        case '>':
+          r += "&gt;";
+          break;
+        case '"':
+          r += "&#34;";
+          break;
+        case '\'':
+          r += "&#39;";
+          break;
+        default:
+          r.push_back(c);
+      }
+    }
+    return Value(Json(std::move(r)));
+  }
+  if (name == "indent") {
+    const int64_t width = std::clamp<int64_t>(IntArg(args, 0, "width", 4), 0, 64);
+    const bool first = Arg(args, 1, "first").Truthy();
+    const std::string pad(static_cast<size_t>(width), ' ');
+    std::string r = first ? pad : "";
+    for (char c : str()) {
+      r.push_back(c);
+      if (c == '\n') r += pad;
+    }
+    if (auto st = budget->Charge(r.size()); !st.ok()) return st;
+    return Value(Json(std::move(r)));
+  }
+  return TypeError(absl::StrCat("unknown filter '", name, "'"));
+}
+
+absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, CallArgs& args) {
+  const Json& j = v.data();
+  if (name == "defined") return !v.is_undefined();
+  if (name == "undefined") return v.is_undefined();
+  if (name == "none") return v.is_none();
+  if (name == "boolean") return v.is_data() && j.is_boolean();
+  if (name == "true") return v.is_data() && j.is_boolean() && j.get<bool>();
+  if (name == "false") return v.is_data() && j.is_boolean() && !j.get<bool>();
+  if (name == "string") return v.is_string();
+  if (name == "number") return v.is_number();
+  if (name == "integer") return v.is_data() && j.is_number_integer();
+  if (name == "float") return v.is_data() && j.is_number_float();
+  if (name == "mapping") return v.is_object() || v.is_namespace();
+  if (name == "sequence" || name == "iterable")
+    return v.is_string() || v.is_array() || v.is_object();
+  if (name == "callable") return v.is_callable();
+  if (name == "lower" || name == "upper") {
+    if (!v.is_string()) return false;
+    const std::string& s = j.get_ref<const std::string&>();
+    return s == MapAscii(
+                    s, name == "lower" ? [](int c) { return std::tolower(c); }
+                                       : [](int c) { return std::toupper(c); });
+  }
+  if (name == "odd" || name == "even" || name == "divisibleby") {
+    if (!v.is_data() || !j.is_number_integer())
+      return TypeError(absl::StrCat(name, ": expected an integer"));
+    const int64_t n = j.get<int64_t>();
+    if (name == "odd") return n % 2 != 0;
+    if (name == "even") return n % 2 == 0;
+    const int64_t d = IntArg(args, 0, "num", 0);
+    if (d == 0) return TypeError("divisibleby: division by zero");
+    return n % d == 0;
+  }
+  static constexpr std::pair<absl::string_view, absl::string_view> kComparisons[] = {
+      {"eq", "=="}, {"equalto", "=="}, {"==", "=="}, {"sameas", "=="}, {"ne", "!="},
+      {"!=", "!="}, {"lt", "<"},       {"<", "<"},   {"le", "<="},     {"<=", "<="},
+      {"gt", ">"},  {">", ">"},        {"ge", ">="}, {">=", ">="},     {"in", "in"}};
+  for (const auto& [test, op] : kComparisons) {
+    if (name != test) continue;
+    Budget unlimited;
+    auto r = BinaryOp(op, v, Arg(args, 0, "other"), &unlimited);
+    if (!r.ok()) return r.status();
+    return r->Truthy();
+  }
+  return TypeError(absl::StrCat("unknown test '", name, "'"));
+}
+
+absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallArgs& args,
+                                 Budget* budget) {
+  const Json& j = obj.data();
+  if (obj.is_object() || obj.is_namespace()) {
+    if (name == "get") {
+      Value key = Arg(args, 0, "key");
+      Value v = key.is_string() ? GetAttr(obj, key.data().get<std::string>()) : Value();
+      if (!v.is_undefined()) return v;
+      Value d = Arg(args, 1, "default");
+      return d.is_undefined() ? Value(Json()) : d;
+    }
+    if (name == "items") return ApplyFilter("items", obj, args, budget);
+    if (name == "keys" || name == "values") {
+      Json out = Json::array();
+      for (auto it = j.begin(); it != j.end(); ++it)
+        out.push_back(name == "keys" ? Json(it.key()) : it.value());
+      return Value(std::move(out));
+    }
+    return absl::NotFoundError("");
+  }
+  if (!obj.is_string()) return absl::NotFoundError("");
+  const std::string& s = j.get_ref<const std::string&>();
+  if (name == "strip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'b')));
+  if (name == "lstrip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'l')));
+  if (name == "rstrip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'r')));
+  if (name == "startswith" || name == "endswith") {
+    return Value(Json(AffixMatch(s, Arg(args, 0, "prefix"), name == "startswith")));
+  }
+  if (name == "split") {
+    auto parts = Split(s, Arg(args, 0, "sep"), IntArg(args, 1, "maxsplit", -1));
+    if (!parts.ok()) return parts.status();
+    return Value(std::move(*parts));
+  }
+  if (name == "find" || name == "count") {
+    auto sub = StringArg(args, 0, "sub", name);
+    if (!sub.ok()) return sub.status();
+    if (name == "find") {
+      const size_t at = s.find(*sub);
+      return Value(Json(at == std::string::npos
+                            ? int64_t{-1}
+                            : static_cast<int64_t>(DecodeUtf8(s.substr(0, at)).size())));
+    }
+    if (sub->empty()) return Value(Json(static_cast<int64_t>(DecodeUtf8(s).size() + 1)));
+    int64_t n = 0;
+    for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size()))
+      ++n;
+    return Value(Json(n));
+  }
+  if (name == "join") {
+    CallArgs sep;
+    sep.positional.push_back(obj);
+    return ApplyFilter("join", Arg(args, 0, "iterable"), sep, budget);
+  }
+  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
+      name == "replace") {
+    return ApplyFilter(name, obj, args, budget);
+  }
+  return absl::NotFoundError("");
+}
+
+}  // namespace tandem::chat_template

@@ -1,0 +1,17 @@
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/chat_template_ast.h"
+
+namespace tandem::chat_template {
+
+// Parses a Jinja chat template (the subset Hugging Face chat templates use: if/elif/else,
+// for ... in ... [if ...] with else, set (names, namespace attributes, blocks), macro,
+// break/continue, generation blocks, and expressions with filters, tests, calls, slices,
+// list/dict literals and conditional expressions). Nesting is bounded so that no input can
+// exhaust the stack.
+absl::StatusOr<Body> ParseTemplate(absl::string_view source);
+
+}  // namespace tandem::chat_template
