@@ -343,14 +343,14 @@ TEST(SchedulerTimelineTest, RemotePrefillWaitsForBlocksAtTheHeadOfTheQueue) {
   t.ExpectDrained();
 }
 
-SchedulerOptions StaticBatch(SchedulingPolicy policy) {
+SchedulerOptions StaticBatch(BatchingBaseline baseline) {
   SchedulerOptions o = Budget(100, /*max_num_seqs=*/2);
-  o.policy = policy;
+  o.baseline = baseline;
   return o;
 }
 
 TEST(SchedulerTimelineTest, StaticBaselineComputesFinishedMembersAsPaddingUntilTheBatchEnds) {
-  Timeline t(StaticBatch(SchedulingPolicy::kStatic), 100);
+  Timeline t(StaticBatch(BatchingBaseline::kStatic), 100);
   t.Arrive("a", 4, 2);
   t.Arrive("b", 4, 4);
   EXPECT_EQ(t.Step(), "a:4 b:4");
@@ -363,7 +363,7 @@ TEST(SchedulerTimelineTest, StaticBaselineComputesFinishedMembersAsPaddingUntilT
 }
 
 TEST(SchedulerTimelineTest, StaticCompactBaselineDropsFinishedMembers) {
-  Timeline t(StaticBatch(SchedulingPolicy::kStaticCompact), 100);
+  Timeline t(StaticBatch(BatchingBaseline::kStaticCompact), 100);
   t.Arrive("a", 4, 2);
   t.Arrive("b", 4, 4);
   EXPECT_EQ(t.Step(), "a:4 b:4");
