@@ -85,9 +85,9 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   } else if (policy == "priority") {
     o.engine.scheduler.policy = SchedulingPolicy::kPriority;
   } else if (policy == "static") {
-    o.engine.scheduler.policy = SchedulingPolicy::kStatic;
+    o.engine.scheduler.baseline = BatchingBaseline::kStatic;
   } else if (policy == "static-compact") {
-    o.engine.scheduler.policy = SchedulingPolicy::kStaticCompact;
+    o.engine.scheduler.baseline = BatchingBaseline::kStaticCompact;
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--scheduling-policy must be fcfs, priority, static or static-compact, got '",

@@ -173,7 +173,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   // auto: int8 inputs (vpdpbusd) for int8 and int4 weights where the CPU has AVX512_VNNI; bf16
   // dot products where the CPU has AVX512_BF16 for bf16 weights (and quantized ones without
   // VNNI); both only with the AVX-512 kernels in use; f32 for f32 weights or elsewhere, where the
-  // others would only cost. (Figures: docs/benchmarks.md, "int8 inputs".)
+  // others would only cost.
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();

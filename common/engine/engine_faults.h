@@ -1,6 +1,6 @@
 #pragma once
 
-// Fault injection in the engine (issue #10): compiled in, off by default. Enabled by
+// Fault injection in the engine: compiled in, off by default. Enabled by
 // EngineOptions::faults or, when those are off, by the TANDEM_FAULTS environment variable that
 // also drives kvtransfer's faults (kvtransfer/faults.h), e.g.
 //   TANDEM_FAULTS="engine_stall_ms=200,engine_stall_prob=0.05,kv_alloc_fail_prob=0.02,seed=7"

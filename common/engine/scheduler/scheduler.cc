@@ -3,40 +3,30 @@
 #include <algorithm>
 
 #include "common/base/log.h"
+#include "common/engine/scheduler/batch_shape_policy.h"
 
 namespace tandem {
 
-const char* FinishReasonName(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
+Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
+    : options_(options), kv_(kv) {
+  if (options.baseline != BatchingBaseline::kNone) {
+    static_batching_ = std::make_unique<StaticBatching>(options.baseline, kv);
   }
-  return "?";
 }
 
-Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
-    : options_(options), kv_(kv) {}
+Scheduler::~Scheduler() = default;
 
-bool Scheduler::Before(const Sequence* a, const Sequence* b) const {
-  if (options_.policy == SchedulingPolicy::kPriority && a->priority != b->priority) {
-    return a->priority < b->priority;
-  }
-  if (a->arrival_order != b->arrival_order) return a->arrival_order < b->arrival_order;
-  return a->index < b->index;
+const std::vector<PaddingRow>& Scheduler::padding() const {
+  static const std::vector<PaddingRow>* const kNoPadding = new std::vector<PaddingRow>();
+  return static_batching_ != nullptr ? static_batching_->padding() : *kNoPadding;
 }
 
 void Scheduler::InsertWaiting(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
   auto it = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
-                             [this](const Sequence* a, const Sequence* b) { return Before(a, b); });
+                             [this](const Sequence* a, const Sequence* b) {
+                               return ServedBefore(options_.policy, *a, *b);
+                             });
   waiting_.insert(it, seq);
 }
 
@@ -45,7 +35,9 @@ void Scheduler::AddWaiting(Sequence* seq) { InsertWaiting(seq); }
 void Scheduler::AddRunning(Sequence* seq) {
   seq->status = SeqStatus::kRunning;
   auto it = std::upper_bound(running_.begin(), running_.end(), seq,
-                             [this](const Sequence* a, const Sequence* b) { return Before(a, b); });
+                             [this](const Sequence* a, const Sequence* b) {
+                               return ServedBefore(options_.policy, *a, *b);
+                             });
   running_.insert(it, seq);
 }
 
@@ -57,39 +49,14 @@ void Scheduler::Remove(Sequence* seq) {
   if (was_running) running_.erase(r);
   auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
   if (a != awaiting_.end()) awaiting_.erase(a);
-  if (!(was_running && KeepAsPadding(seq))) kv_->Free(&seq->blocks);
+  const bool kept = was_running && static_batching_ != nullptr &&
+                    static_batching_->KeepAsPadding(seq, !running_.empty());
+  if (!kept) kv_->Free(&seq->blocks);
   ReleasePaddingIfBatchDone();
 }
 
-bool Scheduler::is_static() const {
-  return options_.policy == SchedulingPolicy::kStatic ||
-         options_.policy == SchedulingPolicy::kStaticCompact;
-}
-
-bool Scheduler::KeepAsPadding(Sequence* seq) {
-  if (options_.policy != SchedulingPolicy::kStatic || running_.empty() || seq->tokens.empty()) {
-    return false;
-  }
-  const int64_t pos = std::min(seq->num_computed, seq->num_tokens() - 1);
-  const int64_t block = pos / kv_->block_size();
-  // The row writes its slot: only into a block of its own (a forked sibling may share others).
-  if (block >= static_cast<int64_t>(seq->blocks.table.size()) ||
-      kv_->pool()->refcount(seq->blocks.table[block]) != 1) {
-    return false;
-  }
-  PaddingRow row;
-  row.token = seq->tokens[pos];
-  row.pos = static_cast<int32_t>(pos);
-  row.blocks = std::move(seq->blocks);
-  seq->blocks = SequenceBlocks{};
-  padding_.push_back(std::move(row));
-  return true;
-}
-
 void Scheduler::ReleasePaddingIfBatchDone() {
-  if (!running_.empty()) return;
-  for (PaddingRow& row : padding_) kv_->Free(&row.blocks);
-  padding_.clear();
+  if (static_batching_ != nullptr) static_batching_->ReleaseIfBatchDone(!running_.empty());
 }
 
 void Scheduler::StartAwaited(Sequence* seq) {
@@ -121,35 +88,27 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
 }
 
 bool Scheduler::Fits(int64_t needed) const {
-  if (needed > kv_->pool()->num_available()) return false;
+  if (!BlocksFit(needed, kv_->pool()->num_available())) return false;
   return needed <= 0 || !fail_allocation_ || !fail_allocation_();
 }
 
 bool Scheduler::Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out) {
   const int64_t begin = seq->num_computed, end = seq->num_computed + num_new;
   while (true) {
-    int64_t needed = kv_->BlocksNeeded(seq->blocks, end);
-    const int64_t first = begin / kv_->block_size();
-    const int64_t last = std::min<int64_t>((end - 1) / kv_->block_size(),
-                                           static_cast<int64_t>(seq->blocks.table.size()) - 1);
-    for (int64_t i = first; i <= last; ++i) {
-      needed += kv_->pool()->refcount(seq->blocks.table[i]) > 1;
-    }
-    if (Fits(needed)) {
+    if (Fits(BlocksToWrite(*kv_, *kv_->pool(), seq->blocks, begin, end))) {
       TANDEM_CHECK(kv_->Grow(&seq->blocks, end));
       MakeWritable(seq, begin, end, out);
       return true;
     }
-    Sequence* victim = running_.back();  // running_ is in service order: the last is served last
+    Sequence* victim = PreemptionVictim(running_);
     Preempt(victim, out);
     if (victim == seq) return false;
   }
 }
 
-bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
-  bool admitted = false;
+void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
   while (!waiting_.empty() &&
-         static_cast<int64_t>(running_.size() + awaiting_.size()) < options_.max_num_seqs) {
+         HasSequenceSlot(num_running() + num_awaiting(), options_.max_num_seqs)) {
     Sequence* seq = waiting_.front();
     if (seq->remote_prefill) {
       // Decode role: reserve the whole prompt now (admission control on the memory-bound
@@ -157,18 +116,18 @@ bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
       if (!ReserveRemote(seq, out)) break;
       continue;
     }
-    if (*budget <= 0) break;
-    bool first_admission = seq->cached_prompt_tokens < 0;
+    if (!HasTokenBudget(*budget)) break;
+    const bool first_admission = seq->cached_prompt_tokens < 0;
     if (seq->blocks.table.empty()) {
       seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
       if (first_admission) {
         seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
       }
     }
-    int64_t num_new = std::min(seq->num_uncomputed(), *budget);
-    if (options_.max_prefill_chunk > 0) num_new = std::min(num_new, options_.max_prefill_chunk);
+    const int64_t num_new =
+        ShapePrefillChunk(seq->num_uncomputed(), *budget, options_.max_prefill_chunk);
     const int64_t reserve_to =
-        is_static() ? seq->prompt_len + seq->params.max_tokens : seq->num_computed + num_new;
+        static_batching_ != nullptr ? StaticBatching::ReserveTo(*seq) : seq->num_computed + num_new;
     if (!Fits(kv_->BlocksNeeded(seq->blocks, reserve_to))) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
@@ -182,9 +141,7 @@ bool Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
     AddRunning(seq);
     out->scheduled.push_back({seq, num_new});
     *budget -= num_new;
-    admitted = true;
   }
-  return admitted;
 }
 
 bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
@@ -215,41 +172,34 @@ void Scheduler::MakeWritable(Sequence* seq, int64_t begin, int64_t end, Schedule
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = options_.max_num_batched_tokens;
-  const bool batch_done = running_.empty();
+  const bool batch_running = !running_.empty();
 
-  // Running sequences: decodes first (one token each, cheap and latency-critical), then
-  // prefill chunks.
-  for (int pass = 0; pass < 2; ++pass) {
-    std::vector<Sequence*> order = running_;
-    for (Sequence* seq : order) {
-      if (budget <= 0) break;
-      if (seq->status != SeqStatus::kRunning) continue;  // preempted earlier in this step
-      if (seq->is_prefill() != (pass == 1)) continue;
-      if (std::any_of(out.scheduled.begin(), out.scheduled.end(),
-                      [seq](const ScheduledSeq& s) { return s.seq == seq; })) {
-        continue;
-      }
-      // A decode with a speculative proposal verifies 1 + k tokens; drafts that do not fit the
-      // budget are dropped.
-      int64_t num_new = std::min<int64_t>(
-          seq->num_uncomputed() + static_cast<int64_t>(seq->draft.size()), budget);
-      if (pass == 0 && num_new - 1 < static_cast<int64_t>(seq->draft.size())) {
-        seq->draft.resize(std::max<int64_t>(0, num_new - 1));
+  for (Sequence* seq : RowOrder(running_)) {
+    if (!HasTokenBudget(budget)) break;
+    if (seq->status != SeqStatus::kRunning) continue;  // preempted earlier in this step
+    const int64_t num_drafts = static_cast<int64_t>(seq->draft.size());
+    int64_t num_new = 0;
+    if (seq->is_prefill()) {
+      num_new =
+          ShapePrefillChunk(seq->num_uncomputed() + num_drafts, budget, options_.max_prefill_chunk);
+    } else {
+      const DecodeRow row = ShapeDecode(seq->num_uncomputed(), num_drafts, budget);
+      if (row.num_drafts < num_drafts) {
+        seq->draft.resize(row.num_drafts);
         if (seq->draft_q.size() > seq->draft.size()) seq->draft_q.resize(seq->draft.size());
       }
-      if (pass == 1 && options_.max_prefill_chunk > 0) {
-        num_new = std::min(num_new, options_.max_prefill_chunk);
-      }
-      if (num_new <= 0) continue;
-      if (!Reserve(seq, num_new, &out)) continue;
-      out.scheduled.push_back({seq, num_new});
-      budget -= num_new;
+      num_new = row.num_new_tokens;
     }
+    if (num_new <= 0) continue;
+    if (!Reserve(seq, num_new, &out)) continue;
+    out.scheduled.push_back({seq, num_new});
+    budget -= num_new;
   }
 
-  // Newcomers join only when nothing had to be preempted (there is no room to spare), and under
-  // the static baseline only when the previous batch has finished.
-  if (out.preempted.empty() && (!is_static() || batch_done)) AdmitWaiting(&budget, &out);
+  if (MayAdmitAfter(static_cast<int64_t>(out.preempted.size())) &&
+      (static_batching_ == nullptr || StaticBatching::MayAdmit(batch_running))) {
+    AdmitWaiting(&budget, &out);
+  }
 
   for (const ScheduledSeq& s : out.scheduled) {
     out.num_batched_tokens += s.num_new_tokens;

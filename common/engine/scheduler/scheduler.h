@@ -3,39 +3,24 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/scheduler/capacity_policy.h"
 #include "common/engine/scheduler/sequence.h"
+#include "common/engine/scheduler/static_batching.h"
 
 namespace tandem {
-
-enum class SchedulingPolicy {
-  kFcfs,      // first come, first served
-  kPriority,  // lower Sequence::priority first, then arrival
-  // Benchmark baselines only. A batch is admitted when the previous one has finished, with KV
-  // reserved for prompt + max_tokens; nothing joins it until it is done.
-  kStatic,         // fixed shape, as static-batching servers run (HF generate, FasterTransformer):
-                   // a member that finishes stays in the batch as a padding row, computed and
-                   // discarded every step, its KV held, until the whole batch is done
-  kStaticCompact,  // the same, but a finished member leaves the batch (its row is not computed)
-};
-
-// kStatic: a finished member of the running batch. Each step recomputes `token` at `pos` (the
-// slot after the last computed one, inside its own reservation), so it costs what a decode row
-// costs and never grows.
-struct PaddingRow {
-  SequenceBlocks blocks;
-  int32_t token = 0;
-  int32_t pos = 0;
-};
 
 struct SchedulerOptions {
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   int64_t max_num_seqs = 64;             // sequences per step
   int64_t max_num_batched_tokens = 512;  // tokens per step (prefill chunks + decodes)
   int64_t max_prefill_chunk = 0;         // cap on one sequence's chunk; 0: the token budget
+  // Benchmark comparisons only (static_batching.h); production runs kNone.
+  BatchingBaseline baseline = BatchingBaseline::kNone;
 };
 
 struct ScheduledSeq {
@@ -57,14 +42,17 @@ struct SchedulerOutput {
   int64_t num_batched_tokens = 0;
 };
 
-// Iteration-level scheduler (DESIGN §4 "Scheduler"): every step, running sequences continue
-// (decodes first, then prefill chunks), then waiting sequences join while the token, sequence
-// and KV-block budgets allow. When blocks run out the lowest-priority, newest running sequence
-// is preempted: its blocks are freed (full ones stay in the prefix cache) and it is recomputed
-// later. The oldest, highest-priority sequence is therefore never starved. Engine thread only.
+// Iteration-level scheduler (README.md): holds the waiting, running and awaiting-KV queues and,
+// every step, applies the capacity policy (capacity_policy.h: what fits, who is preempted) and
+// the batch-shape policy (batch_shape_policy.h: decodes, speculation slots and prefill chunks)
+// to them: running sequences continue (decodes first, then prefill chunks), then waiting
+// sequences join while the token, sequence and KV-block budgets allow. When blocks run out the
+// sequence served last is preempted: its blocks are freed (full ones stay in the prefix cache)
+// and it is recomputed later. Engine thread only.
 class Scheduler {
  public:
   Scheduler(const SchedulerOptions& options, KvCacheManager* kv);
+  ~Scheduler();
 
   void AddWaiting(Sequence* seq);  // a new request's sequence
   void AddRunning(Sequence* seq);  // a forked sample that already holds its parent's blocks
@@ -84,8 +72,9 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   bool empty() const { return idle() && awaiting_.empty(); }
   const SchedulerOptions& options() const { return options_; }
-  // kStatic: the padding rows of the running batch (freed when its last member finishes).
-  const std::vector<PaddingRow>& padding() const { return padding_; }
+  // BatchingBaseline::kStatic: the padding rows of the running batch (freed when its last member
+  // finishes). Always empty otherwise.
+  const std::vector<PaddingRow>& padding() const;
   // Fault injection (engine_faults.h): when `fail` returns true, an allocation of blocks the
   // pool could give is refused as if the pool were short. Unset (the default): never.
   void set_allocation_fault(std::function<bool()> fail) { fail_allocation_ = std::move(fail); }
@@ -93,19 +82,15 @@ class Scheduler {
  private:
   // Whether `needed` more blocks can be taken from the pool now.
   bool Fits(int64_t needed) const;
-  bool Before(const Sequence* a, const Sequence* b) const;  // a is served before b
   void InsertWaiting(Sequence* seq);
-  Sequence* PickVictim(const std::vector<Sequence*>& candidates) const;
   void Preempt(Sequence* seq, SchedulerOutput* out);
   // Makes room in the KV pool for `seq` to compute `num_new` more tokens, preempting others if
   // needed. False when `seq` itself had to be preempted.
   bool Reserve(Sequence* seq, int64_t num_new, SchedulerOutput* out);
-  bool AdmitWaiting(int64_t* budget, SchedulerOutput* out);
+  void AdmitWaiting(int64_t* budget, SchedulerOutput* out);
   bool ReserveRemote(Sequence* seq, SchedulerOutput* out);
   void MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out);
-  bool is_static() const;
-  // kStatic: keeps a finished running member's blocks as a padding row; false when it cannot.
-  bool KeepAsPadding(Sequence* seq);
+  // The static baseline's batch is done when nothing runs any more.
   void ReleasePaddingIfBatchDone();
 
   SchedulerOptions options_;
@@ -114,7 +99,7 @@ class Scheduler {
   std::vector<Sequence*> running_;   // in service order
   std::vector<Sequence*> awaiting_;  // kAwaitingKv, in admission order
   std::function<bool()> fail_allocation_;
-  std::vector<PaddingRow> padding_;
+  std::unique_ptr<StaticBatching> static_batching_;  // null unless a baseline is selected
 };
 
 }  // namespace tandem

@@ -89,9 +89,9 @@ TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
     for (size_t i = b; i < b + 4; ++i) longest = std::max(longest, reqs[i].max_tokens);
     for (size_t i = b; i < b + 4; ++i) expected_padding += longest - reqs[i].max_tokens;
   }
-  for (SchedulingPolicy policy : {SchedulingPolicy::kStatic, SchedulingPolicy::kStaticCompact}) {
+  for (BatchingBaseline baseline : {BatchingBaseline::kStatic, BatchingBaseline::kStaticCompact}) {
     EngineOptions o;
-    o.scheduler.policy = policy;
+    o.scheduler.baseline = baseline;
     o.scheduler.max_num_seqs = 4;
     o.enable_prefix_cache = false;
     auto engine = MakeEngine(o, 256);
@@ -99,7 +99,7 @@ TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
     EngineStats s = engine->stats();
     EXPECT_EQ(s.kv_blocks_used, 0);
     EXPECT_EQ(s.kv_reserved_token_slots, 0);
-    EXPECT_EQ(s.padding_rows, policy == SchedulingPolicy::kStatic ? expected_padding : 0);
+    EXPECT_EQ(s.padding_rows, baseline == BatchingBaseline::kStatic ? expected_padding : 0);
   }
 }
 

@@ -118,7 +118,7 @@ TEST_F(SchedulerTest, PriorityPolicyServesLowerValuesFirst) {
 
 TEST_F(SchedulerTest, StaticBatchingAdmitsOnlyBetweenBatchesAndReservesMaxLength) {
   SchedulerOptions o;
-  o.policy = SchedulingPolicy::kStatic;
+  o.baseline = BatchingBaseline::kStatic;
   o.max_num_seqs = 2;
   Init(o, 100);
   Sequence* a = Add(4, 0, /*max_tokens=*/12);
@@ -134,7 +134,7 @@ TEST_F(SchedulerTest, StaticBatchingAdmitsOnlyBetweenBatchesAndReservesMaxLength
 
 TEST_F(SchedulerTest, StaticBatchKeepsFinishedMembersAsPaddingUntilItIsDone) {
   SchedulerOptions o;
-  o.policy = SchedulingPolicy::kStatic;
+  o.baseline = BatchingBaseline::kStatic;
   o.max_num_seqs = 2;
   Init(o, 100);
   Sequence* a = Add(4, 0, 4);
@@ -160,7 +160,7 @@ TEST_F(SchedulerTest, StaticBatchKeepsFinishedMembersAsPaddingUntilItIsDone) {
 
 TEST_F(SchedulerTest, CompactStaticBatchDropsFinishedMembers) {
   SchedulerOptions o;
-  o.policy = SchedulingPolicy::kStaticCompact;
+  o.baseline = BatchingBaseline::kStaticCompact;
   o.max_num_seqs = 2;
   Init(o, 100);
   Sequence* a = Add(4, 0, 4);
