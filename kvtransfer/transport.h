@@ -111,7 +111,7 @@ struct ReceiverOptions {
   absl::Duration deadline_grace = absl::Seconds(2);
   // The deadline of an attempt whose sender gave none: nothing waits forever.
   absl::Duration max_transfer_time = absl::Minutes(5);
-  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
   // nccl: CUDA device of the KV pool and the most communicators kept (each costs memory).
@@ -192,7 +192,7 @@ struct SenderOptions {
   // tcp: the shared secret, as ReceiverOptions::secret: this sender proves it to every receiver
   // and refuses a receiver that cannot prove it back (or has none). Empty: none.
   std::string secret;
-  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
   // nccl: control messages to receivers, the CUDA device of the KV pool, and the most

@@ -51,8 +51,9 @@ struct Peer {
   std::atomic<bool> stop{false};
   std::atomic<bool> broken{false};
   // Under the receiver's mutex.
-  absl::Time last_used;
+  absl::Time last_used_at;
   int active = 0;
+  absl::Time last_used() const { return last_used_at; }
   bool idle() const { return active == 0; }
 };
 
@@ -163,7 +164,7 @@ class NcclReceiver : public KvReceiver {
         req.unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
     if (!comm.ok()) return ResultReply(0, 0, comm.status());
     peer->comm = std::move(*comm);
-    peer->last_used = absl::Now();
+    peer->last_used_at = absl::Now();
     Peer* raw = peer.get();
     peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
     {
@@ -214,7 +215,7 @@ class NcclReceiver : public KvReceiver {
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
-      peer->last_used = absl::Now();
+      peer->last_used_at = absl::Now();
     }
     return ResultReply(b.transfer_id, b.attempt, s);
   }
