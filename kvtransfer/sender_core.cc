@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/layout.h"
+#include "common/base/kv_transfer_layout.h"
 
 namespace tandem::kvtransfer {
 
@@ -14,7 +14,7 @@ bool SenderTransfer::Ended() {
 }
 
 absl::Status SenderCore::CheckOptions(const SenderOptions& options, KvRegionAccess* access) {
-  absl::Status valid = ValidateLayout(options.layout);
+  absl::Status valid = ValidateKvLayout(options.layout);
   if (!valid.ok()) return valid;
   if (access == nullptr) return absl::InvalidArgumentError("kv sender needs region access");
   if (options.max_message_bytes == 0) {

@@ -82,12 +82,12 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
             absl::StrCat("kv transfer peer ", target.endpoint, " is gone"));
       }
       const KvLayout& layout = core_.options().layout;
-      s = CheckCompatible(layout, peer->layout);
+      s = CheckKvLayoutCompatible(layout, peer->layout);
       if (!s.ok()) {
         core_.counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
         peer->core->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
         // Worded from the receiver's side, as tcp's REFUSE is.
-        s = CheckCompatible(peer->layout, layout);
+        s = CheckKvLayoutCompatible(peer->layout, layout);
         return absl::FailedPreconditionError(absl::StrCat(
             "kv transfer peer ", target.endpoint, " refused the connection: ", s.message()));
       }

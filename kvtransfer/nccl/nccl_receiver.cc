@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/layout.h"
 #include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
@@ -132,7 +132,7 @@ class NcclReceiver : public KvReceiver {
   absl::StatusOr<std::string> Connect(const ControlRequest& req) {
     wire::Hello hello;
     absl::Status s = wire::DecodeHello(req.body, &hello);
-    if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+    if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
     if (!s.ok()) {
       core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
       return EncodeReply({wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})});
@@ -338,7 +338,7 @@ class NcclReceiver : public KvReceiver {
 absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
     KvReceiver::CompletionCallback on_complete) {
-  absl::Status s = ValidateLayout(options.layout);
+  absl::Status s = ValidateKvLayout(options.layout);
   if (!s.ok()) return s;
   if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
   if (options.max_communicators <= 0) {

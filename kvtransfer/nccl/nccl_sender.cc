@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/layout.h"
 #include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
@@ -130,7 +130,7 @@ class NcclSender : public CoreSender {
     }
     wire::Welcome welcome;
     s = wire::DecodeWelcome(reply.body, &welcome);
-    if (s.ok()) s = CheckCompatible(options_.layout, welcome.layout);
+    if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, welcome.layout);
     if (!s.ok()) return absl::FailedPreconditionError(s.message());
     auto peer = std::make_shared<Peer>();
     peer->endpoint = target.endpoint;

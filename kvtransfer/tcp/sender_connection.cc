@@ -125,7 +125,7 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
       return unauthenticated("its proof of the shared secret is wrong (another --kv-secret-file?)");
     }
   }
-  s = CheckCompatible(options.layout, welcome.layout);
+  s = CheckKvLayoutCompatible(options.layout, welcome.layout);
   if (!s.ok()) {
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
     if (options.hooks != nullptr) {
