@@ -6,20 +6,10 @@
 #include "common/base/kv_transfer_layout.h"
 #include "gtest/gtest.h"
 #include "router/worker_registry.h"
+#include "tests/unit/common/base/kv_layout_test_util.h"
 
 namespace tandem {
 namespace {
-
-KvLayout Layout() {
-  KvLayout l;
-  l.model_id = "stories260k";
-  l.num_layers = 5;
-  l.num_kv_heads = 4;
-  l.head_dim = 8;
-  l.block_size = 16;
-  l.kv_dtype = DType::kBF16;
-  return l;
-}
 
 // What a worker advertises (tools/worker_command.cc fills WorkerInfo.layout this way).
 v1::KvLayoutInfo InfoOf(const KvLayout& l) {
@@ -36,7 +26,7 @@ v1::KvLayoutInfo InfoOf(const KvLayout& l) {
 
 TEST(WorkerRegistryLayoutTest, ReadsEveryFieldOfTheWorkersLayout) {
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
-    KvLayout l = Layout();
+    KvLayout l = testing::SmallKvLayout();
     l.kv_dtype = kv;
     absl::StatusOr<KvLayout> read = KvLayoutFromInfo(InfoOf(l));
     ASSERT_TRUE(read.ok()) << read.status();
@@ -52,7 +42,7 @@ TEST(WorkerRegistryLayoutTest, ReadsEveryFieldOfTheWorkersLayout) {
 }
 
 TEST(WorkerRegistryLayoutTest, AnUnknownKvDtypeIsRefused) {
-  v1::KvLayoutInfo info = InfoOf(Layout());
+  v1::KvLayoutInfo info = InfoOf(testing::SmallKvLayout());
   info.set_kv_dtype("fp9");
   absl::StatusOr<KvLayout> read = KvLayoutFromInfo(info);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
@@ -60,17 +50,17 @@ TEST(WorkerRegistryLayoutTest, AnUnknownKvDtypeIsRefused) {
 }
 
 TEST(WorkerRegistryLayoutTest, RefusesWhatTheTransportRefusesInTheSameWords) {
-  const KvLayout cluster = Layout();
+  const KvLayout cluster = testing::SmallKvLayout();
   struct Case {
     const char* field;
     void (*mutate)(KvLayout*);
   };
   const Case cases[] = {
-      {"model_id", [](KvLayout* l) { l->model_id = "llama2xs-280k"; }},
+      {"model_id", [](KvLayout* l) { l->model_id = "other-model"; }},
       {"num_layers", [](KvLayout* l) { l->num_layers = 6; }},
-      {"num_kv_heads", [](KvLayout* l) { l->num_kv_heads = 2; }},
+      {"num_kv_heads", [](KvLayout* l) { l->num_kv_heads = 4; }},
       {"head_dim", [](KvLayout* l) { l->head_dim = 16; }},
-      {"block_size", [](KvLayout* l) { l->block_size = 32; }},
+      {"block_size", [](KvLayout* l) { l->block_size = 16; }},
       {"kv_dtype", [](KvLayout* l) { l->kv_dtype = DType::kF8E4M3; }},
       {"protocol_version", [](KvLayout* l) { l->protocol_version += 1; }},
   };

@@ -6,23 +6,13 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/unit/common/base/kv_layout_test_util.h"
 
 namespace tandem {
 namespace {
 
-KvLayout Small() {
-  KvLayout l;
-  l.model_id = "test-model";
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 8;
-  l.block_size = 4;
-  l.kv_dtype = DType::kBF16;  // region = 2*2*4*8*2 = 256 bytes
-  return l;
-}
-
 TEST(KvTransferLayoutTest, RegionBytesMatchesTheBackendLayout) {
-  KvLayout l = Small();
+  KvLayout l = testing::SmallKvLayout();
   EXPECT_EQ(l.region_bytes(), 256u);
   l.num_layers = 12;
   l.num_kv_heads = 12;
@@ -38,7 +28,7 @@ TEST(KvTransferLayoutTest, RegionBytesMatchesTheBackendLayout) {
 }
 
 TEST(KvTransferLayoutTest, CheckNamesTheFirstDifferingFieldWithBothValues) {
-  const KvLayout a = Small();
+  const KvLayout a = testing::SmallKvLayout();
   EXPECT_TRUE(CheckKvLayoutCompatible(a, a).ok());
   struct Case {
     const char* field;
@@ -74,18 +64,19 @@ TEST(KvTransferLayoutTest, CheckNamesTheFirstDifferingFieldWithBothValues) {
 }
 
 TEST(KvTransferLayoutTest, Validate) {
-  EXPECT_TRUE(ValidateKvLayout(Small()).ok());
-  KvLayout l = Small();
+  EXPECT_TRUE(ValidateKvLayout(testing::SmallKvLayout()).ok());
+  KvLayout l = testing::SmallKvLayout();
   l.head_dim = 0;
   EXPECT_EQ(ValidateKvLayout(l).code(), absl::StatusCode::kInvalidArgument);
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
-    l = Small();
+    l = testing::SmallKvLayout();
     l.kv_dtype = kv;
     EXPECT_TRUE(ValidateKvLayout(l).ok()) << DTypeName(kv);
   }
   l.kv_dtype = DType::kI64;
   EXPECT_EQ(ValidateKvLayout(l).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(KvLayoutDebugString(Small()).find("num_kv_heads=2"), std::string::npos);
+  EXPECT_NE(KvLayoutDebugString(testing::SmallKvLayout()).find("num_kv_heads=2"),
+            std::string::npos);
 }
 
 TEST(KvTransferLayoutTest, KvDTypeNamesRoundTrip) {
