@@ -1,6 +1,6 @@
 #pragma once
 
-// Fault injection for KV transfers (issue #10): compiled in, off by default. Enabled by the
+// Fault injection for KV transfers: compiled in, off by default. Enabled by the
 // transports' options or by the TANDEM_FAULTS environment variable, e.g.
 //   TANDEM_FAULTS="kv_corrupt=0.01,kv_drop=0.01,kv_delay_ms=50,seed=1"
 // Each DATA message independently may be delayed, dropped, corrupted (one payload byte flipped

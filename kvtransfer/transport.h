@@ -16,36 +16,16 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
-#include "common/base/kv_layout.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/metrics/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 
 namespace tandem::kvtransfer {
 
-// 2: the shared-secret challenge-response (CHALLENGE, AUTH, WELCOME's proof).
-inline constexpr uint32_t kProtocolVersion = 2;
-
-// What both sides must agree on before any byte moves. Exchanged at connect time; a mismatch
-// refuses the connection with a message naming the field.
-struct KvLayout {
-  std::string model_id;
-  int64_t num_layers = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t block_size = 0;
-  DType kv_dtype = DType::kF32;
-  uint32_t protocol_version = kProtocolVersion;
-
-  // Bytes of one (layer, block) region: [2][num_kv_heads][block_size][head_dim] of kv_dtype (plus
-  // per-row scales for int8 / fp8, common/base/kv_layout.h).
-  size_t region_bytes() const {
-    return KvRegionBytes(num_kv_heads, block_size, head_dim, kv_dtype);
-  }
-};
-
-// OK when `peer` can exchange KV with `local`; else FAILED_PRECONDITION naming the first field
-// that differs, with both values.
-absl::Status CheckCompatible(const KvLayout& local, const KvLayout& peer);
+// What both sides must agree on before any byte moves (common/base/kv_transfer_layout.h, where
+// the router's registration check finds it too). Exchanged at connect time; a mismatch refuses
+// the connection with CheckKvLayoutCompatible's message naming the field.
+using ::tandem::KvLayout;
 
 // Access to the KV pool's bytes. For host memory (the CPU backend) Region returns a pointer the
 // transport reads from / writes into directly (zero copy). Regions of blocks taking part in a
@@ -111,7 +91,7 @@ struct ReceiverOptions {
   absl::Duration deadline_grace = absl::Seconds(2);
   // The deadline of an attempt whose sender gave none: nothing waits forever.
   absl::Duration max_transfer_time = absl::Minutes(5);
-  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
   // nccl: CUDA device of the KV pool and the most communicators kept (each costs memory).
@@ -192,7 +172,7 @@ struct SenderOptions {
   // tcp: the shared secret, as ReceiverOptions::secret: this sender proves it to every receiver
   // and refuses a receiver that cannot prove it back (or has none). Empty: none.
   std::string secret;
-  // Fault injection (issue #10). Off unless enabled here or by TANDEM_FAULTS.
+  // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
   // nccl: control messages to receivers, the CUDA device of the KV pool, and the most

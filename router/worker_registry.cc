@@ -88,23 +88,18 @@ void Worker::NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry) 
   }
 }
 
-absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayoutInfo& b) {
-  auto differ = [](const char* field, const auto& x, const auto& y) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("KV layout mismatch: ", field, " is ", y, ", the cluster uses ", x));
-  };
-  if (a.protocol_version() != b.protocol_version()) {
-    return differ("protocol_version", a.protocol_version(), b.protocol_version());
-  }
-  if (a.model_id() != b.model_id()) return differ("model_id", a.model_id(), b.model_id());
-  if (a.num_layers() != b.num_layers()) return differ("num_layers", a.num_layers(), b.num_layers());
-  if (a.num_kv_heads() != b.num_kv_heads()) {
-    return differ("num_kv_heads", a.num_kv_heads(), b.num_kv_heads());
-  }
-  if (a.head_dim() != b.head_dim()) return differ("head_dim", a.head_dim(), b.head_dim());
-  if (a.block_size() != b.block_size()) return differ("block_size", a.block_size(), b.block_size());
-  if (a.kv_dtype() != b.kv_dtype()) return differ("kv_dtype", a.kv_dtype(), b.kv_dtype());
-  return absl::OkStatus();
+absl::StatusOr<KvLayout> KvLayoutFromInfo(const v1::KvLayoutInfo& info) {
+  absl::StatusOr<DType> kv_dtype = ParseKvDType(info.kv_dtype());
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  KvLayout layout;
+  layout.model_id = info.model_id();
+  layout.num_layers = info.num_layers();
+  layout.num_kv_heads = info.num_kv_heads();
+  layout.head_dim = info.head_dim();
+  layout.block_size = info.block_size();
+  layout.kv_dtype = *kv_dtype;
+  layout.protocol_version = info.protocol_version();
+  return layout;
 }
 
 WorkerRegistry::WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {
@@ -282,9 +277,13 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
     if (stop_) return;
     if (!role_ok) {
       refusal = absl::StrCat("role '", role, "' listed as a ", expected_role, " worker");
+    } else if (absl::StatusOr<KvLayout> theirs = KvLayoutFromInfo(worker->info.layout());
+               !theirs.ok()) {
+      refusal = absl::StrCat("KV layout: ", theirs.status().message());
     } else if (layout_.has_value()) {
-      absl::Status compat = CheckLayoutCompatible(*layout_, worker->info.layout());
-      if (!compat.ok()) refusal = std::string(compat.message());
+      // The cluster's layout was read when its first worker was admitted: it converts.
+      absl::Status compat = CheckKvLayoutCompatible(*KvLayoutFromInfo(*layout_), *theirs);
+      if (!compat.ok()) refusal = absl::StrCat("not the cluster's KV layout: ", compat.message());
     } else {
       layout_ = worker->info.layout();
     }

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/metrics/request_hooks.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -56,8 +58,10 @@ struct Worker {
   void NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry);
 };
 
-// OK when `b` has the same KV layout as `a`; else FAILED_PRECONDITION naming the field.
-absl::Status CheckLayoutCompatible(const v1::KvLayoutInfo& a, const v1::KvLayoutInfo& b);
+// A worker's advertised KV layout as the one layout type (common/base/kv_transfer_layout.h), so
+// that registration refuses exactly the workers the KV transport's handshake would refuse, with
+// the same check and words (CheckKvLayoutCompatible). INVALID_ARGUMENT for an unknown KV dtype.
+absl::StatusOr<KvLayout> KvLayoutFromInfo(const v1::KvLayoutInfo& info);
 
 struct RegistryOptions {
   std::vector<std::string> prefill_addresses;  // static lists, host:port

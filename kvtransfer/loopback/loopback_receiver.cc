@@ -3,7 +3,7 @@
 #include <atomic>
 #include <utility>
 
-#include "kvtransfer/layout.h"
+#include "common/base/kv_transfer_layout.h"
 #include "kvtransfer/loopback/loopback.h"
 #include "kvtransfer/loopback/registry.h"
 #include "kvtransfer/receiver_core.h"
@@ -59,7 +59,7 @@ class LoopbackReceiver : public KvReceiver {
 absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
     KvReceiver::CompletionCallback on_complete) {
-  absl::Status valid = ValidateLayout(options.layout);
+  absl::Status valid = ValidateKvLayout(options.layout);
   if (!valid.ok()) return valid;
   if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
   std::string name = options.name.empty() ? Registry::Get().UniqueName() : options.name;

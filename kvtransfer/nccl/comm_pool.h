@@ -10,14 +10,15 @@
 
 namespace tandem::kvtransfer::nccl {
 
-// `Map` maps keys to std::shared_ptr<T>, T having `absl::Time last_used` and `bool idle() const`.
+// `Map` maps keys to std::shared_ptr<T>, T having `absl::Time last_used() const` and
+// `bool idle() const`.
 // Returns the entry to evict, or m.end() when every entry is busy.
 template <typename Map>
 typename Map::iterator PickVictim(Map& m) {
   auto victim = m.end();
   for (auto it = m.begin(); it != m.end(); ++it) {
     if (!it->second->idle()) continue;
-    if (victim == m.end() || it->second->last_used < victim->second->last_used) victim = it;
+    if (victim == m.end() || it->second->last_used() < victim->second->last_used()) victim = it;
   }
   return victim;
 }

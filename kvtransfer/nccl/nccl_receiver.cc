@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/layout.h"
 #include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
@@ -51,8 +51,9 @@ struct Peer {
   std::atomic<bool> stop{false};
   std::atomic<bool> broken{false};
   // Under the receiver's mutex.
-  absl::Time last_used;
+  absl::Time last_used_at;
   int active = 0;
+  absl::Time last_used() const { return last_used_at; }
   bool idle() const { return active == 0; }
 };
 
@@ -131,7 +132,7 @@ class NcclReceiver : public KvReceiver {
   absl::StatusOr<std::string> Connect(const ControlRequest& req) {
     wire::Hello hello;
     absl::Status s = wire::DecodeHello(req.body, &hello);
-    if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+    if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
     if (!s.ok()) {
       core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
       return EncodeReply({wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})});
@@ -163,7 +164,7 @@ class NcclReceiver : public KvReceiver {
         req.unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
     if (!comm.ok()) return ResultReply(0, 0, comm.status());
     peer->comm = std::move(*comm);
-    peer->last_used = absl::Now();
+    peer->last_used_at = absl::Now();
     Peer* raw = peer.get();
     peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
     {
@@ -214,7 +215,7 @@ class NcclReceiver : public KvReceiver {
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
-      peer->last_used = absl::Now();
+      peer->last_used_at = absl::Now();
     }
     return ResultReply(b.transfer_id, b.attempt, s);
   }
@@ -337,7 +338,7 @@ class NcclReceiver : public KvReceiver {
 absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
     KvReceiver::CompletionCallback on_complete) {
-  absl::Status s = ValidateLayout(options.layout);
+  absl::Status s = ValidateKvLayout(options.layout);
   if (!s.ok()) return s;
   if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
   if (options.max_communicators <= 0) {

@@ -1,71 +1,61 @@
-// The NCCL transport's sending side. One Peer per receiver endpoint: its communicator (rank 0)
-// and a worker thread that issues the device sends in queue order, waiting for each message
-// with a deadline, so SendLayer only enqueues. User callbacks run on the event loop.
+// The NCCL transport's sending side: SenderCore over one Peer per receiver endpoint, its
+// communicator (rank 0) and a worker thread that issues the device sends in queue order,
+// waiting for each message with a deadline, so SendLayer only enqueues. User callbacks run on
+// the core's event loop.
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/event_loop.h"
-#include "kvtransfer/layout.h"
 #include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/nccl/nccl_transport.h"
 #include "kvtransfer/nccl/sender_peer.h"
-#include "kvtransfer/stats.h"
+#include "kvtransfer/sender_core.h"
 
 namespace tandem::kvtransfer::nccl {
 namespace {
 
-class NcclSender : public KvSender {
+class NcclSender : public CoreSender {
  public:
   NcclSender(const SenderOptions& options, KvRegionAccess* access)
-      : options_(options),
+      : CoreSender(&core_),
+        options_(options),
         access_(access),
         sender_id_(std::random_device{}() * 0x100000001ull ^ absl::ToUnixNanos(absl::Now())),
-        loop_("kvt-nccl-send", absl::Milliseconds(10), [this] { Tick(); }) {}
+        core_(
+            options, access, "kvt-nccl-send", [this] { StopRetired(); }, kMaxBlocksPerMessage) {}
 
   ~NcclSender() override {
+    core_.Shutdown();  // queues the ABORTs
     std::unordered_map<std::string, std::shared_ptr<Peer>> peers;
+    std::vector<std::shared_ptr<Peer>> retired;
     {
       std::lock_guard<std::mutex> lock(mu_);
       closing_ = true;
-      std::vector<std::shared_ptr<Transfer>> live;
-      for (auto& [h, t] : transfers_) live.push_back(t);
-      for (auto& t : live) EndLocked(t, absl::AbortedError("kv sender shut down"), true);
-      transfers_.clear();
       peers.swap(peers_);
+      retired.swap(retired_);
     }
     for (auto& [ep, p] : peers) StopPeer(p, /*tell_receiver=*/true);
-    for (auto& p : retired_) StopPeer(p, false);
-    loop_.Stop();
+    for (auto& p : retired) StopPeer(p, false);
+    core_.Stop();
   }
 
   absl::StatusOr<TransferHandle> Begin(const TransferTarget& target,
                                        std::vector<int32_t> src_blocks) override {
-    if (src_blocks.size() != target.dst_blocks.size()) {
-      return absl::InvalidArgumentError("kv transfer source and destination counts differ");
-    }
-    for (int32_t b : src_blocks) {
-      if (b < 0 || b >= access_->num_blocks()) {
-        return absl::InvalidArgumentError(absl::StrCat("source block ", b, " outside the pool"));
-      }
-    }
-    if (absl::Now() >= target.deadline) {
-      return absl::DeadlineExceededError("kv transfer deadline passed before it began");
-    }
+    absl::Status s = core_.CheckBegin(target, src_blocks);
+    if (!s.ok()) return s;
     absl::StatusOr<std::shared_ptr<Peer>> peer = GetPeer(target);
     if (!peer.ok()) return peer.status();
     wire::Begin b;
@@ -76,93 +66,10 @@ class NcclSender : public KvSender {
                         ? -1
                         : absl::ToInt64Milliseconds(target.deadline - absl::Now());
     b.dst_blocks = target.dst_blocks;
-    absl::Status s = Control(target.endpoint, ControlKind::kBegin, wire::EncodeBegin(b));
+    s = Control(target.endpoint, ControlKind::kBegin, wire::EncodeBegin(b));
     if (!s.ok()) return s;
-    auto t = std::make_shared<Transfer>();
-    t->target = target;
-    t->target.deadline = std::min(target.deadline, absl::Now() + options_.max_transfer_time);
-    t->src_blocks = std::move(src_blocks);
-    t->peer = *peer;
-    t->started = absl::Now();
-    t->layer_queued.assign(static_cast<size_t>(options_.layout.num_layers), false);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closing_) return absl::CancelledError("kv sender shutting down");
-    if (t->peer->broken) return absl::UnavailableError("nccl communicator lost");
-    t->handle = next_handle_++;
-    transfers_.emplace(t->handle, t);
-    t->peer->active += 1;
-    t->peer->last_used = absl::Now();
-    counters_.transfers_started.fetch_add(1, std::memory_order_relaxed);
-    return t->handle;
+    return core_.Start(target, std::move(src_blocks), *std::move(peer));
   }
-
-  void SendLayer(TransferHandle handle, int64_t layer) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = transfers_.find(handle);
-    if (it == transfers_.end() || it->second->ended) return;
-    std::shared_ptr<Transfer> t = it->second;
-    if (layer < 0 || layer >= options_.layout.num_layers || t->layer_queued[layer]) {
-      EndLocked(t,
-                absl::InvalidArgumentError(absl::StrCat("SendLayer(", layer, ") invalid or twice")),
-                true);
-      return;
-    }
-    t->layer_queued[layer] = true;
-    const size_t per = std::clamp<size_t>(
-        options_.max_message_bytes / options_.layout.region_bytes(), 1, kMaxBlocksPerMessage);
-    for (size_t first = 0; first < t->src_blocks.size(); first += per) {
-      Item item;
-      item.transfer = t;
-      item.layer = layer;
-      item.first = first;
-      item.count = std::min(per, t->src_blocks.size() - first);
-      Enqueue(t->peer.get(), std::move(item));
-    }
-  }
-
-  void Finish(TransferHandle handle, std::string trailer, DoneCallback done) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = transfers_.find(handle);
-    if (it == transfers_.end() || it->second->finish_called) {
-      if (done)
-        loop_.Post([done] { done(absl::NotFoundError("unknown or finished kv transfer")); });
-      return;
-    }
-    std::shared_ptr<Transfer> t = it->second;
-    t->finish_called = true;
-    t->done = std::move(done);
-    if (t->ended) {
-      if (!t->device_busy) PostDone(t);
-      return;
-    }
-    for (size_t l = 0; l < t->layer_queued.size(); ++l) {
-      if (!t->layer_queued[l]) {
-        EndLocked(t, absl::FailedPreconditionError(absl::StrCat("finished before layer ", l)),
-                  true);
-        return;
-      }
-    }
-    Item item;
-    item.kind = Item::Kind::kFinish;
-    item.transfer = t;
-    item.trailer = std::move(trailer);
-    Enqueue(t->peer.get(), std::move(item));
-  }
-
-  void Abort(TransferHandle handle) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = transfers_.find(handle);
-    if (it == transfers_.end()) return;
-    std::shared_ptr<Transfer> t = it->second;
-    EndLocked(t, absl::AbortedError("kv transfer aborted by the sender"), true);
-    if (!t->finish_called) transfers_.erase(handle);
-  }
-
-  int64_t num_in_flight() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int64_t>(transfers_.size());
-  }
-  TransportStats stats() const override { return counters_.Snapshot(); }
 
  private:
   absl::Status Control(const std::string& endpoint, ControlKind kind, std::string body,
@@ -217,13 +124,13 @@ class NcclSender : public KvSender {
         Control(target.endpoint, ControlKind::kConnect, wire::EncodeHello(hello), &reply, *id);
     if (!s.ok()) {
       if (absl::IsFailedPrecondition(s)) {
-        counters_.handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+        core_.counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
       }
       return s;
     }
     wire::Welcome welcome;
     s = wire::DecodeWelcome(reply.body, &welcome);
-    if (s.ok()) s = CheckCompatible(options_.layout, welcome.layout);
+    if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, welcome.layout);
     if (!s.ok()) return absl::FailedPreconditionError(s.message());
     auto peer = std::make_shared<Peer>();
     peer->endpoint = target.endpoint;
@@ -234,7 +141,7 @@ class NcclSender : public KvSender {
     s = (*comm)->WaitReady(absl::Now() + options_.connect_timeout, nullptr);
     if (!s.ok()) return s;
     peer->comm = std::move(*comm);
-    counters_.connects.fetch_add(1, std::memory_order_relaxed);
+    core_.counters().connects.fetch_add(1, std::memory_order_relaxed);
     Peer* raw = peer.get();
     peer->worker = std::thread([this, raw] { Work(raw); });
     std::lock_guard<std::mutex> lock(mu_);
@@ -249,14 +156,6 @@ class NcclSender : public KvSender {
     return peer;
   }
 
-  void Enqueue(Peer* p, Item item) {
-    {
-      std::lock_guard<std::mutex> lock(p->mu);
-      p->queue.push_back(std::move(item));
-    }
-    p->cv.notify_one();
-  }
-
   void StopPeer(const std::shared_ptr<Peer>& p, bool tell_receiver) {
     p->stop = true;
     p->cv.notify_one();
@@ -265,6 +164,8 @@ class NcclSender : public KvSender {
       Control(p->endpoint, ControlKind::kDisconnect, "").IgnoreError();
     }
     p->comm.reset();
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->queue.clear();  // what a broken peer left: its transfers hold the peer
   }
 
   void Work(Peer* p) {
@@ -273,85 +174,74 @@ class NcclSender : public KvSender {
     while (true) {
       p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop; });
       if (p->queue.empty() || p->broken) return;
-      Item item = std::move(p->queue.front());
+      SenderWork work = std::move(p->queue.front());
       p->queue.pop_front();
       lock.unlock();
-      absl::Status s = Run(p, item);
+      absl::Status s = Run(p, work);
+      work = SenderWork();  // drop the transfer reference outside the lock
       if (!s.ok()) Broken(p, s);
       lock.lock();
       if (p->broken) return;
     }
   }
 
-  absl::Status Run(Peer* p, Item& item) {
-    std::shared_ptr<Transfer> t = item.transfer;
-    if (item.kind == Item::Kind::kAbort) {  // best effort: the receiver's deadline is the backstop
+  absl::Status Run(Peer* p, SenderWork& work) {
+    const std::shared_ptr<SenderTransfer>& t = work.transfer;
+    if (work.kind == SenderWork::Kind::kAbort) {  // best effort: the receiver's deadline is
+                                                  // the backstop
       Control(p->endpoint, ControlKind::kAbort,
-              wire::EncodeOutcome({t->target.transfer_id, t->target.attempt, item.status}))
+              wire::EncodeOutcome({t->target.transfer_id, t->target.attempt, work.status}))
           .IgnoreError();
       return absl::OkStatus();
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (t->ended) return absl::OkStatus();
-      if (item.kind == Item::Kind::kData) t->device_busy = true;
-    }
-    if (item.kind == Item::Kind::kFinish) {
+    if (work.kind == SenderWork::Kind::kFinish) {
+      if (t->Ended()) return absl::OkStatus();
       wire::Finish f{t->target.transfer_id, t->target.attempt, t->frames_sent, t->bytes_sent,
-                     std::move(item.trailer)};
-      absl::Status s = Control(p->endpoint, ControlKind::kFinish, wire::EncodeFinish(f));
-      std::lock_guard<std::mutex> lock(mu_);
-      EndLocked(t, s, /*tell_receiver=*/false);
+                     std::move(work.trailer)};
+      core_.End(t, Control(p->endpoint, ControlKind::kFinish, wire::EncodeFinish(f)),
+                /*tell_receiver=*/false);
       return absl::OkStatus();
     }
-    // DATA: header, then the regions straight from the KV pool.
+    // DATA: header, then the regions straight from the KV pool, read by the device until the
+    // message completed: done waits for EndRead.
+    if (!core_.StartRead(t)) return absl::OkStatus();
     const size_t region = options_.layout.region_bytes();
     MessageHeader* h = p->comm->host_header();
     std::memset(h, 0, kHeaderBytes);
     h->magic = kHeaderMagic;
-    h->count = static_cast<uint32_t>(item.count);
+    h->count = static_cast<uint32_t>(work.count);
     h->transfer_id = t->target.transfer_id;
     h->attempt = t->target.attempt;
-    h->layer = static_cast<uint32_t>(item.layer);
-    for (size_t i = 0; i < item.count; ++i) h->blocks[i] = t->target.dst_blocks[item.first + i];
+    h->layer = static_cast<uint32_t>(work.layer);
+    for (size_t i = 0; i < work.count; ++i) h->blocks[i] = t->target.dst_blocks[work.first + i];
     h->crc = Crc32c(0, h, kHeaderBytes);
     absl::Status s = p->comm->HeaderToDevice();
     if (s.ok()) s = p->comm->Send(p->comm->device_header(), kHeaderBytes);
     if (s.ok()) s = p->comm->GroupStart();
-    for (size_t i = 0; s.ok() && i < item.count; ++i) {
-      s = p->comm->Send(access_->Region(item.layer, t->src_blocks[item.first + i]), region);
+    for (size_t i = 0; s.ok() && i < work.count; ++i) {
+      s = p->comm->Send(access_->Region(work.layer, t->src_blocks[work.first + i]), region);
     }
     if (s.ok()) s = p->comm->GroupEnd();
     if (s.ok()) {
       s = p->comm->Wait(std::min(t->target.deadline, absl::Now() + options_.io_timeout), &p->stop);
     }
     t->frames_sent += 1;
-    t->bytes_sent += item.count * region;
+    t->bytes_sent += work.count * region;
     if (s.ok()) {
-      counters_.frames.fetch_add(1, std::memory_order_relaxed);
-      counters_.bytes.fetch_add(item.count * region, std::memory_order_relaxed);
+      core_.counters().frames.fetch_add(1, std::memory_order_relaxed);
+      core_.counters().bytes.fetch_add(work.count * region, std::memory_order_relaxed);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    t->device_busy = false;
-    if (t->done_deferred) PostDone(t);
+    core_.EndRead(t);
     return s;
   }
 
   void Broken(Peer* p, const absl::Status& s) {
     p->broken = true;
     p->comm->Abort();
+    core_.counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
+    core_.FailLink(p, absl::Status(s.code(), absl::StrCat("nccl kv transfer to ", p->endpoint,
+                                                          " failed: ", s.message())));
     std::lock_guard<std::mutex> lock(mu_);
-    counters_.connections_lost.fetch_add(1, std::memory_order_relaxed);
-    std::vector<std::shared_ptr<Transfer>> victims;
-    for (auto& [h, t] : transfers_) {
-      if (t->peer.get() == p && !t->ended) victims.push_back(t);
-    }
-    for (auto& t : victims) {
-      EndLocked(t,
-                absl::Status(s.code(), absl::StrCat("nccl kv transfer to ", p->endpoint,
-                                                    " failed: ", s.message())),
-                false);
-    }
     auto it = peers_.find(p->endpoint);
     if (it != peers_.end() && it->second.get() == p) {
       retired_.push_back(it->second);
@@ -359,60 +249,14 @@ class NcclSender : public KvSender {
     }
   }
 
-  void PostDone(const std::shared_ptr<Transfer>& t) {  // mu_ held
-    t->done_deferred = false;
-    if (t->done) loop_.Post([done = std::move(t->done), s = t->outcome] { done(s); });
-    t->done = nullptr;
-    transfers_.erase(t->handle);
-  }
-
-  void EndLocked(const std::shared_ptr<Transfer>& t, const absl::Status& status,
-                 bool tell_receiver) {
-    if (t->ended) return;
-    t->ended = true;
-    t->outcome = status;
-    t->peer->active -= 1;
-    t->peer->last_used = absl::Now();
-    if (status.ok()) {
-      counters_.transfers_ok.fetch_add(1, std::memory_order_relaxed);
-      counters_.RecordLatency(absl::Now() - t->started);
-    } else {
-      counters_.transfers_failed.fetch_add(1, std::memory_order_relaxed);
-      if (absl::IsDeadlineExceeded(status)) {
-        counters_.deadline_expired.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (tell_receiver && !t->peer->broken) {
-        Item item;
-        item.kind = Item::Kind::kAbort;
-        item.transfer = t;
-        item.status = status;
-        Enqueue(t->peer.get(), std::move(item));
-      }
-    }
-    if (t->finish_called) {
-      // The regions may still be read by a message on the wire: done waits for it.
-      if (t->device_busy) {
-        t->done_deferred = true;
-      } else {
-        PostDone(t);
-      }
-    }
-  }
-
-  void Tick() {
+  // On the core's event loop: peers replaced or evicted are stopped once nothing uses them.
+  void StopRetired() {
     std::vector<std::shared_ptr<Peer>> to_stop;
     {
-      const absl::Time now = absl::Now();
       std::lock_guard<std::mutex> lock(mu_);
-      std::vector<std::shared_ptr<Transfer>> expired;
-      for (auto& [h, t] : transfers_) {
-        if (!t->ended && now >= t->target.deadline) expired.push_back(t);
-      }
-      for (auto& t : expired) {
-        EndLocked(t, absl::DeadlineExceededError("nccl kv transfer passed its deadline"), true);
-      }
+      if (closing_) return;
       for (auto it = retired_.begin(); it != retired_.end();) {
-        if ((*it)->active == 0) {
+        if ((*it)->idle()) {
           to_stop.push_back(std::move(*it));
           it = retired_.erase(it);
         } else {
@@ -426,23 +270,19 @@ class NcclSender : public KvSender {
   const SenderOptions options_;
   KvRegionAccess* const access_;
   const uint64_t sender_id_;
-  StatsCounters counters_;
-  mutable std::mutex mu_;
+  std::mutex mu_;  // the pool; taken before the core's
   bool closing_ = false;
-  TransferHandle next_handle_ = 1;
-  std::unordered_map<TransferHandle, std::shared_ptr<Transfer>> transfers_;
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;  // the pool
   std::vector<std::shared_ptr<Peer>> retired_;  // replaced or evicted, stopped when unused
-  EventLoop loop_;
+  SenderCore core_;                             // last: its event loop stops first
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
                                                        KvRegionAccess* access) {
-  absl::Status s = ValidateLayout(options.layout);
+  absl::Status s = SenderCore::CheckOptions(options, access);
   if (!s.ok()) return s;
-  if (access == nullptr) return absl::InvalidArgumentError("kv sender needs region access");
   if (!options.control_channel) {
     return absl::InvalidArgumentError("nccl kv transport needs SenderOptions.control_channel");
   }

@@ -125,7 +125,7 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
       return unauthenticated("its proof of the shared secret is wrong (another --kv-secret-file?)");
     }
   }
-  s = CheckCompatible(options.layout, welcome.layout);
+  s = CheckKvLayoutCompatible(options.layout, welcome.layout);
   if (!s.ok()) {
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
     if (options.hooks != nullptr) {
@@ -165,16 +165,16 @@ bool SenderConnection::usable() const {
   return poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
 }
 
-bool SenderConnection::idle() const {
+bool SenderConnection::drained() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.empty() && !busy_;
 }
 
-void SenderConnection::Enqueue(WorkItem item) {
+void SenderConnection::Send(SenderWork work) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_ || closing_) return;
-    queue_.push_back(std::move(item));
+    queue_.push_back(std::move(work));
   }
   cv_.notify_one();
 }
@@ -209,12 +209,12 @@ void SenderConnection::WriterLoop() {
   while (true) {
     cv_.wait(lock, [&] { return !queue_.empty() || closing_ || failed_; });
     if (failed_ || queue_.empty()) return;
-    WorkItem item = std::move(queue_.front());
+    SenderWork work = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    absl::Status s = Write(item);
-    item = WorkItem();  // drop the transfer reference outside the lock
+    absl::Status s = Write(work);
+    work = SenderWork();  // drop the transfer reference outside the lock
     if (!s.ok()) {
       Fail(absl::Status(s.code(), absl::StrCat("kv transfer connection to ", endpoint_,
                                                " failed: ", s.message())));
@@ -260,52 +260,46 @@ absl::Status SenderConnection::WriteSmall(uint16_t type, const std::string& meta
   return WriteBytes(fd_.get(), frame.data(), frame.size(), options_.io_timeout);
 }
 
-absl::Status SenderConnection::Write(const WorkItem& item) {
-  SenderTransfer* t = item.transfer.get();
-  auto ended = [t] {
-    std::lock_guard<std::mutex> lock(t->io_mu);
-    return !t->readable;
-  };
-  switch (item.kind) {
-    case WorkItem::Kind::kBegin: {
+absl::Status SenderConnection::Write(const SenderWork& work) {
+  SenderTransfer* t = work.transfer.get();
+  const TransferTarget& target = t->target;
+  switch (work.kind) {
+    case SenderWork::Kind::kBegin: {
       // Sent even when the transfer already ended, so that the ABORT behind it reaches a
       // receiver that knows the attempt and reports it.
       wire::Begin b;
-      b.transfer_id = t->transfer_id;
-      b.attempt = t->attempt;
-      b.incarnation = t->incarnation;
+      b.transfer_id = target.transfer_id;
+      b.attempt = target.attempt;
+      b.incarnation = target.incarnation;
       b.deadline_ms =
-          t->deadline == absl::InfiniteFuture()
+          target.deadline == absl::InfiniteFuture()
               ? -1
-              : std::max<int64_t>(0, absl::ToInt64Milliseconds(t->deadline - absl::Now()));
-      b.dst_blocks = t->dst_blocks;
+              : std::max<int64_t>(0, absl::ToInt64Milliseconds(target.deadline - absl::Now()));
+      b.dst_blocks = target.dst_blocks;
       return WriteSmall(static_cast<uint16_t>(wire::FrameType::kBegin), wire::EncodeBegin(b));
     }
-    case WorkItem::Kind::kData:
-      return WriteData(item);
-    case WorkItem::Kind::kFinish: {
-      if (ended()) return absl::OkStatus();
+    case SenderWork::Kind::kData:
+      return WriteData(work);
+    case SenderWork::Kind::kFinish: {
+      if (t->Ended()) return absl::OkStatus();
       wire::Finish f;
-      f.transfer_id = t->transfer_id;
-      f.attempt = t->attempt;
+      f.transfer_id = target.transfer_id;
+      f.attempt = target.attempt;
       f.frames = t->frames_sent;
       f.bytes = t->bytes_sent;
-      f.trailer = item.trailer;
+      f.trailer = work.trailer;
       return WriteSmall(static_cast<uint16_t>(wire::FrameType::kFinish), wire::EncodeFinish(f));
     }
-    case WorkItem::Kind::kAbort:
+    case SenderWork::Kind::kAbort:
       return WriteSmall(static_cast<uint16_t>(wire::FrameType::kAbort),
-                        wire::EncodeOutcome({t->transfer_id, t->attempt, item.status}));
+                        wire::EncodeOutcome({target.transfer_id, target.attempt, work.status}));
   }
   return absl::OkStatus();
 }
 
-absl::Status SenderConnection::WriteData(const WorkItem& item) {
+absl::Status SenderConnection::WriteData(const SenderWork& item) {
   SenderTransfer* t = item.transfer.get();
-  {
-    std::lock_guard<std::mutex> lock(t->io_mu);
-    if (!t->readable) return absl::OkStatus();  // ended: skip its queued layers
-  }
+  if (t->Ended()) return absl::OkStatus();  // skip its queued layers
   const size_t region = options_.layout.region_bytes();
   FaultInjector::Decision fault;
   if (faults_ != nullptr && faults_->enabled()) {
@@ -315,12 +309,12 @@ absl::Status SenderConnection::WriteData(const WorkItem& item) {
     if (fault.close) return absl::UnavailableError("fault injection closed the connection");
   }
   wire::DataMeta d;
-  d.transfer_id = t->transfer_id;
-  d.attempt = t->attempt;
+  d.transfer_id = t->target.transfer_id;
+  d.attempt = t->target.attempt;
   d.layer = static_cast<uint32_t>(item.layer);
   d.payload_len = item.count * region;
-  d.blocks.assign(t->dst_blocks.begin() + item.first,
-                  t->dst_blocks.begin() + item.first + item.count);
+  d.blocks.assign(t->target.dst_blocks.begin() + item.first,
+                  t->target.dst_blocks.begin() + item.first + item.count);
   std::vector<const uint8_t*> regions(item.count);
   // The checksum is taken from the bytes right after each send copied them (still in cache);
   // with a corruption fault, from the intact regions up front, since a copy goes out instead.

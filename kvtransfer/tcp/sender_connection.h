@@ -1,9 +1,10 @@
 #pragma once
 
 // One TCP connection from a sender to a receiver endpoint, shared by every transfer to that
-// endpoint (multiplexed: messages of different transfers interleave at message boundaries).
-// Threads: a writer that drains a FIFO of work items (the engine thread only enqueues, so it
-// never blocks on the network) and a reader for the receiver's RESULT messages.
+// endpoint (multiplexed: messages of different transfers interleave at message boundaries): the
+// tcp transport's SenderLink. Threads: a writer that drains a FIFO of SenderWork (the engine
+// thread only enqueues, so it never blocks on the network) and a reader for the receiver's
+// RESULT messages.
 
 #include <atomic>
 #include <condition_variable>
@@ -20,53 +21,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvtransfer/faults.h"
+#include "kvtransfer/sender_core.h"
 #include "kvtransfer/stats.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer::tcp {
-
-class SenderConnection;
-
-// What the writer needs of one transfer attempt. Immutable after Begin except where noted.
-struct SenderTransfer : std::enable_shared_from_this<SenderTransfer> {
-  TransferHandle handle = 0;
-  uint64_t transfer_id = 0;
-  uint32_t attempt = 0;
-  uint64_t incarnation = 0;
-  std::vector<int32_t> src_blocks;
-  std::vector<int32_t> dst_blocks;
-  absl::Time deadline = absl::InfiniteFuture();
-  absl::Time started;
-  std::shared_ptr<SenderConnection> conn;
-
-  // Writer thread only: what was put on the wire (dropped-by-fault messages included).
-  uint64_t frames_sent = 0;
-  uint64_t bytes_sent = 0;
-
-  // The writer reads the source regions only under io_mu while `readable`; ending the
-  // transfer clears it under io_mu, after which the regions are never read again.
-  std::mutex io_mu;
-  bool readable = true;
-
-  // Owned by TcpSender (under its mutex).
-  bool ended = false;
-  absl::Status outcome;
-  bool finish_called = false;
-  KvSender::DoneCallback done;
-  std::vector<bool> layer_queued;
-};
-
-struct WorkItem {
-  enum class Kind { kBegin, kData, kFinish, kAbort };
-  Kind kind = Kind::kData;
-  std::shared_ptr<SenderTransfer> transfer;
-  int64_t layer = 0;  // kData
-  size_t first = 0;   // kData: blocks [first, first + count) of the transfer
-  size_t count = 0;
-  std::string trailer;  // kFinish
-  absl::Status status;  // kAbort
-};
 
 struct ConnectionOptions {
   KvLayout layout;
@@ -77,7 +37,7 @@ struct ConnectionOptions {
   TransferHooks* hooks = nullptr;
 };
 
-class SenderConnection {
+class SenderConnection : public SenderLink {
  public:
   struct Callbacks {
     // A RESULT arrived.
@@ -95,18 +55,19 @@ class SenderConnection {
   static absl::StatusOr<std::shared_ptr<SenderConnection>> Connect(
       const std::string& endpoint, const ConnectionOptions& options, absl::Duration timeout,
       KvRegionAccess* access, FaultInjector* faults, StatsCounters* counters, Callbacks callbacks);
-  ~SenderConnection();
+  ~SenderConnection() override;
 
   const std::string& endpoint() const { return endpoint_; }
   uint64_t incarnation() const { return incarnation_; }
-  bool healthy() const { return !failed_; }
+  bool healthy() const override { return !failed_; }
   // Healthy and no close from the peer is pending on the socket (a restarted receiver's old
   // connection is noticed here before the reader thread gets to it).
   bool usable() const;
   // True when nothing is queued or being written.
-  bool idle() const;
+  bool drained() const;
 
-  void Enqueue(WorkItem item);
+  // Queues `work` for the writer (dropped once the connection failed or is closing).
+  void Send(SenderWork work) override;
   // Lets the writer send what is queued (bounded by io_timeout per message), then closes and
   // joins. Not from the connection's own threads.
   void Close();
@@ -117,8 +78,8 @@ class SenderConnection {
                    StatsCounters* counters, Callbacks callbacks);
   void WriterLoop();
   void ReaderLoop();
-  absl::Status Write(const WorkItem& item);
-  absl::Status WriteData(const WorkItem& item);
+  absl::Status Write(const SenderWork& work);
+  absl::Status WriteData(const SenderWork& work);
   absl::Status WriteSmall(uint16_t type, const std::string& meta);
   void Fail(const absl::Status& status);
 
@@ -136,7 +97,7 @@ class SenderConnection {
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<WorkItem> queue_;
+  std::deque<SenderWork> queue_;
   bool busy_ = false;
   bool closing_ = false;
   std::thread writer_;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/layout.h"
 #include "kvtransfer/metered.h"
 
 namespace tandem::kvtransfer::tcp {
@@ -38,7 +38,7 @@ uint64_t NewIncarnation() {
 absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOptions& options,
                                                                 KvRegionAccess* access,
                                                                 CompletionCallback on_complete) {
-  absl::Status valid = ValidateLayout(options.layout);
+  absl::Status valid = ValidateKvLayout(options.layout);
   if (!valid.ok()) return valid;
   if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
   std::unique_ptr<TcpReceiver> r(new TcpReceiver(options, access, std::move(on_complete)));
@@ -165,7 +165,7 @@ absl::Status TcpReceiver::Handshake(Conn* conn) {
   }
   s = wire::DecodeHello(hello_meta, &hello);
   if (s.ok() && hello.magic != wire::kHelloMagic) s = absl::DataLossError("bad HELLO magic");
-  if (s.ok()) s = CheckCompatible(options_.layout, hello.layout);
+  if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
   std::string receiver_nonce, sender_nonce;
   if (s.ok() && !options_.secret.empty())
     s = Authenticate(conn, hello_meta, &receiver_nonce, &sender_nonce);

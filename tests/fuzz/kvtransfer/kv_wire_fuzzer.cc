@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kvtransfer/layout.h"
+#include "common/base/kv_transfer_layout.h"
 #include "kvtransfer/tcp/wire.h"
 
 namespace w = tandem::kvtransfer::wire;
@@ -41,9 +41,9 @@ void UseLayout(const KvLayout& peer) {
   local.num_kv_heads = 4;
   local.head_dim = 8;
   local.block_size = 16;
-  (void)tandem::kvtransfer::CheckCompatible(local, peer).message().size();
-  (void)tandem::kvtransfer::ValidateLayout(peer).ok();
-  (void)tandem::kvtransfer::LayoutDebugString(peer).size();
+  (void)tandem::CheckKvLayoutCompatible(local, peer).message().size();
+  (void)tandem::ValidateKvLayout(peer).ok();
+  (void)tandem::KvLayoutDebugString(peer).size();
 }
 
 }  // namespace

@@ -16,21 +16,14 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/transport.h"
+#include "tests/unit/common/base/kv_layout_test_util.h"
 
 namespace tandem::kvtransfer::testing {
 
 inline constexpr uint8_t kGuardByte = 0xa5;
 
-inline KvLayout SmallLayout() {
-  KvLayout l;
-  l.model_id = "test-model";
-  l.num_layers = 4;
-  l.num_kv_heads = 2;
-  l.head_dim = 8;
-  l.block_size = 4;
-  l.kv_dtype = DType::kBF16;  // region = 2*2*4*8*2 = 256 bytes
-  return l;
-}
+// 4 layers, regions of 256 bytes.
+inline KvLayout SmallLayout() { return tandem::testing::SmallKvLayout(); }
 
 // [guard][region (layer 0, block 0)][guard][region (0, 1)] ... [guard]
 class FakePool : public KvRegionAccess {

@@ -232,7 +232,7 @@ TEST_F(TcpProtocolTest, BadPeersAreDisconnectedAndOthersKeepWorking) {
   RawPeer other_version = RawPeer::Connect(receiver_->endpoint());
   wire::Hello h;
   h.layout = layout_;
-  h.layout.protocol_version = kProtocolVersion + 1;
+  h.layout.protocol_version = kKvTransferProtocolVersion + 1;
   other_version.Send(FrameType::kHello, wire::EncodeHello(h));
   auto refuse = other_version.Read();
   ASSERT_TRUE(refuse.ok());

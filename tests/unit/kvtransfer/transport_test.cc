@@ -149,7 +149,8 @@ TEST_P(TransportTest, HandshakeMismatchIsRefusedNamingTheField) {
       {"head_dim", [](KvLayout* l) { l->head_dim = 32; }},
       {"block_size", [](KvLayout* l) { l->block_size = 16; }},
       {"kv_dtype", [](KvLayout* l) { l->kv_dtype = DType::kF8E4M3; }},
-      {"protocol_version", [](KvLayout* l) { l->protocol_version = kProtocolVersion + 1; }},
+      {"protocol_version",
+       [](KvLayout* l) { l->protocol_version = kKvTransferProtocolVersion + 1; }},
   };
   receiver_->Expect({1, {0}});
   for (const Case& c : cases) {

@@ -43,6 +43,7 @@ class FakeWorker : public v1::Worker::Service {
     info->set_role(role_);
     info->mutable_layout()->set_model_id("m");
     info->mutable_layout()->set_block_size(16);
+    info->mutable_layout()->set_kv_dtype("f32");
     info->set_incarnation(1);
     return grpc::Status::OK;
   }

@@ -25,6 +25,7 @@ class FakeWorker : public v1::Worker::CallbackService {
     response->set_role("decode");
     response->mutable_layout()->set_model_id("m");
     response->mutable_layout()->set_block_size(16);
+    response->mutable_layout()->set_kv_dtype("f32");
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;

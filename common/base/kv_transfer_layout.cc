@@ -1,10 +1,8 @@
-#include "kvtransfer/layout.h"
+#include "common/base/kv_transfer_layout.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_layout.h"
-#include "kvtransfer/transport.h"
 
-namespace tandem::kvtransfer {
+namespace tandem {
 namespace {
 
 template <typename T>
@@ -15,7 +13,7 @@ absl::Status Mismatch(const char* field, const T& local, const T& peer) {
 
 }  // namespace
 
-absl::Status CheckCompatible(const KvLayout& local, const KvLayout& peer) {
+absl::Status CheckKvLayoutCompatible(const KvLayout& local, const KvLayout& peer) {
   // The protocol version first: with a different protocol the other fields may mean other things.
   if (local.protocol_version != peer.protocol_version) {
     return Mismatch("protocol_version", local.protocol_version, peer.protocol_version);
@@ -41,14 +39,10 @@ absl::Status CheckCompatible(const KvLayout& local, const KvLayout& peer) {
   return absl::OkStatus();
 }
 
-}  // namespace tandem::kvtransfer
-
-namespace tandem::kvtransfer {
-
-absl::Status ValidateLayout(const KvLayout& l) {
+absl::Status ValidateKvLayout(const KvLayout& l) {
   if (l.num_layers <= 0 || l.num_kv_heads <= 0 || l.head_dim <= 0 || l.block_size <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("kv layout needs positive dimensions: ", LayoutDebugString(l)));
+        absl::StrCat("kv layout needs positive dimensions: ", KvLayoutDebugString(l)));
   }
   if (!IsKvDType(l.kv_dtype)) {
     return absl::InvalidArgumentError(
@@ -57,11 +51,18 @@ absl::Status ValidateLayout(const KvLayout& l) {
   return absl::OkStatus();
 }
 
-std::string LayoutDebugString(const KvLayout& l) {
+std::string KvLayoutDebugString(const KvLayout& l) {
   return absl::StrCat(
       "model_id='", l.model_id, "' num_layers=", l.num_layers, " num_kv_heads=", l.num_kv_heads,
       " head_dim=", l.head_dim, " block_size=", l.block_size,
       " kv_dtype=", std::string(DTypeName(l.kv_dtype)), " protocol_version=", l.protocol_version);
 }
 
-}  // namespace tandem::kvtransfer
+absl::StatusOr<DType> ParseKvDType(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    if (DTypeName(t) == name) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("'", std::string(name), "' is not a KV dtype"));
+}
+
+}  // namespace tandem
