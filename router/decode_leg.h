@@ -48,9 +48,8 @@ class DecodeLeg : public grpc::ClientReadReactor<v1::DecodeResponse> {
   void OnDone(const grpc::Status& status) override;
 
   const std::vector<int32_t>& indices() const { return indices_; }
-  const v1::DecodeRequest& request() const { return request_; }
-  Worker* worker() const { return decode_.get(); }
-  const std::shared_ptr<Worker>& worker_ptr() const { return decode_; }
+  // The decode worker.
+  const std::shared_ptr<Worker>& worker() const { return decode_; }
   // Timings of the successful remote prefill, if any (for the final's TTFT split).
   bool PrefillTimings(double* prefill_s, double* transfer_s);
 

@@ -183,7 +183,7 @@ void RequestFlow::OnLegDone(DecodeLeg* leg, const grpc::Status& status, bool ret
   std::vector<int32_t> unfinished;
   bool cancelled;
   bool streamed = false;  // some unfinished sample already sent tokens: a mid-stream move
-  std::shared_ptr<Worker> worker = leg->worker_ptr();
+  std::shared_ptr<Worker> worker = leg->worker();
   {
     std::lock_guard<std::mutex> lock(mu_);
     legs_.erase(

@@ -38,7 +38,6 @@ class RequestFlow : public std::enable_shared_from_this<RequestFlow> {
   void OnLegDone(DecodeLeg* leg, const grpc::Status& status, bool retry_local);
 
   FlowHost* host() const { return host_; }
-  const v1::DecodeRequest& request() const { return request_; }
 
  private:
   struct Sample {
