@@ -12,7 +12,7 @@ ClusterClient::~ClusterClient() = default;
 
 void ClusterClient::Decode(const v1::DecodeRequest& request, ResponseCallback callback) {
   counters_.requests.fetch_add(1);
-  auto flow = std::make_shared<RequestFlow>(this, request, callback);
+  auto flow = std::make_shared<RequestFlow>(static_cast<FlowHost*>(this), request, callback);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!flows_.emplace(request.request_id(), flow).second) flow = nullptr;
@@ -43,6 +43,12 @@ void ClusterClient::Cancel(const std::string& request_id, int32_t index) {
 void ClusterClient::FlowDone(const std::string& request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   flows_.erase(request_id);
+}
+
+RouteChoice ClusterClient::Choose(PlacementRole role, const std::vector<RouteCandidate>& candidates,
+                                  int64_t prompt_blocks) {
+  return ChooseWorker(options_.routing, candidates, prompt_blocks,
+                      role == PlacementRole::kDecode ? &decode_counter_ : &prefill_counter_);
 }
 
 void ClusterClient::RecordDecision(const char* reason) {

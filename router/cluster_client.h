@@ -5,8 +5,10 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/metrics/request_hooks.h"
+#include "router/flow_host.h"
 #include "router/inference_client.h"
 #include "router/routing_policy.h"
 #include "router/worker_registry.h"
@@ -50,8 +52,9 @@ struct ClusterCounters {
 // reservation to the prefill worker, retries a failed prefill on another prefill worker while
 // the decode worker keeps its reservation, and migrates the samples of a decode worker that
 // dies to another one with the tokens generated so far, so that the client's stream goes on
-// without a gap or a repeat. Thread-safe.
-class ClusterClient : public InferenceClient {
+// without a gap or a repeat. Each request is a RequestFlow (router/request_flow.h), which sees
+// the client only as its FlowHost. Thread-safe.
+class ClusterClient : public InferenceClient, private FlowHost {
  public:
   ClusterClient(WorkerRegistry* registry, const ClusterOptions& options);
   ~ClusterClient() override;
@@ -63,21 +66,25 @@ class ClusterClient : public InferenceClient {
   int64_t active_requests() const;
 
  private:
-  friend class RequestFlow;
-  friend class DecodeLeg;
-  void FlowDone(const std::string& request_id);
+  // FlowHost: what the flows use.
+  WorkerRegistry& registry() override { return *registry_; }
+  const ClusterOptions& options() const override { return options_; }
+  ClusterCounters& mutable_counters() override { return counters_; }
+  RouteChoice Choose(PlacementRole role, const std::vector<RouteCandidate>& candidates,
+                     int64_t prompt_blocks) override;
   // Reports a placement to the hooks under the configured policy's name.
-  void RecordDecision(const char* reason);
-  void RecordRetry(const char* role);
-  void RecordMigration();
+  void RecordDecision(const char* reason) override;
+  void RecordRetry(const char* role) override;
+  void RecordMigration() override;
+  void FlowDone(const std::string& request_id) override;
 
   WorkerRegistry* registry_;
   ClusterOptions options_;
   ClusterCounters counters_;
-  std::atomic<uint64_t> decode_counter_{0};
+  std::atomic<uint64_t> decode_counter_{0};  // round-robin cursors of Choose
   std::atomic<uint64_t> prefill_counter_{0};
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<RequestFlow>> flows_;
+  mutable std::mutex mu_;                                                // guards flows_
+  std::unordered_map<std::string, std::shared_ptr<RequestFlow>> flows_;  // by request id
 };
 
 }  // namespace tandem
