@@ -12,6 +12,23 @@
 
 namespace tandem {
 
+int ServeRouterUntilSignal(RouterRuntime* router, const sigset_t& signals,
+                           const ServerOptions& server, const HttpFlags& http,
+                           const ApiKeyFlags& keys, const std::string& label) {
+  GenerationService& generation = router->generation();
+  auto front = GenerationFront::Start(server, http, keys, &generation, &router->tokenizer(),
+                                      router->services(), label);
+  if (!front.ok()) {
+    TLOG(ERROR) << front.status();
+    return 1;
+  }
+  (*front)->DrainOnSignal(
+      signals, [&] { return generation.active_calls(); }, [&] { generation.StartDrain(); });
+  (*front)->Shutdown();
+  router->Stop();
+  return 0;
+}
+
 int RunRouter(int argc, char** argv) {
   const sigset_t signals = BlockTerminationSignals();
   RouterFlags router_flags;
@@ -46,17 +63,11 @@ int RunRouter(int argc, char** argv) {
     TLOG(ERROR) << router.status();
     return 1;
   }
-  GenerationService& generation = (*router)->generation();
-  auto front = GenerationFront::Start(server, http_flags, key_flags, &generation,
-                                      &(*router)->tokenizer(), (*router)->services(), "router");
-  if (!front.ok()) {
-    TLOG(ERROR) << front.status();
-    return 1;
+  if (int rc =
+          ServeRouterUntilSignal(router->get(), signals, server, http_flags, key_flags, "router");
+      rc != 0) {
+    return rc;
   }
-  (*front)->DrainOnSignal(
-      signals, [&] { return generation.active_calls(); }, [&] { generation.StartDrain(); });
-  (*front)->Shutdown();
-  (*router)->Stop();
   TLOG(INFO) << "stopped";
   return 0;
 }

@@ -11,7 +11,7 @@
 #include "common/base/log.h"
 #include "common/metrics/router_metrics.h"
 #include "kvtransfer/auth.h"
-#include "router/generation_front.h"
+#include "router/router_main.h"
 #include "serve/cluster_supervisor.h"
 #include "serve/serve_modes.h"
 
@@ -74,19 +74,12 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
     return 1;
   }
   (*router)->registry().WaitForWorkers(prefill_workers, decode_workers, absl::Seconds(60));
-  GenerationService& generation = (*router)->generation();
-  auto front = GenerationFront::Start(flags.server, flags.http, flags.keys, &generation,
-                                      &(*router)->tokenizer(), (*router)->services(),
+  if (int rc = ServeRouterUntilSignal(router->get(), signals, flags.server, flags.http, flags.keys,
                                       absl::StrCat("cluster of ", prefill_workers, " prefill and ",
                                                    decode_workers, " decode workers"));
-  if (!front.ok()) {
-    TLOG(ERROR) << front.status();
-    return 1;
+      rc != 0) {
+    return rc;
   }
-  (*front)->DrainOnSignal(
-      signals, [&] { return generation.active_calls(); }, [&] { generation.StartDrain(); });
-  (*front)->Shutdown();
-  (*router)->Stop();
   supervisor.Stop(absl::Seconds(30));
   std::filesystem::remove_all(supervisor_options.state_dir);
   TLOG(INFO) << "stopped";
