@@ -22,11 +22,7 @@ void DecodeRole::Describe(v1::WorkerInfo* info) const {
 }
 
 int RunDecodeWorker(int argc, char** argv) {
-  return RunWorkerProcess(argc, argv, "decode", "decode", [](const std::string&) {
-    std::vector<std::unique_ptr<WorkerRole>> roles;
-    roles.push_back(std::make_unique<DecodeRole>());
-    return roles;
-  });
+  return RunSingleRoleWorker<DecodeRole>(argc, argv, "decode");
 }
 
 }  // namespace tandem

@@ -20,11 +20,7 @@ absl::Status PrefillRole::Start(const WorkerContext& context) {
 }
 
 int RunPrefillWorker(int argc, char** argv) {
-  return RunWorkerProcess(argc, argv, "prefill", "prefill", [](const std::string&) {
-    std::vector<std::unique_ptr<WorkerRole>> roles;
-    roles.push_back(std::make_unique<PrefillRole>());
-    return roles;
-  });
+  return RunSingleRoleWorker<PrefillRole>(argc, argv, "prefill");
 }
 
 }  // namespace tandem

@@ -69,4 +69,15 @@ using WorkerRoleFactory =
 int RunWorkerProcess(int argc, char** argv, const std::string& command, const std::string& role,
                      const WorkerRoleFactory& make_roles);
 
+// The entry point of a command that runs one role, `Role`, named `role` (`tandem prefill`,
+// `tandem decode`).
+template <class Role>
+int RunSingleRoleWorker(int argc, char** argv, const std::string& role) {
+  return RunWorkerProcess(argc, argv, role, role, [](const std::string&) {
+    std::vector<std::unique_ptr<WorkerRole>> roles;
+    roles.push_back(std::make_unique<Role>());
+    return roles;
+  });
+}
+
 }  // namespace tandem
