@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
-#include "common/worker/sampling_convert.h"
+#include "common/worker/proto_convert.h"
 
 namespace tandem {
 namespace {
@@ -25,16 +25,6 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-void AddLogprobs(const TokenLogprobs& src, v1::TokenLogprobs* dst) {
-  dst->mutable_chosen()->set_token_id(src.chosen.id);
-  dst->mutable_chosen()->set_logprob(src.chosen.logprob);
-  for (const TokenLogprob& top : src.top) {
-    v1::TokenLogprob* e = dst->add_top();
-    e->set_token_id(top.id);
-    e->set_logprob(top.logprob);
-  }
-}
-
 void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
   if (!u.new_tokens.empty()) {
     v1::DecodeResponse r;
@@ -42,7 +32,7 @@ void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
     t->set_index(u.index);
     for (size_t i = 0; i < u.new_tokens.size(); ++i) {
       t->add_token_ids(u.new_tokens[i]);
-      if (i < u.logprobs.size()) AddLogprobs(u.logprobs[i], t->add_logprobs());
+      if (i < u.logprobs.size()) LogprobsToProto(u.logprobs[i], t->add_logprobs());
     }
     out->push_back(std::move(r));
   }
@@ -99,9 +89,9 @@ int64_t DecodeCore::transfers_in_flight() const {
 }
 
 void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callback) {
-  auto params = SamplingParamsFromProto(request.sampling());
-  if (!params.ok()) {
-    callback(ErrorResponse(params.status()));
+  auto e = EngineRequestFromProto(request);
+  if (!e.ok()) {
+    callback(ErrorResponse(e.status()));
     return;
   }
   if (request.remote_prefill() && receiver_ == nullptr) {
@@ -109,23 +99,13 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
         "remote_prefill: this worker does not receive KV (not in the decode role)")));
     return;
   }
-  EngineRequest e;
-  e.id = request.request_id();
-  e.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
-  e.prior_output.assign(request.prior_output_token_ids().begin(),
-                        request.prior_output_token_ids().end());
-  e.params = std::move(params).value();
-  e.n = request.n() == 0 ? 1 : request.n();
-  e.priority = request.priority();
-  e.cache_salt = request.cache_salt();
-  e.arrival_time = absl::Now();
-  e.remote_prefill = request.remote_prefill();
-  if (request.kv_lease_ms() > 0) e.kv_lease = absl::Milliseconds(request.kv_lease_ms());
+  e->remote_prefill = request.remote_prefill();
+  if (request.kv_lease_ms() > 0) e->kv_lease = absl::Milliseconds(request.kv_lease_ms());
 
   const std::string request_id = request.request_id();
   auto transfer_id = std::make_shared<uint64_t>(0);
-  engine_->Submit(std::move(e), [this, callback = std::move(callback), request_id,
-                                 transfer_id](const SequenceUpdate& u) {
+  engine_->Submit(*std::move(e), [this, callback = std::move(callback), request_id,
+                                  transfer_id](const SequenceUpdate& u) {
     if (u.reservation.has_value() && receiver_ != nullptr) {
       // Engine thread: register the expected transfer before anyone can learn its id.
       const KvReservation& res = *u.reservation;
@@ -183,12 +163,7 @@ void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   }
   std::vector<int32_t> tokens(first.token_ids().begin(), first.token_ids().end());
   std::vector<TokenLogprobs> logprobs;
-  for (const v1::TokenLogprobs& lp : first.logprobs()) {
-    TokenLogprobs t;
-    t.chosen = {lp.chosen().token_id(), lp.chosen().logprob()};
-    for (const v1::TokenLogprob& e : lp.top()) t.top.push_back({e.token_id(), e.logprob()});
-    logprobs.push_back(std::move(t));
-  }
+  for (const v1::TokenLogprobs& lp : first.logprobs()) logprobs.push_back(LogprobsFromProto(lp));
   engine_->Post(
       [request_id, tokens = std::move(tokens), logprobs = std::move(logprobs)](Engine& engine) {
         absl::Status st = engine.CompleteRemotePrefill(request_id, tokens, logprobs);

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
-#include "common/worker/sampling_convert.h"
+#include "common/worker/proto_convert.h"
 
 namespace tandem {
 
@@ -61,9 +61,9 @@ void PrefillCore::Enqueue(Task task) {
 }
 
 void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) {
-  auto params = SamplingParamsFromProto(request.sampling());
-  if (!params.ok()) {
-    done(params.status(), {});
+  auto e = EngineRequestFromProto(request);
+  if (!e.ok()) {
+    done(e.status(), {});
     return;
   }
   if (sender_ == nullptr) {
@@ -111,19 +111,10 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
     return;
   }
 
-  EngineRequest e;
-  e.id = request.request_id();
-  e.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
-  e.prior_output.assign(request.prior_output_token_ids().begin(),
-                        request.prior_output_token_ids().end());
-  e.params = std::move(params).value();
-  e.n = job->samples;
-  e.priority = request.priority();
-  e.cache_salt = request.cache_salt();
-  e.prefill_only = true;
-  e.export_hooks = std::make_shared<KvExportHooks>();
+  e->prefill_only = true;
+  e->export_hooks = std::make_shared<KvExportHooks>();
   std::weak_ptr<Job> weak = job;
-  e.export_hooks->on_layer = [this, weak](const std::vector<int32_t>& blocks, int64_t layer) {
+  e->export_hooks->on_layer = [this, weak](const std::vector<int32_t>& blocks, int64_t layer) {
     // Engine thread: queue only.
     auto j = weak.lock();
     if (!j) return;
@@ -133,7 +124,7 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
     if (layer == 0) t.blocks = blocks;
     Enqueue(std::move(t));
   };
-  engine_->Submit(std::move(e), [this, job](const SequenceUpdate& u) { OnEngineUpdate(job, u); });
+  engine_->Submit(*std::move(e), [this, job](const SequenceUpdate& u) { OnEngineUpdate(job, u); });
 }
 
 void PrefillCore::OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u) {
@@ -155,14 +146,7 @@ void PrefillCore::OnEngineUpdate(const std::shared_ptr<Job>& job, const Sequence
     job->first.set_token_ids(u.index, u.new_tokens[0]);
     if (!u.logprobs.empty()) {
       while (job->first.logprobs_size() < job->samples) job->first.add_logprobs();
-      v1::TokenLogprobs* lp = job->first.mutable_logprobs(u.index);
-      lp->mutable_chosen()->set_token_id(u.logprobs[0].chosen.id);
-      lp->mutable_chosen()->set_logprob(u.logprobs[0].chosen.logprob);
-      for (const auto& t : u.logprobs[0].top) {
-        v1::TokenLogprob* e = lp->add_top();
-        e->set_token_id(t.id);
-        e->set_logprob(t.logprob);
-      }
+      LogprobsToProto(u.logprobs[0], job->first.mutable_logprobs(u.index));
     }
   }
   if (!u.finished) return;

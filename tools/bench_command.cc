@@ -59,11 +59,7 @@ int RunBench(int argc, char** argv) {
   flags.String("label", &o.label, "a name for this run, echoed in the report");
   flags.Bool("quiet", &quiet, "no table on stdout");
   flags.Bool("allow-errors", &allow_errors, "exit 0 even when requests failed");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) return 0;
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   auto prompt = bench::ParseLengthDistribution(prompt_len);
   auto output = bench::ParseLengthDistribution(output_len);
   for (const auto* d : {&prompt, &output}) {

@@ -28,11 +28,7 @@ int RunClient(int argc, char** argv) {
   flags.Int32("n", &n, "samples (printed one after the other)");
   flags.String("stop", &stop, "a stop string");
   flags.Bool("usage", &show_usage, "print usage and timings after the text");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) return 0;
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
 
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = v1::Generation::NewStub(channel);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/flags.h"
 #include "common/base/log.h"
+#include "common/config/default_model.h"
 #include "common/engine/engine_builder.h"
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
@@ -41,11 +42,7 @@ int RunGenerate(int argc, char** argv) {
   flags.Bool("echo", &echo, "print the prompt before the continuation");
   flags.Bool("print-ids", &print_ids, "print the generated token ids on a last line");
   flags.Bool("quiet", &quiet, "log warnings and errors only");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) return 0;
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   if (quiet) ConfigureLogging({LogLevel::kWarning, false, "generate"});
 
   auto tokenizer = Tokenizer::FromModelDir(model_dir);

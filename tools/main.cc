@@ -4,6 +4,10 @@
 #include <cstring>
 #include <string>
 
+#include "decode_worker/decode_main.h"
+#include "prefill_worker/prefill_main.h"
+#include "router/router_main.h"
+#include "serve/serve_main.h"
 #include "tools/commands.h"
 
 namespace {

@@ -26,11 +26,7 @@ int RunMakeModel(int argc, char** argv) {
   flags.Int("seed", &seed, "random seed");
   flags.Int("max-shard-bytes", &max_shard_bytes, "split into shards of at most this many bytes");
   flags.Int("threads", &threads, "generator threads (0: one per core)");
-  if (auto st = flags.Parse(argc, argv); !st.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
-    return 2;
-  }
-  if (flags.help_requested()) return 0;
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   if (out.empty()) {
     std::fprintf(stderr, "make-model: --out is required\n");
     return 2;

@@ -128,6 +128,15 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
   return absl::OkStatus();
 }
 
+std::optional<int> FlagSet::ParseCommandLine(int argc, char** argv) {
+  if (absl::Status st = Parse(argc, argv); !st.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  if (help_requested_) return 0;
+  return std::nullopt;
+}
+
 std::string FlagSet::Usage() const {
   std::string out =
       absl::StrCat("Usage: tandem ", command_, " [flags]\n\n", summary_, "\n\nFlags:\n");

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,8 +10,8 @@
 namespace tandem {
 
 // A small command-line parser for one subcommand: `--name=value`, `--name value` and bare
-// `--flag` for booleans. Used only by the executables' main functions; libraries take Options
-// structs.
+// `--flag` for booleans. Used by the commands' entry points, which register flags straight onto
+// the fields of the Options structs their libraries take (so a default is written once).
 class FlagSet {
  public:
   FlagSet(std::string command, std::string summary);
@@ -27,6 +28,9 @@ class FlagSet {
   // Parses argv[first..argc). On --help prints usage and sets help_requested().
   absl::Status Parse(int argc, char** argv, int first = 1);
   bool help_requested() const { return help_requested_; }
+  // A command's Parse: errors go to stderr. Returns the exit code the command ends with (2: bad
+  // flags; 0: --help was printed), or nullopt to go on.
+  std::optional<int> ParseCommandLine(int argc, char** argv);
   std::string Usage() const;
   const std::vector<std::string>& positional() const { return positional_; }
 

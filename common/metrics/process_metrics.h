@@ -18,8 +18,8 @@ struct MetricsOptions {
   int64_t port = 0;       // 0: no endpoint (metrics are still collected); -1: any free port
   std::string port_file;  // write the bound port here once serving
   // HTTPS only when tls.cert is set; mTLS with tls.client_ca. Not flags of their own: the
-  // commands fill it from their --tls-* flags (ServerFlags::Metrics), so /metrics is as
-  // protected as the process's other listeners.
+  // commands fill it from their --tls-* flags (ServerOptions::Metrics, common/rpc/server.h), so
+  // /metrics is as protected as the process's other listeners.
   HttpTlsOptions tls;
 };
 

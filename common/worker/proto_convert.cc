@@ -1,4 +1,4 @@
-#include "common/worker/sampling_convert.h"
+#include "common/worker/proto_convert.h"
 
 #include <algorithm>
 
@@ -33,6 +33,23 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams&
     return absl::InvalidArgumentError("logprobs: must be in [0, 20]");
   }
   return s;
+}
+
+void LogprobsToProto(const TokenLogprobs& src, v1::TokenLogprobs* dst) {
+  dst->mutable_chosen()->set_token_id(src.chosen.id);
+  dst->mutable_chosen()->set_logprob(src.chosen.logprob);
+  for (const TokenLogprob& top : src.top) {
+    v1::TokenLogprob* e = dst->add_top();
+    e->set_token_id(top.id);
+    e->set_logprob(top.logprob);
+  }
+}
+
+TokenLogprobs LogprobsFromProto(const v1::TokenLogprobs& lp) {
+  TokenLogprobs t;
+  t.chosen = {lp.chosen().token_id(), lp.chosen().logprob()};
+  for (const v1::TokenLogprob& e : lp.top()) t.top.push_back({e.token_id(), e.logprob()});
+  return t;
 }
 
 }  // namespace tandem

@@ -1,11 +1,10 @@
-#include "tools/http_api.h"
+#include "router/http_api.h"
 
 #include <csignal>
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
-#include "tools/engine_flags.h"
 
 namespace tandem {
 
@@ -59,7 +58,7 @@ ApiKeys::~ApiKeys() {
 }
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
-    const HttpFlags& flags, const ServerFlags& server_flags, grpc::Server* grpc_server,
+    const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
     const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len) {
   if (flags.port < 0) return std::unique_ptr<HttpApi>();
   if (flags.max_body_bytes < 1024 || flags.threads < 1) {
@@ -75,16 +74,16 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
   }
   api->chat_template_ = std::move(parsed).value();
   HttpServerOptions o;
-  const std::string& host = server_flags.host;
+  const std::string& host = server_options.host;
   o.host = host;
   o.port = static_cast<int>(flags.port);
   o.max_body_bytes = static_cast<size_t>(flags.max_body_bytes);
   o.threads = static_cast<int>(flags.threads);
   o.model_name = model_name;
   o.max_model_len = max_model_len;
-  o.tls_cert = server_flags.tls_cert;
-  o.tls_key = server_flags.tls_key;
-  if (server_flags.tls_client_auth) o.tls_client_ca = server_flags.tls_ca;
+  o.tls_cert = server_options.tls.cert;
+  o.tls_key = server_options.tls.key;
+  if (server_options.tls.client_auth) o.tls_client_ca = server_options.tls.ca;
   auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
                                   tokenizer, api->chat_template_.get());
   if (!server.ok()) return server.status();
@@ -93,7 +92,7 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
     WriteFileAtomically(flags.port_file, absl::StrCat(api->server_->port(), "\n"));
   }
   TLOG(INFO) << "OpenAI-compatible HTTP API on " << host << ":" << api->server_->port() << " ("
-             << (server_flags.tls_cert.empty() ? "http" : "https")
+             << (server_options.tls.cert.empty() ? "http" : "https")
              << ", chat template: " << choice->origin << ")";
   return api;
 }

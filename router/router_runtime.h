@@ -15,24 +15,24 @@
 
 namespace tandem {
 
-// Flags of the router of a disaggregated cluster.
+// The router's settings from the command line. The flags register straight onto `registry` and
+// `cluster` (whose defaults they show); the few that take another form on the command line
+// (address lists, the policy by name, seconds) start from those structs too and are folded into
+// them by Create.
 struct RouterFlags {
+  RegistryOptions registry;       // --prefill-dns, --decode-dns
+  ClusterOptions cluster;         // routing weights, disaggregation and prefill limits
   std::string prefill_addresses;  // comma-separated host:port
   std::string decode_addresses;
-  std::string prefill_dns;  // name:port, re-resolved (Kubernetes headless Service)
-  std::string decode_dns;
-  std::string routing_policy = "prefix_affinity";
-  double w_overlap = 1.0;
-  double w_load = 0.25;
-  double max_imbalance = 1.25;
-  int64_t disagg_min_uncached_tokens = 32;
-  int64_t max_prefills_per_worker = 16;
-  double prefill_timeout_s = 60;
+  std::string routing_policy;  // cluster.routing.policy by name
+  double prefill_timeout_s;    // cluster.prefill_timeout
   double startup_timeout_s = 60;
-  std::string model_name;
+  std::string model_name;  // empty: the workers'
   // How to dial workers (set by the command from its TLS flags; null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
 
+  RouterFlags();
+  // Every flag of `tandem router` but --model.
   void Register(FlagSet* flags);
 };
 

@@ -1,4 +1,4 @@
-#include "tools/router_runtime.h"
+#include "router/router_runtime.h"
 
 #include <filesystem>
 
@@ -8,18 +8,23 @@
 
 namespace tandem {
 
+RouterFlags::RouterFlags()
+    : routing_policy(RoutingPolicyName(cluster.routing.policy)),
+      prefill_timeout_s(absl::ToDoubleSeconds(cluster.prefill_timeout)) {}
+
 void RouterFlags::Register(FlagSet* f) {
+  RoutingOptions& routing = cluster.routing;
   f->String("prefill-addresses", &prefill_addresses, "prefill workers, host:port,host:port");
   f->String("decode-addresses", &decode_addresses, "decode workers, host:port,host:port");
-  f->String("prefill-dns", &prefill_dns, "prefill workers by DNS name:port, re-resolved");
-  f->String("decode-dns", &decode_dns, "decode workers by DNS name:port, re-resolved");
+  f->String("prefill-dns", &registry.prefill_dns, "prefill workers by DNS name:port, re-resolved");
+  f->String("decode-dns", &registry.decode_dns, "decode workers by DNS name:port, re-resolved");
   f->String("routing-policy", &routing_policy, "round_robin, least_loaded or prefix_affinity");
-  f->Double("w-overlap", &w_overlap, "prefix_affinity weight of uncached prompt blocks");
-  f->Double("w-load", &w_load, "prefix_affinity weight of a worker's active blocks");
-  f->Double("max-imbalance", &max_imbalance, "active-block ratio bound between workers");
-  f->Int("disagg-min-uncached-tokens", &disagg_min_uncached_tokens,
+  f->Double("w-overlap", &routing.w_overlap, "prefix_affinity weight of uncached prompt blocks");
+  f->Double("w-load", &routing.w_load, "prefix_affinity weight of a worker's active blocks");
+  f->Double("max-imbalance", &routing.max_imbalance, "active-block ratio bound between workers");
+  f->Int("disagg-min-uncached-tokens", &cluster.disagg_min_uncached_tokens,
          "shorter uncached prompt parts are prefilled on the decode worker");
-  f->Int("max-prefills-per-worker", &max_prefills_per_worker,
+  f->Int("max-prefills-per-worker", &cluster.max_prefills_per_worker,
          "prefill workers above this many prefills in flight count as saturated");
   f->Double("prefill-timeout", &prefill_timeout_s, "seconds before a prefill is retried elsewhere");
   f->Double("startup-timeout", &startup_timeout_s, "seconds to wait for the first decode worker");
@@ -38,15 +43,13 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   if (!tokenizer.ok()) return tokenizer.status();
   r->tokenizer_ = std::move(tokenizer).value();
 
-  RegistryOptions ro;
+  RegistryOptions ro = flags.registry;
   for (auto a : absl::StrSplit(flags.prefill_addresses, ',', absl::SkipEmpty())) {
     ro.prefill_addresses.emplace_back(a);
   }
   for (auto a : absl::StrSplit(flags.decode_addresses, ',', absl::SkipEmpty())) {
     ro.decode_addresses.emplace_back(a);
   }
-  ro.prefill_dns = flags.prefill_dns;
-  ro.decode_dns = flags.decode_dns;
   ro.hooks = hooks;
   ro.channel_credentials = flags.channel_credentials;
   if (ro.decode_addresses.empty() && ro.decode_dns.empty()) {
@@ -55,15 +58,10 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   r->registry_ = std::make_unique<WorkerRegistry>(ro);
   r->registry_->Start();
 
-  ClusterOptions co;
+  ClusterOptions co = flags.cluster;
   auto policy = ParseRoutingPolicy(flags.routing_policy);
   if (!policy.ok()) return policy.status();
   co.routing.policy = *policy;
-  co.routing.w_overlap = flags.w_overlap;
-  co.routing.w_load = flags.w_load;
-  co.routing.max_imbalance = flags.max_imbalance;
-  co.disagg_min_uncached_tokens = flags.disagg_min_uncached_tokens;
-  co.max_prefills_per_worker = flags.max_prefills_per_worker;
   co.prefill_timeout = absl::Seconds(flags.prefill_timeout_s);
   co.hooks = hooks;
   r->client_ = std::make_unique<ClusterClient>(r->registry_.get(), co);

@@ -1,10 +1,7 @@
-#include <unistd.h>
+#include "common/config/default_model.h"
 
 #include <cstdlib>
 #include <filesystem>
-#include <string>
-
-#include "tools/commands.h"
 
 namespace tandem {
 

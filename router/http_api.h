@@ -9,11 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
+#include "common/rpc/server.h"
 #include "common/tokenizer/chat_template.h"
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"
-#include "tools/engine_flags.h"
 
 namespace tandem {
 
@@ -36,7 +36,7 @@ struct ApiKeyFlags {
 
 // Loads the key file into `service` and reloads it on every SIGHUP until destroyed (which
 // must happen before the service's). Null (and OK) without --api-keys. Requires SIGHUP blocked
-// in every thread (BlockTerminationSignals).
+// in every thread (BlockTerminationSignals, common/rpc/shutdown.h).
 class ApiKeys {
  public:
   static absl::StatusOr<std::unique_ptr<ApiKeys>> Start(const ApiKeyFlags& flags,
@@ -54,7 +54,7 @@ class HttpApi {
  public:
   // Null (and OK) when --http-port is off.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
-      const HttpFlags& flags, const ServerFlags& server_flags, grpc::Server* grpc_server,
+      const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
       const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len);
   int port() const { return server_->port(); }
   void Stop() { server_->Stop(); }

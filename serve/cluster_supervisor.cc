@@ -1,4 +1,4 @@
-#include "tools/cluster_supervisor.h"
+#include "serve/cluster_supervisor.h"
 
 #include <signal.h>
 #include <sys/prctl.h>

@@ -1,0 +1,176 @@
+#include "common/worker/engine_flags.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/default_model.h"
+
+namespace tandem {
+namespace {
+
+// Command-line names of the enums, both ways from one table each.
+constexpr std::pair<const char*, SchedulingPolicy> kPolicies[] = {
+    {"fcfs", SchedulingPolicy::kFcfs},
+    {"priority", SchedulingPolicy::kPriority},
+};
+// Benchmark baselines, chosen through the same flag (FCFS order within their batches).
+constexpr std::pair<const char*, BatchingBaseline> kBaselines[] = {
+    {"static", BatchingBaseline::kStatic},
+    {"static-compact", BatchingBaseline::kStaticCompact},
+};
+constexpr std::pair<const char*, SpecOptions::Method> kSpecMethods[] = {
+    {"none", SpecOptions::Method::kNone},
+    {"ngram", SpecOptions::Method::kNgram},
+    {"draft", SpecOptions::Method::kDraft},
+};
+
+template <typename Enum, size_t N>
+std::string NameOf(const std::pair<const char*, Enum> (&table)[N], Enum value) {
+  for (const auto& [name, v] : table) {
+    if (v == value) return name;
+  }
+  return "";
+}
+
+template <typename Enum, size_t N>
+bool ValueOf(const std::pair<const char*, Enum> (&table)[N], const std::string& name, Enum* out) {
+  for (const auto& [n, v] : table) {
+    if (name == n) {
+      *out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// "1GiB" for 1 << 30: the largest binary unit that divides the size.
+std::string FormatByteSize(int64_t bytes) {
+  for (const auto& [unit, shift] : {std::pair{"GiB", 30}, {"MiB", 20}, {"KiB", 10}}) {
+    const int64_t scale = int64_t{1} << shift;
+    if (bytes > 0 && bytes % scale == 0) return absl::StrCat(bytes / scale, unit);
+  }
+  return absl::StrCat(bytes);
+}
+
+}  // namespace
+
+EngineFlags::EngineFlags()
+    : kv_memory(FormatByteSize(options.kv_cache_bytes)),
+      policy(NameOf(kPolicies, options.engine.scheduler.policy)),
+      speculative_method(NameOf(kSpecMethods, options.engine.spec.method)),
+      no_prefix_cache(!options.engine.enable_prefix_cache),
+      no_adaptive_speculation(!options.engine.spec.adaptive) {
+  options.model_dir = DefaultModelDir();
+}
+
+void EngineFlags::Register(FlagSet* f) {
+  EngineBuildOptions& o = options;
+  SchedulerOptions& sched = o.engine.scheduler;
+  SpecOptions& spec = o.engine.spec;
+  f->String("model", &o.model_dir, "Hugging Face model directory");
+  f->String("dtype", &o.weight_dtype, "weight dtype in memory: auto, f32 or bf16");
+  f->String("kv-cache-dtype", &o.kv_cache_dtype,
+            "KV cache dtype: auto, f32, bf16, fp8 (e4m3) or int8 (fp8/int8: a scale per token and "
+            "kv head; cpu only)");
+  f->String("quantization", &o.quantization,
+            "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
+            "(groups with zero points); cpu only. AWQ / GPTQ int4 checkpoints are detected from "
+            "config.json and load as int4 by themselves (keep none)");
+  f->Int("quantization-group-size", &o.quant_group_size,
+         "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
+  f->Bool("mmap-weights", &o.mmap_weights,
+          "cpu: use weights stored in their in-memory dtype straight from the checkpoint's file "
+          "mapping (less memory, 4 KiB page-cache pages) instead of copying them into huge-page "
+          "memory at load (faster decode); bf16 projections that take bf16 inputs on "
+          "AVX512_BF16 are rearranged into tiles at load either way");
+  f->String("matmul-input-dtype", &o.matmul_input_dtype,
+            "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
+            "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "
+            "without VNNI) on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
+            "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
+            "with f32 weights) or int8 (int8 / int4 weights only: each input row quantized to "
+            "int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
+  f->String("kv-cache-memory", &kv_memory,
+            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup)");
+  f->Int("num-kv-blocks", &o.num_kv_blocks, "KV pool size in blocks (overrides the budget)");
+  f->Int("block-size", &o.block_size, "tokens per KV block");
+  f->Int("max-num-seqs", &sched.max_num_seqs, "sequences per step at most");
+  f->Int("max-num-batched-tokens", &sched.max_num_batched_tokens, "tokens per step at most");
+  f->Int("max-prefill-chunk", &sched.max_prefill_chunk,
+         "tokens of one prompt per step (0: budget)");
+  f->Int("max-model-len", &o.engine.max_model_len, "context length (0: the model's)");
+  f->Int("max-waiting", &o.engine.max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
+  f->String("scheduling-policy", &policy,
+            "fcfs, priority, static or static-compact (the last two: benchmark baselines)");
+  f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
+  f->Int32("threads", &o.threads, "compute threads (0: one per core)");
+  f->String("device", &o.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
+  f->Double("gpu-memory-utilization", &o.gpu_memory_utilization,
+            "cuda: fraction of device memory for weights, activations and the KV pool");
+  f->String("speculative-method", &speculative_method, "none, ngram or draft");
+  f->Int32("num-speculative-tokens", &spec.num_speculative_tokens,
+           "drafted tokens per step at most");
+  f->String("draft-model", &spec.draft_model_dir,
+            "draft model directory (speculative method draft)");
+  f->Int32("ngram-max", &spec.ngram_max, "ngram: longest suffix to match");
+  f->Int32("ngram-min", &spec.ngram_min, "ngram: shortest suffix to match");
+  f->Bool("no-adaptive-speculation", &no_adaptive_speculation,
+          "keep k fixed instead of adapting it to each sequence's acceptance");
+}
+
+absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
+  EngineBuildOptions o = options;
+  auto bytes = ParseByteSize(kv_memory);
+  if (!bytes.ok()) return bytes.status();
+  o.kv_cache_bytes = *bytes;
+  if (!ValueOf(kBaselines, policy, &o.engine.scheduler.baseline) &&
+      !ValueOf(kPolicies, policy, &o.engine.scheduler.policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scheduling-policy must be fcfs, priority, static or static-compact, got '",
+                     policy, "'"));
+  }
+  if (!ValueOf(kSpecMethods, speculative_method, &o.engine.spec.method)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative-method must be none, ngram or draft, got '", speculative_method, "'"));
+  }
+  o.engine.enable_prefix_cache = !no_prefix_cache;
+  o.engine.spec.adaptive = !no_adaptive_speculation;
+  return o;
+}
+
+std::vector<std::string> EngineFlags::ToArgs() const {
+  const EngineBuildOptions& o = options;
+  const SchedulerOptions& sched = o.engine.scheduler;
+  const SpecOptions& spec = o.engine.spec;
+  std::vector<std::string> a = {
+      "--model=" + o.model_dir,
+      "--dtype=" + o.weight_dtype,
+      "--kv-cache-dtype=" + o.kv_cache_dtype,
+      "--quantization=" + o.quantization,
+      absl::StrCat("--quantization-group-size=", o.quant_group_size),
+      "--matmul-input-dtype=" + o.matmul_input_dtype,
+      "--kv-cache-memory=" + kv_memory,
+      absl::StrCat("--num-kv-blocks=", o.num_kv_blocks),
+      absl::StrCat("--block-size=", o.block_size),
+      absl::StrCat("--max-num-seqs=", sched.max_num_seqs),
+      absl::StrCat("--max-num-batched-tokens=", sched.max_num_batched_tokens),
+      absl::StrCat("--max-prefill-chunk=", sched.max_prefill_chunk),
+      absl::StrCat("--max-model-len=", o.engine.max_model_len),
+      absl::StrCat("--max-waiting=", o.engine.max_waiting),
+      "--scheduling-policy=" + policy,
+      absl::StrCat("--threads=", o.threads),
+      "--device=" + o.device,
+      absl::StrCat("--gpu-memory-utilization=", o.gpu_memory_utilization),
+      "--speculative-method=" + speculative_method,
+      absl::StrCat("--num-speculative-tokens=", spec.num_speculative_tokens),
+      "--draft-model=" + spec.draft_model_dir,
+      absl::StrCat("--ngram-max=", spec.ngram_max),
+      absl::StrCat("--ngram-min=", spec.ngram_min),
+  };
+  if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
+  if (no_prefix_cache) a.push_back("--no-prefix-cache");
+  if (o.mmap_weights) a.push_back("--mmap-weights");
+  return a;
+}
+
+}  // namespace tandem

@@ -1,0 +1,27 @@
+#include "common/worker/serving_engine.h"
+
+namespace tandem {
+
+absl::StatusOr<std::unique_ptr<ServingEngine>> StartServingEngine(const EngineBuildOptions& options,
+                                                                  const std::string& spec_method,
+                                                                  prometheus::Registry* registry,
+                                                                  const std::string& role) {
+  auto built = BuildEngine(options);
+  if (!built.ok()) return built.status();
+  auto s = std::make_unique<ServingEngine>();
+  s->model = built->model;
+  s->backend = &built->engine->backend();
+  s->max_model_len = built->engine->max_model_len();
+  KvEventLog* events = &s->events;
+  built->engine->block_pool().set_listener({[events](BlockHash h) { events->Stored(h); },
+                                            [events](BlockHash h) { events->Removed(h); }});
+  s->metrics = std::make_unique<EngineMetrics>(registry, role);
+  if (options.engine.spec.method != SpecOptions::Method::kNone) {
+    s->spec_metrics = std::make_unique<SpecMetrics>(registry, spec_method);
+    built->engine->set_spec_hooks(s->spec_metrics.get());
+  }
+  s->engine = std::make_unique<AsyncEngine>(std::move(built->engine), s->metrics.get());
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,151 @@
+#include "common/worker/worker_main.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "common/base/log.h"
+#include "common/metrics/process_metrics.h"
+#include "common/metrics/transfer_metrics.h"
+#include "common/metrics/worker_metrics.h"
+#include "common/rpc/shutdown.h"
+#include "common/worker/backend_regions.h"
+#include "common/worker/serving_engine.h"
+#include "common/worker/worker_service.h"
+#include "kvtransfer/auth.h"
+
+namespace tandem {
+
+WorkerFlags::WorkerFlags() { server.port = 50061; }
+
+void WorkerFlags::Register(FlagSet* f, bool role_flag) {
+  engine.Register(f);
+  server.RegisterFlags(f);
+  if (role_flag) {
+    role = "both";
+    f->String("role", &role, "prefill, decode or both");
+  }
+  f->String("model-name", &model_name, "model name reported to the router");
+  f->String("kv-transport", &kv.transport, "KV transfer transport: tcp (or loopback in tests)");
+  f->String("kv-host", &kv.host, "decode role: address the KV receiver listens on");
+  f->Int32("kv-port", &kv.port, "decode role: KV receiver port (0: any free port)");
+  f->String("kv-secret-file", &kv_secret_file,
+            "file holding the shared secret every KV data connection proves (tcp; all "
+            "workers of a cluster need the same one)");
+  f->Bool("no-layerwise-push", &no_layerwise_push,
+          "prefill role: send the KV after the whole prompt instead of layer by layer");
+}
+
+namespace {
+
+v1::KvLayoutInfo ToLayoutInfo(const kvtransfer::KvLayout& layout) {
+  v1::KvLayoutInfo li;
+  li.set_model_id(layout.model_id);
+  li.set_num_layers(layout.num_layers);
+  li.set_num_kv_heads(layout.num_kv_heads);
+  li.set_head_dim(layout.head_dim);
+  li.set_block_size(layout.block_size);
+  li.set_kv_dtype(std::string(DTypeName(layout.kv_dtype)));
+  li.set_protocol_version(layout.protocol_version);
+  return li;
+}
+
+}  // namespace
+
+int RunWorkerProcess(int argc, char** argv, const std::string& command, const std::string& role,
+                     const WorkerRoleFactory& make_roles) {
+  const sigset_t signals = BlockTerminationSignals();
+  WorkerFlags wf;
+  wf.role = role;
+  FlagSet flags(command, "Runs one worker of a disaggregated cluster (role: " +
+                             (role.empty() ? std::string("--role") : role) +
+                             "), serving the tandem.v1.Worker gRPC API.");
+  wf.Register(&flags, role.empty());
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
+  if (wf.role != "prefill" && wf.role != "decode" && wf.role != "both") {
+    std::fprintf(stderr, "%s: --role must be prefill, decode or both\n", command.c_str());
+    return 2;
+  }
+  WorkerContext context;
+  context.flags = &wf;
+  if (!wf.kv_secret_file.empty()) {
+    auto secret = kvtransfer::ReadSecretFile(wf.kv_secret_file);
+    if (!secret.ok()) {
+      std::fprintf(stderr, "%s: --kv-secret-file: %s\n", command.c_str(),
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    context.kv_secret = *std::move(secret);
+  }
+  auto metrics = StartServerProcess(wf.server, wf.role);
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+  prometheus::Registry* registry = (*metrics)->registry();
+  auto options = wf.engine.ToBuildOptions();
+  if (!options.ok()) {
+    std::fprintf(stderr, "%s: %s\n", command.c_str(),
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  auto serving = StartServingEngine(*options, wf.engine.speculative_method, registry, wf.role);
+  if (!serving.ok()) {
+    TLOG(ERROR) << serving.status();
+    return 1;
+  }
+  ServingEngine& se = **serving;
+  WorkerMetrics worker_metrics(registry, wf.role);
+  TransferMetrics transfer_metrics(registry, wf.kv.transport);
+  BackendRegions regions(se.backend);
+  context.engine = se.engine.get();
+  context.regions = &regions;
+  context.layout = LayoutOf(*se.backend, se.model->model_id());
+  context.block_size = se.backend->kv_spec().block_size;
+  context.transfer_hooks = &transfer_metrics;
+
+  std::vector<std::unique_ptr<WorkerRole>> roles = make_roles(wf.role);
+  DecodeHandler* decode = nullptr;
+  PrefillHandler* prefill = nullptr;
+  for (auto& r : roles) {
+    if (absl::Status st = r->Start(context); !st.ok()) {
+      TLOG(ERROR) << st;
+      return 1;
+    }
+    if (decode == nullptr) decode = r->decode_handler();
+    if (prefill == nullptr) prefill = r->prefill_handler();
+  }
+
+  WorkerServiceOptions wo;
+  v1::WorkerInfo& info = wo.info;
+  info.set_role(wf.role);
+  *info.mutable_layout() = ToLayoutInfo(context.layout);
+  info.set_kv_transport(wf.kv.transport);
+  for (const auto& r : roles) r->Describe(&info);
+  info.set_model_name(!wf.model_name.empty()
+                          ? wf.model_name
+                          : std::filesystem::path(options->model_dir).filename().string());
+  info.set_max_model_len(static_cast<int32_t>(se.max_model_len));
+  info.set_vocab_size(static_cast<int32_t>(se.model->config().vocab_size));
+  WorkerService service(wo, se.engine.get(), &se.events, decode, prefill, &worker_metrics);
+
+  auto server = StartGrpcServer(wf.server, {&service});
+  if (!server.ok()) {
+    TLOG(ERROR) << server.status();
+    return 1;
+  }
+  TLOG(INFO) << wf.role << " worker serving on " << wf.server.host << ":" << server->port
+             << (!info.kv_endpoint().empty() ? " (KV endpoint " + info.kv_endpoint() + ")" : "");
+  DrainOnSignal(
+      signals, server->server.get(), absl::Seconds(wf.server.drain_timeout_s),
+      [&] { return service.active_calls(); }, [&] { service.StartDrain(); });
+  service.Stop();
+  se.engine->Shutdown();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  TLOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace tandem

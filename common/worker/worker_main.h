@@ -1,0 +1,83 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/base/flags.h"
+#include "common/metrics/transfer_hooks.h"
+#include "common/rpc/server.h"
+#include "common/worker/engine_flags.h"
+#include "common/worker/handlers.h"
+#include "kvtransfer/transport.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem {
+
+class AsyncEngine;
+
+// The flags of every worker command (`tandem prefill`, `tandem decode`, `tandem worker`).
+struct WorkerFlags {
+  EngineFlags engine;
+  ServerOptions server;    // --port: 50061
+  std::string role;        // prefill, decode or both: fixed by the command, or --role
+  std::string model_name;  // reported to the router; empty: the model directory's name
+  // --kv-transport (both roles), --kv-host and --kv-port (decode role: where KV arrives).
+  kvtransfer::ReceiverOptions kv;
+  std::string kv_secret_file;
+  bool no_layerwise_push = false;  // prefill role
+
+  WorkerFlags();
+  // `role_flag`: register --role (default both) for the command that does not fix it.
+  void Register(FlagSet* flags, bool role_flag);
+};
+
+// What a worker process gives its roles to start on. Everything outlives the roles.
+struct WorkerContext {
+  const WorkerFlags* flags = nullptr;
+  AsyncEngine* engine = nullptr;
+  kvtransfer::KvRegionAccess* regions = nullptr;  // the engine's KV pool
+  kvtransfer::KvLayout layout;                    // of that pool
+  int64_t block_size = 0;
+  std::string kv_secret;  // the contents of --kv-secret-file (empty: none)
+  TransferHooks* transfer_hooks = nullptr;
+};
+
+// One role of a worker process (prefill_worker/, decode_worker/): what it serves behind the
+// Worker API once started. Owned by the process; destroyed before the engine.
+class WorkerRole {
+ public:
+  virtual ~WorkerRole() = default;
+  // Starts the role on the process's engine (its KV sender or receiver). An error ends the
+  // process.
+  virtual absl::Status Start(const WorkerContext& context) = 0;
+  virtual DecodeHandler* decode_handler() { return nullptr; }
+  virtual PrefillHandler* prefill_handler() { return nullptr; }
+  // Adds what the role advertises through GetInfo (the decode role: its KV endpoint).
+  virtual void Describe(v1::WorkerInfo* info) const {}
+};
+
+// The roles a worker process runs for a --role value (prefill, decode or both), in start order.
+using WorkerRoleFactory =
+    std::function<std::vector<std::unique_ptr<WorkerRole>>(const std::string& role)>;
+
+// The entry point of a worker command: parses WorkerFlags (argv[0] is `command`), builds and
+// starts the engine, starts the roles `make_roles` gives for the role (`role`, or --role when
+// empty), serves tandem.v1.Worker until SIGTERM/SIGINT and drains. Returns the exit code.
+int RunWorkerProcess(int argc, char** argv, const std::string& command, const std::string& role,
+                     const WorkerRoleFactory& make_roles);
+
+// The entry point of a command that runs one role, `Role`, named `role` (`tandem prefill`,
+// `tandem decode`).
+template <class Role>
+int RunSingleRoleWorker(int argc, char** argv, const std::string& role) {
+  return RunWorkerProcess(argc, argv, role, role, [](const std::string&) {
+    std::vector<std::unique_ptr<WorkerRole>> roles;
+    roles.push_back(std::make_unique<Role>());
+    return roles;
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,89 @@
+// `tandem serve --prefill-workers N --decode-workers M`: a local disaggregated cluster. The
+// workers run as child `tandem prefill|decode` processes on loopback (ClusterSupervisor); the
+// router runs in this process.
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/log.h"
+#include "common/metrics/router_metrics.h"
+#include "kvtransfer/auth.h"
+#include "router/router_main.h"
+#include "serve/cluster_supervisor.h"
+#include "serve/serve_modes.h"
+
+namespace tandem {
+
+int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metrics) {
+  ClusterSupervisorOptions supervisor_options;
+  supervisor_options.state_dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
+  std::filesystem::create_directories(supervisor_options.state_dir);
+  // With /metrics on, every worker serves its own on a free port.
+  supervisor_options.metrics = metrics->port() != 0;
+  supervisor_options.metrics_host = flags.server.metrics.host;
+  ClusterSupervisor supervisor(supervisor_options);
+  std::vector<std::string> args = flags.engine.ToArgs();
+  if (flags.server.log_json) args.push_back("--log-json");
+  // The workers serve with the same certificate; the router dials them with it (mTLS).
+  for (std::string& a : flags.server.tls.ToArgs()) args.push_back(std::move(a));
+  // The KV data path between them authenticates with the shared secret (the path, not the
+  // secret, goes on their command lines).
+  if (!flags.kv_secret_file.empty()) {
+    if (auto secret = kvtransfer::ReadSecretFile(flags.kv_secret_file); !secret.ok()) {
+      TLOG(ERROR) << "--kv-secret-file: " << secret.status();
+      return 2;
+    }
+    args.push_back("--kv-secret-file=" + flags.kv_secret_file);
+  }
+  auto credentials = MakeChannelCredentials(flags.server.tls);
+  if (!credentials.ok()) {
+    TLOG(ERROR) << credentials.status();
+    return 2;
+  }
+  RouterFlags& router_flags = flags.router;
+  router_flags.channel_credentials = *credentials;
+  std::vector<std::string> prefill_args = args;
+  if (flags.no_layerwise_push) prefill_args.push_back("--no-layerwise-push");
+  const int prefill_workers = static_cast<int>(flags.prefill_workers);
+  const int decode_workers = static_cast<int>(flags.decode_workers);
+  if (auto st = supervisor.Launch("prefill", prefill_workers, prefill_args, absl::Seconds(120));
+      !st.ok()) {
+    TLOG(ERROR) << st;
+    return 1;
+  }
+  if (auto st = supervisor.Launch("decode", decode_workers, args, absl::Seconds(120)); !st.ok()) {
+    TLOG(ERROR) << st;
+    return 1;
+  }
+  supervisor.StartMonitor();
+  if (supervisor_options.metrics && !flags.server.metrics.port_file.empty()) {
+    // Scrape targets of the workers, next to this process's own metrics port file.
+    WriteFileAtomically(flags.server.metrics.port_file + ".workers", supervisor.MetricsTargets());
+  }
+  router_flags.prefill_addresses = absl::StrJoin(supervisor.Addresses("prefill"), ",");
+  router_flags.decode_addresses = absl::StrJoin(supervisor.Addresses("decode"), ",");
+  RouterMetrics router_metrics(metrics->registry());
+  auto router =
+      RouterRuntime::Create(router_flags, flags.engine.options.model_dir, &router_metrics);
+  if (!router.ok()) {
+    TLOG(ERROR) << router.status();
+    return 1;
+  }
+  (*router)->registry().WaitForWorkers(prefill_workers, decode_workers, absl::Seconds(60));
+  if (int rc = ServeRouterUntilSignal(router->get(), signals, flags.server, flags.http, flags.keys,
+                                      absl::StrCat("cluster of ", prefill_workers, " prefill and ",
+                                                   decode_workers, " decode workers"));
+      rc != 0) {
+    return rc;
+  }
+  supervisor.Stop(absl::Seconds(30));
+  std::filesystem::remove_all(supervisor_options.state_dir);
+  TLOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,94 @@
+// `tandem serve` without worker counts: the router front and one worker (role both) in this
+// process, the front calling the decode core directly.
+
+#include <filesystem>
+
+#include "common/base/log.h"
+#include "common/metrics/router_metrics.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/worker/serving_engine.h"
+#include "common/worker/worker_service.h"
+#include "decode_worker/decode_core.h"
+#include "router/generation_front.h"
+#include "router/generation_service.h"
+#include "serve/serve_modes.h"
+
+namespace tandem {
+namespace {
+
+// Routes the router's requests to the decode core in this process.
+class LocalClient : public InferenceClient {
+ public:
+  explicit LocalClient(DecodeCore* core) : core_(core) {}
+  void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override {
+    core_->Decode(request, std::move(callback));
+  }
+  void Cancel(const std::string& request_id, int32_t index) override {
+    core_->Cancel(request_id, index);
+  }
+
+ private:
+  DecodeCore* core_;
+};
+
+}  // namespace
+
+int ServeMonolithic(const sigset_t& signals, const ServeFlags& flags, ProcessMetrics* metrics) {
+  auto tokenizer = Tokenizer::FromModelDir(flags.engine.options.model_dir);
+  if (!tokenizer.ok()) {
+    TLOG(ERROR) << tokenizer.status();
+    return 1;
+  }
+  auto options = flags.engine.ToBuildOptions();
+  if (!options.ok()) {
+    TLOG(ERROR) << options.status();
+    return 2;
+  }
+  auto serving =
+      StartServingEngine(*options, flags.engine.speculative_method, metrics->registry(), "both");
+  if (!serving.ok()) {
+    TLOG(ERROR) << serving.status();
+    return 1;
+  }
+  ServingEngine& se = **serving;
+  RouterMetrics router_metrics(metrics->registry());
+  DecodeCore core(se.engine.get());
+  LocalClient client(&core);
+
+  GenerationServiceOptions service_options;
+  service_options.model_name = !flags.model_name.empty()
+                                   ? flags.model_name
+                                   : std::filesystem::path(options->model_dir).filename().string();
+  if (service_options.model_name.empty()) service_options.model_name = "default";
+  service_options.architecture = se.model->config().architecture_name;
+  service_options.max_model_len = static_cast<int32_t>(se.max_model_len);
+  service_options.dtype = std::string(DTypeName(se.model->weight_dtype()));
+  GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
+  WorkerServiceOptions worker_options;
+  worker_options.info.set_role("both");
+  worker_options.info.set_model_name(service_options.model_name);
+  worker_options.info.set_max_model_len(service_options.max_model_len);
+  worker_options.info.set_vocab_size(static_cast<int32_t>(se.model->config().vocab_size));
+  WorkerService worker_service(worker_options, se.engine.get(), &se.events, &core, nullptr);
+
+  auto front = GenerationFront::Start(flags.server, flags.http, flags.keys, &service,
+                                      tokenizer->get(), {&service, &worker_service},
+                                      "model '" + service_options.model_name + "'");
+  if (!front.ok()) {
+    TLOG(ERROR) << front.status();
+    return 1;
+  }
+  (*front)->DrainOnSignal(
+      signals, [&] { return service.active_calls() + worker_service.active_calls(); },
+      [&] {
+        service.StartDrain();
+        worker_service.StartDrain();
+      });
+  worker_service.Stop();
+  se.engine->Shutdown();  // aborts whatever is left; their streams end
+  (*front)->Shutdown();
+  TLOG(INFO) << "stopped";
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,72 @@
+// `tandem serve` and `tandem worker`: the commands that put several roles into one deployment.
+
+#include "serve/serve_main.h"
+
+#include <cstdio>
+
+#include "common/base/log.h"
+#include "common/rpc/shutdown.h"
+#include "decode_worker/decode_main.h"
+#include "prefill_worker/prefill_main.h"
+#include "serve/serve_modes.h"
+
+namespace tandem {
+
+int RunServe(int argc, char** argv) {
+  const sigset_t signals = BlockTerminationSignals();
+  ServeFlags sf;
+  sf.server.port = 50051;
+  FlagSet flags("serve",
+                "Serves the Generation gRPC API: the router and one worker in this process, or\n"
+                "with --prefill-workers/--decode-workers a local disaggregated cluster.");
+  sf.engine.Register(&flags);
+  sf.server.RegisterFlags(&flags);
+  sf.http.Register(&flags);
+  sf.keys.Register(&flags);
+  flags.String("model-name", &sf.model_name, "name clients use (default: the directory's name)");
+  flags.Int("prefill-workers", &sf.prefill_workers, "prefill worker processes (cluster mode)");
+  flags.Int("decode-workers", &sf.decode_workers, "decode worker processes (cluster mode)");
+  flags.String("routing-policy", &sf.router.routing_policy,
+               "cluster mode: round_robin, least_loaded or prefix_affinity");
+  flags.Int("disagg-min-uncached-tokens", &sf.router.cluster.disagg_min_uncached_tokens,
+            "cluster mode: shorter uncached prompt parts are prefilled on the decode worker");
+  flags.Int("max-prefills-per-worker", &sf.router.cluster.max_prefills_per_worker,
+            "cluster mode: prefill workers above this many prefills in flight are saturated");
+  flags.Bool("no-layerwise-push", &sf.no_layerwise_push,
+             "cluster mode: prefill workers send the KV after the prompt, not layer by layer");
+  flags.Double("prefill-timeout", &sf.router.prefill_timeout_s,
+               "cluster mode: seconds before a prefill is retried elsewhere");
+  flags.String("kv-secret-file", &sf.kv_secret_file,
+               "cluster mode: file holding the shared secret the workers' KV data path "
+               "authenticates with (HMAC handshake per connection)");
+  if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
+  auto metrics = StartServerProcess(sf.server, "serve");
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+  sf.router.model_name = sf.model_name;
+  if (sf.prefill_workers > 0 || sf.decode_workers > 0) {
+    if (sf.decode_workers < 1) {
+      std::fprintf(stderr, "serve: a cluster needs --decode-workers >= 1\n");
+      return 2;
+    }
+    return ServeCluster(signals, sf, metrics->get());
+  }
+  if (!sf.kv_secret_file.empty()) {
+    std::fprintf(stderr, "serve: --kv-secret-file needs cluster mode (--decode-workers)\n");
+    return 2;
+  }
+  return ServeMonolithic(signals, sf, metrics->get());
+}
+
+int RunWorker(int argc, char** argv) {
+  return RunWorkerProcess(argc, argv, "worker", "", [](const std::string& role) {
+    std::vector<std::unique_ptr<WorkerRole>> roles;
+    if (role == "decode" || role == "both") roles.push_back(std::make_unique<DecodeRole>());
+    if (role == "prefill" || role == "both") roles.push_back(std::make_unique<PrefillRole>());
+    return roles;
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,33 @@
+#pragma once
+
+#include <csignal>
+#include <string>
+
+#include "common/metrics/process_metrics.h"
+#include "common/rpc/server.h"
+#include "common/worker/engine_flags.h"
+#include "router/http_api.h"
+#include "router/router_runtime.h"
+
+namespace tandem {
+
+// The flags of `tandem serve` (serve_main.cc registers them).
+struct ServeFlags {
+  EngineFlags engine;
+  ServerOptions server;  // --port: 50051
+  HttpFlags http;
+  ApiKeyFlags keys;
+  RouterFlags router;  // cluster mode: the router's placement flags
+  std::string model_name;
+  int64_t prefill_workers = 0;
+  int64_t decode_workers = 0;
+  bool no_layerwise_push = false;
+  std::string kv_secret_file;
+};
+
+// The router and one worker (role both) in this process (monolithic.cc).
+int ServeMonolithic(const sigset_t& signals, const ServeFlags& flags, ProcessMetrics* metrics);
+// The router in this process, the workers as child processes on loopback (local_cluster.cc).
+int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metrics);
+
+}  // namespace tandem

@@ -1,0 +1,158 @@
+// A prefill worker's core and a decode worker's core on two engines, joined by the loopback KV
+// transport, as a router drives them: Decode(remote_prefill) reserves blocks, Prefill pushes the
+// prompt's KV into them layer by layer (or after the prompt) with the first token, and the
+// decode side goes on. The tokens are exactly those of a plain engine run; every block is freed
+// or released on both sides afterwards, and on a failed or refused prefill too.
+
+#include "prefill_worker/prefill_core.h"
+
+#include <future>
+
+#include "decode_worker/decode_core.h"
+#include "gtest/gtest.h"
+#include "tests/unit/common/worker/worker_test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing::DecodeStream;
+using testing::Greedy;
+using testing::Prompt;
+using testing::ReferenceTokens;
+using testing::RunningEngine;
+using testing::StartEngine;
+using testing::WaitForStats;
+
+struct PrefillResult {
+  absl::Status status;
+  v1::PrefillResponse response;
+};
+
+class DisaggregatedTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    p_ = StartEngine();
+    d_ = StartEngine();
+    decode_ = std::make_unique<DecodeCore>(d_.engine.get());
+    kvtransfer::ReceiverOptions ro;
+    ro.transport = "loopback";
+    ro.layout = d_.layout;
+    ASSERT_TRUE(decode_->StartReceiver(ro, d_.regions.get()).ok());
+    prefill_ = std::make_unique<PrefillCore>(p_.engine.get(), p_.backend->kv_spec().block_size,
+                                             /*layerwise=*/GetParam());
+    kvtransfer::SenderOptions so;
+    so.transport = "loopback";
+    so.layout = p_.layout;
+    ASSERT_TRUE(prefill_->StartSender(so, p_.regions.get()).ok());
+  }
+
+  void TearDown() override {
+    prefill_.reset();
+    decode_.reset();
+  }
+
+  static v1::DecodeRequest DecodeRequest(const std::string& id, int32_t max_tokens) {
+    v1::DecodeRequest r;
+    r.set_request_id(id);
+    for (int32_t t : Prompt()) r.add_prompt_token_ids(t);
+    *r.mutable_sampling() = Greedy(max_tokens);
+    r.set_remote_prefill(true);
+    return r;
+  }
+
+  // The Prefill call a router makes for `decode` once it has `reservation`.
+  static v1::PrefillRequest PrefillRequest(const v1::DecodeRequest& decode,
+                                           const v1::KvReservation& reservation) {
+    v1::PrefillRequest r;
+    r.set_request_id(decode.request_id());
+    *r.mutable_prompt_token_ids() = decode.prompt_token_ids();
+    *r.mutable_sampling() = decode.sampling();
+    *r.mutable_target() = reservation;
+    return r;
+  }
+
+  PrefillResult Prefill(const v1::PrefillRequest& request) {
+    std::promise<PrefillResult> result;
+    prefill_->Prefill(request, [&](const absl::Status& st, const v1::PrefillResponse& r) {
+      result.set_value({st, r});
+    });
+    auto f = result.get_future();
+    EXPECT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    return f.get();
+  }
+
+  RunningEngine p_;
+  RunningEngine d_;
+  std::unique_ptr<DecodeCore> decode_;
+  std::unique_ptr<PrefillCore> prefill_;
+};
+
+TEST_P(DisaggregatedTest, TokensEqualAPlainEngineRunAndEveryBlockIsFreed) {
+  const v1::DecodeRequest request = DecodeRequest("disagg", 24);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  const PrefillResult prefill = Prefill(PrefillRequest(request, *stream.Reservation()));
+  ASSERT_TRUE(prefill.status.ok()) << prefill.status;
+  ASSERT_TRUE(stream.WaitForFinal());
+  const std::vector<int32_t> reference = ReferenceTokens(Prompt(), 24);
+  EXPECT_EQ(stream.Tokens(), reference);
+  ASSERT_EQ(prefill.response.first_token_ids_size(), 1);
+  EXPECT_EQ(prefill.response.first_token_ids(0), reference[0]);
+  EXPECT_EQ(stream.Final().finish_reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(stream.Final().usage().completion_tokens(), 24);
+  // The decode side freed its blocks when the request ended; the prefill side releases the
+  // blocks it held for the export once the transfer is acknowledged.
+  EXPECT_EQ(d_.engine->stats().kv_blocks_used, 0);
+  EXPECT_TRUE(WaitForStats(*p_.engine, [](const EngineStats& s) {
+    return s.kv_blocks_used == 0 && s.kv_blocks_held == 0;
+  }));
+  EXPECT_EQ(prefill_->transfers_in_flight(), 0);
+  EXPECT_EQ(decode_->transfers_in_flight(), 0);
+}
+
+TEST_P(DisaggregatedTest, AFailedPushReleasesThePrefillBlocksAndKeepsTheReservation) {
+  const v1::DecodeRequest request = DecodeRequest("unreachable", 8);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  v1::KvReservation target = *stream.Reservation();
+  target.set_kv_endpoint("nobody-listens-here");
+  const PrefillResult failed = Prefill(PrefillRequest(request, target));
+  EXPECT_FALSE(failed.status.ok());
+  EXPECT_TRUE(WaitForStats(*p_.engine, [](const EngineStats& s) {
+    return s.kv_blocks_used == 0 && s.kv_blocks_held == 0;
+  }));
+  // The decode worker still waits for the KV: a retry (the next attempt) to the right endpoint
+  // completes the request with the same tokens.
+  EXPECT_EQ(d_.engine->stats().num_awaiting_kv, 1);
+  v1::PrefillRequest retry = PrefillRequest(request, *stream.Reservation());
+  retry.set_attempt(1);
+  const PrefillResult ok = Prefill(retry);
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  ASSERT_TRUE(stream.WaitForFinal());
+  EXPECT_EQ(stream.Tokens(), ReferenceTokens(Prompt(), 8));
+}
+
+TEST_P(DisaggregatedTest, ATargetThatDoesNotCoverThePromptIsRefused) {
+  const v1::DecodeRequest request = DecodeRequest("short-target", 8);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  v1::KvReservation target = *stream.Reservation();
+  target.mutable_dst_blocks()->RemoveLast();
+  const PrefillResult refused = Prefill(PrefillRequest(request, target));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_EQ(p_.engine->stats().prompt_tokens, 0);  // the engine never saw it
+  decode_->Cancel("short-target", -1);
+  ASSERT_TRUE(stream.WaitForFinal());
+  EXPECT_EQ(d_.engine->stats().kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Push, DisaggregatedTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Layerwise" : "WholePrompt";
+                         });
+
+}  // namespace
+}  // namespace tandem
