@@ -5,7 +5,7 @@
 # another version this test fails and says so rather than passing or comparing other data.
 # Usage: unicode_tables_generated_test.sh [build_dir] (run from the repository root by ctest).
 set -euo pipefail
-cd "$(dirname "$0")/../../../../.."
+cd "$(dirname "$0")/../../../.."
 python=/usr/bin/python3
 expected_version=14.0.0
 dir=common/tokenizer
