@@ -28,16 +28,16 @@
 //   cut short by K) of 64 bytes where byte 4l + i of step p holds row 16t + l's element
 //   8p + i in its low nibble and element 8p + 4 + i in its high nibble (i < 4, p counted from
 //   the row's start), then the group's 16 f32 scales and 16 f32 zeros (lane l = row 16t + l).
-//   So one tile is one stream, read front to back once: with scales and zeros in arrays of
-//   their own, batch-1 decode ran 1.14-1.27x slower (three streams per tile). The codes,
-//   scales and zeros are all in the one buffer (no separate scale or zero arrays).
+//   So one tile is one stream, read front to back once (scales and zeros in arrays of their own
+//   would make three streams per tile, and a lone decode row is bound by its weight streams).
+//   The codes, scales and zeros are all in the one buffer (no separate scale or zero arrays).
 // Dense bf16 matrices come in kTiles16 too (what the CPU kernels with bf16 MatMul inputs on
 // AVX512_BF16 take; made at load by common/engine/model/quantize.h Bf16ToTiles16): tile t is
 // Bf16TileBytes(K) bytes (K padded to even), step p 64 bytes = 32 bf16 where element 2l + i
 // holds row 16t + l's element 2p + i (Bf16TileIndex), the operand of vdpbf16ps against one input
 // pair broadcast; padding (rows to whole tiles, the odd K's last element) is +0. One tile is one
-// stream: batch-1 decode over row-major rows (eight rows, eight streams per thread) ran
-// 1.3x slower.
+// stream, where row-major rows would need eight streams per thread for eight outputs (and a
+// horizontal sum per output).
 
 #include <cstdint>
 #include <string_view>

@@ -51,10 +51,9 @@ class ThreadPool {
   void ParallelForGrain(int64_t n, int64_t grain,
                         const std::function<void(int64_t begin, int64_t end)>& fn);
 
-  // A participant claims ceil(left / kClaimDivisor) of its share's units at a time. Against
-  // fixed claims of 1/8 of a share (the split before, one process switching between the two
-  // every decode step; llama-1b, 2 threads): batch-1 int4 1.01-1.03x per step, decode batches
-  // of 4-16 int8 1.02-1.04x, prefill 1.00x (one range per thread); llama-110m 1.01-1.04x.
+  // A participant claims ceil(left / kClaimDivisor) of its share's units at a time, so claims
+  // shrink as a share runs out and every share ends on small claims: the join then waits for
+  // a short last range, whichever thread ran late.
   static constexpr int kClaimDivisor = 4;
 
  private:

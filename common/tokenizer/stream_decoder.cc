@@ -37,7 +37,7 @@ absl::StatusOr<std::optional<std::string>> StreamDecoder::StepOrError(int32_t id
     // run of byte tokens that is not valid UTF-8 into one U+FFFD per byte), so the window no
     // longer starts with the text already sent. That text cannot be taken back: go on from the
     // longest common prefix (cut at a character boundary) instead of failing the rest of the
-    // stream (issue #10, found by tokenizer_fuzzer).
+    // stream (a case tokenizer_fuzzer found).
     size_t common = 0;
     while (common < prefix_.size() && prefix_[common] == text[common]) ++common;
     while (common > 0 && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;

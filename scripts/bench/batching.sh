@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "continuous batching and paged KV" (issue #3): tandem bench against three
+# Section "continuous batching and paged KV": tandem bench against three
 # `tandem serve` processes on the random llama-110m bf16 model, one with continuous batching
 # (fcfs), one with the static-batching baseline (fixed shape: finished members stay as padding
 # rows) and one with static-compact (finished members leave the batch), identical otherwise.

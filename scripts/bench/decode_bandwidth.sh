@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "decode is memory-bound" (issue #2): the machine's memory read bandwidth (membw) and
+# Section "decode is memory-bound": the machine's memory read bandwidth (membw) and
 # batch-1 decode tokens/s of the random llama-110m and llama-1b bf16 models (tandem generate),
 # each with one compute thread and with one per core, and the weight bytes per second that
 # decode rate streams against the bandwidth measured with as many threads.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "disaggregated prefill/decode" (issue #4) on the random llama-110m bf16 model:
+# Section "disaggregated prefill/decode" on the random llama-110m bf16 model:
 #  1. KV transfer throughput over TCP on loopback (kvtransfer_bench);
 #  2. the TTFT split (queue, prefill, KV transfer, first decode) of 2k-token prompts through a
 #     prefill worker + decode worker + router, with layer-wise KV push and without it

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of MatMul inputs on quantized weights (issue #7): `quant_bench` on random llama-1b with
+# A/B of MatMul inputs on quantized weights: `quant_bench` on random llama-1b with
 # --matmul-input bf16 and int8 alternating in one script (REPS rounds, 2 threads), for int8 and
 # int4 g128 weights; prints a markdown table of medians (batch-1 decode, batch 8 and 16 decode,
 # prefill of 128 tokens, the batch-1 roofline fraction), then the kernel-level side-by-side of

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PNG plots of the issue 7 figures from the sections' JSON (docs/benchmarks/*.json), next to it:
+"""PNG plots of the quantization and serving figures from the sections' JSON (docs/benchmarks/*.json), next to it:
 
   serve_curve.png    aggregate tok/s and mean TTFT vs concurrency through `tandem serve`, per model
                      and weight format, with the peer's server figures

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "weight quantization and KV dtypes" (issue #7): for the random llama-110m and llama-1b
+# Section "weight quantization and KV dtypes": for the random llama-110m and llama-1b
 # models (bf16 checkpoints) with bf16 / int8 / int4 weights: batch-1 decode tokens/s with the
 # memory read bandwidth measured in the same process before every step (fraction of the roofline
 # = the median over steps of bytes read / step time / that bandwidth), prefill tokens/s and

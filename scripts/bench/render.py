@@ -1,10 +1,8 @@
 #!/usr/bin/python3
 """Turns a benchmark script's raw outputs (tandem bench JSON reports, tool logs) into its
-docs/benchmarks.md section (<section>.md) and a summary (<section>.json), or splices sections
-into docs/benchmarks.md.
+section (<section>.md) and a summary (<section>.json) in OUTDIR (docs/benchmarks by default).
 
   render.py decode_bandwidth|batching|disagg|serve_curve WORK OUTDIR
-  render.py splice DOC FRAGMENT.md...
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
 the section's script wrote. Medians are over the repetitions; ratios are medians of
@@ -21,10 +19,7 @@ def main(argv):
     if len(argv) < 3:
         sys.exit(__doc__)
     command = argv[1]
-    if command == "splice":
-        from splice import splice
-        splice(argv[2], argv[3:])
-    elif command == "decode_bandwidth":
+    if command == "decode_bandwidth":
         from render_decode import render_decode_bandwidth
         render_decode_bandwidth(argv[2], argv[3])
     elif command == "batching":

@@ -312,7 +312,7 @@ def render_batching(work, outdir):
             long[name] = {"m": _metrics(report), "prompt_len": report["config"]["prompt_len"]}
     reps = min(len(cont), len(stat), len(compact))
     md = header(work, "scripts/bench/batching.sh",
-                "## Continuous batching and paged KV (issue #3)", reps)
+                "## Continuous batching and paged KV", reps)
     throughput_md, ratios = _throughput_part(cont, stat, compact, config)
     md += "\n" + throughput_md + "\n\n"
     step_md, steps = _step_part(work, cont, compact)

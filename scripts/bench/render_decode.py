@@ -63,7 +63,7 @@ def render_decode_bandwidth(work, outdir):
                                        "roofline_tokens_per_s": roof}
     reps = len(_membw(work, thread_counts[0])[0]) if thread_counts else 0
     md = header(work, "scripts/bench/decode_bandwidth.sh",
-                "## Decode is memory-bound: bandwidth and batch-1 decode (issue #2)", reps)
+                "## Decode is memory-bound: bandwidth and batch-1 decode", reps)
     md += "\nMemory read bandwidth (`membw`, 1 GiB buffer):\n\n"
     md += table(["threads", "GB/s (median of the runs' medians)", "runs", "best run"], bw_rows)
     md += "\n\nBatch-1 decode of the random bf16 models (`tandem generate`, greedy, `--ignore-eos`):\n\n"

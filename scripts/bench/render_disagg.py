@@ -129,6 +129,6 @@ def render_disagg(work, outdir):
         "\n\n" + "; ".join(ratio_lines) + ".\n\n" + table(["decode load", *names], rows))
 
     md = header(work, "scripts/bench/disagg.sh",
-                "## Disaggregated prefill and decode (issue #4)", reps)
+                "## Disaggregated prefill and decode", reps)
     md += "\n" + "\n\n".join(md_parts) + "\n\n" + commands_block(work, tandem) + "\n"
     write(outdir, "disagg", md, summary)

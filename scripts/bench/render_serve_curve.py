@@ -6,8 +6,9 @@ import re
 
 from benchfmt import commands_block, fmt, header, median, spread, table, write
 
-# Issue 7's llama.cpp server figures (this machine, 2 threads, 128-token prompts, 128 new tokens):
-# aggregate tok/s at concurrency 1 / 4 / 8 and mean TTFT (ms) at concurrency 8.
+# llama.cpp server figures taken earlier on a machine of this type (2 threads, 128-token prompts,
+# 128 new tokens), not side by side: aggregate tok/s at concurrency 1 / 4 / 8 and mean TTFT (ms)
+# at concurrency 8.
 PEER = {
     ("llama-1b", "int8"): ("q8_0", {1: 25.6, 4: 24.1, 8: 36.7}, 8400),
     ("llama-1b", "int4"): ("q4_0", {1: 39.6, 4: 48.2, 8: 59.2}, 5600),
@@ -56,8 +57,8 @@ def render_serve_curve(work, outdir):
     runs = _load(work)
     reps = int(open(os.path.join(work, "reps.txt")).read())
     md = header(work, "scripts/bench/serve_curve.sh",
-                "## Serving curve: aggregate throughput and TTFT through `tandem serve` "
-                "(issue #7)", reps).replace("interleaved", "rounds of the whole sweep per server")
+                "## Serving curve: aggregate throughput and TTFT through `tandem serve`",
+                reps).replace("interleaved", "rounds of the whole sweep per server")
     md += ("\nOne `tandem serve` at a time (router and engine in one process, 2 compute "
            "threads, at most 32 sequences per step), weights quantized at load from the random "
            "bf16 checkpoint. Workload, as the peer's server figures: for each concurrency C, C "
@@ -100,10 +101,7 @@ def render_serve_curve(work, outdir):
                     + ["c=16 / c=1", "TTFT c=1 (ms)", "TTFT c=8 (ms)",
                        "peer tok/s c=1 / 4 / 8 (Tandem / peer)", "peer TTFT c=8 (ms)"], rows)
         md += "\n"
-    md += ("\nGoals (issue 7): aggregate throughput at concurrency 16 at least 8x the batch-1 "
-           "figure (column c=16 / c=1); time to first token at concurrency 8 at most a third of "
-           "the peer's. The peer figures were measured by the issue's author on this machine "
-           "with llama.cpp's server; they are not re-run here (llama.cpp is not available "
-           "offline), so the ratios compare runs made at different times.\n\n")
+    md += ("\nThe peer figures are llama.cpp's server, taken earlier on a machine of this type; "
+           "they are not re-run here, so the ratios compare runs made at different times.\n\n")
     md += commands_block(work, tandem) + "\n"
     write(outdir, "serve_curve", md, summary)

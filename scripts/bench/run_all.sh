@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Regenerates the generated sections of docs/benchmarks.md: runs every section script (each
-# writes docs/benchmarks/<section>.{md,json}) and splices the sections into docs/benchmarks.md
-# between their BEGIN/END markers, leaving hand-written sections alone.
+# Reruns benchmark sections: each section script writes docs/benchmarks/<section>.{md,json}
+# (the full section: every figure, its spread and the commands it ran), then the PNG plots are
+# redrawn. docs/benchmarks.md, the summary report, is written by hand: update its table for a
+# section from the new <section>.md.
 #   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 35 minutes)
 #   scripts/bench/run_all.sh batching disagg            # some sections
-# BENCH_NO_BUILD=1 skips building tandem, membw and kvtransfer_bench first.
+# BENCH_NO_BUILD=1 skips building tandem, membw, kvtransfer_bench and quant_bench first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -21,11 +22,8 @@ for s in "${sections[@]}"; do
   echo "=== $s ===" >&2
   "$ROOT/scripts/bench/$s.sh"
 done
-fragments=()
-for s in "${sections[@]}"; do fragments+=("$RESULTS/$s.md"); done
-python3 "$ROOT/scripts/bench/render.py" splice "$ROOT/docs/benchmarks.md" "${fragments[@]}"
-echo "updated $ROOT/docs/benchmarks.md" >&2
-# PNG plots of the quantization and serving figures (issue 7), from docs/benchmarks/*.json.
+for s in "${sections[@]}"; do echo "wrote $RESULTS/$s.md" >&2; done
+# PNG plots of the quantization and serving figures, from docs/benchmarks/*.json.
 if ! /usr/bin/python3 -c "import matplotlib" 2>/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get install -y -qq python3-matplotlib >/dev/null || true
 fi

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Section "serving curve" (issue #7): aggregate decode throughput and time to first token through
+# Section "serving curve": aggregate decode throughput and time to first token through
 # `tandem serve` (router + engine in one process, all cores) at rising concurrency, on the
 # random llama-110m and llama-1b models in bf16 / int8 / int4, with the peer's server workload:
 # 128-token prompts, 128 new tokens (ignore_eos), one wave of C requests started together at
 # concurrency C. One server at a time (each takes every core). Token budget per step 256: the
-# prompts of a wave are prefilled a few per step, so the first ones answer sooner, at no cost in
-# throughput on two cores (scripts/bench/serve_budget_ab.sh; docs/benchmarks.md, "third pass").
+# prompts of a wave are prefilled a few per step, so the first ones answer sooner; on two cores a
+# 256-token step already keeps the kernels busy (compare budgets with serve_budget_ab.sh).
 # Each server runs BENCH_REPS rounds (default 3) of the whole sweep, so that a slow moment of
 # this machine lands on one round's points, not on one point: the report takes medians per point
 # and the c=16 / c=1 ratio of each round (two waves a few seconds apart on one server).

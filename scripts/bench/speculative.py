@@ -152,7 +152,7 @@ def render(s):
              "costs more target compute than the accepted tokens save." if stop is not None else
              "Speculation still paid at the largest batch measured.")
     return f"""<!-- BEGIN speculative -->
-## Speculative decoding: n-gram proposer on vs off (issue #5)
+## Speculative decoding: n-gram proposer on vs off
 
 Produced by `scripts/bench/speculative.sh` ({s['reps']} repetitions per batch size, the two
 servers alternating). Machine: {s['machine']}.

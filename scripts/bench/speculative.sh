@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "speculative decoding" (issue #5): two `tandem serve` processes on the random
+# Section "speculative decoding": two `tandem serve` processes on the random
 # llama-110m bf16 model, identical but for --speculative-method (none vs ngram), driven side by
 # side by scripts/bench/speculative.py with copy-heavy prompts at batch 1, 2, 4, 8 and 16.
 # Writes $BENCH_RESULTS/speculative.{md,json}. About 5 minutes.

@@ -221,8 +221,8 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   std::vector<std::vector<double>> bat(batches.size());
   DecodeRate(backend.get(), 1, 2);  // warm-up: page in the weights
   // and grow the backend's activation buffers to the prefill's size: the first forward of a
-  // length faults their pages in (~0.3 s for 512 tokens of llama-1b on this VM), which a
-  // server pays once, not per prompt.
+  // length faults their pages in (a large share of that forward on a VM), which a server
+  // pays once, not per prompt.
   PrefillRate(backend.get(), prefill_tokens);
   for (int r = 0; r < reps; ++r) {
     std::vector<double> step_bw;

@@ -1,4 +1,4 @@
-"""The bad-input corpus (issue #10): hand-made protobuf wire bytes and requests at and beyond
+"""The bad-input corpus: hand-made protobuf wire bytes and requests at and beyond
 every bound, each with the status it must get. Shared by serve_bad_input_corpus_test.py (client
 API) and worker_bad_input_test.py (worker API).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bad-input corpus against `tandem serve` (issue #10): malformed protobuf frames, oversize
+"""Bad-input corpus against `tandem serve`: malformed protobuf frames, oversize
 messages, unknown fields, wrong wire types, every sampling parameter at and beyond its bounds,
 prompts of random bytes and random text, huge stop lists, mutated requests, duplicate request
 ids, and thousands of concurrent streams opened and abandoned (cancelled, their connections

@@ -56,7 +56,7 @@ class Server:
                "--port-file", self.port_file] + list(args)
         if not any(a.startswith(("--kv-cache-memory", "--num-kv-blocks")) for a in args):
             # The bundled models need far less than the 1 GiB default, which every engine
-            # commits at startup (~2 s per GiB on the CI VM, more under load).
+            # commits at startup (seconds per GiB on a VM, more under load).
             cmd += ["--kv-cache-memory", "128MiB"]
         if model:
             cmd += ["--model", model]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bad input on the worker API (issue #10), as a buggy or hostile router could send it: malformed
+"""Bad input on the worker API, as a buggy or hostile router could send it: malformed
 frames, impossible reservations (negative, huge and mismatched block lists, an absurd first
 block, unreachable or garbage KV endpoints, a stale incarnation, a transfer nobody expects),
 migrations that cannot be, leases that expire, prefill asked of a decode worker and the other way

@@ -65,8 +65,8 @@ struct LoadOptions {
   WeightLayout bf16_layout = WeightLayout::kRows;
   // true: tensors stored in their in-memory dtype are used straight from the checkpoint's file
   // mapping (no copy; page-cache memory in 4 KiB pages). false: they are copied at load into the
-  // model's huge-page memory like converted tensors (CPU decode streams every weight each step:
-  // batch-1 bf16 decode ~1.1x faster in an A/B, docs/benchmarks.md), at the cost of a copy.
+  // model's huge-page memory like converted tensors (CPU decode streams every weight each step,
+  // and huge pages spare it TLB misses), at the cost of a copy.
   bool map_weights = true;
 };
 

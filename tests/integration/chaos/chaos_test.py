@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Chaos test (issue #10): a local cluster (1 router, 2 prefill and 2 decode workers) serves a
+"""Chaos test: a local cluster (1 router, 2 prefill and 2 decode workers) serves a
 steady `tandem bench` load and probe streams while a driver, on a seeded schedule, kills workers
 (SIGKILL, or SIGTERM with a drain) and restarts them with fault profiles (KV messages corrupted,
 dropped or delayed, KV connections closed, engine steps stalled, KV block allocations refused)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Routing over 2 prefill and 2 decode workers (real processes), the issue's statement:
+"""Routing over 2 prefill and 2 decode workers (real processes), what the routing policies promise:
 - 8 shared 512-token system prompts x 64 requests: prefix_affinity reaches a prefix-cache hit
   rate of at least 85% of the achievable tokens, round_robin does not;
 - one dominant prefix: the busiest decode worker carries at most 1.5x the requests of the

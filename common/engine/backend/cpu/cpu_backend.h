@@ -26,13 +26,13 @@ struct CpuBackendOptions {
   DType matmul_input_dtype = DType::kF32;
   // Commit every page of the KV pool at creation, on the compute threads: memory pressure then
   // fails the start instead of a request later, and no step pays the pool's first-touch faults
-  // (on the CI VM a 2 MiB page's first touch measured up to ~6 ms). Off: pages come on first
+  // (a fresh 2 MiB page's first touch can cost milliseconds on a VM). Off: pages come on first
   // use (the pool is mapped with MAP_NORESERVE).
   bool commit_kv = true;
   // Tokens per step at most (the scheduler's max_num_batched_tokens; 0: unknown). When set, the
   // activation buffers are sized for it at creation and their pages touched then, as the KV
-  // pool's: otherwise the first step of a new size faults them in (~0.3 s of a 512-token
-  // llama-1b prefill on the CI VM). Larger steps still work (the buffers grow).
+  // pool's: otherwise the first step of a new size faults them in (on a VM, a large share of
+  // the first long prefill). Larger steps still work (the buffers grow).
   int64_t max_num_tokens = 0;
 };
 

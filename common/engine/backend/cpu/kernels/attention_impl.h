@@ -233,9 +233,8 @@ void ScoresTile(const float* const* q, int64_t hd, const KT* base, const int64_t
 }
 
 // Scores of P key rows for `slots` slots, slot h's at s[h] + off: four slots per tile where the
-// registers allow (16 accumulators: each K vector loaded once for four slots; attention
-// 1.00-1.25x over two, kernels_bench), then two, then one. Every score's arithmetic is the same
-// in any tile.
+// registers allow (16 accumulators: each K vector loaded once for four slots), then two, then
+// one. Every score's arithmetic is the same in any tile.
 template <class S, class KT, int P>
 void ScoresOfRows(const float* const* q, int64_t slots, int64_t hd, const KT* base,
                   const int64_t* rows, const float* row_scales, float scale, float* const* s,

@@ -153,10 +153,9 @@ constexpr int64_t kMatMulMinParallelMacs = 1 << 15;
 // Columns are split among threads in multiples of this (any split gives the same bits).
 constexpr int64_t kMatMulColumnGrain = 16;
 // For a lone row over weights in tiles of 16 rows: the tile kernels' lone-row register tile (4
-// tiles, 4 weight streams), so that no range ends in a register tile of fewer streams. Switched
-// every decode step in one process: llama-110m int4 1.03-1.08x, int8 1.01-1.04x, bf16 1.02-1.04x
-// (a projection of 768 columns had ranges of 3 tiles); llama-1b 1.00x (whole register tiles
-// already).
+// tiles, 4 weight streams), so that no range ends in a register tile of fewer streams (with a
+// grain of 16, a projection of 768 columns went out in ranges of 3 tiles: 3-stream register
+// tiles throughout).
 constexpr int64_t kMatMulLoneRowTileGrain = 64;
 // Up to this many activation rows (decode batches), columns go out in several small ranges per
 // thread, so that a thread another process delays has its share taken by the others. Above it
@@ -447,8 +446,8 @@ void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out) {
 
 // Query heads per attention work item: a GQA group, or the heads of one kv head in several queries
 // of a prefill chunk. Each K and V row comes from L2 once per item and serves every one of them
-// from L1 (kernels_bench AttentionPrefill: llama-110m's heads 2.4-2.6x with 4 over one query per
-// item and 1.3-1.5x more with 32; llama-1b's 1.2-1.5x with 32). A tile's scores stay under
+// from L1, so the more query heads an item holds, the fewer times the context is read (without
+// GQA an item of one query would read each row for one head). A tile's scores stay under
 // kAttnTileScoreFloats (they are read back by the softmax and the output pass).
 constexpr int64_t kAttnTileSlots = 32;
 constexpr int64_t kAttnTileScoreFloats = int64_t{1} << 16;

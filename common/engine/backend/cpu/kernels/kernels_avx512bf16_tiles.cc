@@ -26,10 +26,10 @@ namespace {
 inline __m512bh Bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // Register tiles (input rows x tiles of 16 weight rows): decode batches of up to kDecodeMR rows in
-// one kDecodeMR x kDecodeNT tile (each weight vector loaded once per step for the whole batch;
-// llama-1b batch 8: 8x1 0.84x, 8x3 1.02x), longer ones kMR x kNT (24 accumulators, 3 weight
-// vectors, 1 broadcast; batch 32 and prefill: 6x4 0.92-0.94x, 4x4 0.93-0.97x, 12x2 0.4x), a
-// lone row kNT1 tiles (that many weight streams; 2 tiles 0.6-0.8x, 8 equal in a kernel benchmark).
+// one kDecodeMR x kDecodeNT tile (each weight vector loaded once per step for the whole batch),
+// longer ones kMR x kNT (24 accumulators, 3 weight vectors, 1 broadcast), a lone row kNT1 tiles
+// (that many weight streams). Each is the fastest of the shapes tried on AVX-512 (8x1 and 8x3
+// for decode batches; 6x4, 4x4 and 12x2 beyond; 2 and 8 streams for a lone row).
 constexpr int kDecodeMR = 8, kDecodeNT = 2, kMR = 8, kNT = 3, kNT1 = 4;
 // Input pair p of a row, broadcast: (x[2p], x[2p + 1]), or (x[2p], +0) for an odd K's last one.
 inline __m512bh Pair(const uint16_t* x, int64_t p, bool last_odd) {

@@ -25,14 +25,12 @@ namespace {
 // Register tiles (input rows x tiles of 16 weight rows) per weight format, by input rows:
 // * a lone row: kNT1 tiles (that many weight streams);
 // * up to kDecodeMR rows: one 8x1 tile (each weight vector loaded once per step for the whole
-//   batch: at M = 8 int4 1.13-1.22x 4x2, int8 1.09x 8x2);
-// * up to kBatchMaxM rows (decode batches): kBatchMR x kBatchNT, 8x2. Against the prefill tiles
-//   (llama-1b, 2 threads, the choice switched between passes in one process): batch 16 int8
-//   1.07-1.09x, int4 1.13-1.14x; batch 24-32 1.04-1.08x both (the 6-row tiles' passes over an
-//   L2 block after the first left memory idle; 16 rows in one 16x1 pass ran 0.83-0.97x: a
-//   broadcast load per vpdpbusd);
-// * more (prefill): kMR x kNT (int4 6x2: 12 int32 + 12 f32 accumulators, 1.06-1.09x 4x2 and
-//   4x3; int8 6x3, 6x4 / 8x3 / 4x4 / 8x2 within noise of it at batch 32).
+//   batch);
+// * up to kBatchMaxM rows (decode batches): kBatchMR x kBatchNT, 8x2 (the prefill tiles run
+//   over L2 blocks of weights, and their passes after a block's first leave memory idle; one
+//   16x1 pass costs a broadcast load per vpdpbusd);
+// * more (prefill): kMR x kNT (int4 6x2: 12 int32 + 12 f32 accumulators; int8 6x3).
+// Each is the fastest of the shapes tried (4x2, 4x3, 6x4, 8x3, 4x4, 16x1 among them).
 template <WeightQuant Q>
 struct Shapes;
 template <>
@@ -52,7 +50,7 @@ struct Shapes<WeightQuant::kInt4> {
 
 // Tiles hand their out-of-line epilogue a copy of the accumulators: given the accumulators
 // themselves (their address escapes), GCC keeps them in memory through the tile's loop, one
-// store per accumulator and step (the int4 tiles did: 1.05-1.25x slower).
+// store per accumulator and step.
 template <class V, int MR, int NR>
 inline void CopyAccumulators(const V (&from)[MR][NR], V (&to)[MR][NR]) {
 #pragma GCC unroll 8
@@ -140,10 +138,8 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 // acc += vpdpbusd(a, b) (a u8, b s8), in place. Inline assembly, not _mm512_dpbusd_epi32: with
 // two of these into each accumulator per step (low and high nibbles), GCC 12 copies the
 // accumulators from register to register around them, up to one move per vpdpbusd and spills
-// in the 8x1 decode tile; written in place the int4 tiles measured (variants alternating in one
-// process) a lone row 1.03-1.06x in a kernel benchmark, decode batches of 8 1.03-1.12x and
-// prefill 1.03-1.09x per step of llama-1b. (The int8 tiles, one vpdpbusd per accumulator and
-// step, compile without copies.)
+// in the 8x1 decode tile; written in place, the int4 loops have none. (The int8 tiles, one
+// vpdpbusd per accumulator and step, compile without copies.)
 inline void DpBusd(__m512i& acc, __m512i a, __m512i b) {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
 }
@@ -237,10 +233,9 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
   }
   // Tiles of up to 8 accumulators add each group's zero correction right after its steps, while
   // its scale and zero lines are in L1; larger ones have no registers to spare for it and make
-  // a second pass over those lines (StoreInt4). That pass, a lone row's trailer lines read back
-  // from beyond L1 after the whole tile had streamed, cost it 1.03-1.08x in a kernel benchmark
-  // and batch-1 decode of llama-1b 1.04-1.05x (per step, both ways alternating in one process);
-  // decode batches of 4 1.02-1.04x, of 8 1.00-1.01x.
+  // a second pass over those lines (StoreInt4). For a lone row that pass would read the
+  // trailer lines back from beyond L1 after the whole tile had streamed, with no weight
+  // prefetch going out meanwhile.
   constexpr bool kZerosInLoop = MR * NT <= 8;
   __m512 zc[MR][NT];
 #pragma GCC unroll 8

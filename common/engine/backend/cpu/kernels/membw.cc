@@ -23,8 +23,8 @@ constexpr size_t kAlign = 2u << 20;  // 2 MiB: lets transparent huge pages back 
 // Sums 64-bit words of [p, p + n) (n a multiple of 256 bytes) so the loads cannot be elided, as
 // the decode kernels read their weights: kStreams quarters side by side, each prefetched
 // kPrefetchBytes ahead. A single sequential stream per thread, left to the hardware
-// prefetchers, measured 0.89x of this, below what the MatMul kernels stream (their
-// rooflines came out above 100%).
+// prefetchers, reads slower than the MatMul kernels stream, and rooflines against it would
+// come out above 100%.
 constexpr int kStreams = 4;
 constexpr size_t kPrefetchBytes = 1024;
 __attribute__((target("avx2"))) uint64_t ReadAvx2(const char* p, size_t n) {

@@ -18,22 +18,15 @@ namespace tandem::cpu::internal {
 inline constexpr int64_t kTileBlockBytes = 256 * 1024;
 
 // Bytes ahead that a tile prefetches in each of its weight streams: 1 KiB for a lone input row
-// (batch-1 decode), 4 KiB for more. Measured per decode step, alternating settings step by step
-// in one process (llama-1b, 2 threads, int8 and int4): at batch 1, 1-2 KiB ran 1.12-1.14x faster
-// than 16 KiB, 4 KiB 1.07x, 512 B 1.04x (and 1 KiB 1.04-1.08x faster than 2 KiB in a kernel
-// benchmark over 256 MiB); at batch 8-32, 4-8 KiB 1.02-1.05x faster than 16 KiB, 1-2 KiB slower
-// from batch 4; prefill alike. (Four streams 16 KiB ahead overran the 48 KiB L1.) The bf16 tiles
-// measured 512 B - 2 KiB alike at batch 1.
+// (batch-1 decode), 4 KiB for more: the fastest distances tried per decode step (512 B - 16 KiB)
+// for each batch size. Four streams 16 KiB ahead would need more than the 48 KiB L1.
 template <int MR>
 inline constexpr int64_t kTilePrefetchBytes = MR == 1 ? 1024 : 4096;
 
 // The hint of a register tile's weight-stream prefetches. A lone row reads every weight line
 // once: NTA (a line fetched for one use, which the CPU keeps out of the other cache levels as
-// far as it can) streamed int4 1.04-1.08x and int8 1.00-1.04x as fast as T0 in a kernel
-// benchmark (2 threads, variants alternating; likewise one thread on either core), and batch-1
-// decode of llama-1b (the hint switched every step, one process) ran int4 1.01-1.03x, bf16
-// 1.01-1.02x, int8 1.00-1.01x. Decode batches of 8 gained nothing (int4 0.99x), and more rows
-// reuse each L2 block across row tiles: T0.
+// far as it can), so streaming weights do not evict activations and KV; it streams at least as
+// fast as T0. Tiles of more rows reuse each L2 block across row tiles: T0.
 // (_mm_prefetch takes GCC's enum _mm_hint, Clang's int: the type of the hint constants.)
 template <int MR>
 inline constexpr decltype(_MM_HINT_T0) kTilePrefetchHint = MR == 1 ? _MM_HINT_NTA : _MM_HINT_T0;

@@ -1,4 +1,4 @@
-// AsyncEngine under concurrent callers (issue #10; run under ThreadSanitizer by
+// AsyncEngine under concurrent callers (run under ThreadSanitizer by
 // scripts/sanitize.sh): threads submit, cancel, finish samples, post work and read stats while
 // the engine thread steps. Every request hears exactly its endings, greedy outputs of the requests
 // left alone equal a synchronous engine's, and every block returns to the pool, also with injected

@@ -1,4 +1,4 @@
-// Engine fault injection (issue #10): TANDEM_FAULTS parsing shared with kvtransfer, seeded
+// Engine fault injection: TANDEM_FAULTS parsing shared with kvtransfer, seeded
 // decisions, and an engine under refused block allocations and stalled steps that still gives
 // exactly the fault-free greedy and seeded tokens and returns every block.
 

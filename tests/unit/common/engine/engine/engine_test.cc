@@ -103,7 +103,7 @@ TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
   }
 }
 
-// Within each weight format and KV dtype (issue 7), batching, chunking, prefix caching and
+// Within each weight format and KV dtype, batching, chunking, prefix caching and
 // preemption leave greedy output unchanged, through the same options the flags set.
 TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
   std::vector<Req> reqs = MakeRequests(16, 7, 70, 40);
@@ -232,7 +232,7 @@ TEST(EngineTest, RejectsBadRequestsNamingTheField) {
   EXPECT_NE(engine->AddRequest(r).message().find("n:"), std::string::npos);
 }
 
-// Regression (issue #10, found by async_engine_test): a request with n > 1 aborted or finished
+// Regression (found by async_engine_test): a request with n > 1 aborted or finished
 // before its prompt was computed (its samples not forked yet) used to end only sample 0, so its
 // caller waited forever for the other n - 1 endings.
 TEST(EngineTest, EndingARequestBeforeItForksEndsEverySample) {
