@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/base/log.h"
 #include "common/rpc/callback_cq.h"
+#include "common/rpc/kv_layout_info.h"
 
 namespace tandem {
 
@@ -86,20 +87,6 @@ void Worker::NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry) 
   for (uint64_t h : hashes) {
     if (cached.count(h) == 0) pending[h] = expiry;
   }
-}
-
-absl::StatusOr<KvLayout> KvLayoutFromInfo(const v1::KvLayoutInfo& info) {
-  absl::StatusOr<DType> kv_dtype = ParseKvDType(info.kv_dtype());
-  if (!kv_dtype.ok()) return kv_dtype.status();
-  KvLayout layout;
-  layout.model_id = info.model_id();
-  layout.num_layers = info.num_layers();
-  layout.num_kv_heads = info.num_kv_heads();
-  layout.head_dim = info.head_dim();
-  layout.block_size = info.block_size();
-  layout.kv_dtype = *kv_dtype;
-  layout.protocol_version = info.protocol_version();
-  return layout;
 }
 
 WorkerRegistry::WorkerRegistry(RegistryOptions options) : options_(std::move(options)) {

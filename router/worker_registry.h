@@ -58,11 +58,6 @@ struct Worker {
   void NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry);
 };
 
-// A worker's advertised KV layout as the one layout type (common/base/kv_transfer_layout.h), so
-// that registration refuses exactly the workers the KV transport's handshake would refuse, with
-// the same check and words (CheckKvLayoutCompatible). INVALID_ARGUMENT for an unknown KV dtype.
-absl::StatusOr<KvLayout> KvLayoutFromInfo(const v1::KvLayoutInfo& info);
-
 struct RegistryOptions {
   std::vector<std::string> prefill_addresses;  // static lists, host:port
   std::vector<std::string> decode_addresses;

@@ -10,6 +10,7 @@
 #include "common/metrics/process_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
+#include "common/rpc/kv_layout_info.h"
 #include "common/rpc/shutdown.h"
 #include "common/worker/backend_regions.h"
 #include "common/worker/serving_engine.h"
@@ -37,22 +38,6 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   f->Bool("no-layerwise-push", &no_layerwise_push,
           "prefill role: send the KV after the whole prompt instead of layer by layer");
 }
-
-namespace {
-
-v1::KvLayoutInfo ToLayoutInfo(const kvtransfer::KvLayout& layout) {
-  v1::KvLayoutInfo li;
-  li.set_model_id(layout.model_id);
-  li.set_num_layers(layout.num_layers);
-  li.set_num_kv_heads(layout.num_kv_heads);
-  li.set_head_dim(layout.head_dim);
-  li.set_block_size(layout.block_size);
-  li.set_kv_dtype(std::string(DTypeName(layout.kv_dtype)));
-  li.set_protocol_version(layout.protocol_version);
-  return li;
-}
-
-}  // namespace
 
 int RunWorkerProcess(int argc, char** argv, const std::string& command, const std::string& role,
                      const WorkerRoleFactory& make_roles) {
@@ -121,7 +106,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   WorkerServiceOptions wo;
   v1::WorkerInfo& info = wo.info;
   info.set_role(wf.role);
-  *info.mutable_layout() = ToLayoutInfo(context.layout);
+  *info.mutable_layout() = KvLayoutToInfo(context.layout);
   info.set_kv_transport(wf.kv.transport);
   for (const auto& r : roles) r->Describe(&info);
   info.set_model_name(!wf.model_name.empty()

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/base/kv_transfer_layout.h"
+#include "common/rpc/kv_layout_info.h"
 #include "gtest/gtest.h"
 #include "router/worker_registry.h"
 #include "tests/unit/common/base/kv_layout_test_util.h"
@@ -11,24 +12,11 @@
 namespace tandem {
 namespace {
 
-// What a worker advertises (tools/worker_command.cc fills WorkerInfo.layout this way).
-v1::KvLayoutInfo InfoOf(const KvLayout& l) {
-  v1::KvLayoutInfo info;
-  info.set_model_id(l.model_id);
-  info.set_num_layers(l.num_layers);
-  info.set_num_kv_heads(l.num_kv_heads);
-  info.set_head_dim(l.head_dim);
-  info.set_block_size(l.block_size);
-  info.set_kv_dtype(std::string(DTypeName(l.kv_dtype)));
-  info.set_protocol_version(l.protocol_version);
-  return info;
-}
-
 TEST(WorkerRegistryLayoutTest, ReadsEveryFieldOfTheWorkersLayout) {
   for (DType kv : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
     KvLayout l = testing::SmallKvLayout();
     l.kv_dtype = kv;
-    absl::StatusOr<KvLayout> read = KvLayoutFromInfo(InfoOf(l));
+    absl::StatusOr<KvLayout> read = KvLayoutFromInfo(KvLayoutToInfo(l));
     ASSERT_TRUE(read.ok()) << read.status();
     EXPECT_EQ(read->model_id, l.model_id);
     EXPECT_EQ(read->num_layers, l.num_layers);
@@ -42,7 +30,7 @@ TEST(WorkerRegistryLayoutTest, ReadsEveryFieldOfTheWorkersLayout) {
 }
 
 TEST(WorkerRegistryLayoutTest, AnUnknownKvDtypeIsRefused) {
-  v1::KvLayoutInfo info = InfoOf(testing::SmallKvLayout());
+  v1::KvLayoutInfo info = KvLayoutToInfo(testing::SmallKvLayout());
   info.set_kv_dtype("fp9");
   absl::StatusOr<KvLayout> read = KvLayoutFromInfo(info);
   EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
@@ -67,7 +55,7 @@ TEST(WorkerRegistryLayoutTest, RefusesWhatTheTransportRefusesInTheSameWords) {
   for (const Case& c : cases) {
     KvLayout worker = cluster;
     c.mutate(&worker);
-    absl::StatusOr<KvLayout> read = KvLayoutFromInfo(InfoOf(worker));
+    absl::StatusOr<KvLayout> read = KvLayoutFromInfo(KvLayoutToInfo(worker));
     ASSERT_TRUE(read.ok()) << read.status();
     const absl::Status router = CheckKvLayoutCompatible(cluster, *read);
     const absl::Status transport = CheckKvLayoutCompatible(cluster, worker);
