@@ -3,7 +3,7 @@
 docs/benchmarks.md section (<section>.md) and a summary (<section>.json), or splices sections
 into docs/benchmarks.md.
 
-  render.py decode_bandwidth|batching|disagg|serve_curve WORK OUTDIR
+  render.py decode_bandwidth|batching|disagg|serve_curve|peer WORK OUTDIR
   render.py splice DOC FRAGMENT.md...
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
@@ -36,6 +36,9 @@ def main(argv):
     elif command == "serve_curve":
         from render_serve_curve import render_serve_curve
         render_serve_curve(argv[2], argv[3])
+    elif command == "peer":
+        from render_peer import render_peer
+        render_peer(argv[2], argv[3])
     else:
         sys.exit(f"unknown command {command}\n{__doc__}")
 
