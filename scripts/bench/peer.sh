@@ -24,13 +24,17 @@
 # Environment (defaults): LLAMA_CPP_COMMIT (the snapshot's commit, for the report, when
 # LLAMA_CPP_DIR is not a git checkout), BENCH_NOTE (a line for the report), PEER_PRESET
 # (llama-1b), PEER_PAIRS ("int8:q8_0 bf16:f16 int4g32:q4_0"), PEER_CONC ("1 4 8 16"),
-# BENCH_REPS rounds (3), PEER_THREADS (2), PEER_PROMPT_LEN (128), PEER_OUTPUT_LEN (128), PEER_PREFIX_LEN (512; 0 skips the case), PEER_PREFIX_CONC (4).
-# Writes $BENCH_RESULTS/peer.{md,json}. The default sweep takes about an hour on two cores
-# (llama-server's waves at concurrency 16 take a minute or more each).
+# BENCH_REPS rounds (3), PEER_THREADS (2), PEER_PROMPT_LEN (128), PEER_OUTPUT_LEN (128),
+# PEER_PREFIX_LEN (512; 0 skips the case), PEER_PREFIX_CONC (4), PEER_CHECK (1: first check
+# that both greedy-decode the bf16 weights alike; 0 skips it).
+# Writes $BENCH_RESULTS/peer.{md,json}. The default sweep takes about an hour on two idle cores
+# (llama-server's waves at concurrency 16 take a minute or more each). Run it on an idle
+# machine: llama.cpp's threads meet at a barrier after every graph operation, so its figures
+# fall far more than Tandem's when other jobs take the cores (the report flags a busy machine).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -eq 1 ] || usage
 if [ -x "$1/bin/llama-server" ]; then
   PEER_BIN="$(cd "$1/bin" && pwd)"
@@ -42,7 +46,8 @@ else
   echo "peer.sh: no llama-server under $1/bin or $1/build/bin (build llama.cpp first)" >&2
   usage
 fi
-[ -x "$PEER_BIN/llama-quantize" ] || { echo "peer.sh: $PEER_BIN/llama-quantize not built" >&2; exit 1; }
+[ -x "$PEER_BIN/llama-quantize" ] || {
+  echo "peer.sh: $PEER_BIN/llama-quantize not built" >&2; exit 1; }
 [ -d "$PEER_SRC/gguf-py/gguf" ] || { echo "peer.sh: no gguf-py in '$PEER_SRC'" >&2; exit 1; }
 /usr/bin/python3 -c "import numpy" 2>/dev/null || {
   echo "peer.sh: /usr/bin/python3 needs numpy (apt-get install python3-numpy)" >&2; exit 1; }
@@ -79,8 +84,10 @@ ensure_gguf() {
   mkdir -p "$dir"
   if [ ! -f "$dir/bf16.gguf" ]; then
     log "exporting $PRESET to $dir/bf16.gguf"
-    record "gguf export" /usr/bin/python3 scripts/bench/peer_gguf.py "$MODEL" "$PEER_SRC" "$dir/bf16.gguf"
-    /usr/bin/python3 "$ROOT/scripts/bench/peer_gguf.py" "$MODEL" "$PEER_SRC" "$dir/bf16.gguf.tmp" >&2
+    record "gguf export" /usr/bin/python3 scripts/bench/peer_gguf.py "$MODEL" "$PEER_SRC" \
+      "$dir/bf16.gguf"
+    /usr/bin/python3 "$ROOT/scripts/bench/peer_gguf.py" "$MODEL" "$PEER_SRC" \
+      "$dir/bf16.gguf.tmp" >&2
     mv "$dir/bf16.gguf.tmp" "$dir/bf16.gguf"
   fi
   if [ ! -f "$file" ]; then
@@ -104,7 +111,8 @@ tandem_args() {
 }
 
 free_port() {
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
 }
 
 # sweep SIDE FORMAT URL ROUND: the waves of one server (the same prompts on both sides: the
@@ -133,25 +141,21 @@ sweep() {
   fi
 }
 
-run_tandem() {
-  local fmt="$1" rep="$2" name="tandem.$1.$2"
-  # shellcheck disable=SC2046
-  record "tandem server" "$TANDEM" serve --model "$MODEL" --dtype bf16 $(tandem_args "$fmt") \
-    --threads "$THREADS" --max-num-seqs "$MAX_CONC" --max-num-batched-tokens 256 \
-    --kv-cache-memory 2GiB --port 0 --http-port 0 --http-port-file F
-  # shellcheck disable=SC2046
-  start_process "$name" "$WORK/$name.http" "$TANDEM" serve --model "$MODEL" --dtype bf16 \
-    $(tandem_args "$fmt") --threads "$THREADS" --max-num-seqs "$MAX_CONC" \
-    --max-num-batched-tokens 256 --kv-cache-memory 2GiB --port 0 --http-port 0 \
-    --http-port-file "$WORK/$name.http"
-  local pid="$LAST_PID"
-  log "tandem $fmt on http port $LAST_PORT (pid $pid)"
-  sweep tandem "$fmt" "http://127.0.0.1:$LAST_PORT" "$rep"
-  stop_process "$pid"
+# start_tandem NAME FORMAT: one `tandem serve` on the model; sets LAST_PID, LAST_PORT (HTTP).
+start_tandem() {
+  local name="$1" fmt="$2" weights
+  read -ra weights <<<"$(tandem_args "$fmt")"
+  local args=(serve --model "$MODEL" --dtype bf16 "${weights[@]}" --threads "$THREADS"
+    --max-num-seqs "$MAX_CONC" --max-num-batched-tokens 256 --kv-cache-memory 2GiB --port 0
+    --http-port 0 --http-port-file)
+  record "tandem server" "$TANDEM" "${args[@]}" F
+  start_process "$name" "$WORK/$name.http" "$TANDEM" "${args[@]}" "$WORK/$name.http"
+  log "tandem $fmt on http port $LAST_PORT (pid $LAST_PID)"
 }
 
-run_peer() {
-  local type="$1" rep="$2" name="peer.$1.$2" file port
+# start_peer NAME TYPE: one llama-server on the TYPE file; sets LAST_PID, LAST_PORT.
+start_peer() {
+  local name="$1" type="$2" file port
   file="$(ensure_gguf "$type")"
   port="$(free_port)"
   # One slot per concurrent request, each with room for the longest prompt and its output.
@@ -159,11 +163,13 @@ run_peer() {
     -c $((MAX_CONC * SLOT_CTX)) --host 127.0.0.1 --port "$port" --no-webui)
   record "llama.cpp server" llama-server "${args[@]}"
   "$PEER_BIN/llama-server" "${args[@]}" >"$WORK/$name.log" 2>&1 &
-  local pid=$!
-  BENCH_PIDS+=("$pid")
+  LAST_PID=$!
+  LAST_PORT="$port"
+  BENCH_PIDS+=("$LAST_PID")
   local waited=0
-  until /usr/bin/python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; do
-    if ! kill -0 "$pid" 2>/dev/null; then
+  until /usr/bin/python3 -c "import urllib.request as u
+u.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; do
+    if ! kill -0 "$LAST_PID" 2>/dev/null; then
       echo "llama-server exited while starting:" >&2
       tail -30 "$WORK/$name.log" >&2
       exit 1
@@ -172,20 +178,52 @@ run_peer() {
     waited=$((waited + 1))
     [ "$waited" -lt 600 ] || { echo "llama-server did not start in 300 s" >&2; exit 1; }
   done
-  log "llama-server $type on port $port (pid $pid)"
-  sweep peer "$type" "http://127.0.0.1:$port" "$rep"
-  # This snapshot's server aborts in its exit path after a clean shutdown; the shell's "Aborted"
-  # job notice is noise.
-  { stop_process "$pid"; } 2>/dev/null
+  log "llama-server $type on port $port (pid $LAST_PID)"
+}
+
+# This snapshot's llama-server aborts in its exit path after a clean shutdown; the shell's
+# "Aborted" job notice is noise.
+stop_peer() { { stop_process "$1"; } 2>/dev/null; }
+
+# check_same_weights: the peer's BF16 file and Tandem's bf16 weights are the same model, so
+# greedy decoding of one prompt gives the same text on both (a wrong export would not).
+check_same_weights() {
+  local t p
+  start_tandem check.tandem bf16
+  "${CLIENT[@]}" --url "http://127.0.0.1:$LAST_PORT" --concurrency 1 --num-requests 3 \
+    --prompt-len 16 \
+    --output-len 8 --seed 5 --keep-text --json-out "$WORK/check.tandem.json" >/dev/null
+  stop_process "$LAST_PID"
+  start_peer check.peer bf16
+  "${CLIENT[@]}" --url "http://127.0.0.1:$LAST_PORT" --concurrency 1 --num-requests 3 \
+    --prompt-len 16 \
+    --output-len 8 --seed 5 --keep-text --json-out "$WORK/check.peer.json" >/dev/null
+  stop_peer "$LAST_PID"
+  local texts='import json, sys; print(json.load(open(sys.argv[1]))["texts"])'
+  t="$(/usr/bin/python3 -c "$texts" "$WORK/check.tandem.json")"
+  p="$(/usr/bin/python3 -c "$texts" "$WORK/check.peer.json")"
+  if [ "$t" = "$p" ]; then
+    log "same weights: both greedy-decode $t"
+  else
+    log "WARNING: greedy texts differ on the bf16 weights: tandem $t, llama.cpp $p"
+  fi
+}
+
+run_pair() {
+  local tfmt="$1" ptype="$2" rep="$3"
+  start_tandem "tandem.$tfmt.$rep" "$tfmt"
+  sweep tandem "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
+  stop_process "$LAST_PID"
+  start_peer "peer.$ptype.$rep" "$ptype"
+  sweep peer "$ptype" "http://127.0.0.1:$LAST_PORT" "$rep"
+  stop_peer "$LAST_PID"
 }
 
 MODEL="$(ensure_model "$PRESET")"
 for pair in "${PAIRS[@]}"; do ensure_gguf "${pair#*:}" >/dev/null; done
+[ "${PEER_CHECK:-1}" = 0 ] || check_same_weights
 for rep in $(seq 1 "$REPS"); do
-  for pair in "${PAIRS[@]}"; do
-    run_tandem "${pair%%:*}" "$rep"
-    run_peer "${pair#*:}" "$rep"
-  done
+  for pair in "${PAIRS[@]}"; do run_pair "${pair%%:*}" "${pair#*:}" "$rep"; done
 done
 render peer "$WORK" "$BENCH_RESULTS"
 log "wrote $BENCH_RESULTS/peer.md"

@@ -53,6 +53,7 @@ def one_request(url, args, prompt, start_gate, result, max_tokens):
     sent = time.monotonic()
     first = last = None
     events = 0
+    text = []
     tokens = None
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -73,6 +74,7 @@ def one_request(url, args, prompt, start_gate, result, max_tokens):
                 return
             now = time.monotonic()
             if event.get("choices"):
+                text.append(event["choices"][0].get("text") or "")
                 if first is None:
                     first = now
                 last = now
@@ -98,6 +100,7 @@ def one_request(url, args, prompt, start_gate, result, max_tokens):
         "tpot_ms": (last - first) * 1e3 / (tokens - 1) if tokens > 1 else 0.0,
         "end": last,
         "tokens": tokens,
+        "text": "".join(text),
     })
 
 
@@ -112,6 +115,7 @@ def main():
     p.add_argument("--prefix-len", type=int, default=0)
     p.add_argument("--warm-prefix", action="store_true",
                    help="first send one unmeasured request with the prefix (and its own tokens)")
+    p.add_argument("--keep-text", action="store_true", help="put the generated texts in the report")
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800)
@@ -167,6 +171,8 @@ def main():
             "wall_s": wall,
             "output_tokens_per_s": total / wall if wall > 0 else 0.0,
         })
+        if args.keep_text:
+            report["texts"] = [r["text"] for r in done]
     line = json.dumps(report)
     print(line)
     if args.json_out:

@@ -177,7 +177,7 @@ def main():
 
     factors = llama3_rope_factors(config, head_dim)
     if factors is not None:
-        writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS], factors)
+        writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors)
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
     tensors = safetensors_tensors(model_dir)

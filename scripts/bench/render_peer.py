@@ -84,6 +84,14 @@ def render_peer(work, outdir):
            "(tokens - 1) per request, median of the wave; TTFT = median time to first token; "
            "tok/s = output tokens of the wave / its wall time (prefill included). Cells: "
            "Tandem / peer (median over rounds of each round's Tandem / peer ratio, its range).")
+    cores = os.cpu_count() or 1
+    loads = [float(x) for x in re.findall(r"load average ([\d.]+)", machine)] + [
+        float(load_end.split()[0])]
+    if max(loads) > cores:
+        md += (f" **The machine was busy** (load average up to {fmt(max(loads))} on {cores} "
+               "cores): llama.cpp's threads meet at a barrier after every graph operation, so a "
+               "descheduled thread stalls each step and its figures fall much further than "
+               "Tandem's under load; compare on an idle machine.")
     if short:
         md += f" {short} request(s) returned fewer tokens than asked."
     md += "\n"
