@@ -75,6 +75,7 @@ cat >"$WORK/settings.json" <<EOF
  "prefix_len": $PREFIX_LEN, "prefix_conc": $PREFIX_CONC, "preset": "$PRESET",
  "pairs": "${PAIRS[*]}", "peer_src": "$PEER_SRC", "peer_commit": "$PEER_COMMIT"}
 EOF
+printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
 CLIENT=(/usr/bin/python3 "$ROOT/scripts/bench/peer_client.py")
 
 # ensure_gguf TYPE -> prints the peer's model file of TYPE (bf16, f16, q8_0, q4_0), made once.
@@ -204,8 +205,10 @@ check_same_weights() {
   p="$(/usr/bin/python3 -c "$texts" "$WORK/check.peer.json")"
   if [ "$t" = "$p" ]; then
     log "same weights: both greedy-decode $t"
+    echo "the same 8 tokens from each of 3 prompts" >"$WORK/check.txt"
   else
     log "WARNING: greedy texts differ on the bf16 weights: tandem $t, llama.cpp $p"
+    echo "**the texts differ** (Tandem $t, llama.cpp $p)" >"$WORK/check.txt"
   fi
 }
 

@@ -51,7 +51,14 @@ def cell(runs, tkey, pkey, field):
     if tv is None or pv is None:
         return "-"
     rs = ratios(runs, tkey, pkey, field)
+    if len(rs) < 2:
+        return f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x)"
     return f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x, {spread(rs)})"
+
+
+def read_optional(work, name):
+    path = os.path.join(work, name)
+    return open(path).read().strip() if os.path.exists(path) else ""
 
 
 def render_peer(work, outdir):
@@ -66,11 +73,12 @@ def render_peer(work, outdir):
         load_end = " ".join(f.read().split()[:3])
 
     md = ("## Tandem beside llama.cpp's server\n\n"
-          f"Produced by `scripts/bench/peer.sh` ({settings['reps']} rounds; in each round, per "
+          f"Produced by `scripts/bench/peer.sh` ({settings['reps']} round(s); in each round, per "
           "pair, one Tandem server then one llama-server, never both at once). Machine: "
           f"{machine}; load average {load_end} at the end.")
-    if os.environ.get("BENCH_NOTE"):
-        md += f" Note: {os.environ['BENCH_NOTE']}"
+    note = read_optional(work, "note.txt")
+    if note:
+        md += f" Note: {note}"
     md += (f"\n\nPeer: llama.cpp `{settings['peer_commit']}` (`llama-server`, CPU build). "
            f"Model: Tandem's random {settings['preset']} (bf16), given to llama.cpp bit for bit "
            "as a BF16 GGUF (`scripts/bench/peer_gguf.py`, through llama.cpp's gguf-py) and "
@@ -94,6 +102,9 @@ def render_peer(work, outdir):
                "Tandem's under load; compare on an idle machine.")
     if short:
         md += f" {short} request(s) returned fewer tokens than asked."
+    check = read_optional(work, "check.txt")
+    if check:
+        md += f" Same-weights check (bf16 GGUF on llama-server vs Tandem bf16): {check}."
     md += "\n"
 
     summary = {"settings": settings, "pairs": {}}
