@@ -76,7 +76,13 @@ cat >"$WORK/settings.json" <<EOF
  "pairs": "${PAIRS[*]}", "peer_src": "$PEER_SRC", "peer_commit": "$PEER_COMMIT"}
 EOF
 printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
+# The invocation, with the settings that differ from the defaults, for the report.
+{
+  env | grep -E '^(PEER_[A-Z_]+|BENCH_REPS)=' | sort | sed -E "s/=(.*)/='\1'/" | tr '\n' ' '
+  echo "scripts/bench/peer.sh LLAMA_CPP_DIR"
+} >"$WORK/command.txt"
 CLIENT=(/usr/bin/python3 "$ROOT/scripts/bench/peer_client.py")
+CLIENT_NAME=(/usr/bin/python3 scripts/bench/peer_client.py)
 
 # ensure_gguf TYPE -> prints the peer's model file of TYPE (bf16, f16, q8_0, q4_0), made once.
 ensure_gguf() {
@@ -123,7 +129,7 @@ sweep() {
   "${CLIENT[@]}" --url "$url" --concurrency 2 --prompt-len "$PROMPT_LEN" --output-len 16 \
     --seed 999 >/dev/null
   for c in "${CONC[@]}"; do
-    record "client" "${CLIENT[*]}" --url URL --concurrency "$c" --prompt-len "$PROMPT_LEN" \
+    record "client" "${CLIENT_NAME[@]}" --url URL --concurrency "$c" --prompt-len "$PROMPT_LEN" \
       --output-len "$OUTPUT_LEN" --seed $((1000 * rep + c))
     "${CLIENT[@]}" --url "$url" --concurrency "$c" --prompt-len "$PROMPT_LEN" \
       --output-len "$OUTPUT_LEN" --seed $((1000 * rep + c)) --label "$side $fmt c=$c" \
@@ -131,7 +137,7 @@ sweep() {
     log "$side $fmt c=$c: $(tail -1 "$WORK/client.log" | cut -c1-200)"
   done
   if [ "$PREFIX_LEN" -gt 0 ]; then
-    record "client (prefix)" "${CLIENT[*]}" --url URL --concurrency "$PREFIX_CONC" \
+    record "client (prefix)" "${CLIENT_NAME[@]}" --url URL --concurrency "$PREFIX_CONC" \
       --prefix-len "$PREFIX_LEN" --warm-prefix --prompt-len "$PROMPT_LEN" \
       --output-len "$OUTPUT_LEN" --seed $((7000 + rep))
     "${CLIENT[@]}" --url "$url" --concurrency "$PREFIX_CONC" --prefix-len "$PREFIX_LEN" \
@@ -162,7 +168,9 @@ start_peer() {
   # One slot per concurrent request, each with room for the longest prompt and its output.
   local args=(-m "$file" -t "$THREADS" -tb "$THREADS" -np "$MAX_CONC"
     -c $((MAX_CONC * SLOT_CTX)) --host 127.0.0.1 --port "$port" --no-webui)
-  record "llama.cpp server" llama-server "${args[@]}"
+  local shown=() arg
+  for arg in "${args[@]}"; do [ "$arg" = "$port" ] && shown+=(PORT) || shown+=("$arg"); done
+  record "llama.cpp server" llama-server "${shown[@]}"
   "$PEER_BIN/llama-server" "${args[@]}" >"$WORK/$name.log" 2>&1 &
   LAST_PID=$!
   LAST_PORT="$port"

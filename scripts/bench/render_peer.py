@@ -96,10 +96,10 @@ def render_peer(work, outdir):
     loads = [float(x) for x in re.findall(r"load average ([\d.]+)", machine)] + [
         float(load_end.split()[0])]
     if max(loads) > cores:
-        md += (f" **The machine was busy** (load average up to {fmt(max(loads))} on {cores} "
-               "cores): llama.cpp's threads meet at a barrier after every graph operation, so a "
-               "descheduled thread stalls each step and its figures fall much further than "
-               "Tandem's under load; compare on an idle machine.")
+        md += (f" **The machine was busy** (load average {fmt(max(loads))} on {cores} cores at "
+               "the start or end): llama.cpp's threads meet at a barrier after every graph "
+               "operation, so a descheduled thread stalls each step and its figures fall much "
+               "further than Tandem's under load; compare on an idle machine.")
     if short:
         md += f" {short} request(s) returned fewer tokens than asked."
     check = read_optional(work, "check.txt")
@@ -140,6 +140,9 @@ def render_peer(work, outdir):
                "Tandem shares cached prefix blocks between requests; llama-server reuses a "
                "prompt prefix only within the slot that processed it.\n\n")
         md += table(["Tandem / peer weights", "TTFT ms (median)", "tok/s"], rows_prefix) + "\n"
+    command = read_optional(work, "command.txt")
+    if command:
+        md += f"\nReproduce: `{command}`\n"
     md += "\n" + commands_block(work, tandem).replace(settings["peer_src"], "$LLAMA_CPP_DIR")
     md += "\n"
     write(outdir, "peer", md, summary)
