@@ -63,7 +63,9 @@ OUTPUT_LEN="${PEER_OUTPUT_LEN:-128}"
 PREFIX_LEN="${PEER_PREFIX_LEN:-512}"
 PREFIX_CONC="${PEER_PREFIX_CONC:-4}"
 MAX_CONC=$PREFIX_CONC
-for c in "${CONC[@]}"; do [ "$c" -gt "$MAX_CONC" ] && MAX_CONC=$c; done
+for c in "${CONC[@]}"; do
+  if [ "$c" -gt "$MAX_CONC" ]; then MAX_CONC=$c; fi
+done
 SLOT_CTX=$((PREFIX_LEN + PROMPT_LEN + OUTPUT_LEN + 64))
 # An exported snapshot is no git checkout: LLAMA_CPP_COMMIT names it in the report then.
 PEER_COMMIT="${LLAMA_CPP_COMMIT:-unknown commit}"
