@@ -1,0 +1,149 @@
+"""Section "peer": Tandem beside llama.cpp's server (scripts/bench/peer.sh).
+
+WORK holds settings.json, machine.txt, tandem.txt, commands.txt and the client's reports
+<side>.<format>.c<C>.<round>.json and <side>.<format>.prefix.<round>.json (side: tandem or
+peer). Figures are medians over the rounds; a ratio is the median of each round's own
+Tandem / peer ratio (the two servers ran minutes apart in that round), with the rounds' range.
+"""
+import glob
+import json
+import os
+import re
+
+from benchfmt import commands_block, fmt, median, spread, table, write
+
+TANDEM_NAMES = {"bf16": "bf16", "int8": "int8 (per channel)"}
+
+
+def tandem_name(f):
+    m = re.match(r"int4g(\d+)$", f)
+    return f"int4 g{m.group(1)}" if m else TANDEM_NAMES.get(f, f)
+
+
+def load(work):
+    """{(side, format, case): {round: report}}; case is a concurrency (int) or "prefix"."""
+    runs = {}
+    for path in glob.glob(os.path.join(work, "*.json")):
+        m = re.match(r"(tandem|peer)\.([^.]+)\.(c\d+|prefix)\.(\d+)\.json$",
+                     os.path.basename(path))
+        if not m:
+            continue
+        case = m.group(3)
+        case = int(case[1:]) if case != "prefix" else case
+        runs.setdefault((m.group(1), m.group(2), case), {})[int(m.group(4))] = json.load(open(path))
+    return runs
+
+
+def figure(runs, key, field):
+    waves = runs.get(key, {})
+    return median(w.get(field) for w in waves.values())
+
+
+def ratios(runs, tandem_key, peer_key, field):
+    t, p = runs.get(tandem_key, {}), runs.get(peer_key, {})
+    return [t[r][field] / p[r][field] for r in sorted(t)
+            if r in p and t[r].get(field) and p[r].get(field)]
+
+
+def cell(runs, tkey, pkey, field):
+    """'Tandem / peer (ratio, range)' of one field."""
+    tv, pv = figure(runs, tkey, field), figure(runs, pkey, field)
+    if tv is None or pv is None:
+        return "-"
+    rs = ratios(runs, tkey, pkey, field)
+    if len(rs) < 2:
+        return f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x)"
+    return f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x, {spread(rs)})"
+
+
+def read_optional(work, name):
+    path = os.path.join(work, name)
+    return open(path).read().strip() if os.path.exists(path) else ""
+
+
+def render_peer(work, outdir):
+    settings = json.load(open(os.path.join(work, "settings.json")))
+    machine = open(os.path.join(work, "machine.txt")).read().strip()
+    tandem = open(os.path.join(work, "tandem.txt")).read().strip()
+    runs = load(work)
+    pairs = [p.split(":") for p in settings["pairs"].split()]
+    concs = sorted({c for (_, _, c) in runs if c != "prefix"})
+    short = sum(w.get("short_outputs", 0) for waves in runs.values() for w in waves.values())
+    with open("/proc/loadavg") as f:
+        load_end = " ".join(f.read().split()[:3])
+
+    md = ("## Tandem beside llama.cpp's server\n\n"
+          f"Produced by `scripts/bench/peer.sh` ({settings['reps']} round(s); in each round, per "
+          "pair, one Tandem server then one llama-server, never both at once). Machine: "
+          f"{machine}; load average {load_end} at the end.")
+    note = read_optional(work, "note.txt")
+    if note:
+        md += f" Note: {note}"
+    md += (f"\n\nPeer: llama.cpp `{settings['peer_commit']}` (`llama-server`, CPU build). "
+           f"Model: Tandem's random {settings['preset']} (bf16), given to llama.cpp bit for bit "
+           "as a BF16 GGUF (`scripts/bench/peer_gguf.py`, through llama.cpp's gguf-py) and "
+           "quantized by `llama-quantize`; Tandem quantizes the same bf16 weights at load. "
+           f"Both with {settings['threads']} compute threads, one slot / sequence per concurrent "
+           "request. One client (`scripts/bench/peer_client.py`) for both: streamed "
+           f"`/v1/completions`, prompts of {settings['prompt_len']} token ids, "
+           f"{settings['output_len']} new tokens (ignore_eos), greedy; for each concurrency C "
+           "one wave of C requests started together, the same prompts on both servers (a seed "
+           "per round and C), after a warm-up request. TPOT = (last token - first token) / "
+           "(tokens - 1) per request, median of the wave; TTFT = median time to first token; "
+           "tok/s = output tokens of the wave / its wall time (prefill included). Cells: "
+           "Tandem / peer (median over rounds of each round's Tandem / peer ratio, its range).")
+    cores = os.cpu_count() or 1
+    loads = [float(x) for x in re.findall(r"load average ([\d.]+)", machine)] + [
+        float(load_end.split()[0])]
+    if max(loads) > cores:
+        md += (f" **The machine was busy** (load average {fmt(max(loads))} on {cores} cores at "
+               "the start or end): llama.cpp's threads meet at a barrier after every graph "
+               "operation, so a descheduled thread stalls each step and its figures fall much "
+               "further than Tandem's under load; compare on an idle machine.")
+    if short:
+        md += f" {short} request(s) returned fewer tokens than asked."
+    check = read_optional(work, "check.txt")
+    if check:
+        md += f" Same-weights check (bf16 GGUF on llama-server vs Tandem bf16): {check}."
+    md += "\n"
+
+    summary = {"settings": settings, "pairs": {}}
+    rows_tpot, rows_tps, rows_ttft, rows_prefix = [], [], [], []
+    for tf, pf in pairs:
+        label = f"{tandem_name(tf)} / {pf}"
+        tk = lambda c: ("tandem", tf, c)  # noqa: E731
+        pk = lambda c: ("peer", pf, c)  # noqa: E731
+        rows_tpot.append([label, cell(runs, tk(1), pk(1), "tpot_ms_median"),
+                          cell(runs, tk(1), pk(1), "ttft_ms_median")])
+        rows_tps.append([label] + [cell(runs, tk(c), pk(c), "output_tokens_per_s")
+                                   for c in concs])
+        rows_ttft.append([label] + [cell(runs, tk(c), pk(c), "ttft_ms_median") for c in concs])
+        if runs.get(tk("prefix")) or runs.get(pk("prefix")):
+            rows_prefix.append([label, cell(runs, tk("prefix"), pk("prefix"), "ttft_ms_median"),
+                                cell(runs, tk("prefix"), pk("prefix"), "output_tokens_per_s")])
+        summary["pairs"][f"{tf}:{pf}"] = {
+            str(c): {side: {k: figure(runs, (side, f, c), k)
+                            for k in ("tpot_ms_median", "ttft_ms_median", "output_tokens_per_s")}
+                     for side, f in (("tandem", tf), ("peer", pf))}
+            for c in concs + ["prefix"]}
+
+    md += "\n### Batch 1: time per output token (lower is better)\n\n"
+    md += table(["Tandem / peer weights", "TPOT ms, c=1", "TTFT ms, c=1"], rows_tpot) + "\n"
+    md += "\n### Aggregate output tokens/s by concurrency (higher is better)\n\n"
+    md += table(["Tandem / peer weights"] + [f"c={c}" for c in concs], rows_tps) + "\n"
+    md += "\n### Time to first token (ms) by concurrency (lower is better)\n\n"
+    md += table(["Tandem / peer weights"] + [f"c={c}" for c in concs], rows_ttft) + "\n"
+    if rows_prefix:
+        md += (f"\n### Shared prefix: {settings['prefix_conc']} requests, one "
+               f"{settings['prefix_len']}-token prefix + {settings['prompt_len']} tokens each\n\n"
+               "One request with the prefix runs first (alone, 1 new token), then the wave. "
+               "Tandem shares cached prefix blocks between requests; llama-server reuses a "
+               "prompt prefix only within the slot that processed it.\n\n")
+        md += table(["Tandem / peer weights", "TTFT ms (median)", "tok/s"], rows_prefix) + "\n"
+    command = read_optional(work, "command.txt")
+    if command:
+        md += f"\nReproduce: `{command}`\n"
+    md += "\n" + commands_block(work, tandem).replace(settings["peer_src"], "$LLAMA_CPP_DIR")
+    md += "\n"
+    write(outdir, "peer", md, summary)
+
