@@ -4,7 +4,7 @@
 # LLAMA_CPP_DIR is a llama.cpp source tree built outside this repository (its build in
 # LLAMA_CPP_DIR/build) or that build directory itself. It needs the targets llama-server and
 # llama-quantize, and the source's gguf-py (llama.cpp's GGUF library). The pinned snapshot:
-#   git clone https://github.com/ggerganov/llama.cpp && git -C llama.cpp checkout c392e5094
+#   a checkout of the llama.cpp repository (ggerganov/llama.cpp) at commit c392e5094, then
 #   cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 #     -DGGML_CUDA=OFF -DLLAMA_CURL=OFF && ninja -C llama.cpp/build llama-server llama-quantize
 # Needs Debian's python3 with numpy (python3-numpy) for the GGUF export; the client is standard
