@@ -107,9 +107,20 @@ class SenderCoreTest : public ::testing::Test {
     return out;
   }
 
+  // A link whose queued work the fixture drops at the end: queued work holds its transfer, which
+  // holds the link, a cycle a real link breaks by draining its queue.
+  std::shared_ptr<FakeLink> NewLink() {
+    links_.push_back(std::make_shared<FakeLink>());
+    return links_.back();
+  }
+  void TearDown() override {
+    for (const std::shared_ptr<FakeLink>& link : links_) link->Take();
+  }
+
   SenderOptions options_;
   FakePool pool_;
-  std::shared_ptr<FakeLink> link_ = std::make_shared<FakeLink>();
+  std::vector<std::shared_ptr<FakeLink>> links_;
+  std::shared_ptr<FakeLink> link_ = NewLink();
   std::unique_ptr<SenderCore> core_;
 };
 
@@ -162,7 +173,7 @@ TEST_F(SenderCoreTest, StartRegistersTheAttemptAndQueuesItsBegin) {
 
 TEST_F(SenderCoreTest, StartRefusesABrokenLinkADuplicateAndAfterShutdown) {
   Make();
-  auto broken = std::make_shared<FakeLink>();
+  auto broken = NewLink();
   broken->set_healthy(false);
   absl::StatusOr<TransferHandle> h = core_->Start(Target(1, 3), Src(3), broken);
   EXPECT_TRUE(absl::IsUnavailable(h.status())) << h.status();
@@ -173,7 +184,7 @@ TEST_F(SenderCoreTest, StartRefusesABrokenLinkADuplicateAndAfterShutdown) {
   EXPECT_TRUE(absl::IsAlreadyExists(h.status())) << h.status();
   // Another attempt, or the same one to another receiver, is a different transfer.
   EXPECT_TRUE(core_->Start(Target(1, 3, /*attempt=*/1), Src(3), link_).ok());
-  EXPECT_TRUE(core_->Start(Target(1, 3), Src(3), std::make_shared<FakeLink>()).ok());
+  EXPECT_TRUE(core_->Start(Target(1, 3), Src(3), NewLink()).ok());
 
   core_->Shutdown();
   h = core_->Start(Target(9, 3), Src(3), link_);
@@ -256,7 +267,7 @@ TEST_F(SenderCoreTest, TheReceiversFailureEndsTheTransferNamingTheReceiver) {
   // Verdicts for attempts it does not have (other id, attempt or link) are ignored.
   StartOn(link_, 2);
   core_->OnResult(link_.get(), 2, 1, absl::AbortedError("x"));
-  core_->OnResult(std::make_shared<FakeLink>().get(), 2, 0, absl::AbortedError("x"));
+  core_->OnResult(NewLink().get(), 2, 0, absl::AbortedError("x"));
   EXPECT_EQ(core_->stats().transfers_failed, 1u);
 }
 
@@ -350,7 +361,7 @@ TEST_F(SenderCoreTest, AbortEndsOnceAndTellsAHealthyReceiver) {
   EXPECT_EQ(core_->num_in_flight(), 0);
 
   // A broken link cannot carry the ABORT.
-  auto broken = std::make_shared<FakeLink>();
+  auto broken = NewLink();
   const TransferHandle on_broken = StartOn(broken, 3);
   broken->Take();
   broken->set_healthy(false);
@@ -387,7 +398,7 @@ TEST_F(SenderCoreTest, DeadlinesEndTransfersOnTheEventLoop) {
 
 TEST_F(SenderCoreTest, ABrokenLinkFailsOnlyItsTransfers) {
   Make();
-  auto other = std::make_shared<FakeLink>();
+  auto other = NewLink();
   const TransferHandle a1 = StartOn(link_, 1);
   const TransferHandle a2 = StartOn(link_, 2);
   const TransferHandle b = StartOn(other, 3);
