@@ -2,13 +2,14 @@
 # Side-by-side check that a change leaves performance alone: two builds of `tandem` (for example
 # the commit before a restructuring and after it) measured alternately in one run, A, B, A, B...,
 # so that the machine's drift lands on both. Per round and build:
-#   - batch-1 decode tokens/s of `tandem generate` (random llama-110m bf16, the decode_bandwidth
-#     section's measurement, all cores);
+#   - batch-1 decode tokens/s of `tandem generate` (the random model in bf16, the
+#     decode_bandwidth section's measurement, all cores);
 #   - `tandem serve` aggregate output tokens/s and median TTFT of one wave at concurrency 1 and
-#     16 (llama-110m int8, 128-token prompts, 128 new tokens, the serve_curve section's shape).
+#     16 (the model in int8, 128-token prompts, 128 new tokens, the serve_curve section's shape).
 # Prints each figure's median over the rounds per build and the B/A ratio of the medians.
 #   scripts/bench/ab_builds.sh OLD_BUILD_DIR NEW_BUILD_DIR      (each with bin/tandem)
-# Environment: BENCH_REPS rounds (default 3), TANDEM_MODEL_CACHE (lib.sh). About 6 minutes.
+# Environment: AB_PRESET (make-model preset, default llama-110m), BENCH_REPS rounds (default 3),
+# TANDEM_MODEL_CACHE (lib.sh). About 10 s a round for llama-110m, a minute for llama-1b.
 set -euo pipefail
 A_DIR="$(cd "${1:?usage: ab_builds.sh OLD_BUILD_DIR NEW_BUILD_DIR}" && pwd)"
 B_DIR="$(cd "${2:?usage: ab_builds.sh OLD_BUILD_DIR NEW_BUILD_DIR}" && pwd)"
@@ -19,7 +20,8 @@ REPS="${BENCH_REPS:-3}"
 for d in "$A_DIR" "$B_DIR"; do
   [ -x "$d/bin/tandem" ] || { echo "$d/bin/tandem not built" >&2; exit 1; }
 done
-model="$(ensure_model llama-110m)"
+preset="${AB_PRESET:-llama-110m}"
+model="$(ensure_model "$preset")"
 : >"$WORK/results.tsv"
 
 # One round of one build: decode, then a server with its waves. Lines: build, metric, value.
@@ -62,7 +64,7 @@ for rep in $(seq 1 "$REPS"); do
   fi
 done
 
-echo "A = $A_DIR, B = $B_DIR; $REPS rounds; $(machine_description)"
+echo "$preset; A = $A_DIR, B = $B_DIR; $REPS rounds; $(machine_description)"
 python3 - "$WORK/results.tsv" <<'EOF'
 import collections, statistics, sys
 values = collections.defaultdict(list)
