@@ -92,11 +92,15 @@ def render_peer(work, outdir):
            "(tokens - 1) per request, median of the wave; TTFT = median time to first token; "
            "tok/s = output tokens of the wave / its wall time (prefill included). Cells: "
            "Tandem / peer (median over rounds of each round's Tandem / peer ratio, its range).")
+    # Busy: other work on the cores. At the start, any load past the cores; at the end, past the
+    # cores plus the compute threads the benchmark's own last server kept running.
     cores = os.cpu_count() or 1
-    loads = [float(x) for x in re.findall(r"load average ([\d.]+)", machine)] + [
-        float(load_end.split()[0])]
-    if max(loads) > cores:
-        md += (f" **The machine was busy** (load average {fmt(max(loads))} on {cores} cores at "
+    load_start = [float(x) for x in re.findall(r"load average ([\d.]+)", machine)]
+    busy = [x for x in load_start if x > cores]
+    if float(load_end.split()[0]) > cores + int(settings["threads"]):
+        busy.append(float(load_end.split()[0]))
+    if busy:
+        md += (f" **The machine was busy** (load average {fmt(max(busy))} on {cores} cores at "
                "the start or end): llama.cpp's threads meet at a barrier after every graph "
                "operation, so a descheduled thread stalls each step and its figures fall much "
                "further than Tandem's under load; compare on an idle machine.")
