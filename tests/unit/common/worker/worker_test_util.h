@@ -16,18 +16,12 @@
 #include "common/worker/kv_event_log.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.pb.h"
+#include "tests/unit/common/engine/engine/engine_test_util.h"
 
 namespace tandem::testing {
 
 inline std::unique_ptr<Engine> MakeEngine(int64_t blocks = 64) {
-  EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
-  b.num_kv_blocks = blocks;
-  b.show_progress = false;
-  b.threads = 1;
-  auto built = BuildEngine(b);
-  EXPECT_TRUE(built.ok()) << built.status();
-  return std::move(built->engine);
+  return testing_util::MakeBundledEngine(blocks);
 }
 
 // An engine on its own thread, with what a KV transport needs of it.

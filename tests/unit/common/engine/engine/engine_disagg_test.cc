@@ -9,19 +9,13 @@
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/engine_test_util.h"
 
 namespace tandem {
 namespace {
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks = 128) {
-  EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
-  b.num_kv_blocks = blocks;
-  b.show_progress = false;
-  b.threads = 1;
-  auto built = BuildEngine(b);
-  EXPECT_TRUE(built.ok()) << built.status();
-  return std::move(built->engine);
+  return testing_util::MakeBundledEngine(blocks);
 }
 
 EngineRequest MakeRequest(const std::string& id, std::vector<int32_t> prompt, float temperature,

@@ -3,14 +3,28 @@
 // Shared by the engine tests: random greedy workloads and a loop that runs them to completion.
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/engine/engine.h"
+#include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
 
 namespace tandem::testing_util {
+
+// An engine on the bundled model (models/stories260k) with `blocks` KV blocks, one compute thread.
+inline std::unique_ptr<Engine> MakeBundledEngine(int64_t blocks) {
+  EngineBuildOptions b;
+  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.num_kv_blocks = blocks;
+  b.show_progress = false;
+  b.threads = 1;
+  auto built = BuildEngine(b);
+  EXPECT_TRUE(built.ok()) << built.status();
+  return built.ok() ? std::move(built->engine) : nullptr;
+}
 
 struct Req {
   std::vector<int32_t> prompt;
