@@ -12,7 +12,10 @@
    use existing ports, the StatefulSet's serviceName is the decode headless Service, the
    router's --decode-dns/--prefill-dns resolve to the headless Services, every $(VAR) in args
    is defined, volumes, claims, HPA targets, PDB selectors, the ServiceMonitor, the dashboard
-   ConfigMaps and the PrometheusRule match what they point at;
+   ConfigMaps and the PrometheusRule match what they point at; the NetworkPolicies (on by
+   default) let only router pods reach the workers' gRPC port, only prefill pods the decode
+   pods' KV port and metricsFrom /metrics; the cluster secret is created (or named), mounted
+   and passed to routers and workers; cert-manager's Certificate feeds the TLS volume;
 4. bad values fail with a clear message, and the validator itself catches planted mistakes.
 
 Usage: helm_chart_test.py BUILD_DIR
@@ -332,10 +335,104 @@ def check_wiring(r, values, name):
         check(not dashboards, f"{name}: dashboards disabled")
 
 
+def peer_selects(peer, labels):
+    return "podSelector" in peer and "namespaceSelector" not in peer and \
+        selects(peer["podSelector"].get("matchLabels", {}), labels)
+
+
+def check_security(r, values, name):
+    """NetworkPolicies, the cluster secret and cert-manager's Certificate."""
+    v = values
+    ws = {component(w): w for w in r.workloads()}
+    policies = r.of("NetworkPolicy")
+    if not v["networkPolicy"]["enabled"]:
+        check(not policies, f"{name}: NetworkPolicies disabled")
+    else:
+        check(len(policies) == len(ws), f"{name}: one NetworkPolicy per component")
+        ports = v["ports"]
+        for role, w in ws.items():
+            mine = [p for p in policies if selects(p["spec"]["podSelector"]["matchLabels"],
+                                                   pod_labels(w))]
+            check(len(mine) == 1, f"{name}: {role} pods under {len(mine)} NetworkPolicies")
+            spec = mine[0]["spec"]
+            check(spec["policyTypes"] == ["Ingress"], f"{name}: {role}: ingress policy")
+            rules = {}
+            for rule in spec["ingress"]:
+                for p in rule["ports"]:
+                    check(p["port"] not in rules, f"{name}: {role}: port {p['port']} twice")
+                    rules[p["port"]] = rule.get("from")
+            others = {k: pod_labels(x) for k, x in ws.items()}
+            if role == "router":
+                want = {ports["router"]}
+                check(rules[ports["router"]] == (v["networkPolicy"]["clientsFrom"] or None),
+                      f"{name}: router API from clientsFrom")
+            else:
+                kv = role == "decode" and "prefill" in ws
+                want = {ports["worker"]} | ({ports["kv"]} if kv else set())
+                grpc_from = rules[ports["worker"]]
+                check(grpc_from and all(peer_selects(p, others["router"]) for p in grpc_from) and
+                      not any(peer_selects(p, others[o]) for p in grpc_from for o in others
+                              if o != "router"),
+                      f"{name}: {role}: the Worker API only from router pods: {grpc_from}")
+                if kv:
+                    kv_from = rules[ports["kv"]]
+                    check(kv_from and "prefill" in others and
+                          all(peer_selects(p, others["prefill"]) for p in kv_from) and
+                          not any(peer_selects(p, others["router"]) for p in kv_from),
+                          f"{name}: decode: the KV port only from prefill pods: {kv_from}")
+            if v["metrics"]["enabled"]:
+                want.add(ports["metrics"])
+                check(rules[ports["metrics"]] == v["networkPolicy"]["metricsFrom"],
+                      f"{name}: {role}: /metrics from metricsFrom")
+            check(set(rules) == want, f"{name}: {role}: ports {sorted(rules)} != {sorted(want)}")
+            # Every port a policy opens is one the pods listen on.
+            listening = {cp["containerPort"] for c in pod_spec(w)["containers"]
+                         for cp in c.get("ports", [])}
+            check(set(rules) <= listening, f"{name}: {role}: policy ports {sorted(rules)}")
+
+    secret_name = v["clusterSecret"]["existingSecret"] or (
+        f"{r.workloads()[0]['metadata']['name'].rsplit('-', 1)[0]}-cluster-secret"
+        if v["clusterSecret"]["create"] else "")
+    created = [s for s in r.of("Secret") if s["metadata"]["name"].endswith("-cluster-secret")]
+    check(len(created) == int(bool(v["clusterSecret"]["create"] and
+                                   not v["clusterSecret"]["existingSecret"])),
+          f"{name}: cluster Secret created: {len(created)}")
+    for s in created:
+        import base64
+        raw = base64.b64decode(s["data"][v["clusterSecret"]["key"]])
+        check(len(raw) >= 32, f"{name}: the cluster secret has {len(raw)} bytes")
+    for w in r.workloads():
+        spec = pod_spec(w)
+        volumes = {vol["name"]: vol for vol in spec["volumes"]}
+        for c in spec["containers"]:
+            f = arg(c, "--cluster-secret-file")
+            if secret_name:
+                check(f == f"{v['clusterSecret']['mountPath']}/cluster-secret",
+                      f"{name}: {component(w)}: --cluster-secret-file={f}")
+                check(volumes["cluster-secret"]["secret"]["secretName"] == secret_name,
+                      f"{name}: {component(w)}: cluster secret volume")
+                check(any(m["name"] == "cluster-secret" and m["readOnly"]
+                          for m in c["volumeMounts"]), f"{name}: cluster secret mount")
+            else:
+                check(f is None, f"{name}: no --cluster-secret-file without a secret")
+
+    certs = r.of("Certificate")
+    cm = v["tls"]["enabled"] and v["tls"]["certManager"]["enabled"]
+    check(len(certs) == int(cm), f"{name}: {len(certs)} Certificates")
+    for cert in certs:
+        tls_volume = volumes["tls"]["secret"]["secretName"]
+        check(cert["spec"]["secretName"] == tls_volume, f"{name}: Certificate -> the tls volume")
+        check({"server auth", "client auth"} <= set(cert["spec"]["usages"]), f"{name}: usages")
+        router_dns = arg(pod_spec(ws["router"])["containers"][0], "--decode-dns").split(":")[0]
+        check(f"*.{router_dns}" in cert["spec"]["dnsNames"], f"{name}: names the decode pods")
+
+
 def check_failures(renderer):
     cases = [
         (["model.source=nfs"], "model.source must be pvc, hostPath or bundled"),
         (["tls.enabled=true"], "tls.secretName is required"),
+        (["tls.enabled=true", "tls.certManager.enabled=true"],
+         "tls.certManager.issuerRef.name is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
         (["kvSecret.secretName=kv", "prefill.kvTransport=nccl"],
          "kvSecret authenticates the tcp KV transport only"),
@@ -394,6 +491,7 @@ def main():
         check(rc == 0, f"{name}: schema validation failed:\n" + "\n".join(out.get(i, [])
                                                                            + out.get(-1, [])))
         check_wiring(Rendered(docs), load_values(files), name)
+        check_security(Rendered(docs), load_values(files), name)
         text = render(renderer, files, output="yaml")
         check(text.count("\n---\n") + 1 == len(docs), f"{name}: yaml and json disagree")
         notes = render(renderer, files, notes=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Validates rendered Kubernetes manifests against the schemas of the npm package
 // `kubernetes-models` (and `@kubernetes-models/prometheus-operator` for ServiceMonitor and
-// PrometheusRule). Besides the schemas' own checks (types, required fields, formats such as
+// PrometheusRule, `@kubernetes-models/cert-manager` for Certificate). Besides the schemas' own checks (types, required fields, formats such as
 // resource quantities) it rejects fields the schema does not know, which the schemas allow:
 // each object is wrapped in a Proxy while the compiled validator runs, and any key of a
 // non-map object that the validator never looked at is unknown. It also checks object names
@@ -24,6 +24,10 @@ const KINDS = {
   "policy/v1/PodDisruptionBudget": ["kubernetes-models/policy/v1/PodDisruptionBudget", "PodDisruptionBudget"],
   "autoscaling/v2/HorizontalPodAutoscaler": [
     "kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler", "HorizontalPodAutoscaler"],
+  "networking.k8s.io/v1/NetworkPolicy": [
+    "kubernetes-models/networking.k8s.io/v1/NetworkPolicy", "NetworkPolicy"],
+  "cert-manager.io/v1/Certificate": [
+    "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate", "Certificate"],
   "monitoring.coreos.com/v1/ServiceMonitor": [
     "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor", "ServiceMonitor"],
   "monitoring.coreos.com/v1/PrometheusRule": [

@@ -109,7 +109,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.tls.enabled }}
 - name: tls
   secret:
-    secretName: {{ required "tls.secretName is required when tls.enabled" $v.tls.secretName }}
+    secretName: {{ include "tandem.tlsSecretName" .root }}
+    defaultMode: 0440
+{{- end }}
+{{- with include "tandem.clusterSecretName" .root }}
+- name: cluster-secret
+  secret:
+    secretName: {{ . }}
+    items: [{key: {{ $v.clusterSecret.key }}, path: cluster-secret}]
     defaultMode: 0440
 {{- end }}
 {{- if and .worker $v.kvSecret.secretName }}
@@ -144,6 +151,29 @@ app.kubernetes.io/component: {{ .component }}
   mountPath: {{ $v.kvSecret.mountPath }}
   readOnly: true
 {{- end }}
+{{- if include "tandem.clusterSecretName" .root }}
+- name: cluster-secret
+  mountPath: {{ $v.clusterSecret.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The Secret of the TLS certificate (cert-manager's when it issues it). */}}
+{{- define "tandem.tlsSecretName" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- default (printf "%s-tls" (include "tandem.fullname" .)) .Values.tls.secretName -}}
+{{- else -}}
+{{- required "tls.secretName is required when tls.enabled (or tls.certManager.enabled)" .Values.tls.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the cluster secret; empty when there is none. */}}
+{{- define "tandem.clusterSecretName" -}}
+{{- if .Values.clusterSecret.existingSecret -}}
+{{- .Values.clusterSecret.existingSecret -}}
+{{- else if .Values.clusterSecret.create -}}
+{{- printf "%s-cluster-secret" (include "tandem.fullname" .) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Flags every server process takes. */}}
@@ -169,6 +199,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- if $v.tls.mutual }}
 - --tls-client-auth
 {{- end }}
+{{- end }}
+{{- if include "tandem.clusterSecretName" .root }}
+- --cluster-secret-file={{ $v.clusterSecret.mountPath }}/cluster-secret
 {{- end }}
 {{- end -}}
 
