@@ -28,6 +28,32 @@ bool IsHexDigest(const std::string& s) {
   return true;
 }
 
+bool IsTenantName(const std::string& s) {
+  for (char c : s) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return false;
+    }
+  }
+  return !s.empty();
+}
+
+// "scopes=generate,admin" -> bits; 0 for a malformed field.
+uint32_t ParseScopes(const std::string& field) {
+  absl::string_view v = field;
+  if (!absl::ConsumePrefix(&v, "scopes=")) return 0;
+  uint32_t bits = 0;
+  for (absl::string_view s : absl::StrSplit(v, ',')) {
+    if (s == "generate") {
+      bits |= kScopeGenerate;
+    } else if (s == "admin") {
+      bits |= kScopeAdmin;
+    } else {
+      return 0;
+    }
+  }
+  return bits;
+}
+
 }  // namespace
 
 std::string Sha256Hex(const std::string& data) {
@@ -57,6 +83,9 @@ absl::StatusOr<std::shared_ptr<const ApiKeySet>> ParseApiKeyFile(const std::stri
       if (f.size() < 2) return LineError(line_no, "tenant needs a name");
       auto t = std::make_shared<Tenant>();
       t->name = f[1];
+      if (!IsTenantName(t->name)) {
+        return LineError(line_no, "a tenant name is letters, digits and ._- only");
+      }
       for (size_t i = 2; i < f.size(); ++i) {
         std::pair<std::string, std::string> kv = absl::StrSplit(f[i], absl::MaxSplits('=', 1));
         int64_t v = 0;
@@ -77,7 +106,9 @@ absl::StatusOr<std::shared_ptr<const ApiKeySet>> ParseApiKeyFile(const std::stri
         return LineError(line_no, absl::StrCat("tenant '", t->name, "' declared twice"));
       }
     } else if (f[0] == "key") {
-      if (f.size() != 3) return LineError(line_no, "expected: key <sha256 hex> <tenant>");
+      if (f.size() != 3 && f.size() != 4) {
+        return LineError(line_no, "expected: key <sha256 hex> <tenant> [scopes=generate,admin]");
+      }
       keys.emplace_back(line_no, std::move(f));
     } else {
       return LineError(line_no, absl::StrCat("expected 'tenant' or 'key', got '", f[0], "'"));
@@ -88,9 +119,14 @@ absl::StatusOr<std::shared_ptr<const ApiKeySet>> ParseApiKeyFile(const std::stri
     if (!IsHexDigest(digest)) return LineError(line, "the key must be a SHA-256 hex digest");
     auto t = set->tenants.find(f[2]);
     if (t == set->tenants.end()) return LineError(line, absl::StrCat("no tenant '", f[2], "'"));
+    const uint32_t scopes = f.size() == 4 ? ParseScopes(f[3]) : kScopeGenerate;
+    if (scopes == 0) {
+      return LineError(line, absl::StrCat("'", f[3], "': expected scopes=generate,admin"));
+    }
     if (!set->by_digest.emplace(digest, t->second).second) {
       return LineError(line, "the same key twice");
     }
+    set->scopes[digest] = scopes;
   }
   return std::shared_ptr<const ApiKeySet>(std::move(set));
 }
@@ -114,7 +150,7 @@ absl::Status AccessControl::Reload() {
 }
 
 absl::StatusOr<std::shared_ptr<const Tenant>> AccessControl::AuthenticateHeader(
-    const std::string& authorization) const {
+    const std::string& authorization, ApiScope scope) const {
   absl::string_view v = absl::StripAsciiWhitespace(authorization);
   if (v.empty()) {
     return absl::UnauthenticatedError("missing API key (Authorization: Bearer <key>)");
@@ -130,14 +166,19 @@ absl::StatusOr<std::shared_ptr<const Tenant>> AccessControl::AuthenticateHeader(
   }
   auto it = keys->by_digest.find(digest);
   if (it == keys->by_digest.end()) return absl::UnauthenticatedError("invalid API key");
+  auto bits = keys->scopes.find(digest);
+  if (bits == keys->scopes.end() || (bits->second & scope) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "this API key lacks the '", scope == kScopeAdmin ? "admin" : "generate", "' scope"));
+  }
   return it->second;
 }
 
 absl::StatusOr<std::shared_ptr<const Tenant>> AccessControl::Authenticate(
-    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const {
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata, ApiScope scope) const {
   auto it = metadata.find("authorization");
-  if (it == metadata.end()) return AuthenticateHeader("");
-  return AuthenticateHeader(std::string(it->second.data(), it->second.size()));
+  if (it == metadata.end()) return AuthenticateHeader("", scope);
+  return AuthenticateHeader(std::string(it->second.data(), it->second.size()), scope);
 }
 
 void AccessControl::Expire(Usage& u, absl::Time now) const {

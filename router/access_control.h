@@ -6,9 +6,12 @@
 // Key file (`--api-keys`), reloaded on SIGHUP; keys are stored as SHA-256 hex digests only:
 //   # comment (also after a line's fields)
 //   tenant <name> [requests_per_minute=N] [tokens_per_minute=N] [max_streams=N]
-//   key <sha256 hex of the key> <tenant name>
+//   key <sha256 hex of the key> <tenant name> [scopes=generate,admin]
 // A key names a declared tenant; 0 or an absent limit means unlimited. `echo -n KEY | sha256sum`
-// gives a key's digest. Removing a key's line and sending SIGHUP revokes it.
+// gives a key's digest. Removing a key's line and sending SIGHUP revokes it. Scopes: `generate`
+// (the Generation API: Generate, Tokenize, ListModels) and `admin` (RouterAdmin: cluster
+// status, worker addresses); a key without `scopes=` has `generate` only. Tenant names are
+// letters, digits and `._-`.
 
 #include <grpcpp/grpcpp.h>
 
@@ -30,6 +33,12 @@ struct TenantLimits {
   int64_t max_streams = 0;        // requests in flight at once
 };
 
+// What a key may do (bits).
+enum ApiScope : uint32_t {
+  kScopeGenerate = 1,
+  kScopeAdmin = 2,
+};
+
 struct Tenant {
   std::string name;
   TenantLimits limits;
@@ -38,6 +47,7 @@ struct Tenant {
 // The parsed key file.
 struct ApiKeySet {
   absl::flat_hash_map<std::string, std::shared_ptr<const Tenant>> by_digest;  // hex SHA-256
+  absl::flat_hash_map<std::string, uint32_t> scopes;  // by digest: ApiScope bits
   absl::flat_hash_map<std::string, std::shared_ptr<const Tenant>> tenants;
 };
 // INVALID_ARGUMENT naming the line for a malformed file.
@@ -54,11 +64,13 @@ class AccessControl {
   // Re-reads the file; on failure keeps the keys it had and returns the error.
   absl::Status Reload();
 
-  // The tenant of a call's "authorization: Bearer <key>" metadata, else UNAUTHENTICATED.
+  // The tenant of a call's "authorization: Bearer <key>" metadata, else UNAUTHENTICATED; a key
+  // without `scope` gets PERMISSION_DENIED.
   absl::StatusOr<std::shared_ptr<const Tenant>> Authenticate(
-      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) const;
+      const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+      ApiScope scope = kScopeGenerate) const;
   absl::StatusOr<std::shared_ptr<const Tenant>> AuthenticateHeader(
-      const std::string& authorization) const;
+      const std::string& authorization, ApiScope scope = kScopeGenerate) const;
 
   // Admits a request of `prompt_tokens` (RESOURCE_EXHAUSTED naming the limit otherwise); every
   // admitted request ends with one Release.

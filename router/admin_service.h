@@ -6,7 +6,8 @@
 
 namespace tandem {
 
-// tandem.v1.RouterAdmin: the router's view of its workers and its orchestration counters.
+// tandem.v1.RouterAdmin: the router's view of its workers and its orchestration counters. Its
+// listener lets only keys with the admin scope call it (router/generation_front.cc).
 class RouterAdminService final : public v1::RouterAdmin::CallbackService {
  public:
   RouterAdminService(WorkerRegistry* registry, ClusterClient* client)
@@ -26,6 +27,7 @@ class RouterAdminService final : public v1::RouterAdmin::CallbackService {
       std::lock_guard<std::mutex> lock(w->mu);
       s->set_cached_blocks(static_cast<int64_t>(w->cached.size()));
       s->set_kv_blocks_used(w->stats.kv_blocks_used());
+      *s->mutable_stats() = w->stats;
     }
     for (const auto& r : registry_->refused()) response->add_refused(r);
     const ClusterCounters& c = client_->counters();

@@ -29,7 +29,10 @@ grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* c
   if (access_ == nullptr) return grpc::Status::OK;
   auto t = access_->Authenticate(context->client_metadata());
   if (!t.ok()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(t.status().message()));
+    return grpc::Status(t.status().code() == absl::StatusCode::kPermissionDenied
+                            ? grpc::StatusCode::PERMISSION_DENIED
+                            : grpc::StatusCode::UNAUTHENTICATED,
+                        std::string(t.status().message()));
   }
   if (tenant != nullptr) *tenant = std::move(t).value();
   return grpc::Status::OK;

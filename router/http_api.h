@@ -42,6 +42,8 @@ class ApiKeys {
   static absl::StatusOr<std::unique_ptr<ApiKeys>> Start(const ApiKeyFlags& flags,
                                                         GenerationService* service);
   ~ApiKeys();
+  // The keys (reloaded in place on SIGHUP).
+  AccessControl* access() const { return access_.get(); }
 
  private:
   std::unique_ptr<AccessControl> access_;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/log.h"
+#include "common/rpc/call_auth.h"
 
 namespace tandem {
 
@@ -29,6 +30,12 @@ void RouterFlags::Register(FlagSet* f) {
   f->Double("prefill-timeout", &prefill_timeout_s, "seconds before a prefill is retried elsewhere");
   f->Double("startup-timeout", &startup_timeout_s, "seconds to wait for the first decode worker");
   f->String("model-name", &model_name, "model name clients use (default: the workers')");
+  f->String("tls-server-name", &registry.tls_server_name,
+            "with --tls-ca: the name every worker's certificate must carry (default: the "
+            "address dialed, e.g. a pod IP)");
+  f->String("cluster-secret-file", &cluster_secret_file,
+            "file holding the workers' cluster secret (their --cluster-secret-file): every "
+            "call to a worker carries a token of it");
 }
 
 RouterRuntime::~RouterRuntime() {
@@ -52,6 +59,11 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   }
   ro.hooks = hooks;
   ro.channel_credentials = flags.channel_credentials;
+  if (!flags.cluster_secret_file.empty()) {
+    auto secret = ReadClusterSecretFile(flags.cluster_secret_file);
+    if (!secret.ok()) return secret.status();
+    ro.cluster_secret = *std::move(secret);
+  }
   if (ro.decode_addresses.empty() && ro.decode_dns.empty()) {
     return absl::InvalidArgumentError("the router needs --decode-addresses or --decode-dns");
   }

@@ -30,6 +30,8 @@ struct RouterFlags {
   std::string model_name;  // empty: the workers'
   // How to dial workers (set by the command from its TLS flags; null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // --cluster-secret-file: the workers' secret, proven on every call to them.
+  std::string cluster_secret_file;
 
   RouterFlags();
   // Every flag of `tandem router` but --model.

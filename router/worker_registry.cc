@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/log.h"
+#include "common/rpc/call_auth.h"
 #include "common/rpc/callback_cq.h"
 #include "common/rpc/kv_layout_info.h"
 
@@ -241,11 +242,16 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  worker->channel = grpc::CreateCustomChannel(address,
-                                              options_.channel_credentials != nullptr
-                                                  ? options_.channel_credentials
-                                                  : grpc::InsecureChannelCredentials(),
-                                              args);
+  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options_.cluster_secret.empty()) {
+    interceptors.push_back(InternalTokenInterceptor(options_.cluster_secret));
+  }
+  worker->channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      address,
+      options_.channel_credentials != nullptr ? options_.channel_credentials
+                                              : grpc::InsecureChannelCredentials(),
+      args, std::move(interceptors));
   worker->stub = v1::Worker::NewStub(worker->channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

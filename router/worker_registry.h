@@ -71,6 +71,11 @@ struct RegistryOptions {
   // How the router dials workers: TLS (verifying the worker's certificate, presenting the
   // router's own for mTLS) when set, else plaintext.
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // With TLS: the name workers' certificates must carry (empty: the address dialed).
+  std::string tls_server_name;
+  // The cluster secret: every call to a worker carries a token of it (common/rpc/call_auth.h).
+  // Empty: none (workers without --cluster-secret-file).
+  std::string cluster_secret;
 };
 
 // Discovers workers (static lists and DNS names), checks that each speaks the cluster's KV

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/metrics/router_metrics.h"
+#include "common/rpc/call_auth.h"
 #include "kvtransfer/auth.h"
 #include "router/router_main.h"
 #include "serve/cluster_supervisor.h"
@@ -22,6 +24,7 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   supervisor_options.state_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
   std::filesystem::create_directories(supervisor_options.state_dir);
+  std::filesystem::permissions(supervisor_options.state_dir, std::filesystem::perms::owner_all);
   // With /metrics on, every worker serves its own on a free port.
   supervisor_options.metrics = metrics->port() != 0;
   supervisor_options.metrics_host = flags.server.metrics.host;
@@ -39,6 +42,27 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
     }
     args.push_back("--kv-secret-file=" + flags.kv_secret_file);
   }
+  // Every call to a worker proves the cluster secret, so nothing but this router drives them
+  // (common/rpc/call_auth.h): the operator's, or a fresh one for this cluster.
+  if (flags.cluster_secret_file.empty()) {
+    auto secret = NewClusterSecret();
+    if (!secret.ok()) {
+      TLOG(ERROR) << secret.status();
+      return 1;
+    }
+    flags.cluster_secret_file = supervisor_options.state_dir + "/cluster.secret";
+    {
+      std::ofstream out(flags.cluster_secret_file, std::ios::binary | std::ios::trunc);
+      out << *secret;
+    }
+    std::filesystem::permissions(
+        flags.cluster_secret_file,
+        std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  } else if (auto secret = ReadClusterSecretFile(flags.cluster_secret_file); !secret.ok()) {
+    TLOG(ERROR) << "--cluster-secret-file: " << secret.status();
+    return 2;
+  }
+  args.push_back("--cluster-secret-file=" + flags.cluster_secret_file);
   auto credentials = MakeChannelCredentials(flags.server.tls);
   if (!credentials.ok()) {
     TLOG(ERROR) << credentials.status();
@@ -46,6 +70,7 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   }
   RouterFlags& router_flags = flags.router;
   router_flags.channel_credentials = *credentials;
+  router_flags.cluster_secret_file = flags.cluster_secret_file;
   std::vector<std::string> prefill_args = args;
   if (flags.no_layerwise_push) prefill_args.push_back("--no-layerwise-push");
   const int prefill_workers = static_cast<int>(flags.prefill_workers);

@@ -1,5 +1,7 @@
 // `tandem serve` without worker counts: the router front and one worker (role both) in this
-// process, the front calling the decode core directly.
+// process, the front calling the decode core directly. The public port offers the Generation
+// API and RouterAdmin (the worker's load), never the Worker API: nothing reaches the engine
+// but through the Generation API's keys, tenant limits and cache salts.
 
 #include <filesystem>
 
@@ -11,6 +13,7 @@
 #include "decode_worker/decode_core.h"
 #include "router/generation_front.h"
 #include "router/generation_service.h"
+#include "serve/local_admin.h"
 #include "serve/serve_modes.h"
 
 namespace tandem {
@@ -64,27 +67,18 @@ int ServeMonolithic(const sigset_t& signals, const ServeFlags& flags, ProcessMet
   service_options.max_model_len = static_cast<int32_t>(se.max_model_len);
   service_options.dtype = std::string(DTypeName(se.model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
-  WorkerServiceOptions worker_options;
-  worker_options.info.set_role("both");
-  worker_options.info.set_model_name(service_options.model_name);
-  worker_options.info.set_max_model_len(service_options.max_model_len);
-  worker_options.info.set_vocab_size(static_cast<int32_t>(se.model->config().vocab_size));
-  WorkerService worker_service(worker_options, se.engine.get(), &se.events, &core, nullptr);
+  AsyncEngine* engine = se.engine.get();
+  LocalAdminService admin([engine] { return ToWorkerStats(engine->stats()); });
 
-  auto front = GenerationFront::Start(flags.server, flags.http, flags.keys, &service,
-                                      tokenizer->get(), {&service, &worker_service},
-                                      "model '" + service_options.model_name + "'");
+  auto front =
+      GenerationFront::Start(flags.server, flags.http, flags.keys, &service, tokenizer->get(),
+                             {&service, &admin}, "model '" + service_options.model_name + "'");
   if (!front.ok()) {
     TLOG(ERROR) << front.status();
     return 1;
   }
   (*front)->DrainOnSignal(
-      signals, [&] { return service.active_calls() + worker_service.active_calls(); },
-      [&] {
-        service.StartDrain();
-        worker_service.StartDrain();
-      });
-  worker_service.Stop();
+      signals, [&] { return service.active_calls(); }, [&] { service.StartDrain(); });
   se.engine->Shutdown();  // aborts whatever is left; their streams end
   (*front)->Shutdown();
   TLOG(INFO) << "stopped";

@@ -39,6 +39,9 @@ int RunServe(int argc, char** argv) {
   flags.String("kv-secret-file", &sf.kv_secret_file,
                "cluster mode: file holding the shared secret the workers' KV data path "
                "authenticates with (HMAC handshake per connection)");
+  flags.String("cluster-secret-file", &sf.cluster_secret_file,
+               "cluster mode: file holding the secret every call to a worker proves (default: "
+               "a fresh secret per cluster)");
   if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   auto metrics = StartServerProcess(sf.server, "serve");
   if (!metrics.ok()) {
@@ -53,8 +56,10 @@ int RunServe(int argc, char** argv) {
     }
     return ServeCluster(signals, sf, metrics->get());
   }
-  if (!sf.kv_secret_file.empty()) {
-    std::fprintf(stderr, "serve: --kv-secret-file needs cluster mode (--decode-workers)\n");
+  if (!sf.kv_secret_file.empty() || !sf.cluster_secret_file.empty()) {
+    std::fprintf(stderr,
+                 "serve: --kv-secret-file and --cluster-secret-file need cluster mode "
+                 "(--decode-workers)\n");
     return 2;
   }
   return ServeMonolithic(signals, sf, metrics->get());

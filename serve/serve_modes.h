@@ -23,6 +23,9 @@ struct ServeFlags {
   int64_t decode_workers = 0;
   bool no_layerwise_push = false;
   std::string kv_secret_file;
+  // Cluster mode: the secret the router proves on every call to its workers; empty: a fresh
+  // one per cluster (a file only this user can read in the supervisor's state directory).
+  std::string cluster_secret_file;
 };
 
 // The router and one worker (role both) in this process (monolithic.cc).

@@ -47,10 +47,11 @@ void WriteFileAtomically(const std::string& path, const std::string& content) {
 }
 
 absl::StatusOr<RunningServer> StartGrpcServer(const ServerOptions& options,
-                                              const std::vector<grpc::Service*>& services) {
+                                              const std::vector<grpc::Service*>& services,
+                                              std::shared_ptr<const CallPolicy> policy) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  auto credentials = MakeServerCredentials(options.tls);
+  auto credentials = MakeServerCredentials(options.tls, std::move(policy));
   if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   RunningServer running;

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
 #include "common/metrics/process_metrics.h"
+#include "common/rpc/call_auth.h"
 #include "common/rpc/tls.h"
 
 namespace grpc {
@@ -47,9 +48,11 @@ struct RunningServer {
   int port = 0;
 };
 // Starts a gRPC server on host:port with the TLS credentials, gRPC's health service (SERVING
-// until a drain) and reflection, and writes the bound port to port_file when set.
+// until a drain) and reflection, and writes the bound port to port_file when set. Every call
+// passes `policy` (call_auth.h) before it reaches a handler.
 absl::StatusOr<RunningServer> StartGrpcServer(const ServerOptions& options,
-                                              const std::vector<grpc::Service*>& services);
+                                              const std::vector<grpc::Service*>& services,
+                                              std::shared_ptr<const CallPolicy> policy);
 
 // Writes `content` to a temporary file and renames it onto `path`, so readers never see a part.
 void WriteFileAtomically(const std::string& path, const std::string& content);

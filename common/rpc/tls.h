@@ -27,9 +27,12 @@ struct TlsOptions {
   std::vector<std::string> ToArgs() const;
 };
 
-// Credentials of the process's listeners: TLS when `cert` is set, else plaintext.
+struct CallPolicy;
+
+// Credentials of the process's listeners: TLS when `cert` is set, else plaintext; either way
+// every call passes `policy` (common/rpc/call_auth.h; must not be null) before its handler.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsOptions& tls);
+    const TlsOptions& tls, std::shared_ptr<const CallPolicy> policy);
 // Credentials to dial workers: TLS verifying against `ca` (and presenting `cert`) when `ca` is
 // set, else plaintext.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(

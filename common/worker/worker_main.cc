@@ -35,6 +35,10 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   f->String("kv-secret-file", &kv_secret_file,
             "file holding the shared secret every KV data connection proves (tcp; all "
             "workers of a cluster need the same one)");
+  f->String("cluster-secret-file", &cluster_secret_file,
+            "file holding the cluster secret: every Worker API call must prove it (an HMAC "
+            "token bound to the method and time, which the router attaches); default: open to "
+            "any caller that reaches the port");
   f->Bool("no-layerwise-push", &no_layerwise_push,
           "prefill role: send the KV after the whole prompt instead of layer by layer");
 }
@@ -63,6 +67,19 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
       return 2;
     }
     context.kv_secret = *std::move(secret);
+  }
+  // Every service of the listener but health and reflection takes internal calls only.
+  auto policy = std::make_shared<CallPolicy>();
+  if (!wf.cluster_secret_file.empty()) {
+    auto secret = ReadClusterSecretFile(wf.cluster_secret_file);
+    if (!secret.ok()) {
+      std::fprintf(stderr, "%s: --cluster-secret-file: %s\n", command.c_str(),
+                   std::string(secret.status().message()).c_str());
+      return 2;
+    }
+    policy->fallback = RequireInternalToken(*std::move(secret));
+  } else {
+    policy->fallback = AllowAll();
   }
   auto metrics = StartServerProcess(wf.server, wf.role);
   if (!metrics.ok()) {
@@ -116,7 +133,12 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   info.set_vocab_size(static_cast<int32_t>(se.model->config().vocab_size));
   WorkerService service(wo, se.engine.get(), &se.events, decode, prefill, &worker_metrics);
 
-  auto server = StartGrpcServer(wf.server, {&service});
+  if (wf.cluster_secret_file.empty() && !wf.server.tls.client_auth) {
+    TLOG(WARNING) << "the Worker API takes calls from anyone who reaches " << wf.server.host << ":"
+                  << wf.server.port
+                  << ": set --cluster-secret-file (or --tls-client-auth) outside a test";
+  }
+  auto server = StartGrpcServer(wf.server, {&service}, std::move(policy));
   if (!server.ok()) {
     TLOG(ERROR) << server.status();
     return 1;

@@ -27,6 +27,9 @@ struct WorkerFlags {
   // --kv-transport (both roles), --kv-host and --kv-port (decode role: where KV arrives).
   kvtransfer::ReceiverOptions kv;
   std::string kv_secret_file;
+  // Every call of the Worker API must carry a token of this secret (common/rpc/call_auth.h);
+  // empty: any caller that reaches the port may call it.
+  std::string cluster_secret_file;
   bool no_layerwise_push = false;  // prefill role
 
   WorkerFlags();

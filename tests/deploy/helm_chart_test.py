@@ -425,6 +425,9 @@ def check_security(r, values, name):
         check({"server auth", "client auth"} <= set(cert["spec"]["usages"]), f"{name}: usages")
         router_dns = arg(pod_spec(ws["router"])["containers"][0], "--decode-dns").split(":")[0]
         check(f"*.{router_dns}" in cert["spec"]["dnsNames"], f"{name}: names the decode pods")
+        server_name = arg(pod_spec(ws["router"])["containers"][0], "--tls-server-name")
+        check(server_name in cert["spec"]["dnsNames"],
+              f"{name}: the router verifies workers by a name the certificate carries")
 
 
 def check_failures(renderer):

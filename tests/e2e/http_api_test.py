@@ -14,7 +14,7 @@ import time
 
 import grpc
 
-from tandem_testlib import Server, check, generate, load_stubs, worker_stats
+from tandem_testlib import Server, check, generate, load_stubs, serve_stats
 
 
 class HttpServer(Server):
@@ -264,7 +264,7 @@ def main():
         print(f"ok: {len(bad) + len(chat_bad) + 2} malformed requests refused with a message")
 
         # A client that disconnects mid-stream cancels its request.
-        before = worker_stats(stubs, channel).generated_tokens
+        before = serve_stats(stubs, channel).generated_tokens
         sock = socket.create_connection(("127.0.0.1", port))
         body = json.dumps({"prompt": prompt, "max_tokens": 500, "ignore_eos": True,
                            "temperature": 0, "stream": True}).encode()
@@ -275,12 +275,12 @@ def main():
             chunk = sock.recv(65536)
             check(chunk, f"stream ended early: {got!r}")
             got += chunk
-        stats = worker_stats(stubs, channel)
+        stats = serve_stats(stubs, channel)
         check(stats.running == 1, f"one request running before the disconnect: {stats}")
         sock.close()
         deadline = time.time() + 30
         while time.time() < deadline:
-            stats = worker_stats(stubs, channel)
+            stats = serve_stats(stubs, channel)
             if stats.running == 0 and stats.kv_blocks_used == 0:
                 break
             time.sleep(0.1)

@@ -13,7 +13,7 @@ import time
 import grpc
 
 import bad_input_corpus as corpus
-from tandem_testlib import Server, check, load_stubs, worker_stats
+from tandem_testlib import Server, check, load_stubs, serve_stats
 
 DEFINED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "ALREADY_EXISTS"}
 
@@ -69,7 +69,7 @@ def wait_idle(stubs, channel, what, timeout=60):
     """The engine holds no sequence and no KV block (the prefix cache may keep evictable ones)."""
     deadline = time.time() + timeout
     while True:
-        s = worker_stats(stubs, channel)
+        s = serve_stats(stubs, channel)
         if not (s.running or s.waiting or s.kv_blocks_used or s.awaiting_kv):
             return
         check(time.time() < deadline, f"{what}: the engine still holds work: {s}")

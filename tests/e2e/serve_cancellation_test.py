@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from tandem_testlib import Server, check, generate, load_stubs, worker_stats
+from tandem_testlib import Server, check, generate, load_stubs, serve_stats
 
 
 def main():
@@ -47,7 +47,7 @@ def main():
         # Cancellation frees the sequences' blocks by the next step.
         deadline = time.time() + 10
         while time.time() < deadline:
-            stats = worker_stats(stubs, channel)
+            stats = serve_stats(stubs, channel)
             if stats.kv_blocks_used == 0 and stats.running == 0:
                 break
             time.sleep(0.05)

@@ -9,7 +9,7 @@ import sys
 
 import grpc
 
-from tandem_testlib import Server, check, generate, load_stubs, make_prompt, worker_stats
+from tandem_testlib import Server, check, generate, load_stubs, make_prompt, serve_stats
 
 
 def main():
@@ -72,7 +72,7 @@ def main():
             check(lp.top[0].token_id == lp.chosen.token_id, "greedy token is the top-1")
             check(lp.chosen.logprob <= 0 and math.exp(lp.top[0].logprob) <= 1, "logprobs")
         print("ok: logprobs")
-        stats = worker_stats(stubs, channel)
+        stats = serve_stats(stubs, channel)
         check(stats.running == 0 and stats.waiting == 0, str(stats))
         check(stats.kv_blocks_used == 0, f"no block held after all requests: {stats}")
     print("PASS")

@@ -7,7 +7,7 @@ import sys
 
 import grpc
 
-from tandem_testlib import Server, check, generate, load_stubs, make_prompt, worker_stats
+from tandem_testlib import Server, check, generate, load_stubs, make_prompt, serve_stats
 
 
 def main():
@@ -26,10 +26,10 @@ def main():
                             sampling=dict(temperature=0, max_tokens=max_tokens, ignore_eos=True))[0]
 
         solo = [run(c) for c in cases]
-        before = worker_stats(stubs, channel).preemptions
+        before = serve_stats(stubs, channel).preemptions
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             together = list(pool.map(run, cases))
-        stats = worker_stats(stubs, channel)
+        stats = serve_stats(stubs, channel)
         preemptions = stats.preemptions - before
         check(preemptions > 0, "the pool was small enough to force preemption")
         for i, (a, b) in enumerate(zip(solo, together)):

@@ -5,6 +5,8 @@ protoc and grpc_python_plugin (Debian's protobuf-compiler-grpc), into a temporar
 Run with /usr/bin/python3 (Debian's python3-grpcio).
 """
 import atexit
+import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -15,6 +17,62 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STUB_DIR = None
+_SECRET = None
+INTERNAL_TOKEN_KEY = "x-tandem-internal"
+
+
+def cluster_secret():
+    """(path, bytes) of a cluster secret file (--cluster-secret-file) shared by this test's
+    clusters, so the test can call their workers directly as the router does."""
+    global _SECRET
+    if _SECRET is None:
+        d = tempfile.mkdtemp(prefix="tandem-secret-")
+        atexit.register(shutil.rmtree, d, True)
+        path = os.path.join(d, "cluster.secret")
+        secret = os.urandom(24).hex().encode()
+        with open(path, "wb") as f:
+            f.write(secret + b"\n")
+        os.chmod(path, 0o600)
+        _SECRET = (path, secret)
+    return _SECRET
+
+
+def internal_token(secret, method, at=None, nonce=None):
+    """The token the router puts on a call to `method` ("/tandem.v1.Worker/Decode"), as
+    common/rpc/call_auth.h defines it: v1.<unix ms>.<nonce hex>.<HMAC-SHA256 hex>."""
+    ms = str(int((time.time() if at is None else at) * 1000))
+    nonce_hex = (nonce or os.urandom(16)).hex()
+    message = f"tandem internal rpc v1\n{method}\n{ms}\n{nonce_hex}".encode()
+    mac = hmac.new(secret, message, hashlib.sha256).hexdigest()
+    return f"v1.{ms}.{nonce_hex}.{mac}"
+
+
+def internal_channel(address, secret=None):
+    """A plaintext channel to a worker whose every call carries a fresh token of `secret`
+    (default: cluster_secret()'s)."""
+    import grpc
+    secret = secret if secret is not None else cluster_secret()[1]
+
+    class Tokens(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+        def _details(self, d):
+            md = list(d.metadata or []) + [(INTERNAL_TOKEN_KEY, internal_token(secret, d.method))]
+            return d._replace(metadata=md) if hasattr(d, "_replace") else _Details(d, md)
+
+        def intercept_unary_unary(self, continuation, details, request):
+            return continuation(self._details(details), request)
+
+        def intercept_unary_stream(self, continuation, details, request):
+            return continuation(self._details(details), request)
+
+    return grpc.intercept_channel(grpc.insecure_channel(address), Tokens())
+
+
+class _Details:
+    def __init__(self, d, metadata):
+        self.method, self.timeout, self.metadata = d.method, d.timeout, metadata
+        self.credentials = d.credentials
+        self.wait_for_ready = getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
 
 
 def load_stubs():
@@ -132,7 +190,16 @@ def generate(stubs, stub, timeout=120, **kwargs):
 
 
 def worker_stats(stubs, channel):
+    """A worker's stats (`channel`: an internal_channel when the worker has a cluster secret)."""
     return stubs.worker_grpc.WorkerStub(channel).GetStats(stubs.worker.StatsRequest(), timeout=10)
+
+
+def serve_stats(stubs, channel, metadata=None):
+    """The stats of `tandem serve`'s one in-process worker (RouterAdmin: its port offers no
+    Worker API)."""
+    status = stubs.admin_grpc.RouterAdminStub(channel).GetClusterStatus(
+        stubs.admin.ClusterStatusRequest(), timeout=10, metadata=metadata)
+    return status.workers[0].stats
 
 
 class Cluster(Server):
@@ -141,6 +208,8 @@ class Cluster(Server):
 
     def __init__(self, build_dir, prefill, decode, *args, env=None, **kwargs):
         self._env = env
+        if "--cluster-secret-file" not in args:
+            args = ("--cluster-secret-file", cluster_secret()[0]) + tuple(args)
         super().__init__(build_dir, "--prefill-workers", str(prefill), "--decode-workers",
                          str(decode), *args, **kwargs)
 
@@ -157,8 +226,8 @@ class Cluster(Server):
         return out
 
     def worker_channels(self):
-        import grpc
-        return {role: [grpc.insecure_channel(f"127.0.0.1:{port}") for _, port in lst]
+        """Channels to the workers that prove the cluster secret, as the router's do."""
+        return {role: [internal_channel(f"127.0.0.1:{port}") for _, port in lst]
                 for role, lst in self.children().items()}
 
 

@@ -15,7 +15,8 @@ import time
 import grpc
 
 from http_api_test import HttpServer
-from tandem_testlib import Cluster, check, generate, load_stubs
+from tandem_testlib import (INTERNAL_TOKEN_KEY, Cluster, check, cluster_secret, generate,  # noqa: E402
+                            internal_token, load_stubs)
 
 
 def openssl(*args, cwd):
@@ -136,7 +137,8 @@ def main():
                     except grpc.RpcError:
                         pass
                 info = stubs.worker_grpc.WorkerStub(grpc.secure_channel(address, creds())).GetInfo(
-                    stubs.worker.InfoRequest(), timeout=5)
+                    stubs.worker.InfoRequest(), timeout=5, metadata=[(INTERNAL_TOKEN_KEY, internal_token(
+                        cluster_secret()[1], "/tandem.v1.Worker/GetInfo"))])
                 check(info.role == role, f"{role} worker serves the router's certificate")
         check_metrics_listener(int(open(metrics_file).read()), "cluster router")
         targets = open(metrics_file + ".workers").read().split()

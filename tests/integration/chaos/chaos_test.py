@@ -34,7 +34,8 @@ sys.path.insert(0, HERE)
 import grpc  # noqa: E402
 
 from chaos_cluster import Slot  # noqa: E402
-from tandem_testlib import Server, cluster_status, load_stubs, worker_stats  # noqa: E402
+from tandem_testlib import (Server, cluster_secret, cluster_status, internal_channel,  # noqa: E402
+                            load_stubs, worker_stats)
 
 # Fault profiles a worker incarnation may get (TANDEM_FAULTS without the seed).
 PROFILES = {
@@ -144,14 +145,17 @@ class Chaos:
         # the driver's own kill (or a drain in progress) for a crash.
         self.slot_lock = threading.Lock()
         b = args.build_dir
-        self.prefill = [Slot(b, f"prefill{i}", "prefill", WORKER_ARGS, self.tmp) for i in range(2)]
-        self.decode = [Slot(b, f"decode{i}", "decode", WORKER_ARGS, self.tmp) for i in range(2)]
+        # The cluster runs with its secret on: every router -> worker call proves it.
+        secret = ["--cluster-secret-file", cluster_secret()[0]]
+        worker_args = WORKER_ARGS + secret
+        self.prefill = [Slot(b, f"prefill{i}", "prefill", worker_args, self.tmp) for i in range(2)]
+        self.decode = [Slot(b, f"decode{i}", "decode", worker_args, self.tmp) for i in range(2)]
         self.workers = self.prefill + self.decode
         self.router = Slot(b, "router", "router", [
             "--prefill-addresses", ",".join(s.address for s in self.prefill),
             "--decode-addresses", ",".join(s.address for s in self.decode),
             "--disagg-min-uncached-tokens", "0", "--prefill-timeout", "20",
-            "--drain-timeout", "5"], self.tmp)
+            "--drain-timeout", "5", *secret], self.tmp)
         # Every fault kind comes up early (a short run still covers them all), then at random.
         self.profile_cycle = list(PROFILES)
         self.rng.shuffle(self.profile_cycle)
@@ -286,7 +290,7 @@ class Chaos:
         while True:
             stats = {}
             for slot in self.workers:
-                s = worker_stats(self.stubs, grpc.insecure_channel(slot.address))
+                s = worker_stats(self.stubs, internal_channel(slot.address))
                 stats[slot.name] = {k: getattr(s, k) for k in (
                     "kv_blocks_used", "awaiting_kv", "kv_blocks_held", "transfers_in_flight",
                     "running", "waiting")}

@@ -39,6 +39,32 @@ TEST(AccessControlTest, RefusesMalformedFiles) {
   }
 }
 
+TEST(AccessControlTest, TenantNamesCannotForgeAnotherTenantsSaltPrefix) {
+  // The cache salt is "tenant\x1f<name>\x1f<client salt>": a name with a separator or a
+  // control character could collide with another tenant's prefix.
+  for (const std::string& bad :
+       std::vector<std::string>{"tenant a\x1f"
+                                "b\n",
+                                "tenant a\x01\n", "tenant a/b\n", "tenant \xc3\xa9\n"}) {
+    EXPECT_FALSE(ParseApiKeyFile(bad).ok()) << bad;
+  }
+  EXPECT_TRUE(ParseApiKeyFile("tenant team-a.prod_1\n").ok());
+}
+
+TEST(AccessControlTest, ParsesScopes) {
+  const std::string t = "tenant a\nkey ";
+  EXPECT_FALSE(ParseApiKeyFile(t + Sha256Hex("k") + " a scopes=root\n").ok());
+  EXPECT_FALSE(ParseApiKeyFile(t + Sha256Hex("k") + " a scopes=\n").ok());
+  EXPECT_FALSE(ParseApiKeyFile(t + Sha256Hex("k") + " a generate\n").ok());
+  auto set =
+      ParseApiKeyFile(t + Sha256Hex("g") + " a\nkey " + Sha256Hex("o") + " a scopes=admin\nkey " +
+                      Sha256Hex("b") + " a scopes=generate,admin\n");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ((*set)->scopes.at(Sha256Hex("g")), kScopeGenerate);
+  EXPECT_EQ((*set)->scopes.at(Sha256Hex("o")), kScopeAdmin);
+  EXPECT_EQ((*set)->scopes.at(Sha256Hex("b")), kScopeGenerate | kScopeAdmin);
+}
+
 class AccessControlFileTest : public testing::Test {
  protected:
   void Write(const std::string& text) { std::ofstream(path_) << text; }
@@ -63,6 +89,27 @@ TEST_F(AccessControlFileTest, AuthenticatesBearerKeysAndReloads) {
   Write("garbage\n");  // a bad file keeps the previous keys
   EXPECT_FALSE((*ac)->Reload().ok());
   EXPECT_EQ((*ac)->AuthenticateHeader("Bearer secret").status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(AccessControlFileTest, ScopesDecideWhatAKeyMayDoAndReloadWithIt) {
+  Write("tenant a\ntenant ops\nkey " + Sha256Hex("tenant") + " a\nkey " + Sha256Hex("op") +
+        " ops scopes=admin\n");
+  auto ac = AccessControl::Load(path_);
+  ASSERT_TRUE(ac.ok()) << ac.status();
+  EXPECT_TRUE((*ac)->AuthenticateHeader("Bearer tenant", kScopeGenerate).ok());
+  EXPECT_EQ((*ac)->AuthenticateHeader("Bearer tenant", kScopeAdmin).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*ac)->AuthenticateHeader("Bearer op", kScopeAdmin).ok());
+  EXPECT_EQ((*ac)->AuthenticateHeader("Bearer op", kScopeGenerate).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ((*ac)->AuthenticateHeader("Bearer nope", kScopeAdmin).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  // SIGHUP's reload grants (or takes away) a scope.
+  Write("tenant a\ntenant ops\nkey " + Sha256Hex("tenant") + " a scopes=generate,admin\n");
+  ASSERT_TRUE((*ac)->Reload().ok());
+  EXPECT_TRUE((*ac)->AuthenticateHeader("Bearer tenant", kScopeAdmin).ok());
+  EXPECT_EQ((*ac)->AuthenticateHeader("Bearer op", kScopeAdmin).status().code(),
             absl::StatusCode::kUnauthenticated);
 }
 
