@@ -56,10 +56,14 @@ int RunServe(int argc, char** argv) {
     }
     return ServeCluster(signals, sf, metrics->get());
   }
-  if (!sf.kv_secret_file.empty() || !sf.cluster_secret_file.empty()) {
+  if (!sf.kv_secret_file.empty()) {
+    std::fprintf(stderr, "serve: --kv-secret-file needs cluster mode (--decode-workers)\n");
+    return 2;
+  }
+  if (!sf.cluster_secret_file.empty()) {
     std::fprintf(stderr,
-                 "serve: --kv-secret-file and --cluster-secret-file need cluster mode "
-                 "(--decode-workers)\n");
+                 "serve: --cluster-secret-file needs cluster mode (--decode-workers): "
+                 "one process offers no Worker API\n");
     return 2;
   }
   return ServeMonolithic(signals, sf, metrics->get());
