@@ -183,6 +183,25 @@ def main():
                   f"router did not start: {read(d, 'router.log')[-2000:]!r}")
             time.sleep(0.05)
         print("ok: a worker with a certificate of another CA cannot join; a valid one can")
+        # --tls-server-name: the router verifies workers against that name instead of the
+        # address it dials (pod IPs in Kubernetes); their certificate must carry it.
+        wrong = subprocess.run(router + ["--decode-addresses", f"127.0.0.1:{ports['good']}",
+                                         "--tls-server-name", "not-in-the-cert"],
+                               capture_output=True, timeout=60)
+        check(wrong.returncode != 0 and b"no decode worker registered" in wrong.stderr + wrong.stdout,
+              f"router verifying a name the certificate lacks: {wrong.returncode}")
+        port_file = p("named.port")
+        named = subprocess.Popen(router + ["--decode-addresses", f"127.0.0.1:{ports['good']}",
+                                           "--tls-server-name", "localhost", "--port-file",
+                                           port_file],
+                                 stdout=open(p("named.log"), "wb"), stderr=subprocess.STDOUT)
+        procs.append(named)
+        deadline = time.time() + 60
+        while not os.path.exists(port_file):
+            check(time.time() < deadline and named.poll() is None,
+                  f"router with --tls-server-name did not start: {read(d, 'named.log')[-2000:]!r}")
+            time.sleep(0.05)
+        print("ok: --tls-server-name: a worker registers only when its certificate carries it")
     finally:
         for proc in procs:
             if proc.poll() is None:
