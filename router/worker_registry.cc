@@ -243,15 +243,8 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
   if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!options_.cluster_secret.empty()) {
-    interceptors.push_back(InternalTokenInterceptor(options_.cluster_secret));
-  }
-  worker->channel = grpc::experimental::CreateCustomChannelWithInterceptors(
-      address,
-      options_.channel_credentials != nullptr ? options_.channel_credentials
-                                              : grpc::InsecureChannelCredentials(),
-      args, std::move(interceptors));
+  worker->channel =
+      CreateInternalChannel(address, options_.channel_credentials, args, options_.cluster_secret);
   worker->stub = v1::Worker::NewStub(worker->channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));

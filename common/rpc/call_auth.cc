@@ -200,3 +200,17 @@ std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> InternalT
 }
 
 }  // namespace tandem
+
+namespace tandem {
+
+std::shared_ptr<grpc::Channel> CreateInternalChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+    const grpc::ChannelArguments& args, const std::string& secret) {
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!secret.empty()) interceptors.push_back(InternalTokenInterceptor(secret));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args,
+      std::move(interceptors));
+}
+
+}  // namespace tandem

@@ -96,4 +96,10 @@ absl::Status VerifyInternalToken(absl::string_view secret, absl::string_view met
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> InternalTokenInterceptor(
     std::string secret);
 
+// A channel for internal calls (router -> worker, worker -> worker): `credentials` (null:
+// plaintext), and a fresh token of `secret` on every call when it is not empty.
+std::shared_ptr<grpc::Channel> CreateInternalChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials,
+    const grpc::ChannelArguments& args, const std::string& secret);
+
 }  // namespace tandem

@@ -77,6 +77,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
                    std::string(secret.status().message()).c_str());
       return 2;
     }
+    context.cluster_secret = *secret;
     policy->fallback = RequireInternalToken(*std::move(secret));
   } else {
     policy->fallback = AllowAll();

@@ -45,6 +45,9 @@ struct WorkerContext {
   kvtransfer::KvLayout layout;                    // of that pool
   int64_t block_size = 0;
   std::string kv_secret;  // the contents of --kv-secret-file (empty: none)
+  // The contents of --cluster-secret-file (empty: none): what calls to other workers prove
+  // (CreateInternalChannel, common/rpc/call_auth.h).
+  std::string cluster_secret;
   TransferHooks* transfer_hooks = nullptr;
 };
 

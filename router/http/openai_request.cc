@@ -321,6 +321,11 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
   str.reset();
   RETURN_IF_ERROR(GetString(body, "user", &str));
   if (str) out.user = *str;
+  // vLLM's cache_salt: the Generation service puts the caller's tenant in front of it, so a
+  // client separates its own prefixes but never reaches another tenant's.
+  str.reset();
+  RETURN_IF_ERROR(GetString(body, "cache_salt", &str));
+  if (str) out.generate.set_cache_salt(*str);
   std::optional<bool> b;
   RETURN_IF_ERROR(GetBool(body, "stream", &b));
   out.stream = b.value_or(false);

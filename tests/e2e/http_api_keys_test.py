@@ -153,6 +153,21 @@ def main():
             metadata=[("authorization", "Bearer sk-acme-1")]) if r.HasField("final")]
         check(g[0].final.usage.cached_tokens >= 240, f"gRPC acme: {g[0].final.usage}")
         print(f"ok: tenants never share cached blocks ({cached(a2)} cached within a tenant, 0 across)")
+
+        # A client's cache_salt (HTTP, as vLLM's) separates its own prefixes, and whatever salt
+        # a tenant sends, the server puts the tenant in front of it: no salt reaches another
+        # tenant's blocks.
+        prompt2 = [1] + [(13 * i) % 500 + 3 for i in range(255)]
+        body2 = {"prompt": prompt2, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        _, a = call("sk-acme-1", {**body2, "cache_salt": "s1"})
+        _, a_again = call("sk-acme-1", {**body2, "cache_salt": "s1"})
+        _, a_other = call("sk-acme-1", {**body2, "cache_salt": "s2"})
+        check(cached(a) == 0 and cached(a_again) >= 240 and cached(a_other) == 0,
+              f"acme's salts: {a['usage']} {a_again['usage']} {a_other['usage']}")
+        for forged in ("s1", "acme", "tenant\x1facme\x1fs1", "\x1facme\x1fs1"):
+            status, z = call("sk-zeta", {**body2, "cache_salt": forged})
+            check(status == 200 and cached(z) == 0, f"zeta with salt {forged!r}: {z}")
+        print("ok: cache_salt separates a tenant's prefixes; no salt reaches another tenant's")
     print("PASS")
 
 

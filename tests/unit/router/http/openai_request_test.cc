@@ -39,6 +39,7 @@ TEST_F(OpenAiRequestTest, MapsCompletionParameters) {
                    R"({"prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
                        "presence_penalty": 1, "frequency_penalty": -0.5, "seed": 42, "n": 3,
                        "stop": "x", "logprobs": 2, "user": "u", "stream": true,
+                       "cache_salt": "mine",
                        "stream_options": {"include_usage": true}, "logit_bias": {"7": -100}})");
   ASSERT_TRUE(r.ok()) << r.status();
   const v1::SamplingParams& s = r->generate.sampling();
@@ -56,6 +57,8 @@ TEST_F(OpenAiRequestTest, MapsCompletionParameters) {
   EXPECT_FLOAT_EQ(s.logit_bias().at(7), -100.0f);
   EXPECT_TRUE(r->stream && r->include_usage && r->logprobs);
   EXPECT_EQ(r->user, "u");
+  // Passed on as the client's part of the salt; the Generation service adds the tenant.
+  EXPECT_EQ(r->generate.cache_salt(), "mine");
 }
 
 TEST_F(OpenAiRequestTest, ChatRendersTheTemplateAndDefaultsMaxTokensToTheContext) {
@@ -94,6 +97,7 @@ TEST_F(OpenAiRequestTest, RefusesBadBodiesNamingTheParameter) {
       {OpenAiEndpoint::kCompletions, R"({"prompt": "x", "suffix": "y"})", "suffix"},
       {OpenAiEndpoint::kCompletions, R"({"prompt": "x", "best_of": 2})", "best_of"},
       {OpenAiEndpoint::kCompletions, R"({"prompt": {}})", "prompt"},
+      {OpenAiEndpoint::kCompletions, R"({"prompt": "x", "cache_salt": 3})", "cache_salt"},
       {OpenAiEndpoint::kCompletions, R"({"prompt": [1.5]})", "prompt"},
       {OpenAiEndpoint::kChatCompletions, R"({"messages": [1]})", "messages[0]"},
       {OpenAiEndpoint::kChatCompletions, R"({"messages": [{"role": "user", "content":
