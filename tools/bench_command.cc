@@ -50,7 +50,8 @@ int RunBench(int argc, char** argv) {
   flags.Double("sample-interval", &o.sample_interval_s,
                "seconds between occupancy samples (0: off)");
   flags.String("stats-targets", &stats_targets,
-               "comma-separated worker addresses for Worker.GetStats (default: --target)");
+               "comma-separated worker addresses for Worker.GetStats (default: --target; a "
+               "server without the Worker API reports through RouterAdmin)");
   flags.Double("connect-timeout", &o.connect_timeout_s, "seconds to wait for the server");
   flags.Double("request-timeout", &o.request_timeout_s, "deadline of each request in seconds");
   flags.Double("progress-interval", &o.progress_interval_s,

@@ -134,15 +134,15 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   info.set_vocab_size(static_cast<int32_t>(se.model->config().vocab_size));
   WorkerService service(wo, se.engine.get(), &se.events, decode, prefill, &worker_metrics);
 
-  if (wf.cluster_secret_file.empty() && !wf.server.tls.client_auth) {
-    TLOG(WARNING) << "the Worker API takes calls from anyone who reaches " << wf.server.host << ":"
-                  << wf.server.port
-                  << ": set --cluster-secret-file (or --tls-client-auth) outside a test";
-  }
   auto server = StartGrpcServer(wf.server, {&service}, std::move(policy));
   if (!server.ok()) {
     TLOG(ERROR) << server.status();
     return 1;
+  }
+  if (wf.cluster_secret_file.empty() && !wf.server.tls.client_auth) {
+    TLOG(WARNING) << "the Worker API takes calls from anyone who reaches " << wf.server.host << ":"
+                  << server->port
+                  << ": set --cluster-secret-file (or --tls-client-auth) outside a test";
   }
   TLOG(INFO) << wf.role << " worker serving on " << wf.server.host << ":" << server->port
              << (!info.kv_endpoint().empty() ? " (KV endpoint " + info.kv_endpoint() + ")" : "");

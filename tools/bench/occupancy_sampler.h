@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "tandem/v1/router_admin.grpc.pb.h"
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tools/bench/kv_occupancy.h"
 #include "tools/bench/stream_call.h"
@@ -62,7 +63,12 @@ class OccupancySampler {
   void Loop();
   OccupancySample TakeSample();
 
+  // A target's stats: Worker.GetStats (a worker), or RouterAdmin's view of its workers where
+  // the Worker API is not offered (`tandem serve`, a router).
+  grpc::Status GetStats(size_t target, v1::WorkerStats* stats);
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_;
+  std::vector<std::unique_ptr<v1::RouterAdmin::Stub>> admin_stubs_;
+  std::vector<bool> use_admin_;
   double interval_s_;
   Clock::time_point origin_;
   std::function<LiveSlots()> live_slots_;
