@@ -5,9 +5,12 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/log.h"
 #include "common/rpc/call_auth.h"
 
 namespace tandem {
@@ -22,6 +25,25 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* flag) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is not PEM"));
   }
   return s.str();
+}
+
+// Logs refused calls, at most one line per 10 s (a flood of refusals must not flood the log),
+// counting the ones it did not log.
+void LogRefusal(absl::string_view method, const grpc::Status& status) {
+  static std::mutex mu;
+  static absl::Time last = absl::InfinitePast();
+  static int64_t unlogged = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const absl::Time now = absl::Now();
+  if (now - last < absl::Seconds(10)) {
+    ++unlogged;
+    return;
+  }
+  TLOG(WARNING) << "refused a call to " << method << ": " << status.error_message()
+                << (unlogged > 0 ? absl::StrCat(" (and ", unlogged, " more refusals before it)")
+                                 : std::string());
+  last = now;
+  unlogged = 0;
 }
 
 // Runs the CallPolicy in gRPC's server auth filter. Non-blocking: it answers inline.
@@ -41,6 +63,7 @@ void ProcessCall(void* state, grpc_auth_context* /*context*/, const grpc_metadat
   const grpc::Status st = path.empty()
                               ? grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "no method named")
                               : (*policy)->Check(path, metadata);
+  if (!st.ok()) LogRefusal(path, st);
   done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(st.error_code()),
        st.ok() ? nullptr : st.error_message().c_str());
 }
