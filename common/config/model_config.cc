@@ -35,6 +35,7 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kLlama, "LlamaForCausalLM", "llama", 2048, 1, 2},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", 4096 * 32, 1, 2},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768, -1, -1},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -158,6 +159,31 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& doc, const std::string&
                                                "' (supported: default, linear, llama3)"));
 }
 
+// Qwen3's sliding-window layers (use_sliding_window with max_window_layers, or layer_types naming
+// sliding_attention) are not implemented: refuse them, naming the field, rather than serve wrong
+// attention. Published Qwen3 checkpoints use full attention in every layer.
+absl::Status RequireFullAttention(const json& doc, const std::string& source) {
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
+                          JsonOptionalBool(doc, "use_sliding_window", source));
+  if (use_window.value_or(false)) {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": use_sliding_window true is not supported for this architecture (only full "
+                     "attention layers)"));
+  }
+  auto it = doc.find("layer_types");
+  if (it == doc.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Invalid(source, "field 'layer_types' must be a list of strings");
+  for (const json& t : *it) {
+    if (!t.is_string() || t.get<std::string>() != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat(source, ": layer_types entry ",
+                                                   t.dump().substr(0, 40),
+                                                   " is not supported (only \"full_attention\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRange(const std::string& source, const char* field, int64_t value, int64_t max) {
   if (value <= 0 || value > max) {
     return Invalid(source,
@@ -222,6 +248,12 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
   if (c.sliding_window < 0) return Invalid(source, "field 'sliding_window' must not be negative");
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
+  }
+  if ((c.architecture == Architecture::kQwen3) != c.qk_norm) {
+    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 and only with it");
+  }
+  if (c.architecture == Architecture::kQwen3 && c.attention_bias) {
+    return Invalid(source, "Qwen3 with attention_bias (biases on q/k/v and o) is not supported");
   }
   return absl::OkStatus();
 }
@@ -293,6 +325,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "attention_bias", source));
   if (c.architecture == Architecture::kQwen2) {
     c.attention_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj none
+  } else if (c.architecture == Architecture::kQwen3 && attn_bias.value_or(false)) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": attention_bias true is not supported for Qwen3 (it also biases o_proj)"));
   } else if (attn_bias.value_or(false)) {
     // Llama's attention_bias also puts a bias on o_proj, which the engine has no slot for.
     return absl::UnimplementedError(absl::StrCat(
@@ -307,6 +342,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
                             JsonOptionalBool(doc, "use_sliding_window", source));
     if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
+  } else if (c.architecture == Architecture::kQwen3) {
+    c.qk_norm = true;
+    TANDEM_RETURN_IF_ERROR(RequireFullAttention(doc, source));
   }
 
   TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> bos, ParseBos(doc, source));

@@ -14,6 +14,7 @@ enum class Architecture {
   kLlama,    // LlamaForCausalLM: Llama 2, 3, 3.1, 3.2
   kMistral,  // MistralForCausalLM (same math; sliding window is not used by these checkpoints)
   kQwen2,    // Qwen2ForCausalLM: bias on q/k/v projections
+  kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE, no biases
 };
 
 struct RopeScaling {
@@ -47,6 +48,8 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v (and not o) carry a bias; always true for Qwen2
   int64_t sliding_window = 0;   // 0: none
+  // q and k are RMS-normalised per head (weights [head_dim]) before RoPE; always true for Qwen3.
+  bool qk_norm = false;
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
   std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty

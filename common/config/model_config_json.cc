@@ -50,6 +50,11 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
+  if (c.architecture == Architecture::kQwen3) {
+    j["attention_bias"] = c.attention_bias;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id >= 0 ? nlohmann::ordered_json(c.bos_token_id) : nullptr;
   if (c.eos_token_ids.empty()) {

@@ -169,6 +169,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
     *device = "cpu";  // auto: the one backend that serves it
   }
+  if (model->config().qk_norm && *device != "cpu") {  // not on the CUDA backend yet
+    if (options.device != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.model_dir, " is a ", model->config().architecture_name,
+          " model: its per-head q/k norms are implemented on cpu only (--device cpu)"));
+    }
+    *device = "cpu";
+  }
 
   // auto: int8 inputs (vpdpbusd) for int8 and int4 weights where the CPU has AVX512_VNNI; bf16
   // dot products where the CPU has AVX512_BF16 for bf16 weights (and quantized ones without

@@ -292,6 +292,12 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
     TANDEM_RETURN_IF_ERROR(
         LoadTensor(p + "self_attn.v_proj.bias", {kv_dim}, DType::kF32, &l->v_bias));
   }
+  if (c.qk_norm) {
+    TANDEM_RETURN_IF_ERROR(
+        LoadTensor(p + "self_attn.q_norm.weight", {c.head_dim}, DType::kF32, &l->q_norm));
+    TANDEM_RETURN_IF_ERROR(
+        LoadTensor(p + "self_attn.k_norm.weight", {c.head_dim}, DType::kF32, &l->k_norm));
+  }
   TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.o_proj.weight", {h, q_dim}, &l->o_proj));
   TANDEM_RETURN_IF_ERROR(
       LoadTensor(p + "post_attention_layernorm.weight", {h}, DType::kF32, &l->post_norm));

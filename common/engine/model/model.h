@@ -26,6 +26,8 @@ struct LayerWeights {
   Tensor q_bias;      // [heads*head_dim]      Qwen2 / attention_bias only; else empty
   Tensor k_bias;      // [kv_heads*head_dim]
   Tensor v_bias;      // [kv_heads*head_dim]
+  Tensor q_norm;      // [head_dim]  self_attn.q_norm.weight, per-head RMSNorm (Qwen3); else empty
+  Tensor k_norm;      // [head_dim]  self_attn.k_norm.weight
   Tensor o_proj;      // [hidden, heads*head_dim]
   Tensor post_norm;   // [hidden]               post_attention_layernorm.weight
   Tensor gate_proj;   // [ffn, hidden]

@@ -159,6 +159,10 @@ std::vector<SafetensorsWriter::Spec> ModelTensorSpecs(const ModelConfig& c, DTyp
     if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", dtype, {kv}});
     specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv, h}});
     if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", dtype, {kv}});
+    if (c.qk_norm) {
+      specs.push_back({p + "self_attn.q_norm.weight", dtype, {c.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", dtype, {c.head_dim}});
+    }
     specs.push_back({p + "self_attn.o_proj.weight", dtype, {h, q}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {h}});
     specs.push_back({p + "mlp.gate_proj.weight", dtype, {f, h}});

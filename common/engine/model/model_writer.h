@@ -80,6 +80,10 @@ struct RandomModelOptions {
   //             32000, max position 2048, tied embeddings like llama2.c's export.
   // "tiny":     hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads (head_dim 16), vocab 32000,
   //             max position 2048, tied; ~2.1M params, for fast tests.
+  // "qwen3-0.6b": Qwen3-0.6B (hidden 1024, ffn 3072, 28 layers, 16 heads, 8 KV heads, head_dim
+  //             128, per-head q/k norms, rope_theta 1e6, vocab 151936, tied).
+  // "qwen3-tiny": Qwen3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, head_dim 32, with
+  //             the Qwen3 vocabulary (151936) and tokenizer; for tests.
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).
   std::optional<ModelConfig> config;
@@ -93,6 +97,9 @@ struct RandomModelOptions {
   // Projections, embeddings and biases: uniform with this standard deviation (transformers'
   // initializer_range); norm weights are 1.
   double init_std = 0.02;
+  // Norm weights: 1 plus uniform noise of this standard deviation (0: exactly 1). References
+  // catch a norm whose weight is dropped only when it is not 1.
+  double norm_std = 0.0;
   // Copies tokenizer.json (required), tokenizer_config.json, special_tokens_map.json and
   // tokenizer.model (when present) from this directory; empty: no tokenizer files.
   std::string tokenizer_dir;
@@ -103,7 +110,10 @@ struct RandomModelOptions {
   bool show_progress = false;
 };
 
-// The config of a preset ("llama-1b", "llama-110m", "tiny"); InvalidArgument for other names.
+// The preset names, comma-separated, for help texts and errors.
+std::string RandomModelPresetNames();
+
+// The config of a preset (RandomModelPresetNames()); InvalidArgument for other names.
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset);
 
 // Writes config.json, generation_config.json, the weights and the tokenizer files to `out_dir`

@@ -36,19 +36,20 @@ uint64_t NameKey(uint64_t seed, const std::string& name) {
 }
 
 // Fills out[0, n) with elements [first, first + n) of tensor `spec`: uniform on [-a, a) with
-// a = std * sqrt(3) (so the standard deviation is `std`), or 1.0 for norm weights. Every value is
+// a = std * sqrt(3) (so the standard deviation is `std`), or for norm weights (`norm`) 1.0 plus
+// such a value of standard deviation `norm_std` (1.0 exactly when it is 0). Every value is
 // a pure function of (key, index) computed with exact integer arithmetic and one rounding, so
 // files do not depend on threads, chunking or the math library.
-void Generate(uint64_t key, bool ones, double std, DType dtype, int64_t first, int64_t n,
-              void* out) {
-  const double scale = std * std::sqrt(3.0) / static_cast<double>(1 << 23);
+void Generate(uint64_t key, bool norm, double std, double norm_std, DType dtype, int64_t first,
+              int64_t n, void* out) {
+  const double scale = (norm ? norm_std : std) * std::sqrt(3.0) / static_cast<double>(1 << 23);
   for (int64_t i = 0; i < n; ++i) {
     float v = 1.0f;
-    if (!ones) {
+    if (!norm || norm_std > 0) {
       const uint64_t bits =
           Mix64(key + static_cast<uint64_t>(first + i + 1) * 0x9e3779b97f4a7c15ull);
       const int32_t r = static_cast<int32_t>(bits >> 40) - (1 << 23);
-      v = static_cast<float>(static_cast<double>(r) * scale);
+      v = static_cast<float>(static_cast<double>(r) * scale + (norm ? 1.0 : 0.0));
     }
     if (dtype == DType::kBF16) {
       static_cast<uint16_t*>(out)[i] = FloatToBf16(v);
@@ -145,14 +146,15 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
   };
   for (const SafetensorsWriter::Spec& spec : specs) {
     const uint64_t key = NameKey(options_.seed, spec.name);
-    const bool ones = IsNorm(spec.name);
+    const bool norm = IsNorm(spec.name);
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
     for (int64_t first = 0; first < numel; first += kChunk) {
       const int64_t n = std::min(kChunk, numel - first);
       uint8_t* buf = buffers[current].data();
       pool_.ParallelForGrain(n, 4096, [&](int64_t b, int64_t e) {
-        Generate(key, ones, options_.init_std, options_.dtype, first + b, e - b, buf + b * elem);
+        Generate(key, norm, options_.init_std, options_.norm_std, options_.dtype, first + b, e - b,
+                 buf + b * elem);
       });
       TANDEM_RETURN_IF_ERROR(wait_pending());
       pending = std::async(std::launch::async, [&writer, buf, n, elem] {
@@ -211,6 +213,10 @@ absl::Status RandomModelWriter::WriteWeights() {
 
 }  // namespace
 
+std::string RandomModelPresetNames() {
+  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny";
+}
+
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
   ModelConfig c;
   c.architecture = Architecture::kLlama;
@@ -254,9 +260,36 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
     c.head_dim = 16;
     c.max_position_embeddings = 2048;
     c.tie_word_embeddings = true;
+  } else if (preset == "qwen3-0.6b" || preset == "qwen3-tiny") {
+    c.architecture = Architecture::kQwen3;
+    c.architecture_name = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.vocab_size = 151936;  // the Qwen3 tokenizer's (tests/data/tokenizers/qwen3)
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.bos_token_id = 151643;             // as Qwen3's config.json says; its tokenizer adds no BOS
+    c.eos_token_ids = {151645, 151643};  // <|im_end|>, <|endoftext|>
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 40960;
+    if (preset == "qwen3-0.6b") {  // Qwen3-0.6B
+      c.hidden_size = 1024;
+      c.intermediate_size = 3072;
+      c.num_layers = 28;
+      c.num_heads = 16;
+      c.num_kv_heads = 8;
+      c.head_dim = 128;
+    } else {  // head_dim 32 != hidden / heads, as in Qwen3's larger members
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+    }
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown model preset '", preset, "' (known: llama-1b, llama-110m, tiny)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
+                                                   "' (known: ", RandomModelPresetNames(), ")"));
   }
   return c;
 }
@@ -278,6 +311,7 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
     config.max_position_embeddings = options.max_position_embeddings;
   }
   if (config.architecture == Architecture::kQwen2) config.attention_bias = true;
+  config.qk_norm = config.architecture == Architecture::kQwen3;
   config.architecture_name = ArchitectureClassName(config.architecture);
   if (config.model_type.empty()) config.model_type = ArchitectureModelType(config.architecture);
   config.torch_dtype = options.dtype == DType::kBF16 ? "bfloat16" : "float32";

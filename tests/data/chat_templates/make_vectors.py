@@ -134,6 +134,15 @@ def main():
                 }
                 cases.append({"template": tname, "source": source,
                               "name": f"{tname}/{cname}/gen={add_gen}", "variables": variables})
+    # Qwen3's thinking switch (apply_chat_template(..., enable_thinking=...)): false closes an
+    # empty think block after the generation prompt; true and absent leave it open.
+    for cname in ("user", "thinking", "multi_turn"):
+        for thinking in (False, True):
+            variables = {"messages": CONVERSATIONS[cname], "add_generation_prompt": True,
+                         "bos_token": "<s>", "eos_token": "</s>", "enable_thinking": thinking}
+            cases.append({"template": "tokenizer:qwen3", "source": TEMPLATES["tokenizer:qwen3"],
+                          "name": f"tokenizer:qwen3/{cname}/gen=True/enable_thinking={thinking}",
+                          "variables": variables})
     for i, source in enumerate(SNIPPETS):
         cases.append({"template": "inline", "source": source, "name": f"snippet{i}",
                       "variables": {"messages": CONVERSATIONS["system_user"]}})

@@ -332,6 +332,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
                   {{&lw.q_proj, qd, bias(lw.q_bias), q},
                    {&lw.k_proj, kvd, bias(lw.k_bias), k},
                    {&lw.v_proj, kvd, bias(lw.v_bias), v}});
+    if (c.qk_norm) {  // per-head RMSNorm: q and k seen as [t * heads, head_dim] rows
+      cpu::RmsNorm(q, lw.q_norm.as<float>(), t * c.num_heads, hd, eps, q, pool);
+      cpu::RmsNorm(k, lw.k_norm.as<float>(), t * c.num_kv_heads, hd, eps, k, pool);
+    }
     cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data(), pool);
     cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data(), pool);
     const cpu::PagedKvLayer kv = KvLayer(l);

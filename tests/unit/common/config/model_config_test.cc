@@ -148,6 +148,60 @@ TEST(ModelConfigTest, Qwen2ImpliesAttentionBiasAndIgnoresUnusedWindow) {
   EXPECT_THAT(c->eos_token_ids, ElementsAre(151643));
 }
 
+// Qwen3-0.6B's config.json as published.
+constexpr char kQwen3_06b[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ModelConfigTest, Qwen3HasPerHeadQkNormsAndNoBias) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kQwen3_06b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_heads * c->head_dim, 2048) << "q is wider than hidden";
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->rope_theta, 1000000.0);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151645));
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+TEST(ModelConfigTest, Qwen3UnsupportedFieldsAreNamed) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kQwen3_06b;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(R"("attention_bias": false)", R"("attention_bias": true)"), "attention_bias"},
+      {with(R"("use_sliding_window": false)", R"("use_sliding_window": true)"),
+       "use_sliding_window"},
+      {with(R"("use_cache": true)", R"("layer_types": ["full_attention", "sliding_attention"])"),
+       "layer_types entry \"sliding_attention\""},
+      {with(R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"),
+       "rope_scaling type 'yarn'"},
+      {with(R"("hidden_act": "silu")", R"("hidden_act": "gelu")"), "hidden_act 'gelu'"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "q/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("q/config.json"));
+  }
+  std::string full = with(R"("use_cache": true)", R"("layer_types": ["full_attention"])");
+  EXPECT_TRUE(ParseModelConfig(full, "q").ok());
+}
+
 TEST(ModelConfigTest, HuggingFaceDefaults) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(MinimalLlama(), "x/config.json");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -1,4 +1,4 @@
-// Qwen2, Mistral and llama3-rope models written by the random-model writer and loaded back.
+// Qwen2, Qwen3, Mistral and llama3-rope models written by the random-model writer and loaded back.
 
 #include <cstring>
 
@@ -110,6 +110,49 @@ TEST(ArchitecturesTest, Llama3RopeScalingSurvivesTheRoundTrip) {
   unscaled.rope_scaling = RopeScaling();
   EXPECT_NE(RopeInverseFrequencies(got).back(), RopeInverseFrequencies(unscaled).back());
   EXPECT_EQ(RopeCosSinTable(got, 1024).size(), 1024u * 8);
+}
+
+TEST(ArchitecturesTest, Qwen3LoadsPerHeadQkNorms) {
+  ScratchDir dir("qwen3");
+  ModelConfig c = Small(Architecture::kQwen3);
+  c.head_dim = 16;  // q (96) wider than hidden (48)
+  RandomModelOptions o;
+  o.config = c;
+  o.dtype = DType::kBF16;
+  o.norm_std = 0.1;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().architecture_name, "Qwen3ForCausalLM");
+  EXPECT_TRUE((*m)->config().qk_norm);
+  for (const LayerWeights& l : (*m)->weights().layers) {
+    EXPECT_THAT(l.q_norm.shape, ElementsAre(16));
+    EXPECT_THAT(l.k_norm.shape, ElementsAre(16));
+    EXPECT_EQ(l.q_norm.dtype, DType::kF32);
+    EXPECT_NE(l.k_norm.as<float>()[0], 1.0f) << "norm_std makes norms differ from 1";
+    EXPECT_TRUE(l.q_bias.empty());
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(96, 48));
+    EXPECT_THAT(l.o_proj.shape, ElementsAre(48, 96));
+  }
+  EXPECT_THAT((*m)->model_id(), ::testing::StartsWith("qwen3-L2-H48-F80-A6x16-KV2-"));
+}
+
+TEST(ArchitecturesTest, Qwen3WithoutItsQkNormsIsAnErrorNamingTheTensor) {
+  ScratchDir dir("qwen3_missing");
+  ModelConfig llama = Small(Architecture::kLlama);
+  RandomModelOptions o;
+  o.config = llama;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  ModelConfig qwen3 = llama;  // the same tensors but for q_norm / k_norm
+  qwen3.architecture = Architecture::kQwen3;
+  qwen3.architecture_name = "Qwen3ForCausalLM";
+  qwen3.model_type = "qwen3";
+  qwen3.qk_norm = true;
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(qwen3));
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("model.layers.0.self_attn.q_norm.weight"));
 }
 
 }  // namespace

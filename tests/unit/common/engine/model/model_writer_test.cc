@@ -109,6 +109,21 @@ TEST(ModelWriterTest, PresetConfigs) {
   ASSERT_TRUE(tiny.ok());
   EXPECT_TRUE(ValidateModelConfig(*tiny, "tiny").ok());
 
+  // Qwen3-0.6B: 596M parameters with its tied embeddings, q/k norms of head_dim per layer.
+  absl::StatusOr<ModelConfig> qwen3 = RandomModelPresetConfig("qwen3-0.6b");
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*qwen3, "qwen3-0.6b").ok());
+  EXPECT_EQ(qwen3->architecture, Architecture::kQwen3);
+  size_t qwen3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*qwen3, DType::kBF16)) qwen3_params += s.nbytes() / 2;
+  EXPECT_EQ(qwen3_params, 596049920u);
+  for (const char* name : {"qwen3-tiny"}) {
+    absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
+    EXPECT_THAT(RandomModelPresetNames(), HasSubstr(name));
+  }
+
   absl::StatusOr<ModelConfig> bad = RandomModelPresetConfig("llama-70b");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("llama-70b"));

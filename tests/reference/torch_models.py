@@ -1,0 +1,146 @@
+"""Independent PyTorch forward passes of the architectures Tandem serves, written from the
+families' published definitions (Hugging Face transformers' modeling_<family>.py and the model
+papers), computing in float64 from the checkpoint's own tensors and config.json. Shares no code
+with the C++ engine. Each model maps token ids [T] to logits [T, vocab] with causal attention
+over the whole sequence (no KV cache: every call recomputes from scratch)."""
+import math
+
+import torch
+
+F64 = torch.float64
+
+
+def rms_norm(x, weight, eps):
+    # LlamaRMSNorm / Qwen3RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, over the last dim.
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_inv_freq(cfg, head_dim):
+    theta = cfg.get("rope_theta", 10000.0)
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=F64) / head_dim))
+    scaling = cfg.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    if kind == "linear":
+        return inv / scaling["factor"]
+    if kind == "llama3":  # modeling_rope_utils._compute_llama3_parameters
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        low_wl, high_wl = old / low, old / high
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+        return torch.where(medium, smoothed, scaled)
+    raise NotImplementedError(f"rope_scaling {kind}")
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    # x [T, heads, head_dim]; cos/sin [T, head_dim] (the frequencies repeated twice).
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def causal_attention(q, k, v):
+    # q [T, H, D], k/v [T, KV, D]; grouped-query: each KV head serves H/KV query heads.
+    t, h, d = q.shape
+    group = h // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(d)
+    mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("hts,shd->thd", probs, v).reshape(t, h * d)
+
+
+class DecoderOnly:
+    """LlamaForCausalLM and the families that keep its block: pre-norm decoder layers of GQA
+    attention with rotary embeddings and a SwiGLU MLP. Qwen2 adds q/k/v biases; Qwen3 adds a
+    per-head RMSNorm of q and k (weights [head_dim]) before the rotation."""
+
+    def __init__(self, cfg, tensors):
+        self.cfg = cfg
+        self.w = {k: torch.from_numpy(v) for k, v in tensors.items()}
+        self.arch = cfg["architectures"][0]
+        self.h = cfg["num_attention_heads"]
+        self.kv = cfg.get("num_key_value_heads", self.h)
+        self.d = cfg.get("head_dim") or cfg["hidden_size"] // self.h
+        self.eps = cfg.get("rms_norm_eps", 1e-6)
+
+    def rope(self, t):
+        inv = rope_inv_freq(self.cfg, self.d)
+        freqs = torch.outer(torch.arange(t, dtype=F64), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def linear(self, x, name, bias=False):
+        y = x @ self.w[name + ".weight"].T
+        return y + self.w[name + ".bias"] if bias else y
+
+    def attention(self, x, p, cos, sin):
+        t = x.shape[0]
+        bias = self.arch == "Qwen2ForCausalLM"
+        q = self.linear(x, p + "q_proj", bias).view(t, self.h, self.d)
+        k = self.linear(x, p + "k_proj", bias).view(t, self.kv, self.d)
+        v = self.linear(x, p + "v_proj", bias).view(t, self.kv, self.d)
+        if self.arch == "Qwen3ForCausalLM":
+            q = rms_norm(q, self.w[p + "q_norm.weight"], self.eps)
+            k = rms_norm(k, self.w[p + "k_norm.weight"], self.eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.linear(causal_attention(q, k, v), p + "o_proj")
+
+    def mlp(self, x, p):
+        gate = self.linear(x, p + "gate_proj")
+        return self.linear(torch.nn.functional.silu(gate) * self.linear(x, p + "up_proj"),
+                           p + "down_proj")
+
+    def logits(self, ids):
+        w = self.w
+        x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+        cos, sin = self.rope(len(ids))
+        for i in range(self.cfg["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            x = x + self.attention(rms_norm(x, w[p + "input_layernorm.weight"], self.eps),
+                                   p + "self_attn.", cos, sin)
+            x = x + self.mlp(rms_norm(x, w[p + "post_attention_layernorm.weight"], self.eps),
+                             p + "mlp.")
+        x = rms_norm(x, w["model.norm.weight"], self.eps)
+        head = w["model.embed_tokens.weight"] if self.cfg.get("tie_word_embeddings") \
+            else w["lm_head.weight"]
+        return x @ head.T
+
+
+ARCHITECTURES = {
+    "LlamaForCausalLM": DecoderOnly,
+    "MistralForCausalLM": DecoderOnly,
+    "Qwen2ForCausalLM": DecoderOnly,
+    "Qwen3ForCausalLM": DecoderOnly,
+}
+
+
+def load(model_dir):
+    import json
+    import os
+
+    from safetensors_np import load_tensors
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    return ARCHITECTURES[cfg["architectures"][0]](cfg, load_tensors(model_dir))
+
+
+def greedy(model, ids, new_tokens):
+    ids = list(ids)
+    out = []
+    for _ in range(new_tokens):
+        nxt = int(torch.argmax(model.logits(ids)[-1]))
+        out.append(nxt)
+        ids.append(nxt)
+    return out
