@@ -13,7 +13,7 @@ namespace tandem {
 int RunMakeModel(int argc, char** argv) {
   std::string preset = "tiny", dtype = "bf16", out, tokenizer_dir;
   int64_t seed = 0, max_shard_bytes = 0, threads = 0, layers = 0;
-  double norm_std = 0;
+  double norm_std = 0, init_std = RandomModelOptions().init_std;
   FlagSet flags("make-model",
                 "Writes a random-initialised model (config.json, safetensors, tokenizer) in\n"
                 "Hugging Face layout. Presets: " +
@@ -27,6 +27,7 @@ int RunMakeModel(int argc, char** argv) {
                "tests/data/tokenizers of the source tree: qwen3 for qwen3-*, else llama2)");
   flags.Int("layers", &layers, "number of layers (0: the preset's)");
   flags.Double("norm-std", &norm_std, "norm weights 1 + noise of this standard deviation");
+  flags.Double("init-std", &init_std, "standard deviation of the other weights");
   flags.Int("seed", &seed, "random seed");
   flags.Int("max-shard-bytes", &max_shard_bytes, "split into shards of at most this many bytes");
   flags.Int("threads", &threads, "generator threads (0: one per core)");
@@ -48,6 +49,7 @@ int RunMakeModel(int argc, char** argv) {
   options.seed = static_cast<uint64_t>(seed);
   options.num_layers = layers;
   options.norm_std = norm_std;
+  options.init_std = init_std;
   options.max_shard_bytes = max_shard_bytes;
   options.num_threads = static_cast<int>(threads);
   options.show_progress = true;
