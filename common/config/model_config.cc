@@ -36,6 +36,7 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kMistral, "MistralForCausalLM", "mistral", 4096 * 32, 1, 2},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768, -1, -1},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
+    {Architecture::kPhi3, "Phi3ForCausalLM", "phi3", 4096, 1, 32000},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -155,8 +156,53 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& doc, const std::string&
     scaling.original_max_position_embeddings = *original;
     return scaling;
   }
-  return absl::UnimplementedError(absl::StrCat(source, ": unsupported rope_scaling type '", *type,
-                                               "' (supported: default, linear, llama3)"));
+  if (*type == "longrope" || *type == "su") {
+    scaling.type = RopeScaling::Type::kLongRope;
+    for (const char* key : {"short_factor", "long_factor"}) {
+      auto f = rs.find(key);
+      if (f == rs.end() || !f->is_array()) {
+        return Invalid(source, absl::StrCat("rope_scaling of type '", *type, "' needs '", key,
+                                            "' (a list of numbers)"));
+      }
+      std::vector<double>& out =
+          std::string(key) == "short_factor" ? scaling.short_factor : scaling.long_factor;
+      for (const json& v : *f) {
+        if (!v.is_number()) {
+          return Invalid(source, absl::StrCat("rope_scaling '", key, "' must hold numbers"));
+        }
+        out.push_back(v.get<double>());
+      }
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::optional<double> attention,
+                            JsonOptionalDouble(rs, "attention_factor", where));
+    scaling.attention_factor = attention.value_or(0.0);  // 0: the default, set by the caller
+    return scaling;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat(source, ": unsupported rope_scaling type '", *type,
+                   "' (supported: default, linear, llama3, longrope/su)"));
+}
+
+// LongRoPE's context: config.json's original_max_position_embeddings (required), and the default
+// attention factor transformers' _compute_longrope_parameters derives from it.
+absl::Status FinishLongRope(const json& doc, const std::string& source, ModelConfig* c) {
+  RopeScaling& rs = c->rope_scaling;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> original,
+                          JsonOptionalInt(doc, "original_max_position_embeddings", source));
+  if (!original.has_value()) {
+    return Invalid(source,
+                   "rope_scaling of type longrope needs 'original_max_position_embeddings'");
+  }
+  rs.original_max_position_embeddings = *original;
+  if (rs.attention_factor == 0.0) {
+    const double factor =
+        static_cast<double>(c->max_position_embeddings) / static_cast<double>(*original);
+    rs.attention_factor =
+        factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(*original)));
+  }
+  return absl::OkStatus();
 }
 
 // Qwen3's sliding-window layers (use_sliding_window with max_window_layers, or layer_types naming
@@ -245,6 +291,28 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
     TANDEM_RETURN_IF_ERROR(CheckRange(source, "rope_scaling.original_max_position_embeddings",
                                       rs.original_max_position_embeddings, kMaxPositions));
   }
+  if (rs.type == RopeScaling::Type::kLongRope) {
+    const size_t half = static_cast<size_t>(c.head_dim / 2);
+    if (rs.short_factor.size() != half || rs.long_factor.size() != half) {
+      return Invalid(source, absl::StrCat("rope_scaling short_factor and long_factor must have "
+                                          "head_dim / 2 = ",
+                                          half, " entries, got ", rs.short_factor.size(), " and ",
+                                          rs.long_factor.size()));
+    }
+    for (const std::vector<double>* v : {&rs.short_factor, &rs.long_factor}) {
+      for (double f : *v) {
+        if (!(f > 0) || !std::isfinite(f)) {
+          return Invalid(source, absl::StrCat("rope_scaling factors must be positive, got ", f));
+        }
+      }
+    }
+    if (!(rs.attention_factor > 0) || !std::isfinite(rs.attention_factor)) {
+      return Invalid(source, absl::StrCat("rope_scaling attention_factor must be positive, got ",
+                                          rs.attention_factor));
+    }
+    TANDEM_RETURN_IF_ERROR(CheckRange(source, "original_max_position_embeddings",
+                                      rs.original_max_position_embeddings, kMaxPositions));
+  }
   if (c.sliding_window < 0) return Invalid(source, "field 'sliding_window' must not be negative");
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
@@ -298,6 +366,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalDouble(doc, "rope_theta", source));
   c.rope_theta = theta.value_or(10000.0);
   TANDEM_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(doc, source));
+  if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    TANDEM_RETURN_IF_ERROR(FinishLongRope(doc, source, &c));
+  }
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> partial,
                           JsonOptionalDouble(doc, "partial_rotary_factor", source));
   if (partial.has_value() && *partial != 1.0) {
@@ -342,6 +413,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
                             JsonOptionalBool(doc, "use_sliding_window", source));
     if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
+  } else if (c.architecture == Architecture::kPhi3) {
+    c.sliding_window = window.value_or(0);
   } else if (c.architecture == Architecture::kQwen3) {
     c.qk_norm = true;
     TANDEM_RETURN_IF_ERROR(RequireFullAttention(doc, source));

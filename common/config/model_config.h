@@ -15,16 +15,25 @@ enum class Architecture {
   kMistral,  // MistralForCausalLM (same math; sliding window is not used by these checkpoints)
   kQwen2,    // Qwen2ForCausalLM: bias on q/k/v projections
   kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE, no biases
+  kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj (split at load), LongRoPE
 };
 
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kLongRope };
   Type type = Type::kNone;
   double factor = 1.0;
   // llama3 only:
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3 and longrope (Phi-3's config.json carries it beside rope_scaling):
   int64_t original_max_position_embeddings = 8192;
+  // longrope ("su" in older Phi-3 configs): per-frequency divisors, head_dim / 2 each; positions
+  // below original_max_position_embeddings rotate with short_factor, the others with
+  // long_factor; cos and sin are scaled by attention_factor (its default:
+  // sqrt(1 + ln(max_position_embeddings / original) / ln(original)) when that ratio exceeds 1).
+  std::vector<double> short_factor;
+  std::vector<double> long_factor;
+  double attention_factor = 1.0;
 
   bool operator==(const RopeScaling&) const = default;
 };

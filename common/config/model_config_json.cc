@@ -38,12 +38,19 @@ std::string ModelConfigToJson(const ModelConfig& c) {
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
       break;
+    case RopeScaling::Type::kLongRope:
+      j["rope_scaling"] = {{"type", "longrope"},
+                           {"short_factor", c.rope_scaling.short_factor},
+                           {"long_factor", c.rope_scaling.long_factor},
+                           {"attention_factor", c.rope_scaling.attention_factor}};
+      j["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+      break;
   }
   if (c.architecture == Architecture::kLlama) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   }
-  if (c.architecture == Architecture::kMistral) {
+  if (c.architecture == Architecture::kMistral || c.architecture == Architecture::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
   if (c.architecture == Architecture::kQwen2) {

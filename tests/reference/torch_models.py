@@ -48,14 +48,17 @@ def apply_rope(x, cos, sin):
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def causal_attention(q, k, v):
-    # q [T, H, D], k/v [T, KV, D]; grouped-query: each KV head serves H/KV query heads.
+def causal_attention(q, k, v, window=0):
+    # q [T, H, D], k/v [T, KV, D]; grouped-query: each KV head serves H/KV query heads. With a
+    # sliding window, query i sees keys j with i - window < j <= i (Mistral, Phi-3).
     t, h, d = q.shape
     group = h // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(d)
     mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+    if window:
+        mask |= torch.tril(torch.ones(t, t, dtype=torch.bool), diagonal=-window)
     scores = scores.masked_fill(mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return torch.einsum("hts,shd->thd", probs, v).reshape(t, h * d)
@@ -74,6 +77,9 @@ class DecoderOnly:
         self.kv = cfg.get("num_key_value_heads", self.h)
         self.d = cfg.get("head_dim") or cfg["hidden_size"] // self.h
         self.eps = cfg.get("rms_norm_eps", 1e-6)
+        self.window = cfg.get("sliding_window") or 0
+        if self.arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window"):
+            self.window = 0
 
     def rope(self, t):
         inv = rope_inv_freq(self.cfg, self.d)
@@ -95,7 +101,7 @@ class DecoderOnly:
             q = rms_norm(q, self.w[p + "q_norm.weight"], self.eps)
             k = rms_norm(k, self.w[p + "k_norm.weight"], self.eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return self.linear(causal_attention(q, k, v), p + "o_proj")
+        return self.linear(causal_attention(q, k, v, self.window), p + "o_proj")
 
     def mlp(self, x, p):
         gate = self.linear(x, p + "gate_proj")
@@ -118,7 +124,53 @@ class DecoderOnly:
         return x @ head.T
 
 
+class Phi3(DecoderOnly):
+    """Phi3ForCausalLM (modeling_phi3.py): the Llama block with fused projections, qkv_proj
+    [q + 2 kv, hidden] holding q, k and v rows in that order and gate_up_proj [2 ffn, hidden]
+    holding the gate's rows then up's; LongRoPE ("su" / "longrope") rotary scaling."""
+
+    def rope(self, t):
+        scaling = self.cfg.get("rope_scaling") or {}
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("longrope", "su"):
+            return super().rope(t)
+        # modeling_rope_utils._compute_longrope_parameters: inv_freq = 1 / (ext * base^(2i/d)),
+        # cos and sin scaled by the attention factor. transformers takes ext = long_factor for a
+        # whole forward once the sequence is longer than original_max_position_embeddings; here,
+        # as in Tandem (whose KV cache keeps earlier positions), per position: positions from
+        # original_max_position_embeddings on rotate with long_factor.
+        original = self.cfg["original_max_position_embeddings"]
+        factor = self.cfg["max_position_embeddings"] / original
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else \
+                math.sqrt(1 + math.log(factor) / math.log(original))
+        base = self.cfg.get("rope_theta", 10000.0) ** (
+            torch.arange(0, self.d, 2, dtype=F64) / self.d)
+        pos = torch.arange(t, dtype=F64)
+        short = torch.outer(pos, 1.0 / (torch.tensor(scaling["short_factor"], dtype=F64) * base))
+        long = torch.outer(pos, 1.0 / (torch.tensor(scaling["long_factor"], dtype=F64) * base))
+        freqs = torch.where((pos >= original)[:, None], long, short)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * attention, emb.sin() * attention
+
+    def attention(self, x, p, cos, sin):
+        t = x.shape[0]
+        qd, kvd = self.h * self.d, self.kv * self.d
+        qkv = self.linear(x, p + "qkv_proj")
+        q = qkv[:, :qd].reshape(t, self.h, self.d)
+        k = qkv[:, qd:qd + kvd].reshape(t, self.kv, self.d)
+        v = qkv[:, qd + kvd:].reshape(t, self.kv, self.d)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return self.linear(causal_attention(q, k, v, self.window), p + "o_proj")
+
+    def mlp(self, x, p):
+        gate, up = self.linear(x, p + "gate_up_proj").chunk(2, dim=-1)
+        return self.linear(up * torch.nn.functional.silu(gate), p + "down_proj")
+
+
 ARCHITECTURES = {
+    "Phi3ForCausalLM": Phi3,
     "LlamaForCausalLM": DecoderOnly,
     "MistralForCausalLM": DecoderOnly,
     "Qwen2ForCausalLM": DecoderOnly,

@@ -153,20 +153,28 @@ std::vector<SafetensorsWriter::Spec> ModelTensorSpecs(const ModelConfig& c, DTyp
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     specs.push_back({p + "input_layernorm.weight", dtype, {h}});
-    specs.push_back({p + "self_attn.q_proj.weight", dtype, {q, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.q_proj.bias", dtype, {q}});
-    specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", dtype, {kv}});
-    specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", dtype, {kv}});
+    if (c.architecture == Architecture::kPhi3) {
+      specs.push_back({p + "self_attn.qkv_proj.weight", dtype, {q + 2 * kv, h}});
+    } else {
+      specs.push_back({p + "self_attn.q_proj.weight", dtype, {q, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.q_proj.bias", dtype, {q}});
+      specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", dtype, {kv}});
+      specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", dtype, {kv}});
+    }
     if (c.qk_norm) {
       specs.push_back({p + "self_attn.q_norm.weight", dtype, {c.head_dim}});
       specs.push_back({p + "self_attn.k_norm.weight", dtype, {c.head_dim}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", dtype, {h, q}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {h}});
-    specs.push_back({p + "mlp.gate_proj.weight", dtype, {f, h}});
-    specs.push_back({p + "mlp.up_proj.weight", dtype, {f, h}});
+    if (c.architecture == Architecture::kPhi3) {
+      specs.push_back({p + "mlp.gate_up_proj.weight", dtype, {2 * f, h}});
+    } else {
+      specs.push_back({p + "mlp.gate_proj.weight", dtype, {f, h}});
+      specs.push_back({p + "mlp.up_proj.weight", dtype, {f, h}});
+    }
     specs.push_back({p + "mlp.down_proj.weight", dtype, {h, f}});
   }
   specs.push_back({"model.norm.weight", dtype, {h}});

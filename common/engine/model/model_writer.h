@@ -84,6 +84,10 @@ struct RandomModelOptions {
   //             128, per-head q/k norms, rope_theta 1e6, vocab 151936, tied).
   // "qwen3-tiny": Qwen3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, head_dim 32, with
   //             the Qwen3 vocabulary (151936) and tokenizer; for tests.
+  // "phi3-mini": Phi-3-mini-4k-instruct (hidden 3072, ffn 8192, 32 layers, 32 heads, MHA,
+  //             head_dim 96, sliding window 2047, vocab 32064, untied; fused qkv and gate/up).
+  // "phi3-tiny": Phi-3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, LongRoPE (long
+  //             factors from position 32 on), a 48-token sliding window; for tests.
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).
   std::optional<ModelConfig> config;

@@ -214,7 +214,7 @@ absl::Status RandomModelWriter::WriteWeights() {
 }  // namespace
 
 std::string RandomModelPresetNames() {
-  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny";
+  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny";
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
@@ -286,6 +286,40 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       c.num_heads = 4;
       c.num_kv_heads = 2;
       c.head_dim = 32;
+    }
+  } else if (preset == "phi3-mini" || preset == "phi3-tiny") {
+    c.architecture = Architecture::kPhi3;
+    c.architecture_name = "Phi3ForCausalLM";
+    c.model_type = "phi3";
+    c.vocab_size = 32064;  // the Llama 2 vocabulary and Phi-3's chat tokens
+    c.eos_token_ids = {32000};
+    if (preset == "phi3-mini") {  // Phi-3-mini-4k-instruct
+      c.hidden_size = 3072;
+      c.intermediate_size = 8192;
+      c.num_layers = 32;
+      c.num_heads = 32;
+      c.num_kv_heads = 32;
+      c.head_dim = 96;
+      c.max_position_embeddings = 4096;
+      c.sliding_window = 2047;
+    } else {  // LongRoPE from position 32 on and a 48-token window, so short tests cover both
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 16;
+      c.max_position_embeddings = 2048;
+      c.sliding_window = 48;
+      RopeScaling& rs = c.rope_scaling;
+      rs.type = RopeScaling::Type::kLongRope;
+      rs.original_max_position_embeddings = 32;
+      for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+        rs.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
+        rs.long_factor.push_back(1.0 + 2.0 * static_cast<double>(i));
+      }
+      const double factor = 2048.0 / 32.0;  // transformers' default attention factor
+      rs.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(32.0));
     }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,

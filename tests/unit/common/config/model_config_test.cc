@@ -202,6 +202,82 @@ TEST(ModelConfigTest, Qwen3UnsupportedFieldsAreNamed) {
   EXPECT_TRUE(ParseModelConfig(full, "q").ok());
 }
 
+// Phi-3-mini-128k-instruct's config.json as published but for the factor lists (48 each there,
+// made up here) and fields the engine ignores.
+std::string Phi3Mini128k(const std::string& rope_type = "longrope", const std::string& extra = "") {
+  std::string shorts, longs;
+  for (int i = 0; i < 48; ++i) {
+    shorts += (i ? ", " : "") + std::to_string(1.0 + 0.01 * i);
+    longs += (i ? ", " : "") + std::to_string(1.0 + 1.5 * i);
+  }
+  return R"({"architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+    "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "rope_scaling": {"long_factor": [)" +
+         longs + R"(], "short_factor": [)" + shorts + R"(], "type": ")" + rope_type + R"("},
+    "sliding_window": 262144, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 32064)" +
+         extra + "}";
+}
+
+TEST(ModelConfigTest, Phi3WithLongRope) {
+  for (const std::string type : {"longrope", "su"}) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(Phi3Mini128k(type), "x/config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->architecture, Architecture::kPhi3);
+    EXPECT_EQ(c->model_type, "phi3");
+    EXPECT_EQ(c->head_dim, 96);
+    EXPECT_EQ(c->sliding_window, 262144);
+    const RopeScaling& rs = c->rope_scaling;
+    EXPECT_EQ(rs.type, RopeScaling::Type::kLongRope);
+    EXPECT_EQ(rs.original_max_position_embeddings, 4096);
+    ASSERT_EQ(rs.short_factor.size(), 48u);
+    EXPECT_DOUBLE_EQ(rs.long_factor[2], 4.0);
+    // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+    EXPECT_NEAR(rs.attention_factor, 1.1902380714238083, 1e-12);
+    absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, *c);
+  }
+  absl::StatusOr<ModelConfig> explicit_factor = ParseModelConfig(
+      [] {
+        std::string s = Phi3Mini128k();
+        s.replace(s.find(R"("type": "longrope")"), 18,
+                  R"("type": "longrope", "attention_factor": 1.5)");
+        return s;
+      }(),
+      "x");
+  ASSERT_TRUE(explicit_factor.ok()) << explicit_factor.status();
+  EXPECT_EQ(explicit_factor->rope_scaling.attention_factor, 1.5);
+}
+
+TEST(ModelConfigTest, Phi3UnsupportedFieldsAreNamed) {
+  const std::pair<std::string, std::string> cases[] = {
+      {Phi3Mini128k("longrope", R"(, "partial_rotary_factor": 0.75)"), "partial_rotary_factor"},
+      {Phi3Mini128k("yarn"), "rope_scaling type 'yarn'"},
+      {[] {
+         std::string s = Phi3Mini128k();
+         s.replace(s.find(R"("original_max_position_embeddings": 4096, )"), 42, "");
+         return s;
+       }(),
+       "original_max_position_embeddings"},
+      {[] {
+         std::string s = Phi3Mini128k();
+         s.replace(s.find("[1.000000, "), 11, "[");
+         return s;
+       }(),
+       "head_dim / 2 = 48 entries"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "p/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+  }
+}
+
 TEST(ModelConfigTest, HuggingFaceDefaults) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(MinimalLlama(), "x/config.json");
   ASSERT_TRUE(c.ok()) << c.status();

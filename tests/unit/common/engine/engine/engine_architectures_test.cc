@@ -40,6 +40,17 @@ ModelConfig SmallConfig(Architecture arch) {
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
   c.tie_word_embeddings = true;
+  if (arch == Architecture::kPhi3) {  // LongRoPE from position 24 on, a 40-token window
+    c.tie_word_embeddings = false;
+    c.sliding_window = 40;
+    c.rope_scaling.type = RopeScaling::Type::kLongRope;
+    c.rope_scaling.original_max_position_embeddings = 24;
+    c.rope_scaling.attention_factor = 1.2;
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+      c.rope_scaling.short_factor.push_back(1.0 + 0.1 * static_cast<double>(i));
+      c.rope_scaling.long_factor.push_back(2.0 + 3.0 * static_cast<double>(i));
+    }
+  }
   return c;
 }
 
@@ -210,7 +221,7 @@ TEST_P(EngineArchitecturesTest, SpeculationKeepsGreedyOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
-                         ::testing::Values(Architecture::kQwen3),
+                         ::testing::Values(Architecture::kQwen3, Architecture::kPhi3),
                          [](const auto& info) { return ArchitectureModelType(info.param); });
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Qwen2, Qwen3, Mistral and llama3-rope models written by the random-model writer and loaded back.
+// Qwen2, Qwen3, Phi-3, Mistral and llama3-rope models written by the random-model writer and loaded
+// back.
 
 #include <cstring>
 
@@ -153,6 +154,82 @@ TEST(ArchitecturesTest, Qwen3WithoutItsQkNormsIsAnErrorNamingTheTensor) {
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()),
               ::testing::HasSubstr("model.layers.0.self_attn.q_norm.weight"));
+}
+
+TEST(ArchitecturesTest, Phi3SplitsItsFusedProjectionsAtLoad) {
+  ScratchDir dir("phi3");
+  ModelConfig c = Small(Architecture::kPhi3);
+  c.sliding_window = 64;
+  RandomModelOptions o;
+  o.config = c;
+  o.dtype = DType::kF32;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  for (bool map : {true, false}) {
+    LoadOptions load;
+    load.map_weights = map;
+    absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), load);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->config().architecture_name, "Phi3ForCausalLM");
+    EXPECT_EQ((*m)->config().sliding_window, 64);
+    const LayerWeights& l = (*m)->weights().layers[1];
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(48, 48));
+    EXPECT_THAT(l.k_proj.shape, ElementsAre(16, 48));
+    EXPECT_THAT(l.v_proj.shape, ElementsAre(16, 48));
+    EXPECT_THAT(l.gate_proj.shape, ElementsAre(80, 48));
+    EXPECT_THAT(l.up_proj.shape, ElementsAre(80, 48));
+    // Each piece holds its own rows of the stored fused matrix, whether mapped or copied.
+    absl::StatusOr<std::unique_ptr<Model>> raw = LoadModel(dir.path(), LoadOptions());
+    ASSERT_TRUE(raw.ok());
+    const float* q = l.q_proj.as<float>();
+    const float* k = l.k_proj.as<float>();
+    const float* v = l.v_proj.as<float>();
+    const float* gate = l.gate_proj.as<float>();
+    const float* up = l.up_proj.as<float>();
+    if (map) {
+      EXPECT_EQ(k, q + 48 * 48);
+      EXPECT_EQ(v, k + 16 * 48);
+      EXPECT_EQ(up, gate + 80 * 48);
+    } else {
+      EXPECT_EQ(std::memcmp(k, raw.value()->weights().layers[1].k_proj.data, 16 * 48 * 4), 0);
+    }
+    EXPECT_NE(q[0], k[0]);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> q8 = LoadModel(dir.path(), [] {
+    LoadOptions l;
+    l.quantization = WeightQuant::kInt8;
+    return l;
+  }());
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ(q8.value()->weights().layers[0].v_proj.quant, WeightQuant::kInt8);
+  EXPECT_THAT(q8.value()->weights().layers[0].v_proj.shape, ElementsAre(16, 48));
+}
+
+TEST(ArchitecturesTest, Phi3WithUnfusedOrMisshapenWeightsIsAnErrorNamingTheTensor) {
+  ScratchDir dir("phi3_bad");
+  ModelConfig llama = Small(Architecture::kLlama);
+  RandomModelOptions o;
+  o.config = llama;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  ModelConfig phi3 = llama;  // Llama's separate q/k/v tensors under a Phi-3 config
+  phi3.architecture = Architecture::kPhi3;
+  phi3.architecture_name = "Phi3ForCausalLM";
+  phi3.model_type = "phi3";
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(phi3));
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("model.layers.0.self_attn.qkv_proj.weight"));
+  // A Phi-3 checkpoint whose config claims more KV heads than its fused qkv_proj holds.
+  ScratchDir dir2("phi3_shape");
+  ModelConfig small = Small(Architecture::kPhi3);
+  o.config = small;
+  ASSERT_TRUE(WriteRandomModel(o, dir2.path()).ok());
+  small.num_kv_heads = 3;
+  testing_util::WriteFile(dir2.file("config.json"), ModelConfigToJson(small));
+  m = LoadModel(dir2.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("qkv_proj.weight' has shape"));
 }
 
 }  // namespace

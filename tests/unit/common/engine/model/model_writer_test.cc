@@ -117,7 +117,14 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t qwen3_params = 0;
   for (const auto& s : ModelTensorSpecs(*qwen3, DType::kBF16)) qwen3_params += s.nbytes() / 2;
   EXPECT_EQ(qwen3_params, 596049920u);
-  for (const char* name : {"qwen3-tiny"}) {
+  // Phi-3-mini: 3.82B parameters, untied.
+  absl::StatusOr<ModelConfig> phi3 = RandomModelPresetConfig("phi3-mini");
+  ASSERT_TRUE(phi3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*phi3, "phi3-mini").ok());
+  size_t phi3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*phi3, DType::kBF16)) phi3_params += s.nbytes() / 2;
+  EXPECT_NEAR(phi3_params / 1e9, 3.82, 0.005);
+  for (const char* name : {"qwen3-tiny", "phi3-tiny"}) {
     absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
