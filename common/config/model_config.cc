@@ -37,6 +37,7 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768, -1, -1},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
     {Architecture::kPhi3, "Phi3ForCausalLM", "phi3", 4096, 1, 32000},
+    {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 131072, 2, 1},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -230,6 +231,68 @@ absl::Status RequireFullAttention(const json& doc, const std::string& source) {
   return absl::OkStatus();
 }
 
+// Gemma 3's own fields: its activation, the layer pattern of local (sliding) and global
+// attention, the local RoPE base, the query scale and soft-capping.
+absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig* c) {
+  c->qk_norm = true;
+  c->activation = Activation::kGeluTanh;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
+                          JsonOptionalString(doc, "hidden_activation", source));
+  if (!act.has_value()) {
+    TANDEM_ASSIGN_OR_RETURN(act, JsonOptionalString(doc, "hidden_act", source));
+  }
+  if (act.has_value() && *act != "gelu_pytorch_tanh") {
+    return absl::UnimplementedError(absl::StrCat(source, ": hidden_activation '", *act,
+                                                 "' is not supported (only gelu_pytorch_tanh)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> attn_cap,
+                          JsonOptionalDouble(doc, "attn_logit_softcapping", source));
+  if (attn_cap.has_value()) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": attn_logit_softcapping is not supported (must be null)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> final_cap,
+                          JsonOptionalDouble(doc, "final_logit_softcapping", source));
+  c->final_logit_softcapping = final_cap.value_or(0.0);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> scalar,
+                          JsonOptionalDouble(doc, "query_pre_attn_scalar", source));
+  c->query_pre_attn_scalar = scalar.value_or(256.0);  // Gemma3TextConfig's default
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> local,
+                          JsonOptionalDouble(doc, "rope_local_base_freq", source));
+  c->rope_local_theta = local.value_or(10000.0);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> window,
+                          JsonOptionalInt(doc, "sliding_window", source));
+  c->sliding_window = window.value_or(4096);
+  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), 0);
+  auto types = doc.find("layer_types");
+  if (types != doc.end() && !types->is_null()) {
+    if (!types->is_array() || types->size() != c->sliding_layers.size()) {
+      return Invalid(source, "field 'layer_types' must list one type per layer");
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+      if (name != "sliding_attention" && name != "full_attention") {
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": layer_types entry '", name, "' is not supported"));
+      }
+      c->sliding_layers[i] = name == "sliding_attention";
+    }
+  } else {  // transformers' Gemma3: layer i is global when (i + 1) % sliding_window_pattern == 0
+    TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> pattern,
+                            JsonOptionalInt(doc, "sliding_window_pattern", source));
+    const int64_t every = pattern.value_or(6);
+    if (every <= 0) return Invalid(source, "field 'sliding_window_pattern' must be positive");
+    for (size_t i = 0; i < c->sliding_layers.size(); ++i) {
+      c->sliding_layers[i] = (static_cast<int64_t>(i) + 1) % every != 0;
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> tie,
+                          JsonOptionalBool(doc, "tie_word_embeddings", source));
+  c->tie_word_embeddings = tie.value_or(true);  // Gemma3TextConfig's default
+  return absl::OkStatus();
+}
+
 absl::Status CheckRange(const std::string& source, const char* field, int64_t value, int64_t max) {
   if (value <= 0 || value > max) {
     return Invalid(source,
@@ -314,11 +377,22 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
                                       rs.original_max_position_embeddings, kMaxPositions));
   }
   if (c.sliding_window < 0) return Invalid(source, "field 'sliding_window' must not be negative");
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
+    return Invalid(source, "sliding layer pattern must name every layer");
+  }
+  for (double v : {c.rope_local_theta, c.query_pre_attn_scalar, c.final_logit_softcapping}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return Invalid(source, absl::StrCat("rope_local_base_freq, query_pre_attn_scalar and "
+                                          "final_logit_softcapping must be >= 0, got ",
+                                          v));
+    }
+  }
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
   }
-  if ((c.architecture == Architecture::kQwen3) != c.qk_norm) {
-    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 and only with it");
+  if ((c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kGemma3) !=
+      c.qk_norm) {
+    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 and Gemma 3 only");
   }
   if (c.architecture == Architecture::kQwen3 && c.attention_bias) {
     return Invalid(source, "Qwen3 with attention_bias (biases on q/k/v and o) is not supported");
@@ -382,11 +456,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "tie_word_embeddings", source));
   c.tie_word_embeddings = tie.value_or(false);
 
-  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
-                          JsonOptionalString(doc, "hidden_act", source));
-  if (act.has_value() && *act != "silu") {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": hidden_act '", *act, "' is not supported (only silu)"));
+  if (c.architecture == Architecture::kGemma3) {
+    TANDEM_RETURN_IF_ERROR(ParseGemma3(doc, source, &c));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
+                            JsonOptionalString(doc, "hidden_act", source));
+    if (act.has_value() && *act != "silu") {
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": hidden_act '", *act, "' is not supported (only silu)"));
+    }
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, JsonOptionalBool(doc, "mlp_bias", source));
   if (mlp_bias.value_or(false)) {

@@ -16,7 +16,13 @@ enum class Architecture {
   kQwen2,    // Qwen2ForCausalLM: bias on q/k/v projections
   kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE, no biases
   kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj (split at load), LongRoPE
+  // Gemma3ForCausalLM (text): embeddings scaled by sqrt(hidden), RMSNorm weights as (1 + w),
+  // norms before and after attention and MLP, per-head q/k norms, GeGLU (tanh GELU), local
+  // sliding-window layers (their own RoPE base) alternating with global ones.
+  kGemma3,
 };
+
+enum class Activation { kSilu, kGeluTanh };
 
 struct RopeScaling {
   enum class Type { kNone, kLinear, kLlama3, kLongRope };
@@ -59,6 +65,13 @@ struct ModelConfig {
   int64_t sliding_window = 0;   // 0: none
   // q and k are RMS-normalised per head (weights [head_dim]) before RoPE; always true for Qwen3.
   bool qk_norm = false;
+  Activation activation = Activation::kSilu;  // of the gated MLP: silu (SwiGLU) or GeGLU
+  // Per layer: 1 where the layer attends within sliding_window, 0 where it attends globally.
+  // Empty: every layer uses sliding_window (0: none), as Mistral.
+  std::vector<uint8_t> sliding_layers;
+  double rope_local_theta = 0;         // RoPE base of sliding layers (Gemma 3); 0: rope_theta
+  double query_pre_attn_scalar = 0;    // scores scaled by its -1/2 power; 0: head_dim
+  double final_logit_softcapping = 0;  // logits = cap * tanh(logits / cap); 0: none
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
   std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty

@@ -169,7 +169,75 @@ class Phi3(DecoderOnly):
         return self.linear(up * torch.nn.functional.silu(gate), p + "down_proj")
 
 
+def gemma_rms_norm(x, weight, eps):
+    # Gemma3RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight).
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
+def gelu_tanh(x):
+    # gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+class Gemma3(DecoderOnly):
+    """Gemma3ForCausalLM (modeling_gemma3.py, text): embeddings times sqrt(hidden); Gemma3RMSNorm
+    (x / rms(x) * (1 + w)) before and after attention and before and after the MLP, and per head
+    on q and k; attention scores scaled by query_pre_attn_scalar^-1/2; GeGLU MLP (tanh GELU);
+    sliding-window layers (layer_types) rotating with rope_local_base_freq, global ones with
+    rope_theta and rope_scaling; optional final logit soft-capping."""
+
+    def __init__(self, cfg, tensors):
+        super().__init__(cfg, tensors)
+        self.sliding = [t == "sliding_attention" for t in cfg["layer_types"]]
+        self.window = cfg["sliding_window"]
+        self.scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
+
+    def rope_tables(self, t):
+        local_cfg = dict(self.cfg, rope_theta=self.cfg.get("rope_local_base_freq", 10000.0),
+                         rope_scaling=None)
+        tables = []
+        for cfg in (self.cfg, local_cfg):
+            inv = rope_inv_freq(cfg, self.d)
+            freqs = torch.outer(torch.arange(t, dtype=F64), inv)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            tables.append((emb.cos(), emb.sin()))
+        return tables
+
+    def layer_attention(self, x, p, cos, sin, sliding):
+        t = x.shape[0]
+        q = self.linear(x, p + "q_proj").view(t, self.h, self.d)
+        k = self.linear(x, p + "k_proj").view(t, self.kv, self.d)
+        v = self.linear(x, p + "v_proj").view(t, self.kv, self.d)
+        q = gemma_rms_norm(q, self.w[p + "q_norm.weight"], self.eps)
+        k = gemma_rms_norm(k, self.w[p + "k_norm.weight"], self.eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # causal_attention scales by head_dim^-1/2; Gemma's scale is query_pre_attn_scalar^-1/2.
+        q = q * (self.scale * math.sqrt(self.d))
+        return self.linear(causal_attention(q, k, v, self.window if sliding else 0),
+                           p + "o_proj")
+
+    def logits(self, ids):
+        w, eps = self.w, self.eps
+        x = w["model.embed_tokens.weight"][torch.tensor(ids)] * math.sqrt(self.cfg["hidden_size"])
+        (gcos, gsin), (lcos, lsin) = self.rope_tables(len(ids))
+        for i in range(self.cfg["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            cos, sin = (lcos, lsin) if self.sliding[i] else (gcos, gsin)
+            a = self.layer_attention(gemma_rms_norm(x, w[p + "input_layernorm.weight"], eps),
+                                     p + "self_attn.", cos, sin, self.sliding[i])
+            x = x + gemma_rms_norm(a, w[p + "post_attention_layernorm.weight"], eps)
+            h = gemma_rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
+            m = self.linear(gelu_tanh(self.linear(h, p + "mlp.gate_proj")) *
+                            self.linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
+            x = x + gemma_rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps)
+        x = gemma_rms_norm(x, w["model.norm.weight"], eps)
+        logits = x @ w["model.embed_tokens.weight"].T
+        cap = self.cfg.get("final_logit_softcapping")
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+
 ARCHITECTURES = {
+    "Gemma3ForCausalLM": Gemma3,
     "Phi3ForCausalLM": Phi3,
     "LlamaForCausalLM": DecoderOnly,
     "MistralForCausalLM": DecoderOnly,

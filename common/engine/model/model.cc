@@ -74,6 +74,8 @@ class ModelLoader {
   // into the mapping when no conversion is needed, else converted, tiled or quantized.
   absl::Status LoadMatrixRows(const std::string& name, const std::vector<int64_t>& stored_shape,
                               int64_t row_begin, int64_t N, Tensor* out);
+  // A norm weight [dim] in f32; Gemma 3's (1 + w), copied.
+  absl::Status LoadNorm(const std::string& name, int64_t dim, Tensor* out);
   // A dense projection: LoadTensor, or bf16 tiles (TileBf16Into) when the options ask for them.
   absl::Status LoadDense(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
   // Whether dense matrices go into bf16 tiles (LoadOptions::bf16_layout, bf16 weights).
@@ -286,6 +288,21 @@ absl::Status ModelLoader::LoadMatrixRows(const std::string& name,
   return absl::OkStatus();
 }
 
+absl::Status ModelLoader::LoadNorm(const std::string& name, int64_t dim, Tensor* out) {
+  if (model_->config_.architecture != Architecture::kGemma3) {
+    return LoadTensor(name, {dim}, DType::kF32, out);
+  }
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, {dim}));
+  float* dst = static_cast<float*>(model_->arena_.Allocate(static_cast<size_t>(dim) * 4));
+  ConvertElements(e->data, e->dtype, dst, DType::kF32, dim);
+  for (int64_t i = 0; i < dim; ++i) dst[i] += 1.0f;  // Gemma3RMSNorm: x * (1 + w), in f32
+  model_->owned_bytes_ += static_cast<size_t>(dim) * 4;
+  out->dtype = DType::kF32;
+  out->shape = {dim};
+  out->data = dst;
+  return absl::OkStatus();
+}
+
 absl::Status ModelLoader::LoadDense(const std::string& name, const std::vector<int64_t>& shape,
                                     Tensor* out) {
   if (!TilesBf16()) return LoadTensor(name, shape, model_->weight_dtype_, out);
@@ -322,8 +339,7 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   const int64_t h = c.hidden_size;
   const int64_t f = c.intermediate_size;
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor(p + "input_layernorm.weight", {h}, DType::kF32, &l->input_norm));
+  TANDEM_RETURN_IF_ERROR(LoadNorm(p + "input_layernorm.weight", h, &l->input_norm));
   if (c.architecture == Architecture::kPhi3) {  // qkv_proj: q, k and v rows one after the other
     const std::string qkv = p + "self_attn.qkv_proj.weight";
     const std::vector<int64_t> shape = {q_dim + 2 * kv_dim, h};
@@ -344,14 +360,15 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
         LoadTensor(p + "self_attn.v_proj.bias", {kv_dim}, DType::kF32, &l->v_bias));
   }
   if (c.qk_norm) {
-    TANDEM_RETURN_IF_ERROR(
-        LoadTensor(p + "self_attn.q_norm.weight", {c.head_dim}, DType::kF32, &l->q_norm));
-    TANDEM_RETURN_IF_ERROR(
-        LoadTensor(p + "self_attn.k_norm.weight", {c.head_dim}, DType::kF32, &l->k_norm));
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "self_attn.q_norm.weight", c.head_dim, &l->q_norm));
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "self_attn.k_norm.weight", c.head_dim, &l->k_norm));
   }
   TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.o_proj.weight", {h, q_dim}, &l->o_proj));
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor(p + "post_attention_layernorm.weight", {h}, DType::kF32, &l->post_norm));
+  TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_attention_layernorm.weight", h, &l->post_norm));
+  if (c.architecture == Architecture::kGemma3) {
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "pre_feedforward_layernorm.weight", h, &l->pre_ffw_norm));
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_feedforward_layernorm.weight", h, &l->post_ffw_norm));
+  }
   if (c.architecture == Architecture::kPhi3) {  // gate_up_proj: the gate's rows, then up's
     const std::string gate_up = p + "mlp.gate_up_proj.weight";
     TANDEM_RETURN_IF_ERROR(LoadMatrixRows(gate_up, {2 * f, h}, 0, f, &l->gate_proj));
@@ -448,8 +465,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     TANDEM_RETURN_IF_ERROR(LoadLayer(i, &w.layers[i]));
   }
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor("model.norm.weight", {c.hidden_size}, DType::kF32, &w.final_norm));
+  TANDEM_RETURN_IF_ERROR(LoadNorm("model.norm.weight", c.hidden_size, &w.final_norm));
   if (c.tie_word_embeddings) {
     if (options_.quantization == WeightQuant::kNone && !TilesBf16()) {
       w.lm_head = w.embed_tokens;

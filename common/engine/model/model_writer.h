@@ -88,6 +88,11 @@ struct RandomModelOptions {
   //             head_dim 96, sliding window 2047, vocab 32064, untied; fused qkv and gate/up).
   // "phi3-tiny": Phi-3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, LongRoPE (long
   //             factors from position 32 on), a 48-token sliding window; for tests.
+  // "gemma3-1b": Gemma-3-1B's text model (hidden 1152, ffn 6912, 26 layers, 4 heads, 1 KV head,
+  //             head_dim 256, a 512-token window on five layers of six, vocab 262144, tied).
+  // "gemma3-tiny": Gemma 3 at hidden 64, 3 layers (the middle one global), a 24-token window,
+  //             query_pre_attn_scalar 24 and final logit soft-capping 30; for tests.
+  // The Gemma presets carry the Llama 2 tokenizer (Gemma's is not bundled).
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).
   std::optional<ModelConfig> config;

@@ -36,20 +36,20 @@ uint64_t NameKey(uint64_t seed, const std::string& name) {
 }
 
 // Fills out[0, n) with elements [first, first + n) of tensor `spec`: uniform on [-a, a) with
-// a = std * sqrt(3) (so the standard deviation is `std`), or for norm weights (`norm`) 1.0 plus
-// such a value of standard deviation `norm_std` (1.0 exactly when it is 0). Every value is
-// a pure function of (key, index) computed with exact integer arithmetic and one rounding, so
+// a = std * sqrt(3) (so the standard deviation is `std`), or for norm weights (`norm`) norm_base
+// plus such a value of standard deviation `norm_std` (norm_base exactly when it is 0). Every value
+// is a pure function of (key, index) computed with exact integer arithmetic and one rounding, so
 // files do not depend on threads, chunking or the math library.
-void Generate(uint64_t key, bool norm, double std, double norm_std, DType dtype, int64_t first,
-              int64_t n, void* out) {
+void Generate(uint64_t key, bool norm, double std, double norm_std, double norm_base, DType dtype,
+              int64_t first, int64_t n, void* out) {
   const double scale = (norm ? norm_std : std) * std::sqrt(3.0) / static_cast<double>(1 << 23);
   for (int64_t i = 0; i < n; ++i) {
-    float v = 1.0f;
+    float v = static_cast<float>(norm_base);
     if (!norm || norm_std > 0) {
       const uint64_t bits =
           Mix64(key + static_cast<uint64_t>(first + i + 1) * 0x9e3779b97f4a7c15ull);
       const int32_t r = static_cast<int32_t>(bits >> 40) - (1 << 23);
-      v = static_cast<float>(static_cast<double>(r) * scale + (norm ? 1.0 : 0.0));
+      v = static_cast<float>(static_cast<double>(r) * scale + (norm ? norm_base : 0.0));
     }
     if (dtype == DType::kBF16) {
       static_cast<uint16_t*>(out)[i] = FloatToBf16(v);
@@ -147,14 +147,16 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
   for (const SafetensorsWriter::Spec& spec : specs) {
     const uint64_t key = NameKey(options_.seed, spec.name);
     const bool norm = IsNorm(spec.name);
+    // Gemma 3 multiplies by (1 + w) and initialises w to 0: its norms centre on 0.
+    const double norm_base = config_.architecture == Architecture::kGemma3 ? 0.0 : 1.0;
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
     for (int64_t first = 0; first < numel; first += kChunk) {
       const int64_t n = std::min(kChunk, numel - first);
       uint8_t* buf = buffers[current].data();
       pool_.ParallelForGrain(n, 4096, [&](int64_t b, int64_t e) {
-        Generate(key, norm, options_.init_std, options_.norm_std, options_.dtype, first + b, e - b,
-                 buf + b * elem);
+        Generate(key, norm, options_.init_std, options_.norm_std, norm_base, options_.dtype,
+                 first + b, e - b, buf + b * elem);
       });
       TANDEM_RETURN_IF_ERROR(wait_pending());
       pending = std::async(std::launch::async, [&writer, buf, n, elem] {
@@ -214,7 +216,8 @@ absl::Status RandomModelWriter::WriteWeights() {
 }  // namespace
 
 std::string RandomModelPresetNames() {
-  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny";
+  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
+         "gemma3-tiny";
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
@@ -321,6 +324,44 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       const double factor = 2048.0 / 32.0;  // transformers' default attention factor
       rs.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(32.0));
     }
+  } else if (preset == "gemma3-1b" || preset == "gemma3-tiny") {
+    c.architecture = Architecture::kGemma3;
+    c.architecture_name = "Gemma3ForCausalLM";
+    c.model_type = "gemma3_text";
+    c.qk_norm = true;
+    c.activation = Activation::kGeluTanh;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.rope_local_theta = 10000.0;
+    c.bos_token_id = 2;
+    c.eos_token_ids = {1, 106};  // <eos>, <end_of_turn>
+    c.tie_word_embeddings = true;
+    if (preset == "gemma3-1b") {  // Gemma-3-1B (text)
+      c.vocab_size = 262144;
+      c.hidden_size = 1152;
+      c.intermediate_size = 6912;
+      c.num_layers = 26;
+      c.num_heads = 4;
+      c.num_kv_heads = 1;
+      c.head_dim = 256;
+      c.query_pre_attn_scalar = 256;
+      c.max_position_embeddings = 32768;
+      c.sliding_window = 512;
+      c.sliding_layers.assign(26, 1);
+      for (int64_t i = 5; i < 26; i += 6) c.sliding_layers[i] = 0;
+    } else {  // a 24-token window on layers 0 and 2, a query scale and soft-capped logits
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 3;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.query_pre_attn_scalar = 24;
+      c.final_logit_softcapping = 30.0;
+      c.max_position_embeddings = 2048;
+      c.sliding_window = 24;
+      c.sliding_layers = {1, 0, 1};
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
                                                    "' (known: ", RandomModelPresetNames(), ")"));
@@ -345,7 +386,19 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
     config.max_position_embeddings = options.max_position_embeddings;
   }
   if (config.architecture == Architecture::kQwen2) config.attention_bias = true;
-  config.qk_norm = config.architecture == Architecture::kQwen3;
+  config.qk_norm =
+      config.architecture == Architecture::kQwen3 || config.architecture == Architecture::kGemma3;
+  if (config.architecture == Architecture::kGemma3) {
+    config.activation = Activation::kGeluTanh;
+    if (config.sliding_layers.size() != static_cast<size_t>(config.num_layers)) {
+      config.sliding_layers.assign(static_cast<size_t>(config.num_layers), 1);
+      for (int64_t i = 5; i < config.num_layers; i += 6) config.sliding_layers[i] = 0;
+    }
+    if (config.query_pre_attn_scalar == 0) {
+      config.query_pre_attn_scalar = static_cast<double>(config.head_dim);
+    }
+    if (config.rope_local_theta == 0) config.rope_local_theta = 10000.0;
+  }
   config.architecture_name = ArchitectureClassName(config.architecture);
   if (config.model_type.empty()) config.model_type = ArchitectureModelType(config.architecture);
   config.torch_dtype = options.dtype == DType::kBF16 ? "bfloat16" : "float32";

@@ -130,13 +130,15 @@ def main():
     for tname, source in TEMPLATES.items():
         llama3 = "llama3" in tname or tname == "llama-3"
         phi = tname.startswith("family:phi")
+        gemma = tname.startswith("family:gemma")
         for cname, messages in CONVERSATIONS.items():
             for add_gen in (False, True):
                 variables = {
                     "messages": messages,
                     "add_generation_prompt": add_gen,
-                    "bos_token": "<|begin_of_text|>" if llama3 else "<s>",
-                    "eos_token": "<|eot_id|>" if llama3 else "<|endoftext|>" if phi else "</s>",
+                    "bos_token": "<|begin_of_text|>" if llama3 else "<bos>" if gemma else "<s>",
+                    "eos_token": ("<|eot_id|>" if llama3 else "<|endoftext|>" if phi else
+                                  "<eos>" if gemma else "</s>"),
                 }
                 cases.append({"template": tname, "source": source,
                               "name": f"{tname}/{cname}/gen={add_gen}", "variables": variables})

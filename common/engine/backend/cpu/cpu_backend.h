@@ -81,7 +81,8 @@ class CpuBackend : public Backend {
     int64_t per_token;
   };
   std::array<ActivationBuffer, 10> ActivationBuffers() const;
-  std::vector<float> rope_;  // [max_pos][head_dim/2][2]
+  std::vector<float> rope_;        // [max_pos][head_dim/2][2]
+  std::vector<float> rope_local_;  // sliding layers' table when their base differs (Gemma 3)
   int64_t max_positions_ = 0;
 
   // Activation scratch, grown on demand.

@@ -278,6 +278,61 @@ TEST(ModelConfigTest, Phi3UnsupportedFieldsAreNamed) {
   }
 }
 
+// gemma-3-1b-it's config.json as published (no layer_types: the pattern decides).
+constexpr char kGemma3_1b[] = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
+  "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+  "use_cache": true, "vocab_size": 262144})";
+
+TEST(ModelConfigTest, Gemma3LayerPatternAndItsFields) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGemma3_1b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_EQ(c->model_type, "gemma3_text");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->tie_word_embeddings) << "Gemma3TextConfig's default";
+  EXPECT_EQ(c->activation, Activation::kGeluTanh);
+  EXPECT_EQ(c->sliding_window, 512);
+  ASSERT_EQ(c->sliding_layers.size(), 26u);
+  for (int i = 0; i < 26; ++i) EXPECT_EQ(c->sliding_layers[i], (i + 1) % 6 != 0) << i;
+  EXPECT_EQ(c->rope_local_theta, 10000.0);
+  EXPECT_EQ(c->query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c->final_logit_softcapping, 0.0);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 106));
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+TEST(ModelConfigTest, Gemma3UnsupportedFieldsAreNamed) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kGemma3_1b;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(R"("attn_logit_softcapping": null)", R"("attn_logit_softcapping": 50.0)"),
+       "attn_logit_softcapping"},
+      {with(R"("gelu_pytorch_tanh")", R"("gelu")"), "hidden_activation 'gelu'"},
+      {with(R"("use_cache": true)", R"("layer_types": ["chunked_attention"])"),
+       "field 'layer_types' must list one type per layer"},
+      {with(R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "dynamic", "factor": 2})"),
+       "rope_scaling type 'dynamic'"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "g/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+  }
+}
+
 TEST(ModelConfigTest, HuggingFaceDefaults) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(MinimalLlama(), "x/config.json");
   ASSERT_TRUE(c.ok()) << c.status();

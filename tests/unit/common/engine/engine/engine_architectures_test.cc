@@ -51,6 +51,13 @@ ModelConfig SmallConfig(Architecture arch) {
       c.rope_scaling.long_factor.push_back(2.0 + 3.0 * static_cast<double>(i));
     }
   }
+  if (arch == Architecture::kGemma3) {  // layer 0 local (a 20-token window), layer 1 global
+    c.sliding_window = 20;
+    c.sliding_layers = {1, 0};
+    c.rope_local_theta = 10000.0;
+    c.query_pre_attn_scalar = 24;
+    c.final_logit_softcapping = 30;
+  }
   return c;
 }
 
@@ -221,7 +228,8 @@ TEST_P(EngineArchitecturesTest, SpeculationKeepsGreedyOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
-                         ::testing::Values(Architecture::kQwen3, Architecture::kPhi3),
+                         ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
+                                           Architecture::kGemma3),
                          [](const auto& info) { return ArchitectureModelType(info.param); });
 
 }  // namespace

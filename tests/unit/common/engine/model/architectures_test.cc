@@ -1,11 +1,12 @@
-// Qwen2, Qwen3, Phi-3, Mistral and llama3-rope models written by the random-model writer and loaded
-// back.
+// Qwen2, Qwen3, Phi-3, Gemma 3, Mistral and llama3-rope models written by the random-model writer
+// and loaded back.
 
 #include <cstring>
 
 #include "common/engine/model/model.h"
 #include "common/engine/model/model_writer.h"
 #include "common/engine/model/rope.h"
+#include "common/engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/model/test_util.h"
@@ -230,6 +231,42 @@ TEST(ArchitecturesTest, Phi3WithUnfusedOrMisshapenWeightsIsAnErrorNamingTheTenso
   ASSERT_FALSE(m.ok());
   EXPECT_THAT(std::string(m.status().message()),
               ::testing::HasSubstr("qkv_proj.weight' has shape"));
+}
+
+TEST(ArchitecturesTest, Gemma3HoldsItsNormsAsOnePlusWeight) {
+  ScratchDir dir("gemma3");
+  RandomModelOptions o;
+  o.preset = "gemma3-tiny";
+  o.vocab_size = 300;
+  o.dtype = DType::kF32;
+  o.norm_std = 0.1;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.architecture_name, "Gemma3ForCausalLM");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_THAT(c.sliding_layers, ElementsAre(1, 0, 1));
+  EXPECT_EQ(c.query_pre_attn_scalar, 24);
+  EXPECT_EQ(c.final_logit_softcapping, 30);
+  // The file holds w (centred on 0); the model holds 1 + w for every norm.
+  auto file = SafetensorsFile::Open(dir.file("model.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& [name, tensor] : std::vector<std::pair<std::string, const Tensor*>>{
+           {"model.layers.1.input_layernorm.weight", &(*m)->weights().layers[1].input_norm},
+           {"model.layers.1.post_feedforward_layernorm.weight",
+            &(*m)->weights().layers[1].post_ffw_norm},
+           {"model.layers.0.pre_feedforward_layernorm.weight",
+            &(*m)->weights().layers[0].pre_ffw_norm},
+           {"model.layers.2.self_attn.k_norm.weight", &(*m)->weights().layers[2].k_norm},
+           {"model.norm.weight", &(*m)->weights().final_norm}}) {
+    const SafetensorsEntry* e = (*file)->Find(name);
+    ASSERT_NE(e, nullptr) << name;
+    const float stored = reinterpret_cast<const float*>(e->data)[3];
+    EXPECT_NE(stored, 0.0f) << name;
+    EXPECT_EQ(tensor->as<float>()[3], 1.0f + stored) << name;
+  }
 }
 
 }  // namespace

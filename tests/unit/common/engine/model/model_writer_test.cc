@@ -124,7 +124,14 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t phi3_params = 0;
   for (const auto& s : ModelTensorSpecs(*phi3, DType::kBF16)) phi3_params += s.nbytes() / 2;
   EXPECT_NEAR(phi3_params / 1e9, 3.82, 0.005);
-  for (const char* name : {"qwen3-tiny", "phi3-tiny"}) {
+  // Gemma-3-1B: 999,885,952 parameters (its published count), tied.
+  absl::StatusOr<ModelConfig> gemma3 = RandomModelPresetConfig("gemma3-1b");
+  ASSERT_TRUE(gemma3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*gemma3, "gemma3-1b").ok());
+  size_t gemma3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*gemma3, DType::kBF16)) gemma3_params += s.nbytes() / 2;
+  EXPECT_EQ(gemma3_params, 999885952u);
+  for (const char* name : {"qwen3-tiny", "phi3-tiny", "gemma3-tiny"}) {
     absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
