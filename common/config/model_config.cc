@@ -38,6 +38,8 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
     {Architecture::kPhi3, "Phi3ForCausalLM", "phi3", 4096, 1, 32000},
     {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 131072, 2, 1},
+    {Architecture::kMixtral, "MixtralForCausalLM", "mixtral", 4096 * 32, 1, 2},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768, -1, -1},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -293,6 +295,54 @@ absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig
   return absl::OkStatus();
 }
 
+// The experts of Mixtral (num_local_experts) and Qwen3-MoE (num_experts, moe_intermediate_size,
+// norm_topk_prob); Qwen3-MoE's dense layers (decoder_sparse_step, mlp_only_layers) and shared
+// experts are refused, naming the field.
+absl::Status ParseExperts(const json& doc, const std::string& source, ModelConfig* c) {
+  const bool mixtral = c->architecture == Architecture::kMixtral;
+  const char* count_key = mixtral ? "num_local_experts" : "num_experts";
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> experts, JsonOptionalInt(doc, count_key, source));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                          JsonOptionalInt(doc, "num_experts_per_tok", source));
+  c->num_experts = experts.value_or(mixtral ? 8 : 128);
+  c->num_experts_per_tok = top.value_or(mixtral ? 2 : 8);
+  if (c->num_experts <= 0 || c->num_experts > 4096) {
+    return Invalid(source, absl::StrCat("field '", count_key, "' must be in [1, 4096]"));
+  }
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts) {
+    return Invalid(source, absl::StrCat("field 'num_experts_per_tok' must be in [1, ",
+                                        c->num_experts, "], got ", c->num_experts_per_tok));
+  }
+  if (mixtral) {
+    c->norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises
+    return absl::OkStatus();
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> ffn,
+                          JsonOptionalInt(doc, "moe_intermediate_size", source));
+  c->moe_intermediate_size = ffn.value_or(768);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> norm,
+                          JsonOptionalBool(doc, "norm_topk_prob", source));
+  c->norm_topk_prob = norm.value_or(false);  // Qwen3MoeConfig's default
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> step,
+                          JsonOptionalInt(doc, "decoder_sparse_step", source));
+  if (step.value_or(1) != 1) {
+    return absl::UnimplementedError(absl::StrCat(source, ": decoder_sparse_step ", *step,
+                                                 " is not supported (every layer sparse: 1)"));
+  }
+  auto dense = doc.find("mlp_only_layers");
+  if (dense != doc.end() && !dense->is_null() && !(dense->is_array() && dense->empty())) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": mlp_only_layers is not supported (must be empty)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
+                          JsonOptionalInt(doc, "shared_expert_intermediate_size", source));
+  if (shared.value_or(0) > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": shared experts (shared_expert_intermediate_size) are not supported"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRange(const std::string& source, const char* field, int64_t value, int64_t max) {
   if (value <= 0 || value > max) {
     return Invalid(source,
@@ -390,9 +440,18 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
   }
-  if ((c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kGemma3) !=
-      c.qk_norm) {
-    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 and Gemma 3 only");
+  if ((c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe ||
+       c.architecture == Architecture::kGemma3) != c.qk_norm) {
+    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 (MoE) and Gemma 3 only");
+  }
+  const bool moe =
+      c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe;
+  if (moe != (c.num_experts > 0)) {
+    return Invalid(source, "experts go with Mixtral and Qwen3-MoE only, and they need experts");
+  }
+  if (moe && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts ||
+              c.expert_ffn() <= 0 || c.expert_ffn() > kMaxDim)) {
+    return Invalid(source, "num_experts_per_tok must be in [1, experts] and the expert ffn > 0");
   }
   if (c.architecture == Architecture::kQwen3 && c.attention_bias) {
     return Invalid(source, "Qwen3 with attention_bias (biases on q/k/v and o) is not supported");
@@ -474,7 +533,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "attention_bias", source));
   if (c.architecture == Architecture::kQwen2) {
     c.attention_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj none
-  } else if (c.architecture == Architecture::kQwen3 && attn_bias.value_or(false)) {
+  } else if ((c.architecture == Architecture::kQwen3 ||
+              c.architecture == Architecture::kQwen3Moe) &&
+             attn_bias.value_or(false)) {
     return absl::UnimplementedError(absl::StrCat(
         source, ": attention_bias true is not supported for Qwen3 (it also biases o_proj)"));
   } else if (attn_bias.value_or(false)) {
@@ -493,9 +554,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
   } else if (c.architecture == Architecture::kPhi3) {
     c.sliding_window = window.value_or(0);
-  } else if (c.architecture == Architecture::kQwen3) {
+  } else if (c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe) {
     c.qk_norm = true;
     TANDEM_RETURN_IF_ERROR(RequireFullAttention(doc, source));
+  } else if (c.architecture == Architecture::kMixtral) {
+    c.sliding_window = window.value_or(0);
+  }
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+    TANDEM_RETURN_IF_ERROR(ParseExperts(doc, source, &c));
   }
 
   TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> bos, ParseBos(doc, source));

@@ -20,6 +20,11 @@ enum class Architecture {
   // norms before and after attention and MLP, per-head q/k norms, GeGLU (tanh GELU), local
   // sliding-window layers (their own RoPE base) alternating with global ones.
   kGemma3,
+  // Mixture of experts: MixtralForCausalLM (Mistral attention) and Qwen3MoeForCausalLM (Qwen3
+  // attention); every layer's MLP is a router choosing num_experts_per_tok of num_experts
+  // SwiGLU experts per token.
+  kMixtral,
+  kQwen3Moe,
 };
 
 enum class Activation { kSilu, kGeluTanh };
@@ -72,6 +77,15 @@ struct ModelConfig {
   double rope_local_theta = 0;         // RoPE base of sliding layers (Gemma 3); 0: rope_theta
   double query_pre_attn_scalar = 0;    // scores scaled by its -1/2 power; 0: head_dim
   double final_logit_softcapping = 0;  // logits = cap * tanh(logits / cap); 0: none
+  // Mixture of experts (0 experts: a dense MLP). Routing: softmax over the router's logits, the
+  // top num_experts_per_tok, renormalised to sum 1 when norm_topk_prob (always for Mixtral).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;  // each expert's ffn; 0: intermediate_size (Mixtral)
+  bool norm_topk_prob = true;
+  int64_t expert_ffn() const {
+    return moe_intermediate_size > 0 ? moe_intermediate_size : intermediate_size;
+  }
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
   std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty

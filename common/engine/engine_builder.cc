@@ -169,11 +169,13 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
     *device = "cpu";  // auto: the one backend that serves it
   }
-  if (model->config().qk_norm && *device != "cpu") {  // not on the CUDA backend yet
+  const ModelConfig& mc = model->config();
+  if ((mc.qk_norm || mc.architecture == Architecture::kGemma3 || mc.num_experts > 0) &&
+      *device != "cpu") {  // not on the CUDA backend yet
     if (options.device != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          options.model_dir, " is a ", model->config().architecture_name,
-          " model: its per-head q/k norms are implemented on cpu only (--device cpu)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.model_dir, " is a ", mc.architecture_name,
+                       " model: it is implemented on cpu only (--device cpu)"));
     }
     *device = "cpu";
   }

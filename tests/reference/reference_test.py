@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402
 
-PRESETS = ["tiny", "qwen3-tiny", "phi3-tiny", "gemma3-tiny"]
+PRESETS = ["tiny", "qwen3-tiny", "phi3-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"]
 SEQ_LEN = 64
 PROMPT_LEN = 16
 NEW_TOKENS = 24

@@ -97,7 +97,7 @@ class DecoderOnly:
         q = self.linear(x, p + "q_proj", bias).view(t, self.h, self.d)
         k = self.linear(x, p + "k_proj", bias).view(t, self.kv, self.d)
         v = self.linear(x, p + "v_proj", bias).view(t, self.kv, self.d)
-        if self.arch == "Qwen3ForCausalLM":
+        if self.arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
             q = rms_norm(q, self.w[p + "q_norm.weight"], self.eps)
             k = rms_norm(k, self.w[p + "k_norm.weight"], self.eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -236,7 +236,39 @@ class Gemma3(DecoderOnly):
         return cap * torch.tanh(logits / cap) if cap else logits
 
 
+class MixtureOfExperts(DecoderOnly):
+    """MixtralForCausalLM (modeling_mixtral.py: MixtralSparseMoeBlock, experts w1 = gate,
+    w3 = up, w2 = down) and Qwen3MoeForCausalLM (modeling_qwen3_moe.py: Qwen3 attention,
+    Qwen3MoeSparseMoeBlock): router logits, softmax over all experts, the top num_experts_per_tok,
+    renormalised (Mixtral always; Qwen3-MoE when norm_topk_prob), each token's output the
+    weighted sum of its experts' SwiGLU outputs."""
+
+    def mlp(self, x, p):
+        mixtral = self.arch == "MixtralForCausalLM"
+        prefix = p[:-len("mlp.")] + "block_sparse_moe." if mixtral else p
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        experts = self.cfg["num_local_experts" if mixtral else "num_experts"]
+        k = self.cfg["num_experts_per_tok"]
+        probs = torch.softmax(x @ self.w[prefix + "gate.weight"].T, dim=-1)
+        top, idx = torch.topk(probs, k, dim=-1)
+        if mixtral or self.cfg.get("norm_topk_prob", False):
+            top = top / top.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e in range(experts):
+            rows, slot = torch.where(idx == e)
+            if rows.numel() == 0:
+                continue
+            ep = f"{prefix}experts.{e}."
+            xe = x[rows]
+            y = self.linear(torch.nn.functional.silu(self.linear(xe, ep + names[0])) *
+                            self.linear(xe, ep + names[1]), ep + names[2])
+            out.index_add_(0, rows, y * top[rows, slot, None])
+        return out
+
+
 ARCHITECTURES = {
+    "MixtralForCausalLM": MixtureOfExperts,
+    "Qwen3MoeForCausalLM": MixtureOfExperts,
     "Gemma3ForCausalLM": Gemma3,
     "Phi3ForCausalLM": Phi3,
     "LlamaForCausalLM": DecoderOnly,

@@ -369,6 +369,29 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
     TANDEM_RETURN_IF_ERROR(LoadNorm(p + "pre_feedforward_layernorm.weight", h, &l->pre_ffw_norm));
     TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_feedforward_layernorm.weight", h, &l->post_ffw_norm));
   }
+  if (c.num_experts > 0) {
+    if (ckpt_quant_.quantized()) {
+      return absl::UnimplementedError(
+          absl::StrCat(dir_, ": AWQ / GPTQ mixture-of-experts checkpoints are not supported"));
+    }
+    const bool mixtral = c.architecture == Architecture::kMixtral;
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const int64_t ef = c.expert_ffn();
+    TANDEM_RETURN_IF_ERROR(
+        LoadTensor(moe + "gate.weight", {c.num_experts, h}, DType::kF32, &l->router));
+    l->experts.resize(static_cast<size_t>(c.num_experts));
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string x = absl::StrCat(moe, "experts.", e, ".");
+      ExpertWeights& ew = l->experts[e];
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w1" : "gate_proj") + ".weight", {ef, h}, &ew.gate_proj));
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w3" : "up_proj") + ".weight", {ef, h}, &ew.up_proj));
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w2" : "down_proj") + ".weight", {h, ef}, &ew.down_proj));
+    }
+    return absl::OkStatus();
+  }
   if (c.architecture == Architecture::kPhi3) {  // gate_up_proj: the gate's rows, then up's
     const std::string gate_up = p + "mlp.gate_up_proj.weight";
     TANDEM_RETURN_IF_ERROR(LoadMatrixRows(gate_up, {2 * f, h}, 0, f, &l->gate_proj));
@@ -514,6 +537,13 @@ size_t Model::decode_weight_bytes() const {
     for (const Tensor* t :
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       bytes += t->stored_bytes();
+    }
+    // Experts: one token reads the router and its num_experts_per_tok experts.
+    if (!l.experts.empty()) {
+      bytes += l.router.stored_bytes();
+      const ExpertWeights& e = l.experts[0];
+      bytes += static_cast<size_t>(config_.num_experts_per_tok) *
+               (e.gate_proj.stored_bytes() + e.up_proj.stored_bytes() + e.down_proj.stored_bytes());
     }
   }
   return bytes;

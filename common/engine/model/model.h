@@ -19,6 +19,13 @@ class MappedFile;
 // row-major (y = x W^T). Projections are f32 or bf16 (LoadOptions::weight_dtype); norms and
 // biases are always f32. Gemma 3's norm weights w are held as (1 + w), what its RMSNorm
 // multiplies by, so every norm is x / rms(x) * weight.
+// One expert of a mixture-of-experts MLP (SwiGLU, like the dense MLP; ffn = expert_ffn()).
+struct ExpertWeights {
+  Tensor gate_proj;  // [ffn, hidden]  Mixtral: w1; Qwen3-MoE: gate_proj
+  Tensor up_proj;    // [ffn, hidden]  Mixtral: w3; Qwen3-MoE: up_proj
+  Tensor down_proj;  // [hidden, ffn]  Mixtral: w2; Qwen3-MoE: down_proj
+};
+
 struct LayerWeights {
   Tensor input_norm;    // [hidden]               input_layernorm.weight
   Tensor q_proj;        // [heads*head_dim, hidden]
@@ -37,6 +44,10 @@ struct LayerWeights {
   Tensor gate_proj;      // [ffn, hidden]
   Tensor up_proj;        // [ffn, hidden]
   Tensor down_proj;      // [hidden, ffn]
+  // Mixture of experts (config.num_experts > 0) instead of gate/up/down: the router, always f32
+  // (never quantized: routing must not move with the weights' precision), and the experts.
+  Tensor router;  // [experts, hidden]  block_sparse_moe.gate.weight / mlp.gate.weight
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {

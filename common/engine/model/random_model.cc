@@ -165,7 +165,7 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
       current ^= 1;
       bytes_written_ += static_cast<uint64_t>(n) * elem;
     }
-    if (options_.show_progress && spec.name.find("mlp.down_proj.weight") != std::string::npos) {
+    if (options_.show_progress && spec.name.find("post_attention_layernorm") != std::string::npos) {
       ++layers_done_;
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -217,7 +217,7 @@ absl::Status RandomModelWriter::WriteWeights() {
 
 std::string RandomModelPresetNames() {
   return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
-         "gemma3-tiny";
+         "gemma3-tiny, mixtral-8x7b, mixtral-tiny, qwen3-30b-a3b, qwen3-moe-tiny";
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
@@ -362,6 +362,64 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       c.sliding_window = 24;
       c.sliding_layers = {1, 0, 1};
     }
+  } else if (preset == "mixtral-8x7b" || preset == "mixtral-tiny") {
+    c.architecture = Architecture::kMixtral;
+    c.architecture_name = "MixtralForCausalLM";
+    c.model_type = "mixtral";
+    c.rope_theta = 1000000.0;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = true;
+    if (preset == "mixtral-8x7b") {  // Mixtral-8x7B (use --layers for fewer layers)
+      c.hidden_size = 4096;
+      c.intermediate_size = 14336;
+      c.num_layers = 32;
+      c.num_heads = 32;
+      c.num_kv_heads = 8;
+      c.head_dim = 128;
+      c.max_position_embeddings = 32768;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 96;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 16;
+      c.max_position_embeddings = 2048;
+    }
+  } else if (preset == "qwen3-30b-a3b" || preset == "qwen3-moe-tiny") {
+    c.architecture = Architecture::kQwen3Moe;
+    c.architecture_name = "Qwen3MoeForCausalLM";
+    c.model_type = "qwen3_moe";
+    c.qk_norm = true;
+    c.vocab_size = 151936;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.bos_token_id = 151643;
+    c.eos_token_ids = {151645, 151643};
+    c.max_position_embeddings = 40960;
+    c.norm_topk_prob = true;
+    if (preset == "qwen3-30b-a3b") {  // Qwen3-30B-A3B (use --layers for fewer layers)
+      c.hidden_size = 2048;
+      c.intermediate_size = 6144;
+      c.moe_intermediate_size = 768;
+      c.num_layers = 48;
+      c.num_heads = 32;
+      c.num_kv_heads = 4;
+      c.head_dim = 128;
+      c.num_experts = 128;
+      c.num_experts_per_tok = 8;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 192;
+      c.moe_intermediate_size = 48;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.num_experts = 16;
+      c.num_experts_per_tok = 4;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
                                                    "' (known: ", RandomModelPresetNames(), ")"));
@@ -386,8 +444,9 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
     config.max_position_embeddings = options.max_position_embeddings;
   }
   if (config.architecture == Architecture::kQwen2) config.attention_bias = true;
-  config.qk_norm =
-      config.architecture == Architecture::kQwen3 || config.architecture == Architecture::kGemma3;
+  config.qk_norm = config.architecture == Architecture::kQwen3 ||
+                   config.architecture == Architecture::kGemma3 ||
+                   config.architecture == Architecture::kQwen3Moe;
   if (config.architecture == Architecture::kGemma3) {
     config.activation = Activation::kGeluTanh;
     if (config.sliding_layers.size() != static_cast<size_t>(config.num_layers)) {

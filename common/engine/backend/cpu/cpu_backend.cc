@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/half.h"
 #include "common/base/log.h"
+#include "common/engine/backend/cpu/weight_view.h"
 #include "common/engine/model/rope.h"
 
 namespace tandem {
@@ -48,25 +49,7 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The kernels' view of a projection (dense or quantized): quantized weights take their inputs in
-// `input_dtype`, dense bf16 weights too except that int8 inputs become bf16 for them (int8
-// inputs are for int8 / int4 weights), dense f32 weights always f32.
-cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
-  cpu::MatMulWeight w;
-  w.data = t.data;
-  w.dtype = t.dtype;
-  w.quant = t.quant;
-  w.scales = t.scales;
-  w.zeros = t.zeros;
-  w.group_size = t.group_size;
-  w.layout = t.layout;
-  if (t.quant != WeightQuant::kNone) {
-    w.input_dtype = input_dtype;
-  } else if (t.dtype == DType::kBF16) {
-    w.input_dtype = input_dtype == DType::kI8 ? DType::kBF16 : input_dtype;
-  }
-  return w;
-}
+cpu::MatMulWeight View(const Tensor& t, DType input_dtype) { return WeightView(t, input_dtype); }
 
 // out[m, j] = x[m, perm[j]] for m < M, j < K (x row stride ldx, out contiguous).
 void Gather(const float* x, int64_t M, int64_t K, int64_t ldx, const int32_t* perm, float* out) {
@@ -395,6 +378,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
       cpu::AddRmsNorm(x, delta, lw.pre_ffw_norm.as<float>(), t, d, eps, h, pool);
     } else {
       cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h, pool);
+    }
+    if (c.num_experts > 0) {  // experts batched by expert (moe.h)
+      moe_->Run(c, lw, h, t, options_.matmul_input_dtype, delta, pool);
+      continue;
     }
     matmul_shared(h, t, d, {{&lw.gate_proj, f, nullptr, gate}, {&lw.up_proj, f, nullptr, up}});
     if (c.activation == Activation::kGeluTanh) {

@@ -58,6 +58,12 @@ ModelConfig SmallConfig(Architecture arch) {
     c.query_pre_attn_scalar = 24;
     c.final_logit_softcapping = 30;
   }
+  if (arch == Architecture::kMixtral || arch == Architecture::kQwen3Moe) {
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = arch == Architecture::kMixtral;  // Qwen3-MoE without renormalisation
+    if (arch == Architecture::kQwen3Moe) c.moe_intermediate_size = 32;
+  }
   return c;
 }
 
@@ -229,7 +235,8 @@ TEST_P(EngineArchitecturesTest, SpeculationKeepsGreedyOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
                          ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
-                                           Architecture::kGemma3),
+                                           Architecture::kGemma3, Architecture::kMixtral,
+                                           Architecture::kQwen3Moe),
                          [](const auto& info) { return ArchitectureModelType(info.param); });
 
 }  // namespace
