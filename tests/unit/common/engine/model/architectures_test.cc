@@ -269,5 +269,45 @@ TEST(ArchitecturesTest, Gemma3HoldsItsNormsAsOnePlusWeight) {
   }
 }
 
+TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    ScratchDir dir(preset);
+    RandomModelOptions o;
+    o.preset = preset;
+    o.vocab_size = 300;
+    o.dtype = DType::kBF16;
+    ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+    LoadOptions load;
+    load.quantization = WeightQuant::kInt4;
+    load.quant_group_size = 32;
+    absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), load);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const ModelConfig c = (*m)->config();  // a copy: m is reloaded below
+    for (const LayerWeights& l : (*m)->weights().layers) {
+      ASSERT_EQ(l.experts.size(), static_cast<size_t>(c.num_experts));
+      EXPECT_THAT(l.router.shape, ElementsAre(c.num_experts, c.hidden_size));
+      EXPECT_EQ(l.router.dtype, DType::kF32) << "the router is never quantized";
+      EXPECT_EQ(l.router.quant, WeightQuant::kNone);
+      EXPECT_EQ(l.experts.back().down_proj.quant, WeightQuant::kInt4);
+      EXPECT_THAT(l.experts.back().gate_proj.shape, ElementsAre(c.expert_ffn(), c.hidden_size));
+      EXPECT_TRUE(l.gate_proj.empty());
+    }
+    // A config with more experts than the checkpoint holds: the first missing one is named.
+    ModelConfig more = c;
+    more.num_experts = c.num_experts + 1;
+    testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(more));
+    m = LoadModel(dir.path(), LoadOptions());
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("gate.weight' has shape"));
+    more.num_experts = c.num_experts;
+    more.moe_intermediate_size = c.architecture == Architecture::kQwen3Moe ? 40 : 0;
+    more.intermediate_size = c.architecture == Architecture::kMixtral ? 40 : c.intermediate_size;
+    testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(more));
+    m = LoadModel(dir.path(), LoadOptions());
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("experts.0."));
+  }
+}
+
 }  // namespace
 }  // namespace tandem

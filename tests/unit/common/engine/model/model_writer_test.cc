@@ -131,7 +131,21 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t gemma3_params = 0;
   for (const auto& s : ModelTensorSpecs(*gemma3, DType::kBF16)) gemma3_params += s.nbytes() / 2;
   EXPECT_EQ(gemma3_params, 999885952u);
-  for (const char* name : {"qwen3-tiny", "phi3-tiny", "gemma3-tiny"}) {
+  // Mixtral-8x7B: 46.7B parameters; Qwen3-30B-A3B: 30.5B. Decode reads the active experts only.
+  absl::StatusOr<ModelConfig> mixtral = RandomModelPresetConfig("mixtral-8x7b");
+  ASSERT_TRUE(mixtral.ok());
+  EXPECT_TRUE(ValidateModelConfig(*mixtral, "mixtral-8x7b").ok());
+  size_t mixtral_params = 0;
+  for (const auto& s : ModelTensorSpecs(*mixtral, DType::kBF16)) mixtral_params += s.nbytes() / 2;
+  EXPECT_NEAR(mixtral_params / 1e9, 46.70, 0.01);
+  absl::StatusOr<ModelConfig> a3b = RandomModelPresetConfig("qwen3-30b-a3b");
+  ASSERT_TRUE(a3b.ok());
+  EXPECT_TRUE(ValidateModelConfig(*a3b, "qwen3-30b-a3b").ok());
+  size_t a3b_params = 0;
+  for (const auto& s : ModelTensorSpecs(*a3b, DType::kBF16)) a3b_params += s.nbytes() / 2;
+  EXPECT_NEAR(a3b_params / 1e9, 30.53, 0.01);
+  for (const char* name :
+       {"qwen3-tiny", "phi3-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"}) {
     absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
