@@ -13,7 +13,7 @@ packages=(
   prometheus-cpp-dev libcpp-httplib-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libbenchmark-dev libssl-dev zlib1g-dev openssl
   # test clients and tools
-  python3 python3-grpcio python3-protobuf python3-numpy curl
+  python3 python3-grpcio python3-protobuf python3-numpy python3-torch curl
   prometheus golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-yaml nodejs $(command -v npm >/dev/null 2>&1 || echo npm)
 )
 

@@ -1,4 +1,4 @@
-// `tandem make-model`: writes a random-initialised Llama-family model at a real shape.
+// `tandem make-model`: writes a random-initialised model (Llama, Qwen3) at a real shape.
 
 #include <cstdio>
 #include <string>
@@ -12,17 +12,22 @@ namespace tandem {
 
 int RunMakeModel(int argc, char** argv) {
   std::string preset = "tiny", dtype = "bf16", out, tokenizer_dir;
-  int64_t seed = 0, max_shard_bytes = 0, threads = 0;
+  int64_t seed = 0, max_shard_bytes = 0, threads = 0, layers = 0;
+  double norm_std = 0, init_std = RandomModelOptions().init_std;
   FlagSet flags("make-model",
                 "Writes a random-initialised model (config.json, safetensors, tokenizer) in\n"
-                "Hugging Face layout. Presets: llama-1b, llama-110m, tiny. Same flags, same "
-                "bytes.");
-  flags.String("preset", &preset, "llama-1b | llama-110m | tiny");
+                "Hugging Face layout. Presets: " +
+                    RandomModelPresetNames() + ". Same flags, same bytes.");
+  const std::string presets = RandomModelPresetNames();
+  flags.String("preset", &preset, presets.c_str());
   flags.String("dtype", &dtype, "bf16 or f32");
   flags.String("out", &out, "output directory (required)");
   flags.String("tokenizer-dir", &tokenizer_dir,
-               "copy tokenizer files from here (default: tests/data/tokenizers/llama2 of the "
-               "source tree)");
+               "copy tokenizer files from here (default: the preset family's tokenizer under "
+               "tests/data/tokenizers of the source tree: qwen3 for qwen3-*, else llama2)");
+  flags.Int("layers", &layers, "number of layers (0: the preset's)");
+  flags.Double("norm-std", &norm_std, "norm weights 1 + noise of this standard deviation");
+  flags.Double("init-std", &init_std, "standard deviation of the other weights");
   flags.Int("seed", &seed, "random seed");
   flags.Int("max-shard-bytes", &max_shard_bytes, "split into shards of at most this many bytes");
   flags.Int("threads", &threads, "generator threads (0: one per core)");
@@ -42,11 +47,15 @@ int RunMakeModel(int argc, char** argv) {
     return 2;
   }
   options.seed = static_cast<uint64_t>(seed);
+  options.num_layers = layers;
+  options.norm_std = norm_std;
+  options.init_std = init_std;
   options.max_shard_bytes = max_shard_bytes;
   options.num_threads = static_cast<int>(threads);
   options.show_progress = true;
+  const std::string family = preset.rfind("qwen3", 0) == 0 ? "qwen3" : "llama2";  // qwen3-moe too
   options.tokenizer_dir = tokenizer_dir.empty()
-                              ? std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/llama2"
+                              ? std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/" + family
                               : tokenizer_dir;
   if (auto st = WriteRandomModel(options, out); !st.ok()) {
     std::fprintf(stderr, "make-model: %s\n", std::string(st.message()).c_str());

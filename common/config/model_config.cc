@@ -35,6 +35,11 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kLlama, "LlamaForCausalLM", "llama", 2048, 1, 2},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", 4096 * 32, 1, 2},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", 32768, -1, -1},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
+    {Architecture::kPhi3, "Phi3ForCausalLM", "phi3", 4096, 1, 32000},
+    {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 131072, 2, 1},
+    {Architecture::kMixtral, "MixtralForCausalLM", "mixtral", 4096 * 32, 1, 2},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768, -1, -1},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -154,8 +159,188 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const json& doc, const std::string&
     scaling.original_max_position_embeddings = *original;
     return scaling;
   }
-  return absl::UnimplementedError(absl::StrCat(source, ": unsupported rope_scaling type '", *type,
-                                               "' (supported: default, linear, llama3)"));
+  if (*type == "longrope" || *type == "su") {
+    scaling.type = RopeScaling::Type::kLongRope;
+    for (const char* key : {"short_factor", "long_factor"}) {
+      auto f = rs.find(key);
+      if (f == rs.end() || !f->is_array()) {
+        return Invalid(source, absl::StrCat("rope_scaling of type '", *type, "' needs '", key,
+                                            "' (a list of numbers)"));
+      }
+      std::vector<double>& out =
+          std::string(key) == "short_factor" ? scaling.short_factor : scaling.long_factor;
+      for (const json& v : *f) {
+        if (!v.is_number()) {
+          return Invalid(source, absl::StrCat("rope_scaling '", key, "' must hold numbers"));
+        }
+        out.push_back(v.get<double>());
+      }
+    }
+    TANDEM_ASSIGN_OR_RETURN(std::optional<double> attention,
+                            JsonOptionalDouble(rs, "attention_factor", where));
+    scaling.attention_factor = attention.value_or(0.0);  // 0: the default, set by the caller
+    return scaling;
+  }
+  return absl::UnimplementedError(
+      absl::StrCat(source, ": unsupported rope_scaling type '", *type,
+                   "' (supported: default, linear, llama3, longrope/su)"));
+}
+
+// LongRoPE's context: config.json's original_max_position_embeddings (required), and the default
+// attention factor transformers' _compute_longrope_parameters derives from it.
+absl::Status FinishLongRope(const json& doc, const std::string& source, ModelConfig* c) {
+  RopeScaling& rs = c->rope_scaling;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> original,
+                          JsonOptionalInt(doc, "original_max_position_embeddings", source));
+  if (!original.has_value()) {
+    return Invalid(source,
+                   "rope_scaling of type longrope needs 'original_max_position_embeddings'");
+  }
+  rs.original_max_position_embeddings = *original;
+  if (rs.attention_factor == 0.0) {
+    const double factor =
+        static_cast<double>(c->max_position_embeddings) / static_cast<double>(*original);
+    rs.attention_factor =
+        factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(*original)));
+  }
+  return absl::OkStatus();
+}
+
+// Qwen3's sliding-window layers (use_sliding_window with max_window_layers, or layer_types naming
+// sliding_attention) are not implemented: refuse them, naming the field, rather than serve wrong
+// attention. Published Qwen3 checkpoints use full attention in every layer.
+absl::Status RequireFullAttention(const json& doc, const std::string& source) {
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
+                          JsonOptionalBool(doc, "use_sliding_window", source));
+  if (use_window.value_or(false)) {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": use_sliding_window true is not supported for this architecture (only full "
+                     "attention layers)"));
+  }
+  auto it = doc.find("layer_types");
+  if (it == doc.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Invalid(source, "field 'layer_types' must be a list of strings");
+  for (const json& t : *it) {
+    if (!t.is_string() || t.get<std::string>() != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat(source, ": layer_types entry ",
+                                                   t.dump().substr(0, 40),
+                                                   " is not supported (only \"full_attention\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Gemma 3's own fields: its activation, the layer pattern of local (sliding) and global
+// attention, the local RoPE base, the query scale and soft-capping.
+absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig* c) {
+  c->qk_norm = true;
+  c->activation = Activation::kGeluTanh;
+  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
+                          JsonOptionalString(doc, "hidden_activation", source));
+  if (!act.has_value()) {
+    TANDEM_ASSIGN_OR_RETURN(act, JsonOptionalString(doc, "hidden_act", source));
+  }
+  if (act.has_value() && *act != "gelu_pytorch_tanh") {
+    return absl::UnimplementedError(absl::StrCat(source, ": hidden_activation '", *act,
+                                                 "' is not supported (only gelu_pytorch_tanh)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> attn_cap,
+                          JsonOptionalDouble(doc, "attn_logit_softcapping", source));
+  if (attn_cap.has_value()) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": attn_logit_softcapping is not supported (must be null)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> final_cap,
+                          JsonOptionalDouble(doc, "final_logit_softcapping", source));
+  c->final_logit_softcapping = final_cap.value_or(0.0);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> scalar,
+                          JsonOptionalDouble(doc, "query_pre_attn_scalar", source));
+  c->query_pre_attn_scalar = scalar.value_or(256.0);  // Gemma3TextConfig's default
+  TANDEM_ASSIGN_OR_RETURN(std::optional<double> local,
+                          JsonOptionalDouble(doc, "rope_local_base_freq", source));
+  c->rope_local_theta = local.value_or(10000.0);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> window,
+                          JsonOptionalInt(doc, "sliding_window", source));
+  c->sliding_window = window.value_or(4096);
+  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), 0);
+  auto types = doc.find("layer_types");
+  if (types != doc.end() && !types->is_null()) {
+    if (!types->is_array() || types->size() != c->sliding_layers.size()) {
+      return Invalid(source, "field 'layer_types' must list one type per layer");
+    }
+    for (size_t i = 0; i < types->size(); ++i) {
+      const json& t = (*types)[i];
+      const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+      if (name != "sliding_attention" && name != "full_attention") {
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": layer_types entry '", name, "' is not supported"));
+      }
+      c->sliding_layers[i] = name == "sliding_attention";
+    }
+  } else {  // transformers' Gemma3: layer i is global when (i + 1) % sliding_window_pattern == 0
+    TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> pattern,
+                            JsonOptionalInt(doc, "sliding_window_pattern", source));
+    const int64_t every = pattern.value_or(6);
+    if (every <= 0) return Invalid(source, "field 'sliding_window_pattern' must be positive");
+    for (size_t i = 0; i < c->sliding_layers.size(); ++i) {
+      c->sliding_layers[i] = (static_cast<int64_t>(i) + 1) % every != 0;
+    }
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> tie,
+                          JsonOptionalBool(doc, "tie_word_embeddings", source));
+  c->tie_word_embeddings = tie.value_or(true);  // Gemma3TextConfig's default
+  return absl::OkStatus();
+}
+
+// The experts of Mixtral (num_local_experts) and Qwen3-MoE (num_experts, moe_intermediate_size,
+// norm_topk_prob); Qwen3-MoE's dense layers (decoder_sparse_step, mlp_only_layers) and shared
+// experts are refused, naming the field.
+absl::Status ParseExperts(const json& doc, const std::string& source, ModelConfig* c) {
+  const bool mixtral = c->architecture == Architecture::kMixtral;
+  const char* count_key = mixtral ? "num_local_experts" : "num_experts";
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> experts, JsonOptionalInt(doc, count_key, source));
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                          JsonOptionalInt(doc, "num_experts_per_tok", source));
+  c->num_experts = experts.value_or(mixtral ? 8 : 128);
+  c->num_experts_per_tok = top.value_or(mixtral ? 2 : 8);
+  if (c->num_experts <= 0 || c->num_experts > 4096) {
+    return Invalid(source, absl::StrCat("field '", count_key, "' must be in [1, 4096]"));
+  }
+  if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts) {
+    return Invalid(source, absl::StrCat("field 'num_experts_per_tok' must be in [1, ",
+                                        c->num_experts, "], got ", c->num_experts_per_tok));
+  }
+  if (mixtral) {
+    c->norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises
+    return absl::OkStatus();
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> ffn,
+                          JsonOptionalInt(doc, "moe_intermediate_size", source));
+  c->moe_intermediate_size = ffn.value_or(768);
+  TANDEM_ASSIGN_OR_RETURN(std::optional<bool> norm,
+                          JsonOptionalBool(doc, "norm_topk_prob", source));
+  c->norm_topk_prob = norm.value_or(false);  // Qwen3MoeConfig's default
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> step,
+                          JsonOptionalInt(doc, "decoder_sparse_step", source));
+  if (step.value_or(1) != 1) {
+    return absl::UnimplementedError(absl::StrCat(source, ": decoder_sparse_step ", *step,
+                                                 " is not supported (every layer sparse: 1)"));
+  }
+  auto dense = doc.find("mlp_only_layers");
+  if (dense != doc.end() && !dense->is_null() && !(dense->is_array() && dense->empty())) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": mlp_only_layers is not supported (must be empty)"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
+                          JsonOptionalInt(doc, "shared_expert_intermediate_size", source));
+  if (shared.value_or(0) > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": shared experts (shared_expert_intermediate_size) are not supported"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckRange(const std::string& source, const char* field, int64_t value, int64_t max) {
@@ -219,9 +404,57 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
     TANDEM_RETURN_IF_ERROR(CheckRange(source, "rope_scaling.original_max_position_embeddings",
                                       rs.original_max_position_embeddings, kMaxPositions));
   }
+  if (rs.type == RopeScaling::Type::kLongRope) {
+    const size_t half = static_cast<size_t>(c.head_dim / 2);
+    if (rs.short_factor.size() != half || rs.long_factor.size() != half) {
+      return Invalid(source, absl::StrCat("rope_scaling short_factor and long_factor must have "
+                                          "head_dim / 2 = ",
+                                          half, " entries, got ", rs.short_factor.size(), " and ",
+                                          rs.long_factor.size()));
+    }
+    for (const std::vector<double>* v : {&rs.short_factor, &rs.long_factor}) {
+      for (double f : *v) {
+        if (!(f > 0) || !std::isfinite(f)) {
+          return Invalid(source, absl::StrCat("rope_scaling factors must be positive, got ", f));
+        }
+      }
+    }
+    if (!(rs.attention_factor > 0) || !std::isfinite(rs.attention_factor)) {
+      return Invalid(source, absl::StrCat("rope_scaling attention_factor must be positive, got ",
+                                          rs.attention_factor));
+    }
+    TANDEM_RETURN_IF_ERROR(CheckRange(source, "original_max_position_embeddings",
+                                      rs.original_max_position_embeddings, kMaxPositions));
+  }
   if (c.sliding_window < 0) return Invalid(source, "field 'sliding_window' must not be negative");
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
+    return Invalid(source, "sliding layer pattern must name every layer");
+  }
+  for (double v : {c.rope_local_theta, c.query_pre_attn_scalar, c.final_logit_softcapping}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return Invalid(source, absl::StrCat("rope_local_base_freq, query_pre_attn_scalar and "
+                                          "final_logit_softcapping must be >= 0, got ",
+                                          v));
+    }
+  }
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
+  }
+  if ((c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe ||
+       c.architecture == Architecture::kGemma3) != c.qk_norm) {
+    return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 (MoE) and Gemma 3 only");
+  }
+  const bool moe =
+      c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe;
+  if (moe != (c.num_experts > 0)) {
+    return Invalid(source, "experts go with Mixtral and Qwen3-MoE only, and they need experts");
+  }
+  if (moe && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts ||
+              c.expert_ffn() <= 0 || c.expert_ffn() > kMaxDim)) {
+    return Invalid(source, "num_experts_per_tok must be in [1, experts] and the expert ffn > 0");
+  }
+  if (c.architecture == Architecture::kQwen3 && c.attention_bias) {
+    return Invalid(source, "Qwen3 with attention_bias (biases on q/k/v and o) is not supported");
   }
   return absl::OkStatus();
 }
@@ -266,6 +499,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalDouble(doc, "rope_theta", source));
   c.rope_theta = theta.value_or(10000.0);
   TANDEM_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(doc, source));
+  if (c.rope_scaling.type == RopeScaling::Type::kLongRope) {
+    TANDEM_RETURN_IF_ERROR(FinishLongRope(doc, source, &c));
+  }
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> partial,
                           JsonOptionalDouble(doc, "partial_rotary_factor", source));
   if (partial.has_value() && *partial != 1.0) {
@@ -279,11 +515,15 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "tie_word_embeddings", source));
   c.tie_word_embeddings = tie.value_or(false);
 
-  TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
-                          JsonOptionalString(doc, "hidden_act", source));
-  if (act.has_value() && *act != "silu") {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": hidden_act '", *act, "' is not supported (only silu)"));
+  if (c.architecture == Architecture::kGemma3) {
+    TANDEM_RETURN_IF_ERROR(ParseGemma3(doc, source, &c));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
+                            JsonOptionalString(doc, "hidden_act", source));
+    if (act.has_value() && *act != "silu") {
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": hidden_act '", *act, "' is not supported (only silu)"));
+    }
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> mlp_bias, JsonOptionalBool(doc, "mlp_bias", source));
   if (mlp_bias.value_or(false)) {
@@ -293,6 +533,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "attention_bias", source));
   if (c.architecture == Architecture::kQwen2) {
     c.attention_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj none
+  } else if ((c.architecture == Architecture::kQwen3 ||
+              c.architecture == Architecture::kQwen3Moe) &&
+             attn_bias.value_or(false)) {
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": attention_bias true is not supported for Qwen3 (it also biases o_proj)"));
   } else if (attn_bias.value_or(false)) {
     // Llama's attention_bias also puts a bias on o_proj, which the engine has no slot for.
     return absl::UnimplementedError(absl::StrCat(
@@ -307,6 +552,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
                             JsonOptionalBool(doc, "use_sliding_window", source));
     if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
+  } else if (c.architecture == Architecture::kPhi3) {
+    c.sliding_window = window.value_or(0);
+  } else if (c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe) {
+    c.qk_norm = true;
+    TANDEM_RETURN_IF_ERROR(RequireFullAttention(doc, source));
+  } else if (c.architecture == Architecture::kMixtral) {
+    c.sliding_window = window.value_or(0);
+  }
+  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+    TANDEM_RETURN_IF_ERROR(ParseExperts(doc, source, &c));
   }
 
   TANDEM_ASSIGN_OR_RETURN(std::optional<int32_t> bos, ParseBos(doc, source));

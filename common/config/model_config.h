@@ -14,16 +14,37 @@ enum class Architecture {
   kLlama,    // LlamaForCausalLM: Llama 2, 3, 3.1, 3.2
   kMistral,  // MistralForCausalLM (same math; sliding window is not used by these checkpoints)
   kQwen2,    // Qwen2ForCausalLM: bias on q/k/v projections
+  kQwen3,    // Qwen3ForCausalLM: per-head RMSNorm of q and k before RoPE, no biases
+  kPhi3,     // Phi3ForCausalLM: fused qkv_proj and gate_up_proj (split at load), LongRoPE
+  // Gemma3ForCausalLM (text): embeddings scaled by sqrt(hidden), RMSNorm weights as (1 + w),
+  // norms before and after attention and MLP, per-head q/k norms, GeGLU (tanh GELU), local
+  // sliding-window layers (their own RoPE base) alternating with global ones.
+  kGemma3,
+  // Mixture of experts: MixtralForCausalLM (Mistral attention) and Qwen3MoeForCausalLM (Qwen3
+  // attention); every layer's MLP is a router choosing num_experts_per_tok of num_experts
+  // SwiGLU experts per token.
+  kMixtral,
+  kQwen3Moe,
 };
 
+enum class Activation { kSilu, kGeluTanh };
+
 struct RopeScaling {
-  enum class Type { kNone, kLinear, kLlama3 };
+  enum class Type { kNone, kLinear, kLlama3, kLongRope };
   Type type = Type::kNone;
   double factor = 1.0;
   // llama3 only:
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // llama3 and longrope (Phi-3's config.json carries it beside rope_scaling):
   int64_t original_max_position_embeddings = 8192;
+  // longrope ("su" in older Phi-3 configs): per-frequency divisors, head_dim / 2 each; positions
+  // below original_max_position_embeddings rotate with short_factor, the others with
+  // long_factor; cos and sin are scaled by attention_factor (its default:
+  // sqrt(1 + ln(max_position_embeddings / original) / ln(original)) when that ratio exceeds 1).
+  std::vector<double> short_factor;
+  std::vector<double> long_factor;
+  double attention_factor = 1.0;
 
   bool operator==(const RopeScaling&) const = default;
 };
@@ -47,6 +68,24 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v (and not o) carry a bias; always true for Qwen2
   int64_t sliding_window = 0;   // 0: none
+  // q and k are RMS-normalised per head (weights [head_dim]) before RoPE; always true for Qwen3.
+  bool qk_norm = false;
+  Activation activation = Activation::kSilu;  // of the gated MLP: silu (SwiGLU) or GeGLU
+  // Per layer: 1 where the layer attends within sliding_window, 0 where it attends globally.
+  // Empty: every layer uses sliding_window (0: none), as Mistral.
+  std::vector<uint8_t> sliding_layers;
+  double rope_local_theta = 0;         // RoPE base of sliding layers (Gemma 3); 0: rope_theta
+  double query_pre_attn_scalar = 0;    // scores scaled by its -1/2 power; 0: head_dim
+  double final_logit_softcapping = 0;  // logits = cap * tanh(logits / cap); 0: none
+  // Mixture of experts (0 experts: a dense MLP). Routing: softmax over the router's logits, the
+  // top num_experts_per_tok, renormalised to sum 1 when norm_topk_prob (always for Mixtral).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;  // each expert's ffn; 0: intermediate_size (Mixtral)
+  bool norm_topk_prob = true;
+  int64_t expert_ffn() const {
+    return moe_intermediate_size > 0 ? moe_intermediate_size : intermediate_size;
+  }
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;  // config.json's eos_token_id (int or list)
   std::string torch_dtype;             // "float32", "bfloat16", "float16" or empty

@@ -20,7 +20,21 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["head_dim"] = c.head_dim;
   j["vocab_size"] = c.vocab_size;
   j["max_position_embeddings"] = c.max_position_embeddings;
-  j["hidden_act"] = "silu";
+  if (c.architecture == Architecture::kGemma3) {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    j["rope_local_base_freq"] = c.rope_local_theta;
+    j["sliding_window"] = c.sliding_window;
+    nlohmann::ordered_json types = nlohmann::ordered_json::array();
+    for (uint8_t s : c.sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+    j["attn_logit_softcapping"] = nullptr;
+    j["final_logit_softcapping"] = c.final_logit_softcapping > 0
+                                       ? nlohmann::ordered_json(c.final_logit_softcapping)
+                                       : nlohmann::ordered_json(nullptr);
+  } else {
+    j["hidden_act"] = "silu";
+  }
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
   switch (c.rope_scaling.type) {
@@ -38,17 +52,42 @@ std::string ModelConfigToJson(const ModelConfig& c) {
           {"high_freq_factor", c.rope_scaling.high_freq_factor},
           {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
       break;
+    case RopeScaling::Type::kLongRope:
+      j["rope_scaling"] = {{"type", "longrope"},
+                           {"short_factor", c.rope_scaling.short_factor},
+                           {"long_factor", c.rope_scaling.long_factor},
+                           {"attention_factor", c.rope_scaling.attention_factor}};
+      j["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+      break;
   }
   if (c.architecture == Architecture::kLlama) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   }
-  if (c.architecture == Architecture::kMistral) {
+  if (c.architecture == Architecture::kMistral || c.architecture == Architecture::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
   if (c.architecture == Architecture::kQwen2) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
+  }
+  if (c.architecture == Architecture::kMixtral) {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
+  }
+  if (c.architecture == Architecture::kQwen3Moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = nlohmann::ordered_json::array();
+  }
+  if (c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe) {
+    j["attention_bias"] = c.attention_bias;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   j["bos_token_id"] = c.bos_token_id >= 0 ? nlohmann::ordered_json(c.bos_token_id) : nullptr;

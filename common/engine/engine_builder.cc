@@ -169,6 +169,16 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
     *device = "cpu";  // auto: the one backend that serves it
   }
+  const ModelConfig& mc = model->config();
+  if ((mc.qk_norm || mc.architecture == Architecture::kGemma3 || mc.num_experts > 0) &&
+      *device != "cpu") {  // not on the CUDA backend yet
+    if (options.device != "auto") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.model_dir, " is a ", mc.architecture_name,
+                       " model: it is implemented on cpu only (--device cpu)"));
+    }
+    *device = "cpu";
+  }
 
   // auto: int8 inputs (vpdpbusd) for int8 and int4 weights where the CPU has AVX512_VNNI; bf16
   // dot products where the CPU has AVX512_BF16 for bf16 weights (and quantized ones without

@@ -69,6 +69,13 @@ class ModelLoader {
                                                        const std::vector<int64_t>& shape);
   // A projection [N, K]: LoadDense, or quantized from the stored values when the options ask.
   absl::Status LoadMatrix(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
+  // Rows [row_begin, row_begin + N) of the fused projection `name`, stored [total_rows, K] (Phi-3's
+  // qkv_proj and gate_up_proj), as LoadMatrix would load a projection [N, K] of its own: a view
+  // into the mapping when no conversion is needed, else converted, tiled or quantized.
+  absl::Status LoadMatrixRows(const std::string& name, const std::vector<int64_t>& stored_shape,
+                              int64_t row_begin, int64_t N, Tensor* out);
+  // A norm weight [dim] in f32; Gemma 3's (1 + w), copied.
+  absl::Status LoadNorm(const std::string& name, int64_t dim, Tensor* out);
   // A dense projection: LoadTensor, or bf16 tiles (TileBf16Into) when the options ask for them.
   absl::Status LoadDense(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
   // Whether dense matrices go into bf16 tiles (LoadOptions::bf16_layout, bf16 weights).
@@ -243,6 +250,59 @@ absl::Status ModelLoader::LoadMatrix(const std::string& name, const std::vector<
   return absl::OkStatus();
 }
 
+absl::Status ModelLoader::LoadMatrixRows(const std::string& name,
+                                         const std::vector<int64_t>& stored_shape,
+                                         int64_t row_begin, int64_t N, Tensor* out) {
+  if (ckpt_quant_.quantized()) {
+    return absl::UnimplementedError(absl::StrCat(dir_, ": ", ckpt_quant_.MethodName(),
+                                                 " int4 checkpoints with fused '", name,
+                                                 "' projections are not supported"));
+  }
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, stored_shape));
+  const int64_t K = stored_shape[1];
+  const uint8_t* src = e->data + static_cast<size_t>(row_begin * K) * DTypeSize(e->dtype);
+  if (options_.quantization != WeightQuant::kNone) {
+    QuantizeInto(src, e->dtype, N, K, out);
+    return absl::OkStatus();
+  }
+  if (TilesBf16()) {
+    TileBf16Into(src, e->dtype, N, K, out);
+    return absl::OkStatus();
+  }
+  const DType dtype = model_->weight_dtype_;
+  const size_t elem = DTypeSize(dtype);
+  out->dtype = dtype;
+  out->shape = {N, K};
+  if (options_.map_weights && e->dtype == dtype && reinterpret_cast<uintptr_t>(src) % elem == 0) {
+    out->data = src;
+    mapped_bytes_ += static_cast<size_t>(N * K) * elem;
+    return absl::OkStatus();
+  }
+  const size_t bytes = static_cast<size_t>(N * K) * elem;
+  void* dst = model_->arena_.Allocate(bytes);
+  model_->owned_bytes_ += bytes;
+  ConvertElements(src, e->dtype, dst, dtype, N * K, pool());
+  out->data = dst;
+  converted_bytes_ += bytes;
+  ++converted_tensors_;
+  return absl::OkStatus();
+}
+
+absl::Status ModelLoader::LoadNorm(const std::string& name, int64_t dim, Tensor* out) {
+  if (model_->config_.architecture != Architecture::kGemma3) {
+    return LoadTensor(name, {dim}, DType::kF32, out);
+  }
+  TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, {dim}));
+  float* dst = static_cast<float*>(model_->arena_.Allocate(static_cast<size_t>(dim) * 4));
+  ConvertElements(e->data, e->dtype, dst, DType::kF32, dim);
+  for (int64_t i = 0; i < dim; ++i) dst[i] += 1.0f;  // Gemma3RMSNorm: x * (1 + w), in f32
+  model_->owned_bytes_ += static_cast<size_t>(dim) * 4;
+  out->dtype = DType::kF32;
+  out->shape = {dim};
+  out->data = dst;
+  return absl::OkStatus();
+}
+
 absl::Status ModelLoader::LoadDense(const std::string& name, const std::vector<int64_t>& shape,
                                     Tensor* out) {
   if (!TilesBf16()) return LoadTensor(name, shape, model_->weight_dtype_, out);
@@ -279,11 +339,18 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   const int64_t h = c.hidden_size;
   const int64_t f = c.intermediate_size;
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor(p + "input_layernorm.weight", {h}, DType::kF32, &l->input_norm));
-  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.q_proj.weight", {q_dim, h}, &l->q_proj));
-  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.k_proj.weight", {kv_dim, h}, &l->k_proj));
-  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.v_proj.weight", {kv_dim, h}, &l->v_proj));
+  TANDEM_RETURN_IF_ERROR(LoadNorm(p + "input_layernorm.weight", h, &l->input_norm));
+  if (c.architecture == Architecture::kPhi3) {  // qkv_proj: q, k and v rows one after the other
+    const std::string qkv = p + "self_attn.qkv_proj.weight";
+    const std::vector<int64_t> shape = {q_dim + 2 * kv_dim, h};
+    TANDEM_RETURN_IF_ERROR(LoadMatrixRows(qkv, shape, 0, q_dim, &l->q_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrixRows(qkv, shape, q_dim, kv_dim, &l->k_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrixRows(qkv, shape, q_dim + kv_dim, kv_dim, &l->v_proj));
+  } else {
+    TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.q_proj.weight", {q_dim, h}, &l->q_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.k_proj.weight", {kv_dim, h}, &l->k_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.v_proj.weight", {kv_dim, h}, &l->v_proj));
+  }
   if (c.attention_bias) {
     TANDEM_RETURN_IF_ERROR(
         LoadTensor(p + "self_attn.q_proj.bias", {q_dim}, DType::kF32, &l->q_bias));
@@ -292,11 +359,47 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
     TANDEM_RETURN_IF_ERROR(
         LoadTensor(p + "self_attn.v_proj.bias", {kv_dim}, DType::kF32, &l->v_bias));
   }
+  if (c.qk_norm) {
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "self_attn.q_norm.weight", c.head_dim, &l->q_norm));
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "self_attn.k_norm.weight", c.head_dim, &l->k_norm));
+  }
   TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.o_proj.weight", {h, q_dim}, &l->o_proj));
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor(p + "post_attention_layernorm.weight", {h}, DType::kF32, &l->post_norm));
-  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.gate_proj.weight", {f, h}, &l->gate_proj));
-  TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.up_proj.weight", {f, h}, &l->up_proj));
+  TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_attention_layernorm.weight", h, &l->post_norm));
+  if (c.architecture == Architecture::kGemma3) {
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "pre_feedforward_layernorm.weight", h, &l->pre_ffw_norm));
+    TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_feedforward_layernorm.weight", h, &l->post_ffw_norm));
+  }
+  if (c.num_experts > 0) {
+    if (ckpt_quant_.quantized()) {
+      return absl::UnimplementedError(
+          absl::StrCat(dir_, ": AWQ / GPTQ mixture-of-experts checkpoints are not supported"));
+    }
+    const bool mixtral = c.architecture == Architecture::kMixtral;
+    const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const int64_t ef = c.expert_ffn();
+    TANDEM_RETURN_IF_ERROR(
+        LoadTensor(moe + "gate.weight", {c.num_experts, h}, DType::kF32, &l->router));
+    l->experts.resize(static_cast<size_t>(c.num_experts));
+    for (int64_t e = 0; e < c.num_experts; ++e) {
+      const std::string x = absl::StrCat(moe, "experts.", e, ".");
+      ExpertWeights& ew = l->experts[e];
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w1" : "gate_proj") + ".weight", {ef, h}, &ew.gate_proj));
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w3" : "up_proj") + ".weight", {ef, h}, &ew.up_proj));
+      TANDEM_RETURN_IF_ERROR(
+          LoadMatrix(x + (mixtral ? "w2" : "down_proj") + ".weight", {h, ef}, &ew.down_proj));
+    }
+    return absl::OkStatus();
+  }
+  if (c.architecture == Architecture::kPhi3) {  // gate_up_proj: the gate's rows, then up's
+    const std::string gate_up = p + "mlp.gate_up_proj.weight";
+    TANDEM_RETURN_IF_ERROR(LoadMatrixRows(gate_up, {2 * f, h}, 0, f, &l->gate_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrixRows(gate_up, {2 * f, h}, f, f, &l->up_proj));
+  } else {
+    TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.gate_proj.weight", {f, h}, &l->gate_proj));
+    TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.up_proj.weight", {f, h}, &l->up_proj));
+  }
   TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "mlp.down_proj.weight", {h, f}, &l->down_proj));
   return absl::OkStatus();
 }
@@ -385,8 +488,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
   for (int64_t i = 0; i < c.num_layers; ++i) {
     TANDEM_RETURN_IF_ERROR(LoadLayer(i, &w.layers[i]));
   }
-  TANDEM_RETURN_IF_ERROR(
-      LoadTensor("model.norm.weight", {c.hidden_size}, DType::kF32, &w.final_norm));
+  TANDEM_RETURN_IF_ERROR(LoadNorm("model.norm.weight", c.hidden_size, &w.final_norm));
   if (c.tie_word_embeddings) {
     if (options_.quantization == WeightQuant::kNone && !TilesBf16()) {
       w.lm_head = w.embed_tokens;
@@ -435,6 +537,13 @@ size_t Model::decode_weight_bytes() const {
     for (const Tensor* t :
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
       bytes += t->stored_bytes();
+    }
+    // Experts: one token reads the router and its num_experts_per_tok experts.
+    if (!l.experts.empty()) {
+      bytes += l.router.stored_bytes();
+      const ExpertWeights& e = l.experts[0];
+      bytes += static_cast<size_t>(config_.num_experts_per_tok) *
+               (e.gate_proj.stored_bytes() + e.up_proj.stored_bytes() + e.down_proj.stored_bytes());
     }
   }
   return bytes;

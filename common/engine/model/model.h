@@ -17,20 +17,37 @@ class MappedFile;
 
 // Weights of one transformer layer, in Hugging Face layout: every projection is [out, in]
 // row-major (y = x W^T). Projections are f32 or bf16 (LoadOptions::weight_dtype); norms and
-// biases are always f32.
+// biases are always f32. Gemma 3's norm weights w are held as (1 + w), what its RMSNorm
+// multiplies by, so every norm is x / rms(x) * weight.
+// One expert of a mixture-of-experts MLP (SwiGLU, like the dense MLP; ffn = expert_ffn()).
+struct ExpertWeights {
+  Tensor gate_proj;  // [ffn, hidden]  Mixtral: w1; Qwen3-MoE: gate_proj
+  Tensor up_proj;    // [ffn, hidden]  Mixtral: w3; Qwen3-MoE: up_proj
+  Tensor down_proj;  // [hidden, ffn]  Mixtral: w2; Qwen3-MoE: down_proj
+};
+
 struct LayerWeights {
-  Tensor input_norm;  // [hidden]               input_layernorm.weight
-  Tensor q_proj;      // [heads*head_dim, hidden]
-  Tensor k_proj;      // [kv_heads*head_dim, hidden]
-  Tensor v_proj;      // [kv_heads*head_dim, hidden]
-  Tensor q_bias;      // [heads*head_dim]      Qwen2 / attention_bias only; else empty
-  Tensor k_bias;      // [kv_heads*head_dim]
-  Tensor v_bias;      // [kv_heads*head_dim]
-  Tensor o_proj;      // [hidden, heads*head_dim]
-  Tensor post_norm;   // [hidden]               post_attention_layernorm.weight
-  Tensor gate_proj;   // [ffn, hidden]
-  Tensor up_proj;     // [ffn, hidden]
-  Tensor down_proj;   // [hidden, ffn]
+  Tensor input_norm;    // [hidden]               input_layernorm.weight
+  Tensor q_proj;        // [heads*head_dim, hidden]
+  Tensor k_proj;        // [kv_heads*head_dim, hidden]
+  Tensor v_proj;        // [kv_heads*head_dim, hidden]
+  Tensor q_bias;        // [heads*head_dim]      Qwen2 / attention_bias only; else empty
+  Tensor k_bias;        // [kv_heads*head_dim]
+  Tensor v_bias;        // [kv_heads*head_dim]
+  Tensor q_norm;        // [head_dim]  self_attn.q_norm.weight, per-head RMSNorm (Qwen3); else empty
+  Tensor k_norm;        // [head_dim]  self_attn.k_norm.weight
+  Tensor o_proj;        // [hidden, heads*head_dim]
+  Tensor post_norm;     // [hidden]               post_attention_layernorm.weight (Gemma 3: of the
+                        //                        attention output; others: before the MLP)
+  Tensor pre_ffw_norm;  // [hidden]  pre_feedforward_layernorm.weight (Gemma 3); else empty
+  Tensor post_ffw_norm;  // [hidden]  post_feedforward_layernorm.weight (Gemma 3); else empty
+  Tensor gate_proj;      // [ffn, hidden]
+  Tensor up_proj;        // [ffn, hidden]
+  Tensor down_proj;      // [hidden, ffn]
+  // Mixture of experts (config.num_experts > 0) instead of gate/up/down: the router, always f32
+  // (never quantized: routing must not move with the weights' precision), and the experts.
+  Tensor router;  // [experts, hidden]  block_sparse_moe.gate.weight / mlp.gate.weight
+  std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {

@@ -153,17 +153,44 @@ std::vector<SafetensorsWriter::Spec> ModelTensorSpecs(const ModelConfig& c, DTyp
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     specs.push_back({p + "input_layernorm.weight", dtype, {h}});
-    specs.push_back({p + "self_attn.q_proj.weight", dtype, {q, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.q_proj.bias", dtype, {q}});
-    specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", dtype, {kv}});
-    specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv, h}});
-    if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", dtype, {kv}});
+    if (c.architecture == Architecture::kPhi3) {
+      specs.push_back({p + "self_attn.qkv_proj.weight", dtype, {q + 2 * kv, h}});
+    } else {
+      specs.push_back({p + "self_attn.q_proj.weight", dtype, {q, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.q_proj.bias", dtype, {q}});
+      specs.push_back({p + "self_attn.k_proj.weight", dtype, {kv, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", dtype, {kv}});
+      specs.push_back({p + "self_attn.v_proj.weight", dtype, {kv, h}});
+      if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", dtype, {kv}});
+    }
+    if (c.qk_norm) {
+      specs.push_back({p + "self_attn.q_norm.weight", dtype, {c.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", dtype, {c.head_dim}});
+    }
     specs.push_back({p + "self_attn.o_proj.weight", dtype, {h, q}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {h}});
-    specs.push_back({p + "mlp.gate_proj.weight", dtype, {f, h}});
-    specs.push_back({p + "mlp.up_proj.weight", dtype, {f, h}});
-    specs.push_back({p + "mlp.down_proj.weight", dtype, {h, f}});
+    if (c.architecture == Architecture::kGemma3) {
+      specs.push_back({p + "pre_feedforward_layernorm.weight", dtype, {h}});
+      specs.push_back({p + "post_feedforward_layernorm.weight", dtype, {h}});
+    }
+    if (c.num_experts > 0) {
+      const bool mixtral = c.architecture == Architecture::kMixtral;
+      const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int64_t ef = c.expert_ffn();
+      specs.push_back({moe + "gate.weight", dtype, {c.num_experts, h}});
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = absl::StrCat(moe, "experts.", e, ".");
+        specs.push_back({x + (mixtral ? "w1" : "gate_proj") + ".weight", dtype, {ef, h}});
+        specs.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight", dtype, {h, ef}});
+        specs.push_back({x + (mixtral ? "w3" : "up_proj") + ".weight", dtype, {ef, h}});
+      }
+    } else if (c.architecture == Architecture::kPhi3) {
+      specs.push_back({p + "mlp.gate_up_proj.weight", dtype, {2 * f, h}});
+    } else {
+      specs.push_back({p + "mlp.gate_proj.weight", dtype, {f, h}});
+      specs.push_back({p + "mlp.up_proj.weight", dtype, {f, h}});
+    }
+    if (c.num_experts == 0) specs.push_back({p + "mlp.down_proj.weight", dtype, {h, f}});
   }
   specs.push_back({"model.norm.weight", dtype, {h}});
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", dtype, {c.vocab_size, h}});

@@ -80,6 +80,19 @@ struct RandomModelOptions {
   //             32000, max position 2048, tied embeddings like llama2.c's export.
   // "tiny":     hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads (head_dim 16), vocab 32000,
   //             max position 2048, tied; ~2.1M params, for fast tests.
+  // "qwen3-0.6b": Qwen3-0.6B (hidden 1024, ffn 3072, 28 layers, 16 heads, 8 KV heads, head_dim
+  //             128, per-head q/k norms, rope_theta 1e6, vocab 151936, tied).
+  // "qwen3-tiny": Qwen3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, head_dim 32, with
+  //             the Qwen3 vocabulary (151936) and tokenizer; for tests.
+  // "phi3-mini": Phi-3-mini-4k-instruct (hidden 3072, ffn 8192, 32 layers, 32 heads, MHA,
+  //             head_dim 96, sliding window 2047, vocab 32064, untied; fused qkv and gate/up).
+  // "phi3-tiny": Phi-3 at hidden 64, ffn 176, 2 layers, 4 heads, 2 KV heads, LongRoPE (long
+  //             factors from position 32 on), a 48-token sliding window; for tests.
+  // "gemma3-1b": Gemma-3-1B's text model (hidden 1152, ffn 6912, 26 layers, 4 heads, 1 KV head,
+  //             head_dim 256, a 512-token window on five layers of six, vocab 262144, tied).
+  // "gemma3-tiny": Gemma 3 at hidden 64, 3 layers (the middle one global), a 24-token window,
+  //             query_pre_attn_scalar 24 and final logit soft-capping 30; for tests.
+  // The Gemma presets carry the Llama 2 tokenizer (Gemma's is not bundled).
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).
   std::optional<ModelConfig> config;
@@ -93,6 +106,9 @@ struct RandomModelOptions {
   // Projections, embeddings and biases: uniform with this standard deviation (transformers'
   // initializer_range); norm weights are 1.
   double init_std = 0.02;
+  // Norm weights: 1 plus uniform noise of this standard deviation (0: exactly 1). References
+  // catch a norm whose weight is dropped only when it is not 1.
+  double norm_std = 0.0;
   // Copies tokenizer.json (required), tokenizer_config.json, special_tokens_map.json and
   // tokenizer.model (when present) from this directory; empty: no tokenizer files.
   std::string tokenizer_dir;
@@ -103,7 +119,10 @@ struct RandomModelOptions {
   bool show_progress = false;
 };
 
-// The config of a preset ("llama-1b", "llama-110m", "tiny"); InvalidArgument for other names.
+// The preset names, comma-separated, for help texts and errors.
+std::string RandomModelPresetNames();
+
+// The config of a preset (RandomModelPresetNames()); InvalidArgument for other names.
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset);
 
 // Writes config.json, generation_config.json, the weights and the tokenizer files to `out_dir`

@@ -36,19 +36,20 @@ uint64_t NameKey(uint64_t seed, const std::string& name) {
 }
 
 // Fills out[0, n) with elements [first, first + n) of tensor `spec`: uniform on [-a, a) with
-// a = std * sqrt(3) (so the standard deviation is `std`), or 1.0 for norm weights. Every value is
-// a pure function of (key, index) computed with exact integer arithmetic and one rounding, so
+// a = std * sqrt(3) (so the standard deviation is `std`), or for norm weights (`norm`) norm_base
+// plus such a value of standard deviation `norm_std` (norm_base exactly when it is 0). Every value
+// is a pure function of (key, index) computed with exact integer arithmetic and one rounding, so
 // files do not depend on threads, chunking or the math library.
-void Generate(uint64_t key, bool ones, double std, DType dtype, int64_t first, int64_t n,
-              void* out) {
-  const double scale = std * std::sqrt(3.0) / static_cast<double>(1 << 23);
+void Generate(uint64_t key, bool norm, double std, double norm_std, double norm_base, DType dtype,
+              int64_t first, int64_t n, void* out) {
+  const double scale = (norm ? norm_std : std) * std::sqrt(3.0) / static_cast<double>(1 << 23);
   for (int64_t i = 0; i < n; ++i) {
-    float v = 1.0f;
-    if (!ones) {
+    float v = static_cast<float>(norm_base);
+    if (!norm || norm_std > 0) {
       const uint64_t bits =
           Mix64(key + static_cast<uint64_t>(first + i + 1) * 0x9e3779b97f4a7c15ull);
       const int32_t r = static_cast<int32_t>(bits >> 40) - (1 << 23);
-      v = static_cast<float>(static_cast<double>(r) * scale);
+      v = static_cast<float>(static_cast<double>(r) * scale + (norm ? norm_base : 0.0));
     }
     if (dtype == DType::kBF16) {
       static_cast<uint16_t*>(out)[i] = FloatToBf16(v);
@@ -145,14 +146,17 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
   };
   for (const SafetensorsWriter::Spec& spec : specs) {
     const uint64_t key = NameKey(options_.seed, spec.name);
-    const bool ones = IsNorm(spec.name);
+    const bool norm = IsNorm(spec.name);
+    // Gemma 3 multiplies by (1 + w) and initialises w to 0: its norms centre on 0.
+    const double norm_base = config_.architecture == Architecture::kGemma3 ? 0.0 : 1.0;
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
     for (int64_t first = 0; first < numel; first += kChunk) {
       const int64_t n = std::min(kChunk, numel - first);
       uint8_t* buf = buffers[current].data();
       pool_.ParallelForGrain(n, 4096, [&](int64_t b, int64_t e) {
-        Generate(key, ones, options_.init_std, options_.dtype, first + b, e - b, buf + b * elem);
+        Generate(key, norm, options_.init_std, options_.norm_std, norm_base, options_.dtype,
+                 first + b, e - b, buf + b * elem);
       });
       TANDEM_RETURN_IF_ERROR(wait_pending());
       pending = std::async(std::launch::async, [&writer, buf, n, elem] {
@@ -161,7 +165,7 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
       current ^= 1;
       bytes_written_ += static_cast<uint64_t>(n) * elem;
     }
-    if (options_.show_progress && spec.name.find("mlp.down_proj.weight") != std::string::npos) {
+    if (options_.show_progress && spec.name.find("post_attention_layernorm") != std::string::npos) {
       ++layers_done_;
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -211,6 +215,11 @@ absl::Status RandomModelWriter::WriteWeights() {
 
 }  // namespace
 
+std::string RandomModelPresetNames() {
+  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
+         "gemma3-tiny, mixtral-8x7b, mixtral-tiny, qwen3-30b-a3b, qwen3-moe-tiny";
+}
+
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
   ModelConfig c;
   c.architecture = Architecture::kLlama;
@@ -254,9 +263,166 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
     c.head_dim = 16;
     c.max_position_embeddings = 2048;
     c.tie_word_embeddings = true;
+  } else if (preset == "qwen3-0.6b" || preset == "qwen3-tiny") {
+    c.architecture = Architecture::kQwen3;
+    c.architecture_name = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.vocab_size = 151936;  // the Qwen3 tokenizer's (tests/data/tokenizers/qwen3)
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.bos_token_id = 151643;             // as Qwen3's config.json says; its tokenizer adds no BOS
+    c.eos_token_ids = {151645, 151643};  // <|im_end|>, <|endoftext|>
+    c.tie_word_embeddings = true;
+    c.max_position_embeddings = 40960;
+    if (preset == "qwen3-0.6b") {  // Qwen3-0.6B
+      c.hidden_size = 1024;
+      c.intermediate_size = 3072;
+      c.num_layers = 28;
+      c.num_heads = 16;
+      c.num_kv_heads = 8;
+      c.head_dim = 128;
+    } else {  // head_dim 32 != hidden / heads, as in Qwen3's larger members
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+    }
+  } else if (preset == "phi3-mini" || preset == "phi3-tiny") {
+    c.architecture = Architecture::kPhi3;
+    c.architecture_name = "Phi3ForCausalLM";
+    c.model_type = "phi3";
+    c.vocab_size = 32064;  // the Llama 2 vocabulary and Phi-3's chat tokens
+    c.eos_token_ids = {32000};
+    if (preset == "phi3-mini") {  // Phi-3-mini-4k-instruct
+      c.hidden_size = 3072;
+      c.intermediate_size = 8192;
+      c.num_layers = 32;
+      c.num_heads = 32;
+      c.num_kv_heads = 32;
+      c.head_dim = 96;
+      c.max_position_embeddings = 4096;
+      c.sliding_window = 2047;
+    } else {  // LongRoPE from position 32 on and a 48-token window, so short tests cover both
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 16;
+      c.max_position_embeddings = 2048;
+      c.sliding_window = 48;
+      RopeScaling& rs = c.rope_scaling;
+      rs.type = RopeScaling::Type::kLongRope;
+      rs.original_max_position_embeddings = 32;
+      for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+        rs.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
+        rs.long_factor.push_back(1.0 + 2.0 * static_cast<double>(i));
+      }
+      const double factor = 2048.0 / 32.0;  // transformers' default attention factor
+      rs.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(32.0));
+    }
+  } else if (preset == "gemma3-1b" || preset == "gemma3-tiny") {
+    c.architecture = Architecture::kGemma3;
+    c.architecture_name = "Gemma3ForCausalLM";
+    c.model_type = "gemma3_text";
+    c.qk_norm = true;
+    c.activation = Activation::kGeluTanh;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.rope_local_theta = 10000.0;
+    c.bos_token_id = 2;
+    c.eos_token_ids = {1, 106};  // <eos>, <end_of_turn>
+    c.tie_word_embeddings = true;
+    if (preset == "gemma3-1b") {  // Gemma-3-1B (text)
+      c.vocab_size = 262144;
+      c.hidden_size = 1152;
+      c.intermediate_size = 6912;
+      c.num_layers = 26;
+      c.num_heads = 4;
+      c.num_kv_heads = 1;
+      c.head_dim = 256;
+      c.query_pre_attn_scalar = 256;
+      c.max_position_embeddings = 32768;
+      c.sliding_window = 512;
+      c.sliding_layers.assign(26, 1);
+      for (int64_t i = 5; i < 26; i += 6) c.sliding_layers[i] = 0;
+    } else {  // a 24-token window on layers 0 and 2, a query scale and soft-capped logits
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 3;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.query_pre_attn_scalar = 24;
+      c.final_logit_softcapping = 30.0;
+      c.max_position_embeddings = 2048;
+      c.sliding_window = 24;
+      c.sliding_layers = {1, 0, 1};
+    }
+  } else if (preset == "mixtral-8x7b" || preset == "mixtral-tiny") {
+    c.architecture = Architecture::kMixtral;
+    c.architecture_name = "MixtralForCausalLM";
+    c.model_type = "mixtral";
+    c.rope_theta = 1000000.0;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = true;
+    if (preset == "mixtral-8x7b") {  // Mixtral-8x7B (use --layers for fewer layers)
+      c.hidden_size = 4096;
+      c.intermediate_size = 14336;
+      c.num_layers = 32;
+      c.num_heads = 32;
+      c.num_kv_heads = 8;
+      c.head_dim = 128;
+      c.max_position_embeddings = 32768;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 96;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 16;
+      c.max_position_embeddings = 2048;
+    }
+  } else if (preset == "qwen3-30b-a3b" || preset == "qwen3-moe-tiny") {
+    c.architecture = Architecture::kQwen3Moe;
+    c.architecture_name = "Qwen3MoeForCausalLM";
+    c.model_type = "qwen3_moe";
+    c.qk_norm = true;
+    c.vocab_size = 151936;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.bos_token_id = 151643;
+    c.eos_token_ids = {151645, 151643};
+    c.max_position_embeddings = 40960;
+    c.norm_topk_prob = true;
+    if (preset == "qwen3-30b-a3b") {  // Qwen3-30B-A3B (use --layers for fewer layers)
+      c.hidden_size = 2048;
+      c.intermediate_size = 6144;
+      c.moe_intermediate_size = 768;
+      c.num_layers = 48;
+      c.num_heads = 32;
+      c.num_kv_heads = 4;
+      c.head_dim = 128;
+      c.num_experts = 128;
+      c.num_experts_per_tok = 8;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 192;
+      c.moe_intermediate_size = 48;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.num_experts = 16;
+      c.num_experts_per_tok = 4;
+    }
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown model preset '", preset, "' (known: llama-1b, llama-110m, tiny)"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
+                                                   "' (known: ", RandomModelPresetNames(), ")"));
   }
   return c;
 }
@@ -278,6 +444,20 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
     config.max_position_embeddings = options.max_position_embeddings;
   }
   if (config.architecture == Architecture::kQwen2) config.attention_bias = true;
+  config.qk_norm = config.architecture == Architecture::kQwen3 ||
+                   config.architecture == Architecture::kGemma3 ||
+                   config.architecture == Architecture::kQwen3Moe;
+  if (config.architecture == Architecture::kGemma3) {
+    config.activation = Activation::kGeluTanh;
+    if (config.sliding_layers.size() != static_cast<size_t>(config.num_layers)) {
+      config.sliding_layers.assign(static_cast<size_t>(config.num_layers), 1);
+      for (int64_t i = 5; i < config.num_layers; i += 6) config.sliding_layers[i] = 0;
+    }
+    if (config.query_pre_attn_scalar == 0) {
+      config.query_pre_attn_scalar = static_cast<double>(config.head_dim);
+    }
+    if (config.rope_local_theta == 0) config.rope_local_theta = 10000.0;
+  }
   config.architecture_name = ArchitectureClassName(config.architecture);
   if (config.model_type.empty()) config.model_type = ArchitectureModelType(config.architecture);
   config.torch_dtype = options.dtype == DType::kBF16 ? "bfloat16" : "float32";

@@ -5,7 +5,7 @@
 
 namespace tandem {
 
-std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
+std::vector<double> RopeInverseFrequencies(const ModelConfig& config, bool long_context) {
   const int64_t dim = config.head_dim;
   const int64_t half = dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
@@ -37,21 +37,33 @@ std::vector<double> RopeInverseFrequencies(const ModelConfig& config) {
       }
       break;
     }
+    case RopeScaling::Type::kLongRope: {
+      const std::vector<double>& ext = long_context ? rs.long_factor : rs.short_factor;
+      for (int64_t i = 0; i < half; ++i) inv_freq[i] /= ext[i];
+      break;
+    }
   }
   return inv_freq;
 }
 
 std::vector<float> RopeCosSinTable(const ModelConfig& config, int64_t max_positions) {
-  const std::vector<double> inv_freq = RopeInverseFrequencies(config);
-  const size_t half = inv_freq.size();
+  const std::vector<double> short_freq = RopeInverseFrequencies(config);
+  const bool longrope = config.rope_scaling.type == RopeScaling::Type::kLongRope;
+  const std::vector<double> long_freq =
+      longrope ? RopeInverseFrequencies(config, true) : short_freq;
+  const int64_t long_from =
+      longrope ? config.rope_scaling.original_max_position_embeddings : max_positions;
+  const double scale = longrope ? config.rope_scaling.attention_factor : 1.0;
+  const size_t half = short_freq.size();
   if (max_positions <= 0) return {};
   std::vector<float> table(static_cast<size_t>(max_positions) * half * 2);
   for (int64_t pos = 0; pos < max_positions; ++pos) {
     float* row = table.data() + static_cast<size_t>(pos) * half * 2;
+    const std::vector<double>& inv_freq = pos < long_from ? short_freq : long_freq;
     for (size_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos) * inv_freq[i];
-      row[2 * i] = static_cast<float>(std::cos(angle));
-      row[2 * i + 1] = static_cast<float>(std::sin(angle));
+      row[2 * i] = static_cast<float>(std::cos(angle) * scale);
+      row[2 * i + 1] = static_cast<float>(std::sin(angle) * scale);
     }
   }
   return table;

@@ -52,6 +52,11 @@ TEMPLATES = {
     "tokenizer:llama3": from_config("llama3"),
     "tokenizer:qwen3": from_config("qwen3"),
 }
+# Templates of families whose tokenizer is not bundled (family_templates.json names the sources).
+with open(os.path.join(HERE, "family_templates.json"), encoding="utf-8") as f:
+    for name, source in json.load(f).items():
+        if not name.startswith("_"):
+            TEMPLATES["family:" + name] = source
 
 CONVERSATIONS = {
     "user": [{"role": "user", "content": "Hello there!"}],
@@ -124,16 +129,28 @@ def main():
     cases = []
     for tname, source in TEMPLATES.items():
         llama3 = "llama3" in tname or tname == "llama-3"
+        phi = tname.startswith("family:phi")
+        gemma = tname.startswith("family:gemma")
         for cname, messages in CONVERSATIONS.items():
             for add_gen in (False, True):
                 variables = {
                     "messages": messages,
                     "add_generation_prompt": add_gen,
-                    "bos_token": "<|begin_of_text|>" if llama3 else "<s>",
-                    "eos_token": "<|eot_id|>" if llama3 else "</s>",
+                    "bos_token": "<|begin_of_text|>" if llama3 else "<bos>" if gemma else "<s>",
+                    "eos_token": ("<|eot_id|>" if llama3 else "<|endoftext|>" if phi else
+                                  "<eos>" if gemma else "</s>"),
                 }
                 cases.append({"template": tname, "source": source,
                               "name": f"{tname}/{cname}/gen={add_gen}", "variables": variables})
+    # Qwen3's thinking switch (apply_chat_template(..., enable_thinking=...)): false closes an
+    # empty think block after the generation prompt; true and absent leave it open.
+    for cname in ("user", "thinking", "multi_turn"):
+        for thinking in (False, True):
+            variables = {"messages": CONVERSATIONS[cname], "add_generation_prompt": True,
+                         "bos_token": "<s>", "eos_token": "</s>", "enable_thinking": thinking}
+            cases.append({"template": "tokenizer:qwen3", "source": TEMPLATES["tokenizer:qwen3"],
+                          "name": f"tokenizer:qwen3/{cname}/gen=True/enable_thinking={thinking}",
+                          "variables": variables})
     for i, source in enumerate(SNIPPETS):
         cases.append({"template": "inline", "source": source, "name": f"snippet{i}",
                       "variables": {"messages": CONVERSATIONS["system_user"]}})

@@ -7,10 +7,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/half.h"
 #include "common/base/log.h"
+#include "common/engine/backend/cpu/weight_view.h"
 #include "common/engine/model/rope.h"
 
 namespace tandem {
@@ -46,25 +49,7 @@ T* Grow(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-// The kernels' view of a projection (dense or quantized): quantized weights take their inputs in
-// `input_dtype`, dense bf16 weights too except that int8 inputs become bf16 for them (int8
-// inputs are for int8 / int4 weights), dense f32 weights always f32.
-cpu::MatMulWeight View(const Tensor& t, DType input_dtype) {
-  cpu::MatMulWeight w;
-  w.data = t.data;
-  w.dtype = t.dtype;
-  w.quant = t.quant;
-  w.scales = t.scales;
-  w.zeros = t.zeros;
-  w.group_size = t.group_size;
-  w.layout = t.layout;
-  if (t.quant != WeightQuant::kNone) {
-    w.input_dtype = input_dtype;
-  } else if (t.dtype == DType::kBF16) {
-    w.input_dtype = input_dtype == DType::kI8 ? DType::kBF16 : input_dtype;
-  }
-  return w;
-}
+cpu::MatMulWeight View(const Tensor& t, DType input_dtype) { return WeightView(t, input_dtype); }
 
 // out[m, j] = x[m, perm[j]] for m < M, j < K (x row stride ldx, out contiguous).
 void Gather(const float* x, int64_t M, int64_t K, int64_t ldx, const int32_t* perm, float* out) {
@@ -73,6 +58,31 @@ void Gather(const float* x, int64_t M, int64_t K, int64_t ldx, const int32_t* pe
     float* dst = out + m * K;
     for (int64_t j = 0; j < K; ++j) dst[j] = row[perm[j]];
   }
+}
+
+// x[i] *= s for i < n.
+void ScaleRows(float* x, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+// Gemma's embedding scale sqrt(hidden) in the embeddings' dtype, as transformers makes it
+// (torch.tensor(hidden ** 0.5, dtype=hidden_states.dtype)): rounded to bf16 for bf16 weights.
+float EmbeddingScale(const ModelConfig& c, DType dtype) {
+  const float s = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  return dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16(s)) : s;
+}
+
+// out[i] = gelu_tanh(gate[i]) * up[i] for i < n, GELU's tanh approximation
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (gelu_pytorch_tanh). Elementwise, so any split
+// over the pool gives the same bits.
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out, ThreadPool* pool) {
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  pool->ParallelForGrain(n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(kC * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  });
 }
 
 }  // namespace
@@ -152,6 +162,12 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
 
   backend->max_positions_ = std::min<int64_t>(c.max_position_embeddings, kMaxRopePositions);
   backend->rope_ = RopeCosSinTable(c, backend->max_positions_);
+  if (c.rope_local_theta > 0) {  // local layers rotate with their own base and no scaling
+    ModelConfig local = c;
+    local.rope_theta = c.rope_local_theta;
+    local.rope_scaling = RopeScaling();
+    backend->rope_local_ = RopeCosSinTable(local, backend->max_positions_);
+  }
   int threads = options.num_threads > 0 ? options.num_threads : DefaultComputeThreads();
   backend->pool_ = std::make_unique<ThreadPool>(threads);
   if (options.commit_kv) {
@@ -321,8 +337,21 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
+  const bool gemma = c.architecture == Architecture::kGemma3;
+  if (gemma) ScaleRows(x, t * d, EmbeddingScale(c, w.embed_tokens.dtype));
+  // Attention scores are scaled by 1/sqrt(head_dim) in the kernel; a model asking for another
+  // scale (Gemma 3's query_pre_attn_scalar) gets q multiplied by the ratio first.
+  const float q_scale =
+      c.query_pre_attn_scalar > 0 && c.query_pre_attn_scalar != static_cast<double>(hd)
+          ? static_cast<float>(std::sqrt(static_cast<double>(hd) / c.query_pre_attn_scalar))
+          : 1.0f;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    const bool local = !c.sliding_layers.empty() && c.sliding_layers[l] != 0;
+    const int64_t window = c.sliding_layers.empty() ? c.sliding_window
+                           : local                  ? c.sliding_window
+                                                    : 0;
+    const float* rope = local && !rope_local_.empty() ? rope_local_.data() : rope_.data();
     if (l == 0) {
       cpu::RmsNorm(x, lw.input_norm.as<float>(), t, d, eps, h, pool);
     } else {  // x += previous layer's MLP output; h = norm(x)
@@ -332,17 +361,36 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
                   {{&lw.q_proj, qd, bias(lw.q_bias), q},
                    {&lw.k_proj, kvd, bias(lw.k_bias), k},
                    {&lw.v_proj, kvd, bias(lw.v_bias), v}});
-    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope_.data(), pool);
-    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope_.data(), pool);
+    if (c.qk_norm) {  // per-head RMSNorm: q and k seen as [t * heads, head_dim] rows
+      cpu::RmsNorm(q, lw.q_norm.as<float>(), t * c.num_heads, hd, eps, q, pool);
+      cpu::RmsNorm(k, lw.k_norm.as<float>(), t * c.num_kv_heads, hd, eps, k, pool);
+    }
+    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope, pool);
+    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope, pool);
+    if (q_scale != 1.0f) ScaleRows(q, t * qd, q_scale);
     const cpu::PagedKvLayer kv = KvLayer(l);
     cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv, pool);
-    cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, c.sliding_window, attn, qd, pool);
+    cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, window, attn, qd, pool);
     if (b.on_layer_done) b.on_layer_done(l);
     matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
-    cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h, pool);
+    if (gemma) {  // norm the attention output, add it, norm again before the MLP
+      cpu::RmsNorm(delta, lw.post_norm.as<float>(), t, d, eps, delta, pool);
+      cpu::AddRmsNorm(x, delta, lw.pre_ffw_norm.as<float>(), t, d, eps, h, pool);
+    } else {
+      cpu::AddRmsNorm(x, delta, lw.post_norm.as<float>(), t, d, eps, h, pool);
+    }
+    if (c.num_experts > 0) {  // experts batched by expert (moe.h)
+      moe_->Run(c, lw, h, t, options_.matmul_input_dtype, delta, pool);
+      continue;
+    }
     matmul_shared(h, t, d, {{&lw.gate_proj, f, nullptr, gate}, {&lw.up_proj, f, nullptr, up}});
-    cpu::SiluMul(gate, up, t, f, act, pool);
+    if (c.activation == Activation::kGeluTanh) {
+      GeluTanhMul(gate, up, t * f, act, pool);
+    } else {
+      cpu::SiluMul(gate, up, t, f, act, pool);
+    }
     matmul(act, t, f, true, lw.down_proj, d, nullptr, delta);
+    if (gemma) cpu::RmsNorm(delta, lw.post_ffw_norm.as<float>(), t, d, eps, delta, pool);
   }
 
   // Final residual add and norm, only for the rows whose logits are wanted.
@@ -357,6 +405,10 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   }
   cpu::AddRmsNorm(rows, rows_delta, w.final_norm.as<float>(), n, d, eps, rows_norm);
   matmul(rows_norm, n, d, true, w.lm_head, c.vocab_size, nullptr, logits);
+  if (c.final_logit_softcapping > 0) {
+    const float cap = static_cast<float>(c.final_logit_softcapping);
+    for (int64_t i = 0; i < n * c.vocab_size; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 #include "common/base/thread_pool.h"
 #include "common/engine/backend/backend.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/backend/cpu/moe.h"
 #include "common/engine/model/model.h"
 
 namespace tandem {
@@ -81,14 +82,16 @@ class CpuBackend : public Backend {
     int64_t per_token;
   };
   std::array<ActivationBuffer, 10> ActivationBuffers() const;
-  std::vector<float> rope_;  // [max_pos][head_dim/2][2]
+  std::vector<float> rope_;        // [max_pos][head_dim/2][2]
+  std::vector<float> rope_local_;  // sliding layers' table when their base differs (Gemma 3)
   int64_t max_positions_ = 0;
 
   // Activation scratch, grown on demand.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, act_, tmp_, final_;
   std::vector<float> permuted_;  // act-order int4: a projection's input gathered by input_perm
   std::vector<cpu::AttentionQuery> queries_;
-  std::vector<cpu::MatMulProjection> projections_;  // one MatMulShared call's projections
+  std::unique_ptr<MoeMlp> moe_ = std::make_unique<MoeMlp>();  // experts' scratch
+  std::vector<cpu::MatMulProjection> projections_;            // one MatMulShared call's projections
 };
 
 }  // namespace tandem

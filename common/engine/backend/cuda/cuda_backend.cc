@@ -120,6 +120,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         absl::StrCat("the CUDA backend serves dense weights only; this model is quantized (",
                      std::string(WeightQuantName(model->quantization())), ")"));
   }
+  if (const ModelConfig& c = model->config();
+      c.qk_norm || c.architecture == Architecture::kGemma3 || c.num_experts > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("the CUDA backend does not implement ", c.architecture_name,
+                     " yet (per-head q/k norms, Gemma's norms and GeGLU, experts); serve it "
+                     "with --device cpu"));
+  }
   std::string why;
   if (!CudaDeviceAvailable(&why)) return absl::FailedPreconditionError(why);
   std::unique_ptr<CudaBackend> backend(new CudaBackend(std::move(model), options));

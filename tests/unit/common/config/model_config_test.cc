@@ -148,6 +148,264 @@ TEST(ModelConfigTest, Qwen2ImpliesAttentionBiasAndIgnoresUnusedWindow) {
   EXPECT_THAT(c->eos_token_ids, ElementsAre(151643));
 }
 
+// Qwen3-0.6B's config.json as published.
+constexpr char kQwen3_06b[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ModelConfigTest, Qwen3HasPerHeadQkNormsAndNoBias) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kQwen3_06b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen3);
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_heads * c->head_dim, 2048) << "q is wider than hidden";
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->rope_theta, 1000000.0);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151645));
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+TEST(ModelConfigTest, Qwen3UnsupportedFieldsAreNamed) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kQwen3_06b;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(R"("attention_bias": false)", R"("attention_bias": true)"), "attention_bias"},
+      {with(R"("use_sliding_window": false)", R"("use_sliding_window": true)"),
+       "use_sliding_window"},
+      {with(R"("use_cache": true)", R"("layer_types": ["full_attention", "sliding_attention"])"),
+       "layer_types entry \"sliding_attention\""},
+      {with(R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "yarn", "factor": 4})"),
+       "rope_scaling type 'yarn'"},
+      {with(R"("hidden_act": "silu")", R"("hidden_act": "gelu")"), "hidden_act 'gelu'"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "q/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr("q/config.json"));
+  }
+  std::string full = with(R"("use_cache": true)", R"("layer_types": ["full_attention"])");
+  EXPECT_TRUE(ParseModelConfig(full, "q").ok());
+}
+
+// Phi-3-mini-128k-instruct's config.json as published but for the factor lists (48 each there,
+// made up here) and fields the engine ignores.
+std::string Phi3Mini128k(const std::string& rope_type = "longrope", const std::string& extra = "") {
+  std::string shorts, longs;
+  for (int i = 0; i < 48; ++i) {
+    shorts += (i ? ", " : "") + std::to_string(1.0 + 0.01 * i);
+    longs += (i ? ", " : "") + std::to_string(1.0 + 1.5 * i);
+  }
+  return R"({"architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+    "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "rope_scaling": {"long_factor": [)" +
+         longs + R"(], "short_factor": [)" + shorts + R"(], "type": ")" + rope_type + R"("},
+    "sliding_window": 262144, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "use_cache": true, "vocab_size": 32064)" +
+         extra + "}";
+}
+
+TEST(ModelConfigTest, Phi3WithLongRope) {
+  for (const std::string type : {"longrope", "su"}) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(Phi3Mini128k(type), "x/config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->architecture, Architecture::kPhi3);
+    EXPECT_EQ(c->model_type, "phi3");
+    EXPECT_EQ(c->head_dim, 96);
+    EXPECT_EQ(c->sliding_window, 262144);
+    const RopeScaling& rs = c->rope_scaling;
+    EXPECT_EQ(rs.type, RopeScaling::Type::kLongRope);
+    EXPECT_EQ(rs.original_max_position_embeddings, 4096);
+    ASSERT_EQ(rs.short_factor.size(), 48u);
+    EXPECT_DOUBLE_EQ(rs.long_factor[2], 4.0);
+    // transformers' default: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+    EXPECT_NEAR(rs.attention_factor, 1.1902380714238083, 1e-12);
+    absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, *c);
+  }
+  absl::StatusOr<ModelConfig> explicit_factor = ParseModelConfig(
+      [] {
+        std::string s = Phi3Mini128k();
+        s.replace(s.find(R"("type": "longrope")"), 18,
+                  R"("type": "longrope", "attention_factor": 1.5)");
+        return s;
+      }(),
+      "x");
+  ASSERT_TRUE(explicit_factor.ok()) << explicit_factor.status();
+  EXPECT_EQ(explicit_factor->rope_scaling.attention_factor, 1.5);
+}
+
+TEST(ModelConfigTest, Phi3UnsupportedFieldsAreNamed) {
+  const std::pair<std::string, std::string> cases[] = {
+      {Phi3Mini128k("longrope", R"(, "partial_rotary_factor": 0.75)"), "partial_rotary_factor"},
+      {Phi3Mini128k("yarn"), "rope_scaling type 'yarn'"},
+      {[] {
+         std::string s = Phi3Mini128k();
+         s.replace(s.find(R"("original_max_position_embeddings": 4096, )"), 42, "");
+         return s;
+       }(),
+       "original_max_position_embeddings"},
+      {[] {
+         std::string s = Phi3Mini128k();
+         s.replace(s.find("[1.000000, "), 11, "[");
+         return s;
+       }(),
+       "head_dim / 2 = 48 entries"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "p/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+  }
+}
+
+// gemma-3-1b-it's config.json as published (no layer_types: the pattern decides).
+constexpr char kGemma3_1b[] = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
+  "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+  "use_cache": true, "vocab_size": 262144})";
+
+TEST(ModelConfigTest, Gemma3LayerPatternAndItsFields) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGemma3_1b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_EQ(c->model_type, "gemma3_text");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->tie_word_embeddings) << "Gemma3TextConfig's default";
+  EXPECT_EQ(c->activation, Activation::kGeluTanh);
+  EXPECT_EQ(c->sliding_window, 512);
+  ASSERT_EQ(c->sliding_layers.size(), 26u);
+  for (int i = 0; i < 26; ++i) EXPECT_EQ(c->sliding_layers[i], (i + 1) % 6 != 0) << i;
+  EXPECT_EQ(c->rope_local_theta, 10000.0);
+  EXPECT_EQ(c->query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c->final_logit_softcapping, 0.0);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 106));
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
+TEST(ModelConfigTest, Gemma3UnsupportedFieldsAreNamed) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kGemma3_1b;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(R"("attn_logit_softcapping": null)", R"("attn_logit_softcapping": 50.0)"),
+       "attn_logit_softcapping"},
+      {with(R"("gelu_pytorch_tanh")", R"("gelu")"), "hidden_activation 'gelu'"},
+      {with(R"("use_cache": true)", R"("layer_types": ["chunked_attention"])"),
+       "field 'layer_types' must list one type per layer"},
+      {with(R"("rope_scaling": null)", R"("rope_scaling": {"rope_type": "dynamic", "factor": 2})"),
+       "rope_scaling type 'dynamic'"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "g/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+  }
+}
+
+// Mixtral-8x7B-v0.1's and Qwen3-30B-A3B's config.json as published (fields the engine ignores
+// trimmed).
+constexpr char kMixtral8x7b[] = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "vocab_size": 32000})";
+
+constexpr char kQwen3_30b_a3b[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "bos_token_id": 151643,
+  "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+  "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+  "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+  "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+TEST(ModelConfigTest, MixtureOfExperts) {
+  absl::StatusOr<ModelConfig> m = ParseModelConfig(kMixtral8x7b, "m/config.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->architecture, Architecture::kMixtral);
+  EXPECT_EQ(m->num_experts, 8);
+  EXPECT_EQ(m->num_experts_per_tok, 2);
+  EXPECT_EQ(m->expert_ffn(), 14336);
+  EXPECT_TRUE(m->norm_topk_prob);
+  EXPECT_FALSE(m->qk_norm);
+  absl::StatusOr<ModelConfig> q = ParseModelConfig(kQwen3_30b_a3b, "q/config.json");
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ(q->architecture, Architecture::kQwen3Moe);
+  EXPECT_EQ(q->num_experts, 128);
+  EXPECT_EQ(q->num_experts_per_tok, 8);
+  EXPECT_EQ(q->expert_ffn(), 768);
+  EXPECT_TRUE(q->norm_topk_prob);
+  EXPECT_TRUE(q->qk_norm);
+  for (const ModelConfig* c : {&*m, &*q}) {
+    absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, *c);
+  }
+}
+
+TEST(ModelConfigTest, MixtureOfExpertsUnsupportedFieldsAreNamed) {
+  auto with = [](const char* doc, const std::string& from, const std::string& to) {
+    std::string s = doc;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(kQwen3_30b_a3b, R"("decoder_sparse_step": 1)", R"("decoder_sparse_step": 2)"),
+       "decoder_sparse_step"},
+      {with(kQwen3_30b_a3b, R"("mlp_only_layers": [])", R"("mlp_only_layers": [0, 3])"),
+       "mlp_only_layers"},
+      {with(kQwen3_30b_a3b, R"("use_cache": true)", R"("shared_expert_intermediate_size": 512)"),
+       "shared_expert_intermediate_size"},
+      {with(kMixtral8x7b, R"("num_experts_per_tok": 2)", R"("num_experts_per_tok": 9)"),
+       "num_experts_per_tok"},
+      {with(kMixtral8x7b, R"("num_local_experts": 8)", R"("num_local_experts": 0)"),
+       "num_local_experts"},
+  };
+  for (const auto& [json, needle] : cases) {
+    absl::StatusOr<ModelConfig> c = ParseModelConfig(json, "e/config.json");
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(needle));
+  }
+}
+
 TEST(ModelConfigTest, HuggingFaceDefaults) {
   absl::StatusOr<ModelConfig> c = ParseModelConfig(MinimalLlama(), "x/config.json");
   ASSERT_TRUE(c.ok()) << c.status();

@@ -1,10 +1,12 @@
-// Qwen2, Mistral and llama3-rope models written by the random-model writer and loaded back.
+// Qwen2, Qwen3, Phi-3, Gemma 3, Mistral and llama3-rope models written by the random-model writer
+// and loaded back.
 
 #include <cstring>
 
 #include "common/engine/model/model.h"
 #include "common/engine/model/model_writer.h"
 #include "common/engine/model/rope.h"
+#include "common/engine/model/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/model/test_util.h"
@@ -110,6 +112,201 @@ TEST(ArchitecturesTest, Llama3RopeScalingSurvivesTheRoundTrip) {
   unscaled.rope_scaling = RopeScaling();
   EXPECT_NE(RopeInverseFrequencies(got).back(), RopeInverseFrequencies(unscaled).back());
   EXPECT_EQ(RopeCosSinTable(got, 1024).size(), 1024u * 8);
+}
+
+TEST(ArchitecturesTest, Qwen3LoadsPerHeadQkNorms) {
+  ScratchDir dir("qwen3");
+  ModelConfig c = Small(Architecture::kQwen3);
+  c.head_dim = 16;  // q (96) wider than hidden (48)
+  RandomModelOptions o;
+  o.config = c;
+  o.dtype = DType::kBF16;
+  o.norm_std = 0.1;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().architecture_name, "Qwen3ForCausalLM");
+  EXPECT_TRUE((*m)->config().qk_norm);
+  for (const LayerWeights& l : (*m)->weights().layers) {
+    EXPECT_THAT(l.q_norm.shape, ElementsAre(16));
+    EXPECT_THAT(l.k_norm.shape, ElementsAre(16));
+    EXPECT_EQ(l.q_norm.dtype, DType::kF32);
+    EXPECT_NE(l.k_norm.as<float>()[0], 1.0f) << "norm_std makes norms differ from 1";
+    EXPECT_TRUE(l.q_bias.empty());
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(96, 48));
+    EXPECT_THAT(l.o_proj.shape, ElementsAre(48, 96));
+  }
+  EXPECT_THAT((*m)->model_id(), ::testing::StartsWith("qwen3-L2-H48-F80-A6x16-KV2-"));
+}
+
+TEST(ArchitecturesTest, Qwen3WithoutItsQkNormsIsAnErrorNamingTheTensor) {
+  ScratchDir dir("qwen3_missing");
+  ModelConfig llama = Small(Architecture::kLlama);
+  RandomModelOptions o;
+  o.config = llama;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  ModelConfig qwen3 = llama;  // the same tensors but for q_norm / k_norm
+  qwen3.architecture = Architecture::kQwen3;
+  qwen3.architecture_name = "Qwen3ForCausalLM";
+  qwen3.model_type = "qwen3";
+  qwen3.qk_norm = true;
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(qwen3));
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("model.layers.0.self_attn.q_norm.weight"));
+}
+
+TEST(ArchitecturesTest, Phi3SplitsItsFusedProjectionsAtLoad) {
+  ScratchDir dir("phi3");
+  ModelConfig c = Small(Architecture::kPhi3);
+  c.sliding_window = 64;
+  RandomModelOptions o;
+  o.config = c;
+  o.dtype = DType::kF32;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  for (bool map : {true, false}) {
+    LoadOptions load;
+    load.map_weights = map;
+    absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), load);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->config().architecture_name, "Phi3ForCausalLM");
+    EXPECT_EQ((*m)->config().sliding_window, 64);
+    const LayerWeights& l = (*m)->weights().layers[1];
+    EXPECT_THAT(l.q_proj.shape, ElementsAre(48, 48));
+    EXPECT_THAT(l.k_proj.shape, ElementsAre(16, 48));
+    EXPECT_THAT(l.v_proj.shape, ElementsAre(16, 48));
+    EXPECT_THAT(l.gate_proj.shape, ElementsAre(80, 48));
+    EXPECT_THAT(l.up_proj.shape, ElementsAre(80, 48));
+    // Each piece holds its own rows of the stored fused matrix, whether mapped or copied.
+    absl::StatusOr<std::unique_ptr<Model>> raw = LoadModel(dir.path(), LoadOptions());
+    ASSERT_TRUE(raw.ok());
+    const float* q = l.q_proj.as<float>();
+    const float* k = l.k_proj.as<float>();
+    const float* v = l.v_proj.as<float>();
+    const float* gate = l.gate_proj.as<float>();
+    const float* up = l.up_proj.as<float>();
+    if (map) {
+      EXPECT_EQ(k, q + 48 * 48);
+      EXPECT_EQ(v, k + 16 * 48);
+      EXPECT_EQ(up, gate + 80 * 48);
+    } else {
+      EXPECT_EQ(std::memcmp(k, raw.value()->weights().layers[1].k_proj.data, 16 * 48 * 4), 0);
+    }
+    EXPECT_NE(q[0], k[0]);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> q8 = LoadModel(dir.path(), [] {
+    LoadOptions l;
+    l.quantization = WeightQuant::kInt8;
+    return l;
+  }());
+  ASSERT_TRUE(q8.ok()) << q8.status();
+  EXPECT_EQ(q8.value()->weights().layers[0].v_proj.quant, WeightQuant::kInt8);
+  EXPECT_THAT(q8.value()->weights().layers[0].v_proj.shape, ElementsAre(16, 48));
+}
+
+TEST(ArchitecturesTest, Phi3WithUnfusedOrMisshapenWeightsIsAnErrorNamingTheTensor) {
+  ScratchDir dir("phi3_bad");
+  ModelConfig llama = Small(Architecture::kLlama);
+  RandomModelOptions o;
+  o.config = llama;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  ModelConfig phi3 = llama;  // Llama's separate q/k/v tensors under a Phi-3 config
+  phi3.architecture = Architecture::kPhi3;
+  phi3.architecture_name = "Phi3ForCausalLM";
+  phi3.model_type = "phi3";
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(phi3));
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("model.layers.0.self_attn.qkv_proj.weight"));
+  // A Phi-3 checkpoint whose config claims more KV heads than its fused qkv_proj holds.
+  ScratchDir dir2("phi3_shape");
+  ModelConfig small = Small(Architecture::kPhi3);
+  o.config = small;
+  ASSERT_TRUE(WriteRandomModel(o, dir2.path()).ok());
+  small.num_kv_heads = 3;
+  testing_util::WriteFile(dir2.file("config.json"), ModelConfigToJson(small));
+  m = LoadModel(dir2.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("qkv_proj.weight' has shape"));
+}
+
+TEST(ArchitecturesTest, Gemma3HoldsItsNormsAsOnePlusWeight) {
+  ScratchDir dir("gemma3");
+  RandomModelOptions o;
+  o.preset = "gemma3-tiny";
+  o.vocab_size = 300;
+  o.dtype = DType::kF32;
+  o.norm_std = 0.1;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.architecture_name, "Gemma3ForCausalLM");
+  EXPECT_EQ(c.model_type, "gemma3_text");
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_THAT(c.sliding_layers, ElementsAre(1, 0, 1));
+  EXPECT_EQ(c.query_pre_attn_scalar, 24);
+  EXPECT_EQ(c.final_logit_softcapping, 30);
+  // The file holds w (centred on 0); the model holds 1 + w for every norm.
+  auto file = SafetensorsFile::Open(dir.file("model.safetensors"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  for (const auto& [name, tensor] : std::vector<std::pair<std::string, const Tensor*>>{
+           {"model.layers.1.input_layernorm.weight", &(*m)->weights().layers[1].input_norm},
+           {"model.layers.1.post_feedforward_layernorm.weight",
+            &(*m)->weights().layers[1].post_ffw_norm},
+           {"model.layers.0.pre_feedforward_layernorm.weight",
+            &(*m)->weights().layers[0].pre_ffw_norm},
+           {"model.layers.2.self_attn.k_norm.weight", &(*m)->weights().layers[2].k_norm},
+           {"model.norm.weight", &(*m)->weights().final_norm}}) {
+    const SafetensorsEntry* e = (*file)->Find(name);
+    ASSERT_NE(e, nullptr) << name;
+    const float stored = reinterpret_cast<const float*>(e->data)[3];
+    EXPECT_NE(stored, 0.0f) << name;
+    EXPECT_EQ(tensor->as<float>()[3], 1.0f + stored) << name;
+  }
+}
+
+TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    ScratchDir dir(preset);
+    RandomModelOptions o;
+    o.preset = preset;
+    o.vocab_size = 300;
+    o.dtype = DType::kBF16;
+    ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+    LoadOptions load;
+    load.quantization = WeightQuant::kInt4;
+    load.quant_group_size = 32;
+    absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), load);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const ModelConfig c = (*m)->config();  // a copy: m is reloaded below
+    for (const LayerWeights& l : (*m)->weights().layers) {
+      ASSERT_EQ(l.experts.size(), static_cast<size_t>(c.num_experts));
+      EXPECT_THAT(l.router.shape, ElementsAre(c.num_experts, c.hidden_size));
+      EXPECT_EQ(l.router.dtype, DType::kF32) << "the router is never quantized";
+      EXPECT_EQ(l.router.quant, WeightQuant::kNone);
+      EXPECT_EQ(l.experts.back().down_proj.quant, WeightQuant::kInt4);
+      EXPECT_THAT(l.experts.back().gate_proj.shape, ElementsAre(c.expert_ffn(), c.hidden_size));
+      EXPECT_TRUE(l.gate_proj.empty());
+    }
+    // A config with more experts than the checkpoint holds: the first missing one is named.
+    ModelConfig more = c;
+    more.num_experts = c.num_experts + 1;
+    testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(more));
+    m = LoadModel(dir.path(), LoadOptions());
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("gate.weight' has shape"));
+    more.num_experts = c.num_experts;
+    more.moe_intermediate_size = c.architecture == Architecture::kQwen3Moe ? 40 : 0;
+    more.intermediate_size = c.architecture == Architecture::kMixtral ? 40 : c.intermediate_size;
+    testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(more));
+    m = LoadModel(dir.path(), LoadOptions());
+    ASSERT_FALSE(m.ok());
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("experts.0."));
+  }
 }
 
 }  // namespace

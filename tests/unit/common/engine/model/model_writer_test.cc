@@ -109,6 +109,49 @@ TEST(ModelWriterTest, PresetConfigs) {
   ASSERT_TRUE(tiny.ok());
   EXPECT_TRUE(ValidateModelConfig(*tiny, "tiny").ok());
 
+  // Qwen3-0.6B: 596M parameters with its tied embeddings, q/k norms of head_dim per layer.
+  absl::StatusOr<ModelConfig> qwen3 = RandomModelPresetConfig("qwen3-0.6b");
+  ASSERT_TRUE(qwen3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*qwen3, "qwen3-0.6b").ok());
+  EXPECT_EQ(qwen3->architecture, Architecture::kQwen3);
+  size_t qwen3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*qwen3, DType::kBF16)) qwen3_params += s.nbytes() / 2;
+  EXPECT_EQ(qwen3_params, 596049920u);
+  // Phi-3-mini: 3.82B parameters, untied.
+  absl::StatusOr<ModelConfig> phi3 = RandomModelPresetConfig("phi3-mini");
+  ASSERT_TRUE(phi3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*phi3, "phi3-mini").ok());
+  size_t phi3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*phi3, DType::kBF16)) phi3_params += s.nbytes() / 2;
+  EXPECT_NEAR(phi3_params / 1e9, 3.82, 0.005);
+  // Gemma-3-1B: 999,885,952 parameters (its published count), tied.
+  absl::StatusOr<ModelConfig> gemma3 = RandomModelPresetConfig("gemma3-1b");
+  ASSERT_TRUE(gemma3.ok());
+  EXPECT_TRUE(ValidateModelConfig(*gemma3, "gemma3-1b").ok());
+  size_t gemma3_params = 0;
+  for (const auto& s : ModelTensorSpecs(*gemma3, DType::kBF16)) gemma3_params += s.nbytes() / 2;
+  EXPECT_EQ(gemma3_params, 999885952u);
+  // Mixtral-8x7B: 46.7B parameters; Qwen3-30B-A3B: 30.5B. Decode reads the active experts only.
+  absl::StatusOr<ModelConfig> mixtral = RandomModelPresetConfig("mixtral-8x7b");
+  ASSERT_TRUE(mixtral.ok());
+  EXPECT_TRUE(ValidateModelConfig(*mixtral, "mixtral-8x7b").ok());
+  size_t mixtral_params = 0;
+  for (const auto& s : ModelTensorSpecs(*mixtral, DType::kBF16)) mixtral_params += s.nbytes() / 2;
+  EXPECT_NEAR(mixtral_params / 1e9, 46.70, 0.01);
+  absl::StatusOr<ModelConfig> a3b = RandomModelPresetConfig("qwen3-30b-a3b");
+  ASSERT_TRUE(a3b.ok());
+  EXPECT_TRUE(ValidateModelConfig(*a3b, "qwen3-30b-a3b").ok());
+  size_t a3b_params = 0;
+  for (const auto& s : ModelTensorSpecs(*a3b, DType::kBF16)) a3b_params += s.nbytes() / 2;
+  EXPECT_NEAR(a3b_params / 1e9, 30.53, 0.01);
+  for (const char* name :
+       {"qwen3-tiny", "phi3-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"}) {
+    absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
+    EXPECT_THAT(RandomModelPresetNames(), HasSubstr(name));
+  }
+
   absl::StatusOr<ModelConfig> bad = RandomModelPresetConfig("llama-70b");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("llama-70b"));

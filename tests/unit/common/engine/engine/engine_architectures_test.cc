@@ -1,0 +1,243 @@
+// Every architecture beyond Llama keeps the engine's exactness: on a small random model of each
+// (written by the random-model writer, norm weights not 1), greedy tokens do not depend on
+// batching, chunking, prefix caching or preemption (also with int8 and int4 weights), on
+// disaggregation (one prefill engine feeding two decode engines) or on speculation, and every
+// block returns to the pool.
+
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "common/engine/engine.h"
+#include "common/engine/engine_builder.h"
+#include "common/engine/model/model_writer.h"
+#include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/engine_test_util.h"
+#include "tests/unit/common/engine/model/test_util.h"
+
+namespace tandem {
+namespace {
+
+using testing_util::MakeRequests;
+using testing_util::Req;
+using testing_util::RunAll;
+using Outputs = std::map<std::string, std::vector<int32_t>>;
+
+ModelConfig SmallConfig(Architecture arch) {
+  ModelConfig c;
+  c.architecture = arch;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 32;  // q is twice as wide as hidden
+  c.vocab_size = 512;
+  c.max_position_embeddings = 1024;
+  c.rope_theta = 1000000.0;
+  c.rms_norm_eps = 1e-6;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  c.tie_word_embeddings = true;
+  if (arch == Architecture::kPhi3) {  // LongRoPE from position 24 on, a 40-token window
+    c.tie_word_embeddings = false;
+    c.sliding_window = 40;
+    c.rope_scaling.type = RopeScaling::Type::kLongRope;
+    c.rope_scaling.original_max_position_embeddings = 24;
+    c.rope_scaling.attention_factor = 1.2;
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+      c.rope_scaling.short_factor.push_back(1.0 + 0.1 * static_cast<double>(i));
+      c.rope_scaling.long_factor.push_back(2.0 + 3.0 * static_cast<double>(i));
+    }
+  }
+  if (arch == Architecture::kGemma3) {  // layer 0 local (a 20-token window), layer 1 global
+    c.sliding_window = 20;
+    c.sliding_layers = {1, 0};
+    c.rope_local_theta = 10000.0;
+    c.query_pre_attn_scalar = 24;
+    c.final_logit_softcapping = 30;
+  }
+  if (arch == Architecture::kMixtral || arch == Architecture::kQwen3Moe) {
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.norm_topk_prob = arch == Architecture::kMixtral;  // Qwen3-MoE without renormalisation
+    if (arch == Architecture::kQwen3Moe) c.moe_intermediate_size = 32;
+  }
+  return c;
+}
+
+class EngineArchitecturesTest : public ::testing::TestWithParam<Architecture> {
+ protected:
+  void SetUp() override {
+    dir_ = std::make_unique<testing_util::ScratchDir>(ArchitectureModelType(GetParam()));
+    RandomModelOptions o;
+    o.config = SmallConfig(GetParam());
+    o.dtype = DType::kF32;
+    o.seed = 3;
+    o.init_std = 0.08;  // peaked enough that greedy tokens vary
+    o.norm_std = 0.2;
+    o.num_threads = 1;
+    ASSERT_TRUE(WriteRandomModel(o, dir_->path()).ok());
+  }
+
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t blocks,
+                                     const std::string& quantization = "none") {
+    EngineBuildOptions b;
+    b.model_dir = dir_->path();
+    b.quantization = quantization;
+    b.quant_group_size = 32;
+    b.num_kv_blocks = blocks;
+    b.show_progress = false;
+    b.threads = 1;
+    b.engine = options;
+    auto built = BuildEngine(b);
+    EXPECT_TRUE(built.ok()) << built.status();
+    return built.ok() ? std::move(built->engine) : nullptr;
+  }
+
+  std::unique_ptr<testing_util::ScratchDir> dir_;
+};
+
+TEST_P(EngineArchitecturesTest, BatchingChunkingCachingAndPreemptionKeepGreedyOutput) {
+  const std::vector<Req> reqs = MakeRequests(16, 5, 60, 24);
+  for (const std::string quantization : {"none", "int8", "int4"}) {
+    EngineOptions solo_options;
+    solo_options.enable_prefix_cache = false;
+    solo_options.scheduler.max_num_seqs = 1;
+    solo_options.scheduler.max_num_batched_tokens = 512;
+    auto solo_engine = MakeEngine(solo_options, 256, quantization);
+    ASSERT_NE(solo_engine, nullptr);
+    const Outputs solo = RunAll(*solo_engine, reqs);
+    std::set<int32_t> distinct;
+    for (const auto& [id, tokens] : solo) distinct.insert(tokens.begin(), tokens.end());
+    EXPECT_GT(distinct.size(), 8u) << "the model's outputs vary (a test that can fail)";
+    struct Variant {
+      int64_t seqs, tokens, chunk, blocks;
+      bool cache;
+    };
+    for (const Variant& v : {Variant{16, 512, 0, 256, true}, Variant{6, 17, 0, 256, true},
+                             Variant{16, 64, 5, 256, false}, Variant{16, 300, 0, 10, true}}) {
+      EngineOptions o;
+      o.enable_prefix_cache = v.cache;
+      o.scheduler.max_num_seqs = v.seqs;
+      o.scheduler.max_num_batched_tokens = v.tokens;
+      o.scheduler.max_prefill_chunk = v.chunk;
+      auto engine = MakeEngine(o, v.blocks, quantization);
+      ASSERT_NE(engine, nullptr);
+      for (int pass = 0; pass < 2; ++pass) {  // the second on a warm prefix cache
+        EXPECT_EQ(RunAll(*engine, reqs), solo)
+            << quantization << " seqs " << v.seqs << " tokens " << v.tokens << " pass " << pass;
+        EngineStats s = engine->stats();
+        EXPECT_EQ(s.kv_blocks_used, 0);
+        if (v.blocks == 10) {
+          EXPECT_GT(s.preemptions, 0) << "the small pool forces preemption";
+        }
+      }
+    }
+  }
+}
+
+std::map<int32_t, std::vector<int32_t>> Drain(Engine& e,
+                                              std::map<int32_t, std::vector<int32_t>> out = {}) {
+  while (e.HasWork()) {
+    for (const auto& u : e.Step()) {
+      EXPECT_TRUE(u.status.ok()) << u.status;
+      out[u.index].insert(out[u.index].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+  }
+  return out;
+}
+
+// P computes the prompt and copies its KV layer by layer into the blocks D reserved, as a
+// transport would; D continues from the first token P sampled.
+std::map<int32_t, std::vector<int32_t>> RunDisaggregated(Engine& p, Engine& d,
+                                                         const EngineRequest& r) {
+  EngineRequest dr = r;
+  dr.remote_prefill = true;
+  EXPECT_TRUE(d.AddRequest(dr).ok());
+  std::optional<KvReservation> reservation;
+  while (!reservation.has_value()) {
+    for (const auto& u : d.Step()) {
+      if (u.reservation.has_value()) reservation = u.reservation;
+    }
+  }
+  const size_t first_block = reservation->cached_tokens / p.backend().kv_spec().block_size;
+  const size_t region = p.backend().kv_spec().bytes_per_block_layer();
+  auto hooks = std::make_shared<KvExportHooks>();
+  hooks->on_layer = [&](const std::vector<int32_t>& blocks, int64_t layer) {
+    for (size_t i = first_block; i < blocks.size(); ++i) {
+      std::memcpy(d.backend().HostBlockRegion(layer, reservation->blocks[i]),
+                  p.backend().HostBlockRegion(layer, blocks[i]), region);
+    }
+  };
+  EngineRequest pr = r;
+  pr.prefill_only = true;
+  pr.export_hooks = hooks;
+  EXPECT_TRUE(p.AddRequest(pr).ok());
+  std::map<int32_t, int32_t> first;
+  while (p.HasWork()) {
+    for (const auto& u : p.Step()) {
+      EXPECT_TRUE(u.status.ok()) << u.status;
+      if (!u.new_tokens.empty()) first[u.index] = u.new_tokens[0];
+    }
+  }
+  p.ReleaseHold(r.id);
+  std::vector<int32_t> first_tokens;
+  for (auto& [i, t] : first) first_tokens.push_back(t);
+  EXPECT_TRUE(d.CompleteRemotePrefill(r.id, first_tokens, {}).ok());
+  return Drain(d);
+}
+
+TEST_P(EngineArchitecturesTest, OnePrefillTwoDecodeEnginesEqualMonolithic) {
+  auto mono = MakeEngine({}, 128), p = MakeEngine({}, 128);
+  std::unique_ptr<Engine> decoders[2] = {MakeEngine({}, 128), MakeEngine({}, 128)};
+  const std::vector<Req> reqs = MakeRequests(8, 21, 70, 20);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (float temperature : {0.0f, 1.0f}) {
+      EngineRequest r;
+      r.id = "r" + std::to_string(i) + "t" + std::to_string(temperature);
+      r.prompt = reqs[i].prompt;
+      r.params.max_tokens = 20;
+      r.params.ignore_eos = true;
+      r.params.temperature = temperature;
+      r.params.seed = 9;
+      ASSERT_TRUE(mono->AddRequest(r).ok());
+      auto want = Drain(*mono);
+      Engine& d = *decoders[i % 2];
+      EXPECT_EQ(RunDisaggregated(*p, d, r), want) << r.id;
+      EXPECT_EQ(d.stats().kv_blocks_used, 0);
+      EXPECT_EQ(p->stats().kv_blocks_held, 0);
+    }
+  }
+}
+
+TEST_P(EngineArchitecturesTest, SpeculationKeepsGreedyOutput) {
+  // Prompts that repeat a span, so that n-gram lookup proposes drafts.
+  std::vector<Req> reqs = MakeRequests(16, 8, 12, 32);
+  for (Req& r : reqs) {
+    const std::vector<int32_t> span = r.prompt;
+    for (int k = 0; k < 2; ++k) r.prompt.insert(r.prompt.end(), span.begin() + 1, span.end());
+    r.max_tokens = 32;
+  }
+  EngineOptions plain;
+  plain.scheduler.max_num_seqs = 16;
+  auto want = RunAll(*MakeEngine(plain, 256), reqs);
+  EngineOptions spec = plain;
+  spec.spec.method = SpecOptions::Method::kNgram;
+  spec.spec.num_speculative_tokens = 4;
+  auto engine = MakeEngine(spec, 256);
+  EXPECT_EQ(RunAll(*engine, reqs), want);
+  EngineStats s = engine->stats();
+  EXPECT_GT(s.spec_drafted_tokens, 0);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
+                         ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
+                                           Architecture::kGemma3, Architecture::kMixtral,
+                                           Architecture::kQwen3Moe),
+                         [](const auto& info) { return ArchitectureModelType(info.param); });
+
+}  // namespace
+}  // namespace tandem
