@@ -9,6 +9,9 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -299,10 +302,19 @@ class HttpConnection : public HttpConnectionBase {
     return out;
   }
 
+  // Bytes the kernel holds for the client and it has not taken (unacknowledged): counted with
+  // ours, so a client that stops reading is noticed even while socket buffers grow.
+  size_t KernelUnread() {
+    int n = 0;
+    if (ioctl(Lowest().socket().native_handle(), SIOCOUTQ, &n) != 0 || n < 0) return 0;
+    return static_cast<size_t>(n);
+  }
+
   // `bounded`: streamed data, which may overflow the buffer of a client that stops reading.
   void Queue(std::string data, bool bounded) {
     queued_bytes_ += data.size();
-    if (bounded && queued_bytes_ > static_cast<size_t>(options_.max_buffered_bytes)) {
+    if (bounded &&
+        queued_bytes_ + KernelUnread() > static_cast<size_t>(options_.max_buffered_bytes)) {
       if (host_->hooks() != nullptr) host_->hooks()->TimedOut("buffer_overflow");
       return Close();
     }

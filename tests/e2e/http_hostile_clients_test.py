@@ -149,8 +149,8 @@ class Attack:
                 writer.close()
 
     def start_stalled_streams(self):
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 480, "ignore_eos": True, "n": 4,
-                           "temperature": 0.8, "stream": True}).encode()
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 480, "ignore_eos": True,
+                           "temperature": 0, "stream": True}).encode()
         req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         for _ in range(STALLED_SSE):
