@@ -9,10 +9,10 @@ cancelled with their KV blocks freed (the worker's stats return to idle)."""
 import asyncio
 import http.client
 import json
+import multiprocessing
 import os
 import socket
 import sys
-import threading
 import time
 import urllib.request
 
@@ -26,7 +26,7 @@ HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, WRITE_TIMEOUT = 2.0, 2.0, 3.0, 2.0
 # How late a close may come on a loaded 2-core machine (the event loop, the Python client's own
 # scheduling): generous, yet far below what an unbounded server would show (never).
 SLACK = 4.0
-ATTACK_SECONDS = 14
+ATTACK_SECONDS = 12
 PROMPT = "Once upon a time"
 
 
@@ -70,16 +70,32 @@ def p99(xs):
     return xs[min(len(xs) - 1, int(len(xs) * 0.99))]
 
 
+def start_stalled_streams(port):
+    """Streams whose clients never read (a 4 KiB receive buffer); returns their sockets."""
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 480, "ignore_eos": True,
+                       "temperature": 0, "stream": True}).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    stalled = []
+    for _ in range(STALLED_SSE):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(req)
+        stalled.append(s)  # never read until the end
+    return stalled
+
+
 class Attack:
     """The hostile clients on one asyncio loop (a thread); records how long each took to close."""
 
-    def __init__(self, port):
+    def __init__(self, port, stop):
         self.port = port
+        self.stop_event = stop
         self.stop = False
         self.closes = {"slowloris": [], "slow_body": [], "idle": []}
         self.open = {k: 0 for k in ("slowloris", "slow_body", "idle")}
         self.peak_open = 0
-        self.stalled = []  # raw sockets of the streams that stop reading
         self.errors = []
 
     async def _connect(self):
@@ -148,25 +164,24 @@ class Attack:
                 self.open[kind] -= 1
                 writer.close()
 
-    def start_stalled_streams(self):
-        body = json.dumps({"prompt": PROMPT, "max_tokens": 480, "ignore_eos": True,
-                           "temperature": 0, "stream": True}).encode()
-        req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
-               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        for _ in range(STALLED_SSE):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", self.port))
-            s.sendall(req)
-            self.stalled.append(s)  # never read until the end
 
-    def run(self):
+    async def _watch(self):
+        while not self.stop_event.is_set():
+            await asyncio.sleep(0.1)
+        self.open_at_stop = dict(self.open)
+        self.stop = True
+
+    def run(self, results):
+        """In its own process (so the attack's Python does not hold the client's GIL)."""
         self.loop = asyncio.new_event_loop()
         tasks = [self.loop.create_task(self._cycle(kind)) for kind, n in
                  (("slowloris", SLOWLORIS), ("slow_body", SLOW_BODY), ("idle", IDLE))
                  for _ in range(n)]
+        tasks.append(self.loop.create_task(self._watch()))
         self.loop.run_until_complete(asyncio.wait(tasks))
         self.loop.close()
+        results.put({"closes": self.closes, "peak_open": self.peak_open,
+                     "errors": self.errors, "open_at_stop": self.open_at_stop})
 
 
 def raw_exchange(port, data, timeout=10):
@@ -269,8 +284,11 @@ def main():
                     "--http-body-timeout", str(BODY_TIMEOUT), "--http-body-min-rate", "100",
                     "--http-idle-timeout", str(IDLE_TIMEOUT),
                     "--http-write-timeout", str(WRITE_TIMEOUT),
-                    "--http-max-buffered-bytes", "65536",
+                    "--http-max-buffered-bytes", "16384",
                     "--http-max-connections-per-client", "4000",
+                    # Room in the batch for the stalled streams and the well-behaved client:
+                    # what is measured is the HTTP front, not the engine's admission queue.
+                    "--max-num-seqs", "128",
                     "--metrics-port=-1", f"--metrics-port-file={tmp_metrics}") as server:
         port = server.http_port
         metrics_port = int(open(tmp_metrics).read())
@@ -279,47 +297,65 @@ def main():
         pid = server.proc.pid
 
         completion_latencies(port, 5)  # warm up
-        idle = completion_latencies(port, 40)
+        idle = completion_latencies(port, 100)
         rss_before = rss_kb(pid)
         m0 = metrics(port=metrics_port)
-        print(f"idle server: p99 {p99(idle) * 1000:.1f} ms, RSS {rss_before // 1024} MiB")
+        print(f"idle server: p50 {sorted(idle)[len(idle) // 2] * 1000:.1f} p99 {p99(idle) * 1000:.1f} ms, RSS {rss_before // 1024} MiB")
 
-        attack = Attack(port)
-        thread = threading.Thread(target=attack.run, daemon=True)
-        thread.start()
-        attack.start_stalled_streams()
+        stop = multiprocessing.Event()
+        results = multiprocessing.Queue()
+        attacker = multiprocessing.Process(target=Attack(port, stop).run, args=(results,))
+        attacker.start()
+        stalled = start_stalled_streams(port)
         time.sleep(1.0)  # let every hostile connection open
         rss_peak = rss_before
-        busy = []
-        deadline = time.monotonic() + ATTACK_SECONDS
-        while time.monotonic() < deadline:
-            busy += completion_latencies(port, 5)
+        # Phase 1: the stalled streams' generations share the engine's batch with the
+        # well-behaved client (engine time, reported); phase 2, once they are cut and cancelled:
+        # the other 900 hostile connections stay open (reconnecting) while its p99 is measured.
+        shared, busy, cut_at = [], [], None
+        t_start = time.monotonic()
+        while cut_at is None or time.monotonic() < cut_at + ATTACK_SECONDS:
+            check(time.monotonic() < t_start + 60, "the stalled streams were cut within 60 s")
+            lat = completion_latencies(port, 5)
+            (shared if cut_at is None else busy).extend(lat)
             rss_peak = max(rss_peak, rss_kb(pid))
-        open_now = dict(attack.open)
-        attack.stop = True
-        print(f"under attack: {len(busy)} completions, p99 {p99(busy) * 1000:.1f} ms; "
-              f"hostile connections open at the end {open_now}, peak {attack.peak_open}; "
-              f"RSS peak {rss_peak // 1024} MiB (+{(rss_peak - rss_before) // 1024} MiB)")
-        check(attack.peak_open >= (SLOWLORIS + SLOW_BODY + IDLE) * 0.9,
-              f"the hostile connections were open at once: peak {attack.peak_open}")
-        check(p99(busy) <= 2 * max(p99(idle), 0.05),
+            if cut_at is None:
+                m = metrics(metrics_port)
+                cut = sum(m.get(f'tandem_http_timeouts_total{{kind="{k}"}}', 0) -
+                          m0.get(f'tandem_http_timeouts_total{{kind="{k}"}}', 0)
+                          for k in ("write", "buffer_overflow"))
+                if cut >= STALLED_SSE and worker_stats(stubs, channel).running == 0:
+                    cut_at = time.monotonic()
+                    print(f"stalled streams cut and cancelled after {cut_at - t_start:.1f} s; "
+                          f"meanwhile {len(shared)} completions, p99 {p99(shared) * 1000:.1f} ms "
+                          f"(sharing the engine's batch with their generations)")
+        stop.set()
+        attack = results.get(timeout=60)
+        attacker.join(timeout=30)
+        print(f"under attack: {len(busy)} completions, p99 {p99(busy) * 1000:.1f} ms "
+              f"({p99(busy) / p99(idle):.2f}x idle); hostile connections open at the end "
+              f"{attack['open_at_stop']}, peak {attack['peak_open']}; RSS peak {rss_peak // 1024} MiB "
+              f"(+{(rss_peak - rss_before) // 1024} MiB)")
+        check(attack["peak_open"] >= (SLOWLORIS + SLOW_BODY + IDLE) * 0.9,
+              f"the hostile connections were open at once: peak {attack['peak_open']}")
+        # 2x, with 10 ms of scheduling noise allowed on a loaded 2-core machine.
+        check(p99(busy) <= 2 * p99(idle) + 0.010,
               f"p99 under attack {p99(busy):.3f} s within 2x of idle {p99(idle):.3f} s")
-        # Bound from the limits: 100 stalled streams x 64 KiB of queued output, 1000 parsers
+        # Bound from the limits: 100 stalled streams x 16 KiB of queued output, 1000 parsers
         # of at most 16 KiB of headers, with the allocator's slack on top.
         check(rss_peak - rss_before < 96 * 1024,
               f"RSS grew {(rss_peak - rss_before) // 1024} MiB")
 
         # Every hostile connection was closed within its timeout.
-        thread.join(timeout=30)
-        check(not thread.is_alive(), "the hostile clients ended")
-        for kind, closes in attack.closes.items():
+        check(not attacker.is_alive(), "the hostile clients ended")
+        for kind, closes in attack["closes"].items():
             check(len(closes) > 0, f"{kind}: some connections closed")
             late = [t for t, limit in closes if t > limit + SLACK]
             worst = max(t for t, _ in closes)
             check(not late, f"{kind}: {len(late)} of {len(closes)} closed late (worst {worst:.1f} s)")
             print(f"ok: {len(closes)} {kind} connections closed by the server, "
                   f"worst {worst:.1f} s (timeout {closes[0][1]} s)")
-        check(len(attack.errors) < 20, f"client errors: {attack.errors[:5]}")
+        check(len(attack["errors"]) < 20, f"client errors: {attack['errors'][:5]}")
 
         # The stalled streams were cut and their generations cancelled: the worker is idle.
         deadline = time.time() + 30
@@ -339,7 +375,7 @@ def main():
                         if k.startswith("tandem_router_requests_total") and 'outcome="cancelled"' in k)
         check(cut >= STALLED_SSE, f"{cut} stalled streams cut (write timeout or buffer)")
         check(cancelled >= STALLED_SSE, f"{cancelled} requests cancelled")
-        for s in attack.stalled:
+        for s in stalled:
             s.settimeout(10)
             try:
                 while s.recv(1 << 16):
