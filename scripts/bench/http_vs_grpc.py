@@ -10,8 +10,9 @@ of a short prompt (max_tokens --max-tokens) as soon as its previous one ended: g
 `Generation.Generate` on one channel per process, HTTP `POST /v1/completions` (not streamed) on
 one keep-alive connection per client. For each repetition and concurrency the two APIs run
 back to back (alternating which goes first), --seconds each. Reports per cell the median over
-repetitions of completions/s and of the p50 and p99 latency, and the median per-repetition
-ratio HTTP / gRPC. Run with /usr/bin/python3 (Debian's python3-grpcio).
+repetitions of completions/s, of the p50 and p99 latency and of the server's CPU time per
+completion (utime + stime of `tandem serve` over the cell: the client's own cost, which differs
+between grpcio and http.client, is not in it), and the median per-repetition ratios HTTP / gRPC. Run with /usr/bin/python3 (Debian's python3-grpcio).
 """
 import argparse
 import http.client
@@ -93,7 +94,13 @@ def client_proc(api, address, http_port, clients, seconds, max_tokens, queue):
     queue.put((latencies, errors))
 
 
-def run_cell(api, address, http_port, concurrency, procs, seconds, max_tokens):
+def server_cpu_seconds(pid):
+    """utime + stime of the server process (all threads)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_cell(api, address, http_port, concurrency, procs, seconds, max_tokens, server_pid):
     procs = max(1, min(procs, concurrency))
     queue = multiprocessing.Queue()
     workers = []
@@ -103,17 +110,19 @@ def run_cell(api, address, http_port, concurrency, procs, seconds, max_tokens):
             target=client_proc, args=(api, address, http_port, n, seconds, max_tokens, queue)))
     for w in workers:
         w.start()
+    cpu0 = server_cpu_seconds(server_pid)
     latencies, errors = [], []
     for _ in workers:
         lat, err = queue.get()
         latencies += lat
         errors += err
+    cpu = server_cpu_seconds(server_pid) - cpu0
     for w in workers:
         w.join()
     latencies.sort()
     pct = lambda q: latencies[min(len(latencies) - 1, int(len(latencies) * q))] * 1000
     return {"rps": len(latencies) / seconds, "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-            "errors": len(errors)}
+            "server_cpu_ms": cpu * 1000 / max(1, len(latencies)), "errors": len(errors)}
 
 
 def main():
@@ -146,38 +155,42 @@ def main():
             time.sleep(0.1)
         address = f"127.0.0.1:{int(open(port_file).read())}"
         http_port = int(open(http_file).read())
-        run_cell("http", address, http_port, 4, 1, 1, args.max_tokens)  # warm up
-        run_cell("grpc", address, http_port, 4, 1, 1, args.max_tokens)
+        run_cell("http", address, http_port, 4, 1, 1, args.max_tokens, server.pid)  # warm up
+        run_cell("grpc", address, http_port, 4, 1, 1, args.max_tokens, server.pid)
         cells = {}
         for rep in range(args.reps):
             for c in levels:
                 order = ("grpc", "http") if rep % 2 == 0 else ("http", "grpc")
                 for api in order:
                     r = run_cell(api, address, http_port, c, args.procs, args.seconds,
-                                 args.max_tokens)
+                                 args.max_tokens, server.pid)
                     cells.setdefault((c, api), []).append(r)
                     print(f"rep {rep} c={c} {api}: {r['rps']:.1f}/s p50 {r['p50_ms']:.1f} ms "
-                          f"p99 {r['p99_ms']:.1f} ms errors {r['errors']}", file=sys.stderr)
+                          f"p99 {r['p99_ms']:.1f} ms server CPU {r['server_cpu_ms']:.2f} ms/req "
+                          f"errors {r['errors']}", file=sys.stderr)
     finally:
         server.terminate()
         server.wait(timeout=60)
 
     med = lambda xs: statistics.median(xs)
     rows, out = [], []
-    print("| clients | gRPC completions/s | HTTP completions/s | HTTP/gRPC | gRPC p50 / p99 ms "
-          "| HTTP p50 / p99 ms | HTTP/gRPC p50 |")
+    print("| clients | completions/s gRPC / HTTP | HTTP/gRPC | p50 ms gRPC / HTTP | "
+          "p99 ms gRPC / HTTP | server CPU ms per completion gRPC / HTTP | HTTP/gRPC CPU |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for c in levels:
         g, h = cells[(c, "grpc")], cells[(c, "http")]
         ratio_rps = med([hh["rps"] / gg["rps"] for gg, hh in zip(g, h)])
         ratio_p50 = med([hh["p50_ms"] / gg["p50_ms"] for gg, hh in zip(g, h)])
+        ratio_cpu = med([hh["server_cpu_ms"] / gg["server_cpu_ms"] for gg, hh in zip(g, h)])
         row = {"clients": c, "grpc": {k: med([x[k] for x in g]) for k in g[0]},
                "http": {k: med([x[k] for x in h]) for k in h[0]},
-               "http_over_grpc_rps": ratio_rps, "http_over_grpc_p50": ratio_p50}
+               "http_over_grpc_rps": ratio_rps, "http_over_grpc_p50": ratio_p50,
+               "http_over_grpc_server_cpu": ratio_cpu}
         out.append(row)
-        print(f"| {c} | {row['grpc']['rps']:.0f} | {row['http']['rps']:.0f} | {ratio_rps:.2f} | "
-              f"{row['grpc']['p50_ms']:.1f} / {row['grpc']['p99_ms']:.1f} | "
-              f"{row['http']['p50_ms']:.1f} / {row['http']['p99_ms']:.1f} | {ratio_p50:.2f} |")
+        gr, ht = row["grpc"], row["http"]
+        print(f"| {c} | {gr['rps']:.0f} / {ht['rps']:.0f} | {ratio_rps:.2f} | "
+              f"{gr['p50_ms']:.1f} / {ht['p50_ms']:.1f} | {gr['p99_ms']:.1f} / {ht['p99_ms']:.1f} | "
+              f"{gr['server_cpu_ms']:.2f} / {ht['server_cpu_ms']:.2f} | {ratio_cpu:.2f} |")
     if args.json_out:
         json.dump({"command": " ".join(sys.argv), "reps": args.reps, "seconds": args.seconds,
                    "max_tokens": args.max_tokens, "rows": out,
