@@ -119,11 +119,16 @@ class HttpConnection : public HttpConnectionBase {
                       HttpHeaders headers) override {
     if (closed_ || serial != serial_ || started_) return;
     started_ = true;
-    Queue(Head(status, content_type, headers) + "Transfer-Encoding: chunked\r\n\r\n", false);
+    // HTTP/1.0 has no chunked encoding: the body runs to the close.
+    if (!chunked_) keep_alive_ = false;
+    Queue(Head(status, content_type, headers) +
+              (chunked_ ? "Transfer-Encoding: chunked\r\n\r\n" : "\r\n"),
+          false);
   }
 
   void DoWrite(uint64_t serial, std::string data) override {
     if (closed_ || serial != serial_ || !started_ || done_ || data.empty()) return;
+    if (!chunked_) return Queue(std::move(data), /*bounded=*/true);
     std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
     chunk += data;
     chunk += "\r\n";
@@ -133,6 +138,10 @@ class HttpConnection : public HttpConnectionBase {
   void DoFinish(uint64_t serial) override {
     if (closed_ || serial != serial_ || !started_ || done_) return;
     done_ = true;
+    if (!chunked_) {
+      if (!writing_) WriteNext();  // else the write in flight ends the response
+      return;
+    }
     Queue("0\r\n\r\n", false);
   }
 
@@ -270,6 +279,7 @@ class HttpConnection : public HttpConnectionBase {
     ++serial_;
     answering_ = shared_from_this();
     keep_alive_ = req.keep_alive() && served_ < options_.max_requests_per_connection;
+    chunked_ = req.version() >= 11;
     HttpRequest r;
     r.method = std::string(req.method_string());
     const std::string target(req.target());
@@ -403,6 +413,7 @@ class HttpConnection : public HttpConnectionBase {
   int served_ = 0;
   uint64_t serial_ = 0;  // of the request being answered
   bool keep_alive_ = true;
+  bool chunked_ = true;  // the client speaks HTTP/1.1
   bool linger_ = false;
   bool started_ = false;  // the status line is queued
   bool done_ = false;     // the whole response is queued
