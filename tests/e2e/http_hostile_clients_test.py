@@ -22,7 +22,7 @@ from tandem_testlib import check, load_stubs, worker_stats
 import grpc
 
 SLOWLORIS, SLOW_BODY, STALLED_SSE, IDLE = 500, 200, 100, 200
-HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, WRITE_TIMEOUT = 2.0, 2.0, 3.0, 2.0
+HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, WRITE_TIMEOUT = 3.0, 3.0, 4.0, 2.0
 # How late a close may come on a loaded 2-core machine (the event loop, the Python client's own
 # scheduling): generous, yet far below what an unbounded server would show (never).
 SLACK = 4.0
@@ -126,7 +126,7 @@ class Attack:
                     async def trickle():
                         writer.write(head)
                         while True:
-                            await asyncio.sleep(1.0)
+                            await asyncio.sleep(2.0)
                             writer.write(b"a")
                     limit = HEADER_TIMEOUT
                 elif kind == "slow_body":
@@ -297,10 +297,10 @@ def main():
         pid = server.proc.pid
 
         completion_latencies(port, 5)  # warm up
-        idle = completion_latencies(port, 100)
+        idle = completion_latencies(port, 300)
         rss_before = rss_kb(pid)
         m0 = metrics(port=metrics_port)
-        print(f"idle server: p50 {sorted(idle)[len(idle) // 2] * 1000:.1f} p99 {p99(idle) * 1000:.1f} ms, RSS {rss_before // 1024} MiB")
+        print(f"idle server before: p50 {sorted(idle)[len(idle) // 2] * 1000:.1f} p99 {p99(idle) * 1000:.1f} ms, RSS {rss_before // 1024} MiB")
 
         stop = multiprocessing.Event()
         results = multiprocessing.Queue()
@@ -332,13 +332,17 @@ def main():
         stop.set()
         attack = results.get(timeout=60)
         attacker.join(timeout=30)
+        # The idle baseline once more, after the attack, against drift in the machine's load.
+        idle += completion_latencies(port, 300)
         print(f"under attack: {len(busy)} completions, p99 {p99(busy) * 1000:.1f} ms "
-              f"({p99(busy) / p99(idle):.2f}x idle); hostile connections open at the end "
+              f"({p99(busy) / p99(idle):.2f}x the idle p99 before and after, "
+              f"{p99(idle) * 1000:.1f} ms); hostile connections open at the end "
               f"{attack['open_at_stop']}, peak {attack['peak_open']}; RSS peak {rss_peak // 1024} MiB "
               f"(+{(rss_peak - rss_before) // 1024} MiB)")
         check(attack["peak_open"] >= (SLOWLORIS + SLOW_BODY + IDLE) * 0.9,
               f"the hostile connections were open at once: peak {attack['peak_open']}")
-        # 2x, with 10 ms of scheduling noise allowed on a loaded 2-core machine.
+        # 2x, with 10 ms of scheduling noise allowed: the attacking process shares the
+        # machine's cores with the server.
         check(p99(busy) <= 2 * p99(idle) + 0.010,
               f"p99 under attack {p99(busy):.3f} s within 2x of idle {p99(idle):.3f} s")
         # Bound from the limits: 100 stalled streams x 16 KiB of queued output, 1000 parsers
