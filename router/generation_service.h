@@ -68,6 +68,8 @@ class GenerationService final : public GenerationServiceBase {
   std::unique_ptr<RequestHooks> NewRequestHooks(absl::Time arrival) {
     return hooks_ != nullptr ? hooks_->NewRequest(arrival) : nullptr;
   }
+  // The HTTP API's transport metrics, or null.
+  HttpHooks* http_hooks() const { return hooks_ != nullptr ? hooks_->http_hooks() : nullptr; }
   void CallStarted() { active_.fetch_add(1); }
   // API keys and tenant limits (null: open access). Must outlive the service.
   void set_access_control(AccessControl* access) { access_ = access; }

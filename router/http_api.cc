@@ -11,8 +11,31 @@ namespace tandem {
 void HttpFlags::Register(FlagSet* f) {
   f->Int("http-port", &port, "OpenAI-compatible HTTP API port (0: any free port; -1: off)");
   f->String("http-port-file", &port_file, "write the bound HTTP port to this file");
-  f->Int("http-max-body-bytes", &max_body_bytes, "largest HTTP request body (413 above)");
-  f->Int("http-threads", &threads, "HTTP requests served at once (streams included)");
+  HttpTransportOptions& t = transport;
+  f->Int("http-max-body-bytes", &t.max_body_bytes, "largest HTTP request body (413 above)");
+  f->Int32("http-threads", &t.handler_threads,
+           "threads that parse and convert HTTP requests (connections and streams hold none)");
+  f->Int32("http-io-threads", &t.io_threads, "HTTP event-loop threads (they move the bytes)");
+  f->Int("http-max-header-bytes", &t.max_header_bytes,
+         "largest HTTP request line and headers (431 above)");
+  f->Int32("http-max-headers", &t.max_headers, "most HTTP request headers (431 above)");
+  f->Double("http-header-timeout", &t.header_timeout_s,
+            "seconds a connection has to send its request headers (and TLS handshake)");
+  f->Double("http-body-timeout", &t.body_timeout_s,
+            "seconds a request body has, plus its length at --http-body-min-rate");
+  f->Int("http-body-min-rate", &t.body_min_rate, "slowest accepted request body, in bytes/s");
+  f->Double("http-idle-timeout", &t.idle_timeout_s,
+            "seconds a kept-alive HTTP connection may wait for its next request");
+  f->Double("http-write-timeout", &t.write_timeout_s,
+            "seconds a response write may make no progress before the connection is closed");
+  f->Int("http-max-buffered-bytes", &t.max_buffered_bytes,
+         "response bytes queued for a client that does not read (a stream is cut and its "
+         "request cancelled above)");
+  f->Int32("http-max-connections", &t.max_connections, "most open HTTP connections");
+  f->Int32("http-max-connections-per-client", &t.max_connections_per_client,
+           "most open HTTP connections from one IP address (0: no limit)");
+  f->Int32("http-max-requests-per-connection", &t.max_requests_per_connection,
+           "requests served on one kept-alive HTTP connection before it is closed");
   f->String("chat-template", &chat_template,
             "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
 }
@@ -57,12 +80,23 @@ ApiKeys::~ApiKeys() {
   if (reloader_.joinable()) reloader_.join();
 }
 
-absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
-    const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
-    const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len) {
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
+                                                        const ServerOptions& server_options,
+                                                        grpc::Server* grpc_server,
+                                                        const Tokenizer* tokenizer,
+                                                        const std::string& model_name,
+                                                        int32_t max_model_len, HttpHooks* hooks) {
   if (flags.port < 0) return std::unique_ptr<HttpApi>();
-  if (flags.max_body_bytes < 1024 || flags.threads < 1) {
-    return absl::InvalidArgumentError("--http-max-body-bytes >= 1024 and --http-threads >= 1");
+  const HttpTransportOptions& t = flags.transport;
+  if (t.max_body_bytes < 1024 || t.handler_threads < 1 || t.io_threads < 1 ||
+      t.max_header_bytes < 1024 || t.max_headers < 1 || t.body_min_rate < 1 ||
+      t.max_buffered_bytes < 4096 || t.max_connections < 1 || t.max_connections_per_client < 0 ||
+      t.max_requests_per_connection < 1 || !(t.header_timeout_s > 0) || !(t.body_timeout_s > 0) ||
+      !(t.idle_timeout_s > 0) || !(t.write_timeout_s > 0)) {
+    return absl::InvalidArgumentError(
+        "--http-max-body-bytes and --http-max-header-bytes >= 1024, --http-max-buffered-bytes "
+        ">= 4096, the HTTP timeouts > 0, --http-max-connections-per-client >= 0 and the other "
+        "--http-* counts >= 1");
   }
   std::unique_ptr<HttpApi> api(new HttpApi);
   auto choice = ChooseChatTemplate(*tokenizer, flags.chat_template);
@@ -75,15 +109,15 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
   api->chat_template_ = std::move(parsed).value();
   HttpServerOptions o;
   const std::string& host = server_options.host;
-  o.host = host;
-  o.port = static_cast<int>(flags.port);
-  o.max_body_bytes = static_cast<size_t>(flags.max_body_bytes);
-  o.threads = static_cast<int>(flags.threads);
+  o.transport = t;
+  o.transport.host = host;
+  o.transport.port = static_cast<int>(flags.port);
+  o.transport.hooks = hooks;
   o.model_name = model_name;
   o.max_model_len = max_model_len;
-  o.tls_cert = server_options.tls.cert;
-  o.tls_key = server_options.tls.key;
-  if (server_options.tls.client_auth) o.tls_client_ca = server_options.tls.ca;
+  o.transport.tls_cert = server_options.tls.cert;
+  o.transport.tls_key = server_options.tls.key;
+  if (server_options.tls.client_auth) o.transport.tls_client_ca = server_options.tls.ca;
   auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
                                   tokenizer, api->chat_template_.get());
   if (!server.ok()) return server.status();

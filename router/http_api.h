@@ -14,6 +14,7 @@
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"
+#include "router/http/http_transport.h"
 
 namespace tandem {
 
@@ -21,8 +22,8 @@ namespace tandem {
 struct HttpFlags {
   int64_t port = -1;  // -1: off; 0: any free port
   std::string port_file;
-  int64_t max_body_bytes = 4 << 20;
-  int64_t threads = 32;
+  // The transport's limits; flags read their defaults from here.
+  HttpTransportOptions transport;
   std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
 
   void Register(FlagSet* flags);
@@ -57,7 +58,8 @@ class HttpApi {
   // Null (and OK) when --http-port is off.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
       const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
-      const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len);
+      const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len,
+      HttpHooks* hooks = nullptr);
   int port() const { return server_->port(); }
   void Stop() { server_->Stop(); }
 

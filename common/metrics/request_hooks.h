@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/metrics/http_hooks.h"
 
 namespace tandem {
 
@@ -75,6 +76,8 @@ class RequestHooksFactory {
  public:
   virtual ~RequestHooksFactory() = default;
   virtual std::unique_ptr<RequestHooks> NewRequest(absl::Time arrival) = 0;
+  // The HTTP API's transport metrics (connections, refusals, timeouts); null when none.
+  virtual HttpHooks* http_hooks() { return nullptr; }
 };
 
 // Everything the router reports (implemented by RouterMetrics): per-request hooks plus

@@ -15,7 +15,7 @@ constexpr char kNoFinishReason[] = "none";
 
 }  // namespace
 
-RouterMetrics::RouterMetrics(prometheus::Registry* registry) {
+RouterMetrics::RouterMetrics(prometheus::Registry* registry) : http_(registry) {
   requests_family_ = &BuildCounter()
                           .Name("tandem_router_requests_total")
                           .Help(

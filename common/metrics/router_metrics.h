@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "common/metrics/finish_reason.h"
+#include "common/metrics/http_metrics.h"
 #include "common/metrics/request_hooks.h"
 #include "common/metrics/routing_reason.h"
 #include "prometheus/counter.h"
@@ -30,6 +31,7 @@ namespace tandem {
 //   tandem_router_routing_decisions_total{policy, reason}
 //   tandem_router_retries_total{role}, tandem_router_migrations_total
 //   tandem_router_worker_healthy{worker, role}
+//   and the HTTP API's transport families (http_metrics.h)
 class RouterMetrics : public RouterHooks {
  public:
   explicit RouterMetrics(prometheus::Registry* registry);
@@ -38,6 +40,7 @@ class RouterMetrics : public RouterHooks {
 
   // RouterHooks (RequestHooksFactory): a RequestTracker feeding these metrics.
   std::unique_ptr<RequestHooks> NewRequest(absl::Time arrival) override;
+  HttpHooks* http_hooks() override { return &http_; }
 
   // Request lifecycle (RequestTracker calls these).
   void RequestStarted();
@@ -73,6 +76,7 @@ class RouterMetrics : public RouterHooks {
   prometheus::Family<prometheus::Counter>* retries_;
   prometheus::Counter* migrations_;
   prometheus::Family<prometheus::Gauge>* worker_healthy_;
+  HttpMetrics http_;
 };
 
 // Per-request timing at the router: TTFT from arrival to the first token, inter-token latency

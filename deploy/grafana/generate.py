@@ -183,6 +183,18 @@ OVERVIEW = dashboard("tandem-overview", "Tandem / Cluster overview",
                       "p99 {{role}}")),
     timeseries("Scrape targets up", "Tandem processes Prometheus can scrape, by job.", "short",
                target(f"sum by (job) (up{{{J}}})", "{{job}}")),
+    row("HTTP API"),
+    timeseries("HTTP connections", "Open connections of the OpenAI-compatible HTTP API, by "
+               "instance.", "short",
+               target(f"sum by (instance) (tandem_http_connections_open{{{J}}})",
+                      "{{instance}}")),
+    timeseries("HTTP refusals and timeouts", "Connections or requests the HTTP API turned "
+               "away by reason, and connections it closed for a time or space limit by kind "
+               "(per second).", "short",
+               target(f"sum by (reason) (rate(tandem_http_rejected_total{{{J}}}[{RI}]))",
+                      "rejected {{reason}}"),
+               target(f"sum by (kind) (rate(tandem_http_timeouts_total{{{J}}}[{RI}]))",
+                      "timeout {{kind}}")),
 ])
 
 KV = dashboard("tandem-kv-cache", "Tandem / KV cache",

@@ -2,19 +2,17 @@
 
 namespace tandem {
 
-GenerateStream::GenerateStream(v1::Generation::Stub* stub, const v1::GenerateRequest& request,
-                               const std::vector<std::pair<std::string, std::string>>& metadata)
-    : request_(request) {
-  for (const auto& [key, value] : metadata) context_.AddMetadata(key, value);
-  stub->async()->Generate(&context_, &request_, this);
-  StartRead(&in_);
-  StartCall();
-}
-
-GenerateStream::~GenerateStream() {
-  context_.TryCancel();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return status_.has_value(); });
+std::shared_ptr<GenerateStream> GenerateStream::Start(
+    v1::Generation::Stub* stub, const v1::GenerateRequest& request,
+    const std::vector<std::pair<std::string, std::string>>& metadata,
+    std::function<void()> notify) {
+  std::shared_ptr<GenerateStream> s(new GenerateStream(request, std::move(notify)));
+  s->self_ = s;
+  for (const auto& [key, value] : metadata) s->context_.AddMetadata(key, value);
+  stub->async()->Generate(&s->context_, &s->request_, s.get());
+  s->StartRead(&s->in_);
+  s->StartCall();
+  return s;
 }
 
 void GenerateStream::OnReadDone(bool ok) {
@@ -23,29 +21,29 @@ void GenerateStream::OnReadDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(in_));
   }
-  cv_.notify_all();
   in_.Clear();
   StartRead(&in_);
+  notify_();
 }
 
 void GenerateStream::OnDone(const grpc::Status& status) {
-  // Notified under the lock: the destructor may run as soon as it sees status_.
-  std::lock_guard<std::mutex> lock(mu_);
-  status_ = status;
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+  }
+  notify_();
+  // The last callback: the reactor may go now (when nobody else holds it).
+  std::shared_ptr<GenerateStream> keep = std::move(self_);
 }
 
-GenerateStream::Next GenerateStream::Wait(absl::Duration timeout, v1::GenerateResponse* message) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool ready = cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                                  [this] { return !queue_.empty() || status_.has_value(); });
-  if (!ready) return Next::kTimeout;
+GenerateStream::Next GenerateStream::Poll(v1::GenerateResponse* message) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (!queue_.empty()) {
     *message = std::move(queue_.front());
     queue_.pop_front();
     return Next::kMessage;
   }
-  return Next::kDone;
+  return status_.has_value() ? Next::kDone : Next::kNone;
 }
 
 grpc::Status GenerateStream::status() {

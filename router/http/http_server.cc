@@ -1,13 +1,10 @@
 #include "router/http/http_server.h"
 
-#include <httplib.h>
-
 #include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
-#include "common/http/http_server_factory.h"
 #include "common/rpc/callback_cq.h"
 #include "router/http/generate_stream.h"
 #include "router/http/openai_response.h"
@@ -19,13 +16,12 @@ using Json = nlohmann::json;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
-void SendError(httplib::Response& res, absl::StatusCode code, const std::string& message) {
+void SendError(HttpResponder& res, absl::StatusCode code, const std::string& message) {
   OpenAiError e = MakeOpenAiError(code, message);
-  res.status = e.http_status;
-  res.set_content(Dump(e.body), "application/json");
+  res.Send(e.http_status, "application/json", Dump(e.body));
 }
 
-std::vector<std::pair<std::string, std::string>> ForwardedMetadata(const httplib::Request& req) {
+std::vector<std::pair<std::string, std::string>> ForwardedMetadata(const HttpRequest& req) {
   std::vector<std::pair<std::string, std::string>> md;
   if (req.has_header("Authorization")) {
     md.emplace_back("authorization", req.get_header_value("Authorization"));
@@ -41,86 +37,96 @@ int64_t UnixNow() {
 
 std::atomic<uint64_t> next_http_id{1};
 
-// State of one response shared with httplib's content provider.
+// One generate response, on its connection's event loop (every method runs there): reads the
+// call's messages as they arrive and writes them out, committing the HTTP status when the first
+// tokens arrive or at the first keep-alive tick, whichever is first.
 struct Exchange {
-  std::unique_ptr<GenerateStream> stream;
+  std::shared_ptr<GenerateStream> stream;
   std::unique_ptr<OpenAiResponder> responder;
-  std::optional<v1::GenerateResponse> first;  // read before the status was committed
+  std::shared_ptr<HttpResponder> http;
   bool stream_mode = false;
   bool include_usage = false;
-  absl::Duration keepalive;
+  bool committed = false;
+  bool finished = false;
+  bool wrote = false;  // since the last tick
+
+  ~Exchange() {
+    if (stream != nullptr && !finished) stream->Cancel();
+  }
+
+  void WriteEvent(const Json& j) { http->Write("data: " + Dump(j) + "\n\n"); }
+
+  void Commit() {
+    committed = true;
+    if (stream_mode) {
+      http->StartChunked(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    } else {
+      http->StartChunked(200, "application/json");
+    }
+  }
+
+  // Drains what the call produced so far.
+  void Pump() {
+    if (finished) return;
+    v1::GenerateResponse m;
+    while (true) {
+      switch (stream->Poll(&m)) {
+        case GenerateStream::Next::kNone:
+          return;
+        case GenerateStream::Next::kMessage:
+          if (stream_mode) {
+            if (!committed) Commit();
+            for (const Json& chunk : responder->StreamChunks(m)) WriteEvent(chunk);
+            wrote = true;
+          } else {
+            responder->Accumulate(m);
+          }
+          break;
+        case GenerateStream::Next::kDone:
+          return End();
+      }
+    }
+  }
+
+  void End() {
+    finished = true;
+    const grpc::Status st = stream->status();
+    std::optional<OpenAiError> error;
+    if (!st.ok()) {
+      error = MakeOpenAiError(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+    }
+    if (!committed && error.has_value()) {
+      // Refused before the status went out: the request gets its own status.
+      return http->Send(error->http_status, "application/json", Dump(error->body));
+    }
+    if (!stream_mode) {
+      const std::string body = Dump(error.has_value() ? error->body : responder->Complete());
+      if (!committed) return http->Send(200, "application/json", body);
+      http->Write(body);
+      return http->Finish();
+    }
+    if (!committed) Commit();
+    if (error.has_value()) {
+      WriteEvent(error->body);
+    } else if (include_usage) {
+      WriteEvent(responder->UsageChunk());
+    }
+    http->Write("data: [DONE]\n\n");
+    http->Finish();
+  }
+
+  // Every keep-alive interval: commits the status if still waiting, and writes a keep-alive
+  // when nothing went out since the last tick (a failed write shows the client went away).
+  void Tick() {
+    if (finished) return;
+    if (!committed) {
+      Commit();
+      wrote = false;
+    }
+    if (!wrote) http->Write(stream_mode ? ": keep-alive\n\n" : " ");
+    wrote = false;
+  }
 };
-
-bool Write(httplib::DataSink& sink, const std::string& data) {
-  return sink.is_writable() && sink.write(data.data(), data.size());
-}
-
-bool WriteEvent(httplib::DataSink& sink, const Json& j) {
-  return Write(sink, "data: " + Dump(j) + "\n\n");
-}
-
-// Streams SSE events until the call ends; false when the client went away.
-bool PumpEvents(Exchange& x, httplib::DataSink& sink) {
-  auto send = [&](const v1::GenerateResponse& m) {
-    for (const Json& chunk : x.responder->StreamChunks(m)) {
-      if (!WriteEvent(sink, chunk)) return false;
-    }
-    return true;
-  };
-  if (x.first.has_value() && !send(*x.first)) return false;
-  x.first.reset();
-  v1::GenerateResponse m;
-  while (true) {
-    switch (x.stream->Wait(x.keepalive, &m)) {
-      case GenerateStream::Next::kMessage:
-        if (!send(m)) return false;
-        break;
-      case GenerateStream::Next::kTimeout:
-        if (!Write(sink, ": keep-alive\n\n")) return false;
-        break;
-      case GenerateStream::Next::kDone: {
-        const grpc::Status st = x.stream->status();
-        if (!st.ok()) {
-          OpenAiError e =
-              MakeOpenAiError(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
-          if (!WriteEvent(sink, e.body)) return false;
-        } else if (x.include_usage && !WriteEvent(sink, x.responder->UsageChunk())) {
-          return false;
-        }
-        if (!Write(sink, "data: [DONE]\n\n")) return false;
-        sink.done();
-        return true;
-      }
-    }
-  }
-}
-
-// Non-streaming after the status was committed: keep-alive spaces, then the JSON body.
-bool PumpJson(Exchange& x, httplib::DataSink& sink) {
-  if (x.first.has_value()) x.responder->Accumulate(*x.first);
-  x.first.reset();
-  v1::GenerateResponse m;
-  while (true) {
-    switch (x.stream->Wait(x.keepalive, &m)) {
-      case GenerateStream::Next::kMessage:
-        x.responder->Accumulate(m);
-        break;
-      case GenerateStream::Next::kTimeout:
-        if (!Write(sink, " ")) return false;
-        break;
-      case GenerateStream::Next::kDone: {
-        const grpc::Status st = x.stream->status();
-        const Json body = st.ok() ? x.responder->Complete()
-                                  : MakeOpenAiError(static_cast<absl::StatusCode>(st.error_code()),
-                                                    st.error_message())
-                                        .body;
-        if (!Write(sink, Dump(body))) return false;
-        sink.done();
-        return true;
-      }
-    }
-  }
-}
 
 }  // namespace
 
@@ -135,97 +141,60 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   s->context_.chat_template = chat_template;
   s->context_.max_model_len = options.max_model_len;
   s->context_.limits = options.limits;
-  auto made = NewHttpServer({options.tls_cert, options.tls_key, options.tls_client_ca}, "http");
-  if (!made.ok()) return made.status();
-  s->server_ = std::move(made).value();
-  const int threads = options.threads;
-  s->server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s->server_->set_payload_max_length(options.max_body_bytes);
-  s->Register();
-  const int port = options.port == 0
-                       ? s->server_->bind_to_any_port(options.host)
-                       : (s->server_->bind_to_port(options.host, options.port) ? options.port : -1);
-  if (port < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("http: cannot listen on ", options.host, ":", options.port));
-  }
-  s->port_ = port;
-  httplib::Server* server = s->server_.get();
-  s->thread_ = std::thread([server] { server->listen_after_bind(); });
+  // The transport's own refusals (404, 405, 413, 431, malformed) in the API's error shape.
+  auto error_page = [](int status, const std::string& message) {
+    const absl::StatusCode code = status == 404   ? absl::StatusCode::kNotFound
+                                  : status >= 500 ? absl::StatusCode::kInternal
+                                                  : absl::StatusCode::kInvalidArgument;
+    return Dump(MakeOpenAiError(code, message).body);
+  };
+  auto server = HttpTransport::Start(options.transport, s->Routes(), error_page);
+  if (!server.ok()) return server.status();
+  s->server_ = std::move(server).value();
+  s->port_ = s->server_->port();
   return s;
 }
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Stop() {
-  if (server_ != nullptr) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (server_ != nullptr) server_->Stop();
 }
 
-void HttpServer::Register() {
-  httplib::Server& srv = *server_;
-  srv.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    absl::StatusCode code = absl::StatusCode::kInternal;
-    std::string message = "error";
-    switch (res.status) {
-      case 404:
-        code = absl::StatusCode::kNotFound;
-        message = "no such endpoint";
-        break;
-      case 405:
-        code = absl::StatusCode::kInvalidArgument;
-        message = "method not allowed";
-        break;
-      case 413:
-        code = absl::StatusCode::kInvalidArgument;
-        message = "the request body is too large";
-        break;
-      case 400:
-        code = absl::StatusCode::kInvalidArgument;
-        message = "malformed HTTP request";
-        break;
-      default:
-        break;
-    }
-    const int status = res.status;
-    SendError(res, code, message);
-    res.status = status;
-  });
-  srv.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        SendError(res, absl::StatusCode::kInternal, "internal error");
-      });
-  srv.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("ok\n", "text/plain");
-  });
-  srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    grpc::ClientContext ctx;
-    for (const auto& [k, v] : ForwardedMetadata(req)) ctx.AddMetadata(k, v);
-    v1::ListModelsResponse models;
-    const grpc::Status st = stub_->ListModels(&ctx, v1::ListModelsRequest(), &models);
-    if (!st.ok()) {
-      SendError(res, static_cast<absl::StatusCode>(st.error_code()), st.error_message());
-      return;
-    }
-    Json data = Json::array();
-    for (const v1::ModelInfo& m : models.models()) {
-      data.push_back({{"id", m.name()},
-                      {"object", "model"},
-                      {"created", 0},
-                      {"owned_by", "tandem"},
-                      {"max_model_len", m.max_model_len()}});
-    }
-    res.set_content(Dump({{"object", "list"}, {"data", data}}), "application/json");
-  });
+std::vector<HttpRoute> HttpServer::Routes() {
+  std::vector<HttpRoute> routes;
+  routes.push_back({"GET", "/health", [](const HttpRequest&, std::shared_ptr<HttpResponder> res) {
+                      res->Send(200, "text/plain", "ok\n");
+                    }});
+  routes.push_back(
+      {"GET", "/v1/models", [this](const HttpRequest& req, std::shared_ptr<HttpResponder> res) {
+         grpc::ClientContext ctx;
+         for (const auto& [k, v] : ForwardedMetadata(req)) ctx.AddMetadata(k, v);
+         v1::ListModelsResponse models;
+         const grpc::Status st = stub_->ListModels(&ctx, v1::ListModelsRequest(), &models);
+         if (!st.ok()) {
+           SendError(*res, static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+           return;
+         }
+         Json data = Json::array();
+         for (const v1::ModelInfo& m : models.models()) {
+           data.push_back({{"id", m.name()},
+                           {"object", "model"},
+                           {"created", 0},
+                           {"owned_by", "tandem"},
+                           {"max_model_len", m.max_model_len()}});
+         }
+         res->Send(200, "application/json", Dump({{"object", "list"}, {"data", data}}));
+       }});
   auto generate = [this](OpenAiEndpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+    return [this, endpoint](const HttpRequest& req, std::shared_ptr<HttpResponder> res) {
       auto body = ParseJsonBody(req.body, options_.limits);
       if (!body.ok())
-        return SendError(res, body.status().code(), std::string(body.status().message()));
+        return SendError(*res, body.status().code(), std::string(body.status().message()));
       auto converted = ConvertOpenAiRequest(endpoint, *body, context_);
       if (!converted.ok()) {
-        return SendError(res, converted.status().code(), std::string(converted.status().message()));
+        return SendError(*res, converted.status().code(),
+                         std::string(converted.status().message()));
       }
       const uint64_t serial = next_http_id.fetch_add(1);
       const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
@@ -248,41 +217,28 @@ void HttpServer::Register() {
       x->responder = std::make_unique<OpenAiResponder>(ro);
       x->stream_mode = converted->stream;
       x->include_usage = converted->include_usage;
-      x->keepalive = options_.keepalive_interval;
-      x->stream = std::make_unique<GenerateStream>(stub_.get(), g, ForwardedMetadata(req));
+      x->http = res;
 
-      // Before committing to 200: a request the service refuses ends at once with its status.
-      v1::GenerateResponse first;
-      switch (x->stream->Wait(options_.keepalive_interval, &first)) {
-        case GenerateStream::Next::kDone: {
-          const grpc::Status st = x->stream->status();
-          if (!st.ok()) {
-            return SendError(res, static_cast<absl::StatusCode>(st.error_code()),
-                             st.error_message());
-          }
-          break;
-        }
-        case GenerateStream::Next::kMessage:
-          x->first = std::move(first);
-          break;
-        case GenerateStream::Next::kTimeout:
-          break;
-      }
-      if (x->stream_mode) res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          x->stream_mode ? "text/event-stream" : "application/json",
-          [x](size_t, httplib::DataSink& sink) {
-            const bool ok = x->stream_mode ? PumpEvents(*x, sink) : PumpJson(*x, sink);
-            if (!ok) x->stream->Cancel();  // the client went away
-            return ok;
-          },
-          [x](bool success) {
-            if (!success) x->stream->Cancel();
+      // From here on the exchange lives on the connection's event loop: the connection holds
+      // it (through its ticker and on-close callback) until the response ends; the call's
+      // notifications only post onto the loop.
+      res->SetOnClose([x] {
+        if (x->stream != nullptr) x->stream->Cancel();  // the client went away
+      });
+      res->SetTicker(options_.keepalive_interval, [x] { x->Tick(); });
+      std::weak_ptr<Exchange> weak = x;
+      res->Post([this, x, weak, g = std::move(g), md = ForwardedMetadata(req)] {
+        x->stream = GenerateStream::Start(stub_.get(), g, md, [weak, http = x->http] {
+          http->Post([weak] {
+            if (auto x = weak.lock()) x->Pump();
           });
+        });
+      });
     };
   };
-  srv.Post("/v1/completions", generate(OpenAiEndpoint::kCompletions));
-  srv.Post("/v1/chat/completions", generate(OpenAiEndpoint::kChatCompletions));
+  routes.push_back({"POST", "/v1/completions", generate(OpenAiEndpoint::kCompletions)});
+  routes.push_back({"POST", "/v1/chat/completions", generate(OpenAiEndpoint::kChatCompletions)});
+  return routes;
 }
 
 }  // namespace tandem

@@ -5,15 +5,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "router/http/http_transport.h"
 #include "router/http/openai_request.h"
 #include "tandem/v1/generation.grpc.pb.h"
-
-namespace httplib {
-class Server;
-}  // namespace httplib
 
 namespace tandem {
 
@@ -21,10 +18,8 @@ class ChatTemplate;
 class Tokenizer;
 
 struct HttpServerOptions {
-  std::string host = "127.0.0.1";
-  int port = 0;  // 0: a free port
-  size_t max_body_bytes = 4 << 20;
-  int threads = 32;  // concurrent HTTP requests (streams included)
+  // Listener, limits, TLS and metrics of the connections.
+  HttpTransportOptions transport;
   std::string model_name;
   int32_t max_model_len = 0;
   OpenAiLimits limits;
@@ -32,13 +27,9 @@ struct HttpServerOptions {
   // body) goes out this often: that is how a client that went away is noticed and its request
   // cancelled.
   absl::Duration keepalive_interval = absl::Seconds(1);
-  // HTTPS when tls_cert is set; with tls_client_ca, clients must present a certificate it signed.
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_client_ca;
 };
 
-// The OpenAI-compatible HTTP/1.1 API (cpp-httplib): POST /v1/completions,
+// The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,
 // POST /v1/chat/completions, GET /v1/models, GET /health. A gateway onto the router's
 // Generation gRPC service through an in-process channel, so validation, API keys, rate limits,
 // tenant isolation, metrics and cancellation are the gRPC API's own. Thread-safe.
@@ -58,13 +49,12 @@ class HttpServer {
 
  private:
   HttpServer() = default;
-  void Register();
+  std::vector<HttpRoute> Routes();
 
   HttpServerOptions options_;
   std::unique_ptr<v1::Generation::Stub> stub_;
   OpenAiContext context_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<HttpTransport> server_;
   int port_ = 0;
 };
 
