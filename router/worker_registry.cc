@@ -274,6 +274,7 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
     } else {
       layout_ = worker->info.layout();
     }
+    if (refusal.empty()) refusal = TransportRefusalLocked(address, worker->info);
     if (!refusal.empty()) {
       const std::string entry = address + ": " + refusal;
       if (std::find(refused_.begin(), refused_.end(), entry) == refused_.end()) {
@@ -368,6 +369,22 @@ bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration time
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
+}
+
+std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
+                                                   const v1::WorkerInfo& info) {
+  // Every prefill worker sends to every decode worker, so one transport serves the cluster: the
+  // first worker admitted fixes it (a worker re-registering at that address may change it).
+  const std::string theirs = info.kv_transport().empty() ? "tcp" : info.kv_transport();
+  if (transport_.empty() || transport_address_ == address) {
+    transport_ = theirs;
+    transport_address_ = address;
+    return "";
+  }
+  if (theirs == transport_) return "";
+  return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
+                      "', the cluster's worker ", transport_address_, " speaks '", transport_,
+                      "' (start every worker with the same --kv-transport)");
 }
 
 std::optional<v1::KvLayoutInfo> WorkerRegistry::layout() const {

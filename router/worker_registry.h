@@ -103,6 +103,8 @@ class WorkerRegistry {
   std::vector<std::pair<std::string, std::string>> CurrentAddresses() const;  // (address, role)
   void Register(const std::string& address, const std::string& expected_role);
   void StartWatch(const std::shared_ptr<Worker>& worker);
+  // Why a worker's KV transport cannot talk to the cluster's ("" when it can). Requires mu_.
+  std::string TransportRefusalLocked(const std::string& address, const v1::WorkerInfo& info);
   void OnWatchEnded(Worker* worker, uint64_t generation);
   // Sets worker->healthy and, on a change, tells the hooks. Requires worker->mu, so that the
   // hooks see one worker's changes in order.
@@ -116,6 +118,8 @@ class WorkerRegistry {
   std::vector<std::shared_ptr<Worker>> workers_;
   std::vector<std::string> refused_;
   std::optional<v1::KvLayoutInfo> layout_;
+  std::string transport_;          // the cluster's KV transport (of the first worker admitted)
+  std::string transport_address_;  // and that worker's address
   bool stop_ = false;
   std::thread discovery_;
 };
