@@ -80,8 +80,13 @@ class NcclSender : public CoreSender {
     ControlRequest req{kind, sender_id_, std::move(unique_id), std::move(body)};
     absl::StatusOr<std::string> bytes = options_.control_channel(endpoint, EncodeRequest(req));
     if (!bytes.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("kv transfer peer ", endpoint, " unreachable: ", bytes.status().message()));
+      // A refused proof of the shared secret keeps its code (as tcp's handshake); everything
+      // else means the peer could not be reached.
+      const bool refused = bytes.status().code() == absl::StatusCode::kUnauthenticated;
+      return absl::Status(
+          refused ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kUnavailable,
+          absl::StrCat("kv transfer peer ", endpoint,
+                       refused ? " refused: " : " unreachable: ", bytes.status().message()));
     }
     ControlReply reply;
     absl::Status s = DecodeReply(*bytes, &reply);
