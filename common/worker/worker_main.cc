@@ -93,6 +93,9 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
     TLOG(ERROR) << metrics.status();
     return 1;
   }
+#if TANDEM_GPU_EMULATION
+  TLOG(WARNING) << "GPU EMULATION BUILD (tests only): CUDA and NCCL are CPU emulators";
+#endif
   TLOG(INFO) << "KV transport " << wf.kv.transport
              << (requested_transport != wf.kv.transport
                      ? " (--kv-transport " + requested_transport + ")"

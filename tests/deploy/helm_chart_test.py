@@ -337,8 +337,7 @@ def check_failures(renderer):
         (["model.source=nfs"], "model.source must be pvc, hostPath or bundled"),
         (["tls.enabled=true"], "tls.secretName is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
-        (["kvSecret.secretName=kv", "prefill.kvTransport=nccl"],
-         "kvSecret authenticates the tcp KV transport only"),
+        (["prefill.kvTransport=cuda-ipc"], "prefill.kvTransport must be auto, tcp or nccl"),
         (["model.source=hostPath", "model.hostPath.path="], "model.hostPath.path is required"),
         (["router.replica=3"], None),  # a typo'd key is merely unused, like Helm
     ]
