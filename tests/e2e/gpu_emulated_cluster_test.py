@@ -4,7 +4,8 @@
 `tandem serve --device cuda --kv-transport nccl --prefill-workers 1 --decode-workers 2`.
 - greedy output of both bundled models on 12 concurrent prompts equals the CPU tcp cluster's bit
   for bit, and the models' reference continuation;
-- SIGKILL of a decode worker with streams in flight loses nothing and leaks no block;
+- cancellation during the KV transfer or mid-stream, and SIGKILL of a decode worker with streams
+  in flight, lose nothing and leak no block; the restarted worker is fed over a new communicator;
 - at registration a router refuses a decode worker on another transport and one with another KV
   layout, naming both sides / the field.
 
@@ -77,6 +78,13 @@ def served(stubs, address, texts, max_tokens):
     return [ids for ids, _ in results]
 
 
+T0 = time.time()
+
+
+def log(msg):
+    print(f"[{time.time() - T0:.0f}s] {msg}", flush=True)
+
+
 def check_emulated(emu_dir):
     out = subprocess.run([os.path.join(emu_dir, "bin", "tandem"), "--version"], check=True,
                          capture_output=True, text=True).stdout
@@ -102,35 +110,93 @@ def outputs_match(stubs, build_dir, emu_dir):
                   f"from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
         n = min(TOKENS, len(ref["generated_ids"]))
         check(got[0][:n] == ref["generated_ids"][:n], f"{model}: reference differs: {got[0]}")
-        print(f"ok: {model}: {len(texts)} concurrent greedy outputs over nccl (emulated) equal the "
+        log(f"ok: {model}: {len(texts)} concurrent greedy outputs over nccl (emulated) equal the "
               f"CPU tcp cluster's and the reference")
 
 
-def decode_worker_killed(stubs, emu_dir):
+def cancel_streams(stubs, address, texts, wait_tokens):
+    """Starts a stream per prompt and cancels each once it has `wait_tokens` tokens (0: at once,
+    while its prefill or KV transfer may be in flight)."""
+    stub = stubs.gen_grpc.GenerationStub(grpc.insecure_channel(address))
+    calls = [stub.Generate(stubs.gen.GenerateRequest(
+        text=t, sampling=stubs.sampling.SamplingParams(temperature=0, max_tokens=400,
+                                                       ignore_eos=True)), timeout=120)
+             for t in texts]
+    for call in calls:
+        got = 0
+        try:
+            for r in call:
+                if r.HasField("chunk"):
+                    got += len(r.chunk.token_ids)
+                if got >= wait_tokens:
+                    break
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.CANCELLED, f"stream ended with {e.code()}")
+        call.cancel()
+
+
+def faults(stubs, emu_dir):
     path = os.path.join(ROOT, "models", "stories260k")
     _, texts = prompts("stories260k")
     texts = texts[:8]
-    with Cluster(emu_dir, 1, 2, *GPU, model=path, startup_timeout=120) as gpu:
+    # round_robin: the restarted decode worker gets its share (prefix affinity would send the
+    # repeated prompts to the worker that cached them).
+    with Cluster(emu_dir, 1, 2, *GPU, "--routing-policy", "round_robin", model=path,
+                 startup_timeout=120) as gpu:
         want = served(stubs, gpu.address, texts, 160)
+        channel = grpc.insecure_channel(gpu.address)
+        channels = [c for lst in gpu.worker_channels().values() for c in lst]
+
+        # Cancellation at once (prefill / KV transfer in flight) and mid-stream frees everything.
+        cancel_streams(stubs, gpu.address, texts, 0)
+        cancel_streams(stubs, gpu.address, texts, 5)
+        wait_no_leaks(stubs, channels, timeout=60)
+        log(f"ok: {2 * len(texts)} streams cancelled during their transfer or mid-stream: "
+              f"no block leaked")
         progress = [0] * len(texts)
         threads, results = run_all(stubs, gpu.address, texts, 160, progress)
         deadline = time.time() + 120
         while min(progress) < 8 and time.time() < deadline:
             time.sleep(0.02)
         check(min(progress) >= 8, f"streams did not start: {progress}")
+        lives = {w.incarnation for w in cluster_status(stubs, channel).workers}
         victim = gpu.children()["decode"][0][0]
+        log(f"killing decode worker {victim}")
         os.kill(victim, signal.SIGKILL)
         for t in threads:
             t.join()
         for i, (ids, final) in enumerate(results):
             check(not isinstance(final, grpc.RpcError), f"stream {i} failed after the kill: {final}")
             check(ids == want[i], f"stream {i} differs from the undisturbed run after the kill")
-        # The supervisor restarts the killed worker (a new incarnation): nothing leaks anywhere.
-        time.sleep(1)
+        # The supervisor restarts the killed worker (a new incarnation): nothing leaks anywhere,
+        # and the prefill worker reaches the new incarnation over a new communicator.
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            status = cluster_status(stubs, channel)
+            healthy = [w for w in status.workers if w.role == "decode" and w.healthy]
+            restarted = [w for w in healthy if w.incarnation not in lives]
+            if restarted and len(healthy) == 2:
+                break
+            time.sleep(0.2)
+        check(restarted and len(healthy) == 2, f"the killed decode worker is back: {status}")
+        log("the killed decode worker is back")
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
         wait_no_leaks(stubs, channels, timeout=60)
-        print(f"ok: SIGKILL of decode worker {victim} with {len(texts)} streams in flight: every "
-              f"stream complete and identical, no block leaked")
+        before = cluster_status(stubs, channel)
+        again = served(stubs, gpu.address, texts * 2, 160)
+        after = cluster_status(stubs, channel)
+        check(again == want * 2, "after the restart, outputs are identical")
+        routed = {w.address: w.routed_requests for w in after.workers
+                  if w.role == "decode" and w.healthy}
+        was = {w.address: w.routed_requests for w in before.workers if w.role == "decode"}
+        check(all(routed[a] > was.get(a, 0) for a in routed),
+              f"both decode workers (one restarted) take requests: {was} -> {routed}")
+        check(after.remote_prefills - before.remote_prefills == 2 * len(texts) and
+              after.failures == before.failures, f"prefilled remotely over nccl: {after}")
+        wait_no_leaks(stubs, channels, timeout=60)
+        log(f"ok: SIGKILL of decode worker {victim} with {len(texts)} streams in flight: every "
+              f"stream complete and identical, no block leaked; the restarted worker is fed "
+              f"over a new communicator")
 
 
 class Proc:
@@ -182,8 +248,8 @@ def mismatches_refused(stubs, emu_dir):
             transport = [r for r in refused if "KV transport mismatch" in r]
             check(transport and "'tcp'" in transport[0] and "'nccl'" in transport[0] and
                   bad_transport.address in transport[0], f"transport mismatch refused: {refused}")
-            print(f"ok: refused at registration: {layout[0]}")
-            print(f"ok: refused at registration: {transport[0]}")
+            log(f"ok: refused at registration: {layout[0]}")
+            log(f"ok: refused at registration: {transport[0]}")
         finally:
             for proc in procs:
                 proc.stop()
@@ -198,7 +264,7 @@ def main():
     check_emulated(emu_dir)
     mismatches_refused(stubs, emu_dir)
     outputs_match(stubs, build_dir, emu_dir)
-    decode_worker_killed(stubs, emu_dir)
+    faults(stubs, emu_dir)
     print("PASS")
 
 
