@@ -3,10 +3,6 @@
 #include "common/engine/backend/backend.h"
 #include "kvtransfer/transport.h"
 
-#if defined(TANDEM_HAVE_CUDA)
-#include "common/engine/backend/cuda/cuda_backend.h"
-#endif
-
 namespace tandem {
 
 // Gives the KV transport access to a backend's pool regions: host addresses on the CPU backend,
@@ -17,12 +13,7 @@ class BackendRegions : public kvtransfer::KvRegionAccess {
  public:
   explicit BackendRegions(Backend* backend, bool device_memory = false)
       : backend_(backend), device_memory_(device_memory) {}
-  uint8_t* Region(int64_t layer, int32_t block) override {
-#if defined(TANDEM_HAVE_CUDA)
-    if (device_memory_) return CudaDeviceBlockRegion(backend_, layer, block);
-#endif
-    return backend_->HostBlockRegion(layer, block);
-  }
+  uint8_t* Region(int64_t layer, int32_t block) override;  // backend_regions.cc
   int64_t num_blocks() const override { return backend_->kv_spec().num_blocks; }
 
  private:
