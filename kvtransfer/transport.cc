@@ -94,12 +94,27 @@ bool NcclBuilt() {
 absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
                                              const std::string& device) {
   const bool on_cuda = device.rfind("cuda", 0) == 0;
-  if (requested == "tcp" || requested == "loopback") return requested;
-  if (requested == "auto") return std::string(on_cuda && NcclBuilt() ? "nccl" : "tcp");
+  if (requested == "auto") {
+    if (!on_cuda) return std::string("tcp");
+    if (!NcclBuilt()) {
+      return absl::FailedPreconditionError(
+          "--kv-transport auto: the engine runs on the GPU but this build has no NCCL (tcp moves "
+          "KV from host memory only)");
+    }
+    return std::string("nccl");
+  }
+  if (requested == "tcp" || requested == "loopback") {
+    if (on_cuda) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--kv-transport ", requested, " moves KV from host memory; the engine runs on the GPU (",
+          device, "): use nccl, or --device cpu"));
+    }
+    return requested;
+  }
   if (requested == "cuda-ipc") {
     return absl::FailedPreconditionError(
-        "--kv-transport cuda-ipc is not implemented yet; use nccl (also between two processes "
-        "on one GPU) or tcp");
+        "--kv-transport cuda-ipc is not implemented yet; use nccl (prefill and decode on "
+        "different GPUs) or tcp (engines on the CPU)");
   }
   if (requested != "nccl") {
     return absl::InvalidArgumentError(

@@ -239,11 +239,12 @@ bool NcclBuilt();
 // The transport a worker runs for a --kv-transport value, decided once at startup from the
 // engine's device ("cpu" or "cuda:N", engine_builder.h's ResolveDevice), so that a worker that
 // cannot run it fails before it serves, with one line saying why:
-//   tcp, loopback  as asked;
+//   tcp, loopback  as asked, with the engine on the CPU (they move host memory);
 //   nccl           needs a build with NCCL, a usable CUDA device, and the engine on it
 //                  (--device cuda): the KV moves from device memory;
 //   cuda-ipc       not implemented yet (FAILED_PRECONDITION naming the alternatives);
-//   auto           nccl when the engine runs on a CUDA device and the build has NCCL, else tcp.
+//   auto           nccl when the engine runs on a CUDA device (refused if the build has no
+//                  NCCL), tcp on the CPU.
 // Every worker of a cluster must end on the same transport (the router refuses a mismatch at
 // registration).
 absl::StatusOr<std::string> ResolveTransport(const std::string& requested,

@@ -110,7 +110,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   ServingEngine& se = **serving;
   WorkerMetrics worker_metrics(registry, wf.role);
   TransferMetrics transfer_metrics(registry, wf.kv.transport);
-  BackendRegions regions(se.backend, /*device_memory=*/device->rfind("cuda", 0) == 0);
+  BackendRegions regions(se.backend, /*device_memory=*/wf.kv.transport == "nccl");
   context.engine = se.engine.get();
   context.regions = &regions;
   context.layout = LayoutOf(*se.backend, se.model->model_id());

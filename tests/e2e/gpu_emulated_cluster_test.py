@@ -229,8 +229,10 @@ def mismatches_refused(stubs, emu_dir):
             procs.append(Proc(emu_dir, tmp, "decode", ["decode", "--kv-transport", "nccl"] + base))
             procs.append(Proc(emu_dir, tmp, "bad-layout", ["decode", "--kv-transport", "nccl",
                                                            "--block-size", "32"] + base))
-            procs.append(Proc(emu_dir, tmp, "bad-transport", ["decode", "--kv-transport", "tcp"] +
-                              base))
+            # tcp needs the engine on the CPU (same model, same KV layout: only the transport
+            # differs).
+            procs.append(Proc(emu_dir, tmp, "bad-transport", ["decode", "--kv-transport", "tcp",
+                                                              "--model", model]))
             p, d, bad_layout, bad_transport = procs
             procs.append(Proc(emu_dir, tmp, "router", [
                 "router", "--model", model, "--prefill-addresses", p.address,
