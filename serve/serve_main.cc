@@ -46,7 +46,7 @@ int RunServe(int argc, char** argv) {
                "the engine runs on a GPU and the build has NCCL, else tcp)");
   if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   const bool cluster = sf.prefill_workers > 0 || sf.decode_workers > 0;
-  if (!cluster && sf.kv_transport != "tcp") {
+  if (!cluster && sf.kv_transport != ServeFlags().kv_transport) {
     std::fprintf(stderr, "serve: --kv-transport needs cluster mode (--decode-workers)\n");
     return 2;
   }

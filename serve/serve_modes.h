@@ -23,7 +23,7 @@ struct ServeFlags {
   int64_t decode_workers = 0;
   bool no_layerwise_push = false;
   std::string kv_secret_file;
-  std::string kv_transport = "tcp";  // cluster mode: the workers' --kv-transport
+  std::string kv_transport = "auto";  // cluster mode: the workers' --kv-transport
 };
 
 // The router and one worker (role both) in this process (monolithic.cc).

@@ -21,7 +21,10 @@
 
 namespace tandem {
 
-WorkerFlags::WorkerFlags() { server.port = 50061; }
+WorkerFlags::WorkerFlags() {
+  server.port = 50061;
+  kv.transport = "auto";  // nccl on a GPU, tcp on the CPU
+}
 
 void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   engine.Register(f);
