@@ -7,7 +7,8 @@
 - cancellation during the KV transfer or mid-stream, and SIGKILL of a decode worker with streams
   in flight, lose nothing and leak no block; the restarted worker is fed over a new communicator;
 - at registration a router refuses a decode worker on another transport and one with another KV
-  layout, naming both sides / the field.
+  layout, naming both sides / the field;
+- fault injection (TANDEM_FAULTS kv_control_drop, kv_misplace) makes the output checks fail.
 
 Usage: gpu_emulated_cluster_test.py BUILD_DIR   (the emulation binary: TANDEM_EMULATED_BUILD, or
 BUILD_DIR/../build-emu)."""
@@ -91,27 +92,53 @@ def check_emulated(emu_dir):
     check("GPU EMULATION BUILD" in out and "nccl" in out, f"not the emulation build: {out}")
 
 
+def emulated_cluster_check(stubs, emu_dir, model, texts, want, ref, env=None):
+    """One run of the emulated GPU cluster on `texts`; raises AssertionError unless every output
+    equals `want` (the CPU cluster's) and the reference, every prompt was prefilled remotely over
+    nccl without a failure, and no worker holds anything afterwards."""
+    path = os.path.join(ROOT, "models", model)
+    with Cluster(emu_dir, 1, 2, *GPU, model=path, env=env, startup_timeout=120) as gpu:
+        check("GPU EMULATION BUILD" in gpu.logs(), "the workers announce the emulation build")
+        got = served(stubs, gpu.address, texts, TOKENS)
+        status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
+        check(status.remote_prefills >= len(texts) and status.local_prefills == 0 and
+              status.prefill_retries == 0 and status.failures == 0,
+              f"every prompt prefilled remotely, its KV over nccl at the first try: {status}")
+        channels = [c for lst in gpu.worker_channels().values() for c in lst]
+        wait_no_leaks(stubs, channels)
+    for i in range(len(texts)):
+        check(got[i] == want[i], f"{model} prompt {i}: emulated GPU cluster (nccl) differs "
+              f"from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
+    n = min(TOKENS, len(ref["generated_ids"]))
+    check(got[0][:n] == ref["generated_ids"][:n], f"{model}: reference differs: {got[0]}")
+
+
 def outputs_match(stubs, build_dir, emu_dir):
+    """Returns {model: (texts, the CPU cluster's outputs, reference)}."""
+    out = {}
     for model in MODELS:
-        path = os.path.join(ROOT, "models", model)
         ref, texts = prompts(model)
-        with Cluster(build_dir, 1, 2, *CPU, model=path) as cpu:
+        with Cluster(build_dir, 1, 2, *CPU, model=os.path.join(ROOT, "models", model)) as cpu:
             want = served(stubs, cpu.address, texts, TOKENS)
-        with Cluster(emu_dir, 1, 2, *GPU, model=path, startup_timeout=120) as gpu:
-            check("GPU EMULATION BUILD" in gpu.logs(), "the workers announce the emulation build")
-            got = served(stubs, gpu.address, texts, TOKENS)
-            status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
-            check(status.remote_prefills >= len(texts) and status.failures == 0,
-                  f"every prompt prefilled remotely over nccl: {status}")
-            channels = [c for lst in gpu.worker_channels().values() for c in lst]
-            wait_no_leaks(stubs, channels)
-        for i in range(len(texts)):
-            check(got[i] == want[i], f"{model} prompt {i}: emulated GPU cluster (nccl) differs "
-                  f"from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
-        n = min(TOKENS, len(ref["generated_ids"]))
-        check(got[0][:n] == ref["generated_ids"][:n], f"{model}: reference differs: {got[0]}")
+        emulated_cluster_check(stubs, emu_dir, model, texts, want, ref)
         log(f"ok: {model}: {len(texts)} concurrent greedy outputs over nccl (emulated) equal the "
-              f"CPU tcp cluster's and the reference")
+            f"CPU tcp cluster's and the reference")
+        out[model] = (texts, want, ref)
+    return out
+
+
+def faults_are_caught(stubs, emu_dir, cpu_outputs):
+    """The checks above fail when the transport loses a control message or puts a transfer in the
+    wrong block (TANDEM_FAULTS, nccl's fault injection): they are not vacuous."""
+    texts, want, ref = cpu_outputs["stories260k"]
+    for spec in ("kv_control_drop=1", "kv_misplace=1"):
+        try:
+            emulated_cluster_check(stubs, emu_dir, "stories260k", texts[:4], want[:4], ref,
+                                   env={"TANDEM_FAULTS": spec + ",seed=1"})
+        except AssertionError as e:
+            log(f"ok: with TANDEM_FAULTS={spec} the checks fail: {str(e).splitlines()[0][:160]}")
+            continue
+        raise AssertionError(f"the checks passed although TANDEM_FAULTS={spec}")
 
 
 def cancel_streams(stubs, address, texts, wait_tokens):
@@ -265,7 +292,8 @@ def main():
     stubs = load_stubs()
     check_emulated(emu_dir)
     mismatches_refused(stubs, emu_dir)
-    outputs_match(stubs, build_dir, emu_dir)
+    cpu_outputs = outputs_match(stubs, build_dir, emu_dir)
+    faults_are_caught(stubs, emu_dir, cpu_outputs)
     faults(stubs, emu_dir)
     print("PASS")
 
