@@ -374,17 +374,19 @@ bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration time
 std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
                                                    const v1::WorkerInfo& info) {
   // Every prefill worker sends to every decode worker, so one transport serves the cluster: the
-  // first worker admitted fixes it (a worker re-registering at that address may change it).
-  const std::string theirs = info.kv_transport().empty() ? "tcp" : info.kv_transport();
-  if (transport_.empty() || transport_address_ == address) {
-    transport_ = theirs;
-    transport_address_ = address;
-    return "";
+  // one of the workers registered now (a worker re-registering at its address is not compared
+  // with itself; once none is left, the next worker may bring another transport).
+  auto transport = [](const v1::WorkerInfo& i) {
+    return i.kv_transport().empty() ? std::string("tcp") : i.kv_transport();
+  };
+  const std::string theirs = transport(info);
+  for (const auto& w : workers_) {
+    if (w->address == address || transport(w->info) == theirs) continue;
+    return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
+                        "', the cluster's ", w->info.role(), " worker ", w->address, " speaks '",
+                        transport(w->info), "' (start every worker with the same --kv-transport)");
   }
-  if (theirs == transport_) return "";
-  return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
-                      "', the cluster's worker ", transport_address_, " speaks '", transport_,
-                      "' (start every worker with the same --kv-transport)");
+  return "";
 }
 
 std::optional<v1::KvLayoutInfo> WorkerRegistry::layout() const {

@@ -118,8 +118,6 @@ class WorkerRegistry {
   std::vector<std::shared_ptr<Worker>> workers_;
   std::vector<std::string> refused_;
   std::optional<v1::KvLayoutInfo> layout_;
-  std::string transport_;          // the cluster's KV transport (of the first worker admitted)
-  std::string transport_address_;  // and that worker's address
   bool stop_ = false;
   std::thread discovery_;
 };
