@@ -33,3 +33,15 @@ if(NOT WITH_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "Tandem CUDA backend: ${TANDEM_HAVE_CUDA} (WITH_CUDA=${WITH_CUDA})")
+
+# Test builds only: the CUDA backend and the nccl KV transport compiled against the CPU emulator
+# of CUDA and NCCL (common/engine/backend/cuda/emulation), so the GPU serving path runs end to end
+# on machines without a GPU (scripts/build_emulated.sh, tests/e2e/gpu_emulated_cluster_test.py).
+# Slow, and says so in `tandem --version` and every worker's startup log; never a release binary.
+option(TANDEM_GPU_EMULATION "Test builds only: CUDA backend and NCCL on the CPU emulator" OFF)
+if(TANDEM_GPU_EMULATION)
+  if(TANDEM_HAVE_CUDA)
+    message(FATAL_ERROR "TANDEM_GPU_EMULATION=ON needs WITH_CUDA=OFF (it replaces CUDA)")
+  endif()
+  message(WARNING "TANDEM_GPU_EMULATION=ON: a test build (CUDA and NCCL emulated on the CPU)")
+endif()

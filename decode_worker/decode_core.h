@@ -28,6 +28,7 @@ class DecodeCore : public DecodeHandler {
   absl::Status StartReceiver(const kvtransfer::ReceiverOptions& options,
                              kvtransfer::KvRegionAccess* regions);
   std::string kv_endpoint() const;
+  kvtransfer::KvReceiver* receiver() const { return receiver_.get(); }
   uint64_t incarnation() const;
 
   void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override;

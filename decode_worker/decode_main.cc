@@ -10,9 +10,24 @@ absl::Status DecodeRole::Start(const WorkerContext& context) {
   ro.layout = context.layout;
   ro.secret = context.kv_secret;
   ro.hooks = context.transfer_hooks;
+  ro.cuda_device = context.cuda_device;
+  if (ro.transport == "nccl") {
+    // The KV endpoint is the control service's address; the secret guards its messages (the
+    // nccl data path has no handshake of its own to carry it).
+    auto control = kvtransfer::KvControlServer::Start(ro.host, ro.port, context.flags->server.tls,
+                                                      context.kv_secret);
+    if (!control.ok()) {
+      return absl::Status(control.status().code(),
+                          absl::StrCat("KV control service: ", control.status().message()));
+    }
+    control_ = *std::move(control);
+    ro.name = kvtransfer::AdvertisedEndpoint(ro.host, ro.advertise_host, control_->port());
+    ro.secret.clear();
+  }
   if (absl::Status st = core_->StartReceiver(ro, context.regions); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("KV receiver: ", st.message()));
   }
+  if (control_ != nullptr) control_->SetReceiver(core_->receiver());
   return absl::OkStatus();
 }
 

@@ -15,6 +15,8 @@ namespace {
 
 constexpr absl::string_view kSenderLabel = "tandem kvtransfer v2 sender proof";
 constexpr absl::string_view kReceiverLabel = "tandem kvtransfer v2 receiver proof";
+constexpr absl::string_view kControlRequestLabel = "tandem kvtransfer control request";
+constexpr absl::string_view kControlReplyLabel = "tandem kvtransfer control reply";
 
 std::string Hmac(absl::string_view secret, absl::string_view label, absl::string_view a,
                  absl::string_view b, absl::string_view message) {
@@ -65,6 +67,15 @@ std::string SenderProof(absl::string_view secret, absl::string_view receiver_non
 std::string ReceiverProof(absl::string_view secret, absl::string_view sender_nonce,
                           absl::string_view receiver_nonce, absl::string_view welcome) {
   return Hmac(secret, kReceiverLabel, sender_nonce, receiver_nonce, welcome);
+}
+
+std::string ControlRequestProof(absl::string_view secret, absl::string_view request) {
+  return Hmac(secret, kControlRequestLabel, "", "", request);
+}
+
+std::string ControlReplyProof(absl::string_view secret, absl::string_view request_proof,
+                              absl::string_view reply) {
+  return Hmac(secret, kControlReplyLabel, request_proof, "", reply);
 }
 
 bool ProofMatches(absl::string_view got, absl::string_view expected) {

@@ -33,6 +33,14 @@ std::string SenderProof(absl::string_view secret, absl::string_view receiver_non
 std::string ReceiverProof(absl::string_view secret, absl::string_view sender_nonce,
                           absl::string_view receiver_nonce, absl::string_view welcome);
 
+// The nccl transport's control messages (carried by kvtransfer/control_rpc inside the TLS of
+// the worker's listeners): a request's proof HMAC(secret, "control request" label || request),
+// and the reply's HMAC(secret, "control reply" label || request proof || reply), which binds
+// each reply to its request so a reply cannot be replayed onto another request.
+std::string ControlRequestProof(absl::string_view secret, absl::string_view request);
+std::string ControlReplyProof(absl::string_view secret, absl::string_view request_proof,
+                              absl::string_view reply);
+
 // Constant-time comparison (CRYPTO_memcmp); false when the sizes differ or `expected` is empty.
 bool ProofMatches(absl::string_view got, absl::string_view expected);
 

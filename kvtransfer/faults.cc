@@ -14,6 +14,8 @@ absl::StatusOr<FaultOptions> ParseFaultOptions(absl::string_view spec) {
                        .Probability("kv_close", &o.kv_close)
                        .Probability("kv_delay", &o.kv_delay)
                        .Count("kv_delay_ms", &o.kv_delay_ms)
+                       .Probability("kv_control_drop", &o.kv_control_drop)
+                       .Probability("kv_misplace", &o.kv_misplace)
                        // the engine's keys (common/engine/engine_faults.h)
                        .Skip("engine_stall_ms")
                        .Skip("engine_stall_prob")
@@ -39,8 +41,9 @@ FaultOptions ResolveFaultOptions(const FaultOptions& options, bool from_env) {
 
 std::string FaultOptionsDebugString(const FaultOptions& o) {
   return absl::StrCat("kv_corrupt=", o.kv_corrupt, ",kv_drop=", o.kv_drop, ",kv_close=", o.kv_close,
-                      ",kv_delay=", o.kv_delay, ",kv_delay_ms=", o.kv_delay_ms, ",seed=", o.seed,
-                      ",max_faults=", o.max_faults);
+                      ",kv_delay=", o.kv_delay, ",kv_delay_ms=", o.kv_delay_ms,
+                      ",kv_control_drop=", o.kv_control_drop, ",kv_misplace=", o.kv_misplace,
+                      ",seed=", o.seed, ",max_faults=", o.max_faults);
 }
 
 FaultInjector::FaultInjector(const FaultOptions& options)
@@ -70,6 +73,17 @@ FaultInjector::Decision FaultInjector::Next() {
   }
   if (d.any()) ++injected_;
   return d;
+}
+
+bool FaultInjector::Chance(double p) {
+  if (!enabled_ || p <= 0) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.max_faults > 0 && injected_ >= static_cast<uint64_t>(options_.max_faults)) {
+    return false;
+  }
+  if (std::uniform_real_distribution<double>(0.0, 1.0)(rng_) >= p) return false;
+  ++injected_;
+  return true;
 }
 
 uint64_t FaultInjector::injected() const {

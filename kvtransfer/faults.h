@@ -25,17 +25,25 @@ struct FaultOptions {
   double kv_close = 0;      // probability the connection is closed before a DATA message
   double kv_delay = 1;      // probability a DATA message is delayed by kv_delay_ms
   int64_t kv_delay_ms = 0;  // 0: no delays
-  uint64_t seed = 0;        // 0: random
-  int64_t max_faults = 0;   // stop injecting after this many faults; 0: unlimited
+  // nccl only (its data path has no per-message faults): the probability a control message
+  // other than CONNECT is lost before it reaches the receiver, and the probability the receiver
+  // puts a DATA message's regions one block off -- a deliberately broken transport, so that the
+  // end-to-end tests can show their checks catch a lost message and a misplaced transfer.
+  double kv_control_drop = 0;
+  double kv_misplace = 0;
+  uint64_t seed = 0;       // 0: random
+  int64_t max_faults = 0;  // stop injecting after this many faults; 0: unlimited
 
   bool enabled() const {
-    return kv_corrupt > 0 || kv_drop > 0 || kv_close > 0 || (kv_delay > 0 && kv_delay_ms > 0);
+    return kv_corrupt > 0 || kv_drop > 0 || kv_close > 0 || (kv_delay > 0 && kv_delay_ms > 0) ||
+           kv_control_drop > 0 || kv_misplace > 0;
   }
 };
 
 // Parses "key=value,key=value". Keys: kv_corrupt, kv_drop, kv_close, kv_delay, kv_delay_ms,
-// seed, max_faults; the engine's keys (engine_stall_ms, engine_stall_prob, kv_alloc_fail_prob:
-// common/engine/engine_faults.h) are skipped. Unknown keys and bad values are INVALID_ARGUMENT.
+// kv_control_drop, kv_misplace, seed, max_faults; the engine's keys (engine_stall_ms,
+// engine_stall_prob, kv_alloc_fail_prob: common/engine/engine_faults.h) are skipped. Unknown keys
+// and bad values are INVALID_ARGUMENT.
 absl::StatusOr<FaultOptions> ParseFaultOptions(absl::string_view spec);
 
 // `options` when enabled; else TANDEM_FAULTS if `from_env` and it is set (a malformed value is
@@ -61,6 +69,8 @@ class FaultInjector {
   bool enabled() const { return enabled_; }
   // The faults for the next DATA message. Cheap and lock-free when disabled.
   Decision Next();
+  // True with probability p (counted as a fault; none once max_faults were injected).
+  bool Chance(double p);
   uint64_t injected() const;
 
  private:

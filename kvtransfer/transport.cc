@@ -2,6 +2,8 @@
 
 #include "kvtransfer/transport.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "kvtransfer/loopback/loopback.h"
 #include "kvtransfer/metered.h"
@@ -79,6 +81,61 @@ absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& opti
   auto sender = CreateTransportSender(options, access);
   if (!sender.ok() || options.hooks == nullptr) return sender;
   return MeterSender(std::move(sender).value(), options.layout, options.hooks);
+}
+
+bool NcclBuilt() {
+#if TANDEM_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
+                                             const std::string& device) {
+  const bool on_cuda = device.rfind("cuda", 0) == 0;
+  if (requested == "auto") {
+    if (!on_cuda) return std::string("tcp");
+    if (!NcclBuilt()) {
+      return absl::FailedPreconditionError(
+          "--kv-transport auto: the engine runs on the GPU but this build has no NCCL (tcp moves "
+          "KV from host memory only)");
+    }
+    return std::string("nccl");
+  }
+  if (requested == "tcp" || requested == "loopback") {
+    if (on_cuda) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--kv-transport ", requested, " moves KV from host memory; the engine runs on the GPU (",
+          device, "): use nccl, or --device cpu"));
+    }
+    return requested;
+  }
+  if (requested == "cuda-ipc") {
+    return absl::FailedPreconditionError(
+        "--kv-transport cuda-ipc is not implemented yet; use nccl (prefill and decode on "
+        "different GPUs) or tcp (engines on the CPU)");
+  }
+  if (requested != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-transport must be tcp, nccl, cuda-ipc or auto, got '", requested, "'"));
+  }
+#if TANDEM_HAVE_NCCL
+  int cuda_device = 0;
+  if (on_cuda && device.size() > 5) cuda_device = std::atoi(device.c_str() + 5);
+  if (absl::Status st = nccl::CheckDevice(cuda_device); !st.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--kv-transport nccl needs a usable GPU: ", st.message()));
+  }
+  if (!on_cuda) {
+    return absl::FailedPreconditionError(
+        "--kv-transport nccl moves KV from GPU memory: run the engine on the GPU (--device cuda)");
+  }
+  return requested;
+#else
+  return absl::FailedPreconditionError(
+      "--kv-transport nccl needs a build with CUDA and NCCL (this binary has neither); use tcp");
+#endif
 }
 
 }  // namespace tandem::kvtransfer

@@ -230,4 +230,24 @@ class KvSender {
 absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
                                                        KvRegionAccess* access);
 
+// ---------------------------------------------------------------- choosing a transport
+
+// Whether this build has the nccl transport (CUDA and NCCL found at configure time, or the
+// test-only GPU emulation).
+bool NcclBuilt();
+
+// The transport a worker runs for a --kv-transport value, decided once at startup from the
+// engine's device ("cpu" or "cuda:N", engine_builder.h's ResolveDevice), so that a worker that
+// cannot run it fails before it serves, with one line saying why:
+//   tcp, loopback  as asked, with the engine on the CPU (they move host memory);
+//   nccl           needs a build with NCCL, a usable CUDA device, and the engine on it
+//                  (--device cuda): the KV moves from device memory;
+//   cuda-ipc       not implemented yet (FAILED_PRECONDITION naming the alternatives);
+//   auto           nccl when the engine runs on a CUDA device (refused if the build has no
+//                  NCCL), tcp on the CPU.
+// Every worker of a cluster must end on the same transport (the router refuses a mismatch at
+// registration).
+absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
+                                             const std::string& device);
+
 }  // namespace tandem::kvtransfer

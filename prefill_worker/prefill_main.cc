@@ -1,6 +1,7 @@
 #include "prefill_worker/prefill_main.h"
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/control_rpc/control_rpc.h"
 
 namespace tandem {
 
@@ -13,6 +14,18 @@ absl::Status PrefillRole::Start(const WorkerContext& context) {
   so.layout = context.layout;
   so.secret = context.kv_secret;
   so.hooks = context.transfer_hooks;
+  so.cuda_device = context.cuda_device;
+  if (so.transport == "nccl") {
+    // Control messages go to the decode worker's KvControl service, with the process's TLS and
+    // the secret proving each one (the nccl data path has no handshake of its own).
+    auto channel = kvtransfer::MakeGrpcControlChannel(flags.server.tls, context.kv_secret);
+    if (!channel.ok()) {
+      return absl::Status(channel.status().code(),
+                          absl::StrCat("KV control channel: ", channel.status().message()));
+    }
+    so.control_channel = *std::move(channel);
+    so.secret.clear();
+  }
   if (absl::Status st = core_->StartSender(so, context.regions); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("KV sender: ", st.message()));
   }

@@ -273,6 +273,7 @@ void WorkerRegistry::Register(const std::string& address, const std::string& exp
     } else {
       layout_ = worker->info.layout();
     }
+    if (refusal.empty()) refusal = TransportRefusalLocked(address, worker->info);
     if (!refusal.empty()) {
       const std::string entry = address + ": " + refusal;
       if (std::find(refused_.begin(), refused_.end(), entry) == refused_.end()) {
@@ -367,6 +368,24 @@ bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration time
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
+}
+
+std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
+                                                   const v1::WorkerInfo& info) {
+  // Every prefill worker sends to every decode worker, so one transport serves the cluster: the
+  // one of the workers registered now (a worker re-registering at its address is not compared
+  // with itself; once none is left, the next worker may bring another transport).
+  auto transport = [](const v1::WorkerInfo& i) {
+    return i.kv_transport().empty() ? std::string("tcp") : i.kv_transport();
+  };
+  const std::string theirs = transport(info);
+  for (const auto& w : workers_) {
+    if (w->address == address || transport(w->info) == theirs) continue;
+    return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
+                        "', the cluster's ", w->info.role(), " worker ", w->address, " speaks '",
+                        transport(w->info), "' (start every worker with the same --kv-transport)");
+  }
+  return "";
 }
 
 std::optional<v1::KvLayoutInfo> WorkerRegistry::layout() const {

@@ -108,6 +108,8 @@ class WorkerRegistry {
   std::vector<std::pair<std::string, std::string>> CurrentAddresses() const;  // (address, role)
   void Register(const std::string& address, const std::string& expected_role);
   void StartWatch(const std::shared_ptr<Worker>& worker);
+  // Why a worker's KV transport cannot talk to the cluster's ("" when it can). Requires mu_.
+  std::string TransportRefusalLocked(const std::string& address, const v1::WorkerInfo& info);
   void OnWatchEnded(Worker* worker, uint64_t generation);
   // Sets worker->healthy and, on a change, tells the hooks. Requires worker->mu, so that the
   // hooks see one worker's changes in order.

@@ -12,6 +12,7 @@ stage() {
 }
 stage scripts/setup.sh
 stage scripts/build.sh
+stage scripts/build_emulated.sh  # the GPU emulation binary for tests/e2e/gpu_emulated_cluster_test
 stage scripts/check_format.sh
 stage ctest --test-dir build -LE gpu --output-on-failure -j "$(nproc)" --timeout 900
 if [ "${TANDEM_SANITIZERS:-1}" = 1 ]; then

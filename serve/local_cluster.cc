@@ -31,6 +31,7 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = flags.engine.ToArgs();
   if (flags.server.log_json) args.push_back("--log-json");
+  args.push_back("--kv-transport=" + flags.kv_transport);
   // The workers serve with the same certificate; the router dials them with it (mTLS).
   for (std::string& a : flags.server.tls.ToArgs()) args.push_back(std::move(a));
   // The KV data path between them authenticates with the shared secret (the path, not the

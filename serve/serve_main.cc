@@ -5,8 +5,10 @@
 #include <cstdio>
 
 #include "common/base/log.h"
+#include "common/engine/engine_builder.h"
 #include "common/rpc/shutdown.h"
 #include "decode_worker/decode_main.h"
+#include "kvtransfer/transport.h"
 #include "prefill_worker/prefill_main.h"
 #include "serve/serve_modes.h"
 
@@ -39,10 +41,30 @@ int RunServe(int argc, char** argv) {
   flags.String("kv-secret-file", &sf.kv_secret_file,
                "cluster mode: file holding the shared secret the workers' KV data path "
                "authenticates with (HMAC handshake per connection)");
+  flags.String("kv-transport", &sf.kv_transport,
+               "cluster mode: the workers' KV transport: tcp, nccl, cuda-ipc or auto (nccl when "
+               "the engine runs on a GPU and the build has NCCL, else tcp)");
   flags.String("cluster-secret-file", &sf.cluster_secret_file,
                "cluster mode: file holding the secret every call to a worker proves (default: "
                "a fresh secret per cluster)");
   if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
+  const bool cluster = sf.prefill_workers > 0 || sf.decode_workers > 0;
+  if (!cluster && sf.kv_transport != ServeFlags().kv_transport) {
+    std::fprintf(stderr, "serve: --kv-transport needs cluster mode (--decode-workers)\n");
+    return 2;
+  }
+  if (cluster) {
+    // Settled before any worker starts, so a transport this machine cannot run fails now with
+    // one line (each worker checks again for itself).
+    auto options = sf.engine.ToBuildOptions();
+    auto device = options.ok() ? ResolveDevice(options->device) : options.status();
+    auto transport =
+        device.ok() ? kvtransfer::ResolveTransport(sf.kv_transport, *device) : device.status();
+    if (!transport.ok()) {
+      std::fprintf(stderr, "serve: %s\n", std::string(transport.status().message()).c_str());
+      return 2;
+    }
+  }
   auto metrics = StartServerProcess(sf.server, "serve");
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();

@@ -26,6 +26,7 @@ struct ServeFlags {
   // Cluster mode: the secret the router proves on every call to its workers; empty: a fresh
   // one per cluster (a file only this user can read in the supervisor's state directory).
   std::string cluster_secret_file;
+  std::string kv_transport = "auto";  // cluster mode: the workers' --kv-transport
 };
 
 // The router and one worker (role both) in this process (monolithic.cc).

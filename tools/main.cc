@@ -5,6 +5,7 @@
 #include <string>
 
 #include "decode_worker/decode_main.h"
+#include "kvtransfer/transport.h"
 #include "prefill_worker/prefill_main.h"
 #include "router/router_main.h"
 #include "serve/serve_main.h"
@@ -36,6 +37,15 @@ void PrintUsage() {
   std::printf("\nRun `tandem <command> --help` for a command's flags.\n");
 }
 
+void PrintVersion() {
+  std::printf("tandem %s\nkv transports: tcp%s\n", TANDEM_VERSION_STRING,
+              tandem::kvtransfer::NcclBuilt() ? ", nccl" : "");
+#if TANDEM_GPU_EMULATION
+  std::printf(
+      "GPU EMULATION BUILD (tests only): CUDA and NCCL are CPU emulators; not for serving\n");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,6 +53,10 @@ int main(int argc, char** argv) {
       std::strcmp(argv[1], "help") == 0) {
     PrintUsage();
     return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0 || std::strcmp(argv[1], "version") == 0) {
+    PrintVersion();
+    return 0;
   }
   for (const Command& c : kCommands) {
     if (std::strcmp(argv[1], c.name) == 0) return c.run(argc - 1, argv + 1);

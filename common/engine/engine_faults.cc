@@ -20,6 +20,8 @@ absl::StatusOr<EngineFaultOptions> ParseEngineFaultOptions(absl::string_view spe
                        .Skip("kv_close")
                        .Skip("kv_delay")
                        .Skip("kv_delay_ms")
+                       .Skip("kv_control_drop")
+                       .Skip("kv_misplace")
                        .Parse(spec);
   if (!s.ok()) return s;
   return o;

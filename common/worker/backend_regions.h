@@ -5,19 +5,20 @@
 
 namespace tandem {
 
-// Gives the KV transport access to a backend's pool regions. HostBlockRegion is plain address
-// arithmetic on the CPU backend, so transport threads may call it concurrently with the engine
-// thread; the blocks involved are held (sender) or reserved (receiver) for the transfer.
+// Gives the KV transport access to a backend's pool regions: host addresses on the CPU backend,
+// device addresses (for nccl) with `device_memory` on the CUDA backend. Both are plain address
+// arithmetic, so transport threads may call them concurrently with the engine thread; the
+// blocks involved are held (sender) or reserved (receiver) for the transfer.
 class BackendRegions : public kvtransfer::KvRegionAccess {
  public:
-  explicit BackendRegions(Backend* backend) : backend_(backend) {}
-  uint8_t* Region(int64_t layer, int32_t block) override {
-    return backend_->HostBlockRegion(layer, block);
-  }
+  explicit BackendRegions(Backend* backend, bool device_memory = false)
+      : backend_(backend), device_memory_(device_memory) {}
+  uint8_t* Region(int64_t layer, int32_t block) override;  // backend_regions.cc
   int64_t num_blocks() const override { return backend_->kv_spec().num_blocks; }
 
  private:
   Backend* backend_;
+  bool device_memory_;
 };
 
 // The transfer handshake descriptor of an engine's KV pool.

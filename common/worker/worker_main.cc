@@ -4,9 +4,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "common/base/log.h"
+#include "common/engine/engine_builder.h"
 #include "common/metrics/process_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
@@ -19,7 +21,10 @@
 
 namespace tandem {
 
-WorkerFlags::WorkerFlags() { server.port = 50061; }
+WorkerFlags::WorkerFlags() {
+  server.port = 50061;
+  kv.transport = "auto";  // nccl on a GPU, tcp on the CPU
+}
 
 void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   engine.Register(f);
@@ -29,12 +34,15 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
     f->String("role", &role, "prefill, decode or both");
   }
   f->String("model-name", &model_name, "model name reported to the router");
-  f->String("kv-transport", &kv.transport, "KV transfer transport: tcp (or loopback in tests)");
+  f->String("kv-transport", &kv.transport,
+            "KV transfer transport: tcp, nccl (GPU memory over NCCL), cuda-ipc or auto (nccl "
+            "when the engine runs on a GPU and the build has NCCL, else tcp); every worker of "
+            "a cluster must run the same one");
   f->String("kv-host", &kv.host, "decode role: address the KV receiver listens on");
   f->Int32("kv-port", &kv.port, "decode role: KV receiver port (0: any free port)");
   f->String("kv-secret-file", &kv_secret_file,
-            "file holding the shared secret every KV data connection proves (tcp; all "
-            "workers of a cluster need the same one)");
+            "file holding the shared secret every KV data connection (tcp) or KV control "
+            "message (nccl) proves; all workers of a cluster need the same one");
   f->String("cluster-secret-file", &cluster_secret_file,
             "file holding the cluster secret: every Worker API call must prove it (an HMAC "
             "token bound to the method and time, which the router attaches); default: open to "
@@ -82,18 +90,39 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   } else {
     policy->fallback = AllowAll();
   }
-  auto metrics = StartServerProcess(wf.server, wf.role);
-  if (!metrics.ok()) {
-    TLOG(ERROR) << metrics.status();
-    return 1;
-  }
-  prometheus::Registry* registry = (*metrics)->registry();
   auto options = wf.engine.ToBuildOptions();
   if (!options.ok()) {
     std::fprintf(stderr, "%s: %s\n", command.c_str(),
                  std::string(options.status().message()).c_str());
     return 2;
   }
+  // The device and the KV transport are settled before anything loads, so that a worker that
+  // cannot run them fails now with one line, not at its first request.
+  const std::string requested_transport = wf.kv.transport;
+  auto device = ResolveDevice(options->device);
+  absl::StatusOr<std::string> transport =
+      device.ok() ? kvtransfer::ResolveTransport(wf.kv.transport, *device) : device.status();
+  if (!transport.ok()) {
+    std::fprintf(stderr, "%s: %s\n", command.c_str(),
+                 std::string(transport.status().message()).c_str());
+    return 2;
+  }
+  wf.kv.transport = *transport;
+  if (device->rfind("cuda:", 0) == 0) context.cuda_device = std::atoi(device->c_str() + 5);
+  auto metrics = StartServerProcess(wf.server, wf.role);
+  if (!metrics.ok()) {
+    TLOG(ERROR) << metrics.status();
+    return 1;
+  }
+#if TANDEM_GPU_EMULATION
+  TLOG(WARNING) << "GPU EMULATION BUILD (tests only): CUDA and NCCL are CPU emulators";
+#endif
+  TLOG(INFO) << "KV transport " << wf.kv.transport
+             << (requested_transport != wf.kv.transport
+                     ? " (--kv-transport " + requested_transport + ")"
+                     : std::string())
+             << ", engine on " << *device;
+  prometheus::Registry* registry = (*metrics)->registry();
   auto serving = StartServingEngine(*options, wf.engine.speculative_method, registry, wf.role);
   if (!serving.ok()) {
     TLOG(ERROR) << serving.status();
@@ -102,7 +131,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   ServingEngine& se = **serving;
   WorkerMetrics worker_metrics(registry, wf.role);
   TransferMetrics transfer_metrics(registry, wf.kv.transport);
-  BackendRegions regions(se.backend);
+  BackendRegions regions(se.backend, /*device_memory=*/wf.kv.transport == "nccl");
   context.engine = se.engine.get();
   context.regions = &regions;
   context.layout = LayoutOf(*se.backend, se.model->model_id());

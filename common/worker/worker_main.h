@@ -24,7 +24,9 @@ struct WorkerFlags {
   ServerOptions server;    // --port: 50061
   std::string role;        // prefill, decode or both: fixed by the command, or --role
   std::string model_name;  // reported to the router; empty: the model directory's name
-  // --kv-transport (both roles), --kv-host and --kv-port (decode role: where KV arrives).
+  // --kv-transport (both roles: tcp, nccl, cuda-ipc or auto; resolved once at startup by
+  // kvtransfer::ResolveTransport to what the worker runs), --kv-host and --kv-port (decode
+  // role: where KV arrives; nccl: its control service).
   kvtransfer::ReceiverOptions kv;
   std::string kv_secret_file;
   // Every call of the Worker API must carry a token of this secret (common/rpc/call_auth.h);
@@ -43,6 +45,7 @@ struct WorkerContext {
   AsyncEngine* engine = nullptr;
   kvtransfer::KvRegionAccess* regions = nullptr;  // the engine's KV pool
   kvtransfer::KvLayout layout;                    // of that pool
+  int cuda_device = 0;                            // of the engine, when on a GPU
   int64_t block_size = 0;
   std::string kv_secret;  // the contents of --kv-secret-file (empty: none)
   // The contents of --cluster-secret-file (empty: none): what calls to other workers prove

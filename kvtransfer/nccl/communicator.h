@@ -5,9 +5,6 @@
 // ncclCommGetAsyncError with a deadline, and a communicator that misses its deadline or fails
 // is aborted (ncclCommAbort), so no transfer hangs on a vanished peer.
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -16,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/nccl/cuda_nccl.h"
 
 namespace tandem::kvtransfer::nccl {
 

@@ -27,6 +27,11 @@ namespace {
 
 std::atomic<uint64_t> g_names{0};
 
+ReceiverOptions WithFaults(ReceiverOptions o) {
+  o.faults = ResolveFaultOptions(o.faults, o.faults_from_env);
+  return o;
+}
+
 // How an attempt ended, for the FINISH reply.
 struct Outcome {
   uint64_t owner = 0;
@@ -63,7 +68,9 @@ class NcclReceiver : public KvReceiver {
  public:
   NcclReceiver(const ReceiverOptions& options, KvRegionAccess* access,
                CompletionCallback on_complete)
-      : options_(options),
+      : options_(WithFaults(options)),
+        faults_(options_.faults),
+        access_(access),
         name_(options.name.empty() ? absl::StrCat("nccl-", getpid(), "-", ++g_names)
                                    : options.name),
         incarnation_((static_cast<uint64_t>(std::random_device{}()) << 32) ^
@@ -285,9 +292,14 @@ class NcclReceiver : public KvReceiver {
         // Held until the regions landed: Cancel waits for a message in flight.
         std::lock_guard<std::mutex> io(*core_->io_mutex(*ticket));
         const bool writable = core_->Writable(*ticket);
+        const bool misplace = writable && faults_.Chance(options_.faults.kv_misplace);
         s = p->comm->GroupStart();
         for (size_t i = 0; s.ok() && i < h.count; ++i) {
-          s = p->comm->Recv(writable ? ticket->regions[i] : p->comm->device_scratch(), region);
+          void* dst = writable ? ticket->regions[i] : p->comm->device_scratch();
+          if (misplace) {  // fault injection: one block off
+            dst = access_->Region(h.layer, (blocks[i] + 1) % access_->num_blocks());
+          }
+          s = p->comm->Recv(dst, region);
         }
         if (s.ok()) s = p->comm->GroupEnd();
         if (s.ok()) s = p->comm->Wait(deadline, &p->stop);
@@ -323,6 +335,8 @@ class NcclReceiver : public KvReceiver {
   }
 
   const ReceiverOptions options_;
+  FaultInjector faults_;
+  KvRegionAccess* const access_;
   const std::string name_;
   const uint64_t incarnation_;
   std::mutex mu_;

@@ -27,11 +27,16 @@
 namespace tandem::kvtransfer::nccl {
 namespace {
 
+SenderOptions WithFaults(SenderOptions o) {
+  o.faults = ResolveFaultOptions(o.faults, o.faults_from_env);
+  return o;
+}
+
 class NcclSender : public CoreSender {
  public:
   NcclSender(const SenderOptions& options, KvRegionAccess* access)
       : CoreSender(&core_),
-        options_(options),
+        options_(WithFaults(options)),
         access_(access),
         sender_id_(std::random_device{}() * 0x100000001ull ^ absl::ToUnixNanos(absl::Now())),
         core_(
@@ -77,11 +82,20 @@ class NcclSender : public CoreSender {
     if (!options_.control_channel) {
       return absl::FailedPreconditionError("nccl kv transport needs SenderOptions.control_channel");
     }
+    if (kind != ControlKind::kConnect && faults_.Chance(options_.faults.kv_control_drop)) {
+      return absl::UnavailableError(
+          absl::StrCat("kv transfer peer ", endpoint, ": control message lost (fault injection)"));
+    }
     ControlRequest req{kind, sender_id_, std::move(unique_id), std::move(body)};
     absl::StatusOr<std::string> bytes = options_.control_channel(endpoint, EncodeRequest(req));
     if (!bytes.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("kv transfer peer ", endpoint, " unreachable: ", bytes.status().message()));
+      // A refused proof of the shared secret keeps its code (as tcp's handshake); everything
+      // else means the peer could not be reached.
+      const bool refused = bytes.status().code() == absl::StatusCode::kUnauthenticated;
+      return absl::Status(
+          refused ? absl::StatusCode::kUnauthenticated : absl::StatusCode::kUnavailable,
+          absl::StrCat("kv transfer peer ", endpoint,
+                       refused ? " refused: " : " unreachable: ", bytes.status().message()));
     }
     ControlReply reply;
     absl::Status s = DecodeReply(*bytes, &reply);
@@ -269,6 +283,7 @@ class NcclSender : public CoreSender {
 
   const SenderOptions options_;
   KvRegionAccess* const access_;
+  FaultInjector faults_{options_.faults};
   const uint64_t sender_id_;
   std::mutex mu_;  // the pool; taken before the core's
   bool closing_ = false;

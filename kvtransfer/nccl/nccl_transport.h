@@ -26,4 +26,7 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
 absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
                                                        KvRegionAccess* access);
 
+// OK when CUDA device `device` is usable (communicator.cc).
+absl::Status CheckDevice(int device);
+
 }  // namespace tandem::kvtransfer::nccl

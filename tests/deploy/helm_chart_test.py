@@ -437,8 +437,7 @@ def check_failures(renderer):
         (["tls.enabled=true", "tls.certManager.enabled=true"],
          "tls.certManager.issuerRef.name is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
-        (["kvSecret.secretName=kv", "prefill.kvTransport=nccl"],
-         "kvSecret authenticates the tcp KV transport only"),
+        (["prefill.kvTransport=cuda-ipc"], "prefill.kvTransport must be auto, tcp or nccl"),
         (["model.source=hostPath", "model.hostPath.path="], "model.hostPath.path is required"),
         (["router.replica=3"], None),  # a typo'd key is merely unused, like Helm
     ]

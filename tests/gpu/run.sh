@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One-call GPU check: configures and builds the CUDA backend with every `gpu`-labelled test and
-# the GPU benchmark, runs the tests and the benchmark, and prints a short summary table last.
+# the GPU benchmark, runs the tests and the benchmark, then the real GPU serving paths
+# (gpu_cluster_check.py: nccl startup, a 2-GPU nccl cluster, cuda-ipc) with one VERDICT line
+# each, and prints a short summary table last.
 # Sized to finish in under 8 minutes on one H200 (build included, 16 cores).
 #
 #   tests/gpu/run.sh [build-dir]      (default: build-gpu at the repository root)
 #
-# Exit status: 0 when every gpu test passed (or skipped for lack of a GPU), 1 otherwise.
+# Exit status: 0 when every gpu test and verdict passed (or skipped for lack of a GPU), 1 otherwise.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,8 +27,8 @@ if ! cmake -S "$root" -B "$build" -G Ninja -DWITH_CUDA=ON -DCMAKE_BUILD_TYPE=Rel
 fi
 # Every gpu-labelled test is one executable of the same name (tandem_add_test).
 mapfile -t tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
-stamp "build ${#tests[@]} gpu tests + cuda_bench"
-if ! ninja -C "$build" "${tests[@]}" cuda_bench >"$logs/build.log" 2>&1; then
+stamp "build ${#tests[@]} gpu tests + cuda_bench + tandem"
+if ! ninja -C "$build" "${tests[@]}" cuda_bench tandem >"$logs/build.log" 2>&1; then
   grep -E "error|FAILED" "$logs/build.log" | head -40
   echo "FAILED: build"
   exit 1
@@ -47,6 +49,11 @@ stamp "cuda_bench"
 "$build/bin/cuda_bench" >"$logs/bench.log" 2>&1
 bench_rc=$?
 
+# The real GPU serving paths (prefill and decode processes): one VERDICT line each.
+stamp "gpu_cluster_check"
+/usr/bin/python3 "$root/tests/gpu/gpu_cluster_check.py" "$build" >"$logs/cluster.log" 2>&1
+cluster_rc=$?
+
 # gtest case counts per executable (ctest reports skipped cases as passed).
 cases() {
   local xml="$logs/xml/$1.xml"
@@ -65,5 +72,7 @@ done
 echo
 grep -A40 "^cuda_bench" "$logs/bench.log" || tail -5 "$logs/bench.log"
 [[ $bench_rc -eq 0 ]] || echo "cuda_bench FAILED (rc $bench_rc, $logs/bench.log)"
+echo
+grep "^VERDICT" "$logs/cluster.log" || { tail -20 "$logs/cluster.log"; echo "VERDICT cluster check: FAIL (no verdicts)"; }
 echo "ctest: $([[ $ctest_rc -eq 0 ]] && echo PASSED || echo FAILED)   logs: $logs"
-[[ $ctest_rc -eq 0 && $bench_rc -eq 0 ]]
+[[ $ctest_rc -eq 0 && $bench_rc -eq 0 && $cluster_rc -eq 0 ]]

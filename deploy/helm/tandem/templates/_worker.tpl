@@ -30,6 +30,9 @@ spec:
         - {{ .component }}
         {{- include "tandem.commonArgs" (dict "root" $root "port" $root.Values.ports.worker) | nindent 8 }}
         {{- include "tandem.engineArgs" $root | nindent 8 }}
+        {{- if not (has $root.Values.prefill.kvTransport (list "auto" "tcp" "nccl")) }}
+        {{- fail (printf "prefill.kvTransport must be auto, tcp or nccl, got %q" $root.Values.prefill.kvTransport) }}
+        {{- end }}
         {{- if $decode }}
         - --kv-transport={{ $root.Values.prefill.kvTransport }}
         - --kv-host=$(POD_IP)
@@ -38,9 +41,6 @@ spec:
         - --kv-transport={{ $v.kvTransport }}
         {{- end }}
         {{- if $root.Values.kvSecret.secretName }}
-        {{- if ne $root.Values.prefill.kvTransport "tcp" }}
-        {{- fail "kvSecret authenticates the tcp KV transport only (prefill.kvTransport is not tcp)" }}
-        {{- end }}
         - --kv-secret-file={{ $root.Values.kvSecret.mountPath }}/kv-secret
         {{- end }}
         {{- with $v.extraArgs }}

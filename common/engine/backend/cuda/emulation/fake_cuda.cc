@@ -1,15 +1,63 @@
 #include "common/engine/backend/cuda/emulation/fake_cuda.h"
 
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
+// A stream runs its operations synchronously on the caller's thread, except after an
+// asynchronous one (StreamEnqueueAsync: the emulated NCCL's sends and receives, which wait for
+// a peer): from then on, until the stream drains, operations queue behind it on the stream's
+// own thread, so stream order holds as on a GPU.
 struct CUstream_st {
   CUgraph_st* capturing = nullptr;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> pending;  // the front one is running
+  std::thread worker;
+  bool stop = false;
+
+  bool busy() {
+    std::lock_guard<std::mutex> lock(mu);
+    return !pending.empty();
+  }
+  void Push(std::function<void()> op) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!worker.joinable()) worker = std::thread([this] { Run(); });
+    pending.push_back(std::move(op));
+    cv.notify_all();
+  }
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return stop || !pending.empty(); });
+      if (pending.empty()) return;
+      std::function<void()> op = pending.front();
+      lock.unlock();
+      op();
+      lock.lock();
+      pending.pop_front();
+      cv.notify_all();
+    }
+  }
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending.empty(); });
+  }
+  ~CUstream_st() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+      cv.notify_all();
+    }
+    if (worker.joinable()) worker.join();
+  }
 };
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
@@ -38,6 +86,10 @@ void Enqueue(cudaStream_t stream, std::function<void()> op) {
     stream->capturing->ops.push_back(std::move(op));
     return;
   }
+  if (stream != nullptr && stream->busy()) {
+    stream->Push(std::move(op));
+    return;
+  }
   op();
 }
 
@@ -54,6 +106,13 @@ float LoadElement(const void* p, cudaDataType_t type, size_t index) {
 }  // namespace
 
 namespace tandem::cuda_emu {
+void StreamEnqueueAsync(cudaStream_t stream, std::function<void()> op) {
+  if (stream == nullptr) {
+    op();  // the legacy default stream: synchronous
+    return;
+  }
+  stream->Push(std::move(op));
+}
 std::vector<std::function<void()>>* CaptureList(const void* stream) {
   auto* s = static_cast<CUstream_st*>(const_cast<void*>(stream));
   return s != nullptr && s->capturing != nullptr ? &s->capturing->ops : nullptr;
@@ -76,6 +135,8 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorNotSupported";
     case cudaErrorStreamCaptureInvalidated:
       return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
   }
   return "cudaErrorUnknown";
 }
@@ -182,8 +243,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return stream != nullptr && stream->capturing != nullptr ? cudaErrorStreamCaptureInvalidated
-                                                           : cudaSuccess;
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorStreamCaptureInvalidated;
+  if (stream != nullptr) stream->Drain();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return stream != nullptr && stream->busy() ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing != nullptr) return cudaErrorInvalidValue;

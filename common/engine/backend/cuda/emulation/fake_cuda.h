@@ -3,11 +3,14 @@
 // Host-only stand-ins for the CUDA runtime and cuBLAS calls the backend makes, with the real
 // names and signatures, for the emulation build (TANDEM_CUDA_EMULATION). "Device" memory is host
 // memory (new allocations are filled with 0xff bytes, so reading an unwritten float gives NaN),
-// every stream operation runs synchronously, graph capture records operations for replay, and
-// cublasGemmEx is a plain column-major loop with double accumulation. One emulated device.
+// every stream operation runs synchronously (until an asynchronous one, StreamEnqueueAsync, is
+// queued: then later ones queue behind it on the stream's own thread), graph capture records
+// operations for replay, and cublasGemmEx is a plain column-major loop with double accumulation.
+// One emulated device.
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/engine/backend/cuda/emulation/emulator.h"
 
@@ -17,6 +20,7 @@ enum cudaError_t {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorNotReady = 600,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorNotSupported = 801,
@@ -85,6 +89,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
@@ -96,6 +101,13 @@ template <class T>
 cudaError_t cudaFuncSetAttribute(T* /*kernel*/, cudaFuncAttribute /*attr*/, int /*value*/) {
   return cudaSuccess;
 }
+
+namespace tandem::cuda_emu {
+// Queues `op` on `stream` to run on the stream's own thread, in stream order: what an operation
+// that waits for something outside the device (the emulated NCCL's peer) needs. The stream
+// reports cudaErrorNotReady until it has drained.
+void StreamEnqueueAsync(cudaStream_t stream, std::function<void()> op);
+}  // namespace tandem::cuda_emu
 
 // cuBLAS
 enum cublasStatus_t {

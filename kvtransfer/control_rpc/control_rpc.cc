@@ -1,0 +1,178 @@
+#include "kvtransfer/control_rpc/control_rpc.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kvtransfer/auth.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::kvtransfer {
+
+// Synchronous service: HandleControl may block while a communicator is set up, which must not
+// hold one of gRPC's callback threads.
+class KvControlService final : public v1::KvControl::Service {
+ public:
+  explicit KvControlService(std::string secret) : secret_(std::move(secret)) {}
+
+  void SetReceiver(KvReceiver* receiver) {
+    std::lock_guard<std::mutex> lock(mu_);
+    receiver_ = receiver;
+  }
+
+  grpc::Status Exchange(grpc::ServerContext* context, const v1::KvControlMessage* request,
+                        v1::KvControlMessage* reply) override {
+    if (!secret_.empty() &&
+        !ProofMatches(request->proof(), ControlRequestProof(secret_, request->message()))) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          request->proof().empty()
+                              ? "kv control: the sender has no shared secret"
+                              : "kv control: the sender's proof does not match");
+    }
+    KvReceiver* receiver;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      receiver = receiver_;
+      if (receiver != nullptr) ++active_;
+    }
+    if (receiver == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "kv control: no receiver");
+    }
+    absl::StatusOr<std::string> answer = receiver->HandleControl(request->message());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) idle_.notify_all();
+    }
+    if (!answer.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(answer.status().code()),
+                          std::string(answer.status().message()));
+    }
+    reply->set_message(*answer);
+    if (!secret_.empty()) reply->set_proof(ControlReplyProof(secret_, request->proof(), *answer));
+    return grpc::Status::OK;
+  }
+
+  // No request reaches the receiver once this returns.
+  void Detach() {
+    std::unique_lock<std::mutex> lock(mu_);
+    receiver_ = nullptr;
+    idle_.wait(lock, [&] { return active_ == 0; });
+  }
+
+ private:
+  const std::string secret_;
+  std::mutex mu_;
+  std::condition_variable idle_;
+  KvReceiver* receiver_ = nullptr;
+  int active_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(const std::string& host,
+                                                                        int port,
+                                                                        const TlsOptions& tls,
+                                                                        std::string secret) {
+  auto credentials = MakeServerCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<KvControlServer> s(new KvControlServer);
+  s->service_ = std::make_unique<KvControlService>(std::move(secret));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("kv control: cannot listen on ", host, ":", port));
+  }
+  return s;
+}
+
+KvControlServer::~KvControlServer() { Stop(); }
+
+void KvControlServer::SetReceiver(KvReceiver* receiver) { service_->SetReceiver(receiver); }
+
+void KvControlServer::Stop() {
+  if (service_ != nullptr) service_->Detach();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+  }
+}
+
+namespace {
+
+class GrpcControlChannel {
+ public:
+  GrpcControlChannel(std::shared_ptr<grpc::ChannelCredentials> credentials, std::string secret,
+                     absl::Duration timeout)
+      : credentials_(std::move(credentials)), secret_(std::move(secret)), timeout_(timeout) {}
+
+  absl::StatusOr<std::string> Exchange(const std::string& endpoint, const std::string& request) {
+    std::shared_ptr<grpc::Channel> channel;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& c = channels_[endpoint];
+      if (c == nullptr) {
+        grpc::ChannelArguments args;
+        args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+        args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+        c = grpc::CreateCustomChannel(endpoint, credentials_, args);
+      }
+      channel = c;
+    }
+    auto stub = v1::KvControl::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
+    v1::KvControlMessage req, reply;
+    req.set_message(request);
+    if (!secret_.empty()) req.set_proof(ControlRequestProof(secret_, request));
+    grpc::Status st = stub->Exchange(&context, req, &reply);
+    if (!st.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                          absl::StrCat("kv control ", endpoint, ": ", st.error_message()));
+    }
+    if (!secret_.empty() &&
+        !ProofMatches(reply.proof(), ControlReplyProof(secret_, req.proof(), reply.message()))) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "kv control ", endpoint, ": the receiver's proof of the shared secret is wrong"));
+    }
+    return std::move(*reply.mutable_message());
+  }
+
+ private:
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const std::string secret_;
+  const absl::Duration timeout_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+};
+
+}  // namespace
+
+std::string AdvertisedEndpoint(const std::string& host, const std::string& advertise_host,
+                               int port) {
+  std::string h = advertise_host.empty() ? host : advertise_host;
+  if (h.empty() || h == "0.0.0.0" || h == "::") {
+    char name[256] = {};
+    h = gethostname(name, sizeof name - 1) == 0 && name[0] != '\0' ? name : "127.0.0.1";
+  }
+  return h.find(':') != std::string::npos ? absl::StrCat("[", h, "]:", port)
+                                          : absl::StrCat(h, ":", port);
+}
+
+absl::StatusOr<ControlChannel> MakeGrpcControlChannel(const TlsOptions& tls, std::string secret,
+                                                      absl::Duration timeout) {
+  auto credentials = MakeChannelCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = std::make_shared<GrpcControlChannel>(*credentials, std::move(secret), timeout);
+  return ControlChannel([channel](const std::string& endpoint, const std::string& request) {
+    return channel->Exchange(endpoint, request);
+  });
+}
+
+}  // namespace tandem::kvtransfer

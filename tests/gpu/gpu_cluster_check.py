@@ -1,0 +1,83 @@
+#!/usr/bin/python3
+"""The real (not emulated) GPU serving paths, one verdict line each, for tests/gpu/run.sh:
+- nccl startup: `tandem prefill --device cuda --kv-transport nccl` starts on this GPU;
+- nccl cluster: prefill on cuda:0 and decode on cuda:1 over NCCL, 12 concurrent greedy prompts
+  equal to the CPU tcp cluster's bit for bit (needs two GPUs: NCCL refuses two ranks on one);
+- cuda-ipc cluster (prefill and decode processes on one GPU): not implemented yet.
+
+Usage: gpu_cluster_check.py BUILD_DIR   (a CUDA build holding bin/tandem). Exit 1 on a FAIL."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+
+from gpu_emulated_cluster_test import CPU, Proc, prompts, served  # noqa: E402
+from tandem_testlib import ROOT, Cluster, load_stubs  # noqa: E402
+
+TOKENS = 48
+
+
+def gpus():
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        return 0
+    return len([line for line in out.splitlines() if line.startswith("GPU ")])
+
+
+def verdict(name, outcome, why):
+    print(f"VERDICT {name}: {outcome} {why}", flush=True)
+    return outcome != "FAIL"
+
+
+def main():
+    build_dir = os.path.abspath(sys.argv[1])
+    stubs = load_stubs()
+    model = os.path.join(ROOT, "models", "stories260k")
+    n = gpus()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            p = Proc(build_dir, tmp, "prefill", ["prefill", "--model", model, "--device", "cuda",
+                                                 "--kv-transport", "nccl"])
+            p.stop()
+            ok &= verdict("nccl startup", "PASS", "(prefill worker on cuda:0 with nccl)")
+        except AssertionError as e:
+            ok &= verdict("nccl startup", "FAIL", str(e)[-400:])
+    if n < 2:
+        verdict("nccl cluster", "SKIP", f"({n} GPU visible; NCCL needs prefill and decode on two)")
+    else:
+        _, texts = prompts("stories260k")
+        with Cluster(build_dir, 1, 1, *CPU, model=model) as cpu:
+            want = served(stubs, cpu.address, texts, TOKENS)
+        gpu_args = ["--model", model, "--kv-transport", "nccl", "--matmul-input-dtype", "f32"]
+        with tempfile.TemporaryDirectory() as tmp:
+            procs = []
+            try:
+                procs.append(Proc(build_dir, tmp, "prefill",
+                                  ["prefill", "--device", "cuda:0"] + gpu_args))
+                procs.append(Proc(build_dir, tmp, "decode",
+                                  ["decode", "--device", "cuda:1"] + gpu_args))
+                procs.append(Proc(build_dir, tmp, "router", [
+                    "router", "--model", model, "--disagg-min-uncached-tokens", "0",
+                    "--prefill-addresses", procs[0].address,
+                    "--decode-addresses", procs[1].address]))
+                time.sleep(2)  # registration
+                got = served(stubs, procs[2].address, texts, TOKENS)
+                same = sum(g == w for g, w in zip(got, want))
+                ok &= verdict("nccl cluster", "PASS" if same == len(texts) else "FAIL",
+                              f"({same}/{len(texts)} greedy outputs equal the CPU tcp cluster's)")
+            except AssertionError as e:
+                ok &= verdict("nccl cluster", "FAIL", str(e)[-400:])
+            finally:
+                for proc in procs:
+                    proc.stop()
+    verdict("cuda-ipc cluster", "SKIP", "(one GPU, two processes: cuda-ipc is not implemented yet)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

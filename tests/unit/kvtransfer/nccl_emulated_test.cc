@@ -1,0 +1,307 @@
+// The nccl transport run end to end without a GPU: built against the CPU emulator of CUDA and
+// NCCL (common/engine/backend/cuda/emulation, whose "device" memory is host memory), with its
+// control messages carried by the gRPC control channel the workers use (control_rpc.h). Two
+// ranks share the one emulated device; one case puts the receiver in another process. The
+// fault-injection cases show the checks here fail when a control message is lost or a transfer
+// lands in the wrong block.
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/control_rpc/control_rpc.h"
+#include "kvtransfer/transport.h"
+#include "tests/unit/kvtransfer/kv_test_util.h"
+
+extern char** environ;
+
+namespace tandem::kvtransfer {
+namespace {
+
+using testing::Completions;
+using testing::FakePool;
+using testing::SameRegion;
+
+constexpr int64_t kBlocks = 16;
+
+// Every layer of dst_blocks holds the sender's src_blocks, and no other block was written.
+bool LandedExactly(FakePool& src, const std::vector<int32_t>& src_blocks, FakePool& dst,
+                   const std::vector<int32_t>& dst_blocks, int64_t layers) {
+  for (int64_t l = 0; l < layers; ++l) {
+    for (size_t i = 0; i < dst_blocks.size(); ++i) {
+      if (!SameRegion(dst, l, dst_blocks[i], src, src_blocks[i])) return false;
+    }
+    for (int32_t b = 0; b < dst.num_blocks(); ++b) {
+      bool target = false;
+      for (int32_t d : dst_blocks) target |= d == b;
+      if (!target && !dst.IsZero(l, b)) return false;
+    }
+  }
+  return dst.GuardsIntact();
+}
+
+// Shifts every block by one: a transport bug that writes the right bytes into the wrong block.
+class ShiftedRegions : public KvRegionAccess {
+ public:
+  explicit ShiftedRegions(FakePool* pool) : pool_(pool) {}
+  uint8_t* Region(int64_t layer, int32_t block) override {
+    return pool_->Region(layer, (block + 1) % pool_->num_blocks());
+  }
+  int64_t num_blocks() const override { return pool_->num_blocks(); }
+
+ private:
+  FakePool* pool_;
+};
+
+struct Receiver {
+  std::unique_ptr<KvControlServer> control;
+  std::unique_ptr<KvReceiver> receiver;
+};
+
+Receiver StartReceiver(const KvLayout& layout, KvRegionAccess* pool, Completions* completions,
+                       const std::string& secret = "") {
+  Receiver r;
+  auto control = KvControlServer::Start("127.0.0.1", 0, TlsOptions(), secret);
+  EXPECT_TRUE(control.ok()) << control.status();
+  r.control = *std::move(control);
+  ReceiverOptions ro;
+  ro.transport = "nccl";
+  ro.layout = layout;
+  ro.name = AdvertisedEndpoint("127.0.0.1", "", r.control->port());
+  ro.handshake_timeout = absl::Seconds(10);
+  auto receiver = CreateReceiver(ro, pool, completions->Callback());
+  EXPECT_TRUE(receiver.ok()) << receiver.status();
+  r.receiver = *std::move(receiver);
+  r.control->SetReceiver(r.receiver.get());
+  return r;
+}
+
+std::unique_ptr<KvSender> StartSender(const KvLayout& layout, KvRegionAccess* pool,
+                                      ControlChannel channel) {
+  SenderOptions so;
+  so.transport = "nccl";
+  so.layout = layout;
+  so.max_communicators = 2;
+  so.io_timeout = absl::Seconds(5);
+  so.control_channel = std::move(channel);
+  auto s = CreateSender(so, pool);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+ControlChannel GrpcChannel(const std::string& secret = "") {
+  auto channel = MakeGrpcControlChannel(TlsOptions(), secret, absl::Seconds(10));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return *channel;
+}
+
+TransferTarget Target(const KvReceiver& r, uint64_t id, std::vector<int32_t> dst,
+                      uint32_t attempt = 0) {
+  TransferTarget t{r.endpoint(), r.incarnation(), id, attempt, std::move(dst)};
+  t.deadline = absl::Now() + absl::Seconds(20);
+  return t;
+}
+
+class NcclEmulatedTest : public ::testing::Test {
+ protected:
+  KvLayout layout_ = testing::SmallLayout();
+  FakePool src_{layout_, kBlocks};
+  FakePool dst_{layout_, kBlocks};
+  Completions completions_;
+};
+
+TEST_F(NcclEmulatedTest, TransfersBitExactOverTheGrpcControlChannel) {
+  src_.Fill(7);
+  Receiver r = StartReceiver(layout_, &dst_, &completions_);
+  auto sender = StartSender(layout_, &src_, GrpcChannel());
+  r.receiver->Expect({1, {3, 4, 5}});
+  ASSERT_TRUE(testing::SendAll(sender.get(), Target(*r.receiver, 1, {3, 4, 5}), {10, 11, 12},
+                               layout_.num_layers, "tok")
+                  .ok());
+  CompletedTransfer c = completions_.WaitFor(1, 0);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.trailer, "tok");
+  EXPECT_TRUE(LandedExactly(src_, {10, 11, 12}, dst_, {3, 4, 5}, layout_.num_layers));
+  // The communicator is reused by the next transfer.
+  r.receiver->Expect({2, {7}});
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), Target(*r.receiver, 2, {7}), {1}, layout_.num_layers, "")
+          .ok());
+  EXPECT_TRUE(completions_.WaitFor(2, 0).status.ok());
+  EXPECT_TRUE(LandedExactly(src_, {10, 11, 12, 1}, dst_, {3, 4, 5, 7}, layout_.num_layers));
+  EXPECT_EQ(sender->stats().connects, 1u);
+  // Unknown transfers fail at Begin; so does a stale incarnation (a restarted receiver).
+  EXPECT_EQ(sender->Begin(Target(*r.receiver, 99, {1}), {1}).status().code(),
+            absl::StatusCode::kNotFound);
+  TransferTarget stale = Target(*r.receiver, 2, {1});
+  stale.incarnation += 1;
+  EXPECT_EQ(sender->Begin(stale, {1}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sender->num_in_flight(), 0);
+  EXPECT_EQ(r.receiver->num_in_flight(), 0);
+}
+
+TEST_F(NcclEmulatedTest, LayoutMismatchIsRefusedNamingTheField) {
+  Receiver r = StartReceiver(layout_, &dst_, &completions_);
+  KvLayout other = layout_;
+  other.num_kv_heads += 1;
+  FakePool other_src(other, kBlocks);
+  auto sender = StartSender(other, &other_src, GrpcChannel());
+  r.receiver->Expect({1, {0}});
+  auto h = sender->Begin(Target(*r.receiver, 1, {0}), {0});
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+  EXPECT_NE(h.status().message().find("num_kv_heads"), std::string::npos) << h.status();
+  r.receiver->Cancel(1);
+}
+
+TEST_F(NcclEmulatedTest, TheSharedSecretGuardsEveryControlMessage) {
+  const std::string secret = "0123456789abcdef-secret";
+  Receiver r = StartReceiver(layout_, &dst_, &completions_, secret);
+  r.receiver->Expect({1, {2}});
+  for (const std::string& theirs : {std::string(), std::string("another-secret-0123456")}) {
+    auto sender = StartSender(layout_, &src_, GrpcChannel(theirs));
+    auto h = sender->Begin(Target(*r.receiver, 1, {2}), {2});
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kUnauthenticated) << h.status();
+  }
+  src_.Fill(3);
+  auto sender = StartSender(layout_, &src_, GrpcChannel(secret));
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), Target(*r.receiver, 1, {2}), {9}, layout_.num_layers, "")
+          .ok());
+  EXPECT_TRUE(LandedExactly(src_, {9}, dst_, {2}, layout_.num_layers));
+}
+
+// Fault injection: a control message that never arrives. The FINISH is lost: the sender must not
+// report success, the receiver must not complete the transfer OK, and nothing stays in flight.
+TEST_F(NcclEmulatedTest, ADroppedControlMessageFailsTheTransfer) {
+  src_.Fill(5);
+  Receiver r = StartReceiver(layout_, &dst_, &completions_);
+  ControlChannel grpc = GrpcChannel();
+  const char kFinish = 3;  // nccl::ControlKind::kFinish
+  auto sender = StartSender(layout_, &src_, [&](const std::string& ep, const std::string& req) {
+    if (!req.empty() && req[0] == kFinish) {
+      return absl::StatusOr<std::string>(absl::UnavailableError("control message dropped"));
+    }
+    return grpc(ep, req);
+  });
+  r.receiver->Expect({4, {1, 2}});
+  TransferTarget t = Target(*r.receiver, 4, {1, 2});
+  t.deadline = absl::Now() + absl::Seconds(3);
+  absl::Status sent = testing::SendAll(sender.get(), t, {5, 6}, layout_.num_layers, "x");
+  EXPECT_FALSE(sent.ok());
+  CompletedTransfer c = completions_.WaitFor(4, 0, absl::Seconds(10));
+  EXPECT_FALSE(c.status.ok()) << "a transfer whose FINISH was lost completed OK";
+  r.receiver->Cancel(4);
+  EXPECT_TRUE(testing::Eventually([&] { return sender->num_in_flight() == 0; }));
+  EXPECT_EQ(r.receiver->num_in_flight(), 0);
+}
+
+// Fault injection: the receiver's regions are off by one block. The transport cannot see it;
+// the bit-exact check the other cases use must (it fails here, as it would on such a bug).
+TEST_F(NcclEmulatedTest, ATransferLandingInTheWrongBlockFailsTheCheck) {
+  src_.Fill(11);
+  ShiftedRegions shifted(&dst_);
+  Receiver r = StartReceiver(layout_, &shifted, &completions_);
+  auto sender = StartSender(layout_, &src_, GrpcChannel());
+  r.receiver->Expect({5, {3}});
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), Target(*r.receiver, 5, {3}), {8}, layout_.num_layers, "")
+          .ok());
+  EXPECT_FALSE(LandedExactly(src_, {8}, dst_, {3}, layout_.num_layers));
+  EXPECT_TRUE(LandedExactly(src_, {8}, dst_, {4}, layout_.num_layers));  // where it went
+}
+
+// The receiver goes away mid-transfer: the sender's transfer fails (no hang), nothing stays in
+// flight, and a new receiver (new incarnation) on the same pool takes transfers again.
+TEST_F(NcclEmulatedTest, AReceiverThatGoesAwayFailsItsTransfers) {
+  Receiver r = StartReceiver(layout_, &dst_, &completions_);
+  auto sender = StartSender(layout_, &src_, GrpcChannel());
+  r.receiver->Expect({6, {1, 2}});
+  auto h = sender->Begin(Target(*r.receiver, 6, {1, 2}), {1, 2});
+  ASSERT_TRUE(h.ok()) << h.status();
+  sender->SendLayer(*h, 0);
+  const uint64_t old_incarnation = r.receiver->incarnation();
+  r.control->Stop();
+  r.receiver.reset();
+  testing::Done done;
+  for (int64_t l = 1; l < layout_.num_layers; ++l) sender->SendLayer(*h, l);
+  sender->Finish(*h, "", done.Callback());
+  EXPECT_FALSE(done.Wait(absl::Seconds(30)).ok());
+  EXPECT_EQ(sender->num_in_flight(), 0);
+
+  Completions again;
+  dst_.Zero();
+  Receiver r2 = StartReceiver(layout_, &dst_, &again);
+  EXPECT_NE(r2.receiver->incarnation(), old_incarnation);
+  src_.Fill(2);
+  r2.receiver->Expect({7, {0}});
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), Target(*r2.receiver, 7, {0}), {3}, layout_.num_layers, "")
+          .ok());
+  EXPECT_TRUE(LandedExactly(src_, {3}, dst_, {0}, layout_.num_layers));
+}
+
+// The receiver in another process (this binary, re-run with TANDEM_NCCL_EMU_CHILD): the
+// emulated communicator crosses processes over loopback, as NCCL crosses GPUs.
+TEST(NcclEmulatedChild, Receiver) {
+  const char* port_file = std::getenv("TANDEM_NCCL_EMU_CHILD");
+  if (port_file == nullptr) GTEST_SKIP() << "runs as the child of CrossesProcesses";
+  KvLayout layout = testing::SmallLayout();
+  FakePool dst(layout, kBlocks);
+  Completions completions;
+  Receiver r = StartReceiver(layout, &dst, &completions);
+  r.receiver->Expect({42, {1, 6}});
+  {
+    std::ofstream(std::string(port_file) + ".tmp")
+        << r.receiver->endpoint() << " " << r.receiver->incarnation() << "\n";
+    std::rename((std::string(port_file) + ".tmp").c_str(), port_file);
+  }
+  CompletedTransfer c = completions.WaitFor(42, 0, absl::Seconds(60));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  FakePool expected(layout, kBlocks);
+  expected.Fill(99);
+  EXPECT_TRUE(LandedExactly(expected, {12, 13}, dst, {1, 6}, layout.num_layers));
+}
+
+TEST_F(NcclEmulatedTest, CrossesProcesses) {
+  const std::string port_file =
+      absl::StrCat(::testing::TempDir(), "/nccl_emu_child_", getpid(), ".port");
+  std::remove(port_file.c_str());
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  env_strings.push_back("TANDEM_NCCL_EMU_CHILD=" + port_file);
+  std::vector<char*> env;
+  for (auto& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string self = "/proc/self/exe", filter = "--gtest_filter=NcclEmulatedChild.Receiver";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(posix_spawn(&child, "/proc/self/exe", nullptr, nullptr, argv, env.data()), 0);
+  std::string endpoint;
+  uint64_t incarnation = 0;
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        std::ifstream in(port_file);
+        return static_cast<bool>(in >> endpoint >> incarnation);
+      },
+      absl::Seconds(30)));
+  src_.Fill(99);
+  auto sender = StartSender(layout_, &src_, GrpcChannel());
+  TransferTarget t{endpoint, incarnation, 42, 0, {1, 6}};
+  t.deadline = absl::Now() + absl::Seconds(30);
+  EXPECT_TRUE(testing::SendAll(sender.get(), t, {12, 13}, layout_.num_layers, "").ok());
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child receiver failed";
+  std::remove(port_file.c_str());
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer

@@ -1,0 +1,46 @@
+// --kv-transport is settled at a worker's startup: what each value resolves to on the CPU and on
+// a GPU, and the one-line refusals of what the process cannot run.
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem::kvtransfer {
+namespace {
+
+void ExpectRefused(const std::string& requested, const std::string& device, absl::StatusCode code,
+                   const std::string& words) {
+  absl::StatusOr<std::string> r = ResolveTransport(requested, device);
+  ASSERT_FALSE(r.ok()) << requested << " on " << device << " resolved to " << *r;
+  EXPECT_EQ(r.status().code(), code) << r.status();
+  EXPECT_NE(r.status().message().find(words), std::string::npos) << r.status();
+  EXPECT_EQ(r.status().message().find('\n'), std::string::npos) << "one line: " << r.status();
+}
+
+TEST(ResolveTransportTest, OnTheCpu) {
+  EXPECT_EQ(*ResolveTransport("tcp", "cpu"), "tcp");
+  EXPECT_EQ(*ResolveTransport("auto", "cpu"), "tcp");
+  EXPECT_EQ(*ResolveTransport("loopback", "cpu"), "loopback");
+  // nccl moves GPU memory: refused on the CPU, whatever is missing first (NCCL in this build, a
+  // usable GPU, or the engine on it).
+  ExpectRefused("nccl", "cpu", absl::StatusCode::kFailedPrecondition, "--kv-transport nccl");
+}
+
+TEST(ResolveTransportTest, OnAGpu) {
+  ExpectRefused("tcp", "cuda:0", absl::StatusCode::kFailedPrecondition, "host memory");
+  absl::StatusOr<std::string> automatic = ResolveTransport("auto", "cuda:0");
+  if (NcclBuilt()) {
+    EXPECT_EQ(*automatic, "nccl");
+  } else {
+    EXPECT_EQ(automatic.status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(ResolveTransportTest, UnknownAndNotYetImplemented) {
+  ExpectRefused("cuda-ipc", "cuda:0", absl::StatusCode::kFailedPrecondition, "not implemented");
+  ExpectRefused("rdma", "cpu", absl::StatusCode::kInvalidArgument, "'rdma'");
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
