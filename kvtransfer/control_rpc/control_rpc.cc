@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/rpc/call_auth.h"
 #include "kvtransfer/auth.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -78,7 +79,10 @@ absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(const st
                                                                         int port,
                                                                         const TlsOptions& tls,
                                                                         std::string secret) {
-  auto credentials = MakeServerCredentials(tls);
+  // The listener offers KvControl only; its messages prove the KV secret themselves.
+  auto policy = std::make_shared<CallPolicy>();
+  policy->services["tandem.v1.KvControl"] = nullptr;
+  auto credentials = MakeServerCredentials(tls, std::move(policy));
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<KvControlServer> s(new KvControlServer);
   s->service_ = std::make_unique<KvControlService>(std::move(secret));
