@@ -46,7 +46,8 @@ class SchemaCompiler {
   absl::StatusOr<std::string> Compile() {
     auto expr = Visit(root_, "#", 0);
     if (!expr.ok()) return expr.status();
-    std::string out = absl::StrCat("root ::= ", *expr, "\n", kBaseRules);
+    std::string out = absl::StrCat(options_.prefix, "root ::= ", *expr, "\n",
+                                   options_.include_base_rules ? kBaseRules : "");
     for (const auto& rule : rules_) absl::StrAppend(&out, rule, "\n");
     return out;
   }
@@ -61,7 +62,7 @@ class SchemaCompiler {
   }
 
   std::string NewRule(const std::string& body) {
-    std::string name = absl::StrCat("s", rule_count_++);
+    std::string name = absl::StrCat(options_.prefix, "s", rule_count_++);
     rules_.push_back(absl::StrCat(name, " ::= ", body));
     return name;
   }
@@ -233,7 +234,7 @@ class SchemaCompiler {
       }
     }
     // Name the rule first so recursive references resolve to it.
-    const std::string name = absl::StrCat("s", rule_count_++);
+    const std::string name = absl::StrCat(options_.prefix, "s", rule_count_++);
     refs_[target] = name;
     auto body = Visit(*node, target, depth + 1);
     if (!body.ok()) return body.status();
@@ -487,6 +488,8 @@ absl::StatusOr<std::string> JsonSchemaToGrammar(std::string_view schema,
   if (root.is_discarded()) return absl::InvalidArgumentError("json_schema: not valid JSON");
   return SchemaCompiler(root, options).Compile();
 }
+
+std::string JsonBaseRules() { return kBaseRules; }
 
 std::string AnyJsonGrammar(bool object_only) {
   return absl::StrCat("root ::= ", object_only ? "json-object" : "json-value", "\n", kBaseRules);

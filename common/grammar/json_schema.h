@@ -13,7 +13,14 @@ struct JsonSchemaOptions {
   // Unsupported validation keywords: refused (INVALID_ARGUMENT) when strict, ignored otherwise
   // (then the output follows the supported keywords only).
   bool strict = true;
+  // Composition: rules are named `prefix`root, `prefix`s0, ... and the shared json-* rules are
+  // left out (include them once with JsonBaseRules()).
+  std::string prefix;
+  bool include_base_rules = true;
 };
+
+// The json-* rules (json-value, json-string, ...) every compiled schema refers to.
+std::string JsonBaseRules();
 
 // Compiles a JSON Schema (text) into the grammar text form whose `root` matches exactly the
 // compact JSON documents (no whitespace) the schema accepts, within the subset README.md
