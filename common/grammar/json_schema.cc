@@ -22,10 +22,11 @@ json-object ::= "{" ( json-string ":" json-value ( "," json-string ":" json-valu
 json-array ::= "[" ( json-value ( "," json-value )* )? "]"
 json-string ::= "\"" json-char* "\""
 json-char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
-json-int ::= "-"? ( "0" | [1-9] [0-9]* )
-json-nonneg-int ::= "0" | [1-9] [0-9]*
-json-number ::= json-int ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
-json-nonneg-number ::= json-nonneg-int ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+json-int ::= "-"? json-nonneg-int
+json-nonneg-int ::= "0" | [1-9] [0-9]{0,15}
+json-number ::= json-int json-frac
+json-nonneg-number ::= json-nonneg-int json-frac
+json-frac ::= ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
 )";
 
 // Keywords that only annotate: they never change which documents validate.
@@ -467,7 +468,7 @@ class SchemaCompiler {
       }
       positive = true;
     }
-    if (positive) return std::string("( [1-9] [0-9]* )");
+    if (positive) return std::string("( [1-9] [0-9]{0,15} )");
     if (integer) return std::string(nonneg ? "json-nonneg-int" : "json-int");
     return std::string(nonneg ? "json-nonneg-number" : "json-number");
   }

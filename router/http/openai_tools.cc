@@ -1,5 +1,6 @@
 #include "router/http/openai_tools.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -115,7 +116,10 @@ absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools
                     " \",\\\"arguments\\\":\" ", o.prefix, "root");
   }
   absl::StrAppend(&call, " ) \"}\"\n");
-  const std::string root = tools.parallel ? "root ::= \"[\" call ( \",\" call )* \"]\"\n"
+  // Parallel calls are bounded so a turn always ends: at most max(4, number of tools).
+  const size_t max_calls = std::max<size_t>(4, tools.tools.size());
+  const std::string root = tools.parallel ? absl::StrCat("root ::= \"[\" call ( \",\" call ){0,",
+                                                         max_calls - 1, "} \"]\"\n")
                                           : "root ::= \"[\" call \"]\"\n";
   return absl::StrCat(root, call, rules, grammar::JsonBaseRules());
 }

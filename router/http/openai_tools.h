@@ -43,7 +43,7 @@ absl::Status ConvertOutputConstraint(const nlohmann::json& body, const ToolCallO
                                      v1::OutputConstraint* constraint);
 
 // The grammar (text form) for tool_choice "required": a JSON array of one call or (parallel)
-// more, each {"name": <a tool>, "arguments": <its parameters>}.
+// up to max(4, number of tools), each {"name": <a tool>, "arguments": <its parameters>}.
 absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools);
 
 struct ParsedToolCall {
