@@ -68,6 +68,30 @@ class SchemaCompiler {
     return name;
   }
 
+  // oneOf alternatives no document can match twice: each has a single distinct type (integer
+  // and number overlap), or each lists const/enum values and no value repeats.
+  static bool Disjoint(const Json& alts) {
+    std::set<std::string> types, values;
+    bool by_type = true, by_value = true;
+    for (const Json& a : alts) {
+      if (!a.is_object()) return false;
+      if (a.contains("type") && a["type"].is_string() && !a.contains("$ref")) {
+        by_type = by_type && types.insert(a["type"].get<std::string>()).second;
+      } else {
+        by_type = false;
+      }
+      if (a.contains("const")) {
+        by_value = by_value && values.insert(a["const"].dump()).second;
+      } else if (a.contains("enum") && a["enum"].is_array()) {
+        for (const Json& v : a["enum"]) by_value = by_value && values.insert(v.dump()).second;
+      } else {
+        by_value = false;
+      }
+    }
+    if (types.count("integer") && types.count("number")) by_type = false;
+    return by_type || by_value;
+  }
+
   // A grammar literal for a JSON value, serialised compactly.
   std::string ValueLiteral(const Json& v) { return GrammarLiteral(v.dump()); }
 
@@ -125,6 +149,12 @@ class SchemaCompiler {
           return Error(where,
                        absl::StrCat(kw, " beside other validation keywords is not supported"));
         }
+      }
+      if (std::string(kw) == "oneOf" && options_.strict && !Disjoint(alts)) {
+        return Error(where,
+                     "oneOf whose alternatives may overlap is not supported (exactly one "
+                     "must match); use anyOf, or give each alternative its own type or "
+                     "const/enum values");
       }
       std::vector<std::string> parts;
       for (size_t i = 0; i < alts.size(); ++i) {

@@ -170,10 +170,10 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
     if (auto st = once("guided_json"); !st.ok()) return st;
     if (it->is_string()) {
       c->set_json_schema(it->get<std::string>());
-    } else if (it->is_object()) {
+    } else if (it->is_object() || it->is_boolean()) {
       c->set_json_schema(SchemaText(*it));
     } else {
-      return Invalid("guided_json", "must be a JSON Schema (object or string)");
+      return Invalid("guided_json", "must be a JSON Schema (object, boolean or string)");
     }
   }
   for (const char* field : {"guided_regex", "guided_grammar"}) {

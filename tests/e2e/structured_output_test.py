@@ -56,6 +56,22 @@ SCHEMAS = [
      "additionalProperties": {"type": "boolean"}},
 ]
 SEEDS = [1, 2, 3, 4]
+# Debian's json-schema-test-suite (scripts/setup.sh installs it): every draft 4, 6 and 7 schema.
+SUITE = "/usr/share/json-schema-test-suite/tests"
+
+
+def suite_schemas():
+    import glob
+    seen, out = set(), []
+    for draft in ("draft7", "draft6", "draft4"):
+        for path in sorted(glob.glob(os.path.join(SUITE, draft, "*.json"))):
+            for group in json.load(open(path)):
+                key = json.dumps(group["schema"], sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((f"{draft}/{os.path.basename(path)}: {group['description']}",
+                                group["schema"]))
+    return out
 
 
 class HttpCluster(Cluster):
@@ -134,6 +150,36 @@ def main(build_dir):
         check(not bad, f"{len(bad)} outputs fail Ajv: {bad[:3]}")
         print(f"ok: {len(cases)} sampled outputs of {len(SCHEMAS)} schemas validate with Ajv "
               f"({lengths} ran to max_tokens)")
+
+        # 1b. The JSON-Schema-Test-Suite: what compiles must validate; the rest is refused with a
+        # 400 naming the keyword (the README lists what is refused).
+        suite = suite_schemas()
+        check(len(suite) >= 100, f"json-schema-test-suite: only {len(suite)} schemas")
+        suite_cases, refused, suite_lengths = [], 0, 0
+        for name, schema in suite:
+            for seed in (1, 2):
+                status, body = post(port, "/v1/completions", {
+                    "prompt": "Once", "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                    "guided_json": schema})
+                if status == 400:
+                    refused += 1
+                    check(body["error"]["message"], f"{name}: {body}")
+                    break
+                check(status == 200, f"{name}: {status} {body}")
+                ch = body["choices"][0]
+                if ch["finish_reason"] != "stop":
+                    suite_lengths += 1
+                    continue
+                suite_cases.append({"schema": schema, "text": ch["text"], "dialect": "draft7",
+                                    "name": name})
+        r = node("validate.mjs", json.dumps(suite_cases))
+        check(r.returncode == 0, f"validate.mjs failed: {r.stderr}")
+        bad = [(c["name"], c["text"], v["error"]) for c, v in zip(suite_cases, json.loads(r.stdout))
+               if not v["ok"]]
+        check(not bad, f"{len(bad)} suite outputs fail Ajv: {bad[:5]}")
+        print(f"ok: json-schema-test-suite: {len(suite)} schemas, {len(suite) - refused} compiled, "
+              f"{len(suite_cases)} sampled outputs validate with Ajv ({suite_lengths} ran to "
+              f"max_tokens), {refused} refused with a 400")
 
         # 2. Regex, choice and grammar (vLLM guided_* fields).
         for seed in SEEDS:

@@ -147,6 +147,9 @@ TEST(JsonSchemaTest, RefusesWhatItCannotHonourNamingTheLocation) {
   EXPECT_NE(err(R"({"$ref":"http://x/y"})").find("local"), std::string::npos);
   EXPECT_NE(err(R"~({"type":"string","pattern":"(?=a)"})~").find("pattern"), std::string::npos);
   err(R"({"type":"strange"})");
+  EXPECT_NE(err(R"({"oneOf":[{"type":"integer"},{"type":"number"}]})").find("oneOf"),
+            std::string::npos);
+  err(R"({"oneOf":[true,true]})");
   err("{not json");
   err(R"({"type":"integer","maximum":5})");
   err(R"(false)");
