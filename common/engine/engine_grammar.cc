@@ -86,9 +86,12 @@ void Engine::TrimDraftsToGrammar() {
 }
 
 std::function<void()> Engine::StartGrammarMasks(const std::vector<Sequence*>& seqs) {
+  // Cached masks are taken here; only states seen for the first time need the worker thread.
   std::vector<Sequence*> constrained;
   for (Sequence* s : seqs) {
-    if (s->matcher != nullptr) constrained.push_back(s);
+    if (s->matcher == nullptr) continue;
+    s->next_mask = s->matcher->CachedMask();
+    if (s->next_mask == nullptr) constrained.push_back(s);
   }
   if (constrained.empty()) return [] {};
   auto compute = [constrained] {

@@ -36,6 +36,8 @@ class GrammarMatcher {
   // The tokens whose bytes may come next (end-of-sequence tokens not included: allow them when
   // CanTerminate()). Served from the grammar's mask cache when this state was seen before.
   std::shared_ptr<const TokenMask> NextTokenMask();
+  // The cached mask of this state, or null when it was not computed yet (cheap: one lookup).
+  std::shared_ptr<const TokenMask> CachedMask() const { return grammar_->FindMask(states_.back()); }
   // The same computed without the mask cache (reference for tests and the benchmark).
   TokenMask ComputeMaskUncached();
 
