@@ -63,7 +63,7 @@ void GrammarMatcher::Walk(StateGraph& graph, int32_t node, int32_t state, uint64
     // Every byte below this trie node loops on `next` (inside a string, a number...): the whole
     // subtree's tokens are allowed without walking it.
     const ByteSet& below = v.subtree_bytes(child);
-    const bool closed = below.none() || (below & ~graph.self_loops(next)).none();
+    const bool closed = below.none() || graph.LoopsOn(next, below);
     const int32_t end = closed ? v.subtree_token_end(child) : cn.token_end;
     for (int32_t t = cn.token_begin; t < end; ++t) {
       const int32_t id = tokens[t];

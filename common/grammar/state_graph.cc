@@ -100,17 +100,18 @@ int32_t StateGraph::Step(int32_t state, uint8_t byte) {
   return t;
 }
 
-const ByteSet& StateGraph::self_loops(int32_t state) {
-  if (!states_[state].loops_known) {
-    ByteSet loops;
-    const ByteSet next = states_[state].next;
-    for (int b = 0; b < 256; ++b) {
-      if (next.test(b) && Step(state, static_cast<uint8_t>(b)) == state) loops.set(b);
+bool StateGraph::LoopsOn(int32_t state, const ByteSet& bytes) {
+  if ((bytes & ~states_[state].next).any() || (bytes & states_[state].loop_no).any()) return false;
+  const ByteSet unknown = bytes & ~states_[state].loop_yes;
+  for (size_t b = unknown._Find_first(); b < unknown.size(); b = unknown._Find_next(b)) {
+    if (Step(state, static_cast<uint8_t>(b)) == state) {
+      states_[state].loop_yes.set(b);
+    } else {
+      states_[state].loop_no.set(b);
+      return false;
     }
-    states_[state].loops = loops;
-    states_[state].loops_known = true;
   }
-  return states_[state].loops;
+  return true;
 }
 
 }  // namespace tandem::grammar

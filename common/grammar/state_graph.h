@@ -30,8 +30,9 @@ class StateGraph {
   int32_t Step(int32_t state, uint8_t byte);
   const ByteSet& next(int32_t state) const { return states_[state].next; }
   bool accepting(int32_t state) const { return states_[state].accepting; }
-  // Bytes that lead from `state` back to itself (computed on first use).
-  const ByteSet& self_loops(int32_t state);
+  // Every byte in `bytes` leads from `state` back to itself (answers memoised per byte; stops at
+  // the first byte that does not, so a state that is no loop costs one step).
+  bool LoopsOn(int32_t state, const ByteSet& bytes);
   int64_t num_states() const { return static_cast<int64_t>(states_.size()); }
 
  private:
@@ -44,8 +45,8 @@ class StateGraph {
     std::vector<Item> items;  // sorted
     ByteSet next;
     bool accepting = false;
-    bool loops_known = false;
-    ByteSet loops;
+    ByteSet loop_yes;  // bytes known to lead back to this state
+    ByteSet loop_no;   // bytes known not to
     int32_t transitions[256];
   };
 
