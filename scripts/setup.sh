@@ -15,6 +15,7 @@ packages=(
   # test clients and tools
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch curl
   prometheus golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-yaml nodejs $(command -v npm >/dev/null 2>&1 || echo npm)
+  json-schema-test-suite
 )
 
 sudo_cmd=()

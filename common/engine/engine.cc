@@ -83,11 +83,26 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
   }
   const SamplingParams& p = seq->params;
   FinishReason reason = FinishReason::kNone;
-  if (!p.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
+  const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  bool grammar_done = false;
+  if (seq->matcher != nullptr && !eos) {
+    if (!seq->matcher->AcceptToken(token)) {
+      // Masks make this unreachable; refuse to continue outside the grammar.
+      u->status = absl::InternalError(absl::StrCat("token ", token, " outside the grammar"));
+      Finish(seq, FinishReason::kError, u);
+      return;
+    }
+    grammar_done = seq->matcher->IsTerminated();
+  }
+  if (seq->matcher != nullptr && eos) {
+    reason = FinishReason::kStop;  // the grammar allowed the end (ignore_eos does not apply)
+  } else if (!p.ignore_eos && eos) {
     reason = FinishReason::kStop;
   } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
              p.stop_token_ids.end()) {
     reason = FinishReason::kStop;
+  } else if (grammar_done) {
+    reason = FinishReason::kStop;  // complete, and nothing may follow
   } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
     reason = FinishReason::kLength;
   } else if (seq->prefill_only) {
@@ -103,6 +118,7 @@ void Engine::SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate
   absl::Span<const int32_t> all(seq->tokens);
   TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
   ProcessLogits(seq->params, history, stop_ids, logits, static_cast<int32_t>(vocab_size_));
+  ApplyGrammarMask(seq, logits);
   // Samples 1..n-1 are forked from sample 0 once its prompt is computed; they draw their first
   // token from the same logits with their own random streams.
   for (Sequence* child : Fork(seq)) {
@@ -132,6 +148,9 @@ std::vector<Sequence*> Engine::Fork(Sequence* parent) {
     child->num_computed = parent->num_computed;
     kv_->Fork(parent->blocks, &child->blocks);
     child->params = parent->params;
+    if (parent->matcher != nullptr) {
+      child->matcher = std::make_unique<grammar::GrammarMatcher>(*parent->matcher);
+    }
     child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
                                                     : seed_source_.Next());
     child->prefill_only = parent->prefill_only;
@@ -211,7 +230,10 @@ std::vector<SequenceUpdate> Engine::Step() {
   batch.on_layer_done = ExportHook(plan);
   const size_t vocab = static_cast<size_t>(vocab_size_);
   logits_.resize(batch.logit_rows.size() * vocab);
+  // Grammar masks for this step's samples are computed while the forward pass runs.
+  std::function<void()> join_masks = StartGrammarMasks(sampled);
   absl::Status st = backend_->Forward(batch, logits_.data());
+  join_masks();
   if (!st.ok()) {
     FailStep(st, plan, &updates);
     return updates;

@@ -21,6 +21,7 @@
 #include "common/engine/scheduler/sequence.h"
 #include "common/engine/spec/proposer.h"
 #include "common/engine/spec/spec_options.h"
+#include "common/grammar/grammar_compiler.h"
 #include "common/metrics/spec_hooks.h"
 
 namespace tandem {
@@ -37,6 +38,11 @@ struct EngineOptions {
   // TANDEM_FAULTS environment variable.
   EngineFaultOptions faults;
   bool faults_from_env = true;
+  // Structured output: compiles request constraints against the model's vocabulary (built from
+  // its tokenizer by BuildEngine). Null: constrained requests are INVALID_ARGUMENT.
+  std::shared_ptr<grammar::GrammarCompiler> grammar;
+  // Compute grammar masks on a worker thread while the forward pass runs (false: inline).
+  bool overlap_grammar_masks = true;
 };
 
 struct EngineRequest {
@@ -123,7 +129,9 @@ struct EngineStats {
   int64_t spec_draft_blocks = 0;          // draft model KV blocks in use
   int64_t kv_reserved_token_slots = 0;    // block slots held by running sequences (and padding)
   int64_t kv_filled_token_slots = 0;      // of which hold computed tokens
-  int64_t padding_rows = 0;  // static baseline: rows computed for finished batch members
+  int64_t padding_rows = 0;            // static baseline: rows computed for finished batch members
+  int64_t grammar_masks = 0;           // token masks applied (structured output)
+  int64_t grammar_drafts_trimmed = 0;  // drafted tokens cut because the grammar forbids them
 };
 
 // The inference engine both worker kinds share (DESIGN §4): continuous batching over a paged
@@ -196,6 +204,15 @@ class Engine {
   void ProposeDrafts();
   void VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates);
   void AdaptSpeculation(Sequence* seq, int32_t drafted, int32_t accepted);
+  // Structured output (engine_grammar.cc).
+  absl::Status AttachGrammar(Sequence* seq, const std::vector<int32_t>& prior_output);
+  // Masks the tokens the grammar forbids at `seq`'s state (uses seq->next_mask when set).
+  void ApplyGrammarMask(Sequence* seq, float* logits);
+  // Cuts each draft at its first token the grammar forbids.
+  void TrimDraftsToGrammar();
+  // Starts computing the next-token masks of `seqs` (overlapping the forward pass); the returned
+  // callable joins.
+  std::function<void()> StartGrammarMasks(const std::vector<Sequence*>& seqs);
   void ReportReservations(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates);
   std::function<void(int64_t)> ExportHook(const SchedulerOutput& plan);
   void CountAdmission(Sequence* seq);

@@ -11,6 +11,7 @@
 #include "common/engine/model/quantize.h"
 #include "common/engine/spec/draft_proposer.h"
 #include "common/engine/spec/ngram_proposer.h"
+#include "common/tokenizer/tokenizer.h"
 #if defined(TANDEM_HAVE_CUDA)
 #include "common/engine/backend/cuda/cuda_backend.h"
 #endif
@@ -112,6 +113,15 @@ absl::StatusOr<std::unique_ptr<Proposer>> BuildProposer(const EngineBuildOptions
 }
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<grammar::GrammarCompiler>> LoadGrammarCompiler(
+    const std::string& model_dir) {
+  auto tokenizer = Tokenizer::FromModelDir(model_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  auto vocab = grammar::TokenVocab::FromTokenizer(**tokenizer);
+  if (!vocab.ok()) return vocab.status();
+  return std::make_shared<grammar::GrammarCompiler>(*vocab);
+}
 
 absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   auto device = ResolveDevice(options.device);
@@ -277,7 +287,17 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const std::string backend_name = backend->name();
   auto proposer = BuildProposer(options, *model, num_blocks, load);
   if (!proposer.ok()) return proposer.status();
-  auto engine = Engine::Create(options.engine, model, std::move(backend), std::move(*proposer));
+  EngineOptions engine_options = options.engine;
+  if (engine_options.grammar == nullptr) {
+    // Structured output needs each token's bytes: from the model's tokenizer when it has one.
+    auto grammar = LoadGrammarCompiler(options.model_dir);
+    if (grammar.ok()) {
+      engine_options.grammar = std::move(*grammar);
+    } else {
+      TLOG(WARNING) << "structured output disabled: " << grammar.status();
+    }
+  }
+  auto engine = Engine::Create(engine_options, model, std::move(backend), std::move(*proposer));
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {
     TLOG(INFO) << "engine ready: model " << options.model_dir << " ("

@@ -51,6 +51,10 @@ struct BuiltEngine {
 // asked for when the build has no CUDA backend or no GPU/driver is usable (the reason is named).
 absl::StatusOr<std::string> ResolveDevice(const std::string& device);
 
+// The structured-output compiler for a model directory's tokenizer (tokenizer.json).
+absl::StatusOr<std::shared_ptr<grammar::GrammarCompiler>> LoadGrammarCompiler(
+    const std::string& model_dir);
+
 // Loads the model, creates the backend with a KV pool sized from the budget and the engine.
 absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options);
 

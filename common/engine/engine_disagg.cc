@@ -72,6 +72,17 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
       return absl::InvalidArgumentError(absl::StrCat("first token ", t, " outside the vocabulary"));
     }
   }
+  if (seq->matcher != nullptr) {
+    // The prefill worker sampled under the same constraint; a token outside it is refused.
+    for (int32_t t : first_tokens) {
+      grammar::GrammarMatcher probe(*seq->matcher);
+      if (std::find(eos_ids_.begin(), eos_ids_.end(), t) == eos_ids_.end() &&
+          !probe.AcceptToken(t)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("first token ", t, " does not follow the request's constraint"));
+      }
+    }
+  }
   seq->num_computed = seq->num_tokens();
   seq->remote_prefill = false;  // from now on it is an ordinary sequence (recomputed if preempted)
   seq->lease_deadline = absl::InfiniteFuture();

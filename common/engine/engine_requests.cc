@@ -94,6 +94,7 @@ absl::Status Engine::AddRequest(EngineRequest r) {
     for (int64_t i = 0; i < seq->prior_output; ++i) seq->rng.Uniform();
   }
   seq->arrival_time = r.arrival_time;
+  if (auto st = AttachGrammar(seq.get(), r.prior_output); !st.ok()) return st;
   scheduler_->AddWaiting(seq.get());
   requests_[seq->request_id].push_back(std::move(seq));
   return absl::OkStatus();

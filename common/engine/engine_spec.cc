@@ -50,6 +50,7 @@ void Engine::ProposeDrafts() {
     seqs[i]->draft = std::move(proposals[i].tokens);
     seqs[i]->draft_q = std::move(proposals[i].q);
   }
+  TrimDraftsToGrammar();
 }
 
 void Engine::VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates) {
@@ -76,6 +77,7 @@ void Engine::VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpda
     absl::Span<const int32_t> all(seq->tokens);
     TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
     ProcessLogits(seq->params, history, stop_ids, row, static_cast<int32_t>(vocab_size_));
+    ApplyGrammarMask(seq, row);
     const int32_t proposed = j < drafted ? draft[j] : -1;
     const TokenDistribution* q = j < drafted && !draft_q.empty() ? &draft_q[j] : nullptr;
     VerifyResult v = VerifyPosition(seq->params, row, static_cast<int32_t>(vocab_size_), proposed,

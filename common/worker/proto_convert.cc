@@ -2,7 +2,60 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem {
+
+absl::StatusOr<grammar::Constraint> ConstraintFromProto(const v1::OutputConstraint& p) {
+  constexpr size_t kMaxText = 1 << 20;
+  grammar::Constraint c;
+  c.strict = !p.has_strict() || p.strict();
+  auto text = [&](grammar::Constraint::Kind kind, const std::string& value,
+                  const char* field) -> absl::Status {
+    if (value.size() > kMaxText) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("constraint.", field, ": longer than ", kMaxText, " bytes"));
+    }
+    c.kind = kind;
+    c.value = value;
+    return absl::OkStatus();
+  };
+  absl::Status st;
+  switch (p.kind_case()) {
+    case v1::OutputConstraint::kJsonSchema:
+      st = text(grammar::Constraint::Kind::kJsonSchema, p.json_schema(), "json_schema");
+      break;
+    case v1::OutputConstraint::kRegex:
+      st = text(grammar::Constraint::Kind::kRegex, p.regex(), "regex");
+      break;
+    case v1::OutputConstraint::kGrammar:
+      st = text(grammar::Constraint::Kind::kGrammar, p.grammar(), "grammar");
+      break;
+    case v1::OutputConstraint::kJsonObject:
+      if (p.json_object()) c.kind = grammar::Constraint::Kind::kJsonObject;
+      break;
+    case v1::OutputConstraint::kChoice: {
+      if (p.choice().choices_size() == 0 || p.choice().choices_size() > 10000) {
+        return absl::InvalidArgumentError("constraint.choice: 1 to 10000 strings");
+      }
+      c.kind = grammar::Constraint::Kind::kChoice;
+      size_t total = 0;
+      for (const std::string& s : p.choice().choices()) {
+        total += s.size();
+        if (s.empty()) return absl::InvalidArgumentError("constraint.choice: empty string");
+        c.choices.push_back(s);
+      }
+      if (total > kMaxText) {
+        return absl::InvalidArgumentError("constraint.choice: too long in all");
+      }
+      break;
+    }
+    case v1::OutputConstraint::KIND_NOT_SET:
+      break;
+  }
+  if (!st.ok()) return st;
+  return c;
+}
 
 absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams& p) {
   SamplingParams s;
@@ -32,6 +85,9 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams&
   if (p.has_logprobs() && p.logprobs() < 0) {
     return absl::InvalidArgumentError("logprobs: must be in [0, 20]");
   }
+  auto constraint = ConstraintFromProto(p.constraint());
+  if (!constraint.ok()) return constraint.status();
+  s.constraint = std::move(*constraint);
   return s;
 }
 

@@ -14,6 +14,8 @@ namespace tandem {
 // (temperature 1, top_p 1, repetition_penalty 1, max_tokens 16). Range checks happen in
 // ValidateSamplingParams (by the engine); this only rejects what cannot be represented.
 absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams& proto);
+// The structured-output constraint (kind None when unset); oversized text is INVALID_ARGUMENT.
+absl::StatusOr<grammar::Constraint> ConstraintFromProto(const v1::OutputConstraint& proto);
 
 // The engine request of a DecodeRequest or PrefillRequest: the fields both carry (id, prompt,
 // prior output, sampling, samples, priority, cache salt). Role-specific fields are the caller's.

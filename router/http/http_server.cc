@@ -214,6 +214,7 @@ std::vector<HttpRoute> HttpServer::Routes() {
       ro.logprobs = converted->logprobs;
       ro.include_usage = converted->include_usage;
       ro.tokenizer = context_.tokenizer;
+      ro.tools = converted->tools;
       x->responder = std::make_unique<OpenAiResponder>(ro);
       x->stream_mode = converted->stream;
       x->include_usage = converted->include_usage;

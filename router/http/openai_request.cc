@@ -217,18 +217,13 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) {
     return Invalid("suffix", "not supported");
   }
-  for (const char* name : {"tools", "functions"}) {
-    if (auto it = body.find(name);
-        it != body.end() && !it->is_null() && !(it->is_array() && it->empty())) {
-      return Invalid(name, "tool calling is not supported");
+  if (endpoint == OpenAiEndpoint::kCompletions) {
+    for (const char* name : {"tools", "tool_choice", "functions"}) {
+      if (auto it = body.find(name); it != body.end() && !it->is_null()) {
+        return Invalid(name, "tool calling is a chat completions feature");
+      }
     }
   }
-  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!it->is_object() || it->value("type", Json()) != Json("text")) {
-      return Invalid("response_format", "only {\"type\": \"text\"} is supported");
-    }
-  }
-  (void)endpoint;
   return absl::OkStatus();
 }
 
@@ -268,7 +263,8 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const OpenAi
 }
 
 absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
-                                             const OpenAiContext& context) {
+                                             const OpenAiContext& context,
+                                             const nlohmann::json* tools) {
   if (!messages.is_array() || messages.empty()) {
     return Invalid("messages", "must be a non-empty list");
   }
@@ -287,17 +283,60 @@ absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
       return Invalid(field + ".role", absl::StrCat("unknown role '", r, "'"));
     }
     auto content = m.find("content");
-    if (content == m.end()) return Invalid(field + ".content", "is required");
-    auto text = MessageText(*content, i);
+    auto calls = m.find("tool_calls");
+    const bool has_calls = r == "assistant" && calls != m.end() && !calls->is_null();
+    if (content == m.end() && !has_calls) return Invalid(field + ".content", "is required");
+    auto text =
+        content == m.end() ? absl::StatusOr<std::string>(std::string()) : MessageText(*content, i);
     if (!text.ok()) return text.status();
     nlohmann::ordered_json entry;
     entry["role"] = r == "developer" ? "system" : r;
     entry["content"] = *text;
+    if (has_calls) {
+      // Templates (Llama 3.1, Qwen2.5, Mistral) read function.name and function.arguments as an
+      // object, as Hugging Face's apply_chat_template expects.
+      if (!calls->is_array()) return Invalid(field + ".tool_calls", "must be a list");
+      nlohmann::ordered_json out_calls = nlohmann::ordered_json::array();
+      for (size_t k = 0; k < calls->size(); ++k) {
+        const Json& call = (*calls)[k];
+        const std::string cf = absl::StrCat(field, ".tool_calls[", k, "]");
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].value("name", Json()).is_string()) {
+          return Invalid(cf,
+                         "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                         "\"arguments\"}}");
+        }
+        nlohmann::ordered_json fn;
+        fn["name"] = call["function"]["name"];
+        Json args = call["function"].value("arguments", Json::object());
+        if (args.is_string()) {
+          Json parsed = Json::parse(args.get<std::string>(), nullptr, false);
+          if (parsed.is_discarded()) return Invalid(cf + ".function.arguments", "is not JSON");
+          args = parsed;
+        }
+        fn["arguments"] = nlohmann::ordered_json::parse(args.dump());
+        nlohmann::ordered_json oc;
+        oc["id"] = call.value("id", std::string());
+        oc["type"] = "function";
+        oc["function"] = std::move(fn);
+        out_calls.push_back(std::move(oc));
+      }
+      entry["tool_calls"] = std::move(out_calls);
+    }
+    if (r == "tool") {
+      if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) {
+        entry["tool_call_id"] = *id;
+      }
+      if (auto name = m.find("name"); name != m.end() && name->is_string()) entry["name"] = *name;
+    }
     list.push_back(std::move(entry));
   }
   nlohmann::ordered_json variables;
   variables["messages"] = std::move(list);
   variables["add_generation_prompt"] = true;
+  if (tools != nullptr && tools->is_array() && !tools->empty()) {
+    variables["tools"] = nlohmann::ordered_json::parse(tools->dump());
+  }
   const Tokenizer& tok = *context.tokenizer;
   variables["bos_token"] = tok.bos_id() ? std::string(tok.IdToToken(*tok.bos_id())) : "";
   variables["eos_token"] = tok.eos_id() ? std::string(tok.IdToToken(*tok.eos_id())) : "";
@@ -340,6 +379,13 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
   RETURN_IF_ERROR(GetInt(body, "n", 1, 128, &n));
   if (n) out.generate.set_n(static_cast<int32_t>(*n));
   RETURN_IF_ERROR(ConvertSampling(body, endpoint, &out));
+  if (endpoint == OpenAiEndpoint::kChatCompletions) {
+    auto tools = ParseToolOptions(body);
+    if (!tools.ok()) return tools.status();
+    out.tools = std::move(*tools);
+  }
+  RETURN_IF_ERROR(ConvertOutputConstraint(body, out.tools,
+                                          out.generate.mutable_sampling()->mutable_constraint()));
 
   if (endpoint == OpenAiEndpoint::kCompletions) {
     auto it = body.find("prompt");
@@ -370,7 +416,11 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
 
   auto messages = body.find("messages");
   if (messages == body.end()) return Invalid("messages", "is required");
-  auto text = RenderChatPrompt(*messages, context);
+  auto tools_it = body.find("tools");
+  auto text = RenderChatPrompt(
+      *messages, context,
+      tools_it != body.end() && out.tools.choice != ToolCallOptions::Choice::kNone ? &*tools_it
+                                                                                   : nullptr);
   if (!text.ok()) return text.status();
   // The template writes the special tokens (BOS) itself, as Hugging Face's apply_chat_template.
   auto ids = context.tokenizer->Encode(*text, /*add_special_tokens=*/false);

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "router/http/openai_tools.h"
 #include "tandem/v1/generation.pb.h"
 
 namespace tandem {
@@ -37,6 +38,7 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // chat: logprobs; completions: logprobs set
   std::string user;            // OpenAI's end-user id (logged)
+  ToolCallOptions tools;       // chat: tools and tool_choice (the responder builds tool_calls)
 };
 
 // Context of the conversion: the tokenizer (its BOS/EOS tokens for the template, and to tokenize
@@ -50,13 +52,16 @@ struct OpenAiContext {
 
 // INVALID_ARGUMENT naming the parameter ("temperature: must be a number") for a body OpenAI's
 // schema would refuse, and for parameters Tandem does not implement (echo, best_of > 1,
-// suffix, tools, response_format other than text).
+// suffix, functions). response_format, guided_* and tools/tool_choice become the request's
+// OutputConstraint (openai_tools.h).
 absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
                                                    const nlohmann::json& body,
                                                    const OpenAiContext& context);
 
-// Renders a chat request's messages through the template (add_generation_prompt true).
+// Renders a chat request's messages through the template (add_generation_prompt true), with
+// `tools` (the request's tools list, may be null) and assistant tool_calls / tool messages.
 absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
-                                             const OpenAiContext& context);
+                                             const OpenAiContext& context,
+                                             const nlohmann::json* tools = nullptr);
 
 }  // namespace tandem

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/tokenizer/tokenizer.h"
 #include "router/finish_reason.h"
 
@@ -151,11 +153,53 @@ void OpenAiResponder::NotePrompt(const v1::GenerateResponse& m) {
   }
 }
 
+std::optional<std::vector<ParsedToolCall>> OpenAiResponder::CallsOf(const Choice& ch,
+                                                                    int32_t index) const {
+  if (options_.endpoint != OpenAiEndpoint::kChatCompletions || !options_.tools.returns_calls() ||
+      ch.finish_reason != "stop") {
+    return std::nullopt;
+  }
+  return ParseToolCalls(options_.tools, ch.text);
+}
+
 std::vector<Json> OpenAiResponder::StreamChunks(const v1::GenerateResponse& m) {
   NotePrompt(m);
   const bool chat = options_.endpoint == OpenAiEndpoint::kChatCompletions;
   std::vector<Json> out;
   Json c;
+  const bool hold = chat && options_.tools.returns_calls();
+  if (hold && m.has_chunk()) {
+    // Tool calls are known only once the output is complete.
+    choice(m.chunk().index()).text += m.chunk().text();
+    return out;
+  }
+  if (hold && m.has_final()) {
+    NoteFinal(m.final());
+    const int32_t index = m.final().index();
+    Choice& ch = choice(index);
+    Json delta = {{"role", "assistant"}};
+    std::string finish = ch.finish_reason;
+    if (auto calls = CallsOf(ch, index); calls.has_value()) {
+      delta["content"] = nullptr;
+      delta["tool_calls"] = ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), true);
+      finish = "tool_calls";
+    } else {
+      delta["content"] = ch.text;
+    }
+    Json body = ChunkBase();
+    body["choices"] = Json::array(
+        {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+    if (options_.include_usage) body["usage"] = nullptr;
+    out.push_back(std::move(body));
+    Json last = ChunkBase();
+    last["choices"] = Json::array({{{"index", index},
+                                    {"delta", Json::object()},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", finish}}});
+    if (options_.include_usage) last["usage"] = nullptr;
+    out.push_back(std::move(last));
+    return out;
+  }
   if (m.has_chunk()) {
     const v1::TokenChunk& chunk = m.chunk();
     Choice& ch = choice(chunk.index());
@@ -223,13 +267,21 @@ Json OpenAiResponder::Complete() const {
   Json choices = Json::array();
   for (const auto& [index, ch] : choices_) {
     Json c = {{"index", index}};
-    if (chat) {
+    std::optional<std::vector<ParsedToolCall>> calls = CallsOf(ch, index);
+    if (chat && calls.has_value()) {
+      c["message"] = {
+          {"role", "assistant"},
+          {"content", nullptr},
+          {"tool_calls", ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), false)}};
+    } else if (chat) {
       c["message"] = {{"role", "assistant"}, {"content", ch.text}};
     } else {
       c["text"] = ch.text;
     }
     c["logprobs"] = options_.logprobs && !ch.logprobs.is_null() ? ch.logprobs : Json(nullptr);
-    c["finish_reason"] = ch.finish_reason.empty() ? Json(nullptr) : Json(ch.finish_reason);
+    c["finish_reason"] = calls.has_value()          ? Json("tool_calls")
+                         : ch.finish_reason.empty() ? Json(nullptr)
+                                                    : Json(ch.finish_reason);
     choices.push_back(std::move(c));
   }
   return {{"id", options_.id},           {"object", chat ? "chat.completion" : "text_completion"},

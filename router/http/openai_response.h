@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct OpenAiResponderOptions {
   bool logprobs = false;
   bool include_usage = false;
   const Tokenizer* tokenizer = nullptr;  // token strings of logprobs
+  // Chat with tools: outputs that are tool calls become message.tool_calls (finish_reason
+  // "tool_calls"); while streaming, such a choice's text is held back until its end.
+  ToolCallOptions tools;
 };
 
 // Not thread-safe; one per request.
@@ -67,6 +71,8 @@ class OpenAiResponder {
   std::string TokenText(int32_t prev, int32_t id) const;
   void NotePrompt(const v1::GenerateResponse& message);
   void NoteFinal(const v1::GenerateFinal& final);
+  // Chat with tools: the calls in a finished choice, if its text is a tool call.
+  std::optional<std::vector<ParsedToolCall>> CallsOf(const Choice& ch, int32_t index) const;
 
   OpenAiResponderOptions options_;
   std::map<int32_t, Choice> choices_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/grammar/constraint.h"
 
 namespace tandem {
 
@@ -29,6 +30,9 @@ struct SamplingParams {
   std::vector<std::string> stop;        // stop strings (matched on detokenized text by callers)
   int32_t logprobs = -1;                // -1: none; n >= 0: the sampled token's and top-n logprobs
   std::optional<bool> speculative;      // per-request switch; unset: the server's setting
+  // Structured output: the output must match this (JSON Schema, regex, grammar, ...); tokens it
+  // forbids are masked before temperature/top-k/top-p (common/grammar).
+  grammar::Constraint constraint;
 
   bool greedy() const { return temperature == 0.0f; }
 };

@@ -12,6 +12,7 @@
 #include "common/engine/sampler/rng.h"
 #include "common/engine/sampler/sampler.h"
 #include "common/engine/sampler/sampling_params.h"
+#include "common/grammar/matcher.h"
 
 namespace tandem {
 
@@ -56,6 +57,9 @@ struct Sequence {
 
   SamplingParams params;
   Rng rng;
+  // Structured output: the grammar state after the output tokens (null when unconstrained).
+  std::unique_ptr<grammar::GrammarMatcher> matcher;
+  std::shared_ptr<const grammar::TokenMask> next_mask;  // computed during this step's forward
 
   // Disaggregation roles (DESIGN §2).
   bool remote_prefill = false;  // decode role: prompt KV arrives from a prefill worker

@@ -1,0 +1,55 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/grammar/compiled_grammar.h"
+
+namespace tandem::grammar {
+
+// The parsing state of one sequence under a CompiledGrammar: the stack of Earley states (one per
+// accepted byte, states shared through the grammar's StateGraph), so a token spanning several
+// terminals or ending inside a UTF-8 character is just its bytes in order, and rolling back a
+// token pops its bytes. Copyable (samples of one request fork it). Not thread-safe: one thread at
+// a time (the engine hands it to the mask worker during the forward pass and takes it back
+// before sampling).
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+
+  // Advances over the token's bytes; false (state unchanged) when the grammar forbids them or
+  // the token has no bytes.
+  bool AcceptToken(int32_t token);
+  // Advances over raw bytes (not counted as a token for Rollback); false leaves it unchanged.
+  bool AcceptBytes(std::string_view bytes);
+  // Undoes the last `n` accepted tokens (speculative rejection).
+  void Rollback(int32_t n);
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ends_.size()); }
+
+  // The input so far is a complete sentence of the grammar.
+  bool CanTerminate() const;
+  // Complete and nothing may follow: generation must end here.
+  bool IsTerminated() const;
+
+  // The tokens whose bytes may come next (end-of-sequence tokens not included: allow them when
+  // CanTerminate()). Served from the grammar's mask cache when this state was seen before.
+  std::shared_ptr<const TokenMask> NextTokenMask();
+  // The cached mask of this state, or null when it was not computed yet (cheap: one lookup).
+  std::shared_ptr<const TokenMask> CachedMask() const { return grammar_->FindMask(states_.back()); }
+  // The same computed without the mask cache (reference for tests and the benchmark).
+  TokenMask ComputeMaskUncached();
+
+  const CompiledGrammar& compiled() const { return *grammar_; }
+
+ private:
+  void Walk(StateGraph& graph, int32_t node, int32_t state, uint64_t* mask);
+  TokenMask ComputeMaskLocked(StateGraph& graph);
+
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  std::vector<int32_t> states_;      // states_[0]: initial; one more per accepted byte
+  std::vector<int32_t> token_ends_;  // size of states_ after each accepted token
+};
+
+}  // namespace tandem::grammar

@@ -1,0 +1,117 @@
+#include "common/grammar/state_graph.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tandem::grammar {
+namespace {
+
+constexpr int32_t kUnknown = -2;
+
+uint64_t Key(int32_t prod, int32_t dot, int32_t origin) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(prod)) << 40) ^
+         (static_cast<uint64_t>(static_cast<uint32_t>(dot)) << 28) ^
+         static_cast<uint64_t>(static_cast<uint32_t>(origin));
+}
+
+}  // namespace
+
+StateGraph::StateGraph(const Grammar* grammar) : g_(grammar) {
+  std::vector<Item> items;
+  for (int32_t p : g_->rule_productions[g_->root]) items.push_back({p, 0, kSelf});
+  Closure(&items);
+  Intern(std::move(items));
+}
+
+void StateGraph::Closure(std::vector<Item>* items) {
+  seen_.clear();
+  for (const Item& it : *items) seen_[Key(it.prod, it.dot, it.origin)] = true;
+  auto add = [&](const Item& it) {
+    if (seen_.emplace(Key(it.prod, it.dot, it.origin), true).second) items->push_back(it);
+  };
+  for (size_t i = 0; i < items->size(); ++i) {
+    const Item it = (*items)[i];
+    if (it.dot < g_->Length(it.prod)) {
+      const int32_t sym = g_->SymbolAt(it.prod, it.dot);
+      if (sym < 0) continue;
+      for (int32_t p : g_->rule_productions[sym]) add({p, 0, kSelf});
+      // Aycock-Horspool: a nullable rule may be skipped at once.
+      if (g_->nullable[sym]) add({it.prod, it.dot + 1, it.origin});
+      continue;
+    }
+    // An empty completion (origin kSelf) is covered by the nullable skip above.
+    if (it.origin == kSelf) continue;
+    const int32_t lhs = g_->productions[it.prod].lhs;
+    const int32_t o = it.origin;
+    for (const Item& w : states_[o].items) {
+      if (w.dot < g_->Length(w.prod) && g_->SymbolAt(w.prod, w.dot) == lhs) {
+        add({w.prod, w.dot + 1, w.origin == kSelf ? o : w.origin});
+      }
+    }
+  }
+}
+
+int32_t StateGraph::Intern(std::vector<Item> items) {
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    if (a.prod != b.prod) return a.prod < b.prod;
+    if (a.dot != b.dot) return a.dot < b.dot;
+    return a.origin < b.origin;
+  });
+  std::string key(items.size() * sizeof(Item), '\0');
+  if (!items.empty()) std::memcpy(key.data(), items.data(), key.size());
+  auto it = ids_.find(key);
+  if (it != ids_.end()) return it->second;
+  State s;
+  s.items = std::move(items);
+  for (const Item& i : s.items) {
+    if (i.dot < g_->Length(i.prod)) {
+      const int32_t sym = g_->SymbolAt(i.prod, i.dot);
+      if (sym < 0) s.next |= g_->terminals[~sym];
+    } else if (g_->productions[i.prod].lhs == g_->root &&
+               (i.origin == 0 || (i.origin == kSelf && states_.empty()))) {
+      s.accepting = true;
+    }
+  }
+  std::fill(std::begin(s.transitions), std::end(s.transitions), kUnknown);
+  const int32_t id = static_cast<int32_t>(states_.size());
+  states_.push_back(std::move(s));
+  ids_.emplace(std::move(key), id);
+  return id;
+}
+
+int32_t StateGraph::Step(int32_t state, uint8_t byte) {
+  int32_t t = states_[state].transitions[byte];
+  if (t != kUnknown) return t;
+  if (!states_[state].next.test(byte)) {
+    states_[state].transitions[byte] = kDead;
+    return kDead;
+  }
+  std::vector<Item> items;
+  for (const Item& it : states_[state].items) {
+    if (it.dot >= g_->Length(it.prod)) continue;
+    const int32_t sym = g_->SymbolAt(it.prod, it.dot);
+    if (sym < 0 && g_->terminals[~sym].test(byte)) {
+      items.push_back({it.prod, it.dot + 1, it.origin == kSelf ? state : it.origin});
+    }
+  }
+  Closure(&items);
+  t = items.empty() ? kDead : Intern(std::move(items));
+  states_[state].transitions[byte] = t;
+  return t;
+}
+
+bool StateGraph::LoopsOn(int32_t state, const ByteSet& bytes) {
+  if ((bytes & ~states_[state].next).any() || (bytes & states_[state].loop_no).any()) return false;
+  const ByteSet unknown = bytes & ~states_[state].loop_yes;
+  for (size_t b = unknown._Find_first(); b < unknown.size(); b = unknown._Find_next(b)) {
+    if (Step(state, static_cast<uint8_t>(b)) == state) {
+      states_[state].loop_yes.set(b);
+    } else {
+      states_[state].loop_no.set(b);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace tandem::grammar

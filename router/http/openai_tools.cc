@@ -1,0 +1,279 @@
+#include "router/http/openai_tools.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/grammar/json_schema.h"
+#include "common/grammar/regex_to_grammar.h"
+
+namespace tandem {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(const std::string& field, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+}
+
+std::string SchemaText(const Json& schema) { return schema.dump(); }
+
+}  // namespace
+
+absl::StatusOr<ToolCallOptions> ParseToolOptions(const Json& body) {
+  ToolCallOptions out;
+  if (auto it = body.find("functions"); it != body.end() && !it->is_null()) {
+    return Invalid("functions", "deprecated; use tools");
+  }
+  auto tools = body.find("tools");
+  const bool has_tools = tools != body.end() && !tools->is_null();
+  if (has_tools) {
+    if (!tools->is_array()) return Invalid("tools", "must be a list");
+    if (tools->size() > 128) return Invalid("tools", "at most 128");
+    std::set<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string field = absl::StrCat("tools[", i, "]");
+      if (!t.is_object() || t.value("type", Json()) != Json("function")) {
+        return Invalid(field + ".type", "only \"function\" tools are supported");
+      }
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object()) return Invalid(field + ".function", "is required");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || name->get<std::string>().empty()) {
+        return Invalid(field + ".function.name", "must be a non-empty string");
+      }
+      ToolCallOptions::Tool tool;
+      tool.name = name->get<std::string>();
+      if (!names.insert(tool.name).second) {
+        return Invalid(field + ".function.name", absl::StrCat("'", tool.name, "' given twice"));
+      }
+      tool.parameters = Json::object();
+      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
+        if (!p->is_object()) return Invalid(field + ".function.parameters", "must be an object");
+        tool.parameters = *p;
+      }
+      out.tools.push_back(std::move(tool));
+    }
+  }
+  if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Invalid("parallel_tool_calls", "must be true or false");
+    out.parallel = it->get<bool>();
+  }
+  auto choice = body.find("tool_choice");
+  const bool has_choice = choice != body.end() && !choice->is_null();
+  if (out.tools.empty()) {
+    if (has_choice && !(choice->is_string() && choice->get<std::string>() == "none")) {
+      return Invalid("tool_choice", "requires tools");
+    }
+    return out;
+  }
+  out.choice = ToolCallOptions::Choice::kAuto;  // OpenAI's default with tools
+  if (!has_choice) return out;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c == "none") {
+      out.choice = ToolCallOptions::Choice::kNone;
+    } else if (c == "auto") {
+      out.choice = ToolCallOptions::Choice::kAuto;
+    } else if (c == "required") {
+      out.choice = ToolCallOptions::Choice::kRequired;
+    } else {
+      return Invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
+    }
+    return out;
+  }
+  if (!choice->is_object() || choice->value("type", Json()) != Json("function") ||
+      !choice->contains("function") || !(*choice)["function"].is_object() ||
+      !(*choice)["function"].value("name", Json()).is_string()) {
+    return Invalid("tool_choice",
+                   "a named choice is {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}");
+  }
+  out.named = (*choice)["function"]["name"].get<std::string>();
+  bool found = false;
+  for (const auto& t : out.tools) found = found || t.name == out.named;
+  if (!found) return Invalid("tool_choice", absl::StrCat("no tool named '", out.named, "'"));
+  out.choice = ToolCallOptions::Choice::kNamed;
+  return out;
+}
+
+absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools) {
+  std::string rules;
+  std::string call = "call ::= \"{\\\"name\\\":\" ( ";
+  for (size_t i = 0; i < tools.tools.size(); ++i) {
+    const auto& t = tools.tools[i];
+    grammar::JsonSchemaOptions o;
+    o.prefix = absl::StrCat("t", i, "-");
+    o.include_base_rules = false;
+    auto g = grammar::JsonSchemaToGrammar(SchemaText(t.parameters), o);
+    if (!g.ok()) {
+      return Invalid(absl::StrCat("tools[", i, "].function.parameters"),
+                     std::string(g.status().message()));
+    }
+    absl::StrAppend(&rules, *g);
+    absl::StrAppend(&call, i ? " | " : "", grammar::GrammarLiteral(Json(t.name).dump()),
+                    " \",\\\"arguments\\\":\" ", o.prefix, "root");
+  }
+  absl::StrAppend(&call, " ) \"}\"\n");
+  // Parallel calls are bounded so a turn always ends: at most max(4, number of tools).
+  const size_t max_calls = std::max<size_t>(4, tools.tools.size());
+  const std::string root = tools.parallel ? absl::StrCat("root ::= \"[\" call ( \",\" call ){0,",
+                                                         max_calls - 1, "} \"]\"\n")
+                                          : "root ::= \"[\" call \"]\"\n";
+  return absl::StrCat(root, call, rules, grammar::JsonBaseRules());
+}
+
+absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& tools,
+                                     v1::OutputConstraint* c) {
+  int set = 0;
+  auto once = [&](const char* field) -> absl::Status {
+    if (++set > 1) {
+      return Invalid(field,
+                     "only one of response_format, guided_json, guided_regex, "
+                     "guided_grammar, guided_choice and a forced tool_choice may be given");
+    }
+    return absl::OkStatus();
+  };
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || !it->value("type", Json()).is_string()) {
+      return Invalid("response_format", "must be an object with a type");
+    }
+    const std::string type = (*it)["type"].get<std::string>();
+    if (type == "json_object") {
+      if (auto st = once("response_format"); !st.ok()) return st;
+      c->set_json_object(true);
+    } else if (type == "json_schema") {
+      auto js = it->find("json_schema");
+      if (js == it->end() || !js->is_object()) {
+        return Invalid("response_format.json_schema", "is required with type json_schema");
+      }
+      auto schema = js->find("schema");
+      if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
+        return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
+      }
+      if (auto st = once("response_format"); !st.ok()) return st;
+      c->set_json_schema(SchemaText(*schema));
+      bool strict = false;  // OpenAI's default
+      if (auto s = js->find("strict"); s != js->end() && !s->is_null()) {
+        if (!s->is_boolean())
+          return Invalid("response_format.json_schema.strict", "must be a bool");
+        strict = s->get<bool>();
+      }
+      c->set_strict(strict);
+    } else if (type != "text") {
+      return Invalid("response_format.type",
+                     "must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+  }
+  if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
+    if (auto st = once("guided_json"); !st.ok()) return st;
+    if (it->is_string()) {
+      c->set_json_schema(it->get<std::string>());
+    } else if (it->is_object() || it->is_boolean()) {
+      c->set_json_schema(SchemaText(*it));
+    } else {
+      return Invalid("guided_json", "must be a JSON Schema (object, boolean or string)");
+    }
+  }
+  for (const char* field : {"guided_regex", "guided_grammar"}) {
+    auto it = body.find(field);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_string()) return Invalid(field, "must be a string");
+    if (auto st = once(field); !st.ok()) return st;
+    if (std::string(field) == "guided_regex") {
+      c->set_regex(it->get<std::string>());
+    } else {
+      c->set_grammar(it->get<std::string>());
+    }
+  }
+  if (auto it = body.find("guided_choice"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty())
+      return Invalid("guided_choice", "must be a list of strings");
+    if (auto st = once("guided_choice"); !st.ok()) return st;
+    for (const Json& s : *it) {
+      if (!s.is_string() || s.get<std::string>().empty()) {
+        return Invalid("guided_choice", "must be a list of non-empty strings");
+      }
+      c->mutable_choice()->add_choices(s.get<std::string>());
+    }
+  }
+  if (tools.choice == ToolCallOptions::Choice::kRequired) {
+    if (auto st = once("tool_choice"); !st.ok()) return st;
+    auto g = RequiredToolCallGrammar(tools);
+    if (!g.ok()) return g.status();
+    c->set_grammar(*g);
+  } else if (tools.choice == ToolCallOptions::Choice::kNamed) {
+    if (auto st = once("tool_choice"); !st.ok()) return st;
+    for (const auto& t : tools.tools) {
+      if (t.name == tools.named) c->set_json_schema(SchemaText(t.parameters));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<ParsedToolCall>> ParseToolCalls(const ToolCallOptions& tools,
+                                                          const std::string& text) {
+  if (!tools.returns_calls()) return std::nullopt;
+  std::set<std::string> names;
+  for (const auto& t : tools.tools) names.insert(t.name);
+  if (tools.choice == ToolCallOptions::Choice::kNamed) {
+    Json args = Json::parse(text, nullptr, false);
+    if (args.is_discarded()) return std::nullopt;
+    return std::vector<ParsedToolCall>{{tools.named, args.dump()}};
+  }
+  std::string body = text;
+  auto trim = [](std::string s) {
+    const size_t a = s.find_first_not_of(" \t\r\n");
+    const size_t b = s.find_last_not_of(" \t\r\n");
+    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+  };
+  body = trim(body);
+  if (body.rfind("[TOOL_CALLS]", 0) == 0) body = trim(body.substr(12));
+  if (body.rfind("<tool_call>", 0) == 0) {
+    // One or more <tool_call>{...}</tool_call> blocks.
+    std::string joined = "[";
+    size_t pos = 0;
+    while ((pos = body.find("<tool_call>", pos)) != std::string::npos) {
+      const size_t end = body.find("</tool_call>", pos);
+      if (end == std::string::npos) return std::nullopt;
+      if (joined.size() > 1) joined += ",";
+      joined += body.substr(pos + 11, end - pos - 11);
+      pos = end + 12;
+    }
+    body = joined + "]";
+  }
+  Json parsed = Json::parse(body, nullptr, false);
+  if (parsed.is_discarded()) return std::nullopt;
+  if (parsed.is_object()) parsed = Json::array({parsed});
+  if (!parsed.is_array() || parsed.empty()) return std::nullopt;
+  std::vector<ParsedToolCall> calls;
+  for (const Json& call : parsed) {
+    if (!call.is_object() || !call.value("name", Json()).is_string()) return std::nullopt;
+    const std::string name = call["name"].get<std::string>();
+    if (!names.count(name)) return std::nullopt;
+    Json args =
+        call.contains("arguments") ? call["arguments"] : call.value("parameters", Json::object());
+    if (args.is_string()) {
+      Json inner = Json::parse(args.get<std::string>(), nullptr, false);
+      if (!inner.is_discarded()) args = inner;
+    }
+    calls.push_back({name, args.dump()});
+  }
+  return calls;
+}
+
+Json ToolCallsJson(const std::vector<ParsedToolCall>& calls, const std::string& id_base,
+                   bool stream) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json c = {{"id", absl::StrCat("call_", id_base, "_", i)},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (stream) c["index"] = static_cast<int64_t>(i);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace tandem

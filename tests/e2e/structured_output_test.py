@@ -1,0 +1,234 @@
+#!/usr/bin/python3
+"""Structured output end to end through `tandem serve` (router + disaggregated prefill and decode
+workers): JSON-schema constrained completions sampled at temperature 1 with several seeds always
+parse and validate with Ajv (an independent validator, tests/e2e/structured_output/validate.mjs);
+regex, choice and grammar constraints hold; malformed schemas, regexes and grammars get a 400 and
+the server keeps serving; tool calling through the official openai SDK
+(structured_output/tool_calls.mjs)."""
+import http.client
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from tandem_testlib import Cluster, check
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLIENTS = os.path.join(HERE, "structured_output")
+
+# Hand-written schemas in the shapes tool and extraction schemas take: nested objects, arrays
+# with bounds, enums, unions, $refs (recursive too), optional properties, tuples.
+S = {"type": "string", "maxLength": 8}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0}},
+     "required": ["name", "age"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": ["string", "null"], "maxLength": 5}},
+     "required": ["ok"]},
+    {"enum": ["red", "green", "blue", 7, None, True]},
+    {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 2, "maxItems": 4},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": S, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"x": {"const": 1}}, "required": ["x"]}]},
+    {"oneOf": [{"type": "null"}, {"type": "boolean"}]},
+    {"$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+        "v": {"enum": [1, 2]}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+        "required": ["v"]}}},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+                                      "qty": {"type": "integer", "exclusiveMinimum": 0}},
+     "required": ["id", "qty"]},
+    {"type": "array", "prefixItems": [{"type": "boolean"}, {"enum": ["x", "y"]}], "items": False},
+    {"type": "object", "properties": {"user": {"$ref": "#/definitions/user"},
+                                      "role": {"enum": ["admin", "guest"]}},
+     "required": ["user", "role"], "definitions": {"user": {"type": "object", "properties": {
+         "first": S, "last": S}, "required": ["first"]}}},
+    {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object",
+        "properties": {"c": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+        "required": ["c"]}}, "required": ["b"]}}, "required": ["a"]},
+    {"type": "string", "minLength": 2, "maxLength": 6},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date"},
+                                      "mood": {"enum": ["up", "down"]}}, "required": ["when", "mood"]},
+    {"type": "object", "properties": {"point": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                                 "minItems": 2, "maxItems": 2}}, "required": ["point"]},
+    {"type": "object", "properties": {"k": {"enum": ["v1", "v2"]}}, "required": ["k"],
+     "additionalProperties": {"type": "boolean"}},
+]
+SEEDS = [1, 2, 3, 4]
+# Debian's json-schema-test-suite (scripts/setup.sh installs it): every draft 4, 6 and 7 schema.
+SUITE = "/usr/share/json-schema-test-suite/tests"
+
+
+def suite_schemas():
+    import glob
+    seen, out = set(), []
+    for draft in ("draft7", "draft6", "draft4"):
+        for path in sorted(glob.glob(os.path.join(SUITE, draft, "*.json"))):
+            for group in json.load(open(path)):
+                key = json.dumps(group["schema"], sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((f"{draft}/{os.path.basename(path)}: {group['description']}",
+                                group["schema"]))
+    return out
+
+
+class HttpCluster(Cluster):
+    def __init__(self, build_dir, prefill, decode, *args):
+        tmp = tempfile.mkdtemp(prefix="tandem-so-")
+        port_file = os.path.join(tmp, "http_port")
+        super().__init__(build_dir, prefill, decode, "--http-port", "0", "--http-port-file",
+                         port_file, *args)
+        deadline = time.time() + 60
+        while not os.path.exists(port_file):
+            check(time.time() < deadline and self.proc.poll() is None, f"no HTTP port:\n{self.logs()}")
+            time.sleep(0.05)
+        self.http_port = int(open(port_file).read())
+
+
+def post(port, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", path, body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, json.loads(data)
+
+
+def node(script, stdin=None, *args):
+    return subprocess.run(["node", os.path.join(CLIENTS, script), *args], input=stdin,
+                          capture_output=True, text=True, timeout=600)
+
+
+def main(build_dir):
+    subprocess.run([os.path.join(CLIENTS, "install.sh")], check=True)
+    # chatml renders tool messages (the default llama-2 template insists on user/assistant turns).
+    with HttpCluster(build_dir, 1, 1, "--chat-template", "chatml") as server:
+        port = server.http_port
+        # 1. JSON Schema corpus, sampled: every completed output validates with Ajv.
+        cases, lengths = [], 0
+        for i, schema in enumerate(SCHEMAS):
+            for seed in SEEDS:
+                status, body = post(port, "/v1/completions", {
+                    "prompt": "Once upon a time", "max_tokens": 200, "temperature": 1.0,
+                    "seed": seed, "guided_json": schema})
+                check(status == 200, f"schema {i}: {status} {body}")
+                ch = body["choices"][0]
+                if ch["finish_reason"] == "length":
+                    lengths += 1
+                    print(f"schema {i} seed {seed} ran to max_tokens: {ch['text'][:80]!r}")
+                    continue
+                check(ch["finish_reason"] == "stop", f"schema {i}: {ch}")
+                cases.append({"schema": schema, "text": ch["text"]})
+        # Chat with response_format json_schema (strict) and json_object.
+        for seed in SEEDS:
+            status, body = post(port, "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Describe a cat as JSON."}],
+                "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "cat", "strict": True, "schema": SCHEMAS[0]}}})
+            check(status == 200, f"response_format: {status} {body}")
+            ch = body["choices"][0]
+            if ch["finish_reason"] == "stop":
+                cases.append({"schema": SCHEMAS[0], "text": ch["message"]["content"]})
+            status, body = post(port, "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Any JSON object."}],
+                "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_object"}})
+            check(status == 200, f"json_object: {status} {body}")
+            ch = body["choices"][0]
+            if ch["finish_reason"] == "stop":
+                cases.append({"schema": {"type": "object"}, "text": ch["message"]["content"]})
+        total = len(SCHEMAS) * len(SEEDS)
+        check(lengths <= total // 5, f"{lengths} of {total} outputs ran to max_tokens")
+        r = node("validate.mjs", json.dumps(cases))
+        check(r.returncode == 0, f"validate.mjs failed: {r.stderr}")
+        results = json.loads(r.stdout)
+        bad = [(c, v) for c, v in zip(cases, results) if not v["ok"]]
+        check(not bad, f"{len(bad)} outputs fail Ajv: {bad[:3]}")
+        print(f"ok: {len(cases)} sampled outputs of {len(SCHEMAS)} schemas validate with Ajv "
+              f"({lengths} ran to max_tokens)")
+
+        # 1b. The JSON-Schema-Test-Suite: what compiles must validate; the rest is refused with a
+        # 400 naming the keyword (the README lists what is refused).
+        suite = suite_schemas()
+        check(len(suite) >= 100, f"json-schema-test-suite: only {len(suite)} schemas")
+        suite_cases, refused, suite_lengths = [], 0, 0
+        for name, schema in suite:
+            for seed in (1, 2):
+                status, body = post(port, "/v1/completions", {
+                    "prompt": "Once", "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                    "guided_json": schema})
+                if status == 400:
+                    refused += 1
+                    check(body["error"]["message"], f"{name}: {body}")
+                    break
+                check(status == 200, f"{name}: {status} {body}")
+                ch = body["choices"][0]
+                if ch["finish_reason"] != "stop":
+                    suite_lengths += 1
+                    continue
+                suite_cases.append({"schema": schema, "text": ch["text"], "dialect": "draft7",
+                                    "name": name})
+        r = node("validate.mjs", json.dumps(suite_cases))
+        check(r.returncode == 0, f"validate.mjs failed: {r.stderr}")
+        bad = [(c["name"], c["text"], v["error"]) for c, v in zip(suite_cases, json.loads(r.stdout))
+               if not v["ok"]]
+        check(not bad, f"{len(bad)} suite outputs fail Ajv: {bad[:5]}")
+        print(f"ok: json-schema-test-suite: {len(suite)} schemas, {len(suite) - refused} compiled, "
+              f"{len(suite_cases)} sampled outputs validate with Ajv ({suite_lengths} ran to "
+              f"max_tokens), {refused} refused with a 400")
+
+        # 2. Regex, choice and grammar (vLLM guided_* fields).
+        for seed in SEEDS:
+            status, body = post(port, "/v1/completions", {
+                "prompt": "Call", "max_tokens": 40, "temperature": 1.0, "seed": seed,
+                "guided_regex": r"\(\d{3}\) \d{3}-\d{4}"})
+            check(status == 200 and re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", body["choices"][0]["text"]),
+                  f"regex: {body}")
+            status, body = post(port, "/v1/completions", {
+                "prompt": "Pick", "max_tokens": 20, "temperature": 1.0, "seed": seed,
+                "guided_choice": ["left", "right", "straight on"]})
+            check(status == 200 and body["choices"][0]["text"] in ("left", "right", "straight on"),
+                  f"choice: {body}")
+            status, body = post(port, "/v1/completions", {
+                "prompt": "Say", "max_tokens": 40, "temperature": 1.0, "seed": seed,
+                "guided_grammar": 'root ::= "The " ("cat" | "dog") " is " [a-z]{1,8} "."'})
+            check(status == 200 and re.fullmatch(r"The (cat|dog) is [a-z]{1,8}\.",
+                                                  body["choices"][0]["text"]), f"grammar: {body}")
+        print("ok: regex, choice and grammar constraints hold")
+
+        # 3. Bad input: a 400 naming the problem; the server keeps serving.
+        bombs = [
+            ("guided_json", {"type": "object", "not": {}}, "not"),
+            ("guided_json", {"$ref": "#/$defs/nowhere"}, "resolve"),
+            ("guided_json", json.loads("{" * 40 + "}" * 40) if False else
+             {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {}}}}, None),
+            ("guided_regex", "(unclosed", "regex"),
+            ("guided_regex", "(?=look)ahead", "regex"),
+            ("guided_grammar", "root ::= [a-", "grammar"),
+            ("guided_grammar", "root ::= root", "grammar"),
+            ("guided_grammar", 'root ::= "' + "x" * 300 + '"{1000}{1000}', None),
+            ("guided_json", {"enum": list(range(20000))}, "enum"),
+        ]
+        for field, value, needle in bombs:
+            status, body = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 4, field: value})
+            if needle is None:
+                continue  # accepted or refused, the server must just keep serving
+            check(status == 400, f"{field}={str(value)[:60]}: {status} {body}")
+            check(needle in body["error"]["message"], f"{field}: message {body['error']['message']}")
+        status, body = post(port, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+        check(status == 200, "still serving after bad constraints")
+        print(f"ok: {len(bombs)} malformed constraints refused; still serving")
+
+        # 4. Tool calling through the official openai SDK.
+        r = node("tool_calls.mjs", None, f"http://127.0.0.1:{port}/v1")
+        print(r.stdout)
+        check(r.returncode == 0, f"tool_calls.mjs failed:\n{r.stdout}\n{r.stderr}")
+    print("structured_output_test: all checks passed")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
