@@ -27,7 +27,12 @@
 # BENCH_REPS rounds (3), PEER_THREADS (2), PEER_PROMPT_LEN (128), PEER_OUTPUT_LEN (128),
 # PEER_PREFIX_LEN (512; 0 skips the case), PEER_PREFIX_CONC (4), PEER_CHECK (1: first check
 # that both greedy-decode the bf16 weights alike; 0 skips it).
-# Writes $BENCH_RESULTS/peer.{md,json}. The default sweep takes about an hour on two idle cores
+# PEER_LAYERS (the preset's own layer count: a model with that many layers instead, e.g. a
+# Mixtral-8x7B block shape with 1 layer), PEER_MEMBW (0; 1: measure the memory read bandwidth
+# with PEER_THREADS threads in each round, as decode_bandwidth.sh does, for the report's bytes
+# per token against the roofline), PEER_SECTION (peer: the report's name).
+# scripts/bench/peer_moe.sh runs this with a mixture-of-experts model.
+# Writes $BENCH_RESULTS/$PEER_SECTION.{md,json}. The default sweep takes about an hour on two idle cores
 # (llama-server's waves at concurrency 16 take a minute or more each). Run it on an idle
 # machine: llama.cpp's threads meet at a barrier after every graph operation, so its figures
 # fall far more than Tandem's when other jobs take the cores (the report flags a busy machine).
@@ -52,8 +57,17 @@ fi
 /usr/bin/python3 -c "import numpy" 2>/dev/null || {
   echo "peer.sh: /usr/bin/python3 needs numpy (apt-get install python3-numpy)" >&2; exit 1; }
 
-bench_init peer
+SECTION_NAME="${PEER_SECTION:-peer}"
+bench_init "$SECTION_NAME"
 PRESET="${PEER_PRESET:-llama-1b}"
+LAYERS="${PEER_LAYERS:-}"
+MEMBW_ON="${PEER_MEMBW:-0}"
+MEMBW="$BUILD_DIR/bin/membw"
+if [ "$MEMBW_ON" = 1 ] && [ ! -x "$MEMBW" ]; then
+  echo "peer.sh: build membw first (ninja -C $BUILD_DIR membw)" >&2; exit 1
+fi
+# The model's name in the cache: the preset, with its layer count when PEER_LAYERS is set.
+MODEL_NAME="$PRESET${LAYERS:+-l$LAYERS}"
 read -ra PAIRS <<<"${PEER_PAIRS:-int8:q8_0 bf16:f16 int4g32:q4_0}"
 read -ra CONC <<<"${PEER_CONC:-1 4 8 16}"
 REPS="${BENCH_REPS:-3}"
@@ -74,25 +88,30 @@ if [ -z "${LLAMA_CPP_COMMIT:-}" ] && [ -e "$PEER_SRC/.git" ]; then
 fi
 cat >"$WORK/settings.json" <<EOF
 {"reps": $REPS, "threads": $THREADS, "prompt_len": $PROMPT_LEN, "output_len": $OUTPUT_LEN,
- "prefix_len": $PREFIX_LEN, "prefix_conc": $PREFIX_CONC, "preset": "$PRESET",
+ "prefix_len": $PREFIX_LEN, "prefix_conc": $PREFIX_CONC, "preset": "$MODEL_NAME",
  "pairs": "${PAIRS[*]}", "peer_src": "$PEER_SRC", "peer_commit": "$PEER_COMMIT"}
 EOF
 printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
-# The invocation, with the settings that differ from the defaults, for the report.
-{
-  env | grep -E '^(PEER_[A-Z_]+|BENCH_REPS)=' | sort | sed -E "s/=(.*)/='\1'/" | tr '\n' ' '
-  echo "scripts/bench/peer.sh LLAMA_CPP_DIR"
-} >"$WORK/command.txt"
+# The invocation, with the settings that differ from the defaults, for the report (a wrapper
+# such as peer_moe.sh passes its own as PEER_COMMAND_LINE).
+if [ -n "${PEER_COMMAND_LINE:-}" ]; then
+  echo "$PEER_COMMAND_LINE" >"$WORK/command.txt"
+else
+  {
+    env | grep -E '^(PEER_[A-Z_]+|BENCH_REPS)=' | sort | sed -E "s/=(.*)/='\1'/" | tr '\n' ' '
+    echo "scripts/bench/peer.sh LLAMA_CPP_DIR"
+  } >"$WORK/command.txt"
+fi
 CLIENT=(/usr/bin/python3 "$ROOT/scripts/bench/peer_client.py")
 CLIENT_NAME=(/usr/bin/python3 scripts/bench/peer_client.py)
 
 # ensure_gguf TYPE -> prints the peer's model file of TYPE (bf16, f16, q8_0, q4_0), made once.
 ensure_gguf() {
-  local type="$1" dir="$MODEL_CACHE/$PRESET-gguf"
+  local type="$1" dir="$MODEL_CACHE/$MODEL_NAME-gguf"
   local file="$dir/$type.gguf"
   mkdir -p "$dir"
   if [ ! -f "$dir/bf16.gguf" ]; then
-    log "exporting $PRESET to $dir/bf16.gguf"
+    log "exporting $MODEL_NAME to $dir/bf16.gguf"
     record "gguf export" /usr/bin/python3 scripts/bench/peer_gguf.py "$MODEL" "$PEER_SRC" \
       "$dir/bf16.gguf"
     /usr/bin/python3 "$ROOT/scripts/bench/peer_gguf.py" "$MODEL" "$PEER_SRC" \
@@ -232,11 +251,34 @@ run_pair() {
   stop_peer "$LAST_PID"
 }
 
-MODEL="$(ensure_model "$PRESET")"
+# ensure_layers_model -> the model directory of PRESET with LAYERS layers (made once, bf16).
+ensure_layers_model() {
+  local dir="$MODEL_CACHE/$MODEL_NAME-bf16"
+  if [ ! -f "$dir/config.json" ]; then
+    log "making random $PRESET with $LAYERS layer(s) (bf16) in $dir"
+    rm -rf "$dir.tmp"
+    "$TANDEM" make-model --preset "$PRESET" --layers "$LAYERS" --dtype bf16 --out "$dir.tmp" >&2
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+
+if [ -n "$LAYERS" ]; then
+  MODEL="$(ensure_layers_model)"
+  record "model" tandem make-model --preset "$PRESET" --layers "$LAYERS" --dtype bf16 --out DIR
+else
+  MODEL="$(ensure_model "$PRESET")"
+fi
 for pair in "${PAIRS[@]}"; do ensure_gguf "${pair#*:}" >/dev/null; done
 [ "${PEER_CHECK:-1}" = 0 ] || check_same_weights
 for rep in $(seq 1 "$REPS"); do
+  if [ "$MEMBW_ON" = 1 ]; then
+    [ "$rep" = 1 ] && record "memory read bandwidth" "$MEMBW" 1024 10 "$THREADS"
+    "$MEMBW" 1024 10 "$THREADS" >"$WORK/membw.$rep.txt"
+    log "membw: $(grep -o 'median [0-9.]* GB/s' "$WORK/membw.$rep.txt")"
+  fi
   for pair in "${PAIRS[@]}"; do run_pair "${pair%%:*}" "${pair#*:}" "$rep"; done
 done
-render peer "$WORK" "$BENCH_RESULTS"
-log "wrote $BENCH_RESULTS/peer.md"
+echo "$MODEL" >"$WORK/model_dir.txt"
+render "$SECTION_NAME" "$WORK" "$BENCH_RESULTS"
+log "wrote $BENCH_RESULTS/$SECTION_NAME.md"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a Tandem (Hugging Face layout) Llama model as a BF16 GGUF file for llama.cpp.
+"""Writes a Tandem (Hugging Face layout) Llama or Mixtral model as a BF16 GGUF file for llama.cpp.
 
   peer_gguf.py MODEL_DIR LLAMA_CPP_SRC OUT.gguf
 
@@ -16,7 +16,11 @@ What the GGUF needs beyond the tensors, done as llama.cpp's Hugging Face convert
   - llama3 rope scaling is a per-frequency factor tensor (rope_freqs);
   - the vocabulary is the sentencepiece-style token list of tokenizer.json with token types.
     Scores only steer llama.cpp's tokenizer, and the benchmark sends token ids, so they are a
-    plain rank order.
+    plain rank order;
+  - Mixtral is llama.cpp's llama architecture with expert_count / expert_used_count: each
+    layer's experts are stacked into one 3-D tensor per projection (w1 -> ffn_gate_exps,
+    w2 -> ffn_down_exps, w3 -> ffn_up_exps, [experts, out, in]) and the router
+    (block_sparse_moe.gate -> ffn_gate_inp) is kept as f32, as the converter's output has it.
 """
 
 import json
@@ -140,14 +144,38 @@ def add_vocab(gguf, writer, model_dir, vocab_size):
     writer.add_token_types(types_)
 
 
+def stack_experts(tensors, n_layers, n_experts):
+    """Each layer's experts.{e}.w{1,2,3} become one layers.{bid}.feed_forward.experts.w{1,2,3}
+    tensor [experts, out, in] (the merged names llama.cpp's tensor map knows), in bf16 bits."""
+    if not n_experts:
+        return tensors
+    out = {}
+    for bid in range(n_layers):
+        for wid in ("w1", "w2", "w3"):
+            parts = []
+            for xid in range(n_experts):
+                dtype, shape, raw = tensors.pop(
+                    f"model.layers.{bid}.block_sparse_moe.experts.{xid}.{wid}.weight")
+                parts.append(as_bf16_bits(dtype, shape, raw))
+            stacked = np.stack(parts)
+            out[f"layers.{bid}.feed_forward.experts.{wid}.weight"] = (
+                "BF16", list(stacked.shape), stacked.reshape(-1).view(np.uint8))
+    leftover = [n for n in tensors if ".experts." in n]
+    if leftover:
+        sys.exit(f"peer_gguf.py: experts beyond num_local_experts: {leftover[:3]}")
+    out.update(tensors)
+    return out
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     model_dir, llama_cpp_src, out_path = sys.argv[1:]
     gguf = load_gguf_module(llama_cpp_src)
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    if config.get("model_type") != "llama":
-        sys.exit(f"peer_gguf.py: only llama models, not {config.get('model_type')}")
+    if config.get("model_type") not in ("llama", "mixtral"):
+        sys.exit(f"peer_gguf.py: only llama and mixtral models, not {config.get('model_type')}")
+    n_experts = config.get("num_local_experts", 0) if config["model_type"] == "mixtral" else 0
     n_layers = config["num_hidden_layers"]
     n_heads = config["num_attention_heads"]
     n_kv_heads = config.get("num_key_value_heads", n_heads)
@@ -167,6 +195,9 @@ def main():
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(config.get("rms_norm_eps", 1e-5))
+    if n_experts:
+        writer.add_expert_count(n_experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
     add_vocab(gguf, writer, model_dir, vocab_size)
     writer.add_bos_token_id(config.get("bos_token_id", 1))
@@ -183,6 +214,7 @@ def main():
     tensors = safetensors_tensors(model_dir)
     if "lm_head.weight" not in tensors:  # tied embeddings: the peer gets its own copy
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    tensors = stack_experts(tensors, n_layers, n_experts)
     for hf_name, (dtype, shape, raw) in tensors.items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
@@ -192,7 +224,7 @@ def main():
             bits = interleave_rotary_halves(bits, n_heads)
         elif hf_name.endswith("k_proj.weight"):
             bits = interleave_rotary_halves(bits, n_kv_heads)
-        if len(shape) == 1:
+        if len(shape) == 1 or hf_name.endswith("block_sparse_moe.gate.weight"):
             writer.add_tensor(name, bf16_to_f32(bits))
         else:
             raw_bytes = np.ascontiguousarray(bits).view(np.uint8)

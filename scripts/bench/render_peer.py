@@ -10,7 +10,7 @@ import json
 import os
 import re
 
-from benchfmt import commands_block, fmt, median, spread, table, write
+from benchfmt import commands_block, fmt, median, pct, spread, table, write
 
 TANDEM_NAMES = {"bf16": "bf16", "int8": "int8 (per channel)"}
 
@@ -56,12 +56,106 @@ def cell(runs, tkey, pkey, field):
     return f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x, {spread(rs)})"
 
 
+def matrix_bytes(fmt_, n, k):
+    """Bytes one [n, k] weight matrix takes in Tandem's format fmt_ (common/base/quant.h):
+    int8 one byte a weight + one f32 scale a row; int4 gG half a byte a weight + an f32 scale and
+    zero per row and group; bf16 two bytes a weight."""
+    m = re.match(r"int4g(\d+)$", fmt_)
+    if m:
+        g = int(m.group(1))
+        return n * (k + 31) // 32 * 16 + 8 * n * ((k + g - 1) // g)
+    if fmt_ == "int8":
+        return n * ((k + 3) // 4 * 4) + 4 * n
+    return 2 * n * k
+
+
+def active_bytes_per_token(model_dir, fmt_):
+    """Weight bytes one decoded token reads in Tandem (as Model::decode_weight_bytes counts
+    them): every layer's attention projections, its f32 router and num_experts_per_tok experts'
+    three projections, the LM head, and one row of the bf16 input embedding; norms and the KV
+    cache (short sequences here) are left out."""
+    c = json.load(open(os.path.join(model_dir, "config.json")))
+    h, heads = c["hidden_size"], c["num_attention_heads"]
+    kv, hd = c.get("num_key_value_heads", heads), c.get("head_dim", h // heads)
+    experts = c.get("num_local_experts", c.get("num_experts", 0))
+    ef = c.get("moe_intermediate_size", c["intermediate_size"])
+    layer = (matrix_bytes(fmt_, heads * hd, h) + 2 * matrix_bytes(fmt_, kv * hd, h)
+             + matrix_bytes(fmt_, h, heads * hd))
+    if experts:
+        layer += 4 * experts * h + c["num_experts_per_tok"] * (
+            2 * matrix_bytes(fmt_, ef, h) + matrix_bytes(fmt_, h, ef))
+    else:
+        layer += 2 * matrix_bytes(fmt_, ef, h) + matrix_bytes(fmt_, h, ef)
+    return c["num_hidden_layers"] * layer + matrix_bytes(fmt_, c["vocab_size"], h) + 2 * h
+
+
+def membw_runs(work):
+    runs = []
+    for path in sorted(glob.glob(os.path.join(work, "membw.*.txt"))):
+        m = re.search(r"median ([\d.]+) GB/s", open(path).read())
+        if m:
+            runs.append(float(m.group(1)))
+    return runs
+
+
+def moe_section(work, settings, runs, pairs, concs, summary):
+    """Decode tokens/s at each concurrency (C / TPOT: prefill left out) beside the peer's, and
+    Tandem's batch-1 weight bytes per token against the memory-bandwidth roofline."""
+    model_dir = read_optional(work, "model_dir.txt")
+    bw_runs = membw_runs(work)
+    bw = median(bw_runs)
+    threads = settings["threads"]
+    rows_dec, rows_roof = [], []
+    for tf, pf in pairs:
+        label = f"{tandem_name(tf)} / {pf}"
+        row = [label]
+        for c in concs:
+            tkey, pkey = ("tandem", tf, c), ("peer", pf, c)
+            dec = {k: {r: c * 1e3 / w["tpot_ms_median"] for r, w in runs.get(k, {}).items()
+                       if w.get("tpot_ms_median")} for k in (tkey, pkey)}
+            tv, pv = median(dec[tkey].values()), median(dec[pkey].values())
+            rs = [dec[tkey][r] / dec[pkey][r] for r in sorted(dec[tkey]) if r in dec[pkey]]
+            row.append("-" if tv is None or pv is None else
+                       f"{fmt(tv)} / {fmt(pv)} ({fmt(median(rs))}x"
+                       + (f", {spread(rs)})" if len(rs) > 1 else ")"))
+            summary["pairs"][f"{tf}:{pf}"][str(c)]["decode_tokens_per_s"] = {
+                "tandem": tv, "peer": pv, "ratio_median": median(rs), "ratios": rs}
+        rows_dec.append(row)
+        if model_dir and bw:
+            per_token = active_bytes_per_token(model_dir, tf)
+            tpot = figure(runs, ("tandem", tf, 1), "tpot_ms_median")
+            rate = 1e3 / tpot if tpot else None
+            roof = bw * 1e9 / per_token
+            frac = rate / roof if rate else None
+            rows_roof.append([tandem_name(tf), f"{per_token / 1e6:.0f} MB", fmt(rate),
+                              fmt(per_token * rate / 1e9) if rate else "n/a", fmt(bw),
+                              fmt(roof), pct(frac)])
+            summary["pairs"][f"{tf}:{pf}"]["roofline"] = {
+                "bytes_per_token": per_token, "decode_tokens_per_s": rate, "membw_gbps": bw,
+                "membw_runs": bw_runs, "roofline_tokens_per_s": roof, "fraction": frac}
+    md = ("\n### Decode tokens/s by concurrency, prefill left out (higher is better)\n\n"
+          "C / TPOT (the wave's median time per output token): the rate the C sequences "
+          "decode at together once their prompts are in.\n\n")
+    md += table(["Tandem / peer weights"] + [f"c={c}" for c in concs], rows_dec) + "\n"
+    if rows_roof:
+        md += ("\n### Batch 1 against the memory-bandwidth roofline (Tandem)\n\n"
+               "Weights read per token: the active parameters in Tandem's format (attention, the "
+               "f32 router, the top-k experts' three projections, the LM head and one "
+               "embedding row; the KV cache is negligible at these lengths). Roofline = memory "
+               f"read bandwidth (`membw`, 1 GiB buffer, {threads} threads, median of the "
+               f"rounds: {spread(bw_runs)} GB/s) / bytes per token; decode tok/s = 1000 / TPOT "
+               "at c=1.\n\n")
+        md += table(["Tandem weights", "weights read / token", "decode tok/s", "streamed GB/s",
+                     "membw GB/s", "roofline tok/s", "of roofline"], rows_roof) + "\n"
+    return md
+
+
 def read_optional(work, name):
     path = os.path.join(work, name)
     return open(path).read().strip() if os.path.exists(path) else ""
 
 
-def render_peer(work, outdir):
+def render_peer(work, outdir, section="peer"):
     settings = json.load(open(os.path.join(work, "settings.json")))
     machine = open(os.path.join(work, "machine.txt")).read().strip()
     tandem = open(os.path.join(work, "tandem.txt")).read().strip()
@@ -72,8 +166,12 @@ def render_peer(work, outdir):
     with open("/proc/loadavg") as f:
         load_end = " ".join(f.read().split()[:3])
 
-    md = ("## Tandem beside llama.cpp's server\n\n"
-          f"Produced by `scripts/bench/peer.sh` ({settings['reps']} round(s); in each round, per "
+    moe = section == "peer_moe"
+    script = "scripts/bench/peer_moe.sh" if moe else "scripts/bench/peer.sh"
+    title = ("Mixture of experts: Tandem beside llama.cpp's server" if moe
+             else "Tandem beside llama.cpp's server")
+    md = (f"## {title}\n\n"
+          f"Produced by `{script}` ({settings['reps']} round(s); in each round, per "
           "pair, one Tandem server then one llama-server, never both at once). Machine: "
           f"{machine}; load average {load_end} at the end.")
     note = read_optional(work, "note.txt")
@@ -135,6 +233,8 @@ def render_peer(work, outdir):
     md += table(["Tandem / peer weights", "TPOT ms, c=1", "TTFT ms, c=1"], rows_tpot) + "\n"
     md += "\n### Aggregate output tokens/s by concurrency (higher is better)\n\n"
     md += table(["Tandem / peer weights"] + [f"c={c}" for c in concs], rows_tps) + "\n"
+    if moe:
+        md += moe_section(work, settings, runs, pairs, concs, summary)
     md += "\n### Time to first token (ms) by concurrency (lower is better)\n\n"
     md += table(["Tandem / peer weights"] + [f"c={c}" for c in concs], rows_ttft) + "\n"
     if rows_prefix:
@@ -149,5 +249,5 @@ def render_peer(work, outdir):
         md += f"\nReproduce: `{command}`\n"
     md += "\n" + commands_block(work, tandem).replace(settings["peer_src"], "$LLAMA_CPP_DIR")
     md += "\n"
-    write(outdir, "peer", md, summary)
+    write(outdir, section, md, summary)
 

@@ -5,8 +5,8 @@
 # section from the new <section>.md.
 #   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 35 minutes)
 #   scripts/bench/run_all.sh batching disagg            # some sections
-# Section peer runs llama.cpp's server beside Tandem and needs LLAMA_CPP_DIR (a llama.cpp build,
-# see scripts/bench/peer.sh); without it the section is skipped.
+# Sections peer and peer_moe run llama.cpp's server beside Tandem and need LLAMA_CPP_DIR (a
+# llama.cpp build, see scripts/bench/peer.sh); without it they are skipped.
 # BENCH_NO_BUILD=1 skips building tandem, membw, kvtransfer_bench and quant_bench first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -15,19 +15,19 @@ export BUILD_DIR
 RESULTS="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
 export BENCH_RESULTS="$RESULTS"
 sections=("$@")
-[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative quantization serve_curve peer)
+[ ${#sections[@]} -gt 0 ] || sections=(decode_bandwidth batching disagg speculative quantization serve_curve peer peer_moe)
 
 if [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
   ninja -C "$BUILD_DIR" tandem membw kvtransfer_bench quant_bench
 fi
 for s in "${sections[@]}"; do
   echo "=== $s ===" >&2
-  if [ "$s" = peer ]; then
+  if [ "$s" = peer ] || [ "$s" = peer_moe ]; then
     if [ -z "${LLAMA_CPP_DIR:-}" ]; then
-      echo "peer: skipped, no llama.cpp given (LLAMA_CPP_DIR=<llama.cpp build>, see peer.sh)" >&2
+      echo "$s: skipped, no llama.cpp given (LLAMA_CPP_DIR=<llama.cpp build>, see peer.sh)" >&2
       continue
     fi
-    "$ROOT/scripts/bench/peer.sh" "$LLAMA_CPP_DIR"
+    "$ROOT/scripts/bench/$s.sh" "$LLAMA_CPP_DIR"
   else
     "$ROOT/scripts/bench/$s.sh"
   fi
