@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 from http_api_test import HttpServer
-from tandem_testlib import check, load_stubs, worker_stats
+from tandem_testlib import check, load_stubs, serve_stats
 
 import grpc
 
@@ -304,7 +304,8 @@ def main():
 
         stop = multiprocessing.Event()
         results = multiprocessing.Queue()
-        attacker = multiprocessing.Process(target=Attack(port, stop).run, args=(results,))
+        attacker = multiprocessing.Process(target=Attack(port, stop).run, args=(results,),
+                                           daemon=True)
         attacker.start()
         stalled = start_stalled_streams(port)
         time.sleep(1.0)  # let every hostile connection open
@@ -324,7 +325,7 @@ def main():
                 cut = sum(m.get(f'tandem_http_timeouts_total{{kind="{k}"}}', 0) -
                           m0.get(f'tandem_http_timeouts_total{{kind="{k}"}}', 0)
                           for k in ("write", "buffer_overflow"))
-                if cut >= STALLED_SSE and worker_stats(stubs, channel).running == 0:
+                if cut >= STALLED_SSE and serve_stats(stubs, channel).running == 0:
                     cut_at = time.monotonic()
                     print(f"stalled streams cut and cancelled after {cut_at - t_start:.1f} s; "
                           f"meanwhile {len(shared)} completions, p99 {p99(shared) * 1000:.1f} ms "
@@ -364,7 +365,7 @@ def main():
         # The stalled streams were cut and their generations cancelled: the worker is idle.
         deadline = time.time() + 30
         while time.time() < deadline:
-            stats = worker_stats(stubs, channel)
+            stats = serve_stats(stubs, channel)
             if stats.running == 0 and stats.waiting == 0 and stats.kv_blocks_used == 0:
                 break
             time.sleep(0.2)
