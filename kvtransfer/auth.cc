@@ -5,10 +5,8 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "common/base/secret_file.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -37,18 +35,7 @@ std::string Hmac(absl::string_view secret, absl::string_view label, absl::string
 }  // namespace
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("kv secret file ", path, " cannot be read"));
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string secret = s.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.size() < kMinSecretBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("kv secret file ", path, " holds ",
-                                                   secret.size(), " bytes; at least ",
-                                                   kMinSecretBytes, " are needed"));
-  }
-  return secret;
+  return ReadSecretFromFile(path, "kv secret", kMinSecretBytes);
 }
 
 absl::StatusOr<std::string> NewNonce() {

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/unicode.h"
 
 namespace tandem::grammar {
 namespace {
@@ -130,7 +131,7 @@ class Parser {
         }
         uint32_t cp;
         if (auto st = Char(&cp); !st.ok()) return st;
-        AppendUtf8(cp, &lit);
+        unicode::AppendUtf8(static_cast<char32_t>(cp), &lit);
       }
       *out = b_.Literal(lit);
       return absl::OkStatus();
@@ -348,24 +349,6 @@ class Parser {
     if (v > 0x10FFFF) return Error("code point out of range");
     *cp = v;
     return absl::OkStatus();
-  }
-
-  static void AppendUtf8(uint32_t cp, std::string* out) {
-    if (cp < 0x80) {
-      out->push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else if (cp < 0x10000) {
-      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
   }
 
   std::string_view text_;

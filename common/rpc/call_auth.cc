@@ -5,14 +5,12 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/secret_file.h"
 
 namespace tandem {
 namespace {
@@ -99,19 +97,7 @@ CallCheck RequireInternalToken(std::string secret, absl::Duration window) {
 }
 
 absl::StatusOr<std::string> ReadClusterSecretFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return absl::NotFoundError(absl::StrCat("cluster secret file ", path, " cannot be read"));
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string secret = s.str();
-  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.size() < kMinClusterSecretBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("cluster secret file ", path, " holds ",
-                                                   secret.size(), " bytes; at least ",
-                                                   kMinClusterSecretBytes, " are needed"));
-  }
-  return secret;
+  return ReadSecretFromFile(path, "cluster secret", kMinClusterSecretBytes);
 }
 
 absl::StatusOr<std::string> NewClusterSecret() {
