@@ -3,10 +3,15 @@
 //  2. mask time per generated token on real tokenizers (cache hits and misses together);
 //  3. engine decode tokens/s with a JSON-schema constraint versus none, batch 1 and 16.
 // Usage: grammar_bench [model_dir] [json-schema-test-suite tests dir]
+//        grammar_bench --decode model_dir [rounds] [max_tokens]
+//   (only part 3 with one engine, the realistic nested schema, none and json alternating for
+//   `rounds` rounds at batch 1 and 16, medians; then the mask time per token replaying the
+//   constrained outputs through a cold mask cache)
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -140,10 +145,110 @@ void DecodeRate(const std::string& model_dir, int batch, bool constrained) {
               constrained ? "json" : "none", tokens / s, static_cast<long long>(tokens));
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One timed run on an existing engine: tokens/s; the constrained outputs go to `outputs`.
+double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, int round,
+                std::vector<std::vector<int32_t>>* outputs) {
+  static int next_id = 0;
+  std::vector<std::string> ids;
+  for (int i = 0; i < batch; ++i) {
+    tandem::EngineRequest r;
+    r.id = std::to_string(next_id++);
+    ids.push_back(r.id);
+    r.prompt = {1, static_cast<int32_t>(10 + i), 20, 30};
+    r.params.max_tokens = max_tokens;
+    r.params.temperature = 1.0f;
+    r.params.seed = round * 1000 + i;
+    r.params.ignore_eos = true;
+    if (constrained) {
+      r.params.constraint.kind = tandem::grammar::Constraint::Kind::kJsonSchema;
+      r.params.constraint.value = kSchema;
+    }
+    (void)e.AddRequest(r);
+  }
+  std::vector<std::vector<int32_t>> out(batch);
+  int64_t tokens = 0;
+  auto t0 = Clock::now();
+  while (e.HasWork()) {
+    for (const auto& u : e.Step()) {
+      tokens += static_cast<int64_t>(u.new_tokens.size());
+      const size_t k = std::find(ids.begin(), ids.end(), u.request_id) - ids.begin();
+      if (k < out.size()) out[k].insert(out[k].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+  }
+  const double s = Ms(Clock::now() - t0) / 1000;
+  if (constrained && outputs != nullptr) outputs->insert(outputs->end(), out.begin(), out.end());
+  return tokens / s;
+}
+
+int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens) {
+  tandem::EngineBuildOptions b;
+  b.model_dir = model_dir;
+  b.num_kv_blocks = 2048;
+  b.show_progress = false;
+  auto built = tandem::BuildEngine(b);
+  if (!built.ok()) {
+    std::fprintf(stderr, "%s\n", built.status().ToString().c_str());
+    return 1;
+  }
+  tandem::Engine& e = *built->engine;
+  const std::string name = std::filesystem::path(model_dir).filename().string();
+  std::vector<std::vector<int32_t>> outputs;
+  for (int batch : {1, 16}) {
+    std::vector<double> none, json;
+    TimedRun(e, batch, false, 8, -1, nullptr);  // warm-up
+    for (int round = 0; round < rounds; ++round) {
+      none.push_back(TimedRun(e, batch, false, max_tokens, round, nullptr));
+      json.push_back(TimedRun(e, batch, true, max_tokens, round, &outputs));
+    }
+    const double n = Median(none), j = Median(json);
+    std::printf(
+        "decode %-16s batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
+        "(json %+.1f%%)\n",
+        name.c_str(), batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
+  }
+  // Mask time per token: the constrained outputs replayed through a fresh (cold) mask cache and
+  // then again warm.
+  auto tok = tandem::Tokenizer::FromModelDir(model_dir);
+  if (!tok.ok()) return 1;
+  auto vocab = *tandem::grammar::TokenVocab::FromTokenizer(**tok);
+  tandem::grammar::GrammarCompiler compiler(vocab);
+  tandem::grammar::Constraint c;
+  c.kind = tandem::grammar::Constraint::Kind::kJsonSchema;
+  c.value = kSchema;
+  auto g = compiler.Compile(c);
+  if (!g.ok()) return 1;
+  for (const char* pass : {"cold cache", "warm cache"}) {
+    double total = 0;
+    int64_t n = 0;
+    for (const auto& out : outputs) {
+      tandem::grammar::GrammarMatcher m(*g);
+      for (int32_t t : out) {
+        auto t0 = Clock::now();
+        m.NextTokenMask();
+        total += Ms(Clock::now() - t0);
+        ++n;
+        if (!m.AcceptToken(t)) break;
+      }
+    }
+    std::printf("mask per token, %-16s (%d tokens, %lld masks, %s): %.1f us\n", name.c_str(),
+                vocab->size(), static_cast<long long>(n), pass, n ? 1000 * total / n : 0.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string root = TANDEM_SOURCE_DIR;
+  if (argc > 2 && std::string(argv[1]) == "--decode") {
+    return DecodeSideBySide(argv[2], argc > 3 ? std::atoi(argv[3]) : 3,
+                            argc > 4 ? std::atoi(argv[4]) : 32);
+  }
   const std::string model = argc > 1 ? argv[1] : root + "/models/stories260k";
   const std::string suite = argc > 2 ? argv[2] : "/usr/share/json-schema-test-suite/tests";
   auto tok = tandem::Tokenizer::FromModelDir(model);
