@@ -3,7 +3,7 @@
 //  2. mask time per generated token on real tokenizers (cache hits and misses together);
 //  3. engine decode tokens/s with a JSON-schema constraint versus none, batch 1 and 16.
 // Usage: grammar_bench [model_dir] [json-schema-test-suite tests dir]
-//        grammar_bench --decode model_dir [rounds] [max_tokens]
+//        grammar_bench --decode model_dir [rounds] [max_tokens] [temperature (0: greedy)]
 //   (only part 3 with one engine, the realistic nested schema, none and json alternating for
 //   `rounds` rounds at batch 1 and 16, medians; then the mask time per token replaying the
 //   constrained outputs through a cold mask cache)
@@ -151,8 +151,8 @@ double Median(std::vector<double> v) {
 }
 
 // One timed run on an existing engine: tokens/s; the constrained outputs go to `outputs`.
-double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, int round,
-                std::vector<std::vector<int32_t>>* outputs) {
+double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, float temperature,
+                int round, std::vector<std::vector<int32_t>>* outputs) {
   static int next_id = 0;
   std::vector<std::string> ids;
   for (int i = 0; i < batch; ++i) {
@@ -161,7 +161,7 @@ double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, 
     ids.push_back(r.id);
     r.prompt = {1, static_cast<int32_t>(10 + i), 20, 30};
     r.params.max_tokens = max_tokens;
-    r.params.temperature = 1.0f;
+    r.params.temperature = temperature;
     r.params.seed = round * 1000 + i;
     r.params.ignore_eos = true;
     if (constrained) {
@@ -185,7 +185,7 @@ double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, 
   return tokens / s;
 }
 
-int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens) {
+int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, float temperature) {
   tandem::EngineBuildOptions b;
   b.model_dir = model_dir;
   b.num_kv_blocks = 2048;
@@ -200,14 +200,14 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens) {
   std::vector<std::vector<int32_t>> outputs;
   for (int batch : {1, 16}) {
     std::vector<double> none, json;
-    TimedRun(e, batch, false, 8, -1, nullptr);  // warm-up
+    TimedRun(e, batch, false, 8, temperature, -1, nullptr);  // warm-up
     for (int round = 0; round < rounds; ++round) {
-      none.push_back(TimedRun(e, batch, false, max_tokens, round, nullptr));
-      json.push_back(TimedRun(e, batch, true, max_tokens, round, &outputs));
+      none.push_back(TimedRun(e, batch, false, max_tokens, temperature, round, nullptr));
+      json.push_back(TimedRun(e, batch, true, max_tokens, temperature, round, &outputs));
     }
     const double n = Median(none), j = Median(json);
     std::printf(
-        "decode %-16s batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
+        "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
         "(json %+.1f%%)\n",
         name.c_str(), batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
   }
@@ -247,7 +247,8 @@ int main(int argc, char** argv) {
   const std::string root = TANDEM_SOURCE_DIR;
   if (argc > 2 && std::string(argv[1]) == "--decode") {
     return DecodeSideBySide(argv[2], argc > 3 ? std::atoi(argv[3]) : 3,
-                            argc > 4 ? std::atoi(argv[4]) : 32);
+                            argc > 4 ? std::atoi(argv[4]) : 32,
+                            argc > 5 ? std::atof(argv[5]) : 0.0f);
   }
   const std::string model = argc > 1 ? argv[1] : root + "/models/stories260k";
   const std::string suite = argc > 2 ? argv[2] : "/usr/share/json-schema-test-suite/tests";
