@@ -209,7 +209,7 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
     std::printf(
         "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
         "(json %+.1f%%)\n",
-        name.c_str(), batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
+        name.c_str(), temperature, batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
   }
   // Mask time per token: the constrained outputs replayed through a fresh (cold) mask cache and
   // then again warm.
