@@ -50,13 +50,19 @@ void Engine::ApplyGrammarMask(Sequence* seq, float* logits) {
   const int32_t masked_vocab = seq->matcher->compiled().vocab().size();
   const uint64_t* bits = mask->data();
   bool any = false;
+  // Word at a time: a refused word is one fill, a partial word visits only its refused bits.
   for (int32_t w = 0; w * 64 < masked_vocab; ++w) {
     const uint64_t word = bits[w];
-    if (word != 0) any = true;
-    if (word == ~uint64_t{0}) continue;
-    const int32_t end = std::min(masked_vocab, (w + 1) * 64);
-    for (int32_t id = w * 64; id < end; ++id) {
-      if (((word >> (id - w * 64)) & 1) == 0) logits[id] = kNegInf;
+    const int32_t base = w * 64;
+    const int32_t n = std::min(64, masked_vocab - base);
+    const uint64_t in_range = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    if (word == 0) {
+      std::fill(logits + base, logits + base + n, kNegInf);
+      continue;
+    }
+    any = true;
+    for (uint64_t refused = ~word & in_range; refused != 0; refused &= refused - 1) {
+      logits[base + __builtin_ctzll(refused)] = kNegInf;
     }
   }
   for (int64_t id = masked_vocab; id < vocab_size_; ++id) logits[id] = kNegInf;
