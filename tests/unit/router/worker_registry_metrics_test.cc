@@ -12,65 +12,12 @@
 #include "common/metrics/metric_reader.h"
 #include "common/metrics/router_metrics.h"
 #include "router/worker_registry.h"
+#include "tests/unit/router/fake_registry_worker.h"
 
 namespace tandem {
 namespace {
 
-// A worker that answers GetInfo and keeps a WatchStats stream open after one message.
-class FakeWorker : public v1::Worker::CallbackService {
- public:
-  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
-                                    const v1::InfoRequest* request,
-                                    v1::WorkerInfo* response) override {
-    response->set_role("decode");
-    response->mutable_layout()->set_model_id("m");
-    response->mutable_layout()->set_block_size(16);
-    response->mutable_layout()->set_kv_dtype("f32");
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  grpc::ServerWriteReactor<v1::WorkerStats>* WatchStats(grpc::CallbackServerContext* context,
-                                                        const v1::StatsRequest* request) override {
-    class Watch : public grpc::ServerWriteReactor<v1::WorkerStats> {
-     public:
-      Watch() {
-        message_.set_snapshot(true);
-        StartWrite(&message_);
-      }
-      void OnWriteDone(bool ok) override {}
-      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
-      void OnDone() override { delete this; }
-
-     private:
-      v1::WorkerStats message_;
-    };
-    return new Watch;
-  }
-};
-
-struct Server {
-  FakeWorker service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-
-  Server() {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-    address = absl::StrCat("127.0.0.1:", port);
-  }
-  void Stop() { server->Shutdown(std::chrono::system_clock::now()); }
-};
-
-template <typename Pred>
-bool Eventually(Pred pred) {
-  const absl::Time end = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < end && !pred()) absl::SleepFor(absl::Milliseconds(10));
-  return pred();
-}
+using Server = FakeRegistryWorkerServer;
 
 TEST(WorkerRegistryMetricsTest, HealthFollowsTheStatsStream) {
   prometheus::Registry metrics_registry;
