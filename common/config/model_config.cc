@@ -38,6 +38,7 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", 32768, -1, -1},
     {Architecture::kPhi3, "Phi3ForCausalLM", "phi3", 4096, 1, 32000},
     {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", 131072, 2, 1},
+    {Architecture::kGemma2, "Gemma2ForCausalLM", "gemma2", 8192, 2, 1},
     {Architecture::kMixtral, "MixtralForCausalLM", "mixtral", 4096 * 32, 1, 2},
     {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768, -1, -1},
 };
@@ -233,10 +234,12 @@ absl::Status RequireFullAttention(const json& doc, const std::string& source) {
   return absl::OkStatus();
 }
 
-// Gemma 3's own fields: its activation, the layer pattern of local (sliding) and global
-// attention, the local RoPE base, the query scale and soft-capping.
-absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig* c) {
-  c->qk_norm = true;
+// Gemma's own fields: its activation, the layer pattern of local (sliding) and global
+// attention, the local RoPE base (Gemma 3), the query scale and soft-capping (of attention
+// scores: Gemma 2 only).
+absl::Status ParseGemma(const json& doc, const std::string& source, ModelConfig* c) {
+  const bool gemma2 = c->architecture == Architecture::kGemma2;
+  c->qk_norm = !gemma2;
   c->activation = Activation::kGeluTanh;
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
                           JsonOptionalString(doc, "hidden_activation", source));
@@ -249,19 +252,29 @@ absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> attn_cap,
                           JsonOptionalDouble(doc, "attn_logit_softcapping", source));
-  if (attn_cap.has_value()) {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": attn_logit_softcapping is not supported (must be null)"));
+  if (attn_cap.has_value() && !gemma2) {  // Gemma 3 dropped it for q/k norms
+    return absl::UnimplementedError(absl::StrCat(
+        source, ": attn_logit_softcapping is not supported for Gemma 3 (must be null)"));
   }
+  // Gemma2Config's defaults when the field is absent; null means none.
+  const bool attn_null = doc.contains("attn_logit_softcapping") && !attn_cap.has_value();
+  c->attn_logit_softcapping = attn_cap.value_or(gemma2 && !attn_null ? 50.0 : 0.0);
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> final_cap,
                           JsonOptionalDouble(doc, "final_logit_softcapping", source));
-  c->final_logit_softcapping = final_cap.value_or(0.0);
+  const bool final_null = doc.contains("final_logit_softcapping") && !final_cap.has_value();
+  c->final_logit_softcapping = final_cap.value_or(gemma2 && !final_null ? 30.0 : 0.0);
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> scalar,
                           JsonOptionalDouble(doc, "query_pre_attn_scalar", source));
-  c->query_pre_attn_scalar = scalar.value_or(256.0);  // Gemma3TextConfig's default
+  c->query_pre_attn_scalar = scalar.value_or(256.0);  // Gemma2/3 configs' default
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> local,
                           JsonOptionalDouble(doc, "rope_local_base_freq", source));
-  c->rope_local_theta = local.value_or(10000.0);
+  if (gemma2 && local.has_value()) {
+    return absl::UnimplementedError(
+        absl::StrCat(source,
+                     ": rope_local_base_freq is not a Gemma 2 field (every layer rotates "
+                     "with rope_theta)"));
+  }
+  c->rope_local_theta = gemma2 ? 0.0 : local.value_or(10000.0);
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> window,
                           JsonOptionalInt(doc, "sliding_window", source));
   c->sliding_window = window.value_or(4096);
@@ -280,10 +293,10 @@ absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig
       }
       c->sliding_layers[i] = name == "sliding_attention";
     }
-  } else {  // transformers' Gemma3: layer i is global when (i + 1) % sliding_window_pattern == 0
+  } else {  // transformers: layer i is global when (i + 1) % sliding_window_pattern == 0
     TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> pattern,
                             JsonOptionalInt(doc, "sliding_window_pattern", source));
-    const int64_t every = pattern.value_or(6);
+    const int64_t every = pattern.value_or(gemma2 ? 2 : 6);
     if (every <= 0) return Invalid(source, "field 'sliding_window_pattern' must be positive");
     for (size_t i = 0; i < c->sliding_layers.size(); ++i) {
       c->sliding_layers[i] = (static_cast<int64_t>(i) + 1) % every != 0;
@@ -291,7 +304,7 @@ absl::Status ParseGemma3(const json& doc, const std::string& source, ModelConfig
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> tie,
                           JsonOptionalBool(doc, "tie_word_embeddings", source));
-  c->tie_word_embeddings = tie.value_or(true);  // Gemma3TextConfig's default
+  c->tie_word_embeddings = tie.value_or(true);  // Gemma2Config's and Gemma3TextConfig's default
   return absl::OkStatus();
 }
 
@@ -376,6 +389,11 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
         source, absl::StrCat("num_attention_heads (", c.num_heads,
                              ") must be a multiple of num_key_value_heads (", c.num_kv_heads, ")"));
   }
+  if (c.rotary_dim < 0 || c.rotary_dim > c.head_dim || c.rotary_dim % 2 != 0) {
+    return Invalid(source, absl::StrCat("rotary dims (head_dim * partial_rotary_factor) must be "
+                                        "even and at most head_dim, got ",
+                                        c.rotary_dim));
+  }
   if (c.head_dim % 2 != 0) {
     return Invalid(source,
                    absl::StrCat("head_dim must be even for rotary embeddings, got ", c.head_dim));
@@ -405,12 +423,13 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
                                       rs.original_max_position_embeddings, kMaxPositions));
   }
   if (rs.type == RopeScaling::Type::kLongRope) {
-    const size_t half = static_cast<size_t>(c.head_dim / 2);
+    const size_t half = static_cast<size_t>(c.rope_dim() / 2);
     if (rs.short_factor.size() != half || rs.long_factor.size() != half) {
-      return Invalid(source, absl::StrCat("rope_scaling short_factor and long_factor must have "
-                                          "head_dim / 2 = ",
-                                          half, " entries, got ", rs.short_factor.size(), " and ",
-                                          rs.long_factor.size()));
+      return Invalid(
+          source, absl::StrCat("rope_scaling short_factor and long_factor must have ",
+                               c.rotary_dim > 0 ? "head_dim * partial_rotary_factor" : "head_dim",
+                               " / 2 = ", half, " entries, got ", rs.short_factor.size(), " and ",
+                               rs.long_factor.size()));
     }
     for (const std::vector<double>* v : {&rs.short_factor, &rs.long_factor}) {
       for (double f : *v) {
@@ -430,12 +449,17 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
   if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
     return Invalid(source, "sliding layer pattern must name every layer");
   }
-  for (double v : {c.rope_local_theta, c.query_pre_attn_scalar, c.final_logit_softcapping}) {
+  for (double v : {c.rope_local_theta, c.query_pre_attn_scalar, c.final_logit_softcapping,
+                   c.attn_logit_softcapping}) {
     if (!(v >= 0) || !std::isfinite(v)) {
-      return Invalid(source, absl::StrCat("rope_local_base_freq, query_pre_attn_scalar and "
-                                          "final_logit_softcapping must be >= 0, got ",
+      return Invalid(source, absl::StrCat("rope_local_base_freq, query_pre_attn_scalar, "
+                                          "final_logit_softcapping and attn_logit_softcapping "
+                                          "must be finite and >= 0, got ",
                                           v));
     }
+  }
+  if (c.attn_logit_softcapping > 0 && c.architecture != Architecture::kGemma2) {
+    return Invalid(source, "attn_logit_softcapping goes with Gemma 2 only");
   }
   if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
@@ -505,8 +529,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> partial,
                           JsonOptionalDouble(doc, "partial_rotary_factor", source));
   if (partial.has_value() && *partial != 1.0) {
-    return absl::UnimplementedError(
-        absl::StrCat(source, ": partial_rotary_factor ", *partial, " is not supported"));
+    if (c.architecture != Architecture::kPhi3) {
+      return absl::UnimplementedError(absl::StrCat(source, ": partial_rotary_factor ", *partial,
+                                                   " is supported for Phi3ForCausalLM only"));
+    }
+    const double dims = *partial * static_cast<double>(c.head_dim);
+    if (!(*partial > 0 && *partial < 1) || dims != std::floor(dims)) {
+      return Invalid(
+          source, absl::StrCat("partial_rotary_factor ", *partial,
+                               " must be in (0, 1] and give whole dims of head_dim ", c.head_dim));
+    }
+    c.rotary_dim = static_cast<int64_t>(dims);  // transformers: int(head_dim * factor)
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<double> eps,
                           JsonOptionalDouble(doc, "rms_norm_eps", source));
@@ -515,8 +548,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "tie_word_embeddings", source));
   c.tie_word_embeddings = tie.value_or(false);
 
-  if (c.architecture == Architecture::kGemma3) {
-    TANDEM_RETURN_IF_ERROR(ParseGemma3(doc, source, &c));
+  if (IsGemma(c.architecture)) {
+    TANDEM_RETURN_IF_ERROR(ParseGemma(doc, source, &c));
   } else {
     TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> act,
                             JsonOptionalString(doc, "hidden_act", source));

@@ -20,12 +20,20 @@ enum class Architecture {
   // norms before and after attention and MLP, per-head q/k norms, GeGLU (tanh GELU), local
   // sliding-window layers (their own RoPE base) alternating with global ones.
   kGemma3,
+  // Gemma2ForCausalLM: Gemma 3 without q/k norms and without a local RoPE base, with attention
+  // logit soft-capping; local and global layers alternate one by one.
+  kGemma2,
   // Mixture of experts: MixtralForCausalLM (Mistral attention) and Qwen3MoeForCausalLM (Qwen3
   // attention); every layer's MLP is a router choosing num_experts_per_tok of num_experts
   // SwiGLU experts per token.
   kMixtral,
   kQwen3Moe,
 };
+
+// Gemma 2 and 3: scaled embeddings, (1 + w) norm weights, norms after attention and MLP.
+inline bool IsGemma(Architecture a) {
+  return a == Architecture::kGemma2 || a == Architecture::kGemma3;
+}
 
 enum class Activation { kSilu, kGeluTanh };
 
@@ -60,6 +68,10 @@ struct ModelConfig {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // defaults to num_heads when absent
   int64_t head_dim = 0;      // defaults to hidden_size / num_heads when absent
+  // Leading dims of each head RoPE rotates (head_dim * partial_rotary_factor, Phi-4-mini); the
+  // rest pass through. 0: head_dim.
+  int64_t rotary_dim = 0;
+  int64_t rope_dim() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
   double rope_theta = 10000.0;
@@ -77,6 +89,7 @@ struct ModelConfig {
   double rope_local_theta = 0;         // RoPE base of sliding layers (Gemma 3); 0: rope_theta
   double query_pre_attn_scalar = 0;    // scores scaled by its -1/2 power; 0: head_dim
   double final_logit_softcapping = 0;  // logits = cap * tanh(logits / cap); 0: none
+  double attn_logit_softcapping = 0;   // scores = cap * tanh(scores / cap) (Gemma 2); 0: none
   // Mixture of experts (0 experts: a dense MLP). Routing: softmax over the router's logits, the
   // top num_experts_per_tok, renormalised to sum 1 when norm_topk_prob (always for Mixtral).
   int64_t num_experts = 0;

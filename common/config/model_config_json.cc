@@ -20,15 +20,17 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   j["head_dim"] = c.head_dim;
   j["vocab_size"] = c.vocab_size;
   j["max_position_embeddings"] = c.max_position_embeddings;
-  if (c.architecture == Architecture::kGemma3) {
+  if (IsGemma(c.architecture)) {
     j["hidden_activation"] = "gelu_pytorch_tanh";
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
-    j["rope_local_base_freq"] = c.rope_local_theta;
+    if (c.architecture == Architecture::kGemma3) j["rope_local_base_freq"] = c.rope_local_theta;
     j["sliding_window"] = c.sliding_window;
     nlohmann::ordered_json types = nlohmann::ordered_json::array();
     for (uint8_t s : c.sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
-    j["attn_logit_softcapping"] = nullptr;
+    j["attn_logit_softcapping"] = c.attn_logit_softcapping > 0
+                                      ? nlohmann::ordered_json(c.attn_logit_softcapping)
+                                      : nlohmann::ordered_json(nullptr);
     j["final_logit_softcapping"] = c.final_logit_softcapping > 0
                                        ? nlohmann::ordered_json(c.final_logit_softcapping)
                                        : nlohmann::ordered_json(nullptr);
@@ -37,6 +39,10 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   }
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  if (c.rotary_dim > 0 && c.rotary_dim != c.head_dim) {
+    j["partial_rotary_factor"] =
+        static_cast<double>(c.rotary_dim) / static_cast<double>(c.head_dim);
+  }
   switch (c.rope_scaling.type) {
     case RopeScaling::Type::kNone:
       j["rope_scaling"] = nullptr;

@@ -37,7 +37,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   const ModelConfig& c = e->model_->config();
   const KvCacheSpec& spec = e->backend_->kv_spec();
   e->pool_ = std::make_unique<BlockPool>(spec.num_blocks, options.enable_prefix_cache);
-  e->kv_ = std::make_unique<KvCacheManager>(e->pool_.get(), spec.block_size);
+  KvWindow window;
+  if (spec.windowed()) window = {spec.sliding_window, spec.num_local_groups()};
+  Backend* backend_ptr = e->backend_.get();
+  e->kv_ =
+      std::make_unique<KvCacheManager>(e->pool_.get(), spec.block_size, window,
+                                       [backend_ptr](int32_t block, int64_t group, int32_t page) {
+                                         backend_ptr->MapLocalPage(block, group, page);
+                                       });
   e->scheduler_ = std::make_unique<Scheduler>(options.scheduler, e->kv_.get());
   const EngineFaultOptions faults =
       ResolveEngineFaultOptions(options.faults, options.faults_from_env);
@@ -219,11 +226,13 @@ std::vector<SequenceUpdate> Engine::Step() {
     chunk.insert(chunk.end(), seq->draft.begin(), seq->draft.end());
     batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
                           block_size, completes ? 1 + static_cast<int64_t>(seq->draft.size()) : 0);
+    batch.seqs.back().local_tables = seq->blocks.local;
     if (completes) sampled.push_back(seq);
   }
   // Static (fixed-shape) baseline: finished members are still computed, their logits discarded.
   for (const PaddingRow& p : scheduler_->padding()) {
     batch.AddSequenceRows({p.token}, p.pos, p.blocks.table, block_size, 1);
+    batch.seqs.back().local_tables = p.blocks.local;
   }
   stats_.padding_rows += static_cast<int64_t>(scheduler_->padding().size());
 
@@ -259,6 +268,11 @@ std::vector<SequenceUpdate> Engine::Step() {
       raw = raw_logits_.data();
     }
     SampleInto(seq, row, &updates, raw);
+  }
+  // Window layout: local pages the next queries cannot see go back to the pool (after
+  // verification, so that rolled-back positions never widen the window again).
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (s.seq->status == SeqStatus::kRunning) kv_->TrimWindow(&s.seq->blocks, s.seq->num_computed);
   }
   ReapFinished();
   return updates;

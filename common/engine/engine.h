@@ -237,7 +237,7 @@ class Engine {
   // request id -> its sequences (owned here).
   std::unordered_map<std::string, std::vector<std::unique_ptr<Sequence>>> requests_;
   std::vector<SequenceUpdate> pending_updates_;  // aborts etc. reported by the next Step()
-  std::unordered_map<std::string, std::vector<int32_t>> holds_;  // prefill role: blocks held
+  std::unordered_map<std::string, SequenceBlocks> holds_;  // prefill role: blocks held
   int64_t held_blocks_ = 0;
   int64_t next_seq_id_ = 1;
   uint64_t next_arrival_ = 1;

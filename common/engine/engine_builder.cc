@@ -180,7 +180,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";  // auto: the one backend that serves it
   }
   const ModelConfig& mc = model->config();
-  if ((mc.qk_norm || mc.architecture == Architecture::kGemma3 || mc.num_experts > 0) &&
+  if ((mc.qk_norm || IsGemma(mc.architecture) || mc.num_experts > 0 ||
+       mc.rope_dim() != mc.head_dim) &&
       *device != "cpu") {  // not on the CUDA backend yet
     if (options.device != "auto") {
       return absl::InvalidArgumentError(
@@ -238,7 +239,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   }
 
   const size_t per_block =
-      CpuBackend::KvBytesPerBlock(model->config(), options.block_size, kv_dtype);
+      CpuBackend::KvBytesPerBlock(model->config(), options.block_size, kv_dtype, options.window_kv);
   std::unique_ptr<Backend> backend;
   std::string kv_commit;  // how long the CPU pool took to commit, for the log line
   if (*device == "cpu") {
@@ -248,6 +249,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.kv_dtype = kv_dtype;
     backend_options.matmul_input_dtype = matmul_input_dtype;
     backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
+    backend_options.window_kv = options.window_kv;
     backend_options.num_blocks = options.num_kv_blocks > 0
                                      ? options.num_kv_blocks
                                      : options.kv_cache_bytes / static_cast<int64_t>(per_block);

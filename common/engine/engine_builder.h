@@ -36,6 +36,9 @@ struct EngineBuildOptions {
   bool mmap_weights = false;
   int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
   int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
+  // cpu: local (sliding-window) layers of models that also have global ones keep only their
+  // window's KV (KvCacheSpec::windowed); off: every layer keeps every block.
+  bool window_kv = true;
   int64_t block_size = 16;
   int threads = 0;  // compute threads; 0: one per core
   bool show_progress = true;

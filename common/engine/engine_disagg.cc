@@ -87,6 +87,7 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
   seq->remote_prefill = false;  // from now on it is an ordinary sequence (recomputed if preempted)
   seq->lease_deadline = absl::InfiniteFuture();
   kv_->RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
+  kv_->TrimWindow(&seq->blocks, seq->num_computed);  // every page was reserved for the transfer
   scheduler_->StartAwaited(seq);
   std::vector<Sequence*> samples = {seq};
   for (Sequence* child : Fork(seq)) samples.push_back(child);
@@ -109,8 +110,8 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
 void Engine::ReleaseHold(const std::string& request_id) {
   auto it = holds_.find(request_id);
   if (it == holds_.end()) return;
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) kv_->pool()->Release(*b);
-  held_blocks_ -= static_cast<int64_t>(it->second.size());
+  held_blocks_ -= kv_->PagesHeld(it->second);
+  kv_->Free(&it->second);
   holds_.erase(it);
 }
 

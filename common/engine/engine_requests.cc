@@ -53,7 +53,10 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     return absl::InvalidArgumentError(
         absl::StrCat("n: must be in [1, ", options_.max_n, "], got ", r.n));
   }
-  const int64_t blocks = kv_->BlocksFor(len + r.params.max_tokens);
+  // A remote prefill reserves its whole prompt (every local page too) before the KV arrives.
+  const int64_t blocks =
+      kv_->PagesFor(len + r.params.max_tokens,
+                    r.remote_prefill ? len : options_.scheduler.max_num_batched_tokens);
   if (blocks > pool_->num_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("request needs ", blocks, " KV blocks (", len + r.params.max_tokens,
@@ -104,10 +107,10 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   if (seq->prefill_only && seq->index == 0 && reason != FinishReason::kAbort &&
       reason != FinishReason::kError) {
     // Prefill role: keep the blocks (one reference each) until the export is done.
-    for (int32_t b : seq->blocks.table) kv_->pool()->AddRef(b);
+    SequenceBlocks& hold = holds_[seq->request_id];
+    kv_->Fork(seq->blocks, &hold);
     u->held_blocks = seq->blocks.table;
-    held_blocks_ += static_cast<int64_t>(seq->blocks.table.size());
-    holds_[seq->request_id] = seq->blocks.table;
+    held_blocks_ += kv_->PagesHeld(hold);
   }
   scheduler_->Remove(seq);
   seq->status = SeqStatus::kFinished;

@@ -18,7 +18,8 @@ import grpc
 from tandem_testlib import (Cluster, Server, check, generate, load_stubs, make_prompt,
                             wait_no_leaks)
 
-PRESETS = ["qwen3-tiny", "phi3-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"]
+PRESETS = ["qwen3-tiny", "phi3-tiny", "phi4-tiny", "gemma3-tiny", "gemma2-tiny",
+           "mixtral-tiny", "qwen3-moe-tiny"]
 
 
 def run_preset(build_dir, stubs, preset, work):

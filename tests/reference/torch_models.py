@@ -127,13 +127,27 @@ class DecoderOnly:
 class Phi3(DecoderOnly):
     """Phi3ForCausalLM (modeling_phi3.py): the Llama block with fused projections, qkv_proj
     [q + 2 kv, hidden] holding q, k and v rows in that order and gate_up_proj [2 ffn, hidden]
-    holding the gate's rows then up's; LongRoPE ("su" / "longrope") rotary scaling."""
+    holding the gate's rows then up's; LongRoPE ("su" / "longrope") rotary scaling. Phi-4-mini:
+    partial_rotary_factor rotates only the first int(head_dim * factor) dims of each head
+    (rotate_half within them, the frequencies and LongRoPE factors sized for them), the rest pass
+    through unchanged."""
+
+    def __init__(self, cfg, tensors):
+        super().__init__(cfg, tensors)
+        self.rot = int(self.d * cfg.get("partial_rotary_factor", 1.0))
+
+    def rotate(self, x, cos, sin):
+        r = self.rot
+        return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
 
     def rope(self, t):
         scaling = self.cfg.get("rope_scaling") or {}
         kind = scaling.get("rope_type", scaling.get("type", "default"))
         if kind not in ("longrope", "su"):
-            return super().rope(t)
+            inv = rope_inv_freq(self.cfg, self.rot)
+            freqs = torch.outer(torch.arange(t, dtype=F64), inv)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos(), emb.sin()
         # modeling_rope_utils._compute_longrope_parameters: inv_freq = 1 / (ext * base^(2i/d)),
         # cos and sin scaled by the attention factor. transformers takes ext = long_factor for a
         # whole forward once the sequence is longer than original_max_position_embeddings; here,
@@ -146,7 +160,7 @@ class Phi3(DecoderOnly):
             attention = 1.0 if factor <= 1.0 else \
                 math.sqrt(1 + math.log(factor) / math.log(original))
         base = self.cfg.get("rope_theta", 10000.0) ** (
-            torch.arange(0, self.d, 2, dtype=F64) / self.d)
+            torch.arange(0, self.rot, 2, dtype=F64) / self.rot)
         pos = torch.arange(t, dtype=F64)
         short = torch.outer(pos, 1.0 / (torch.tensor(scaling["short_factor"], dtype=F64) * base))
         long = torch.outer(pos, 1.0 / (torch.tensor(scaling["long_factor"], dtype=F64) * base))
@@ -161,7 +175,7 @@ class Phi3(DecoderOnly):
         q = qkv[:, :qd].reshape(t, self.h, self.d)
         k = qkv[:, qd:qd + kvd].reshape(t, self.kv, self.d)
         v = qkv[:, qd + kvd:].reshape(t, self.kv, self.d)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         return self.linear(causal_attention(q, k, v, self.window), p + "o_proj")
 
     def mlp(self, x, p):
@@ -236,6 +250,69 @@ class Gemma3(DecoderOnly):
         return cap * torch.tanh(logits / cap) if cap else logits
 
 
+class Gemma2(DecoderOnly):
+    """Gemma2ForCausalLM (modeling_gemma2.py): embeddings times sqrt(hidden); Gemma2RMSNorm
+    (x / rms(x) * (1 + w)) before and after attention and before and after the MLP; no q/k
+    norms; one RoPE base (rope_theta) for every layer; attention scores q.k times
+    query_pre_attn_scalar^-1/2, soft-capped to cap * tanh(s / cap) (attn_logit_softcapping)
+    before the causal mask and the softmax; sliding-window layers (layer_types, by default the
+    even ones: `not layer_idx % 2`) see keys j with i - sliding_window < j <= i; GeGLU MLP
+    (tanh GELU); final logits soft-capped by final_logit_softcapping."""
+
+    def __init__(self, cfg, tensors):
+        super().__init__(cfg, tensors)
+        n = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types") or [
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+        self.sliding = [t == "sliding_attention" for t in types]
+        self.window = cfg.get("sliding_window", 4096)
+        self.scaling = cfg.get("query_pre_attn_scalar", 256) ** -0.5
+        self.attn_cap = cfg.get("attn_logit_softcapping", 50.0)
+        self.final_cap = cfg.get("final_logit_softcapping", 30.0)
+
+    def attention(self, q, k, v, sliding):
+        t = q.shape[0]
+        group = self.h // self.kv
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,shd->hts", q, k) * self.scaling
+        if self.attn_cap:
+            scores = torch.tanh(scores / self.attn_cap) * self.attn_cap
+        i = torch.arange(t)[:, None]
+        j = torch.arange(t)[None, :]
+        hidden = j > i
+        if sliding:
+            hidden = hidden | (j <= i - self.window)
+        scores = scores.masked_fill(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.einsum("hts,shd->thd", probs, v).reshape(t, self.h * self.d)
+
+    def logits(self, ids):
+        w, eps, t = self.w, self.eps, len(ids)
+        x = w["model.embed_tokens.weight"][torch.tensor(ids)] * math.sqrt(self.cfg["hidden_size"])
+        inv = rope_inv_freq(self.cfg, self.d)
+        freqs = torch.outer(torch.arange(t, dtype=F64), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        for i in range(self.cfg["num_hidden_layers"]):
+            p = f"model.layers.{i}."
+            h = gemma_rms_norm(x, w[p + "input_layernorm.weight"], eps)
+            q = self.linear(h, p + "self_attn.q_proj").view(t, self.h, self.d)
+            k = self.linear(h, p + "self_attn.k_proj").view(t, self.kv, self.d)
+            v = self.linear(h, p + "self_attn.v_proj").view(t, self.kv, self.d)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            a = self.linear(self.attention(q, k, v, self.sliding[i]), p + "self_attn.o_proj")
+            x = x + gemma_rms_norm(a, w[p + "post_attention_layernorm.weight"], eps)
+            h = gemma_rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
+            m = self.linear(gelu_tanh(self.linear(h, p + "mlp.gate_proj")) *
+                            self.linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
+            x = x + gemma_rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps)
+        x = gemma_rms_norm(x, w["model.norm.weight"], eps)
+        logits = x @ w["model.embed_tokens.weight"].T
+        cap = self.final_cap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+
 class MixtureOfExperts(DecoderOnly):
     """MixtralForCausalLM (modeling_mixtral.py: MixtralSparseMoeBlock, experts w1 = gate,
     w3 = up, w2 = down) and Qwen3MoeForCausalLM (modeling_qwen3_moe.py: Qwen3 attention,
@@ -270,6 +347,7 @@ ARCHITECTURES = {
     "MixtralForCausalLM": MixtureOfExperts,
     "Qwen3MoeForCausalLM": MixtureOfExperts,
     "Gemma3ForCausalLM": Gemma3,
+    "Gemma2ForCausalLM": Gemma2,
     "Phi3ForCausalLM": Phi3,
     "LlamaForCausalLM": DecoderOnly,
     "MistralForCausalLM": DecoderOnly,

@@ -6,6 +6,39 @@
 
 namespace tandem {
 
+int64_t KvCacheSpec::num_local_groups() const {
+  int64_t groups = 0;
+  for (int32_t g : layer_group) groups = std::max<int64_t>(groups, g);
+  return groups;
+}
+
+void SetWindowLayout(const std::vector<uint8_t>& sliding_layers, int64_t sliding_window,
+                     KvCacheSpec* spec) {
+  spec->layer_group.clear();
+  spec->layer_slot.clear();
+  spec->page_layers = 0;
+  spec->sliding_window = 0;
+  if (sliding_window <= 0 || static_cast<int64_t>(sliding_layers.size()) != spec->num_layers) {
+    return;
+  }
+  int32_t global = 0, local = 0;
+  for (uint8_t s : sliding_layers) (s != 0 ? local : global) += 1;
+  if (global == 0 || local == 0) return;
+  spec->sliding_window = sliding_window;
+  spec->page_layers = global;
+  int32_t g = 0, l = 0;
+  for (uint8_t s : sliding_layers) {
+    if (s != 0) {
+      spec->layer_group.push_back(1 + l / global);
+      spec->layer_slot.push_back(l % global);
+      ++l;
+    } else {
+      spec->layer_group.push_back(0);
+      spec->layer_slot.push_back(g++);
+    }
+  }
+}
+
 void ForwardBatch::AddSequenceRows(const std::vector<int32_t>& tokens, int32_t start_pos,
                                    const std::vector<int32_t>& block_table, int64_t block_size,
                                    int64_t logit_rows) {
@@ -57,8 +90,33 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec
     }
   }
   int64_t covered = 0;
+  const int64_t groups = spec.windowed() ? spec.num_local_groups() : 0;
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const ForwardSeq& seq = b.seqs[s];
+    if (static_cast<int64_t>(seq.local_tables.size()) != groups) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence has ", seq.local_tables.size(),
+                                                     " local block tables, the pool ", groups));
+    }
+    if (groups > 0 && seq.num_tokens > 0 && seq.token_begin >= 0 && seq.token_begin < t) {
+      // Every page a query of this chunk reads or writes: from the first query's window start
+      // to the last position.
+      const int64_t first_key =
+          std::max<int64_t>(0, b.positions[seq.token_begin] - spec.sliding_window + 1);
+      const int64_t last_block =
+          b.positions[std::min<int64_t>(t, int64_t{seq.token_begin} + seq.num_tokens) - 1] /
+          spec.block_size;
+      for (const std::vector<int32_t>& table : seq.local_tables) {
+        if (static_cast<int64_t>(table.size()) <= last_block) {
+          return absl::InvalidArgumentError("local block table does not cover the chunk");
+        }
+        for (int64_t i = first_key / spec.block_size; i <= last_block; ++i) {
+          if (table[i] < 0 || table[i] >= spec.num_blocks) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("local page ", table[i], " for block ", i, " out of range"));
+          }
+        }
+      }
+    }
     if (seq.token_begin < 0 || seq.num_tokens < 0 ||
         int64_t{seq.token_begin} + seq.num_tokens > t) {
       return absl::InvalidArgumentError("sequence token range outside the batch");

@@ -14,6 +14,14 @@ namespace tandem {
 // Shape of the paged KV pool. Block b of layer l is one contiguous region of
 // bytes_per_block_layer() bytes laid out [2 (K, V)][num_kv_heads][block_size][head_dim] (plus
 // per-row scales for the quantized dtypes, common/base/kv_layout.h).
+//
+// Window layout (windowed(): models whose sliding-window layers alternate with global ones, as
+// Gemma 2 / 3): a block id names a *page* of `page_layers` layer regions (one per global layer).
+// Global layers (layer_group 0) keep every block of a sequence, in the pages of its block table;
+// local layers are split into groups of at most page_layers (layer_group g >= 1) whose KV lives
+// in pages of the sequence's local table g - 1 (ForwardSeq::local_tables), held only for the
+// blocks a query can still see (the last `sliding_window` positions). Layer l is slot
+// layer_slot[l] of its page. Without it every layer is a slot of the block's own page.
 struct KvCacheSpec {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
@@ -21,18 +29,35 @@ struct KvCacheSpec {
   int64_t block_size = 16;
   DType dtype = DType::kF32;
   int64_t num_blocks = 0;
+  int64_t sliding_window = 0;        // window layout only
+  std::vector<int32_t> layer_group;  // [num_layers]; empty: no window layout
+  std::vector<int32_t> layer_slot;   // [num_layers]
+  int64_t page_layers = 0;           // layer regions per page (window layout)
 
+  bool windowed() const { return !layer_group.empty(); }
+  int64_t num_local_groups() const;
+  int64_t slots_per_page() const { return windowed() ? page_layers : num_layers; }
   size_t bytes_per_block_layer() const {
     return KvRegionBytes(num_kv_heads, block_size, head_dim, dtype);
   }
-  size_t bytes_per_block() const { return bytes_per_block_layer() * num_layers; }
+  // Bytes of one page (block id) of the pool.
+  size_t bytes_per_block() const { return bytes_per_block_layer() * slots_per_page(); }
 };
+
+// Sets the window layout of `spec` (num_layers set) for a model whose layers are local where
+// sliding_layers[l] != 0, when it has both local and global layers and a window; otherwise
+// leaves `spec` without one.
+void SetWindowLayout(const std::vector<uint8_t>& sliding_layers, int64_t sliding_window,
+                     KvCacheSpec* spec);
 
 // One sequence's slice of a step (DESIGN §4 "Batch form").
 struct ForwardSeq {
   int32_t token_begin = 0;           // first index into ForwardBatch's per-token arrays
   int32_t num_tokens = 0;            // tokens this sequence contributes to the step
   std::vector<int32_t> block_table;  // block ids covering positions [0, last position]
+  // Window layout only (KvCacheSpec::windowed): per local group, the pages parallel to
+  // block_table; -1 for blocks outside every window of this chunk's queries.
+  std::vector<std::vector<int32_t>> local_tables;
 };
 
 // A ragged batch: every scheduled sequence's next chunk, concatenated.
@@ -61,8 +86,9 @@ struct ForwardBatch {
 
 // Checks that every index a backend follows in `batch` stays in range: per-token arrays of one
 // length, token ids inside the vocabulary, positions below `max_positions`, KV slots and block ids
-// inside the pool of `spec`, block tables covering each token's position, sequence token ranges
-// that tile the batch in order and agree with seq_of_token, logit rows inside the batch.
+// inside the pool of `spec`, block tables covering each token's position (window layout: local
+// tables covering each token's window), sequence token ranges that tile the batch in order and
+// agree with seq_of_token, logit rows inside the batch.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions);
 
@@ -86,6 +112,12 @@ class Backend {
   virtual uint8_t* HostBlockRegion(int64_t layer, int32_t block) = 0;
   virtual absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) = 0;
   virtual absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) = 0;
+
+  // Window layout: the page holding local group `group`'s (>= 1) layers for block `block`, or
+  // -1 when none does (its region then reads as zeros). Only what the (layer, block) regions
+  // above resolve to for the KV transport; forward passes take the sequences' local tables.
+  // Called on the engine thread; blocks taking part in a transfer keep their mapping.
+  virtual void MapLocalPage(int32_t block, int64_t group, int32_t page) {}
 };
 
 }  // namespace tandem

@@ -70,14 +70,14 @@ std::optional<int32_t> BlockPool::AcquireCached(BlockHash hash, BlockHash parent
 }
 
 bool BlockPool::Register(int32_t block, BlockHash hash, BlockHash parent,
-                         absl::Span<const int32_t> tokens, uint64_t salt_hash) {
+                         absl::Span<const int32_t> tokens, uint64_t salt_hash, bool notify) {
   if (!prefix_cache_) return false;
   TANDEM_CHECK(refcount_[block] > 0) << "Register of unreferenced block " << block;
   if (entry_[block].has_value()) return entry_[block]->hash == hash;
   if (by_hash_.count(hash) != 0) return false;
-  entry_[block] = CacheEntry{hash, parent, salt_hash, {tokens.begin(), tokens.end()}};
+  entry_[block] = CacheEntry{hash, parent, salt_hash, {tokens.begin(), tokens.end()}, notify};
   by_hash_.emplace(hash, block);
-  if (listener_.on_stored) listener_.on_stored(hash);
+  if (notify && listener_.on_stored) listener_.on_stored(hash);
   return true;
 }
 
@@ -98,9 +98,10 @@ void BlockPool::ClearCache() {
 void BlockPool::Uncache(int32_t block) {
   if (!entry_[block].has_value()) return;
   BlockHash hash = entry_[block]->hash;
+  const bool notify = entry_[block]->notify;
   by_hash_.erase(hash);
   entry_[block].reset();
-  if (listener_.on_removed) listener_.on_removed(hash);
+  if (notify && listener_.on_removed) listener_.on_removed(hash);
 }
 
 void BlockPool::LruRemove(int32_t block) {

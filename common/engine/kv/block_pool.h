@@ -54,10 +54,17 @@ class BlockPool {
                                        absl::Span<const int32_t> tokens, uint64_t salt_hash);
   // Whether a matching block is cached, without taking it.
   bool IsCached(BlockHash hash) const { return by_hash_.count(hash) != 0; }
+  // The block cached under `hash`, without taking it.
+  std::optional<int32_t> CachedBlock(BlockHash hash) const {
+    auto it = by_hash_.find(hash);
+    if (it == by_hash_.end()) return std::nullopt;
+    return it->second;
+  }
   // Registers a full, referenced block under `hash`. When another block already holds the hash,
-  // nothing changes and false is returned.
+  // nothing changes and false is returned. `notify` false keeps the listener silent about this
+  // entry (the window layout's local pages, which no router should count as a cached prefix).
   bool Register(int32_t block, BlockHash hash, BlockHash parent, absl::Span<const int32_t> tokens,
-                uint64_t salt_hash);
+                uint64_t salt_hash, bool notify = true);
   std::optional<BlockHash> HashOf(int32_t block) const;
 
   // Drops every evictable block from the cache (they become free).
@@ -70,6 +77,7 @@ class BlockPool {
     BlockHash parent = 0;
     uint64_t salt = 0;
     std::vector<int32_t> tokens;
+    bool notify = true;
   };
   void LruRemove(int32_t block);
   void LruPushBack(int32_t block);

@@ -289,7 +289,7 @@ absl::Status ModelLoader::LoadMatrixRows(const std::string& name,
 }
 
 absl::Status ModelLoader::LoadNorm(const std::string& name, int64_t dim, Tensor* out) {
-  if (model_->config_.architecture != Architecture::kGemma3) {
+  if (!IsGemma(model_->config_.architecture)) {
     return LoadTensor(name, {dim}, DType::kF32, out);
   }
   TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, {dim}));
@@ -365,7 +365,7 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
   }
   TANDEM_RETURN_IF_ERROR(LoadMatrix(p + "self_attn.o_proj.weight", {h, q_dim}, &l->o_proj));
   TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_attention_layernorm.weight", h, &l->post_norm));
-  if (c.architecture == Architecture::kGemma3) {
+  if (IsGemma(c.architecture)) {
     TANDEM_RETURN_IF_ERROR(LoadNorm(p + "pre_feedforward_layernorm.weight", h, &l->pre_ffw_norm));
     TANDEM_RETURN_IF_ERROR(LoadNorm(p + "post_feedforward_layernorm.weight", h, &l->post_ffw_norm));
   }

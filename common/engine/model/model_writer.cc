@@ -169,7 +169,7 @@ std::vector<SafetensorsWriter::Spec> ModelTensorSpecs(const ModelConfig& c, DTyp
     }
     specs.push_back({p + "self_attn.o_proj.weight", dtype, {h, q}});
     specs.push_back({p + "post_attention_layernorm.weight", dtype, {h}});
-    if (c.architecture == Architecture::kGemma3) {
+    if (IsGemma(c.architecture)) {
       specs.push_back({p + "pre_feedforward_layernorm.weight", dtype, {h}});
       specs.push_back({p + "post_feedforward_layernorm.weight", dtype, {h}});
     }

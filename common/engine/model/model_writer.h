@@ -92,7 +92,17 @@ struct RandomModelOptions {
   //             head_dim 256, a 512-token window on five layers of six, vocab 262144, tied).
   // "gemma3-tiny": Gemma 3 at hidden 64, 3 layers (the middle one global), a 24-token window,
   //             query_pre_attn_scalar 24 and final logit soft-capping 30; for tests.
-  // The Gemma presets carry the Llama 2 tokenizer (Gemma's is not bundled).
+  // "gemma2-2b": Gemma-2-2B (hidden 2304, ffn 9216, 26 layers, 8 heads, 4 KV heads, head_dim
+  //             256, a 4096-token window on every other layer, attention soft-capping 50, final
+  //             30, vocab 256000, tied).
+  // "gemma2-tiny": Gemma 2 at hidden 64, 4 layers (local, global, local, global), a 24-token
+  //             window, query_pre_attn_scalar 24, attention soft-capping 2 (so that it bites
+  //             at this scale) and final 30; for tests.
+  // "phi4-mini": Phi-4-mini-instruct (hidden 3072, ffn 8192, 32 layers, 24 heads, 8 KV heads,
+  //             head_dim 128 of which 96 rotate, LongRoPE from 4096, vocab 200064, tied).
+  // "phi4-tiny": Phi-4-mini's shape at hidden 64, 2 layers, head_dim 32 of which 24 rotate,
+  //             LongRoPE from position 32 on, tied; for tests.
+  // The Gemma and Phi-4 presets carry the Llama 2 tokenizer (theirs are not bundled).
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).
   std::optional<ModelConfig> config;

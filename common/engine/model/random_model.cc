@@ -148,7 +148,7 @@ absl::Status RandomModelWriter::WriteShard(const std::string& path,
     const uint64_t key = NameKey(options_.seed, spec.name);
     const bool norm = IsNorm(spec.name);
     // Gemma 3 multiplies by (1 + w) and initialises w to 0: its norms centre on 0.
-    const double norm_base = config_.architecture == Architecture::kGemma3 ? 0.0 : 1.0;
+    const double norm_base = IsGemma(config_.architecture) ? 0.0 : 1.0;
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
     for (int64_t first = 0; first < numel; first += kChunk) {
@@ -217,7 +217,8 @@ absl::Status RandomModelWriter::WriteWeights() {
 
 std::string RandomModelPresetNames() {
   return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
-         "gemma3-tiny, mixtral-8x7b, mixtral-tiny, qwen3-30b-a3b, qwen3-moe-tiny";
+         "gemma3-tiny, gemma2-2b, gemma2-tiny, phi4-mini, phi4-tiny, mixtral-8x7b, mixtral-tiny, "
+         "qwen3-30b-a3b, qwen3-moe-tiny";
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
@@ -324,6 +325,50 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       const double factor = 2048.0 / 32.0;  // transformers' default attention factor
       rs.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(32.0));
     }
+  } else if (preset == "phi4-mini" || preset == "phi4-tiny") {
+    // Phi-4-mini: Phi3ForCausalLM with partial rotary (75% of each head), LongRoPE, tied.
+    c.architecture = Architecture::kPhi3;
+    c.architecture_name = "Phi3ForCausalLM";
+    c.model_type = "phi3";
+    c.tie_word_embeddings = true;
+    c.bos_token_id = 199999;
+    c.eos_token_ids = {200020, 199999};
+    RopeScaling& rs = c.rope_scaling;
+    rs.type = RopeScaling::Type::kLongRope;
+    if (preset == "phi4-mini") {  // Phi-4-mini-instruct
+      c.vocab_size = 200064;
+      c.hidden_size = 3072;
+      c.intermediate_size = 8192;
+      c.num_layers = 32;
+      c.num_heads = 24;
+      c.num_kv_heads = 8;
+      c.head_dim = 128;
+      c.rotary_dim = 96;
+      c.max_position_embeddings = 131072;
+      rs.original_max_position_embeddings = 4096;
+    } else {  // rotary on 24 of 32 dims, long factors from position 32 on
+      c.vocab_size = 32064;
+      c.bos_token_id = 1;
+      c.eos_token_ids = {32000};
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.rotary_dim = 24;
+      c.max_position_embeddings = 2048;
+      rs.original_max_position_embeddings = 32;
+    }
+    for (int64_t i = 0; i < c.rotary_dim / 2; ++i) {
+      rs.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
+      rs.long_factor.push_back(1.0 + 2.0 * static_cast<double>(i));
+    }
+    const double factor = static_cast<double>(c.max_position_embeddings) /
+                          static_cast<double>(rs.original_max_position_embeddings);
+    rs.attention_factor =
+        std::sqrt(1.0 + std::log(factor) /
+                            std::log(static_cast<double>(rs.original_max_position_embeddings)));
   } else if (preset == "gemma3-1b" || preset == "gemma3-tiny") {
     c.architecture = Architecture::kGemma3;
     c.architecture_name = "Gemma3ForCausalLM";
@@ -362,6 +407,43 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       c.sliding_window = 24;
       c.sliding_layers = {1, 0, 1};
     }
+  } else if (preset == "gemma2-2b" || preset == "gemma2-tiny") {
+    c.architecture = Architecture::kGemma2;
+    c.architecture_name = "Gemma2ForCausalLM";
+    c.model_type = "gemma2";
+    c.activation = Activation::kGeluTanh;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 10000.0;
+    c.bos_token_id = 2;
+    c.eos_token_ids = {1, 107};  // <eos>, <end_of_turn>
+    c.tie_word_embeddings = true;
+    c.final_logit_softcapping = 30.0;
+    if (preset == "gemma2-2b") {  // Gemma-2-2B
+      c.vocab_size = 256000;
+      c.hidden_size = 2304;
+      c.intermediate_size = 9216;
+      c.num_layers = 26;
+      c.num_heads = 8;
+      c.num_kv_heads = 4;
+      c.head_dim = 256;
+      c.query_pre_attn_scalar = 256;
+      c.attn_logit_softcapping = 50.0;
+      c.max_position_embeddings = 8192;
+      c.sliding_window = 4096;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 176;
+      c.num_layers = 4;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 32;
+      c.query_pre_attn_scalar = 24;
+      c.attn_logit_softcapping = 2.0;
+      c.max_position_embeddings = 2048;
+      c.sliding_window = 24;
+    }
+    c.sliding_layers.assign(static_cast<size_t>(c.num_layers), 0);
+    for (int64_t i = 0; i < c.num_layers; i += 2) c.sliding_layers[i] = 1;
   } else if (preset == "mixtral-8x7b" || preset == "mixtral-tiny") {
     c.architecture = Architecture::kMixtral;
     c.architecture_name = "MixtralForCausalLM";
@@ -447,16 +529,19 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
   config.qk_norm = config.architecture == Architecture::kQwen3 ||
                    config.architecture == Architecture::kGemma3 ||
                    config.architecture == Architecture::kQwen3Moe;
-  if (config.architecture == Architecture::kGemma3) {
+  if (IsGemma(config.architecture)) {
+    const bool gemma2 = config.architecture == Architecture::kGemma2;
     config.activation = Activation::kGeluTanh;
     if (config.sliding_layers.size() != static_cast<size_t>(config.num_layers)) {
+      // Gemma 2: every other layer global; Gemma 3: every sixth.
+      const int64_t every = gemma2 ? 2 : 6;
       config.sliding_layers.assign(static_cast<size_t>(config.num_layers), 1);
-      for (int64_t i = 5; i < config.num_layers; i += 6) config.sliding_layers[i] = 0;
+      for (int64_t i = every - 1; i < config.num_layers; i += every) config.sliding_layers[i] = 0;
     }
     if (config.query_pre_attn_scalar == 0) {
       config.query_pre_attn_scalar = static_cast<double>(config.head_dim);
     }
-    if (config.rope_local_theta == 0) config.rope_local_theta = 10000.0;
+    if (config.rope_local_theta == 0 && !gemma2) config.rope_local_theta = 10000.0;
   }
   config.architecture_name = ArchitectureClassName(config.architecture);
   if (config.model_type.empty()) config.model_type = ArchitectureModelType(config.architecture);

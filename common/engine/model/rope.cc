@@ -6,7 +6,7 @@
 namespace tandem {
 
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config, bool long_context) {
-  const int64_t dim = config.head_dim;
+  const int64_t dim = config.rope_dim();
   const int64_t half = dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {

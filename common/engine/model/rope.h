@@ -20,12 +20,12 @@ namespace tandem {
 //                           (high_freq_factor - low_freq_factor)
 //   longrope: 1 / (ext[i] * rope_theta^(2i / head_dim)), ext = short_factor for positions below
 //            original_max_position_embeddings, long_factor from there on (`long_context`)
-// Returns head_dim / 2 values.
+// Returns head_dim / 2 values (with partial rotary, `head_dim` above is rotary_dim throughout).
 std::vector<double> RopeInverseFrequencies(const ModelConfig& config, bool long_context = false);
 
 // cos/sin table for positions [0, max_positions): laid out [pos][i][2] = (cos, sin) of
 // pos * inv_freq[i], the angle computed in double and the results cast to float. This is the
-// `cos_sin` argument of cpu::ApplyRope. Size: max_positions * head_dim floats. LongRoPE picks
+// `cos_sin` argument of cpu::ApplyRope. Size: max_positions * rope_dim() floats. LongRoPE picks
 // the frequencies by position (short below original_max_position_embeddings, long from there on:
 // a token's rotation depends on its position only, never on its batch or on how long its
 // sequence has become; transformers instead switches a whole forward to the long factors once

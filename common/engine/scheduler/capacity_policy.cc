@@ -20,14 +20,9 @@ bool HasTokenBudget(int64_t budget_left) { return budget_left > 0; }
 
 bool MayAdmitAfter(int64_t num_preempted_this_step) { return num_preempted_this_step == 0; }
 
-int64_t BlocksToWrite(const KvCacheManager& kv, const BlockPool& pool, const SequenceBlocks& blocks,
-                      int64_t begin, int64_t end) {
-  int64_t needed = kv.BlocksNeeded(blocks, end);
-  const int64_t first = begin / kv.block_size();
-  const int64_t last =
-      std::min<int64_t>((end - 1) / kv.block_size(), static_cast<int64_t>(blocks.table.size()) - 1);
-  for (int64_t i = first; i <= last; ++i) needed += pool.refcount(blocks.table[i]) > 1;
-  return needed;
+int64_t BlocksToWrite(const KvCacheManager& kv, const BlockPool& /*pool*/,
+                      const SequenceBlocks& blocks, int64_t begin, int64_t end) {
+  return kv.BlocksNeeded(blocks, end) + kv.CopiesNeeded(blocks, begin, end);
 }
 
 bool BlocksFit(int64_t needed, int64_t available) { return needed <= available; }

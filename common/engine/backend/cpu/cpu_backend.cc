@@ -87,9 +87,16 @@ void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out, Thre
 
 }  // namespace
 
-size_t CpuBackend::KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype) {
-  return KvRegionBytes(config.num_kv_heads, block_size, config.head_dim, kv_dtype) *
-         static_cast<size_t>(config.num_layers);
+size_t CpuBackend::KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype,
+                                   bool window_kv) {
+  KvCacheSpec s;
+  s.num_layers = config.num_layers;
+  s.num_kv_heads = config.num_kv_heads;
+  s.head_dim = config.head_dim;
+  s.block_size = block_size;
+  s.dtype = kv_dtype;
+  if (window_kv) SetWindowLayout(config.sliding_layers, config.sliding_window, &s);
+  return s.bytes_per_block();
 }
 
 CpuBackend::CpuBackend(std::shared_ptr<const Model> model, const CpuBackendOptions& options)
@@ -149,6 +156,16 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
   s.block_size = options.block_size;
   s.dtype = options.kv_dtype;
   s.num_blocks = options.num_blocks;
+  if (options.window_kv) SetWindowLayout(c.sliding_layers, c.sliding_window, &s);
+  if (s.windowed()) {
+    const int64_t groups = s.num_local_groups();
+    const size_t n = static_cast<size_t>(groups * s.num_blocks);
+    backend->local_map_ = std::make_unique<std::atomic<int32_t>[]>(n);
+    for (size_t i = 0; i < n; ++i) backend->local_map_[i].store(-1, std::memory_order_relaxed);
+    backend->zero_region_.assign(s.bytes_per_block_layer(), 0);
+    backend->local_queries_.resize(groups);
+    backend->local_slots_.resize(groups);
+  }
 
   backend->kv_bytes_ = s.bytes_per_block() * static_cast<size_t>(s.num_blocks);
   void* p = ::mmap(nullptr, backend->kv_bytes_, PROT_READ | PROT_WRITE,
@@ -186,8 +203,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
 
 cpu::PagedKvLayer CpuBackend::KvLayer(int64_t layer) const {
   cpu::PagedKvLayer kv;
-  kv.base = kv_ + static_cast<size_t>(layer) * spec_.bytes_per_block_layer() *
-                      static_cast<size_t>(spec_.num_blocks);
+  const size_t slot = spec_.windowed() ? spec_.layer_slot[layer] : static_cast<size_t>(layer);
+  kv.base = kv_ + slot * spec_.bytes_per_block_layer() * static_cast<size_t>(spec_.num_blocks);
   kv.dtype = spec_.dtype;
   kv.block_size = spec_.block_size;
   kv.num_kv_heads = spec_.num_kv_heads;
@@ -196,8 +213,22 @@ cpu::PagedKvLayer CpuBackend::KvLayer(int64_t layer) const {
 }
 
 uint8_t* CpuBackend::HostBlockRegion(int64_t layer, int32_t block) {
-  return kv_ + (static_cast<size_t>(layer) * static_cast<size_t>(spec_.num_blocks) + block) *
-                   spec_.bytes_per_block_layer();
+  size_t slot = static_cast<size_t>(layer);
+  if (spec_.windowed()) {
+    slot = spec_.layer_slot[layer];
+    if (const int32_t g = spec_.layer_group[layer]; g > 0) {
+      block = local_map_[(g - 1) * spec_.num_blocks + block].load(std::memory_order_relaxed);
+      // A block outside every window: nothing to send (a receiver reserves every page).
+      if (block < 0) return zero_region_.data();
+    }
+  }
+  return kv_ +
+         (slot * static_cast<size_t>(spec_.num_blocks) + block) * spec_.bytes_per_block_layer();
+}
+
+void CpuBackend::MapLocalPage(int32_t block, int64_t group, int32_t page) {
+  if (!spec_.windowed() || group < 1 || group > spec_.num_local_groups()) return;
+  local_map_[(group - 1) * spec_.num_blocks + block].store(page, std::memory_order_relaxed);
 }
 
 absl::Status CpuBackend::ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) {
@@ -217,8 +248,11 @@ absl::Status CpuBackend::WriteBlockRegion(int64_t layer, int32_t block, const ui
 }
 
 void CpuBackend::CopyBlock(int32_t src, int32_t dst) {
-  for (int64_t l = 0; l < spec_.num_layers; ++l) {
-    std::memcpy(HostBlockRegion(l, dst), HostBlockRegion(l, src), spec_.bytes_per_block_layer());
+  const size_t region = spec_.bytes_per_block_layer();
+  for (int64_t slot = 0; slot < spec_.slots_per_page(); ++slot) {
+    uint8_t* base =
+        kv_ + static_cast<size_t>(slot) * static_cast<size_t>(spec_.num_blocks) * region;
+    std::memcpy(base + dst * region, base + src * region, region);
   }
 }
 
@@ -282,6 +316,19 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     queries[i].context_len = b.positions[i] + 1;
     queries[i].block_table = b.seqs[b.seq_of_token[i]].block_table.data();
   }
+  // Window layout: each local group reads and writes the pages of its own table.
+  for (size_t g = 0; g < local_queries_.size(); ++g) {
+    cpu::AttentionQuery* lq = Grow(local_queries_[g], t);
+    std::vector<int64_t>& ls = local_slots_[g];
+    ls.resize(t);
+    const int64_t bs = spec_.block_size;
+    for (int64_t i = 0; i < t; ++i) {
+      const std::vector<int32_t>& table = b.seqs[b.seq_of_token[i]].local_tables[g];
+      lq[i] = queries[i];
+      lq[i].block_table = table.data();
+      ls[i] = static_cast<int64_t>(table[b.positions[i] / bs]) * bs + b.positions[i] % bs;
+    }
+  }
 
   auto bias = [](const Tensor& tensor) { return tensor.empty() ? nullptr : tensor.as<float>(); };
   // y[M, N] = in[M, K] . W^T. Act-order int4 weights (Tensor::input_perm) multiply the input
@@ -337,7 +384,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   };
 
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
-  const bool gemma = c.architecture == Architecture::kGemma3;
+  const bool gemma = IsGemma(c.architecture);
   if (gemma) ScaleRows(x, t * d, EmbeddingScale(c, w.embed_tokens.dtype));
   // Attention scores are scaled by 1/sqrt(head_dim) in the kernel; a model asking for another
   // scale (Gemma 3's query_pre_attn_scalar) gets q multiplied by the ratio first.
@@ -365,12 +412,26 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
       cpu::RmsNorm(q, lw.q_norm.as<float>(), t * c.num_heads, hd, eps, q, pool);
       cpu::RmsNorm(k, lw.k_norm.as<float>(), t * c.num_kv_heads, hd, eps, k, pool);
     }
-    cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope, pool);
-    cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope, pool);
+    if (c.rope_dim() == hd) {
+      cpu::ApplyRope(q, t, qd, c.num_heads, hd, b.positions.data(), rope, pool);
+      cpu::ApplyRope(k, t, kvd, c.num_kv_heads, hd, b.positions.data(), rope, pool);
+    } else {  // partial rotary: each head's leading rope_dim() dims (one head per call)
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        cpu::ApplyRope(q + h * hd, t, qd, 1, c.rope_dim(), b.positions.data(), rope, pool);
+      }
+      for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+        cpu::ApplyRope(k + h * hd, t, kvd, 1, c.rope_dim(), b.positions.data(), rope, pool);
+      }
+    }
     if (q_scale != 1.0f) ScaleRows(q, t * qd, q_scale);
     const cpu::PagedKvLayer kv = KvLayer(l);
-    cpu::WriteKv(k, kvd, v, kvd, t, b.slots.data(), kv, pool);
-    cpu::PagedAttention(q, qd, queries, t, c.num_heads, kv, window, attn, qd, pool);
+    const int32_t group = spec_.windowed() ? spec_.layer_group[l] : 0;
+    const int64_t* slots = group > 0 ? local_slots_[group - 1].data() : b.slots.data();
+    const cpu::AttentionQuery* layer_queries =
+        group > 0 ? local_queries_[group - 1].data() : queries;
+    cpu::WriteKv(k, kvd, v, kvd, t, slots, kv, pool);
+    cpu::PagedAttention(q, qd, layer_queries, t, c.num_heads, kv, window, attn, qd, pool,
+                        static_cast<float>(c.attn_logit_softcapping));
     if (b.on_layer_done) b.on_layer_done(l);
     matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
     if (gemma) {  // norm the attention output, add it, norm again before the MLP

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -35,6 +36,10 @@ struct CpuBackendOptions {
   // pool's: otherwise the first step of a new size faults them in (on a VM, a large share of
   // the first long prefill). Larger steps still work (the buffers grow).
   int64_t max_num_tokens = 0;
+  // Window layout (KvCacheSpec::windowed) for models whose sliding-window layers alternate with
+  // global ones: local layers keep only their window's pages. Callers then pass local tables in
+  // every ForwardSeq (KvCacheManager does). Off: every layer keeps every block.
+  bool window_kv = false;
 };
 
 // Runs Llama-family forward passes on the CPU over a paged KV cache held in host memory.
@@ -54,9 +59,12 @@ class CpuBackend : public Backend {
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override;
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
   absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) override;
+  void MapLocalPage(int32_t block, int64_t group, int32_t page) override;
 
-  // Bytes of KV pool per block (all layers), for sizing the pool from a memory budget.
-  static size_t KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype);
+  // Bytes of KV pool per block id (all layers, or one page of the window layout), for sizing the
+  // pool from a memory budget.
+  static size_t KvBytesPerBlock(const ModelConfig& config, int64_t block_size, DType kv_dtype,
+                                bool window_kv = false);
 
   // Seconds Create() spent committing the KV pool (CpuBackendOptions::commit_kv), else 0.
   double kv_commit_seconds() const { return kv_commit_seconds_; }
@@ -71,8 +79,15 @@ class CpuBackend : public Backend {
   CpuBackendOptions options_;
   KvCacheSpec spec_;
   std::unique_ptr<ThreadPool> pool_;
-  uint8_t* kv_ = nullptr;  // [layer][block][region], page-aligned
+  uint8_t* kv_ = nullptr;  // [slot][block][region] (KvCacheSpec::layer_slot), page-aligned
   size_t kv_bytes_ = 0;
+  // Window layout: [group - 1][block] -> page of that local group (-1: none), read by transport
+  // threads (HostBlockRegion) while the engine thread maps other blocks.
+  std::unique_ptr<std::atomic<int32_t>[]> local_map_;
+  std::vector<uint8_t> zero_region_;  // what an unmapped local region reads as
+  // Per local group: the queries' block tables and the tokens' KV slots in that group's pages.
+  std::vector<std::vector<cpu::AttentionQuery>> local_queries_;
+  std::vector<std::vector<int64_t>> local_slots_;
   double kv_commit_seconds_ = 0;
   // Sizes the activation buffers below for steps of t tokens.
   void GrowActivations(int64_t t);

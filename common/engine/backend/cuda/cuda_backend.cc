@@ -121,10 +121,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                      std::string(WeightQuantName(model->quantization())), ")"));
   }
   if (const ModelConfig& c = model->config();
-      c.qk_norm || c.architecture == Architecture::kGemma3 || c.num_experts > 0) {
+      c.qk_norm || IsGemma(c.architecture) || c.num_experts > 0 || c.rope_dim() != c.head_dim) {
     return absl::UnimplementedError(
         absl::StrCat("the CUDA backend does not implement ", c.architecture_name,
-                     " yet (per-head q/k norms, Gemma's norms and GeGLU, experts); serve it "
+                     " yet (per-head q/k norms, Gemma's norms, GeGLU and soft-capping, experts, "
+                     "partial rotary embeddings); serve it "
                      "with --device cpu"));
   }
   std::string why;

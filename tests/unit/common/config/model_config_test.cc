@@ -333,6 +333,73 @@ TEST(ModelConfigTest, Gemma3UnsupportedFieldsAreNamed) {
   }
 }
 
+// gemma-2-2b-it's config.json as published (no layer_types: every other layer slides).
+constexpr char kGemma2_2b[] = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 107], "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+  "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4",
+  "use_cache": true, "vocab_size": 256000})";
+
+TEST(ModelConfigTest, Gemma2AlternatingLayersAndSoftCaps) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kGemma2_2b, "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma2);
+  EXPECT_EQ(c->model_type, "gemma2");
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->tie_word_embeddings) << "Gemma2Config's default";
+  EXPECT_EQ(c->activation, Activation::kGeluTanh);
+  ASSERT_EQ(c->sliding_layers.size(), 26u);
+  for (int i = 0; i < 26; ++i) EXPECT_EQ(c->sliding_layers[i], i % 2 == 0) << i;
+  EXPECT_EQ(c->rope_local_theta, 0.0) << "one RoPE base for every layer";
+  EXPECT_EQ(c->attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c->final_logit_softcapping, 30.0);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(1, 107));
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+  std::string relu = kGemma2_2b;
+  relu.replace(relu.find(R"("hidden_activation": "gelu_pytorch_tanh")"), 40,
+               R"("hidden_activation": "relu")");
+  EXPECT_THAT(std::string(ParseModelConfig(relu, "g").status().message()),
+              HasSubstr("hidden_activation 'relu'"));
+}
+
+// Phi-4-mini-instruct's config.json (factors shortened to their count, fields the engine ignores
+// trimmed): Phi3ForCausalLM with partial rotary and tied embeddings.
+std::string Phi4Mini() {
+  std::string factors;
+  for (int i = 0; i < 48; ++i) factors += (i ? ", " : "") + std::to_string(1.0 + 0.01 * i);
+  return R"({"architectures": ["Phi3ForCausalLM"], "attention_bias": false,
+  "bos_token_id": 199999, "eos_token_id": 199999, "full_attn_mod": 1, "hidden_act": "silu",
+  "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 131072,
+  "model_type": "phi3", "num_attention_heads": 24, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "original_max_position_embeddings": 4096, "pad_token_id": 199999,
+  "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-05, "rope_scaling": {"long_factor": [)" +
+         factors + R"(], "short_factor": [)" + factors + R"(], "type": "longrope"},
+  "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "vocab_size": 200064})";
+}
+
+TEST(ModelConfigTest, Phi4MiniRotatesThreeQuartersOfEachHead) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(Phi4Mini(), "x/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kPhi3);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rotary_dim, 96);
+  EXPECT_EQ(c->rope_dim(), 96);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rope_scaling.short_factor.size(), 48u);
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+}
+
 // Mixtral-8x7B-v0.1's and Qwen3-30B-A3B's config.json as published (fields the engine ignores
 // trimmed).
 constexpr char kMixtral8x7b[] = R"({

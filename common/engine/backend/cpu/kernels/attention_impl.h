@@ -13,6 +13,7 @@
 // A work item may hold several queries of one sequence at consecutive positions (AttentionTyped):
 // they share each K and V row load, and each one's arithmetic stays the above.
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -533,7 +534,7 @@ void OutputRange(const AttentionSlots<S>& sl, const PagedKvLayer& kv, int64_t kv
 template <class S, class KT>
 void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
                     int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t window,
-                    float scale, float* out, int64_t ldo, float* scratch) {
+                    float scale, float softcap, float* out, int64_t ldo, float* scratch) {
   const int64_t hd = kv.head_dim, ctx = queries[0].context_len;
   const int64_t begin = (window > 0 && ctx > window) ? ctx - window : 0;
   if (ctx <= begin) {  // an empty context (count is 1 then)
@@ -558,6 +559,13 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery* queries, 
     ScoreRange<S, KT>(sl, kv, kv_head, begin, ctx, queries[r].context_len, r * group,
                       (r + 1) * group, scale);
   }
+  if (softcap > 0.0f) {  // soft-capped scores (each on its own: batch-invariant)
+    for (int64_t i = 0; i < slots; ++i) {
+      float* sc = sl.Scores(i);
+      const int64_t n = sl.query(i).context_len - begin;
+      for (int64_t j = 0; j < n; ++j) sc[j] = softcap * std::tanh(sc[j] / softcap);
+    }
+  }
   for (int64_t i = 0; i < slots; ++i) {
     *sl.Inv(i) = SoftmaxInPlace<S>(sl.Scores(i), sl.query(i).context_len - begin);
   }
@@ -571,19 +579,19 @@ void AttentionTyped(const float* q, int64_t ldq, const AttentionQuery* queries, 
 template <class S>
 void Attention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
                int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t window, float scale,
-               float* out, int64_t ldo, float* scratch) {
+               float softcap, float* out, int64_t ldo, float* scratch) {
   if (kv.dtype == DType::kBF16) {
-    AttentionTyped<S, uint16_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
-                                scratch);
+    AttentionTyped<S, uint16_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, softcap,
+                                out, ldo, scratch);
   } else if (kv.dtype == DType::kI8) {
-    AttentionTyped<S, int8_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
-                              scratch);
+    AttentionTyped<S, int8_t>(q, ldq, queries, count, kv_head, group, kv, window, scale, softcap,
+                              out, ldo, scratch);
   } else if (kv.dtype == DType::kF8E4M3) {
-    AttentionTyped<S, Fp8E4M3>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
-                               scratch);
+    AttentionTyped<S, Fp8E4M3>(q, ldq, queries, count, kv_head, group, kv, window, scale, softcap,
+                               out, ldo, scratch);
   } else {
-    AttentionTyped<S, float>(q, ldq, queries, count, kv_head, group, kv, window, scale, out, ldo,
-                             scratch);
+    AttentionTyped<S, float>(q, ldq, queries, count, kv_head, group, kv, window, scale, softcap,
+                             out, ldo, scratch);
   }
 }
 

@@ -454,7 +454,7 @@ constexpr int64_t kAttnTileScoreFloats = int64_t{1} << 16;
 
 void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
                     int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
-                    int64_t ldo, ThreadPool* pool) {
+                    int64_t ldo, ThreadPool* pool, float softcap) {
   CheckKvType(kv.dtype);
   TANDEM_CHECK(kv.num_kv_heads > 0 && num_heads % kv.num_kv_heads == 0)
       << "num_heads " << num_heads << " is not a multiple of num_kv_heads " << kv.num_kv_heads;
@@ -499,7 +499,8 @@ void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, 
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t tile = i / kv.num_kv_heads;
       t.attention(q, ldq, queries + starts[tile], starts[tile + 1] - starts[tile],
-                  i % kv.num_kv_heads, group, kv, sliding_window, scale, out, ldo, scratch);
+                  i % kv.num_kv_heads, group, kv, sliding_window, scale, softcap, out, ldo,
+                  scratch);
     }
   };
   if (pool == nullptr || pool->size() == 1 || items == 1) {

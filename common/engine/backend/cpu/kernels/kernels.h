@@ -134,10 +134,11 @@ struct AttentionQuery {
 // query and head: scores over positions in ascending order, softmax with max subtraction, then the
 // weighted sum of V in ascending position order. Parallel over (query, head) pairs; each pair's
 // arithmetic is the same whichever pool or batch it runs in. sliding_window > 0 restricts
-// attention to the last `sliding_window` positions.
+// attention to the last `sliding_window` positions. softcap > 0 caps every scaled score s to
+// softcap * tanh(s / softcap) before the softmax (Gemma 2's attn_logit_softcapping).
 void PagedAttention(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t num_queries,
                     int64_t num_heads, const PagedKvLayer& kv, int64_t sliding_window, float* out,
-                    int64_t ldo, ThreadPool* pool);
+                    int64_t ldo, ThreadPool* pool, float softcap = 0.0f);
 
 // Reads back one token slot's K or V (f32) for tests and transfer checks. which: 0 = K, 1 = V.
 void ReadKvSlot(const PagedKvLayer& kv, int64_t slot, int which, float* out);

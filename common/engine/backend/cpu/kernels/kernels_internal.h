@@ -55,7 +55,7 @@ struct KernelTable {
   // (AttentionSpan(queries[count - 1].context_len, sliding_window) + 1) floats.
   void (*attention)(const float* q, int64_t ldq, const AttentionQuery* queries, int64_t count,
                     int64_t kv_head, int64_t group, const PagedKvLayer& kv, int64_t sliding_window,
-                    float scale, float* out, int64_t ldo, float* scratch);
+                    float scale, float softcap, float* out, int64_t ldo, float* scratch);
   // out[i] = exp(x[i]) with the vector exp the attention and SiLU kernels use.
   void (*exp)(const float* x, int64_t n, float* out);
 };

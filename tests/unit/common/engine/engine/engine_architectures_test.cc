@@ -58,6 +58,14 @@ ModelConfig SmallConfig(Architecture arch) {
     c.query_pre_attn_scalar = 24;
     c.final_logit_softcapping = 30;
   }
+  if (arch == Architecture::kGemma2) {  // four layers alternating local / global (windows of 20)
+    c.num_layers = 4;
+    c.sliding_window = 20;
+    c.sliding_layers = {1, 0, 1, 0};
+    c.query_pre_attn_scalar = 24;
+    c.attn_logit_softcapping = 2;
+    c.final_logit_softcapping = 30;
+  }
   if (arch == Architecture::kMixtral || arch == Architecture::kQwen3Moe) {
     c.num_experts = 8;
     c.num_experts_per_tok = 2;
@@ -82,8 +90,10 @@ class EngineArchitecturesTest : public ::testing::TestWithParam<Architecture> {
   }
 
   std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t blocks,
-                                     const std::string& quantization = "none") {
+                                     const std::string& quantization = "none",
+                                     bool window_kv = true) {
     EngineBuildOptions b;
+    b.window_kv = window_kv;
     b.model_dir = dir_->path();
     b.quantization = quantization;
     b.quant_group_size = 32;
@@ -233,10 +243,78 @@ TEST_P(EngineArchitecturesTest, SpeculationKeepsGreedyOutput) {
   EXPECT_EQ(s.kv_blocks_used, 0);
 }
 
+// Gemma's local layers keep only their window's KV: greedy output equals the full-KV layout's
+// across batching, chunking across window boundaries, prefix caching and preemption, and the
+// pages a long sequence holds stay bounded by its blocks plus one window.
+TEST_P(EngineArchitecturesTest, WindowOnlyKvEqualsFullKvAndHoldsOnlyTheWindow) {
+  if (!IsGemma(GetParam())) GTEST_SKIP() << "no local layers";
+  const std::vector<Req> reqs = MakeRequests(16, 7, 60, 40);  // windows of 20 tokens slide
+  EngineOptions solo;
+  solo.enable_prefix_cache = false;
+  solo.scheduler.max_num_seqs = 1;
+  const Outputs want = RunAll(*MakeEngine(solo, 256, "none", /*window_kv=*/false), reqs);
+  struct Variant {
+    int64_t seqs, tokens, chunk, blocks;
+    bool cache;
+  };
+  for (const Variant& v : {Variant{16, 512, 0, 256, true}, Variant{6, 17, 0, 256, true},
+                           Variant{16, 64, 5, 256, false}, Variant{16, 64, 5, 256, true},
+                           Variant{16, 17, 0, 16, true}}) {
+    EngineOptions o;
+    o.enable_prefix_cache = v.cache;
+    o.scheduler.max_num_seqs = v.seqs;
+    o.scheduler.max_num_batched_tokens = v.tokens;
+    o.scheduler.max_prefill_chunk = v.chunk;
+    auto engine = MakeEngine(o, v.blocks);
+    ASSERT_NE(engine, nullptr);
+    ASSERT_TRUE(engine->backend().kv_spec().windowed());
+    for (int pass = 0; pass < 2; ++pass) {  // the second on a warm prefix cache
+      EXPECT_EQ(RunAll(*engine, reqs), want) << "seqs " << v.seqs << " tokens " << v.tokens
+                                             << " blocks " << v.blocks << " pass " << pass;
+      EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+    }
+    if (v.blocks == 16) {
+      EXPECT_GT(engine->stats().preemptions, 0);
+    }
+  }
+
+  // One long sequence: the bytes it holds grow by one layer's block per block, not two.
+  auto window = MakeEngine({}, 256), full = MakeEngine({}, 256, "none", false);
+  const KvCacheSpec& ws = window->backend().kv_spec();
+  const KvCacheSpec& fs = full->backend().kv_spec();
+  EXPECT_EQ(ws.bytes_per_block(), fs.bytes_per_block() / 2);
+  EngineRequest r;
+  r.id = "long";
+  r.prompt = reqs[0].prompt;
+  r.params.max_tokens = 200;
+  r.params.ignore_eos = true;
+  ASSERT_TRUE(window->AddRequest(r).ok());
+  ASSERT_TRUE(full->AddRequest(r).ok());
+  int64_t len = static_cast<int64_t>(r.prompt.size());
+  std::vector<int32_t> got, expected;
+  while (window->HasWork()) {
+    for (const auto& u : window->Step())
+      got.insert(got.end(), u.new_tokens.begin(), u.new_tokens.end());
+    for (const auto& u : full->Step()) {
+      expected.insert(expected.end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+    if (!window->HasWork()) break;
+    len = static_cast<int64_t>(r.prompt.size() + got.size());
+    const int64_t blocks = (len + ws.block_size - 1) / ws.block_size;
+    // The window (20 positions) touches at most 3 blocks of 16, each one local page.
+    EXPECT_LE(window->stats().kv_blocks_used, blocks + 3) << len;
+    EXPECT_LE(full->stats().kv_blocks_used, blocks) << len;
+    EXPECT_GE(full->stats().kv_blocks_used, blocks - 1) << len;
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got.size(), 200u);
+  EXPECT_GT(len, 200);
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
                          ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
-                                           Architecture::kGemma3, Architecture::kMixtral,
-                                           Architecture::kQwen3Moe),
+                                           Architecture::kGemma3, Architecture::kGemma2,
+                                           Architecture::kMixtral, Architecture::kQwen3Moe),
                          [](const auto& info) { return ArchitectureModelType(info.param); });
 
 }  // namespace

@@ -269,6 +269,122 @@ TEST(ArchitecturesTest, Gemma3HoldsItsNormsAsOnePlusWeight) {
   }
 }
 
+// Replaces `from` by `to` in the model directory's config.json (which must hold it).
+void EditConfig(const ScratchDir& dir, const std::string& from, const std::string& to) {
+  std::string text = testing_util::ReadFile(dir.file("config.json"));
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  text.replace(at, from.size(), to);
+  testing_util::WriteFile(dir.file("config.json"), text);
+}
+
+std::string LoadError(const ScratchDir& dir) {
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  return m.ok() ? "loaded" : std::string(m.status().message());
+}
+
+TEST(ArchitecturesTest, Gemma2LoadsItsSoftCapsAndAlternatingLayers) {
+  ScratchDir dir("gemma2");
+  RandomModelOptions o;
+  o.preset = "gemma2-tiny";
+  o.vocab_size = 300;
+  o.dtype = DType::kF32;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig& c = (*m)->config();
+  EXPECT_EQ(c.architecture, Architecture::kGemma2);
+  EXPECT_EQ(c.model_type, "gemma2");
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rope_local_theta, 0);
+  EXPECT_THAT(c.sliding_layers, ElementsAre(1, 0, 1, 0));
+  EXPECT_EQ(c.attn_logit_softcapping, 2);
+  EXPECT_EQ(c.final_logit_softcapping, 30);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE((*m)->weights().layers[0].q_norm.empty());
+  EXPECT_FALSE((*m)->weights().layers[3].post_ffw_norm.empty());
+
+  // Without layer_types: every other layer slides, from layer 0 (Gemma2Config's default).
+  const std::string types = R"("layer_types": [
+    "sliding_attention",
+    "full_attention",
+    "sliding_attention",
+    "full_attention"
+  ],)";
+  EditConfig(dir, types, "");
+  m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT((*m)->config().sliding_layers, ElementsAre(1, 0, 1, 0));
+  // Soft-capping absent: Gemma2Config's defaults (50 and 30); null: none.
+  EditConfig(dir, R"("attn_logit_softcapping": 2.0,)", "");
+  m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().attn_logit_softcapping, 50);
+  EditConfig(dir, R"("final_logit_softcapping": 30.0)", R"("final_logit_softcapping": null)");
+  m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().final_logit_softcapping, 0);
+}
+
+TEST(ArchitecturesTest, BadGemma2AndPhi4CheckpointsNameTheFieldOrTensor) {
+  ScratchDir dir("gemma2_bad");
+  RandomModelOptions o;
+  o.preset = "gemma2-tiny";
+  o.vocab_size = 300;
+  o.dtype = DType::kF32;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  const std::string good = testing_util::ReadFile(dir.file("config.json"));
+  EditConfig(dir, R"("rope_scaling": null)",
+             R"("rope_scaling": {"rope_type": "yarn", "factor": 4})");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("yarn"));
+  testing_util::WriteFile(dir.file("config.json"), good);
+  EditConfig(dir, R"("hidden_activation": "gelu_pytorch_tanh")", R"("hidden_activation": "relu")");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("hidden_activation 'relu'"));
+  testing_util::WriteFile(dir.file("config.json"), good);
+  EditConfig(dir, R"("sliding_window": 24,)",
+             R"("sliding_window": 24, "rope_local_base_freq": 1e4,)");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("rope_local_base_freq"));
+  testing_util::WriteFile(dir.file("config.json"), good);
+  EditConfig(dir, R"("attn_logit_softcapping": 2.0)", R"("attn_logit_softcapping": -1.0)");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("attn_logit_softcapping"));
+  // A Gemma 2 config over a checkpoint that lacks a norm, or one with a misshapen tensor.
+  testing_util::WriteFile(dir.file("config.json"), good);
+  EditConfig(dir, R"("num_hidden_layers": 4)", R"("num_hidden_layers": 5)");
+  EditConfig(dir, R"("full_attention"
+  ],)",
+             R"("full_attention", "sliding_attention"
+  ],)");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("model.layers.4."));
+  testing_util::WriteFile(dir.file("config.json"), good);
+  EditConfig(dir, R"("intermediate_size": 176)", R"("intermediate_size": 160)");
+  EXPECT_THAT(LoadError(dir), ::testing::HasSubstr("mlp.gate_proj.weight' has shape"));
+
+  ScratchDir phi("phi4_bad");
+  o.preset = "phi4-tiny";
+  ASSERT_TRUE(WriteRandomModel(o, phi.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(phi.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config().rotary_dim, 24);
+  EXPECT_EQ((*m)->config().rope_dim(), 24);
+  EXPECT_TRUE((*m)->config().tie_word_embeddings);
+  const std::string phi_good = testing_util::ReadFile(phi.file("config.json"));
+  EditConfig(phi, R"("partial_rotary_factor": 0.75)", R"("partial_rotary_factor": 0.7)");
+  EXPECT_THAT(LoadError(phi), ::testing::HasSubstr("partial_rotary_factor 0.7"));
+  testing_util::WriteFile(phi.file("config.json"), phi_good);
+  EditConfig(phi, R"("partial_rotary_factor": 0.75)", R"("partial_rotary_factor": 0.5)");
+  EXPECT_THAT(LoadError(phi),
+              ::testing::HasSubstr("partial_rotary_factor / 2 = 8 entries, got 12"));
+  testing_util::WriteFile(phi.file("config.json"), phi_good);
+  EditConfig(phi, R"("type": "longrope")", R"("type": "dynamic")");
+  EXPECT_THAT(LoadError(phi), ::testing::HasSubstr("dynamic"));
+  // Partial rotary outside Phi-3: refused naming the field.
+  ScratchDir llama("llama_partial");
+  o.preset = "tiny";
+  ASSERT_TRUE(WriteRandomModel(o, llama.path()).ok());
+  EditConfig(llama, R"("rope_theta")", R"("partial_rotary_factor": 0.5, "rope_theta")");
+  EXPECT_THAT(LoadError(llama), ::testing::HasSubstr("partial_rotary_factor 0.5"));
+}
+
 TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
   for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
     ScratchDir dir(preset);
