@@ -108,6 +108,10 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
       reason != FinishReason::kError) {
     // Prefill role: keep the blocks (one reference each) until the export is done.
     SequenceBlocks& hold = holds_[seq->request_id];
+    if (!hold.table.empty()) {  // a repeated id: its older hold is superseded
+      held_blocks_ -= kv_->PagesHeld(hold);
+      kv_->Free(&hold);
+    }
     kv_->Fork(seq->blocks, &hold);
     u->held_blocks = seq->blocks.table;
     held_blocks_ += kv_->PagesHeld(hold);
