@@ -314,6 +314,59 @@ TEST_P(EngineArchitecturesTest, WindowOnlyKvEqualsFullKvAndHoldsOnlyTheWindow) {
   EXPECT_GT(len, 200);
 }
 
+// Phi-4-mini's partial rotary (24 of 32 dims per head, LongRoPE from position 32 on): greedy
+// output does not depend on batching, chunking, prefix caching or speculation.
+TEST(EngineArchitecturesPartialRotaryTest, Phi4TinyKeepsGreedyOutput) {
+  testing_util::ScratchDir dir("phi4");
+  RandomModelOptions o;
+  o.preset = "phi4-tiny";
+  o.vocab_size = 512;
+  o.dtype = DType::kF32;
+  o.seed = 3;
+  o.init_std = 0.08;
+  o.norm_std = 0.2;
+  o.num_threads = 1;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  auto make = [&](EngineOptions options) {
+    EngineBuildOptions b;
+    b.model_dir = dir.path();
+    b.num_kv_blocks = 256;
+    b.show_progress = false;
+    b.threads = 1;
+    b.engine = options;
+    auto built = BuildEngine(b);
+    EXPECT_TRUE(built.ok()) << built.status();
+    return built.ok() ? std::move(built->engine) : nullptr;
+  };
+  std::vector<Req> reqs = MakeRequests(12, 17, 40, 24);
+  for (Req& r : reqs) {  // repeats, so that n-gram lookup proposes drafts
+    const std::vector<int32_t> span = r.prompt;
+    r.prompt.insert(r.prompt.end(), span.begin() + 1, span.end());
+  }
+  EngineOptions solo;
+  solo.enable_prefix_cache = false;
+  solo.scheduler.max_num_seqs = 1;
+  auto solo_engine = make(solo);
+  ASSERT_NE(solo_engine, nullptr);
+  ASSERT_EQ(solo_engine->model().config().rope_dim(), 24);
+  const Outputs want = RunAll(*solo_engine, reqs);
+  std::set<int32_t> distinct;
+  for (const auto& [id, tokens] : want) distinct.insert(tokens.begin(), tokens.end());
+  EXPECT_GT(distinct.size(), 8u);
+  EngineOptions batched;
+  batched.scheduler.max_num_seqs = 12;
+  batched.scheduler.max_num_batched_tokens = 64;
+  batched.scheduler.max_prefill_chunk = 7;
+  EngineOptions spec = batched;
+  spec.spec.method = SpecOptions::Method::kNgram;
+  spec.spec.num_speculative_tokens = 4;
+  for (const EngineOptions& options : {batched, spec}) {
+    auto engine = make(options);
+    for (int pass = 0; pass < 2; ++pass) EXPECT_EQ(RunAll(*engine, reqs), want) << pass;
+    EXPECT_EQ(engine->stats().kv_blocks_used, 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
                          ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
                                            Architecture::kGemma3, Architecture::kGemma2,
