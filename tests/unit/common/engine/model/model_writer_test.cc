@@ -131,6 +131,16 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t gemma3_params = 0;
   for (const auto& s : ModelTensorSpecs(*gemma3, DType::kBF16)) gemma3_params += s.nbytes() / 2;
   EXPECT_EQ(gemma3_params, 999885952u);
+  // Gemma-2-2B: 2,614,341,888 parameters; Phi-4-mini: 3,836,021,760 (published counts), tied.
+  for (const auto& [name, want] : std::vector<std::pair<std::string, size_t>>{
+           {"gemma2-2b", 2614341888u}, {"phi4-mini", 3836021760u}}) {
+    absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
+    size_t params = 0;
+    for (const auto& s : ModelTensorSpecs(*c, DType::kBF16)) params += s.nbytes() / 2;
+    EXPECT_EQ(params, want) << name;
+  }
   // Mixtral-8x7B: 46.7B parameters; Qwen3-30B-A3B: 30.5B. Decode reads the active experts only.
   absl::StatusOr<ModelConfig> mixtral = RandomModelPresetConfig("mixtral-8x7b");
   ASSERT_TRUE(mixtral.ok());
@@ -144,8 +154,8 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t a3b_params = 0;
   for (const auto& s : ModelTensorSpecs(*a3b, DType::kBF16)) a3b_params += s.nbytes() / 2;
   EXPECT_NEAR(a3b_params / 1e9, 30.53, 0.01);
-  for (const char* name :
-       {"qwen3-tiny", "phi3-tiny", "gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"}) {
+  for (const char* name : {"qwen3-tiny", "phi3-tiny", "phi4-tiny", "gemma3-tiny", "gemma2-tiny",
+                           "mixtral-tiny", "qwen3-moe-tiny"}) {
     absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
