@@ -193,7 +193,7 @@ struct QuerySpec {
 
 // Reference attention in double for one query row.
 void ReferenceAttention(const TestCache& c, const QuerySpec& qs, const float* q, int64_t num_heads,
-                        int64_t window, std::vector<double>* out) {
+                        int64_t window, std::vector<double>* out, double softcap = 0) {
   const int64_t hd = c.kv.head_dim, kvh = c.kv.num_kv_heads, group = num_heads / kvh;
   const int64_t width = kvh * hd, L = qs.context_len;
   const int64_t begin = (window > 0 && L > window) ? L - window : 0;
@@ -207,6 +207,7 @@ void ReferenceAttention(const TestCache& c, const QuerySpec& qs, const float* q,
       for (int64_t d = 0; d < hd; ++d)
         dot += double{q[h * hd + d]} * c.k[qs.seq][j * width + g * hd + d];
       s.push_back(dot / std::sqrt(static_cast<double>(hd)));
+      if (softcap > 0) s.back() = softcap * std::tanh(s.back() / softcap);
       mx = std::max(mx, s.back());
     }
     double sum = 0;
@@ -251,13 +252,14 @@ std::vector<QuerySpec> MakeQueries(const std::vector<int64_t>& lens) {
 
 // Each query's output computed alone (one query per call, no pool): [n][num_heads * head_dim].
 std::vector<float> AloneOutputs(const TestCache& c, const AttnCase& ac,
-                                const std::vector<QuerySpec>& qspecs, const float* q, int64_t ldq) {
+                                const std::vector<QuerySpec>& qspecs, const float* q, int64_t ldq,
+                                float softcap = 0) {
   const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim;
   std::vector<float> alone(n * width);
   for (int64_t i = 0; i < n; ++i) {
     const AttentionQuery query{0, qspecs[i].context_len, c.tables[qspecs[i].seq].data()};
     PagedAttention(q + i * ldq, ldq, &query, 1, ac.num_heads, c.kv, ac.window,
-                   alone.data() + i * width, width, nullptr);
+                   alone.data() + i * width, width, nullptr, softcap);
   }
   return alone;
 }
@@ -394,6 +396,46 @@ TEST_P(AttentionTest, PrefillChunksMatchQueriesAlone) {
             << qspecs[i].context_len << " threads " << pool->size();
       }
     }
+  }
+}
+
+// Soft-capped scores (Gemma 2): each scaled score s becomes cap * tanh(s / cap) before the
+// softmax; the result matches the double reference (and differs from the uncapped one), and
+// prefill-chunk tiles give each query the bits it gets alone.
+TEST_P(AttentionTest, SoftCappedScoresMatchReferenceAndChunks) {
+  const std::vector<int64_t> lens = {9, 40};
+  const float cap = 1.5f;
+  for (const AttnCase& ac :
+       {AttnCase{DType::kF32, 4, 2, 32, 16, 0}, AttnCase{DType::kBF16, 4, 2, 20, 5, 12}}) {
+    const TestCache c =
+        MakeCache({ac.dtype, ac.num_kv_heads, ac.head_dim, ac.block_size, lens}, 40 + ac.head_dim);
+    std::vector<QuerySpec> qspecs;
+    for (size_t s = 0; s < lens.size(); ++s) {
+      for (int64_t L = 1; L <= lens[s]; ++L) qspecs.push_back({s, L});
+    }
+    const int64_t n = qspecs.size(), width = ac.num_heads * ac.head_dim;
+    const auto q = RandomFloats(n * width, 12, -3.0f, 3.0f);
+    const std::vector<float> alone = AloneOutputs(c, ac, qspecs, q.data(), width, cap);
+    std::vector<AttentionQuery> queries;
+    for (int64_t i = 0; i < n; ++i) {
+      queries.push_back({i, qspecs[i].context_len, c.tables[qspecs[i].seq].data()});
+    }
+    std::vector<float> out(n * width);
+    ThreadPool pool(2);
+    PagedAttention(q.data(), width, queries.data(), n, ac.num_heads, c.kv, ac.window, out.data(),
+                   width, &pool, cap);
+    ASSERT_EQ(0, std::memcmp(out.data(), alone.data(), out.size() * sizeof(float)));
+    double capped_vs_plain = 0;
+    std::vector<double> want, plain;
+    for (int64_t i = 0; i < n; ++i) {
+      ReferenceAttention(c, qspecs[i], q.data() + i * width, ac.num_heads, ac.window, &want, cap);
+      ReferenceAttention(c, qspecs[i], q.data() + i * width, ac.num_heads, ac.window, &plain);
+      for (int64_t e = 0; e < width; ++e) {
+        ASSERT_NEAR(out[i * width + e], want[e], 2e-6) << "query " << i << " elem " << e;
+        capped_vs_plain = std::max(capped_vs_plain, std::abs(want[e] - plain[e]));
+      }
+    }
+    EXPECT_GT(capped_vs_plain, 1e-2) << "the cap bites at these scores";
   }
 }
 
