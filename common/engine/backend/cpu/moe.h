@@ -6,6 +6,7 @@
 #include "common/base/dtype.h"
 #include "common/base/thread_pool.h"
 #include "common/config/model_config.h"
+#include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/model/model.h"
 
 namespace tandem {
@@ -25,8 +26,17 @@ class MoeMlp {
            DType input_dtype, float* out, ThreadPool* pool);
 
  private:
+  // When every token chose the same experts (always for one token): all their gate/up
+  // projections in one MatMulShared call, outputs straight into `slots`; false otherwise.
+  bool RunSharedExperts(const ModelConfig& c, const LayerWeights& lw, const float* h, int64_t t,
+                        const int32_t* offsets, DType input_dtype, float* slots, ThreadPool* pool);
+  // out[i] = sum over j of weights[i, j] * slots[i, j] in slot order (ascending expert id).
+  static void Combine(const float* weights, const float* slots, int64_t t, int64_t k, int64_t d,
+                      float* out);
+
   std::vector<float> logits_, weights_, gathered_, gate_, up_, act_, expert_out_, slots_;
-  std::vector<int32_t> chosen_, offsets_, members_;
+  std::vector<int32_t> chosen_, offsets_, members_, shared_experts_;
+  std::vector<cpu::MatMulProjection> projections_;
 };
 
 }  // namespace tandem
