@@ -15,10 +15,11 @@ namespace tandem {
 // (f32), per token a softmax over all experts, the num_experts_per_tok most likely (ties to the
 // lower expert id), renormalised when config.norm_topk_prob; then for each expert that any token
 // chose, the rows of its tokens gathered into one matrix and run through the expert's SwiGLU in
-// one pass (each expert's weights read once per step); finally each token's output is the sum
-// of its experts' outputs times their weights, in ascending expert id. Every step of that is a
-// function of the token's own row (the kernels are batch-invariant), so a token's output does
-// not depend on which tokens share its batch or its experts.
+// one pass (each expert's weights read once per step; when every token chose the same experts,
+// as a lone token always does, all their gate/up projections in one call); finally each token's
+// output is the sum of its experts' outputs times their weights, in ascending expert id. Every step
+// of that is a function of the token's own row (the kernels are batch-invariant), so a token's
+// output does not depend on which tokens share its batch or its experts.
 class MoeMlp {
  public:
   // out[t, hidden] = MoE(h[t, hidden]) for t < num_tokens.
