@@ -148,7 +148,6 @@ def moe_section(work, settings, runs, pairs, concs, summary):
             summary["pairs"][f"{tf}:{pf}"]["roofline"] = {
                 "bytes_per_token": per_token, "runs": rr, "decode_tokens_per_s": rate,
                 "membw_gbps": median(bws), "fractions": fracs, "fraction": median(fracs)}
-        rows_dec.append(row)
     md = ("\n### Decode tokens/s by concurrency, prefill left out (higher is better)\n\n"
           "C / TPOT (the wave's median time per output token): the rate the C sequences "
           "decode at together once their prompts are in.\n\n")
