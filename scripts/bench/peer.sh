@@ -28,9 +28,11 @@
 # PEER_PREFIX_LEN (512; 0 skips the case), PEER_PREFIX_CONC (4), PEER_CHECK (1: first check
 # that both greedy-decode the bf16 weights alike; 0 skips it).
 # PEER_LAYERS (the preset's own layer count: a model with that many layers instead, e.g. a
-# Mixtral-8x7B block shape with 1 layer), PEER_MEMBW (0; 1: measure the memory read bandwidth
-# with PEER_THREADS threads in each round, as decode_bandwidth.sh does, for the report's bytes
-# per token against the roofline), PEER_SECTION (peer: the report's name).
+# Mixtral-8x7B block shape with 1 layer), PEER_MEMBW (0; 1: Tandem's batch-1 bytes per token
+# against the memory-bandwidth roofline: in each round, after a Tandem server's waves,
+# PEER_ROOF_RUNS (3) single-request decode runs, each between two reads of the same number of
+# bytes by `membw` with PEER_THREADS threads, so every run is judged against the bandwidth of
+# its own moment on a noisy machine), PEER_SECTION (peer: the report's name).
 # scripts/bench/peer_moe.sh runs this with a mixture-of-experts model.
 # Writes $BENCH_RESULTS/$PEER_SECTION.{md,json}. The default sweep takes about an hour on two idle cores
 # (llama-server's waves at concurrency 16 take a minute or more each). Run it on an idle
@@ -62,6 +64,7 @@ bench_init "$SECTION_NAME"
 PRESET="${PEER_PRESET:-llama-1b}"
 LAYERS="${PEER_LAYERS:-}"
 MEMBW_ON="${PEER_MEMBW:-0}"
+ROOF_RUNS="${PEER_ROOF_RUNS:-3}"
 MEMBW="$BUILD_DIR/bin/membw"
 if [ "$MEMBW_ON" = 1 ] && [ ! -x "$MEMBW" ]; then
   echo "peer.sh: build membw first (ninja -C $BUILD_DIR membw)" >&2; exit 1
@@ -89,6 +92,7 @@ fi
 cat >"$WORK/settings.json" <<EOF
 {"reps": $REPS, "threads": $THREADS, "prompt_len": $PROMPT_LEN, "output_len": $OUTPUT_LEN,
  "prefix_len": $PREFIX_LEN, "prefix_conc": $PREFIX_CONC, "preset": "$MODEL_NAME",
+ "roof_runs": $ROOF_RUNS,
  "pairs": "${PAIRS[*]}", "peer_src": "$PEER_SRC", "peer_commit": "$PEER_COMMIT"}
 EOF
 printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
@@ -241,10 +245,33 @@ check_same_weights() {
   fi
 }
 
+# roofline FORMAT URL ROUND: ROOF_RUNS single-request decode runs on a warm Tandem server,
+# interleaved with `membw` reads of the bytes one run reads (its weights per token times its
+# tokens, in passes over a 1 GiB buffer): bandwidth, run, bandwidth, run, ..., bandwidth. The
+# report judges each run against the mean of the reads just before and after it.
+roofline() {
+  local fmt="$1" url="$2" rep="$3" i passes
+  passes="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$ROOT/scripts/bench')
+from render_peer import active_bytes_per_token as b
+print(max(1, round(b('$MODEL', '$fmt') * ($OUTPUT_LEN - 1) / 2**30)))")"
+  [ "$rep" = 1 ] && record "memory read bandwidth ($fmt, between runs)" "$MEMBW" 1024 "$passes" \
+    "$THREADS"
+  "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/roof.$fmt.$rep.0.membw.txt"
+  for i in $(seq 1 "$ROOF_RUNS"); do
+    "${CLIENT[@]}" --url "$url" --concurrency 1 --prompt-len "$PROMPT_LEN" \
+      --output-len "$OUTPUT_LEN" --seed $((5000 + 100 * rep + i)) --label "roof $fmt $i" \
+      --json-out "$WORK/roof.$fmt.$rep.$i.json" >>"$WORK/client.log"
+    "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/roof.$fmt.$rep.$i.membw.txt"
+  done
+  log "tandem $fmt roofline runs: membw $(grep -ho 'median [0-9.]* GB/s' \
+    "$WORK"/roof."$fmt"."$rep".*.membw.txt | tr '\n' ' ')"
+}
+
 run_pair() {
   local tfmt="$1" ptype="$2" rep="$3"
   start_tandem "tandem.$tfmt.$rep" "$tfmt"
   sweep tandem "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
+  [ "$MEMBW_ON" = 1 ] && roofline "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
   stop_process "$LAST_PID"
   start_peer "peer.$ptype.$rep" "$ptype"
   sweep peer "$ptype" "http://127.0.0.1:$LAST_PORT" "$rep"
@@ -272,11 +299,6 @@ fi
 for pair in "${PAIRS[@]}"; do ensure_gguf "${pair#*:}" >/dev/null; done
 [ "${PEER_CHECK:-1}" = 0 ] || check_same_weights
 for rep in $(seq 1 "$REPS"); do
-  if [ "$MEMBW_ON" = 1 ]; then
-    [ "$rep" = 1 ] && record "memory read bandwidth" "$MEMBW" 1024 10 "$THREADS"
-    "$MEMBW" 1024 10 "$THREADS" >"$WORK/membw.$rep.txt"
-    log "membw: $(grep -o 'median [0-9.]* GB/s' "$WORK/membw.$rep.txt")"
-  fi
   for pair in "${PAIRS[@]}"; do run_pair "${pair%%:*}" "${pair#*:}" "$rep"; done
 done
 echo "$MODEL" >"$WORK/model_dir.txt"

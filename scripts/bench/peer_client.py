@@ -56,8 +56,20 @@ def one_request(url, args, prompt, start_gate, result, max_tokens):
     text = []
     tokens = None
     try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
+        # A wave's connections arrive at once; a busy server's listen queue can overflow and
+        # the kernel resets a connection before the server has seen the request. Such a request
+        # is sent again (its TTFT still counts from the first attempt).
+        for attempt in range(4):
+            try:
+                conn.request("POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                break
+            except (ConnectionResetError, ConnectionRefusedError, BrokenPipeError):
+                conn.close()
+                if attempt == 3:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
         if resp.status != 200:
             result["error"] = f"HTTP {resp.status}: {resp.read()[:300]!r}"
             return

@@ -5,11 +5,12 @@
 # shape with PEER_LAYERS layers (1): 8 experts of 4096 x 14336, top 2, the vocabulary and
 # attention of Mixtral-8x7B. llama.cpp gets it as its converter writes Mixtral (the llama
 # architecture with stacked expert tensors, scripts/bench/peer_gguf.py). Pairs int8 : q8_0 and
-# int4 g32 : q4_0, waves of 1 and 16 requests, BENCH_REPS (2) alternating rounds, and the
-# memory read bandwidth in each round for the bytes read per token against the roofline of the
-# active parameters. Any peer.sh setting can be overridden the same way. Writes
-# $BENCH_RESULTS/peer_moe.{md,json}; about 25 minutes on two busy cores (making the models once
-# included).
+# int4 g32 : q4_0, waves of 1 and 16 requests, BENCH_REPS (2) alternating rounds, and Tandem's
+# batch-1 bytes per token against the roofline of the active parameters: PEER_ROOF_RUNS (3)
+# single-request runs per round and format, each between two `membw` reads of the bytes it
+# reads (see peer.sh). Any peer.sh setting can be overridden the same way. Writes
+# $BENCH_RESULTS/peer_moe.{md,json}; about 8 minutes a round on two busy cores (making the
+# models once not included).
 set -euo pipefail
 PEER_COMMAND_LINE="$(
   env | grep -E '^(PEER_[A-Z_]+|BENCH_REPS)=' | sort | sed -E "s/=(.*)/='\1'/" | tr '\n' ' '

@@ -89,21 +89,33 @@ def active_bytes_per_token(model_dir, fmt_):
     return c["num_hidden_layers"] * layer + matrix_bytes(fmt_, c["vocab_size"], h) + 2 * h
 
 
-def membw_runs(work):
-    runs = []
-    for path in sorted(glob.glob(os.path.join(work, "membw.*.txt"))):
-        m = re.search(r"median ([\d.]+) GB/s", open(path).read())
-        if m:
-            runs.append(float(m.group(1)))
-    return runs
+def membw_gbps(path):
+    m = re.search(r"median ([\d.]+) GB/s", open(path).read())
+    return float(m.group(1)) if m else None
+
+
+def roof_runs(work, fmt_):
+    """Tandem's interleaved batch-1 runs of format fmt_ (peer.sh's roofline()): per run its TPOT
+    and the mean of the `membw` reads just before and after it."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(work, f"roof.{fmt_}.*.json"))):
+        m = re.match(rf"roof\.{re.escape(fmt_)}\.(\d+)\.(\d+)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        rep, i = int(m.group(1)), int(m.group(2))
+        bws = [membw_gbps(os.path.join(work, f"roof.{fmt_}.{rep}.{j}.membw.txt"))
+               for j in (i - 1, i)
+               if os.path.exists(os.path.join(work, f"roof.{fmt_}.{rep}.{j}.membw.txt"))]
+        tpot = json.load(open(path)).get("tpot_ms_median")
+        if tpot and bws and None not in bws:
+            out.append({"round": rep, "run": i, "tpot_ms": tpot, "membw_gbps": sum(bws) / len(bws)})
+    return out
 
 
 def moe_section(work, settings, runs, pairs, concs, summary):
     """Decode tokens/s at each concurrency (C / TPOT: prefill left out) beside the peer's, and
     Tandem's batch-1 weight bytes per token against the memory-bandwidth roofline."""
     model_dir = read_optional(work, "model_dir.txt")
-    bw_runs = membw_runs(work)
-    bw = median(bw_runs)
     threads = settings["threads"]
     rows_dec, rows_roof = [], []
     for tf, pf in pairs:
@@ -121,18 +133,21 @@ def moe_section(work, settings, runs, pairs, concs, summary):
             summary["pairs"][f"{tf}:{pf}"][str(c)]["decode_tokens_per_s"] = {
                 "tandem": tv, "peer": pv, "ratio_median": median(rs), "ratios": rs}
         rows_dec.append(row)
-        if model_dir and bw:
+        rr = roof_runs(work, tf)
+        if model_dir and rr:
             per_token = active_bytes_per_token(model_dir, tf)
-            tpot = figure(runs, ("tandem", tf, 1), "tpot_ms_median")
-            rate = 1e3 / tpot if tpot else None
-            roof = bw * 1e9 / per_token
-            frac = rate / roof if rate else None
-            rows_roof.append([tandem_name(tf), f"{per_token / 1e6:.0f} MB", fmt(rate),
-                              fmt(per_token * rate / 1e9) if rate else "n/a", fmt(bw),
-                              fmt(roof), pct(frac)])
+            rates = [1e3 / r["tpot_ms"] for r in rr]
+            bws = [r["membw_gbps"] for r in rr]
+            fracs = [per_token * rate / 1e9 / bw for rate, bw in zip(rates, bws)]
+            rate = median(rates)
+            rows_roof.append([tandem_name(tf), f"{per_token / 1e6:.0f} MB", str(len(rr)),
+                              f"{fmt(rate)} ({spread(rates)})",
+                              f"{fmt(per_token * rate / 1e9)}",
+                              f"{fmt(median(bws))} ({spread(bws)})",
+                              f"**{pct(median(fracs))}** ({pct(min(fracs))}-{pct(max(fracs))})"])
             summary["pairs"][f"{tf}:{pf}"]["roofline"] = {
-                "bytes_per_token": per_token, "decode_tokens_per_s": rate, "membw_gbps": bw,
-                "membw_runs": bw_runs, "roofline_tokens_per_s": roof, "fraction": frac}
+                "bytes_per_token": per_token, "runs": rr, "decode_tokens_per_s": rate,
+                "membw_gbps": median(bws), "fractions": fracs, "fraction": median(fracs)}
     md = ("\n### Decode tokens/s by concurrency, prefill left out (higher is better)\n\n"
           "C / TPOT (the wave's median time per output token): the rate the C sequences "
           "decode at together once their prompts are in.\n\n")
@@ -141,12 +156,14 @@ def moe_section(work, settings, runs, pairs, concs, summary):
         md += ("\n### Batch 1 against the memory-bandwidth roofline (Tandem)\n\n"
                "Weights read per token: the active parameters in Tandem's format (attention, the "
                "f32 router, the top-k experts' three projections, the LM head and one "
-               "embedding row; the KV cache is negligible at these lengths). Roofline = memory "
-               f"read bandwidth (`membw`, 1 GiB buffer, {threads} threads, median of the "
-               f"rounds: {spread(bw_runs)} GB/s) / bytes per token; decode tok/s = 1000 / TPOT "
-               "at c=1.\n\n")
-        md += table(["Tandem weights", "weights read / token", "decode tok/s", "streamed GB/s",
-                     "membw GB/s", "roofline tok/s", "of roofline"], rows_roof) + "\n"
+               "embedding row; the KV cache is negligible at these lengths). Measured side by "
+               f"side: after each Tandem server's waves, {settings.get('roof_runs', 3)} "
+               "single-request decode runs per round, each between two `membw` reads (1 GiB "
+               f"buffer, {threads} threads) of as many bytes as the run reads; a run's fraction "
+               "= its bytes per token / TPOT / the mean bandwidth of the reads around it. Cells: "
+               "median over all runs (range).\n\n")
+        md += table(["Tandem weights", "weights read / token", "runs", "decode tok/s",
+                     "streamed GB/s (median)", "membw GB/s", "of roofline"], rows_roof) + "\n"
     return md
 
 

@@ -276,6 +276,21 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   for (size_t i = 0; i < batches.size(); ++i) {
     out["median"]["batch_decode_tok_s"][std::to_string(batches[i])] = Median(bat[i]);
   }
+  // The spread of the repetitions beside their median: on a shared machine one figure says
+  // little without it.
+  auto range = [](const std::vector<double>& v) {
+    return nlohmann::json::array(
+        {*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())});
+  };
+  out["range"] = {{"membw_GBps", range(bw)},
+                  {"decode_b1_tok_s", range(dec)},
+                  {"roofline_fraction", range(roof)}};
+  std::fprintf(stderr,
+               "median of %d: %.0f%% of roofline (range %.0f-%.0f%%), decode %.2f tok/s, bw %.2f "
+               "GB/s (range %.2f-%.2f)\n",
+               reps, 100 * Median(roof), 100 * *std::min_element(roof.begin(), roof.end()),
+               100 * *std::max_element(roof.begin(), roof.end()), Median(dec), Median(bw),
+               *std::min_element(bw.begin(), bw.end()), *std::max_element(bw.begin(), bw.end()));
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -67,6 +67,10 @@ void MoeMlp::Run(const ModelConfig& c, const LayerWeights& lw, const float* h, i
 
   // Each chosen expert once, over the rows of all its tokens; outputs land in their slots.
   float* slots = Sized(slots_, static_cast<size_t>(t * k * d));
+  if (RunSharedExperts(c, lw, h, t, offsets, input_dtype, slots, pool)) {
+    Combine(weights, slots, t, k, d, out);
+    return;
+  }
   for (int64_t e = 0; e < num_experts; ++e) {
     const int64_t n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
@@ -91,6 +95,50 @@ void MoeMlp::Run(const ModelConfig& c, const LayerWeights& lw, const float* h, i
                   static_cast<size_t>(d) * sizeof(float));
     }
   }
+  Combine(weights, slots, t, k, d, out);
+}
+
+bool MoeMlp::RunSharedExperts(const ModelConfig& c, const LayerWeights& lw, const float* h,
+                              int64_t t, const int32_t* offsets, DType input_dtype, float* slots,
+                              ThreadPool* pool) {
+  const int64_t d = c.hidden_size, ef = c.expert_ffn(), k = c.num_experts_per_tok;
+  std::vector<int32_t>& experts = shared_experts_;
+  experts.clear();
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const int64_t n = offsets[e + 1] - offsets[e];
+    if (n == 0) continue;
+    if (n != t) return false;  // tokens differ in their experts: one pass per expert
+    experts.push_back(static_cast<int32_t>(e));
+  }
+  // Every token chose these k experts (always so for a lone token, i.e. batch-1 decode): each
+  // token's slot j holds its j-th expert in ascending id, expert j's rows are h itself in token
+  // order, and all gate/up projections take that one input in one call. The same kernels over
+  // the same rows as the per-expert pass, so the same bits, with one fork/join and one input
+  // quantization for all experts' gate/up instead of one per expert.
+  const int64_t rows = k * t;  // expert j's rows [j * t, (j + 1) * t)
+  float* gate = Sized(gate_, static_cast<size_t>(rows * ef));
+  float* up = Sized(up_, static_cast<size_t>(rows * ef));
+  float* act = Sized(act_, static_cast<size_t>(rows * ef));
+  std::vector<cpu::MatMulProjection>& projections = projections_;
+  projections.clear();
+  for (int64_t j = 0; j < k; ++j) {
+    const ExpertWeights& ew = lw.experts[experts[j]];
+    projections.push_back(
+        {WeightView(ew.gate_proj, input_dtype), ef, nullptr, gate + j * t * ef, ef});
+    projections.push_back({WeightView(ew.up_proj, input_dtype), ef, nullptr, up + j * t * ef, ef});
+  }
+  cpu::MatMulShared(h, t, d, d, projections.data(), static_cast<int>(projections.size()), pool);
+  cpu::SiluMul(gate, up, rows, ef, act, pool);
+  for (int64_t j = 0; j < k; ++j) {  // token i's slot j is row i * k + j of slots
+    cpu::MatMul(act + j * t * ef, t, ef, ef,
+                WeightView(lw.experts[experts[j]].down_proj, input_dtype), d, nullptr,
+                slots + j * d, k * d, pool);
+  }
+  return true;
+}
+
+void MoeMlp::Combine(const float* weights, const float* slots, int64_t t, int64_t k, int64_t d,
+                     float* out) {
   for (int64_t i = 0; i < t; ++i) {
     float* o = out + i * d;
     std::fill(o, o + d, 0.0f);
