@@ -10,8 +10,8 @@ process maps) runs `tandem serve --device cuda --kv-transport cuda-ipc --prefill
 - cancellation during the transfer or mid-stream and SIGKILL of a decode worker with streams in
   flight lose nothing and leak no block; the restarted worker's pool is mapped afresh;
 - at registration a router refuses cuda-ipc workers on two different (emulated) GPUs, naming both;
-- fault injection (TANDEM_FAULTS kv_misplace: regions copied one block off) makes the output
-  checks fail.
+- fault injection (TANDEM_FAULTS kv_control_drop: a control message lost; kv_misplace: regions
+  copied one block off) makes the output checks fail.
 The checks are gpu_emulated_cluster_test's, run over cuda-ipc.
 
 Usage: gpu_emulated_ipc_test.py BUILD_DIR   (the emulation binary: TANDEM_EMULATED_BUILD, or
@@ -64,7 +64,8 @@ def auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs):
 
 
 def other_gpu_refused(emu_dir):
-    """cuda-ipc workers on two different emulated GPUs are refused at registration."""
+    """A cuda-ipc decode worker on another emulated GPU than the cluster's is refused at
+    registration (the pair on one GPU is admitted)."""
     model = os.path.join(ROOT, "models", "stories260k")
     base = ["--model", model, "--device", "cuda", "--num-kv-blocks", "256",
             "--kv-transport", "cuda-ipc"]
@@ -74,11 +75,13 @@ def other_gpu_refused(emu_dir):
             procs.append(g.Proc(emu_dir, tmp, "prefill", ["prefill"] + base,
                                 env={"TANDEM_EMULATED_GPU": "gpu-a"}))
             procs.append(g.Proc(emu_dir, tmp, "decode", ["decode"] + base,
+                                env={"TANDEM_EMULATED_GPU": "gpu-a"}))
+            procs.append(g.Proc(emu_dir, tmp, "other-gpu", ["decode"] + base,
                                 env={"TANDEM_EMULATED_GPU": "gpu-b"}))
-            p, d = procs
+            p, d, other = procs
             procs.append(g.Proc(emu_dir, tmp, "router", [
                 "router", "--model", model, "--prefill-addresses", p.address,
-                "--decode-addresses", d.address]))
+                "--decode-addresses", f"{d.address},{other.address}"]))
             channel = grpc.insecure_channel(procs[-1].address)
             stubs = load_stubs()
             deadline = time.time() + 30
@@ -88,7 +91,8 @@ def other_gpu_refused(emu_dir):
                     break
                 time.sleep(0.2)
             refused = list(status.refused)
-            check(refused and "one GPU" in refused[0] and refused[0].count("GPU-") == 2,
+            check(len(refused) == 1 and refused[0].startswith(other.address) and
+                  "one GPU" in refused[0] and refused[0].count("GPU-") == 2,
                   f"cuda-ipc across two GPUs refused, naming both: {refused}")
             log(f"ok: refused at registration: {refused[0]}")
         finally:
@@ -96,15 +100,17 @@ def other_gpu_refused(emu_dir):
                 proc.stop()
 
 
-def misplace_is_caught(stubs, emu_dir, cpu_outputs):
+def faults_are_caught(stubs, emu_dir, cpu_outputs):
+    """The checks fail when a control message is lost or a copy lands one block off."""
     texts, want, ref = cpu_outputs["stories260k"]
-    try:
-        g.emulated_cluster_check(stubs, emu_dir, "stories260k", texts[:4], want[:4], ref,
-                                 env={"TANDEM_FAULTS": "kv_misplace=1,seed=1"})
-    except AssertionError as e:
-        log(f"ok: with TANDEM_FAULTS=kv_misplace=1 the checks fail: {str(e).splitlines()[0][:160]}")
-        return
-    raise AssertionError("the checks passed although TANDEM_FAULTS=kv_misplace=1")
+    for spec in ("kv_control_drop=1", "kv_misplace=1"):
+        try:
+            g.emulated_cluster_check(stubs, emu_dir, "stories260k", texts[:4], want[:4], ref,
+                                     env={"TANDEM_FAULTS": spec + ",seed=1"})
+        except AssertionError as e:
+            log(f"ok: with TANDEM_FAULTS={spec} the checks fail: {str(e).splitlines()[0][:160]}")
+            continue
+        raise AssertionError(f"the checks passed although TANDEM_FAULTS={spec}")
 
 
 def main():
@@ -119,7 +125,7 @@ def main():
     other_gpu_refused(emu_dir)
     cpu_outputs = g.outputs_match(stubs, build_dir, emu_dir)
     auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs)
-    misplace_is_caught(stubs, emu_dir, cpu_outputs)
+    faults_are_caught(stubs, emu_dir, cpu_outputs)
     g.faults(stubs, emu_dir)
     print("PASS")
 
