@@ -169,7 +169,8 @@ def cancel_streams(stubs, address, texts, wait_tokens):
         call.cancel()
 
 
-def faults(stubs, emu_dir):
+def faults(stubs, emu_dir, tokens=160):
+    """Cancellation and SIGKILL of a decode worker with streams of `tokens` tokens in flight."""
     path = os.path.join(ROOT, "models", "stories260k")
     _, texts = prompts("stories260k")
     texts = texts[:8]
@@ -177,7 +178,7 @@ def faults(stubs, emu_dir):
     # repeated prompts to the worker that cached them).
     with Cluster(emu_dir, 1, 2, *GPU, "--routing-policy", "round_robin", model=path,
                  startup_timeout=120) as gpu:
-        want = served(stubs, gpu.address, texts, 160)
+        want = served(stubs, gpu.address, texts, tokens)
         channel = grpc.insecure_channel(gpu.address)
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
 
@@ -188,7 +189,7 @@ def faults(stubs, emu_dir):
         log(f"ok: {2 * len(texts)} streams cancelled during their transfer or mid-stream: "
               f"no block leaked")
         progress = [0] * len(texts)
-        threads, results = run_all(stubs, gpu.address, texts, 160, progress)
+        threads, results = run_all(stubs, gpu.address, texts, tokens, progress)
         deadline = time.time() + 120
         while min(progress) < 8 and time.time() < deadline:
             time.sleep(0.02)
@@ -217,7 +218,7 @@ def faults(stubs, emu_dir):
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
         wait_no_leaks(stubs, channels, timeout=60)
         before = cluster_status(stubs, channel)
-        again = served(stubs, gpu.address, texts * 2, 160)
+        again = served(stubs, gpu.address, texts * 2, tokens)
         after = cluster_status(stubs, channel)
         check(again == want * 2, "after the restart, outputs are identical")
         routed = {w.address: w.routed_requests for w in after.workers

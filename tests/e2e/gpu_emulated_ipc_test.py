@@ -126,7 +126,7 @@ def main():
     cpu_outputs = g.outputs_match(stubs, build_dir, emu_dir)
     auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs)
     faults_are_caught(stubs, emu_dir, cpu_outputs)
-    g.faults(stubs, emu_dir)
+    g.faults(stubs, emu_dir, tokens=80)
     print("PASS")
 
 
