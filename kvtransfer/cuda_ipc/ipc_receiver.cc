@@ -4,6 +4,7 @@
 // ReceiverCore::AdmitData against the expectation) and reported done (LANDED) right after, so
 // Cancel can wait for the copy in flight before the blocks are reused.
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -48,10 +49,12 @@ struct Outcome {
 
 using AttemptKey = std::pair<uint64_t, uint32_t>;
 
-// A copy the receiver admitted and the sender has not reported landed yet.
+// A copy the receiver admitted and the sender has not reported landed yet. The sender waits
+// for its stream at most io_timeout, so after `deadline` the copy is over either way.
 struct OpenCopy {
   uint64_t owner = 0;
   ReceiverCore::Ticket ticket;
+  absl::Time deadline;
 };
 
 class IpcReceiver : public KvReceiver {
@@ -78,24 +81,29 @@ class IpcReceiver : public KvReceiver {
   int64_t num_in_flight() const override { return core_->num_in_flight(); }
   TransportStats stats() const override { return core_->counters().Snapshot(); }
 
-  // Nothing admits a new copy of the transfer once the core forgot it; then wait for the copy
-  // in flight (the sender reports it landed right after its stream completed), bounded by
-  // io_timeout for a sender that died mid-copy.
+  // Nothing admits a new copy of the transfer once the core forgot it; then wait for its
+  // copies in flight (the sender reports each landed right after its stream completed), each
+  // at most until its deadline (a sender that died mid-copy, or whose LANDED was lost).
   void Cancel(uint64_t id) override {
     core_->Cancel(id);
     std::unique_lock<std::mutex> lock(mu_);
-    auto busy = [&] {
-      for (const auto& [key, copy] : open_) {
-        if (key.first == id) return true;
-      }
-      return false;
-    };
-    if (!landed_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.io_timeout),
-                             [&] { return !busy(); })) {
-      TLOG(WARNING) << "cuda-ipc: transfer " << id << " cancelled with a copy still in flight";
+    while (true) {
+      const absl::Time now = absl::Now();
+      absl::Time until = absl::InfinitePast();
       for (auto it = open_.begin(); it != open_.end();) {
-        it = it->first.first == id ? open_.erase(it) : std::next(it);
+        if (it->first.first != id) {
+          ++it;
+        } else if (it->second.deadline <= now) {
+          TLOG(WARNING) << "cuda-ipc: transfer " << id << " attempt " << it->first.second
+                        << ": its admitted copy was never reported landed";
+          it = open_.erase(it);
+        } else {
+          until = std::max(until, it->second.deadline);
+          ++it;
+        }
       }
+      if (until == absl::InfinitePast()) return;
+      landed_cv_.wait_for(lock, absl::ToChronoMicroseconds(until - now));
     }
   }
 
@@ -231,7 +239,7 @@ class IpcReceiver : public KvReceiver {
                            absl::AbortedError("the attempt ended before the copy"));
       }
       std::lock_guard<std::mutex> lock(mu_);
-      open_[key] = OpenCopy{*owner, *std::move(ticket)};
+      open_[key] = OpenCopy{*owner, *std::move(ticket), absl::Now() + options_.io_timeout};
     }
     return ResultReply(d.transfer_id, d.attempt, absl::OkStatus());
   }

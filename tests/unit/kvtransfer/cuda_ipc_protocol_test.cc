@@ -45,11 +45,13 @@ class DevicePool : public KvRegionAccess {
 
 class CudaIpcProtocolTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start(absl::Seconds(20)); }
+  void Start(absl::Duration io_timeout) {
+    receiver_.reset();
     ReceiverOptions ro;
     ro.transport = "cuda-ipc";
     ro.layout = layout_;
-    ro.io_timeout = absl::Seconds(20);
+    ro.io_timeout = io_timeout;
     auto r = CreateReceiver(ro, &pool_, completions_.Callback());
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = *std::move(r);
@@ -179,6 +181,21 @@ TEST_F(CudaIpcProtocolTest, CancelWaitsForTheCopyInFlight) {
   cancel.join();
   EXPECT_TRUE(cancelled);
   EXPECT_EQ(Data(3, 1, {1}).code(), absl::StatusCode::kNotFound);  // nothing more is admitted
+  EXPECT_EQ(receiver_->num_in_flight(), 0);
+}
+
+// A sender that vanished mid-copy (or whose LANDED was lost) holds Cancel up to the copy's
+// deadline (io_timeout after admission), not forever.
+TEST_F(CudaIpcProtocolTest, CancelGivesUpOnACopyNeverReportedLanded) {
+  Start(absl::Milliseconds(400));
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  receiver_->Expect({5, {2}});
+  ASSERT_TRUE(Begin(5, {2}).ok());
+  const absl::Time before_admission = absl::Now();
+  ASSERT_TRUE(Data(5, 0, {2}).ok());
+  receiver_->Cancel(5);
+  // Not before the copy's deadline; and it returned at all.
+  EXPECT_GE(absl::Now() - before_admission, absl::Milliseconds(400));
   EXPECT_EQ(receiver_->num_in_flight(), 0);
 }
 
