@@ -11,9 +11,9 @@ absl::Status DecodeRole::Start(const WorkerContext& context) {
   ro.secret = context.kv_secret;
   ro.hooks = context.transfer_hooks;
   ro.cuda_device = context.cuda_device;
-  if (ro.transport == "nccl") {
+  if (kvtransfer::UsesControlChannel(ro.transport)) {
     // The KV endpoint is the control service's address; the secret guards its messages (the
-    // nccl data path has no handshake of its own to carry it).
+    // nccl and cuda-ipc data paths have no handshake of their own to carry it).
     auto control = kvtransfer::KvControlServer::Start(ro.host, ro.port, context.flags->server.tls,
                                                       context.kv_secret);
     if (!control.ok()) {

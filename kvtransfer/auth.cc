@@ -56,8 +56,11 @@ std::string ReceiverProof(absl::string_view secret, absl::string_view sender_non
   return Hmac(secret, kReceiverLabel, sender_nonce, receiver_nonce, welcome);
 }
 
-std::string ControlRequestProof(absl::string_view secret, absl::string_view request) {
-  return Hmac(secret, kControlRequestLabel, "", "", request);
+std::string ControlRequestProof(absl::string_view secret, int64_t unix_ms, absl::string_view nonce,
+                                absl::string_view request) {
+  char ms[8];
+  for (int i = 0; i < 8; ++i) ms[i] = static_cast<char>(static_cast<uint64_t>(unix_ms) >> (8 * i));
+  return Hmac(secret, kControlRequestLabel, absl::string_view(ms, 8), nonce, request);
 }
 
 std::string ControlReplyProof(absl::string_view secret, absl::string_view request_proof,

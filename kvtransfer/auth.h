@@ -5,6 +5,7 @@
 // The receiver proves it knows the secret too, so a sender never feeds KV to an impostor.
 // Only the handshake is authenticated; the KV bytes themselves are not encrypted.
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,11 +34,13 @@ std::string SenderProof(absl::string_view secret, absl::string_view receiver_non
 std::string ReceiverProof(absl::string_view secret, absl::string_view sender_nonce,
                           absl::string_view receiver_nonce, absl::string_view welcome);
 
-// The nccl transport's control messages (carried by kvtransfer/control_rpc inside the TLS of
-// the worker's listeners): a request's proof HMAC(secret, "control request" label || request),
-// and the reply's HMAC(secret, "control reply" label || request proof || reply), which binds
-// each reply to its request so a reply cannot be replayed onto another request.
-std::string ControlRequestProof(absl::string_view secret, absl::string_view request);
+// The nccl and cuda-ipc transports' control messages (carried by kvtransfer/control_rpc inside
+// the TLS of the worker's listeners): a request's proof HMAC(secret, "control request" label ||
+// unix_ms || nonce || request), so that the receiver can refuse a request outside its time
+// window or seen before; the reply's HMAC(secret, "control reply" label || request proof ||
+// reply), which binds each reply to its request so a reply cannot be replayed onto another.
+std::string ControlRequestProof(absl::string_view secret, int64_t unix_ms, absl::string_view nonce,
+                                absl::string_view request);
 std::string ControlReplyProof(absl::string_view secret, absl::string_view request_proof,
                               absl::string_view reply);
 

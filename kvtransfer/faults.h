@@ -25,9 +25,10 @@ struct FaultOptions {
   double kv_close = 0;      // probability the connection is closed before a DATA message
   double kv_delay = 1;      // probability a DATA message is delayed by kv_delay_ms
   int64_t kv_delay_ms = 0;  // 0: no delays
-  // nccl only (its data path has no per-message faults): the probability a control message
-  // other than CONNECT is lost before it reaches the receiver, and the probability the receiver
-  // puts a DATA message's regions one block off -- a deliberately broken transport, so that the
+  // nccl and cuda-ipc only (their data paths have no per-message faults): the probability a
+  // control message other than CONNECT is lost before it reaches the receiver, and the
+  // probability a DATA message's regions land one block off (nccl: the receiver puts them there;
+  // cuda-ipc: the sender copies them there) -- a deliberately broken transport, so that the
   // end-to-end tests can show their checks catch a lost message and a misplaced transfer.
   double kv_control_drop = 0;
   double kv_misplace = 0;

@@ -13,10 +13,18 @@
 #if TANDEM_HAVE_NCCL
 #include "kvtransfer/nccl/nccl_transport.h"
 #endif
+#if TANDEM_HAVE_CUDA_IPC
+#include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
+#include "kvtransfer/cuda_ipc/device.h"
+#endif
 
 namespace tandem::kvtransfer {
 
 namespace {
+
+[[maybe_unused]] int CudaDeviceOf(const std::string& device) {
+  return device.rfind("cuda:", 0) == 0 ? std::atoi(device.c_str() + 5) : 0;
+}
 
 absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
     const ReceiverOptions& options, KvRegionAccess* access,
@@ -38,8 +46,15 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
     return absl::UnimplementedError("kv transport 'nccl' needs a build with CUDA");
 #endif
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown kv transport '", options.transport, "' (tcp, loopback, nccl)"));
+  if (options.transport == "cuda-ipc") {
+#if TANDEM_HAVE_CUDA_IPC
+    return cuda_ipc::CreateReceiver(options, access, std::move(on_complete));
+#else
+    return absl::UnimplementedError("kv transport 'cuda-ipc' needs a build with CUDA");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown kv transport '", options.transport,
+                                                 "' (tcp, loopback, nccl, cuda-ipc)"));
 }
 
 absl::StatusOr<std::unique_ptr<KvSender>> CreateTransportSender(const SenderOptions& options,
@@ -57,8 +72,15 @@ absl::StatusOr<std::unique_ptr<KvSender>> CreateTransportSender(const SenderOpti
     return absl::UnimplementedError("kv transport 'nccl' needs a build with CUDA");
 #endif
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown kv transport '", options.transport, "' (tcp, loopback, nccl)"));
+  if (options.transport == "cuda-ipc") {
+#if TANDEM_HAVE_CUDA_IPC
+    return cuda_ipc::CreateSender(options, access);
+#else
+    return absl::UnimplementedError("kv transport 'cuda-ipc' needs a build with CUDA");
+#endif
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown kv transport '", options.transport,
+                                                 "' (tcp, loopback, nccl, cuda-ipc)"));
 }
 
 }  // namespace
@@ -91,6 +113,27 @@ bool NcclBuilt() {
 #endif
 }
 
+bool UsesControlChannel(const std::string& transport) {
+  return transport == "nccl" || transport == "cuda-ipc";
+}
+
+std::string GpuId(int cuda_device) {
+#if TANDEM_HAVE_CUDA_IPC
+  absl::StatusOr<std::string> id = cuda_ipc::DeviceId(cuda_device);
+  return id.ok() ? *id : std::string();
+#else
+  return std::string();
+#endif
+}
+
+bool CudaIpcBuilt() {
+#if TANDEM_HAVE_CUDA_IPC
+  return true;
+#else
+  return false;
+#endif
+}
+
 absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
                                              const std::string& device) {
   const bool on_cuda = device.rfind("cuda", 0) == 0;
@@ -107,23 +150,33 @@ absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
     if (on_cuda) {
       return absl::FailedPreconditionError(absl::StrCat(
           "--kv-transport ", requested, " moves KV from host memory; the engine runs on the GPU (",
-          device, "): use nccl, or --device cpu"));
+          device, "): use nccl or cuda-ipc, or --device cpu"));
     }
     return requested;
   }
   if (requested == "cuda-ipc") {
+#if TANDEM_HAVE_CUDA_IPC
+    if (!on_cuda) {
+      return absl::FailedPreconditionError(
+          "--kv-transport cuda-ipc moves KV in GPU memory: run the engine on the GPU (--device "
+          "cuda)");
+    }
+    if (absl::Status st = cuda_ipc::CheckDevice(CudaDeviceOf(device)); !st.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--kv-transport cuda-ipc needs a usable GPU: ", st.message()));
+    }
+    return requested;
+#else
     return absl::FailedPreconditionError(
-        "--kv-transport cuda-ipc is not implemented yet; use nccl (prefill and decode on "
-        "different GPUs) or tcp (engines on the CPU)");
+        "--kv-transport cuda-ipc needs a build with CUDA (this binary has none); use tcp");
+#endif
   }
   if (requested != "nccl") {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-transport must be tcp, nccl, cuda-ipc or auto, got '", requested, "'"));
   }
 #if TANDEM_HAVE_NCCL
-  int cuda_device = 0;
-  if (on_cuda && device.size() > 5) cuda_device = std::atoi(device.c_str() + 5);
-  if (absl::Status st = nccl::CheckDevice(cuda_device); !st.ok()) {
+  if (absl::Status st = nccl::CheckDevice(CudaDeviceOf(device)); !st.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--kv-transport nccl needs a usable GPU: ", st.message()));
   }
@@ -136,6 +189,14 @@ absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
   return absl::FailedPreconditionError(
       "--kv-transport nccl needs a build with CUDA and NCCL (this binary has neither); use tcp");
 #endif
+}
+
+absl::StatusOr<std::string> ResolveSharedGpuTransport(const std::string& requested,
+                                                      const std::string& device) {
+  if (requested == "auto" && device.rfind("cuda", 0) == 0 && CudaIpcBuilt()) {
+    return ResolveTransport("cuda-ipc", device);
+  }
+  return ResolveTransport(requested, device);
 }
 
 }  // namespace tandem::kvtransfer

@@ -4,7 +4,8 @@
 // its KV pool -- one region is one (layer, block) pair, laid out as the backends define it --
 // into blocks a decode worker (receiver) reserved for the request. Implementations: "tcp"
 // (host memory, zero-copy scatter/gather, checksum per message), "loopback" (in-process, for
-// tests) and "nccl" (device memory; built with CUDA).
+// tests), "nccl" (device memory between GPUs; built with CUDA and NCCL) and "cuda-ipc" (device
+// memory between two processes on one GPU; built with CUDA).
 
 #include <cstdint>
 #include <functional>
@@ -68,7 +69,7 @@ using ControlChannel = std::function<absl::StatusOr<std::string>(const std::stri
 // ---------------------------------------------------------------- receiver (decode worker)
 
 struct ReceiverOptions {
-  std::string transport = "tcp";   // tcp | loopback | nccl
+  std::string transport = "tcp";   // tcp | loopback | nccl | cuda-ipc
   std::string host = "127.0.0.1";  // tcp: address to listen on
   int port = 0;                    // tcp: 0 picks a free port
   // tcp: the host part of endpoint(), for senders on other machines. Empty: `host`, or this
@@ -94,7 +95,8 @@ struct ReceiverOptions {
   // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
-  // nccl: CUDA device of the KV pool and the most communicators kept (each costs memory).
+  // nccl, cuda-ipc: CUDA device of the KV pool; nccl: the most communicators kept (each costs
+  // memory).
   int cuda_device = 0;
   int max_communicators = 8;
   // Metrics (direction receive), whatever the transport: one transfer per expectation, from
@@ -140,8 +142,8 @@ class KvReceiver {
   virtual int64_t num_in_flight() const = 0;
 
   virtual TransportStats stats() const { return {}; }
-  // nccl: answers a control message a sender sent through its ControlChannel. Thread-safe;
-  // may block while a communicator is set up. Other transports: UNIMPLEMENTED.
+  // nccl, cuda-ipc: answers a control message a sender sent through its ControlChannel.
+  // Thread-safe; may block while a communicator is set up. Other transports: UNIMPLEMENTED.
   virtual absl::StatusOr<std::string> HandleControl(const std::string& request) {
     return absl::UnimplementedError("this kv transport has no control channel");
   }
@@ -175,8 +177,8 @@ struct SenderOptions {
   // Fault injection (faults.h). Off unless enabled here or by TANDEM_FAULTS.
   FaultOptions faults;
   bool faults_from_env = true;
-  // nccl: control messages to receivers, the CUDA device of the KV pool, and the most
-  // communicators kept open at once (least recently used idle ones are destroyed first).
+  // nccl, cuda-ipc: control messages to receivers and the CUDA device of the KV pool; nccl: the
+  // most communicators kept open at once (least recently used idle ones are destroyed first).
   ControlChannel control_channel;
   int cuda_device = 0;
   int max_communicators = 8;
@@ -235,6 +237,15 @@ absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& opti
 // Whether this build has the nccl transport (CUDA and NCCL found at configure time, or the
 // test-only GPU emulation).
 bool NcclBuilt();
+// Whether this build has the cuda-ipc transport (CUDA found, or the test-only GPU emulation).
+bool CudaIpcBuilt();
+// Whether `transport` moves KV in device memory and sends its control messages through
+// SenderOptions::control_channel to KvReceiver::HandleControl (nccl, cuda-ipc): the workers run
+// the KvControl service for it (kvtransfer/control_rpc).
+bool UsesControlChannel(const std::string& transport);
+// The physical identity ("GPU-<uuid>") of CUDA device `cuda_device`, which the workers advertise
+// (WorkerInfo.kv_device) so that "same GPU" is decidable; empty in a build without CUDA.
+std::string GpuId(int cuda_device);
 
 // The transport a worker runs for a --kv-transport value, decided once at startup from the
 // engine's device ("cpu" or "cuda:N", engine_builder.h's ResolveDevice), so that a worker that
@@ -242,12 +253,20 @@ bool NcclBuilt();
 //   tcp, loopback  as asked, with the engine on the CPU (they move host memory);
 //   nccl           needs a build with NCCL, a usable CUDA device, and the engine on it
 //                  (--device cuda): the KV moves from device memory;
-//   cuda-ipc       not implemented yet (FAILED_PRECONDITION naming the alternatives);
+//   cuda-ipc       needs a build with CUDA, a usable CUDA device and the engine on it; its
+//                  receivers refuse, at connect, a sender on another GPU;
 //   auto           nccl when the engine runs on a CUDA device (refused if the build has no
-//                  NCCL), tcp on the CPU.
+//                  NCCL), tcp on the CPU. A worker alone cannot know where its peers run;
+//                  ResolveSharedGpuTransport picks cuda-ipc for a cluster on one GPU.
 // Every worker of a cluster must end on the same transport (the router refuses a mismatch at
 // registration).
 absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
                                              const std::string& device);
+
+// ResolveTransport for a whole cluster whose workers all run their engine on `device` of this
+// machine (`tandem serve`): `auto` on a GPU then resolves to cuda-ipc (every worker shares
+// that one GPU) when the build has it; everything else as ResolveTransport.
+absl::StatusOr<std::string> ResolveSharedGpuTransport(const std::string& requested,
+                                                      const std::string& device);
 
 }  // namespace tandem::kvtransfer

@@ -15,7 +15,7 @@ absl::Status PrefillRole::Start(const WorkerContext& context) {
   so.secret = context.kv_secret;
   so.hooks = context.transfer_hooks;
   so.cuda_device = context.cuda_device;
-  if (so.transport == "nccl") {
+  if (kvtransfer::UsesControlChannel(so.transport)) {
     // Control messages go to the decode worker's KvControl service, with the process's TLS and
     // the secret proving each one (the nccl data path has no handshake of its own).
     auto channel = kvtransfer::MakeGrpcControlChannel(flags.server.tls, context.kv_secret);

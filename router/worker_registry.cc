@@ -380,7 +380,17 @@ std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
   };
   const std::string theirs = transport(info);
   for (const auto& w : workers_) {
-    if (w->address == address || transport(w->info) == theirs) continue;
+    if (w->address == address) continue;
+    if (transport(w->info) == theirs) {
+      // cuda-ipc maps one process's KV pool into another's: both on one physical GPU.
+      if (theirs == "cuda-ipc" && w->info.kv_device() != info.kv_device()) {
+        return absl::StrCat("KV transport cuda-ipc needs every worker on one GPU: this ",
+                            info.role(), " worker is on '", info.kv_device(), "', the cluster's ",
+                            w->info.role(), " worker ", w->address, " on '", w->info.kv_device(),
+                            "' (use nccl between GPUs)");
+      }
+      continue;
+    }
     return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
                         "', the cluster's ", w->info.role(), " worker ", w->address, " speaks '",
                         transport(w->info), "' (start every worker with the same --kv-transport)");

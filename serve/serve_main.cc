@@ -42,8 +42,8 @@ int RunServe(int argc, char** argv) {
                "cluster mode: file holding the shared secret the workers' KV data path "
                "authenticates with (HMAC handshake per connection)");
   flags.String("kv-transport", &sf.kv_transport,
-               "cluster mode: the workers' KV transport: tcp, nccl, cuda-ipc or auto (nccl when "
-               "the engine runs on a GPU and the build has NCCL, else tcp)");
+               "cluster mode: the workers' KV transport: tcp, nccl, cuda-ipc or auto (cuda-ipc "
+               "when the engine runs on a GPU, which all workers share, else tcp)");
   flags.String("cluster-secret-file", &sf.cluster_secret_file,
                "cluster mode: file holding the secret every call to a worker proves (default: "
                "a fresh secret per cluster)");
@@ -58,12 +58,18 @@ int RunServe(int argc, char** argv) {
     // one line (each worker checks again for itself).
     auto options = sf.engine.ToBuildOptions();
     auto device = options.ok() ? ResolveDevice(options->device) : options.status();
-    auto transport =
-        device.ok() ? kvtransfer::ResolveTransport(sf.kv_transport, *device) : device.status();
+    // Every worker runs its engine on this one device, so `auto` on a GPU is cuda-ipc.
+    auto transport = device.ok() ? kvtransfer::ResolveSharedGpuTransport(sf.kv_transport, *device)
+                                 : device.status();
     if (!transport.ok()) {
       std::fprintf(stderr, "serve: %s\n", std::string(transport.status().message()).c_str());
       return 2;
     }
+    if (*transport != sf.kv_transport) {
+      TLOG(INFO) << "KV transport " << *transport << " (--kv-transport " << sf.kv_transport
+                 << ": every worker on " << *device << ")";
+    }
+    sf.kv_transport = *transport;
   }
   auto metrics = StartServerProcess(sf.server, "serve");
   if (!metrics.ok()) {

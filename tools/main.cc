@@ -38,11 +38,13 @@ void PrintUsage() {
 }
 
 void PrintVersion() {
-  std::printf("tandem %s\nkv transports: tcp%s\n", TANDEM_VERSION_STRING,
-              tandem::kvtransfer::NcclBuilt() ? ", nccl" : "");
+  std::printf("tandem %s\nkv transports: tcp%s%s\n", TANDEM_VERSION_STRING,
+              tandem::kvtransfer::NcclBuilt() ? ", nccl" : "",
+              tandem::kvtransfer::CudaIpcBuilt() ? ", cuda-ipc" : "");
 #if TANDEM_GPU_EMULATION
   std::printf(
-      "GPU EMULATION BUILD (tests only): CUDA and NCCL are CPU emulators; not for serving\n");
+      "GPU EMULATION BUILD (tests only): CUDA (with CUDA IPC) and NCCL are CPU emulators; not "
+      "for serving\n");
 #endif
 }
 

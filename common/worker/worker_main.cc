@@ -35,14 +35,15 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   }
   f->String("model-name", &model_name, "model name reported to the router");
   f->String("kv-transport", &kv.transport,
-            "KV transfer transport: tcp, nccl (GPU memory over NCCL), cuda-ipc or auto (nccl "
-            "when the engine runs on a GPU and the build has NCCL, else tcp); every worker of "
-            "a cluster must run the same one");
+            "KV transfer transport: tcp, nccl (GPU memory over NCCL, between GPUs), cuda-ipc "
+            "(GPU memory between processes on one GPU) or auto (nccl when the engine runs on a "
+            "GPU and the build has NCCL, else tcp); every worker of a cluster must run the "
+            "same one");
   f->String("kv-host", &kv.host, "decode role: address the KV receiver listens on");
   f->Int32("kv-port", &kv.port, "decode role: KV receiver port (0: any free port)");
   f->String("kv-secret-file", &kv_secret_file,
             "file holding the shared secret every KV data connection (tcp) or KV control "
-            "message (nccl) proves; all workers of a cluster need the same one");
+            "message (nccl, cuda-ipc) proves; all workers of a cluster need the same one");
   f->String("cluster-secret-file", &cluster_secret_file,
             "file holding the cluster secret: every Worker API call must prove it (an HMAC "
             "token bound to the method and time, which the router attaches); default: open to "
@@ -108,20 +109,28 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
     return 2;
   }
   wf.kv.transport = *transport;
-  if (device->rfind("cuda:", 0) == 0) context.cuda_device = std::atoi(device->c_str() + 5);
+  const bool on_gpu = device->rfind("cuda:", 0) == 0;
+  if (on_gpu) context.cuda_device = std::atoi(device->c_str() + 5);
+  // Which physical GPU (whatever CUDA_VISIBLE_DEVICES renumbered): cuda-ipc needs one for all.
+  const std::string gpu_id = on_gpu ? kvtransfer::GpuId(context.cuda_device) : std::string();
   auto metrics = StartServerProcess(wf.server, wf.role);
   if (!metrics.ok()) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
 #if TANDEM_GPU_EMULATION
-  TLOG(WARNING) << "GPU EMULATION BUILD (tests only): CUDA and NCCL are CPU emulators";
+  TLOG(WARNING) << "GPU EMULATION BUILD (tests only): CUDA (with CUDA IPC) and NCCL are CPU "
+                   "emulators (emulated GPU "
+                << (std::getenv("TANDEM_EMULATED_GPU") != nullptr
+                        ? std::getenv("TANDEM_EMULATED_GPU")
+                        : "0")
+                << ")";
 #endif
   TLOG(INFO) << "KV transport " << wf.kv.transport
              << (requested_transport != wf.kv.transport
                      ? " (--kv-transport " + requested_transport + ")"
                      : std::string())
-             << ", engine on " << *device;
+             << ", engine on " << *device << (gpu_id.empty() ? std::string() : " (" + gpu_id + ")");
   prometheus::Registry* registry = (*metrics)->registry();
   auto serving = StartServingEngine(*options, wf.engine.speculative_method, registry, wf.role);
   if (!serving.ok()) {
@@ -131,7 +140,8 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   ServingEngine& se = **serving;
   WorkerMetrics worker_metrics(registry, wf.role);
   TransferMetrics transfer_metrics(registry, wf.kv.transport);
-  BackendRegions regions(se.backend, /*device_memory=*/wf.kv.transport == "nccl");
+  BackendRegions regions(se.backend,
+                         /*device_memory=*/kvtransfer::UsesControlChannel(wf.kv.transport));
   context.engine = se.engine.get();
   context.regions = &regions;
   context.layout = LayoutOf(*se.backend, se.model->model_id());
@@ -155,6 +165,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   info.set_role(wf.role);
   *info.mutable_layout() = KvLayoutToInfo(context.layout);
   info.set_kv_transport(wf.kv.transport);
+  info.set_kv_device(gpu_id);
   for (const auto& r : roles) r->Describe(&info);
   info.set_model_name(!wf.model_name.empty()
                           ? wf.model_name

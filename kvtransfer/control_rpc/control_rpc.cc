@@ -21,7 +21,8 @@ namespace tandem::kvtransfer {
 // hold one of gRPC's callback threads.
 class KvControlService final : public v1::KvControl::Service {
  public:
-  explicit KvControlService(std::string secret) : secret_(std::move(secret)) {}
+  KvControlService(std::string secret, absl::Duration replay_window)
+      : secret_(std::move(secret)), window_(replay_window), replays_(replay_window) {}
 
   void SetReceiver(KvReceiver* receiver) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -30,12 +31,9 @@ class KvControlService final : public v1::KvControl::Service {
 
   grpc::Status Exchange(grpc::ServerContext* context, const v1::KvControlMessage* request,
                         v1::KvControlMessage* reply) override {
-    if (!secret_.empty() &&
-        !ProofMatches(request->proof(), ControlRequestProof(secret_, request->message()))) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          request->proof().empty()
-                              ? "kv control: the sender has no shared secret"
-                              : "kv control: the sender's proof does not match");
+    if (!secret_.empty()) {
+      grpc::Status st = Authenticate(*request);
+      if (!st.ok()) return st;
     }
     KvReceiver* receiver;
     {
@@ -60,6 +58,29 @@ class KvControlService final : public v1::KvControl::Service {
     return grpc::Status::OK;
   }
 
+  // The proof of the secret over the request, its time and its nonce; then the time inside the
+  // window and the nonce never seen before, so a captured request cannot be replayed.
+  grpc::Status Authenticate(const v1::KvControlMessage& request) {
+    auto refuse = [](const char* why) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+    };
+    if (request.proof().empty()) return refuse("kv control: the sender has no shared secret");
+    if (!ProofMatches(request.proof(), ControlRequestProof(secret_, request.unix_ms(),
+                                                           request.nonce(), request.message()))) {
+      return refuse("kv control: the sender's proof does not match");
+    }
+    const absl::Time now = absl::Now();
+    if (absl::AbsDuration(now - absl::FromUnixMillis(request.unix_ms())) > window_) {
+      return refuse(
+          "kv control: the request's time is outside the window (clock skew or a "
+          "replay)");
+    }
+    if (request.nonce().size() < kAuthNonceBytes || !replays_.FirstUse(request.nonce(), now)) {
+      return refuse("kv control: the request was seen before (a replay)");
+    }
+    return grpc::Status::OK;
+  }
+
   // No request reaches the receiver once this returns.
   void Detach() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -69,6 +90,8 @@ class KvControlService final : public v1::KvControl::Service {
 
  private:
   const std::string secret_;
+  const absl::Duration window_;
+  TokenReplayCache replays_;
   std::mutex mu_;
   std::condition_variable idle_;
   KvReceiver* receiver_ = nullptr;
@@ -78,14 +101,15 @@ class KvControlService final : public v1::KvControl::Service {
 absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(const std::string& host,
                                                                         int port,
                                                                         const TlsOptions& tls,
-                                                                        std::string secret) {
+                                                                        std::string secret,
+                                                                        absl::Duration window) {
   // The listener offers KvControl only; its messages prove the KV secret themselves.
   auto policy = std::make_shared<CallPolicy>();
   policy->services["tandem.v1.KvControl"] = nullptr;
   auto credentials = MakeServerCredentials(tls, std::move(policy));
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<KvControlServer> s(new KvControlServer);
-  s->service_ = std::make_unique<KvControlService>(std::move(secret));
+  s->service_ = std::make_unique<KvControlService>(std::move(secret), window);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
@@ -134,7 +158,13 @@ class GrpcControlChannel {
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     v1::KvControlMessage req, reply;
     req.set_message(request);
-    if (!secret_.empty()) req.set_proof(ControlRequestProof(secret_, request));
+    if (!secret_.empty()) {
+      absl::StatusOr<std::string> nonce = NewNonce();
+      if (!nonce.ok()) return nonce.status();
+      req.set_nonce(*std::move(nonce));
+      req.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+      req.set_proof(ControlRequestProof(secret_, req.unix_ms(), req.nonce(), request));
+    }
     grpc::Status st = stub->Exchange(&context, req, &reply);
     if (!st.ok()) {
       return absl::Status(static_cast<absl::StatusCode>(st.error_code()),

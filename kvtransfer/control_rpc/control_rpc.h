@@ -1,12 +1,13 @@
 #pragma once
 
-// The nccl transport's control channel over gRPC (service tandem.v1.KvControl): a decode worker
-// serves it on its KV endpoint (--kv-host:--kv-port) with the process's TLS, handing each
-// request to its KvReceiver::HandleControl; a prefill worker dials receivers' endpoints with
-// MakeGrpcControlChannel. With a shared secret (--kv-secret-file) every request carries
-// ControlRequestProof and every reply ControlReplyProof (kvtransfer/auth.h): a request without
-// the right proof is refused (UNAUTHENTICATED) before the receiver sees it, and a reply without
-// the right proof is refused by the sender.
+// The nccl and cuda-ipc transports' control channel over gRPC (service tandem.v1.KvControl): a
+// decode worker serves it on its KV endpoint (--kv-host:--kv-port) with the process's TLS,
+// handing each request to its KvReceiver::HandleControl; a prefill worker dials receivers'
+// endpoints with MakeGrpcControlChannel. With a shared secret (--kv-secret-file) every request
+// carries its time, a fresh nonce and ControlRequestProof over all three, and every reply
+// ControlReplyProof (kvtransfer/auth.h): a request without the right proof, outside the time
+// window or with a nonce seen before (a replay) is refused (UNAUTHENTICATED) before the
+// receiver sees it, and a reply without the right proof is refused by the sender.
 
 #include <atomic>
 #include <memory>
@@ -27,10 +28,11 @@ class KvControlService;
 
 class KvControlServer {
  public:
-  // Listens on host:port (0: a free port) with `tls` (plaintext when tls.cert is empty).
-  static absl::StatusOr<std::unique_ptr<KvControlServer>> Start(const std::string& host, int port,
-                                                                const TlsOptions& tls,
-                                                                std::string secret);
+  // Listens on host:port (0: a free port) with `tls` (plaintext when tls.cert is empty). With a
+  // `secret`, requests are accepted within `replay_window` of their time, each nonce once.
+  static absl::StatusOr<std::unique_ptr<KvControlServer>> Start(
+      const std::string& host, int port, const TlsOptions& tls, std::string secret,
+      absl::Duration replay_window = absl::Seconds(60));
   ~KvControlServer();  // Stop()
   int port() const { return port_; }
   // Where requests go; until set (and after Stop) they get UNAVAILABLE. Must outlive Stop().

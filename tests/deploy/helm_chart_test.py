@@ -437,7 +437,8 @@ def check_failures(renderer):
         (["tls.enabled=true", "tls.certManager.enabled=true"],
          "tls.certManager.issuerRef.name is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
-        (["prefill.kvTransport=cuda-ipc"], "prefill.kvTransport must be auto, tcp or nccl"),
+        (["prefill.kvTransport=rdma"], "prefill.kvTransport must be auto, tcp, nccl or cuda-ipc"),
+        (["prefill.kvTransport=cuda-ipc"], "cuda-ipc needs cudaIpc.hostIPC=true"),
         (["model.source=hostPath", "model.hostPath.path="], "model.hostPath.path is required"),
         (["router.replica=3"], None),  # a typo'd key is merely unused, like Helm
     ]
@@ -505,6 +506,15 @@ def main():
     b = Rendered(render(renderer, sets=["config.maxNumSeqs=8"])).workloads()[0]
     check(a["checksum/config"] != b["spec"]["template"]["metadata"]["annotations"]
           ["checksum/config"], "config change must change the checksum")
+    # cuda-ipc: every worker pod in the host's IPC namespace with the transport; none otherwise.
+    ipc = Rendered(render(renderer, sets=["prefill.kvTransport=cuda-ipc", "cudaIpc.hostIPC=true"]))
+    workers = [w for w in ipc.workloads() if component(w) in ("prefill", "decode")]
+    check(len(workers) == 2 and all(pod_spec(w).get("hostIPC") is True and
+                                    arg(pod_spec(w)["containers"][0], "--kv-transport") ==
+                                    "cuda-ipc" for w in workers),
+          "cuda-ipc: both worker pods run cuda-ipc with hostIPC")
+    check(not any(pod_spec(w).get("hostIPC") for w in Rendered(default_docs).workloads()),
+          "no pod shares the host's IPC namespace by default")
     check_failures(renderer)
     check_validator_catches(default_docs)
     print("PASS")

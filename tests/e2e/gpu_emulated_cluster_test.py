@@ -37,6 +37,12 @@ CPU = ["--kv-transport", "tcp", "--matmul-input-dtype", "f32"] + REMOTE
 TOKENS = 48
 
 
+def transport():
+    """The KV transport the emulated GPU cluster runs (GPU's --kv-transport; a sibling test runs
+    these checks over cuda-ipc)."""
+    return GPU[GPU.index("--kv-transport") + 1]
+
+
 def prompts(model):
     ref = json.load(open(os.path.join(ROOT, "models", model, "reference", "once_upon_a_time.json")))
     names = ["Lily", "Tom", "Max", "Sue", "Ben", "Mia", "Sam", "Zoe", "Tim", "Ann", "Bob"]
@@ -95,7 +101,7 @@ def check_emulated(emu_dir):
 def emulated_cluster_check(stubs, emu_dir, model, texts, want, ref, env=None):
     """One run of the emulated GPU cluster on `texts`; raises AssertionError unless every output
     equals `want` (the CPU cluster's) and the reference, every prompt was prefilled remotely over
-    nccl without a failure, and no worker holds anything afterwards."""
+    transport() without a failure, and no worker holds anything afterwards."""
     path = os.path.join(ROOT, "models", model)
     with Cluster(emu_dir, 1, 2, *GPU, model=path, env=env, startup_timeout=120) as gpu:
         check("GPU EMULATION BUILD" in gpu.logs(), "the workers announce the emulation build")
@@ -103,12 +109,13 @@ def emulated_cluster_check(stubs, emu_dir, model, texts, want, ref, env=None):
         status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
         check(status.remote_prefills >= len(texts) and status.local_prefills == 0 and
               status.prefill_retries == 0 and status.failures == 0,
-              f"every prompt prefilled remotely, its KV over nccl at the first try: {status}")
+              f"every prompt prefilled remotely, its KV over {transport()} at the first try: "
+              f"{status}")
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
         wait_no_leaks(stubs, channels)
     for i in range(len(texts)):
-        check(got[i] == want[i], f"{model} prompt {i}: emulated GPU cluster (nccl) differs "
-              f"from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
+        check(got[i] == want[i], f"{model} prompt {i}: emulated GPU cluster ({transport()}) "
+              f"differs from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
     n = min(TOKENS, len(ref["generated_ids"]))
     check(got[0][:n] == ref["generated_ids"][:n], f"{model}: reference differs: {got[0]}")
 
@@ -121,8 +128,8 @@ def outputs_match(stubs, build_dir, emu_dir):
         with Cluster(build_dir, 1, 2, *CPU, model=os.path.join(ROOT, "models", model)) as cpu:
             want = served(stubs, cpu.address, texts, TOKENS)
         emulated_cluster_check(stubs, emu_dir, model, texts, want, ref)
-        log(f"ok: {model}: {len(texts)} concurrent greedy outputs over nccl (emulated) equal the "
-            f"CPU tcp cluster's and the reference")
+        log(f"ok: {model}: {len(texts)} concurrent greedy outputs over {transport()} (emulated) "
+            f"equal the CPU tcp cluster's and the reference")
         out[model] = (texts, want, ref)
     return out
 
@@ -162,7 +169,8 @@ def cancel_streams(stubs, address, texts, wait_tokens):
         call.cancel()
 
 
-def faults(stubs, emu_dir):
+def faults(stubs, emu_dir, tokens=160):
+    """Cancellation and SIGKILL of a decode worker with streams of `tokens` tokens in flight."""
     path = os.path.join(ROOT, "models", "stories260k")
     _, texts = prompts("stories260k")
     texts = texts[:8]
@@ -170,7 +178,7 @@ def faults(stubs, emu_dir):
     # repeated prompts to the worker that cached them).
     with Cluster(emu_dir, 1, 2, *GPU, "--routing-policy", "round_robin", model=path,
                  startup_timeout=120) as gpu:
-        want = served(stubs, gpu.address, texts, 160)
+        want = served(stubs, gpu.address, texts, tokens)
         channel = grpc.insecure_channel(gpu.address)
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
 
@@ -181,7 +189,7 @@ def faults(stubs, emu_dir):
         log(f"ok: {2 * len(texts)} streams cancelled during their transfer or mid-stream: "
               f"no block leaked")
         progress = [0] * len(texts)
-        threads, results = run_all(stubs, gpu.address, texts, 160, progress)
+        threads, results = run_all(stubs, gpu.address, texts, tokens, progress)
         deadline = time.time() + 120
         while min(progress) < 8 and time.time() < deadline:
             time.sleep(0.02)
@@ -210,7 +218,7 @@ def faults(stubs, emu_dir):
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
         wait_no_leaks(stubs, channels, timeout=60)
         before = cluster_status(stubs, channel)
-        again = served(stubs, gpu.address, texts * 2, 160)
+        again = served(stubs, gpu.address, texts * 2, tokens)
         after = cluster_status(stubs, channel)
         check(again == want * 2, "after the restart, outputs are identical")
         routed = {w.address: w.routed_requests for w in after.workers
@@ -219,21 +227,23 @@ def faults(stubs, emu_dir):
         check(all(routed[a] > was.get(a, 0) for a in routed),
               f"both decode workers (one restarted) take requests: {was} -> {routed}")
         check(after.remote_prefills - before.remote_prefills == 2 * len(texts) and
-              after.failures == before.failures, f"prefilled remotely over nccl: {after}")
+              after.failures == before.failures,
+              f"prefilled remotely over {transport()}: {after}")
         wait_no_leaks(stubs, channels, timeout=60)
         log(f"ok: SIGKILL of decode worker {victim} with {len(texts)} streams in flight: every "
               f"stream complete and identical, no block leaked; the restarted worker is fed "
-              f"over a new communicator")
+              f"afresh over {transport()}")
 
 
 class Proc:
-    def __init__(self, binary_dir, tmp, name, args):
+    def __init__(self, binary_dir, tmp, name, args, env=None):
         self.name = name
         port_file = os.path.join(tmp, name + ".port")
         self.log_path = os.path.join(tmp, name + ".log")
         self.proc = subprocess.Popen([os.path.join(binary_dir, "bin", "tandem")] + args +
                                      ["--port", "0", "--port-file", port_file],
-                                     stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **(env or {})))
         deadline = time.time() + 120
         while not os.path.exists(port_file):
             check(self.proc.poll() is None, f"{name} exited: {open(self.log_path).read()}")

@@ -3,11 +3,16 @@
 - nccl startup: `tandem prefill --device cuda --kv-transport nccl` starts on this GPU;
 - nccl cluster: prefill on cuda:0 and decode on cuda:1 over NCCL, 12 concurrent greedy prompts
   equal to the CPU tcp cluster's bit for bit (needs two GPUs: NCCL refuses two ranks on one);
-- cuda-ipc cluster (prefill and decode processes on one GPU): not implemented yet.
+- cuda-ipc cluster: `tandem serve --device cuda --kv-transport auto --prefill-workers 1
+  --decode-workers 2` (auto resolves to cuda-ipc: every worker process on this one GPU), 12
+  concurrent greedy prompts equal to the CPU tcp cluster's bit for bit, every prompt prefilled
+  remotely without a failure.
 
 Usage: gpu_cluster_check.py BUILD_DIR   (a CUDA build holding bin/tandem). Exit 1 on a FAIL."""
 import os
 import subprocess
+
+import grpc
 import sys
 import tempfile
 import time
@@ -15,7 +20,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 
 from gpu_emulated_cluster_test import CPU, Proc, prompts, served  # noqa: E402
-from tandem_testlib import ROOT, Cluster, load_stubs  # noqa: E402
+from tandem_testlib import ROOT, Cluster, cluster_status, load_stubs  # noqa: E402
 
 TOKENS = 48
 
@@ -75,8 +80,33 @@ def main():
             finally:
                 for proc in procs:
                     proc.stop()
-    verdict("cuda-ipc cluster", "SKIP", "(one GPU, two processes: cuda-ipc is not implemented yet)")
+    if n < 1:
+        verdict("cuda-ipc cluster", "SKIP", "(no GPU visible)")
+    else:
+        ok &= cuda_ipc_cluster(stubs, build_dir, model)
     return 0 if ok else 1
+
+
+def cuda_ipc_cluster(stubs, build_dir, model):
+    """Prefill and decode processes on one GPU over CUDA IPC (auto resolves to it in serve)."""
+    _, texts = prompts("stories260k")
+    try:
+        with Cluster(build_dir, 1, 2, *CPU, model=model) as cpu:
+            want = served(stubs, cpu.address, texts, TOKENS)
+        args = ["--device", "cuda", "--kv-transport", "auto", "--num-kv-blocks", "512",
+                "--matmul-input-dtype", "f32", "--disagg-min-uncached-tokens", "0"]
+        with Cluster(build_dir, 1, 2, *args, model=model, startup_timeout=180) as gpu:
+            if "KV transport cuda-ipc" not in gpu.logs():
+                return verdict("cuda-ipc cluster", "FAIL", "(auto did not resolve to cuda-ipc)")
+            got = served(stubs, gpu.address, texts, TOKENS)
+            status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
+        same = sum(g == w for g, w in zip(got, want))
+        remote = status.remote_prefills >= len(texts) and status.failures == 0
+        return verdict("cuda-ipc cluster", "PASS" if same == len(texts) and remote else "FAIL",
+                       f"({same}/{len(texts)} greedy outputs equal the CPU tcp cluster's; "
+                       f"{status.remote_prefills} remote prefills, {status.failures} failures)")
+    except (AssertionError, RuntimeError) as e:
+        return verdict("cuda-ipc cluster", "FAIL", str(e)[-400:])
 
 
 if __name__ == "__main__":

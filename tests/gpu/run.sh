@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-call GPU check: configures and builds the CUDA backend with every `gpu`-labelled test and
 # the GPU benchmark, runs the tests and the benchmark, then the real GPU serving paths
-# (gpu_cluster_check.py: nccl startup, a 2-GPU nccl cluster, cuda-ipc) with one VERDICT line
-# each, and prints a short summary table last.
+# (gpu_cluster_check.py: nccl startup, a 2-GPU nccl cluster, a one-GPU cuda-ipc cluster) with one
+# VERDICT line each, and prints a short summary table last.
 # Sized to finish in under 8 minutes on one H200 (build included, 16 cores).
 #
 #   tests/gpu/run.sh [build-dir]      (default: build-gpu at the repository root)

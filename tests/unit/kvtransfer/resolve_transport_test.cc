@@ -37,8 +37,27 @@ TEST(ResolveTransportTest, OnAGpu) {
   }
 }
 
-TEST(ResolveTransportTest, UnknownAndNotYetImplemented) {
-  ExpectRefused("cuda-ipc", "cuda:0", absl::StatusCode::kFailedPrecondition, "not implemented");
+TEST(ResolveTransportTest, CudaIpc) {
+  // cuda-ipc moves GPU memory between processes on one GPU: refused on the CPU, naming what is
+  // missing (CUDA in this build, or the engine on the GPU).
+  ExpectRefused("cuda-ipc", "cpu", absl::StatusCode::kFailedPrecondition,
+                CudaIpcBuilt() ? "--device cuda" : "build with CUDA");
+  if (!CudaIpcBuilt()) {
+    ExpectRefused("cuda-ipc", "cuda:0", absl::StatusCode::kFailedPrecondition, "build with CUDA");
+  }
+  // A cluster whose workers all share the engine's device (tandem serve): auto is cuda-ipc on a
+  // GPU, tcp on the CPU.
+  EXPECT_EQ(*ResolveSharedGpuTransport("auto", "cpu"), "tcp");
+  EXPECT_EQ(*ResolveSharedGpuTransport("tcp", "cpu"), "tcp");
+  absl::StatusOr<std::string> shared = ResolveSharedGpuTransport("auto", "cuda:0");
+  if (CudaIpcBuilt() && shared.ok()) EXPECT_EQ(*shared, "cuda-ipc");
+  if (!CudaIpcBuilt()) EXPECT_FALSE(shared.ok());
+  EXPECT_TRUE(UsesControlChannel("cuda-ipc"));
+  EXPECT_TRUE(UsesControlChannel("nccl"));
+  EXPECT_FALSE(UsesControlChannel("tcp"));
+}
+
+TEST(ResolveTransportTest, Unknown) {
   ExpectRefused("rdma", "cpu", absl::StatusCode::kInvalidArgument, "'rdma'");
 }
 

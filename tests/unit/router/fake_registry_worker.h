@@ -1,7 +1,7 @@
 #pragma once
 
 // A worker as WorkerRegistry sees it, for the registry tests: GetInfo answers its role and KV
-// transport, WatchStats sends one snapshot and stays open; served on a loopback port.
+// transport (and GPU), WatchStats sends one snapshot and stays open; served on a loopback port.
 
 #include <grpcpp/grpcpp.h>
 
@@ -18,13 +18,14 @@ namespace tandem {
 
 class FakeRegistryWorker : public v1::Worker::CallbackService {
  public:
-  FakeRegistryWorker(std::string role, std::string transport)
-      : role_(std::move(role)), transport_(std::move(transport)) {}
+  FakeRegistryWorker(std::string role, std::string transport, std::string device = "")
+      : role_(std::move(role)), transport_(std::move(transport)), device_(std::move(device)) {}
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::InfoRequest* request,
                                     v1::WorkerInfo* response) override {
     response->set_role(role_);
     response->set_kv_transport(transport_);
+    response->set_kv_device(device_);
     response->mutable_layout()->set_model_id("m");
     response->mutable_layout()->set_block_size(16);
     response->mutable_layout()->set_kv_dtype("f32");
@@ -53,6 +54,7 @@ class FakeRegistryWorker : public v1::Worker::CallbackService {
  private:
   std::string role_;
   std::string transport_;
+  std::string device_;
 };
 
 // A FakeRegistryWorker on 127.0.0.1 (any free port).
@@ -61,8 +63,9 @@ struct FakeRegistryWorkerServer {
   std::unique_ptr<grpc::Server> server;
   std::string address;
 
-  explicit FakeRegistryWorkerServer(std::string role = "decode", std::string transport = "")
-      : service(std::move(role), std::move(transport)) {
+  explicit FakeRegistryWorkerServer(std::string role = "decode", std::string transport = "",
+                                    std::string device = "")
+      : service(std::move(role), std::move(transport), std::move(device)) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);

@@ -53,5 +53,34 @@ TEST(WorkerRegistryTransportTest, AdmitsWorkersThatAgree) {
   registry.Stop();
 }
 
+// cuda-ipc maps one worker's KV pool into another process on the same GPU: workers on two GPUs
+// are refused, naming both GPUs; workers on one are admitted.
+TEST(WorkerRegistryTransportTest, CudaIpcNeedsOneGpu) {
+  Server decode("decode", "cuda-ipc", "GPU-aaaa");
+  Server prefill("prefill", "cuda-ipc", "GPU-bbbb");
+  Server same("prefill", "cuda-ipc", "GPU-aaaa");
+  RegistryOptions o;
+  o.decode_addresses = {decode.address};
+  o.prefill_addresses = {prefill.address};
+  o.resolve_interval = absl::Milliseconds(50);
+  WorkerRegistry registry(o);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return !registry.refused().empty(); }));
+  const std::string refusal = registry.refused().front();
+  EXPECT_NE(refusal.find("one GPU"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("GPU-aaaa"), std::string::npos) << refusal;
+  EXPECT_NE(refusal.find("GPU-bbbb"), std::string::npos) << refusal;
+  EXPECT_EQ(registry.All().size(), 1u);
+  registry.Stop();
+
+  RegistryOptions o2 = o;
+  o2.prefill_addresses = {same.address};
+  WorkerRegistry agree(o2);
+  agree.Start();
+  EXPECT_TRUE(agree.WaitForWorkers(1, 1, absl::Seconds(10)));
+  EXPECT_TRUE(agree.refused().empty());
+  agree.Stop();
+}
+
 }  // namespace
 }  // namespace tandem

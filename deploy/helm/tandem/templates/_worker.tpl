@@ -18,6 +18,10 @@ spec:
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+  {{- if $root.Values.cudaIpc.hostIPC }}
+  # cuda-ipc: the prefill and decode processes map each other's GPU memory (CUDA IPC handles).
+  hostIPC: true
+  {{- end }}
   securityContext:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   terminationGracePeriodSeconds: {{ add $root.Values.config.drainTimeoutSeconds 15 }}
@@ -30,8 +34,11 @@ spec:
         - {{ .component }}
         {{- include "tandem.commonArgs" (dict "root" $root "port" $root.Values.ports.worker) | nindent 8 }}
         {{- include "tandem.engineArgs" $root | nindent 8 }}
-        {{- if not (has $root.Values.prefill.kvTransport (list "auto" "tcp" "nccl")) }}
-        {{- fail (printf "prefill.kvTransport must be auto, tcp or nccl, got %q" $root.Values.prefill.kvTransport) }}
+        {{- if not (has $root.Values.prefill.kvTransport (list "auto" "tcp" "nccl" "cuda-ipc")) }}
+        {{- fail (printf "prefill.kvTransport must be auto, tcp, nccl or cuda-ipc, got %q" $root.Values.prefill.kvTransport) }}
+        {{- end }}
+        {{- if and (eq $root.Values.prefill.kvTransport "cuda-ipc") (not $root.Values.cudaIpc.hostIPC) }}
+        {{- fail "prefill.kvTransport cuda-ipc needs cudaIpc.hostIPC=true (CUDA IPC handles cross pods only in the host's IPC namespace)" }}
         {{- end }}
         {{- if $decode }}
         - --kv-transport={{ $root.Values.prefill.kvTransport }}

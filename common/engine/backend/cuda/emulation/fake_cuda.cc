@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -137,6 +138,10 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorNotReady:
       return "cudaErrorNotReady";
+    case cudaErrorMapBufferObjectFailed:
+      return "cudaErrorMapBufferObjectFailed";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
   }
   return "cudaErrorUnknown";
 }
@@ -156,6 +161,16 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device != 0) return cudaErrorInvalidDevice;
   std::memset(prop, 0, sizeof *prop);
   std::strncpy(prop->name, "Tandem CUDA emulator (CPU)", sizeof prop->name - 1);
+  // The identity of the emulated GPU: a hash of its name, so equal names are one device.
+  const std::string name = tandem::cuda_emu::EmulatedGpuName();
+  uint64_t h1 = 1469598103934665603ull, h2 = 1099511628211ull;
+  for (char c : name) {
+    h1 = (h1 ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    h2 = (h2 + static_cast<uint8_t>(c)) * 6364136223846793005ull + 1;
+  }
+  std::memcpy(prop->uuid.bytes, &h1, 8);
+  std::memcpy(prop->uuid.bytes + 8, &h2, 8);
+  prop->pciBusID = static_cast<int>(h1 & 0xff);
   prop->totalGlobalMem = kTotalMemory;
   prop->multiProcessorCount = 4;
   prop->major = 9;
@@ -189,7 +204,9 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  void* p = bytes >= tandem::cuda_emu::kIpcMinBytes
+                ? tandem::cuda_emu::SharedAlloc(bytes)
+                : std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (p == nullptr) return cudaErrorMemoryAllocation;
   std::memset(p, 0xff, bytes);
   std::lock_guard<std::mutex> lock(g_alloc_mutex);
@@ -205,7 +222,7 @@ cudaError_t cudaFree(void* ptr) {
   if (it == Allocations().end()) return cudaErrorInvalidValue;
   g_allocated -= it->second;
   Allocations().erase(it);
-  std::free(ptr);
+  if (!tandem::cuda_emu::SharedFree(ptr)) std::free(ptr);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {

@@ -6,7 +6,13 @@
 // every stream operation runs synchronously (until an asynchronous one, StreamEnqueueAsync, is
 // queued: then later ones queue behind it on the stream's own thread), graph capture records
 // operations for replay, and cublasGemmEx is a plain column-major loop with double accumulation.
-// One emulated device.
+// One emulated device per process. Its identity (cudaDeviceProp::uuid, pciBusID) comes from the
+// environment variable TANDEM_EMULATED_GPU (a name; default "0"), so processes that set the same
+// name share one emulated GPU and the KV transport can tell "same GPU" from "another GPU".
+// CUDA IPC between processes on one emulated GPU: allocations of at least
+// kIpcMinBytes are backed by a memfd (MAP_SHARED); cudaIpcGetMemHandle encodes how another
+// process maps it (owner pid, fd number, inode, size, device), never a raw pointer, and
+// cudaIpcOpenMemHandle maps it there through /proc/<pid>/fd (fake_cuda_ipc.cc).
 
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +29,8 @@ enum cudaError_t {
   cudaErrorNotReady = 600,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
+  cudaErrorMapBufferObjectFailed = 205,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotSupported = 801,
   cudaErrorStreamCaptureInvalidated = 901,
 };
@@ -55,8 +63,17 @@ enum cudaDeviceAttr {
 };
 #define cudaStreamNonBlocking 0x01
 
+struct CUuuid_st {
+  char bytes[16];
+};
+typedef CUuuid_st cudaUUID_t;
+
 struct cudaDeviceProp {
   char name[256];
+  cudaUUID_t uuid;
+  int pciBusID;
+  int pciDeviceID;
+  int pciDomainID;
   size_t totalGlobalMem;
   int multiProcessorCount;
   int major;
@@ -80,6 +97,21 @@ cudaError_t cudaMalloc(T** ptr, size_t bytes) {
 }
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, size_t bytes);
+
+// CUDA IPC (legacy handles), as the runtime declares them.
+#define CUDA_IPC_HANDLE_SIZE 64
+typedef struct cudaIpcMemHandle_st {
+  char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcMemHandle_t;
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+// Only the base of an allocation of at least kIpcMinBytes can be exported (the runtime exports
+// whole allocations too); cudaErrorInvalidValue otherwise.
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* dev_ptr);
+// Maps the allocation in this process. Like the runtime, refuses a handle of this process
+// (cudaErrorInvalidResourceHandle) and, here, one of another emulated GPU
+// (cudaErrorInvalidDevice); cudaErrorMapBufferObjectFailed when the owner is gone.
+cudaError_t cudaIpcOpenMemHandle(void** dev_ptr, cudaIpcMemHandle_t handle, unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void* dev_ptr);
 cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -103,6 +135,13 @@ cudaError_t cudaFuncSetAttribute(T* /*kernel*/, cudaFuncAttribute /*attr*/, int 
 }
 
 namespace tandem::cuda_emu {
+inline constexpr size_t kIpcMinBytes = size_t{64} << 10;
+// The emulated device's name (TANDEM_EMULATED_GPU, default "0").
+const char* EmulatedGpuName();
+// Shareable "device" memory (fake_cuda_ipc.cc): a memfd mapping, registered for export.
+void* SharedAlloc(size_t bytes);
+// False when `ptr` is not a SharedAlloc allocation.
+bool SharedFree(void* ptr);
 // Queues `op` on `stream` to run on the stream's own thread, in stream order: what an operation
 // that waits for something outside the device (the emulated NCCL's peer) needs. The stream
 // reports cudaErrorNotReady until it has drained.

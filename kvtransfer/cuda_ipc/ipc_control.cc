@@ -1,0 +1,147 @@
+#include "kvtransfer/cuda_ipc/ipc_control.h"
+
+#include <cstring>
+
+namespace tandem::kvtransfer::cuda_ipc {
+namespace {
+
+void PutU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void PutStr(std::string* out, absl::string_view s) {
+  PutU32(out, static_cast<uint32_t>(s.size()));
+  out->append(s.data(), s.size());
+}
+
+// Reads little-endian fields off the front of a view; any shortfall sticks.
+class Reader {
+ public:
+  explicit Reader(absl::string_view in) : in_(in) {}
+  template <class T>
+  T Get() {
+    T v{};
+    if (in_.size() < sizeof(T)) {
+      ok_ = false;
+      return v;
+    }
+    std::memcpy(&v, in_.data(), sizeof(T));
+    in_.remove_prefix(sizeof(T));
+    return v;
+  }
+  absl::string_view Bytes(size_t n) {
+    if (in_.size() < n) {
+      ok_ = false;
+      return {};
+    }
+    absl::string_view v = in_.substr(0, n);
+    in_.remove_prefix(n);
+    return v;
+  }
+  absl::string_view Str() { return Bytes(Get<uint32_t>()); }
+  absl::string_view rest() const { return in_; }
+  bool ok() const { return ok_; }
+
+ private:
+  absl::string_view in_;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+std::string EncodeRequest(const ControlRequest& r) {
+  std::string out(1, static_cast<char>(r.kind));
+  PutU64(&out, r.sender_id);
+  return out + r.body;
+}
+
+absl::Status DecodeRequest(absl::string_view bytes, ControlRequest* r) {
+  Reader in(bytes);
+  const uint8_t kind = in.Get<uint8_t>();
+  r->sender_id = in.Get<uint64_t>();
+  if (!in.ok()) return absl::DataLossError("cuda-ipc control request too short");
+  if (kind < 0x41 || kind > 0x47) return absl::DataLossError("unknown cuda-ipc control request");
+  r->kind = static_cast<ControlKind>(kind);
+  r->body = std::string(in.rest());
+  return absl::OkStatus();
+}
+
+std::string EncodeConnect(absl::string_view device, const wire::Hello& hello) {
+  std::string out;
+  PutStr(&out, device);
+  return out + wire::EncodeHello(hello);
+}
+
+absl::Status DecodeConnect(absl::string_view body, std::string* device, wire::Hello* hello) {
+  Reader in(body);
+  *device = std::string(in.Str());
+  if (!in.ok()) return absl::DataLossError("cuda-ipc CONNECT too short");
+  return wire::DecodeHello(in.rest(), hello);
+}
+
+std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool) {
+  std::string out(2, '\0');
+  const uint16_t type = static_cast<uint16_t>(wire::FrameType::kWelcome);
+  std::memcpy(out.data(), &type, 2);
+  PutStr(&out, wire::EncodeWelcome(welcome));
+  std::string handle = pool.handle;
+  handle.resize(kIpcHandleBytes, '\0');
+  out += handle;
+  PutU64(&out, pool.pool_bytes);
+  PutU64(&out, static_cast<uint64_t>(pool.num_blocks));
+  PutU64(&out, pool.layer_stride);
+  PutU64(&out, pool.block_stride);
+  PutU64(&out, pool.process);
+  PutStr(&out, pool.device);
+  return out;
+}
+
+absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, PoolExport* pool) {
+  Reader in(body);
+  absl::string_view w = in.Str();
+  pool->handle = std::string(in.Bytes(kIpcHandleBytes));
+  pool->pool_bytes = in.Get<uint64_t>();
+  pool->num_blocks = static_cast<int64_t>(in.Get<uint64_t>());
+  pool->layer_stride = in.Get<uint64_t>();
+  pool->block_stride = in.Get<uint64_t>();
+  pool->process = in.Get<uint64_t>();
+  pool->device = std::string(in.Str());
+  if (!in.ok()) return absl::DataLossError("cuda-ipc WELCOME too short");
+  return wire::DecodeWelcome(w, welcome);
+}
+
+absl::Status DecodeReply(absl::string_view bytes, ControlReply* r) {
+  if (bytes.size() < 2) return absl::DataLossError("cuda-ipc control reply too short");
+  uint16_t type;
+  std::memcpy(&type, bytes.data(), 2);
+  r->type = static_cast<wire::FrameType>(type);
+  r->body = std::string(bytes.substr(2));
+  return absl::OkStatus();
+}
+
+namespace {
+std::string OutcomeReply(wire::FrameType type, uint64_t id, uint32_t attempt,
+                         const absl::Status& status) {
+  std::string out(2, '\0');
+  const uint16_t t = static_cast<uint16_t>(type);
+  std::memcpy(out.data(), &t, 2);
+  return out + wire::EncodeOutcome({id, attempt, status});
+}
+}  // namespace
+
+std::string ResultReply(uint64_t transfer_id, uint32_t attempt, const absl::Status& status) {
+  return OutcomeReply(wire::FrameType::kResult, transfer_id, attempt, status);
+}
+
+std::string RefuseReply(const absl::Status& status) {
+  return OutcomeReply(wire::FrameType::kRefuse, 0, 0, status);
+}
+
+absl::Status ReplyStatus(const ControlReply& r) {
+  if (r.type != wire::FrameType::kResult && r.type != wire::FrameType::kRefuse) {
+    return absl::DataLossError("unexpected cuda-ipc control reply");
+  }
+  wire::Outcome o;
+  absl::Status s = wire::DecodeOutcome(r.body, &o);
+  return s.ok() ? o.status : s;
+}
+
+}  // namespace tandem::kvtransfer::cuda_ipc

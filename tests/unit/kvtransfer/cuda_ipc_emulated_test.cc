@@ -1,0 +1,317 @@
+// The cuda-ipc transport run end to end without a GPU: built against the CPU emulator of CUDA,
+// whose exportable "device" memory is a memfd another process maps (fake_cuda.h), with its
+// control messages over the gRPC control channel the workers use. CUDA IPC crosses processes
+// only (the runtime refuses a handle of its own process), so every case runs the receiver in a
+// child process (this binary again, TANDEM_IPC_EMU_CHILD) and this process sends; the child
+// checks what landed in its pool (guard bytes around every region) and exits with the verdict.
+// Cases: bit-exact transfers and mapping reuse, unknown transfer and stale incarnation refused
+// at Begin, the handshake refusals (layout naming the field, another emulated GPU, the shared
+// secret), a restarted receiver mapped afresh, and fault injection (kv_misplace) that the
+// child's bit-exact check must catch.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "gtest/gtest.h"
+#include "kvtransfer/control_rpc/control_rpc.h"
+#include "kvtransfer/transport.h"
+#include "tests/unit/kvtransfer/kv_test_util.h"
+
+extern char** environ;
+
+namespace tandem::kvtransfer {
+namespace {
+
+using testing::Completions;
+
+constexpr int64_t kBlocks = 16;
+constexpr size_t kGuard = 32;
+constexpr uint8_t kGuardByte = 0xa5;
+constexpr char kSecret[] = "0123456789abcdef-secret";
+
+// Child exit codes.
+constexpr int kLandedExactly = 0;
+constexpr int kLandedWrong = 3;
+constexpr int kTransferFailed = 4;
+
+// A KV pool in emulated device memory (one cudaMalloc, exportable), regions at a regular
+// stride with guard bytes after each.
+class DevicePool : public KvRegionAccess {
+ public:
+  DevicePool(const KvLayout& layout, int64_t num_blocks)
+      : layout_(layout), num_blocks_(num_blocks), region_(layout.region_bytes()) {
+    bytes_ = std::max<size_t>(layout.num_layers * num_blocks * (region_ + kGuard),
+                              cuda_emu::kIpcMinBytes);
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes_), cudaSuccess);
+    base_ = static_cast<uint8_t*>(p);
+    std::memset(base_, kGuardByte, bytes_);
+    for (int64_t l = 0; l < layout_.num_layers; ++l) {
+      for (int32_t b = 0; b < num_blocks_; ++b) std::memset(Region(l, b), 0, region_);
+    }
+  }
+  ~DevicePool() override { cudaFree(base_); }
+  uint8_t* Region(int64_t layer, int32_t block) override {
+    return base_ + (layer * num_blocks_ + block) * (region_ + kGuard);
+  }
+  int64_t num_blocks() const override { return num_blocks_; }
+
+  // The bytes FakePool::Fill(seed) would hold in (layer, block).
+  void Fill(uint64_t seed) {
+    for (int64_t l = 0; l < layout_.num_layers; ++l) {
+      for (int32_t b = 0; b < num_blocks_; ++b) FillRegion(seed, l, b, Region(l, b));
+    }
+  }
+  void FillRegion(uint64_t seed, int64_t l, int32_t b, uint8_t* r) const {
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(l * num_blocks_ + b);
+    for (size_t i = 0; i < region_; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      r[i] = static_cast<uint8_t>(x);
+    }
+  }
+  // dst_blocks hold what Fill(seed) put in src_blocks, every other region is zero, every guard
+  // byte intact.
+  bool LandedExactly(uint64_t seed, const std::vector<int32_t>& src_blocks,
+                     const std::vector<int32_t>& dst_blocks) {
+    std::vector<uint8_t> want(region_), zero(region_, 0);
+    for (int64_t l = 0; l < layout_.num_layers; ++l) {
+      for (int32_t b = 0; b < num_blocks_; ++b) {
+        const uint8_t* expected = zero.data();
+        for (size_t i = 0; i < dst_blocks.size(); ++i) {
+          if (dst_blocks[i] == b) {
+            FillRegion(seed, l, src_blocks[i], want.data());
+            expected = want.data();
+          }
+        }
+        if (std::memcmp(Region(l, b), expected, region_) != 0) return false;
+        for (size_t g = 0; g < kGuard; ++g) {
+          if (Region(l, b)[region_ + g] != kGuardByte) return false;
+        }
+      }
+    }
+    return true;
+  }
+
+ private:
+  const KvLayout layout_;
+  const int64_t num_blocks_;
+  const size_t region_;
+  size_t bytes_ = 0;
+  uint8_t* base_ = nullptr;
+};
+
+// One receiver process: writes "endpoint incarnation" into its file, expects transfers 1
+// ({3, 4, 5} from source blocks {10, 11, 12}) and 2 ({7} from {1}) of a pool filled with seed
+// 7, and exits with the verdict once both completed (or after 60 s).
+TEST(CudaIpcEmulatedChild, Receiver) {
+  const char* file = std::getenv("TANDEM_IPC_EMU_CHILD");
+  if (file == nullptr) GTEST_SKIP() << "runs as the child of the other cases";
+  const char* secret = std::getenv("TANDEM_IPC_EMU_SECRET");
+  const char* port = std::getenv("TANDEM_IPC_EMU_PORT");
+  KvLayout layout = testing::SmallLayout();
+  DevicePool dst(layout, kBlocks);
+  Completions completions;
+  auto control = KvControlServer::Start("127.0.0.1", port != nullptr ? std::atoi(port) : 0,
+                                        TlsOptions(), secret != nullptr ? secret : "");
+  ASSERT_TRUE(control.ok()) << control.status();
+  ReceiverOptions ro;
+  ro.transport = "cuda-ipc";
+  ro.layout = layout;
+  ro.name = AdvertisedEndpoint("127.0.0.1", "", (*control)->port());
+  auto receiver = CreateReceiver(ro, &dst, completions.Callback());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  (*control)->SetReceiver(receiver->get());
+  (*receiver)->Expect({1, {3, 4, 5}});
+  (*receiver)->Expect({2, {7}});
+  {
+    std::ofstream(std::string(file) + ".tmp")
+        << (*receiver)->endpoint() << " " << (*receiver)->incarnation() << "\n";
+    std::rename((std::string(file) + ".tmp").c_str(), file);
+  }
+  for (uint64_t id : {1, 2}) {
+    CompletedTransfer c = completions.WaitFor(id, 0, absl::Seconds(60));
+    if (!c.status.ok()) std::_Exit(kTransferFailed);
+  }
+  const bool exact = dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7});
+  (*control)->Stop();
+  std::_Exit(exact ? kLandedExactly : kLandedWrong);
+}
+
+// The child receiver, running.
+class Child {
+ public:
+  explicit Child(const std::string& gpu, bool secret = false, int port = 0) {
+    file_ = absl::StrCat(::testing::TempDir(), "/ipc_emu_child_", getpid(), "_", ++count_);
+    std::remove(file_.c_str());
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (std::strncmp(*e, "TANDEM_EMULATED_GPU=", 20) != 0) env_strings.push_back(*e);
+    }
+    env_strings.push_back("TANDEM_IPC_EMU_CHILD=" + file_);
+    env_strings.push_back("TANDEM_EMULATED_GPU=" + gpu);
+    if (secret) env_strings.push_back(std::string("TANDEM_IPC_EMU_SECRET=") + kSecret);
+    if (port != 0) env_strings.push_back(absl::StrCat("TANDEM_IPC_EMU_PORT=", port));
+    std::vector<char*> env;
+    for (auto& s : env_strings) env.push_back(s.data());
+    env.push_back(nullptr);
+    std::string self = "/proc/self/exe", filter = "--gtest_filter=CudaIpcEmulatedChild.Receiver";
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    EXPECT_EQ(posix_spawn(&pid_, "/proc/self/exe", nullptr, nullptr, argv, env.data()), 0);
+    EXPECT_TRUE(testing::Eventually(
+        [&] {
+          std::ifstream in(file_);
+          return static_cast<bool>(in >> endpoint_ >> incarnation_);
+        },
+        absl::Seconds(30)));
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::remove(file_.c_str());
+  }
+  int port() const { return std::atoi(endpoint_.substr(endpoint_.rfind(':') + 1).c_str()); }
+  TransferTarget Target(uint64_t id, std::vector<int32_t> dst) const {
+    TransferTarget t{endpoint_, incarnation_, id, 0, std::move(dst)};
+    t.deadline = absl::Now() + absl::Seconds(20);
+    return t;
+  }
+  // The child's exit code (-1: it did not exit normally).
+  int Wait() {
+    int status = 0;
+    if (waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  static inline int count_ = 0;
+  std::string file_;
+  pid_t pid_ = 0;
+  std::string endpoint_;
+  uint64_t incarnation_ = 0;
+};
+
+std::unique_ptr<KvSender> StartSender(const KvLayout& layout, KvRegionAccess* pool,
+                                      const std::string& secret = "", double misplace = 0) {
+  auto channel = MakeGrpcControlChannel(TlsOptions(), secret, absl::Seconds(10));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  SenderOptions so;
+  so.transport = "cuda-ipc";
+  so.layout = layout;
+  so.io_timeout = absl::Seconds(5);
+  so.control_channel = *channel;
+  so.faults_from_env = false;
+  so.faults.kv_misplace = misplace;
+  auto s = CreateSender(so, pool);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+class CudaIpcEmulatedTest : public ::testing::Test {
+ protected:
+  void SetUp() override { src_.Fill(7); }
+  // Sends transfers 1 and 2 the child expects.
+  void SendBoth(KvSender* sender, const Child& child) {
+    EXPECT_TRUE(testing::SendAll(sender, child.Target(1, {3, 4, 5}), {10, 11, 12},
+                                 layout_.num_layers, "tok")
+                    .ok());
+    EXPECT_TRUE(testing::SendAll(sender, child.Target(2, {7}), {1}, layout_.num_layers, "").ok());
+  }
+  KvLayout layout_ = testing::SmallLayout();
+  DevicePool src_{layout_, kBlocks};
+};
+
+TEST_F(CudaIpcEmulatedTest, TransfersBitExactIntoTheOtherProcess) {
+  Child child("0");
+  auto sender = StartSender(layout_, &src_);
+  // Unknown transfers fail at Begin; so does a stale incarnation (a restarted receiver).
+  EXPECT_EQ(sender->Begin(child.Target(99, {1}), {1}).status().code(), absl::StatusCode::kNotFound);
+  TransferTarget stale = child.Target(1, {3, 4, 5});
+  stale.incarnation += 1;
+  EXPECT_EQ(sender->Begin(stale, {10, 11, 12}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  SendBoth(sender.get(), child);
+  EXPECT_EQ(child.Wait(), kLandedExactly);
+  EXPECT_EQ(sender->stats().connects, 1u);  // one connection (and mapping) for both
+  EXPECT_EQ(sender->num_in_flight(), 0);
+}
+
+// A receiver restarts on the same endpoint (new process, new incarnation): a transfer reserved
+// by the old one is refused, and the new one is mapped afresh and fed.
+TEST_F(CudaIpcEmulatedTest, ARestartedReceiverIsMappedAfresh) {
+  auto sender = StartSender(layout_, &src_);
+  TransferTarget old;
+  int port = 0;
+  {
+    Child first("0");
+    port = first.port();
+    ASSERT_TRUE(testing::SendAll(sender.get(), first.Target(1, {3, 4, 5}), {10, 11, 12},
+                                 layout_.num_layers, "")
+                    .ok());
+    old = first.Target(2, {7});
+  }  // killed
+  Child second("0", false, port);
+  EXPECT_EQ(second.Target(2, {7}).endpoint, old.endpoint);
+  EXPECT_FALSE(sender->Begin(old, {1}).ok());
+  SendBoth(sender.get(), second);
+  EXPECT_EQ(second.Wait(), kLandedExactly);
+}
+
+TEST_F(CudaIpcEmulatedTest, HandshakeRefusals) {
+  {  // another KV layout: refused naming the field
+    Child child("0");
+    KvLayout other = layout_;
+    other.num_kv_heads += 1;
+    DevicePool other_src(other, kBlocks);
+    auto sender = StartSender(other, &other_src);
+    auto h = sender->Begin(child.Target(1, {3, 4, 5}), {10, 11, 12});
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+    EXPECT_NE(h.status().message().find("num_kv_heads"), std::string::npos) << h.status();
+    EXPECT_EQ(sender->stats().handshakes_refused, 1u);
+  }
+  {  // another (emulated) GPU: cuda-ipc needs both on one
+    Child child("another-gpu");
+    auto sender = StartSender(layout_, &src_);
+    auto h = sender->Begin(child.Target(1, {3, 4, 5}), {10, 11, 12});
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+    EXPECT_NE(h.status().message().find("one GPU"), std::string::npos) << h.status();
+  }
+  {  // the shared secret: missing and wrong refused, right accepted
+    Child child("0", /*secret=*/true);
+    for (const std::string& theirs : {std::string(), std::string("another-secret-0123456")}) {
+      auto sender = StartSender(layout_, &src_, theirs);
+      auto h = sender->Begin(child.Target(1, {3, 4, 5}), {10, 11, 12});
+      EXPECT_EQ(h.status().code(), absl::StatusCode::kUnauthenticated) << h.status();
+    }
+    auto sender = StartSender(layout_, &src_, kSecret);
+    SendBoth(sender.get(), child);
+    EXPECT_EQ(child.Wait(), kLandedExactly);
+  }
+}
+
+// Fault injection: the sender copies every region one block off. The transport cannot see it;
+// the child's bit-exact check must (as it would catch such a bug).
+TEST_F(CudaIpcEmulatedTest, ATransferLandingInTheWrongBlockFailsTheCheck) {
+  Child child("0");
+  auto sender = StartSender(layout_, &src_, "", /*misplace=*/1.0);
+  SendBoth(sender.get(), child);
+  EXPECT_EQ(child.Wait(), kLandedWrong);
+}
+
+}  // namespace
+}  // namespace tandem::kvtransfer
