@@ -8,7 +8,8 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVoc
                                  const CompiledGrammarOptions& options)
     : grammar_(std::move(grammar)),
       vocab_(std::move(vocab)),
-      graph_(std::make_unique<StateGraph>(&grammar_, options.max_graph_bytes)),
+      graph_(std::make_unique<StateGraph>(&grammar_, options.max_graph_bytes,
+                                          options.keep_complete_items)),
       max_position_bytes_(options.max_position_cache_bytes) {
   const int64_t mask_bytes = std::max<int64_t>(8, (vocab_->size() + 63) / 64 * 8);
   max_entries_ = std::max<int64_t>(16, options.max_mask_cache_bytes / mask_bytes);
@@ -51,9 +52,19 @@ void CompiledGrammar::StorePosition(int32_t position,
   // Bounded like the masks: when full, start over.
   if (position_bytes_ + bytes > max_position_bytes_) {
     positions_.clear();
+    seen_positions_.clear();
     position_bytes_ = 0;
   }
   if (positions_.emplace(position, std::move(tokens)).second) position_bytes_ += bytes;
+}
+
+bool CompiledGrammar::FirstSightOf(int32_t position) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded with the position sets: 8 bytes an entry against the same budget's scale.
+  if (static_cast<int64_t>(seen_positions_.size()) * 8 > max_position_bytes_) {
+    seen_positions_.clear();
+  }
+  return seen_positions_.insert(position).second;
 }
 
 int64_t CompiledGrammar::cache_hits() const {

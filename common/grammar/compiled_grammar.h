@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/grammar.h"
 #include "common/grammar/state_graph.h"
@@ -32,6 +33,7 @@ struct CompiledGrammarOptions {
   int64_t max_mask_cache_bytes = int64_t{64} << 20;        // per-state masks (cleared when full)
   int64_t max_position_cache_bytes = int64_t{64} << 20;    // per-position token sets (same)
   int64_t max_graph_bytes = StateGraph::kDefaultMaxBytes;  // the state graph (refused past it)
+  bool keep_complete_items = false;  // the earlier, larger state graph (benchmark baseline)
 };
 
 // A grammar compiled against one vocabulary, plus what every sequence using it shares: the
@@ -52,6 +54,9 @@ class CompiledGrammar {
   void StoreMask(int32_t state, std::shared_ptr<const TokenMask> mask) const;
   std::shared_ptr<const PositionTokens> FindPosition(int32_t position) const;
   void StorePosition(int32_t position, std::shared_ptr<const PositionTokens> tokens) const;
+  // Records that a state with `position` was seen; true the first time. Position sets pay off
+  // only for a position shared by several states: the first one is served by a direct walk.
+  bool FirstSightOf(int32_t position) const;
   int64_t cache_hits() const;
   int64_t cache_misses() const;
   int64_t position_hits() const;
@@ -66,6 +71,7 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const PositionTokens>> positions_;
+  mutable absl::flat_hash_set<int32_t> seen_positions_;
   mutable int64_t position_bytes_ = 0;
   mutable int64_t hits_ = 0;
   mutable int64_t misses_ = 0;

@@ -122,7 +122,6 @@ void GrammarMatcher::PositionWalk(StateGraph& graph, int32_t node, int32_t state
 
 std::shared_ptr<const PositionTokens> GrammarMatcher::PositionTokensLocked(StateGraph& graph,
                                                                            int32_t position) {
-  if (auto hit = grammar_->FindPosition(position)) return hit;
   const int64_t refusals = graph.refusals();
   auto tokens = std::make_shared<PositionTokens>();
   tokens->accepted.assign(grammar_->mask_words(), 0);
@@ -132,11 +131,20 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::PositionTokensLocked(State
   return tokens;
 }
 
-TokenMask GrammarMatcher::ComputeMaskLocked(StateGraph& graph) {
+TokenMask GrammarMatcher::ComputeMaskLocked(StateGraph& graph, bool force_positions) {
   const int32_t state = states_.back();
   const int32_t position = graph.Position(state);
   if (position < 0) return TokenMask(grammar_->mask_words(), 0);  // exhausted
-  std::shared_ptr<const PositionTokens> sets = PositionTokensLocked(graph, position);
+  std::shared_ptr<const PositionTokens> sets = grammar_->FindPosition(position);
+  if (sets == nullptr && !force_positions &&
+      (position == state || grammar_->FirstSightOf(position))) {
+    // No context to share (the state is its own position), or a position not met before: the
+    // direct walk costs less than the position's sets plus the check.
+    TokenMask mask(grammar_->mask_words(), 0);
+    Walk(graph, 0, state, mask.data());
+    return mask;
+  }
+  if (sets == nullptr) sets = PositionTokensLocked(graph, position);
   TokenMask mask = sets->accepted;
   if (sets->uncertain.empty()) return mask;
   // The context-dependent rest, in byte order: `path[d]` is the state after the first d bytes of
@@ -181,7 +189,7 @@ TokenMask GrammarMatcher::ComputeMaskByPosition() {
   StateGraph& graph = grammar_->graph();
   std::lock_guard<std::mutex> lock(graph.mu());
   const int64_t refusals = graph.refusals();
-  TokenMask mask = ComputeMaskLocked(graph);
+  TokenMask mask = ComputeMaskLocked(graph, /*force_positions=*/true);
   CheckExhausted(graph, refusals);
   return mask;
 }
@@ -195,7 +203,7 @@ std::shared_ptr<const TokenMask> GrammarMatcher::NextTokenMask() {
     StateGraph& graph = grammar_->graph();
     std::lock_guard<std::mutex> lock(graph.mu());
     const int64_t refusals = graph.refusals();
-    mask = std::make_shared<const TokenMask>(ComputeMaskLocked(graph));
+    mask = std::make_shared<const TokenMask>(ComputeMaskLocked(graph, /*force_positions=*/false));
     complete = graph.refusals() == refusals;
     CheckExhausted(graph, refusals);
   }

@@ -47,7 +47,8 @@ class GrammarMatcher {
   // The mask by a walk of the whole token trie from this state, without position sets or mask
   // cache (reference for tests and the benchmark).
   TokenMask ComputeMaskUncached();
-  // The mask from position sets and the context check, without the mask cache.
+  // The mask from position sets and the context check (computing the sets even for a position
+  // seen for the first time), without the mask cache.
   TokenMask ComputeMaskByPosition();
   // RESOURCE_EXHAUSTED once the grammar's state graph refused a state this sequence needed.
   const absl::Status& status() const { return status_; }
@@ -59,7 +60,7 @@ class GrammarMatcher {
   void PositionWalk(StateGraph& graph, int32_t node, int32_t state, bool popped,
                     PositionTokens* out);
   std::shared_ptr<const PositionTokens> PositionTokensLocked(StateGraph& graph, int32_t position);
-  TokenMask ComputeMaskLocked(StateGraph& graph);
+  TokenMask ComputeMaskLocked(StateGraph& graph, bool force_positions);
   void CheckExhausted(const StateGraph& graph, int64_t refusals_before);
 
   std::shared_ptr<const CompiledGrammar> grammar_;

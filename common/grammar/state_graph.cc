@@ -16,8 +16,8 @@ uint64_t Key(int32_t prod, int32_t dot, int32_t origin) {
 
 }  // namespace
 
-StateGraph::StateGraph(const Grammar* grammar, int64_t max_bytes)
-    : g_(grammar), max_bytes_(max_bytes) {
+StateGraph::StateGraph(const Grammar* grammar, int64_t max_bytes, bool keep_complete_items)
+    : g_(grammar), max_bytes_(max_bytes), keep_complete_items_(keep_complete_items) {
   std::vector<Item> items;
   for (int32_t p : g_->rule_productions[g_->root]) items.push_back({p, 0, kSelf});
   Closure(&items);
@@ -59,8 +59,28 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
     if (a.dot != b.dot) return a.dot < b.dot;
     return a.origin < b.origin;
   });
-  std::string key(items.size() * sizeof(Item), '\0');
-  if (!items.empty()) std::memcpy(key.data(), items.data(), key.size());
+  // Complete items are done with once the closure ran (nothing scans or completes into them
+  // later); only the flags they set stay. Dropping them keeps states that differ only in an
+  // already-completed item (the previous character of a string) one state, so loops close.
+  bool accepting = false, pops = false;
+  size_t kept = 0;
+  for (const Item& i : items) {
+    if (i.dot < g_->Length(i.prod) || keep_complete_items_) {
+      items[kept++] = i;
+    }
+    if (i.dot < g_->Length(i.prod)) {
+      continue;
+    } else if (i.origin == kExternal) {
+      pops = true;
+    } else if (g_->productions[i.prod].lhs == g_->root &&
+               (i.origin == 0 || (i.origin == kSelf && states_.empty()))) {
+      accepting = true;
+    }
+  }
+  items.resize(kept);
+  std::string key(items.size() * sizeof(Item) + 1, '\0');
+  if (!items.empty()) std::memcpy(key.data(), items.data(), items.size() * sizeof(Item));
+  key.back() = static_cast<char>((accepting ? 1 : 0) | (pops ? 2 : 0));
   auto it = ids_.find(key);
   if (it != ids_.end()) return it->second;
   // Memory of a state: the struct, its items and its key in the index (with hash overhead).
@@ -73,19 +93,16 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
   bytes_ += cost;
   State s;
   s.items = std::move(items);
+  s.accepting = accepting;
+  s.pops = pops;
   for (const Item& i : s.items) {
-    if (i.dot < g_->Length(i.prod)) {
-      const int32_t sym = g_->SymbolAt(i.prod, i.dot);
-      if (sym < 0) s.next |= g_->terminals[~sym];
-    } else if (i.origin == kExternal) {
-      s.pops = true;
-    } else if (g_->productions[i.prod].lhs == g_->root &&
-               (i.origin == 0 || (i.origin == kSelf && states_.empty()))) {
-      s.accepting = true;
-    }
+    if (i.dot == g_->Length(i.prod)) continue;
+    const int32_t sym = g_->SymbolAt(i.prod, i.dot);
+    if (sym < 0) s.next |= g_->terminals[~sym];
   }
   std::fill(std::begin(s.transitions), std::end(s.transitions), kUnknown);
   s.position = kUnknown;
+  s.erased = kUnknown;
   const int32_t id = static_cast<int32_t>(states_.size());
   states_.push_back(std::move(s));
   ids_.emplace(std::move(key), id);
@@ -114,8 +131,8 @@ int32_t StateGraph::Step(int32_t state, uint8_t byte) {
   return t;
 }
 
-int32_t StateGraph::Position(int32_t state) {
-  if (states_[state].position != kUnknown) return states_[state].position;
+int32_t StateGraph::Erased(int32_t state) {
+  if (states_[state].erased != kUnknown) return states_[state].erased;
   std::vector<Item> items = states_[state].items;
   bool external = false;
   for (Item& it : items) {
@@ -123,6 +140,23 @@ int32_t StateGraph::Position(int32_t state) {
       it.origin = kExternal;
       external = true;
     }
+  }
+  const int32_t e = external ? Intern(std::move(items)) : state;
+  if (e == kExhausted) return e;
+  states_[state].erased = e;
+  return e;
+}
+
+int32_t StateGraph::Position(int32_t state) {
+  if (states_[state].position != kUnknown) return states_[state].position;
+  std::vector<Item> items = states_[state].items;
+  bool external = false;
+  for (Item& it : items) {
+    if (it.origin == kSelf) continue;
+    const int32_t e = Erased(it.origin);
+    if (e == kExhausted) return e;
+    external |= e != it.origin;
+    it.origin = e;
   }
   const int32_t p = external ? Intern(std::move(items)) : state;
   if (p == kExhausted) return p;

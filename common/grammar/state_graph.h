@@ -15,11 +15,17 @@ namespace tandem::grammar {
 // on its id, and the byte transitions between states are computed once and memoised. Equal ids
 // mean equal futures, which makes the id an exact key for token masks.
 //
-// Positions: a state's *position* is the same item set with every origin outside the state
-// replaced by kExternal (the context erased). Parsing on from a position is the parse of any
-// state with that position minus what the unknown context would add when an item with an
-// external origin completes ("pops"); states reached that way have pops() set. Every state with
-// the same position shares the position's context-independent token sets (CompiledGrammar).
+// Complete items are dropped from a state once its closure ran (only the flags they set stay):
+// nothing later reads them, and keeping them would split one parse position into a state per
+// previous character.
+//
+// Positions: a state's *erased* form is its item set with every origin outside it replaced by
+// kExternal (the context forgotten); its *position* keeps one level of context: each origin o is
+// replaced by o's erased form. Parsing on from a position is the parse of every state with that
+// position minus what the forgotten context would add when an item with an external origin
+// completes ("pops"); states reached that way have pops() set. Every state with the same position
+// (the same place in the grammar, whatever lies below its parents on the parse stack) shares the
+// position's context-independent token sets (CompiledGrammar).
 //
 // Bound: the graph's memory is capped (`max_bytes`); past it no new state is made, Step answers
 // kExhausted and exhausted() stays true (the grammar is too ambiguous or too large to serve).
@@ -34,7 +40,9 @@ class StateGraph {
   static constexpr int32_t kExternal = -3;
   static constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;
 
-  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes);
+  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline).
+  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes,
+                      bool keep_complete_items = false);
 
   std::mutex& mu() const { return mu_; }
   int32_t initial() const { return 0; }
@@ -43,6 +51,8 @@ class StateGraph {
   // The position of `state` (a state itself; equal to `state` when nothing in it has an origin
   // outside it), or kExhausted.
   int32_t Position(int32_t state);
+  // The erased form of `state` (see above), or kExhausted.
+  int32_t Erased(int32_t state);
   // An item of this state with an external origin is complete: the context would continue here.
   bool pops(int32_t state) const { return states_[state].pops; }
   const ByteSet& next(int32_t state) const { return states_[state].next; }
@@ -65,11 +75,12 @@ class StateGraph {
     int32_t origin;  // a state id, or kSelf
   };
   struct State {
-    std::vector<Item> items;  // sorted
+    std::vector<Item> items;  // sorted; incomplete items only (unless keep_complete_items)
     ByteSet next;
     bool accepting = false;
     bool pops = false;
     int32_t position;
+    int32_t erased;
     ByteSet loop_yes;  // bytes known to lead back to this state
     ByteSet loop_no;   // bytes known not to
     int32_t transitions[256];
@@ -80,6 +91,7 @@ class StateGraph {
 
   const Grammar* g_;
   int64_t max_bytes_;
+  bool keep_complete_items_;
   int64_t bytes_ = 0;
   bool exhausted_ = false;
   int64_t refusals_ = 0;

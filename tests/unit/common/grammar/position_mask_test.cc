@@ -31,18 +31,19 @@ std::shared_ptr<const CompiledGrammar> Compile(const std::string& text,
 }
 
 const char kParents[] = R"(root ::= "a" x "b" | "c" x "d" x "e"
-                           x ::= [x-z]+ ( "." [x-z]+ )?)";
+                           x ::= "<" y ">" | [x-z]+
+                           y ::= "." [x-z] "." | x)";
 
 TEST(PositionMaskTest, OnePositionTwoParents) {
-  // Inside `x` the position is the same whichever parent called it; what may follow the end of
-  // `x` ("b" or "d") is the context's to decide.
-  auto vocab = TokenVocab::FromBytes({"a", "c", "x.", "yb", "yd", "y", "zdx", "b", "d"});
+  // Inside `y` (called by `x`, called by `root`) the position is the same whichever parent
+  // called `x`; what may follow the end of `x` ("b" or "d") is the context's to decide.
+  auto vocab = TokenVocab::FromBytes({"a", "c", "<.", "y.>b", "y.>d", "y", "z.>d<.", "b", "d"});
   auto g = Compile(kParents, vocab);
   GrammarMatcher first(g), second(g);
   ASSERT_TRUE(first.AcceptToken(0));
-  ASSERT_TRUE(first.AcceptToken(2));  // a x.  (inside x, which cannot end here)
+  ASSERT_TRUE(first.AcceptToken(2));  // a<.  (inside y, which cannot end here)
   ASSERT_TRUE(second.AcceptToken(1));
-  ASSERT_TRUE(second.AcceptToken(2));  // c x.
+  ASSERT_TRUE(second.AcceptToken(2));  // c<.
   StateGraph& graph = g->graph();
   int32_t p1, p2;
   {
@@ -61,8 +62,8 @@ TEST(PositionMaskTest, OnePositionTwoParents) {
     }
     return out;
   };
-  EXPECT_EQ(ids(a), (std::vector<int32_t>{3, 5}));     // yb, y
-  EXPECT_EQ(ids(b), (std::vector<int32_t>{4, 5, 6}));  // yd, y, zdx
+  EXPECT_EQ(ids(a), (std::vector<int32_t>{3, 5}));     // y.>b, y
+  EXPECT_EQ(ids(b), (std::vector<int32_t>{4, 5, 6}));  // y.>d, y, z.>d<.
   EXPECT_EQ(a, first.ComputeMaskUncached());
   EXPECT_EQ(b, second.ComputeMaskUncached());
   EXPECT_GE(g->position_hits(), 1);  // the second state reused the first one's position sets
@@ -176,7 +177,7 @@ std::vector<std::string> ContextGrammars() {
 
 TEST(PositionMaskTest, MasksEqualBruteForceWhereContextDecides) {
   std::mt19937 rng(7);
-  auto vocab = SyntheticVocab("abcxyz.[],\"0 1{}:ntrue", 400, rng);
+  auto vocab = SyntheticVocab("abcdexyz.<>[],\"0 1{}:ntrue", 400, rng);
   Stats stats;
   for (const std::string& text : ContextGrammars()) {
     CompareWalks(text, vocab, 6, 40, &stats);
