@@ -2,7 +2,8 @@
 //  1. schema compile time (JSON Schema -> grammar -> compiled) over a corpus: median and p99;
 //  2. mask time per generated token on real tokenizers (cache hits and misses together);
 //  3. engine decode tokens/s with a JSON-schema constraint versus none, batch 1 and 16.
-// Usage: grammar_bench [model_dir] [json-schema-test-suite tests dir]
+// Usage: grammar_bench [--masks] [model_dir] [json-schema-test-suite tests dir]
+//   (--masks: parts 1 and 2 only)
 //        grammar_bench --decode model_dir [rounds] [max_tokens] [temperature (0: greedy)]
 //   (only part 3 with one engine, the realistic nested schema, none and json alternating for
 //   `rounds` rounds at batch 1 and 16, medians; then the mask time per token replaying the
@@ -281,15 +282,26 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
   for (int batch : {1, 16}) {
     std::vector<double> none, json;
     TimedRun(e, batch, false, 8, temperature, -1, nullptr);  // warm-up
+    TimedRun(e, batch, true, 8, temperature, -1, nullptr);
     for (int round = 0; round < rounds; ++round) {
-      none.push_back(TimedRun(e, batch, false, max_tokens, temperature, round, nullptr));
-      json.push_back(TimedRun(e, batch, true, max_tokens, temperature, round, &outputs));
+      // ABBA: the order flips every round so neither mode always runs second.
+      for (bool constrained : {round % 2 == 1, round % 2 == 0}) {
+        const double rate = TimedRun(e, batch, constrained, max_tokens, temperature, round,
+                                     constrained ? &outputs : nullptr);
+        (constrained ? json : none).push_back(rate);
+      }
     }
-    const double n = Median(none), j = Median(json);
+    // Rounds alternate (none, json, none, json...): each round's ratio compares neighbours in
+    // time, so the median ratio and its spread say how much of the difference is noise.
+    std::vector<double> ratio;
+    for (int r = 0; r < rounds; ++r) ratio.push_back(100 * (json[r] / none[r] - 1));
+    auto lo = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+    auto hi = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
     std::printf(
-        "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
-        "(json %+.1f%%)\n",
-        name.c_str(), temperature, batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
+        "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f [%.1f..%.1f] json "
+        "%8.1f [%.1f..%.1f] tokens/s; json vs none per round: median %+.1f%% [%+.1f..%+.1f]\n",
+        name.c_str(), temperature, batch, rounds, max_tokens, Median(none), lo(none), hi(none),
+        Median(json), lo(json), hi(json), Median(ratio), lo(ratio), hi(ratio));
   }
   // Mask time per token: the constrained outputs replayed through a freshly compiled grammar,
   // before (trie walk per new state) and after (position sets), cold and warm.
@@ -306,6 +318,11 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
 
 int main(int argc, char** argv) {
   const std::string root = TANDEM_SOURCE_DIR;
+  const bool masks_only = argc > 1 && std::string(argv[1]) == "--masks";
+  if (masks_only) {
+    --argc;
+    ++argv;
+  }
   if (argc > 2 && std::string(argv[1]) == "--decode") {
     return DecodeSideBySide(argv[2], argc > 3 ? std::atoi(argv[3]) : 3,
                             argc > 4 ? std::atoi(argv[4]) : 32,
@@ -320,6 +337,7 @@ int main(int argc, char** argv) {
   MaskTimes("gpt2", root + "/tests/data/tokenizers/gpt2");
   MaskTimes("llama3", root + "/tests/data/tokenizers/llama3");
   MaskTimes("qwen3", root + "/tests/data/tokenizers/qwen3");
+  if (masks_only) return 0;
   for (int batch : {1, 16}) {
     for (bool constrained : {false, true}) DecodeRate(model, batch, constrained);
   }
