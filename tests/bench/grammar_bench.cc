@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/engine/engine.h"
@@ -252,18 +253,29 @@ double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, 
     (void)e.AddRequest(r);
   }
   std::vector<std::vector<int32_t>> out(batch);
+  // Only decode steps of the whole batch count: a constrained sequence ends when its document is
+  // complete, and a shrinking batch would otherwise read as a slower grammar; the first step is
+  // the prefill.
   int64_t tokens = 0;
-  auto t0 = Clock::now();
+  double seconds = 0;
+  bool prefill = true;
   while (e.HasWork()) {
-    for (const auto& u : e.Step()) {
-      tokens += static_cast<int64_t>(u.new_tokens.size());
+    auto t0 = Clock::now();
+    const auto updates = e.Step();
+    const double s = Ms(Clock::now() - t0) / 1000;
+    int64_t step_tokens = 0;
+    for (const auto& u : updates) {
+      step_tokens += static_cast<int64_t>(u.new_tokens.size());
       const size_t k = std::find(ids.begin(), ids.end(), u.request_id) - ids.begin();
       if (k < out.size()) out[k].insert(out[k].end(), u.new_tokens.begin(), u.new_tokens.end());
     }
+    if (step_tokens == batch && !std::exchange(prefill, false)) {
+      tokens += step_tokens;
+      seconds += s;
+    }
   }
-  const double s = Ms(Clock::now() - t0) / 1000;
   if (constrained && outputs != nullptr) outputs->insert(outputs->end(), out.begin(), out.end());
-  return tokens / s;
+  return seconds > 0 ? tokens / seconds : 0.0;
 }
 
 int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, float temperature) {
