@@ -283,6 +283,9 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
   b.model_dir = model_dir;
   b.num_kv_blocks = 2048;
   b.show_progress = false;
+  // GRAMMAR_OVERLAP=0: masks computed inline instead of on a worker thread during the forward.
+  const char* overlap = std::getenv("GRAMMAR_OVERLAP");
+  if (overlap != nullptr) b.engine.overlap_grammar_masks = std::string(overlap) != "0";
   auto built = tandem::BuildEngine(b);
   if (!built.ok()) {
     std::fprintf(stderr, "%s\n", built.status().ToString().c_str());
