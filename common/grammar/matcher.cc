@@ -23,10 +23,11 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
 
 void GrammarMatcher::CheckExhausted(const StateGraph& graph, int64_t refusals_before) {
   if (graph.refusals() == refusals_before || !status_.ok()) return;
-  status_ = absl::ResourceExhaustedError(
-      absl::StrCat("constraint: the grammar's parser state graph reached its bound of ",
-                   graph.max_bytes() >> 20, " MiB (", graph.num_states(),
-                   " states); the grammar is too ambiguous or too large to serve"));
+  const int64_t bound = graph.max_bytes();
+  status_ = absl::ResourceExhaustedError(absl::StrCat(
+      "constraint: the grammar's parser state graph reached its bound of ",
+      bound >= (1 << 20) ? absl::StrCat(bound >> 20, " MiB") : absl::StrCat(bound >> 10, " KiB"),
+      " (", graph.num_states(), " states); the grammar is too ambiguous or too large to serve"));
 }
 
 bool GrammarMatcher::AcceptBytes(std::string_view bytes) {

@@ -56,6 +56,7 @@ TEST(StateGraphBoundTest, ExhaustedGrammarIsEvictedFromTheCompilerCache) {
   GrammarMatcher m(*first);
   while (m.status().ok() && m.AcceptToken(1)) m.NextTokenMask();
   EXPECT_EQ(m.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(m.status().message().find("256 KiB"), std::string::npos) << m.status();
   auto fresh = compiler.Compile(c);
   ASSERT_TRUE(fresh.ok());
   EXPECT_NE(*fresh, *first);  // a new graph for new requests
