@@ -92,6 +92,12 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
   FinishReason reason = FinishReason::kNone;
   const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
   bool grammar_done = false;
+  if (seq->matcher != nullptr && !seq->matcher->status().ok()) {
+    // The grammar's state graph reached its bound: the mask was incomplete.
+    u->status = seq->matcher->status();
+    Finish(seq, FinishReason::kError, u);
+    return;
+  }
   if (seq->matcher != nullptr && !eos) {
     if (!seq->matcher->AcceptToken(token)) {
       // Masks make this unreachable; refuse to continue outside the grammar.

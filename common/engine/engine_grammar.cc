@@ -30,6 +30,7 @@ absl::Status Engine::AttachGrammar(Sequence* seq, const std::vector<int32_t>& pr
     const int32_t t = prior_output[i];
     const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
     if (eos || !seq->matcher->AcceptToken(t)) {
+      if (!seq->matcher->status().ok()) return seq->matcher->status();
       return absl::InvalidArgumentError(
           absl::StrCat("prior_output: token ", i, " (id ", t, ") does not follow the constraint"));
     }

@@ -5,12 +5,14 @@
 namespace tandem::grammar {
 
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
-                                 int64_t max_cache_bytes)
+                                 const CompiledGrammarOptions& options)
     : grammar_(std::move(grammar)),
       vocab_(std::move(vocab)),
-      graph_(std::make_unique<StateGraph>(&grammar_)) {
+      graph_(std::make_unique<StateGraph>(&grammar_, options.max_graph_bytes,
+                                          options.keep_complete_items)),
+      max_position_bytes_(options.max_position_cache_bytes) {
   const int64_t mask_bytes = std::max<int64_t>(8, (vocab_->size() + 63) / 64 * 8);
-  max_entries_ = std::max<int64_t>(16, max_cache_bytes / mask_bytes);
+  max_entries_ = std::max<int64_t>(16, options.max_mask_cache_bytes / mask_bytes);
 }
 
 std::shared_ptr<const TokenMask> CompiledGrammar::FindMask(int32_t state) const {
@@ -31,6 +33,40 @@ void CompiledGrammar::StoreMask(int32_t state, std::shared_ptr<const TokenMask> 
   masks_.emplace(state, std::move(mask));
 }
 
+std::shared_ptr<const PositionTokens> CompiledGrammar::FindPosition(int32_t position) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = positions_.find(position);
+  if (it == positions_.end()) {
+    ++position_misses_;
+    return nullptr;
+  }
+  ++position_hits_;
+  return it->second;
+}
+
+void CompiledGrammar::StorePosition(int32_t position,
+                                    std::shared_ptr<const PositionTokens> tokens) const {
+  const int64_t bytes = static_cast<int64_t>(tokens->accepted.size() * sizeof(uint64_t) +
+                                             tokens->uncertain.size() * sizeof(int32_t) + 64);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded like the masks: when full, start over.
+  if (position_bytes_ + bytes > max_position_bytes_) {
+    positions_.clear();
+    seen_positions_.clear();
+    position_bytes_ = 0;
+  }
+  if (positions_.emplace(position, std::move(tokens)).second) position_bytes_ += bytes;
+}
+
+bool CompiledGrammar::FirstSightOf(int32_t position) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded with the position sets: 8 bytes an entry against the same budget's scale.
+  if (static_cast<int64_t>(seen_positions_.size()) * 8 > max_position_bytes_) {
+    seen_positions_.clear();
+  }
+  return seen_positions_.insert(position).second;
+}
+
 int64_t CompiledGrammar::cache_hits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hits_;
@@ -39,6 +75,16 @@ int64_t CompiledGrammar::cache_hits() const {
 int64_t CompiledGrammar::cache_misses() const {
   std::lock_guard<std::mutex> lock(mu_);
   return misses_;
+}
+
+int64_t CompiledGrammar::position_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return position_hits_;
+}
+
+int64_t CompiledGrammar::position_misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return position_misses_;
 }
 
 }  // namespace tandem::grammar

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/grammar.h"
 #include "common/grammar/state_graph.h"
@@ -17,13 +18,32 @@ namespace tandem::grammar {
 // Allowed tokens as a bitset: bit (id % 64) of word id / 64.
 using TokenMask = std::vector<uint64_t>;
 
+// The context-independent token sets of one grammar position (StateGraph::Position): tokens the
+// position accepts whatever the context (`accepted`), and tokens whose fate depends on the
+// context because an item of the position completes inside them (`uncertain`, ids in byte
+// order, checked against the full state at run time). Every other token is refused by the
+// position alone.
+struct PositionTokens {
+  TokenMask accepted;
+  std::vector<int32_t> uncertain;
+};
+
+// Memory bounds of what a compiled grammar accumulates while serving.
+struct CompiledGrammarOptions {
+  int64_t max_mask_cache_bytes = int64_t{64} << 20;        // per-state masks (cleared when full)
+  int64_t max_position_cache_bytes = int64_t{64} << 20;    // per-position token sets (same)
+  int64_t max_graph_bytes = StateGraph::kDefaultMaxBytes;  // the state graph (refused past it)
+  bool keep_complete_items = false;  // the earlier, larger state graph (benchmark baseline)
+};
+
 // A grammar compiled against one vocabulary, plus what every sequence using it shares: the
-// state graph (memoised Earley states and transitions) and the token mask of each state seen
-// (thread-safe: masks are computed on worker threads).
+// state graph (memoised Earley states and transitions), the context-independent token sets of
+// each position seen, and the token mask of each state seen (thread-safe: masks are computed on
+// worker threads).
 class CompiledGrammar {
  public:
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
-                  int64_t max_cache_bytes = 64 << 20);
+                  const CompiledGrammarOptions& options = {});
 
   const Grammar& grammar() const { return grammar_; }
   const TokenVocab& vocab() const { return *vocab_; }
@@ -32,18 +52,31 @@ class CompiledGrammar {
   StateGraph& graph() const { return *graph_; }
   std::shared_ptr<const TokenMask> FindMask(int32_t state) const;
   void StoreMask(int32_t state, std::shared_ptr<const TokenMask> mask) const;
+  std::shared_ptr<const PositionTokens> FindPosition(int32_t position) const;
+  void StorePosition(int32_t position, std::shared_ptr<const PositionTokens> tokens) const;
+  // Records that a state with `position` was seen; true the first time. Position sets pay off
+  // only for a position shared by several states: the first one is served by a direct walk.
+  bool FirstSightOf(int32_t position) const;
   int64_t cache_hits() const;
   int64_t cache_misses() const;
+  int64_t position_hits() const;
+  int64_t position_misses() const;
 
  private:
   Grammar grammar_;
   std::shared_ptr<const TokenVocab> vocab_;
   std::unique_ptr<StateGraph> graph_;
   int64_t max_entries_;
+  int64_t max_position_bytes_;
   mutable std::mutex mu_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
+  mutable absl::flat_hash_map<int32_t, std::shared_ptr<const PositionTokens>> positions_;
+  mutable absl::flat_hash_set<int32_t> seen_positions_;
+  mutable int64_t position_bytes_ = 0;
   mutable int64_t hits_ = 0;
   mutable int64_t misses_ = 0;
+  mutable int64_t position_hits_ = 0;
+  mutable int64_t position_misses_ = 0;
 };
 
 }  // namespace tandem::grammar

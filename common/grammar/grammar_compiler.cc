@@ -56,8 +56,17 @@ absl::StatusOr<std::string> ConstraintToGrammarText(const Constraint& c) {
 }
 
 GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocab> vocab, size_t max_entries,
-                                 GrammarLimits limits)
-    : vocab_(std::move(vocab)), max_entries_(max_entries), limits_(limits) {}
+                                 GrammarLimits limits, CompiledGrammarOptions options)
+    : vocab_(std::move(vocab)), max_entries_(max_entries), limits_(limits), options_(options) {}
+
+namespace {
+
+bool Exhausted(const CompiledGrammar& g) {
+  std::lock_guard<std::mutex> lock(g.graph().mu());
+  return g.graph().exhausted();
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
     const Constraint& c) {
@@ -68,7 +77,10 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) {
+    if (it != cache_.end() && Exhausted(*it->second.first)) {
+      lru_.erase(it->second.second);
+      cache_.erase(it);
+    } else if (it != cache_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second.second);
       ++hits_;
       return it->second.first;
@@ -78,7 +90,7 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
   if (!text.ok()) return text.status();
   auto grammar = ParseGrammar(*text, limits_);
   if (!grammar.ok()) return grammar.status();
-  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*grammar), vocab_);
+  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*grammar), vocab_, options_);
   std::lock_guard<std::mutex> lock(mu_);
   if (cache_.count(key) == 0) {
     lru_.push_front(key);

@@ -2,21 +2,44 @@
 
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::grammar {
+namespace {
+
+void SetRange(const std::vector<int32_t>& tokens, int32_t begin, int32_t end, uint64_t* mask) {
+  for (int32_t t = begin; t < end; ++t) {
+    const int32_t id = tokens[t];
+    mask[id >> 6] |= uint64_t{1} << (id & 63);
+  }
+}
+
+}  // namespace
 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
     : grammar_(std::move(grammar)) {
   states_.push_back(grammar_->graph().initial());
 }
 
+void GrammarMatcher::CheckExhausted(const StateGraph& graph, int64_t refusals_before) {
+  if (graph.refusals() == refusals_before || !status_.ok()) return;
+  const int64_t bound = graph.max_bytes();
+  status_ = absl::ResourceExhaustedError(absl::StrCat(
+      "constraint: the grammar's parser state graph reached its bound of ",
+      bound >= (1 << 20) ? absl::StrCat(bound >> 20, " MiB") : absl::StrCat(bound >> 10, " KiB"),
+      " (", graph.num_states(), " states); the grammar is too ambiguous or too large to serve"));
+}
+
 bool GrammarMatcher::AcceptBytes(std::string_view bytes) {
   StateGraph& graph = grammar_->graph();
   std::lock_guard<std::mutex> lock(graph.mu());
+  const int64_t refusals = graph.refusals();
   const size_t start = states_.size();
   for (unsigned char c : bytes) {
     const int32_t next = graph.Step(states_.back(), c);
-    if (next == StateGraph::kDead) {
+    if (next < 0) {
       states_.resize(start);
+      CheckExhausted(graph, refusals);
       return false;
     }
     states_.push_back(next);
@@ -54,47 +77,138 @@ bool GrammarMatcher::IsTerminated() const {
 void GrammarMatcher::Walk(StateGraph& graph, int32_t node, int32_t state, uint64_t* mask) {
   const TokenVocab& v = grammar_->vocab();
   const TokenVocab::Node& n = v.nodes()[node];
-  const std::vector<int32_t>& tokens = v.node_tokens();
   for (int32_t c = n.child_begin; c < n.child_end; ++c) {
     const int32_t next = graph.Step(state, v.child_bytes()[c]);
-    if (next == StateGraph::kDead) continue;
+    if (next < 0) continue;
     const int32_t child = v.child_nodes()[c];
     const TokenVocab::Node& cn = v.nodes()[child];
     // Every byte below this trie node loops on `next` (inside a string, a number...): the whole
     // subtree's tokens are allowed without walking it.
     const ByteSet& below = v.subtree_bytes(child);
     const bool closed = below.none() || graph.LoopsOn(next, below);
-    const int32_t end = closed ? v.subtree_token_end(child) : cn.token_end;
-    for (int32_t t = cn.token_begin; t < end; ++t) {
-      const int32_t id = tokens[t];
-      mask[id >> 6] |= uint64_t{1} << (id & 63);
-    }
+    SetRange(v.node_tokens(), cn.token_begin, closed ? v.subtree_token_end(child) : cn.token_end,
+             mask);
     if (!closed) Walk(graph, child, next, mask);
   }
 }
 
-TokenMask GrammarMatcher::ComputeMaskLocked(StateGraph& graph) {
-  TokenMask mask(grammar_->mask_words(), 0);
-  Walk(graph, 0, states_.back(), mask.data());
+// The trie walk of a position: a token is accepted when the position's own parse survives its
+// bytes (the full parse of any state with this position holds at least those items), refused
+// when that parse dies and never popped into the context on the way (the full parse then has
+// nothing more either), and uncertain otherwise. `popped`: a state after at least one byte of
+// this trie path popped.
+void GrammarMatcher::PositionWalk(StateGraph& graph, int32_t node, int32_t state, bool popped,
+                                  PositionTokens* out) {
+  const TokenVocab& v = grammar_->vocab();
+  const TokenVocab::Node& n = v.nodes()[node];
+  for (int32_t c = n.child_begin; c < n.child_end; ++c) {
+    const int32_t next = graph.Step(state, v.child_bytes()[c]);
+    const int32_t child = v.child_nodes()[c];
+    const TokenVocab::Node& cn = v.nodes()[child];
+    if (next < 0) {
+      if (popped) {
+        const std::vector<int32_t>& tokens = v.node_tokens();
+        out->uncertain.insert(out->uncertain.end(), tokens.begin() + cn.token_begin,
+                              tokens.begin() + v.subtree_token_end(child));
+      }
+      continue;
+    }
+    const ByteSet& below = v.subtree_bytes(child);
+    const bool closed = below.none() || graph.LoopsOn(next, below);
+    SetRange(v.node_tokens(), cn.token_begin, closed ? v.subtree_token_end(child) : cn.token_end,
+             out->accepted.data());
+    if (!closed) PositionWalk(graph, child, next, popped || graph.pops(next), out);
+  }
+}
+
+std::shared_ptr<const PositionTokens> GrammarMatcher::PositionTokensLocked(StateGraph& graph,
+                                                                           int32_t position) {
+  const int64_t refusals = graph.refusals();
+  auto tokens = std::make_shared<PositionTokens>();
+  tokens->accepted.assign(grammar_->mask_words(), 0);
+  PositionWalk(graph, 0, position, /*popped=*/false, tokens.get());
+  // Cached only when complete (the graph's bound refused no state on the way).
+  if (graph.refusals() == refusals) grammar_->StorePosition(position, tokens);
+  return tokens;
+}
+
+TokenMask GrammarMatcher::ComputeMaskLocked(StateGraph& graph, bool force_positions) {
+  const int32_t state = states_.back();
+  const int32_t position = graph.Position(state);
+  if (position < 0) return TokenMask(grammar_->mask_words(), 0);  // exhausted
+  std::shared_ptr<const PositionTokens> sets = grammar_->FindPosition(position);
+  if (sets == nullptr && !force_positions &&
+      (position == state || grammar_->FirstSightOf(position))) {
+    // No context to share (the state is its own position), or a position not met before: the
+    // direct walk costs less than the position's sets plus the check.
+    TokenMask mask(grammar_->mask_words(), 0);
+    Walk(graph, 0, state, mask.data());
+    return mask;
+  }
+  if (sets == nullptr) sets = PositionTokensLocked(graph, position);
+  TokenMask mask = sets->accepted;
+  if (sets->uncertain.empty()) return mask;
+  // The context-dependent rest, in byte order: `path[d]` is the state after the first d bytes of
+  // the previous token, so tokens sharing a prefix share its steps.
+  const TokenVocab& v = grammar_->vocab();
+  std::vector<int32_t> path = {state};
+  const std::string* prev = nullptr;
+  for (int32_t id : sets->uncertain) {
+    const std::string& b = v.bytes(id);
+    size_t common = 0;
+    if (prev != nullptr) {
+      const size_t limit = std::min(path.size() - 1, std::min(prev->size(), b.size()));
+      while (common < limit && (*prev)[common] == b[common]) ++common;
+    }
+    path.resize(common + 1);
+    prev = &b;
+    bool ok = true;
+    for (size_t i = common; i < b.size(); ++i) {
+      const int32_t next = graph.Step(path.back(), static_cast<uint8_t>(b[i]));
+      if (next < 0) {
+        ok = false;
+        break;
+      }
+      path.push_back(next);
+    }
+    if (ok) mask[id >> 6] |= uint64_t{1} << (id & 63);
+  }
   return mask;
 }
 
 TokenMask GrammarMatcher::ComputeMaskUncached() {
   StateGraph& graph = grammar_->graph();
   std::lock_guard<std::mutex> lock(graph.mu());
-  return ComputeMaskLocked(graph);
+  const int64_t refusals = graph.refusals();
+  TokenMask mask(grammar_->mask_words(), 0);
+  Walk(graph, 0, states_.back(), mask.data());
+  CheckExhausted(graph, refusals);
+  return mask;
+}
+
+TokenMask GrammarMatcher::ComputeMaskByPosition() {
+  StateGraph& graph = grammar_->graph();
+  std::lock_guard<std::mutex> lock(graph.mu());
+  const int64_t refusals = graph.refusals();
+  TokenMask mask = ComputeMaskLocked(graph, /*force_positions=*/true);
+  CheckExhausted(graph, refusals);
+  return mask;
 }
 
 std::shared_ptr<const TokenMask> GrammarMatcher::NextTokenMask() {
   const int32_t state = states_.back();
   if (auto hit = grammar_->FindMask(state)) return hit;
   std::shared_ptr<const TokenMask> mask;
+  bool complete;
   {
     StateGraph& graph = grammar_->graph();
     std::lock_guard<std::mutex> lock(graph.mu());
-    mask = std::make_shared<const TokenMask>(ComputeMaskLocked(graph));
+    const int64_t refusals = graph.refusals();
+    mask = std::make_shared<const TokenMask>(ComputeMaskLocked(graph, /*force_positions=*/false));
+    complete = graph.refusals() == refusals;
+    CheckExhausted(graph, refusals);
   }
-  grammar_->StoreMask(state, mask);
+  if (complete) grammar_->StoreMask(state, mask);
   return mask;
 }
 

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/grammar/compiled_grammar.h"
 
 namespace tandem::grammar {
@@ -19,14 +20,16 @@ class GrammarMatcher {
  public:
   explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
 
-  // Advances over the token's bytes; false (state unchanged) when the grammar forbids them or
-  // the token has no bytes.
+  // Advances over the token's bytes; false (state unchanged) when the grammar forbids them, the
+  // token has no bytes, or the grammar's state graph hit its bound (then status() says so).
   bool AcceptToken(int32_t token);
   // Advances over raw bytes (not counted as a token for Rollback); false leaves it unchanged.
   bool AcceptBytes(std::string_view bytes);
   // Undoes the last `n` accepted tokens (speculative rejection).
   void Rollback(int32_t n);
   int32_t num_tokens() const { return static_cast<int32_t>(token_ends_.size()); }
+  // The current state of the grammar's StateGraph.
+  int32_t state() const { return states_.back(); }
 
   // The input so far is a complete sentence of the grammar.
   bool CanTerminate() const;
@@ -34,22 +37,36 @@ class GrammarMatcher {
   bool IsTerminated() const;
 
   // The tokens whose bytes may come next (end-of-sequence tokens not included: allow them when
-  // CanTerminate()). Served from the grammar's mask cache when this state was seen before.
+  // CanTerminate()). Served from the grammar's mask cache when this state was seen before, else
+  // from the context-independent token sets of the state's position plus a check of the
+  // position's context-dependent tokens against this state. When the state graph hits its
+  // bound the mask may miss tokens: status() is then RESOURCE_EXHAUSTED and the mask unusable.
   std::shared_ptr<const TokenMask> NextTokenMask();
   // The cached mask of this state, or null when it was not computed yet (cheap: one lookup).
   std::shared_ptr<const TokenMask> CachedMask() const { return grammar_->FindMask(states_.back()); }
-  // The same computed without the mask cache (reference for tests and the benchmark).
+  // The mask by a walk of the whole token trie from this state, without position sets or mask
+  // cache (reference for tests and the benchmark).
   TokenMask ComputeMaskUncached();
+  // The mask from position sets and the context check (computing the sets even for a position
+  // seen for the first time), without the mask cache.
+  TokenMask ComputeMaskByPosition();
+  // RESOURCE_EXHAUSTED once the grammar's state graph refused a state this sequence needed.
+  const absl::Status& status() const { return status_; }
 
   const CompiledGrammar& compiled() const { return *grammar_; }
 
  private:
   void Walk(StateGraph& graph, int32_t node, int32_t state, uint64_t* mask);
-  TokenMask ComputeMaskLocked(StateGraph& graph);
+  void PositionWalk(StateGraph& graph, int32_t node, int32_t state, bool popped,
+                    PositionTokens* out);
+  std::shared_ptr<const PositionTokens> PositionTokensLocked(StateGraph& graph, int32_t position);
+  TokenMask ComputeMaskLocked(StateGraph& graph, bool force_positions);
+  void CheckExhausted(const StateGraph& graph, int64_t refusals_before);
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   std::vector<int32_t> states_;      // states_[0]: initial; one more per accepted byte
   std::vector<int32_t> token_ends_;  // size of states_ after each accepted token
+  absl::Status status_;
 };
 
 }  // namespace tandem::grammar

@@ -16,7 +16,8 @@ uint64_t Key(int32_t prod, int32_t dot, int32_t origin) {
 
 }  // namespace
 
-StateGraph::StateGraph(const Grammar* grammar) : g_(grammar) {
+StateGraph::StateGraph(const Grammar* grammar, int64_t max_bytes, bool keep_complete_items)
+    : g_(grammar), max_bytes_(max_bytes), keep_complete_items_(keep_complete_items) {
   std::vector<Item> items;
   for (int32_t p : g_->rule_productions[g_->root]) items.push_back({p, 0, kSelf});
   Closure(&items);
@@ -39,8 +40,9 @@ void StateGraph::Closure(std::vector<Item>* items) {
       if (g_->nullable[sym]) add({it.prod, it.dot + 1, it.origin});
       continue;
     }
-    // An empty completion (origin kSelf) is covered by the nullable skip above.
-    if (it.origin == kSelf) continue;
+    // An empty completion (origin kSelf) is covered by the nullable skip above; an external
+    // origin is the unknown context of a position (Intern marks the state as popping).
+    if (it.origin == kSelf || it.origin == kExternal) continue;
     const int32_t lhs = g_->productions[it.prod].lhs;
     const int32_t o = it.origin;
     for (const Item& w : states_[o].items) {
@@ -57,22 +59,50 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
     if (a.dot != b.dot) return a.dot < b.dot;
     return a.origin < b.origin;
   });
-  std::string key(items.size() * sizeof(Item), '\0');
-  if (!items.empty()) std::memcpy(key.data(), items.data(), key.size());
-  auto it = ids_.find(key);
-  if (it != ids_.end()) return it->second;
-  State s;
-  s.items = std::move(items);
-  for (const Item& i : s.items) {
+  // Complete items are done with once the closure ran (nothing scans or completes into them
+  // later); only the flags they set stay. Dropping them keeps states that differ only in an
+  // already-completed item (the previous character of a string) one state, so loops close.
+  bool accepting = false, pops = false;
+  size_t kept = 0;
+  for (const Item& i : items) {
+    if (i.dot < g_->Length(i.prod) || keep_complete_items_) {
+      items[kept++] = i;
+    }
     if (i.dot < g_->Length(i.prod)) {
-      const int32_t sym = g_->SymbolAt(i.prod, i.dot);
-      if (sym < 0) s.next |= g_->terminals[~sym];
+      continue;
+    } else if (i.origin == kExternal) {
+      pops = true;
     } else if (g_->productions[i.prod].lhs == g_->root &&
                (i.origin == 0 || (i.origin == kSelf && states_.empty()))) {
-      s.accepting = true;
+      accepting = true;
     }
   }
+  items.resize(kept);
+  std::string key(items.size() * sizeof(Item) + 1, '\0');
+  if (!items.empty()) std::memcpy(key.data(), items.data(), items.size() * sizeof(Item));
+  key.back() = static_cast<char>((accepting ? 1 : 0) | (pops ? 2 : 0));
+  auto it = ids_.find(key);
+  if (it != ids_.end()) return it->second;
+  // Memory of a state: the struct, its items and its key in the index (with hash overhead).
+  const int64_t cost = static_cast<int64_t>(sizeof(State) + 2 * key.size() + 64);
+  if (!states_.empty() && bytes_ + cost > max_bytes_) {
+    exhausted_ = true;
+    ++refusals_;
+    return kExhausted;
+  }
+  bytes_ += cost;
+  State s;
+  s.items = std::move(items);
+  s.accepting = accepting;
+  s.pops = pops;
+  for (const Item& i : s.items) {
+    if (i.dot == g_->Length(i.prod)) continue;
+    const int32_t sym = g_->SymbolAt(i.prod, i.dot);
+    if (sym < 0) s.next |= g_->terminals[~sym];
+  }
   std::fill(std::begin(s.transitions), std::end(s.transitions), kUnknown);
+  s.position = kUnknown;
+  s.erased = kUnknown;
   const int32_t id = static_cast<int32_t>(states_.size());
   states_.push_back(std::move(s));
   ids_.emplace(std::move(key), id);
@@ -96,16 +126,54 @@ int32_t StateGraph::Step(int32_t state, uint8_t byte) {
   }
   Closure(&items);
   t = items.empty() ? kDead : Intern(std::move(items));
+  if (t == kExhausted) return t;  // not memoised: the answer is no property of the grammar
   states_[state].transitions[byte] = t;
   return t;
 }
 
+int32_t StateGraph::Erased(int32_t state) {
+  if (states_[state].erased != kUnknown) return states_[state].erased;
+  std::vector<Item> items = states_[state].items;
+  bool external = false;
+  for (Item& it : items) {
+    if (it.origin != kSelf) {
+      it.origin = kExternal;
+      external = true;
+    }
+  }
+  const int32_t e = external ? Intern(std::move(items)) : state;
+  if (e == kExhausted) return e;
+  states_[state].erased = e;
+  return e;
+}
+
+int32_t StateGraph::Position(int32_t state) {
+  if (states_[state].position != kUnknown) return states_[state].position;
+  std::vector<Item> items = states_[state].items;
+  bool external = false;
+  for (Item& it : items) {
+    if (it.origin == kSelf) continue;
+    const int32_t e = Erased(it.origin);
+    if (e == kExhausted) return e;
+    external |= e != it.origin;
+    it.origin = e;
+  }
+  const int32_t p = external ? Intern(std::move(items)) : state;
+  if (p == kExhausted) return p;
+  states_[state].position = p;
+  return p;
+}
+
 bool StateGraph::LoopsOn(int32_t state, const ByteSet& bytes) {
+  // (A refused step is no loop: the caller walks the subtree and sees the refusal there.)
   if ((bytes & ~states_[state].next).any() || (bytes & states_[state].loop_no).any()) return false;
   const ByteSet unknown = bytes & ~states_[state].loop_yes;
   for (size_t b = unknown._Find_first(); b < unknown.size(); b = unknown._Find_next(b)) {
-    if (Step(state, static_cast<uint8_t>(b)) == state) {
+    const int32_t next = Step(state, static_cast<uint8_t>(b));
+    if (next == state) {
       states_[state].loop_yes.set(b);
+    } else if (next == kExhausted) {
+      return false;
     } else {
       states_[state].loop_no.set(b);
       return false;

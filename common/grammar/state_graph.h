@@ -15,25 +15,58 @@ namespace tandem::grammar {
 // on its id, and the byte transitions between states are computed once and memoised. Equal ids
 // mean equal futures, which makes the id an exact key for token masks.
 //
+// Complete items are dropped from a state once its closure ran (only the flags they set stay):
+// nothing later reads them, and keeping them would split one parse position into a state per
+// previous character.
+//
+// Positions: a state's *erased* form is its item set with every origin outside it replaced by
+// kExternal (the context forgotten); its *position* keeps one level of context: each origin o is
+// replaced by o's erased form. Parsing on from a position is the parse of every state with that
+// position minus what the forgotten context would add when an item with an external origin
+// completes ("pops"); states reached that way have pops() set. Every state with the same position
+// (the same place in the grammar, whatever lies below its parents on the parse stack) shares the
+// position's context-independent token sets (CompiledGrammar).
+//
+// Bound: the graph's memory is capped (`max_bytes`); past it no new state is made, Step answers
+// kExhausted and exhausted() stays true (the grammar is too ambiguous or too large to serve).
+//
 // Thread-safety: every method requires the caller to hold mu() (matchers of many sequences and
 // the mask worker share one graph).
 class StateGraph {
  public:
   static constexpr int32_t kDead = -1;
+  static constexpr int32_t kExhausted = -3;
   static constexpr int32_t kSelf = -1;
+  static constexpr int32_t kExternal = -3;
+  static constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;
 
-  explicit StateGraph(const Grammar* grammar);
+  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline).
+  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes,
+                      bool keep_complete_items = false);
 
   std::mutex& mu() const { return mu_; }
   int32_t initial() const { return 0; }
-  // The state after `byte` from `state`, or kDead.
+  // The state after `byte` from `state`, kDead, or kExhausted (the bound refused a new state).
   int32_t Step(int32_t state, uint8_t byte);
+  // The position of `state` (a state itself; equal to `state` when nothing in it has an origin
+  // outside it), or kExhausted.
+  int32_t Position(int32_t state);
+  // The erased form of `state` (see above), or kExhausted.
+  int32_t Erased(int32_t state);
+  // An item of this state with an external origin is complete: the context would continue here.
+  bool pops(int32_t state) const { return states_[state].pops; }
   const ByteSet& next(int32_t state) const { return states_[state].next; }
   bool accepting(int32_t state) const { return states_[state].accepting; }
   // Every byte in `bytes` leads from `state` back to itself (answers memoised per byte; stops at
   // the first byte that does not, so a state that is no loop costs one step).
   bool LoopsOn(int32_t state, const ByteSet& bytes);
   int64_t num_states() const { return static_cast<int64_t>(states_.size()); }
+  // Approximate memory held by the states (counted against max_bytes).
+  int64_t bytes() const { return bytes_; }
+  int64_t max_bytes() const { return max_bytes_; }
+  bool exhausted() const { return exhausted_; }
+  // How many times Step/Position answered kExhausted (a caller compares before and after).
+  int64_t refusals() const { return refusals_; }
 
  private:
   struct Item {
@@ -42,9 +75,12 @@ class StateGraph {
     int32_t origin;  // a state id, or kSelf
   };
   struct State {
-    std::vector<Item> items;  // sorted
+    std::vector<Item> items;  // sorted; incomplete items only (unless keep_complete_items)
     ByteSet next;
     bool accepting = false;
+    bool pops = false;
+    int32_t position;
+    int32_t erased;
     ByteSet loop_yes;  // bytes known to lead back to this state
     ByteSet loop_no;   // bytes known not to
     int32_t transitions[256];
@@ -54,6 +90,11 @@ class StateGraph {
   void Closure(std::vector<Item>* items);
 
   const Grammar* g_;
+  int64_t max_bytes_;
+  bool keep_complete_items_;
+  int64_t bytes_ = 0;
+  bool exhausted_ = false;
+  int64_t refusals_ = 0;
   mutable std::mutex mu_;
   std::vector<State> states_;
   absl::flat_hash_map<std::string, int32_t> ids_;

@@ -2,7 +2,8 @@
 //  1. schema compile time (JSON Schema -> grammar -> compiled) over a corpus: median and p99;
 //  2. mask time per generated token on real tokenizers (cache hits and misses together);
 //  3. engine decode tokens/s with a JSON-schema constraint versus none, batch 1 and 16.
-// Usage: grammar_bench [model_dir] [json-schema-test-suite tests dir]
+// Usage: grammar_bench [--masks] [model_dir] [json-schema-test-suite tests dir]
+//   (--masks: parts 1 and 2 only)
 //        grammar_bench --decode model_dir [rounds] [max_tokens] [temperature (0: greedy)]
 //   (only part 3 with one engine, the realistic nested schema, none and json alternating for
 //   `rounds` rounds at batch 1 and 16, medians; then the mask time per token replaying the
@@ -17,11 +18,14 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "common/grammar/grammar_compiler.h"
+#include "common/grammar/grammar_parser.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
 #include "common/tokenizer/tokenizer.h"
@@ -80,35 +84,113 @@ void CompileTimes(const std::string& suite,
               ms[std::min(ms.size() - 1, ms.size() * 99 / 100)]);
 }
 
-void MaskTimes(const std::string& name, const std::string& dir) {
-  auto tok = tandem::Tokenizer::FromModelDir(dir);
-  if (!tok.ok()) return;
-  auto vocab = tandem::grammar::TokenVocab::FromTokenizer(**tok);
-  tandem::grammar::GrammarCompiler compiler(*vocab);
-  tandem::grammar::Constraint c;
-  c.kind = tandem::grammar::Constraint::Kind::kJsonSchema;
-  c.value = kSchema;
-  auto g = compiler.Compile(c);
+// Token sequences of `docs` random documents under `g` (uniform over the allowed tokens).
+std::vector<std::vector<int32_t>> RandomDocuments(
+    std::shared_ptr<const tandem::grammar::CompiledGrammar> g, int docs, int max_tokens) {
   std::mt19937 rng(5);
-  double total = 0;
-  int tokens = 0;
-  for (int doc = 0; doc < 20; ++doc) {
-    tandem::grammar::GrammarMatcher m(*g);
-    for (int step = 0; step < 60 && !m.IsTerminated(); ++step) {
-      auto t0 = Clock::now();
+  std::vector<std::vector<int32_t>> out;
+  for (int doc = 0; doc < docs; ++doc) {
+    tandem::grammar::GrammarMatcher m(g);
+    std::vector<int32_t> tokens;
+    for (int step = 0; step < max_tokens && !m.IsTerminated(); ++step) {
       auto mask = m.NextTokenMask();
-      total += Ms(Clock::now() - t0);
-      ++tokens;
       std::vector<int32_t> ids;
-      for (int32_t id = 0; id < (*vocab)->size(); ++id) {
+      for (int32_t id = 0; id < g->vocab().size(); ++id) {
         if (((*mask)[id >> 6] >> (id & 63)) & 1) ids.push_back(id);
       }
       if (ids.empty()) break;
-      m.AcceptToken(ids[rng() % ids.size()]);
+      tokens.push_back(ids[rng() % ids.size()]);
+      m.AcceptToken(tokens.back());
     }
+    out.push_back(std::move(tokens));
   }
-  std::printf("mask per token, %-12s (%6d tokens): %.1f us (20 documents, cache warming up)\n",
-              name.c_str(), (*vocab)->size(), 1000 * total / tokens);
+  return out;
+}
+
+// Mask cost per token replaying `docs` under a freshly compiled `grammar_text`, side by side:
+//  - before: the trie walk from every state seen for the first time (a per-state cache after),
+//    on the earlier state graph that kept complete items;
+//  - compact graph: the same walk on the graph without complete items;
+//  - cold: what serving a new grammar costs now (NextTokenMask): a direct walk for a position's
+//    first state, position sets plus the context check for the next ones, per-state cache;
+//  - known position: a state whose position's sets exist (the context check only);
+//  - warm: every state cached.
+// Reports the mean per token and per cache miss (first sight of a state), in microseconds.
+void MaskCosts(const std::string& label, const std::string& grammar_text,
+               std::shared_ptr<const tandem::grammar::TokenVocab> vocab,
+               const std::vector<std::vector<int32_t>>& docs) {
+  using tandem::grammar::CompiledGrammar;
+  using tandem::grammar::GrammarMatcher;
+  auto fresh = [&](bool keep_complete_items) {
+    tandem::grammar::CompiledGrammarOptions options;
+    options.keep_complete_items = keep_complete_items;
+    return std::make_shared<const CompiledGrammar>(*tandem::grammar::ParseGrammar(grammar_text),
+                                                   vocab, options);
+  };
+  struct Cost {
+    double total_ms = 0, miss_ms = 0;
+    int64_t tokens = 0, misses = 0;
+  };
+  // mode 0: before (walk on first sight), 1: cold positions, 2: known positions, 3: warm.
+  auto replay = [&](std::shared_ptr<const CompiledGrammar> g, int mode) {
+    Cost c;
+    std::unordered_set<int32_t> seen;
+    for (const auto& doc : docs) {
+      GrammarMatcher m(g);
+      for (int32_t t : doc) {
+        const bool first = seen.insert(m.state()).second;
+        auto t0 = Clock::now();
+        if (mode == 0) {
+          if (first) m.ComputeMaskUncached();
+        } else if (mode == 2) {
+          if (first) m.ComputeMaskByPosition();
+        } else {
+          m.NextTokenMask();
+        }
+        const double ms = Ms(Clock::now() - t0);
+        c.total_ms += ms;
+        ++c.tokens;
+        if (first) {
+          c.miss_ms += ms;
+          ++c.misses;
+        }
+        if (!m.AcceptToken(t)) break;
+      }
+    }
+    return c;
+  };
+  const Cost before = replay(fresh(true), 0);
+  const Cost compact = replay(fresh(false), 0);
+  auto g = fresh(false);
+  const Cost cold = replay(g, 1);
+  replay(g, 2);  // computes the sets of every position (untimed)
+  const Cost known = replay(g, 2);
+  const Cost warm = replay(g, 3);
+  auto us = [](double ms, int64_t n) { return n ? 1000 * ms / n : 0.0; };
+  std::printf(
+      "mask %-30s vocab %6d, %5lld tokens, %4lld states: per token (per new state) us: "
+      "before %.1f (%.1f) | compact graph %.1f (%.1f) | cold %.1f (%.1f) | known position %.1f "
+      "(%.1f) | warm %.2f\n",
+      label.c_str(), vocab->size(), static_cast<long long>(cold.tokens),
+      static_cast<long long>(cold.misses), us(before.total_ms, before.tokens),
+      us(before.miss_ms, before.misses), us(compact.total_ms, compact.tokens),
+      us(compact.miss_ms, compact.misses), us(cold.total_ms, cold.tokens),
+      us(cold.miss_ms, cold.misses), us(known.total_ms, known.tokens),
+      us(known.miss_ms, known.misses), us(warm.total_ms, warm.tokens));
+}
+
+void MaskTimes(const std::string& name, const std::string& dir) {
+  auto tok = tandem::Tokenizer::FromModelDir(dir);
+  if (!tok.ok()) return;
+  auto vocab = *tandem::grammar::TokenVocab::FromTokenizer(**tok);
+  const std::vector<std::pair<std::string, std::string>> grammars = {
+      {"schema", *tandem::grammar::JsonSchemaToGrammar(kSchema)},
+      {"any-json", tandem::grammar::AnyJsonGrammar(/*object_only=*/false)}};
+  for (const auto& [label, text] : grammars) {
+    auto scratch = std::make_shared<const tandem::grammar::CompiledGrammar>(
+        *tandem::grammar::ParseGrammar(text), vocab);
+    MaskCosts(name + " " + label + " random docs", text, vocab, RandomDocuments(scratch, 20, 60));
+  }
 }
 
 void DecodeRate(const std::string& model_dir, int batch, bool constrained) {
@@ -171,18 +253,29 @@ double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, 
     (void)e.AddRequest(r);
   }
   std::vector<std::vector<int32_t>> out(batch);
+  // Only decode steps of the whole batch count: a constrained sequence ends when its document is
+  // complete, and a shrinking batch would otherwise read as a slower grammar; the first step is
+  // the prefill.
   int64_t tokens = 0;
-  auto t0 = Clock::now();
+  double seconds = 0;
+  bool prefill = true;
   while (e.HasWork()) {
-    for (const auto& u : e.Step()) {
-      tokens += static_cast<int64_t>(u.new_tokens.size());
+    auto t0 = Clock::now();
+    const auto updates = e.Step();
+    const double s = Ms(Clock::now() - t0) / 1000;
+    int64_t step_tokens = 0;
+    for (const auto& u : updates) {
+      step_tokens += static_cast<int64_t>(u.new_tokens.size());
       const size_t k = std::find(ids.begin(), ids.end(), u.request_id) - ids.begin();
       if (k < out.size()) out[k].insert(out[k].end(), u.new_tokens.begin(), u.new_tokens.end());
     }
+    if (step_tokens == batch && !std::exchange(prefill, false)) {
+      tokens += step_tokens;
+      seconds += s;
+    }
   }
-  const double s = Ms(Clock::now() - t0) / 1000;
   if (constrained && outputs != nullptr) outputs->insert(outputs->end(), out.begin(), out.end());
-  return tokens / s;
+  return seconds > 0 ? tokens / seconds : 0.0;
 }
 
 int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, float temperature) {
@@ -190,6 +283,9 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
   b.model_dir = model_dir;
   b.num_kv_blocks = 2048;
   b.show_progress = false;
+  // GRAMMAR_OVERLAP=0: masks computed inline instead of on a worker thread during the forward.
+  const char* overlap = std::getenv("GRAMMAR_OVERLAP");
+  if (overlap != nullptr) b.engine.overlap_grammar_masks = std::string(overlap) != "0";
   auto built = tandem::BuildEngine(b);
   if (!built.ok()) {
     std::fprintf(stderr, "%s\n", built.status().ToString().c_str());
@@ -201,43 +297,35 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
   for (int batch : {1, 16}) {
     std::vector<double> none, json;
     TimedRun(e, batch, false, 8, temperature, -1, nullptr);  // warm-up
+    TimedRun(e, batch, true, 8, temperature, -1, nullptr);
     for (int round = 0; round < rounds; ++round) {
-      none.push_back(TimedRun(e, batch, false, max_tokens, temperature, round, nullptr));
-      json.push_back(TimedRun(e, batch, true, max_tokens, temperature, round, &outputs));
+      // ABBA: the order flips every round so neither mode always runs second.
+      for (bool constrained : {round % 2 == 1, round % 2 == 0}) {
+        const double rate = TimedRun(e, batch, constrained, max_tokens, temperature, round,
+                                     constrained ? &outputs : nullptr);
+        (constrained ? json : none).push_back(rate);
+      }
     }
-    const double n = Median(none), j = Median(json);
+    // Rounds alternate (none, json, none, json...): each round's ratio compares neighbours in
+    // time, so the median ratio and its spread say how much of the difference is noise.
+    std::vector<double> ratio;
+    for (int r = 0; r < rounds; ++r) ratio.push_back(100 * (json[r] / none[r] - 1));
+    auto lo = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+    auto hi = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
     std::printf(
-        "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f json %8.1f tokens/s "
-        "(json %+.1f%%)\n",
-        name.c_str(), temperature, batch, rounds, max_tokens, n, j, 100 * (j / n - 1));
+        "decode %-16s t=%.0f batch %2d, %d rounds x %d tokens: none %8.1f [%.1f..%.1f] json "
+        "%8.1f [%.1f..%.1f] tokens/s; json vs none per round: median %+.1f%% [%+.1f..%+.1f]\n",
+        name.c_str(), temperature, batch, rounds, max_tokens, Median(none), lo(none), hi(none),
+        Median(json), lo(json), hi(json), Median(ratio), lo(ratio), hi(ratio));
   }
-  // Mask time per token: the constrained outputs replayed through a fresh (cold) mask cache and
-  // then again warm.
+  // Mask time per token: the constrained outputs replayed through a freshly compiled grammar,
+  // before (trie walk per new state) and after (position sets), cold and warm.
   auto tok = tandem::Tokenizer::FromModelDir(model_dir);
   if (!tok.ok()) return 1;
   auto vocab = *tandem::grammar::TokenVocab::FromTokenizer(**tok);
-  tandem::grammar::GrammarCompiler compiler(vocab);
-  tandem::grammar::Constraint c;
-  c.kind = tandem::grammar::Constraint::Kind::kJsonSchema;
-  c.value = kSchema;
-  auto g = compiler.Compile(c);
-  if (!g.ok()) return 1;
-  for (const char* pass : {"cold cache", "warm cache"}) {
-    double total = 0;
-    int64_t n = 0;
-    for (const auto& out : outputs) {
-      tandem::grammar::GrammarMatcher m(*g);
-      for (int32_t t : out) {
-        auto t0 = Clock::now();
-        m.NextTokenMask();
-        total += Ms(Clock::now() - t0);
-        ++n;
-        if (!m.AcceptToken(t)) break;
-      }
-    }
-    std::printf("mask per token, %-16s (%d tokens, %lld masks, %s): %.1f us\n", name.c_str(),
-                vocab->size(), static_cast<long long>(n), pass, n ? 1000 * total / n : 0.0);
-  }
+  auto text = tandem::grammar::JsonSchemaToGrammar(kSchema);
+  if (!text.ok()) return 1;
+  MaskCosts(name + " schema decode outputs", *text, vocab, outputs);
   return 0;
 }
 
@@ -245,6 +333,11 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
 
 int main(int argc, char** argv) {
   const std::string root = TANDEM_SOURCE_DIR;
+  const bool masks_only = argc > 1 && std::string(argv[1]) == "--masks";
+  if (masks_only) {
+    --argc;
+    ++argv;
+  }
   if (argc > 2 && std::string(argv[1]) == "--decode") {
     return DecodeSideBySide(argv[2], argc > 3 ? std::atoi(argv[3]) : 3,
                             argc > 4 ? std::atoi(argv[4]) : 32,
@@ -259,6 +352,7 @@ int main(int argc, char** argv) {
   MaskTimes("gpt2", root + "/tests/data/tokenizers/gpt2");
   MaskTimes("llama3", root + "/tests/data/tokenizers/llama3");
   MaskTimes("qwen3", root + "/tests/data/tokenizers/qwen3");
+  if (masks_only) return 0;
   for (int batch : {1, 16}) {
     for (bool constrained : {false, true}) DecodeRate(model, batch, constrained);
   }

@@ -112,42 +112,95 @@ int32_t GreedyToken(const float* logits, int32_t vocab_size) {
   return best;
 }
 
+namespace {
+
+bool Truncates(const SamplingParams& p, int32_t vocab_size) {
+  return (p.top_k > 0 && p.top_k < vocab_size) || p.top_p < 1.0f || p.min_p > 0.0f;
+}
+
+// exp((logit - max) / temperature) of every token into `e`; returns their sum (0 when every
+// logit is -inf).
+double ScaledExp(const float* logits, int32_t vocab_size, float temperature,
+                 std::vector<float>* e) {
+  const float max_logit = logits[GreedyToken(logits, vocab_size)];
+  e->resize(vocab_size);
+  if (std::isinf(max_logit) && max_logit < 0) return 0.0;
+  const float inv_t = 1.0f / temperature;
+  double sum = 0.0;
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    const float v = std::exp((logits[i] - max_logit) * inv_t);
+    (*e)[i] = v;
+    sum += v;
+  }
+  return sum;
+}
+
+// Puts the smallest `k` of [first, last) by `cmp`, sorted, at its front (a selection, then a
+// sort of the k only).
+template <typename It, typename Cmp>
+void SortPrefix(It first, It last, size_t k, Cmp cmp) {
+  k = std::min(k, static_cast<size_t>(last - first));
+  if (first + k < last) std::nth_element(first, first + k, last, cmp);
+  std::sort(first, first + k, cmp);
+}
+
+}  // namespace
+
 TokenDistribution ComputeDistribution(const SamplingParams& p, const float* logits,
                                       int32_t vocab_size) {
-  // Candidates sorted by descending logit (only the top k when top-k is set).
-  std::vector<int32_t> order(vocab_size);
-  std::iota(order.begin(), order.end(), 0);
-  ByLogitDesc cmp{logits};
-  size_t keep = order.size();
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < keep) {
-    keep = static_cast<size_t>(p.top_k);
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), cmp);
-    order.resize(keep);
-  } else {
-    std::sort(order.begin(), order.end(), cmp);
+  std::vector<float> e;
+  const double sum = ScaledExp(logits, vocab_size, p.temperature, &e);
+  TokenDistribution dist;
+  if (sum <= 0.0) {  // every token refused: the lowest id, as greedy would pick
+    dist.ids = {0};
+    dist.probs = {1.0f};
+    return dist;
   }
-  // Drop -inf logits (masked tokens) unless nothing else remains.
-  while (order.size() > 1 && std::isinf(logits[order.back()]) && logits[order.back()] < 0) {
-    order.pop_back();
+  if (!Truncates(p, vocab_size)) {
+    // Nothing to cut: the whole distribution in id order, no sort.
+    for (int32_t i = 0; i < vocab_size; ++i) {
+      if (e[i] <= 0.0f) continue;
+      dist.ids.push_back(i);
+      dist.probs.push_back(static_cast<float>(e[i] / sum));
+    }
+    return dist;
   }
-
-  const float inv_t = 1.0f / p.temperature;
-  const float max_scaled = logits[order[0]] * inv_t;
-  std::vector<float> probs(order.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    float e = std::exp(logits[order[i]] * inv_t - max_scaled);
-    probs[i] = e;
-    sum += e;
+  // Candidates in descending probability, ties by id; only as many sorted as the cuts need.
+  std::vector<int32_t> order;
+  order.reserve(vocab_size);
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    if (e[i] > 0.0f) order.push_back(i);
   }
-  for (float& pr : probs) pr = static_cast<float>(pr / sum);
-
+  const ByLogitDesc cmp{logits};
+  double mass = sum;  // what top-p measures against: the top-k tokens when top-k is set
+  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < order.size()) {
+    std::nth_element(order.begin(), order.begin() + p.top_k, order.end(), cmp);
+    order.resize(p.top_k);
+    mass = 0.0;
+    for (int32_t id : order) mass += e[id];
+  }
+  if (p.min_p > 0.0f) {
+    // min-p keeps tokens with at least min_p times the top probability (whose scaled exp is 1):
+    // a filter, no order needed.
+    size_t kept = 0;
+    for (int32_t id : order) {
+      if (e[id] >= p.min_p) order[kept++] = id;
+    }
+    order.resize(kept);
+  }
   size_t n = order.size();
+  size_t sorted = std::min<size_t>(n, p.top_p < 1.0f ? 64 : n);
+  SortPrefix(order.begin(), order.end(), sorted, cmp);
   if (p.top_p < 1.0f) {
+    // Grow the sorted prefix until it holds top_p of the mass (or everything kept).
     double cum = 0.0;
     size_t cut = n;
     for (size_t i = 0; i < n; ++i) {
-      cum += probs[i];
+      if (i == sorted) {
+        sorted = std::min(n, sorted * 4);
+        SortPrefix(order.begin() + i, order.end(), sorted - i, cmp);
+      }
+      cum += e[order[i]] / mass;
       if (cum >= p.top_p) {
         cut = i + 1;
         break;
@@ -155,18 +208,10 @@ TokenDistribution ComputeDistribution(const SamplingParams& p, const float* logi
     }
     n = cut;
   }
-  if (p.min_p > 0.0f) {
-    float threshold = p.min_p * probs[0];
-    size_t cut = 1;
-    while (cut < n && probs[cut] >= threshold) ++cut;
-    n = cut;
-  }
-  TokenDistribution dist;
   dist.ids.assign(order.begin(), order.begin() + n);
-  dist.probs.assign(probs.begin(), probs.begin() + n);
   double kept = 0.0;
-  for (float pr : dist.probs) kept += pr;
-  for (float& pr : dist.probs) pr = static_cast<float>(pr / kept);
+  for (int32_t id : dist.ids) kept += e[id];
+  for (int32_t id : dist.ids) dist.probs.push_back(static_cast<float>(e[id] / kept));
   return dist;
 }
 
@@ -183,7 +228,25 @@ int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng) {
 int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size,
                     Rng& rng) {
   if (params.greedy()) return GreedyToken(logits, vocab_size);
-  return SampleFromDistribution(ComputeDistribution(params, logits, vocab_size), rng);
+  if (Truncates(params, vocab_size)) {
+    return SampleFromDistribution(ComputeDistribution(params, logits, vocab_size), rng);
+  }
+  // No truncation: one pass in id order with the uniform scaled by the sum, no sort and no
+  // distribution built (ComputeDistribution orders this case the same way).
+  std::vector<float> e;
+  const double sum = ScaledExp(logits, vocab_size, params.temperature, &e);
+  const double u = rng.Uniform();
+  if (sum <= 0.0) return 0;
+  const double target = u * sum;
+  double cum = 0.0;
+  int32_t last = 0;
+  for (int32_t i = 0; i < vocab_size; ++i) {
+    if (e[i] <= 0.0f) continue;
+    cum += e[i];
+    if (target < cum) return i;
+    last = i;
+  }
+  return last;  // rounding: the draw beyond the accumulated sum
 }
 
 void ComputeLogprobs(const float* logits, int32_t vocab_size, int32_t token, int32_t top_n,

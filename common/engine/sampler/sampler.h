@@ -15,8 +15,10 @@ struct TokenHistory {
   absl::Span<const int32_t> output;
 };
 
-// A normalised distribution over the tokens that survived filtering, sorted by descending
-// probability (ties: lower token id first). Used for sampling and for speculative verification.
+// A normalised distribution over the tokens that survived filtering: sorted by descending
+// probability (ties: lower token id first) when top-k, top-p or min-p cut it, else in id order
+// (no sort needed). Tokens of probability 0 (masked) are left out. Used for sampling and for
+// speculative verification.
 struct TokenDistribution {
   std::vector<int32_t> ids;
   std::vector<float> probs;

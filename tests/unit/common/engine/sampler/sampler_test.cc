@@ -27,7 +27,10 @@ TEST(SamplerTest, DistributionMatchesSoftmaxWithTemperature) {
   for (int id = 0; id < 4; ++id) {
     EXPECT_NEAR(d.ProbOf(id), std::exp(l[id] / 0.7) / z, 1e-6) << id;
   }
-  EXPECT_EQ(d.ids[0], 1);  // sorted by probability
+  // Nothing cut: id order (no sort); with a cut, by probability.
+  EXPECT_EQ(d.ids, (std::vector<int32_t>{0, 1, 2, 3}));
+  p.top_k = 3;
+  EXPECT_EQ(ComputeDistribution(p, l.data(), 4).ids, (std::vector<int32_t>{1, 0, 2}));
 }
 
 TEST(SamplerTest, TopKTopPMinPFilter) {
