@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -74,10 +74,11 @@ class SchemaCompiler {
 
   // oneOf alternatives no document can match twice: each has a single distinct type (integer
   // and number overlap), or each lists const/enum values and no value repeats.
-  static bool Disjoint(const Json& alts) {
+  bool Disjoint(const Json& alts) const {
     std::set<std::string> types, values;
     bool by_type = true, by_value = true;
     for (const Json& a : alts) {
+      if (a.is_boolean() && !a.get<bool>()) continue;  // matches nothing
       if (!a.is_object()) return false;
       if (a.contains("type") && a["type"].is_string() && !a.contains("$ref")) {
         by_type = by_type && types.insert(a["type"].get<std::string>()).second;
@@ -93,7 +94,59 @@ class SchemaCompiler {
       }
     }
     if (types.count("integer") && types.count("number")) by_type = false;
-    return by_type || by_value;
+    return by_type || by_value || Discriminated(alts);
+  }
+
+  // The const/enum values a required property `key` of object schema `s` may take; empty when
+  // the property is not required or not limited to listed values.
+  static std::set<std::string> TagValues(const Json& s, const std::string& key) {
+    std::set<std::string> out;
+    if (!s.is_object() || !s.contains("required") || !s["required"].is_array() ||
+        std::find(s["required"].begin(), s["required"].end(), Json(key)) == s["required"].end() ||
+        !s.contains("properties") || !s["properties"].is_object() ||
+        !s["properties"].contains(key) || !s["properties"][key].is_object()) {
+      return out;
+    }
+    const Json& p = s["properties"][key];
+    if (p.contains("const")) {
+      out.insert(p["const"].dump());
+    } else if (p.contains("enum") && p["enum"].is_array()) {
+      for (const Json& v : p["enum"]) out.insert(v.dump());
+    }
+    return out;
+  }
+
+  // oneOf alternatives that are objects told apart by a required tag property (a discriminator:
+  // {"kind": {"const": "circle"}}) whose values differ between alternatives: a document made
+  // from one alternative fails every other.
+  bool Discriminated(const Json& alts) const {
+    std::vector<const Json*> resolved;
+    for (const Json& a : alts) {
+      const Json* node = &a;
+      for (int hops = 0; node->is_object() && node->contains("$ref") && hops < 16; ++hops) {
+        if (!(*node)["$ref"].is_string() || HasValidation(*node, "$ref")) return false;
+        node = Resolve((*node)["$ref"].get<std::string>());
+        if (node == nullptr) return false;
+      }
+      if (!node->is_object()) return false;
+      resolved.push_back(node);
+    }
+    if (resolved.empty() || !resolved[0]->contains("properties") ||
+        !(*resolved[0])["properties"].is_object()) {
+      return false;
+    }
+    for (const auto& [key, unused] : (*resolved[0])["properties"].items()) {
+      std::set<std::string> seen;
+      bool ok = true;
+      for (const Json* r : resolved) {
+        const std::set<std::string> tags = TagValues(*r, key);
+        if (tags.empty()) ok = false;
+        for (const std::string& t : tags) ok = ok && seen.insert(t).second;
+        if (!ok) break;
+      }
+      if (ok) return true;
+    }
+    return false;
   }
 
   // A grammar literal for a JSON value, serialised compactly.
@@ -134,8 +187,7 @@ class SchemaCompiler {
       if (node->is_object() && node->contains(key)) {
         node = &(*node)[key];
       } else if (node->is_array() && !key.empty() && key.size() < 10 &&
-                 std::all_of(key.begin(), key.end(), ::isdigit) &&
-                 std::stoul(key) < node->size()) {
+                 std::all_of(key.begin(), key.end(), ::isdigit) && std::stoul(key) < node->size()) {
         node = &(*node)[std::stoul(key)];
       } else {
         return nullptr;
@@ -181,6 +233,160 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
+  // Keywords honoured by narrowing the output to a subset of the valid documents, rewritten into
+  // the others: if/then/else (documents that satisfy if and then), not of types (the other
+  // types), dependencies (a dependent property is left out unless required, then its
+  // dependencies apply), patternProperties and propertyNames (on the declared properties when no
+  // other keys may appear). nullopt: nothing to rewrite.
+  absl::StatusOr<std::optional<Json>> Rewrite(const Json& s, const std::string& where) const {
+    static const char* kKeys[] = {"if",
+                                  "then",
+                                  "else",
+                                  "not",
+                                  "dependencies",
+                                  "dependentRequired",
+                                  "dependentSchemas",
+                                  "patternProperties",
+                                  "propertyNames"};
+    bool any = false;
+    for (const char* k : kKeys) any = any || s.contains(k);
+    if (!any) return std::optional<Json>();
+    Json out = s;
+    std::vector<Json> all;
+    if (s.contains("if") || s.contains("then") || s.contains("else")) {
+      out.erase("if");
+      out.erase("then");
+      out.erase("else");
+      if (s.contains("if")) {
+        all.push_back(s["if"]);
+        if (s.contains("then")) all.push_back(s["then"]);
+      }
+    }
+    if (s.contains("not")) {
+      const Json& n = s["not"];
+      out.erase("not");
+      if (!(n.is_boolean() && !n.get<bool>())) {
+        if (!n.is_object() || !n.contains("type") || HasValidation(n, "type")) {
+          if (Refuse()) {
+            return Error(where + "/not",
+                         "'not' is supported only with types ({\"not\": {\"type\": ...}})");
+          }
+        } else {
+          std::set<std::string> removed;
+          if (n["type"].is_string()) removed.insert(n["type"].get<std::string>());
+          if (n["type"].is_array())
+            for (const Json& t : n["type"])
+              if (t.is_string()) removed.insert(t.get<std::string>());
+          if (removed.count("integer") && !removed.count("number")) {
+            if (Refuse()) return Error(where + "/not", "'not' of integer alone is not supported");
+          } else {
+            Json left = Json::array();
+            for (const char* t : {"object", "array", "string", "number", "boolean", "null"}) {
+              if (!removed.count(t)) left.push_back(t);
+            }
+            if (left.empty()) return Error(where + "/not", "excludes every type");
+            all.push_back(Json{{"type", left}});
+          }
+        }
+      }
+    }
+    for (const char* kw : {"dependencies", "dependentRequired", "dependentSchemas"}) {
+      if (!s.contains(kw)) continue;
+      out.erase(kw);
+      const Json& deps = s[kw];
+      if (!deps.is_object()) return Error(where, absl::StrCat(kw, " must be an object"));
+      std::set<std::string> req;
+      if (out.contains("required") && out["required"].is_array()) {
+        for (const Json& r : out["required"])
+          if (r.is_string()) req.insert(r.get<std::string>());
+      }
+      for (const auto& [key, dep] : deps.items()) {
+        if (!req.count(key)) {
+          // Left out, the dependency never applies.
+          out["properties"][key] = false;
+        } else if (dep.is_array()) {
+          for (const Json& d : dep) {
+            if (d.is_string() && !req.count(d.get<std::string>())) {
+              out["required"].push_back(d);
+              req.insert(d.get<std::string>());
+            }
+          }
+        } else {
+          all.push_back(dep);
+        }
+      }
+    }
+    const bool closed =
+        !out.contains("additionalProperties") ||
+        (out["additionalProperties"].is_boolean() && !out["additionalProperties"].get<bool>());
+    if (s.contains("patternProperties")) {
+      out.erase("patternProperties");
+      const bool declared =
+          out.contains("properties") && out["properties"].is_object() && !out["properties"].empty();
+      if ((declared || !closed) && Refuse()) {
+        return Error(where,
+                     "patternProperties is supported only when no key may appear (no "
+                     "properties, additionalProperties absent or false)");
+      }
+    }
+    if (s.contains("propertyNames")) {
+      out.erase("propertyNames");
+      const Json& names = s["propertyNames"];
+      if (!closed) {
+        if (Refuse()) {
+          return Error(where,
+                       "propertyNames is supported only with additionalProperties absent or "
+                       "false");
+        }
+      } else if (out.contains("properties") && out["properties"].is_object()) {
+        std::set<std::string> req;
+        if (out.contains("required") && out["required"].is_array()) {
+          for (const Json& r : out["required"])
+            if (r.is_string()) req.insert(r.get<std::string>());
+        }
+        for (auto& [key, sub] : out["properties"].items()) {
+          std::optional<bool> fits =
+              names.is_boolean() ? std::optional<bool>(names.get<bool>())
+                                 : (names.is_object() ? Fits(Json(key), names) : std::nullopt);
+          if (fits.value_or(false) && names.is_object()) {
+            if (names.contains("const") && names["const"] != Json(key)) fits = false;
+            if (names.contains("enum") && names["enum"].is_array() &&
+                std::find(names["enum"].begin(), names["enum"].end(), Json(key)) ==
+                    names["enum"].end()) {
+              fits = false;
+            }
+          }
+          if (!fits.has_value()) {
+            if (Refuse()) {
+              return Error(where + "/propertyNames",
+                           "only type, enum/const and length bounds are supported here");
+            }
+            continue;
+          }
+          if (!*fits) {
+            if (req.count(key)) {
+              return Error(where, absl::StrCat("required property '", key,
+                                               "' does not satisfy propertyNames"));
+            }
+            sub = false;
+          }
+        }
+      }
+    }
+    const bool object_keywords = s.contains("patternProperties") || s.contains("propertyNames") ||
+                                 s.contains("dependencies") || s.contains("dependentRequired") ||
+                                 s.contains("dependentSchemas");
+    if (object_keywords && !out.contains("type")) {
+      // What was dropped constrained objects: keep to objects under the closed default.
+      out["type"] = "object";
+    }
+    if (!all.empty()) {
+      all.insert(all.begin(), out);
+      return std::optional<Json>(Json{{"allOf", all}});
+    }
+    return std::optional<Json>(out);
+  }
+
   absl::StatusOr<std::string> Visit(const Json& s, const std::string& where, int depth) {
     if (depth > options_.max_depth) return Error(where, "schema nested too deeply");
     if (s.is_boolean()) {
@@ -188,19 +394,53 @@ class SchemaCompiler {
       return Error(where, "the schema 'false' matches nothing");
     }
     if (!s.is_object()) return Error(where, "a schema must be an object or a boolean");
-    static const std::set<std::string> kHandled = {
-        "type",          "properties",       "required",  "additionalProperties",
-        "enum",          "const",            "items",     "prefixItems",
-        "minItems",      "maxItems",         "anyOf",     "oneOf",
-        "allOf",         "$ref",             "minLength", "maxLength",
-        "pattern",       "format",           "minimum",   "exclusiveMinimum",
-        "maximum",       "exclusiveMaximum", "uniqueItems", "minProperties",
-        "maxProperties", "additionalItems",  "contains",  "nullable",
-        "multipleOf"};
+    static const std::set<std::string> kHandled = {"type",
+                                                   "properties",
+                                                   "required",
+                                                   "additionalProperties",
+                                                   "enum",
+                                                   "const",
+                                                   "items",
+                                                   "prefixItems",
+                                                   "minItems",
+                                                   "maxItems",
+                                                   "anyOf",
+                                                   "oneOf",
+                                                   "allOf",
+                                                   "$ref",
+                                                   "minLength",
+                                                   "maxLength",
+                                                   "pattern",
+                                                   "format",
+                                                   "minimum",
+                                                   "exclusiveMinimum",
+                                                   "maximum",
+                                                   "exclusiveMaximum",
+                                                   "uniqueItems",
+                                                   "minProperties",
+                                                   "maxProperties",
+                                                   "additionalItems",
+                                                   "contains",
+                                                   "nullable",
+                                                   "multipleOf",
+                                                   "if",
+                                                   "then",
+                                                   "else",
+                                                   "not",
+                                                   "dependencies",
+                                                   "dependentRequired",
+                                                   "dependentSchemas",
+                                                   "patternProperties",
+                                                   "propertyNames"};
     for (const auto& [key, value] : s.items()) {
       if (!kHandled.count(key) && !Annotations().count(key) && options_.strict) {
         return Error(where, absl::StrCat("keyword '", key, "' is not supported"));
       }
+    }
+    {
+      auto rewritten = Rewrite(s, where);
+      if (!rewritten.ok()) return rewritten.status();
+      if (rewritten->has_value()) return Visit(**rewritten, where, depth + 1);
     }
     if (s.contains("$ref") && !HasValidation(s, "$ref")) return Ref(s["$ref"], where, depth);
     if (s.contains("$ref") || s.contains("allOf")) {
@@ -234,11 +474,13 @@ class SchemaCompiler {
       const Json rest = Without(s, kw);
       std::vector<std::string> parts;
       for (size_t i = 0; i < alts.size(); ++i) {
+        if (alts[i].is_boolean() && !alts[i].get<bool>()) continue;  // matches nothing
         const Json alt = distribute ? Json{{"allOf", Json::array({rest, alts[i]})}} : alts[i];
         auto e = Visit(alt, absl::StrCat(where, "/", kw, "/", i), depth + 1);
         if (!e.ok()) return e.status();
         parts.push_back(*e);
       }
+      if (parts.empty()) return Error(where, absl::StrCat(kw, ": no alternative can match"));
       return NewRule(absl::StrJoin(parts, " | "));
     }
     if (s.contains("const") || s.contains("enum")) return Values(s, where);
@@ -271,7 +513,7 @@ class SchemaCompiler {
                s.contains("maxLength")) {
       types = {"string"};
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
-               s.contains("exclusiveMaximum")) {
+               s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
       types = {"number"};
     } else {
       return std::string("json-value");
@@ -335,8 +577,7 @@ class SchemaCompiler {
           any = any || (t == "object" && v.is_object()) || (t == "array" && v.is_array()) ||
                 (t == "string" && v.is_string()) || (t == "boolean" && v.is_boolean()) ||
                 (t == "null" && v.is_null()) || (t == "number" && v.is_number()) ||
-                (t == "integer" && v.is_number() &&
-                 v.get<double>() == std::floor(v.get<double>()));
+                (t == "integer" && v.is_number() && v.get<double>() == std::floor(v.get<double>()));
         }
         if (!any) return false;
       } else if (key == "minimum" || key == "maximum" || key == "exclusiveMinimum" ||
@@ -408,7 +649,8 @@ class SchemaCompiler {
                           (x.is_number_float() && x.get<double>() == std::floor(x.get<double>()));
     if (!integral || x.get<double>() < 0)
       return Error(where, absl::StrCat(kw, " must be a non-negative integer"));
-    if (x.get<double>() > 1000) return Error(where, absl::StrCat(kw, " above 1000 is not supported"));
+    if (x.get<double>() > 1000)
+      return Error(where, absl::StrCat(kw, " above 1000 is not supported"));
     *v = static_cast<int64_t>(x.get<double>());
     return absl::OkStatus();
   }
@@ -469,6 +711,9 @@ class SchemaCompiler {
     }
     const int64_t n_required = std::count(required.begin(), required.end(), true);
     const int64_t n = static_cast<int64_t>(props.size());
+    if (props.empty() && extra.empty() && min_props > 0 && !s.contains("additionalProperties")) {
+      extra = "json-value";  // a bare {"minProperties": n}: any keys
+    }
     if (props.empty() && !extra.empty() && (min_props > 0 || max_props >= 0)) {
       // Only extra keys: count them.
       if (max_props == 0) return std::string("\"{}\"");
@@ -477,8 +722,8 @@ class SchemaCompiler {
           absl::StrCat("( \",\" ", kv, " ){", std::max<int64_t>(0, min_props - 1), ",",
                        max_props < 0 ? "" : absl::StrCat(max_props - 1), "}");
       const std::string body = absl::StrCat(kv, " ", more);
-      return NewRule(absl::StrCat("\"{\" ", min_props > 0 ? body : absl::StrCat("( ", body, " )?"),
-                                  " \"}\""));
+      return NewRule(
+          absl::StrCat("\"{\" ", min_props > 0 ? body : absl::StrCat("( ", body, " )?"), " \"}\""));
     }
     if (min_props > std::max(n_required, extra.empty() ? n : n_required)) {
       if (extra.empty() && min_props > n) {
@@ -571,8 +816,8 @@ class SchemaCompiler {
       if (rest_schema->is_boolean() && !rest_schema->get<bool>()) {
         items_allowed = false;
       } else {
-        auto e = Visit(*rest_schema, where + (tuple_kw == "items" && tuple ? "/additionalItems"
-                                                                          : "/items"),
+        auto e = Visit(*rest_schema,
+                       where + (tuple_kw == "items" && tuple ? "/additionalItems" : "/items"),
                        depth + 1);
         if (!e.ok()) return e.status();
         item = *e;
@@ -589,8 +834,8 @@ class SchemaCompiler {
       } else {
         auto c = Visit(s["contains"], where + "/contains", depth + 1);
         if (!c.ok()) return c.status();
-        return NewRule(absl::StrCat("\"[\" ( json-value \",\" )* ", *c,
-                                    " ( \",\" json-value )* \"]\""));
+        return NewRule(
+            absl::StrCat("\"[\" ( json-value \",\" )* ", *c, " ( \",\" json-value )* \"]\""));
       }
     }
     if (max == 0) return std::string("\"[]\"");
@@ -615,7 +860,8 @@ class SchemaCompiler {
     for (int64_t i = last; i-- > 0;) {
       std::string with = absl::StrCat(i > 0 ? "\",\" " : "", element(i), " ",
                                       i + 1 < last || (max < 0 || max > p) ? tail : "");
-      if (i + 1 == last && max >= 0 && max <= p) with = absl::StrCat(i > 0 ? "\",\" " : "", element(i));
+      if (i + 1 == last && max >= 0 && max <= p)
+        with = absl::StrCat(i > 0 ? "\",\" " : "", element(i));
       tail = i < min ? NewRule(with) : NewRule(absl::StrCat(with, " | \"\""));
     }
     return NewRule(absl::StrCat("\"[\" ", tail, " \"]\""));
@@ -695,8 +941,9 @@ class SchemaCompiler {
       const Json& b = s[kw];
       if (!b.is_number()) {
         if (!Refuse()) continue;
-        return Error(where, absl::StrCat(kw, " must be a number (the draft-4 boolean form is not "
-                                             "supported)"));
+        return Error(where, absl::StrCat(kw,
+                                         " must be a number (the draft-4 boolean form is not "
+                                         "supported)"));
       }
       const double v = b.get<double>();
       const std::string k = kw;

@@ -157,8 +157,8 @@ absl::StatusOr<Json> MergeSchemas(const std::vector<Json>& parts, const std::str
           return Error(where, absl::StrCat("allOf: '", k, "' must be a number"));
         }
         const bool lower = LowerBounds().count(k) > 0;
-        const bool take = lower ? v.get<double>() > have->get<double>()
-                                : v.get<double>() < have->get<double>();
+        const bool take =
+            lower ? v.get<double>() > have->get<double>() : v.get<double>() < have->get<double>();
         if (take) out[k] = v;
       } else if (k == "enum") {
         if (!v.is_array() || !have->is_array()) return Error(where, "allOf: enum must be a list");

@@ -17,7 +17,7 @@ namespace tandem::grammar {
 
 // `parts`: schemas without allOf at their top (flattened by the caller) and without $ref (already
 // resolved). `where` names the location in errors.
-absl::StatusOr<nlohmann::ordered_json> MergeSchemas(const std::vector<nlohmann::ordered_json>& parts,
-                                                    const std::string& where);
+absl::StatusOr<nlohmann::ordered_json> MergeSchemas(
+    const std::vector<nlohmann::ordered_json>& parts, const std::string& where);
 
 }  // namespace tandem::grammar

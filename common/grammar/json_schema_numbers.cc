@@ -38,8 +38,8 @@ std::string SameLength(const std::string& a, const std::string& b) {
   if (low_full) {
     mid_lo = a[0];
   } else {
-    alts.push_back(absl::StrCat(Digits(a[0], a[0]), " ( ", SameLength(ta, std::string(rest, '9')),
-                                " )"));
+    alts.push_back(
+        absl::StrCat(Digits(a[0], a[0]), " ( ", SameLength(ta, std::string(rest, '9')), " )"));
   }
   if (high_full) mid_hi = b[0];
   if (mid_lo <= mid_hi) {
@@ -47,8 +47,8 @@ std::string SameLength(const std::string& a, const std::string& b) {
                              : absl::StrCat(Digits(mid_lo, mid_hi), " ", AnyDigits(rest)));
   }
   if (!high_full) {
-    alts.push_back(absl::StrCat(Digits(b[0], b[0]), " ( ", SameLength(std::string(rest, '0'), tb),
-                                " )"));
+    alts.push_back(
+        absl::StrCat(Digits(b[0], b[0]), " ( ", SameLength(std::string(rest, '0'), tb), " )"));
   }
   return alts.size() == 1 ? alts[0] : absl::StrCat("( ", absl::StrJoin(alts, " | "), " )");
 }
@@ -125,8 +125,8 @@ std::string NumberRangeExpr(std::optional<int64_t> lo, std::optional<int64_t> hi
     const uint64_t from = hi && *hi < 0 ? Abs(*hi) : 0;
     std::vector<std::string> neg;
     if (!lo) {
-      neg.push_back(absl::StrCat(Magnitudes(std::max<uint64_t>(from, 1), kMaxMagnitude), " ",
-                                 kFraction));
+      neg.push_back(
+          absl::StrCat(Magnitudes(std::max<uint64_t>(from, 1), kMaxMagnitude), " ", kFraction));
       if (from == 0) neg.push_back("\"0\" \".\" [0-9]{1,16}");
     } else {
       const uint64_t top = Abs(*lo);

@@ -279,11 +279,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
                      absl::StrCat("at most ", context.limits.max_template_kwargs, " keys"));
     }
     if (static_cast<int64_t>(kw.dump().size()) > context.limits.max_template_kwargs_bytes) {
-      return Invalid("chat_template_kwargs",
-                     absl::StrCat("at most ", context.limits.max_template_kwargs_bytes,
-                                  " bytes serialised"));
+      return Invalid(
+          "chat_template_kwargs",
+          absl::StrCat("at most ", context.limits.max_template_kwargs_bytes, " bytes serialised"));
     }
-    for (const char* reserved : {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"}) {
+    for (const char* reserved :
+         {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"}) {
       if (kw.contains(reserved)) {
         return Invalid(absl::StrCat("chat_template_kwargs.", reserved),
                        "is set by the request itself");

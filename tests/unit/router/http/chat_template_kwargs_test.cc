@@ -48,7 +48,8 @@ TEST_F(ChatTemplateKwargsTest, Qwen3EnableThinkingEqualsTheJinjaReference) {
   int checked = 0;
   for (const auto& c : vectors["cases"]) {
     const std::string name = c["name"];
-    if (name.rfind("tokenizer:qwen3/", 0) != 0 || name.find("enable_thinking=") == std::string::npos)
+    if (name.rfind("tokenizer:qwen3/", 0) != 0 ||
+        name.find("enable_thinking=") == std::string::npos)
       continue;
     const nlohmann::json& vars = c["variables"];
     nlohmann::json kwargs = {{"enable_thinking", vars["enable_thinking"]}};
@@ -115,8 +116,7 @@ TEST_F(ChatTemplateKwargsTest, RefusesMalformedKwargs) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(r.status().message()).find("chat_template_kwargs"), std::string::npos)
         << r.status();
-    EXPECT_NE(std::string(r.status().message()).find(c.message), std::string::npos)
-        << r.status();
+    EXPECT_NE(std::string(r.status().message()).find(c.message), std::string::npos) << r.status();
   }
   // null means absent.
   EXPECT_TRUE(Convert(OpenAiEndpoint::kChatCompletions,
