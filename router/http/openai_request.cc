@@ -415,6 +415,11 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
     auto tools = ParseToolOptions(body);
     if (!tools.ok()) return tools.status();
     out.tools = std::move(*tools);
+    if (context.chat_template != nullptr) {
+      // Constrained calls and call ids follow the model family's template.
+      out.tools.format = ToolCallFormatOfTemplate(context.chat_template->source());
+      out.tools.short_ids = MistralCallIds(context.chat_template->source());
+    }
   }
   RETURN_IF_ERROR(ConvertOutputConstraint(body, out.tools,
                                           out.generate.mutable_sampling()->mutable_constraint()));
