@@ -389,6 +389,11 @@ class SchemaCompiler {
 
   absl::StatusOr<std::string> Visit(const Json& s, const std::string& where, int depth) {
     if (depth > options_.max_depth) return Error(where, "schema nested too deeply");
+    if (++visits_ > options_.max_subschemas) {
+      // Distributing anyOf/oneOf over their siblings and merging allOf can multiply subschemas.
+      return Error(where, absl::StrCat("the schema expands to more than ", options_.max_subschemas,
+                                       " subschemas"));
+    }
     if (s.is_boolean()) {
       if (s.get<bool>()) return std::string("json-value");
       return Error(where, "the schema 'false' matches nothing");
@@ -976,6 +981,7 @@ class SchemaCompiler {
   int64_t rule_count_ = 0;
   int64_t enum_count_ = 0;
   int64_t flatten_steps_ = 0;
+  int64_t visits_ = 0;
 };
 
 }  // namespace

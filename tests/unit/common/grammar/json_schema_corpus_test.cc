@@ -162,5 +162,29 @@ TEST(JsonSchemaCorpusTest, SuiteCompilesOrRefusesNamingTheLocation) {
   EXPECT_GE(compiled, 85);
 }
 
+// Recursion bombs and enormous enums (the fuzz seeds tests/fuzz/grammar/corpus/
+// json_schema_fuzzer/bomb-*) are refused by a bound with a message saying which.
+TEST(JsonSchemaCorpusTest, HostileSchemasGetAClearError) {
+  const std::string dir =
+      std::string(TANDEM_SOURCE_DIR) + "/tests/fuzz/grammar/corpus/json_schema_fuzzer/";
+  const std::pair<const char*, const char*> cases[] = {
+      {"bomb-allof-cycle", "nested too deeply"},  {"bomb-ref-sibling-cycle", "nested too deeply"},
+      {"bomb-deep-nesting", "nested too deeply"}, {"bomb-enum", "more than 10000 enum values"},
+      {"bomb-anyof-exponential", "expand"},
+  };
+  for (const auto& [file, message] : cases) {
+    std::ifstream in(dir + file, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    const std::string schema = bytes.str().substr(1);  // byte 0: the fuzzer's strict flag
+    ASSERT_FALSE(schema.empty()) << file;
+    auto r = JsonSchemaToGrammar(schema);
+    ASSERT_FALSE(r.ok()) << file;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << file;
+    EXPECT_NE(std::string(r.status().message()).find(message), std::string::npos)
+        << file << ": " << r.status();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::grammar
