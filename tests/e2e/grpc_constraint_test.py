@@ -141,7 +141,8 @@ def main(build_dir):
             ({"grammar": 'root ::= "a"\nroot ::= "b"'}, ["root"]),
             ({"grammar": 'start ::= "a"'}, ["root"]),
             ({"grammar": "root ::= x"}, ["x"]),
-            ({"grammar": 'root ::= "' + "y" * 300 + '"{1000}{1000}'}, ["grammar"]),
+            ({"grammar": "root ::= [a-z]{1001}"}, ["1000"]),
+            ({"grammar": "root ::= " + "(" * 300 + '"a"' + ")" * 300}, ["deep"]),
         ]
         for constraint, needles in bad:
             details = refused(stubs, stub, constraint)
