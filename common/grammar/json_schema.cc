@@ -645,6 +645,90 @@ class SchemaCompiler {
     return parts.size() == 1 ? parts[0] : NewRule(absl::StrJoin(parts, " | "));
   }
 
+  // The grammar of an object key for additionalProperties: any JSON string except the names in
+  // `excluded` (declared properties), so an extra key never repeats one. Keys are spelled in
+  // one way only (no \u or \/ escapes) so that excluding a spelling excludes the name; a trie
+  // over the names' characters, each node a rule: end here (unless a name ends here), a
+  // character no name continues with and then anything, or a name's next character.
+  std::string ExtraKey(const std::set<std::string>& excluded) {
+    if (excluded.empty()) return "json-string";
+    // Units: one code point, or an escape pair for '"', '\\' and control characters.
+    auto units = [](const std::string& name) {
+      std::vector<std::string> out;
+      const std::string escaped = Json(name).dump();  // "..." with JSON escapes
+      for (size_t i = 1; i + 1 < escaped.size();) {
+        size_t n = 1;
+        const unsigned char c = escaped[i];
+        if (c == '\\') {
+          n = escaped[i + 1] == 'u' ? 6 : 2;
+        } else if (c >= 0xF0) {
+          n = 4;
+        } else if (c >= 0xE0) {
+          n = 3;
+        } else if (c >= 0xC0) {
+          n = 2;
+        }
+        out.push_back(escaped.substr(i, n));
+        i += n;
+      }
+      return out;
+    };
+    struct Node {
+      bool terminal = false;
+      std::map<std::string, int> children;
+    };
+    std::vector<Node> trie(1);
+    for (const std::string& name : excluded) {
+      int node = 0;
+      for (const std::string& u : units(name)) {
+        auto it = trie[node].children.find(u);
+        if (it == trie[node].children.end()) {
+          trie.push_back({});
+          it = trie[node].children.emplace(u, static_cast<int>(trie.size()) - 1).first;
+        }
+        node = it->second;
+      }
+      trie[node].terminal = true;
+    }
+    const std::string rest = NewRule(R"(( [^"\\\x00-\x1F] | "\\" ["\\bfnrt] )* "\"")");
+    std::vector<std::string> names(trie.size());
+    for (size_t i = trie.size(); i-- > 0;) {
+      const Node& n = trie[i];
+      std::vector<std::string> alts;
+      if (!n.terminal) alts.push_back("\"\\\"\"");
+      // A character no excluded name continues with.
+      std::string cls = R"([^"\\\x00-\x1F)";
+      std::string escapes = "\"\\\\bfnrt";  // letters after a backslash
+      for (const auto& [u, child] : n.children) {
+        if (u[0] == '\\') {
+          escapes.erase(std::remove(escapes.begin(), escapes.end(), u[1]), escapes.end());
+          continue;
+        }
+        uint32_t cp = static_cast<unsigned char>(u[0]);
+        if (u.size() == 2) cp = ((cp & 0x1F) << 6) | (u[1] & 0x3F);
+        if (u.size() == 3) cp = ((cp & 0x0F) << 12) | ((u[1] & 0x3F) << 6) | (u[2] & 0x3F);
+        if (u.size() == 4) {
+          cp = ((cp & 0x07) << 18) | ((u[1] & 0x3F) << 12) | ((u[2] & 0x3F) << 6) | (u[3] & 0x3F);
+        }
+        char buf[16];
+        snprintf(buf, sizeof buf, "\\U%08X", cp);
+        cls += buf;
+      }
+      cls += "]";
+      alts.push_back(absl::StrCat(cls, " ", rest));
+      if (!escapes.empty()) {
+        std::string esc_cls = "[";
+        for (char e : escapes) absl::StrAppend(&esc_cls, e == '"' || e == '\\' ? "\\" : "", std::string(1, e));
+        alts.push_back(absl::StrCat("\"\\\\\" ", esc_cls, "] ", rest));
+      }
+      for (const auto& [u, child] : n.children) {
+        alts.push_back(absl::StrCat(GrammarLiteral(u), " ", names[child]));
+      }
+      names[i] = NewRule(absl::StrJoin(alts, " | "));
+    }
+    return NewRule(absl::StrCat("\"\\\"\" ", names[0]));
+  }
+
   // A non-negative integer keyword (at most 1000), -1 when absent.
   absl::Status Count(const Json& s, const char* kw, const std::string& where, int64_t* v) {
     *v = -1;
@@ -722,7 +806,7 @@ class SchemaCompiler {
     if (props.empty() && !extra.empty() && (min_props > 0 || max_props >= 0)) {
       // Only extra keys: count them.
       if (max_props == 0) return std::string("\"{}\"");
-      const std::string kv = absl::StrCat("json-string \":\" ", extra);
+      const std::string kv = absl::StrCat(ExtraKey(declared), " \":\" ", extra);
       const std::string more =
           absl::StrCat("( \",\" ", kv, " ){", std::max<int64_t>(0, min_props - 1), ",",
                        max_props < 0 ? "" : absl::StrCat(max_props - 1), "}");
@@ -746,6 +830,9 @@ class SchemaCompiler {
                      "maxProperties below the number of properties allowed is not supported");
       }
     }
+    std::set<std::string> named = declared;
+    for (const std::string& r : req) named.insert(r);
+    const std::string extra_key = extra.empty() ? "" : ExtraKey(named);
     // tail(i, started): properties i.. in order, each optional one may be left out.
     std::vector<std::string> tail_names[2];
     tail_names[0].resize(n + 1);
@@ -755,7 +842,7 @@ class SchemaCompiler {
       if (extra.empty()) {
         tail_names[st][n] = "\"\"";
       } else {
-        std::string kv = absl::StrCat("json-string \":\" ", extra);
+        std::string kv = absl::StrCat(extra_key, " \":\" ", extra);
         tail_names[st][n] = NewRule(absl::StrCat("( ", sep, kv, " ( \",\" ", kv, " )* )?"));
       }
     }
@@ -894,17 +981,22 @@ class SchemaCompiler {
     }
     if (s.contains("format") && s["format"].is_string()) {
       const std::string f = s["format"].get<std::string>();
+      // Each a subset of what format validators (ajv-formats' full mode) accept: days per
+      // month (never February 29), bounded fractions, labels of letters, digits and inner
+      // hyphens.
+      static const std::string kLabel = R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )?)";
       static const std::map<std::string, std::string> kFormats = {
           {"date",
-           R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
+           R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
           {"time",
-           R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]+ )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
+           R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
           {"uuid",
            R"([0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12})"},
           {"ipv4",
            R"(( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ( "." ( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ){3})"},
-          {"email",
-           R"([a-zA-Z0-9_+-]+ ( "." [a-zA-Z0-9_+-]+ )* "@" [a-zA-Z0-9-]+ ( "." [a-zA-Z0-9-]+ )+)"},
+          {"email", absl::StrCat(R"([a-zA-Z0-9_+-]{1,16} ( "." [a-zA-Z0-9_+-]{1,16} ){0,3} "@" )",
+                                 kLabel, " ( \".\" ", kLabel, " ){1,3}")},
+          {"hostname", absl::StrCat(kLabel, " ( \".\" ", kLabel, " ){0,3}")},
       };
       auto it = kFormats.find(f);
       if (f == "date-time") {
@@ -918,7 +1010,12 @@ class SchemaCompiler {
           return Error(where, "format with minLength/maxLength is not supported");
         return NewRule(absl::StrCat("\"\\\"\" ", it->second, " \"\\\"\""));
       }
-      // Other formats are annotations here: any string.
+      if (Refuse()) {
+        return Error(where, absl::StrCat("format '", f,
+                                         "' is not supported (date, time, date-time, uuid, "
+                                         "ipv4, email, hostname are)"));
+      }
+      // Not strict: an annotation, any string.
     }
     if (min == 0 && max < 0) return std::string("json-string");
     std::string bounds =

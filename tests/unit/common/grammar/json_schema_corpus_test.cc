@@ -162,6 +162,30 @@ TEST(JsonSchemaCorpusTest, SuiteCompilesOrRefusesNamingTheLocation) {
   EXPECT_GE(compiled, 85);
 }
 
+// Keys made for additionalProperties never repeat a declared (or required) name, whatever its
+// characters, so a parser keeping the last duplicate cannot see a value of the wrong schema.
+TEST(JsonSchemaCorpusTest, ExtraKeysNeverRepeatADeclaredName) {
+  const Json schema = Json::parse(R"({"type": "object", "properties": {"id": {"type": "integer"},
+      "a\"b": {"type": "integer"}, "é": {"type": "integer"}, "gone": false},
+      "required": ["id", "tok"], "additionalProperties": {"type": "string"}})");
+  std::string error;
+  auto g = Compile(schema, &error);
+  ASSERT_NE(g, nullptr) << error;
+  for (const char* ok : {R"({"id":1,"tok":"t"})", R"({"id":1,"tok":"t","idx":"a"})",
+                         R"({"id":1,"tok":"t","i":"a"})", R"({"id":1,"tok":"t","":"a"})",
+                         R"({"id":1,"tok":"t","a\"c":"a"})", R"({"id":1,"tok":"t","éé":"a"})",
+                         R"({"id":1,"tok":"t","tok2":"a","x\n":"b"})"}) {
+    EXPECT_TRUE(Accepts(g, ok)) << ok;
+  }
+  for (const char* bad :
+       {R"({"id":1,"tok":"t","id":"a"})", R"({"id":1,"tok":"t","tok":"a"})",
+        R"({"id":1,"tok":"t","a\"b":"a"})", R"({"id":1,"tok":"t","é":"a"})",
+        R"({"id":1,"tok":"t","gone":"a"})", R"({"id":1,"tok":"t","\u0069d":"a"})",
+        R"({"id":1,"tok":"t","i\/d":"a"})"}) {
+    EXPECT_FALSE(Accepts(g, bad)) << bad;
+  }
+}
+
 // Recursion bombs and enormous enums (the fuzz seeds tests/fuzz/grammar/corpus/
 // json_schema_fuzzer/bomb-*) are refused by a bound with a message saying which.
 TEST(JsonSchemaCorpusTest, HostileSchemasGetAClearError) {
