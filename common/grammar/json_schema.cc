@@ -718,7 +718,8 @@ class SchemaCompiler {
       alts.push_back(absl::StrCat(cls, " ", rest));
       if (!escapes.empty()) {
         std::string esc_cls = "[";
-        for (char e : escapes) absl::StrAppend(&esc_cls, e == '"' || e == '\\' ? "\\" : "", std::string(1, e));
+        for (char e : escapes)
+          absl::StrAppend(&esc_cls, e == '"' || e == '\\' ? "\\" : "", std::string(1, e));
         alts.push_back(absl::StrCat("\"\\\\\" ", esc_cls, "] ", rest));
       }
       for (const auto& [u, child] : n.children) {

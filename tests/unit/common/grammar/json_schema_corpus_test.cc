@@ -171,17 +171,16 @@ TEST(JsonSchemaCorpusTest, ExtraKeysNeverRepeatADeclaredName) {
   std::string error;
   auto g = Compile(schema, &error);
   ASSERT_NE(g, nullptr) << error;
-  for (const char* ok : {R"({"id":1,"tok":"t"})", R"({"id":1,"tok":"t","idx":"a"})",
-                         R"({"id":1,"tok":"t","i":"a"})", R"({"id":1,"tok":"t","":"a"})",
-                         R"({"id":1,"tok":"t","a\"c":"a"})", R"({"id":1,"tok":"t","éé":"a"})",
-                         R"({"id":1,"tok":"t","tok2":"a","x\n":"b"})"}) {
+  for (const char* ok :
+       {R"({"id":1,"tok":"t"})", R"({"id":1,"tok":"t","idx":"a"})", R"({"id":1,"tok":"t","i":"a"})",
+        R"({"id":1,"tok":"t","":"a"})", R"({"id":1,"tok":"t","a\"c":"a"})",
+        R"({"id":1,"tok":"t","éé":"a"})", R"({"id":1,"tok":"t","tok2":"a","x\n":"b"})"}) {
     EXPECT_TRUE(Accepts(g, ok)) << ok;
   }
-  for (const char* bad :
-       {R"({"id":1,"tok":"t","id":"a"})", R"({"id":1,"tok":"t","tok":"a"})",
-        R"({"id":1,"tok":"t","a\"b":"a"})", R"({"id":1,"tok":"t","é":"a"})",
-        R"({"id":1,"tok":"t","gone":"a"})", R"({"id":1,"tok":"t","\u0069d":"a"})",
-        R"({"id":1,"tok":"t","i\/d":"a"})"}) {
+  for (const char* bad : {R"({"id":1,"tok":"t","id":"a"})", R"({"id":1,"tok":"t","tok":"a"})",
+                          R"({"id":1,"tok":"t","a\"b":"a"})", R"({"id":1,"tok":"t","é":"a"})",
+                          R"({"id":1,"tok":"t","gone":"a"})", R"({"id":1,"tok":"t","\u0069d":"a"})",
+                          R"({"id":1,"tok":"t","i\/d":"a"})"}) {
     EXPECT_FALSE(Accepts(g, bad)) << bad;
   }
 }
