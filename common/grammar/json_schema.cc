@@ -927,8 +927,8 @@ class SchemaCompiler {
       } else {
         auto c = Visit(s["contains"], where + "/contains", depth + 1);
         if (!c.ok()) return c.status();
-        return NewRule(
-            absl::StrCat("\"[\" ( json-value \",\" )* ", *c, " ( \",\" json-value )* \"]\""));
+        // The matching element first, then any values (a subset: it may stand anywhere).
+        return NewRule(absl::StrCat("\"[\" ", *c, " ( \",\" json-value )* \"]\""));
       }
     }
     if (max == 0) return std::string("\"[]\"");
