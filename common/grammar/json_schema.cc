@@ -12,6 +12,8 @@
 #include "absl/strings/str_split.h"
 #include "common/grammar/json_schema_merge.h"
 #include "common/grammar/json_schema_numbers.h"
+#include "common/grammar/json_schema_rewrite.h"
+#include "common/grammar/json_schema_strings.h"
 #include "common/grammar/regex_to_grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -32,16 +34,6 @@ json-number ::= json-int json-frac
 json-nonneg-number ::= json-nonneg-int json-frac
 json-frac ::= ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
 )";
-
-// Keywords that only annotate: they never change which documents validate.
-const std::set<std::string>& Annotations() {
-  static const std::set<std::string> k = {
-      "$schema",     "$id",     "id",          "$comment",         "title",
-      "description", "default", "examples",    "deprecated",       "readOnly",
-      "writeOnly",   "$defs",   "definitions", "contentMediaType", "contentEncoding",
-      "$anchor",     "strict",  "name"};
-  return k;
-}
 
 class SchemaCompiler {
  public:
@@ -152,12 +144,12 @@ class SchemaCompiler {
   // A grammar literal for a JSON value, serialised compactly.
   std::string ValueLiteral(const Json& v) { return GrammarLiteral(v.dump()); }
 
-  // Validation keywords of `s` other than `except` (annotations do not count).
   static bool HasValidation(const Json& s, std::string_view except) {
-    for (const auto& [key, value] : s.items()) {
-      if (key != except && !Annotations().count(key)) return true;
-    }
-    return false;
+    return HasValidationKeywords(s, except);
+  }
+  static std::optional<bool> Fits(const Json& v, const Json& s) { return ValueFits(v, s); }
+  std::string ExtraKey(const std::set<std::string>& excluded) {
+    return ExtraKeyGrammar(excluded, [this](const std::string& body) { return NewRule(body); });
   }
 
   static Json Without(const Json& s, const char* key) {
@@ -233,160 +225,6 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
-  // Keywords honoured by narrowing the output to a subset of the valid documents, rewritten into
-  // the others: if/then/else (documents that satisfy if and then), not of types (the other
-  // types), dependencies (a dependent property is left out unless required, then its
-  // dependencies apply), patternProperties and propertyNames (on the declared properties when no
-  // other keys may appear). nullopt: nothing to rewrite.
-  absl::StatusOr<std::optional<Json>> Rewrite(const Json& s, const std::string& where) const {
-    static const char* kKeys[] = {"if",
-                                  "then",
-                                  "else",
-                                  "not",
-                                  "dependencies",
-                                  "dependentRequired",
-                                  "dependentSchemas",
-                                  "patternProperties",
-                                  "propertyNames"};
-    bool any = false;
-    for (const char* k : kKeys) any = any || s.contains(k);
-    if (!any) return std::optional<Json>();
-    Json out = s;
-    std::vector<Json> all;
-    if (s.contains("if") || s.contains("then") || s.contains("else")) {
-      out.erase("if");
-      out.erase("then");
-      out.erase("else");
-      if (s.contains("if")) {
-        all.push_back(s["if"]);
-        if (s.contains("then")) all.push_back(s["then"]);
-      }
-    }
-    if (s.contains("not")) {
-      const Json& n = s["not"];
-      out.erase("not");
-      if (!(n.is_boolean() && !n.get<bool>())) {
-        if (!n.is_object() || !n.contains("type") || HasValidation(n, "type")) {
-          if (Refuse()) {
-            return Error(where + "/not",
-                         "'not' is supported only with types ({\"not\": {\"type\": ...}})");
-          }
-        } else {
-          std::set<std::string> removed;
-          if (n["type"].is_string()) removed.insert(n["type"].get<std::string>());
-          if (n["type"].is_array())
-            for (const Json& t : n["type"])
-              if (t.is_string()) removed.insert(t.get<std::string>());
-          if (removed.count("integer") && !removed.count("number")) {
-            if (Refuse()) return Error(where + "/not", "'not' of integer alone is not supported");
-          } else {
-            Json left = Json::array();
-            for (const char* t : {"object", "array", "string", "number", "boolean", "null"}) {
-              if (!removed.count(t)) left.push_back(t);
-            }
-            if (left.empty()) return Error(where + "/not", "excludes every type");
-            all.push_back(Json{{"type", left}});
-          }
-        }
-      }
-    }
-    for (const char* kw : {"dependencies", "dependentRequired", "dependentSchemas"}) {
-      if (!s.contains(kw)) continue;
-      out.erase(kw);
-      const Json& deps = s[kw];
-      if (!deps.is_object()) return Error(where, absl::StrCat(kw, " must be an object"));
-      std::set<std::string> req;
-      if (out.contains("required") && out["required"].is_array()) {
-        for (const Json& r : out["required"])
-          if (r.is_string()) req.insert(r.get<std::string>());
-      }
-      for (const auto& [key, dep] : deps.items()) {
-        if (!req.count(key)) {
-          // Left out, the dependency never applies.
-          out["properties"][key] = false;
-        } else if (dep.is_array()) {
-          for (const Json& d : dep) {
-            if (d.is_string() && !req.count(d.get<std::string>())) {
-              out["required"].push_back(d);
-              req.insert(d.get<std::string>());
-            }
-          }
-        } else {
-          all.push_back(dep);
-        }
-      }
-    }
-    const bool closed =
-        !out.contains("additionalProperties") ||
-        (out["additionalProperties"].is_boolean() && !out["additionalProperties"].get<bool>());
-    if (s.contains("patternProperties")) {
-      out.erase("patternProperties");
-      const bool declared =
-          out.contains("properties") && out["properties"].is_object() && !out["properties"].empty();
-      if ((declared || !closed) && Refuse()) {
-        return Error(where,
-                     "patternProperties is supported only when no key may appear (no "
-                     "properties, additionalProperties absent or false)");
-      }
-    }
-    if (s.contains("propertyNames")) {
-      out.erase("propertyNames");
-      const Json& names = s["propertyNames"];
-      if (!closed) {
-        if (Refuse()) {
-          return Error(where,
-                       "propertyNames is supported only with additionalProperties absent or "
-                       "false");
-        }
-      } else if (out.contains("properties") && out["properties"].is_object()) {
-        std::set<std::string> req;
-        if (out.contains("required") && out["required"].is_array()) {
-          for (const Json& r : out["required"])
-            if (r.is_string()) req.insert(r.get<std::string>());
-        }
-        for (auto& [key, sub] : out["properties"].items()) {
-          std::optional<bool> fits =
-              names.is_boolean() ? std::optional<bool>(names.get<bool>())
-                                 : (names.is_object() ? Fits(Json(key), names) : std::nullopt);
-          if (fits.value_or(false) && names.is_object()) {
-            if (names.contains("const") && names["const"] != Json(key)) fits = false;
-            if (names.contains("enum") && names["enum"].is_array() &&
-                std::find(names["enum"].begin(), names["enum"].end(), Json(key)) ==
-                    names["enum"].end()) {
-              fits = false;
-            }
-          }
-          if (!fits.has_value()) {
-            if (Refuse()) {
-              return Error(where + "/propertyNames",
-                           "only type, enum/const and length bounds are supported here");
-            }
-            continue;
-          }
-          if (!*fits) {
-            if (req.count(key)) {
-              return Error(where, absl::StrCat("required property '", key,
-                                               "' does not satisfy propertyNames"));
-            }
-            sub = false;
-          }
-        }
-      }
-    }
-    const bool object_keywords = s.contains("patternProperties") || s.contains("propertyNames") ||
-                                 s.contains("dependencies") || s.contains("dependentRequired") ||
-                                 s.contains("dependentSchemas");
-    if (object_keywords && !out.contains("type")) {
-      // What was dropped constrained objects: keep to objects under the closed default.
-      out["type"] = "object";
-    }
-    if (!all.empty()) {
-      all.insert(all.begin(), out);
-      return std::optional<Json>(Json{{"allOf", all}});
-    }
-    return std::optional<Json>(out);
-  }
-
   absl::StatusOr<std::string> Visit(const Json& s, const std::string& where, int depth) {
     if (depth > options_.max_depth) return Error(where, "schema nested too deeply");
     if (++visits_ > options_.max_subschemas) {
@@ -438,12 +276,12 @@ class SchemaCompiler {
                                                    "patternProperties",
                                                    "propertyNames"};
     for (const auto& [key, value] : s.items()) {
-      if (!kHandled.count(key) && !Annotations().count(key) && options_.strict) {
+      if (!kHandled.count(key) && !SchemaAnnotations().count(key) && options_.strict) {
         return Error(where, absl::StrCat("keyword '", key, "' is not supported"));
       }
     }
     {
-      auto rewritten = Rewrite(s, where);
+      auto rewritten = RewriteNarrowing(s, where, options_.strict);
       if (!rewritten.ok()) return rewritten.status();
       if (rewritten->has_value()) return Visit(**rewritten, where, depth + 1);
     }
@@ -566,50 +404,6 @@ class SchemaCompiler {
     return name;
   }
 
-  // Whether the value `v` satisfies the simple keywords of `s` beside enum/const (type, numeric
-  // and length bounds); nullopt when `s` has a keyword this check does not know.
-  std::optional<bool> Fits(const Json& v, const Json& s) const {
-    for (const auto& [key, want] : s.items()) {
-      if (key == "enum" || key == "const" || Annotations().count(key)) continue;
-      if (key == "type") {
-        std::vector<std::string> types;
-        if (want.is_string()) types.push_back(want.get<std::string>());
-        if (want.is_array())
-          for (const Json& t : want)
-            if (t.is_string()) types.push_back(t.get<std::string>());
-        bool any = false;
-        for (const std::string& t : types) {
-          any = any || (t == "object" && v.is_object()) || (t == "array" && v.is_array()) ||
-                (t == "string" && v.is_string()) || (t == "boolean" && v.is_boolean()) ||
-                (t == "null" && v.is_null()) || (t == "number" && v.is_number()) ||
-                (t == "integer" && v.is_number() && v.get<double>() == std::floor(v.get<double>()));
-        }
-        if (!any) return false;
-      } else if (key == "minimum" || key == "maximum" || key == "exclusiveMinimum" ||
-                 key == "exclusiveMaximum") {
-        if (!want.is_number()) return std::nullopt;
-        if (!v.is_number()) continue;
-        const double x = v.get<double>(), b = want.get<double>();
-        if ((key == "minimum" && x < b) || (key == "maximum" && x > b) ||
-            (key == "exclusiveMinimum" && x <= b) || (key == "exclusiveMaximum" && x >= b)) {
-          return false;
-        }
-      } else if (key == "minLength" || key == "maxLength") {
-        if (!want.is_number_integer()) return std::nullopt;
-        if (!v.is_string()) continue;
-        int64_t n = 0;  // code points
-        for (unsigned char c : v.get_ref<const std::string&>()) n += (c & 0xC0) != 0x80;
-        if ((key == "minLength" && n < want.get<int64_t>()) ||
-            (key == "maxLength" && n > want.get<int64_t>())) {
-          return false;
-        }
-      } else {
-        return std::nullopt;
-      }
-    }
-    return true;
-  }
-
   // const / enum: the listed values that also satisfy the keywords beside them.
   absl::StatusOr<std::string> Values(const Json& s, const std::string& where) {
     Json values = Json::array();
@@ -643,91 +437,6 @@ class SchemaCompiler {
     }
     if (parts.empty()) return Error(where, "no enum/const value satisfies the keywords beside it");
     return parts.size() == 1 ? parts[0] : NewRule(absl::StrJoin(parts, " | "));
-  }
-
-  // The grammar of an object key for additionalProperties: any JSON string except the names in
-  // `excluded` (declared properties), so an extra key never repeats one. Keys are spelled in
-  // one way only (no \u or \/ escapes) so that excluding a spelling excludes the name; a trie
-  // over the names' characters, each node a rule: end here (unless a name ends here), a
-  // character no name continues with and then anything, or a name's next character.
-  std::string ExtraKey(const std::set<std::string>& excluded) {
-    if (excluded.empty()) return "json-string";
-    // Units: one code point, or an escape pair for '"', '\\' and control characters.
-    auto units = [](const std::string& name) {
-      std::vector<std::string> out;
-      const std::string escaped = Json(name).dump();  // "..." with JSON escapes
-      for (size_t i = 1; i + 1 < escaped.size();) {
-        size_t n = 1;
-        const unsigned char c = escaped[i];
-        if (c == '\\') {
-          n = escaped[i + 1] == 'u' ? 6 : 2;
-        } else if (c >= 0xF0) {
-          n = 4;
-        } else if (c >= 0xE0) {
-          n = 3;
-        } else if (c >= 0xC0) {
-          n = 2;
-        }
-        out.push_back(escaped.substr(i, n));
-        i += n;
-      }
-      return out;
-    };
-    struct Node {
-      bool terminal = false;
-      std::map<std::string, int> children;
-    };
-    std::vector<Node> trie(1);
-    for (const std::string& name : excluded) {
-      int node = 0;
-      for (const std::string& u : units(name)) {
-        auto it = trie[node].children.find(u);
-        if (it == trie[node].children.end()) {
-          trie.push_back({});
-          it = trie[node].children.emplace(u, static_cast<int>(trie.size()) - 1).first;
-        }
-        node = it->second;
-      }
-      trie[node].terminal = true;
-    }
-    const std::string rest = NewRule(R"(( [^"\\\x00-\x1F] | "\\" ["\\bfnrt] )* "\"")");
-    std::vector<std::string> names(trie.size());
-    for (size_t i = trie.size(); i-- > 0;) {
-      const Node& n = trie[i];
-      std::vector<std::string> alts;
-      if (!n.terminal) alts.push_back("\"\\\"\"");
-      // A character no excluded name continues with.
-      std::string cls = R"([^"\\\x00-\x1F)";
-      std::string escapes = "\"\\\\bfnrt";  // letters after a backslash
-      for (const auto& [u, child] : n.children) {
-        if (u[0] == '\\') {
-          escapes.erase(std::remove(escapes.begin(), escapes.end(), u[1]), escapes.end());
-          continue;
-        }
-        uint32_t cp = static_cast<unsigned char>(u[0]);
-        if (u.size() == 2) cp = ((cp & 0x1F) << 6) | (u[1] & 0x3F);
-        if (u.size() == 3) cp = ((cp & 0x0F) << 12) | ((u[1] & 0x3F) << 6) | (u[2] & 0x3F);
-        if (u.size() == 4) {
-          cp = ((cp & 0x07) << 18) | ((u[1] & 0x3F) << 12) | ((u[2] & 0x3F) << 6) | (u[3] & 0x3F);
-        }
-        char buf[16];
-        snprintf(buf, sizeof buf, "\\U%08X", cp);
-        cls += buf;
-      }
-      cls += "]";
-      alts.push_back(absl::StrCat(cls, " ", rest));
-      if (!escapes.empty()) {
-        std::string esc_cls = "[";
-        for (char e : escapes)
-          absl::StrAppend(&esc_cls, e == '"' || e == '\\' ? "\\" : "", std::string(1, e));
-        alts.push_back(absl::StrCat("\"\\\\\" ", esc_cls, "] ", rest));
-      }
-      for (const auto& [u, child] : n.children) {
-        alts.push_back(absl::StrCat(GrammarLiteral(u), " ", names[child]));
-      }
-      names[i] = NewRule(absl::StrJoin(alts, " | "));
-    }
-    return NewRule(absl::StrCat("\"\\\"\" ", names[0]));
   }
 
   // A non-negative integer keyword (at most 1000), -1 when absent.
@@ -982,34 +691,10 @@ class SchemaCompiler {
     }
     if (s.contains("format") && s["format"].is_string()) {
       const std::string f = s["format"].get<std::string>();
-      // Each a subset of what format validators (ajv-formats' full mode) accept: days per
-      // month (never February 29), bounded fractions, labels of letters, digits and inner
-      // hyphens.
-      static const std::string kLabel = R"([a-zA-Z0-9] ( [a-zA-Z0-9-]{0,30} [a-zA-Z0-9] )?)";
-      static const std::map<std::string, std::string> kFormats = {
-          {"date",
-           R"([0-9]{4} "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ))"},
-          {"time",
-           R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
-          {"uuid",
-           R"([0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12})"},
-          {"ipv4",
-           R"(( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ( "." ( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ){3})"},
-          {"email", absl::StrCat(R"([a-zA-Z0-9_+-]{1,16} ( "." [a-zA-Z0-9_+-]{1,16} ){0,3} "@" )",
-                                 kLabel, " ( \".\" ", kLabel, " ){1,3}")},
-          {"hostname", absl::StrCat(kLabel, " ( \".\" ", kLabel, " ){0,3}")},
-      };
-      auto it = kFormats.find(f);
-      if (f == "date-time") {
+      if (auto e = FormatExpr(f); e.has_value()) {
         if (s.contains("minLength") || s.contains("maxLength"))
           return Error(where, "format with minLength/maxLength is not supported");
-        return NewRule(absl::StrCat("\"\\\"\" ", kFormats.at("date"), " \"T\" ",
-                                    kFormats.at("time"), " \"\\\"\""));
-      }
-      if (it != kFormats.end()) {
-        if (s.contains("minLength") || s.contains("maxLength"))
-          return Error(where, "format with minLength/maxLength is not supported");
-        return NewRule(absl::StrCat("\"\\\"\" ", it->second, " \"\\\"\""));
+        return NewRule(absl::StrCat("\"\\\"\" ", *e, " \"\\\"\""));
       }
       if (Refuse()) {
         return Error(where, absl::StrCat("format '", f,
