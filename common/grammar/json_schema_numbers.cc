@@ -9,8 +9,7 @@
 namespace tandem::grammar {
 namespace {
 
-constexpr int kMaxDigits = 16;  // as json-nonneg-int
-constexpr uint64_t kMaxMagnitude = 9999999999999999ull;
+constexpr uint64_t kMaxMagnitude = 9999999999999999ull;  // 16 digits, as json-nonneg-int
 
 std::string Digits(char a, char b) {
   if (a == b) return absl::StrCat("\"", std::string(1, a), "\"");
