@@ -5,7 +5,9 @@ not, arguments validated by Ajv, a follow-up turn with the returned call and its
 server runs with the chat template of Llama 3.1, Qwen2.5, Qwen3 and Mistral v0.3
 (tests/data/chat_templates): the HTTP layer constrains `required` calls to the family's own
 format (one {"name", "parameters"} object; <tool_call> blocks; a JSON array with 9-character
-ids), parses them back into tool_calls, and renders the follow-up turn through the template."""
+ids), parses them back into tool_calls, and renders the follow-up turn through the template.
+With Qwen3's template, chat_template_kwargs (enable_thinking) reach the template."""
+import http.client
 import json
 import os
 import subprocess
@@ -42,6 +44,35 @@ class HttpServer(Server):
         self.http_port = int(open(self.http_port_file).read())
 
 
+def post(port, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = json.loads(r.read())
+    conn.close()
+    return r.status, data
+
+
+def check_template_kwargs(port):
+    """chat_template_kwargs reach the template: Qwen3's enable_thinking false closes an empty
+    think block in the prompt (more prompt tokens); a non-object is a 400."""
+    prompt_tokens = {}
+    for thinking in (None, True, False):
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        if thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": thinking}
+        status, data = post(port, body)
+        check(status == 200, f"chat_template_kwargs {thinking}: {status} {data}")
+        prompt_tokens[thinking] = data["usage"]["prompt_tokens"]
+    check(prompt_tokens[False] > prompt_tokens[True] == prompt_tokens[None],
+          f"enable_thinking does not reach the template: {prompt_tokens}")
+    status, data = post(port, {"messages": [{"role": "user", "content": "Hi"}],
+                               "chat_template_kwargs": ["enable_thinking"]})
+    check(status == 400 and "chat_template_kwargs" in data["error"]["message"], f"{status} {data}")
+    print(f"ok qwen3 chat_template_kwargs: prompt tokens {prompt_tokens}; a list is a 400")
+
+
 def main(build_dir):
     subprocess.run([os.path.join(CLIENTS, "install.sh")], check=True)
     tmp = tempfile.mkdtemp(prefix="tandem-templates-")
@@ -61,6 +92,8 @@ def main(build_dir):
             check(r.returncode == 0, f"{family}: tool_calls.mjs failed:\n{r.stdout}\n{r.stderr}")
             lines = r.stdout.splitlines()
             print(f"ok {family}: {len(lines)} checks, e.g. {lines[0][:100]}")
+            if family == "qwen3":
+                check_template_kwargs(server.http_port)
     shutil.rmtree(tmp, True)
     print("tool_call_formats_test: all checks passed")
 
