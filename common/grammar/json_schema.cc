@@ -709,17 +709,71 @@ class SchemaCompiler {
     return NewRule(absl::StrCat("\"\\\"\" json-char", bounds, " \"\\\"\""));
   }
 
+  // k when v is 10^-k (k in 1..16), else 0.
+  static int TenthPower(double v) {
+    double p = 1;
+    for (int k = 1; k <= 16; ++k) {
+      p /= 10;
+      if (std::abs(v - p) <= p * 1e-9) return k;
+    }
+    return 0;
+  }
+
+  // The integers that are multiples of m (2..1000): a remainder automaton over the digits, at
+  // most 16 of them (as the base rules), states (remainder, digits so far).
+  std::string MultiplesExpr(int64_t m) {
+    std::map<std::pair<int64_t, int>, std::string> names;
+    for (int k = 16; k >= 1; --k) {
+      for (int64_t r = 0; r < m; ++r) {
+        std::vector<std::string> alts;
+        if (r == 0) alts.push_back("\"\"");
+        if (k < 16) {
+          std::map<int64_t, std::string> by_target;  // next remainder -> digits
+          for (int d = 0; d <= 9; ++d) by_target[(10 * r + d) % m] += static_cast<char>('0' + d);
+          for (const auto& [t, digits] : by_target) {
+            auto next = names.find({t, k + 1});
+            if (next != names.end()) alts.push_back(absl::StrCat("[", digits, "] ", next->second));
+          }
+        }
+        if (alts.empty()) continue;
+        names[{r, k}] = NewRule(absl::StrJoin(alts, " | "));
+      }
+    }
+    // Leading digit 1..9, then the automaton; "0"; negatives.
+    std::map<int64_t, std::string> first;
+    for (int d = 1; d <= 9; ++d) first[d % m] += static_cast<char>('0' + d);
+    std::vector<std::string> starts;
+    for (const auto& [t, digits] : first) {
+      auto next = names.find({t, 1});
+      if (next != names.end()) starts.push_back(absl::StrCat("[", digits, "] ", next->second));
+    }
+    const std::string positive = NewRule(absl::StrJoin(starts, " | "));
+    return absl::StrCat("\"0\" | \"-\"? ", positive);
+  }
+
   // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; the draft-4 boolean
   // exclusive forms are refused). Integers are exact; numbers keep integral inclusive bounds
   // exact and tighten the others to the integers inside them (a subset of the valid numbers).
   absl::StatusOr<std::string> Number(const Json& s, const std::string& where, bool integer) {
     if (s.contains("multipleOf")) {
       const Json& m = s["multipleOf"];
-      const bool one = m.is_number() && m.get<double>() == 1;
-      if (one && !integer) {
+      if (!m.is_number() || m.get<double>() <= 0) {
+        return Error(where, "multipleOf must be a positive number");
+      }
+      const double v = m.get<double>();
+      const bool bounded = s.contains("minimum") || s.contains("maximum") ||
+                           s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum");
+      if (v == 1) {
         integer = true;  // multiples of 1 are the integers
-      } else if (!(one && integer) && Refuse()) {
-        return Error(where, "multipleOf is not supported (except 1)");
+      } else if (!bounded && v == std::floor(v) && v <= 1000) {
+        return NewRule(MultiplesExpr(static_cast<int64_t>(v)));
+      } else if (!bounded && !integer && v < 1 && TenthPower(v) > 0) {
+        // 10^-k: numbers with at most k fraction digits.
+        return NewRule(absl::StrCat("json-int ( \".\" [0-9]{1,", TenthPower(v), "} )?"));
+      } else if (Refuse()) {
+        return Error(where,
+                     "multipleOf is supported as 1, an integer up to 1000, or 10^-k (without "
+                     "numeric bounds)");
       }
     }
     constexpr double kLimit = 9999999999999999.0;  // 16 digits, as the base rules

@@ -4,6 +4,8 @@
 
 #include "common/grammar/json_schema_numbers.h"
 
+#include "common/grammar/json_schema.h"
+
 #include <memory>
 #include <optional>
 #include <random>
@@ -108,6 +110,30 @@ TEST(JsonSchemaNumbersTest, NumberRangesMatchBruteForce) {
     }
     EXPECT_FALSE(Accepts(g, "1e3"));
   }
+}
+
+TEST(JsonSchemaNumbersTest, MultiplesMatchBruteForce) {
+  for (int m : {2, 3, 7, 10, 12, 25, 97, 1000}) {
+    auto text = JsonSchemaToGrammar(absl::StrCat(R"({"type":"integer","multipleOf":)", m, "}"));
+    ASSERT_TRUE(text.ok()) << text.status();
+    auto g = ParseGrammar(*text);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto compiled = std::make_shared<CompiledGrammar>(std::move(*g), ByteVocab());
+    for (int64_t x = -2100; x <= 2100; ++x) {
+      ASSERT_EQ(Accepts(compiled, std::to_string(x)), x % m == 0) << x << " multipleOf " << m;
+    }
+    EXPECT_TRUE(Accepts(compiled, std::to_string(int64_t{m} * 123456789)));
+    EXPECT_FALSE(Accepts(compiled, "-0"));
+  }
+  auto text = JsonSchemaToGrammar(R"({"type":"number","multipleOf":0.01})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto g = ParseGrammar(*text);
+  ASSERT_TRUE(g.ok());
+  auto cents = std::make_shared<CompiledGrammar>(std::move(*g), ByteVocab());
+  for (const char* ok : {"1", "1.2", "-3.25", "0.01"}) EXPECT_TRUE(Accepts(cents, ok)) << ok;
+  for (const char* bad : {"1.255", "1e2", "0.001"}) EXPECT_FALSE(Accepts(cents, bad)) << bad;
+  // With bounds: refused rather than approximated.
+  EXPECT_FALSE(JsonSchemaToGrammar(R"({"type":"integer","multipleOf":3,"maximum":10})").ok());
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ TEST(JsonSchemaTest, RefusesWhatItCannotHonourNamingTheLocation) {
   err(R"({"oneOf":[true,true]})");
   err("{not json");
   err(R"({"type":"integer","minimum":6,"maximum":5})");
-  err(R"({"type":"integer","multipleOf":3})");
+  err(R"({"type":"number","multipleOf":1.5})");
   err(R"(false)");
   // Recursion bombs and enormous enums are refused by bounds.
   std::string deep;
