@@ -1,13 +1,19 @@
 #include "common/grammar/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/grammar/json_schema_merge.h"
+#include "common/grammar/json_schema_numbers.h"
+#include "common/grammar/json_schema_rewrite.h"
+#include "common/grammar/json_schema_strings.h"
 #include "common/grammar/regex_to_grammar.h"
 #include "nlohmann/json.hpp"
 
@@ -28,16 +34,6 @@ json-number ::= json-int json-frac
 json-nonneg-number ::= json-nonneg-int json-frac
 json-frac ::= ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
 )";
-
-// Keywords that only annotate: they never change which documents validate.
-const std::set<std::string>& Annotations() {
-  static const std::set<std::string> k = {
-      "$schema",     "$id",     "id",          "$comment",         "title",
-      "description", "default", "examples",    "deprecated",       "readOnly",
-      "writeOnly",   "$defs",   "definitions", "contentMediaType", "contentEncoding",
-      "$anchor",     "strict",  "name"};
-  return k;
-}
 
 class SchemaCompiler {
  public:
@@ -70,10 +66,11 @@ class SchemaCompiler {
 
   // oneOf alternatives no document can match twice: each has a single distinct type (integer
   // and number overlap), or each lists const/enum values and no value repeats.
-  static bool Disjoint(const Json& alts) {
+  bool Disjoint(const Json& alts) const {
     std::set<std::string> types, values;
     bool by_type = true, by_value = true;
     for (const Json& a : alts) {
+      if (a.is_boolean() && !a.get<bool>()) continue;  // matches nothing
       if (!a.is_object()) return false;
       if (a.contains("type") && a["type"].is_string() && !a.contains("$ref")) {
         by_type = by_type && types.insert(a["type"].get<std::string>()).second;
@@ -89,94 +86,247 @@ class SchemaCompiler {
       }
     }
     if (types.count("integer") && types.count("number")) by_type = false;
-    return by_type || by_value;
+    return by_type || by_value || Discriminated(alts);
+  }
+
+  // The const/enum values a required property `key` of object schema `s` may take; empty when
+  // the property is not required or not limited to listed values.
+  static std::set<std::string> TagValues(const Json& s, const std::string& key) {
+    std::set<std::string> out;
+    if (!s.is_object() || !s.contains("required") || !s["required"].is_array() ||
+        std::find(s["required"].begin(), s["required"].end(), Json(key)) == s["required"].end() ||
+        !s.contains("properties") || !s["properties"].is_object() ||
+        !s["properties"].contains(key) || !s["properties"][key].is_object()) {
+      return out;
+    }
+    const Json& p = s["properties"][key];
+    if (p.contains("const")) {
+      out.insert(p["const"].dump());
+    } else if (p.contains("enum") && p["enum"].is_array()) {
+      for (const Json& v : p["enum"]) out.insert(v.dump());
+    }
+    return out;
+  }
+
+  // oneOf alternatives that are objects told apart by a required tag property (a discriminator:
+  // {"kind": {"const": "circle"}}) whose values differ between alternatives: a document made
+  // from one alternative fails every other.
+  bool Discriminated(const Json& alts) const {
+    std::vector<const Json*> resolved;
+    for (const Json& a : alts) {
+      const Json* node = &a;
+      for (int hops = 0; node->is_object() && node->contains("$ref") && hops < 16; ++hops) {
+        if (!(*node)["$ref"].is_string() || HasValidation(*node, "$ref")) return false;
+        node = Resolve((*node)["$ref"].get<std::string>());
+        if (node == nullptr) return false;
+      }
+      if (!node->is_object()) return false;
+      resolved.push_back(node);
+    }
+    if (resolved.empty() || !resolved[0]->contains("properties") ||
+        !(*resolved[0])["properties"].is_object()) {
+      return false;
+    }
+    for (const auto& [key, unused] : (*resolved[0])["properties"].items()) {
+      std::set<std::string> seen;
+      bool ok = true;
+      for (const Json* r : resolved) {
+        const std::set<std::string> tags = TagValues(*r, key);
+        if (tags.empty()) ok = false;
+        for (const std::string& t : tags) ok = ok && seen.insert(t).second;
+        if (!ok) break;
+      }
+      if (ok) return true;
+    }
+    return false;
   }
 
   // A grammar literal for a JSON value, serialised compactly.
   std::string ValueLiteral(const Json& v) { return GrammarLiteral(v.dump()); }
 
+  static bool HasValidation(const Json& s, std::string_view except) {
+    return HasValidationKeywords(s, except);
+  }
+  static std::optional<bool> Fits(const Json& v, const Json& s) { return ValueFits(v, s); }
+  std::string ExtraKey(const std::set<std::string>& excluded) {
+    return ExtraKeyGrammar(excluded, [this](const std::string& body) { return NewRule(body); });
+  }
+
+  static Json Without(const Json& s, const char* key) {
+    Json rest = s;
+    rest.erase(key);
+    return rest;
+  }
+
+  // The schema a local $ref points to (JSON pointer from the root), or null.
+  const Json* Resolve(const std::string& target) const {
+    if (target.empty() || target[0] != '#') return nullptr;
+    const Json* node = &root_;
+    if (target.size() == 1) return node;
+    if (target[1] != '/') return nullptr;
+    for (absl::string_view piece : absl::StrSplit(target.substr(2), '/')) {
+      const std::string part(piece);
+      // JSON pointer unescaping: ~1 -> /, ~0 -> ~.
+      std::string key;
+      for (size_t i = 0; i < part.size(); ++i) {
+        if (part[i] == '~' && i + 1 < part.size() && (part[i + 1] == '0' || part[i + 1] == '1')) {
+          key.push_back(part[i + 1] == '0' ? '~' : '/');
+          ++i;
+        } else {
+          key.push_back(part[i]);
+        }
+      }
+      if (node->is_object() && node->contains(key)) {
+        node = &(*node)[key];
+      } else if (node->is_array() && !key.empty() && key.size() < 10 &&
+                 std::all_of(key.begin(), key.end(), ::isdigit) && std::stoul(key) < node->size()) {
+        node = &(*node)[std::stoul(key)];
+      } else {
+        return nullptr;
+      }
+    }
+    return node;
+  }
+
+  // allOf parts and $ref targets beside other keywords, flattened into the list of schemas to
+  // merge (json_schema_merge.h).
+  absl::Status Flatten(const Json& s, const std::string& where, int depth,
+                       std::vector<Json>* parts) {
+    if (depth > options_.max_depth) {
+      return Error(where, "allOf/$ref nested too deeply (a reference cycle through allOf?)");
+    }
+    if (++flatten_steps_ > 10000) return Error(where, "allOf/$ref expand to too many parts");
+    if (!s.is_object()) {
+      parts->push_back(s);
+      return absl::OkStatus();
+    }
+    if (s.contains("$ref")) {
+      const Json& ref = s["$ref"];
+      if (!ref.is_string()) return Error(where, "$ref must be a string");
+      const Json* target = Resolve(ref.get<std::string>());
+      if (target == nullptr) {
+        return Error(where, absl::StrCat("$ref '", ref.get<std::string>(),
+                                         "' does not resolve (only local references #... are "
+                                         "supported)"));
+      }
+      if (auto st = Flatten(*target, ref.get<std::string>(), depth + 1, parts); !st.ok()) return st;
+      return Flatten(Without(s, "$ref"), where, depth + 1, parts);
+    }
+    if (s.contains("allOf")) {
+      const Json& all = s["allOf"];
+      if (!all.is_array() || all.empty()) return Error(where, "allOf must be a non-empty array");
+      for (size_t i = 0; i < all.size(); ++i) {
+        auto st = Flatten(all[i], absl::StrCat(where, "/allOf/", i), depth + 1, parts);
+        if (!st.ok()) return st;
+      }
+      return Flatten(Without(s, "allOf"), where, depth + 1, parts);
+    }
+    if (HasValidation(s, "")) parts->push_back(s);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::string> Visit(const Json& s, const std::string& where, int depth) {
     if (depth > options_.max_depth) return Error(where, "schema nested too deeply");
+    if (++visits_ > options_.max_subschemas) {
+      // Distributing anyOf/oneOf over their siblings and merging allOf can multiply subschemas.
+      return Error(where, absl::StrCat("the schema expands to more than ", options_.max_subschemas,
+                                       " subschemas"));
+    }
     if (s.is_boolean()) {
       if (s.get<bool>()) return std::string("json-value");
       return Error(where, "the schema 'false' matches nothing");
     }
     if (!s.is_object()) return Error(where, "a schema must be an object or a boolean");
-    static const std::set<std::string> kHandled = {"type",         "properties",
-                                                   "required",     "additionalProperties",
-                                                   "enum",         "const",
-                                                   "items",        "prefixItems",
-                                                   "minItems",     "maxItems",
-                                                   "anyOf",        "oneOf",
-                                                   "allOf",        "$ref",
-                                                   "minLength",    "maxLength",
-                                                   "pattern",      "format",
-                                                   "minimum",      "exclusiveMinimum",
-                                                   "maximum",      "exclusiveMaximum",
-                                                   "uniqueItems",  "minProperties",
-                                                   "maxProperties"};
+    static const std::set<std::string> kHandled = {"type",
+                                                   "properties",
+                                                   "required",
+                                                   "additionalProperties",
+                                                   "enum",
+                                                   "const",
+                                                   "items",
+                                                   "prefixItems",
+                                                   "minItems",
+                                                   "maxItems",
+                                                   "anyOf",
+                                                   "oneOf",
+                                                   "allOf",
+                                                   "$ref",
+                                                   "minLength",
+                                                   "maxLength",
+                                                   "pattern",
+                                                   "format",
+                                                   "minimum",
+                                                   "exclusiveMinimum",
+                                                   "maximum",
+                                                   "exclusiveMaximum",
+                                                   "uniqueItems",
+                                                   "minProperties",
+                                                   "maxProperties",
+                                                   "additionalItems",
+                                                   "contains",
+                                                   "nullable",
+                                                   "multipleOf",
+                                                   "if",
+                                                   "then",
+                                                   "else",
+                                                   "not",
+                                                   "dependencies",
+                                                   "dependentRequired",
+                                                   "dependentSchemas",
+                                                   "patternProperties",
+                                                   "propertyNames"};
     for (const auto& [key, value] : s.items()) {
-      if (!kHandled.count(key) && !Annotations().count(key) && options_.strict) {
+      if (!kHandled.count(key) && !SchemaAnnotations().count(key) && options_.strict) {
         return Error(where, absl::StrCat("keyword '", key, "' is not supported"));
       }
     }
-    if (s.contains("$ref")) {
-      if (s.size() > 1) {
-        for (const auto& [key, value] : s.items()) {
-          if (key != "$ref" && !Annotations().count(key)) {
-            return Error(where, "$ref beside other validation keywords is not supported");
-          }
-        }
-      }
-      return Ref(s["$ref"], where, depth);
+    {
+      auto rewritten = RewriteNarrowing(s, where, options_.strict);
+      if (!rewritten.ok()) return rewritten.status();
+      if (rewritten->has_value()) return Visit(**rewritten, where, depth + 1);
     }
-    if (s.contains("allOf")) {
-      const Json& all = s["allOf"];
-      if (!all.is_array() || all.empty()) return Error(where, "allOf must be a non-empty array");
-      if (all.size() > 1 || s.size() > 1) {
-        return Error(where,
-                     "allOf is supported only with a single subschema and nothing beside it");
-      }
-      return Visit(all[0], where + "/allOf/0", depth + 1);
+    if (s.contains("$ref") && !HasValidation(s, "$ref")) return Ref(s["$ref"], where, depth);
+    if (s.contains("$ref") || s.contains("allOf")) {
+      std::vector<Json> parts;
+      if (auto st = Flatten(s, where, depth, &parts); !st.ok()) return st;
+      if (parts.empty()) return std::string("json-value");
+      if (parts.size() == 1) return Visit(parts[0], where, depth + 1);
+      auto merged = MergeSchemas(parts, where);
+      if (!merged.ok()) return merged.status();
+      return Visit(*merged, where, depth + 1);
+    }
+    if (s.contains("nullable") && s["nullable"] == Json(true)) {
+      // OpenAPI's nullable: the schema or null.
+      auto e = Visit(Without(s, "nullable"), where, depth + 1);
+      if (!e.ok()) return e.status();
+      return NewRule(absl::StrCat("\"null\" | ", *e));
     }
     for (const char* kw : {"anyOf", "oneOf"}) {
       if (!s.contains(kw)) continue;
       const Json& alts = s[kw];
       if (!alts.is_array() || alts.empty())
         return Error(where, absl::StrCat(kw, " must be a non-empty array"));
-      for (const auto& [key, value] : s.items()) {
-        if (key != kw && !Annotations().count(key)) {
-          return Error(where,
-                       absl::StrCat(kw, " beside other validation keywords is not supported"));
-        }
-      }
       if (std::string(kw) == "oneOf" && options_.strict && !Disjoint(alts)) {
         return Error(where,
                      "oneOf whose alternatives may overlap is not supported (exactly one "
                      "must match); use anyOf, or give each alternative its own type or "
                      "const/enum values");
       }
+      // Keywords beside the alternatives apply to each of them: distributed as allOf.
+      const bool distribute = HasValidation(s, kw);
+      const Json rest = Without(s, kw);
       std::vector<std::string> parts;
       for (size_t i = 0; i < alts.size(); ++i) {
-        auto e = Visit(alts[i], absl::StrCat(where, "/", kw, "/", i), depth + 1);
+        if (alts[i].is_boolean() && !alts[i].get<bool>()) continue;  // matches nothing
+        const Json alt = distribute ? Json{{"allOf", Json::array({rest, alts[i]})}} : alts[i];
+        auto e = Visit(alt, absl::StrCat(where, "/", kw, "/", i), depth + 1);
         if (!e.ok()) return e.status();
         parts.push_back(*e);
       }
+      if (parts.empty()) return Error(where, absl::StrCat(kw, ": no alternative can match"));
       return NewRule(absl::StrJoin(parts, " | "));
     }
-    if (s.contains("const")) return ValueLiteral(s["const"]);
-    if (s.contains("enum")) {
-      const Json& values = s["enum"];
-      if (!values.is_array() || values.empty())
-        return Error(where, "enum must be a non-empty array");
-      enum_count_ += static_cast<int64_t>(values.size());
-      if (enum_count_ > options_.max_enum) {
-        return Error(where, absl::StrCat("more than ", options_.max_enum, " enum values"));
-      }
-      std::vector<std::string> parts;
-      for (const auto& v : values) parts.push_back(ValueLiteral(v));
-      return NewRule(absl::StrJoin(parts, " | "));
-    }
+    if (s.contains("const") || s.contains("enum")) return Values(s, where);
     std::vector<std::string> types;
     if (s.contains("type")) {
       const Json& t = s["type"];
@@ -190,17 +340,23 @@ class SchemaCompiler {
       } else {
         return Error(where, "type must be a string or an array of strings");
       }
+      // integer is a subset of number: a list with both is number.
+      if (std::count(types.begin(), types.end(), "number")) {
+        types.erase(std::remove(types.begin(), types.end(), "integer"), types.end());
+      }
     } else if (s.contains("properties") || s.contains("additionalProperties") ||
-               s.contains("required")) {
+               s.contains("required") || s.contains("minProperties") ||
+               s.contains("maxProperties")) {
       types = {"object"};
     } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
-               s.contains("maxItems")) {
+               s.contains("maxItems") || s.contains("contains") || s.contains("additionalItems") ||
+               s.contains("uniqueItems")) {
       types = {"array"};
     } else if (s.contains("pattern") || s.contains("format") || s.contains("minLength") ||
                s.contains("maxLength")) {
       types = {"string"};
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
-               s.contains("exclusiveMaximum")) {
+               s.contains("exclusiveMaximum") || s.contains("multipleOf")) {
       types = {"number"};
     } else {
       return std::string("json-value");
@@ -237,33 +393,8 @@ class SchemaCompiler {
       return Error(where,
                    absl::StrCat("$ref '", target, "': only local references (#...) are supported"));
     }
-    const Json* node = &root_;
-    if (target.size() > 1) {
-      if (target[1] != '/')
-        return Error(where, absl::StrCat("$ref '", target, "': not a JSON pointer"));
-      for (absl::string_view piece : absl::StrSplit(target.substr(2), '/')) {
-        const std::string part(piece);
-        // JSON pointer unescaping: ~1 -> /, ~0 -> ~.
-        std::string key;
-        for (size_t i = 0; i < part.size(); ++i) {
-          if (part[i] == '~' && i + 1 < part.size() && (part[i + 1] == '0' || part[i + 1] == '1')) {
-            key.push_back(part[i + 1] == '0' ? '~' : '/');
-            ++i;
-          } else {
-            key.push_back(part[i]);
-          }
-        }
-        if (node->is_object() && node->contains(key)) {
-          node = &(*node)[key];
-        } else if (node->is_array() && !key.empty() &&
-                   std::all_of(key.begin(), key.end(), ::isdigit) &&
-                   std::stoul(key) < node->size()) {
-          node = &(*node)[std::stoul(key)];
-        } else {
-          return Error(where, absl::StrCat("$ref '", target, "' does not resolve"));
-        }
-      }
-    }
+    const Json* node = Resolve(target);
+    if (node == nullptr) return Error(where, absl::StrCat("$ref '", target, "' does not resolve"));
     // Name the rule first so recursive references resolve to it.
     const std::string name = absl::StrCat(options_.prefix, "s", rule_count_++);
     refs_[target] = name;
@@ -273,11 +404,60 @@ class SchemaCompiler {
     return name;
   }
 
-  absl::StatusOr<std::string> Object(const Json& s, const std::string& where, int depth) {
-    for (const char* kw : {"minProperties", "maxProperties"}) {
-      if (s.contains(kw) && Refuse())
-        return Error(where, absl::StrCat("keyword '", kw, "' is not supported"));
+  // const / enum: the listed values that also satisfy the keywords beside them.
+  absl::StatusOr<std::string> Values(const Json& s, const std::string& where) {
+    Json values = Json::array();
+    if (s.contains("const")) {
+      values.push_back(s["const"]);
+      if (s.contains("enum")) {
+        const Json& e = s["enum"];
+        if (!e.is_array() || std::find(e.begin(), e.end(), s["const"]) == e.end()) values.clear();
+      }
+    } else {
+      values = s["enum"];
+      if (!values.is_array() || values.empty())
+        return Error(where, "enum must be a non-empty array");
     }
+    enum_count_ += static_cast<int64_t>(values.size());
+    if (enum_count_ > options_.max_enum) {
+      return Error(where, absl::StrCat("more than ", options_.max_enum, " enum values"));
+    }
+    std::vector<std::string> parts;
+    for (const Json& v : values) {
+      auto fits = Fits(v, s);
+      if (!fits.has_value()) {
+        if (Refuse()) {
+          return Error(where,
+                       "enum/const beside keywords other than type, numeric and length bounds "
+                       "is not supported");
+        }
+        fits = true;
+      }
+      if (*fits) parts.push_back(ValueLiteral(v));
+    }
+    if (parts.empty()) return Error(where, "no enum/const value satisfies the keywords beside it");
+    return parts.size() == 1 ? parts[0] : NewRule(absl::StrJoin(parts, " | "));
+  }
+
+  // A non-negative integer keyword (at most 1000), -1 when absent.
+  absl::Status Count(const Json& s, const char* kw, const std::string& where, int64_t* v) {
+    *v = -1;
+    if (!s.contains(kw)) return absl::OkStatus();
+    const Json& x = s[kw];
+    const bool integral = x.is_number_integer() ||
+                          (x.is_number_float() && x.get<double>() == std::floor(x.get<double>()));
+    if (!integral || x.get<double>() < 0)
+      return Error(where, absl::StrCat(kw, " must be a non-negative integer"));
+    if (x.get<double>() > 1000)
+      return Error(where, absl::StrCat(kw, " above 1000 is not supported"));
+    *v = static_cast<int64_t>(x.get<double>());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Object(const Json& s, const std::string& where, int depth) {
+    int64_t min_props, max_props;
+    if (auto st = Count(s, "minProperties", where, &min_props); !st.ok()) return st;
+    if (auto st = Count(s, "maxProperties", where, &max_props); !st.ok()) return st;
     std::vector<std::pair<std::string, std::string>> props;  // key literal, value expr
     std::vector<bool> required;
     std::set<std::string> req;
@@ -293,17 +473,17 @@ class SchemaCompiler {
       const Json& p = s["properties"];
       if (!p.is_object()) return Error(where, "properties must be an object");
       for (const auto& [key, sub] : p.items()) {
+        declared.insert(key);
+        if (sub.is_boolean() && !sub.get<bool>()) {
+          // A property whose schema is false must be absent.
+          if (req.count(key))
+            return Error(where, absl::StrCat("required property '", key, "' has schema false"));
+          continue;
+        }
         auto e = Visit(sub, absl::StrCat(where, "/properties/", key), depth + 1);
         if (!e.ok()) return e.status();
         props.push_back({GrammarLiteral(Json(key).dump() + ":"), *e});
         required.push_back(req.count(key) > 0);
-        declared.insert(key);
-      }
-    }
-    for (const std::string& r : req) {
-      if (!declared.count(r)) {
-        return Error(where,
-                     absl::StrCat("required property '", r, "' has no schema in properties"));
       }
     }
     // Extra keys: any when additionalProperties is true or a schema; none by default (strict,
@@ -317,8 +497,53 @@ class SchemaCompiler {
         extra = *e;
       }
     }
+    for (const std::string& r : req) {
+      if (!declared.count(r)) {
+        if (extra.empty()) {
+          return Error(where,
+                       absl::StrCat("required property '", r, "' has no schema in properties"));
+        }
+        // Required but undeclared: its value follows additionalProperties.
+        props.push_back({GrammarLiteral(Json(r).dump() + ":"), extra});
+        required.push_back(true);
+      }
+    }
+    const int64_t n_required = std::count(required.begin(), required.end(), true);
+    const int64_t n = static_cast<int64_t>(props.size());
+    if (props.empty() && extra.empty() && min_props > 0 && !s.contains("additionalProperties")) {
+      extra = "json-value";  // a bare {"minProperties": n}: any keys
+    }
+    if (props.empty() && !extra.empty() && (min_props > 0 || max_props >= 0)) {
+      // Only extra keys: count them.
+      if (max_props == 0) return std::string("\"{}\"");
+      const std::string kv = absl::StrCat(ExtraKey(declared), " \":\" ", extra);
+      const std::string more =
+          absl::StrCat("( \",\" ", kv, " ){", std::max<int64_t>(0, min_props - 1), ",",
+                       max_props < 0 ? "" : absl::StrCat(max_props - 1), "}");
+      const std::string body = absl::StrCat(kv, " ", more);
+      return NewRule(
+          absl::StrCat("\"{\" ", min_props > 0 ? body : absl::StrCat("( ", body, " )?"), " \"}\""));
+    }
+    if (min_props > std::max(n_required, extra.empty() ? n : n_required)) {
+      if (extra.empty() && min_props > n) {
+        return Error(where, "minProperties exceeds the properties allowed");
+      }
+      if (Refuse()) {
+        return Error(where,
+                     "minProperties above the number of required properties is not supported");
+      }
+    }
+    if (max_props >= 0 && (!extra.empty() || n > max_props)) {
+      if (n_required > max_props) return Error(where, "maxProperties is below the required count");
+      if (Refuse()) {
+        return Error(where,
+                     "maxProperties below the number of properties allowed is not supported");
+      }
+    }
+    std::set<std::string> named = declared;
+    for (const std::string& r : req) named.insert(r);
+    const std::string extra_key = extra.empty() ? "" : ExtraKey(named);
     // tail(i, started): properties i.. in order, each optional one may be left out.
-    const size_t n = props.size();
     std::vector<std::string> tail_names[2];
     tail_names[0].resize(n + 1);
     tail_names[1].resize(n + 1);
@@ -327,11 +552,11 @@ class SchemaCompiler {
       if (extra.empty()) {
         tail_names[st][n] = "\"\"";
       } else {
-        std::string kv = absl::StrCat("json-string \":\" ", extra);
+        std::string kv = absl::StrCat(extra_key, " \":\" ", extra);
         tail_names[st][n] = NewRule(absl::StrCat("( ", sep, kv, " ( \",\" ", kv, " )* )?"));
       }
     }
-    for (size_t i = n; i-- > 0;) {
+    for (int64_t i = n; i-- > 0;) {
       for (int st = 0; st < 2; ++st) {
         std::string sep = st ? "\",\" " : "";
         std::string with =
@@ -344,78 +569,104 @@ class SchemaCompiler {
   }
 
   absl::StatusOr<std::string> Array(const Json& s, const std::string& where, int depth) {
-    if (s.contains("uniqueItems") &&
-        !(s["uniqueItems"].is_boolean() && !s["uniqueItems"].get<bool>()) && Refuse()) {
-      return Error(where, "uniqueItems is not supported");
+    if (s.contains("minContains") || s.contains("maxContains")) {
+      if (Refuse()) return Error(where, "minContains/maxContains are not supported");
     }
-    auto count = [&](const char* kw, int64_t* v) -> absl::Status {
-      if (!s.contains(kw)) return absl::OkStatus();
-      if (!s[kw].is_number_integer() || s[kw].get<int64_t>() < 0)
-        return Error(where, absl::StrCat(kw, " must be a non-negative integer"));
-      *v = s[kw].get<int64_t>();
-      if (*v > 1000) return Error(where, absl::StrCat(kw, " above 1000 is not supported"));
-      return absl::OkStatus();
-    };
-    int64_t min = 0, max = -1;
-    if (auto st = count("minItems", &min); !st.ok()) return st;
-    if (auto st = count("maxItems", &max); !st.ok()) return st;
+    int64_t min, max;
+    if (auto st = Count(s, "minItems", where, &min); !st.ok()) return st;
+    if (auto st = Count(s, "maxItems", where, &max); !st.ok()) return st;
+    min = std::max<int64_t>(min, 0);
     if (max >= 0 && max < min) return Error(where, "maxItems is below minItems");
-    std::vector<std::string> prefix;
+    if (s.contains("uniqueItems") &&
+        !(s["uniqueItems"].is_boolean() && !s["uniqueItems"].get<bool>()) && Refuse() &&
+        !(max >= 0 && max <= 1)) {
+      return Error(where, "uniqueItems is not supported (except with maxItems <= 1)");
+    }
+    // Tuples: prefixItems (2020-12), or items as an array with additionalItems (drafts 4 to 7).
+    const Json* tuple = nullptr;
+    const Json* rest_schema = nullptr;
+    std::string tuple_kw = "prefixItems";
     if (s.contains("prefixItems")) {
-      if (!s["prefixItems"].is_array()) return Error(where, "prefixItems must be an array");
-      for (size_t i = 0; i < s["prefixItems"].size(); ++i) {
-        auto e = Visit(s["prefixItems"][i], absl::StrCat(where, "/prefixItems/", i), depth + 1);
+      tuple = &s["prefixItems"];
+      if (s.contains("items")) rest_schema = &s["items"];
+    } else if (s.contains("items") && s["items"].is_array()) {
+      tuple = &s["items"];
+      tuple_kw = "items";
+      if (s.contains("additionalItems")) rest_schema = &s["additionalItems"];
+    } else if (s.contains("items")) {
+      rest_schema = &s["items"];
+    }
+    if (tuple != nullptr && !tuple->is_array())
+      return Error(where, absl::StrCat(tuple_kw, " must be an array"));
+    std::vector<std::string> prefix;
+    if (tuple != nullptr) {
+      for (size_t i = 0; i < tuple->size(); ++i) {
+        const Json& sub = (*tuple)[i];
+        if (sub.is_boolean() && !sub.get<bool>()) {
+          // No element may stand here: the array ends before it.
+          max = max < 0 ? static_cast<int64_t>(i) : std::min<int64_t>(max, i);
+          break;
+        }
+        auto e = Visit(sub, absl::StrCat(where, "/", tuple_kw, "/", i), depth + 1);
         if (!e.ok()) return e.status();
         prefix.push_back(*e);
       }
     }
     std::string item = "json-value";
     bool items_allowed = true;
-    if (s.contains("items")) {
-      const Json& it = s["items"];
-      if (it.is_array())
-        return Error(where, "items as an array (draft 4 tuples) is not supported; use prefixItems");
-      if (it.is_boolean() && !it.get<bool>()) {
+    if (rest_schema != nullptr) {
+      if (rest_schema->is_boolean() && !rest_schema->get<bool>()) {
         items_allowed = false;
       } else {
-        auto e = Visit(it, where + "/items", depth + 1);
+        auto e = Visit(*rest_schema,
+                       where + (tuple_kw == "items" && tuple ? "/additionalItems" : "/items"),
+                       depth + 1);
         if (!e.ok()) return e.status();
         item = *e;
       }
     }
-    if (!prefix.empty()) {
-      // Tuple: the prefix items in order (as many as min/max allow), then the rest.
-      if (min > static_cast<int64_t>(prefix.size()) && !items_allowed)
-        return Error(where, "minItems exceeds the tuple length");
-      // Build: "[" then p0 ("," p1 (...)?)? with required ones up to min.
-      std::string rest = items_allowed ? NewRule(absl::StrCat("( \",\" ", item, " )*")) : "\"\"";
-      if (max >= 0 || min > static_cast<int64_t>(prefix.size())) {
-        return Error(where, "prefixItems together with minItems/maxItems is not supported");
+    const int64_t p = static_cast<int64_t>(prefix.size());
+    if (!items_allowed) max = max < 0 ? p : std::min(max, p);
+    if (max >= 0 && max < min) return Error(where, "no array length satisfies the bounds");
+    if (s.contains("contains")) {
+      if (tuple != nullptr || rest_schema != nullptr || min > 1 || max >= 0) {
+        if (Refuse()) {
+          return Error(where, "contains together with items or item counts is not supported");
+        }
+      } else {
+        auto c = Visit(s["contains"], where + "/contains", depth + 1);
+        if (!c.ok()) return c.status();
+        // The matching element first, then any values (a subset: it may stand anywhere).
+        return NewRule(absl::StrCat("\"[\" ", *c, " ( \",\" json-value )* \"]\""));
       }
-      std::string tail = rest;
-      for (size_t i = prefix.size(); i-- > 1;) {
-        std::string with = absl::StrCat("\",\" ", prefix[i], " ", tail);
-        tail = NewRule(static_cast<int64_t>(i) < min ? with : absl::StrCat(with, " | \"\""));
-      }
-      std::string first = absl::StrCat(prefix[0], " ", tail);
-      return NewRule(
-          absl::StrCat("\"[\" ", min > 0 ? first : absl::StrCat("( ", first, " )?"), " \"]\""));
-    }
-    if (!items_allowed) {
-      if (min > 0) return Error(where, "minItems > 0 with items: false matches nothing");
-      return std::string("\"[]\"");
-    }
-    std::string more;
-    if (max < 0) {
-      more = absl::StrCat("( \",\" ", item, " ){", std::max<int64_t>(0, min - 1), ",}");
-    } else {
-      more = absl::StrCat("( \",\" ", item, " ){", std::max<int64_t>(0, min - 1), ",",
-                          std::max<int64_t>(0, max - 1), "}");
     }
     if (max == 0) return std::string("\"[]\"");
-    std::string body = absl::StrCat(item, " ", more);
-    return NewRule(
-        absl::StrCat("\"[\" ", min > 0 ? body : absl::StrCat("( ", body, " )?"), " \"]\""));
+    // Elements from position i on (each after a comma when i > 0), `i` elements already given.
+    auto element = [&](int64_t i) { return i < p ? prefix[i] : item; };
+    // After the prefix: the remaining elements of the item schema, counted.
+    auto after_prefix = [&](int64_t given) -> std::string {
+      const int64_t lo = std::max<int64_t>(0, min - given);
+      if (max >= 0 && max - given <= 0) return "\"\"";
+      const std::string hi = max < 0 ? "" : absl::StrCat(max - given);
+      if (given == 0) {
+        // No element yet: the first has no comma.
+        const std::string more = absl::StrCat("( \",\" ", item, " ){", std::max<int64_t>(0, lo - 1),
+                                              ",", max < 0 ? "" : absl::StrCat(max - 1), "}");
+        const std::string body = absl::StrCat(item, " ", more);
+        return lo > 0 ? body : absl::StrCat("( ", body, " )?");
+      }
+      return NewRule(absl::StrCat("( \",\" ", item, " ){", lo, ",", hi, "}"));
+    };
+    std::string tail = after_prefix(p);
+    const int64_t last = max >= 0 ? std::min(p, max) : p;
+    for (int64_t i = last; i-- > 0;) {
+      std::string with = absl::StrCat(i > 0 ? "\",\" " : "", element(i), " ",
+                                      i + 1 < last || (max < 0 || max > p) ? tail : "");
+      if (i + 1 == last && max >= 0 && max <= p)
+        with = absl::StrCat(i > 0 ? "\",\" " : "", element(i));
+      tail = i < min ? NewRule(with) : NewRule(absl::StrCat(with, " | \"\""));
+    }
+    return NewRule(absl::StrCat("\"[\" ", tail, " \"]\""));
   }
 
   absl::StatusOr<std::string> String(const Json& s, const std::string& where) {
@@ -440,31 +691,17 @@ class SchemaCompiler {
     }
     if (s.contains("format") && s["format"].is_string()) {
       const std::string f = s["format"].get<std::string>();
-      static const std::map<std::string, std::string> kFormats = {
-          {"date",
-           R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
-          {"time",
-           R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]+ )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
-          {"uuid",
-           R"([0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12})"},
-          {"ipv4",
-           R"(( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ( "." ( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9] ) ){3})"},
-          {"email",
-           R"([a-zA-Z0-9_+-]+ ( "." [a-zA-Z0-9_+-]+ )* "@" [a-zA-Z0-9-]+ ( "." [a-zA-Z0-9-]+ )+)"},
-      };
-      auto it = kFormats.find(f);
-      if (f == "date-time") {
+      if (auto e = FormatExpr(f); e.has_value()) {
         if (s.contains("minLength") || s.contains("maxLength"))
           return Error(where, "format with minLength/maxLength is not supported");
-        return NewRule(absl::StrCat("\"\\\"\" ", kFormats.at("date"), " \"T\" ",
-                                    kFormats.at("time"), " \"\\\"\""));
+        return NewRule(absl::StrCat("\"\\\"\" ", *e, " \"\\\"\""));
       }
-      if (it != kFormats.end()) {
-        if (s.contains("minLength") || s.contains("maxLength"))
-          return Error(where, "format with minLength/maxLength is not supported");
-        return NewRule(absl::StrCat("\"\\\"\" ", it->second, " \"\\\"\""));
+      if (Refuse()) {
+        return Error(where, absl::StrCat("format '", f,
+                                         "' is not supported (date, time, date-time, uuid, "
+                                         "ipv4, email, hostname are)"));
       }
-      // Other formats are annotations here: any string.
+      // Not strict: an annotation, any string.
     }
     if (min == 0 && max < 0) return std::string("json-string");
     std::string bounds =
@@ -472,35 +709,106 @@ class SchemaCompiler {
     return NewRule(absl::StrCat("\"\\\"\" json-char", bounds, " \"\\\"\""));
   }
 
+  // k when v is 10^-k (k in 1..16), else 0.
+  static int TenthPower(double v) {
+    double p = 1;
+    for (int k = 1; k <= 16; ++k) {
+      p /= 10;
+      if (std::abs(v - p) <= p * 1e-9) return k;
+    }
+    return 0;
+  }
+
+  // The integers that are multiples of m (2..1000): a remainder automaton over the digits, at
+  // most 16 of them (as the base rules), states (remainder, digits so far).
+  std::string MultiplesExpr(int64_t m) {
+    std::map<std::pair<int64_t, int>, std::string> names;
+    for (int k = 16; k >= 1; --k) {
+      for (int64_t r = 0; r < m; ++r) {
+        std::vector<std::string> alts;
+        if (r == 0) alts.push_back("\"\"");
+        if (k < 16) {
+          std::map<int64_t, std::string> by_target;  // next remainder -> digits
+          for (int d = 0; d <= 9; ++d) by_target[(10 * r + d) % m] += static_cast<char>('0' + d);
+          for (const auto& [t, digits] : by_target) {
+            auto next = names.find({t, k + 1});
+            if (next != names.end()) alts.push_back(absl::StrCat("[", digits, "] ", next->second));
+          }
+        }
+        if (alts.empty()) continue;
+        names[{r, k}] = NewRule(absl::StrJoin(alts, " | "));
+      }
+    }
+    // Leading digit 1..9, then the automaton; "0"; negatives.
+    std::map<int64_t, std::string> first;
+    for (int d = 1; d <= 9; ++d) first[d % m] += static_cast<char>('0' + d);
+    std::vector<std::string> starts;
+    for (const auto& [t, digits] : first) {
+      auto next = names.find({t, 1});
+      if (next != names.end()) starts.push_back(absl::StrCat("[", digits, "] ", next->second));
+    }
+    const std::string positive = NewRule(absl::StrJoin(starts, " | "));
+    return absl::StrCat("\"0\" | \"-\"? ", positive);
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; the draft-4 boolean
+  // exclusive forms are refused). Integers are exact; numbers keep integral inclusive bounds
+  // exact and tighten the others to the integers inside them (a subset of the valid numbers).
   absl::StatusOr<std::string> Number(const Json& s, const std::string& where, bool integer) {
-    // Bounds: only the non-negative / positive lower bounds common in tool schemas.
-    bool nonneg = false, positive = false;
-    if (!Refuse()) return std::string(integer ? "json-int" : "json-number");
-    if (s.contains("maximum") || s.contains("exclusiveMaximum")) {
-      return Error(where, "maximum/exclusiveMaximum are not supported");
-    }
-    if (s.contains("minimum")) {
-      const Json& m = s["minimum"];
-      if (!m.is_number()) return Error(where, "minimum must be a number");
+    if (s.contains("multipleOf")) {
+      const Json& m = s["multipleOf"];
+      if (!m.is_number() || m.get<double>() <= 0) {
+        return Error(where, "multipleOf must be a positive number");
+      }
       const double v = m.get<double>();
-      if (v == 0) {
-        nonneg = true;
-      } else if (v == 1 && integer) {
-        positive = true;
+      const bool bounded = s.contains("minimum") || s.contains("maximum") ||
+                           s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum");
+      if (v == 1) {
+        integer = true;  // multiples of 1 are the integers
+      } else if (!bounded && v == std::floor(v) && v <= 1000) {
+        return NewRule(MultiplesExpr(static_cast<int64_t>(v)));
+      } else if (!bounded && !integer && v < 1 && TenthPower(v) > 0) {
+        // 10^-k: numbers with at most k fraction digits.
+        return NewRule(absl::StrCat("json-int ( \".\" [0-9]{1,", TenthPower(v), "} )?"));
+      } else if (Refuse()) {
+        return Error(where,
+                     "multipleOf is supported as 1, an integer up to 1000, or 10^-k (without "
+                     "numeric bounds)");
+      }
+    }
+    constexpr double kLimit = 9999999999999999.0;  // 16 digits, as the base rules
+    std::optional<int64_t> lo, hi;
+    for (const char* kw : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
+      if (!s.contains(kw)) continue;
+      const Json& b = s[kw];
+      if (!b.is_number()) {
+        if (!Refuse()) continue;
+        return Error(where, absl::StrCat(kw,
+                                         " must be a number (the draft-4 boolean form is not "
+                                         "supported)"));
+      }
+      const double v = b.get<double>();
+      const std::string k = kw;
+      const bool lower = k == "minimum" || k == "exclusiveMinimum";
+      const bool exclusive = k.rfind("exclusive", 0) == 0;
+      double bound;
+      if (lower) {
+        bound = exclusive ? std::floor(v) + 1 : std::ceil(v);
       } else {
-        return Error(where, "minimum other than 0 (or 1 for integers) is not supported");
+        bound = exclusive ? std::ceil(v) - 1 : std::floor(v);
+      }
+      bound = std::clamp(bound, -kLimit, kLimit);
+      const int64_t ib = static_cast<int64_t>(bound);
+      if (lower) {
+        lo = lo ? std::max(*lo, ib) : ib;
+      } else {
+        hi = hi ? std::min(*hi, ib) : ib;
       }
     }
-    if (s.contains("exclusiveMinimum")) {
-      const Json& m = s["exclusiveMinimum"];
-      if (!m.is_number() || m.get<double>() != 0 || !integer || s.contains("minimum")) {
-        return Error(where, "exclusiveMinimum other than 0 on an integer is not supported");
-      }
-      positive = true;
-    }
-    if (positive) return std::string("( [1-9] [0-9]{0,15} )");
-    if (integer) return std::string(nonneg ? "json-nonneg-int" : "json-int");
-    return std::string(nonneg ? "json-nonneg-number" : "json-number");
+    if (!lo && !hi) return std::string(integer ? "json-int" : "json-number");
+    const std::string e = integer ? IntegerRangeExpr(lo, hi) : NumberRangeExpr(lo, hi);
+    if (e.empty()) return Error(where, "no number within the bounds can be generated");
+    return NewRule(e);
   }
 
   const Json& root_;
@@ -509,6 +817,8 @@ class SchemaCompiler {
   std::map<std::string, std::string> refs_;
   int64_t rule_count_ = 0;
   int64_t enum_count_ = 0;
+  int64_t flatten_steps_ = 0;
+  int64_t visits_ = 0;
 };
 
 }  // namespace

@@ -10,6 +10,9 @@ namespace tandem::grammar {
 struct JsonSchemaOptions {
   int32_t max_depth = 64;    // nesting of subschemas walked
   int32_t max_enum = 10000;  // enum/const alternatives in all
+  // Subschemas compiled in all (anyOf/oneOf distributed over sibling keywords and allOf merges
+  // can multiply them).
+  int32_t max_subschemas = 20000;
   // Unsupported validation keywords: refused (INVALID_ARGUMENT) when strict, ignored otherwise
   // (then the output follows the supported keywords only).
   bool strict = true;

@@ -249,6 +249,8 @@ bool Value::Truthy() const {
     case Json::value_t::number_float:
       return data_.get<double>() != 0.0;
     case Json::value_t::string:
+      // nlohmann's empty() is false for every scalar, strings included.
+      return !data_.get_ref<const std::string&>().empty();
     case Json::value_t::array:
     case Json::value_t::object:
       return !data_.empty();

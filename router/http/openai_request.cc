@@ -223,6 +223,9 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
         return Invalid(name, "tool calling is a chat completions feature");
       }
     }
+    if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+      return Invalid("chat_template_kwargs", "a chat completions feature");
+    }
   }
   return absl::OkStatus();
 }
@@ -264,7 +267,30 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const OpenAi
 
 absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
                                              const OpenAiContext& context,
-                                             const nlohmann::json* tools) {
+                                             const nlohmann::json* tools,
+                                             const nlohmann::json* template_kwargs) {
+  if (template_kwargs != nullptr && !template_kwargs->is_null()) {
+    const Json& kw = *template_kwargs;
+    if (!kw.is_object()) {
+      return Invalid("chat_template_kwargs", "must be an object (template variable -> value)");
+    }
+    if (static_cast<int64_t>(kw.size()) > context.limits.max_template_kwargs) {
+      return Invalid("chat_template_kwargs",
+                     absl::StrCat("at most ", context.limits.max_template_kwargs, " keys"));
+    }
+    if (static_cast<int64_t>(kw.dump().size()) > context.limits.max_template_kwargs_bytes) {
+      return Invalid(
+          "chat_template_kwargs",
+          absl::StrCat("at most ", context.limits.max_template_kwargs_bytes, " bytes serialised"));
+    }
+    for (const char* reserved :
+         {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"}) {
+      if (kw.contains(reserved)) {
+        return Invalid(absl::StrCat("chat_template_kwargs.", reserved),
+                       "is set by the request itself");
+      }
+    }
+  }
   if (!messages.is_array() || messages.empty()) {
     return Invalid("messages", "must be a non-empty list");
   }
@@ -332,6 +358,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
     list.push_back(std::move(entry));
   }
   nlohmann::ordered_json variables;
+  if (template_kwargs != nullptr && template_kwargs->is_object()) {
+    // Set first: the request's own variables below take precedence (checked above).
+    for (const auto& [key, value] : template_kwargs->items()) {
+      variables[key] = nlohmann::ordered_json::parse(value.dump());
+    }
+  }
   variables["messages"] = std::move(list);
   variables["add_generation_prompt"] = true;
   if (tools != nullptr && tools->is_array() && !tools->empty()) {
@@ -383,6 +415,11 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
     auto tools = ParseToolOptions(body);
     if (!tools.ok()) return tools.status();
     out.tools = std::move(*tools);
+    if (context.chat_template != nullptr) {
+      // Constrained calls and call ids follow the model family's template.
+      out.tools.format = ToolCallFormatOfTemplate(context.chat_template->source());
+      out.tools.short_ids = MistralCallIds(context.chat_template->source());
+    }
   }
   RETURN_IF_ERROR(ConvertOutputConstraint(body, out.tools,
                                           out.generate.mutable_sampling()->mutable_constraint()));
@@ -417,10 +454,12 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
   auto messages = body.find("messages");
   if (messages == body.end()) return Invalid("messages", "is required");
   auto tools_it = body.find("tools");
+  auto kwargs_it = body.find("chat_template_kwargs");
   auto text = RenderChatPrompt(
       *messages, context,
       tools_it != body.end() && out.tools.choice != ToolCallOptions::Choice::kNone ? &*tools_it
-                                                                                   : nullptr);
+                                                                                   : nullptr,
+      kwargs_it != body.end() ? &*kwargs_it : nullptr);
   if (!text.ok()) return text.status();
   // The template writes the special tokens (BOS) itself, as Hugging Face's apply_chat_template.
   auto ids = context.tokenizer->Encode(*text, /*add_special_tokens=*/false);

@@ -23,6 +23,9 @@ class Tokenizer;
 struct OpenAiLimits {
   int32_t max_json_depth = 64;
   int32_t max_messages = 4096;
+  // chat_template_kwargs: keys, and bytes of the whole object serialised.
+  int32_t max_template_kwargs = 64;
+  int32_t max_template_kwargs_bytes = 64 << 10;
 };
 
 // Parses a request body: a JSON object, nested at most `max_json_depth` deep. INVALID_ARGUMENT
@@ -60,8 +63,13 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
 
 // Renders a chat request's messages through the template (add_generation_prompt true), with
 // `tools` (the request's tools list, may be null) and assistant tool_calls / tool messages.
+// `template_kwargs` (vLLM's chat_template_kwargs, may be null): an object whose keys become
+// template variables (Qwen3's enable_thinking); INVALID_ARGUMENT for a non-object, past the
+// limits, or for a key the request itself sets (messages, tools,
+// bos_token, eos_token, add_generation_prompt).
 absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
                                              const OpenAiContext& context,
-                                             const nlohmann::json* tools = nullptr);
+                                             const nlohmann::json* tools = nullptr,
+                                             const nlohmann::json* template_kwargs = nullptr);
 
 }  // namespace tandem

@@ -181,7 +181,8 @@ std::vector<Json> OpenAiResponder::StreamChunks(const v1::GenerateResponse& m) {
     std::string finish = ch.finish_reason;
     if (auto calls = CallsOf(ch, index); calls.has_value()) {
       delta["content"] = nullptr;
-      delta["tool_calls"] = ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), true);
+      delta["tool_calls"] = ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), true,
+                                          options_.tools.short_ids);
       finish = "tool_calls";
     } else {
       delta["content"] = ch.text;
@@ -269,10 +270,10 @@ Json OpenAiResponder::Complete() const {
     Json c = {{"index", index}};
     std::optional<std::vector<ParsedToolCall>> calls = CallsOf(ch, index);
     if (chat && calls.has_value()) {
-      c["message"] = {
-          {"role", "assistant"},
-          {"content", nullptr},
-          {"tool_calls", ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), false)}};
+      c["message"] = {{"role", "assistant"},
+                      {"content", nullptr},
+                      {"tool_calls", ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index),
+                                                   false, options_.tools.short_ids)}};
     } else if (chat) {
       c["message"] = {{"role", "assistant"}, {"content", ch.text}};
     } else {

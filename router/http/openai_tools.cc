@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/regex_to_grammar.h"
 
@@ -19,6 +20,20 @@ absl::Status Invalid(const std::string& field, const std::string& message) {
 std::string SchemaText(const Json& schema) { return schema.dump(); }
 
 }  // namespace
+
+ToolCallFormat ToolCallFormatOfTemplate(std::string_view source) {
+  if (source.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (source.find("[TOOL_CALLS]") != std::string_view::npos) return ToolCallFormat::kJsonArray;
+  if (source.find("<|start_header_id|>") != std::string_view::npos &&
+      source.find("\"parameters\"") != std::string_view::npos) {
+    return ToolCallFormat::kLlama;
+  }
+  return ToolCallFormat::kJsonArray;
+}
+
+bool MistralCallIds(std::string_view source) {
+  return source.find("[TOOL_CALLS]") != std::string_view::npos;
+}
 
 absl::StatusOr<ToolCallOptions> ParseToolOptions(const Json& body) {
   ToolCallOptions out;
@@ -117,10 +132,26 @@ absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools
   }
   absl::StrAppend(&call, " ) \"}\"\n");
   // Parallel calls are bounded so a turn always ends: at most max(4, number of tools).
-  const size_t max_calls = std::max<size_t>(4, tools.tools.size());
-  const std::string root = tools.parallel ? absl::StrCat("root ::= \"[\" call ( \",\" call ){0,",
-                                                         max_calls - 1, "} \"]\"\n")
-                                          : "root ::= \"[\" call \"]\"\n";
+  const size_t max_calls = tools.parallel ? std::max<size_t>(4, tools.tools.size()) : 1;
+  std::string root;
+  switch (tools.format) {
+    case ToolCallFormat::kJsonArray:
+      root = max_calls == 1 ? "root ::= \"[\" call \"]\"\n"
+                            : absl::StrCat("root ::= \"[\" call ( \",\" call ){0,", max_calls - 1,
+                                           "} \"]\"\n");
+      break;
+    case ToolCallFormat::kHermes:
+      root = max_calls == 1
+                 ? "root ::= block\n"
+                 : absl::StrCat("root ::= block ( \"\\n\" block ){0,", max_calls - 1, "}\n");
+      absl::StrAppend(&root, "block ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
+      break;
+    case ToolCallFormat::kLlama:
+      // One call per turn, its arguments under "parameters".
+      root = "root ::= call\n";
+      absl::StrReplaceAll({{"\\\"arguments\\\"", "\\\"parameters\\\""}}, &call);
+      break;
+  }
   return absl::StrCat(root, call, rules, grammar::JsonBaseRules());
 }
 
@@ -230,6 +261,7 @@ std::optional<std::vector<ParsedToolCall>> ParseToolCalls(const ToolCallOptions&
   };
   body = trim(body);
   if (body.rfind("[TOOL_CALLS]", 0) == 0) body = trim(body.substr(12));
+  if (body.rfind("<|python_tag|>", 0) == 0) body = trim(body.substr(14));
   if (body.rfind("<tool_call>", 0) == 0) {
     // One or more <tool_call>{...}</tool_call> blocks.
     std::string joined = "[";
@@ -264,10 +296,20 @@ std::optional<std::vector<ParsedToolCall>> ParseToolCalls(const ToolCallOptions&
 }
 
 Json ToolCallsJson(const std::vector<ParsedToolCall>& calls, const std::string& id_base,
-                   bool stream) {
+                   bool stream, bool short_ids) {
   Json out = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
-    Json c = {{"id", absl::StrCat("call_", id_base, "_", i)},
+    std::string id = absl::StrCat("call_", id_base, "_", i);
+    if (short_ids) {
+      // 9 alphanumeric characters (FNV-1a of the long id), as Mistral's template checks.
+      static constexpr char kAlphabet[] =
+          "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+      uint64_t h = 1469598103934665603ull;
+      for (unsigned char ch : id) h = (h ^ ch) * 1099511628211ull;
+      id.clear();
+      for (int k = 0; k < 9; ++k, h /= 62) id.push_back(kAlphabet[h % 62]);
+    }
+    Json c = {{"id", id},
               {"type", "function"},
               {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
     if (stream) c["index"] = static_cast<int64_t>(i);

@@ -17,6 +17,7 @@ import time
 from tandem_testlib import Cluster, check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 CLIENTS = os.path.join(HERE, "structured_output")
 
 # Hand-written schemas in the shapes tool and extraction schemas take: nested objects, arrays
@@ -74,6 +75,80 @@ def suite_schemas():
     return out
 
 
+def hand_written():
+    """(name, schema, dialect) of structured_output/schemas.jsonl: API payloads, configs, tool
+    arguments, forms, $defs/$ref and recursion, unions, allOf, tuples, bounds, formats."""
+    out = []
+    with open(os.path.join(CLIENTS, "schemas.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            e = json.loads(line)
+            out.append((e["name"], e["schema"], e.get("dialect")))
+    return out
+
+
+def closing_tokens():
+    """{id: logit bias} of the bundled model's tokens '"', ']' and '}' (and byte fallbacks)."""
+    with open(os.path.join(ROOT, "models", "stories260k", "tokenizer.json"), encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    # Quotes less than brackets: the model favours quotes (its stories have dialogue), and a
+    # quote also opens the next key.
+    bias = {'"': 5, "<0x22>": 5, "]": 15, "<0x5D>": 15, "}": 15, "<0x7D>": 15}
+    ids = {vocab[t]: b for t, b in bias.items() if t in vocab}
+    check(len(ids) >= 3, f"closing tokens not found: {ids}")
+    return ids
+
+
+def exercise(port, corpus):
+    """Samples every schema concurrently, two seeds first, then (longer) more seeds for schemas
+    whose samples all ran to max_tokens: ({name: [finished outputs]}, {name: 400 message})."""
+    from concurrent.futures import ThreadPoolExecutor
+    outputs, refused = {}, {}
+
+    closers = closing_tokens()
+
+    def one(name, schema, seed):
+        body = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 1.0,
+                "seed": seed, "guided_json": schema}
+        if seed > 2:
+            # The bundled model is tiny: under a mask it picks nearly uniformly among the allowed
+            # tokens, so a string, key or array it is free to extend rarely ends. Retries use
+            # nearly all of its 512-token context and favour the tokens that close strings,
+            # arrays and objects (logit_bias; the mask still decides what is allowed, so the
+            # check of the output is unchanged).
+            body["max_tokens"] = 480
+            body["logit_bias"] = {str(t): b for t, b in closers.items()}
+            if seed >= 7 and seed % 2 == 0:
+                # Recursive objects ({"foo": {"foo": ...}}) go deeper with every opened key:
+                # every other late retry discourages quotes instead.
+                body["logit_bias"].update({str(t): -5 for t, b in closers.items() if b == 5})
+        status, body = post(port, "/v1/completions", body)
+        return name, seed, status, body
+
+    pending = [(name, schema, seed) for name, schema, _ in corpus for seed in (1, 2)]
+    with ThreadPoolExecutor(8) as pool:
+        for seed in range(3, 25):
+            tried = {}
+            for name, seed_used, status, body in pool.map(lambda a: one(*a), pending):
+                tried[name] = max(tried.get(name, 0), seed_used)
+                if status == 400:
+                    refused[name] = body["error"]["message"]
+                    continue
+                check(status == 200, f"{name}: {status} {body}")
+                ch = body["choices"][0]
+                if ch["finish_reason"] == "stop":
+                    outputs.setdefault(name, []).append(ch["text"])
+                else:
+                    check(ch["finish_reason"] == "length", f"{name}: {ch}")
+            pending = [(name, schema, seed) for name, schema, _ in corpus
+                       if name in tried and name not in refused and not outputs.get(name)]
+            if pending:
+                print(f"{len(pending)} schemas without a finished output after seed {seed - 1}"
+                      + (f": {[p[0] for p in pending]}" if len(pending) <= 4 else ""))
+            else:
+                break
+    return outputs, refused
+
+
 class HttpCluster(Cluster):
     def __init__(self, build_dir, prefill, decode, *args):
         tmp = tempfile.mkdtemp(prefix="tandem-so-")
@@ -107,21 +182,27 @@ def main(build_dir):
     # chatml renders tool messages (the default llama-2 template insists on user/assistant turns).
     with HttpCluster(build_dir, 1, 1, "--chat-template", "chatml") as server:
         port = server.http_port
-        # 1. JSON Schema corpus, sampled: every completed output validates with Ajv.
-        cases, lengths = [], 0
-        for i, schema in enumerate(SCHEMAS):
-            for seed in SEEDS:
-                status, body = post(port, "/v1/completions", {
-                    "prompt": "Once upon a time", "max_tokens": 200, "temperature": 1.0,
-                    "seed": seed, "guided_json": schema})
-                check(status == 200, f"schema {i}: {status} {body}")
-                ch = body["choices"][0]
-                if ch["finish_reason"] == "length":
-                    lengths += 1
-                    print(f"schema {i} seed {seed} ran to max_tokens: {ch['text'][:80]!r}")
-                    continue
-                check(ch["finish_reason"] == "stop", f"schema {i}: {ch}")
-                cases.append({"schema": schema, "text": ch["text"]})
+        # 1. The schema corpus: the hand-written schemas (schemas.jsonl, and SCHEMAS above) and
+        # every json-schema-test-suite schema that compiles (the rest must be refused with a 400
+        # naming the location). Each is sampled at temperature 1 with two seeds (more, up to
+        # 23, while every sample ran to max_tokens); every finished output validates with Ajv,
+        # and every compiling schema gets at least one finished output.
+        corpus = [(f"inline/{i}", schema, None) for i, schema in enumerate(SCHEMAS)]
+        corpus += hand_written()
+        corpus += [(name, schema, "draft7") for name, schema in suite_schemas()]
+        outputs, refused = exercise(port, corpus)
+        compiled = [c for c in corpus if c[0] not in refused]
+        unexercised = [name for name, _, _ in compiled if not outputs.get(name)]
+        cases = [{"schema": schema, "text": text, "dialect": dialect, "name": name}
+                 for name, schema, dialect in compiled for text in outputs.get(name, [])]
+        suite_refused = [n for n in refused if n.startswith("draft")]
+        check(len(refused) == len(suite_refused), f"hand-written schemas refused: "
+              f"{[(n, refused[n]) for n in refused if not n.startswith('draft')][:5]}")
+        for name, message in refused.items():
+            check("at #" in message or "not valid JSON" in message, f"{name}: {message}")
+        check(len(compiled) >= 200, f"only {len(compiled)} schemas compile")
+        check(not unexercised, f"{len(unexercised)} schemas never finished within max_tokens: "
+              f"{unexercised}")
         # Chat with response_format json_schema (strict) and json_object.
         for seed in SEEDS:
             status, body = post(port, "/v1/chat/completions", {
@@ -132,7 +213,8 @@ def main(build_dir):
             check(status == 200, f"response_format: {status} {body}")
             ch = body["choices"][0]
             if ch["finish_reason"] == "stop":
-                cases.append({"schema": SCHEMAS[0], "text": ch["message"]["content"]})
+                cases.append({"schema": SCHEMAS[0], "text": ch["message"]["content"],
+                              "name": "chat/json_schema"})
             status, body = post(port, "/v1/chat/completions", {
                 "messages": [{"role": "user", "content": "Any JSON object."}],
                 "max_tokens": 200, "temperature": 1.0, "seed": seed,
@@ -140,46 +222,18 @@ def main(build_dir):
             check(status == 200, f"json_object: {status} {body}")
             ch = body["choices"][0]
             if ch["finish_reason"] == "stop":
-                cases.append({"schema": {"type": "object"}, "text": ch["message"]["content"]})
-        total = len(SCHEMAS) * len(SEEDS)
-        check(lengths <= total // 5, f"{lengths} of {total} outputs ran to max_tokens")
+                cases.append({"schema": {"type": "object"}, "text": ch["message"]["content"],
+                              "name": "chat/json_object"})
         r = node("validate.mjs", json.dumps(cases))
         check(r.returncode == 0, f"validate.mjs failed: {r.stderr}")
-        results = json.loads(r.stdout)
-        bad = [(c, v) for c, v in zip(cases, results) if not v["ok"]]
-        check(not bad, f"{len(bad)} outputs fail Ajv: {bad[:3]}")
-        print(f"ok: {len(cases)} sampled outputs of {len(SCHEMAS)} schemas validate with Ajv "
-              f"({lengths} ran to max_tokens)")
-
-        # 1b. The JSON-Schema-Test-Suite: what compiles must validate; the rest is refused with a
-        # 400 naming the keyword (the README lists what is refused).
-        suite = suite_schemas()
-        check(len(suite) >= 100, f"json-schema-test-suite: only {len(suite)} schemas")
-        suite_cases, refused, suite_lengths = [], 0, 0
-        for name, schema in suite:
-            for seed in (1, 2):
-                status, body = post(port, "/v1/completions", {
-                    "prompt": "Once", "max_tokens": 120, "temperature": 1.0, "seed": seed,
-                    "guided_json": schema})
-                if status == 400:
-                    refused += 1
-                    check(body["error"]["message"], f"{name}: {body}")
-                    break
-                check(status == 200, f"{name}: {status} {body}")
-                ch = body["choices"][0]
-                if ch["finish_reason"] != "stop":
-                    suite_lengths += 1
-                    continue
-                suite_cases.append({"schema": schema, "text": ch["text"], "dialect": "draft7",
-                                    "name": name})
-        r = node("validate.mjs", json.dumps(suite_cases))
-        check(r.returncode == 0, f"validate.mjs failed: {r.stderr}")
-        bad = [(c["name"], c["text"], v["error"]) for c, v in zip(suite_cases, json.loads(r.stdout))
+        bad = [(c["name"], c["text"], v["error"]) for c, v in zip(cases, json.loads(r.stdout))
                if not v["ok"]]
-        check(not bad, f"{len(bad)} suite outputs fail Ajv: {bad[:5]}")
-        print(f"ok: json-schema-test-suite: {len(suite)} schemas, {len(suite) - refused} compiled, "
-              f"{len(suite_cases)} sampled outputs validate with Ajv ({suite_lengths} ran to "
-              f"max_tokens), {refused} refused with a 400")
+        check(not bad, f"{len(bad)} outputs fail Ajv: {bad[:3]}")
+        n_suite = len(suite_schemas())
+        print(f"ok: {len(compiled)} schemas compile ({len(corpus) - n_suite} hand-written, "
+              f"{n_suite - len(suite_refused)} of the suite's {n_suite}; {len(suite_refused)} "
+              f"refused with a 400 naming the location); {len(cases)} sampled outputs validate "
+              f"with Ajv, every schema at least once")
 
         # 2. Regex, choice and grammar (vLLM guided_* fields).
         for seed in SEEDS:

@@ -1,6 +1,7 @@
 // Tool calling through the official openai SDK against a running Tandem HTTP API (argv[2]: base
-// URL). A chat with two tools; tool_choice required / named / auto, streaming and not; every
-// call's arguments validated by Ajv against its function's parameter schema. Prints a summary
+// URL; argv[3] "quick": one seed instead of three). A chat with two tools; tool_choice required /
+// named / auto, streaming and not; every call's arguments validated by Ajv against its
+// function's parameter schema. Prints a summary
 // and exits non-zero on any failure.
 import Ajv from "ajv";
 import OpenAI from "openai";
@@ -106,13 +107,17 @@ async function run(label, toolChoice, { stream, seed, parallel }) {
   return { msg: { content, tool_calls: calls.length ? calls : undefined }, finish };
 }
 
+let lastCall;  // a call the server returned, sent back in the follow-up turn
+// argv[3] "quick": one seed (the per-family runs of tool_call_formats_test.py).
+const SEEDS = process.argv[3] === "quick" ? [1] : [1, 2, 3];
 for (const stream of [false, true]) {
-  for (const seed of [1, 2, 3]) {
+  for (const seed of SEEDS) {
     const tag = `${stream ? "stream" : "plain"} seed ${seed}`;
     let r = await run(`required ${tag}`, "required", { stream, seed });
     checkCalls(`required ${tag}`, r.msg.tool_calls, r.finish, null, false);
     r = await run(`required single ${tag}`, "required", { stream, seed, parallel: false });
     checkCalls(`required single ${tag}`, r.msg.tool_calls, r.finish, null, true);
+    lastCall ??= r.msg.tool_calls?.[0];
     r = await run(`named ${tag}`, { type: "function", function: { name: "add" } }, { stream, seed });
     checkCalls(`named ${tag}`, r.msg.tool_calls, r.finish, "add", true);
     // auto: the model may answer in text; when it calls, the call must be valid.
@@ -126,23 +131,20 @@ for (const stream of [false, true]) {
     }
   }
 }
-// A follow-up turn carrying the assistant's tool call and the tool's result is accepted.
+// A follow-up turn carrying the assistant's tool call (as the server returned it: its id is
+// what the model family's template expects, e.g. 9 characters for Mistral) and the tool's
+// result is accepted.
+const call = lastCall ?? {
+  id: "call_1",
+  type: "function",
+  function: { name: "add", arguments: '{"a":2,"b":3}' },
+};
 const follow = await client.chat.completions.create({
   model: MODEL,
   messages: [
     ...messages,
-    {
-      role: "assistant",
-      content: null,
-      tool_calls: [
-        {
-          id: "call_1",
-          type: "function",
-          function: { name: "add", arguments: '{"a":2,"b":3}' },
-        },
-      ],
-    },
-    { role: "tool", tool_call_id: "call_1", content: "5" },
+    { role: "assistant", content: null, tool_calls: [call] },
+    { role: "tool", tool_call_id: call.id, content: "5" },
   ],
   tools,
   max_tokens: 8,

@@ -151,7 +151,8 @@ TEST(JsonSchemaTest, RefusesWhatItCannotHonourNamingTheLocation) {
             std::string::npos);
   err(R"({"oneOf":[true,true]})");
   err("{not json");
-  err(R"({"type":"integer","maximum":5})");
+  err(R"({"type":"integer","minimum":6,"maximum":5})");
+  err(R"({"type":"number","multipleOf":1.5})");
   err(R"(false)");
   // Recursion bombs and enormous enums are refused by bounds.
   std::string deep;
