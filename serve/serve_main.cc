@@ -3,7 +3,9 @@
 #include "serve/serve_main.h"
 
 #include <cstdio>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/engine_builder.h"
 #include "common/rpc/shutdown.h"
@@ -53,6 +55,7 @@ int RunServe(int argc, char** argv) {
     std::fprintf(stderr, "serve: --kv-transport needs cluster mode (--decode-workers)\n");
     return 2;
   }
+  std::string transport_note;
   if (cluster) {
     // Settled before any worker starts, so a transport this machine cannot run fails now with
     // one line (each worker checks again for itself).
@@ -66,8 +69,8 @@ int RunServe(int argc, char** argv) {
       return 2;
     }
     if (*transport != sf.kv_transport) {
-      TLOG(INFO) << "KV transport " << *transport << " (--kv-transport " << sf.kv_transport
-                 << ": every worker on " << *device << ")";
+      transport_note = absl::StrCat("KV transport ", *transport, " (--kv-transport ",
+                                    sf.kv_transport, ": every worker on ", *device, ")");
     }
     sf.kv_transport = *transport;
   }
@@ -76,6 +79,7 @@ int RunServe(int argc, char** argv) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
+  if (!transport_note.empty()) TLOG(INFO) << transport_note;  // logging is configured now
   sf.router.model_name = sf.model_name;
   if (sf.prefill_workers > 0 || sf.decode_workers > 0) {
     if (sf.decode_workers < 1) {
