@@ -109,7 +109,7 @@ class IpcReceiver : public KvReceiver {
 
   absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
     ControlRequest req;
-    absl::Status s = DecodeRequest(bytes, &req);
+    absl::Status s = DecodeIpcRequest(bytes, &req);
     if (!s.ok()) return s;
     switch (req.kind) {
       case ControlKind::kConnect:

@@ -99,7 +99,7 @@ class NcclReceiver : public KvReceiver {
 
   absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
     ControlRequest req;
-    absl::Status s = DecodeRequest(bytes, &req);
+    absl::Status s = DecodeNcclRequest(bytes, &req);
     if (!s.ok()) return s;
     switch (req.kind) {
       case ControlKind::kConnect:
@@ -137,12 +137,16 @@ class NcclReceiver : public KvReceiver {
 
  private:
   absl::StatusOr<std::string> Connect(const ControlRequest& req) {
+    std::string unique_id;
+    absl::string_view hello_bytes;
+    absl::Status s = DecodeConnect(req.body, &unique_id, &hello_bytes);
+    if (!s.ok()) return s;
     wire::Hello hello;
-    absl::Status s = wire::DecodeHello(req.body, &hello);
+    s = wire::DecodeHello(hello_bytes, &hello);
     if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
     if (!s.ok()) {
       core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-      return EncodeReply({wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})});
+      return RefuseReply(s);
     }
     std::shared_ptr<Peer> old;
     auto peer = std::make_shared<Peer>();
@@ -168,7 +172,7 @@ class NcclReceiver : public KvReceiver {
     }
     if (old) Stop(old);
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Start(
-        req.unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
+        unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
     if (!comm.ok()) return ResultReply(0, 0, comm.status());
     peer->comm = std::move(*comm);
     peer->last_used_at = absl::Now();

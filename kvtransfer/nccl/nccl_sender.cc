@@ -78,7 +78,7 @@ class NcclSender : public CoreSender {
 
  private:
   absl::Status Control(const std::string& endpoint, ControlKind kind, std::string body,
-                       ControlReply* reply_out = nullptr, std::string unique_id = "") {
+                       ControlReply* reply_out = nullptr) {
     if (!options_.control_channel) {
       return absl::FailedPreconditionError("nccl kv transport needs SenderOptions.control_channel");
     }
@@ -86,7 +86,7 @@ class NcclSender : public CoreSender {
       return absl::UnavailableError(
           absl::StrCat("kv transfer peer ", endpoint, ": control message lost (fault injection)"));
     }
-    ControlRequest req{kind, sender_id_, std::move(unique_id), std::move(body)};
+    ControlRequest req{kind, sender_id_, std::move(body)};
     absl::StatusOr<std::string> bytes = options_.control_channel(endpoint, EncodeRequest(req));
     if (!bytes.ok()) {
       // A refused proof of the shared secret keeps its code (as tcp's handshake); everything
@@ -134,8 +134,8 @@ class NcclSender : public CoreSender {
     wire::Hello hello;
     hello.layout = options_.layout;
     ControlReply reply;
-    absl::Status s =
-        Control(target.endpoint, ControlKind::kConnect, wire::EncodeHello(hello), &reply, *id);
+    absl::Status s = Control(target.endpoint, ControlKind::kConnect,
+                             EncodeConnect(*id, wire::EncodeHello(hello)), &reply);
     if (!s.ok()) {
       if (absl::IsFailedPrecondition(s)) {
         core_.counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
