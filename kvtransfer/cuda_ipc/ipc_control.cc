@@ -1,6 +1,7 @@
 #include "kvtransfer/cuda_ipc/ipc_control.h"
 
 #include <cstring>
+#include <utility>
 
 namespace tandem::kvtransfer::cuda_ipc {
 namespace {
@@ -47,21 +48,8 @@ class Reader {
 
 }  // namespace
 
-std::string EncodeRequest(const ControlRequest& r) {
-  std::string out(1, static_cast<char>(r.kind));
-  PutU64(&out, r.sender_id);
-  return out + r.body;
-}
-
-absl::Status DecodeRequest(absl::string_view bytes, ControlRequest* r) {
-  Reader in(bytes);
-  const uint8_t kind = in.Get<uint8_t>();
-  r->sender_id = in.Get<uint64_t>();
-  if (!in.ok()) return absl::DataLossError("cuda-ipc control request too short");
-  if (kind < 0x41 || kind > 0x47) return absl::DataLossError("unknown cuda-ipc control request");
-  r->kind = static_cast<ControlKind>(kind);
-  r->body = std::string(in.rest());
-  return absl::OkStatus();
+absl::Status DecodeIpcRequest(absl::string_view bytes, ControlRequest* r) {
+  return DecodeRequest(bytes, kConnect, kDisconnect, "cuda-ipc", r);
 }
 
 std::string EncodeConnect(absl::string_view device, const wire::Hello& hello) {
@@ -78,9 +66,7 @@ absl::Status DecodeConnect(absl::string_view body, std::string* device, wire::He
 }
 
 std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool) {
-  std::string out(2, '\0');
-  const uint16_t type = static_cast<uint16_t>(wire::FrameType::kWelcome);
-  std::memcpy(out.data(), &type, 2);
+  std::string out;
   PutStr(&out, wire::EncodeWelcome(welcome));
   std::string handle = pool.handle;
   handle.resize(kIpcHandleBytes, '\0');
@@ -91,7 +77,7 @@ std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool) {
   PutU64(&out, pool.block_stride);
   PutU64(&out, pool.process);
   PutStr(&out, pool.device);
-  return out;
+  return EncodeReply({wire::FrameType::kWelcome, std::move(out)});
 }
 
 absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, PoolExport* pool) {
@@ -106,42 +92,6 @@ absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, P
   pool->device = std::string(in.Str());
   if (!in.ok()) return absl::DataLossError("cuda-ipc WELCOME too short");
   return wire::DecodeWelcome(w, welcome);
-}
-
-absl::Status DecodeReply(absl::string_view bytes, ControlReply* r) {
-  if (bytes.size() < 2) return absl::DataLossError("cuda-ipc control reply too short");
-  uint16_t type;
-  std::memcpy(&type, bytes.data(), 2);
-  r->type = static_cast<wire::FrameType>(type);
-  r->body = std::string(bytes.substr(2));
-  return absl::OkStatus();
-}
-
-namespace {
-std::string OutcomeReply(wire::FrameType type, uint64_t id, uint32_t attempt,
-                         const absl::Status& status) {
-  std::string out(2, '\0');
-  const uint16_t t = static_cast<uint16_t>(type);
-  std::memcpy(out.data(), &t, 2);
-  return out + wire::EncodeOutcome({id, attempt, status});
-}
-}  // namespace
-
-std::string ResultReply(uint64_t transfer_id, uint32_t attempt, const absl::Status& status) {
-  return OutcomeReply(wire::FrameType::kResult, transfer_id, attempt, status);
-}
-
-std::string RefuseReply(const absl::Status& status) {
-  return OutcomeReply(wire::FrameType::kRefuse, 0, 0, status);
-}
-
-absl::Status ReplyStatus(const ControlReply& r) {
-  if (r.type != wire::FrameType::kResult && r.type != wire::FrameType::kRefuse) {
-    return absl::DataLossError("unexpected cuda-ipc control reply");
-  }
-  wire::Outcome o;
-  absl::Status s = wire::DecodeOutcome(r.body, &o);
-  return s.ok() ? o.status : s;
 }
 
 }  // namespace tandem::kvtransfer::cuda_ipc

@@ -1,8 +1,7 @@
 #pragma once
 
-// Control messages of the cuda-ipc transport, carried by the caller's ControlChannel (the
-// worker's KvControl gRPC service) from a sender to KvReceiver::HandleControl, and the
-// replies. Bodies reuse the tcp wire metadata (kvtransfer/tcp/wire.h):
+// Control messages of the cuda-ipc transport, framed as every device transport's
+// (kvtransfer/control_message.h), with bodies of the tcp wire metadata (kvtransfer/tcp/wire.h):
 //   request: u8 kind | u64 sender_id | body
 //     CONNECT    str sender device id | HELLO metadata
 //     BEGIN      BEGIN metadata
@@ -22,14 +21,16 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kvtransfer/control_message.h"
 #include "kvtransfer/tcp/wire.h"
 
 namespace tandem::kvtransfer::cuda_ipc {
 
 inline constexpr size_t kIpcHandleBytes = 64;  // CUDA_IPC_HANDLE_SIZE
 
-// Kinds start at 0x41 so that one KvControl service can tell them from nccl's (1..5).
-enum class ControlKind : uint8_t {
+// ControlRequest::kind. Kinds start at 0x41 so that one KvControl service can tell them from
+// nccl's (1..5).
+enum ControlKind : uint8_t {
   kConnect = 0x41,
   kBegin = 0x42,
   kData = 0x43,
@@ -39,14 +40,8 @@ enum class ControlKind : uint8_t {
   kDisconnect = 0x47,
 };
 
-struct ControlRequest {
-  ControlKind kind = ControlKind::kConnect;
-  uint64_t sender_id = 0;
-  std::string body;
-};
-
-std::string EncodeRequest(const ControlRequest& r);
-absl::Status DecodeRequest(absl::string_view bytes, ControlRequest* r);
+// A request of this transport (its kinds only).
+absl::Status DecodeIpcRequest(absl::string_view bytes, ControlRequest* r);
 
 // The receiver's KV pool as the sender maps it: one exported allocation whose region (layer,
 // block) starts at layer * layer_stride + block * block_stride bytes from its base.
@@ -65,16 +60,5 @@ absl::Status DecodeConnect(absl::string_view body, std::string* device, wire::He
 
 std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool);
 absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, PoolExport* pool);
-
-struct ControlReply {
-  wire::FrameType type = wire::FrameType::kResult;
-  std::string body;
-};
-absl::Status DecodeReply(absl::string_view bytes, ControlReply* r);
-// A RESULT (or REFUSE) reply carrying `status`.
-std::string ResultReply(uint64_t transfer_id, uint32_t attempt, const absl::Status& status);
-std::string RefuseReply(const absl::Status& status);
-// The status of a RESULT or REFUSE reply (DATA_LOSS when malformed).
-absl::Status ReplyStatus(const ControlReply& r);
 
 }  // namespace tandem::kvtransfer::cuda_ipc

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "kvtransfer/control_receiver.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
 #include "kvtransfer/cuda_ipc/device.h"
 #include "kvtransfer/cuda_ipc/ipc_control.h"
@@ -30,22 +31,6 @@ uint64_t RandomU64() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
 }
-
-// How an attempt ended, for the FINISH reply.
-struct Outcome {
-  uint64_t owner = 0;
-  std::mutex mu;
-  bool set = false;
-  absl::Status status;
-  std::condition_variable cv;
-  void Set(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (set) return;
-    set = true;
-    status = s;
-    cv.notify_all();
-  }
-};
 
 using AttemptKey = std::pair<uint64_t, uint32_t>;
 
@@ -109,7 +94,7 @@ class IpcReceiver : public KvReceiver {
 
   absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
     ControlRequest req;
-    absl::Status s = DecodeRequest(bytes, &req);
+    absl::Status s = DecodeIpcRequest(bytes, &req);
     if (!s.ok()) return s;
     switch (req.kind) {
       case ControlKind::kConnect:
@@ -131,8 +116,7 @@ class IpcReceiver : public KvReceiver {
         wire::Outcome a;
         s = wire::DecodeOutcome(req.body, &a);
         if (!s.ok()) return s;
-        const absl::Status why(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
-                               absl::StrCat("sender aborted: ", a.status.message()));
+        const absl::Status why = SenderAborted(a.status);
         Land({a.transfer_id, a.attempt}, why);
         core_->Abort(a.transfer_id, a.attempt, why);
         Forget({a.transfer_id, a.attempt});
@@ -186,33 +170,23 @@ class IpcReceiver : public KvReceiver {
     wire::Begin b;
     absl::Status s = wire::DecodeBegin(req.body, &b);
     if (!s.ok()) return s;
-    if (b.incarnation != incarnation_) {
-      return ResultReply(b.transfer_id, b.attempt,
-                         absl::FailedPreconditionError(
-                             absl::StrCat("receiver incarnation is ", incarnation_,
-                                          ", transfer was reserved under ", b.incarnation)));
-    }
+    s = CheckIncarnation(b, incarnation_);
+    if (!s.ok()) return ResultReply(b.transfer_id, b.attempt, s);
     absl::StatusOr<uint64_t> owner = OwnerOf(req.sender_id);
     if (!owner.ok()) return ResultReply(b.transfer_id, b.attempt, owner.status());
-    auto outcome = std::make_shared<Outcome>();
+    auto outcome = std::make_shared<AttemptOutcome>();
     outcome->owner = *owner;
-    ReceiverCore::AttemptStart start;
-    start.transfer_id = b.transfer_id;
-    start.attempt = b.attempt;
-    start.dst_blocks = std::move(b.dst_blocks);
-    start.owner = *owner;
-    start.deadline = b.deadline_ms < 0 ? absl::InfiniteFuture()
-                                       : absl::Now() + absl::Milliseconds(b.deadline_ms);
     const AttemptKey key{b.transfer_id, b.attempt};
-    s = core_->Begin(std::move(start), [this, outcome, key](const absl::Status& st) {
-      outcome->Set(st);
-      Forget(key);
-    });
+    s = core_->Begin(AttemptFromBegin(std::move(b), *owner),
+                     [this, outcome, key](const absl::Status& st) {
+                       outcome->Set(st);
+                       Forget(key);
+                     });
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
     }
-    return ResultReply(b.transfer_id, b.attempt, s);
+    return ResultReply(key.first, key.second, s);
   }
 
   // Admits one device copy: the sender writes the regions only after an OK.
@@ -265,20 +239,13 @@ class IpcReceiver : public KvReceiver {
     if (!s.ok()) return s;
     const AttemptKey key{f.transfer_id, f.attempt};
     Land(key, absl::DataLossError("FINISH before the last copy landed"));
-    std::shared_ptr<Outcome> outcome;
+    std::shared_ptr<AttemptOutcome> outcome;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = outcomes_.find(key);
       if (it != outcomes_.end()) outcome = it->second;
     }
-    s = core_->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
-    if (!s.ok()) return ResultReply(f.transfer_id, f.attempt, s);
-    if (!outcome) return ResultReply(f.transfer_id, f.attempt, absl::OkStatus());
-    std::unique_lock<std::mutex> lock(outcome->mu);
-    if (!outcome->cv.wait_for(lock, std::chrono::seconds(10), [&] { return outcome->set; })) {
-      return ResultReply(f.transfer_id, f.attempt, absl::UnavailableError("outcome unknown"));
-    }
-    return ResultReply(f.transfer_id, f.attempt, outcome->status);
+    return FinishReply(core_.get(), std::move(f), outcome);
   }
 
   void Forget(const AttemptKey& key) {
@@ -312,7 +279,7 @@ class IpcReceiver : public KvReceiver {
   std::mutex mu_;
   std::condition_variable landed_cv_;
   std::unordered_map<uint64_t, uint64_t> peers_;  // sender id -> owner id of its attempts
-  std::map<AttemptKey, std::shared_ptr<Outcome>> outcomes_;
+  std::map<AttemptKey, std::shared_ptr<AttemptOutcome>> outcomes_;
   std::map<AttemptKey, OpenCopy> open_;
   std::unique_ptr<ReceiverCore> core_;
 };

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "kvtransfer/control_receiver.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
@@ -31,22 +32,6 @@ ReceiverOptions WithFaults(ReceiverOptions o) {
   o.faults = ResolveFaultOptions(o.faults, o.faults_from_env);
   return o;
 }
-
-// How an attempt ended, for the FINISH reply.
-struct Outcome {
-  uint64_t owner = 0;
-  std::mutex mu;
-  bool set = false;
-  absl::Status status;
-  std::condition_variable cv;
-  void Set(const absl::Status& s) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (set) return;
-    set = true;
-    status = s;
-    cv.notify_all();
-  }
-};
 
 struct Peer {
   uint64_t sender_id = 0;
@@ -99,7 +84,7 @@ class NcclReceiver : public KvReceiver {
 
   absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
     ControlRequest req;
-    absl::Status s = DecodeRequest(bytes, &req);
+    absl::Status s = DecodeNcclRequest(bytes, &req);
     if (!s.ok()) return s;
     switch (req.kind) {
       case ControlKind::kConnect:
@@ -112,9 +97,7 @@ class NcclReceiver : public KvReceiver {
         wire::Outcome a;
         s = wire::DecodeOutcome(req.body, &a);
         if (!s.ok()) return s;
-        core_->Abort(a.transfer_id, a.attempt,
-                     absl::Status(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
-                                  absl::StrCat("sender aborted: ", a.status.message())));
+        core_->Abort(a.transfer_id, a.attempt, SenderAborted(a.status));
         Forget({a.transfer_id, a.attempt});
         return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
       }
@@ -137,12 +120,16 @@ class NcclReceiver : public KvReceiver {
 
  private:
   absl::StatusOr<std::string> Connect(const ControlRequest& req) {
+    std::string unique_id;
+    absl::string_view hello_bytes;
+    absl::Status s = DecodeConnect(req.body, &unique_id, &hello_bytes);
+    if (!s.ok()) return s;
     wire::Hello hello;
-    absl::Status s = wire::DecodeHello(req.body, &hello);
+    s = wire::DecodeHello(hello_bytes, &hello);
     if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
     if (!s.ok()) {
       core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-      return EncodeReply({wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})});
+      return RefuseReply(s);
     }
     std::shared_ptr<Peer> old;
     auto peer = std::make_shared<Peer>();
@@ -168,7 +155,7 @@ class NcclReceiver : public KvReceiver {
     }
     if (old) Stop(old);
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Start(
-        req.unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
+        unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
     if (!comm.ok()) return ResultReply(0, 0, comm.status());
     peer->comm = std::move(*comm);
     peer->last_used_at = absl::Now();
@@ -189,12 +176,8 @@ class NcclReceiver : public KvReceiver {
     wire::Begin b;
     absl::Status s = wire::DecodeBegin(req.body, &b);
     if (!s.ok()) return s;
-    if (b.incarnation != incarnation_) {
-      return ResultReply(b.transfer_id, b.attempt,
-                         absl::FailedPreconditionError(
-                             absl::StrCat("receiver incarnation is ", incarnation_,
-                                          ", transfer was reserved under ", b.incarnation)));
-    }
+    s = CheckIncarnation(b, incarnation_);
+    if (!s.ok()) return ResultReply(b.transfer_id, b.attempt, s);
     std::shared_ptr<Peer> peer;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -205,26 +188,20 @@ class NcclReceiver : public KvReceiver {
       }
       peer = it->second;
     }
-    auto outcome = std::make_shared<Outcome>();
+    auto outcome = std::make_shared<AttemptOutcome>();
     outcome->owner = peer->owner;
-    ReceiverCore::AttemptStart start;
-    start.transfer_id = b.transfer_id;
-    start.attempt = b.attempt;
-    start.dst_blocks = std::move(b.dst_blocks);
-    start.owner = peer->owner;
-    start.deadline = b.deadline_ms < 0 ? absl::InfiniteFuture()
-                                       : absl::Now() + absl::Milliseconds(b.deadline_ms);
     const AttemptKey key{b.transfer_id, b.attempt};
-    s = core_->Begin(std::move(start), [this, outcome, key](const absl::Status& st) {
-      outcome->Set(st);
-      Forget(key);
-    });
+    s = core_->Begin(AttemptFromBegin(std::move(b), peer->owner),
+                     [this, outcome, key](const absl::Status& st) {
+                       outcome->Set(st);
+                       Forget(key);
+                     });
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
       peer->last_used_at = absl::Now();
     }
-    return ResultReply(b.transfer_id, b.attempt, s);
+    return ResultReply(key.first, key.second, s);
   }
 
   absl::StatusOr<std::string> Finish(const ControlRequest& req) {
@@ -232,7 +209,7 @@ class NcclReceiver : public KvReceiver {
     absl::Status s = wire::DecodeFinish(req.body, &f);
     if (!s.ok()) return s;
     const AttemptKey key{f.transfer_id, f.attempt};
-    std::shared_ptr<Outcome> outcome;
+    std::shared_ptr<AttemptOutcome> outcome;
     {
       // The sender waited for its last message to complete, so ours completed too; give the
       // peer thread the time to account for it.
@@ -244,14 +221,7 @@ class NcclReceiver : public KvReceiver {
       });
       progress_.erase(key);
     }
-    s = core_->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
-    if (!s.ok()) return ResultReply(f.transfer_id, f.attempt, s);
-    if (!outcome) return ResultReply(f.transfer_id, f.attempt, absl::OkStatus());
-    std::unique_lock<std::mutex> lock(outcome->mu);
-    if (!outcome->cv.wait_for(lock, std::chrono::seconds(10), [&] { return outcome->set; })) {
-      return ResultReply(f.transfer_id, f.attempt, absl::UnavailableError("outcome unknown"));
-    }
-    return ResultReply(f.transfer_id, f.attempt, outcome->status);
+    return FinishReply(core_.get(), std::move(f), outcome);
   }
 
   void Forget(const AttemptKey& key) {
@@ -342,7 +312,7 @@ class NcclReceiver : public KvReceiver {
   std::mutex mu_;
   std::condition_variable progress_cv_;
   std::unordered_map<uint64_t, std::shared_ptr<Peer>> peers_;  // by sender id: the pool
-  std::map<AttemptKey, std::shared_ptr<Outcome>> outcomes_;
+  std::map<AttemptKey, std::shared_ptr<AttemptOutcome>> outcomes_;
   std::map<AttemptKey, uint64_t> progress_;  // DATA messages handled per attempt
   std::unique_ptr<ReceiverCore> core_;
 };

@@ -1,0 +1,142 @@
+#pragma once
+
+// The sending side shared by the device transports whose control messages travel over
+// SenderOptions::control_channel (nccl, cuda-ipc; control_message.h): SenderCore over one peer
+// per receiver endpoint, each with a worker thread that runs the queued work in order, so
+// SendLayer only enqueues. This shell owns the peers, Begin (CONNECT when needed, then BEGIN
+// over the control channel on the calling thread), the control exchange, the worker loop, FINISH
+// and ABORT, a peer that breaks, retiring replaced peers and the shutdown; a transport supplies
+// what differs through the hooks below: how a peer connects (its device state), how one DATA item
+// moves, what a stopped or broken peer releases. User callbacks run on the core's event loop.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvtransfer/control_message.h"
+#include "kvtransfer/faults.h"
+#include "kvtransfer/sender_core.h"
+#include "kvtransfer/transport.h"
+
+namespace tandem::kvtransfer {
+
+// The link to one receiver endpoint and the worker thread that runs its queued work in order.
+// Transports extend it with their device state (a communicator, a mapped pool and a stream).
+struct ControlPeer : SenderLink {
+  std::string endpoint;
+  uint64_t incarnation = 0;
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<SenderWork> queue;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> broken{false};
+
+  // BEGIN went over the control channel inside Begin already: kBegin is not queued.
+  void Send(SenderWork work) override;
+  bool healthy() const override { return !broken; }
+};
+
+class ControlSender : public CoreSender {
+ public:
+  // The transport's ControlRequest kinds.
+  struct Kinds {
+    uint8_t connect = 0;
+    uint8_t begin = 0;
+    uint8_t finish = 0;
+    uint8_t abort = 0;
+    uint8_t disconnect = 0;
+  };
+  struct Config {
+    std::string transport;    // in messages: "nccl", "cuda-ipc"
+    std::string thread_name;  // the core's event loop
+    Kinds kinds;
+    size_t max_blocks_per_message = SIZE_MAX;
+  };
+
+  // The subclass's destructor must call Close() (the hooks are not called after it returned).
+  ControlSender(const SenderOptions& options, KvRegionAccess* access, Config config);
+  ~ControlSender() override;
+
+  absl::StatusOr<TransferHandle> Begin(const TransferTarget& target,
+                                       std::vector<int32_t> src_blocks) final;
+
+ protected:
+  using PeerMap = std::unordered_map<std::string, std::shared_ptr<ControlPeer>>;
+
+  // Aborts what is in flight (done(ABORTED) delivered), stops every peer (DISCONNECT to the live
+  // ones) and the core's event loop. Called first by the subclass's destructor, while its hooks
+  // still work; idempotent.
+  void Close();
+
+  // Hooks, in the order a peer lives.
+  // Under mu_, before connecting to an endpoint that has no peer: the peer to evict (it is
+  // retired), peers.end() for none, or an error when the transport cannot take another peer.
+  virtual absl::StatusOr<PeerMap::iterator> PickEviction(PeerMap& peers) { return peers.end(); }
+  // Connects a new peer to target.endpoint on the calling thread, outside mu_: the CONNECT
+  // exchange (Handshake) and the transport's setup, with `endpoint` and `incarnation` set. The
+  // shell starts its worker and installs it; a peer of another incarnation than the target's is
+  // installed too and Begin fails (a transport may refuse earlier with IncarnationMismatch).
+  virtual absl::StatusOr<std::shared_ptr<ControlPeer>> Connect(const TransferTarget& target) = 0;
+  // First thing on the peer's worker thread.
+  virtual void StartWorker(ControlPeer* p) {}
+  // One DATA item on the worker thread, between the core's StartRead and EndRead. A failure
+  // breaks the peer (its transfers fail); a transport that fails one transfer only ends it
+  // (core().End) and returns OK.
+  virtual absl::Status SendData(ControlPeer* p, SenderWork& work) = 0;
+  // The peer broke, on its worker thread, before its transfers fail.
+  virtual void OnBroken(ControlPeer* p) {}
+  // The peer stopped: its worker joined, its queue cleared. Releases its device state.
+  virtual void Release(ControlPeer* p) {}
+
+  // One control exchange with `endpoint`: `kind` and `body` framed with this sender's id. An
+  // unreachable receiver is UNAVAILABLE, a refused proof of the shared secret UNAUTHENTICATED,
+  // a REFUSE or a failed RESULT its status; both name the endpoint. A WELCOME is OK, with the
+  // reply in `reply_out` when given. With kv_control_drop, a message other than CONNECT may be
+  // lost (UNAVAILABLE).
+  absl::Status Control(const std::string& endpoint, uint8_t kind, std::string body,
+                       ControlReply* reply_out = nullptr);
+  // The CONNECT exchange: as Control, counting a refused handshake (FAILED_PRECONDITION).
+  absl::Status Handshake(const std::string& endpoint, std::string body, ControlReply* reply);
+  // A receiver that is not the one the blocks were reserved with (FAILED_PRECONDITION).
+  static absl::Status IncarnationMismatch(const std::string& endpoint, uint64_t have,
+                                          uint64_t want);
+
+  const SenderOptions& options() const { return options_; }
+  KvRegionAccess* access() const { return access_; }
+  FaultInjector& faults() { return faults_; }
+  SenderCore& core() { return core_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<ControlPeer>> GetPeer(const TransferTarget& target);
+  void StopPeer(const std::shared_ptr<ControlPeer>& p, bool tell_receiver);
+  void Work(ControlPeer* p);
+  absl::Status Run(ControlPeer* p, SenderWork& work);
+  void Broken(ControlPeer* p, const absl::Status& s);
+  // On the core's event loop: peers replaced, evicted or broken are stopped once nothing uses
+  // them.
+  void StopRetired();
+
+  const SenderOptions options_;
+  KvRegionAccess* const access_;
+  const Config config_;
+  FaultInjector faults_{options_.faults};
+  const uint64_t sender_id_;
+  std::mutex mu_;  // the peers; taken before the core's
+  bool closing_ = false;
+  PeerMap peers_;
+  std::vector<std::shared_ptr<ControlPeer>> retired_;  // stopped when unused
+  SenderCore core_;                                    // last: its event loop stops first
+};
+
+}  // namespace tandem::kvtransfer
