@@ -125,14 +125,39 @@ absl::Status ControlSender::IncarnationMismatch(const std::string& endpoint, uin
                    " but the blocks were reserved under incarnation ", want));
 }
 
+std::shared_ptr<ControlPeer> ControlSender::UsablePeer(const TransferTarget& target) {
+  auto it = peers_.find(target.endpoint);
+  if (it != peers_.end() && !it->second->broken && it->second->incarnation == target.incarnation) {
+    return it->second;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::shared_ptr<ControlPeer>> ControlSender::GetPeer(const TransferTarget& target) {
+  std::shared_ptr<std::mutex> connecting;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto peer = UsablePeer(target)) return peer;
+    std::shared_ptr<std::mutex>& m = connecting_[target.endpoint];
+    if (m == nullptr) m = std::make_shared<std::mutex>();
+    connecting = m;
+  }
+  // One connect per endpoint at a time: Begins that raced for a new endpoint share the peer the
+  // first one connects (each connecting anew would replace, and so break, the one before).
+  std::lock_guard<std::mutex> one(*connecting);
+  absl::StatusOr<std::shared_ptr<ControlPeer>> peer = ConnectLocked(target);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = connecting_.find(target.endpoint);
+  if (it != connecting_.end() && it->second.use_count() == 2) connecting_.erase(it);  // us + map
+  return peer;
+}
+
+absl::StatusOr<std::shared_ptr<ControlPeer>> ControlSender::ConnectLocked(
+    const TransferTarget& target) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto peer = UsablePeer(target)) return peer;
     auto it = peers_.find(target.endpoint);
-    if (it != peers_.end() && !it->second->broken &&
-        it->second->incarnation == target.incarnation) {
-      return it->second;
-    }
     if (it == peers_.end()) {
       absl::StatusOr<PeerMap::iterator> victim = PickEviction(peers_);
       if (!victim.ok()) return victim.status();

@@ -118,7 +118,13 @@ class ControlSender : public CoreSender {
   SenderCore& core() { return core_; }
 
  private:
+  // The peer to send target's transfer through: the endpoint's live peer of the target's
+  // incarnation, else a new one connected now.
   absl::StatusOr<std::shared_ptr<ControlPeer>> GetPeer(const TransferTarget& target);
+  // GetPeer's connect, under the endpoint's connecting_ mutex.
+  absl::StatusOr<std::shared_ptr<ControlPeer>> ConnectLocked(const TransferTarget& target);
+  // Under mu_: the endpoint's peer if it serves the target's incarnation and is not broken.
+  std::shared_ptr<ControlPeer> UsablePeer(const TransferTarget& target);
   void StopPeer(const std::shared_ptr<ControlPeer>& p, bool tell_receiver);
   void Work(ControlPeer* p);
   absl::Status Run(ControlPeer* p, SenderWork& work);
@@ -135,6 +141,9 @@ class ControlSender : public CoreSender {
   std::mutex mu_;  // the peers; taken before the core's
   bool closing_ = false;
   PeerMap peers_;
+  // Under mu_: one mutex per endpoint being connected, held across the connect (taken before
+  // mu_); an entry lives while someone connects.
+  std::unordered_map<std::string, std::shared_ptr<std::mutex>> connecting_;
   std::vector<std::shared_ptr<ControlPeer>> retired_;  // stopped when unused
   SenderCore core_;                                    // last: its event loop stops first
 };

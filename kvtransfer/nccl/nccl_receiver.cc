@@ -161,10 +161,16 @@ class NcclReceiver : public KvReceiver {
     peer->last_used_at = absl::Now();
     Peer* raw = peer.get();
     peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
+    std::shared_ptr<Peer> raced;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      peers_[req.sender_id] = peer;
+      // A CONNECT of the same sender that raced this one installed its peer meanwhile: this
+      // later one replaces it, as a reconnect does.
+      std::shared_ptr<Peer>& slot = peers_[req.sender_id];
+      raced = std::move(slot);
+      slot = peer;
     }
+    if (raced) Stop(raced);
     core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
     wire::Welcome w;
     w.incarnation = incarnation_;
