@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/grammar/json_schema_merge.h"
 #include "common/grammar/json_schema_numbers.h"
+#include "common/grammar/json_schema_refs.h"
 #include "common/grammar/json_schema_rewrite.h"
 #include "common/grammar/json_schema_strings.h"
 #include "common/grammar/regex_to_grammar.h"
@@ -64,83 +64,6 @@ class SchemaCompiler {
     return name;
   }
 
-  // oneOf alternatives no document can match twice: each has a single distinct type (integer
-  // and number overlap), or each lists const/enum values and no value repeats.
-  bool Disjoint(const Json& alts) const {
-    std::set<std::string> types, values;
-    bool by_type = true, by_value = true;
-    for (const Json& a : alts) {
-      if (a.is_boolean() && !a.get<bool>()) continue;  // matches nothing
-      if (!a.is_object()) return false;
-      if (a.contains("type") && a["type"].is_string() && !a.contains("$ref")) {
-        by_type = by_type && types.insert(a["type"].get<std::string>()).second;
-      } else {
-        by_type = false;
-      }
-      if (a.contains("const")) {
-        by_value = by_value && values.insert(a["const"].dump()).second;
-      } else if (a.contains("enum") && a["enum"].is_array()) {
-        for (const Json& v : a["enum"]) by_value = by_value && values.insert(v.dump()).second;
-      } else {
-        by_value = false;
-      }
-    }
-    if (types.count("integer") && types.count("number")) by_type = false;
-    return by_type || by_value || Discriminated(alts);
-  }
-
-  // The const/enum values a required property `key` of object schema `s` may take; empty when
-  // the property is not required or not limited to listed values.
-  static std::set<std::string> TagValues(const Json& s, const std::string& key) {
-    std::set<std::string> out;
-    if (!s.is_object() || !s.contains("required") || !s["required"].is_array() ||
-        std::find(s["required"].begin(), s["required"].end(), Json(key)) == s["required"].end() ||
-        !s.contains("properties") || !s["properties"].is_object() ||
-        !s["properties"].contains(key) || !s["properties"][key].is_object()) {
-      return out;
-    }
-    const Json& p = s["properties"][key];
-    if (p.contains("const")) {
-      out.insert(p["const"].dump());
-    } else if (p.contains("enum") && p["enum"].is_array()) {
-      for (const Json& v : p["enum"]) out.insert(v.dump());
-    }
-    return out;
-  }
-
-  // oneOf alternatives that are objects told apart by a required tag property (a discriminator:
-  // {"kind": {"const": "circle"}}) whose values differ between alternatives: a document made
-  // from one alternative fails every other.
-  bool Discriminated(const Json& alts) const {
-    std::vector<const Json*> resolved;
-    for (const Json& a : alts) {
-      const Json* node = &a;
-      for (int hops = 0; node->is_object() && node->contains("$ref") && hops < 16; ++hops) {
-        if (!(*node)["$ref"].is_string() || HasValidation(*node, "$ref")) return false;
-        node = Resolve((*node)["$ref"].get<std::string>());
-        if (node == nullptr) return false;
-      }
-      if (!node->is_object()) return false;
-      resolved.push_back(node);
-    }
-    if (resolved.empty() || !resolved[0]->contains("properties") ||
-        !(*resolved[0])["properties"].is_object()) {
-      return false;
-    }
-    for (const auto& [key, unused] : (*resolved[0])["properties"].items()) {
-      std::set<std::string> seen;
-      bool ok = true;
-      for (const Json* r : resolved) {
-        const std::set<std::string> tags = TagValues(*r, key);
-        if (tags.empty()) ok = false;
-        for (const std::string& t : tags) ok = ok && seen.insert(t).second;
-        if (!ok) break;
-      }
-      if (ok) return true;
-    }
-    return false;
-  }
-
   // A grammar literal for a JSON value, serialised compactly.
   std::string ValueLiteral(const Json& v) { return GrammarLiteral(v.dump()); }
 
@@ -158,36 +81,6 @@ class SchemaCompiler {
     return rest;
   }
 
-  // The schema a local $ref points to (JSON pointer from the root), or null.
-  const Json* Resolve(const std::string& target) const {
-    if (target.empty() || target[0] != '#') return nullptr;
-    const Json* node = &root_;
-    if (target.size() == 1) return node;
-    if (target[1] != '/') return nullptr;
-    for (absl::string_view piece : absl::StrSplit(target.substr(2), '/')) {
-      const std::string part(piece);
-      // JSON pointer unescaping: ~1 -> /, ~0 -> ~.
-      std::string key;
-      for (size_t i = 0; i < part.size(); ++i) {
-        if (part[i] == '~' && i + 1 < part.size() && (part[i + 1] == '0' || part[i + 1] == '1')) {
-          key.push_back(part[i + 1] == '0' ? '~' : '/');
-          ++i;
-        } else {
-          key.push_back(part[i]);
-        }
-      }
-      if (node->is_object() && node->contains(key)) {
-        node = &(*node)[key];
-      } else if (node->is_array() && !key.empty() && key.size() < 10 &&
-                 std::all_of(key.begin(), key.end(), ::isdigit) && std::stoul(key) < node->size()) {
-        node = &(*node)[std::stoul(key)];
-      } else {
-        return nullptr;
-      }
-    }
-    return node;
-  }
-
   // allOf parts and $ref targets beside other keywords, flattened into the list of schemas to
   // merge (json_schema_merge.h).
   absl::Status Flatten(const Json& s, const std::string& where, int depth,
@@ -203,7 +96,7 @@ class SchemaCompiler {
     if (s.contains("$ref")) {
       const Json& ref = s["$ref"];
       if (!ref.is_string()) return Error(where, "$ref must be a string");
-      const Json* target = Resolve(ref.get<std::string>());
+      const Json* target = ResolveLocalRef(root_, ref.get<std::string>());
       if (target == nullptr) {
         return Error(where, absl::StrCat("$ref '", ref.get<std::string>(),
                                          "' does not resolve (only local references #... are "
@@ -306,7 +199,7 @@ class SchemaCompiler {
       const Json& alts = s[kw];
       if (!alts.is_array() || alts.empty())
         return Error(where, absl::StrCat(kw, " must be a non-empty array"));
-      if (std::string(kw) == "oneOf" && options_.strict && !Disjoint(alts)) {
+      if (std::string(kw) == "oneOf" && options_.strict && !OneOfDisjoint(root_, alts)) {
         return Error(where,
                      "oneOf whose alternatives may overlap is not supported (exactly one "
                      "must match); use anyOf, or give each alternative its own type or "
@@ -393,7 +286,7 @@ class SchemaCompiler {
       return Error(where,
                    absl::StrCat("$ref '", target, "': only local references (#...) are supported"));
     }
-    const Json* node = Resolve(target);
+    const Json* node = ResolveLocalRef(root_, target);
     if (node == nullptr) return Error(where, absl::StrCat("$ref '", target, "' does not resolve"));
     // Name the rule first so recursive references resolve to it.
     const std::string name = absl::StrCat(options_.prefix, "s", rule_count_++);
@@ -709,48 +602,6 @@ class SchemaCompiler {
     return NewRule(absl::StrCat("\"\\\"\" json-char", bounds, " \"\\\"\""));
   }
 
-  // k when v is 10^-k (k in 1..16), else 0.
-  static int TenthPower(double v) {
-    double p = 1;
-    for (int k = 1; k <= 16; ++k) {
-      p /= 10;
-      if (std::abs(v - p) <= p * 1e-9) return k;
-    }
-    return 0;
-  }
-
-  // The integers that are multiples of m (2..1000): a remainder automaton over the digits, at
-  // most 16 of them (as the base rules), states (remainder, digits so far).
-  std::string MultiplesExpr(int64_t m) {
-    std::map<std::pair<int64_t, int>, std::string> names;
-    for (int k = 16; k >= 1; --k) {
-      for (int64_t r = 0; r < m; ++r) {
-        std::vector<std::string> alts;
-        if (r == 0) alts.push_back("\"\"");
-        if (k < 16) {
-          std::map<int64_t, std::string> by_target;  // next remainder -> digits
-          for (int d = 0; d <= 9; ++d) by_target[(10 * r + d) % m] += static_cast<char>('0' + d);
-          for (const auto& [t, digits] : by_target) {
-            auto next = names.find({t, k + 1});
-            if (next != names.end()) alts.push_back(absl::StrCat("[", digits, "] ", next->second));
-          }
-        }
-        if (alts.empty()) continue;
-        names[{r, k}] = NewRule(absl::StrJoin(alts, " | "));
-      }
-    }
-    // Leading digit 1..9, then the automaton; "0"; negatives.
-    std::map<int64_t, std::string> first;
-    for (int d = 1; d <= 9; ++d) first[d % m] += static_cast<char>('0' + d);
-    std::vector<std::string> starts;
-    for (const auto& [t, digits] : first) {
-      auto next = names.find({t, 1});
-      if (next != names.end()) starts.push_back(absl::StrCat("[", digits, "] ", next->second));
-    }
-    const std::string positive = NewRule(absl::StrJoin(starts, " | "));
-    return absl::StrCat("\"0\" | \"-\"? ", positive);
-  }
-
   // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; the draft-4 boolean
   // exclusive forms are refused). Integers are exact; numbers keep integral inclusive bounds
   // exact and tighten the others to the integers inside them (a subset of the valid numbers).
@@ -766,7 +617,8 @@ class SchemaCompiler {
       if (v == 1) {
         integer = true;  // multiples of 1 are the integers
       } else if (!bounded && v == std::floor(v) && v <= 1000) {
-        return NewRule(MultiplesExpr(static_cast<int64_t>(v)));
+        return NewRule(MultiplesExpr(static_cast<int64_t>(v),
+                                     [this](const std::string& body) { return NewRule(body); }));
       } else if (!bounded && !integer && v < 1 && TenthPower(v) > 0) {
         // 10^-k: numbers with at most k fraction digits.
         return NewRule(absl::StrCat("json-int ( \".\" [0-9]{1,", TenthPower(v), "} )?"));

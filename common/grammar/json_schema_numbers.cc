@@ -1,6 +1,9 @@
 #include "common/grammar/json_schema_numbers.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -145,4 +148,42 @@ std::string NumberRangeExpr(std::optional<int64_t> lo, std::optional<int64_t> hi
   return Join(alts);
 }
 
+int TenthPower(double v) {
+  double p = 1;
+  for (int k = 1; k <= 16; ++k) {
+    p /= 10;
+    if (std::abs(v - p) <= p * 1e-9) return k;
+  }
+  return 0;
+}
+std::string MultiplesExpr(int64_t m,
+                          const std::function<std::string(const std::string&)>& new_rule) {
+  std::map<std::pair<int64_t, int>, std::string> names;
+  for (int k = 16; k >= 1; --k) {
+    for (int64_t r = 0; r < m; ++r) {
+      std::vector<std::string> alts;
+      if (r == 0) alts.push_back("\"\"");
+      if (k < 16) {
+        std::map<int64_t, std::string> by_target;  // next remainder -> digits
+        for (int d = 0; d <= 9; ++d) by_target[(10 * r + d) % m] += static_cast<char>('0' + d);
+        for (const auto& [t, digits] : by_target) {
+          auto next = names.find({t, k + 1});
+          if (next != names.end()) alts.push_back(absl::StrCat("[", digits, "] ", next->second));
+        }
+      }
+      if (alts.empty()) continue;
+      names[{r, k}] = new_rule(absl::StrJoin(alts, " | "));
+    }
+  }
+  // Leading digit 1..9, then the automaton; "0"; negatives.
+  std::map<int64_t, std::string> first;
+  for (int d = 1; d <= 9; ++d) first[d % m] += static_cast<char>('0' + d);
+  std::vector<std::string> starts;
+  for (const auto& [t, digits] : first) {
+    auto next = names.find({t, 1});
+    if (next != names.end()) starts.push_back(absl::StrCat("[", digits, "] ", next->second));
+  }
+  const std::string positive = new_rule(absl::StrJoin(starts, " | "));
+  return absl::StrCat("\"0\" | \"-\"? ", positive);
+}
 }  // namespace tandem::grammar

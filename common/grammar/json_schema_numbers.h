@@ -6,6 +6,7 @@
 // (json_schema.cc's base rules), so an unbounded side stops at 16 digits.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -19,5 +20,14 @@ std::string IntegerRangeExpr(std::optional<int64_t> lo, std::optional<int64_t> h
 // followed by any fraction, or a bound itself followed only by zeros. No exponent. Empty string
 // when the range is empty.
 std::string NumberRangeExpr(std::optional<int64_t> lo, std::optional<int64_t> hi);
+
+// k when v is 10^-k (k in 1..16), else 0.
+int TenthPower(double v);
+
+// The integers that are multiples of m (2..1000) as a grammar expression: a remainder automaton
+// over at most 16 digits (as the base rules), states (remainder, digits so far), each a rule
+// added through `new_rule` (which returns its name).
+std::string MultiplesExpr(int64_t m,
+                          const std::function<std::string(const std::string&)>& new_rule);
 
 }  // namespace tandem::grammar
