@@ -5,46 +5,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "kvtransfer/cuda_ipc/cuda_runtime_api.h"
+#include "kvtransfer/cuda_device.h"
 #include "kvtransfer/cuda_ipc/ipc_control.h"
 
 namespace tandem::kvtransfer::cuda_ipc {
-namespace {
 
-absl::Status CudaError(cudaError_t e, const char* what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-
-// Keeps the calling thread's current device (control calls arrive on the caller's threads).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
-
-}  // namespace
-
-absl::Status CheckDevice(int device) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuda-ipc kv transport needs a CUDA device: ", cudaGetErrorString(e)));
-  }
-  if (device < 0 || device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " not present (", count, " devices)"));
-  }
-  return absl::OkStatus();
-}
+absl::Status CheckDevice(int device) { return CheckCudaDevice(device, "cuda-ipc"); }
 
 absl::StatusOr<std::string> DeviceId(int device) {
   cudaDeviceProp prop;

@@ -18,9 +18,9 @@
 #include "common/base/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
-#include "kvtransfer/cuda_ipc/cuda_runtime_api.h"
 #include "kvtransfer/cuda_ipc/device.h"
 #include "kvtransfer/cuda_ipc/ipc_control.h"
+#include "kvtransfer/cuda_runtime_api.h"
 #include "kvtransfer/sender_core.h"
 
 namespace tandem::kvtransfer::cuda_ipc {

@@ -4,9 +4,10 @@
 // emulation build (TANDEM_CUDA_EMULATION, tests only) the CPU emulator's stand-ins
 // (common/engine/backend/cuda/emulation: fake_cuda.h, fake_nccl.h).
 
+#include "kvtransfer/cuda_runtime_api.h"
+
 #if TANDEM_CUDA_EMULATION
 #include "common/engine/backend/cuda/emulation/fake_nccl.h"
 #else
-#include <cuda_runtime.h>
 #include <nccl.h>
 #endif
