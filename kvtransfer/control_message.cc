@@ -61,4 +61,12 @@ absl::Status ReplyStatus(const ControlReply& r) {
   return s.ok() ? o.status : s;
 }
 
+absl::string_view ControlTransportOf(absl::string_view request) {
+  if (request.empty()) return "";
+  const uint8_t kind = static_cast<uint8_t>(request[0]);
+  if (kind >= kNcclFirstKind && kind <= kNcclLastKind) return "nccl";
+  if (kind >= kCudaIpcFirstKind && kind <= kCudaIpcLastKind) return "cuda-ipc";
+  return "";
+}
+
 }  // namespace tandem::kvtransfer

@@ -19,6 +19,14 @@
 
 namespace tandem::kvtransfer {
 
+// The request kinds of each transport (nccl/control.h, cuda_ipc/ipc_control.h check theirs).
+inline constexpr uint8_t kNcclFirstKind = 1;
+inline constexpr uint8_t kNcclLastKind = 5;
+inline constexpr uint8_t kCudaIpcFirstKind = 0x41;
+inline constexpr uint8_t kCudaIpcLastKind = 0x47;
+// The transport ("nccl", "cuda-ipc") whose kind an encoded request carries; empty for none.
+absl::string_view ControlTransportOf(absl::string_view request);
+
 struct ControlRequest {
   uint8_t kind = 0;
   uint64_t sender_id = 0;

@@ -5,8 +5,11 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kvtransfer/loopback/loopback.h"
 #include "kvtransfer/metered.h"
+#include "kvtransfer/multi_transport.h"
 #include "kvtransfer/tcp/tcp_receiver.h"
 #include "kvtransfer/tcp/tcp_sender.h"
 
@@ -32,6 +35,9 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateTransportReceiver(
   if (!options.secret.empty() && options.transport != "tcp") {
     return absl::InvalidArgumentError(absl::StrCat(
         "a kv secret applies to the tcp transport only, not '", options.transport, "'"));
+  }
+  if (IsMultiTransport(options.transport)) {
+    return CreateMultiReceiver(options, access, std::move(on_complete));
   }
   if (options.transport == "tcp") {
     return tcp::TcpReceiver::Create(options, access, std::move(on_complete));
@@ -63,6 +69,7 @@ absl::StatusOr<std::unique_ptr<KvSender>> CreateTransportSender(const SenderOpti
     return absl::InvalidArgumentError(absl::StrCat(
         "a kv secret applies to the tcp transport only, not '", options.transport, "'"));
   }
+  if (IsMultiTransport(options.transport)) return CreateMultiSender(options, access);
   if (options.transport == "tcp") return tcp::TcpSender::Create(options, access);
   if (options.transport == "loopback") return loopback::CreateSender(options, access);
   if (options.transport == "nccl") {
@@ -101,7 +108,10 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateReceiver(
 absl::StatusOr<std::unique_ptr<KvSender>> CreateSender(const SenderOptions& options,
                                                        KvRegionAccess* access) {
   auto sender = CreateTransportSender(options, access);
-  if (!sender.ok() || options.hooks == nullptr) return sender;
+  // A multi-transport sender meters each of its transports (multi_transport.h).
+  if (!sender.ok() || options.hooks == nullptr || IsMultiTransport(options.transport)) {
+    return sender;
+  }
   return MeterSender(std::move(sender).value(), options.layout, options.hooks);
 }
 
@@ -114,7 +124,10 @@ bool NcclBuilt() {
 }
 
 bool UsesControlChannel(const std::string& transport) {
-  return transport == "nccl" || transport == "cuda-ipc";
+  for (absl::string_view t : absl::StrSplit(transport, ',')) {
+    if (t != "nccl" && t != "cuda-ipc") return false;
+  }
+  return true;
 }
 
 std::string GpuId(int cuda_device) {
@@ -139,12 +152,31 @@ absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
   const bool on_cuda = device.rfind("cuda", 0) == 0;
   if (requested == "auto") {
     if (!on_cuda) return std::string("tcp");
-    if (!NcclBuilt()) {
+    // On a GPU: every device transport this build has; the router picks one per pair of
+    // workers (common/base/kv_transport_pair.h).
+    std::vector<std::string> spoken;
+    if (NcclBuilt()) spoken.push_back("nccl");
+    if (CudaIpcBuilt()) spoken.push_back("cuda-ipc");
+    if (spoken.empty()) {
       return absl::FailedPreconditionError(
-          "--kv-transport auto: the engine runs on the GPU but this build has no NCCL (tcp moves "
+          "--kv-transport auto: the engine runs on the GPU but this build has no CUDA (tcp moves "
           "KV from host memory only)");
     }
-    return std::string("nccl");
+    return ResolveTransport(absl::StrJoin(spoken, ","), device);
+  }
+  if (IsMultiTransport(requested)) {
+    // Several device transports at once (what `auto` resolves to on a GPU).
+    const std::vector<std::string> spoken = absl::StrSplit(requested, ',');
+    for (const std::string& t : spoken) {
+      if (t != "nccl" && t != "cuda-ipc") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--kv-transport '", requested, "': only nccl and cuda-ipc combine, not '", t, "'"));
+      }
+    }
+    for (const std::string& t : spoken) {
+      if (auto one = ResolveTransport(t, device); !one.ok()) return one.status();
+    }
+    return requested;
   }
   if (requested == "tcp" || requested == "loopback") {
     if (on_cuda) {

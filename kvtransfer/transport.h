@@ -5,7 +5,9 @@
 // into blocks a decode worker (receiver) reserved for the request. Implementations: "tcp"
 // (host memory, zero-copy scatter/gather, checksum per message), "loopback" (in-process, for
 // tests), "nccl" (device memory between GPUs; built with CUDA and NCCL) and "cuda-ipc" (device
-// memory between two processes on one GPU; built with CUDA).
+// memory between two processes on one GPU; built with CUDA). A worker may speak several device
+// transports at once ("nccl,cuda-ipc", multi_transport.h); each transfer then runs on the one
+// its target names.
 
 #include <cstdint>
 #include <functional>
@@ -99,6 +101,9 @@ struct ReceiverOptions {
   // memory).
   int cuda_device = 0;
   int max_communicators = 8;
+  // nccl, cuda-ipc: the incarnation() to report; 0 picks a random one (a multi-transport
+  // receiver gives its transports one).
+  uint64_t incarnation = 0;
   // Metrics (direction receive), whatever the transport: one transfer per expectation, from
   // Expect to its completion. May be null; must outlive the receiver.
   TransferHooks* hooks = nullptr;
@@ -185,6 +190,9 @@ struct SenderOptions {
   // Metrics (direction send), whatever the transport: one transfer per Begin, until its done
   // or Abort. May be null; must outlive the sender.
   TransferHooks* hooks = nullptr;
+  // Several transports ("nccl,cuda-ipc"): the hooks of each (so that a transfer is counted under
+  // the transport it took); unset: `hooks` for all.
+  std::function<TransferHooks*(const std::string& transport)> transport_hooks;
 };
 
 struct TransferTarget {
@@ -194,6 +202,9 @@ struct TransferTarget {
   uint32_t attempt = 0;  // increases on each retry of the same transfer
   std::vector<int32_t> dst_blocks;
   absl::Time deadline = absl::InfiniteFuture();
+  // The transport to use (chosen per pair by the router, common/base/kv_transport_pair.h). Only
+  // a sender of several transports needs it; empty: the sender's own.
+  std::string transport;
 };
 
 using TransferHandle = uint64_t;
@@ -255,11 +266,14 @@ std::string GpuId(int cuda_device);
 //                  (--device cuda): the KV moves from device memory;
 //   cuda-ipc       needs a build with CUDA, a usable CUDA device and the engine on it; its
 //                  receivers refuse, at connect, a sender on another GPU;
-//   auto           nccl when the engine runs on a CUDA device (refused if the build has no
-//                  NCCL), tcp on the CPU. A worker alone cannot know where its peers run;
-//                  ResolveSharedGpuTransport picks cuda-ipc for a cluster on one GPU.
-// Every worker of a cluster must end on the same transport (the router refuses a mismatch at
-// registration).
+//   auto           tcp on the CPU; on a CUDA device every device transport the build has
+//                  ("nccl,cuda-ipc", or "cuda-ipc" without NCCL; refused without CUDA): the
+//                  router then picks, per pair of workers, cuda-ipc on one GPU and nccl across
+//                  GPUs (common/base/kv_transport_pair.h). ResolveSharedGpuTransport picks
+//                  cuda-ipc alone for a cluster on one GPU.
+//   "a,b"          several of nccl and cuda-ipc, each checked as above.
+// The router refuses at registration a worker that cannot talk to every worker of the other
+// role.
 absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
                                              const std::string& device);
 

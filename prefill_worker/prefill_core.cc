@@ -1,6 +1,10 @@
 #include "prefill_worker/prefill_core.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
 #include "common/worker/proto_convert.h"
 
@@ -47,6 +51,7 @@ absl::Status PrefillCore::StartSender(const kvtransfer::SenderOptions& options,
   auto sender = kvtransfer::CreateSender(options, regions);
   if (!sender.ok()) return sender.status();
   sender_ = std::move(sender).value();
+  transports_ = SpokenKvTransports(options.transport);
   return absl::OkStatus();
 }
 
@@ -89,6 +94,10 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
         absl::InvalidArgumentError(absl::StrCat("target.kv_endpoint: ", target.kv_endpoint().size(),
                                                 " bytes, longer than ", kMaxEndpointBytes)),
         {});
+    return;
+  }
+  if (absl::Status st = CheckTargetTransport(target.kv_transport()); !st.ok()) {
+    done(st, {});
     return;
   }
   auto job = std::make_shared<Job>();
@@ -223,12 +232,30 @@ void PrefillCore::RunTask(Task& task) {
                   [this, keep](absl::Status st) { Complete(keep, std::move(st)); });
 }
 
+absl::Status PrefillCore::CheckTargetTransport(const std::string& transport) const {
+  if (std::find(transports_.begin(), transports_.end(), transport) != transports_.end()) {
+    return absl::OkStatus();
+  }
+  const std::string spoken = absl::StrJoin(transports_, ",");
+  if (transport.empty()) {
+    if (transports_.size() == 1) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("target.kv_transport: empty, and this worker speaks ", spoken, " (name one)"));
+  }
+  constexpr size_t kMaxEchoed = 32;  // a transport name; longer input is not echoed
+  return absl::InvalidArgumentError(absl::StrCat(
+      "target.kv_transport: '",
+      transport.size() <= kMaxEchoed ? transport : transport.substr(0, kMaxEchoed) + "...",
+      "' is not one this worker speaks (", spoken, ")"));
+}
+
 void PrefillCore::SendLayerNow(Task& task) {
   Job& job = *task.job;
   const v1::KvReservation& target = job.request.target();
   if (!job.begun) {
     job.begun = true;
     kvtransfer::TransferTarget t;
+    t.transport = target.kv_transport();
     t.endpoint = target.kv_endpoint();
     t.incarnation = target.incarnation();
     t.transfer_id = target.transfer_id();

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "common/engine/async_engine.h"
 #include "common/worker/handlers.h"
@@ -48,6 +49,8 @@ class PrefillCore : public PrefillHandler {
   void ExportLoop();
   void RunTask(Task& task);
   void SendLayerNow(Task& task);  // export thread: Begin on first use, then SendLayer
+  // OK when the sender speaks `transport` (a target's kv_transport; empty: its only one).
+  absl::Status CheckTargetTransport(const std::string& transport) const;
   void OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u);
   void Complete(const std::shared_ptr<Job>& job, absl::Status status);
   void Enqueue(Task task);
@@ -56,6 +59,7 @@ class PrefillCore : public PrefillHandler {
   int64_t block_size_;
   bool layerwise_;
   std::unique_ptr<kvtransfer::KvSender> sender_;
+  std::vector<std::string> transports_;  // the sender's (SpokenKvTransports)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -14,6 +14,7 @@ absl::Status PrefillRole::Start(const WorkerContext& context) {
   so.layout = context.layout;
   so.secret = context.kv_secret;
   so.hooks = context.transfer_hooks;
+  so.transport_hooks = context.transport_hooks;
   so.cuda_device = context.cuda_device;
   if (kvtransfer::UsesControlChannel(so.transport)) {
     // Control messages go to the decode worker's KvControl service, with the process's TLS and

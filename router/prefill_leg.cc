@@ -5,6 +5,7 @@
 #include "common/base/log.h"
 #include "router/cluster_client.h"
 #include "router/placement.h"
+#include "router/worker_registry.h"
 
 namespace tandem {
 
@@ -50,6 +51,12 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
   call_request_.set_priority(r.priority());
   call_request_.set_cache_salt(r.cache_salt());
   *call_request_.mutable_target() = reservation_;
+  // The transport of this pair (both were admitted, so one exists; a worker that re-registered
+  // with another since fails the call, which is retried).
+  absl::StatusOr<std::string> transport =
+      PairKvTransport(TransportPeer(worker_->address, worker_->info),
+                      TransportPeer(decode_->address, decode_->info));
+  if (transport.ok()) call_request_.mutable_target()->set_kv_transport(*transport);
   call_request_.set_attempt(attempt_);
   response_.Clear();
   context_ = std::make_unique<grpc::ClientContext>();

@@ -370,30 +370,25 @@ bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration time
   return false;
 }
 
+KvTransportPeer TransportPeer(const std::string& address, const v1::WorkerInfo& info) {
+  return {info.role(), address, info.kv_transport(), info.kv_device()};
+}
+
 std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
                                                    const v1::WorkerInfo& info) {
-  // Every prefill worker sends to every decode worker, so one transport serves the cluster: the
-  // one of the workers registered now (a worker re-registering at its address is not compared
-  // with itself; once none is left, the next worker may bring another transport).
-  auto transport = [](const v1::WorkerInfo& i) {
-    return i.kv_transport().empty() ? std::string("tcp") : i.kv_transport();
-  };
-  const std::string theirs = transport(info);
+  // Every prefill worker may send to every decode worker, so each such pair needs a transport
+  // both speak that works between their devices (kv_transport_pair.h). A worker re-registering
+  // at its address is not compared with itself.
+  const KvTransportPeer self = TransportPeer(address, info);
+  const bool sends = info.role() == "prefill" || info.role() == "both";
+  const bool receives = info.role() == "decode" || info.role() == "both";
   for (const auto& w : workers_) {
     if (w->address == address) continue;
-    if (transport(w->info) == theirs) {
-      // cuda-ipc maps one process's KV pool into another's: both on one physical GPU.
-      if (theirs == "cuda-ipc" && w->info.kv_device() != info.kv_device()) {
-        return absl::StrCat("KV transport cuda-ipc needs every worker on one GPU: this ",
-                            info.role(), " worker is on '", info.kv_device(), "', the cluster's ",
-                            w->info.role(), " worker ", w->address, " on '", w->info.kv_device(),
-                            "' (use nccl between GPUs)");
-      }
-      continue;
-    }
-    return absl::StrCat("KV transport mismatch: this ", info.role(), " worker speaks '", theirs,
-                        "', the cluster's ", w->info.role(), " worker ", w->address, " speaks '",
-                        transport(w->info), "' (start every worker with the same --kv-transport)");
+    const KvTransportPeer other = TransportPeer(w->address, w->info);
+    absl::StatusOr<std::string> pair = std::string();
+    if (sends && w->is_decode()) pair = PairKvTransport(self, other);
+    if (pair.ok() && receives && w->is_prefill()) pair = PairKvTransport(other, self);
+    if (!pair.ok()) return std::string(pair.status().message());
   }
   return "";
 }

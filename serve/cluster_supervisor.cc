@@ -5,9 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -52,6 +54,20 @@ absl::Status ClusterSupervisor::Spawn(Child& child, absl::Duration timeout) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The child's environment, built before fork (the child only execs).
+  std::vector<std::string> overrides;
+  if (options_.child_env) overrides = options_.child_env(child.role, child.index);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const bool overridden = std::any_of(overrides.begin(), overrides.end(), [&](const auto& o) {
+      const size_t eq = o.find('=');
+      return entry.substr(0, entry.find('=') + 1) == std::string_view(o).substr(0, eq + 1);
+    });
+    if (!overridden) envp.push_back(*e);
+  }
+  for (auto& o : overrides) envp.push_back(o.data());
+  envp.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -61,7 +77,7 @@ absl::Status ClusterSupervisor::Spawn(Child& child, absl::Duration timeout) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    execv("/proc/self/exe", argv.data());
+    execve("/proc/self/exe", argv.data(), envp.data());
     _exit(127);
   }
   child.pid = pid;

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,6 +18,9 @@ struct ClusterSupervisorOptions {
   // metrics_host (empty: the child's --host, loopback).
   bool metrics = false;
   std::string metrics_host;
+  // Environment variables ("NAME=value") a child gets on top of this process's, by role and
+  // index (unset: none).
+  std::function<std::vector<std::string>(const std::string& role, int index)> child_env;
 };
 
 // Runs the worker processes of a local cluster (`tandem serve --prefill-workers N

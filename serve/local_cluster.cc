@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -28,6 +29,19 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   // With /metrics on, every worker serves its own on a free port.
   supervisor_options.metrics = metrics->port() != 0;
   supervisor_options.metrics_host = flags.server.metrics.host;
+#if TANDEM_GPU_EMULATION
+  // NCCL refuses two ranks on one GPU; this test build gives every worker of an nccl cluster an
+  // emulated GPU of its own, as a machine with one GPU per worker would (a real build refuses
+  // nccl here: serve_main.cc).
+  if (flags.kv_transport == "nccl") {
+    const char* base = std::getenv("TANDEM_EMULATED_GPU");
+    const std::string prefix = base != nullptr ? base : "0";
+    supervisor_options.child_env = [prefix](const std::string& role, int index) {
+      return std::vector<std::string>{
+          absl::StrCat("TANDEM_EMULATED_GPU=", prefix, "-", role, "-", index)};
+    };
+  }
+#endif
   ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = flags.engine.ToArgs();
   if (flags.server.log_json) args.push_back("--log-json");

@@ -68,6 +68,16 @@ int RunServe(int argc, char** argv) {
       std::fprintf(stderr, "serve: %s\n", std::string(transport.status().message()).c_str());
       return 2;
     }
+#if !TANDEM_GPU_EMULATION
+    if (*transport == "nccl" && device->rfind("cuda", 0) == 0) {
+      std::fprintf(stderr,
+                   "serve: --kv-transport nccl: every worker runs on %s and NCCL refuses two "
+                   "ranks on one GPU: use cuda-ipc or auto (or start `tandem prefill` and "
+                   "`tandem decode` workers on separate GPUs)\n",
+                   device->c_str());
+      return 2;
+    }
+#endif
     if (*transport != sf.kv_transport) {
       transport_note = absl::StrCat("KV transport ", *transport, " (--kv-transport ",
                                     sf.kv_transport, ": every worker on ", *device, ")");

@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <memory>
 
+#include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
 #include "common/engine/engine_builder.h"
 #include "common/metrics/process_metrics.h"
@@ -18,6 +21,7 @@
 #include "common/worker/serving_engine.h"
 #include "common/worker/worker_service.h"
 #include "kvtransfer/auth.h"
+#include "kvtransfer/multi_transport.h"
 
 namespace tandem {
 
@@ -140,6 +144,18 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   ServingEngine& se = **serving;
   WorkerMetrics worker_metrics(registry, wf.role);
   TransferMetrics transfer_metrics(registry, wf.kv.transport);
+  // A worker speaking several transports counts each transfer it sends under the one it took
+  // (its receives under all of them: which one a transfer takes is known only once it begins).
+  std::map<std::string, std::unique_ptr<TransferMetrics>> metrics_by_transport;
+  if (kvtransfer::IsMultiTransport(wf.kv.transport)) {
+    for (const std::string& t : SpokenKvTransports(wf.kv.transport)) {
+      metrics_by_transport[t] = std::make_unique<TransferMetrics>(registry, t);
+    }
+    context.transport_hooks = [&metrics_by_transport](const std::string& t) -> TransferHooks* {
+      auto it = metrics_by_transport.find(t);
+      return it == metrics_by_transport.end() ? nullptr : it->second.get();
+    };
+  }
   BackendRegions regions(se.backend,
                          /*device_memory=*/kvtransfer::UsesControlChannel(wf.kv.transport));
   context.engine = se.engine.get();

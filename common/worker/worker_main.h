@@ -52,6 +52,8 @@ struct WorkerContext {
   // (CreateInternalChannel, common/rpc/call_auth.h).
   std::string cluster_secret;
   TransferHooks* transfer_hooks = nullptr;
+  // A worker of several transports: the hooks of each (SenderOptions::transport_hooks).
+  std::function<TransferHooks*(const std::string& transport)> transport_hooks;
 };
 
 // One role of a worker process (prefill_worker/, decode_worker/): what it serves behind the

@@ -39,6 +39,7 @@ enum ControlKind : uint8_t {
   kAbort = 0x46,
   kDisconnect = 0x47,
 };
+static_assert(kConnect == kCudaIpcFirstKind && kDisconnect == kCudaIpcLastKind);
 
 // A request of this transport (its kinds only).
 absl::Status DecodeIpcRequest(absl::string_view bytes, ControlRequest* r);

@@ -49,7 +49,7 @@ class IpcReceiver : public KvReceiver {
       : options_(options),
         name_(options.name.empty() ? absl::StrCat("cuda-ipc-", getpid(), "-", ++g_names)
                                    : options.name),
-        incarnation_(RandomU64() | 1),
+        incarnation_(options.incarnation != 0 ? options.incarnation : RandomU64() | 1),
         pool_(std::move(pool)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                              options.deadline_grace, options.max_transfer_time,

@@ -29,6 +29,7 @@ enum ControlKind : uint8_t {
   kAbort = 4,
   kDisconnect = 5,
 };
+static_assert(kConnect == kNcclFirstKind && kDisconnect == kNcclLastKind);
 
 // A request of this transport (its kinds only).
 absl::Status DecodeNcclRequest(absl::string_view bytes, ControlRequest* r);

@@ -58,8 +58,10 @@ class NcclReceiver : public KvReceiver {
         access_(access),
         name_(options.name.empty() ? absl::StrCat("nccl-", getpid(), "-", ++g_names)
                                    : options.name),
-        incarnation_((static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                     (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
+        incarnation_(options.incarnation != 0
+                         ? options.incarnation
+                         : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                               (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                              options.deadline_grace, options.max_transfer_time,
                                              "kvt-nccl-recv")) {}

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """The GPU serving path end to end without a GPU: the test-only emulation build
 (scripts/build_emulated.sh: the CUDA backend and NCCL on the CPU emulator) runs
-`tandem serve --device cuda --kv-transport nccl --prefill-workers 1 --decode-workers 2`.
+`tandem serve --device cuda --kv-transport nccl --prefill-workers 1 --decode-workers 2` (the
+emulation build gives each worker of an nccl cluster its own emulated GPU: NCCL refuses two ranks
+on one GPU).
 - greedy output of both bundled models on 12 concurrent prompts equals the CPU tcp cluster's bit
   for bit, and the models' reference continuation;
 - cancellation during the KV transfer or mid-stream, and SIGKILL of a decode worker with streams
   in flight, lose nothing and leak no block; the restarted worker is fed over a new communicator;
-- at registration a router refuses a decode worker on another transport and one with another KV
+- at registration a router refuses a decode worker on another transport, an nccl one on the
+  prefill worker's own GPU (NCCL refuses two ranks on one GPU) and one with another KV
   layout, naming both sides / the field;
 - fault injection (TANDEM_FAULTS kv_control_drop, kv_misplace) makes the output checks fail.
 
@@ -262,23 +265,31 @@ def mismatches_refused(stubs, emu_dir):
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         try:
-            procs.append(Proc(emu_dir, tmp, "prefill", ["prefill", "--kv-transport", "nccl"] + base))
-            procs.append(Proc(emu_dir, tmp, "decode", ["decode", "--kv-transport", "nccl"] + base))
+            # NCCL needs each rank on its own GPU: the prefill and decode workers get one each.
+            procs.append(Proc(emu_dir, tmp, "prefill", ["prefill", "--kv-transport", "nccl"] + base,
+                              env={"TANDEM_EMULATED_GPU": "gpu-p"}))
+            procs.append(Proc(emu_dir, tmp, "decode", ["decode", "--kv-transport", "nccl"] + base,
+                              env={"TANDEM_EMULATED_GPU": "gpu-d"}))
             procs.append(Proc(emu_dir, tmp, "bad-layout", ["decode", "--kv-transport", "nccl",
-                                                           "--block-size", "32"] + base))
+                                                           "--block-size", "32"] + base,
+                              env={"TANDEM_EMULATED_GPU": "gpu-l"}))
             # tcp needs the engine on the CPU (same model, same KV layout: only the transport
             # differs).
             procs.append(Proc(emu_dir, tmp, "bad-transport", ["decode", "--kv-transport", "tcp",
                                                               "--model", model]))
-            p, d, bad_layout, bad_transport = procs
+            # nccl on the prefill worker's own GPU: NCCL would refuse the pair's communicator.
+            procs.append(Proc(emu_dir, tmp, "same-gpu", ["decode", "--kv-transport", "nccl"] + base,
+                              env={"TANDEM_EMULATED_GPU": "gpu-p"}))
+            p, d, bad_layout, bad_transport, same_gpu = procs
             procs.append(Proc(emu_dir, tmp, "router", [
                 "router", "--model", model, "--prefill-addresses", p.address,
-                "--decode-addresses", f"{d.address},{bad_layout.address},{bad_transport.address}"]))
+                "--decode-addresses", ",".join(
+                    x.address for x in (d, bad_layout, bad_transport, same_gpu))]))
             channel = grpc.insecure_channel(procs[-1].address)
             deadline = time.time() + 30
             while True:
                 status = cluster_status(stubs, channel)
-                if len(status.refused) >= 2 or time.time() > deadline:
+                if len(status.refused) >= 3 or time.time() > deadline:
                     break
                 time.sleep(0.2)
             refused = list(status.refused)
@@ -287,8 +298,13 @@ def mismatches_refused(stubs, emu_dir):
             transport = [r for r in refused if "KV transport mismatch" in r]
             check(transport and "'tcp'" in transport[0] and "'nccl'" in transport[0] and
                   bad_transport.address in transport[0], f"transport mismatch refused: {refused}")
+            one_gpu = [r for r in refused if r.startswith(same_gpu.address)]
+            check(one_gpu and "different GPUs" in one_gpu[0] and p.address in one_gpu[0],
+                  f"an nccl pair on one GPU refused: {refused}")
+            check(len(refused) == 3, f"only the three bad workers refused: {refused}")
             log(f"ok: refused at registration: {layout[0]}")
             log(f"ok: refused at registration: {transport[0]}")
+            log(f"ok: refused at registration: {one_gpu[0]}")
         finally:
             for proc in procs:
                 proc.stop()

@@ -10,6 +10,10 @@ process maps) runs `tandem serve --device cuda --kv-transport cuda-ipc --prefill
 - cancellation during the transfer or mid-stream and SIGKILL of a decode worker with streams in
   flight lose nothing and leak no block; the restarted worker's pool is mapped afresh;
 - at registration a router refuses cuda-ipc workers on two different (emulated) GPUs, naming both;
+- workers started alone with `--kv-transport auto` speak both device transports ("nccl,cuda-ipc")
+  and the router picks per pair: one prefill worker feeds a decode worker on its own GPU over
+  cuda-ipc and one on another GPU over nccl (the prefill worker's send metrics by transport),
+  with outputs equal to the CPU cluster's;
 - fault injection (TANDEM_FAULTS kv_control_drop: a control message lost; kv_misplace: regions
   copied one block off) makes the output checks fail.
 The checks are gpu_emulated_cluster_test's, run over cuda-ipc.
@@ -17,10 +21,12 @@ The checks are gpu_emulated_cluster_test's, run over cuda-ipc.
 Usage: gpu_emulated_ipc_test.py BUILD_DIR   (the emulation binary: TANDEM_EMULATED_BUILD, or
 BUILD_DIR/../build-emu)."""
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,6 +106,73 @@ def other_gpu_refused(emu_dir):
                 proc.stop()
 
 
+def sent_blocks(metrics_port):
+    """{transport: KV blocks sent} from a worker's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        m = re.match(r'tandem_kv_transfer_blocks_total\{(.*)\} (\S+)', line)
+        if m and 'direction="send"' in m.group(1):
+            transport = re.search(r'transport="([^"]*)"', m.group(1)).group(1)
+            out[transport] = out.get(transport, 0) + float(m.group(2))
+    return out
+
+
+def auto_per_pair(stubs, emu_dir, cpu_outputs):
+    """Workers started alone with `--kv-transport auto`: the router picks cuda-ipc for the pair on
+    one GPU and nccl for the pair on two, and the outputs equal the CPU cluster's."""
+    texts, want, _ = cpu_outputs["stories260k"]
+    model = os.path.join(ROOT, "models", "stories260k")
+    base = ["--model", model, "--device", "cuda", "--kv-transport", "auto", "--num-kv-blocks",
+            "512", "--matmul-input-dtype", "f32"]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        try:
+            metrics_file = os.path.join(tmp, "prefill.metrics-port")
+            procs.append(g.Proc(emu_dir, tmp, "prefill", ["prefill"] + base + [
+                "--metrics-port", "-1", "--metrics-port-file", metrics_file],
+                env={"TANDEM_EMULATED_GPU": "gpu-a"}))
+            procs.append(g.Proc(emu_dir, tmp, "decode-same", ["decode"] + base,
+                                env={"TANDEM_EMULATED_GPU": "gpu-a"}))
+            procs.append(g.Proc(emu_dir, tmp, "decode-other", ["decode"] + base,
+                                env={"TANDEM_EMULATED_GPU": "gpu-b"}))
+            p, same, other = procs
+            infos = [stubs.worker_grpc.WorkerStub(internal_channel(x.address)).GetInfo(
+                stubs.worker.InfoRequest(), timeout=10) for x in procs]
+            check(all(i.kv_transport == "nccl,cuda-ipc" for i in infos),
+                  f"auto on a GPU speaks both: {[i.kv_transport for i in infos]}")
+            procs.append(g.Proc(emu_dir, tmp, "router", [
+                "router", "--model", model, "--prefill-addresses", p.address,
+                "--decode-addresses", f"{same.address},{other.address}"] + g.REMOTE))
+            router = procs[-1]
+            channel = grpc.insecure_channel(router.address)
+            deadline = time.time() + 60
+            while (sum(w.healthy for w in cluster_status(stubs, channel).workers) < 3 and
+                   time.time() < deadline):
+                time.sleep(0.2)
+            status = cluster_status(stubs, channel)
+            check(not status.refused, f"nothing refused: {list(status.refused)}")
+            port = int(open(metrics_file).read())
+            sent = {}
+            for _ in range(4):  # until the router has placed requests on both decode workers
+                got = g.served(stubs, router.address, texts, g.TOKENS)
+                for i in range(len(texts)):
+                    check(got[i] == want[i], f"prompt {i}: per-pair auto differs from the CPU "
+                          f"cluster:\n{got[i]}\n{want[i]}")
+                sent = sent_blocks(port)
+                if sent.get("cuda-ipc", 0) > 0 and sent.get("nccl", 0) > 0:
+                    break
+            check(sent.get("cuda-ipc", 0) > 0 and sent.get("nccl", 0) > 0,
+                  f"KV sent over cuda-ipc (same GPU) and nccl (other GPU): {sent}")
+            status = cluster_status(stubs, channel)
+            check(status.failures == 0 and status.prefill_retries == 0, f"no failure: {status}")
+            log(f"ok: auto per pair: cuda-ipc to the decode worker on the prefill worker's GPU, "
+                f"nccl to the one on another (blocks sent {sent}); outputs identical")
+        finally:
+            for proc in procs:
+                proc.stop()
+
+
 def faults_are_caught(stubs, emu_dir, cpu_outputs):
     """The checks fail when a control message is lost or a copy lands one block off."""
     texts, want, ref = cpu_outputs["stories260k"]
@@ -125,6 +198,7 @@ def main():
     other_gpu_refused(emu_dir)
     cpu_outputs = g.outputs_match(stubs, build_dir, emu_dir)
     auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs)
+    auto_per_pair(stubs, emu_dir, cpu_outputs)
     faults_are_caught(stubs, emu_dir, cpu_outputs)
     g.faults(stubs, emu_dir, tokens=80)
     print("PASS")

@@ -189,6 +189,8 @@ def main():
              {"UNAVAILABLE", "INVALID_ARGUMENT"}),
             ("empty endpoint", target(kv_endpoint=""), {"UNAVAILABLE", "INVALID_ARGUMENT"}),
             ("endpoint of 64 KiB", target(kv_endpoint="h" * 65536 + ":1"), {"INVALID_ARGUMENT"}),
+            ("transport it does not speak", target(kv_transport="nccl"), {"INVALID_ARGUMENT"}),
+            ("transport of 64 KiB", target(kv_transport="t" * 65536), {"INVALID_ARGUMENT"}),
         ]
         for i, (name, tgt, codes) in enumerate(cases):
             payload = tgt if isinstance(tgt, bytes) else tgt if isinstance(

@@ -29,12 +29,22 @@ TEST(ResolveTransportTest, OnTheCpu) {
 
 TEST(ResolveTransportTest, OnAGpu) {
   ExpectRefused("tcp", "cuda:0", absl::StatusCode::kFailedPrecondition, "host memory");
+  // auto on a GPU speaks every device transport of the build (the router picks per pair).
   absl::StatusOr<std::string> automatic = ResolveTransport("auto", "cuda:0");
-  if (NcclBuilt()) {
-    EXPECT_EQ(*automatic, "nccl");
-  } else {
+  if (!CudaIpcBuilt()) {
     EXPECT_EQ(automatic.status().code(), absl::StatusCode::kFailedPrecondition);
+  } else if (automatic.ok()) {
+    EXPECT_EQ(*automatic, NcclBuilt() ? "nccl,cuda-ipc" : "cuda-ipc");
   }
+}
+
+TEST(ResolveTransportTest, SeveralDeviceTransports) {
+  ExpectRefused("nccl,tcp", "cuda:0", absl::StatusCode::kInvalidArgument, "only nccl and cuda-ipc");
+  if (!NcclBuilt()) {
+    ExpectRefused("nccl,cuda-ipc", "cuda:0", absl::StatusCode::kFailedPrecondition, "nccl");
+  }
+  EXPECT_TRUE(UsesControlChannel("nccl,cuda-ipc"));
+  EXPECT_FALSE(UsesControlChannel("nccl,tcp"));
 }
 
 TEST(ResolveTransportTest, CudaIpc) {
