@@ -40,9 +40,9 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   f->String("model-name", &model_name, "model name reported to the router");
   f->String("kv-transport", &kv.transport,
             "KV transfer transport: tcp, nccl (GPU memory over NCCL, between GPUs), cuda-ipc "
-            "(GPU memory between processes on one GPU) or auto (nccl when the engine runs on a "
-            "GPU and the build has NCCL, else tcp); every worker of a cluster must run the "
-            "same one");
+            "(GPU memory between processes on one GPU) or auto (on a GPU both nccl and "
+            "cuda-ipc, the router picking per pair of workers; else tcp); the router refuses "
+            "a pair of workers that cannot talk");
   f->String("kv-host", &kv.host, "decode role: address the KV receiver listens on");
   f->Int32("kv-port", &kv.port, "decode role: KV receiver port (0: any free port)");
   f->String("kv-secret-file", &kv_secret_file,
