@@ -72,9 +72,9 @@ class MultiSender : public KvSender {
     size_t i = 0;
     while (i < names_.size() && names_[i] != target.transport) ++i;
     if (i == names_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "target transport '", target.transport, "': this sender speaks ",
-          absl::StrJoin(names_, ","), " (the router names one per transfer)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("target transport '", target.transport, "': this sender speaks ",
+                       absl::StrJoin(names_, ","), " (the router names one per transfer)"));
     }
     absl::StatusOr<TransferHandle> inner = senders_[i]->Begin(target, std::move(src_blocks));
     if (!inner.ok()) return inner.status();
@@ -164,9 +164,8 @@ class MultiReceiver : public KvReceiver {
       o.name = endpoint_;
       o.incarnation = incarnation_;
       o.hooks = nullptr;  // metered as a whole
-      auto r = CreateReceiver(o, access, [this, i](const CompletedTransfer& done) {
-        OnComplete(i, done);
-      });
+      auto r = CreateReceiver(o, access,
+                              [this, i](const CompletedTransfer& done) { OnComplete(i, done); });
       if (!r.ok()) {
         return absl::Status(r.status().code(), absl::StrCat(names[i], ": ", r.status().message()));
       }
