@@ -23,9 +23,8 @@ std::string Describe(const KvTransportPeer& p) {
 
 std::vector<std::string> SpokenKvTransports(std::string_view kv_transport) {
   std::vector<std::string> out;
-  for (absl::string_view t : absl::StrSplit(absl::string_view(kv_transport.data(),
-                                                              kv_transport.size()),
-                                            ',', absl::SkipEmpty())) {
+  for (absl::string_view t : absl::StrSplit(
+           absl::string_view(kv_transport.data(), kv_transport.size()), ',', absl::SkipEmpty())) {
     out.emplace_back(t);
   }
   if (out.empty()) out.emplace_back("tcp");
@@ -45,8 +44,9 @@ absl::StatusOr<std::string> PairKvTransport(const KvTransportPeer& sender,
   if (Speaks(s, "cuda-ipc") && Speaks(r, "cuda-ipc")) {
     why = "cuda-ipc needs both on one GPU";
   } else if (Speaks(s, "nccl") && Speaks(r, "nccl")) {
-    why = "nccl needs them on different GPUs (NCCL refuses two ranks on one GPU): use cuda-ipc "
-          "or auto";
+    why =
+        "nccl needs them on different GPUs (NCCL refuses two ranks on one GPU): use cuda-ipc "
+        "or auto";
   } else {
     why = "they share no transport: start both with the same --kv-transport (or auto)";
   }
