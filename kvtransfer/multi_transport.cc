@@ -129,10 +129,11 @@ class MultiSender : public KvSender {
   }
 
   const std::vector<std::string> names_;
-  const std::vector<std::unique_ptr<KvSender>> senders_;
   std::mutex mu_;
   TransferHandle next_handle_ = 0;
   std::unordered_map<TransferHandle, std::pair<size_t, TransferHandle>> handles_;
+  // Last: destroyed first, so callbacks its senders still deliver find the state above.
+  const std::vector<std::unique_ptr<KvSender>> senders_;
 };
 
 // ---------------------------------------------------------------- receiver

@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/control_rpc/control_rpc.h"
 #include "kvtransfer/transport.h"
+#include "tests/unit/kvtransfer/device_pool.h"
 #include "tests/unit/kvtransfer/kv_test_util.h"
 
 extern char** environ;
@@ -34,84 +34,15 @@ namespace tandem::kvtransfer {
 namespace {
 
 using testing::Completions;
+using testing::DevicePool;
 
 constexpr int64_t kBlocks = 16;
-constexpr size_t kGuard = 32;
-constexpr uint8_t kGuardByte = 0xa5;
 constexpr char kSecret[] = "0123456789abcdef-secret";
 
 // Child exit codes.
 constexpr int kLandedExactly = 0;
 constexpr int kLandedWrong = 3;
 constexpr int kTransferFailed = 4;
-
-// A KV pool in emulated device memory (one cudaMalloc, exportable), regions at a regular
-// stride with guard bytes after each.
-class DevicePool : public KvRegionAccess {
- public:
-  DevicePool(const KvLayout& layout, int64_t num_blocks)
-      : layout_(layout), num_blocks_(num_blocks), region_(layout.region_bytes()) {
-    bytes_ = std::max<size_t>(layout.num_layers * num_blocks * (region_ + kGuard),
-                              cuda_emu::kIpcMinBytes);
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes_), cudaSuccess);
-    base_ = static_cast<uint8_t*>(p);
-    std::memset(base_, kGuardByte, bytes_);
-    for (int64_t l = 0; l < layout_.num_layers; ++l) {
-      for (int32_t b = 0; b < num_blocks_; ++b) std::memset(Region(l, b), 0, region_);
-    }
-  }
-  ~DevicePool() override { cudaFree(base_); }
-  uint8_t* Region(int64_t layer, int32_t block) override {
-    return base_ + (layer * num_blocks_ + block) * (region_ + kGuard);
-  }
-  int64_t num_blocks() const override { return num_blocks_; }
-
-  // The bytes FakePool::Fill(seed) would hold in (layer, block).
-  void Fill(uint64_t seed) {
-    for (int64_t l = 0; l < layout_.num_layers; ++l) {
-      for (int32_t b = 0; b < num_blocks_; ++b) FillRegion(seed, l, b, Region(l, b));
-    }
-  }
-  void FillRegion(uint64_t seed, int64_t l, int32_t b, uint8_t* r) const {
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(l * num_blocks_ + b);
-    for (size_t i = 0; i < region_; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      r[i] = static_cast<uint8_t>(x);
-    }
-  }
-  // dst_blocks hold what Fill(seed) put in src_blocks, every other region is zero, every guard
-  // byte intact.
-  bool LandedExactly(uint64_t seed, const std::vector<int32_t>& src_blocks,
-                     const std::vector<int32_t>& dst_blocks) {
-    std::vector<uint8_t> want(region_), zero(region_, 0);
-    for (int64_t l = 0; l < layout_.num_layers; ++l) {
-      for (int32_t b = 0; b < num_blocks_; ++b) {
-        const uint8_t* expected = zero.data();
-        for (size_t i = 0; i < dst_blocks.size(); ++i) {
-          if (dst_blocks[i] == b) {
-            FillRegion(seed, l, src_blocks[i], want.data());
-            expected = want.data();
-          }
-        }
-        if (std::memcmp(Region(l, b), expected, region_) != 0) return false;
-        for (size_t g = 0; g < kGuard; ++g) {
-          if (Region(l, b)[region_ + g] != kGuardByte) return false;
-        }
-      }
-    }
-    return true;
-  }
-
- private:
-  const KvLayout layout_;
-  const int64_t num_blocks_;
-  const size_t region_;
-  size_t bytes_ = 0;
-  uint8_t* base_ = nullptr;
-};
 
 // One receiver process: writes "endpoint incarnation" into its file, expects transfers 1
 // ({3, 4, 5} from source blocks {10, 11, 12}) and 2 ({7} from {1}) of a pool filled with seed
