@@ -16,10 +16,10 @@ absl::Status ValidateTransferWindow(const std::vector<int64_t>& window_layers, i
   for (int64_t l : window_layers) {
     if (l < 0 || l >= num_layers) {
       return absl::InvalidArgumentError(
-          absl::StrCat("window layer ", l, " outside the model's layers [0, ", num_layers, ")"));
+          absl::StrCat("window_layers: ", l, " outside the model's layers [0, ", num_layers, ")"));
     }
     if (seen[l]) {
-      return absl::InvalidArgumentError(absl::StrCat("window layer ", l, " listed twice"));
+      return absl::InvalidArgumentError(absl::StrCat("window_layers: ", l, " listed twice"));
     }
     seen[l] = true;
   }

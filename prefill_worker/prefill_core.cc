@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/worker/proto_convert.h"
+#include "kvtransfer/transfer_window.h"
 
 namespace tandem {
 
@@ -69,8 +70,19 @@ absl::Status PrefillCore::CheckTargetWindow(const v1::KvReservation& target,
   // No window: a decode worker that reserved every page of every layer (the transfer sends the
   // local layers' released regions as zeros, which that worker never reads).
   if (target.window_layers_size() == 0 && target.window_first() == 0) return absl::OkStatus();
-  const Engine::TransferWindow want = engine_->engine().RemoteTransferWindow(num_tokens);
+  const Engine& engine = engine_->engine();
   const std::vector<int64_t> got(target.window_layers().begin(), target.window_layers().end());
+  if (absl::Status st = kvtransfer::ValidateTransferWindow(
+          got, target.window_first(), engine.model().config().num_layers,
+          static_cast<size_t>(target.dst_blocks_size()));
+      !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("target: ", st.message()));
+  }
+  const Engine::TransferWindow want = engine.RemoteTransferWindow(num_tokens);
+  // Without a window layout this worker holds every block of every layer: any part of it can be
+  // sent. With one it holds the local layers' pages of the same window the decode worker
+  // reserved, and only those.
+  if (want.layers.empty()) return absl::OkStatus();
   if (got != want.layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("target.window_layers: [", absl::StrJoin(got, ","),

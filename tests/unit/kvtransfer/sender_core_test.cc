@@ -270,7 +270,7 @@ TEST_F(SenderCoreTest, CheckBeginRefusesABadWindow) {
   t.window_layers = {options_.layout.num_layers};
   s = core_->CheckBegin(t, Src(3));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
-  EXPECT_NE(s.message().find("window layer"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("window_layers"), std::string::npos) << s;
   t.window_layers = {1, 1};
   s = core_->CheckBegin(t, Src(3));
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

@@ -94,8 +94,9 @@ class WindowDisaggregatedTest : public ::testing::TestWithParam<std::string> {
     decode_.reset();
   }
 
-  std::unique_ptr<Engine> Build() {
+  std::unique_ptr<Engine> Build(bool window_kv = true) {
     EngineBuildOptions b;
+    b.window_kv = window_kv;
     b.model_dir = dir_->path();
     b.num_kv_blocks = 64;
     b.show_progress = false;
@@ -104,8 +105,8 @@ class WindowDisaggregatedTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(built.ok()) << built.status();
     return built.ok() ? std::move(built->engine) : nullptr;
   }
-  testing::RunningEngine Start() {
-    std::unique_ptr<Engine> e = Build();
+  testing::RunningEngine Start(bool window_kv = true) {
+    std::unique_ptr<Engine> e = Build(window_kv);
     testing::RunningEngine r;
     r.backend = &e->backend();
     r.layout = LayoutOf(*r.backend, e->model().model_id());
@@ -228,6 +229,41 @@ TEST_P(WindowDisaggregatedTest, ATargetWhoseWindowDiffersFromTheModelsIsRefused)
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   ASSERT_TRUE(stream.WaitForFinal());
   EXPECT_EQ(stream.Tokens(), Reference(4));
+}
+
+// A prefill worker whose pool keeps every block of every layer (no window layout) holds the
+// window too: it sends what the decode worker's reservation asks for.
+TEST_P(WindowDisaggregatedTest, APrefillWorkerWithoutTheWindowLayoutSendsTheWindow) {
+  testing::RunningEngine full = Start(/*window_kv=*/false);
+  ASSERT_FALSE(full.backend->kv_spec().windowed());
+  PrefillCore core(full.engine.get(), kBlockSize);
+  kvtransfer::SenderOptions so;
+  so.transport = GetParam();
+  so.layout = full.layout;
+  so.faults_from_env = false;
+  ASSERT_TRUE(core.StartSender(so, full.regions.get()).ok());
+  const v1::DecodeRequest request = DecodeRequest("mixed", 12);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  v1::KvReservation target = *stream.Reservation();
+  ASSERT_EQ(target.window_first(), 5);
+  std::promise<absl::Status> done;
+  core.Prefill(PrefillRequest(request, target),
+               [&](const absl::Status& st, const v1::PrefillResponse&) { done.set_value(st); });
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_TRUE(f.get().ok());
+  ASSERT_TRUE(stream.WaitForFinal());
+  EXPECT_EQ(stream.Tokens(), Reference(12));
+  // A structurally bad window is refused all the same.
+  target.set_window_first(target.dst_blocks_size() + 1);
+  std::promise<absl::Status> refused;
+  core.Prefill(PrefillRequest(request, target),
+               [&](const absl::Status& st, const v1::PrefillResponse&) { refused.set_value(st); });
+  const absl::Status st = refused.get_future().get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("window_first"), std::string::npos) << st;
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, WindowDisaggregatedTest, ::testing::Values("tcp", "loopback"),
