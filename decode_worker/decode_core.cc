@@ -1,5 +1,6 @@
 #include "decode_worker/decode_core.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -114,6 +115,11 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
       kvtransfer::Expectation expect;
       expect.transfer_id = *transfer_id;
       expect.dst_blocks.assign(res.blocks.begin() + first_block, res.blocks.end());
+      // Window layout: the local layers' pages exist only for the window's blocks (the cached
+      // prefix's blocks are not sent at all).
+      expect.window_layers = res.window_layers;
+      expect.window_first =
+          static_cast<int32_t>(std::max<int64_t>(0, res.window_first_block - int64_t{first_block}));
       {
         std::lock_guard<std::mutex> lock(mu_);
         transfer_to_request_[*transfer_id] = request_id;
@@ -128,6 +134,8 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
       out->mutable_dst_blocks()->Assign(expect.dst_blocks.begin(), expect.dst_blocks.end());
       out->set_cached_tokens(static_cast<int32_t>(res.cached_tokens));
       out->set_num_tokens(static_cast<int32_t>(res.num_tokens));
+      for (int64_t l : expect.window_layers) out->add_window_layers(static_cast<int32_t>(l));
+      out->set_window_first(expect.window_first);
       callback(r);
     }
     if (u.finished && *transfer_id != 0 && receiver_ != nullptr) {

@@ -4,13 +4,15 @@
 #include <unordered_map>
 #include <utility>
 
+#include "kvtransfer/transfer_window.h"
+
 namespace tandem::kvtransfer {
 namespace {
 
 double SecondsSince(absl::Time start) { return absl::ToDoubleSeconds(absl::Now() - start); }
 
-int64_t BytesOf(const KvLayout& layout, int64_t layers, int64_t blocks) {
-  return layers * blocks * static_cast<int64_t>(layout.region_bytes());
+int64_t BytesOf(const KvLayout& layout, int64_t regions) {
+  return regions * static_cast<int64_t>(layout.region_bytes());
 }
 
 // Sender side. The state outlives the sender: done callbacks may run while the inner sender
@@ -19,13 +21,9 @@ class SenderMeter {
  public:
   SenderMeter(const KvLayout& layout, TransferHooks* hooks) : layout_(layout), hooks_(hooks) {}
 
-  void Began(TransferHandle handle, absl::Time start, int64_t blocks) {
+  void Began(TransferHandle handle, absl::Time start, int64_t blocks, int64_t regions) {
     std::lock_guard<std::mutex> lock(mu_);
-    open_[handle] = Open{start, blocks};
-  }
-  void LayerSent(TransferHandle handle) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = open_.find(handle); it != open_.end()) ++it->second.layers;
+    open_[handle] = Open{start, blocks, regions};
   }
   void Finishing(TransferHandle handle) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -47,7 +45,7 @@ class SenderMeter {
     open_.erase(it);
     if (status.ok()) {
       hooks_->TransferSucceeded(TransferDirection::kSend, SecondsSince(o.start),
-                                BytesOf(layout_, o.layers, o.blocks), o.blocks);
+                                BytesOf(layout_, o.regions), o.blocks);
     } else {
       hooks_->TransferFailed(TransferDirection::kSend, TransferFailureOf(status));
     }
@@ -57,7 +55,7 @@ class SenderMeter {
   struct Open {
     absl::Time start;
     int64_t blocks = 0;
-    int64_t layers = 0;  // SendLayer calls so far
+    int64_t regions = 0;  // (layer, block) regions of the transfer (every layer was sent: OK)
     bool finishing = false;
   };
   const KvLayout layout_;
@@ -70,6 +68,7 @@ class MeteredSender : public KvSender {
  public:
   MeteredSender(std::unique_ptr<KvSender> inner, const KvLayout& layout, TransferHooks* hooks)
       : hooks_(hooks),
+        layout_(layout),
         meter_(std::make_shared<SenderMeter>(layout, hooks)),
         inner_(std::move(inner)) {}
 
@@ -77,17 +76,18 @@ class MeteredSender : public KvSender {
                                        std::vector<int32_t> src_blocks) override {
     const absl::Time start = absl::Now();
     const int64_t blocks = static_cast<int64_t>(src_blocks.size());
+    const int64_t regions = TransferRegions(target.window_layers, target.window_first,
+                                            layout_.num_layers, src_blocks.size());
     hooks_->TransferStarted(TransferDirection::kSend);
     auto handle = inner_->Begin(target, std::move(src_blocks));
     if (!handle.ok()) {
       hooks_->TransferFailed(TransferDirection::kSend, TransferFailureOf(handle.status()));
       return handle;
     }
-    meter_->Began(*handle, start, blocks);
+    meter_->Began(*handle, start, blocks, regions);
     return handle;
   }
   void SendLayer(TransferHandle handle, int64_t layer) override {
-    meter_->LayerSent(handle);
     inner_->SendLayer(handle, layer);
   }
   void Finish(TransferHandle handle, std::string trailer, DoneCallback done) override {
@@ -107,6 +107,7 @@ class MeteredSender : public KvSender {
 
  private:
   TransferHooks* const hooks_;
+  const KvLayout layout_;
   std::shared_ptr<SenderMeter> meter_;
   std::unique_ptr<KvSender> inner_;  // last: destroyed first, while the meter lives
 };
@@ -118,13 +119,15 @@ class ReceiverMeter {
  public:
   ReceiverMeter(const KvLayout& layout, TransferHooks* hooks) : layout_(layout), hooks_(hooks) {}
 
-  void Expect(uint64_t transfer_id, int64_t blocks) {
+  int64_t num_layers() const { return layout_.num_layers; }
+
+  void Expect(uint64_t transfer_id, int64_t blocks, int64_t regions) {
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, inserted] = open_.try_emplace(transfer_id);
     if (!inserted && it->second.active) {
       hooks_->TransferFailed(TransferDirection::kReceive, TransferFailure::kAborted);  // replaced
     }
-    it->second = Open{absl::Now(), blocks, true};
+    it->second = Open{absl::Now(), blocks, regions, true};
     hooks_->TransferStarted(TransferDirection::kReceive);
   }
   void Cancel(uint64_t transfer_id) {
@@ -144,7 +147,7 @@ class ReceiverMeter {
     if (!o.active) hooks_->TransferStarted(TransferDirection::kReceive);  // a retried attempt
     if (done.status.ok()) {
       hooks_->TransferSucceeded(TransferDirection::kReceive, SecondsSince(o.start),
-                                BytesOf(layout_, layout_.num_layers, o.blocks), o.blocks);
+                                BytesOf(layout_, o.regions), o.blocks);
       open_.erase(it);
       return;
     }
@@ -157,6 +160,7 @@ class ReceiverMeter {
   struct Open {
     absl::Time start;
     int64_t blocks = 0;
+    int64_t regions = 0;  // (layer, block) regions expected
     bool active = false;  // started and not yet ended
   };
   const KvLayout layout_;
@@ -173,7 +177,9 @@ class MeteredReceiver : public KvReceiver {
   std::string endpoint() const override { return inner_->endpoint(); }
   uint64_t incarnation() const override { return inner_->incarnation(); }
   void Expect(const Expectation& expectation) override {
-    meter_->Expect(expectation.transfer_id, static_cast<int64_t>(expectation.dst_blocks.size()));
+    meter_->Expect(expectation.transfer_id, static_cast<int64_t>(expectation.dst_blocks.size()),
+                   TransferRegions(expectation.window_layers, expectation.window_first,
+                                   meter_->num_layers(), expectation.dst_blocks.size()));
     inner_->Expect(expectation);
   }
   void Cancel(uint64_t transfer_id) override {

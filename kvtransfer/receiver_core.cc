@@ -1,9 +1,11 @@
 #include "kvtransfer/receiver_core.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "kvtransfer/transfer_window.h"
 
 namespace tandem::kvtransfer {
 
@@ -11,6 +13,7 @@ namespace {
 constexpr uint8_t kMissing = 0;
 constexpr uint8_t kWriting = 1;
 constexpr uint8_t kDone = 2;
+constexpr uint8_t kOutsideWindow = 3;  // a windowed layer's block before window_first: not sent
 }  // namespace
 
 struct ReceiverCore::Entry {
@@ -23,8 +26,10 @@ struct ReceiverCore::Entry {
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time started;
   ResultFn result;
-  absl::Status failure;        // how the last attempt ended, when it failed
-  std::vector<uint8_t> cells;  // [layer][position]: kMissing / kWriting / kDone
+  absl::Status failure;  // how the last attempt ended, when it failed
+  // [layer][position]: kMissing / kWriting / kDone, kOutsideWindow for cells never sent
+  std::vector<uint8_t> cells;
+  int64_t cells_expected = 0;
   int64_t cells_done = 0;
   uint64_t frames = 0;
   uint64_t bytes = 0;
@@ -76,6 +81,12 @@ void ReceiverCore::Expect(const Expectation& expectation) {
       e->invalid = absl::StrCat("expectation lists block ", b, " twice");
       break;
     }
+  }
+  if (e->invalid.empty()) {
+    absl::Status window =
+        ValidateTransferWindow(expectation.window_layers, expectation.window_first,
+                               layout_.num_layers, expectation.dst_blocks.size());
+    if (!window.ok()) e->invalid = std::string(window.message());
   }
   if (!e->invalid.empty()) {
     TLOG(ERROR) << "kv transfer " << expectation.transfer_id << ": " << e->invalid;
@@ -161,6 +172,11 @@ absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
   e->result = std::move(result);
   e->failure = absl::OkStatus();
   e->cells.assign(static_cast<size_t>(layout_.num_layers) * want.size(), kMissing);
+  for (int64_t l : e->exp.window_layers) {
+    std::fill_n(e->cells.begin() + l * want.size(), e->exp.window_first, kOutsideWindow);
+  }
+  e->cells_expected =
+      TransferRegions(e->exp.window_layers, e->exp.window_first, layout_.num_layers, want.size());
   e->cells_done = 0;
   e->frames = 0;
   e->bytes = 0;
@@ -208,7 +224,12 @@ absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_i
           absl::StrCat("data for block ", b, " which transfer ", transfer_id, " does not include"));
     } else {
       const int32_t cell = static_cast<int32_t>(layer * nb + pos->second);
-      if (e->cells[cell] != kMissing) {
+      if (e->cells[cell] == kOutsideWindow) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "data for layer ", layer, " block ", b, " which transfer ", transfer_id,
+            " does not include: the layer is windowed and sends only blocks from position ",
+            e->exp.window_first, " of ", nb));
+      } else if (e->cells[cell] != kMissing) {
         s = absl::InvalidArgumentError(absl::StrCat("layer ", layer, " block ", b, " of transfer ",
                                                     transfer_id, " arrived twice"));
       } else {
@@ -266,12 +287,12 @@ absl::Status ReceiverCore::Finish(uint64_t transfer_id, uint32_t attempt, uint64
                                            e->last_attempt));
   }
   if (!e->active) return absl::OkStatus();  // failed earlier; the sender was told then
-  const int64_t total = static_cast<int64_t>(e->cells.size());
+  const int64_t total = e->cells_expected;
   if (e->cells_done != total || e->frames != frames || e->bytes != bytes) {
     std::string missing;
     const size_t nb = e->exp.dst_blocks.size();
     for (size_t c = 0; c < e->cells.size(); ++c) {
-      if (e->cells[c] != kDone) {
+      if (e->cells[c] != kDone && e->cells[c] != kOutsideWindow) {
         missing =
             absl::StrCat("; first missing: layer ", c / nb, " block ", e->exp.dst_blocks[c % nb]);
         break;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/kv_transfer_layout.h"
+#include "kvtransfer/transfer_window.h"
 
 namespace tandem::kvtransfer {
 
@@ -53,6 +54,10 @@ absl::Status SenderCore::CheckBegin(const TransferTarget& target,
           absl::StrCat("source block ", b, " outside the pool [0, ", num_blocks, ")"));
     }
   }
+  absl::Status window =
+      ValidateTransferWindow(target.window_layers, target.window_first, options_.layout.num_layers,
+                             target.dst_blocks.size());
+  if (!window.ok()) return window;
   if (absl::Now() >= target.deadline) {
     return absl::DeadlineExceededError("kv transfer deadline passed before it began");
   }
@@ -69,6 +74,8 @@ absl::StatusOr<TransferHandle> SenderCore::Start(const TransferTarget& target,
   t->link = std::move(link);
   t->started = absl::Now();
   t->layer_queued.assign(static_cast<size_t>(options_.layout.num_layers), false);
+  t->first_block =
+      FirstBlockPerLayer(target.window_layers, target.window_first, options_.layout.num_layers);
 
   std::lock_guard<std::mutex> lock(mu_);
   if (closing_) return absl::CancelledError("kv sender shutting down");
@@ -110,7 +117,8 @@ void SenderCore::SendLayer(TransferHandle handle, int64_t layer) {
   t->layer_queued[layer] = true;
   const size_t per_message = std::clamp<size_t>(
       options_.max_message_bytes / options_.layout.region_bytes(), 1, max_blocks_per_message_);
-  for (size_t first = 0; first < t->src_blocks.size(); first += per_message) {
+  // A windowed layer moves only the window's blocks (transfer_window.h).
+  for (size_t first = t->first_block[layer]; first < t->src_blocks.size(); first += per_message) {
     SenderWork work;
     work.kind = SenderWork::Kind::kData;
     work.transfer = t;

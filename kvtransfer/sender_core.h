@@ -68,8 +68,9 @@ struct SenderTransfer {
   bool finish_called = false;
   KvSender::DoneCallback done;
   std::vector<bool> layer_queued;
-  bool reading = false;        // between StartRead and EndRead
-  bool done_deferred = false;  // ended while reading: done waits for EndRead
+  std::vector<int32_t> first_block;  // per layer: the first index into the block lists it sends
+  bool reading = false;              // between StartRead and EndRead
+  bool done_deferred = false;        // ended while reading: done waits for EndRead
 };
 
 // Work the core queues on a link, to be done in order by the link's thread.
@@ -131,8 +132,9 @@ class SenderCore {
   StatsCounters& counters() { return counters_; }
 
   // Begin's own checks, before the transport contacts the endpoint: as many source blocks as
-  // destinations (INVALID_ARGUMENT), source blocks inside the pool (INVALID_ARGUMENT), the
-  // deadline not passed (DEADLINE_EXCEEDED).
+  // destinations (INVALID_ARGUMENT), source blocks inside the pool (INVALID_ARGUMENT), a valid
+  // window (ValidateTransferWindow: INVALID_ARGUMENT), the deadline not passed
+  // (DEADLINE_EXCEEDED).
   absl::Status CheckBegin(const TransferTarget& target,
                           const std::vector<int32_t>& src_blocks) const;
   // Registers the attempt on `link` and queues its kBegin. CANCELLED while shutting down,
@@ -142,10 +144,11 @@ class SenderCore {
                                        std::shared_ptr<SenderLink> link);
 
   // KvSender's calls (after Begin). SendLayer queues the layer as kData items of at most
-  // max_message_bytes; a layer out of range or queued twice fails the transfer
-  // (INVALID_ARGUMENT). Finish before every layer was queued fails it (FAILED_PRECONDITION);
-  // otherwise it queues kFinish. Finish on an unknown handle (NOT_FOUND) or twice
-  // (FAILED_PRECONDITION) answers done with that error and touches nothing.
+  // max_message_bytes (a windowed layer: only blocks [window_first, n), none when empty); a layer
+  // out of range or queued twice fails the transfer (INVALID_ARGUMENT). Finish before every layer
+  // was queued fails it (FAILED_PRECONDITION); otherwise it queues kFinish. Finish on an unknown
+  // handle (NOT_FOUND) or twice (FAILED_PRECONDITION) answers done with that error and touches
+  // nothing.
   void SendLayer(TransferHandle handle, int64_t layer);
   void Finish(TransferHandle handle, std::string trailer, KvSender::DoneCallback done);
   void Abort(TransferHandle handle);

@@ -119,8 +119,14 @@ struct CompletedTransfer {
 
 struct Expectation {
   uint64_t transfer_id = 0;
-  // Blocks the sender may write, in the order of the sender's block list; every layer of each.
+  // Blocks the sender may write, in the order of the sender's block list; every layer of each
+  // except the windowed layers below.
   std::vector<int32_t> dst_blocks;
+  // Windowed layers (sliding-window layers of a window-layout pool, whose pages exist only for
+  // the blocks the next query can see): for these only dst_blocks[window_first, n) are sent.
+  // Empty (default): every layer gets every block. transfer_window.h validates and counts.
+  std::vector<int64_t> window_layers;
+  int32_t window_first = 0;
 };
 
 class KvReceiver {
@@ -202,6 +208,11 @@ struct TransferTarget {
   uint32_t attempt = 0;  // increases on each retry of the same transfer
   std::vector<int32_t> dst_blocks;
   absl::Time deadline = absl::InfiniteFuture();
+  // As Expectation's: windowed layers send only blocks [window_first, n) of src/dst_blocks.
+  // Must equal the receiver's expectation (else the receiver refuses the data or finds it
+  // incomplete).
+  std::vector<int64_t> window_layers;
+  int32_t window_first = 0;
   // The transport to use (chosen per pair by the router, common/base/kv_transport_pair.h). Only
   // a sender of several transports needs it; empty: the sender's own.
   std::string transport;

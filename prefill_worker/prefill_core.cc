@@ -1,12 +1,14 @@
 #include "prefill_worker/prefill_core.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
 #include "common/worker/proto_convert.h"
+#include "kvtransfer/transfer_window.h"
 
 namespace tandem {
 
@@ -65,6 +67,40 @@ void PrefillCore::Enqueue(Task task) {
   cv_.notify_one();
 }
 
+absl::Status PrefillCore::CheckTargetWindow(const v1::KvReservation& target,
+                                            int64_t num_tokens) const {
+  // No window: a decode worker that reserved every page of every layer (the transfer sends the
+  // local layers' released regions as zeros, which that worker never reads).
+  if (target.window_layers_size() == 0 && target.window_first() == 0) return absl::OkStatus();
+  const Engine& engine = engine_->engine();
+  const std::vector<int64_t> got(target.window_layers().begin(), target.window_layers().end());
+  if (absl::Status st = kvtransfer::ValidateTransferWindow(
+          got, target.window_first(), engine.model().config().num_layers,
+          static_cast<size_t>(target.dst_blocks_size()));
+      !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("target: ", st.message()));
+  }
+  const Engine::TransferWindow want = engine.RemoteTransferWindow(num_tokens);
+  // Without a window layout this worker holds every block of every layer: any part of it can be
+  // sent. With one it holds the local layers' pages of the same window the decode worker
+  // reserved, and only those.
+  if (want.layers.empty()) return absl::OkStatus();
+  if (got != want.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target.window_layers: [", absl::StrJoin(got, ","),
+                     "] differ from this worker's local (sliding-window) layers [",
+                     absl::StrJoin(want.layers, ","), "]"));
+  }
+  const int64_t first = std::max<int64_t>(0, want.first_block - target.first_block());
+  if (target.window_first() != first) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target.window_first: ", target.window_first(), " but the window of a ",
+                     num_tokens, "-token prompt starts at block ", want.first_block, ", position ",
+                     first, " of the reservation's dst_blocks"));
+  }
+  return absl::OkStatus();
+}
+
 void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) {
   auto e = EngineRequestFromProto(request);
   if (!e.ok()) {
@@ -85,6 +121,10 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
                           " blocks from block ", target.first_block(), " does not cover a ", total,
                           "-token prompt (", blocks, " blocks of ", block_size_, ")")),
          {});
+    return;
+  }
+  if (absl::Status st = CheckTargetWindow(target, total); !st.ok()) {
+    done(st, {});
     return;
   }
   // Host names are at most 253 bytes; a longer endpoint is garbage (and must not be echoed).
@@ -261,6 +301,8 @@ void PrefillCore::SendLayerNow(Task& task) {
     t.transfer_id = target.transfer_id();
     t.attempt = job.request.attempt();
     t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
+    t.window_layers.assign(target.window_layers().begin(), target.window_layers().end());
+    t.window_first = target.window_first();
     t.deadline = absl::Now() + absl::Seconds(30);
     std::vector<int32_t> src(job.blocks.begin() + target.first_block(), job.blocks.end());
     auto handle = sender_->Begin(t, std::move(src));

@@ -46,6 +46,9 @@ class PrefillCore : public PrefillHandler {
     bool finish = false;          // send the trailer and wait for the ACK
     bool cleanup = false;         // the job ended: abort its transfer if still open
   };
+  // The target's window (v1::KvReservation::window_layers / window_first) against this
+  // worker's model: INVALID_ARGUMENT naming the field when they differ.
+  absl::Status CheckTargetWindow(const v1::KvReservation& target, int64_t num_tokens) const;
   void ExportLoop();
   void RunTask(Task& task);
   void SendLayerNow(Task& task);  // export thread: Begin on first use, then SendLayer

@@ -80,6 +80,11 @@ struct KvReservation {
   int64_t cached_tokens = 0;
   int64_t num_tokens = 0;  // prompt (+ prior output) tokens covered
   int64_t block_size = 0;
+  // Window layout (KvCacheSpec::windowed): the local (sliding-window) layers, whose pages are
+  // reserved only for blocks[window_first_block, n) (the window the first decode step sees);
+  // the transfer must fill only those of them. Empty without a window layout.
+  std::vector<int64_t> window_layers;
+  int64_t window_first_block = 0;
 };
 
 // What one sequence produced in one step.
@@ -179,6 +184,14 @@ class Engine {
 
   const Model& model() const { return *model_; }
   Backend& backend() { return *backend_; }
+  // What a remote prefill of `num_tokens` positions reserves and transfers of the local layers
+  // (KvReservation::window_layers / window_first_block); empty layers without a window layout.
+  // Reads only what is fixed at construction: callable from any thread.
+  struct TransferWindow {
+    std::vector<int64_t> layers;
+    int64_t first_block = 0;
+  };
+  TransferWindow RemoteTransferWindow(int64_t num_tokens) const;
   int64_t max_model_len() const { return max_model_len_; }
   const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   BlockPool& block_pool() { return *pool_; }

@@ -2,6 +2,7 @@
 // completion of a remote prefill, and prefill-role export hooks and block holds.
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -19,8 +20,23 @@ void Engine::ReportReservations(const SchedulerOutput& plan, std::vector<Sequenc
     r.cached_tokens = seq->num_computed;
     r.num_tokens = seq->num_tokens();
     r.block_size = kv_->block_size();
+    TransferWindow window = RemoteTransferWindow(r.num_tokens);
+    r.window_layers = std::move(window.layers);
+    r.window_first_block = window.first_block;
     UpdateFor(seq, updates).reservation = std::move(r);
   }
+}
+
+Engine::TransferWindow Engine::RemoteTransferWindow(int64_t num_tokens) const {
+  TransferWindow w;
+  const KvCacheSpec& spec = backend_->kv_spec();
+  if (!spec.windowed() || kv_->window().num_groups == 0) return w;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    if (spec.layer_group[l] > 0) w.layers.push_back(l);
+  }
+  // The blocks Scheduler::ReserveRemote gives local pages (what TrimWindow keeps).
+  w.first_block = kv_->WindowFirstBlock(num_tokens);
+  return w;
 }
 
 void Engine::ExpireLeases(std::vector<SequenceUpdate>* updates) {
@@ -87,7 +103,9 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
   seq->remote_prefill = false;  // from now on it is an ordinary sequence (recomputed if preempted)
   seq->lease_deadline = absl::InfiniteFuture();
   kv_->RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
-  kv_->TrimWindow(&seq->blocks, seq->num_computed);  // every page was reserved for the transfer
+  // The reservation held only the window's local pages of the new blocks; a cached prefix may
+  // still hold some before it.
+  kv_->TrimWindow(&seq->blocks, seq->num_computed);
   scheduler_->StartAwaited(seq);
   std::vector<Sequence*> samples = {seq};
   for (Sequence* child : Fork(seq)) samples.push_back(child);

@@ -53,10 +53,10 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     return absl::InvalidArgumentError(
         absl::StrCat("n: must be in [1, ", options_.max_n, "], got ", r.n));
   }
-  // A remote prefill reserves its whole prompt (every local page too) before the KV arrives.
+  // A remote prefill reserves the prompt's blocks but only the window's local pages (fewer than
+  // a chunk's), and is recomputed here in chunks if preempted: the chunked bound covers both.
   const int64_t blocks =
-      kv_->PagesFor(len + r.params.max_tokens,
-                    r.remote_prefill ? len : options_.scheduler.max_num_batched_tokens);
+      kv_->PagesFor(len + r.params.max_tokens, options_.scheduler.max_num_batched_tokens);
   if (blocks > pool_->num_blocks()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("request needs ", blocks, " KV blocks (", len + r.params.max_tokens,

@@ -178,10 +178,9 @@ class IpcReceiver : public KvReceiver {
     outcome->owner = *owner;
     const AttemptKey key{b.transfer_id, b.attempt};
     s = core_->Begin(AttemptFromBegin(std::move(b), *owner),
-                     [this, outcome, key](const absl::Status& st) {
-                       outcome->Set(st);
-                       Forget(key);
-                     });
+                     // The outcome stays until FINISH (or ABORT, or the peer going) took
+                     // it: a failure before FINISH is what FINISH must answer.
+                     [outcome](const absl::Status& st) { outcome->Set(st); });
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
@@ -245,7 +244,9 @@ class IpcReceiver : public KvReceiver {
       auto it = outcomes_.find(key);
       if (it != outcomes_.end()) outcome = it->second;
     }
-    return FinishReply(core_.get(), std::move(f), outcome);
+    std::string reply = FinishReply(core_.get(), std::move(f), outcome);
+    Forget(key);
+    return reply;
   }
 
   void Forget(const AttemptKey& key) {

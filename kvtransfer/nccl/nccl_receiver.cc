@@ -200,10 +200,9 @@ class NcclReceiver : public KvReceiver {
     outcome->owner = peer->owner;
     const AttemptKey key{b.transfer_id, b.attempt};
     s = core_->Begin(AttemptFromBegin(std::move(b), peer->owner),
-                     [this, outcome, key](const absl::Status& st) {
-                       outcome->Set(st);
-                       Forget(key);
-                     });
+                     // The outcome stays until FINISH (or ABORT, or the peer going) took
+                     // it: a failure before FINISH is what FINISH must answer.
+                     [outcome](const absl::Status& st) { outcome->Set(st); });
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       outcomes_[key] = outcome;
@@ -229,7 +228,9 @@ class NcclReceiver : public KvReceiver {
       });
       progress_.erase(key);
     }
-    return FinishReply(core_.get(), std::move(f), outcome);
+    std::string reply = FinishReply(core_.get(), std::move(f), outcome);
+    Forget(key);
+    return reply;
   }
 
   void Forget(const AttemptKey& key) {

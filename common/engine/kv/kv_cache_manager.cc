@@ -168,13 +168,21 @@ int64_t KvCacheManager::ProbePrefix(absl::Span<const int32_t> tokens, uint64_t s
   return m * block_size_;
 }
 
-int64_t KvCacheManager::BlocksNeeded(const SequenceBlocks& seq, int64_t num_tokens) const {
-  return std::max<int64_t>(0, BlocksFor(num_tokens) - static_cast<int64_t>(seq.table.size())) *
-         (1 + groups());
+int64_t KvCacheManager::WindowFirstBlock(int64_t num_computed) const {
+  if (groups() == 0) return 0;
+  return FirstWindowBlock(std::max<int64_t>(0, num_computed - 1));
 }
 
-bool KvCacheManager::Grow(SequenceBlocks* seq, int64_t num_tokens) {
-  const int64_t needed = BlocksNeeded(*seq, num_tokens);
+int64_t KvCacheManager::BlocksNeeded(const SequenceBlocks& seq, int64_t num_tokens,
+                                     int64_t local_from) const {
+  const int64_t held = static_cast<int64_t>(seq.table.size());
+  const int64_t blocks = std::max<int64_t>(0, BlocksFor(num_tokens) - held);
+  const int64_t local = std::max<int64_t>(0, BlocksFor(num_tokens) - std::max(held, local_from));
+  return blocks + groups() * local;
+}
+
+bool KvCacheManager::Grow(SequenceBlocks* seq, int64_t num_tokens, int64_t local_from) {
+  const int64_t needed = BlocksNeeded(*seq, num_tokens, local_from);
   if (needed == 0) return true;
   if (needed > pool_->num_available()) return false;
   if (static_cast<int64_t>(seq->local.size()) != groups()) {
@@ -185,10 +193,11 @@ bool KvCacheManager::Grow(SequenceBlocks* seq, int64_t num_tokens) {
     TANDEM_CHECK(block.has_value()) << "pool reported available blocks but allocation failed";
     return *block;
   };
-  for (int64_t i = 0; i < needed / (1 + groups()); ++i) {
+  for (int64_t i = static_cast<int64_t>(seq->table.size()); i < BlocksFor(num_tokens); ++i) {
     seq->table.push_back(allocate());
-    for (int64_t g = 0; g < groups(); ++g) seq->local[g].push_back(allocate());
-    if (groups() > 0) MapHolder(*seq, static_cast<int64_t>(seq->table.size()) - 1);
+    const bool local = i >= local_from;  // before it: outside the window, never held
+    for (int64_t g = 0; g < groups(); ++g) seq->local[g].push_back(local ? allocate() : -1);
+    if (groups() > 0 && local) MapHolder(*seq, i);
   }
   return true;
 }

@@ -74,10 +74,16 @@ class KvCacheManager {
   int64_t ProbePrefix(absl::Span<const int32_t> tokens, uint64_t salt_hash) const;
 
   // Grows `seq` to cover `num_tokens` positions (window layout: each new block with its local
-  // pages). All-or-nothing: false (and no change) when the pool lacks pages.
-  bool Grow(SequenceBlocks* seq, int64_t num_tokens);
+  // pages, except blocks before `local_from`, which get none: a remote prefill's reservation
+  // passes WindowFirstBlock(num_tokens), so only the window the next query sees is reserved).
+  // All-or-nothing: false (and no change) when the pool lacks pages.
+  bool Grow(SequenceBlocks* seq, int64_t num_tokens, int64_t local_from = 0);
   // Pages Grow would need to take from the pool.
-  int64_t BlocksNeeded(const SequenceBlocks& seq, int64_t num_tokens) const;
+  int64_t BlocksNeeded(const SequenceBlocks& seq, int64_t num_tokens, int64_t local_from = 0) const;
+  // Window layout: the first block whose local pages TrimWindow(seq, num_computed) keeps (the
+  // blocks a query at position num_computed can see, with its one position of margin); 0
+  // without a window layout.
+  int64_t WindowFirstBlock(int64_t num_computed) const;
   // Pages MakeWritable(seq, begin, end) would copy: those in the range shared with others.
   int64_t CopiesNeeded(const SequenceBlocks& seq, int64_t begin, int64_t end) const;
 

@@ -148,13 +148,16 @@ bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
   const bool first_admission = seq->cached_prompt_tokens < 0;
   seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
   if (first_admission) seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
-  if (!Fits(kv_->BlocksNeeded(seq->blocks, seq->num_tokens()))) {
+  // Window layout: local pages only for the blocks the first decode step's window sees (what
+  // TrimWindow keeps once the prompt is computed); the transfer sends only those.
+  const int64_t local_from = kv_->WindowFirstBlock(seq->num_tokens());
+  if (!Fits(kv_->BlocksNeeded(seq->blocks, seq->num_tokens(), local_from))) {
     kv_->Free(&seq->blocks);
     seq->num_computed = 0;
     if (first_admission) seq->cached_prompt_tokens = -1;
     return false;
   }
-  TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens()));
+  TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens(), local_from));
   waiting_.pop_front();
   seq->status = SeqStatus::kAwaitingKv;
   if (seq->first_scheduled_time == absl::InfinitePast()) seq->first_scheduled_time = absl::Now();

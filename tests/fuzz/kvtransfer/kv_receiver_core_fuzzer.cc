@@ -123,7 +123,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           expectations[id] = blocks;
           expected_blocks.insert(blocks.begin(), blocks.end());
-          core.Expect({id, blocks});
+          kvt::Expectation e{id, blocks};
+          // Windowed layers (some out of range or repeated, and window_first past the blocks,
+          // which the expectation must refuse).
+          const uint8_t window = in.Byte();
+          if (window % 2 == 1) {
+            for (int i = 0; i < window % 4; ++i) e.window_layers.push_back((window >> (2 * i)) % 3);
+            e.window_first = static_cast<int32_t>(in.Byte() % 6);
+          }
+          core.Expect(e);
           break;
         }
         case 1: {  // BEGIN with the expected blocks or others

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -38,6 +39,7 @@ using testing::DevicePool;
 
 constexpr int64_t kBlocks = 16;
 constexpr char kSecret[] = "0123456789abcdef-secret";
+const std::vector<int64_t> kWindowLayers = {1, 3};
 
 // Child exit codes.
 constexpr int kLandedExactly = 0;
@@ -46,7 +48,8 @@ constexpr int kTransferFailed = 4;
 
 // One receiver process: writes "endpoint incarnation" into its file, expects transfers 1
 // ({3, 4, 5} from source blocks {10, 11, 12}) and 2 ({7} from {1}) of a pool filled with seed
-// 7, and exits with the verdict once both completed (or after 60 s).
+// 7, and exits with the verdict once both completed (or after 60 s). With TANDEM_IPC_EMU_WINDOW
+// transfer 1's layers 1 and 3 are windowed from its second block on (block 3 stays empty there).
 TEST(CudaIpcEmulatedChild, Receiver) {
   const char* file = std::getenv("TANDEM_IPC_EMU_CHILD");
   if (file == nullptr) GTEST_SKIP() << "runs as the child of the other cases";
@@ -65,7 +68,13 @@ TEST(CudaIpcEmulatedChild, Receiver) {
   auto receiver = CreateReceiver(ro, &dst, completions.Callback());
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   (*control)->SetReceiver(receiver->get());
-  (*receiver)->Expect({1, {3, 4, 5}});
+  const bool window = std::getenv("TANDEM_IPC_EMU_WINDOW") != nullptr;
+  Expectation first{1, {3, 4, 5}};
+  if (window) {
+    first.window_layers = kWindowLayers;
+    first.window_first = 1;
+  }
+  (*receiver)->Expect(first);
   (*receiver)->Expect({2, {7}});
   {
     std::ofstream(std::string(file) + ".tmp")
@@ -76,7 +85,9 @@ TEST(CudaIpcEmulatedChild, Receiver) {
     CompletedTransfer c = completions.WaitFor(id, 0, absl::Seconds(60));
     if (!c.status.ok()) std::_Exit(kTransferFailed);
   }
-  const bool exact = dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7});
+  const bool exact = window
+                         ? dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7}, kWindowLayers, {3})
+                         : dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7});
   (*control)->Stop();
   std::_Exit(exact ? kLandedExactly : kLandedWrong);
 }
@@ -84,7 +95,7 @@ TEST(CudaIpcEmulatedChild, Receiver) {
 // The child receiver, running.
 class Child {
  public:
-  explicit Child(const std::string& gpu, bool secret = false, int port = 0) {
+  explicit Child(const std::string& gpu, bool secret = false, int port = 0, bool window = false) {
     file_ = absl::StrCat(::testing::TempDir(), "/ipc_emu_child_", getpid(), "_", ++count_);
     std::remove(file_.c_str());
     std::vector<std::string> env_strings;
@@ -95,6 +106,7 @@ class Child {
     env_strings.push_back("TANDEM_EMULATED_GPU=" + gpu);
     if (secret) env_strings.push_back(std::string("TANDEM_IPC_EMU_SECRET=") + kSecret);
     if (port != 0) env_strings.push_back(absl::StrCat("TANDEM_IPC_EMU_PORT=", port));
+    if (window) env_strings.push_back("TANDEM_IPC_EMU_WINDOW=1");
     std::vector<char*> env;
     for (auto& s : env_strings) env.push_back(s.data());
     env.push_back(nullptr);
@@ -180,6 +192,20 @@ TEST_F(CudaIpcEmulatedTest, TransfersBitExactIntoTheOtherProcess) {
   EXPECT_EQ(child.Wait(), kLandedExactly);
   EXPECT_EQ(sender->stats().connects, 1u);  // one connection (and mapping) for both
   EXPECT_EQ(sender->num_in_flight(), 0);
+}
+
+// Windowed layers move only the window's blocks: the sender copies nothing into the others.
+TEST_F(CudaIpcEmulatedTest, WindowedLayersMoveOnlyTheWindowsBlocks) {
+  Child child("0", /*secret=*/false, /*port=*/0, /*window=*/true);
+  auto sender = StartSender(layout_, &src_);
+  TransferTarget t = child.Target(1, {3, 4, 5});
+  t.window_layers = kWindowLayers;
+  t.window_first = 1;
+  EXPECT_TRUE(testing::SendAll(sender.get(), t, {10, 11, 12}, layout_.num_layers, "tok").ok());
+  EXPECT_TRUE(
+      testing::SendAll(sender.get(), child.Target(2, {7}), {1}, layout_.num_layers, "").ok());
+  EXPECT_EQ(child.Wait(), kLandedExactly);
+  EXPECT_EQ(sender->stats().bytes, (4u * 3 - 2 * 1 + 4) * layout_.region_bytes());
 }
 
 // A receiver restarts on the same endpoint (new process, new incarnation): a transfer reserved

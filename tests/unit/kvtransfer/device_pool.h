@@ -54,15 +54,21 @@ class DevicePool : public KvRegionAccess {
       r[i] = static_cast<uint8_t>(x);
     }
   }
-  // dst_blocks hold what Fill(seed) put in src_blocks, every other region is zero, every guard
-  // byte intact.
+  // dst_blocks hold what Fill(seed) put in src_blocks, every other region is zero (so are the
+  // `outside_window` blocks of the `window_layers`), every guard byte intact.
   bool LandedExactly(uint64_t seed, const std::vector<int32_t>& src_blocks,
-                     const std::vector<int32_t>& dst_blocks) {
+                     const std::vector<int32_t>& dst_blocks,
+                     const std::vector<int64_t>& window_layers = {},
+                     const std::vector<int32_t>& outside_window = {}) {
     std::vector<uint8_t> want(region_), zero(region_, 0);
     for (int64_t l = 0; l < layout_.num_layers; ++l) {
+      const bool windowed =
+          std::find(window_layers.begin(), window_layers.end(), l) != window_layers.end();
       for (int32_t b = 0; b < num_blocks_; ++b) {
         const uint8_t* expected = zero.data();
-        for (size_t i = 0; i < dst_blocks.size(); ++i) {
+        const bool skipped = windowed && std::find(outside_window.begin(), outside_window.end(),
+                                                   b) != outside_window.end();
+        for (size_t i = 0; i < dst_blocks.size() && !skipped; ++i) {
           if (dst_blocks[i] == b) {
             FillRegion(seed, l, src_blocks[i], want.data());
             expected = want.data();

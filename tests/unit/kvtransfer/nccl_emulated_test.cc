@@ -153,6 +153,48 @@ TEST_F(NcclEmulatedTest, TransfersBitExactOverTheGrpcControlChannel) {
   EXPECT_EQ(r.receiver->num_in_flight(), 0);
 }
 
+// Windowed layers (a window-layout pool's local layers) move only the window's blocks: the
+// others stay untouched, and a sender that sends a windowed layer's earlier block is refused.
+TEST_F(NcclEmulatedTest, WindowedLayersMoveOnlyTheWindowsBlocks) {
+  src_.Fill(5);
+  Receiver r = StartReceiver(layout_, &dst_, &completions_);
+  auto sender = StartSender(layout_, &src_, GrpcChannel());
+  Expectation e{1, {3, 4, 5, 6}};
+  e.window_layers = {1, 3};
+  e.window_first = 2;
+  r.receiver->Expect(e);
+  TransferTarget t = Target(*r.receiver, 1, e.dst_blocks);
+  t.window_layers = e.window_layers;
+  t.window_first = e.window_first;
+  const std::vector<int32_t> src = {10, 11, 12, 13};
+  ASSERT_TRUE(testing::SendAll(sender.get(), t, src, layout_.num_layers, "w").ok());
+  ASSERT_TRUE(completions_.WaitFor(1, 0).status.ok());
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    const size_t from = l % 2 == 1 ? 2 : 0;
+    for (size_t i = 0; i < e.dst_blocks.size(); ++i) {
+      if (i >= from) {
+        EXPECT_TRUE(SameRegion(dst_, l, e.dst_blocks[i], src_, src[i])) << l << " " << i;
+      } else {
+        EXPECT_TRUE(dst_.IsZero(l, e.dst_blocks[i])) << l << " " << i;
+      }
+    }
+  }
+  EXPECT_EQ(sender->stats().bytes, (4u * 4 - 2 * 2) * layout_.region_bytes());
+  // A sender ignoring the window: its first windowed-layer message is refused, nothing written.
+  Expectation again{2, {7, 8}};
+  again.window_layers = {1, 3};
+  again.window_first = 1;
+  r.receiver->Expect(again);
+  absl::Status s = testing::SendAll(sender.get(), Target(*r.receiver, 2, {7, 8}), {1, 2},
+                                    layout_.num_layers, "");
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_TRUE(dst_.IsZero(1, 7));
+  EXPECT_TRUE(dst_.IsZero(3, 7));
+  r.receiver->Cancel(2);
+  EXPECT_TRUE(dst_.GuardsIntact());
+  EXPECT_EQ(sender->num_in_flight(), 0);
+}
+
 // The same traffic with the control messages handed straight to the receiver (no gRPC in the
 // process's threads): the case scripts/sanitize.sh runs under TSan, whose reports inside the
 // uninstrumented system gRPC would hide the sender's and receiver's own threads.

@@ -218,6 +218,65 @@ TEST_F(SenderCoreTest, SendLayerSplitsALayerIntoMessages) {
   EXPECT_EQ(link_->Take().size(), 5u);
 }
 
+TEST_F(SenderCoreTest, WindowedLayersSendOnlyTheWindowsBlocks) {
+  Make();
+  TransferTarget target = Target(1, 5);
+  target.window_layers = {1};
+  target.window_first = 3;
+  absl::StatusOr<TransferHandle> h = core_->Start(target, Src(5), link_);
+  ASSERT_TRUE(h.ok()) << h.status();
+  link_->Take();
+  core_->SendLayer(*h, 0);  // a global layer: every block
+  std::vector<SenderWork> work = link_->Take();
+  ASSERT_EQ(work.size(), 3u);
+  EXPECT_EQ(work[0].first, 0u);
+  core_->SendLayer(*h, 1);  // windowed: blocks [3, 5) only
+  work = link_->Take();
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_EQ(work[0].layer, 1);
+  EXPECT_EQ(work[0].first, 3u);
+  EXPECT_EQ(work[0].count, 2u);
+
+  // A window covering none of the blocks sends nothing for that layer, and Finish still goes.
+  target = Target(2, 2);
+  target.window_layers = {0, 1};
+  target.window_first = 2;
+  h = core_->Start(target, Src(2), link_);
+  ASSERT_TRUE(h.ok()) << h.status();
+  link_->Take();
+  SendAllLayers(*h);
+  work = link_->Take();
+  for (const SenderWork& w : work) EXPECT_GE(w.layer, 2) << "windowed layers send nothing";
+  Done done;
+  core_->Finish(*h, "t", done.Callback());
+  EXPECT_EQ(OfKind(link_->Take(), SenderWork::Kind::kFinish).size(), 1u);
+  core_->Abort(*h);
+  EXPECT_TRUE(absl::IsAborted(done.Get()));
+}
+
+TEST_F(SenderCoreTest, CheckBeginRefusesABadWindow) {
+  Make();
+  TransferTarget t = Target(1, 3);
+  t.window_layers = {0};
+  t.window_first = 3;
+  EXPECT_TRUE(core_->CheckBegin(t, Src(3)).ok());
+  t.window_first = 4;  // beyond the blocks
+  absl::Status s = core_->CheckBegin(t, Src(3));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("window_first"), std::string::npos) << s;
+  t.window_first = -1;
+  EXPECT_TRUE(absl::IsInvalidArgument(core_->CheckBegin(t, Src(3))));
+  t.window_first = 1;
+  t.window_layers = {options_.layout.num_layers};
+  s = core_->CheckBegin(t, Src(3));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("window_layers"), std::string::npos) << s;
+  t.window_layers = {1, 1};
+  s = core_->CheckBegin(t, Src(3));
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("twice"), std::string::npos) << s;
+}
+
 TEST_F(SenderCoreTest, FinishQueuesTheTrailerAndTheReceiversOkEndsTheTransfer) {
   Make();
   const TransferHandle h = StartOn(link_, 1);

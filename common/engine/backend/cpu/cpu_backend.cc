@@ -218,7 +218,9 @@ uint8_t* CpuBackend::HostBlockRegion(int64_t layer, int32_t block) {
     slot = spec_.layer_slot[layer];
     if (const int32_t g = spec_.layer_group[layer]; g > 0) {
       block = local_map_[(g - 1) * spec_.num_blocks + block].load(std::memory_order_relaxed);
-      // A block outside every window: nothing to send (a receiver reserves every page).
+      // A block outside every window: reads as zeros. Transfers never move such a region (a
+      // windowed layer sends and receives only the window's blocks, kvtransfer/transfer_window.h)
+      // and WriteBlockRegion refuses it, so nothing writes this shared buffer.
       if (block < 0) return zero_region_.data();
     }
   }
@@ -243,7 +245,12 @@ absl::Status CpuBackend::WriteBlockRegion(int64_t layer, int32_t block, const ui
   if (layer < 0 || layer >= spec_.num_layers || block < 0 || block >= spec_.num_blocks) {
     return absl::OutOfRangeError(absl::StrCat("KV region (", layer, ", ", block, ") out of range"));
   }
-  std::memcpy(HostBlockRegion(layer, block), src, spec_.bytes_per_block_layer());
+  uint8_t* region = HostBlockRegion(layer, block);
+  if (region == zero_region_.data()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "KV region (", layer, ", ", block, ") of a local layer is outside every window"));
+  }
+  std::memcpy(region, src, spec_.bytes_per_block_layer());
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 // disaggregation (one prefill engine feeding two decode engines) or on speculation, and every
 // block returns to the pool.
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -172,11 +173,44 @@ std::map<int32_t, std::vector<int32_t>> RunDisaggregated(Engine& p, Engine& d,
       if (u.reservation.has_value()) reservation = u.reservation;
     }
   }
-  const size_t first_block = reservation->cached_tokens / p.backend().kv_spec().block_size;
-  const size_t region = p.backend().kv_spec().bytes_per_block_layer();
+  const KvCacheSpec& spec = d.backend().kv_spec();
+  const size_t first_block = reservation->cached_tokens / spec.block_size;
+  const size_t region = spec.bytes_per_block_layer();
+  // Window layout: D reserved the local layers' pages only for the window's blocks, so only
+  // those are copied (as the transport sends them); the global layers get every block.
+  const int64_t n = static_cast<int64_t>(reservation->blocks.size());
+  std::vector<bool> windowed(spec.num_layers, false);
+  for (int64_t l : reservation->window_layers) windowed[l] = true;
+  if (spec.windowed()) {
+    const int64_t groups = spec.num_local_groups();
+    EXPECT_EQ(static_cast<int64_t>(reservation->window_layers.size()),
+              std::count_if(spec.layer_group.begin(), spec.layer_group.end(),
+                            [](int32_t g) { return g > 0; }));
+    const int64_t window_pages = groups * (n - reservation->window_first_block);
+    if (reservation->cached_tokens == 0) {
+      EXPECT_EQ(d.stats().kv_blocks_used, n + window_pages) << r.id;
+      if (reservation->window_first_block > 0) {
+        // Out-of-window regions of local layers are not D's: writing one is refused.
+        std::vector<uint8_t> bytes(region, 1);
+        EXPECT_FALSE(d.backend()
+                         .WriteBlockRegion(reservation->window_layers[0], reservation->blocks[0],
+                                           bytes.data())
+                         .ok());
+      }
+    } else {  // a cached prefix brings its own window's local pages
+      EXPECT_LE(d.stats().kv_blocks_used,
+                n + window_pages + groups * (spec.sliding_window / spec.block_size + 2))
+          << r.id;
+    }
+  } else {
+    EXPECT_TRUE(reservation->window_layers.empty());
+  }
   auto hooks = std::make_shared<KvExportHooks>();
   hooks->on_layer = [&](const std::vector<int32_t>& blocks, int64_t layer) {
-    for (size_t i = first_block; i < blocks.size(); ++i) {
+    const size_t from = windowed[layer]
+                            ? std::max<size_t>(first_block, reservation->window_first_block)
+                            : first_block;
+    for (size_t i = from; i < blocks.size(); ++i) {
       std::memcpy(d.backend().HostBlockRegion(layer, reservation->blocks[i]),
                   p.backend().HostBlockRegion(layer, blocks[i]), region);
     }

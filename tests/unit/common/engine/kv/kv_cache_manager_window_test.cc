@@ -171,6 +171,74 @@ TEST_F(WindowTest, TruncateDropsTheRolledBackBlocksPages) {
   EXPECT_TRUE(map_.empty());
 }
 
+// A remote prefill's reservation (decode role): the prompt's blocks, but local pages only for
+// the blocks TrimWindow keeps once the prompt is computed, so trimming then releases nothing.
+TEST_F(WindowTest, RemoteReservationHoldsOnlyTheWindowsLocalPages) {
+  const std::vector<int32_t> prompt = Tokens(30);
+  // A query at position 30 sees 25..30; with TrimWindow's margin blocks 6 and 7 (24..31).
+  const int64_t from = kv_.WindowFirstBlock(30);
+  EXPECT_EQ(from, 6);
+  EXPECT_EQ(kv_.WindowFirstBlock(3), 0);
+  SequenceBlocks s;
+  EXPECT_EQ(kv_.BlocksNeeded(s, 30, from), 8 + 2 * 2);
+  ASSERT_TRUE(kv_.Grow(&s, 30, from));
+  EXPECT_EQ(pool_.num_referenced(), 12);
+  EXPECT_EQ(kv_.PagesHeld(s), 12);
+  for (int64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(s.local[0][i] >= 0, i >= from) << i;
+    EXPECT_EQ(Mapped(s.table[i], 2), s.local[1][i]) << i;  // -1: unmapped, reads as zeros
+  }
+  EXPECT_EQ(map_.size(), 4u);
+  // The KV arrived: registering and trimming at the prompt's end changes nothing held.
+  kv_.RegisterFull(prompt, 30, &s);
+  kv_.TrimWindow(&s, 30);
+  EXPECT_EQ(pool_.num_referenced(), 12);
+  // Decoding on from here is as for a locally computed prompt.
+  for (int64_t n = 31; n <= 45; ++n) {
+    ASSERT_TRUE(kv_.Grow(&s, n));
+    kv_.TrimWindow(&s, n);
+    EXPECT_EQ(pool_.num_referenced(), kv_.PagesHeld(s));
+    EXPECT_LE(LocalPages(s), 2 * 3) << n;
+  }
+  // The same numbers as a locally computed and trimmed sequence of that length.
+  SequenceBlocks local;
+  ASSERT_TRUE(kv_.Grow(&local, 45));
+  kv_.TrimWindow(&local, 45);
+  EXPECT_EQ(kv_.PagesHeld(s), kv_.PagesHeld(local));
+  kv_.Free(&local);
+  kv_.Free(&s);
+  EXPECT_EQ(pool_.num_referenced(), 0);
+  EXPECT_TRUE(map_.empty());
+}
+
+// With a cached prefix the reservation grows from it: the prefix brings its own window's local
+// pages (released at the prompt's end), the new blocks get local pages only inside the window.
+TEST_F(WindowTest, RemoteReservationAfterACachedPrefix) {
+  SequenceBlocks a;
+  ASSERT_TRUE(kv_.Grow(&a, 30));
+  kv_.RegisterFull(Tokens(30), 30, &a);
+  kv_.TrimWindow(&a, 30);
+  kv_.Free(&a);
+
+  const std::vector<int32_t> prompt = Tokens(60);
+  SequenceBlocks s;
+  ASSERT_EQ(kv_.AcquirePrefix(prompt, &s), 28);  // blocks 0..6, local pages of 5 and 6
+  const int64_t from = kv_.WindowFirstBlock(60);
+  EXPECT_EQ(from, 13);
+  EXPECT_EQ(kv_.BlocksNeeded(s, 60, from), (15 - 7) + 2 * 2);
+  ASSERT_TRUE(kv_.Grow(&s, 60, from));
+  EXPECT_EQ(kv_.PagesHeld(s), 15 + 2 * (2 + 2));
+  EXPECT_EQ(pool_.num_referenced(), kv_.PagesHeld(s));
+  for (int64_t i = 7; i < 15; ++i) EXPECT_EQ(s.local[1][i] >= 0, i >= from) << i;
+  kv_.RegisterFull(prompt, 60, &s);
+  kv_.TrimWindow(&s, 60);  // the prefix's window pages go
+  EXPECT_EQ(kv_.PagesHeld(s), 15 + 2 * 2);
+  EXPECT_EQ(pool_.num_referenced(), kv_.PagesHeld(s));
+  kv_.Free(&s);
+  EXPECT_EQ(pool_.num_referenced(), 0);
+  EXPECT_TRUE(map_.empty());
+}
+
 TEST(KvCacheManagerTest, WithoutAWindowNothingChanges) {
   BlockPool pool(8, false);
   KvCacheManager kv(&pool, kBlock);
@@ -180,6 +248,8 @@ TEST(KvCacheManagerTest, WithoutAWindowNothingChanges) {
   kv.TrimWindow(&s, 9);
   EXPECT_EQ(pool.num_referenced(), 3);
   EXPECT_EQ(kv.PagesFor(100, 16), 25);
+  EXPECT_EQ(kv.WindowFirstBlock(100), 0);
+  EXPECT_EQ(kv.BlocksNeeded(s, 20, /*local_from=*/2), 2);
   kv.Free(&s);
 }
 
