@@ -21,12 +21,10 @@ The checks are gpu_emulated_cluster_test's, run over cuda-ipc.
 Usage: gpu_emulated_ipc_test.py BUILD_DIR   (the emulation binary: TANDEM_EMULATED_BUILD, or
 BUILD_DIR/../build-emu)."""
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +32,7 @@ import grpc  # noqa: E402
 
 import gpu_emulated_cluster_test as g  # noqa: E402
 from tandem_testlib import (ROOT, Cluster, check, cluster_status, internal_channel,  # noqa: E402
-                            load_stubs)
+                            kv_blocks_sent, load_stubs)
 
 g.GPU = ["--device", "cuda", "--kv-transport", "cuda-ipc", "--num-kv-blocks", "512",
          "--matmul-input-dtype", "f32"] + g.REMOTE
@@ -106,18 +104,6 @@ def other_gpu_refused(emu_dir):
                 proc.stop()
 
 
-def sent_blocks(metrics_port):
-    """{transport: KV blocks sent} from a worker's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
-    out = {}
-    for line in text.decode().splitlines():
-        m = re.match(r'tandem_kv_transfer_blocks_total\{(.*)\} (\S+)', line)
-        if m and 'direction="send"' in m.group(1):
-            transport = re.search(r'transport="([^"]*)"', m.group(1)).group(1)
-            out[transport] = out.get(transport, 0) + float(m.group(2))
-    return out
-
-
 def auto_per_pair(stubs, emu_dir, cpu_outputs):
     """Workers started alone with `--kv-transport auto`: the router picks cuda-ipc for the pair on
     one GPU and nccl for the pair on two, and the outputs equal the CPU cluster's."""
@@ -159,7 +145,7 @@ def auto_per_pair(stubs, emu_dir, cpu_outputs):
                 for i in range(len(texts)):
                     check(got[i] == want[i], f"prompt {i}: per-pair auto differs from the CPU "
                           f"cluster:\n{got[i]}\n{want[i]}")
-                sent = sent_blocks(port)
+                sent = kv_blocks_sent(port)
                 if sent.get("cuda-ipc", 0) > 0 and sent.get("nccl", 0) > 0:
                     break
             check(sent.get("cuda-ipc", 0) > 0 and sent.get("nccl", 0) > 0,

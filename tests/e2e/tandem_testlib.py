@@ -8,12 +8,14 @@ import atexit
 import hashlib
 import hmac
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STUB_DIR = None
@@ -235,6 +237,18 @@ def popen_env(extra):
     env = dict(os.environ)
     env.update(extra or {})
     return env
+
+
+def kv_blocks_sent(metrics_port):
+    """{transport: KV blocks sent} from a worker's /metrics (tandem_kv_transfer_blocks_total)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        m = re.match(r'tandem_kv_transfer_blocks_total\{(.*)\} (\S+)', line)
+        if m and 'direction="send"' in m.group(1):
+            transport = re.search(r'transport="([^"]*)"', m.group(1)).group(1)
+            out[transport] = out.get(transport, 0) + float(m.group(2))
+    return out
 
 
 def cluster_status(stubs, channel):

@@ -3,6 +3,9 @@
 - nccl startup: `tandem prefill --device cuda --kv-transport nccl` starts on this GPU;
 - nccl cluster: prefill on cuda:0 and decode on cuda:1 over NCCL, 12 concurrent greedy prompts
   equal to the CPU tcp cluster's bit for bit (needs two GPUs: NCCL refuses two ranks on one);
+- auto per pair: with two GPUs, workers started alone with `--kv-transport auto` (prefill and
+  one decode worker on cuda:0, another decode worker on cuda:1): the router picks cuda-ipc for
+  the pair on one GPU and nccl for the other, outputs equal to the CPU tcp cluster's;
 - cuda-ipc cluster: `tandem serve --device cuda --kv-transport auto --prefill-workers 1
   --decode-workers 2` (auto resolves to cuda-ipc: every worker process on this one GPU), 12
   concurrent greedy prompts equal to the CPU tcp cluster's bit for bit, every prompt prefilled
@@ -20,7 +23,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 
 from gpu_emulated_cluster_test import CPU, Proc, prompts, served  # noqa: E402
-from tandem_testlib import ROOT, Cluster, cluster_status, load_stubs  # noqa: E402
+from tandem_testlib import (ROOT, Cluster, cluster_status, kv_blocks_sent,  # noqa: E402
+                            load_stubs)
 
 TOKENS = 48
 
@@ -80,11 +84,50 @@ def main():
             finally:
                 for proc in procs:
                     proc.stop()
+    if n < 2:
+        verdict("auto per pair", "SKIP", f"({n} GPU visible; needs two)")
+    else:
+        ok &= auto_per_pair(stubs, build_dir, model)
     if n < 1:
         verdict("cuda-ipc cluster", "SKIP", "(no GPU visible)")
     else:
         ok &= cuda_ipc_cluster(stubs, build_dir, model)
     return 0 if ok else 1
+
+
+def auto_per_pair(stubs, build_dir, model):
+    """`--kv-transport auto` workers started alone: cuda-ipc to the decode worker on the prefill
+    worker's GPU, nccl to the one on the other GPU."""
+    _, texts = prompts("stories260k")
+    with Cluster(build_dir, 1, 2, *CPU, model=model) as cpu:
+        want = served(stubs, cpu.address, texts, TOKENS)
+    args = ["--model", model, "--kv-transport", "auto", "--matmul-input-dtype", "f32"]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        try:
+            metrics_file = os.path.join(tmp, "prefill.metrics-port")
+            procs.append(Proc(build_dir, tmp, "prefill", ["prefill", "--device", "cuda:0"] + args +
+                              ["--metrics-port", "-1", "--metrics-port-file", metrics_file]))
+            procs.append(Proc(build_dir, tmp, "decode0", ["decode", "--device", "cuda:0"] + args))
+            procs.append(Proc(build_dir, tmp, "decode1", ["decode", "--device", "cuda:1"] + args))
+            procs.append(Proc(build_dir, tmp, "router", [
+                "router", "--model", model, "--disagg-min-uncached-tokens", "0",
+                "--prefill-addresses", procs[0].address,
+                "--decode-addresses", f"{procs[1].address},{procs[2].address}"]))
+            time.sleep(2)  # registration
+            got = served(stubs, procs[3].address, texts, TOKENS)
+            got += served(stubs, procs[3].address, texts, TOKENS)
+            same = sum(g == w for g, w in zip(got, want + want))
+            sent = kv_blocks_sent(int(open(metrics_file).read()))
+            both = sent.get("cuda-ipc", 0) > 0 and sent.get("nccl", 0) > 0
+            return verdict("auto per pair", "PASS" if same == len(got) and both else "FAIL",
+                           f"({same}/{len(got)} greedy outputs equal the CPU tcp cluster's; KV "
+                           f"blocks sent per transport {sent})")
+        except (AssertionError, RuntimeError, OSError) as e:
+            return verdict("auto per pair", "FAIL", str(e)[-400:])
+        finally:
+            for proc in procs:
+                proc.stop()
 
 
 def cuda_ipc_cluster(stubs, build_dir, model):
