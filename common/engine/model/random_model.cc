@@ -513,7 +513,7 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
     c.rope_theta = 1000000.0;
     c.bos_token_id = 151643;
     c.eos_token_ids = {151643};
-    c.norm_topk_prob = false;  // as both published checkpoints
+    c.norm_topk_prob = false;             // as both published checkpoints
     if (preset == "qwen1.5-moe-a2.7b") {  // Qwen1.5-MoE-A2.7B (use --layers for fewer layers)
       c.hidden_size = 2048;
       c.intermediate_size = 5632;
@@ -574,7 +574,8 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
   if (options.max_position_embeddings > 0) {
     config.max_position_embeddings = options.max_position_embeddings;
   }
-  if (config.architecture == Architecture::kQwen2 || config.architecture == Architecture::kQwen2Moe) {
+  if (config.architecture == Architecture::kQwen2 ||
+      config.architecture == Architecture::kQwen2Moe) {
     config.attention_bias = true;
   }
   config.qk_norm = config.architecture == Architecture::kQwen3 ||
