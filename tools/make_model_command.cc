@@ -53,7 +53,8 @@ int RunMakeModel(int argc, char** argv) {
   options.max_shard_bytes = max_shard_bytes;
   options.num_threads = static_cast<int>(threads);
   options.show_progress = true;
-  const std::string family = preset.rfind("qwen3", 0) == 0 ? "qwen3" : "llama2";  // qwen3-moe too
+  // The Qwen presets (qwen3-moe, Qwen2-MoE too) take the Qwen BPE vocabulary.
+  const std::string family = preset.rfind("qwen", 0) == 0 ? "qwen3" : "llama2";
   options.tokenizer_dir = tokenizer_dir.empty()
                               ? std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/" + family
                               : tokenizer_dir;

@@ -41,6 +41,7 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {Architecture::kGemma2, "Gemma2ForCausalLM", "gemma2", 8192, 2, 1},
     {Architecture::kMixtral, "MixtralForCausalLM", "mixtral", 4096 * 32, 1, 2},
     {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", 32768, -1, -1},
+    {Architecture::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe", 32768, -1, -1},
 };
 
 const ArchitectureInfo& Info(Architecture a) {
@@ -308,17 +309,20 @@ absl::Status ParseGemma(const json& doc, const std::string& source, ModelConfig*
   return absl::OkStatus();
 }
 
-// The experts of Mixtral (num_local_experts) and Qwen3-MoE (num_experts, moe_intermediate_size,
-// norm_topk_prob); Qwen3-MoE's dense layers (decoder_sparse_step, mlp_only_layers) and shared
-// experts are refused, naming the field.
+// The experts of Mixtral (num_local_experts), Qwen3-MoE and Qwen2-MoE (num_experts,
+// moe_intermediate_size, norm_topk_prob) and Qwen2-MoE's shared expert
+// (shared_expert_intermediate_size); dense layers (decoder_sparse_step, mlp_only_layers) and
+// Qwen3-MoE shared experts (transformers' Qwen3-MoE has none) are refused, naming the field.
 absl::Status ParseExperts(const json& doc, const std::string& source, ModelConfig* c) {
   const bool mixtral = c->architecture == Architecture::kMixtral;
+  const bool qwen2 = c->architecture == Architecture::kQwen2Moe;
   const char* count_key = mixtral ? "num_local_experts" : "num_experts";
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> experts, JsonOptionalInt(doc, count_key, source));
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> top,
                           JsonOptionalInt(doc, "num_experts_per_tok", source));
-  c->num_experts = experts.value_or(mixtral ? 8 : 128);
-  c->num_experts_per_tok = top.value_or(mixtral ? 2 : 8);
+  // Defaults: MixtralConfig's, Qwen2MoeConfig's, Qwen3MoeConfig's.
+  c->num_experts = experts.value_or(mixtral ? 8 : qwen2 ? 60 : 128);
+  c->num_experts_per_tok = top.value_or(mixtral ? 2 : qwen2 ? 4 : 8);
   if (c->num_experts <= 0 || c->num_experts > 4096) {
     return Invalid(source, absl::StrCat("field '", count_key, "' must be in [1, 4096]"));
   }
@@ -332,10 +336,10 @@ absl::Status ParseExperts(const json& doc, const std::string& source, ModelConfi
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> ffn,
                           JsonOptionalInt(doc, "moe_intermediate_size", source));
-  c->moe_intermediate_size = ffn.value_or(768);
+  c->moe_intermediate_size = ffn.value_or(qwen2 ? 1408 : 768);
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> norm,
                           JsonOptionalBool(doc, "norm_topk_prob", source));
-  c->norm_topk_prob = norm.value_or(false);  // Qwen3MoeConfig's default
+  c->norm_topk_prob = norm.value_or(false);  // Qwen3MoeConfig's and Qwen2MoeConfig's default
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> step,
                           JsonOptionalInt(doc, "decoder_sparse_step", source));
   if (step.value_or(1) != 1) {
@@ -349,9 +353,16 @@ absl::Status ParseExperts(const json& doc, const std::string& source, ModelConfi
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> shared,
                           JsonOptionalInt(doc, "shared_expert_intermediate_size", source));
-  if (shared.value_or(0) > 0) {
+  if (qwen2) {
+    c->shared_expert_intermediate_size = shared.value_or(5632);  // Qwen2MoeConfig's default
+    if (c->shared_expert_intermediate_size <= 0 || c->shared_expert_intermediate_size > kMaxDim) {
+      return Invalid(source, absl::StrCat("field 'shared_expert_intermediate_size' must be in [1, ",
+                                          kMaxDim, "], got ", c->shared_expert_intermediate_size));
+    }
+  } else if (shared.value_or(0) > 0) {
     return absl::UnimplementedError(absl::StrCat(
-        source, ": shared experts (shared_expert_intermediate_size) are not supported"));
+        source,
+        ": shared experts (shared_expert_intermediate_size) are not supported for Qwen3-MoE"));
   }
   return absl::OkStatus();
 }
@@ -461,17 +472,24 @@ absl::Status ValidateModelConfig(const ModelConfig& c, const std::string& source
   if (c.attn_logit_softcapping > 0 && c.architecture != Architecture::kGemma2) {
     return Invalid(source, "attn_logit_softcapping goes with Gemma 2 only");
   }
-  if (c.architecture == Architecture::kQwen2 && !c.attention_bias) {
+  if ((c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen2Moe) &&
+      !c.attention_bias) {
     return Invalid(source, "Qwen2 always has q/k/v biases (attention_bias must be true)");
   }
   if ((c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe ||
        c.architecture == Architecture::kGemma3) != c.qk_norm) {
     return Invalid(source, "per-head q/k norms (qk_norm) go with Qwen3 (MoE) and Gemma 3 only");
   }
-  const bool moe =
-      c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe;
+  const bool moe = IsMoe(c.architecture);
   if (moe != (c.num_experts > 0)) {
-    return Invalid(source, "experts go with Mixtral and Qwen3-MoE only, and they need experts");
+    return Invalid(source,
+                   "experts go with Mixtral, Qwen3-MoE and Qwen2-MoE only, and they need experts");
+  }
+  if ((c.architecture == Architecture::kQwen2Moe) != (c.shared_expert_intermediate_size > 0) ||
+      c.shared_expert_intermediate_size > kMaxDim) {
+    return Invalid(source,
+                   "a shared expert (shared_expert_intermediate_size in [1, 2^24]) goes with "
+                   "Qwen2-MoE, and Qwen2-MoE needs one");
   }
   if (moe && (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts ||
               c.expert_ffn() <= 0 || c.expert_ffn() > kMaxDim)) {
@@ -566,6 +584,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalBool(doc, "attention_bias", source));
   if (c.architecture == Architecture::kQwen2) {
     c.attention_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj none
+  } else if (c.architecture == Architecture::kQwen2Moe) {
+    // Qwen2MoeAttention: q/k/v biases unless qkv_bias is false (newer transformers), o_proj none.
+    TANDEM_ASSIGN_OR_RETURN(std::optional<bool> qkv_bias,
+                            JsonOptionalBool(doc, "qkv_bias", source));
+    if (!qkv_bias.value_or(true)) {
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": qkv_bias false is not supported for Qwen2-MoE"));
+    }
+    if (attn_bias.value_or(false)) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": attention_bias is not a Qwen2-MoE field (q/k/v biases: qkv_bias)"));
+    }
+    c.attention_bias = true;
   } else if ((c.architecture == Architecture::kQwen3 ||
               c.architecture == Architecture::kQwen3Moe) &&
              attn_bias.value_or(false)) {
@@ -581,7 +612,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                           JsonOptionalInt(doc, "sliding_window", source));
   if (c.architecture == Architecture::kMistral) {
     c.sliding_window = window.value_or(0);
-  } else if (c.architecture == Architecture::kQwen2) {
+  } else if (c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen2Moe) {
     TANDEM_ASSIGN_OR_RETURN(std::optional<bool> use_window,
                             JsonOptionalBool(doc, "use_sliding_window", source));
     if (use_window.value_or(false)) c.sliding_window = window.value_or(0);
@@ -593,7 +624,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   } else if (c.architecture == Architecture::kMixtral) {
     c.sliding_window = window.value_or(0);
   }
-  if (c.architecture == Architecture::kMixtral || c.architecture == Architecture::kQwen3Moe) {
+  if (IsMoe(c.architecture)) {
     TANDEM_RETURN_IF_ERROR(ParseExperts(doc, source, &c));
   }
 

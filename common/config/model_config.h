@@ -23,12 +23,19 @@ enum class Architecture {
   // Gemma2ForCausalLM: Gemma 3 without q/k norms and without a local RoPE base, with attention
   // logit soft-capping; local and global layers alternate one by one.
   kGemma2,
-  // Mixture of experts: MixtralForCausalLM (Mistral attention) and Qwen3MoeForCausalLM (Qwen3
-  // attention); every layer's MLP is a router choosing num_experts_per_tok of num_experts
-  // SwiGLU experts per token.
+  // Mixture of experts: MixtralForCausalLM (Mistral attention), Qwen3MoeForCausalLM (Qwen3
+  // attention) and Qwen2MoeForCausalLM (Qwen2 attention, plus a shared expert); every layer's
+  // MLP is a router choosing num_experts_per_tok of num_experts SwiGLU experts per token.
   kMixtral,
   kQwen3Moe,
+  kQwen2Moe,
 };
+
+// Mixtral, Qwen3-MoE and Qwen2-MoE: every layer's MLP is a mixture of experts.
+inline bool IsMoe(Architecture a) {
+  return a == Architecture::kMixtral || a == Architecture::kQwen3Moe ||
+         a == Architecture::kQwen2Moe;
+}
 
 // Gemma 2 and 3: scaled embeddings, (1 + w) norm weights, norms after attention and MLP.
 inline bool IsGemma(Architecture a) {
@@ -78,7 +85,7 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v (and not o) carry a bias; always true for Qwen2
+  bool attention_bias = false;  // q/k/v (and not o) carry a bias; always true for Qwen2 (MoE)
   int64_t sliding_window = 0;   // 0: none
   // q and k are RMS-normalised per head (weights [head_dim]) before RoPE; always true for Qwen3.
   bool qk_norm = false;
@@ -96,6 +103,9 @@ struct ModelConfig {
   int64_t num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;  // each expert's ffn; 0: intermediate_size (Mixtral)
   bool norm_topk_prob = true;
+  // Qwen2-MoE's shared expert: a dense SwiGLU MLP of this ffn every token runs, its output
+  // scaled by sigmoid(shared_expert_gate(x)) and added to the routed experts' sum. 0: none.
+  int64_t shared_expert_intermediate_size = 0;
   int64_t expert_ffn() const {
     return moe_intermediate_size > 0 ? moe_intermediate_size : intermediate_size;
   }

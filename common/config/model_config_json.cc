@@ -73,7 +73,7 @@ std::string ModelConfigToJson(const ModelConfig& c) {
   if (c.architecture == Architecture::kMistral || c.architecture == Architecture::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
-  if (c.architecture == Architecture::kQwen2) {
+  if (c.architecture == Architecture::kQwen2 || c.architecture == Architecture::kQwen2Moe) {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
@@ -82,13 +82,16 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     j["num_experts_per_tok"] = c.num_experts_per_tok;
     j["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window) : nullptr;
   }
-  if (c.architecture == Architecture::kQwen3Moe) {
+  if (c.architecture == Architecture::kQwen3Moe || c.architecture == Architecture::kQwen2Moe) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
     j["moe_intermediate_size"] = c.moe_intermediate_size;
     j["norm_topk_prob"] = c.norm_topk_prob;
     j["decoder_sparse_step"] = 1;
     j["mlp_only_layers"] = nlohmann::ordered_json::array();
+  }
+  if (c.architecture == Architecture::kQwen2Moe) {
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   }
   if (c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe) {
     j["attention_bias"] = c.attention_bias;

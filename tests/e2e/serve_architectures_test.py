@@ -23,7 +23,7 @@ from tandem_testlib import (Cluster, Server, check, generate, load_stubs, make_p
                             wait_no_leaks, worker_stats)
 
 PRESETS = ["qwen3-tiny", "phi3-tiny", "phi4-tiny", "gemma3-tiny", "gemma2-tiny",
-           "mixtral-tiny", "qwen3-moe-tiny"]
+           "mixtral-tiny", "qwen3-moe-tiny", "qwen2moe-tiny"]
 
 # The window layout of the presets with local layers beside global ones (random_model.cc):
 # the window, and the local layer groups (local layers in groups of at most the global layers'

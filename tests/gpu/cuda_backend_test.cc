@@ -298,11 +298,11 @@ TEST_F(CudaBackendTest, LongContextMatchesCpu) {
 
 // Phi-3 (fused projections split at load, LongRoPE from position 32 on, a 48-token sliding
 // window) agrees with the CPU backend over 100 positions; Qwen3, Gemma 2 and 3, partial-rotary
-// Phi-3 (Phi-4-mini) and Mixtral are refused by name until the backend implements their norms,
-// soft-capping, partial rotation and experts.
+// Phi-3 (Phi-4-mini), Mixtral and Qwen2-MoE are refused by name until the backend implements
+// their norms, soft-capping, partial rotation and experts.
 TEST_F(CudaBackendTest, Phi3MatchesCpuQwen3Gemma3AndMixtralAreRefused) {
-  for (const char* preset :
-       {"phi3-tiny", "qwen3-tiny", "gemma3-tiny", "gemma2-tiny", "phi4-tiny", "mixtral-tiny"}) {
+  for (const char* preset : {"phi3-tiny", "qwen3-tiny", "gemma3-tiny", "gemma2-tiny", "phi4-tiny",
+                             "mixtral-tiny", "qwen2moe-tiny"}) {
     const std::string dir = std::filesystem::path(::testing::TempDir()) / preset;
     RandomModelOptions random;
     random.preset = preset;

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402
 
 PRESETS = ["tiny", "qwen3-tiny", "phi3-tiny", "phi4-tiny", "gemma3-tiny", "gemma2-tiny",
-           "mixtral-tiny", "qwen3-moe-tiny"]
+           "mixtral-tiny", "qwen3-moe-tiny", "qwen2moe-tiny"]
 # Presets whose features need larger weights to show within the tolerance (Gemma 2's attention
 # soft-capping bites only on scores of a few units).
 INIT_STD = {"gemma2-tiny": "0.08"}

@@ -78,7 +78,8 @@ class DecoderOnly:
         self.d = cfg.get("head_dim") or cfg["hidden_size"] // self.h
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.window = cfg.get("sliding_window") or 0
-        if self.arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window"):
+        if (self.arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") and
+                not cfg.get("use_sliding_window")):
             self.window = 0
 
     def rope(self, t):
@@ -93,7 +94,9 @@ class DecoderOnly:
 
     def attention(self, x, p, cos, sin):
         t = x.shape[0]
-        bias = self.arch == "Qwen2ForCausalLM"
+        # Qwen2Attention / Qwen2MoeAttention: q/k/v biases (qkv_bias, default true), o_proj none.
+        bias = (self.arch == "Qwen2ForCausalLM" or
+                (self.arch == "Qwen2MoeForCausalLM" and self.cfg.get("qkv_bias", True)))
         q = self.linear(x, p + "q_proj", bias).view(t, self.h, self.d)
         k = self.linear(x, p + "k_proj", bias).view(t, self.kv, self.d)
         v = self.linear(x, p + "v_proj", bias).view(t, self.kv, self.d)
@@ -315,10 +318,13 @@ class Gemma2(DecoderOnly):
 
 class MixtureOfExperts(DecoderOnly):
     """MixtralForCausalLM (modeling_mixtral.py: MixtralSparseMoeBlock, experts w1 = gate,
-    w3 = up, w2 = down) and Qwen3MoeForCausalLM (modeling_qwen3_moe.py: Qwen3 attention,
-    Qwen3MoeSparseMoeBlock): router logits, softmax over all experts, the top num_experts_per_tok,
-    renormalised (Mixtral always; Qwen3-MoE when norm_topk_prob), each token's output the
-    weighted sum of its experts' SwiGLU outputs."""
+    w3 = up, w2 = down), Qwen3MoeForCausalLM (modeling_qwen3_moe.py: Qwen3 attention,
+    Qwen3MoeSparseMoeBlock) and Qwen2MoeForCausalLM (modeling_qwen2_moe.py: Qwen2 attention,
+    Qwen2MoeSparseMoeBlock): router logits, softmax over all experts, the top
+    num_experts_per_tok, renormalised (Mixtral always; the Qwen families when norm_topk_prob),
+    each token's output the weighted sum of its experts' SwiGLU outputs. Qwen2-MoE then adds a
+    shared expert (a SwiGLU MLP of shared_expert_intermediate_size every token runs) scaled by
+    sigmoid(shared_expert_gate(x)), a [1, hidden] linear map of the same input."""
 
     def mlp(self, x, p):
         mixtral = self.arch == "MixtralForCausalLM"
@@ -340,12 +346,19 @@ class MixtureOfExperts(DecoderOnly):
             y = self.linear(torch.nn.functional.silu(self.linear(xe, ep + names[0])) *
                             self.linear(xe, ep + names[1]), ep + names[2])
             out.index_add_(0, rows, y * top[rows, slot, None])
+        if self.arch == "Qwen2MoeForCausalLM":
+            shared = self.mlp_of(x, prefix + "shared_expert.")
+            out = out + torch.sigmoid(self.linear(x, prefix + "shared_expert_gate")) * shared
         return out
+
+    def mlp_of(self, x, p):
+        return DecoderOnly.mlp(self, x, p)
 
 
 ARCHITECTURES = {
     "MixtralForCausalLM": MixtureOfExperts,
     "Qwen3MoeForCausalLM": MixtureOfExperts,
+    "Qwen2MoeForCausalLM": MixtureOfExperts,
     "Gemma3ForCausalLM": Gemma3,
     "Gemma2ForCausalLM": Gemma2,
     "Phi3ForCausalLM": Phi3,

@@ -390,6 +390,16 @@ absl::Status ModelLoader::LoadLayer(int64_t i, LayerWeights* l) {
       TANDEM_RETURN_IF_ERROR(
           LoadMatrix(x + (mixtral ? "w2" : "down_proj") + ".weight", {h, ef}, &ew.down_proj));
     }
+    if (c.shared_expert_intermediate_size > 0) {  // Qwen2-MoE
+      const int64_t sf = c.shared_expert_intermediate_size;
+      const std::string x = moe + "shared_expert.";
+      ExpertWeights& se = l->shared_expert;
+      TANDEM_RETURN_IF_ERROR(LoadMatrix(x + "gate_proj.weight", {sf, h}, &se.gate_proj));
+      TANDEM_RETURN_IF_ERROR(LoadMatrix(x + "up_proj.weight", {sf, h}, &se.up_proj));
+      TANDEM_RETURN_IF_ERROR(LoadMatrix(x + "down_proj.weight", {h, sf}, &se.down_proj));
+      TANDEM_RETURN_IF_ERROR(LoadTensor(moe + "shared_expert_gate.weight", {1, h}, DType::kF32,
+                                        &l->shared_expert_gate));
+    }
     return absl::OkStatus();
   }
   if (c.architecture == Architecture::kPhi3) {  // gate_up_proj: the gate's rows, then up's
@@ -536,7 +546,7 @@ size_t Model::decode_weight_bytes() const {
   for (const LayerWeights& l : w.layers) {
     for (const Tensor* t :
          {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) {
-      bytes += t->stored_bytes();
+      if (!t->empty()) bytes += t->stored_bytes();  // MoE layers have no dense gate/up/down
     }
     // Experts: one token reads the router and its num_experts_per_tok experts.
     if (!l.experts.empty()) {
@@ -544,6 +554,11 @@ size_t Model::decode_weight_bytes() const {
       const ExpertWeights& e = l.experts[0];
       bytes += static_cast<size_t>(config_.num_experts_per_tok) *
                (e.gate_proj.stored_bytes() + e.up_proj.stored_bytes() + e.down_proj.stored_bytes());
+      // Qwen2-MoE: every token also reads the shared expert and its gate.
+      const ExpertWeights& se = l.shared_expert;
+      for (const Tensor* t : {&se.gate_proj, &se.up_proj, &se.down_proj, &l.shared_expert_gate}) {
+        if (!t->empty()) bytes += t->stored_bytes();
+      }
     }
   }
   return bytes;

@@ -48,6 +48,11 @@ struct LayerWeights {
   // (never quantized: routing must not move with the weights' precision), and the experts.
   Tensor router;  // [experts, hidden]  block_sparse_moe.gate.weight / mlp.gate.weight
   std::vector<ExpertWeights> experts;
+  // Qwen2-MoE's shared expert (mlp.shared_expert.{gate,up,down}_proj, ffn =
+  // shared_expert_intermediate_size) and its gate (mlp.shared_expert_gate.weight [1, hidden],
+  // f32 like the router); empty otherwise.
+  ExpertWeights shared_expert;
+  Tensor shared_expert_gate;
 };
 
 struct ModelWeights {

@@ -184,6 +184,13 @@ std::vector<SafetensorsWriter::Spec> ModelTensorSpecs(const ModelConfig& c, DTyp
         specs.push_back({x + (mixtral ? "w2" : "down_proj") + ".weight", dtype, {h, ef}});
         specs.push_back({x + (mixtral ? "w3" : "up_proj") + ".weight", dtype, {ef, h}});
       }
+      if (c.shared_expert_intermediate_size > 0) {  // Qwen2-MoE
+        const int64_t sf = c.shared_expert_intermediate_size;
+        specs.push_back({moe + "shared_expert.gate_proj.weight", dtype, {sf, h}});
+        specs.push_back({moe + "shared_expert.up_proj.weight", dtype, {sf, h}});
+        specs.push_back({moe + "shared_expert.down_proj.weight", dtype, {h, sf}});
+        specs.push_back({moe + "shared_expert_gate.weight", dtype, {1, h}});
+      }
     } else if (c.architecture == Architecture::kPhi3) {
       specs.push_back({p + "mlp.gate_up_proj.weight", dtype, {2 * f, h}});
     } else {

@@ -102,6 +102,9 @@ struct RandomModelOptions {
   //             head_dim 128 of which 96 rotate, LongRoPE from 4096, vocab 200064, tied).
   // "phi4-tiny": Phi-4-mini's shape at hidden 64, 2 layers, head_dim 32 of which 24 rotate,
   //             LongRoPE from position 32 on, tied; for tests.
+  // "qwen1.5-moe-a2.7b", "qwen2-57b-a14b": Qwen2-MoE blocks (60 experts of ffn 1408, top 4,
+  //             shared ffn 5632; 64 of ffn 2560, top 8, shared ffn 20480); "qwen2moe-tiny": 8
+  //             experts of ffn 32, top 2, shared ffn 96 at hidden 64; Qwen tokenizer.
   // The Gemma and Phi-4 presets carry the Llama 2 tokenizer (theirs are not bundled).
   std::string preset = "tiny";
   // Replaces the preset's config entirely when set (any supported architecture, e.g. Qwen2).

@@ -218,7 +218,7 @@ absl::Status RandomModelWriter::WriteWeights() {
 std::string RandomModelPresetNames() {
   return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
          "gemma3-tiny, gemma2-2b, gemma2-tiny, phi4-mini, phi4-tiny, mixtral-8x7b, mixtral-tiny, "
-         "qwen3-30b-a3b, qwen3-moe-tiny";
+         "qwen3-30b-a3b, qwen3-moe-tiny, qwen1.5-moe-a2.7b, qwen2-57b-a14b, qwen2moe-tiny";
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
@@ -502,6 +502,55 @@ absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
       c.num_experts = 16;
       c.num_experts_per_tok = 4;
     }
+  } else if (preset == "qwen1.5-moe-a2.7b" || preset == "qwen2-57b-a14b" ||
+             preset == "qwen2moe-tiny") {
+    c.architecture = Architecture::kQwen2Moe;
+    c.architecture_name = "Qwen2MoeForCausalLM";
+    c.model_type = "qwen2_moe";
+    c.attention_bias = true;
+    c.vocab_size = 151936;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.bos_token_id = 151643;
+    c.eos_token_ids = {151643};
+    c.norm_topk_prob = false;             // as both published checkpoints
+    if (preset == "qwen1.5-moe-a2.7b") {  // Qwen1.5-MoE-A2.7B (use --layers for fewer layers)
+      c.hidden_size = 2048;
+      c.intermediate_size = 5632;
+      c.moe_intermediate_size = 1408;
+      c.shared_expert_intermediate_size = 5632;
+      c.num_layers = 24;
+      c.num_heads = 16;
+      c.num_kv_heads = 16;
+      c.head_dim = 128;
+      c.num_experts = 60;
+      c.num_experts_per_tok = 4;
+      c.max_position_embeddings = 8192;
+    } else if (preset == "qwen2-57b-a14b") {  // Qwen2-57B-A14B (use --layers for fewer layers)
+      c.hidden_size = 3584;
+      c.intermediate_size = 18944;
+      c.moe_intermediate_size = 2560;
+      c.shared_expert_intermediate_size = 20480;
+      c.num_layers = 28;
+      c.num_heads = 28;
+      c.num_kv_heads = 4;
+      c.head_dim = 128;
+      c.num_experts = 64;
+      c.num_experts_per_tok = 8;
+      c.max_position_embeddings = 32768;
+    } else {
+      c.hidden_size = 64;
+      c.intermediate_size = 192;
+      c.moe_intermediate_size = 32;
+      c.shared_expert_intermediate_size = 96;
+      c.num_layers = 2;
+      c.num_heads = 4;
+      c.num_kv_heads = 2;
+      c.head_dim = 16;
+      c.num_experts = 8;
+      c.num_experts_per_tok = 2;
+      c.max_position_embeddings = 2048;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
                                                    "' (known: ", RandomModelPresetNames(), ")"));
@@ -525,7 +574,10 @@ absl::Status WriteRandomModel(const RandomModelOptions& options, const std::stri
   if (options.max_position_embeddings > 0) {
     config.max_position_embeddings = options.max_position_embeddings;
   }
-  if (config.architecture == Architecture::kQwen2) config.attention_bias = true;
+  if (config.architecture == Architecture::kQwen2 ||
+      config.architecture == Architecture::kQwen2Moe) {
+    config.attention_bias = true;
+  }
   config.qk_norm = config.architecture == Architecture::kQwen3 ||
                    config.architecture == Architecture::kGemma3 ||
                    config.architecture == Architecture::kQwen3Moe;

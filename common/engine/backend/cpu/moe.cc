@@ -69,6 +69,7 @@ void MoeMlp::Run(const ModelConfig& c, const LayerWeights& lw, const float* h, i
   float* slots = Sized(slots_, static_cast<size_t>(t * k * d));
   if (RunSharedExperts(c, lw, h, t, offsets, input_dtype, slots, pool)) {
     Combine(weights, slots, t, k, d, out);
+    AddSharedExpert(c, lw, h, t, input_dtype, out, pool);
     return;
   }
   for (int64_t e = 0; e < num_experts; ++e) {
@@ -96,6 +97,34 @@ void MoeMlp::Run(const ModelConfig& c, const LayerWeights& lw, const float* h, i
     }
   }
   Combine(weights, slots, t, k, d, out);
+  AddSharedExpert(c, lw, h, t, input_dtype, out, pool);
+}
+
+void MoeMlp::AddSharedExpert(const ModelConfig& c, const LayerWeights& lw, const float* h,
+                             int64_t t, DType input_dtype, float* out, ThreadPool* pool) {
+  const int64_t sf = c.shared_expert_intermediate_size, d = c.hidden_size;
+  if (sf <= 0) return;
+  // Qwen2MoeSparseMoeBlock: out += sigmoid(shared_expert_gate(x)) * shared_expert(x), the gate's
+  // logit from f32 weights like the router's.
+  float* g = Sized(shared_gate_, static_cast<size_t>(t));
+  cpu::MatMul(h, t, d, d, WeightView(lw.shared_expert_gate, DType::kF32), 1, nullptr, g, 1, pool);
+  const ExpertWeights& se = lw.shared_expert;
+  float* gate = Sized(gate_, static_cast<size_t>(t * sf));
+  float* up = Sized(up_, static_cast<size_t>(t * sf));
+  float* act = Sized(act_, static_cast<size_t>(t * sf));
+  float* y = Sized(expert_out_, static_cast<size_t>(t * d));
+  const cpu::MatMulProjection projections[2] = {
+      {WeightView(se.gate_proj, input_dtype), sf, nullptr, gate, sf},
+      {WeightView(se.up_proj, input_dtype), sf, nullptr, up, sf}};
+  cpu::MatMulShared(h, t, d, d, projections, 2, pool);
+  cpu::SiluMul(gate, up, t, sf, act, pool);
+  cpu::MatMul(act, t, sf, sf, WeightView(se.down_proj, input_dtype), d, nullptr, y, d, pool);
+  for (int64_t i = 0; i < t; ++i) {
+    const float s = 1.0f / (1.0f + std::exp(-g[i]));
+    float* o = out + i * d;
+    const float* yi = y + i * d;
+    for (int64_t x = 0; x < d; ++x) o[x] += s * yi[x];
+  }
 }
 
 bool MoeMlp::RunSharedExperts(const ModelConfig& c, const LayerWeights& lw, const float* h,

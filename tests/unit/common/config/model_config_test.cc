@@ -424,6 +424,49 @@ constexpr char kQwen3_30b_a3b[] = R"({
   "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
   "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
 
+// Qwen1.5-MoE-A2.7B's config.json as published (fields the engine ignores trimmed).
+constexpr char kQwen15MoeA27b[] = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+  "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+  "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936,
+  "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+  "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.001})";
+
+TEST(ModelConfigTest, Qwen2MoeSharedExpert) {
+  absl::StatusOr<ModelConfig> c = ParseModelConfig(kQwen15MoeA27b, "q2/config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen2Moe);
+  EXPECT_EQ(c->num_experts, 60);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->expert_ffn(), 1408);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_TRUE(c->attention_bias);  // Qwen2 attention: q/k/v biases
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window false
+  absl::StatusOr<ModelConfig> back = ParseModelConfig(ModelConfigToJson(*c), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, *c);
+
+  // Qwen2MoeConfig's defaults when the MoE fields are absent.
+  absl::StatusOr<ModelConfig> d = ParseModelConfig(
+      R"({"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100})",
+      "d/config.json");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->architecture, Architecture::kQwen2Moe);
+  EXPECT_EQ(d->num_experts, 60);
+  EXPECT_EQ(d->num_experts_per_tok, 4);
+  EXPECT_EQ(d->expert_ffn(), 1408);
+  EXPECT_EQ(d->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(d->norm_topk_prob);
+}
+
 TEST(ModelConfigTest, MixtureOfExperts) {
   absl::StatusOr<ModelConfig> m = ParseModelConfig(kMixtral8x7b, "m/config.json");
   ASSERT_TRUE(m.ok()) << m.status();
@@ -461,6 +504,16 @@ TEST(ModelConfigTest, MixtureOfExpertsUnsupportedFieldsAreNamed) {
        "mlp_only_layers"},
       {with(kQwen3_30b_a3b, R"("use_cache": true)", R"("shared_expert_intermediate_size": 512)"),
        "shared_expert_intermediate_size"},
+      {with(kQwen15MoeA27b, R"("decoder_sparse_step": 1)", R"("decoder_sparse_step": 2)"),
+       "decoder_sparse_step"},
+      {with(kQwen15MoeA27b, R"("use_cache": true)", R"("mlp_only_layers": [1])"),
+       "mlp_only_layers"},
+      {with(kQwen15MoeA27b, R"("shared_expert_intermediate_size": 5632)",
+            R"("shared_expert_intermediate_size": 0)"),
+       "shared_expert_intermediate_size"},
+      {with(kQwen15MoeA27b, R"("use_cache": true)", R"("qkv_bias": false)"), "qkv_bias"},
+      {with(kQwen15MoeA27b, R"("num_experts_per_tok": 4)", R"("num_experts_per_tok": 61)"),
+       "num_experts_per_tok"},
       {with(kMixtral8x7b, R"("num_experts_per_tok": 2)", R"("num_experts_per_tok": 9)"),
        "num_experts_per_tok"},
       {with(kMixtral8x7b, R"("num_local_experts": 8)", R"("num_local_experts": 0)"),

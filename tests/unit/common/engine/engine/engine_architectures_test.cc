@@ -67,11 +67,16 @@ ModelConfig SmallConfig(Architecture arch) {
     c.attn_logit_softcapping = 2;
     c.final_logit_softcapping = 30;
   }
-  if (arch == Architecture::kMixtral || arch == Architecture::kQwen3Moe) {
+  if (IsMoe(arch)) {
     c.num_experts = 8;
     c.num_experts_per_tok = 2;
-    c.norm_topk_prob = arch == Architecture::kMixtral;  // Qwen3-MoE without renormalisation
-    if (arch == Architecture::kQwen3Moe) c.moe_intermediate_size = 32;
+    // Qwen3-MoE and Qwen2-MoE without renormalisation
+    c.norm_topk_prob = arch == Architecture::kMixtral;
+    if (arch != Architecture::kMixtral) c.moe_intermediate_size = 32;
+    if (arch == Architecture::kQwen2Moe) {  // Qwen2 attention (q/k/v biases), a shared expert
+      c.attention_bias = true;
+      c.shared_expert_intermediate_size = 48;
+    }
   }
   return c;
 }
@@ -404,7 +409,8 @@ TEST(EngineArchitecturesPartialRotaryTest, Phi4TinyKeepsGreedyOutput) {
 INSTANTIATE_TEST_SUITE_P(Architectures, EngineArchitecturesTest,
                          ::testing::Values(Architecture::kQwen3, Architecture::kPhi3,
                                            Architecture::kGemma3, Architecture::kGemma2,
-                                           Architecture::kMixtral, Architecture::kQwen3Moe),
+                                           Architecture::kMixtral, Architecture::kQwen3Moe,
+                                           Architecture::kQwen2Moe),
                          [](const auto& info) { return ArchitectureModelType(info.param); });
 
 }  // namespace

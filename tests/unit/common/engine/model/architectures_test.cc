@@ -386,7 +386,7 @@ TEST(ArchitecturesTest, BadGemma2AndPhi4CheckpointsNameTheFieldOrTensor) {
 }
 
 TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
-  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny", "qwen2moe-tiny"}) {
     ScratchDir dir(preset);
     RandomModelOptions o;
     o.preset = preset;
@@ -407,6 +407,20 @@ TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
       EXPECT_EQ(l.experts.back().down_proj.quant, WeightQuant::kInt4);
       EXPECT_THAT(l.experts.back().gate_proj.shape, ElementsAre(c.expert_ffn(), c.hidden_size));
       EXPECT_TRUE(l.gate_proj.empty());
+      if (c.architecture == Architecture::kQwen2Moe) {  // the shared expert and its f32 gate
+        const int64_t sf = c.shared_expert_intermediate_size;
+        EXPECT_THAT(l.shared_expert.gate_proj.shape, ElementsAre(sf, c.hidden_size));
+        EXPECT_THAT(l.shared_expert.up_proj.shape, ElementsAre(sf, c.hidden_size));
+        EXPECT_THAT(l.shared_expert.down_proj.shape, ElementsAre(c.hidden_size, sf));
+        EXPECT_EQ(l.shared_expert.down_proj.quant, WeightQuant::kInt4);
+        EXPECT_THAT(l.shared_expert_gate.shape, ElementsAre(1, c.hidden_size));
+        EXPECT_EQ(l.shared_expert_gate.dtype, DType::kF32);
+        EXPECT_EQ(l.shared_expert_gate.quant, WeightQuant::kNone);
+        EXPECT_FALSE(l.q_bias.empty());  // Qwen2 attention
+      } else {
+        EXPECT_TRUE(l.shared_expert.gate_proj.empty());
+        EXPECT_TRUE(l.shared_expert_gate.empty());
+      }
     }
     // A config with more experts than the checkpoint holds: the first missing one is named.
     ModelConfig more = c;
@@ -416,12 +430,75 @@ TEST(ArchitecturesTest, MixtureOfExpertsLoadsEveryExpertAndNamesAMissingOne) {
     ASSERT_FALSE(m.ok());
     EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("gate.weight' has shape"));
     more.num_experts = c.num_experts;
-    more.moe_intermediate_size = c.architecture == Architecture::kQwen3Moe ? 40 : 0;
+    more.moe_intermediate_size = c.architecture != Architecture::kMixtral ? 40 : 0;
     more.intermediate_size = c.architecture == Architecture::kMixtral ? 40 : c.intermediate_size;
     testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(more));
     m = LoadModel(dir.path(), LoadOptions());
     ASSERT_FALSE(m.ok());
     EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("experts.0."));
+  }
+}
+
+// Rewrites dir's model.safetensors without the tensors whose name contains `drop`.
+void DropTensors(const ScratchDir& dir, const std::string& drop) {
+  const std::string path = dir.file("model.safetensors");
+  std::vector<std::string> names;
+  std::vector<NamedTensor> keep;
+  std::vector<std::vector<uint8_t>> bytes;
+  {
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> f = SafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status();
+    for (const SafetensorsEntry& e : (*f)->header().entries) {
+      if (e.name.find(drop) != std::string::npos) continue;
+      bytes.emplace_back(e.data, e.data + e.nbytes());
+      Tensor t;
+      t.dtype = e.dtype;
+      t.shape = e.shape;
+      keep.push_back({e.name, t});
+    }
+  }
+  for (size_t i = 0; i < keep.size(); ++i) keep[i].tensor.data = bytes[i].data();
+  ASSERT_TRUE(WriteSafetensors(path, keep).ok());
+}
+
+TEST(ArchitecturesTest, Qwen2MoeCountsAndNamesItsSharedExpert) {
+  ScratchDir dir("qwen2moe_shared");
+  RandomModelOptions o;
+  o.preset = "qwen2moe-tiny";
+  o.vocab_size = 300;
+  o.dtype = DType::kF32;
+  ASSERT_TRUE(WriteRandomModel(o, dir.path()).ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_TRUE(m.ok()) << m.status();
+  const ModelConfig c = (*m)->config();
+  // decode_weight_bytes: lm_head, one embedding row, and per layer the attention projections,
+  // the router, num_experts_per_tok experts, the shared expert and its gate (all f32 here).
+  const int64_t h = c.hidden_size, ef = c.expert_ffn(), sf = c.shared_expert_intermediate_size;
+  const int64_t attention = h * c.num_heads * c.head_dim * 2 + 2 * h * c.num_kv_heads * c.head_dim;
+  const int64_t per_layer =
+      attention + c.num_experts * h + c.num_experts_per_tok * 3 * h * ef + 3 * h * sf + h;
+  EXPECT_EQ((*m)->decode_weight_bytes(),
+            static_cast<size_t>(4 * (c.vocab_size * h + h + c.num_layers * per_layer)));
+  m->reset();
+
+  // A shared expert of another ffn than the config's: the tensor and its shape are named.
+  ModelConfig other = c;
+  other.shared_expert_intermediate_size = sf + 8;
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(other));
+  m = LoadModel(dir.path(), LoadOptions());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()),
+              ::testing::HasSubstr("mlp.shared_expert.gate_proj.weight' has shape"));
+  testing_util::WriteFile(dir.file("config.json"), ModelConfigToJson(c));
+
+  // Missing shared-expert tensors: each is named at load.
+  for (const char* missing : {"shared_expert_gate.weight", "shared_expert.down_proj"}) {
+    ScratchDir bare(std::string("qwen2moe_bare_") + missing);
+    ASSERT_TRUE(WriteRandomModel(o, bare.path()).ok());
+    DropTensors(bare, missing);
+    m = LoadModel(bare.path(), LoadOptions());
+    ASSERT_FALSE(m.ok()) << missing;
+    EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr(missing));
   }
 }
 

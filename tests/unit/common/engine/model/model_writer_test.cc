@@ -154,8 +154,19 @@ TEST(ModelWriterTest, PresetConfigs) {
   size_t a3b_params = 0;
   for (const auto& s : ModelTensorSpecs(*a3b, DType::kBF16)) a3b_params += s.nbytes() / 2;
   EXPECT_NEAR(a3b_params / 1e9, 30.53, 0.01);
+  // Qwen1.5-MoE-A2.7B: 14.3B parameters; Qwen2-57B-A14B: 57.4B (a shared expert per layer).
+  for (const auto& [name, want] : std::vector<std::pair<std::string, double>>{
+           {"qwen1.5-moe-a2.7b", 14.316}, {"qwen2-57b-a14b", 57.409}}) {
+    absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
+    ASSERT_TRUE(c.ok()) << name;
+    EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;
+    EXPECT_GT(c->shared_expert_intermediate_size, 0) << name;
+    size_t params = 0;
+    for (const auto& s : ModelTensorSpecs(*c, DType::kBF16)) params += s.nbytes() / 2;
+    EXPECT_NEAR(params / 1e9, want, 0.001) << name;
+  }
   for (const char* name : {"qwen3-tiny", "phi3-tiny", "phi4-tiny", "gemma3-tiny", "gemma2-tiny",
-                           "mixtral-tiny", "qwen3-moe-tiny"}) {
+                           "mixtral-tiny", "qwen3-moe-tiny", "qwen2moe-tiny"}) {
     absl::StatusOr<ModelConfig> c = RandomModelPresetConfig(name);
     ASSERT_TRUE(c.ok()) << name;
     EXPECT_TRUE(ValidateModelConfig(*c, name).ok()) << name;

@@ -40,7 +40,10 @@ TEST(MoeTest, EachTokenGetsTheSameBitsAloneAndInAnyStep) {
                         {"mixtral-tiny", WeightQuant::kInt8, DType::kI8},
                         {"qwen3-moe-tiny", WeightQuant::kInt4, DType::kI8},
                         {"mixtral-tiny", WeightQuant::kInt8, DType::kF32},
-                        {"mixtral-tiny", WeightQuant::kInt4, DType::kBF16}};
+                        {"mixtral-tiny", WeightQuant::kInt4, DType::kBF16},
+                        {"qwen2moe-tiny", WeightQuant::kNone, DType::kF32},
+                        {"qwen2moe-tiny", WeightQuant::kInt8, DType::kI8},
+                        {"qwen2moe-tiny", WeightQuant::kInt4, DType::kBF16}};
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(k.preset) + " quant " + std::to_string(static_cast<int>(k.quant)) +
                  " input " + std::to_string(static_cast<int>(k.input)));
