@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/time/clock.h"
 #include "decode_worker/decode_core.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -83,6 +84,9 @@ TEST_F(WorkerServiceTest, DecodeStreamsTheTokensOfAPlainEngineRun) {
   ASSERT_TRUE(Decode(Request("a", 24), &tokens, &final).ok());
   EXPECT_EQ(tokens, ReferenceTokens(Prompt(), 24));
   EXPECT_EQ(final.finish_reason(), v1::FINISH_REASON_LENGTH);
+  // The call ends on the server (OnDone) just after the client read its status.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (service_->active_calls() != 0 && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(service_->active_calls(), 0);
 
   grpc::ClientContext stats_context;
