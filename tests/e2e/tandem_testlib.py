@@ -80,6 +80,10 @@ class _Details:
 def load_stubs():
     """Generates and imports the tandem.v1 Python stubs; returns (generation_pb2, grpc module, ...)."""
     global _STUB_DIR
+    if _STUB_DIR is None and os.environ.get("TANDEM_PY_STUBS"):
+        # Stubs generated elsewhere (tests/gpu/pack_prebuilt.sh), for machines without protoc.
+        _STUB_DIR = os.environ["TANDEM_PY_STUBS"]
+        sys.path.insert(0, _STUB_DIR)
     if _STUB_DIR is None:
         _STUB_DIR = tempfile.mkdtemp(prefix="tandem-stubs-")
         atexit.register(shutil.rmtree, _STUB_DIR, True)

@@ -7,6 +7,11 @@
 #
 #   tests/gpu/run.sh [build-dir]      (default: build-gpu at the repository root)
 #
+# On a GPU machine without Tandem's build dependencies: build here and pack the binaries with
+# tests/gpu/pack_prebuilt.sh, then there unpack the archive at the repository root and run
+#   TANDEM_GPU_PREBUILT=1 tests/gpu/run.sh   (skips configure and build; PYTHON names a python3
+#                                             with grpcio, TANDEM_PY_STUBS the packed stubs).
+#
 # Exit status: 0 when every gpu test and verdict passed (or skipped for lack of a GPU), 1 otherwise.
 set -uo pipefail
 
@@ -18,20 +23,28 @@ start=$(date +%s)
 stamp() { echo "[run.sh $(( $(date +%s) - start ))s] $*"; }
 
 stamp "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none)"
-stamp "configure $build"
-if ! cmake -S "$root" -B "$build" -G Ninja -DWITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-    >"$logs/configure.log" 2>&1; then
-  tail -30 "$logs/configure.log"
-  echo "FAILED: configure"
-  exit 1
-fi
-# Every gpu-labelled test is one executable of the same name (tandem_add_test).
-mapfile -t tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
-stamp "build ${#tests[@]} gpu tests + cuda_bench + tandem"
-if ! ninja -C "$build" "${tests[@]}" cuda_bench tandem >"$logs/build.log" 2>&1; then
-  grep -E "error|FAILED" "$logs/build.log" | head -40
-  echo "FAILED: build"
-  exit 1
+configure_and_build() {
+  stamp "configure $build"
+  if ! cmake -S "$root" -B "$build" -G Ninja -DWITH_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
+      >"$logs/configure.log" 2>&1; then
+    tail -30 "$logs/configure.log"
+    echo "FAILED: configure"
+    exit 1
+  fi
+  # Every gpu-labelled test is one executable of the same name (tandem_add_test).
+  local tests
+  mapfile -t tests < <(ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  stamp "build ${#tests[@]} gpu tests + cuda_bench + tandem"
+  if ! ninja -C "$build" "${tests[@]}" cuda_bench tandem >"$logs/build.log" 2>&1; then
+    grep -E "error|FAILED" "$logs/build.log" | head -40
+    echo "FAILED: build"
+    exit 1
+  fi
+}
+if [[ ${TANDEM_GPU_PREBUILT:-0} == 1 ]]; then
+  stamp "prebuilt $build: no configure, no build"
+else
+  configure_and_build
 fi
 
 stamp "ctest -L gpu"
@@ -51,7 +64,7 @@ bench_rc=$?
 
 # The real GPU serving paths (prefill and decode processes): one VERDICT line each.
 stamp "gpu_cluster_check"
-/usr/bin/python3 "$root/tests/gpu/gpu_cluster_check.py" "$build" >"$logs/cluster.log" 2>&1
+"${PYTHON:-/usr/bin/python3}" "$root/tests/gpu/gpu_cluster_check.py" "$build" >"$logs/cluster.log" 2>&1
 cluster_rc=$?
 
 # gtest case counts per executable (ctest reports skipped cases as passed).
