@@ -6,7 +6,8 @@
 #   BUILD_DIR=build scripts/bench/run_all.sh            # all sections (about 35 minutes)
 #   scripts/bench/run_all.sh batching disagg            # some sections
 # Sections peer and peer_moe run llama.cpp's server beside Tandem and need LLAMA_CPP_DIR (a
-# llama.cpp build, see scripts/bench/peer.sh); without it they are skipped.
+# llama.cpp build, see scripts/bench/peer.sh); without it they are skipped. Section gpu_serve
+# needs a CUDA build and a GPU: it runs only when named.
 # BENCH_NO_BUILD=1 skips building tandem, membw, kvtransfer_bench and quant_bench first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -101,13 +101,16 @@ def check_emulated(emu_dir):
     check("GPU EMULATION BUILD" in out and "nccl" in out, f"not the emulation build: {out}")
 
 
-def emulated_cluster_check(stubs, emu_dir, model, texts, want, ref, env=None):
-    """One run of the emulated GPU cluster on `texts`; raises AssertionError unless every output
-    equals `want` (the CPU cluster's) and the reference, every prompt was prefilled remotely over
-    transport() without a failure, and no worker holds anything afterwards."""
+def cluster_check(stubs, binary_dir, model, texts, want, ref, env=None, emulated=True):
+    """One run of the GPU cluster (GPU's arguments; the emulation build unless `emulated` is
+    false) on `texts`; raises AssertionError unless every output equals `want` (the CPU
+    cluster's) and the reference, every prompt was prefilled remotely over transport() without a
+    failure, and no worker holds anything afterwards."""
     path = os.path.join(ROOT, "models", model)
-    with Cluster(emu_dir, 1, 2, *GPU, model=path, env=env, startup_timeout=120) as gpu:
-        check("GPU EMULATION BUILD" in gpu.logs(), "the workers announce the emulation build")
+    kind = "emulated GPU" if emulated else "GPU"
+    with Cluster(binary_dir, 1, 2, *GPU, model=path, env=env, startup_timeout=120) as gpu:
+        if emulated:
+            check("GPU EMULATION BUILD" in gpu.logs(), "the workers announce the emulation build")
         got = served(stubs, gpu.address, texts, TOKENS)
         status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
         check(status.remote_prefills >= len(texts) and status.local_prefills == 0 and
@@ -117,34 +120,34 @@ def emulated_cluster_check(stubs, emu_dir, model, texts, want, ref, env=None):
         channels = [c for lst in gpu.worker_channels().values() for c in lst]
         wait_no_leaks(stubs, channels)
     for i in range(len(texts)):
-        check(got[i] == want[i], f"{model} prompt {i}: emulated GPU cluster ({transport()}) "
+        check(got[i] == want[i], f"{model} prompt {i}: {kind} cluster ({transport()}) "
               f"differs from the CPU cluster (tcp):\n{got[i]}\n{want[i]}")
     n = min(TOKENS, len(ref["generated_ids"]))
     check(got[0][:n] == ref["generated_ids"][:n], f"{model}: reference differs: {got[0]}")
 
 
-def outputs_match(stubs, build_dir, emu_dir):
+def outputs_match(stubs, build_dir, gpu_dir, emulated=True):
     """Returns {model: (texts, the CPU cluster's outputs, reference)}."""
     out = {}
     for model in MODELS:
         ref, texts = prompts(model)
         with Cluster(build_dir, 1, 2, *CPU, model=os.path.join(ROOT, "models", model)) as cpu:
             want = served(stubs, cpu.address, texts, TOKENS)
-        emulated_cluster_check(stubs, emu_dir, model, texts, want, ref)
-        log(f"ok: {model}: {len(texts)} concurrent greedy outputs over {transport()} (emulated) "
-            f"equal the CPU tcp cluster's and the reference")
+        cluster_check(stubs, gpu_dir, model, texts, want, ref, emulated=emulated)
+        log(f"ok: {model}: {len(texts)} concurrent greedy outputs over {transport()}"
+            f"{' (emulated)' if emulated else ''} equal the CPU tcp cluster's and the reference")
         out[model] = (texts, want, ref)
     return out
 
 
-def faults_are_caught(stubs, emu_dir, cpu_outputs):
+def faults_are_caught(stubs, gpu_dir, cpu_outputs, emulated=True):
     """The checks above fail when the transport loses a control message or puts a transfer in the
-    wrong block (TANDEM_FAULTS, nccl's fault injection): they are not vacuous."""
+    wrong block (TANDEM_FAULTS, the device transports' fault injection): they are not vacuous."""
     texts, want, ref = cpu_outputs["stories260k"]
     for spec in ("kv_control_drop=1", "kv_misplace=1"):
         try:
-            emulated_cluster_check(stubs, emu_dir, "stories260k", texts[:4], want[:4], ref,
-                                   env={"TANDEM_FAULTS": spec + ",seed=1"})
+            cluster_check(stubs, gpu_dir, "stories260k", texts[:4], want[:4], ref,
+                          env={"TANDEM_FAULTS": spec + ",seed=1"}, emulated=emulated)
         except AssertionError as e:
             log(f"ok: with TANDEM_FAULTS={spec} the checks fail: {str(e).splitlines()[0][:160]}")
             continue

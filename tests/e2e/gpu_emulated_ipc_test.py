@@ -159,19 +159,6 @@ def auto_per_pair(stubs, emu_dir, cpu_outputs):
                 proc.stop()
 
 
-def faults_are_caught(stubs, emu_dir, cpu_outputs):
-    """The checks fail when a control message is lost or a copy lands one block off."""
-    texts, want, ref = cpu_outputs["stories260k"]
-    for spec in ("kv_control_drop=1", "kv_misplace=1"):
-        try:
-            g.emulated_cluster_check(stubs, emu_dir, "stories260k", texts[:4], want[:4], ref,
-                                     env={"TANDEM_FAULTS": spec + ",seed=1"})
-        except AssertionError as e:
-            log(f"ok: with TANDEM_FAULTS={spec} the checks fail: {str(e).splitlines()[0][:160]}")
-            continue
-        raise AssertionError(f"the checks passed although TANDEM_FAULTS={spec}")
-
-
 def main():
     build_dir = os.path.abspath(sys.argv[1])
     emu_dir = os.environ.get("TANDEM_EMULATED_BUILD", os.path.join(build_dir, "..", "build-emu"))
@@ -185,7 +172,7 @@ def main():
     cpu_outputs = g.outputs_match(stubs, build_dir, emu_dir)
     auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs)
     auto_per_pair(stubs, emu_dir, cpu_outputs)
-    faults_are_caught(stubs, emu_dir, cpu_outputs)
+    g.faults_are_caught(stubs, emu_dir, cpu_outputs)
     g.faults(stubs, emu_dir, tokens=80)
     print("PASS")
 

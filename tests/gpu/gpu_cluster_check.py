@@ -9,7 +9,13 @@
 - cuda-ipc cluster: `tandem serve --device cuda --kv-transport auto --prefill-workers 1
   --decode-workers 2` (auto resolves to cuda-ipc: every worker process on this one GPU), 12
   concurrent greedy prompts equal to the CPU tcp cluster's bit for bit, every prompt prefilled
-  remotely without a failure.
+  remotely without a failure;
+- cuda-ipc models, faults, kill: the emulated GPU cluster tests' checks on this GPU over
+  cuda-ipc (gpu_emulated_cluster_test.py): both bundled models' 12 concurrent greedy outputs
+  equal the CPU tcp cluster's and the reference with no block leaked; TANDEM_FAULTS (a control
+  message lost, a copy one block off) makes those checks fail; streams cancelled during their
+  transfer or mid-stream and a decode worker SIGKILLed with streams in flight lose nothing and
+  leak no block.
 
 Usage: gpu_cluster_check.py BUILD_DIR   (a CUDA build holding bin/tandem). Exit 1 on a FAIL."""
 import os
@@ -22,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 
+import gpu_emulated_cluster_test as g  # noqa: E402
 from gpu_emulated_cluster_test import CPU, Proc, prompts, served  # noqa: E402
 from tandem_testlib import (ROOT, Cluster, cluster_status, kv_blocks_sent,  # noqa: E402
                             load_stubs)
@@ -92,7 +99,35 @@ def main():
         verdict("cuda-ipc cluster", "SKIP", "(no GPU visible)")
     else:
         ok &= cuda_ipc_cluster(stubs, build_dir, model)
+        ok &= cuda_ipc_checks(stubs, build_dir)
     return 0 if ok else 1
+
+
+def cuda_ipc_checks(stubs, build_dir):
+    """The emulated GPU cluster tests' checks, on this GPU over cuda-ipc."""
+    g.GPU = ["--device", "cuda", "--kv-transport", "cuda-ipc", "--num-kv-blocks", "512",
+             "--matmul-input-dtype", "f32"] + g.REMOTE
+    ok = True
+    try:
+        outputs = g.outputs_match(stubs, build_dir, build_dir, emulated=False)
+        ok &= verdict("cuda-ipc models", "PASS", f"({', '.join(g.MODELS)}: 12 concurrent greedy "
+                      "outputs each equal the CPU tcp cluster's and the reference, no block leaked)")
+    except (AssertionError, RuntimeError) as e:
+        return verdict("cuda-ipc models", "FAIL", str(e)[-400:])
+    try:
+        g.faults_are_caught(stubs, build_dir, outputs, emulated=False)
+        ok &= verdict("cuda-ipc faults", "PASS", "(a lost control message and a copy one block off "
+                      "each make the output checks fail)")
+    except (AssertionError, RuntimeError) as e:
+        ok &= verdict("cuda-ipc faults", "FAIL", str(e)[-400:])
+    try:
+        g.faults(stubs, build_dir, tokens=80)
+        ok &= verdict("cuda-ipc kill", "PASS", "(cancellation during the transfer and mid-stream, "
+                      "SIGKILL of a decode worker with 8 streams in flight: nothing lost, no block "
+                      "leaked, the restarted worker fed afresh)")
+    except (AssertionError, RuntimeError) as e:
+        ok &= verdict("cuda-ipc kill", "FAIL", str(e)[-400:])
+    return ok
 
 
 def auto_per_pair(stubs, build_dir, model):
