@@ -5,7 +5,8 @@
 # bf16: for each concurrency C, one wave of C requests started together, 256-token prompts, 256
 # new tokens each (ignore_eos), greedy, each wave with its own prompts (no prefix-cache hits),
 # after a warm-up. BENCH_REPS rounds (default 3) of the whole sweep per server; medians.
-#   GPU_SERVE_CONC="1 16 64" GPU_SERVE_PRESET=llama-1b BUILD_DIR=build-gpu scripts/bench/gpu_serve.sh
+#   GPU_SERVE_CONC="1 16 64" GPU_SERVE_PRESET=llama-1b BUILD_DIR=build-gpu \
+#     scripts/bench/gpu_serve.sh
 # Needs a CUDA build and a GPU. Writes $BENCH_RESULTS/gpu_serve.{md,json}. About 2 minutes on
 # an H200 (the random model made once).
 set -euo pipefail

@@ -13,8 +13,12 @@
 # paths, so link it there if it differs):
 #   tar xf ARCHIVE && TANDEM_GPU_PREBUILT=1 TANDEM_PY_STUBS=$PWD/<build-dir>/py-stubs \
 #     PYTHON=python3 tests/gpu/run.sh <build-dir>
-# Needs patchelf and strip here.
+# Needs patchelf (Debian package patchelf) and strip here.
 set -euo pipefail
+if ! command -v patchelf >/dev/null; then
+  echo "pack_prebuilt.sh: needs patchelf (apt-get install patchelf)" >&2
+  exit 1
+fi
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -31,7 +35,8 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$build/bin" "$stage/$build/prebuilt-lib" "$stage/$build/py-stubs"
 
 # Libraries left to the GPU machine: glibc, the CUDA driver, cuBLAS, NCCL.
-system_lib='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcublas|libcublasLt|libnccl)\.so'
+glibc='linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil'
+system_lib="^($glibc|libcuda|libcublas|libcublasLt|libnccl)\\.so"
 for b in "${bins[@]}"; do
   cp "$build/bin/$b" "$stage/$build/bin/"
   strip --strip-unneeded "$stage/$build/bin/$b"
@@ -49,9 +54,8 @@ find "$build" -name CTestTestfile.cmake -print0 | while IFS= read -r -d '' f; do
   cp "$f" "$stage/$f"
 done
 
-protos=protos
-mapfile -t proto_files < <(cd "$protos" && ls tandem/v1/*.proto)
-(cd "$protos" && protoc --proto_path=. --python_out="$stage/$build/py-stubs" \
+mapfile -t proto_files < <(cd protos && ls tandem/v1/*.proto)
+(cd protos && protoc --proto_path=. --python_out="$stage/$build/py-stubs" \
   --grpc_out="$stage/$build/py-stubs" --plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin \
   "${proto_files[@]}")
 
