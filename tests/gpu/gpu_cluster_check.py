@@ -44,6 +44,19 @@ def gpus():
     return len([line for line in out.splitlines() if line.startswith("GPU ")])
 
 
+_CPU_OUTPUTS = {}
+
+
+def cpu_outputs(stubs, build_dir, model):
+    """The model's 12 prompts and the CPU tcp cluster's greedy outputs (served once per model; they
+    do not depend on the cluster's shape)."""
+    if model not in _CPU_OUTPUTS:
+        _, texts = prompts(os.path.basename(model))
+        with Cluster(build_dir, 1, 2, *CPU, model=model) as cpu:
+            _CPU_OUTPUTS[model] = (texts, served(stubs, cpu.address, texts, TOKENS))
+    return _CPU_OUTPUTS[model]
+
+
 def verdict(name, outcome, why):
     print(f"VERDICT {name}: {outcome} {why}", flush=True)
     return outcome != "FAIL"
@@ -66,9 +79,7 @@ def main():
     if n < 2:
         verdict("nccl cluster", "SKIP", f"({n} GPU visible; NCCL needs prefill and decode on two)")
     else:
-        _, texts = prompts("stories260k")
-        with Cluster(build_dir, 1, 1, *CPU, model=model) as cpu:
-            want = served(stubs, cpu.address, texts, TOKENS)
+        texts, want = cpu_outputs(stubs, build_dir, model)
         gpu_args = ["--model", model, "--kv-transport", "nccl", "--matmul-input-dtype", "f32"]
         with tempfile.TemporaryDirectory() as tmp:
             procs = []
@@ -133,9 +144,7 @@ def cuda_ipc_checks(stubs, build_dir):
 def auto_per_pair(stubs, build_dir, model):
     """`--kv-transport auto` workers started alone: cuda-ipc to the decode worker on the prefill
     worker's GPU, nccl to the one on the other GPU."""
-    _, texts = prompts("stories260k")
-    with Cluster(build_dir, 1, 2, *CPU, model=model) as cpu:
-        want = served(stubs, cpu.address, texts, TOKENS)
+    texts, want = cpu_outputs(stubs, build_dir, model)
     args = ["--model", model, "--kv-transport", "auto", "--matmul-input-dtype", "f32"]
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
@@ -167,10 +176,8 @@ def auto_per_pair(stubs, build_dir, model):
 
 def cuda_ipc_cluster(stubs, build_dir, model):
     """Prefill and decode processes on one GPU over CUDA IPC (auto resolves to it in serve)."""
-    _, texts = prompts("stories260k")
     try:
-        with Cluster(build_dir, 1, 2, *CPU, model=model) as cpu:
-            want = served(stubs, cpu.address, texts, TOKENS)
+        texts, want = cpu_outputs(stubs, build_dir, model)
         args = ["--device", "cuda", "--kv-transport", "auto", "--num-kv-blocks", "512",
                 "--matmul-input-dtype", "f32", "--disagg-min-uncached-tokens", "0"]
         with Cluster(build_dir, 1, 2, *args, model=model, startup_timeout=180) as gpu:
