@@ -12,10 +12,8 @@
    use existing ports, the StatefulSet's serviceName is the decode headless Service, the
    router's --decode-dns/--prefill-dns resolve to the headless Services, every $(VAR) in args
    is defined, volumes, claims, HPA targets, PDB selectors, the ServiceMonitor, the dashboard
-   ConfigMaps and the PrometheusRule match what they point at; the NetworkPolicies (on by
-   default) let only router pods reach the workers' gRPC port, only prefill pods the decode
-   pods' KV port and metricsFrom /metrics; the cluster secret is created (or named), mounted
-   and passed to routers and workers; cert-manager's Certificate feeds the TLS volume;
+   ConfigMaps and the PrometheusRule match what they point at (TLS, API keys, secrets and
+   NetworkPolicies: helm_security_test.py);
 4. bad values fail with a clear message, and the validator itself catches planted mistakes.
 
 Usage: helm_chart_test.py BUILD_DIR
@@ -24,115 +22,15 @@ import copy
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
-
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploylib  # noqa: E402
 from deploylib import check  # noqa: E402
 
-ROOT = deploylib.ROOT
-CHART = os.path.join(ROOT, "deploy", "helm", "tandem")
-VALUES_DIR = os.path.join(ROOT, "tests", "deploy", "helm")
-VALIDATOR = os.path.join(ROOT, "tests", "deploy", "k8s-validate")
-NAMESPACE = "serving"
-
-
-def build_renderer(build_dir):
-    out = os.path.join(build_dir, "helm-render")
-    subprocess.run([os.path.join(ROOT, "deploy", "helm", "render", "build.sh"), out], check=True,
-                   stdout=subprocess.DEVNULL)
-    subprocess.run([os.path.join(VALIDATOR, "install.sh")], check=True)
-    return os.path.join(out, "helm-render")
-
-
-def render(renderer, values_files=(), sets=(), output="json", notes=False):
-    cmd = [renderer, "-strict", "-name", "prod", "-namespace", NAMESPACE, "-output", output]
-    for f in values_files:
-        cmd += ["-f", f]
-    for s in sets:
-        cmd += ["-set", s]
-    if notes:
-        cmd.append("-notes")
-    r = subprocess.run(cmd + [CHART], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RenderError(r.stderr.strip())
-    return json.loads(r.stdout) if output == "json" and not notes else r.stdout
-
-
-class RenderError(Exception):
-    pass
-
-
-def validate_schemas(doc_sets):
-    """Validates several renders in one node run; returns (rc, {index: output lines})."""
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = []
-        for i, docs in enumerate(doc_sets):
-            paths.append(os.path.join(tmp, f"{i}.json"))
-            json.dump(docs, open(paths[-1], "w"))
-        r = subprocess.run(["node", os.path.join(VALIDATOR, "validate.js")] + paths,
-                           capture_output=True, text=True)
-        out = {i: [ln[len(p) + 2:] for ln in r.stdout.splitlines() if ln.startswith(p + ": ")]
-               for i, p in enumerate(paths)}
-    check(not r.stderr.strip() or r.returncode != 0, r.stderr)
-    if r.stderr.strip():
-        out[-1] = [r.stderr.strip()]
-    return r.returncode, out
-
-
-def load_values(files):
-    values = yaml.safe_load(open(os.path.join(CHART, "values.yaml")))
-
-    def merge(dst, src):
-        for k, v in src.items():
-            if isinstance(v, dict) and isinstance(dst.get(k), dict):
-                merge(dst[k], v)
-            else:
-                dst[k] = v
-    for f in files:
-        merge(values, yaml.safe_load(open(f)))
-    return values
-
-
-def selects(selector, labels):
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
-class Rendered:
-    def __init__(self, docs):
-        self.docs = [d["manifest"] for d in docs]
-
-    def of(self, kind):
-        return [m for m in self.docs if m["kind"] == kind]
-
-    def get(self, kind, name):
-        found = [m for m in self.of(kind) if m["metadata"]["name"] == name]
-        check(len(found) == 1, f"expected one {kind}/{name}, found {len(found)}")
-        return found[0]
-
-    def workloads(self):
-        return self.of("Deployment") + self.of("StatefulSet")
-
-
-def pod_spec(w):
-    return w["spec"]["template"]["spec"]
-
-
-def pod_labels(w):
-    return w["spec"]["template"]["metadata"]["labels"]
-
-
-def component(w):
-    return pod_labels(w)["app.kubernetes.io/component"]
-
-
-def arg(container, flag):
-    values = [a.split("=", 1)[1] for a in container["args"] if a.startswith(flag + "=")]
-    return values[0] if len(values) == 1 else None
+from helmlib import (NAMESPACE, VALUES_DIR, Rendered, RenderError, arg,  # noqa: E402
+                     build_renderer, component, load_values, pod_labels, pod_spec, render,
+                     selects, validate_schemas)
 
 
 def check_wiring(r, values, name):
@@ -241,26 +139,7 @@ def check_wiring(r, values, name):
                       f"{where}: --mmap-weights")
                 check(("--no-prefix-cache" in c["args"]) != v["config"]["prefixCache"],
                       f"{where}: --no-prefix-cache")
-            # TLS.
-            if v["tls"]["enabled"]:
-                check(arg(c, "--tls-cert") == f"{v['tls']['mountPath']}/tls.crt", f"{where}: tls")
-                check(arg(c, "--tls-ca") == f"{v['tls']['mountPath']}/ca.crt", f"{where}: tls ca")
-                check(("--tls-client-auth" in c["args"]) == v["tls"]["mutual"], f"{where}: mTLS")
-                check(volumes["tls"]["secret"]["secretName"] == v["tls"]["secretName"],
-                      f"{where}: tls secret")
-                if v["metrics"]["enabled"]:
-                    check(annotations.get("prometheus.io/scheme") == "https",
-                          f"{where}: /metrics is scraped over https")
-            # The KV data path's shared secret: on workers, from the mounted Secret.
-            kv_file = arg(c, "--kv-secret-file")
-            if v["kvSecret"]["secretName"] and role != "router":
-                check(kv_file == f"{v['kvSecret']['mountPath']}/kv-secret", f"{where}: kv secret")
-                check(volumes["kv-secret"]["secret"]["secretName"] == v["kvSecret"]["secretName"],
-                      f"{where}: kv secret volume")
-                check(any(mnt["name"] == "kv-secret" for mnt in c["volumeMounts"]),
-                      f"{where}: kv secret mount")
-            else:
-                check(kv_file is None, f"{where}: no kv secret")
+            # TLS, API keys and the KV secret: helm_security_test.py.
             if role == "decode":
                 check(arg(c, "--kv-port") == str(ports["kv"]), f"{where}: kv port")
                 check(arg(c, "--kv-host") == "$(POD_IP)", f"{where}: kv host")
@@ -300,16 +179,7 @@ def check_wiring(r, values, name):
         matched = [s for s in services if selects(sel, s["metadata"]["labels"])]
         check({s["metadata"]["labels"]["app.kubernetes.io/component"] for s in matched}
               == set(ws), f"{name}: ServiceMonitor selects every component's Service")
-        for ep in sm["spec"]["endpoints"]:
-            if v["tls"]["enabled"]:
-                tc = ep.get("tlsConfig", {})
-                check(ep.get("scheme") == "https" and
-                      tc.get("ca", {}).get("secret", {}).get("name") == v["tls"]["secretName"],
-                      f"{name}: ServiceMonitor scrapes https with the release's CA")
-                check(("keySecret" in tc) == v["tls"]["mutual"],
-                      f"{name}: ServiceMonitor client certificate under mTLS")
-            else:
-                check(ep.get("scheme", "http") == "http", f"{name}: ServiceMonitor scheme")
+        for ep in sm["spec"]["endpoints"]:  # its TLS: helm_security_test.py
             for s in matched:
                 check(any(p["name"] == ep["port"] for p in s["spec"]["ports"]),
                       f"{name}: ServiceMonitor port {ep['port']} on {s['metadata']['name']}")
@@ -335,107 +205,9 @@ def check_wiring(r, values, name):
         check(not dashboards, f"{name}: dashboards disabled")
 
 
-def peer_selects(peer, labels):
-    return "podSelector" in peer and "namespaceSelector" not in peer and \
-        selects(peer["podSelector"].get("matchLabels", {}), labels)
-
-
-def check_security(r, values, name):
-    """NetworkPolicies, the cluster secret and cert-manager's Certificate."""
-    v = values
-    ws = {component(w): w for w in r.workloads()}
-    policies = r.of("NetworkPolicy")
-    if not v["networkPolicy"]["enabled"]:
-        check(not policies, f"{name}: NetworkPolicies disabled")
-    else:
-        check(len(policies) == len(ws), f"{name}: one NetworkPolicy per component")
-        ports = v["ports"]
-        for role, w in ws.items():
-            mine = [p for p in policies if selects(p["spec"]["podSelector"]["matchLabels"],
-                                                   pod_labels(w))]
-            check(len(mine) == 1, f"{name}: {role} pods under {len(mine)} NetworkPolicies")
-            spec = mine[0]["spec"]
-            check(spec["policyTypes"] == ["Ingress"], f"{name}: {role}: ingress policy")
-            rules = {}
-            for rule in spec["ingress"]:
-                for p in rule["ports"]:
-                    check(p["port"] not in rules, f"{name}: {role}: port {p['port']} twice")
-                    rules[p["port"]] = rule.get("from")
-            others = {k: pod_labels(x) for k, x in ws.items()}
-            if role == "router":
-                want = {ports["router"]}
-                check(rules[ports["router"]] == (v["networkPolicy"]["clientsFrom"] or None),
-                      f"{name}: router API from clientsFrom")
-            else:
-                kv = role == "decode" and "prefill" in ws
-                want = {ports["worker"]} | ({ports["kv"]} if kv else set())
-                grpc_from = rules[ports["worker"]]
-                check(grpc_from and all(peer_selects(p, others["router"]) for p in grpc_from) and
-                      not any(peer_selects(p, others[o]) for p in grpc_from for o in others
-                              if o != "router"),
-                      f"{name}: {role}: the Worker API only from router pods: {grpc_from}")
-                if kv:
-                    kv_from = rules[ports["kv"]]
-                    check(kv_from and "prefill" in others and
-                          all(peer_selects(p, others["prefill"]) for p in kv_from) and
-                          not any(peer_selects(p, others["router"]) for p in kv_from),
-                          f"{name}: decode: the KV port only from prefill pods: {kv_from}")
-            if v["metrics"]["enabled"]:
-                want.add(ports["metrics"])
-                check(rules[ports["metrics"]] == v["networkPolicy"]["metricsFrom"],
-                      f"{name}: {role}: /metrics from metricsFrom")
-            check(set(rules) == want, f"{name}: {role}: ports {sorted(rules)} != {sorted(want)}")
-            # Every port a policy opens is one the pods listen on.
-            listening = {cp["containerPort"] for c in pod_spec(w)["containers"]
-                         for cp in c.get("ports", [])}
-            check(set(rules) <= listening, f"{name}: {role}: policy ports {sorted(rules)}")
-
-    secret_name = v["clusterSecret"]["existingSecret"] or (
-        f"{r.workloads()[0]['metadata']['name'].rsplit('-', 1)[0]}-cluster-secret"
-        if v["clusterSecret"]["create"] else "")
-    created = [s for s in r.of("Secret") if s["metadata"]["name"].endswith("-cluster-secret")]
-    check(len(created) == int(bool(v["clusterSecret"]["create"] and
-                                   not v["clusterSecret"]["existingSecret"])),
-          f"{name}: cluster Secret created: {len(created)}")
-    for s in created:
-        import base64
-        raw = base64.b64decode(s["data"][v["clusterSecret"]["key"]])
-        check(len(raw) >= 32, f"{name}: the cluster secret has {len(raw)} bytes")
-    for w in r.workloads():
-        spec = pod_spec(w)
-        volumes = {vol["name"]: vol for vol in spec["volumes"]}
-        for c in spec["containers"]:
-            f = arg(c, "--cluster-secret-file")
-            if secret_name:
-                check(f == f"{v['clusterSecret']['mountPath']}/cluster-secret",
-                      f"{name}: {component(w)}: --cluster-secret-file={f}")
-                check(volumes["cluster-secret"]["secret"]["secretName"] == secret_name,
-                      f"{name}: {component(w)}: cluster secret volume")
-                check(any(m["name"] == "cluster-secret" and m["readOnly"]
-                          for m in c["volumeMounts"]), f"{name}: cluster secret mount")
-            else:
-                check(f is None, f"{name}: no --cluster-secret-file without a secret")
-
-    certs = r.of("Certificate")
-    cm = v["tls"]["enabled"] and v["tls"]["certManager"]["enabled"]
-    check(len(certs) == int(cm), f"{name}: {len(certs)} Certificates")
-    for cert in certs:
-        tls_volume = volumes["tls"]["secret"]["secretName"]
-        check(cert["spec"]["secretName"] == tls_volume, f"{name}: Certificate -> the tls volume")
-        check({"server auth", "client auth"} <= set(cert["spec"]["usages"]), f"{name}: usages")
-        router_dns = arg(pod_spec(ws["router"])["containers"][0], "--decode-dns").split(":")[0]
-        check(f"*.{router_dns}" in cert["spec"]["dnsNames"], f"{name}: names the decode pods")
-        server_name = arg(pod_spec(ws["router"])["containers"][0], "--tls-server-name")
-        check(server_name in cert["spec"]["dnsNames"],
-              f"{name}: the router verifies workers by a name the certificate carries")
-
-
 def check_failures(renderer):
     cases = [
         (["model.source=nfs"], "model.source must be pvc, hostPath or bundled"),
-        (["tls.enabled=true"], "tls.secretName is required"),
-        (["tls.enabled=true", "tls.certManager.enabled=true"],
-         "tls.certManager.issuerRef.name is required"),
         (["image.flavor=rocm"], "image.flavor must be cuda or cpu"),
         (["prefill.kvTransport=rdma"], "prefill.kvTransport must be auto, tcp, nccl or cuda-ipc"),
         (["prefill.kvTransport=cuda-ipc"], "cuda-ipc needs cudaIpc.hostIPC=true"),
@@ -494,7 +266,6 @@ def main():
         check(rc == 0, f"{name}: schema validation failed:\n" + "\n".join(out.get(i, [])
                                                                            + out.get(-1, [])))
         check_wiring(Rendered(docs), load_values(files), name)
-        check_security(Rendered(docs), load_values(files), name)
         text = render(renderer, files, output="yaml")
         check(text.count("\n---\n") + 1 == len(docs), f"{name}: yaml and json disagree")
         notes = render(renderer, files, notes=True)

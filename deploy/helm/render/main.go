@@ -9,8 +9,11 @@
 //	helm-render [flags] CHART_DIR
 //	  -name RELEASE -namespace NS -f values.yaml (repeatable) -set a.b=v (repeatable)
 //	  -kube-version 1.29.0 -api-versions monitoring.coreos.com/v1 (repeatable)
-//	  -output yaml|json -strict -notes
+//	  -output yaml|json -strict -notes -lookup objects.yaml
 //
+// -lookup names a YAML or JSON list of Kubernetes objects that `lookup` finds (as if they were in
+// the cluster: an upgrade), matched by apiVersion, kind, namespace and name; without it `lookup`
+// finds nothing, as under `helm template` or a first install.
 // -output json prints [{"source": "chart/templates/x.yaml", "manifest": {...}}, ...], one entry
 // per YAML document. -strict fails on references to values that do not exist.
 // Build: deploy/helm/render/build.sh OUT_DIR (offline, from Debian's Go packages).
@@ -320,6 +323,7 @@ func run() error {
 	output := flag.String("output", "yaml", "yaml or json")
 	strict := flag.Bool("strict", false, "fail on references to missing values")
 	notes := flag.Bool("notes", false, "print the rendered NOTES.txt instead of the manifests")
+	lookupFile := flag.String("lookup", "", "YAML/JSON list of objects that lookup finds")
 	flag.Var(&valueFiles, "f", "values file (repeatable; later files win)")
 	flag.Var(&sets, "set", "key.path=value (repeatable; after the files)")
 	flag.Var(&apiVersions, "api-versions", "extra API versions for .Capabilities (repeatable)")
@@ -407,8 +411,12 @@ func run() error {
 		}
 		return v, nil
 	}
-	funcs["lookup"] = func(string, string, string, string) (map[string]interface{}, error) {
-		return map[string]interface{}{}, nil // no cluster: like `helm template`
+	existing, err := readObjects(*lookupFile)
+	if err != nil {
+		return err
+	}
+	funcs["lookup"] = func(apiVersion, kind, namespace, name string) (map[string]interface{}, error) {
+		return lookup(existing, apiVersion, kind, namespace, name), nil
 	}
 	funcs["include"] = func(name string, data interface{}) (string, error) {
 		var buf strings.Builder
@@ -503,6 +511,46 @@ func run() error {
 	}
 	fmt.Print(yamlOut.String())
 	return nil
+}
+
+// readObjects reads the -lookup file: a list of objects (none without the flag).
+func readObjects(name string) ([]map[string]interface{}, error) {
+	if name == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	var objs []map[string]interface{}
+	if err := yaml.Unmarshal(data, &objs); err != nil {
+		return nil, fmt.Errorf("-lookup %s: want a list of objects: %v", name, err)
+	}
+	return objs, nil
+}
+
+// lookup is Helm's: the object named, or with an empty name {"items": [...]} of that kind in the
+// namespace (every namespace when it is empty); an empty map when nothing matches.
+func lookup(objs []map[string]interface{}, apiVersion, kind, namespace, name string) map[string]interface{} {
+	var items []interface{}
+	for _, o := range objs {
+		meta, _ := o["metadata"].(map[string]interface{})
+		if o["apiVersion"] != apiVersion || o["kind"] != kind || meta == nil {
+			continue
+		}
+		if namespace != "" && meta["namespace"] != namespace {
+			continue
+		}
+		if name == "" {
+			items = append(items, o)
+		} else if meta["name"] == name {
+			return o
+		}
+	}
+	if name == "" && items != nil {
+		return map[string]interface{}{"apiVersion": apiVersion, "kind": kind + "List", "items": items}
+	}
+	return map[string]interface{}{}
 }
 
 func stripComments(doc string) string {

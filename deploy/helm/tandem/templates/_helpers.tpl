@@ -119,6 +119,15 @@ app.kubernetes.io/component: {{ .component }}
     items: [{key: {{ $v.clusterSecret.key }}, path: cluster-secret}]
     defaultMode: 0440
 {{- end }}
+{{- if not .worker }}
+{{- with include "tandem.apiKeysSecretName" .root }}
+- name: api-keys
+  secret:
+    secretName: {{ . }}
+    items: [{key: {{ $v.apiKeys.key }}, path: api-keys}]
+    defaultMode: 0440
+{{- end }}
+{{- end }}
 {{- if and .worker $v.kvSecret.secretName }}
 - name: kv-secret
   secret:
@@ -151,6 +160,11 @@ app.kubernetes.io/component: {{ .component }}
   mountPath: {{ $v.kvSecret.mountPath }}
   readOnly: true
 {{- end }}
+{{- if and (not .worker) (include "tandem.apiKeysSecretName" .root) }}
+- name: api-keys
+  mountPath: {{ $v.apiKeys.mountPath }}
+  readOnly: true
+{{- end }}
 {{- if include "tandem.clusterSecretName" .root }}
 - name: cluster-secret
   mountPath: {{ $v.clusterSecret.mountPath }}
@@ -173,6 +187,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.clusterSecret.existingSecret -}}
 {{- else if .Values.clusterSecret.create -}}
 {{- printf "%s-cluster-secret" (include "tandem.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the routers' API key file; empty when keys are off. */}}
+{{- define "tandem.apiKeysSecretName" -}}
+{{- if .Values.apiKeys.enabled -}}
+{{- default (printf "%s-api-keys" (include "tandem.fullname" .)) .Values.apiKeys.existingSecret -}}
 {{- end -}}
 {{- end -}}
 

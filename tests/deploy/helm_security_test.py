@@ -1,0 +1,386 @@
+#!/usr/bin/python3
+"""deploy/helm/tandem is locked down by default (issue 41), checked offline on rendered manifests:
+
+- the routers require API keys: a Secret mounted read-only and passed as --api-keys, by default
+  a chart-made key file holding the digest of one generated key, kept across upgrades;
+- every Secret the chart generates (API key, cluster secret) is kept across upgrades (`lookup`
+  of the previous release's objects, helm-render -lookup) and annotated
+  helm.sh/resource-policy: keep;
+- for every values file (defaults, tests/deploy/helm/*.yaml) the secrets, TLS and the
+  NetworkPolicies are wired as the values say;
+- bad security values fail rendering with a message saying what to set.
+
+Each check runs on its own and every failure is listed, so running this against an older chart
+(TANDEM_HELM_CHART=DIR) shows which of its defaults fall short.
+
+Usage: helm_security_test.py BUILD_DIR
+"""
+import base64
+import hashlib
+import os
+import re
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploylib import check  # noqa: E402
+from helmlib import (CHART, VALUES_DIR, Rendered, RenderError, arg,  # noqa: E402
+                     build_renderer, component, container, load_values, pod_labels, pod_spec,
+                     render, selects)
+
+FULL = "prod-tandem"  # the resource prefix of release `prod` (helmlib's) with default values
+
+
+class Context:
+    """Renders on demand, each once."""
+
+    def __init__(self, renderer):
+        self.renderer = renderer
+        self.cache = {}
+
+    def render(self, files=(), sets=(), existing=None):
+        key = (tuple(files), tuple(sets), repr(existing))
+        if key not in self.cache:
+            self.cache[key] = Rendered(render(self.renderer, files, sets, existing=existing))
+        return self.cache[key]
+
+    def default(self):
+        return self.render()
+
+
+def secret_data(secret, key):
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def volumes_of(w):
+    return {vol["name"]: vol for vol in pod_spec(w)["volumes"]}
+
+
+def mount(c, volume):
+    found = [m for m in c["volumeMounts"] if m["name"] == volume]
+    return found[0] if found else None
+
+
+def parse_key_file(text):
+    """A Python reading of router/access_control.h's format: ({tenant: limits}, [(digest,
+    tenant, scopes)]); raises AssertionError on what the router would refuse."""
+    tenants, keys = {}, []
+    for n, line in enumerate(text.splitlines(), 1):
+        f = line.split("#", 1)[0].split()
+        if not f:
+            continue
+        if f[0] == "tenant":
+            check(len(f) >= 2 and re.fullmatch(r"[A-Za-z0-9._-]+", f[1]), f"line {n}: {line}")
+            check(f[1] not in tenants, f"line {n}: tenant {f[1]} declared twice")
+            tenants[f[1]] = f[2:]
+        else:
+            check(f[0] == "key" and len(f) in (3, 4), f"line {n}: {line}")
+            check(re.fullmatch(r"[0-9a-fA-F]{64}", f[1]), f"line {n}: not a SHA-256 digest")
+            keys.append((f[1].lower(), f[2], f[3] if len(f) == 4 else "scopes=generate"))
+    for digest, tenant, _ in keys:
+        check(tenant in tenants, f"key {digest[:8]}: no tenant {tenant}")
+    check(len({k[0] for k in keys}) == len(keys), "the same key twice")
+    return tenants, keys
+
+
+# ---- Per values file: the secrets and TLS wired as the values say --------------------------
+
+def full_name(r):
+    return r.by_component()["router"]["metadata"]["name"].removesuffix("-router")
+
+
+def check_api_keys_wiring(r, v, name):
+    ws = r.by_component()
+    ak = v["apiKeys"]
+    secret = (ak["existingSecret"] or f"{full_name(r)}-api-keys") if ak["enabled"] else ""
+    made = r.find("Secret", f"{full_name(r)}-api-keys")
+    check(bool(made) == bool(ak["enabled"] and not ak["existingSecret"]),
+          f"{name}: the chart makes the API key Secret iff keys are on and none is given")
+    for role, w in ws.items():
+        c = container(w)
+        flag = arg(c, "--api-keys")
+        if role == "router" and secret:
+            check(flag == f"{ak['mountPath']}/api-keys", f"{name}: router --api-keys={flag}")
+            vol = volumes_of(w)["api-keys"]["secret"]
+            check(vol["secretName"] == secret, f"{name}: the key file's Secret {vol}")
+            # Only the key file is mounted, never the generated key itself.
+            check(vol["items"] == [{"key": ak["key"], "path": "api-keys"}],
+                  f"{name}: the api-keys volume mounts only the key file: {vol['items']}")
+            m = mount(c, "api-keys")
+            check(m and m["readOnly"] and m["mountPath"] == ak["mountPath"],
+                  f"{name}: api-keys mounted read-only: {m}")
+        else:
+            check(flag is None and "api-keys" not in volumes_of(w),
+                  f"{name}: {role}: no API keys ({flag})")
+    if made:
+        check(made["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep",
+              f"{name}: the API key Secret is kept on uninstall")
+        tenants, keys = parse_key_file(secret_data(made, ak["key"]))
+        gen = ak["generatedKey"]
+        if gen["enabled"]:
+            key = secret_data(made, "admin-key")
+            check(re.fullmatch(r"sk-[A-Za-z0-9]{43}", key), f"{name}: generated key {key!r}")
+            mine = [k for k in keys if k[0] == hashlib.sha256(key.encode()).hexdigest()]
+            check(mine == [(mine[0][0], gen["tenant"], f"scopes={gen['scopes']}")] if mine else
+                  False, f"{name}: the file holds the generated key's digest: {keys}")
+            check(key not in secret_data(made, ak["key"]), f"{name}: the raw key in the file")
+        else:
+            check("admin-key" not in made["data"], f"{name}: no generated key")
+        for line in ak["file"].splitlines():
+            check(line in secret_data(made, ak["key"]).splitlines(),
+                  f"{name}: apiKeys.file line {line!r} missing")
+
+
+def check_cluster_secret_wiring(r, v, name):
+    cs = v["clusterSecret"]
+    full = full_name(r)
+    secret_name = cs["existingSecret"] or (f"{full}-cluster-secret" if cs["create"] else "")
+    made = r.find("Secret", f"{full}-cluster-secret")
+    check(bool(made) == bool(cs["create"] and not cs["existingSecret"]),
+          f"{name}: cluster Secret created: {bool(made)}")
+    if made:
+        raw = base64.b64decode(made["data"][cs["key"]])
+        check(len(raw) >= 32, f"{name}: the cluster secret has {len(raw)} bytes")
+    for w in r.workloads():
+        volumes = volumes_of(w)
+        c = container(w)
+        f = arg(c, "--cluster-secret-file")
+        if secret_name:
+            check(f == f"{cs['mountPath']}/cluster-secret",
+                  f"{name}: {component(w)}: --cluster-secret-file={f}")
+            check(volumes["cluster-secret"]["secret"]["secretName"] == secret_name,
+                  f"{name}: {component(w)}: cluster secret volume")
+            check(mount(c, "cluster-secret")["readOnly"], f"{name}: cluster secret mount")
+        else:
+            check(f is None, f"{name}: no --cluster-secret-file without a secret")
+
+
+def check_kv_secret_wiring(r, v, name):
+    kv = v["kvSecret"]
+    for w in r.workloads():
+        role, c = component(w), container(w)
+        where = f"{name}: {role}"
+        kv_file = arg(c, "--kv-secret-file")
+        if kv["secretName"] and role != "router":
+            check(kv_file == f"{kv['mountPath']}/kv-secret", f"{where}: kv secret")
+            check(volumes_of(w)["kv-secret"]["secret"]["secretName"] == kv["secretName"],
+                  f"{where}: kv secret volume")
+            check(mount(c, "kv-secret")["readOnly"], f"{where}: kv secret mount")
+        else:
+            check(kv_file is None, f"{where}: no kv secret")
+
+
+def check_tls_wiring(r, v, name):
+    ws = r.by_component()
+    tls = v["tls"]
+    for w in r.workloads():
+        c = container(w)
+        where = f"{name}: {component(w)}"
+        annotations = w["spec"]["template"]["metadata"]["annotations"]
+        if tls["enabled"]:
+            check(arg(c, "--tls-cert") == f"{tls['mountPath']}/tls.crt", f"{where}: tls")
+            check(arg(c, "--tls-ca") == f"{tls['mountPath']}/ca.crt", f"{where}: tls ca")
+            check(("--tls-client-auth" in c["args"]) == tls["mutual"], f"{where}: mTLS")
+            check(volumes_of(w)["tls"]["secret"]["secretName"] == tls["secretName"],
+                  f"{where}: tls secret")
+            if v["metrics"]["enabled"]:
+                check(annotations.get("prometheus.io/scheme") == "https",
+                      f"{where}: /metrics is scraped over https")
+        else:
+            check(arg(c, "--tls-cert") is None and "tls" not in volumes_of(w), f"{where}: no TLS")
+    for sm in r.of("ServiceMonitor"):
+        for ep in sm["spec"]["endpoints"]:
+            if tls["enabled"]:
+                tc = ep.get("tlsConfig", {})
+                check(ep.get("scheme") == "https" and
+                      tc.get("ca", {}).get("secret", {}).get("name") == tls["secretName"],
+                      f"{name}: ServiceMonitor scrapes https with the release's CA")
+                check(("keySecret" in tc) == tls["mutual"],
+                      f"{name}: ServiceMonitor client certificate under mTLS")
+            else:
+                check(ep.get("scheme", "http") == "http", f"{name}: ServiceMonitor scheme")
+    certs = r.of("Certificate")
+    cm = tls["enabled"] and tls["certManager"]["enabled"]
+    check(len(certs) == int(cm), f"{name}: {len(certs)} Certificates")
+    for cert in certs:
+        router = container(ws["router"])
+        tls_volume = volumes_of(ws["router"])["tls"]["secret"]["secretName"]
+        check(cert["spec"]["secretName"] == tls_volume, f"{name}: Certificate -> the tls volume")
+        check({"server auth", "client auth"} <= set(cert["spec"]["usages"]), f"{name}: usages")
+        router_dns = arg(router, "--decode-dns").split(":")[0]
+        check(f"*.{router_dns}" in cert["spec"]["dnsNames"], f"{name}: names the decode pods")
+        check(arg(router, "--tls-server-name") in cert["spec"]["dnsNames"],
+              f"{name}: the router verifies workers by a name the certificate carries")
+
+
+def peer_selects(peer, labels):
+    return "podSelector" in peer and "namespaceSelector" not in peer and \
+        selects(peer["podSelector"].get("matchLabels", {}), labels)
+
+
+def check_policy_wiring(r, v, name):
+    ws = r.by_component()
+    policies = r.of("NetworkPolicy")
+    if not v["networkPolicy"]["enabled"]:
+        check(not policies, f"{name}: NetworkPolicies disabled")
+        return
+    check(len(policies) == len(ws), f"{name}: one NetworkPolicy per component")
+    ports = v["ports"]
+    for role, w in ws.items():
+        mine = [p for p in policies if selects(p["spec"]["podSelector"]["matchLabels"],
+                                               pod_labels(w))]
+        check(len(mine) == 1, f"{name}: {role} pods under {len(mine)} NetworkPolicies")
+        spec = mine[0]["spec"]
+        check(spec["policyTypes"] == ["Ingress"], f"{name}: {role}: ingress policy")
+        rules = {}
+        for rule in spec["ingress"]:
+            for p in rule["ports"]:
+                check(p["port"] not in rules, f"{name}: {role}: port {p['port']} twice")
+                rules[p["port"]] = rule.get("from")
+        others = {k: pod_labels(x) for k, x in ws.items()}
+        if role == "router":
+            want = {ports["router"]}
+            check(rules[ports["router"]] == (v["networkPolicy"]["clientsFrom"] or None),
+                  f"{name}: router API from clientsFrom")
+        else:
+            kv = role == "decode" and "prefill" in ws
+            want = {ports["worker"]} | ({ports["kv"]} if kv else set())
+            grpc_from = rules[ports["worker"]]
+            check(grpc_from and all(peer_selects(p, others["router"]) for p in grpc_from) and
+                  not any(peer_selects(p, others[o]) for p in grpc_from for o in others
+                          if o != "router"),
+                  f"{name}: {role}: the Worker API only from router pods: {grpc_from}")
+            if kv:
+                kv_from = rules[ports["kv"]]
+                check(kv_from and all(peer_selects(p, others["prefill"]) for p in kv_from) and
+                      not any(peer_selects(p, others["router"]) for p in kv_from),
+                      f"{name}: decode: the KV port only from prefill pods: {kv_from}")
+        if v["metrics"]["enabled"]:
+            want.add(ports["metrics"])
+            check(rules[ports["metrics"]] == v["networkPolicy"]["metricsFrom"],
+                  f"{name}: {role}: /metrics from metricsFrom")
+        check(set(rules) == want, f"{name}: {role}: ports {sorted(rules)} != {sorted(want)}")
+        listening = {cp["containerPort"] for cp in container(w).get("ports", [])}
+        check(set(rules) <= listening, f"{name}: {role}: policy ports {sorted(rules)}")
+
+
+def values_cases():
+    return [("defaults", [])] + [
+        (f, [os.path.join(VALUES_DIR, f)]) for f in sorted(os.listdir(VALUES_DIR))
+        if f.endswith(".yaml")]
+
+
+def check_every_values_file(ctx):
+    for name, files in values_cases():
+        r, v = ctx.render(files), load_values(files)
+        for wiring in (check_api_keys_wiring, check_cluster_secret_wiring, check_kv_secret_wiring,
+                       check_tls_wiring, check_policy_wiring):
+            wiring(r, v, name)
+
+
+# ---- The defaults: locked down ----------------------------------------------------------
+
+def check_default_api_keys(ctx):
+    """The router never runs keyless by default: a generated key whose digest is mounted."""
+    r = ctx.default()
+    router = container(r.by_component()["router"])
+    check(arg(router, "--api-keys") == "/etc/tandem/api-keys/api-keys",
+          f"default router args lack --api-keys: {router['args']}")
+    made = r.find("Secret", f"{FULL}-api-keys")
+    check(made is not None, "no API key Secret by default")
+    check_api_keys_wiring(r, load_values([]), "defaults")
+    notes = render(ctx.renderer, notes=True)
+    check(f"secret {FULL}-api-keys" in notes and "admin-key" in notes,
+          f"NOTES.txt does not say how to read the generated key:\n{notes}")
+
+
+def check_api_keys_values(ctx):
+    """apiKeys.file lines join the generated key; existingSecret replaces the chart's Secret."""
+    digest = hashlib.sha256(b"sk-tenant-a").hexdigest()
+    lines = f"tenant acme requests_per_minute=60\ntenant admin\nkey {digest} acme"
+    sets = ["apiKeys.file=" + lines]
+    r = ctx.render(sets=sets)
+    check_api_keys_wiring(r, load_values([], sets), "apiKeys.file")
+    tenants, keys = parse_key_file(secret_data(r.get("Secret", f"{FULL}-api-keys"), "api-keys"))
+    check(set(tenants) == {"acme", "admin"} and len(keys) == 2 and
+          (digest, "acme", "scopes=generate") in keys, f"apiKeys.file: {tenants} {keys}")
+    sets = ["apiKeys.file=" + lines, "apiKeys.generatedKey.enabled=false"]
+    r = ctx.render(sets=sets)
+    check_api_keys_wiring(r, load_values([], sets), "no generated key")
+    sets = ["apiKeys.existingSecret=my-keys"]
+    r = ctx.render(sets=sets)
+    check_api_keys_wiring(r, load_values([], sets), "apiKeys.existingSecret")
+    # Annotated so that a change of the key file's source rolls the routers.
+    a = r.by_component()["router"]["spec"]["template"]["metadata"]["annotations"]
+    b = ctx.default().by_component()["router"]["spec"]["template"]["metadata"]["annotations"]
+    check(a.get("checksum/api-keys") and a["checksum/api-keys"] != b.get("checksum/api-keys"),
+          "a change of apiKeys does not roll the routers")
+
+
+GENERATED = [("Secret", f"{FULL}-api-keys"), ("Secret", f"{FULL}-cluster-secret")]
+
+
+def check_upgrade_keeps_generated(ctx):
+    """Everything the chart generates is read back on upgrade (lookup) and kept on uninstall;
+    without the previous objects (a first install) it is fresh."""
+    first = ctx.default()
+    objects = []
+    for kind, name in GENERATED:
+        obj = first.find(kind, name)
+        check(obj is not None, f"no {kind}/{name} by default")
+        check(obj["metadata"].get("annotations", {}).get("helm.sh/resource-policy") == "keep",
+              f"{kind}/{name} is not kept on uninstall")
+        objects.append(dict(obj, metadata=dict(obj["metadata"], namespace="serving")))
+    upgraded = ctx.render(existing=objects)
+    again = ctx.render(sets=["router.replicas=3"])  # another first install
+    for kind, name in GENERATED:
+        check(upgraded.get(kind, name)["data"] == first.get(kind, name)["data"],
+              f"an upgrade changed {kind}/{name}")
+        check(again.get(kind, name)["data"] != first.get(kind, name)["data"],
+              f"{kind}/{name} is not random per install")
+
+
+# ---- Bad values ----------------------------------------------------------------------------
+
+FAILURES = [
+    (["apiKeys.generatedKey.enabled=false"], "apiKeys: no keys"),
+    (["apiKeys.file=tenant a\nkey sk-raw-key a"], "apiKeys.file line 2: a key line is"),
+]
+
+
+def check_failures(ctx):
+    for sets, message in FAILURES:
+        try:
+            render(ctx.renderer, sets=sets)
+            raise AssertionError(f"--set {sets} rendered, expected: {message}")
+        except RenderError as e:
+            check(message in str(e), f"--set {sets}: {e}")
+
+
+CHECKS = [
+    check_default_api_keys,
+    check_api_keys_values,
+    check_upgrade_keeps_generated,
+    check_every_values_file,
+    check_failures,
+]
+
+
+def main():
+    ctx = Context(build_renderer(sys.argv[1]))
+    failed = 0
+    for fn in CHECKS:
+        try:
+            fn(ctx)
+            print(f"ok: {fn.__name__}")
+        except (AssertionError, RenderError, KeyError, TypeError) as e:
+            failed += 1
+            detail = str(e) if isinstance(e, (AssertionError, RenderError)) else \
+                traceback.format_exc(limit=-1)
+            print(f"FAIL: {fn.__name__}: {detail}")
+    print(f"{'FAIL' if failed else 'PASS'}: {failed} of {len(CHECKS)} checks failed ({CHART})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
