@@ -172,13 +172,51 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* The Secret of the TLS certificate (cert-manager's when it issues it). */}}
-{{- define "tandem.tlsSecretName" -}}
+{{/* Where the TLS certificate comes from: certManager, secret or generated. */}}
+{{- define "tandem.tlsSource" -}}
 {{- if .Values.tls.certManager.enabled -}}
-{{- default (printf "%s-tls" (include "tandem.fullname" .)) .Values.tls.secretName -}}
+certManager
+{{- else if .Values.tls.secretName -}}
+secret
+{{- else if .Values.tls.generated.enabled -}}
+generated
 {{- else -}}
-{{- required "tls.secretName is required when tls.enabled (or tls.certManager.enabled)" .Values.tls.secretName -}}
+{{- fail "tls.enabled needs a certificate: set tls.certManager.enabled (and tls.certManager.issuerRef), or tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt), or tls.generated.enabled for a chart-made CA; tls.enabled=false serves plaintext (values-insecure.yaml)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret of the TLS certificate (cert-manager's or the chart's when they make it). */}}
+{{- define "tandem.tlsSecretName" -}}
+{{- if eq (include "tandem.tlsSource" .) "secret" -}}
+{{- .Values.tls.secretName -}}
+{{- else -}}
+{{- default (printf "%s-tls" (include "tandem.fullname" .)) .Values.tls.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name routers verify on workers' certificates (they dial pod IPs); empty: the IP. */}}
+{{- define "tandem.workerServerName" -}}
+{{- if .Values.tls.enabled -}}
+{{- if eq (include "tandem.tlsSource" .) "secret" -}}
+{{- .Values.tls.workerServerName -}}
+{{- else -}}
+{{- include "tandem.fullname" . }}-worker
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* DNS names of the chart's certificate (cert-manager's or generated), comma-separated: the
+workers' common name, the router Service and every pod behind the headless Services. */}}
+{{- define "tandem.tlsDnsNames" -}}
+{{- $full := include "tandem.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $suffix := printf "%s.svc.%s" $ns .Values.clusterDomain -}}
+{{- $names := list (printf "%s-worker" $full) (printf "%s-router" $full) (printf "%s-router.%s" $full $ns) (printf "%s-router.%s.svc" $full $ns) (printf "%s-router.%s" $full $suffix) -}}
+{{- range $h := list (include "tandem.decodeHeadless" .) (include "tandem.prefillHeadless" .) -}}
+{{- $names = append $names (printf "%s.%s" $h $suffix) -}}
+{{- $names = append $names (printf "*.%s.%s" $h $suffix) -}}
+{{- end -}}
+{{- join "," $names -}}
 {{- end -}}
 
 {{/* The Secret holding the cluster secret; empty when there is none. */}}
