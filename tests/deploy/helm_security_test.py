@@ -3,8 +3,12 @@
 
 - the routers require API keys: a Secret mounted read-only and passed as --api-keys, by default
   a chart-made key file holding the digest of one generated key, kept across upgrades;
-- every Secret the chart generates (API key, cluster secret) is kept across upgrades (`lookup`
-  of the previous release's objects, helm-render -lookup) and annotated
+- TLS on every listener, by default from a chart-made CA (checked with openssl) whose private
+  key is nowhere;
+- every prefill and decode worker gets the KV secret (--kv-secret-file, read-only), none
+  --allow-unauthenticated-kv unless the KV secret is turned off;
+- every Secret the chart generates (API key, cluster secret, TLS, KV secret) is kept across
+  upgrades (`lookup` of the previous release's objects, helm-render -lookup) and annotated
   helm.sh/resource-policy: keep;
 - for every values file (defaults, tests/deploy/helm/*.yaml) the secrets, TLS and the
   NetworkPolicies are wired as the values say;
@@ -159,18 +163,39 @@ def check_cluster_secret_wiring(r, v, name):
 
 
 def check_kv_secret_wiring(r, v, name):
+    """Prefill and decode workers prove the KV secret to each other, or (without one) run with
+    --allow-unauthenticated-kv, which they require from the command line then."""
     kv = v["kvSecret"]
+    full = full_name(r)
+    secret = kv["existingSecret"] or (f"{full}-kv-secret" if kv["create"] else "")
+    made = r.find("Secret", f"{full}-kv-secret")
+    check(bool(made) == bool(kv["create"] and not kv["existingSecret"]),
+          f"{name}: KV Secret created: {bool(made)}")
+    if made:
+        check(len(base64.b64decode(made["data"][kv["key"]])) >= 32,
+              f"{name}: the KV secret is short")
+        check(made["metadata"]["annotations"].get("helm.sh/resource-policy") == "keep",
+              f"{name}: the KV Secret is not kept on uninstall")
     for w in r.workloads():
         role, c = component(w), container(w)
         where = f"{name}: {role}"
         kv_file = arg(c, "--kv-secret-file")
-        if kv["secretName"] and role != "router":
-            check(kv_file == f"{kv['mountPath']}/kv-secret", f"{where}: kv secret")
-            check(volumes_of(w)["kv-secret"]["secret"]["secretName"] == kv["secretName"],
-                  f"{where}: kv secret volume")
-            check(mount(c, "kv-secret")["readOnly"], f"{where}: kv secret mount")
+        allow = "--allow-unauthenticated-kv" in c["args"]
+        if role == "router":
+            check(kv_file is None and not allow and "kv-secret" not in volumes_of(w),
+                  f"{where}: the router holds no KV secret")
+        elif secret:
+            check(kv_file == f"{kv['mountPath']}/kv-secret", f"{where}: --kv-secret-file={kv_file}")
+            check(not allow, f"{where}: --allow-unauthenticated-kv with a KV secret")
+            vol = volumes_of(w)["kv-secret"]["secret"]
+            check(vol["secretName"] == secret and
+                  vol["items"] == [{"key": kv["key"], "path": "kv-secret"}],
+                  f"{where}: kv secret volume {vol}")
+            check(mount(c, "kv-secret")["readOnly"] and
+                  mount(c, "kv-secret")["mountPath"] == kv["mountPath"], f"{where}: kv mount")
         else:
-            check(kv_file is None, f"{where}: no kv secret")
+            check(kv_file is None and allow, f"{where}: no KV secret needs "
+                  f"--allow-unauthenticated-kv: {c['args']}")
 
 
 def tls_secret_name(r, v):
@@ -413,8 +438,24 @@ def check_tls_sources(ctx):
         check_tls_wiring(ctx.render(sets=sets), load_values([], sets), f"--set {sets}")
 
 
+def check_default_kv_secret(ctx):
+    """Every prefill and decode worker gets the KV secret by default, none runs without it."""
+    r = ctx.default()
+    workers = [w for w in r.workloads() if component(w) != "router"]
+    check(len(workers) == 2, f"workers: {[w['metadata']['name'] for w in workers]}")
+    for w in workers:
+        c = container(w)
+        check(arg(c, "--kv-secret-file") == "/etc/tandem/kv/kv-secret",
+              f"{component(w)}: no --kv-secret-file by default: {c['args']}")
+        check("--allow-unauthenticated-kv" not in c["args"], f"{component(w)}: unauthenticated")
+    check_kv_secret_wiring(r, load_values([]), "defaults")
+    for sets in (["kvSecret.existingSecret=kv"], ["kvSecret.create=false"],
+                 ["prefill.kvTransport=nccl"]):
+        check_kv_secret_wiring(ctx.render(sets=sets), load_values([], sets), f"--set {sets}")
+
+
 GENERATED = [("Secret", f"{FULL}-api-keys"), ("Secret", f"{FULL}-cluster-secret"),
-             ("Secret", f"{FULL}-tls")]
+             ("Secret", f"{FULL}-tls"), ("Secret", f"{FULL}-kv-secret")]
 
 
 def check_upgrade_keeps_generated(ctx):
@@ -444,6 +485,7 @@ FAILURES = [
     (["apiKeys.file=tenant a\nkey sk-raw-key a"], "apiKeys.file line 2: a key line is"),
     (["tls.generated.enabled=false"], "tls.enabled needs a certificate: set tls.certManager"),
     (["tls.certManager.enabled=true"], "tls.certManager.issuerRef.name is required"),
+    (["kvSecret.secretName=kv"], "kvSecret.secretName is now kvSecret.existingSecret"),
 ]
 
 
@@ -461,6 +503,7 @@ CHECKS = [
     check_api_keys_values,
     check_default_tls,
     check_tls_sources,
+    check_default_kv_secret,
     check_upgrade_keeps_generated,
     check_every_values_file,
     check_failures,

@@ -128,12 +128,14 @@ app.kubernetes.io/component: {{ .component }}
     defaultMode: 0440
 {{- end }}
 {{- end }}
-{{- if and .worker $v.kvSecret.secretName }}
+{{- if .worker }}
+{{- with include "tandem.kvSecretName" .root }}
 - name: kv-secret
   secret:
-    secretName: {{ $v.kvSecret.secretName }}
+    secretName: {{ . }}
     items: [{key: {{ $v.kvSecret.key }}, path: kv-secret}]
     defaultMode: 0440
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -155,7 +157,7 @@ app.kubernetes.io/component: {{ .component }}
   mountPath: {{ $v.tls.mountPath }}
   readOnly: true
 {{- end }}
-{{- if and .worker $v.kvSecret.secretName }}
+{{- if and .worker (include "tandem.kvSecretName" .root) }}
 - name: kv-secret
   mountPath: {{ $v.kvSecret.mountPath }}
   readOnly: true
@@ -232,6 +234,18 @@ workers' common name, the router Service and every pod behind the headless Servi
 {{- define "tandem.apiKeysSecretName" -}}
 {{- if .Values.apiKeys.enabled -}}
 {{- default (printf "%s-api-keys" (include "tandem.fullname" .)) .Values.apiKeys.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the KV data path's shared secret; empty when there is none. */}}
+{{- define "tandem.kvSecretName" -}}
+{{- if hasKey .Values.kvSecret "secretName" -}}
+{{- fail "kvSecret.secretName is now kvSecret.existingSecret (kvSecret.create makes one by default)" -}}
+{{- end -}}
+{{- if .Values.kvSecret.existingSecret -}}
+{{- .Values.kvSecret.existingSecret -}}
+{{- else if .Values.kvSecret.create -}}
+{{- printf "%s-kv-secret" (include "tandem.fullname" .) -}}
 {{- end -}}
 {{- end -}}
 

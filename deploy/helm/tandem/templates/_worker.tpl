@@ -47,8 +47,11 @@ spec:
         {{- else }}
         - --kv-transport={{ $v.kvTransport }}
         {{- end }}
-        {{- if $root.Values.kvSecret.secretName }}
+        {{- if include "tandem.kvSecretName" $root }}
         - --kv-secret-file={{ $root.Values.kvSecret.mountPath }}/kv-secret
+        {{- else }}
+        # kvSecret off: the KV data path takes any peer (docs/security.md).
+        - --allow-unauthenticated-kv
         {{- end }}
         {{- with $v.extraArgs }}
         {{- toYaml . | nindent 8 }}
