@@ -299,55 +299,105 @@ def check_generated_certificate(secret, full, namespace="serving"):
         check("CA:TRUE" in out, f"ca.crt is not a CA: {out}")
 
 
-def peer_selects(peer, labels):
-    return "podSelector" in peer and "namespaceSelector" not in peer and \
-        selects(peer["podSelector"].get("matchLabels", {}), labels)
+def nccl_possible(v):
+    return v["image"]["flavor"] == "cuda" and v["prefill"]["kvTransport"] in ("auto", "nccl") \
+        and v["prefill"]["enabled"]
+
+
+def metrics_peer(v):
+    m = v["networkPolicy"]["metrics"]
+    return {"namespaceSelector": {} if m["anyNamespace"] else
+            {"matchLabels": {"kubernetes.io/metadata.name": m["namespace"]}},
+            "podSelector": {"matchLabels": m["podLabels"]}}
+
+
+def policy_edges(rules, direction, ws, v, where):
+    """A policy's rules as a set of (peer, port): peer is a component of this release (pods of
+    the namespace whose labels select exactly its pods), "metrics", "dns", "clients" or "any";
+    port is "50061/TCP", "TCP" (every TCP port) or "all"."""
+    np = v["networkPolicy"]
+    edges = set()
+    for rule in rules:
+        peers = rule.get(direction)
+        names = []
+        for peer in peers if peers is not None else [None]:
+            if peer is None:
+                names.append("any")
+            elif peer == metrics_peer(v):
+                names.append("metrics")
+            elif peer in np["egress"]["dns"]["to"] and direction == "to":
+                names.append("dns")
+            elif peer in np["clientsFrom"] and direction == "from":
+                names.append("clients")
+            else:
+                hit = [c for c, w in ws.items()
+                       if set(peer) == {"podSelector"} and
+                       selects(peer["podSelector"].get("matchLabels", {}), pod_labels(w))]
+                check(len(hit) == 1, f"{where}: a peer that is not one component: {peer}")
+                names.append(hit[0])
+        ports = rule.get("ports")
+        for p in ports if ports is not None else [None]:
+            port = "all" if p is None else \
+                (f"{p['port']}/{p['protocol']}" if "port" in p else p["protocol"])
+            edges |= {(n, port) for n in names}
+    return edges
+
+
+def expected_edges(v, ws):
+    """What the values ask for: {component: (ingress edges, egress edges)}."""
+    ports = {k: f"{p}/TCP" for k, p in v["ports"].items()}
+    np = v["networkPolicy"]
+    metrics = {("metrics", ports["metrics"])} if v["metrics"]["enabled"] else set()
+    dns = {("dns", f"{p['port']}/{p['protocol']}") for p in np["egress"]["dns"]["ports"]}
+    nccl = nccl_possible(v)
+    prefill = "prefill" in ws
+    out = {
+        "router": ({("clients" if np["clientsFrom"] else "any", ports["router"])} | metrics,
+                   {(c, ports["worker"]) for c in ws if c != "router"} | dns),
+        "decode": ({("router", ports["worker"])} | metrics |
+                   ({("prefill", "TCP" if nccl else ports["kv"])} if prefill else set()),
+                   {("prefill", "TCP")} if nccl else set()),
+    }
+    if prefill:
+        out["prefill"] = ({("router", ports["worker"])} | metrics |
+                          ({("decode", "TCP")} if nccl else set()),
+                          {("decode", "TCP" if nccl else ports["kv"])} | dns)
+    return out
 
 
 def check_policy_wiring(r, v, name):
+    """Each component's NetworkPolicy admits exactly the edges the values ask for, in and out,
+    and opens only ports its pods listen on."""
     ws = r.by_component()
     policies = r.of("NetworkPolicy")
-    if not v["networkPolicy"]["enabled"]:
+    np = v["networkPolicy"]
+    if not np["enabled"]:
         check(not policies, f"{name}: NetworkPolicies disabled")
         return
     check(len(policies) == len(ws), f"{name}: one NetworkPolicy per component")
-    ports = v["ports"]
+    want = expected_edges(v, ws)
     for role, w in ws.items():
+        where = f"{name}: {role}"
         mine = [p for p in policies if selects(p["spec"]["podSelector"]["matchLabels"],
                                                pod_labels(w))]
-        check(len(mine) == 1, f"{name}: {role} pods under {len(mine)} NetworkPolicies")
+        check(len(mine) == 1, f"{where}: pods under {len(mine)} NetworkPolicies")
         spec = mine[0]["spec"]
-        check(spec["policyTypes"] == ["Ingress"], f"{name}: {role}: ingress policy")
-        rules = {}
-        for rule in spec["ingress"]:
-            for p in rule["ports"]:
-                check(p["port"] not in rules, f"{name}: {role}: port {p['port']} twice")
-                rules[p["port"]] = rule.get("from")
-        others = {k: pod_labels(x) for k, x in ws.items()}
-        if role == "router":
-            want = {ports["router"]}
-            check(rules[ports["router"]] == (v["networkPolicy"]["clientsFrom"] or None),
-                  f"{name}: router API from clientsFrom")
+        egress = np["egress"]["enabled"]
+        check(spec["policyTypes"] == (["Ingress", "Egress"] if egress else ["Ingress"]),
+              f"{where}: policyTypes {spec['policyTypes']}")
+        ingress = policy_edges(spec["ingress"], "from", ws, v, where)
+        check(ingress == want[role][0], f"{where}: ingress {sorted(ingress)} != "
+              f"{sorted(want[role][0])}")
+        if egress:
+            check("egress" in spec, f"{where}: no egress rules (allows everything)")
+            out = policy_edges(spec["egress"], "to", ws, v, where)
+            check(out == want[role][1], f"{where}: egress {sorted(out)} != "
+                  f"{sorted(want[role][1])}")
         else:
-            kv = role == "decode" and "prefill" in ws
-            want = {ports["worker"]} | ({ports["kv"]} if kv else set())
-            grpc_from = rules[ports["worker"]]
-            check(grpc_from and all(peer_selects(p, others["router"]) for p in grpc_from) and
-                  not any(peer_selects(p, others[o]) for p in grpc_from for o in others
-                          if o != "router"),
-                  f"{name}: {role}: the Worker API only from router pods: {grpc_from}")
-            if kv:
-                kv_from = rules[ports["kv"]]
-                check(kv_from and all(peer_selects(p, others["prefill"]) for p in kv_from) and
-                      not any(peer_selects(p, others["router"]) for p in kv_from),
-                      f"{name}: decode: the KV port only from prefill pods: {kv_from}")
-        if v["metrics"]["enabled"]:
-            want.add(ports["metrics"])
-            check(rules[ports["metrics"]] == v["networkPolicy"]["metricsFrom"],
-                  f"{name}: {role}: /metrics from metricsFrom")
-        check(set(rules) == want, f"{name}: {role}: ports {sorted(rules)} != {sorted(want)}")
-        listening = {cp["containerPort"] for cp in container(w).get("ports", [])}
-        check(set(rules) <= listening, f"{name}: {role}: policy ports {sorted(rules)}")
+            check("egress" not in spec, f"{where}: egress rules without Egress")
+        listening = {f"{cp['containerPort']}/TCP" for cp in container(w).get("ports", [])}
+        opened = {port for _, port in ingress if "/" in port}
+        check(opened <= listening, f"{where}: policy opens {sorted(opened - listening)}")
 
 
 def values_cases():
@@ -454,6 +504,75 @@ def check_default_kv_secret(ctx):
         check_kv_secret_wiring(ctx.render(sets=sets), load_values([], sets), f"--set {sets}")
 
 
+def component_policy(r, role):
+    (policy,) = [p for p in r.of("NetworkPolicy")
+                 if selects(p["spec"]["podSelector"]["matchLabels"],
+                            pod_labels(r.by_component()[role]))]
+    return policy["spec"]
+
+
+def check_default_metrics_ingress(ctx):
+    """By default /metrics admits only pods with the named label in the named namespace, and
+    the API clients' ingress is as before (anyone: the router checks keys)."""
+    r = ctx.default()
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    for role in r.by_component():
+        spec = component_policy(r, role)
+        rules = [rule for rule in spec["ingress"]
+                 if any(p.get("port") == 9400 for p in rule.get("ports", []))]
+        check(len(rules) == 1 and rules[0].get("from") == [peer],
+              f"{role}: /metrics from {[x.get('from') for x in rules]}, not {peer}")
+        if role == "router":
+            api = [rule for rule in spec["ingress"]
+                   if any(p.get("port") == 50051 for p in rule["ports"])]
+            check(api == [{"ports": [{"port": 50051, "protocol": "TCP"}]}],
+                  f"router: the API clients' ingress changed: {api}")
+    # Another namespace and label: exactly those.
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write("networkPolicy: {metrics: {namespace: obs, podLabels: {app: prom}}}\n")
+        f.flush()
+        r2, v2 = ctx.render([f.name]), load_values([f.name])
+        check(metrics_peer(v2) == {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}},
+            "podSelector": {"matchLabels": {"app": "prom", "app.kubernetes.io/name": "prometheus"}}},
+            "values merge")
+        check_policy_wiring(r2, v2, "metrics: obs, app=prom")
+
+
+def check_default_egress(ctx):
+    """Every component has an egress policy: routers to workers' gRPC port and DNS, prefill pods
+    to decode pods (KV port; every TCP port where NCCL may run) and DNS, decode pods nowhere but
+    prefill pods for NCCL."""
+    r = ctx.default()
+    v = load_values([])
+    ws = r.by_component()
+    dns = {("dns", "53/UDP"), ("dns", "53/TCP")}
+    worker, kv = "50061/TCP", "50062/TCP"
+    for role in ws:
+        spec = component_policy(r, role)
+        check(spec["policyTypes"] == ["Ingress", "Egress"] and "egress" in spec,
+              f"{role}: no egress policy: {spec['policyTypes']}")
+        out = policy_edges(spec["egress"], "to", ws, v, role)
+        # The cuda image with kvTransport auto may pick nccl: prefill <-> decode on every port.
+        want = {"router": {("decode", worker), ("prefill", worker)} | dns,
+                "prefill": {("decode", "TCP")} | dns,
+                "decode": {("prefill", "TCP")}}[role]
+        check(out == want, f"{role}: egress {sorted(out)} != {sorted(want)}")
+        check(all(rule.get("to") for rule in spec["egress"]), f"{role}: egress to anywhere")
+    check_policy_wiring(r, v, "defaults")
+    # Without NCCL (the cpu image, tcp, cuda-ipc): prefill -> decode on the KV port only, and
+    # decode pods connect nowhere.
+    for sets in (["image.flavor=cpu"], ["prefill.kvTransport=tcp"],
+                 ["prefill.kvTransport=cuda-ipc", "cudaIpc.hostIPC=true"]):
+        r2 = ctx.render(sets=sets)
+        v2 = load_values([], sets)
+        check_policy_wiring(r2, v2, f"--set {sets}")
+        check(component_policy(r2, "decode")["egress"] == [], f"{sets}: decode egress")
+        check(policy_edges(component_policy(r2, "prefill")["egress"], "to", r2.by_component(),
+                           v2, "prefill") == {("decode", kv)} | dns, f"{sets}: prefill egress")
+
+
 GENERATED = [("Secret", f"{FULL}-api-keys"), ("Secret", f"{FULL}-cluster-secret"),
              ("Secret", f"{FULL}-tls"), ("Secret", f"{FULL}-kv-secret")]
 
@@ -486,6 +605,9 @@ FAILURES = [
     (["tls.generated.enabled=false"], "tls.enabled needs a certificate: set tls.certManager"),
     (["tls.certManager.enabled=true"], "tls.certManager.issuerRef.name is required"),
     (["kvSecret.secretName=kv"], "kvSecret.secretName is now kvSecret.existingSecret"),
+    (["networkPolicy.metrics.namespace="], "networkPolicy.metrics.namespace is required"),
+    (["networkPolicy.metrics.podLabels=null"], "networkPolicy.metrics.podLabels is required"),
+    (["networkPolicy.metricsFrom.x=y"], "networkPolicy.metricsFrom is now networkPolicy.metrics"),
 ]
 
 
@@ -504,6 +626,8 @@ CHECKS = [
     check_default_tls,
     check_tls_sources,
     check_default_kv_secret,
+    check_default_metrics_ingress,
+    check_default_egress,
     check_upgrade_keeps_generated,
     check_every_values_file,
     check_failures,
