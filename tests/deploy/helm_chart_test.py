@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import deploylib  # noqa: E402
 from deploylib import check  # noqa: E402
 
-from helmlib import (NAMESPACE, VALUES_DIR, Rendered, RenderError, arg,  # noqa: E402
+from helmlib import (CHART, NAMESPACE, VALUES_DIR, Rendered, RenderError, arg,  # noqa: E402
                      build_renderer, component, load_values, pod_labels, pod_spec, render,
                      selects, validate_schemas)
 
@@ -255,7 +255,8 @@ def check_validator_catches(docs):
 
 def main():
     renderer = build_renderer(sys.argv[1])
-    cases = [("defaults", [])] + [
+    cases = [("defaults", []),
+             ("values-insecure.yaml", [os.path.join(CHART, "values-insecure.yaml")])] + [
         (f, [os.path.join(VALUES_DIR, f)]) for f in sorted(os.listdir(VALUES_DIR))
         if f.endswith(".yaml")]
     renders = [render(renderer, files) for _, files in cases]

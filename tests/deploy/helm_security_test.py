@@ -10,8 +10,13 @@
 - every Secret the chart generates (API key, cluster secret, TLS, KV secret) is kept across
   upgrades (`lookup` of the previous release's objects, helm-render -lookup) and annotated
   helm.sh/resource-policy: keep;
-- for every values file (defaults, tests/deploy/helm/*.yaml) the secrets, TLS and the
-  NetworkPolicies are wired as the values say;
+- /metrics admits only the named namespace and label; every component has an egress policy
+  (routers: workers' gRPC port and DNS; prefill: decode pods' KV port and DNS; decode:
+  nothing; prefill <-> decode on every TCP port where NCCL may run);
+- values-insecure.yaml turns off exactly those (each setting commented with what it turns off
+  and the risk) and changes nothing else;
+- for every values file (defaults, values-insecure.yaml, tests/deploy/helm/*.yaml) the
+  secrets, TLS and the NetworkPolicies (every edge, in and out) are wired as the values say;
 - bad security values fail rendering with a message saying what to set.
 
 Each check runs on its own and every failure is listed, so running this against an older chart
@@ -400,8 +405,11 @@ def check_policy_wiring(r, v, name):
         check(opened <= listening, f"{where}: policy opens {sorted(opened - listening)}")
 
 
+INSECURE = os.path.join(CHART, "values-insecure.yaml")
+
+
 def values_cases():
-    return [("defaults", [])] + [
+    return [("defaults", []), ("values-insecure.yaml", [INSECURE])] + [
         (f, [os.path.join(VALUES_DIR, f)]) for f in sorted(os.listdir(VALUES_DIR))
         if f.endswith(".yaml")]
 
@@ -573,6 +581,98 @@ def check_default_egress(ctx):
                            v2, "prefill") == {("decode", kv)} | dns, f"{sets}: prefill egress")
 
 
+# What values-insecure.yaml turns off, as its comments say.
+INSECURE_FLAGS = ("--api-keys", "--tls-cert", "--tls-key", "--tls-ca", "--tls-server-name",
+                  "--kv-secret-file", "--allow-unauthenticated-kv")
+INSECURE_VOLUMES = ("api-keys", "tls", "kv-secret")
+INSECURE_SECRETS = ("api-keys", "tls", "kv-secret")
+
+
+def without_insecure_differences(r):
+    """The render with everything values-insecure.yaml may change taken out."""
+    out = []
+    for m in r.docs:
+        m = json.loads(json.dumps(m))
+        name = m["metadata"]["name"]
+        if m["kind"] == "Secret":
+            if any(name.endswith("-" + s) for s in INSECURE_SECRETS):
+                continue
+            m["data"] = sorted(m["data"])  # random per install
+        if m["kind"] in ("Deployment", "StatefulSet"):
+            t = m["spec"]["template"]
+            t["metadata"]["annotations"].pop("checksum/api-keys", None)
+            t["metadata"]["annotations"].pop("prometheus.io/scheme", None)
+            spec = t["spec"]
+            spec["volumes"] = [x for x in spec["volumes"] if x["name"] not in INSECURE_VOLUMES]
+            for c in spec["containers"]:
+                c["args"] = [a for a in c["args"] if a.split("=")[0] not in INSECURE_FLAGS]
+                c["volumeMounts"] = [x for x in c["volumeMounts"]
+                                     if x["name"] not in INSECURE_VOLUMES]
+                for p in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    c[p] = {k: x for k, x in c[p].items() if k not in ("grpc", "tcpSocket")}
+        if m["kind"] == "NetworkPolicy":
+            m["spec"].pop("egress", None)
+            m["spec"].pop("policyTypes")
+            for rule in m["spec"]["ingress"]:
+                for peer in rule.get("from", []):
+                    peer.pop("namespaceSelector", None)
+        out.append(m)
+    return sorted(out, key=lambda m: (m["kind"], m["metadata"]["name"]))
+
+
+def check_insecure_values(ctx):
+    """values-insecure.yaml turns off exactly what its comments say, each setting commented
+    with what it turns off and the risk, and the render differs from the defaults only there."""
+    lines = open(INSECURE).read().splitlines()
+    settings = 0
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*[\w.-]+:\s*\S", line) and not line.lstrip().startswith("#"):
+            settings += 1
+            block = []
+            j = i - 1
+            while j >= 0 and lines[j].lstrip().startswith("#"):
+                block.insert(0, lines[j])
+                j -= 1
+            text = " ".join(block)
+            check("Turns off:" in text and "Risk:" in text,
+                  f"values-insecure.yaml line {i + 1} ({line.strip()}): no 'Turns off:'/'Risk:'")
+    check(settings == 5, f"values-insecure.yaml sets {settings} values, its comments say 5")
+    r = ctx.render([INSECURE])
+    v = load_values([INSECURE])
+    ws = r.by_component()
+    router = container(ws["router"])
+    check(arg(router, "--api-keys") is None, "insecure: the router still needs keys")
+    for role, w in ws.items():
+        c = container(w)
+        check(not any(a.startswith("--tls") for a in c["args"]), f"insecure: {role}: TLS")
+        if role != "router":
+            check("--allow-unauthenticated-kv" in c["args"] and
+                  arg(c, "--kv-secret-file") is None, f"insecure: {role}: KV secret")
+        spec = component_policy(r, role)
+        check(spec["policyTypes"] == ["Ingress"] and "egress" not in spec,
+              f"insecure: {role}: egress policy")
+        metrics = [rule["from"] for rule in spec["ingress"]
+                   if any(p.get("port") == 9400 for p in rule["ports"])]
+        check(metrics == [[{"namespaceSelector": {},
+                            "podSelector": {"matchLabels": {"app.kubernetes.io/name":
+                                                            "prometheus"}}}]],
+              f"insecure: {role}: /metrics from {metrics}")
+    check(not any(r.find("Secret", f"{FULL}-{s}") for s in INSECURE_SECRETS),
+          "insecure: a chart-made API key, TLS or KV Secret")
+    check(r.find("Secret", f"{FULL}-cluster-secret"), "insecure: the cluster secret is kept")
+    for wiring in (check_api_keys_wiring, check_kv_secret_wiring, check_tls_wiring,
+                   check_policy_wiring):
+        wiring(r, v, "values-insecure.yaml")
+    # Nothing else differs from the defaults.
+    a, b = without_insecure_differences(ctx.default()), without_insecure_differences(r)
+    check(a == b, "values-insecure.yaml changes more than it says: " + next(
+        (f"{x['kind']}/{x['metadata']['name']}" for x, y in zip(a, b) if x != y), "count"))
+    notes = render(ctx.renderer, [INSECURE], notes=True)
+    check(all(w in notes for w in ("API keys: OFF", "TLS: OFF", "KV secret: OFF",
+                                   "ANY namespace", "Egress NetworkPolicies: OFF")),
+          f"insecure: NOTES.txt does not warn:\n{notes}")
+
+
 GENERATED = [("Secret", f"{FULL}-api-keys"), ("Secret", f"{FULL}-cluster-secret"),
              ("Secret", f"{FULL}-tls"), ("Secret", f"{FULL}-kv-secret")]
 
@@ -628,6 +728,7 @@ CHECKS = [
     check_default_kv_secret,
     check_default_metrics_ingress,
     check_default_egress,
+    check_insecure_values,
     check_upgrade_keeps_generated,
     check_every_values_file,
     check_failures,
