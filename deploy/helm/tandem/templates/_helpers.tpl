@@ -239,7 +239,7 @@ workers' common name, the router Service and every pod behind the headless Servi
 
 {{/* The Secret holding the KV data path's shared secret; empty when there is none. */}}
 {{- define "tandem.kvSecretName" -}}
-{{- if hasKey .Values.kvSecret "secretName" -}}
+{{- if get .Values.kvSecret "secretName" -}}
 {{- fail "kvSecret.secretName is now kvSecret.existingSecret (kvSecret.create makes one by default)" -}}
 {{- end -}}
 {{- if .Values.kvSecret.existingSecret -}}
