@@ -80,12 +80,10 @@ ApiKeys::~ApiKeys() {
   if (reloader_.joinable()) reloader_.join();
 }
 
-absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
-                                                        const ServerOptions& server_options,
-                                                        grpc::Server* grpc_server,
-                                                        const Tokenizer* tokenizer,
-                                                        const std::string& model_name,
-                                                        int32_t max_model_len, HttpHooks* hooks) {
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
+    const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
+    const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len,
+    HttpHooks* hooks, AccessControl* access) {
   if (flags.port < 0) return std::unique_ptr<HttpApi>();
   const HttpTransportOptions& t = flags.transport;
   if (t.max_body_bytes < 1024 || t.handler_threads < 1 || t.io_threads < 1 ||
@@ -118,6 +116,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
   o.transport.tls_cert = server_options.tls.cert;
   o.transport.tls_key = server_options.tls.key;
   if (server_options.tls.client_auth) o.transport.tls_client_ca = server_options.tls.ca;
+  if (access != nullptr) {
+    o.authorize = [access](const std::string& authorization, bool limits) -> absl::Status {
+      auto tenant = access->AuthenticateHeader(authorization);
+      if (!tenant.ok()) return tenant.status();
+      return limits ? access->CheckLimits(**tenant) : absl::OkStatus();
+    };
+  }
   auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
                                   tokenizer, api->chat_template_.get());
   if (!server.ok()) return server.status();

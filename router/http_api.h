@@ -55,11 +55,12 @@ class ApiKeys {
 // The HTTP API of a process serving the Generation service on `grpc_server`.
 class HttpApi {
  public:
-  // Null (and OK) when --http-port is off.
+  // Null (and OK) when --http-port is off. `access` (null: open access; must outlive the API):
+  // the API keys, checked on a request's headers before its body is read.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
       const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
       const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len,
-      HttpHooks* hooks = nullptr);
+      HttpHooks* hooks = nullptr, AccessControl* access = nullptr);
   int port() const { return server_->port(); }
   void Stop() { server_->Stop(); }
 

@@ -1,6 +1,5 @@
 #include "router/http/http_server.h"
 
-#include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +7,7 @@
 #include "common/rpc/callback_cq.h"
 #include "router/http/generate_stream.h"
 #include "router/http/openai_response.h"
+#include "router/http/request_id.h"
 
 namespace tandem {
 namespace {
@@ -34,8 +34,6 @@ int64_t UnixNow() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-std::atomic<uint64_t> next_http_id{1};
 
 // One generate response, on its connection's event loop (every method runs there): reads the
 // call's messages as they arrive and writes them out, committing the HTTP status when the first
@@ -144,6 +142,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   // The transport's own refusals (404, 405, 413, 431, malformed) in the API's error shape.
   auto error_page = [](int status, const std::string& message) {
     const absl::StatusCode code = status == 404   ? absl::StatusCode::kNotFound
+                                  : status == 401 ? absl::StatusCode::kUnauthenticated
+                                  : status == 403 ? absl::StatusCode::kPermissionDenied
+                                  : status == 429 ? absl::StatusCode::kResourceExhausted
                                   : status >= 500 ? absl::StatusCode::kInternal
                                                   : absl::StatusCode::kInvalidArgument;
     return Dump(MakeOpenAiError(code, message).body);
@@ -196,18 +197,19 @@ std::vector<HttpRoute> HttpServer::Routes() {
         return SendError(*res, converted.status().code(),
                          std::string(converted.status().message()));
       }
-      const uint64_t serial = next_http_id.fetch_add(1);
       const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
       v1::GenerateRequest& g = converted->generate;
       if (converted->logprobs) g.set_echo_prompt_ids(true);  // token texts in context
-      if (g.request_id().empty()) g.set_request_id(absl::StrCat("http-", UnixNow(), "-", serial));
+      // Unpredictable (128 random bits): the completion's id is its request id, and no client
+      // may guess another's to squat it or to find it in logs.
+      if (g.request_id().empty()) g.set_request_id(RandomRequestId(chat ? "chatcmpl-" : "cmpl-"));
       if (!converted->user.empty()) {
         TLOG(INFO) << "http request " << g.request_id() << " for user '" << converted->user << "'";
       }
       auto x = std::make_shared<Exchange>();
       OpenAiResponderOptions ro;
       ro.endpoint = endpoint;
-      ro.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", g.request_id());
+      ro.id = g.request_id();
       ro.created = UnixNow();
       ro.model = g.model().empty() ? options_.model_name : g.model();
       ro.n = g.n() == 0 ? 1 : g.n();
@@ -239,6 +241,27 @@ std::vector<HttpRoute> HttpServer::Routes() {
   };
   routes.push_back({"POST", "/v1/completions", generate(OpenAiEndpoint::kCompletions)});
   routes.push_back({"POST", "/v1/chat/completions", generate(OpenAiEndpoint::kChatCompletions)});
+  if (options_.authorize) {
+    // Every API route checks the key on its headers: no body work for an unauthenticated client.
+    auto admission = [authorize = options_.authorize](const HttpRequest& head,
+                                                      bool limits) -> std::optional<HttpRefusal> {
+      const absl::Status st = authorize(head.get_header_value("Authorization"), limits);
+      if (st.ok()) return std::nullopt;
+      const absl::StatusCode code = st.code();
+      return HttpRefusal{MakeOpenAiError(code, std::string(st.message())).http_status,
+                         std::string(st.message()),
+                         code == absl::StatusCode::kResourceExhausted  ? "rate_limited"
+                         : code == absl::StatusCode::kPermissionDenied ? "permission_denied"
+                                                                       : "unauthenticated"};
+    };
+    for (HttpRoute& route : routes) {
+      if (route.path == "/health") continue;
+      const bool limits = route.method == "POST";  // generate routes
+      route.admission = [admission, limits](const HttpRequest& head) {
+        return admission(head, limits);
+      };
+    }
+  }
   return routes;
 }
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,12 @@ struct HttpServerOptions {
   // body) goes out this often: that is how a client that went away is noticed and its request
   // cancelled.
   absl::Duration keepalive_interval = absl::Seconds(1);
+  // With API keys: checks a request's Authorization header (and, with `limits`, its tenant's
+  // limits: the generate routes) when its headers are in, before its body is read, parsed,
+  // rendered or tokenized. UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED refuse it
+  // (401, 403, 429) and close the connection. Empty: open access. The Generation service checks
+  // the key and the limits again for the call itself.
+  std::function<absl::Status(const std::string& authorization, bool limits)> authorize;
 };
 
 // The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,
