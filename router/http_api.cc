@@ -38,6 +38,15 @@ void HttpFlags::Register(FlagSet* f) {
            "requests served on one kept-alive HTTP connection before it is closed");
   f->String("chat-template", &chat_template,
             "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
+  f->String("tool-call-parser", &tool_call_parser,
+            "how tool calls are read from outputs: auto (from the chat template), hermes, "
+            "llama3_json, pythonic, mistral, phi4_mini_json, deepseek_v3, deepseek_v31, json");
+  f->String("reasoning-parser", &reasoning_parser,
+            "how reasoning is separated into reasoning_content: auto (on where the chat "
+            "template writes <think>), deepseek_r1, qwen3, mistral, none");
+  f->Bool("structured-outputs-enable-in-reasoning", &structured_outputs_enable_in_reasoning,
+          "output constraints (response_format, guided_*, tool_choice) cover the reasoning "
+          "block too (default: the answer after it only)");
 }
 
 void ApiKeyFlags::Register(FlagSet* f) {
@@ -106,6 +115,19 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
   }
   api->chat_template_ = std::move(parsed).value();
   HttpServerOptions o;
+  o.tool_parser = ToolCallParserOfTemplate(choice->source);
+  if (flags.tool_call_parser != "auto") {
+    auto p = ToolCallParserByName(flags.tool_call_parser);
+    if (!p.ok()) return p.status();
+    o.tool_parser = *p;
+  }
+  o.reasoning_parser = ReasoningParserOfTemplate(choice->source);
+  if (flags.reasoning_parser != "auto") {
+    auto p = ReasoningParserByName(flags.reasoning_parser);
+    if (!p.ok()) return p.status();
+    o.reasoning_parser = *p;
+  }
+  o.constrain_reasoning = flags.structured_outputs_enable_in_reasoning;
   const std::string& host = server_options.host;
   o.transport = t;
   o.transport.host = host;
@@ -132,7 +154,9 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
   }
   TLOG(INFO) << "OpenAI-compatible HTTP API on " << host << ":" << api->server_->port() << " ("
              << (server_options.tls.cert.empty() ? "http" : "https")
-             << ", chat template: " << choice->origin << ")";
+             << ", chat template: " << choice->origin
+             << ", tool-call parser: " << ToolCallParserName(o.tool_parser)
+             << ", reasoning parser: " << ReasoningParserName(o.reasoning_parser) << ")";
   return api;
 }
 

@@ -25,6 +25,11 @@ struct HttpFlags {
   // The transport's limits; flags read their defaults from here.
   HttpTransportOptions transport;
   std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
+  // vLLM's names (router/http/tool_parsers.h, reasoning_parser.h); "auto": from the template.
+  std::string tool_call_parser = "auto";
+  std::string reasoning_parser = "auto";
+  // vLLM's structured_outputs_config.enable_in_reasoning: constraints cover the reasoning too.
+  bool structured_outputs_enable_in_reasoning = false;
 
   void Register(FlagSet* flags);
 };

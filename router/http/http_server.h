@@ -34,10 +34,16 @@ struct HttpServerOptions {
   // (401, 403, 429) and close the connection. Empty: open access. The Generation service checks
   // the key and the limits again for the call itself.
   std::function<absl::Status(const std::string& authorization, bool limits)> authorize;
+  // Chat outputs: the family's tool-call and reasoning parsers, and whether constraints cover
+  // the reasoning block (OpenAiContext).
+  ToolCallParser tool_parser = ToolCallParser::kJson;
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
+  bool constrain_reasoning = false;
 };
 
 // The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,
-// POST /v1/chat/completions, GET /v1/models, GET /health. A gateway onto the router's
+// POST /v1/chat/completions, GET /v1/models, GET /health, and vLLM's POST /tokenize and
+// POST /detokenize. A gateway onto the router's
 // Generation gRPC service through an in-process channel, so validation, API keys, rate limits,
 // tenant isolation, metrics and cancellation are the gRPC API's own. Thread-safe.
 class HttpServer {
@@ -57,6 +63,10 @@ class HttpServer {
  private:
   HttpServer() = default;
   std::vector<HttpRoute> Routes();
+  // vLLM's POST /tokenize (a prompt, or chat messages rendered by the template) and POST
+  // /detokenize.
+  void Tokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res);
+  void Detokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res);
 
   HttpServerOptions options_;
   std::unique_ptr<v1::Generation::Stub> stub_;
