@@ -41,6 +41,9 @@ void HttpFlags::Register(FlagSet* f) {
   f->String("tool-call-parser", &tool_call_parser,
             "how tool calls are read from outputs: auto (from the chat template), hermes, "
             "llama3_json, pythonic, mistral, phi4_mini_json, deepseek_v3, deepseek_v31, json");
+  f->Bool("enable-auto-tool-choice", &enable_auto_tool_choice,
+          "the model decides when to call tools (tool_choice auto, OpenAI's default with tools); "
+          "--no-enable-auto-tool-choice refuses it as vLLM does without the flag");
   f->String("reasoning-parser", &reasoning_parser,
             "how reasoning is separated into reasoning_content: auto (on where the chat "
             "template writes <think>), deepseek_r1, qwen3, mistral, none");
@@ -128,6 +131,7 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
     o.reasoning_parser = *p;
   }
   o.constrain_reasoning = flags.structured_outputs_enable_in_reasoning;
+  o.auto_tool_choice = flags.enable_auto_tool_choice;
   const std::string& host = server_options.host;
   o.transport = t;
   o.transport.host = host;

@@ -27,6 +27,8 @@ struct HttpFlags {
   std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
   // vLLM's names (router/http/tool_parsers.h, reasoning_parser.h); "auto": from the template.
   std::string tool_call_parser = "auto";
+  // vLLM's --enable-auto-tool-choice; on by default here (off: tool_choice "auto" is a 400).
+  bool enable_auto_tool_choice = true;
   std::string reasoning_parser = "auto";
   // vLLM's structured_outputs_config.enable_in_reasoning: constraints cover the reasoning too.
   bool structured_outputs_enable_in_reasoning = false;

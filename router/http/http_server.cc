@@ -188,6 +188,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   s->context_.tool_parser = options.tool_parser;
   s->context_.reasoning_parser = options.reasoning_parser;
   s->context_.constrain_reasoning = options.constrain_reasoning;
+  s->context_.auto_tool_choice = options.auto_tool_choice;
   // The transport's own refusals (404, 405, 413, 431, malformed) in the API's error shape.
   auto error_page = [](int status, const std::string& message) {
     const absl::StatusCode code = status == 404   ? absl::StatusCode::kNotFound

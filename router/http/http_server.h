@@ -39,6 +39,7 @@ struct HttpServerOptions {
   ToolCallParser tool_parser = ToolCallParser::kJson;
   ReasoningParser reasoning_parser = ReasoningParser::kNone;
   bool constrain_reasoning = false;
+  bool auto_tool_choice = true;  // tool_choice "auto" allowed (--enable-auto-tool-choice)
 };
 
 // The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,

@@ -309,6 +309,10 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
     auto tools = ParseToolOptions(body);
     if (!tools.ok()) return tools.status();
     out.tools = std::move(*tools);
+    if (out.tools.choice == ToolCallOptions::Choice::kAuto && !context.auto_tool_choice) {
+      return Invalid("tool_choice",
+                     "\"auto\" tool choice requires --enable-auto-tool-choice on the server");
+    }
     // Constrained calls follow the family's format; call ids the shape its template checks.
     out.tools.format = ToolCallFormatOf(context.tool_parser);
     if (context.chat_template != nullptr) {

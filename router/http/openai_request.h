@@ -70,6 +70,8 @@ struct OpenAiContext {
   ReasoningParser reasoning_parser = ReasoningParser::kNone;
   // --structured-outputs-enable-in-reasoning: constraints cover the reasoning block too.
   bool constrain_reasoning = false;
+  // --enable-auto-tool-choice: tool_choice "auto" (explicit or OpenAI's default with tools).
+  bool auto_tool_choice = true;
 };
 
 // INVALID_ARGUMENT naming the parameter ("temperature: must be a number") for a body OpenAI's

@@ -157,6 +157,18 @@ TEST_F(ChatRequestTest, ReasoningFollowsTheTemplatesSwitch) {
   EXPECT_TRUE(whole->generate.sampling().constraint().json_object());
 }
 
+TEST_F(ChatRequestTest, AutoToolChoiceCanBeTurnedOff) {
+  const std::string body =
+      std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "tools": )") + kTools;
+  EXPECT_TRUE(Chat(body + "}").ok());
+  context_.auto_tool_choice = false;
+  auto r = Chat(body + "}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("--enable-auto-tool-choice"), std::string::npos);
+  EXPECT_TRUE(Chat(body + R"(, "tool_choice": "required"})").ok());
+  EXPECT_TRUE(Chat(body + R"(, "tool_choice": "none"})").ok());
+}
+
 TEST_F(ChatRequestTest, OrderedParsingIsBounded) {
   std::string many = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logit_bias\": {";
   for (int i = 0; i < 5000; ++i) many += (i ? ", \"" : "\"") + std::to_string(i) + "\": 0";
