@@ -269,6 +269,7 @@ std::vector<HttpRoute> HttpServer::Routes() {
       ro.tokenizer = context_.tokenizer;
       ro.chat = converted->chat;
       ro.return_token_ids = converted->return_token_ids;
+      ro.drop_eos_text = converted->drop_eos_text;
       x->responder = std::make_unique<OpenAiResponder>(ro);
       x->stream_mode = converted->stream;
       x->include_usage = converted->include_usage;

@@ -380,6 +380,13 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
   for (const auto& t : out.tools.tools) chat.tool_names.push_back(t.name);
   if (out.tools.choice == ToolCallOptions::Choice::kNamed) chat.named = out.tools.named;
   chat.short_ids = out.tools.short_ids;
+  v1::SamplingParams* sampling = out.generate.mutable_sampling();
+  if (chat.tools && chat.parser == ToolCallParser::kMistral &&
+      !sampling->has_skip_special_tokens()) {
+    // Mistral's call markers are special tokens: keep them in the text, as vLLM does.
+    sampling->set_skip_special_tokens(false);
+    out.drop_eos_text = true;
+  }
   if (!context.constrain_reasoning) {
     RETURN_IF_ERROR(ConstrainAnswerOnly(chat.reasoning, chat.start,
                                         out.generate.mutable_sampling()->mutable_constraint()));

@@ -56,6 +56,9 @@ struct OpenAiRequest {
   // responder's to set).
   ChatOutputOptions chat;
   bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids
+  // Decoded with special tokens (the Mistral parser needs [TOOL_CALLS], [CALL_ID], [ARGS], as
+  // vLLM's does): the end-of-sequence token's text is dropped from the output.
+  bool drop_eos_text = false;
 };
 
 // Context of the conversion: the tokenizer (its BOS/EOS tokens for the template, and to tokenize

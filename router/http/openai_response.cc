@@ -156,6 +156,20 @@ void OpenAiResponder::NotePrompt(const v1::GenerateResponse& m) {
   }
 }
 
+std::string OpenAiResponder::ChunkText(const v1::TokenChunk& chunk) const {
+  std::string text = chunk.text();
+  if (!options_.drop_eos_text || options_.tokenizer == nullptr || chunk.token_ids_size() == 0 ||
+      !options_.tokenizer->eos_id().has_value() ||
+      chunk.token_ids(chunk.token_ids_size() - 1) != *options_.tokenizer->eos_id()) {
+    return text;
+  }
+  const std::string_view eos = options_.tokenizer->IdToToken(*options_.tokenizer->eos_id());
+  if (text.size() >= eos.size() && text.compare(text.size() - eos.size(), eos.size(), eos) == 0) {
+    text.resize(text.size() - eos.size());
+  }
+  return text;
+}
+
 ChatOutputOptions OpenAiResponder::ChatOptions(int32_t index) const {
   ChatOutputOptions o = options_.chat;
   o.id_base = absl::StrCat(options_.id, "_", index);
@@ -215,7 +229,7 @@ std::vector<Json> OpenAiResponder::StreamChunks(const v1::GenerateResponse& m) {
     if (chat) {
       if (ch.output == nullptr)
         ch.output = std::make_unique<ChatOutput>(ChatOptions(chunk.index()));
-      const ChatDelta d = ch.output->Feed(chunk.text());
+      const ChatDelta d = ch.output->Feed(ChunkText(chunk));
       // Text held back (a tag or call forming) sends nothing yet, unless logprobs or token
       // ids must go out with their tokens.
       if (d.empty() && ch.started && lp.is_null() && !options_.return_token_ids) return out;
@@ -271,7 +285,7 @@ void OpenAiResponder::Accumulate(const v1::GenerateResponse& m) {
   NotePrompt(m);
   if (m.has_chunk()) {
     Choice& ch = choice(m.chunk().index());
-    ch.text += m.chunk().text();
+    ch.text += ChunkText(m.chunk());
     if (options_.return_token_ids) {
       ch.token_ids.insert(ch.token_ids.end(), m.chunk().token_ids().begin(),
                           m.chunk().token_ids().end());

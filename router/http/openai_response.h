@@ -37,6 +37,8 @@ struct OpenAiResponderOptions {
   // (chat_output.h; id_base is set per choice here).
   ChatOutputOptions chat;
   bool return_token_ids = false;  // prompt_token_ids and each choice's token_ids (vLLM)
+  // Text decoded with special tokens: the end-of-sequence token's text is dropped.
+  bool drop_eos_text = false;
 };
 
 // Not thread-safe; one per request.
@@ -79,6 +81,8 @@ class OpenAiResponder {
   // The text `id` adds after `prev` (< 0: none).
   std::string TokenText(int32_t prev, int32_t id) const;
   void NotePrompt(const v1::GenerateResponse& message);
+  // A chunk's text, without the end-of-sequence token's text when drop_eos_text.
+  std::string ChunkText(const v1::TokenChunk& chunk) const;
   void NoteFinal(const v1::GenerateFinal& final);
 
   OpenAiResponderOptions options_;

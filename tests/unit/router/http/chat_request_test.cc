@@ -279,6 +279,37 @@ TEST_F(ChatRequestTest, ResponderSeparatesReasoningAndStreamsCallsAsTheyForm) {
   EXPECT_EQ(chunks.back()["choices"][0]["finish_reason"], "tool_calls");
 }
 
+TEST_F(ChatRequestTest, MistralKeepsItsSpecialMarkersAndDropsTheEnd) {
+  Use("mistralai-Mistral-Nemo-Instruct-2407");
+  EXPECT_EQ(context_.tool_parser, ToolCallParser::kMistral);
+  auto req = Chat(std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "tools": )") +
+                  kTools + "}");
+  ASSERT_TRUE(req.ok()) << req.status();
+  EXPECT_FALSE(req->generate.sampling().skip_special_tokens());
+  EXPECT_TRUE(req->drop_eos_text);
+  auto chosen = Chat(std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "tools": )") +
+                     kTools + R"(, "skip_special_tokens": true})");
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_TRUE(chosen->generate.sampling().skip_special_tokens()) << "the client's choice stays";
+  OpenAiResponderOptions o;
+  o.endpoint = OpenAiEndpoint::kChatCompletions;
+  o.id = "chatcmpl-m";
+  o.chat = req->chat;
+  o.tokenizer = tokenizer_.get();
+  o.drop_eos_text = true;
+  OpenAiResponder r(o);
+  const int32_t eos = *tokenizer_->eos_id();
+  r.Accumulate(Tokens(0, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Nice\"}", {5, 6}));
+  r.Accumulate(Tokens(0, std::string(tokenizer_->IdToToken(eos)), {eos}));
+  r.Accumulate(Final(0));
+  const Json done = r.Complete();
+  const Json& msg = done["choices"][0]["message"];
+  ASSERT_EQ(msg["tool_calls"].size(), 1u) << done.dump();
+  EXPECT_EQ(msg["tool_calls"][0]["function"]["arguments"], R"({"city": "Nice"})");
+  EXPECT_EQ(msg["tool_calls"][0]["id"].get<std::string>().size(), 9u) << "Mistral's id shape";
+  EXPECT_TRUE(msg["content"].is_null()) << done.dump();
+}
+
 TEST_F(ChatRequestTest, MalformedCallsComeBackAsContent) {
   auto req = Chat(std::string(R"({"messages": [{"role": "user", "content": "Hi"}], "tools": )") +
                   kTools + "}");
