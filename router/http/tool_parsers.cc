@@ -255,9 +255,8 @@ ToolCallParse ParseMistral(Ctx& c) {
   if (start == std::string_view::npos) {
     // Decoded without special tokens, v0.3's marker is gone: a leading array of calls.
     const size_t first = SkipJsonSpace(s, 0);
-    if (first < s.size() && s[first] == '[' &&
-        (first + 1 >= s.size() || s[SkipJsonSpace(s, first + 1)] == '{' ||
-         SkipJsonSpace(s, first + 1) >= s.size())) {
+    const size_t second = first < s.size() ? SkipJsonSpace(s, first + 1) : s.size();
+    if (first < s.size() && s[first] == '[' && (second >= s.size() || s[second] == '{')) {
       size_t end = 0;
       const Region r = c.JsonCallArray(first, &end);
       if (r != Region::kError || !c.final) return c.Finish(r, end);
