@@ -189,11 +189,8 @@ void AccessControl::Expire(Usage& u, absl::Time now) const {
   }
 }
 
-absl::Status AccessControl::Admit(const Tenant& tenant, int64_t prompt_tokens) {
-  const absl::Time now = absl::Now();
+absl::Status AccessControl::RefusalLocked(const Tenant& tenant, Usage& u, absl::Time now) const {
   const TenantLimits& l = tenant.limits;
-  std::lock_guard<std::mutex> lock(mu_);
-  Usage& u = usage_[tenant.name];
   Expire(u, now);
   if (l.max_streams > 0 && u.streams >= l.max_streams) {
     return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant.name, "': ", l.max_streams,
@@ -210,6 +207,21 @@ absl::Status AccessControl::Admit(const Tenant& tenant, int64_t prompt_tokens) {
                                                      l.tokens_per_minute,
                                                      " tokens per minute reached"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status AccessControl::CheckLimits(const Tenant& tenant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = usage_.find(tenant.name);
+  if (it == usage_.end()) return absl::OkStatus();
+  return RefusalLocked(tenant, it->second, absl::Now());
+}
+
+absl::Status AccessControl::Admit(const Tenant& tenant, int64_t prompt_tokens) {
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  Usage& u = usage_[tenant.name];
+  if (absl::Status refused = RefusalLocked(tenant, u, now); !refused.ok()) return refused;
   ++u.streams;
   u.requests.push_back(now);
   u.tokens.emplace_back(now, prompt_tokens);

@@ -72,6 +72,10 @@ class AccessControl {
   absl::StatusOr<std::shared_ptr<const Tenant>> AuthenticateHeader(
       const std::string& authorization, ApiScope scope = kScopeGenerate) const;
 
+  // RESOURCE_EXHAUSTED naming the limit when the tenant is already at one, without counting a
+  // request: checked before any of a request's body is parsed, rendered or tokenized, so a
+  // tenant past its limits costs the server no body work.
+  absl::Status CheckLimits(const Tenant& tenant);
   // Admits a request of `prompt_tokens` (RESOURCE_EXHAUSTED naming the limit otherwise); every
   // admitted request ends with one Release.
   absl::Status Admit(const Tenant& tenant, int64_t prompt_tokens);
@@ -89,6 +93,8 @@ class AccessControl {
   };
   explicit AccessControl(std::string path) : path_(std::move(path)) {}
   void Expire(Usage& u, absl::Time now) const;
+  // Why a request of `tenant` is refused now (OK: admitted). Requires mu_.
+  absl::Status RefusalLocked(const Tenant& tenant, Usage& u, absl::Time now) const;
 
   const std::string path_;
   mutable std::mutex mu_;

@@ -30,6 +30,11 @@ GenerateCall::GenerateCall(GenerationService* service, grpc::CallbackServerConte
       arrival_(absl::Now()),
       hooks_(service->NewRequestHooks(arrival_)) {}
 
+const std::string& GenerateCall::TenantName() const {
+  static const std::string kNoTenant;
+  return tenant_ != nullptr ? tenant_->name : kNoTenant;
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
     GenerationService* service, grpc::CallbackServerContext* context,
     const grpc::ByteBuffer* raw_request) {
@@ -41,6 +46,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
   grpc::Status st = service->draining()
                         ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "server is shutting down")
                         : service->CheckAccess(context, &call->tenant_);
+  // The key and the tenant's limits come before any work on the body (parsing, tokenizing).
+  if (st.ok() && call->tenant_ != nullptr) {
+    const absl::Status limits = service->access_control()->CheckLimits(*call->tenant_);
+    if (!limits.ok()) {
+      st =
+          grpc::Status(static_cast<grpc::StatusCode>(limits.code()), std::string(limits.message()));
+    }
+  }
   if (st.ok()) st = ParseGenerateRequest(*raw_request, &request);
   if (st.ok()) st = call->Prepare(request, &decode);
   if (st.ok() && call->tenant_ != nullptr) {
@@ -60,6 +73,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
       LogMessage(LogLevel::kInfo, __FILE__, __LINE__)
               .Field("event", "received")
               .Field("request_id", call->request_id_)
+              .Field("worker_request_id", call->worker_id_)
               .Field("tenant", call->tenant_ != nullptr ? call->tenant_->name : "")
               .Field("prompt_tokens", absl::StrCat(call->prompt_ids_.size()))
               .Field("n", absl::StrCat(decode.n()))
@@ -129,12 +143,19 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   }
   if (prompt_ids_.empty()) return Invalid("prompt: tokenizes to no tokens");
 
-  request_id_ = r.request_id().empty() ? service_->NextRequestId() : r.request_id();
-  if (!service_->ClaimRequestId(request_id_)) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                        absl::StrCat("request_id: '", request_id_, "' is already running"));
+  // The workers know the call by a fresh random id of its own: a client-chosen id is unique
+  // only within its tenant.
+  worker_id_ = GenerationService::NewRequestId();
+  if (r.request_id().empty()) {
+    request_id_ = worker_id_;
+  } else {
+    request_id_ = r.request_id();
+    if (!service_->ClaimRequestId(TenantName(), request_id_)) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrCat("request_id: '", request_id_, "' is already running"));
+    }
+    id_claimed_ = true;
   }
-  id_claimed_ = true;
   echo_prompt_ids_ = r.echo_prompt_ids();
   skip_special_tokens_ = s.has_skip_special_tokens() ? s.skip_special_tokens() : true;
   samples_.resize(n);
@@ -148,7 +169,7 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   }
   samples_open_ = n;
 
-  decode->set_request_id(request_id_);
+  decode->set_request_id(worker_id_);
   decode->mutable_prompt_token_ids()->Assign(prompt_ids_.begin(), prompt_ids_.end());
   *decode->mutable_sampling() = s;
   decode->set_n(n);
@@ -206,7 +227,7 @@ void GenerateCall::HandleTokens(const v1::SampleTokens& t) {
   }
   if (sample.stop->stopped()) {
     sample.stopped_by_string = true;
-    service_->client().Cancel(request_id_, t.index());
+    service_->client().Cancel(worker_id_, t.index());
   }
   Enqueue(lock, std::move(out));
 }
@@ -216,7 +237,7 @@ void GenerateCall::HandleFinal(const v1::SampleFinal& f) {
   if (finish_status_.has_value()) return;
   if (f.finish_reason() == v1::FINISH_REASON_ERROR) {
     // A rejected request or a failed sample ends the whole stream with the worker's status.
-    if (samples_open_ > 1) service_->client().Cancel(request_id_, -1);
+    if (samples_open_ > 1) service_->client().Cancel(worker_id_, -1);
     const int code = f.error_code() != 0 ? f.error_code() : grpc::StatusCode::INTERNAL;
     last_finish_reason_ = "error";
     FinishCall(lock, grpc::Status(static_cast<grpc::StatusCode>(code), f.error_message()));
@@ -295,6 +316,7 @@ void GenerateCall::SetFinishStatusLocked(grpc::Status status) {
     LogMessage log(level, __FILE__, __LINE__);
     log.Field("event", "finished")
         .Field("request_id", request_id_)
+        .Field("worker_request_id", worker_id_)
         .Field("outcome", RequestOutcomeName(outcome))
         .Field("finish_reason", last_finish_reason_.empty() ? "none" : last_finish_reason_)
         .Field("code", absl::StrCat(static_cast<int>(status.error_code())))
@@ -320,7 +342,7 @@ void GenerateCall::OnWriteDone(bool ok) {
   if (!ok) {
     // The client went away: stop generating and end the call.
     writes_.Clear();
-    if (samples_open_ > 0) service_->client().Cancel(request_id_, -1);
+    if (samples_open_ > 0) service_->client().Cancel(worker_id_, -1);
     SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   PumpLocked(lock);
@@ -328,7 +350,7 @@ void GenerateCall::OnWriteDone(bool ok) {
 
 void GenerateCall::OnCancel() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (samples_open_ > 0 && !request_id_.empty()) service_->client().Cancel(request_id_, -1);
+  if (samples_open_ > 0 && !worker_id_.empty()) service_->client().Cancel(worker_id_, -1);
   writes_.Clear();
   SetFinishStatusLocked(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   PumpLocked(lock);
@@ -340,7 +362,7 @@ void GenerateCall::OnDone() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     self.swap(self_);
-    if (id_claimed_) service_->ReleaseRequestId(request_id_);
+    if (id_claimed_) service_->ReleaseRequestId(TenantName(), request_id_);
     id_claimed_ = false;
   }
   // `self` goes out of scope here; worker callbacks may still hold references and will find

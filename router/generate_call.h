@@ -54,7 +54,11 @@ class GenerateCall : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   GenerationService* service_;
   grpc::CallbackServerContext* context_;
-  std::string request_id_;
+  // The tenant's name, "" without API keys: the namespace of client-chosen request ids.
+  const std::string& TenantName() const;
+
+  std::string request_id_;   // the client's (or, when it chose none, worker_id_)
+  std::string worker_id_;    // what the workers know the call by: random, unique per call
   bool id_claimed_ = false;  // request_id_ is claimed in the service until OnDone
   std::vector<int32_t> prompt_ids_;
   bool echo_prompt_ids_ = false;

@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<GenerationFront>> GenerationFront::Start(
   TLOG(INFO) << label << " serving on " << server.host << ":" << f->server_.port;
   auto api = HttpApi::Start(http, server, f->server_.server.get(), tokenizer,
                             generation->options().model_name, generation->options().max_model_len,
-                            generation->http_hooks());
+                            generation->http_hooks(), generation->access_control());
   if (!api.ok()) return api.status();
   f->http_ = std::move(api).value();
   return f;

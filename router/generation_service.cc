@@ -1,10 +1,8 @@
 #include "router/generation_service.h"
 
-#include <chrono>
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "router/generate_call.h"
+#include "router/http/request_id.h"
 #include "router/request_decoding.h"
 
 namespace tandem {
@@ -12,17 +10,9 @@ namespace tandem {
 GenerationService::GenerationService(const GenerationServiceOptions& options,
                                      const Tokenizer* tokenizer, InferenceClient* client,
                                      RequestHooksFactory* hooks)
-    : options_(options), tokenizer_(tokenizer), client_(client), hooks_(hooks) {
-  id_prefix_ = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count()) &
-               0xffffffffffull;
-}
+    : options_(options), tokenizer_(tokenizer), client_(client), hooks_(hooks) {}
 
-std::string GenerationService::NextRequestId() {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "req-%010llx-%llu", static_cast<unsigned long long>(id_prefix_),
-                static_cast<unsigned long long>(next_id_.fetch_add(1)));
-  return buf;
-}
+std::string GenerationService::NewRequestId() { return RandomRequestId("req-"); }
 
 grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* context,
                                             std::shared_ptr<const Tenant>* tenant) const {
@@ -38,14 +28,14 @@ grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* c
   return grpc::Status::OK;
 }
 
-bool GenerationService::ClaimRequestId(const std::string& id) {
+bool GenerationService::ClaimRequestId(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(ids_mu_);
-  return active_ids_.insert(id).second;
+  return active_ids_.emplace(tenant, id).second;
 }
 
-void GenerationService::ReleaseRequestId(const std::string& id) {
+void GenerationService::ReleaseRequestId(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(ids_mu_);
-  active_ids_.erase(id);
+  active_ids_.erase(std::make_pair(tenant, id));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
 
 #include "common/metrics/request_hooks.h"
 #include "common/tokenizer/tokenizer.h"
@@ -58,12 +60,17 @@ class GenerationService final : public GenerationServiceBase {
   const GenerationServiceOptions& options() const { return options_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   InferenceClient& client() { return *client_; }
-  std::string NextRequestId();
-  // Request ids of the calls in flight: a call claims its id before it reaches the client and
-  // releases it when it ends, so a second call with the same id is refused (ALREADY_EXISTS) here
-  // and never reaches, nor cancels, the request that owns the id.
-  bool ClaimRequestId(const std::string& id);
-  void ReleaseRequestId(const std::string& id);
+  // A fresh unpredictable id ("req-" and 128 random bits): the id of a call that names none,
+  // and the id every call is known by on the workers (router/http/request_id.h).
+  static std::string NewRequestId();
+  // Client-chosen request ids of the calls in flight, scoped by tenant ("" without API keys):
+  // a call claims (tenant, id) before it reaches the client and releases it when it ends, so a
+  // second call of the same tenant with the same id is refused (ALREADY_EXISTS) here and never
+  // reaches, nor cancels, the request that owns the id. Another tenant's ids are invisible: the
+  // same id is free for each tenant, and workers never see client ids (each call sends its own
+  // NewRequestId), so no tenant can detect, squat or cancel another's request by its id.
+  bool ClaimRequestId(const std::string& tenant, const std::string& id);
+  void ReleaseRequestId(const std::string& tenant, const std::string& id);
   // Hooks for a call that arrived at `arrival`, or null without a factory.
   std::unique_ptr<RequestHooks> NewRequestHooks(absl::Time arrival) {
     return hooks_ != nullptr ? hooks_->NewRequest(arrival) : nullptr;
@@ -87,10 +94,8 @@ class GenerationService final : public GenerationServiceBase {
   AccessControl* access_ = nullptr;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
-  std::atomic<uint64_t> next_id_{1};
-  uint64_t id_prefix_;
   std::mutex ids_mu_;
-  std::unordered_set<std::string> active_ids_;
+  absl::flat_hash_set<std::pair<std::string, std::string>> active_ids_;  // (tenant, client id)
 };
 
 }  // namespace tandem

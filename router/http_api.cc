@@ -38,6 +38,18 @@ void HttpFlags::Register(FlagSet* f) {
            "requests served on one kept-alive HTTP connection before it is closed");
   f->String("chat-template", &chat_template,
             "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
+  f->String("tool-call-parser", &tool_call_parser,
+            "how tool calls are read from outputs: auto (from the chat template), hermes, "
+            "llama3_json, pythonic, mistral, phi4_mini_json, deepseek_v3, deepseek_v31, json");
+  f->Bool("enable-auto-tool-choice", &enable_auto_tool_choice,
+          "the model decides when to call tools (tool_choice auto, OpenAI's default with tools); "
+          "--no-enable-auto-tool-choice refuses it as vLLM does without the flag");
+  f->String("reasoning-parser", &reasoning_parser,
+            "how reasoning is separated into reasoning_content: auto (on where the chat "
+            "template writes <think>), deepseek_r1, qwen3, mistral, none");
+  f->Bool("structured-outputs-enable-in-reasoning", &structured_outputs_enable_in_reasoning,
+          "output constraints (response_format, guided_*, tool_choice) cover the reasoning "
+          "block too (default: the answer after it only)");
 }
 
 void ApiKeyFlags::Register(FlagSet* f) {
@@ -80,12 +92,10 @@ ApiKeys::~ApiKeys() {
   if (reloader_.joinable()) reloader_.join();
 }
 
-absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
-                                                        const ServerOptions& server_options,
-                                                        grpc::Server* grpc_server,
-                                                        const Tokenizer* tokenizer,
-                                                        const std::string& model_name,
-                                                        int32_t max_model_len, HttpHooks* hooks) {
+absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(
+    const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
+    const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len,
+    HttpHooks* hooks, AccessControl* access) {
   if (flags.port < 0) return std::unique_ptr<HttpApi>();
   const HttpTransportOptions& t = flags.transport;
   if (t.max_body_bytes < 1024 || t.handler_threads < 1 || t.io_threads < 1 ||
@@ -108,6 +118,20 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
   }
   api->chat_template_ = std::move(parsed).value();
   HttpServerOptions o;
+  o.tool_parser = ToolCallParserOfTemplate(choice->source);
+  if (flags.tool_call_parser != "auto") {
+    auto p = ToolCallParserByName(flags.tool_call_parser);
+    if (!p.ok()) return p.status();
+    o.tool_parser = *p;
+  }
+  o.reasoning_parser = ReasoningParserOfTemplate(choice->source);
+  if (flags.reasoning_parser != "auto") {
+    auto p = ReasoningParserByName(flags.reasoning_parser);
+    if (!p.ok()) return p.status();
+    o.reasoning_parser = *p;
+  }
+  o.constrain_reasoning = flags.structured_outputs_enable_in_reasoning;
+  o.auto_tool_choice = flags.enable_auto_tool_choice;
   const std::string& host = server_options.host;
   o.transport = t;
   o.transport.host = host;
@@ -118,6 +142,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
   o.transport.tls_cert = server_options.tls.cert;
   o.transport.tls_key = server_options.tls.key;
   if (server_options.tls.client_auth) o.transport.tls_client_ca = server_options.tls.ca;
+  if (access != nullptr) {
+    o.authorize = [access](const std::string& authorization, bool limits) -> absl::Status {
+      auto tenant = access->AuthenticateHeader(authorization);
+      if (!tenant.ok()) return tenant.status();
+      return limits ? access->CheckLimits(**tenant) : absl::OkStatus();
+    };
+  }
   auto server = HttpServer::Start(o, grpc_server->InProcessChannel(grpc::ChannelArguments()),
                                   tokenizer, api->chat_template_.get());
   if (!server.ok()) return server.status();
@@ -127,7 +158,9 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(const HttpFlags& flags,
   }
   TLOG(INFO) << "OpenAI-compatible HTTP API on " << host << ":" << api->server_->port() << " ("
              << (server_options.tls.cert.empty() ? "http" : "https")
-             << ", chat template: " << choice->origin << ")";
+             << ", chat template: " << choice->origin
+             << ", tool-call parser: " << ToolCallParserName(o.tool_parser)
+             << ", reasoning parser: " << ReasoningParserName(o.reasoning_parser) << ")";
   return api;
 }
 

@@ -25,6 +25,13 @@ struct HttpFlags {
   // The transport's limits; flags read their defaults from here.
   HttpTransportOptions transport;
   std::string chat_template;  // llama-2, llama-3, chatml or a file; default: the tokenizer's
+  // vLLM's names (router/http/tool_parsers.h, reasoning_parser.h); "auto": from the template.
+  std::string tool_call_parser = "auto";
+  // vLLM's --enable-auto-tool-choice; on by default here (off: tool_choice "auto" is a 400).
+  bool enable_auto_tool_choice = true;
+  std::string reasoning_parser = "auto";
+  // vLLM's structured_outputs_config.enable_in_reasoning: constraints cover the reasoning too.
+  bool structured_outputs_enable_in_reasoning = false;
 
   void Register(FlagSet* flags);
 };
@@ -55,11 +62,12 @@ class ApiKeys {
 // The HTTP API of a process serving the Generation service on `grpc_server`.
 class HttpApi {
  public:
-  // Null (and OK) when --http-port is off.
+  // Null (and OK) when --http-port is off. `access` (null: open access; must outlive the API):
+  // the API keys, checked on a request's headers before its body is read.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(
       const HttpFlags& flags, const ServerOptions& server_options, grpc::Server* grpc_server,
       const Tokenizer* tokenizer, const std::string& model_name, int32_t max_model_len,
-      HttpHooks* hooks = nullptr);
+      HttpHooks* hooks = nullptr, AccessControl* access = nullptr);
   int port() const { return server_->port(); }
   void Stop() { server_->Stop(); }
 

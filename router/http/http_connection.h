@@ -62,6 +62,8 @@ class HttpConnectionHost {
   // Routes the request: runs its handler on the handler pool, or answers 404/405 itself via
   // the responder.
   virtual void Dispatch(HttpRequest request, std::shared_ptr<HttpResponder> responder) = 0;
+  // Asks the route's admission about a request whose headers are in (its body is unread).
+  virtual std::optional<HttpRefusal> Admit(const HttpRequest& head) = 0;
   virtual std::string ErrorPage(int status, const std::string& message) = 0;
   virtual HttpResponder::Poster PosterFor(net::any_io_executor strand) = 0;
   // The connection from `client` ended (counts for the limits).
@@ -244,6 +246,10 @@ class HttpConnection : public HttpConnectionBase {
     if (std::distance(req.begin(), req.end()) > options_.max_headers) {
       return Refuse(431, "too many request headers", "too_many_headers");
     }
+    // The route's admission (the API key) before a byte of the body is read.
+    if (std::optional<HttpRefusal> refused = host_->Admit(RequestHead(req)); refused.has_value()) {
+      return Refuse(refused->status, refused->message, refused->reason.c_str());
+    }
     body_deadline_base_ = Deadline(options_.body_timeout_s);
     if (!parser_->is_done() && beast::iequals(req[bhttp::field::expect], "100-continue")) {
       static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -280,6 +286,14 @@ class HttpConnection : public HttpConnectionBase {
     answering_ = shared_from_this();
     keep_alive_ = req.keep_alive() && served_ < options_.max_requests_per_connection;
     chunked_ = req.version() >= 11;
+    HttpRequest r = RequestHead(req);
+    r.body = std::move(req.body());
+    host_->Dispatch(std::move(r), std::make_shared<HttpResponder>(weak_from_this(), serial_,
+                                                                  host_->PosterFor(strand_)));
+  }
+
+  // The request line and headers of `req` (no body).
+  HttpRequest RequestHead(const bhttp::request<bhttp::string_body>& req) const {
     HttpRequest r;
     r.method = std::string(req.method_string());
     const std::string target(req.target());
@@ -288,9 +302,7 @@ class HttpConnection : public HttpConnectionBase {
     for (const auto& field : req) {
       r.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
     }
-    r.body = std::move(req.body());
-    host_->Dispatch(std::move(r), std::make_shared<HttpResponder>(weak_from_this(), serial_,
-                                                                  host_->PosterFor(strand_)));
+    return r;
   }
 
   // Answers a request the transport refuses, then closes (the rest of it is not read).

@@ -1,18 +1,19 @@
 #include "router/http/http_server.h"
 
-#include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/rpc/callback_cq.h"
+#include "common/tokenizer/tokenizer.h"
 #include "router/http/generate_stream.h"
 #include "router/http/openai_response.h"
+#include "router/http/request_id.h"
 
 namespace tandem {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
@@ -34,8 +35,6 @@ int64_t UnixNow() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-std::atomic<uint64_t> next_http_id{1};
 
 // One generate response, on its connection's event loop (every method runs there): reads the
 // call's messages as they arrive and writes them out, committing the HTTP status when the first
@@ -130,6 +129,51 @@ struct Exchange {
 
 }  // namespace
 
+void HttpServer::Tokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res) {
+  auto body = ParseJsonBody(req.body, options_.limits);
+  if (!body.ok())
+    return SendError(*res, body.status().code(), std::string(body.status().message()));
+  auto text = TokenizeRequestText(*body, context_);
+  if (!text.ok())
+    return SendError(*res, text.status().code(), std::string(text.status().message()));
+  // The Generation service tokenizes: the same key, model and size checks as every call.
+  grpc::ClientContext ctx;
+  for (const auto& [k, v] : ForwardedMetadata(req)) ctx.AddMetadata(k, v);
+  v1::TokenizeRequest t;
+  t.set_model(text->model);
+  t.set_text(text->text);
+  t.set_add_special_tokens(text->add_special_tokens);
+  v1::TokenizeResponse tokens;
+  const grpc::Status st = stub_->Tokenize(&ctx, t, &tokens);
+  if (!st.ok()) {
+    return SendError(*res, static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+  }
+  Json out = {
+      {"count", tokens.token_ids_size()},
+      {"max_model_len", options_.max_model_len},
+      {"tokens", std::vector<int32_t>(tokens.token_ids().begin(), tokens.token_ids().end())}};
+  if (text->return_token_strs) {
+    out["token_strs"] = std::vector<std::string>(tokens.tokens().begin(), tokens.tokens().end());
+  }
+  res->Send(200, "application/json", Dump(out));
+}
+
+void HttpServer::Detokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res) {
+  auto body = ParseJsonBody(req.body, options_.limits);
+  if (!body.ok())
+    return SendError(*res, body.status().code(), std::string(body.status().message()));
+  auto ids = DetokenizeRequestIds(*body, context_);
+  if (!ids.ok()) return SendError(*res, ids.status().code(), std::string(ids.status().message()));
+  auto text = context_.tokenizer->Decode(*ids, /*skip_special_tokens=*/false);
+  if (!text.ok()) {
+    return SendError(*res, absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("tokens: ", text.status().message()));
+  }
+  Json out = Json::object();
+  out["prompt"] = *text;
+  res->Send(200, "application/json", Dump(out));
+}
+
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const HttpServerOptions& options, std::shared_ptr<grpc::Channel> channel,
     const Tokenizer* tokenizer, const ChatTemplate* chat_template) {
@@ -141,9 +185,16 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   s->context_.chat_template = chat_template;
   s->context_.max_model_len = options.max_model_len;
   s->context_.limits = options.limits;
+  s->context_.tool_parser = options.tool_parser;
+  s->context_.reasoning_parser = options.reasoning_parser;
+  s->context_.constrain_reasoning = options.constrain_reasoning;
+  s->context_.auto_tool_choice = options.auto_tool_choice;
   // The transport's own refusals (404, 405, 413, 431, malformed) in the API's error shape.
   auto error_page = [](int status, const std::string& message) {
     const absl::StatusCode code = status == 404   ? absl::StatusCode::kNotFound
+                                  : status == 401 ? absl::StatusCode::kUnauthenticated
+                                  : status == 403 ? absl::StatusCode::kPermissionDenied
+                                  : status == 429 ? absl::StatusCode::kResourceExhausted
                                   : status >= 500 ? absl::StatusCode::kInternal
                                                   : absl::StatusCode::kInvalidArgument;
     return Dump(MakeOpenAiError(code, message).body);
@@ -196,25 +247,29 @@ std::vector<HttpRoute> HttpServer::Routes() {
         return SendError(*res, converted.status().code(),
                          std::string(converted.status().message()));
       }
-      const uint64_t serial = next_http_id.fetch_add(1);
       const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
       v1::GenerateRequest& g = converted->generate;
-      if (converted->logprobs) g.set_echo_prompt_ids(true);  // token texts in context
-      if (g.request_id().empty()) g.set_request_id(absl::StrCat("http-", UnixNow(), "-", serial));
+      // Logprobs: token texts in context; return_token_ids: the prompt's ids.
+      if (converted->logprobs || converted->return_token_ids) g.set_echo_prompt_ids(true);
+      // Unpredictable (128 random bits): the completion's id is its request id, and no client
+      // may guess another's to squat it or to find it in logs.
+      if (g.request_id().empty()) g.set_request_id(RandomRequestId(chat ? "chatcmpl-" : "cmpl-"));
       if (!converted->user.empty()) {
         TLOG(INFO) << "http request " << g.request_id() << " for user '" << converted->user << "'";
       }
       auto x = std::make_shared<Exchange>();
       OpenAiResponderOptions ro;
       ro.endpoint = endpoint;
-      ro.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", g.request_id());
+      ro.id = g.request_id();
       ro.created = UnixNow();
       ro.model = g.model().empty() ? options_.model_name : g.model();
       ro.n = g.n() == 0 ? 1 : g.n();
       ro.logprobs = converted->logprobs;
       ro.include_usage = converted->include_usage;
       ro.tokenizer = context_.tokenizer;
-      ro.tools = converted->tools;
+      ro.chat = converted->chat;
+      ro.return_token_ids = converted->return_token_ids;
+      ro.drop_eos_text = converted->drop_eos_text;
       x->responder = std::make_unique<OpenAiResponder>(ro);
       x->stream_mode = converted->stream;
       x->include_usage = converted->include_usage;
@@ -237,8 +292,33 @@ std::vector<HttpRoute> HttpServer::Routes() {
       });
     };
   };
+  routes.push_back({"POST", "/tokenize",
+                    [this](const HttpRequest& req, auto res) { Tokenize(req, std::move(res)); }});
+  routes.push_back({"POST", "/detokenize",
+                    [this](const HttpRequest& req, auto res) { Detokenize(req, std::move(res)); }});
   routes.push_back({"POST", "/v1/completions", generate(OpenAiEndpoint::kCompletions)});
   routes.push_back({"POST", "/v1/chat/completions", generate(OpenAiEndpoint::kChatCompletions)});
+  if (options_.authorize) {
+    // Every API route checks the key on its headers: no body work for an unauthenticated client.
+    auto admission = [authorize = options_.authorize](const HttpRequest& head,
+                                                      bool limits) -> std::optional<HttpRefusal> {
+      const absl::Status st = authorize(head.get_header_value("Authorization"), limits);
+      if (st.ok()) return std::nullopt;
+      const absl::StatusCode code = st.code();
+      return HttpRefusal{MakeOpenAiError(code, std::string(st.message())).http_status,
+                         std::string(st.message()),
+                         code == absl::StatusCode::kResourceExhausted  ? "rate_limited"
+                         : code == absl::StatusCode::kPermissionDenied ? "permission_denied"
+                                                                       : "unauthenticated"};
+    };
+    for (HttpRoute& route : routes) {
+      if (route.path == "/health") continue;
+      const bool limits = route.method == "POST";  // generate routes
+      route.admission = [admission, limits](const HttpRequest& head) {
+        return admission(head, limits);
+      };
+    }
+  }
   return routes;
 }
 

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,10 +28,23 @@ struct HttpServerOptions {
   // body) goes out this often: that is how a client that went away is noticed and its request
   // cancelled.
   absl::Duration keepalive_interval = absl::Seconds(1);
+  // With API keys: checks a request's Authorization header (and, with `limits`, its tenant's
+  // limits: the generate routes) when its headers are in, before its body is read, parsed,
+  // rendered or tokenized. UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED refuse it
+  // (401, 403, 429) and close the connection. Empty: open access. The Generation service checks
+  // the key and the limits again for the call itself.
+  std::function<absl::Status(const std::string& authorization, bool limits)> authorize;
+  // Chat outputs: the family's tool-call and reasoning parsers, and whether constraints cover
+  // the reasoning block (OpenAiContext).
+  ToolCallParser tool_parser = ToolCallParser::kJson;
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
+  bool constrain_reasoning = false;
+  bool auto_tool_choice = true;  // tool_choice "auto" allowed (--enable-auto-tool-choice)
 };
 
 // The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,
-// POST /v1/chat/completions, GET /v1/models, GET /health. A gateway onto the router's
+// POST /v1/chat/completions, GET /v1/models, GET /health, and vLLM's POST /tokenize and
+// POST /detokenize. A gateway onto the router's
 // Generation gRPC service through an in-process channel, so validation, API keys, rate limits,
 // tenant isolation, metrics and cancellation are the gRPC API's own. Thread-safe.
 class HttpServer {
@@ -50,6 +64,10 @@ class HttpServer {
  private:
   HttpServer() = default;
   std::vector<HttpRoute> Routes();
+  // vLLM's POST /tokenize (a prompt, or chat messages rendered by the template) and POST
+  // /detokenize.
+  void Tokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res);
+  void Detokenize(const HttpRequest& req, std::shared_ptr<HttpResponder> res);
 
   HttpServerOptions options_;
   std::unique_ptr<v1::Generation::Stub> stub_;

@@ -214,6 +214,14 @@ class HttpTransport::Impl : public HttpConnectionHost {
     responder->Send(status, "application/json",
                     error_page_(status, path_known ? "method not allowed" : "no such endpoint"));
   }
+  std::optional<HttpRefusal> Admit(const HttpRequest& head) override {
+    for (const HttpRoute& route : routes_) {
+      if (route.path == head.path && route.method == head.method) {
+        return route.admission ? route.admission(head) : std::nullopt;
+      }
+    }
+    return std::nullopt;  // Dispatch answers 404 / 405
+  }
   void Released(const std::string& client) override {
     std::lock_guard<std::mutex> lock(mu_);
     --open_;

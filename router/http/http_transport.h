@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -101,10 +102,22 @@ class HttpResponder {
 using HttpErrorPage = std::function<std::string(int status, const std::string& message)>;
 using HttpHandler = std::function<void(const HttpRequest&, std::shared_ptr<HttpResponder>)>;
 
+// A request turned away on its headers alone: answered with `status` and the error page of
+// `message`, counted as rejected for `reason`, and the connection closed (its body never read).
+struct HttpRefusal {
+  int status = 401;
+  std::string message;
+  std::string reason;  // metrics label: unauthenticated, permission_denied, rate_limited
+};
+// Runs on the connection's event loop when a request's headers are in, before its body is read
+// (the HttpRequest has no body): an API key check, which must be quick and never block.
+using HttpAdmission = std::function<std::optional<HttpRefusal>(const HttpRequest& head)>;
+
 struct HttpRoute {
   std::string method;
   std::string path;
   HttpHandler handler;
+  HttpAdmission admission;  // may be empty: every request is read and handled
 };
 
 // The listener: accepts, enforces the limits, parses requests and runs their routes' handlers.

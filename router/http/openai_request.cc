@@ -1,24 +1,34 @@
 #include "router/http/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
+#include "router/http/answer_constraint.h"
 
 namespace tandem {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 absl::Status Invalid(const std::string& field, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
 }
 
-// Depth of the deepest array/object, scanning bytes outside strings; stops past `limit`.
-int32_t JsonDepth(std::string_view body, int32_t limit) {
-  int32_t depth = 0, max_depth = 0;
+// What a body's shape costs before it is parsed: the deepest nesting, and the keys of its
+// objects (counting a key at each ':' outside strings). Stops at the first bound crossed.
+struct JsonShape {
+  int32_t depth = 0;
+  int32_t most_keys = 0;
+  int64_t key_pairs = 0;  // sum over objects of 1 + 2 + ... + keys: ordered insertion's cost
+};
+JsonShape ScanJsonShape(std::string_view body, const OpenAiLimits& limits) {
+  JsonShape shape;
+  std::vector<int32_t> keys;  // per open container: its keys (-1 for an array)
   bool in_string = false, escaped = false;
   for (char c : body) {
     if (in_string) {
@@ -34,13 +44,19 @@ int32_t JsonDepth(std::string_view body, int32_t limit) {
     if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
+      keys.push_back(c == '{' ? 0 : -1);
+      shape.depth = std::max(shape.depth, static_cast<int32_t>(keys.size()));
+      if (shape.depth > limits.max_json_depth) return shape;
     } else if (c == ']' || c == '}') {
-      --depth;
+      if (!keys.empty()) keys.pop_back();
+    } else if (c == ':' && !keys.empty() && keys.back() >= 0) {
+      const int32_t k = ++keys.back();
+      shape.most_keys = std::max(shape.most_keys, k);
+      shape.key_pairs += k;
+      if (k > limits.max_object_keys || shape.key_pairs > limits.max_key_pairs) return shape;
     }
   }
-  return max_depth;
+  return shape;
 }
 
 // Optional number field: absent or null leaves `out` alone.
@@ -230,30 +246,21 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
   return absl::OkStatus();
 }
 
-// A message's content: a string, or a list of {"type": "text", "text": ...} parts.
-absl::StatusOr<std::string> MessageText(const Json& content, size_t index) {
-  const std::string field = absl::StrCat("messages[", index, "].content");
-  if (content.is_string()) return content.get<std::string>();
-  if (content.is_null()) return std::string();
-  if (!content.is_array()) return Invalid(field, "must be a string or a list of text parts");
-  std::string text;
-  for (const Json& part : content) {
-    if (!part.is_object() || part.value("type", Json()) != Json("text") || !part.contains("text") ||
-        !part["text"].is_string()) {
-      return Invalid(field, "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
-    }
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const OpenAiLimits& limits) {
+absl::StatusOr<Json> ParseJsonBody(std::string_view body, const OpenAiLimits& limits) {
   if (body.empty()) return absl::InvalidArgumentError("the request body is empty");
-  if (JsonDepth(body, limits.max_json_depth) > limits.max_json_depth) {
+  const JsonShape shape = ScanJsonShape(body, limits);
+  if (shape.depth > limits.max_json_depth) {
     return absl::InvalidArgumentError(
         absl::StrCat("the JSON body nests deeper than ", limits.max_json_depth, " levels"));
+  }
+  if (shape.most_keys > limits.max_object_keys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a JSON object in the body has more than ", limits.max_object_keys, " keys"));
+  }
+  if (shape.key_pairs > limits.max_key_pairs) {
+    return absl::InvalidArgumentError("the JSON body's objects have too many keys in all");
   }
   Json parsed;
   try {
@@ -265,123 +272,7 @@ absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const OpenAi
   return parsed;
 }
 
-absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
-                                             const OpenAiContext& context,
-                                             const nlohmann::json* tools,
-                                             const nlohmann::json* template_kwargs) {
-  if (template_kwargs != nullptr && !template_kwargs->is_null()) {
-    const Json& kw = *template_kwargs;
-    if (!kw.is_object()) {
-      return Invalid("chat_template_kwargs", "must be an object (template variable -> value)");
-    }
-    if (static_cast<int64_t>(kw.size()) > context.limits.max_template_kwargs) {
-      return Invalid("chat_template_kwargs",
-                     absl::StrCat("at most ", context.limits.max_template_kwargs, " keys"));
-    }
-    if (static_cast<int64_t>(kw.dump().size()) > context.limits.max_template_kwargs_bytes) {
-      return Invalid(
-          "chat_template_kwargs",
-          absl::StrCat("at most ", context.limits.max_template_kwargs_bytes, " bytes serialised"));
-    }
-    for (const char* reserved :
-         {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"}) {
-      if (kw.contains(reserved)) {
-        return Invalid(absl::StrCat("chat_template_kwargs.", reserved),
-                       "is set by the request itself");
-      }
-    }
-  }
-  if (!messages.is_array() || messages.empty()) {
-    return Invalid("messages", "must be a non-empty list");
-  }
-  if (static_cast<int64_t>(messages.size()) > context.limits.max_messages) {
-    return Invalid("messages", absl::StrCat("at most ", context.limits.max_messages));
-  }
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const Json& m = messages[i];
-    const std::string field = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return Invalid(field, "must be an object");
-    auto role = m.find("role");
-    if (role == m.end() || !role->is_string()) return Invalid(field + ".role", "must be a string");
-    const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool") {
-      return Invalid(field + ".role", absl::StrCat("unknown role '", r, "'"));
-    }
-    auto content = m.find("content");
-    auto calls = m.find("tool_calls");
-    const bool has_calls = r == "assistant" && calls != m.end() && !calls->is_null();
-    if (content == m.end() && !has_calls) return Invalid(field + ".content", "is required");
-    auto text =
-        content == m.end() ? absl::StatusOr<std::string>(std::string()) : MessageText(*content, i);
-    if (!text.ok()) return text.status();
-    nlohmann::ordered_json entry;
-    entry["role"] = r == "developer" ? "system" : r;
-    entry["content"] = *text;
-    if (has_calls) {
-      // Templates (Llama 3.1, Qwen2.5, Mistral) read function.name and function.arguments as an
-      // object, as Hugging Face's apply_chat_template expects.
-      if (!calls->is_array()) return Invalid(field + ".tool_calls", "must be a list");
-      nlohmann::ordered_json out_calls = nlohmann::ordered_json::array();
-      for (size_t k = 0; k < calls->size(); ++k) {
-        const Json& call = (*calls)[k];
-        const std::string cf = absl::StrCat(field, ".tool_calls[", k, "]");
-        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
-            !call["function"].value("name", Json()).is_string()) {
-          return Invalid(cf,
-                         "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
-                         "\"arguments\"}}");
-        }
-        nlohmann::ordered_json fn;
-        fn["name"] = call["function"]["name"];
-        Json args = call["function"].value("arguments", Json::object());
-        if (args.is_string()) {
-          Json parsed = Json::parse(args.get<std::string>(), nullptr, false);
-          if (parsed.is_discarded()) return Invalid(cf + ".function.arguments", "is not JSON");
-          args = parsed;
-        }
-        fn["arguments"] = nlohmann::ordered_json::parse(args.dump());
-        nlohmann::ordered_json oc;
-        oc["id"] = call.value("id", std::string());
-        oc["type"] = "function";
-        oc["function"] = std::move(fn);
-        out_calls.push_back(std::move(oc));
-      }
-      entry["tool_calls"] = std::move(out_calls);
-    }
-    if (r == "tool") {
-      if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) {
-        entry["tool_call_id"] = *id;
-      }
-      if (auto name = m.find("name"); name != m.end() && name->is_string()) entry["name"] = *name;
-    }
-    list.push_back(std::move(entry));
-  }
-  nlohmann::ordered_json variables;
-  if (template_kwargs != nullptr && template_kwargs->is_object()) {
-    // Set first: the request's own variables below take precedence (checked above).
-    for (const auto& [key, value] : template_kwargs->items()) {
-      variables[key] = nlohmann::ordered_json::parse(value.dump());
-    }
-  }
-  variables["messages"] = std::move(list);
-  variables["add_generation_prompt"] = true;
-  if (tools != nullptr && tools->is_array() && !tools->empty()) {
-    variables["tools"] = nlohmann::ordered_json::parse(tools->dump());
-  }
-  const Tokenizer& tok = *context.tokenizer;
-  variables["bos_token"] = tok.bos_id() ? std::string(tok.IdToToken(*tok.bos_id())) : "";
-  variables["eos_token"] = tok.eos_id() ? std::string(tok.IdToToken(*tok.eos_id())) : "";
-  auto rendered = context.chat_template->Render(variables);
-  if (!rendered.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("messages: the chat template failed: ", rendered.status().message()));
-  }
-  return rendered;
-}
-
-absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
-                                                   const nlohmann::json& body,
+absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, const Json& body,
                                                    const OpenAiContext& context) {
   if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
   OpenAiRequest out;
@@ -407,6 +298,9 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
     RETURN_IF_ERROR(GetBool(*it, "include_usage", &b));
     out.include_usage = b.value_or(false);
   }
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "return_token_ids", &b));
+  out.return_token_ids = b.value_or(false);
   std::optional<int64_t> n;
   RETURN_IF_ERROR(GetInt(body, "n", 1, 128, &n));
   if (n) out.generate.set_n(static_cast<int32_t>(*n));
@@ -415,9 +309,13 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
     auto tools = ParseToolOptions(body);
     if (!tools.ok()) return tools.status();
     out.tools = std::move(*tools);
+    if (out.tools.choice == ToolCallOptions::Choice::kAuto && !context.auto_tool_choice) {
+      return Invalid("tool_choice",
+                     "\"auto\" tool choice requires --enable-auto-tool-choice on the server");
+    }
+    // Constrained calls follow the family's format; call ids the shape its template checks.
+    out.tools.format = ToolCallFormatOf(context.tool_parser);
     if (context.chat_template != nullptr) {
-      // Constrained calls and call ids follow the model family's template.
-      out.tools.format = ToolCallFormatOfTemplate(context.chat_template->source());
       out.tools.short_ids = MistralCallIds(context.chat_template->source());
     }
   }
@@ -453,14 +351,46 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
 
   auto messages = body.find("messages");
   if (messages == body.end()) return Invalid("messages", "is required");
+  ChatRenderOptions render;
   auto tools_it = body.find("tools");
+  if (tools_it != body.end() && out.tools.choice != ToolCallOptions::Choice::kNone) {
+    render.tools = &*tools_it;
+  }
   auto kwargs_it = body.find("chat_template_kwargs");
-  auto text = RenderChatPrompt(
-      *messages, context,
-      tools_it != body.end() && out.tools.choice != ToolCallOptions::Choice::kNone ? &*tools_it
-                                                                                   : nullptr,
-      kwargs_it != body.end() ? &*kwargs_it : nullptr);
-  if (!text.ok()) return text.status();
+  if (kwargs_it != body.end()) render.template_kwargs = &*kwargs_it;
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "continue_final_message", &b));
+  render.continue_final_message = b.value_or(false);
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "add_generation_prompt", &b));
+  render.add_generation_prompt = b.value_or(!render.continue_final_message);
+  auto rendered = RenderChat(*messages, context, render);
+  if (!rendered.ok()) return rendered.status();
+  const std::string* text = &rendered->prompt;
+
+  // The output: reasoning (where the prompt leaves it), then the answer, where tool calls are
+  // parsed and any constraint applies.
+  ChatOutputOptions& chat = out.chat;
+  chat.reasoning = context.reasoning_parser;
+  chat.start = ReasoningStartOf(context.reasoning_parser, rendered->prompt, rendered->continued);
+  chat.tools = out.tools.returns_calls();
+  chat.parser = out.tools.choice == ToolCallOptions::Choice::kRequired
+                    ? RequiredOutputParser(out.tools.format, context.tool_parser)
+                    : context.tool_parser;
+  for (const auto& t : out.tools.tools) chat.tool_names.push_back(t.name);
+  if (out.tools.choice == ToolCallOptions::Choice::kNamed) chat.named = out.tools.named;
+  chat.short_ids = out.tools.short_ids;
+  v1::SamplingParams* sampling = out.generate.mutable_sampling();
+  if (chat.tools && chat.parser == ToolCallParser::kMistral &&
+      !sampling->has_skip_special_tokens()) {
+    // Mistral's call markers are special tokens: keep them in the text, as vLLM does.
+    sampling->set_skip_special_tokens(false);
+    out.drop_eos_text = true;
+  }
+  if (!context.constrain_reasoning) {
+    RETURN_IF_ERROR(ConstrainAnswerOnly(chat.reasoning, chat.start,
+                                        out.generate.mutable_sampling()->mutable_constraint()));
+  }
   // The template writes the special tokens (BOS) itself, as Hugging Face's apply_chat_template.
   auto ids = context.tokenizer->Encode(*text, /*add_special_tokens=*/false);
   if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
@@ -478,6 +408,59 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
     s->set_max_tokens(static_cast<int32_t>(left));
   }
   return out;
+}
+
+absl::StatusOr<TokenizeText> TokenizeRequestText(const Json& body, const OpenAiContext& context) {
+  if (!body.is_object()) return absl::InvalidArgumentError("the body must be a JSON object");
+  TokenizeText out;
+  std::optional<std::string> str;
+  RETURN_IF_ERROR(GetString(body, "model", &str));
+  if (str) out.model = *str;
+  std::optional<bool> b;
+  RETURN_IF_ERROR(GetBool(body, "return_token_strs", &b));
+  out.return_token_strs = b.value_or(false);
+  auto messages = body.find("messages");
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "add_special_tokens", &b));
+  out.add_special_tokens = b.value_or(messages == body.end());
+  if (messages == body.end()) {
+    str.reset();
+    RETURN_IF_ERROR(GetString(body, "prompt", &str));
+    if (!str) return Invalid("prompt", "is required (or messages)");
+    out.text = std::move(*str);
+    return out;
+  }
+  if (context.chat_template == nullptr) return Invalid("messages", "no chat template");
+  ChatRenderOptions render;
+  if (auto t = body.find("tools"); t != body.end() && !t->is_null()) render.tools = &*t;
+  if (auto k = body.find("chat_template_kwargs"); k != body.end()) render.template_kwargs = &*k;
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "continue_final_message", &b));
+  render.continue_final_message = b.value_or(false);
+  b.reset();
+  RETURN_IF_ERROR(GetBool(body, "add_generation_prompt", &b));
+  render.add_generation_prompt = b.value_or(!render.continue_final_message);
+  auto rendered = RenderChat(*messages, context, render);
+  if (!rendered.ok()) return rendered.status();
+  out.text = std::move(rendered->prompt);
+  return out;
+}
+
+absl::StatusOr<std::vector<int32_t>> DetokenizeRequestIds(const Json& body,
+                                                          const OpenAiContext& context) {
+  auto it = body.is_object() ? body.find("tokens") : body.end();
+  if (!body.is_object() || it == body.end() || !it->is_array()) {
+    return Invalid("tokens", "must be a list of token ids");
+  }
+  std::vector<int32_t> ids;
+  const int32_t vocab = context.tokenizer->vocab_size();
+  for (const Json& id : *it) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
+      return Invalid("tokens", absl::StrCat("token ids must be in [0, ", vocab, ")"));
+    }
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
 }
 
 }  // namespace tandem

@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "router/http/chat_output.h"
+#include "router/http/chat_prompt.h"
 #include "router/http/openai_tools.h"
 #include "tandem/v1/generation.pb.h"
 
@@ -22,15 +25,22 @@ class Tokenizer;
 
 struct OpenAiLimits {
   int32_t max_json_depth = 64;
+  // Objects keep their keys in order (nlohmann::ordered_json), whose insertion is linear in an
+  // object's keys: at most this many keys in one object, and this many key pairs (the sum over
+  // objects of keys squared) in a body, so parsing stays linear in practice.
+  int32_t max_object_keys = 4096;
+  int64_t max_key_pairs = int64_t{1} << 24;
   int32_t max_messages = 4096;
   // chat_template_kwargs: keys, and bytes of the whole object serialised.
   int32_t max_template_kwargs = 64;
   int32_t max_template_kwargs_bytes = 64 << 10;
 };
 
-// Parses a request body: a JSON object, nested at most `max_json_depth` deep. INVALID_ARGUMENT
-// with the parser's message (and byte offset) for anything else; never throws.
-absl::StatusOr<nlohmann::json> ParseJsonBody(std::string_view body, const OpenAiLimits& limits);
+// Parses a request body: a JSON object, nested at most `max_json_depth` deep, its keys in the
+// client's order (templates print tools and arguments as sent). INVALID_ARGUMENT with the
+// parser's message (and byte offset) for anything else; never throws.
+absl::StatusOr<nlohmann::ordered_json> ParseJsonBody(std::string_view body,
+                                                     const OpenAiLimits& limits);
 
 enum class OpenAiEndpoint { kCompletions, kChatCompletions };
 
@@ -41,7 +51,14 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // chat: logprobs; completions: logprobs set
   std::string user;            // OpenAI's end-user id (logged)
-  ToolCallOptions tools;       // chat: tools and tool_choice (the responder builds tool_calls)
+  ToolCallOptions tools;       // chat: tools and tool_choice
+  // chat: how the output becomes reasoning_content, content and tool_calls (id_base is the
+  // responder's to set).
+  ChatOutputOptions chat;
+  bool return_token_ids = false;  // vLLM's: prompt_token_ids and each choice's token_ids
+  // Decoded with special tokens (the Mistral parser needs [TOOL_CALLS], [CALL_ID], [ARGS], as
+  // vLLM's does): the end-of-sequence token's text is dropped from the output.
+  bool drop_eos_text = false;
 };
 
 // Context of the conversion: the tokenizer (its BOS/EOS tokens for the template, and to tokenize
@@ -51,6 +68,13 @@ struct OpenAiContext {
   const ChatTemplate* chat_template = nullptr;
   int32_t max_model_len = 0;  // chat default max_tokens: what is left of the context
   OpenAiLimits limits;
+  // The family's parsers (--tool-call-parser, --reasoning-parser; resolved from the template).
+  ToolCallParser tool_parser = ToolCallParser::kJson;
+  ReasoningParser reasoning_parser = ReasoningParser::kNone;
+  // --structured-outputs-enable-in-reasoning: constraints cover the reasoning block too.
+  bool constrain_reasoning = false;
+  // --enable-auto-tool-choice: tool_choice "auto" (explicit or OpenAI's default with tools).
+  bool auto_tool_choice = true;
 };
 
 // INVALID_ARGUMENT naming the parameter ("temperature: must be a number") for a body OpenAI's
@@ -58,18 +82,23 @@ struct OpenAiContext {
 // suffix, functions). response_format, guided_* and tools/tool_choice become the request's
 // OutputConstraint (openai_tools.h).
 absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint,
-                                                   const nlohmann::json& body,
+                                                   const nlohmann::ordered_json& body,
                                                    const OpenAiContext& context);
 
-// Renders a chat request's messages through the template (add_generation_prompt true), with
-// `tools` (the request's tools list, may be null) and assistant tool_calls / tool messages.
-// `template_kwargs` (vLLM's chat_template_kwargs, may be null): an object whose keys become
-// template variables (Qwen3's enable_thinking); INVALID_ARGUMENT for a non-object, past the
-// limits, or for a key the request itself sets (messages, tools,
-// bos_token, eos_token, add_generation_prompt).
-absl::StatusOr<std::string> RenderChatPrompt(const nlohmann::json& messages,
-                                             const OpenAiContext& context,
-                                             const nlohmann::json* tools = nullptr,
-                                             const nlohmann::json* template_kwargs = nullptr);
+// vLLM's POST /tokenize body: {"prompt", "add_special_tokens" (default true)}, or a chat
+// {"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
+// "continue_final_message", "add_special_tokens" (default false: the template writes them)}
+// rendered by the template; "return_token_strs" adds the tokens' strings.
+struct TokenizeText {
+  std::string model;
+  std::string text;
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+absl::StatusOr<TokenizeText> TokenizeRequestText(const nlohmann::ordered_json& body,
+                                                 const OpenAiContext& context);
+// vLLM's POST /detokenize body: {"tokens": [ids]}.
+absl::StatusOr<std::vector<int32_t>> DetokenizeRequestIds(const nlohmann::ordered_json& body,
+                                                          const OpenAiContext& context);
 
 }  // namespace tandem

@@ -9,7 +9,7 @@
 
 namespace tandem {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 namespace {
 
@@ -150,98 +150,127 @@ Json OpenAiResponder::ChunkBase() const {
 void OpenAiResponder::NotePrompt(const v1::GenerateResponse& m) {
   if (m.prompt_token_ids_size() > 0) {
     last_prompt_id_ = m.prompt_token_ids(m.prompt_token_ids_size() - 1);
+    if (options_.return_token_ids) {
+      prompt_ids_.assign(m.prompt_token_ids().begin(), m.prompt_token_ids().end());
+    }
   }
 }
 
-std::optional<std::vector<ParsedToolCall>> OpenAiResponder::CallsOf(const Choice& ch,
-                                                                    int32_t index) const {
-  if (options_.endpoint != OpenAiEndpoint::kChatCompletions || !options_.tools.returns_calls() ||
-      ch.finish_reason != "stop") {
-    return std::nullopt;
+std::string OpenAiResponder::ChunkText(const v1::TokenChunk& chunk) const {
+  std::string text = chunk.text();
+  if (!options_.drop_eos_text || options_.tokenizer == nullptr || chunk.token_ids_size() == 0 ||
+      !options_.tokenizer->eos_id().has_value() ||
+      chunk.token_ids(chunk.token_ids_size() - 1) != *options_.tokenizer->eos_id()) {
+    return text;
   }
-  return ParseToolCalls(options_.tools, ch.text);
+  const std::string_view eos = options_.tokenizer->IdToToken(*options_.tokenizer->eos_id());
+  if (text.size() >= eos.size() && text.compare(text.size() - eos.size(), eos.size(), eos) == 0) {
+    text.resize(text.size() - eos.size());
+  }
+  return text;
+}
+
+ChatOutputOptions OpenAiResponder::ChatOptions(int32_t index) const {
+  ChatOutputOptions o = options_.chat;
+  o.id_base = absl::StrCat(options_.id, "_", index);
+  return o;
+}
+
+Json OpenAiResponder::ChatChunk(int32_t index, Choice& ch, const ChatDelta& d, Json logprobs,
+                                const std::vector<int32_t>* token_ids) {
+  Json delta = Json::object();
+  if (!ch.started) delta["role"] = "assistant";
+  ch.started = true;
+  if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+  if (!d.content.empty() || (d.reasoning.empty() && d.calls.empty())) delta["content"] = d.content;
+  if (!d.calls.empty()) {
+    Json calls = Json::array();
+    for (const ToolCallDelta& c : d.calls) {
+      Json j = {{"index", c.index}};
+      if (c.first) {
+        j["id"] = c.id;
+        j["type"] = "function";
+        j["function"] = {{"name", c.name}, {"arguments", ""}};
+      } else {
+        j["function"] = {{"arguments", c.arguments}};
+      }
+      calls.push_back(std::move(j));
+    }
+    delta["tool_calls"] = std::move(calls);
+  }
+  Json c = {{"index", index},
+            {"delta", std::move(delta)},
+            {"logprobs", std::move(logprobs)},
+            {"finish_reason", nullptr}};
+  if (token_ids != nullptr) c["token_ids"] = *token_ids;
+  Json chunk = ChunkBase();
+  chunk["choices"] = Json::array({std::move(c)});
+  if (options_.include_usage) chunk["usage"] = nullptr;
+  return chunk;
 }
 
 std::vector<Json> OpenAiResponder::StreamChunks(const v1::GenerateResponse& m) {
   NotePrompt(m);
   const bool chat = options_.endpoint == OpenAiEndpoint::kChatCompletions;
   std::vector<Json> out;
-  Json c;
-  const bool hold = chat && options_.tools.returns_calls();
-  if (hold && m.has_chunk()) {
-    // Tool calls are known only once the output is complete.
-    choice(m.chunk().index()).text += m.chunk().text();
-    return out;
-  }
-  if (hold && m.has_final()) {
-    NoteFinal(m.final());
-    const int32_t index = m.final().index();
-    Choice& ch = choice(index);
-    Json delta = {{"role", "assistant"}};
-    std::string finish = ch.finish_reason;
-    if (auto calls = CallsOf(ch, index); calls.has_value()) {
-      delta["content"] = nullptr;
-      delta["tool_calls"] = ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index), true,
-                                          options_.tools.short_ids);
-      finish = "tool_calls";
-    } else {
-      delta["content"] = ch.text;
+  auto with_prompt_ids = [&](Json chunk) {
+    if (options_.return_token_ids && !prompt_ids_sent_) {
+      prompt_ids_sent_ = true;
+      chunk["prompt_token_ids"] = prompt_ids_;
     }
-    Json body = ChunkBase();
-    body["choices"] = Json::array(
-        {{{"index", index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
-    if (options_.include_usage) body["usage"] = nullptr;
-    out.push_back(std::move(body));
-    Json last = ChunkBase();
-    last["choices"] = Json::array({{{"index", index},
-                                    {"delta", Json::object()},
-                                    {"logprobs", nullptr},
-                                    {"finish_reason", finish}}});
-    if (options_.include_usage) last["usage"] = nullptr;
-    out.push_back(std::move(last));
-    return out;
-  }
+    out.push_back(std::move(chunk));
+  };
   if (m.has_chunk()) {
     const v1::TokenChunk& chunk = m.chunk();
     Choice& ch = choice(chunk.index());
-    c = {{"index", chunk.index()}};
+    Json lp = nullptr;
+    if (options_.logprobs && chunk.logprobs_size() > 0) AppendLogprobs(chunk, &lp, &ch);
+    std::vector<int32_t> ids(chunk.token_ids().begin(), chunk.token_ids().end());
     if (chat) {
-      Json delta = Json::object();
-      if (!ch.started) delta["role"] = "assistant";
-      ch.started = true;
-      delta["content"] = chunk.text();
-      c["delta"] = delta;
-    } else {
-      c["text"] = chunk.text();
+      if (ch.output == nullptr)
+        ch.output = std::make_unique<ChatOutput>(ChatOptions(chunk.index()));
+      const ChatDelta d = ch.output->Feed(ChunkText(chunk));
+      // Text held back (a tag or call forming) sends nothing yet, unless logprobs or token
+      // ids must go out with their tokens.
+      if (d.empty() && ch.started && lp.is_null() && !options_.return_token_ids) return out;
+      with_prompt_ids(ChatChunk(chunk.index(), ch, d, std::move(lp),
+                                options_.return_token_ids ? &ids : nullptr));
+      return out;
     }
-    if (options_.logprobs && chunk.logprobs_size() > 0) {
-      Json lp;
-      AppendLogprobs(chunk, &lp, &ch);
-      c["logprobs"] = lp;
-    } else {
-      c["logprobs"] = nullptr;
-    }
-    c["finish_reason"] = nullptr;
-  } else if (m.has_final()) {
-    NoteFinal(m.final());
-    Choice& ch = choice(m.final().index());
-    c = {{"index", m.final().index()}, {"logprobs", nullptr}};
-    if (chat) {
-      Json delta = Json::object();
-      if (!ch.started) delta["role"] = "assistant";
-      ch.started = true;
-      c["delta"] = delta;
-    } else {
-      c["text"] = "";
-    }
-    c["finish_reason"] = ch.finish_reason;
-  } else {
+    Json c = {{"index", chunk.index()},
+              {"text", chunk.text()},
+              {"logprobs", std::move(lp)},
+              {"finish_reason", nullptr}};
+    if (options_.return_token_ids) c["token_ids"] = ids;
+    Json body = ChunkBase();
+    body["choices"] = Json::array({std::move(c)});
+    if (options_.include_usage) body["usage"] = nullptr;
+    with_prompt_ids(std::move(body));
     return out;
   }
-  Json chunk = ChunkBase();
-  chunk["choices"] = Json::array({c});
-  if (options_.include_usage) chunk["usage"] = nullptr;
-  out.push_back(std::move(chunk));
+  if (!m.has_final()) return out;
+  NoteFinal(m.final());
+  const int32_t index = m.final().index();
+  Choice& ch = choice(index);
+  std::string finish = ch.finish_reason;
+  Json c = {{"index", index}, {"logprobs", nullptr}};
+  if (chat) {
+    if (ch.output == nullptr) ch.output = std::make_unique<ChatOutput>(ChatOptions(index));
+    const ChatDelta d = ch.output->Finish();
+    if (!d.empty()) with_prompt_ids(ChatChunk(index, ch, d, nullptr, nullptr));
+    if (ch.output->streamed_calls() && finish == "stop") finish = "tool_calls";
+    Json delta = Json::object();
+    if (!ch.started) delta["role"] = "assistant";
+    ch.started = true;
+    c["delta"] = std::move(delta);
+  } else {
+    c["text"] = "";
+  }
+  c["finish_reason"] = finish;
+  Json body = ChunkBase();
+  body["choices"] = Json::array({std::move(c)});
+  if (options_.include_usage) body["usage"] = nullptr;
+  with_prompt_ids(std::move(body));
   return out;
 }
 
@@ -256,7 +285,11 @@ void OpenAiResponder::Accumulate(const v1::GenerateResponse& m) {
   NotePrompt(m);
   if (m.has_chunk()) {
     Choice& ch = choice(m.chunk().index());
-    ch.text += m.chunk().text();
+    ch.text += ChunkText(m.chunk());
+    if (options_.return_token_ids) {
+      ch.token_ids.insert(ch.token_ids.end(), m.chunk().token_ids().begin(),
+                          m.chunk().token_ids().end());
+    }
     if (options_.logprobs) AppendLogprobs(m.chunk(), &ch.logprobs, &ch);
   } else if (m.has_final()) {
     NoteFinal(m.final());
@@ -268,26 +301,39 @@ Json OpenAiResponder::Complete() const {
   Json choices = Json::array();
   for (const auto& [index, ch] : choices_) {
     Json c = {{"index", index}};
-    std::optional<std::vector<ParsedToolCall>> calls = CallsOf(ch, index);
-    if (chat && calls.has_value()) {
-      c["message"] = {{"role", "assistant"},
-                      {"content", nullptr},
-                      {"tool_calls", ToolCallsJson(*calls, absl::StrCat(options_.id, "_", index),
-                                                   false, options_.tools.short_ids)}};
-    } else if (chat) {
-      c["message"] = {{"role", "assistant"}, {"content", ch.text}};
+    Json finish = ch.finish_reason.empty() ? Json(nullptr) : Json(ch.finish_reason);
+    if (chat) {
+      const ChatMessage m = ChatOutput::Whole(ChatOptions(index), ch.text);
+      Json message = {{"role", "assistant"}};
+      message["content"] = m.content.has_value() ? Json(*m.content) : Json(nullptr);
+      if (options_.chat.reasoning != ReasoningParser::kNone) {
+        message["reasoning_content"] = m.reasoning.has_value() ? Json(*m.reasoning) : Json(nullptr);
+      }
+      if (!m.calls.empty()) {
+        Json calls = Json::array();
+        for (const ChatToolCall& call : m.calls) {
+          calls.push_back({{"id", call.id},
+                           {"type", "function"},
+                           {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+        if (ch.finish_reason == "stop") finish = "tool_calls";
+      }
+      c["message"] = std::move(message);
     } else {
       c["text"] = ch.text;
     }
     c["logprobs"] = options_.logprobs && !ch.logprobs.is_null() ? ch.logprobs : Json(nullptr);
-    c["finish_reason"] = calls.has_value()          ? Json("tool_calls")
-                         : ch.finish_reason.empty() ? Json(nullptr)
-                                                    : Json(ch.finish_reason);
+    c["finish_reason"] = std::move(finish);
+    if (options_.return_token_ids) c["token_ids"] = ch.token_ids;
     choices.push_back(std::move(c));
   }
-  return {{"id", options_.id},           {"object", chat ? "chat.completion" : "text_completion"},
-          {"created", options_.created}, {"model", options_.model},
-          {"choices", choices},          {"usage", Usage()}};
+  Json out = {
+      {"id", options_.id},           {"object", chat ? "chat.completion" : "text_completion"},
+      {"created", options_.created}, {"model", options_.model},
+      {"choices", choices},          {"usage", Usage()}};
+  if (options_.return_token_ids) out["prompt_token_ids"] = prompt_ids_;
+  return out;
 }
 
 }  // namespace tandem

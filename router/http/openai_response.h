@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@ namespace tandem {
 // {"error": {"message", "type", "param", "code"}} and the HTTP status for a status code.
 struct OpenAiError {
   int http_status = 500;
-  nlohmann::json body;
+  nlohmann::ordered_json body;
 };
 OpenAiError MakeOpenAiError(absl::StatusCode code, const std::string& message);
 
@@ -32,9 +33,12 @@ struct OpenAiResponderOptions {
   bool logprobs = false;
   bool include_usage = false;
   const Tokenizer* tokenizer = nullptr;  // token strings of logprobs
-  // Chat with tools: outputs that are tool calls become message.tool_calls (finish_reason
-  // "tool_calls"); while streaming, such a choice's text is held back until its end.
-  ToolCallOptions tools;
+  // Chat: how each choice's text becomes reasoning_content, content and tool_calls
+  // (chat_output.h; id_base is set per choice here).
+  ChatOutputOptions chat;
+  bool return_token_ids = false;  // prompt_token_ids and each choice's token_ids (vLLM)
+  // Text decoded with special tokens: the end-of-sequence token's text is dropped.
+  bool drop_eos_text = false;
 };
 
 // Not thread-safe; one per request.
@@ -43,43 +47,52 @@ class OpenAiResponder {
   explicit OpenAiResponder(OpenAiResponderOptions options);
 
   // Streaming: the chunks (chat.completion.chunk / text_completion objects) `message` makes.
-  std::vector<nlohmann::json> StreamChunks(const v1::GenerateResponse& message);
+  std::vector<nlohmann::ordered_json> StreamChunks(const v1::GenerateResponse& message);
   // Streaming, after the last final with include_usage: the chunk with no choices and usage.
-  nlohmann::json UsageChunk() const;
+  nlohmann::ordered_json UsageChunk() const;
 
   // Non-streaming: collects `message`; Complete() is the whole response.
   void Accumulate(const v1::GenerateResponse& message);
-  nlohmann::json Complete() const;
+  nlohmann::ordered_json Complete() const;
 
-  nlohmann::json Usage() const;
+  nlohmann::ordered_json Usage() const;
 
  private:
   struct Choice {
     std::string text;
-    nlohmann::json logprobs;  // endpoint's shape, filled as tokens arrive
+    nlohmann::ordered_json logprobs;  // endpoint's shape, filled as tokens arrive
     std::string finish_reason;
     int64_t text_offset = 0;
-    bool started = false;  // chat stream: the role delta was sent
-    int32_t last_id = -1;  // last token with logprobs
+    bool started = false;                // chat stream: the role delta was sent
+    int32_t last_id = -1;                // last token with logprobs
+    std::vector<int32_t> token_ids;      // with return_token_ids
+    std::unique_ptr<ChatOutput> output;  // chat stream: the reasoning / content / calls split
   };
   Choice& choice(int32_t index);
-  nlohmann::json ChunkBase() const;
+  ChatOutputOptions ChatOptions(int32_t index) const;
+  nlohmann::ordered_json ChunkBase() const;
+  // A chat.completion.chunk of one choice with `delta` (and logprobs / token ids when given).
+  nlohmann::ordered_json ChatChunk(int32_t index, Choice& ch, const ChatDelta& delta,
+                                   nlohmann::ordered_json logprobs,
+                                   const std::vector<int32_t>* token_ids);
   // Logprobs of one chunk's tokens in the endpoint's shape, appended to `into` (a fresh object
   // when null).
-  void AppendLogprobs(const v1::TokenChunk& chunk, nlohmann::json* into, Choice* ch);
+  void AppendLogprobs(const v1::TokenChunk& chunk, nlohmann::ordered_json* into, Choice* ch);
   // The text `id` adds after `prev` (< 0: none).
   std::string TokenText(int32_t prev, int32_t id) const;
   void NotePrompt(const v1::GenerateResponse& message);
+  // A chunk's text, without the end-of-sequence token's text when drop_eos_text.
+  std::string ChunkText(const v1::TokenChunk& chunk) const;
   void NoteFinal(const v1::GenerateFinal& final);
-  // Chat with tools: the calls in a finished choice, if its text is a tool call.
-  std::optional<std::vector<ParsedToolCall>> CallsOf(const Choice& ch, int32_t index) const;
 
   OpenAiResponderOptions options_;
   std::map<int32_t, Choice> choices_;
   int32_t prompt_tokens_ = 0;
   int32_t cached_tokens_ = 0;
   int64_t completion_tokens_ = 0;
-  int32_t last_prompt_id_ = -1;  // from the echoed prompt ids (requested with logprobs)
+  int32_t last_prompt_id_ = -1;      // from the echoed prompt ids (requested with logprobs)
+  std::vector<int32_t> prompt_ids_;  // with return_token_ids
+  bool prompt_ids_sent_ = false;     // streaming: in the first chunk
 };
 
 }  // namespace tandem

@@ -11,7 +11,7 @@
 namespace tandem {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 absl::Status Invalid(const std::string& field, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
@@ -20,6 +20,30 @@ absl::Status Invalid(const std::string& field, const std::string& message) {
 std::string SchemaText(const Json& schema) { return schema.dump(); }
 
 }  // namespace
+
+ToolCallFormat ToolCallFormatOf(ToolCallParser parser) {
+  switch (parser) {
+    case ToolCallParser::kHermes:
+      return ToolCallFormat::kHermes;
+    case ToolCallParser::kLlama3Json:
+    case ToolCallParser::kPythonic:
+      return ToolCallFormat::kLlama;
+    default:
+      return ToolCallFormat::kJsonArray;
+  }
+}
+
+ToolCallParser RequiredOutputParser(ToolCallFormat format, ToolCallParser family) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return ToolCallParser::kHermes;
+    case ToolCallFormat::kLlama:
+      return ToolCallParser::kLlama3Json;
+    case ToolCallFormat::kJsonArray:
+      return family == ToolCallParser::kMistral ? family : ToolCallParser::kJson;
+  }
+  return ToolCallParser::kJson;
+}
 
 ToolCallFormat ToolCallFormatOfTemplate(std::string_view source) {
   if (source.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
@@ -241,81 +265,6 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
     }
   }
   return absl::OkStatus();
-}
-
-std::optional<std::vector<ParsedToolCall>> ParseToolCalls(const ToolCallOptions& tools,
-                                                          const std::string& text) {
-  if (!tools.returns_calls()) return std::nullopt;
-  std::set<std::string> names;
-  for (const auto& t : tools.tools) names.insert(t.name);
-  if (tools.choice == ToolCallOptions::Choice::kNamed) {
-    Json args = Json::parse(text, nullptr, false);
-    if (args.is_discarded()) return std::nullopt;
-    return std::vector<ParsedToolCall>{{tools.named, args.dump()}};
-  }
-  std::string body = text;
-  auto trim = [](std::string s) {
-    const size_t a = s.find_first_not_of(" \t\r\n");
-    const size_t b = s.find_last_not_of(" \t\r\n");
-    return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-  };
-  body = trim(body);
-  if (body.rfind("[TOOL_CALLS]", 0) == 0) body = trim(body.substr(12));
-  if (body.rfind("<|python_tag|>", 0) == 0) body = trim(body.substr(14));
-  if (body.rfind("<tool_call>", 0) == 0) {
-    // One or more <tool_call>{...}</tool_call> blocks.
-    std::string joined = "[";
-    size_t pos = 0;
-    while ((pos = body.find("<tool_call>", pos)) != std::string::npos) {
-      const size_t end = body.find("</tool_call>", pos);
-      if (end == std::string::npos) return std::nullopt;
-      if (joined.size() > 1) joined += ",";
-      joined += body.substr(pos + 11, end - pos - 11);
-      pos = end + 12;
-    }
-    body = joined + "]";
-  }
-  Json parsed = Json::parse(body, nullptr, false);
-  if (parsed.is_discarded()) return std::nullopt;
-  if (parsed.is_object()) parsed = Json::array({parsed});
-  if (!parsed.is_array() || parsed.empty()) return std::nullopt;
-  std::vector<ParsedToolCall> calls;
-  for (const Json& call : parsed) {
-    if (!call.is_object() || !call.value("name", Json()).is_string()) return std::nullopt;
-    const std::string name = call["name"].get<std::string>();
-    if (!names.count(name)) return std::nullopt;
-    Json args =
-        call.contains("arguments") ? call["arguments"] : call.value("parameters", Json::object());
-    if (args.is_string()) {
-      Json inner = Json::parse(args.get<std::string>(), nullptr, false);
-      if (!inner.is_discarded()) args = inner;
-    }
-    calls.push_back({name, args.dump()});
-  }
-  return calls;
-}
-
-Json ToolCallsJson(const std::vector<ParsedToolCall>& calls, const std::string& id_base,
-                   bool stream, bool short_ids) {
-  Json out = Json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    std::string id = absl::StrCat("call_", id_base, "_", i);
-    if (short_ids) {
-      // 9 alphanumeric characters (FNV-1a of the long id), as Mistral's template checks.
-      static constexpr char kAlphabet[] =
-          "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-      uint64_t h = 1469598103934665603ull;
-      for (unsigned char ch : id) h = (h ^ ch) * 1099511628211ull;
-      id.clear();
-      for (int k = 0; k < 9; ++k, h /= 62) id.push_back(kAlphabet[h % 62]);
-    }
-    Json c = {{"id", id},
-              {"type", "function"},
-              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (stream) c["index"] = static_cast<int64_t>(i);
-    out.push_back(std::move(c));
-  }
-  return out;
 }
 
 }  // namespace tandem

@@ -1,8 +1,10 @@
 #pragma once
 
 // OpenAI structured output and tool calling on the HTTP API: response_format, vLLM's guided_*
-// fields and tools/tool_choice turned into the Generation API's OutputConstraint, and generated
-// text turned back into message.tool_calls. Pure functions; no I/O.
+// fields and tools/tool_choice turned into the Generation API's OutputConstraint (generated
+// text becomes message.tool_calls in chat_output.h, by the family's parser in tool_parsers.h).
+// Request JSON is order-preserving (nlohmann::ordered_json): schemas keep the client's key order.
+// Pure functions; no I/O.
 
 #include <optional>
 #include <string>
@@ -12,17 +14,21 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "router/http/tool_parsers.h"
 #include "tandem/v1/sampling.pb.h"
 
 namespace tandem {
 
-// How a model family writes tool calls, read from its chat template: the constrained output of
-// tool_choice "required" follows it and call ids take the family's shape.
+// The shape of tool_choice "required" output, from the family's parser: what its models write.
 enum class ToolCallFormat {
   kJsonArray,  // [{"name", "arguments"}, ...]: generic, and what Mistral writes after [TOOL_CALLS]
   kHermes,     // Qwen2/2.5/3 and Hermes: <tool_call>\n{"name", "arguments"}\n</tool_call> blocks
   kLlama,      // Llama 3.1/3.2: one {"name", "parameters"} object per turn
 };
+ToolCallFormat ToolCallFormatOf(ToolCallParser parser);
+// The parser that reads the "required" output of `format` back (the family's when it writes
+// that format itself, else the generic JSON one).
+ToolCallParser RequiredOutputParser(ToolCallFormat format, ToolCallParser family);
 
 // The format a chat template's source implies (kJsonArray when it names none). Mistral templates
 // also want 9-character alphanumeric call ids (MistralCallIds).
@@ -38,7 +44,7 @@ struct ToolCallOptions {
   };
   struct Tool {
     std::string name;
-    nlohmann::json parameters;  // JSON Schema (an object); {} when absent
+    nlohmann::ordered_json parameters;  // JSON Schema (an object); {} when absent
   };
   Choice choice = Choice::kNone;
   std::string named;
@@ -51,11 +57,12 @@ struct ToolCallOptions {
 };
 
 // Reads tools, tool_choice and parallel_tool_calls (chat). INVALID_ARGUMENT names the field.
-absl::StatusOr<ToolCallOptions> ParseToolOptions(const nlohmann::json& body);
+absl::StatusOr<ToolCallOptions> ParseToolOptions(const nlohmann::ordered_json& body);
 
 // Sets `constraint` from response_format, guided_json / guided_regex / guided_grammar /
 // guided_choice and the tool choice (at most one of them may constrain).
-absl::Status ConvertOutputConstraint(const nlohmann::json& body, const ToolCallOptions& tools,
+absl::Status ConvertOutputConstraint(const nlohmann::ordered_json& body,
+                                     const ToolCallOptions& tools,
                                      v1::OutputConstraint* constraint);
 
 // The grammar (text form) for tool_choice "required", in `tools.format`: one call or (parallel)
@@ -63,23 +70,5 @@ absl::Status ConvertOutputConstraint(const nlohmann::json& body, const ToolCallO
 // array; or <tool_call> blocks; Llama: one {"name", "parameters"} object, as its template
 // renders a single call per turn).
 absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools);
-
-struct ParsedToolCall {
-  std::string name;
-  std::string arguments;  // compact JSON text
-};
-
-// The calls in a finished output, or nullopt when the text is not a tool call (auto: the model
-// answered in text). Accepts the JSON forms above, optionally wrapped as <tool_call>...</tool_call>
-// (Qwen) or after [TOOL_CALLS] (Mistral) or <|python_tag|> (Llama), with "parameters" for
-// "arguments" (Llama 3.1).
-std::optional<std::vector<ParsedToolCall>> ParseToolCalls(const ToolCallOptions& tools,
-                                                          const std::string& text);
-
-// OpenAI's tool_calls array; `id_base` makes the call ids ("call_<id_base>_<i>", or with
-// short_ids 9 alphanumeric characters derived from it, as Mistral's template requires). stream:
-// each element also carries its "index".
-nlohmann::json ToolCallsJson(const std::vector<ParsedToolCall>& calls, const std::string& id_base,
-                             bool stream, bool short_ids = false);
 
 }  // namespace tandem

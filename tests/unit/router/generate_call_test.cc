@@ -5,234 +5,18 @@
 // mapped to the call's status, cancellation both ways, and requests refused before any worker
 // sees them.
 
-#include <grpcpp/grpcpp.h>
-#include <gtest/gtest.h>
-
-#include <condition_variable>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
-#include "common/tokenizer/tokenizer.h"
-#include "router/generation_service.h"
-#include "router/inference_client.h"
-#include "tandem/v1/generation.grpc.pb.h"
+#include "tests/unit/router/generate_call_fixture.h"
 
 namespace tandem {
+namespace testing_generate_call {
 namespace {
-
-constexpr auto kWait = std::chrono::seconds(10);
-
-// Stands in for the workers: records what the call asks and lets the test answer.
-class FakeClient : public InferenceClient {
- public:
-  void Decode(const v1::DecodeRequest& request, ResponseCallback callback) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    requests_.push_back(request);
-    callback_ = std::move(callback);
-    cv_.notify_all();
-  }
-  void Cancel(const std::string& request_id, int32_t index) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cancels_.emplace_back(request_id, index);
-    cv_.notify_all();
-  }
-
-  // The request the call sent (waits for it).
-  v1::DecodeRequest WaitForRequest() {
-    std::unique_lock<std::mutex> lock(mu_);
-    EXPECT_TRUE(cv_.wait_for(lock, kWait, [&] { return !requests_.empty(); }))
-        << "the call never reached the client";
-    return requests_.empty() ? v1::DecodeRequest() : requests_.back();
-  }
-  // Waits for a Cancel(request_id, index).
-  bool WaitForCancel(const std::string& request_id, int32_t index) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, kWait, [&] {
-      for (const auto& c : cancels_) {
-        if (c.first == request_id && c.second == index) return true;
-      }
-      return false;
-    });
-  }
-  std::vector<std::pair<std::string, int32_t>> cancels() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return cancels_;
-  }
-  // Drops the calls' callbacks (each holds its call), before the server goes.
-  void Reset() {
-    std::lock_guard<std::mutex> lock(mu_);
-    callback_ = nullptr;
-  }
-  size_t requests() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return requests_.size();
-  }
-
-  // Worker responses, on the test's thread (the client's thread, for the call).
-  void Tokens(int32_t index, const std::vector<int32_t>& ids) {
-    v1::DecodeResponse r;
-    r.mutable_tokens()->set_index(index);
-    for (int32_t id : ids) r.mutable_tokens()->add_token_ids(id);
-    Send(r);
-  }
-  void Final(int32_t index, v1::FinishReason reason, int32_t completion_tokens) {
-    v1::DecodeResponse r;
-    r.mutable_final()->set_index(index);
-    r.mutable_final()->set_finish_reason(reason);
-    r.mutable_final()->mutable_usage()->set_completion_tokens(completion_tokens);
-    r.mutable_final()->mutable_timings()->set_time_to_first_token_s(0.125);
-    Send(r);
-  }
-  void Error(int32_t code, const std::string& message) {
-    v1::DecodeResponse r;
-    r.mutable_final()->set_finish_reason(v1::FINISH_REASON_ERROR);
-    r.mutable_final()->set_error_code(code);
-    r.mutable_final()->set_error_message(message);
-    Send(r);
-  }
-
- private:
-  void Send(const v1::DecodeResponse& r) {
-    ResponseCallback callback;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      callback = callback_;
-    }
-    ASSERT_TRUE(callback != nullptr);
-    callback(r);
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<v1::DecodeRequest> requests_;
-  ResponseCallback callback_;
-  std::vector<std::pair<std::string, int32_t>> cancels_;
-};
-
-// What one Generate call delivered to its client.
-struct Received {
-  std::vector<v1::GenerateResponse> responses;
-  grpc::Status status;
-
-  std::string Text(int32_t index) const {
-    std::string text;
-    for (const auto& r : responses) {
-      if (r.has_chunk() && r.chunk().index() == index) text += r.chunk().text();
-    }
-    return text;
-  }
-  std::vector<int32_t> TokenIds(int32_t index) const {
-    std::vector<int32_t> ids;
-    for (const auto& r : responses) {
-      if (r.has_chunk() && r.chunk().index() == index) {
-        ids.insert(ids.end(), r.chunk().token_ids().begin(), r.chunk().token_ids().end());
-      }
-    }
-    return ids;
-  }
-  std::vector<v1::GenerateFinal> Finals() const {
-    std::vector<v1::GenerateFinal> finals;
-    for (const auto& r : responses) {
-      if (r.has_final()) finals.push_back(r.final());
-    }
-    return finals;
-  }
-};
-
-bool IsValidUtf8(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80           ? 1
-                       : (c >> 5) == 0x6  ? 2
-                       : (c >> 4) == 0xE  ? 3
-                       : (c >> 3) == 0x1E ? 4
-                                          : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
-class GenerateCallTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto tokenizer =
-        Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/gpt2");
-    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    tokenizer_ = std::move(tokenizer).value();
-    GenerationServiceOptions options;
-    options.model_name = "m";
-    options.max_n = 4;
-    options.max_stop_strings = 2;
-    service_ = std::make_unique<GenerationService>(options, tokenizer_.get(), &client_);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    stub_ = v1::Generation::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  }
-  void TearDown() override {
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-    client_.Reset();
-  }
-
-  // Token ids of `text` (no special tokens), one piece per call.
-  std::vector<int32_t> Ids(const std::string& text) {
-    auto ids = tokenizer_->Encode(text, false);
-    EXPECT_TRUE(ids.ok()) << ids.status();
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
-
-  // Starts a Generate call; Finish() reads everything it delivers.
-  struct Call {
-    grpc::ClientContext context;
-    std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
-
-    Received Finish() {
-      Received got;
-      v1::GenerateResponse r;
-      while (reader->Read(&r)) got.responses.push_back(r);
-      got.status = reader->Finish();
-      return got;
-    }
-  };
-  std::unique_ptr<Call> Start(const v1::GenerateRequest& request) {
-    auto call = std::make_unique<Call>();
-    call->context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    call->reader = stub_->Generate(&call->context, request);
-    return call;
-  }
-  v1::GenerateRequest TextRequest(const std::string& text) {
-    v1::GenerateRequest request;
-    request.set_request_id("r1");
-    request.set_text(text);
-    request.mutable_sampling()->set_max_tokens(8);
-    return request;
-  }
-
-  FakeClient client_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<GenerationService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Generation::Stub> stub_;
-};
 
 TEST_F(GenerateCallTest, StreamsDetokenizedChunksAndTheFinal) {
   auto call = Start(TextRequest("The answer is"));
   const v1::DecodeRequest sent = client_.WaitForRequest();
-  EXPECT_EQ(sent.request_id(), "r1");
+  // The workers know the call by an id of its own, never the client's (scoped by tenant).
+  EXPECT_NE(sent.request_id(), "r1");
+  EXPECT_EQ(sent.request_id().rfind("req-", 0), 0u) << sent.request_id();
   EXPECT_EQ(sent.n(), 1);
   EXPECT_EQ(sent.sampling().max_tokens(), 8);
   const std::vector<int32_t> prompt = Ids("The answer is");
@@ -271,7 +55,7 @@ TEST_F(GenerateCallTest, StopStringSpanningTokensEndsTheSample) {
   client_.Tokens(0, hello);
   client_.Tokens(0, world);
   // The call cancels the sample at the worker; its final (ABORT) still ends it.
-  ASSERT_TRUE(client_.WaitForCancel("r1", 0));
+  ASSERT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), 0));
   client_.Tokens(0, Ids("!"));  // in flight before the cancel: dropped
   client_.Final(0, v1::FINISH_REASON_ABORT, 3);
 
@@ -330,7 +114,7 @@ TEST_F(GenerateCallTest, StopStringWithMultiByteCharacters) {
   client_.WaitForRequest();
   const std::vector<int32_t> ids = Ids(" ok🙂 more");
   for (int32_t id : ids) client_.Tokens(0, {id});
-  ASSERT_TRUE(client_.WaitForCancel("r1", 0));
+  ASSERT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), 0));
   client_.Final(0, v1::FINISH_REASON_ABORT, static_cast<int32_t>(ids.size()));
 
   const Received got = call->Finish();
@@ -354,11 +138,11 @@ TEST_F(GenerateCallTest, SeveralSamplesEachStopOnTheirOwn) {
   client_.Tokens(1, Ids(" one"));
   client_.Tokens(0, Ids(" two"));
   client_.Tokens(0, Ids(" three"));  // sample 0 stops; sample 1 goes on
-  ASSERT_TRUE(client_.WaitForCancel("r1", 0));
+  ASSERT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), 0));
   client_.Tokens(1, Ids(" four"));
   client_.Final(0, v1::FINISH_REASON_ABORT, 2);
   client_.Tokens(1, Ids("!"));
-  ASSERT_TRUE(client_.WaitForCancel("r1", 1));
+  ASSERT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), 1));
   client_.Final(1, v1::FINISH_REASON_ABORT, 3);
 
   const Received got = call->Finish();
@@ -417,7 +201,7 @@ TEST_F(GenerateCallTest, ErrorWithoutCodeIsInternalAndCancelsTheOtherSamples) {
   const Received got = call->Finish();
   EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(got.status.error_message(), "worker lost");
-  EXPECT_TRUE(client_.WaitForCancel("r1", -1));
+  EXPECT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), -1));
 }
 
 TEST_F(GenerateCallTest, ClientCancellationReachesTheWorkers) {
@@ -425,7 +209,8 @@ TEST_F(GenerateCallTest, ClientCancellationReachesTheWorkers) {
   client_.WaitForRequest();
   client_.Tokens(0, Ids(" there"));
   call->context.TryCancel();
-  EXPECT_TRUE(client_.WaitForCancel("r1", -1)) << "the workers are never told";
+  EXPECT_TRUE(client_.WaitForCancel(client_.WaitForRequest().request_id(), -1))
+      << "the workers are never told";
   client_.Final(0, v1::FINISH_REASON_ABORT, 1);  // after the call ended: ignored
   const Received got = call->Finish();
   EXPECT_EQ(got.status.error_code(), grpc::StatusCode::CANCELLED);
@@ -469,4 +254,5 @@ TEST_F(GenerateCallTest, ARunningRequestIdIsRefused) {
 }
 
 }  // namespace
+}  // namespace testing_generate_call
 }  // namespace tandem

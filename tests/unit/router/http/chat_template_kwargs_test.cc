@@ -11,14 +11,17 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/http/chat_prompt.h"
 #include "router/http/openai_request.h"
 
 namespace tandem {
 namespace {
 
-nlohmann::json ReadJson(const std::string& path) {
+using Json = nlohmann::ordered_json;
+
+Json ReadJson(const std::string& path) {
   std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + path);
-  return nlohmann::json::parse(in);
+  return Json::parse(in);
 }
 
 class ChatTemplateKwargsTest : public testing::Test {
@@ -27,7 +30,7 @@ class ChatTemplateKwargsTest : public testing::Test {
     tokenizer_ =
         std::move(Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k"))
             .value();
-    const nlohmann::json config = ReadJson("tests/data/tokenizers/qwen3/tokenizer_config.json");
+    const Json config = ReadJson("tests/data/tokenizers/qwen3/tokenizer_config.json");
     template_ = std::move(ChatTemplate::Parse(config["chat_template"].get<std::string>())).value();
     context_.tokenizer = tokenizer_.get();
     context_.chat_template = template_.get();
@@ -44,15 +47,15 @@ class ChatTemplateKwargsTest : public testing::Test {
 };
 
 TEST_F(ChatTemplateKwargsTest, Qwen3EnableThinkingEqualsTheJinjaReference) {
-  const nlohmann::json vectors = ReadJson("tests/data/chat_templates/vectors.json");
+  const Json vectors = ReadJson("tests/data/chat_templates/vectors.json");
   int checked = 0;
   for (const auto& c : vectors["cases"]) {
     const std::string name = c["name"];
     if (name.rfind("tokenizer:qwen3/", 0) != 0 ||
         name.find("enable_thinking=") == std::string::npos)
       continue;
-    const nlohmann::json& vars = c["variables"];
-    nlohmann::json kwargs = {{"enable_thinking", vars["enable_thinking"]}};
+    const Json& vars = c["variables"];
+    Json kwargs = {{"enable_thinking", vars["enable_thinking"]}};
     auto text = RenderChatPrompt(vars["messages"], context_, nullptr, &kwargs);
     ASSERT_TRUE(text.ok()) << name << ": " << text.status();
     EXPECT_EQ(*text, c["expected"].get<std::string>()) << name;
@@ -60,8 +63,8 @@ TEST_F(ChatTemplateKwargsTest, Qwen3EnableThinkingEqualsTheJinjaReference) {
   }
   EXPECT_GE(checked, 4);
   // The switch changes the prompt: false closes an empty think block.
-  const nlohmann::json messages = {{{"role", "user"}, {"content", "Hi"}}};
-  nlohmann::json off = {{"enable_thinking", false}}, on = {{"enable_thinking", true}};
+  const Json messages = {{{"role", "user"}, {"content", "Hi"}}};
+  Json off = {{"enable_thinking", false}}, on = {{"enable_thinking", true}};
   auto a = RenderChatPrompt(messages, context_, nullptr, &off);
   auto b = RenderChatPrompt(messages, context_, nullptr, &on);
   auto none = RenderChatPrompt(messages, context_);

@@ -104,6 +104,16 @@ class HttpTransportTest : public ::testing::Test {
                         res->SetTicker(absl::Milliseconds(5),
                                        [res] { res->Write(std::string(4096, 'x')); });
                       }});
+    // Admitted on its headers only with "X-Key: yes"; the handler counts the bodies it got.
+    routes.push_back({"POST", "/guarded",
+                      [this](const HttpRequest& req, auto res) {
+                        guarded_bodies_.fetch_add(1);
+                        res->Send(200, "text/plain", std::to_string(req.body.size()));
+                      },
+                      [](const HttpRequest& head) -> std::optional<HttpRefusal> {
+                        if (head.get_header_value("x-key") == "yes") return std::nullopt;
+                        return HttpRefusal{401, "missing key", "unauthenticated"};
+                      }});
     auto t = HttpTransport::Start(o, std::move(routes), [](int status, const std::string& m) {
       return "{\"status\": " + std::to_string(status) + ", \"message\": \"" + m + "\"}";
     });
@@ -113,6 +123,7 @@ class HttpTransportTest : public ::testing::Test {
 
   CountingHooks hooks_;
   std::atomic<int> closed_streams_{0};
+  std::atomic<int> guarded_bodies_{0};
   std::unique_ptr<HttpTransport> transport_;
 };
 
@@ -169,6 +180,36 @@ TEST_F(HttpTransportTest, RefusalsSayWhy) {
   EXPECT_EQ(hooks_.Count("rejected header_too_large"), 1);
   EXPECT_EQ(hooks_.Count("rejected too_many_headers"), 1);
   EXPECT_EQ(hooks_.Count("rejected malformed"), 1);
+}
+
+TEST_F(HttpTransportTest, AdmissionRefusesOnTheHeadersBeforeTheBody) {
+  HttpTransportOptions o;
+  o.body_timeout_s = 30;  // a transport waiting for the body would not answer within the test
+  Start(o);
+  // A 1 MB body announced and never sent: refused at once, from the headers alone.
+  int fd = Connect(transport_->port());
+  SendAll(fd, "POST /guarded HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n");
+  std::string r = ReadUntil(fd, "}");
+  EXPECT_NE(r.find("HTTP/1.1 401"), std::string::npos) << r;
+  EXPECT_NE(r.find("missing key"), std::string::npos) << r;
+  EXPECT_TRUE(Closed(fd));
+  close(fd);
+  // Also behind "Expect: 100-continue": no 100 Continue goes out, so no body is invited.
+  fd = Connect(transport_->port());
+  SendAll(fd, "POST /guarded HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+  r = ReadUntil(fd, "}");
+  EXPECT_EQ(r.find("100 Continue"), std::string::npos) << r;
+  EXPECT_NE(r.find("HTTP/1.1 401"), std::string::npos) << r;
+  close(fd);
+  EXPECT_EQ(guarded_bodies_.load(), 0) << "a refused request's body reached its handler";
+  EXPECT_EQ(hooks_.Count("rejected unauthenticated"), 2) << hooks_.Dump();
+  // Admitted: the body is read and handled.
+  fd = Connect(transport_->port());
+  SendAll(fd, "POST /guarded HTTP/1.1\r\nX-Key: yes\r\nContent-Length: 5\r\n\r\nhello");
+  r = ReadUntil(fd, "\r\n\r\n5");
+  EXPECT_NE(r.find("HTTP/1.1 200"), std::string::npos) << r;
+  close(fd);
+  EXPECT_EQ(guarded_bodies_.load(), 1);
 }
 
 TEST_F(HttpTransportTest, SlowClientsAreClosedOnTime) {

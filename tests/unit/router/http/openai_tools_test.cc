@@ -11,7 +11,7 @@
 namespace tandem {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 const Json kTools = Json::parse(R"([
   {"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
@@ -101,31 +101,20 @@ TEST(OpenAiToolsTest, ConstraintFieldsAndConflicts) {
   EXPECT_EQ(Json::parse(c.json_schema())["required"], Json({"a", "b"}));
 }
 
-TEST(OpenAiToolsTest, ParsesToolCallsInEachFormat) {
-  auto t = ParseToolOptions({{"tools", kTools}});
-  ASSERT_TRUE(t.ok());
-  auto calls = ParseToolCalls(*t, R"([{"name":"add","arguments":{"a":1,"b":2}}])");
-  ASSERT_TRUE(calls.has_value());
-  ASSERT_EQ(calls->size(), 1u);
-  EXPECT_EQ((*calls)[0].name, "add");
-  EXPECT_EQ(Json::parse((*calls)[0].arguments), Json({{"a", 1}, {"b", 2}}));
-  calls = ParseToolCalls(*t,
-                         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-                         "\"Rome\"}}\n</tool_call>");
-  ASSERT_TRUE(calls.has_value());
-  EXPECT_EQ((*calls)[0].name, "get_weather");
-  calls = ParseToolCalls(*t, R"({"name": "add", "parameters": {"a": 3, "b": 4}})");
-  ASSERT_TRUE(calls.has_value());
-  EXPECT_EQ(Json::parse((*calls)[0].arguments)["b"], 4);
-  calls = ParseToolCalls(*t, R"([TOOL_CALLS][{"name": "add", "arguments": "{\"a\":1,\"b\":1}"}])");
-  ASSERT_TRUE(calls.has_value());
-  EXPECT_EQ(Json::parse((*calls)[0].arguments)["a"], 1);
-  EXPECT_FALSE(ParseToolCalls(*t, "The weather is fine.").has_value());
-  EXPECT_FALSE(ParseToolCalls(*t, R"({"name":"unknown","arguments":{}})").has_value());
-  Json out = ToolCallsJson(*calls, "abc", /*stream=*/true);
-  EXPECT_EQ(out[0]["id"], "call_abc_0");
-  EXPECT_EQ(out[0]["index"], 0);
-  EXPECT_EQ(out[0]["function"]["name"], "add");
+TEST(OpenAiToolsTest, RequiredOutputIsReadBackByTheParserOfItsFormat) {
+  EXPECT_EQ(ToolCallFormatOf(ToolCallParser::kHermes), ToolCallFormat::kHermes);
+  EXPECT_EQ(ToolCallFormatOf(ToolCallParser::kLlama3Json), ToolCallFormat::kLlama);
+  EXPECT_EQ(ToolCallFormatOf(ToolCallParser::kPhi4MiniJson), ToolCallFormat::kJsonArray);
+  // Phi-4-mini's and DeepSeek's required output is the generic JSON array.
+  EXPECT_EQ(RequiredOutputParser(ToolCallFormat::kJsonArray, ToolCallParser::kPhi4MiniJson),
+            ToolCallParser::kJson);
+  EXPECT_EQ(RequiredOutputParser(ToolCallFormat::kJsonArray, ToolCallParser::kMistral),
+            ToolCallParser::kMistral);
+  const ToolCallParse p = ParseToolCallText(
+      RequiredOutputParser(ToolCallFormat::kJsonArray, ToolCallParser::kDeepSeekV3),
+      R"([{"name":"add","arguments":{"b":2,"a":1}}])", true, {"add", "get_weather"});
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, R"({"b":2,"a":1})") << "key order as generated";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,12 +17,14 @@
 #include "common/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/http/chat_output.h"
 #include "router/http/openai_tools.h"
+#include "router/http/tool_parsers.h"
 
 namespace tandem {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 Json ReadJson(const std::string& relative) {
   std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + relative, std::ios::binary);
@@ -49,6 +52,14 @@ ToolCallOptions Tools(ToolCallFormat format, bool parallel) {
   return o;
 }
 
+// The calls `parser` reads from a complete output (nullopt: none, or malformed).
+std::optional<std::vector<ToolCallPart>> Calls(ToolCallParser parser, const std::string& text) {
+  const ToolCallParse p =
+      ParseToolCallText(parser, text, /*final=*/true, {"get_weather", "get_time"});
+  if (p.malformed || p.calls.empty()) return std::nullopt;
+  return p.calls;
+}
+
 bool GrammarAccepts(const std::string& grammar, const std::string& text) {
   auto g = grammar::ParseGrammar(grammar);
   EXPECT_TRUE(g.ok()) << g.status() << "\n" << grammar;
@@ -62,6 +73,16 @@ bool GrammarAccepts(const std::string& grammar, const std::string& text) {
 }
 
 TEST(ToolCallFormatTest, FormatFollowsTheFamilysTemplate) {
+  EXPECT_EQ(ToolCallParserOfTemplate(Template("llama-3.1")), ToolCallParser::kLlama3Json);
+  EXPECT_EQ(ToolCallParserOfTemplate(Template("llama-3.2")), ToolCallParser::kLlama3Json);
+  EXPECT_EQ(ToolCallParserOfTemplate(Template("qwen2.5")), ToolCallParser::kHermes);
+  EXPECT_EQ(ToolCallParserOfTemplate(Template("qwen3")), ToolCallParser::kHermes);
+  EXPECT_EQ(ToolCallParserOfTemplate(Template("mistral-v0.3")), ToolCallParser::kMistral);
+  for (const std::string family : {"llama-3.1", "llama-3.2", "qwen2.5", "qwen3", "mistral-v0.3"}) {
+    EXPECT_EQ(ToolCallFormatOf(ToolCallParserOfTemplate(Template(family))),
+              ToolCallFormatOfTemplate(Template(family)))
+        << family;
+  }
   EXPECT_EQ(ToolCallFormatOfTemplate(Template("llama-3.1")), ToolCallFormat::kLlama);
   EXPECT_EQ(ToolCallFormatOfTemplate(Template("llama-3.2")), ToolCallFormat::kLlama);
   EXPECT_EQ(ToolCallFormatOfTemplate(Template("qwen2.5")), ToolCallFormat::kHermes);
@@ -106,7 +127,7 @@ TEST(ToolCallFormatTest, RequiredGrammarWritesEachFormatAndParsesBack) {
     ASSERT_TRUE(g.ok()) << g.status();
     EXPECT_EQ(GrammarAccepts(*g, c.text), c.accepted);
     if (!c.accepted) continue;
-    auto calls = ParseToolCalls(tools, c.text);
+    auto calls = Calls(RequiredOutputParser(c.format, ToolCallParser::kJson), c.text);
     ASSERT_TRUE(calls.has_value());
     ASSERT_EQ(calls->size(), c.calls);
     EXPECT_TRUE((*calls)[0].name == "get_weather" || (*calls)[0].name == "get_time");
@@ -117,39 +138,58 @@ TEST(ToolCallFormatTest, RequiredGrammarWritesEachFormatAndParsesBack) {
 // Calls as each family's template renders them (tool_vectors.json), i.e. as the model was
 // trained to write them, are recognised under tool_choice auto.
 TEST(ToolCallFormatTest, ParsesCallsAsTheTemplatesRenderThem) {
-  ToolCallOptions tools = Tools(ToolCallFormat::kJsonArray, true);
-  tools.choice = ToolCallOptions::Choice::kAuto;
-  const std::pair<std::string, size_t> outputs[] = {
+  struct Output {
+    ToolCallParser parser;
+    std::string text;
+    size_t calls;
+  };
+  const Output outputs[] = {
       // Llama 3.1/3.2 (and with the ipython tag).
-      {R"({"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}})", 1},
-      {R"(<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}})", 1},
+      {ToolCallParser::kLlama3Json,
+       R"({"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}})", 1},
+      {ToolCallParser::kLlama3Json,
+       R"(<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}})", 1},
       // Qwen2.5 / Qwen3 Hermes blocks.
-      {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      {ToolCallParser::kHermes,
+       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
        "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": "
        "\"Europe/Paris\"}}\n</tool_call>",
        2},
       // Mistral v0.3, with its ids.
-      {R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call00001"}, {"name": "get_time", "arguments": {"tz": "UTC"}, "id": "call00002"}])",
+      {ToolCallParser::kMistral,
+       R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call00001"}, {"name": "get_time", "arguments": {"tz": "UTC"}, "id": "call00002"}])",
        2},
   };
-  for (const auto& [text, n] : outputs) {
-    auto calls = ParseToolCalls(tools, text);
-    ASSERT_TRUE(calls.has_value()) << text;
-    EXPECT_EQ(calls->size(), n) << text;
+  for (const Output& o : outputs) {
+    auto calls = Calls(o.parser, o.text);
+    ASSERT_TRUE(calls.has_value()) << o.text;
+    EXPECT_EQ(calls->size(), o.calls) << o.text;
     EXPECT_EQ((*calls)[0].name, "get_weather");
     EXPECT_EQ(Json::parse((*calls)[0].arguments)["city"], "Paris");
+    EXPECT_FALSE(Calls(o.parser, "The weather is nice.").has_value());
+    EXPECT_FALSE(Calls(o.parser, R"({"name": "unknown_tool", "arguments": {}})").has_value());
   }
-  EXPECT_FALSE(ParseToolCalls(tools, "The weather is nice.").has_value());
-  EXPECT_FALSE(ParseToolCalls(tools, R"({"name": "unknown_tool", "arguments": {}})").has_value());
 }
 
 // Mistral's template refuses call ids that are not 9 characters: the ids the server hands out
 // for it render back.
 TEST(ToolCallFormatTest, MistralIdsRenderBackThroughItsTemplate) {
-  const std::vector<ParsedToolCall> calls = {{"get_weather", R"({"city":"Paris"})"},
-                                             {"get_time", R"({"tz":"UTC"})"}};
-  const Json short_ids = ToolCallsJson(calls, "chatcmpl-42_0", false, true);
-  const Json long_ids = ToolCallsJson(calls, "chatcmpl-42_0", false, false);
+  const std::vector<std::pair<std::string, std::string>> calls = {
+      {"get_weather", R"({"city":"Paris"})"}, {"get_time", R"({"tz":"UTC"})"}};
+  auto ids_json = [&](bool short_ids) {
+    ChatOutputOptions o;
+    o.id_base = "chatcmpl-42_0";
+    o.short_ids = short_ids;
+    Json out = Json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      out.push_back({{"id", ToolCallId(o, i, "")},
+                     {"type", "function"},
+                     {"function", {{"name", calls[i].first}, {"arguments", calls[i].second}}}});
+    }
+    return out;
+  };
+  const Json short_ids = ids_json(true);
+  const Json long_ids = ids_json(false);
   ASSERT_EQ(short_ids.size(), 2u);
   EXPECT_NE(short_ids[0]["id"], short_ids[1]["id"]);
   auto t = ChatTemplate::Parse(Template("mistral-v0.3"));
