@@ -6,10 +6,14 @@ namespace tandem::grammar {
 
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
                                  const CompiledGrammarOptions& options)
+    : CompiledGrammar(std::move(grammar), std::move(vocab), options,
+                      /*keep_complete_items=*/false) {}
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
+                                 const CompiledGrammarOptions& options, bool keep_complete_items)
     : grammar_(std::move(grammar)),
       vocab_(std::move(vocab)),
-      graph_(std::make_unique<StateGraph>(&grammar_, options.max_graph_bytes,
-                                          options.keep_complete_items)),
+      graph_(new StateGraph(&grammar_, options.max_graph_bytes, keep_complete_items)),
       max_position_bytes_(options.max_position_cache_bytes) {
   const int64_t mask_bytes = std::max<int64_t>(8, (vocab_->size() + 63) / 64 * 8);
   max_entries_ = std::max<int64_t>(16, options.max_mask_cache_bytes / mask_bytes);

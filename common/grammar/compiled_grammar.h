@@ -33,7 +33,6 @@ struct CompiledGrammarOptions {
   int64_t max_mask_cache_bytes = int64_t{64} << 20;        // per-state masks (cleared when full)
   int64_t max_position_cache_bytes = int64_t{64} << 20;    // per-position token sets (same)
   int64_t max_graph_bytes = StateGraph::kDefaultMaxBytes;  // the state graph (refused past it)
-  bool keep_complete_items = false;  // the earlier, larger state graph (benchmark baseline)
 };
 
 // A grammar compiled against one vocabulary, plus what every sequence using it shares: the
@@ -63,6 +62,10 @@ class CompiledGrammar {
   int64_t position_misses() const;
 
  private:
+  friend class ReferencePaths;  // the benchmark's baseline graph (reference/)
+  CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
+                  const CompiledGrammarOptions& options, bool keep_complete_items);
+
   Grammar grammar_;
   std::shared_ptr<const TokenVocab> vocab_;
   std::unique_ptr<StateGraph> graph_;

@@ -40,9 +40,8 @@ class StateGraph {
   static constexpr int32_t kExternal = -3;
   static constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;
 
-  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline).
-  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes,
-                      bool keep_complete_items = false);
+  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes)
+      : StateGraph(grammar, max_bytes, /*keep_complete_items=*/false) {}
 
   std::mutex& mu() const { return mu_; }
   int32_t initial() const { return 0; }
@@ -69,6 +68,11 @@ class StateGraph {
   int64_t refusals() const { return refusals_; }
 
  private:
+  friend class CompiledGrammar;
+  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline, made
+  // only through ReferencePaths).
+  StateGraph(const Grammar* grammar, int64_t max_bytes, bool keep_complete_items);
+
   struct Item {
     int32_t prod;
     int32_t dot;
