@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grammar/compile_budget.h"
 #include "common/grammar/compiled_grammar.h"
 
 namespace tandem::grammar {
@@ -42,6 +44,10 @@ class GrammarMatcher {
   // position's context-dependent tokens against this state. When the state graph hits its
   // bound the mask may miss tokens: status() is then RESOURCE_EXHAUSTED and the mask unusable.
   std::shared_ptr<const TokenMask> NextTokenMask();
+  // NextTokenMask within `budget` (checked in the Earley closures and the trie walk; not owned):
+  // the mask, or the budget's status once it ran out (nothing cached then, the matcher
+  // unchanged). Warms a new grammar's first mask inside its compile budget.
+  absl::StatusOr<std::shared_ptr<const TokenMask>> NextTokenMaskWithin(CompileBudget* budget);
   // The cached mask of this state, or null when it was not computed yet (cheap: one lookup).
   std::shared_ptr<const TokenMask> CachedMask() const { return grammar_->FindMask(states_.back()); }
   // RESOURCE_EXHAUSTED once the grammar's state graph refused a state this sequence needed.

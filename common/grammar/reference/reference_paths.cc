@@ -15,6 +15,7 @@ std::shared_ptr<const CompiledGrammar> ReferencePaths::WithCompleteItems(
     const CompiledGrammarOptions& options) {
   return std::shared_ptr<const CompiledGrammar>(new CompiledGrammar(std::move(grammar),
                                                                     std::move(vocab), options,
+                                                                    /*memory=*/nullptr,
                                                                     /*keep_complete_items=*/true));
 }
 
