@@ -47,7 +47,7 @@ struct Tenant {
   std::deque<std::shared_ptr<Waiter>> queue;  // waiters whose queued job this tenant may start
   int64_t pending = 0;                        // unresolved waiters
   int64_t running = 0;                        // jobs started on this tenant's turn, running
-  bool in_turns = false;                      // listed once in Core::turns
+  uint64_t served = 0;                        // when it last started a job (0: never)
 };
 
 struct Core {
@@ -55,7 +55,7 @@ struct Core {
   std::condition_variable cv;
   bool stop = false;
   absl::flat_hash_map<std::string, Tenant> tenants;
-  std::deque<std::string> turns;  // tenants with queued entries, in round-robin order
+  uint64_t serve_clock = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> inflight;  // key -> queued/running job
   int64_t pending = 0;
   GrammarCompileServiceStats stats;  // counters (the gauges are computed in stats())
@@ -80,36 +80,32 @@ struct Core {
   // Forgets an idle tenant; mu held.
   void MaybeEraseLocked(absl::flat_hash_map<std::string, Tenant>::iterator it) {
     const Tenant& t = it->second;
-    if (t.pending == 0 && t.running == 0 && t.queue.empty() && !t.in_turns) tenants.erase(it);
+    if (t.pending == 0 && t.running == 0 && t.queue.empty()) tenants.erase(it);
   }
 
-  // The next job to start, round-robin over tenants (null: none may start now); mu held.
+  // The next job to start (null: none may start now); mu held. Of the tenants with a queued job
+  // and a free running slot, the one served least recently (a tenant new to the queue first)
+  // starts its oldest: with one worker, a newcomer waits for the compilation running at most.
   std::pair<std::shared_ptr<Job>, std::string> PickLocked(int32_t max_running) {
-    for (size_t n = turns.size(); n > 0; --n) {
-      std::string name = std::move(turns.front());
-      turns.pop_front();
-      auto it = tenants.find(name);
-      Tenant& t = it->second;
+    Tenant* best = nullptr;
+    const std::string* best_name = nullptr;
+    for (auto& [name, t] : tenants) {
       // Entries whose job already started on another tenant's turn wait for it unqueued.
       while (!t.queue.empty() && t.queue.front()->job->state != Job::State::kQueued) {
         t.queue.pop_front();
       }
-      if (t.queue.empty()) {  // leaves the rotation until it queues again
-        t.in_turns = false;
-        MaybeEraseLocked(it);
-        continue;
+      if (t.queue.empty() || t.running >= max_running) continue;
+      if (best == nullptr || t.served < best->served) {
+        best = &t;
+        best_name = &name;
       }
-      if (t.running >= max_running) {
-        turns.push_back(std::move(name));
-        continue;
-      }
-      std::shared_ptr<Job> job = t.queue.front()->job;
-      t.queue.pop_front();
-      ++t.running;
-      turns.push_back(name);  // to the back of the rotation (it leaves when nothing is left)
-      return {std::move(job), std::move(name)};
     }
-    return {nullptr, ""};
+    if (best == nullptr) return {nullptr, ""};
+    std::shared_ptr<Job> job = best->queue.front()->job;
+    best->queue.pop_front();
+    ++best->running;
+    best->served = ++serve_clock;
+    return {std::move(job), *best_name};
   }
 };
 
@@ -243,10 +239,6 @@ std::unique_ptr<GrammarCompileHandle> GrammarCompileService::Submit(
       ++core_->pending;
       if (job->state == Job::State::kQueued) {
         tn.queue.push_back(w);
-        if (!tn.in_turns) {
-          tn.in_turns = true;
-          core_->turns.push_back(tenant);
-        }
         core_->cv.notify_one();
       }
       return handle;

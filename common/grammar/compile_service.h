@@ -92,15 +92,17 @@ class GrammarCompileHandle {
 // constraints (GrammarCompiler: front end, parse, state graph, first mask) while the engine keeps
 // stepping; a request waits for its grammar through a handle it polls.
 //
-// - Fair across tenants: each tenant's submissions queue behind its own; workers take turns
-//   round-robin over tenants with work, a tenant runs at most max_running_per_tenant compiles
-//   at once and has at most max_pending_per_tenant answers outstanding (beyond: at once
-//   RESOURCE_EXHAUSTED), so a tenant flooding large grammars delays only itself.
+// - Fair across tenants: each tenant's submissions queue behind its own; a free worker starts
+//   the oldest queued compilation of the tenant served least recently (a tenant new to the
+//   queue first) among those below max_running_per_tenant running compilations. A tenant has
+//   at most max_pending_per_tenant answers outstanding (beyond: RESOURCE_EXHAUSTED at once), so
+//   a tenant flooding large grammars delays only itself: another tenant's compilation waits at
+//   most for those already running (none with the default two workers and one per tenant).
 // - Budget: each compilation may use budget_ms of CPU time; past it it stops cooperatively (the
 //   compiler checks inside its loops) with INVALID_ARGUMENT naming the budget, freeing its worker.
 // - Deduplicated: a constraint already compiling (or queued) gets no second compile; every
-//   waiter gets the one result. Its queue entry stands in each waiting tenant's queue, and it
-//   starts on whichever tenant's turn comes first.
+//   waiter gets the one result. It stands in each waiting tenant's queue and starts on
+//   whichever tenant's turn comes first.
 // - Cancellable: GrammarCompileHandle::Cancel (or dropping the handle).
 // - Cached: a constraint in the compiler's cache is answered inside Submit.
 //
