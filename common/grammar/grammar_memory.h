@@ -49,6 +49,9 @@ struct GrammarMemoryStats {
 // A grammar whose state graph reached its own bound is dropped from the cache on its next lookup
 // (the next request compiles a fresh graph).
 //
+// Cached grammars hold the GrammarMemory they are charged to: its owner calls Clear() before
+// letting it go (GrammarCompiler does), or the two keep each other alive.
+//
 // Thread-safe. Lock order: a grammar's graph mutex, then this one, then a grammar's cache
 // mutex; nothing here takes a graph mutex, and grammars are destroyed outside this lock.
 class GrammarMemory {

@@ -247,7 +247,7 @@ TEST(CompileServiceTest, IdenticalConstraintsInFlightCompileOnce) {
   std::atomic<int> calls{0};
   std::vector<std::unique_ptr<GrammarCompileHandle>> handles;
   for (const char* tenant : {"a", "b", "a", "c"}) {
-    handles.push_back(service.Submit(tenant, Large(7), [&] { ++calls; }));
+    handles.push_back(service.Submit(tenant, Small(7), [&] { ++calls; }));
   }
   EXPECT_EQ(service.stats().deduplicated, 3);
   for (auto& h : handles) ASSERT_TRUE(WaitFor([&] { return h->ready(); }, 60));
@@ -269,13 +269,13 @@ TEST(CompileServiceTest, CancellingTheOnlyWaiterOfAQueuedCompileAbandonsIt) {
   auto blocker = service.Submit("x", Pathological());
   ASSERT_TRUE(WaitFor([&] { return service.stats().running == 1; }, 30));
   std::atomic<int> calls{0};
-  auto queued = service.Submit("a", Large(1), [&] { ++calls; });
-  auto kept = service.Submit("b", Large(2), [&] { ++calls; });
+  auto queued = service.Submit("a", Small(11), [&] { ++calls; });
+  auto kept = service.Submit("b", Small(12), [&] { ++calls; });
   queued->Cancel();
   EXPECT_TRUE(queued->ready());
   EXPECT_EQ(queued->result().status().code(), absl::StatusCode::kCancelled);
   // Dropping a handle cancels too.
-  auto dropped = service.Submit("c", Large(3), [&] { ++calls; });
+  auto dropped = service.Submit("c", Small(13), [&] { ++calls; });
   dropped.reset();
   ASSERT_TRUE(WaitFor([&] { return kept->ready(); }, 60));
   ASSERT_TRUE(kept->result().ok()) << kept->result().status();
