@@ -63,10 +63,13 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVoc
       max_mask_bytes_(options.max_mask_cache_bytes),
       max_position_bytes_(options.max_position_cache_bytes) {
   if (memory_ != nullptr) memory_->Register(this);
-  // The structure cannot be refused (it exists already); the graph's growth can.
+  // The structure exists already (never refused); a new parser state may be.
   Charge(static_cast<int64_t>(sizeof(*this) + sizeof(StateGraph)) + GrammarBytes(grammar_),
-         GrammarMemory::Kind::kGraph);
-  graph_->set_charge([this](int64_t delta) { return Charge(delta, GrammarMemory::Kind::kGraph); });
+         GrammarMemory::Kind::kAllocated);
+  graph_->set_charge([this](int64_t delta, bool may_refuse) {
+    return Charge(delta,
+                  may_refuse ? GrammarMemory::Kind::kGraph : GrammarMemory::Kind::kAllocated);
+  });
 }
 
 CompiledGrammar::~CompiledGrammar() {

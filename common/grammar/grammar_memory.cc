@@ -104,7 +104,7 @@ bool GrammarMemory::Charge(const CompiledGrammar* grammar, int64_t delta, Kind k
     TrimLocked();
     live = std::max<int64_t>(1, static_cast<int64_t>(live_.size()));
   }
-  if (!Over()) return true;
+  if (!Over() || kind == Kind::kAllocated) return true;
   const bool refuse = kind == Kind::kCache || grammar->memory_bytes() + delta > max_bytes_ / live;
   if (!refuse) return true;
   Release(delta);

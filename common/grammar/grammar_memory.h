@@ -75,14 +75,16 @@ class GrammarMemory {
 
  private:
   friend class CompiledGrammar;
-  enum class Kind { kGraph, kCache };
+  // kAllocated: already allocated (a grammar's structure, a grown hash table): never refused,
+  // but still reclaims. kGraph: a new parser state. kCache: a mask or position set.
+  enum class Kind { kAllocated, kGraph, kCache };
   using Dropped = std::vector<std::shared_ptr<const CompiledGrammar>>;
 
   void Register(CompiledGrammar* grammar);
   // Unregisters and releases `bytes` (what the grammar still had charged).
   void Unregister(CompiledGrammar* grammar, int64_t bytes);
   // Charges `delta` > 0 bytes for `grammar` (reclaiming past the budget, see above); false: the
-  // caller must not allocate them (nothing stays charged).
+  // caller must not allocate them (nothing stays charged). kAllocated is never refused.
   bool Charge(const CompiledGrammar* grammar, int64_t delta, Kind kind);
   void Release(int64_t bytes) { bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
   // Steps 1 (`evict`) or 2 (trim) of the reclaim; mu_ held. Evicted grammars are moved to

@@ -67,12 +67,12 @@ void StateGraph::CountTables() {
   if (delta == 0) return;
   table_bytes_ = tables;
   bytes_ += delta;
-  if (charge_) charge_(delta);  // already allocated: the answer cannot refuse it
+  if (charge_) charge_(delta, /*may_refuse=*/false);
 }
 
 void StateGraph::set_charge(ChargeFn charge) {
   charge_ = std::move(charge);
-  if (charge_) charge_(bytes_);
+  if (charge_) charge_(bytes_, /*may_refuse=*/false);
 }
 
 int32_t StateGraph::Intern(std::vector<Item> items) {
@@ -119,13 +119,12 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
     last_refusal_charged_ = false;
     return kExhausted;
   }
-  if (!states_.empty() && charge_ && !charge_(cost)) {
+  if (!states_.empty() && charge_ && !charge_(cost, /*may_refuse=*/true)) {
     ++refusals_;
     ++charge_refusals_;
     last_refusal_charged_ = true;
     return kExhausted;
   }
-  if (states_.empty() && charge_) charge_(cost);
   bytes_ += cost;
   items.shrink_to_fit();  // the closure's growth slack is not kept for the graph's lifetime
   State s;

@@ -57,9 +57,9 @@ class StateGraph {
 
   std::mutex& mu() const { return mu_; }
   int32_t initial() const { return 0; }
-  // Called with the bytes a new state (or a grown table) adds; false refuses a new state. Set
-  // before the graph is shared.
-  using ChargeFn = std::function<bool(int64_t delta)>;
+  // Called with the bytes a new state (`may_refuse`) or a grown table (already allocated, or
+  // negative when one shrank) adds; false refuses the new state. Set before the graph is shared.
+  using ChargeFn = std::function<bool(int64_t delta, bool may_refuse)>;
   // The hook is charged at once with what the graph already holds.
   void set_charge(ChargeFn charge);
   // While set (not owned), closures and steps check `budget` (see above); null clears it and
