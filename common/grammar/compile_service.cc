@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"

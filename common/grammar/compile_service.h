@@ -1,10 +1,8 @@
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,7 +119,8 @@ class GrammarCompileService {
   // Starts compiling `constraint` for `tenant` (any string; "" is a tenant too). The handle is
   // ready at once for a cached grammar or a refusal (queue full, service stopped); then
   // `on_ready` is never called. Otherwise `on_ready` (may be empty) is called exactly once, on a
-  // worker thread, right after the result is set, unless the handle was cancelled first. It is
+  // worker thread, right after the result is set, unless the handle was cancelled first or the
+  // service shut down (its destructor answers UNAVAILABLE without callbacks). It is
   // a wake-up: it must be quick, must not block, and must not call Cancel on (or destroy) its
   // own handle; it may call ready(), result() and Submit.
   std::unique_ptr<GrammarCompileHandle> Submit(const std::string& tenant,
