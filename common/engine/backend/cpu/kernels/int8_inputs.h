@@ -58,30 +58,47 @@ struct I8InputBuffer {
   std::vector<float> group_sums;
 };
 
+// One input row of K elements: its codes (in `codes`, which the caller has zeroed), *scale = d,
+// *sum = sum of the codes and, for int4, group_sums[g] = the sums per weight group (left as they
+// are when the row quantizes to nothing).
+using QuantizeRowI8Fn = void (*)(const float* x, int64_t K, bool int4, int64_t group_size,
+                                 int8_t* codes, float* scale, int32_t* sum, float* group_sums);
+
 // Quantizes x [M, K] (row stride ldx) for weight w (kInt8 or kInt4) into `buffer`, one row at a
-// time with QuantizeRowI8Avx512 (avx512: only on CPUs with AVX512F/BW/VL) or the reference (the
-// same bits); rows split over `pool` when there are enough elements.
+// time with `row` (QuantizeRowI8Reference when nullptr; every row function gives the same bits);
+// rows split over `pool` when there are enough elements.
 I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                          I8InputBuffer* buffer, bool avx512 = false, ThreadPool* pool = nullptr);
+                          I8InputBuffer* buffer, QuantizeRowI8Fn row = nullptr,
+                          ThreadPool* pool = nullptr);
 
 // Below this many input elements QuantizeInputsI8 stays on the calling thread.
 constexpr int64_t kQuantizeMinParallelElements = int64_t{1} << 16;
 
-// One input row of K elements: its codes (in `codes`, which the caller has zeroed), *scale = d,
-// *sum = sum of the codes and, for int4, group_sums[g] = the sums per weight group (left as they
-// are when the row quantizes to nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x|
-// and whether every element is finite; false when the row quantizes to nothing.
+// QuantizeRowI8Scale: d and 127 / amax from a row's max |x| and whether every element is
+// finite; false when the row quantizes to nothing. The row functions: the reference (scalar),
+// AVX2 (kernels_avx2_i8.cc) and AVX-512 (kernels_avx512vnni.cc; AVX512F/BW/VL CPUs only).
 bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv);
 void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
                             float* scale, int32_t* sum, float* group_sums);
+void QuantizeRowI8Avx2(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                       float* scale, int32_t* sum, float* group_sums);
 void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
                          float* scale, int32_t* sum, float* group_sums);
 
-// y[m, n] for n in [n0, n1), as specified above: the scalar reference (and the path for CPUs
-// without AVX512_VNNI) and the VNNI kernel (kernels_avx512vnni.cc; callable only when
-// GetCpuFeatures().avx512vnni).
+// y[m, n] for n in [n0, n1), as specified above: the scalar reference (the path of tiers
+// without an integer dot-product kernel) and the kernels of the tiers that have one, each
+// callable only on a CPU with its tier (kernels README, "Tiers"): AVX2 (vpmaddubsw + vpmaddwd,
+// kernels_avx2_i8.cc), AVX-VNNI (kernels_avxvnni_i8.cc), AVX-512 without VNNI (vpmaddubsw,
+// kernels_avx512_i8.cc), AVX512_VNNI (kernels_avx512vnni.cc), NEON dotprod / i8mm
+// (kernels_neon_i8.cc).
+using MatMulI8Fn = void (*)(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                            const float* bias, float* y, int64_t ldy);
 void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                        const float* bias, float* y, int64_t ldy);
+void MatMulI8Avx2(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                  const float* bias, float* y, int64_t ldy);
+void MatMulI8AvxVnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                     const float* bias, float* y, int64_t ldy);
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy);
 

@@ -115,9 +115,8 @@ void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
     for (int j = 0; j < NT; ++j) {
       if constexpr (kPrefetch) {
-        _mm_prefetch(
-            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes)),
-            kTilePrefetchHint<MR>);
+        TilePrefetch<MR>(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes)));
       }
       w[j] = _mm512_loadu_si512(q[j] + p * 64);
     }
@@ -255,12 +254,10 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
       // each).
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
-        _mm_prefetch(
-            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes)),
-            kTilePrefetchHint<MR>);
-        _mm_prefetch(
-            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes)),
-            kTilePrefetchHint<MR>);
+        TilePrefetch<MR>(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes)));
+        TilePrefetch<MR>(
+            reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes)));
       }
     }
     __m512i dot[MR][NT];
@@ -274,9 +271,8 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
       for (int j = 0; j < NT; ++j) {
         if constexpr (kPrefetch) {
-          _mm_prefetch(
-              reinterpret_cast<const char*>(q[j] + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes)),
-              kTilePrefetchHint<MR>);
+          TilePrefetch<MR>(reinterpret_cast<const char*>(
+              q[j] + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes)));
         }
         const __m512i v = _mm512_loadu_si512(q[j] + at + p * 64);
         lo[j] = _mm512_and_si512(v, nib);
