@@ -23,7 +23,9 @@ std::vector<TierKernels> BuildTiers() {
   std::vector<TierKernels> tiers;
   tiers.push_back({SimdLevel::kScalar, &ScalarKernels(), nullptr, nullptr, false});
 #if defined(__x86_64__)
-  tiers.push_back({SimdLevel::kAvx2, &Avx2Kernels(), nullptr, nullptr, false});
+  tiers.push_back({SimdLevel::kAvx2, &Avx2Kernels(), &MatMulI8Avx2, &QuantizeRowI8Avx2, false});
+  tiers.push_back(
+      {SimdLevel::kAvxVnni, &Avx2Kernels(), &MatMulI8AvxVnni, &QuantizeRowI8Avx2, false});
   tiers.push_back({SimdLevel::kAvx512, &Avx512Kernels(), nullptr, &QuantizeRowI8Avx512, false});
   tiers.push_back({SimdLevel::kAvx512Vnni, &Avx512Kernels(), &MatMulI8Avx512Vnni,
                    &QuantizeRowI8Avx512, GetCpuFeatures().avx512bf16});
