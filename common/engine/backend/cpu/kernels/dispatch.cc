@@ -26,7 +26,8 @@ std::vector<TierKernels> BuildTiers() {
   tiers.push_back({SimdLevel::kAvx2, &Avx2Kernels(), &MatMulI8Avx2, &QuantizeRowI8Avx2, false});
   tiers.push_back(
       {SimdLevel::kAvxVnni, &Avx2Kernels(), &MatMulI8AvxVnni, &QuantizeRowI8Avx2, false});
-  tiers.push_back({SimdLevel::kAvx512, &Avx512Kernels(), nullptr, &QuantizeRowI8Avx512, false});
+  tiers.push_back(
+      {SimdLevel::kAvx512, &Avx512Kernels(), &MatMulI8Avx512, &QuantizeRowI8Avx512, false});
   tiers.push_back({SimdLevel::kAvx512Vnni, &Avx512Kernels(), &MatMulI8Avx512Vnni,
                    &QuantizeRowI8Avx512, GetCpuFeatures().avx512bf16});
 #elif defined(__aarch64__)
@@ -66,6 +67,11 @@ const TierKernels* DefaultTier() {
         continue;
       }
       chosen = &t;
+    }
+    if (chosen->level != ActiveSimdLevel()) {
+      TLOG(WARNING) << "cpu kernels: the " << SimdLevelName(ActiveSimdLevel())
+                    << " tier has no kernels in this build (or failed its self-check); using "
+                    << SimdLevelName(chosen->level);
     }
     return chosen;
   }();

@@ -99,6 +99,8 @@ void MatMulI8Avx2(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t
                   const float* bias, float* y, int64_t ldy);
 void MatMulI8AvxVnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                      const float* bias, float* y, int64_t ldy);
+void MatMulI8Avx512(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                    const float* bias, float* y, int64_t ldy);
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy);
 
