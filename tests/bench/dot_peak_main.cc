@@ -6,7 +6,9 @@
 // batches): compare a MatMul's multiply-adds per second with it.
 //   dot_peak [--threads 0] [--seconds 0.5]
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +24,7 @@
 namespace tandem {
 namespace {
 
+#if defined(__x86_64__)
 constexpr int kChains = 16;
 
 // kChains independent instructions per round into zmm16-31, written out in assembly: compiled
@@ -148,6 +151,8 @@ void Report(const char* name, double (*fn)(int64_t), int per_round, int threads,
   }
 }
 
+#endif  // __x86_64__
+
 }  // namespace
 }  // namespace tandem
 
@@ -163,6 +168,7 @@ int main(int argc, char** argv) {
   }
   if (f.help_requested()) return 0;
   const int n = threads > 0 ? static_cast<int>(threads) : tandem::DefaultComputeThreads();
+#if defined(__x86_64__)
   const tandem::CpuFeatures& c = tandem::GetCpuFeatures();
   if (c.avx512f && c.avx512bw && c.avx512vnni) {
     tandem::Report("vpdpbusd", &tandem::VnniRate, tandem::kChains * 64, n, seconds);
@@ -178,5 +184,10 @@ int main(int argc, char** argv) {
     tandem::Report("vpmaddubsw+vpmaddwd", &tandem::MaddRate, 6 * 32, n, seconds);
     tandem::Report("vfmadd231ps", &tandem::FmaRate, 10 * 8, n, seconds);
   }
+#else
+  (void)n;
+  (void)seconds;
+  std::printf("dot_peak: x86-64 instructions only; nothing to measure on this architecture\n");
+#endif
   return 0;
 }
