@@ -2,15 +2,17 @@
 
 // int8 MatMul inputs (MatMulWeight::input_dtype == kI8; int8 and int4 weights only): each row of
 // x is quantized to int8 codes with one f32 scale per row (dynamic per-token quantization, as in
-// W8A8 serving), and the products are integer dot products (AVX512_VNNI vpdpbusd: 64 u8 x s8
-// products per instruction, summed in fours into 16 int32 lanes). With quantized weights the
+// W8A8 serving), and the products are integer dot products on every tier but scalar (AVX2
+// vpmaddubsw, AVX-VNNI and AVX512_VNNI vpdpbusd, AVX-512 vpmaddubsw, NEON smull / sdot / usdot;
+// README "Tiers"; e.g. vpdpbusd: 64 u8 x s8 products per instruction, summed in fours into 16
+// int32 lanes). With quantized weights the
 // bf16 path spends more instructions widening weights than multiplying; here both weight
 // formats come in WeightLayout::kTiles16 (common/base/quant.h), 16 weight rows in the 16 lanes:
 // one vpdpbusd per 64 products per input row against 4 input codes broadcast, int8 weights as
 // stored (q + 128), int4 nibbles after a mask or a shift.
 //
-// Numerics (the reference below is the specification and the path for CPUs without
-// AVX512_VNNI; the VNNI kernel equals it bit for bit):
+// Numerics (the reference below is the specification and the scalar tier's path; every tier's
+// kernel equals it bit for bit):
 // - Row m: amax = max |x|; d = amax / 127; codes a = clamp(round_half_even(x * (127 / amax)),
 //   -127, 127) (all 0 and d = 0 when amax is 0 or below 127 / FLT_MAX, where 127 / amax
 //   overflows, or the row holds a NaN or an infinity).
