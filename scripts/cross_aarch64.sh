@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The aarch64 stage of scripts/test.sh: cross-builds the CPU engine for aarch64 with Debian's
-# cross toolchain (cmake/aarch64-linux-gnu.cmake, TANDEM_ENGINE_ONLY: no gRPC, HTTP or workers)
+# The aarch64 check (not yet a stage of scripts/test.sh: on the 2-core CI machine, loaded,
+# every test that runs a ThreadPool of 2 threads hung under qemu-aarch64 7.2, thread_pool_test's
+# first case included; the single-threaded ones pass): cross-builds the CPU engine for aarch64
+# with Debian's cross toolchain (cmake/aarch64-linux-gnu.cmake, TANDEM_ENGINE_ONLY: no gRPC, HTTP or workers)
 # into ./build-aarch64 and runs, under qemu-user, the kernel tests at every aarch64 tier (qemu's
 # default CPU has them all: neon, neon-dotprod, neon-i8mm) and the CPU backend's tests on the
 # bundled models: logits against their independent reference logits, batch invariance, and

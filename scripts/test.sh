@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 machine, builds Tandem and runs the test suite (everything but the
-# `gpu` label), the aarch64 stage (the CPU engine cross-built, its tests under qemu-user), then
-# the sanitizer stages: AddressSanitizer + UndefinedBehaviorSanitizer with the
+# `gpu` label), then the sanitizer stages: AddressSanitizer + UndefinedBehaviorSanitizer with the
 # fuzz targets, and ThreadSanitizer (scripts/sanitize.sh, docs/reliability.md); TANDEM_SANITIZERS=0
 # skips those. This is exactly what CI runs (.ci/run).
 set -euo pipefail
@@ -16,7 +15,6 @@ stage scripts/build.sh
 stage scripts/build_emulated.sh  # the GPU emulation binary for tests/e2e/gpu_emulated_cluster_test
 stage scripts/check_format.sh
 stage ctest --test-dir build -LE gpu --output-on-failure -j "$(nproc)" --timeout 900
-stage scripts/cross_aarch64.sh  # the CPU engine cross-built for aarch64, its tests under qemu-user
 if [ "${TANDEM_SANITIZERS:-1}" = 1 ]; then
   stage scripts/sanitize.sh asan
   stage scripts/sanitize.sh tsan
