@@ -11,6 +11,25 @@
 # Usage: scripts/cross_aarch64.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Its own packages (not in scripts/setup.sh: neither the main job nor CI needs them): Debian's
+# cross toolchain, qemu-user and the arm64 libraries the CPU engine links (libonig-dev is not
+# multi-arch: the amd64 headers serve).
+sudo_cmd=()
+if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
+cross_packages=(g++-aarch64-linux-gnu qemu-user libabsl-dev:arm64 libgtest-dev:arm64
+                libgmock-dev:arm64 libonig5:arm64)
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  "${sudo_cmd[@]}" dpkg --add-architecture arm64
+  "${sudo_cmd[@]}" apt-get -o DPkg::Lock::Timeout=600 update -qq
+fi
+missing=()
+for p in "${cross_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y \
+    -qq --no-install-recommends "${missing[@]}"
+fi
 source scripts/ccache_args.sh
 tests=(
   # kernels, every tier

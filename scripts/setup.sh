@@ -16,19 +16,10 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch curl
   prometheus golang-go golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev python3-yaml nodejs $(command -v npm >/dev/null 2>&1 || echo npm)
   json-schema-test-suite
-  # the aarch64 stage (scripts/cross_aarch64.sh): Debian's cross toolchain, qemu-user and the arm64
-  # libraries the CPU engine links (libonig-dev is not multi-arch: the amd64 headers serve)
-  g++-aarch64-linux-gnu qemu-user libabsl-dev:arm64 libgtest-dev:arm64 libgmock-dev:arm64
-  libonig5:arm64
 )
 
 sudo_cmd=()
 if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
-
-# The arm64 libraries above come from Debian's arm64 archive (multiarch).
-if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-  "${sudo_cmd[@]}" dpkg --add-architecture arm64
-fi
 
 missing=()
 for p in "${packages[@]}"; do
