@@ -80,7 +80,7 @@ SequenceUpdate& Engine::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* up
 void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* u) {
   seq->tokens.push_back(token);
   ++stats_.generated_tokens;
-  if (seq->first_token_time == absl::InfinitePast()) seq->first_token_time = absl::Now();
+  if (seq->timing.first_token == absl::InfinitePast()) seq->timing.first_token = absl::Now();
   u->new_tokens.push_back(token);
   if (seq->params.logprobs >= 0) {
     TokenLogprobs lp;
@@ -92,22 +92,22 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
   FinishReason reason = FinishReason::kNone;
   const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
   bool grammar_done = false;
-  if (seq->matcher != nullptr && !seq->matcher->status().ok()) {
+  if (seq->grammar.active() && !seq->grammar.matcher->status().ok()) {
     // The grammar's state graph reached its bound: the mask was incomplete.
-    u->status = seq->matcher->status();
+    u->status = seq->grammar.matcher->status();
     Finish(seq, FinishReason::kError, u);
     return;
   }
-  if (seq->matcher != nullptr && !eos) {
-    if (!seq->matcher->AcceptToken(token)) {
+  if (seq->grammar.active() && !eos) {
+    if (!seq->grammar.matcher->AcceptToken(token)) {
       // Masks make this unreachable; refuse to continue outside the grammar.
       u->status = absl::InternalError(absl::StrCat("token ", token, " outside the grammar"));
       Finish(seq, FinishReason::kError, u);
       return;
     }
-    grammar_done = seq->matcher->IsTerminated();
+    grammar_done = seq->grammar.matcher->IsTerminated();
   }
-  if (seq->matcher != nullptr && eos) {
+  if (seq->grammar.active() && eos) {
     reason = FinishReason::kStop;  // the grammar allowed the end (ignore_eos does not apply)
   } else if (!p.ignore_eos && eos) {
     reason = FinishReason::kStop;
@@ -118,7 +118,7 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
     reason = FinishReason::kStop;  // complete, and nothing may follow
   } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
     reason = FinishReason::kLength;
-  } else if (seq->prefill_only) {
+  } else if (seq->disagg.prefill_only) {
     reason = FinishReason::kStop;  // prefill role: the first token is all it produces
   }
   if (reason != FinishReason::kNone) Finish(seq, reason, u);
@@ -150,28 +150,10 @@ std::vector<Sequence*> Engine::Fork(Sequence* parent) {
   const int32_t n = parent->pending_forks + 1;
   parent->pending_forks = 0;
   for (int32_t i = 1; i < n; ++i) {
-    auto child = std::make_unique<Sequence>();
-    child->seq_id = next_seq_id_++;
-    child->arrival_order = parent->arrival_order;
-    child->request_id = parent->request_id;
-    child->index = i;
-    child->priority = parent->priority;
-    child->tokens = parent->tokens;
-    child->prompt_len = parent->prompt_len;
-    child->num_computed = parent->num_computed;
+    std::unique_ptr<Sequence> child = ForkSample(*parent, next_seq_id_++, i);
     kv_->Fork(parent->blocks, &child->blocks);
-    child->params = parent->params;
-    if (parent->matcher != nullptr) {
-      child->matcher = std::make_unique<grammar::GrammarMatcher>(*parent->matcher);
-    }
     child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
                                                     : seed_source_.Next());
-    child->prefill_only = parent->prefill_only;
-    child->spec_k = parent->spec_k;
-    child->cached_prompt_tokens = parent->cached_prompt_tokens;
-    child->admission_counted = true;
-    child->arrival_time = parent->arrival_time;
-    child->first_scheduled_time = parent->first_scheduled_time;
     Sequence* c = child.get();
     seqs.push_back(std::move(child));
     scheduler_->AddRunning(c);
@@ -225,13 +207,14 @@ std::vector<SequenceUpdate> Engine::Step() {
     Sequence* seq = s.seq;
     CountAdmission(seq);
     // A speculating decode feeds its last token and the drafted ones, with logits at each.
-    const int64_t real = s.num_new_tokens - static_cast<int64_t>(seq->draft.size());
+    const int64_t real = s.num_new_tokens - static_cast<int64_t>(seq->spec.draft.size());
     const bool completes = seq->num_computed + real == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
                                seq->tokens.begin() + seq->num_computed + real);
-    chunk.insert(chunk.end(), seq->draft.begin(), seq->draft.end());
+    chunk.insert(chunk.end(), seq->spec.draft.begin(), seq->spec.draft.end());
     batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
-                          block_size, completes ? 1 + static_cast<int64_t>(seq->draft.size()) : 0);
+                          block_size,
+                          completes ? 1 + static_cast<int64_t>(seq->spec.draft.size()) : 0);
     batch.seqs.back().local_tables = seq->blocks.local;
     if (completes) sampled.push_back(seq);
   }
@@ -255,15 +238,15 @@ std::vector<SequenceUpdate> Engine::Step() {
   }
 
   for (const ScheduledSeq& s : plan.scheduled) {
-    if (!s.seq->draft.empty()) continue;  // advanced by verification below
+    if (!s.seq->spec.draft.empty()) continue;  // advanced by verification below
     s.seq->num_computed += s.num_new_tokens;
     kv_->RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
   }
   size_t row_index = 0;
   for (Sequence* seq : sampled) {
     float* row = logits_.data() + row_index * vocab;
-    if (!seq->draft.empty()) {
-      row_index += 1 + seq->draft.size();
+    if (!seq->spec.draft.empty()) {
+      row_index += 1 + seq->spec.draft.size();
       VerifyDrafts(seq, row, &updates);
       continue;
     }
@@ -287,11 +270,11 @@ std::vector<SequenceUpdate> Engine::Step() {
 bool Engine::HasWork() const { return !scheduler_->idle() || !pending_updates_.empty(); }
 
 void Engine::CountAdmission(Sequence* seq) {
-  if (seq->admission_counted) return;
-  seq->admission_counted = true;
+  if (seq->usage.admission_counted) return;
+  seq->usage.admission_counted = true;
   stats_.prompt_tokens += seq->prompt_len;
   stats_.prefix_cache_queried += seq->prompt_len;
-  stats_.prefix_cache_hit += std::max<int64_t>(0, seq->cached_prompt_tokens);
+  stats_.prefix_cache_hit += std::max<int64_t>(0, seq->usage.cached_prompt_tokens);
 }
 
 EngineStats Engine::stats() const {

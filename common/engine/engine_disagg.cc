@@ -14,7 +14,7 @@ void Engine::ReportReservations(const SchedulerOutput& plan, std::vector<Sequenc
   const absl::Time now = absl::Now();
   for (Sequence* seq : plan.reserved) {
     CountAdmission(seq);
-    seq->lease_deadline = now + seq->kv_lease;
+    seq->disagg.lease_deadline = now + seq->disagg.kv_lease;
     KvReservation r;
     r.blocks = seq->blocks.table;
     r.cached_tokens = seq->num_computed;
@@ -44,15 +44,15 @@ void Engine::ExpireLeases(std::vector<SequenceUpdate>* updates) {
   const absl::Time now = absl::Now();
   std::vector<Sequence*> expired;
   for (Sequence* seq : scheduler_->awaiting()) {
-    if (seq->lease_deadline <= now) expired.push_back(seq);
+    if (seq->disagg.lease_deadline <= now) expired.push_back(seq);
   }
   for (Sequence* seq : expired) {
     TLOG(WARNING) << "request " << seq->request_id << ": KV reservation lease expired after "
-                  << absl::FormatDuration(seq->kv_lease) << "; freeing " << seq->blocks.table.size()
-                  << " blocks";
+                  << absl::FormatDuration(seq->disagg.kv_lease) << "; freeing "
+                  << seq->blocks.table.size() << " blocks";
     const absl::Status expired = absl::DeadlineExceededError(
         absl::StrCat("the prompt's KV did not arrive within the ",
-                     absl::FormatDuration(seq->kv_lease), " reservation lease"));
+                     absl::FormatDuration(seq->disagg.kv_lease), " reservation lease"));
     EndPendingForks(seq, FinishReason::kError, expired, updates);
     SequenceUpdate& u = UpdateFor(seq, updates);
     u.status = expired;
@@ -62,7 +62,8 @@ void Engine::ExpireLeases(std::vector<SequenceUpdate>* updates) {
 
 absl::Time Engine::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
-  for (const Sequence* seq : scheduler_->awaiting()) next = std::min(next, seq->lease_deadline);
+  for (const Sequence* seq : scheduler_->awaiting())
+    next = std::min(next, seq->disagg.lease_deadline);
   return next;
 }
 
@@ -88,10 +89,10 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
       return absl::InvalidArgumentError(absl::StrCat("first token ", t, " outside the vocabulary"));
     }
   }
-  if (seq->matcher != nullptr) {
+  if (seq->grammar.active()) {
     // The prefill worker sampled under the same constraint; a token outside it is refused.
     for (int32_t t : first_tokens) {
-      grammar::GrammarMatcher probe(*seq->matcher);
+      grammar::GrammarMatcher probe(*seq->grammar.matcher);
       if (std::find(eos_ids_.begin(), eos_ids_.end(), t) == eos_ids_.end() &&
           !probe.AcceptToken(t)) {
         return absl::InvalidArgumentError(
@@ -100,8 +101,9 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
     }
   }
   seq->num_computed = seq->num_tokens();
-  seq->remote_prefill = false;  // from now on it is an ordinary sequence (recomputed if preempted)
-  seq->lease_deadline = absl::InfiniteFuture();
+  seq->disagg.remote_prefill =
+      false;  // from now on it is an ordinary sequence (recomputed if preempted)
+  seq->disagg.lease_deadline = absl::InfiniteFuture();
   kv_->RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
   // The reservation held only the window's local pages of the new blocks; a cached prefix may
   // still hold some before it.
@@ -137,14 +139,14 @@ std::function<void(int64_t)> Engine::ExportHook(const SchedulerOutput& plan) {
   std::vector<Sequence*> exporting;
   for (const ScheduledSeq& s : plan.scheduled) {
     Sequence* seq = s.seq;
-    if (seq->export_hooks && seq->export_hooks->on_layer &&
+    if (seq->disagg.export_hooks && seq->disagg.export_hooks->on_layer &&
         seq->num_computed + s.num_new_tokens == seq->num_tokens()) {
       exporting.push_back(seq);
     }
   }
   if (exporting.empty()) return nullptr;
   return [exporting](int64_t layer) {
-    for (Sequence* seq : exporting) seq->export_hooks->on_layer(seq->blocks.table, layer);
+    for (Sequence* seq : exporting) seq->disagg.export_hooks->on_layer(seq->blocks.table, layer);
   };
 }
 

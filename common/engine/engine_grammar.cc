@@ -24,13 +24,13 @@ absl::Status Engine::AttachGrammar(Sequence* seq, const std::vector<int32_t>& pr
   }
   auto compiled = options_.grammar->Compile(c);
   if (!compiled.ok()) return compiled.status();
-  seq->matcher = std::make_unique<grammar::GrammarMatcher>(*compiled);
+  seq->grammar.matcher.emplace(*compiled);
   // Migration / disaggregation: the output so far must already follow the grammar.
   for (size_t i = 0; i < prior_output.size(); ++i) {
     const int32_t t = prior_output[i];
     const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), t) != eos_ids_.end();
-    if (eos || !seq->matcher->AcceptToken(t)) {
-      if (!seq->matcher->status().ok()) return seq->matcher->status();
+    if (eos || !seq->grammar.matcher->AcceptToken(t)) {
+      if (!seq->grammar.matcher->status().ok()) return seq->grammar.matcher->status();
       return absl::InvalidArgumentError(
           absl::StrCat("prior_output: token ", i, " (id ", t, ") does not follow the constraint"));
     }
@@ -39,16 +39,16 @@ absl::Status Engine::AttachGrammar(Sequence* seq, const std::vector<int32_t>& pr
 }
 
 void Engine::ApplyGrammarMask(Sequence* seq, float* logits) {
-  if (seq->matcher == nullptr) return;
-  std::shared_ptr<const grammar::TokenMask> mask = std::move(seq->next_mask);
-  seq->next_mask.reset();
-  if (mask == nullptr) mask = seq->matcher->NextTokenMask();
+  if (!seq->grammar.active()) return;
+  std::shared_ptr<const grammar::TokenMask> mask = std::move(seq->grammar.next_mask);
+  seq->grammar.next_mask.reset();
+  if (mask == nullptr) mask = seq->grammar.matcher->NextTokenMask();
   ++stats_.grammar_masks;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   // End-of-sequence tokens have no bytes: they are allowed exactly where the grammar is complete.
   std::vector<float> eos_logits;
   for (int32_t e : eos_ids_) eos_logits.push_back(e >= 0 && e < vocab_size_ ? logits[e] : 0.0f);
-  const int32_t masked_vocab = seq->matcher->compiled().vocab().size();
+  const int32_t masked_vocab = seq->grammar.matcher->compiled().vocab().size();
   const uint64_t* bits = mask->data();
   bool any = false;
   // Word at a time: a refused word is one fill, a partial word visits only its refused bits.
@@ -69,7 +69,7 @@ void Engine::ApplyGrammarMask(Sequence* seq, float* logits) {
   for (int64_t id = masked_vocab; id < vocab_size_; ++id) logits[id] = kNegInf;
   // Where nothing else fits the sequence may still end (a token vocabulary that cannot spell
   // what the grammar needs); it is never left without a choice.
-  if (seq->matcher->CanTerminate() || !any) {
+  if (seq->grammar.matcher->CanTerminate() || !any) {
     for (size_t i = 0; i < eos_ids_.size(); ++i) {
       const int32_t e = eos_ids_[i];
       if (e < 0 || e >= vocab_size_) continue;
@@ -80,14 +80,15 @@ void Engine::ApplyGrammarMask(Sequence* seq, float* logits) {
 
 void Engine::TrimDraftsToGrammar() {
   for (Sequence* seq : scheduler_->running()) {
-    if (seq->matcher == nullptr || seq->draft.empty()) continue;
+    if (!seq->grammar.active() || seq->spec.draft.empty()) continue;
     size_t ok = 0;
-    while (ok < seq->draft.size() && seq->matcher->AcceptToken(seq->draft[ok])) ++ok;
-    seq->matcher->Rollback(static_cast<int32_t>(ok));
-    if (ok < seq->draft.size()) {
-      stats_.grammar_drafts_trimmed += static_cast<int64_t>(seq->draft.size() - ok);
-      seq->draft.resize(ok);
-      if (seq->draft_q.size() > ok) seq->draft_q.resize(ok);
+    while (ok < seq->spec.draft.size() && seq->grammar.matcher->AcceptToken(seq->spec.draft[ok]))
+      ++ok;
+    seq->grammar.matcher->Rollback(static_cast<int32_t>(ok));
+    if (ok < seq->spec.draft.size()) {
+      stats_.grammar_drafts_trimmed += static_cast<int64_t>(seq->spec.draft.size() - ok);
+      seq->spec.draft.resize(ok);
+      if (seq->spec.draft_q.size() > ok) seq->spec.draft_q.resize(ok);
     }
   }
 }
@@ -96,13 +97,13 @@ std::function<void()> Engine::StartGrammarMasks(const std::vector<Sequence*>& se
   // Cached masks are taken here; only states seen for the first time need the worker thread.
   std::vector<Sequence*> constrained;
   for (Sequence* s : seqs) {
-    if (s->matcher == nullptr) continue;
-    s->next_mask = s->matcher->CachedMask();
-    if (s->next_mask == nullptr) constrained.push_back(s);
+    if (!s->grammar.active()) continue;
+    s->grammar.next_mask = s->grammar.matcher->CachedMask();
+    if (s->grammar.next_mask == nullptr) constrained.push_back(s);
   }
   if (constrained.empty()) return [] {};
   auto compute = [constrained] {
-    for (Sequence* s : constrained) s->next_mask = s->matcher->NextTokenMask();
+    for (Sequence* s : constrained) s->grammar.next_mask = s->grammar.matcher->NextTokenMask();
   };
   if (!options_.overlap_grammar_masks) {
     compute();

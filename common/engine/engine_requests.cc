@@ -81,22 +81,20 @@ absl::Status Engine::AddRequest(EngineRequest r) {
   seq->tokens = std::move(r.prompt);
   seq->prompt_len = seq->num_tokens();
   seq->tokens.insert(seq->tokens.end(), r.prior_output.begin(), r.prior_output.end());
-  seq->prior_output = static_cast<int64_t>(r.prior_output.size());
-  seq->remote_prefill = r.remote_prefill;
-  seq->prefill_only = r.prefill_only;
-  seq->export_hooks = std::move(r.export_hooks);
-  seq->lease_deadline = absl::InfiniteFuture();
-  seq->spec_k = options_.spec.num_speculative_tokens;
-  seq->kv_lease = r.kv_lease;
+  seq->disagg.remote_prefill = r.remote_prefill;
+  seq->disagg.prefill_only = r.prefill_only;
+  seq->disagg.export_hooks = std::move(r.export_hooks);
+  seq->spec.k = options_.spec.num_speculative_tokens;
+  seq->disagg.kv_lease = r.kv_lease;
   seq->blocks.salt_hash = HashSalt(r.cache_salt);
   seq->params = std::move(r.params);
   seq->rng.Seed(seq->params.seed.has_value() ? *seq->params.seed : seed_source_.Next());
   // A resumed request continues its random stream where the previous worker left it: one
   // uniform per sampled token.
   if (!seq->params.greedy()) {
-    for (int64_t i = 0; i < seq->prior_output; ++i) seq->rng.Uniform();
+    for (size_t i = 0; i < r.prior_output.size(); ++i) seq->rng.Uniform();
   }
-  seq->arrival_time = r.arrival_time;
+  seq->timing.arrival = r.arrival_time;
   if (auto st = AttachGrammar(seq.get(), r.prior_output); !st.ok()) return st;
   scheduler_->AddWaiting(seq.get());
   requests_[seq->request_id].push_back(std::move(seq));
@@ -104,7 +102,7 @@ absl::Status Engine::AddRequest(EngineRequest r) {
 }
 
 void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
-  if (seq->prefill_only && seq->index == 0 && reason != FinishReason::kAbort &&
+  if (seq->disagg.prefill_only && seq->index == 0 && reason != FinishReason::kAbort &&
       reason != FinishReason::kError) {
     // Prefill role: keep the blocks (one reference each) until the export is done.
     SequenceBlocks& hold = holds_[seq->request_id];
@@ -123,20 +121,20 @@ void Engine::Finish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   u->finished = true;
   u->finish_reason = reason;
   u->prompt_tokens = seq->prompt_len;
-  u->cached_tokens = std::max<int64_t>(0, seq->cached_prompt_tokens);
+  u->cached_tokens = std::max<int64_t>(0, seq->usage.cached_prompt_tokens);
   u->completion_tokens = seq->num_output();
-  u->num_preemptions = seq->num_preemptions;
-  u->spec_accepted_tokens = seq->spec_accepted;
-  seq->draft.clear();
-  seq->draft_q.clear();
+  u->usage.num_preemptions = seq->usage.num_preemptions;
+  u->spec_accepted_tokens = seq->spec.accepted;
+  seq->spec.draft.clear();
+  seq->spec.draft_q.clear();
   if (proposer_ != nullptr) proposer_->Release(seq->seq_id);
-  const bool scheduled = seq->first_scheduled_time != absl::InfinitePast();
-  const bool sampled = seq->first_token_time != absl::InfinitePast();
-  u->queue_time = (scheduled ? seq->first_scheduled_time : now) - seq->arrival_time;
-  u->prefill_time = scheduled && sampled ? seq->first_token_time - seq->first_scheduled_time
+  const bool scheduled = seq->timing.first_scheduled != absl::InfinitePast();
+  const bool sampled = seq->timing.first_token != absl::InfinitePast();
+  u->queue_time = (scheduled ? seq->timing.first_scheduled : now) - seq->timing.arrival;
+  u->prefill_time = scheduled && sampled ? seq->timing.first_token - seq->timing.first_scheduled
                                          : absl::ZeroDuration();
-  u->ttft = sampled ? seq->first_token_time - seq->arrival_time : absl::ZeroDuration();
-  u->total_time = now - seq->arrival_time;
+  u->ttft = sampled ? seq->timing.first_token - seq->timing.arrival : absl::ZeroDuration();
+  u->total_time = now - seq->timing.arrival;
 
   auto it = requests_.find(seq->request_id);
   if (it == requests_.end()) return;
@@ -159,8 +157,8 @@ void Engine::EndPendingForks(Sequence* seq, FinishReason reason, const absl::Sta
     u.finish_reason = reason;
     u.status = status;
     u.prompt_tokens = seq->prompt_len;
-    u.queue_time = now - seq->arrival_time;
-    u.total_time = now - seq->arrival_time;
+    u.queue_time = now - seq->timing.arrival;
+    u.total_time = now - seq->timing.arrival;
     updates->push_back(std::move(u));
   }
   seq->pending_forks = 0;

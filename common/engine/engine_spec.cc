@@ -17,19 +17,19 @@ void Engine::ProposeDrafts() {
   std::vector<Sequence*> seqs;
   std::vector<SpecRequest> requests;
   for (Sequence* seq : scheduler_->running()) {
-    seq->draft.clear();
-    seq->draft_q.clear();
+    seq->spec.draft.clear();
+    seq->spec.draft_q.clear();
     if (seq->num_uncomputed() != 1 || seq->pending_forks > 0) continue;  // not decoding
     if (seq->params.speculative.has_value() && !*seq->params.speculative) continue;
-    if (seq->spec_k == 0) {
-      if (--seq->spec_pause > 0) continue;
-      seq->spec_k = 1;  // probe again
-      seq->spec_acceptance = o.min_acceptance * 2;
+    if (seq->spec.k == 0) {
+      if (--seq->spec.pause > 0) continue;
+      seq->spec.k = 1;  // probe again
+      seq->spec.acceptance = o.min_acceptance * 2;
     }
     // Never draft past the context or max_tokens (the step adds accepted + 1 tokens).
     const int64_t room = std::min<int64_t>(max_model_len_ - seq->num_tokens() - 1,
                                            seq->params.max_tokens - seq->num_output() - 1);
-    const int32_t k = static_cast<int32_t>(std::min<int64_t>(seq->spec_k, room));
+    const int32_t k = static_cast<int32_t>(std::min<int64_t>(seq->spec.k, room));
     if (k <= 0) continue;
     SpecRequest r;
     r.seq_id = seq->seq_id;
@@ -47,18 +47,18 @@ void Engine::ProposeDrafts() {
     return;
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
-    seqs[i]->draft = std::move(proposals[i].tokens);
-    seqs[i]->draft_q = std::move(proposals[i].q);
+    seqs[i]->spec.draft = std::move(proposals[i].tokens);
+    seqs[i]->spec.draft_q = std::move(proposals[i].q);
   }
   TrimDraftsToGrammar();
 }
 
 void Engine::VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates) {
   const size_t vocab = static_cast<size_t>(vocab_size_);
-  const std::vector<int32_t> draft = std::move(seq->draft);
-  const std::vector<TokenDistribution> draft_q = std::move(seq->draft_q);
-  seq->draft.clear();
-  seq->draft_q.clear();
+  const std::vector<int32_t> draft = std::move(seq->spec.draft);
+  const std::vector<TokenDistribution> draft_q = std::move(seq->spec.draft_q);
+  seq->spec.draft.clear();
+  seq->spec.draft_q.clear();
   const int64_t seq_id = seq->seq_id;
   const int64_t len_before = seq->num_tokens();
   const int32_t drafted = static_cast<int32_t>(draft.size());
@@ -84,7 +84,7 @@ void Engine::VerifyDrafts(Sequence* seq, float* logits, std::vector<SequenceUpda
                                     q, seq->rng, options_.spec.testing_always_accept);
     if (v.accepted) {
       ++accepted;
-      ++seq->spec_accepted;
+      ++seq->spec.accepted;
     }
     AppendToken(seq, v.token, raw, &UpdateFor(seq, updates));
     if (seq->status == SeqStatus::kFinished) {
@@ -117,14 +117,14 @@ void Engine::AdaptSpeculation(Sequence* seq, int32_t drafted, int32_t accepted) 
   const SpecOptions& o = options_.spec;
   if (!o.adaptive || drafted == 0) return;
   const double rate = static_cast<double>(accepted) / drafted;
-  seq->spec_acceptance = 0.7 * seq->spec_acceptance + 0.3 * rate;
-  if (seq->spec_acceptance < o.min_acceptance) {
-    seq->spec_k = 0;  // pause, probe again later
-    seq->spec_pause = o.probe_interval;
-  } else if (seq->spec_acceptance >= 0.6) {
-    seq->spec_k = std::min(seq->spec_k + 1, o.num_speculative_tokens);
-  } else if (seq->spec_acceptance < 0.35) {
-    seq->spec_k = std::max(1, seq->spec_k - 1);
+  seq->spec.acceptance = 0.7 * seq->spec.acceptance + 0.3 * rate;
+  if (seq->spec.acceptance < o.min_acceptance) {
+    seq->spec.k = 0;  // pause, probe again later
+    seq->spec.pause = o.probe_interval;
+  } else if (seq->spec.acceptance >= 0.6) {
+    seq->spec.k = std::min(seq->spec.k + 1, o.num_speculative_tokens);
+  } else if (seq->spec.acceptance < 0.35) {
+    seq->spec.k = std::max(1, seq->spec.k - 1);
   }
 }
 

@@ -80,9 +80,9 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   kv_->Free(&seq->blocks);
   ReleasePaddingIfBatchDone();
   seq->num_computed = 0;
-  seq->draft.clear();
-  seq->draft_q.clear();
-  ++seq->num_preemptions;
+  seq->spec.draft.clear();
+  seq->spec.draft_q.clear();
+  ++seq->usage.num_preemptions;
   InsertWaiting(seq);
   out->preempted.push_back(seq);
 }
@@ -110,18 +110,18 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
   while (!waiting_.empty() &&
          HasSequenceSlot(num_running() + num_awaiting(), options_.max_num_seqs)) {
     Sequence* seq = waiting_.front();
-    if (seq->remote_prefill) {
+    if (seq->disagg.remote_prefill) {
       // Decode role: reserve the whole prompt now (admission control on the memory-bound
       // side); the prefill worker fills the blocks past this worker's cached prefix.
       if (!ReserveRemote(seq, out)) break;
       continue;
     }
     if (!HasTokenBudget(*budget)) break;
-    const bool first_admission = seq->cached_prompt_tokens < 0;
+    const bool first_admission = seq->usage.cached_prompt_tokens < 0;
     if (seq->blocks.table.empty()) {
       seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
       if (first_admission) {
-        seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
+        seq->usage.cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
       }
     }
     const int64_t num_new =
@@ -132,7 +132,7 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
       seq->num_computed = 0;
-      if (first_admission) seq->cached_prompt_tokens = -1;
+      if (first_admission) seq->usage.cached_prompt_tokens = -1;
       break;
     }
     TANDEM_CHECK(kv_->Grow(&seq->blocks, reserve_to));
@@ -145,22 +145,24 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
 }
 
 bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
-  const bool first_admission = seq->cached_prompt_tokens < 0;
+  const bool first_admission = seq->usage.cached_prompt_tokens < 0;
   seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
-  if (first_admission) seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
+  if (first_admission)
+    seq->usage.cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
   // Window layout: local pages only for the blocks the first decode step's window sees (what
   // TrimWindow keeps once the prompt is computed); the transfer sends only those.
   const int64_t local_from = kv_->WindowFirstBlock(seq->num_tokens());
   if (!Fits(kv_->BlocksNeeded(seq->blocks, seq->num_tokens(), local_from))) {
     kv_->Free(&seq->blocks);
     seq->num_computed = 0;
-    if (first_admission) seq->cached_prompt_tokens = -1;
+    if (first_admission) seq->usage.cached_prompt_tokens = -1;
     return false;
   }
   TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens(), local_from));
   waiting_.pop_front();
   seq->status = SeqStatus::kAwaitingKv;
-  if (seq->first_scheduled_time == absl::InfinitePast()) seq->first_scheduled_time = absl::Now();
+  if (seq->timing.first_scheduled == absl::InfinitePast())
+    seq->timing.first_scheduled = absl::Now();
   awaiting_.push_back(seq);
   out->reserved.push_back(seq);
   return true;
@@ -180,7 +182,7 @@ SchedulerOutput Scheduler::Schedule() {
   for (Sequence* seq : RowOrder(running_)) {
     if (!HasTokenBudget(budget)) break;
     if (seq->status != SeqStatus::kRunning) continue;  // preempted earlier in this step
-    const int64_t num_drafts = static_cast<int64_t>(seq->draft.size());
+    const int64_t num_drafts = static_cast<int64_t>(seq->spec.draft.size());
     int64_t num_new = 0;
     if (seq->is_prefill()) {
       num_new =
@@ -188,8 +190,9 @@ SchedulerOutput Scheduler::Schedule() {
     } else {
       const DecodeRow row = ShapeDecode(seq->num_uncomputed(), num_drafts, budget);
       if (row.num_drafts < num_drafts) {
-        seq->draft.resize(row.num_drafts);
-        if (seq->draft_q.size() > seq->draft.size()) seq->draft_q.resize(seq->draft.size());
+        seq->spec.draft.resize(row.num_drafts);
+        if (seq->spec.draft_q.size() > seq->spec.draft.size())
+          seq->spec.draft_q.resize(seq->spec.draft.size());
       }
       num_new = row.num_new_tokens;
     }
@@ -206,8 +209,8 @@ SchedulerOutput Scheduler::Schedule() {
 
   for (const ScheduledSeq& s : out.scheduled) {
     out.num_batched_tokens += s.num_new_tokens;
-    if (s.seq->first_scheduled_time == absl::InfinitePast()) {
-      s.seq->first_scheduled_time = absl::Now();
+    if (s.seq->timing.first_scheduled == absl::InfinitePast()) {
+      s.seq->timing.first_scheduled = absl::Now();
     }
   }
   return out;

@@ -45,7 +45,7 @@ class Timeline {
   // Decode role: the prompt's KV will come from a prefill worker.
   void ArriveRemote(const std::string& name, int64_t prompt_len, int32_t max_tokens) {
     Sequence* seq = New(name, prompt_len, max_tokens, 0, -1);
-    seq->remote_prefill = true;
+    seq->disagg.remote_prefill = true;
     scheduler_.AddWaiting(seq);
   }
   // The prompt KV of an awaiting sequence arrived with its first token.
@@ -53,7 +53,7 @@ class Timeline {
     Sequence* seq = Get(name);
     ASSERT_EQ(seq->status, SeqStatus::kAwaitingKv) << name;
     seq->num_computed = seq->num_tokens();
-    seq->remote_prefill = false;
+    seq->disagg.remote_prefill = false;
     kv_.RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
     scheduler_.StartAwaited(seq);
     seq->tokens.push_back(kSampledToken);
@@ -62,7 +62,7 @@ class Timeline {
   // schedules).
   void Draft(const std::string& name, int k) {
     Sequence* seq = Get(name);
-    seq->draft.assign(k, kSampledToken);
+    seq->spec.draft.assign(k, kSampledToken);
   }
 
   // Schedules one step, checks its invariants, applies it and returns its line.
@@ -72,7 +72,7 @@ class Timeline {
     std::vector<std::string> rows;
     for (const ScheduledSeq& s : out.scheduled) {
       std::string row = absl::StrCat(s.seq->request_id, ":", s.num_new_tokens);
-      if (!s.seq->draft.empty()) absl::StrAppend(&row, "(+", s.seq->draft.size(), ")");
+      if (!s.seq->spec.draft.empty()) absl::StrAppend(&row, "(+", s.seq->spec.draft.size(), ")");
       rows.push_back(row);
     }
     std::string line = rows.empty() ? "-" : absl::StrJoin(rows, " ");
@@ -87,11 +87,11 @@ class Timeline {
     for (const ScheduledSeq& s : out.scheduled) {
       Sequence* seq = s.seq;
       seq->num_computed += s.num_new_tokens;
-      if (seq->num_computed < seq->num_tokens() + static_cast<int64_t>(seq->draft.size())) {
+      if (seq->num_computed < seq->num_tokens() + static_cast<int64_t>(seq->spec.draft.size())) {
         continue;  // a prefill chunk short of the prompt's end: nothing sampled
       }
-      seq->tokens.insert(seq->tokens.end(), seq->draft.begin(), seq->draft.end());
-      seq->draft.clear();
+      seq->tokens.insert(seq->tokens.end(), seq->spec.draft.begin(), seq->spec.draft.end());
+      seq->spec.draft.clear();
       seq->tokens.push_back(kSampledToken);
       kv_.RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
       if (seq->num_output() >= seq->params.max_tokens) finished.push_back(seq);
@@ -250,7 +250,7 @@ TEST(SchedulerTimelineTest, OutOfBlocksPreemptsTheNewestAndRecomputesItLater) {
   EXPECT_EQ(t.Step(), "a:1 b:1");
   EXPECT_EQ(t.Step(), "a:1 | preempted b");  // a needs a fourth block: b, served last, yields
   EXPECT_EQ(t.Get("b")->num_computed, 0);
-  EXPECT_EQ(t.Get("b")->num_preemptions, 1);
+  EXPECT_EQ(t.Get("b")->usage.num_preemptions, 1);
   EXPECT_EQ(t.Step(), "a:1");  // b's 13 tokens need 4 blocks, 2 are free
   EXPECT_EQ(t.Step(), "a:1 | finished a");
   EXPECT_EQ(t.Step(), "b:13");  // prompt and output so far, recomputed
@@ -294,11 +294,11 @@ TEST(SchedulerTimelineTest, SpeculationSlotsAreCutToTheTokenBudget) {
   t.Draft("a", 3);
   t.Draft("b", 2);
   EXPECT_EQ(t.Step(), "a:4(+3)");  // 1 + 3 verified positions take the whole budget
-  EXPECT_EQ(t.Get("b")->draft.size(), 2u);
+  EXPECT_EQ(t.Get("b")->spec.draft.size(), 2u);
   t.Draft("a", 2);
   t.Draft("b", 2);
   EXPECT_EQ(t.Step(), "a:3(+2) b:1");  // b's proposal does not fit: dropped
-  EXPECT_TRUE(t.Get("b")->draft.empty());
+  EXPECT_TRUE(t.Get("b")->spec.draft.empty());
   EXPECT_EQ(t.Get("a")->num_output(), 8);
   EXPECT_EQ(t.Get("b")->num_output(), 2);
   t.ExpectDrained();
@@ -310,7 +310,7 @@ TEST(SchedulerTimelineTest, PrefixCacheHitsSkipTheCachedBlocks) {
   EXPECT_EQ(t.Step(), "a:8 | finished a");
   t.Arrive("b", 10, 1, 0, /*content=*/1);  // a's 8 tokens (2 full blocks) and 2 more
   EXPECT_EQ(t.Step(), "b:2 | finished b");
-  EXPECT_EQ(t.Get("b")->cached_prompt_tokens, 8);
+  EXPECT_EQ(t.Get("b")->usage.cached_prompt_tokens, 8);
   t.Arrive("c", 8, 1, 0, /*content=*/1);  // the last token is always computed: 1 block cached
   EXPECT_EQ(t.Step(), "c:4 | finished c");
   t.ExpectDrained();
