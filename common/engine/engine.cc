@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/engine/finish_check.h"
 
 namespace tandem {
 
@@ -88,40 +89,38 @@ void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, 
                     &lp.chosen, &lp.top);
     u->logprobs.push_back(std::move(lp));
   }
-  const SamplingParams& p = seq->params;
-  FinishReason reason = FinishReason::kNone;
   const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
-  bool grammar_done = false;
-  if (seq->grammar.active() && !seq->grammar.matcher->status().ok()) {
-    // The grammar's state graph reached its bound: the mask was incomplete.
-    u->status = seq->grammar.matcher->status();
-    Finish(seq, FinishReason::kError, u);
-    return;
-  }
-  if (seq->grammar.active() && !eos) {
-    if (!seq->grammar.matcher->AcceptToken(token)) {
-      // Masks make this unreachable; refuse to continue outside the grammar.
-      u->status = absl::InternalError(absl::StrCat("token ", token, " outside the grammar"));
-      Finish(seq, FinishReason::kError, u);
-      return;
+  TokenVerdict verdict;
+  if (seq->grammar.active()) {
+    verdict.constrained = true;
+    if (!seq->grammar.matcher->status().ok()) {
+      // The grammar's state graph reached its bound: the mask was incomplete.
+      verdict.error = seq->grammar.matcher->status();
+    } else if (!eos) {
+      if (!seq->grammar.matcher->AcceptToken(token)) {
+        // Masks make this unreachable; refuse to continue outside the grammar.
+        verdict.error = absl::InternalError(absl::StrCat("token ", token, " outside the grammar"));
+      } else {
+        verdict.complete = seq->grammar.matcher->IsTerminated();
+      }
     }
-    grammar_done = seq->grammar.matcher->IsTerminated();
   }
-  if (seq->grammar.active() && eos) {
-    reason = FinishReason::kStop;  // the grammar allowed the end (ignore_eos does not apply)
-  } else if (!p.ignore_eos && eos) {
-    reason = FinishReason::kStop;
-  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
-             p.stop_token_ids.end()) {
-    reason = FinishReason::kStop;
-  } else if (grammar_done) {
-    reason = FinishReason::kStop;  // complete, and nothing may follow
-  } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
-    reason = FinishReason::kLength;
-  } else if (seq->disagg.prefill_only) {
-    reason = FinishReason::kStop;  // prefill role: the first token is all it produces
-  }
-  if (reason != FinishReason::kNone) Finish(seq, reason, u);
+  verdict.last_token = seq->disagg.prefill_only;
+  const SamplingParams& p = seq->params;
+  FinishCheckInput in;
+  in.token = token;
+  in.eos = eos;
+  in.ignore_eos = p.ignore_eos;
+  in.stop_token_ids = p.stop_token_ids;
+  in.num_output = seq->num_output();
+  in.max_tokens = p.max_tokens;
+  in.num_tokens = seq->num_tokens();
+  in.max_model_len = max_model_len_;
+  in.verdict = std::move(verdict);
+  FinishDecision d = CheckFinish(in);
+  if (d.reason == FinishReason::kNone) return;
+  if (!d.status.ok()) u->status = std::move(d.status);
+  Finish(seq, d.reason, u);
 }
 
 void Engine::SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
