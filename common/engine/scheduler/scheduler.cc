@@ -49,6 +49,8 @@ void Scheduler::Remove(Sequence* seq) {
   if (was_running) running_.erase(r);
   auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
   if (a != awaiting_.end()) awaiting_.erase(a);
+  auto p = std::find(pending_.begin(), pending_.end(), seq);
+  if (p != pending_.end()) pending_.erase(p);
   const bool kept = was_running && static_batching_ != nullptr &&
                     static_batching_->KeepAsPadding(seq, !running_.empty());
   if (!kept) kv_->Free(&seq->blocks);
@@ -59,11 +61,36 @@ void Scheduler::ReleasePaddingIfBatchDone() {
   if (static_batching_ != nullptr) static_batching_->ReleaseIfBatchDone(!running_.empty());
 }
 
-void Scheduler::StartAwaited(Sequence* seq) {
-  auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
-  TANDEM_CHECK(a != awaiting_.end()) << "StartAwaited on a sequence that is not awaiting KV";
-  awaiting_.erase(a);
-  AddRunning(seq);
+void Scheduler::Hold(Sequence* seq) {
+  if (seq->waits++ > 0) return;
+  if (seq->status == SeqStatus::kWaiting) {
+    auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+    TANDEM_CHECK(w != waiting_.end()) << "Hold on a sequence the scheduler does not hold";
+    waiting_.erase(w);
+    seq->status = SeqStatus::kPending;
+    pending_.push_back(seq);
+    return;
+  }
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  TANDEM_CHECK(r != running_.end()) << "Hold on a sequence that is neither waiting nor running";
+  running_.erase(r);
+  seq->spec.ClearDraft();
+  seq->status = SeqStatus::kAwaiting;
+  awaiting_.push_back(seq);
+}
+
+void Scheduler::Release(Sequence* seq) {
+  TANDEM_CHECK(seq->waits > 0) << "Release of a sequence that waits for nothing";
+  if (--seq->waits > 0) return;
+  std::vector<Sequence*>& queue = seq->status == SeqStatus::kPending ? pending_ : awaiting_;
+  auto q = std::find(queue.begin(), queue.end(), seq);
+  TANDEM_CHECK(q != queue.end()) << "Release of a sequence that is neither pending nor awaiting";
+  queue.erase(q);
+  if (seq->status == SeqStatus::kPending) {
+    InsertWaiting(seq);
+  } else {
+    AddRunning(seq);
+  }
 }
 
 void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
@@ -160,7 +187,8 @@ bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
   }
   TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens(), local_from));
   waiting_.pop_front();
-  seq->status = SeqStatus::kAwaitingKv;
+  seq->status = SeqStatus::kAwaiting;
+  ++seq->waits;  // released (Release) when the prompt's KV arrived
   if (seq->timing.first_scheduled == absl::InfinitePast())
     seq->timing.first_scheduled = absl::Now();
   awaiting_.push_back(seq);

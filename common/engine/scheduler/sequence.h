@@ -13,9 +13,13 @@
 namespace tandem {
 
 enum class SeqStatus {
-  kWaiting,     // queued for admission (or preempted)
-  kAwaitingKv,  // decode role: blocks reserved, the prompt's KV is on its way from a prefill worker
+  kWaiting,  // queued for admission (or preempted)
+  kPending,  // not admitted yet, and not admissible until an external resource is ready
+             // (Scheduler::Hold before admission: e.g. a grammar still compiling)
   kRunning,
+  kAwaiting,  // admitted (holds a sequence slot and its blocks) but not runnable until an
+              // external resource is ready (decode role: the prompt's KV from a prefill worker;
+              // Scheduler::Hold of a running sequence)
   kFinished,
 };
 
@@ -57,6 +61,7 @@ struct Sequence {
 
   SeqStatus status = SeqStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
+  int32_t waits = 0;  // external resources still awaited (Scheduler::Hold / Release)
 
   SpecState spec;
   GrammarState grammar;

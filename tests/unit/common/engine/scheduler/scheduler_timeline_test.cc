@@ -51,11 +51,11 @@ class Timeline {
   // The prompt KV of an awaiting sequence arrived with its first token.
   void KvArrived(const std::string& name) {
     Sequence* seq = Get(name);
-    ASSERT_EQ(seq->status, SeqStatus::kAwaitingKv) << name;
+    ASSERT_EQ(seq->status, SeqStatus::kAwaiting) << name;
     seq->num_computed = seq->num_tokens();
     seq->disagg.remote_prefill = false;
     kv_.RegisterFull(seq->tokens, seq->num_computed, &seq->blocks);
-    scheduler_.StartAwaited(seq);
+    scheduler_.Release(seq);
     seq->tokens.push_back(kSampledToken);
   }
   // A speculative proposal of `k` tokens for a decoding sequence (the engine proposes before it
@@ -328,7 +328,7 @@ TEST(SchedulerTimelineTest, RemotePrefillsReserveBlocksAndCountAsSequences) {
   EXPECT_EQ(t.Step(), "r:1");  // r and r2 fill both sequence slots: l2 waits
   EXPECT_EQ(t.Step(), "r:1 | finished r");
   EXPECT_EQ(t.Step(), "l2:4 | finished l2");
-  EXPECT_EQ(t.Get("r2")->status, SeqStatus::kAwaitingKv);
+  EXPECT_EQ(t.Get("r2")->status, SeqStatus::kAwaiting);
   t.ExpectDrained();
 }
 
