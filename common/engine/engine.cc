@@ -113,12 +113,6 @@ std::vector<SequenceUpdate> Engine::Step() {
     batch.seqs.back().local_tables = seq->blocks.local;
     if (completes) sampled.push_back(seq);
   }
-  // Static (fixed-shape) baseline: finished members are still computed, their logits discarded.
-  for (const PaddingRow& p : scheduler.padding()) {
-    batch.AddSequenceRows({p.token}, p.pos, p.blocks.table, block_size, 1);
-    batch.seqs.back().local_tables = p.blocks.local;
-  }
-  core.stats().padding_rows += static_cast<int64_t>(scheduler.padding().size());
   for (const auto& f : features) f->BeforeForward(plan, sampled, &batch);
 
   const size_t vocab = static_cast<size_t>(core.vocab_size());
@@ -191,10 +185,6 @@ EngineStats Engine::stats() const {
       s.kv_reserved_token_slots += static_cast<int64_t>(seq->blocks.table.size()) * block_size;
       s.kv_filled_token_slots += seq->num_computed;
     }
-  }
-  for (const PaddingRow& p : scheduler.padding()) {
-    s.kv_reserved_token_slots += static_cast<int64_t>(p.blocks.table.size()) * block_size;
-    s.kv_filled_token_slots += p.pos + 1;
   }
   for (const auto& f : core.features()) f->AddStats(&s);
   return s;

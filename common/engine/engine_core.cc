@@ -21,7 +21,8 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<const Model
                                            backend_ptr->MapLocalPage(block, group, page);
                                          });
   if (options.extensions) options.extensions(kv_.get(), &extensions_);
-  scheduler_ = std::make_unique<Scheduler>(options.scheduler, kv_.get());
+  scheduler_ =
+      std::make_unique<Scheduler>(options.scheduler, kv_.get(), std::move(extensions_.batching));
   const EngineFaultOptions faults =
       ResolveEngineFaultOptions(options.faults, options.faults_from_env);
   if (faults.enabled()) {

@@ -17,6 +17,7 @@
 #include "common/engine/backend/backend.h"
 #include "common/engine/engine_types.h"
 #include "common/engine/finish_check.h"
+#include "common/engine/scheduler/batching_policy.h"
 #include "common/engine/scheduler/scheduler.h"
 #include "common/engine/scheduler/sequence.h"
 
@@ -93,9 +94,10 @@ class EngineFeature {
   EngineCore* core_ = nullptr;
 };
 
-// What EngineOptions::extensions adds to an engine: features whose hooks run after the
-// built-in ones, in this order.
+// What EngineOptions::extensions adds to an engine: a batching policy for its scheduler (null:
+// ContinuousBatching) and features whose hooks run after the built-in ones, in this order.
 struct EngineExtensions {
+  std::unique_ptr<BatchingPolicy> batching;
   std::vector<std::unique_ptr<EngineFeature>> features;
 };
 

@@ -24,6 +24,8 @@
 namespace tandem {
 
 struct EngineExtensions;
+// Fills `out` with what a binary adds to an engine (engine_feature.h: EngineExtensions).
+using EngineExtensionFactory = std::function<void(KvCacheManager* kv, EngineExtensions* out)>;
 
 struct EngineOptions {
   SchedulerOptions scheduler;
@@ -45,7 +47,7 @@ struct EngineOptions {
   // Extensions a binary adds to every engine it builds (engine_feature.h: EngineExtensions):
   // called once per engine, after its KV cache manager exists and before its scheduler is
   // made. Null: none.
-  std::function<void(KvCacheManager* kv, EngineExtensions* out)> extensions;
+  EngineExtensionFactory extensions;
 };
 
 struct EngineRequest {
@@ -135,9 +137,10 @@ struct EngineStats {
   int64_t spec_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_at;  // [i]: proposals whose position i was accepted
   int64_t spec_draft_blocks = 0;          // draft model KV blocks in use
-  int64_t kv_reserved_token_slots = 0;    // block slots held by running sequences (and padding)
-  int64_t kv_filled_token_slots = 0;      // of which hold computed tokens
-  int64_t padding_rows = 0;            // static baseline: rows computed for finished batch members
+  // Block slots held by running sequences (and features that hold blocks of their own), and of
+  // those the slots that hold computed tokens.
+  int64_t kv_reserved_token_slots = 0;
+  int64_t kv_filled_token_slots = 0;
   int64_t grammar_masks = 0;           // token masks applied (structured output)
   int64_t grammar_drafts_trimmed = 0;  // drafted tokens cut because the grammar forbids them
 };

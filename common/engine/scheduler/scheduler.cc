@@ -7,19 +7,14 @@
 
 namespace tandem {
 
-Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
-    : options_(options), kv_(kv) {
-  if (options.baseline != BatchingBaseline::kNone) {
-    static_batching_ = std::make_unique<StaticBatching>(options.baseline, kv);
-  }
-}
+Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv,
+                     std::unique_ptr<BatchingPolicy> batching)
+    : options_(options),
+      kv_(kv),
+      batching_(batching != nullptr ? std::move(batching)
+                                    : std::make_unique<ContinuousBatching>()) {}
 
 Scheduler::~Scheduler() = default;
-
-const std::vector<PaddingRow>& Scheduler::padding() const {
-  static const std::vector<PaddingRow>* const kNoPadding = new std::vector<PaddingRow>();
-  return static_batching_ != nullptr ? static_batching_->padding() : *kNoPadding;
-}
 
 void Scheduler::InsertWaiting(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
@@ -51,14 +46,9 @@ void Scheduler::Remove(Sequence* seq) {
   if (a != awaiting_.end()) awaiting_.erase(a);
   auto p = std::find(pending_.begin(), pending_.end(), seq);
   if (p != pending_.end()) pending_.erase(p);
-  const bool kept = was_running && static_batching_ != nullptr &&
-                    static_batching_->KeepAsPadding(seq, !running_.empty());
-  if (!kept) kv_->Free(&seq->blocks);
-  ReleasePaddingIfBatchDone();
-}
-
-void Scheduler::ReleasePaddingIfBatchDone() {
-  if (static_batching_ != nullptr) static_batching_->ReleaseIfBatchDone(!running_.empty());
+  if (was_running) batching_->OnLeave(seq, !running_.empty());
+  kv_->Free(&seq->blocks);
+  batching_->AfterRemoval(!running_.empty());
 }
 
 void Scheduler::Hold(Sequence* seq) {
@@ -105,7 +95,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
                                          [seq](const BlockCopy& c) { return c.seq == seq; }),
                           out->block_copies.end());
   kv_->Free(&seq->blocks);
-  ReleasePaddingIfBatchDone();
+  batching_->AfterRemoval(!running_.empty());
   seq->num_computed = 0;
   seq->spec.draft.clear();
   seq->spec.draft_q.clear();
@@ -153,8 +143,7 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
     }
     const int64_t num_new =
         ShapePrefillChunk(seq->num_uncomputed(), *budget, options_.max_prefill_chunk);
-    const int64_t reserve_to =
-        static_batching_ != nullptr ? StaticBatching::ReserveTo(*seq) : seq->num_computed + num_new;
+    const int64_t reserve_to = batching_->ReserveTo(*seq, seq->num_computed + num_new);
     if (!Fits(kv_->BlocksNeeded(seq->blocks, reserve_to))) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
@@ -231,7 +220,7 @@ SchedulerOutput Scheduler::Schedule() {
   }
 
   if (MayAdmitAfter(static_cast<int64_t>(out.preempted.size())) &&
-      (static_batching_ == nullptr || StaticBatching::MayAdmit(batch_running))) {
+      batching_->MayAdmit(batch_running)) {
     AdmitWaiting(&budget, &out);
   }
 

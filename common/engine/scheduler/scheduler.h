@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/scheduler/batching_policy.h"
 #include "common/engine/scheduler/capacity_policy.h"
 #include "common/engine/scheduler/sequence.h"
-#include "common/engine/scheduler/static_batching.h"
 
 namespace tandem {
 
@@ -19,8 +19,6 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 64;             // sequences per step
   int64_t max_num_batched_tokens = 512;  // tokens per step (prefill chunks + decodes)
   int64_t max_prefill_chunk = 0;         // cap on one sequence's chunk; 0: the token budget
-  // Benchmark comparisons only (static_batching.h); production runs kNone.
-  BatchingBaseline baseline = BatchingBaseline::kNone;
 };
 
 struct ScheduledSeq {
@@ -46,12 +44,15 @@ struct SchedulerOutput {
 // and, every step, applies the capacity policy (capacity_policy.h: what fits, who is preempted) and
 // the batch-shape policy (batch_shape_policy.h: decodes, speculation slots and prefill chunks)
 // to them: running sequences continue (decodes first, then prefill chunks), then waiting
-// sequences join while the token, sequence and KV-block budgets allow. When blocks run out the
+// sequences join while the token, sequence and KV-block budgets allow and the batching policy
+// (batching_policy.h: continuous in production) lets them. When blocks run out the
 // sequence served last is preempted: its blocks are freed (full ones stay in the prefix cache)
 // and it is recomputed later. Engine thread only.
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, KvCacheManager* kv);
+  // `batching` null: ContinuousBatching (production).
+  Scheduler(const SchedulerOptions& options, KvCacheManager* kv,
+            std::unique_ptr<BatchingPolicy> batching = nullptr);
   ~Scheduler();
 
   void AddWaiting(Sequence* seq);  // a new request's sequence
@@ -81,9 +82,6 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   bool empty() const { return idle() && awaiting_.empty() && pending_.empty(); }
   const SchedulerOptions& options() const { return options_; }
-  // BatchingBaseline::kStatic: the padding rows of the running batch (freed when its last member
-  // finishes). Always empty otherwise.
-  const std::vector<PaddingRow>& padding() const;
   // Fault injection (engine_faults.h): when `fail` returns true, an allocation of blocks the
   // pool could give is refused as if the pool were short. Unset (the default): never.
   void set_allocation_fault(std::function<bool()> fail) { fail_allocation_ = std::move(fail); }
@@ -99,8 +97,6 @@ class Scheduler {
   void AdmitWaiting(int64_t* budget, SchedulerOutput* out);
   bool ReserveRemote(Sequence* seq, SchedulerOutput* out);
   void MakeWritable(Sequence* seq, int64_t begin, int64_t end, SchedulerOutput* out);
-  // The static baseline's batch is done when nothing runs any more.
-  void ReleasePaddingIfBatchDone();
 
   SchedulerOptions options_;
   KvCacheManager* kv_;
@@ -109,7 +105,7 @@ class Scheduler {
   std::vector<Sequence*> awaiting_;  // kAwaiting, in the order they were held
   std::vector<Sequence*> pending_;   // kPending, in the order they were held
   std::function<bool()> fail_allocation_;
-  std::unique_ptr<StaticBatching> static_batching_;  // null unless a baseline is selected
+  std::unique_ptr<BatchingPolicy> batching_;
 };
 
 }  // namespace tandem
