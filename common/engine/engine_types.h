@@ -117,7 +117,7 @@ struct SequenceUpdate {
 
 struct EngineStats {
   int64_t num_running = 0;
-  int64_t num_waiting = 0;
+  int64_t num_waiting = 0;  // not admitted yet (pending ones, waiting for a resource, included)
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_used = 0;       // referenced by sequences
   int64_t kv_blocks_cached = 0;     // holding a prefix-cache entry (referenced or not)
@@ -129,8 +129,10 @@ struct EngineStats {
   int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission
   int64_t prefix_cache_hit = 0;      // of which found cached
   int64_t generated_tokens = 0;
-  int64_t num_awaiting_kv = 0;  // decode role: reservations waiting for their KV
-  int64_t kv_blocks_held = 0;   // prefill role: blocks held for export
+  // Admitted but waiting for an external resource (kAwaiting): on a decode worker, the
+  // reservations waiting for their KV.
+  int64_t num_awaiting_kv = 0;
+  int64_t kv_blocks_held = 0;  // prefill role: blocks held for export
   // Speculative decoding.
   int64_t spec_verifications = 0;  // sequence-steps that verified a proposal
   int64_t spec_drafted_tokens = 0;
