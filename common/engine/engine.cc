@@ -98,6 +98,8 @@ std::vector<SequenceUpdate> Engine::Step() {
   const int64_t block_size = backend.kv_spec().block_size;
   ForwardBatch batch;
   std::vector<Sequence*> sampled;
+  std::vector<size_t> first_row;  // of each sampled sequence's logits rows
+  size_t num_rows = 0;
   for (const ScheduledSeq& s : plan.scheduled) {
     Sequence* seq = s.seq;
     core.CountAdmission(seq);
@@ -111,7 +113,11 @@ std::vector<SequenceUpdate> Engine::Step() {
     batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
                           block_size, completes ? 1 + static_cast<int64_t>(draft.size()) : 0);
     batch.seqs.back().local_tables = seq->blocks.local;
-    if (completes) sampled.push_back(seq);
+    if (completes) {
+      sampled.push_back(seq);
+      first_row.push_back(num_rows);
+      num_rows += 1 + draft.size();
+    }
   }
   for (const auto& f : features) f->BeforeForward(plan, sampled, &batch);
 
@@ -130,10 +136,9 @@ std::vector<SequenceUpdate> Engine::Step() {
     s.seq->num_computed += s.num_new_tokens;
     kv.RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
   }
-  size_t row_index = 0;
-  for (Sequence* seq : sampled) {
-    float* row = logits_.data() + row_index * vocab;
-    row_index += 1 + seq->spec.draft.size();
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence* seq = sampled[i];
+    float* row = logits_.data() + first_row[i] * vocab;
     const bool taken = std::any_of(features.begin(), features.end(),
                                    [&](const auto& f) { return f->Sample(seq, row, &updates); });
     if (!taken) core.SampleInto(seq, row, core.RawLogits(*seq, row), &updates);
