@@ -10,7 +10,7 @@ packages=(
   clang libclang-rt-14-dev llvm
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  prometheus-cpp-dev libcpp-httplib-dev libboost-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev libboost-dev libonig-dev libre2-dev nlohmann-json3-dev libgtest-dev libgmock-dev
   libbenchmark-dev libssl-dev zlib1g-dev openssl
   # test clients and tools
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch curl
