@@ -93,7 +93,7 @@ int Main(int argc, char** argv) {
   options.kv_dtype = DType::kBF16;
   options.num_blocks = 20000;  // 32 sequences x 8192 positions, ~10 GiB
   options.max_num_tokens = 2048;
-  options.max_graph_batch = 256;
+  options.max_graph_tokens = 256;
   auto graphs = cuda::CudaBackend::Create(model, options);
   options.cuda_graphs = false;
   auto eager = cuda::CudaBackend::Create(model, options);
