@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# The whole GPU check of the GPU engine (issue 43) in one call of at most 10 minutes on one
+# H200, with a prebuilt archive (tests/gpu/pack_prebuilt.sh) unpacked at the repository root:
+#   1. tests      ctest -L gpu (kernels, backend, engine and NCCL tests on the GPU)
+#   2. bench      cuda_bench: engine step times beside the measured bandwidth and matrix peak
+#   3. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict
+#                 each
+#   4. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256 (1 round)
+#   5. peer       scripts/bench/gpu_peer.sh: llama.cpp's CUDA server beside `tandem serve`
+#                 (skipped, saying so, when the archive holds no llama.cpp build)
+#
+#   tests/gpu/check.sh [PHASE...]        (default: all five, in that order)
+#
+# The one command, from this machine (after tests/gpu/pack_prebuilt.sh build-gpu
+# out/gpu-prebuilt.tar.xz, with LLAMA_CPP_BUILD set for the peer; see docs/benchmarks/gpu.md):
+#   run(command="tar xf out/gpu-prebuilt.tar.xz && tests/gpu/check.sh",
+#       carry=["out/gpu-prebuilt.tar.xz"], timeout_s=600)
+# Every phase runs under its own time limit and a shared deadline (CHECK_DEADLINE_S, 570 s from
+# the start): a phase that would not fit in what is left is skipped with a SKIP line, so the
+# command always ends with its summary; name the skipped phases to run them in a second call.
+# Writes to $OUT when set (the device tool's folder), else build-gpu/check: summary.txt (every
+# verdict and figure), tests.log and bench.log, the benchmark sections gpu_serve.md and
+# gpu_peer.md, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
+# Environment: BUILD_DIR (build-gpu), CHECK_DEADLINE_S (570), PYTHON (python3),
+# TANDEM_GPU_PREBUILT (1: no configure or build; 0: run.sh builds first, which takes minutes).
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root" || exit 1
+build=${BUILD_DIR:-build-gpu}
+build=$(cd "$build" 2>/dev/null && pwd || echo "$root/$build")
+out=${OUT:-$build/check}
+mkdir -p "$out"
+deadline=$(( $(date +%s) + ${CHECK_DEADLINE_S:-570} ))
+export PYTHON=${PYTHON:-python3}
+export TANDEM_GPU_PREBUILT=${TANDEM_GPU_PREBUILT:-1}
+export TANDEM_PY_STUBS=${TANDEM_PY_STUBS:-$build/py-stubs}
+# One random llama-1b for every phase (cuda_backend_test writes it, the scripts find it).
+export TANDEM_MODEL_CACHE=$build/gpu_test_models
+export BUILD_DIR=$build
+# CTest files and test binaries hold the absolute paths of the machine that built them
+# (pack_prebuilt.sh wrote them down): make them lead here.
+if [ -f "$build/prebuilt-paths.txt" ]; then
+  while read -r what path; do
+    here=$root
+    [ "$what" = build ] && here=$build
+    if [ "$path" != "$here" ] && [ ! -e "$path" ]; then
+      mkdir -p "$(dirname "$path")" && ln -s "$here" "$path"
+    fi
+  done <"$build/prebuilt-paths.txt"
+fi
+logs=$(mktemp -d)
+summary=$out/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+left() { echo $(( deadline - $(date +%s) )); }
+
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(tests bench cluster serve peer)
+note "check.sh $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total \
+  --format=csv,noheader 2>/dev/null || echo 'no GPU visible'), $(nproc) cores; phases: ${phases[*]}"
+
+# run_phase NAME NEED LIMIT CMD...: runs CMD (log: NAME.log) if NEED seconds are left, for at
+# most LIMIT seconds (and never past the deadline).
+failed=0
+run_phase() {
+  local name=$1 need=$2 limit=$3
+  shift 3
+  local remaining
+  remaining=$(left)
+  if [ "$remaining" -lt "$need" ]; then
+    note "SKIP $name: ${remaining}s left, it needs about ${need}s (run: tests/gpu/check.sh $name)"
+    return
+  fi
+  [ "$limit" -gt "$remaining" ] && limit=$remaining
+  local start rc
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  local took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then
+    note "PASS $name (${took}s)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    note "FAIL $name: stopped at its ${limit}s limit"
+    failed=1
+  else
+    note "FAIL $name: exit $rc (${took}s)"
+    failed=1
+  fi
+}
+
+bench_results=$logs/results
+for phase in "${phases[@]}"; do
+  case $phase in
+    tests)
+      # run.sh's own phases, one at a time, so that each gets its own limit here.
+      run_phase tests 120 300 env RUN_SH_PHASES=tests tests/gpu/run.sh "$build"
+      cp "$logs/tests.log" "$out/tests.log" 2>/dev/null ;;
+    bench)
+      run_phase bench 60 150 "$build/bin/cuda_bench" --model "$TANDEM_MODEL_CACHE/llama-1b-bf16"
+      cp "$logs/bench.log" "$out/bench.log" 2>/dev/null ;;
+    cluster)
+      run_phase cluster 60 150 "$PYTHON" tests/gpu/gpu_cluster_check.py "$build" ;;
+    serve)
+      run_phase serve 60 150 env BENCH_REPS=1 GPU_SERVE_SERVERS=one-process \
+        BENCH_RESULTS="$bench_results" scripts/bench/gpu_serve.sh
+      cp "$bench_results/gpu_serve.md" "$out/" 2>/dev/null ;;
+    peer)
+      llama=${LLAMA_CPP_BUILD:-$build/llama-cpp}
+      if [ ! -x "$llama/bin/llama-server" ]; then
+        note "SKIP peer: no llama.cpp CUDA build in $llama (pack one: LLAMA_CPP_BUILD=DIR tests/gpu/pack_prebuilt.sh)"
+        continue
+      fi
+      run_phase peer 120 240 env BENCH_REPS=2 BENCH_RESULTS="$bench_results" \
+        LLAMA_CPP_COMMIT="${LLAMA_CPP_COMMIT:-$(cat "$llama/commit.txt" 2>/dev/null || echo unknown)}" \
+        scripts/bench/gpu_peer.sh "$llama"
+      cp "$bench_results/gpu_peer.md" "$out/" 2>/dev/null ;;
+    *)
+      note "unknown phase $phase (tests bench cluster serve peer)"
+      failed=1 ;;
+  esac
+done
+
+# The figures, last, so that the device tool's output tail shows them.
+{
+  echo
+  [ -f "$logs/tests.log" ] && sed -n '/GPU summary/,$p' "$logs/tests.log" | grep -v '^$' | head -30
+  [ -f "$logs/bench.log" ] && sed -n '/^cuda_bench:/,$p' "$logs/bench.log"
+  [ -f "$logs/cluster.log" ] && grep '^VERDICT' "$logs/cluster.log"
+  [ -f "$out/gpu_serve.md" ] && grep '^| ' "$out/gpu_serve.md"
+  [ -f "$out/gpu_peer.md" ] && grep -E '^(\| |Same-weights)' "$out/gpu_peer.md"
+} | tee -a "$summary"
+cp -r "$build/gpu-logs" "$logs/run-sh-logs" 2>/dev/null
+tar -C "$logs" -cJf "$out/logs.tar.xz" . 2>/dev/null
+rm -rf "$logs"
+note "check.sh: $([ $failed -eq 0 ] && echo PASSED || echo FAILED); $(left)s of the deadline left; files in $out"
+exit $failed
