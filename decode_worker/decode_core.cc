@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/worker/proto_convert.h"
+#include "kvtransfer/auth.h"
 
 namespace tandem {
 namespace {
@@ -77,7 +78,6 @@ absl::Status DecodeCore::StartReceiver(const kvtransfer::ReceiverOptions& option
       [this](const kvtransfer::CompletedTransfer& done) { OnTransferComplete(done); });
   if (!receiver.ok()) return receiver.status();
   receiver_ = std::move(receiver).value();
-  transfer_salt_ = receiver_->incarnation() << 20;
   TLOG(INFO) << "KV receiver (" << options.transport << ") on " << receiver_->endpoint();
   return absl::OkStatus();
 }
@@ -110,33 +110,44 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
     if (u.reservation.has_value() && receiver_ != nullptr) {
       // Engine thread: register the expected transfer before anyone can learn its id.
       const KvReservation& res = *u.reservation;
-      *transfer_id = transfer_salt_ ^ next_transfer_.fetch_add(1);
-      const int32_t first_block = static_cast<int32_t>(res.cached_tokens / res.block_size);
-      kvtransfer::Expectation expect;
-      expect.transfer_id = *transfer_id;
-      expect.dst_blocks.assign(res.blocks.begin() + first_block, res.blocks.end());
-      // Window layout: the local layers' pages exist only for the window's blocks (the cached
-      // prefix's blocks are not sent at all).
-      expect.window_layers = res.window_layers;
-      expect.window_first =
-          static_cast<int32_t>(std::max<int64_t>(0, res.window_first_block - int64_t{first_block}));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        transfer_to_request_[*transfer_id] = request_id;
+      absl::StatusOr<std::string> key = kvtransfer::NewTransferKey();
+      absl::StatusOr<uint64_t> id = NewTransferId();
+      if (!key.ok() || !id.ok()) {
+        // Without a random id and key the transfer could be claimed: no reservation leaves and
+        // the request is cancelled (the router then prefills it on this worker).
+        TLOG(ERROR) << "request " << request_id << ": " << (key.ok() ? id.status() : key.status());
+        engine_->Cancel(request_id);
+      } else {
+        *transfer_id = *id;
+        const int32_t first_block = static_cast<int32_t>(res.cached_tokens / res.block_size);
+        kvtransfer::Expectation expect;
+        expect.transfer_id = *transfer_id;
+        expect.transfer_key = *key;
+        expect.dst_blocks.assign(res.blocks.begin() + first_block, res.blocks.end());
+        // Window layout: the local layers' pages exist only for the window's blocks (the cached
+        // prefix's blocks are not sent at all).
+        expect.window_layers = res.window_layers;
+        expect.window_first = static_cast<int32_t>(
+            std::max<int64_t>(0, res.window_first_block - int64_t{first_block}));
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          transfer_to_request_[*transfer_id] = request_id;
+        }
+        receiver_->Expect(expect);
+        v1::DecodeResponse r;
+        v1::KvReservation* out = r.mutable_reservation();
+        out->set_transfer_id(*transfer_id);
+        out->set_kv_endpoint(receiver_->endpoint());
+        out->set_incarnation(receiver_->incarnation());
+        out->set_first_block(first_block);
+        out->mutable_dst_blocks()->Assign(expect.dst_blocks.begin(), expect.dst_blocks.end());
+        out->set_cached_tokens(static_cast<int32_t>(res.cached_tokens));
+        out->set_num_tokens(static_cast<int32_t>(res.num_tokens));
+        for (int64_t l : expect.window_layers) out->add_window_layers(static_cast<int32_t>(l));
+        out->set_window_first(expect.window_first);
+        out->set_transfer_key(expect.transfer_key);
+        callback(r);
       }
-      receiver_->Expect(expect);
-      v1::DecodeResponse r;
-      v1::KvReservation* out = r.mutable_reservation();
-      out->set_transfer_id(*transfer_id);
-      out->set_kv_endpoint(receiver_->endpoint());
-      out->set_incarnation(receiver_->incarnation());
-      out->set_first_block(first_block);
-      out->mutable_dst_blocks()->Assign(expect.dst_blocks.begin(), expect.dst_blocks.end());
-      out->set_cached_tokens(static_cast<int32_t>(res.cached_tokens));
-      out->set_num_tokens(static_cast<int32_t>(res.num_tokens));
-      for (int64_t l : expect.window_layers) out->add_window_layers(static_cast<int32_t>(l));
-      out->set_window_first(expect.window_first);
-      callback(r);
     }
     if (u.finished && *transfer_id != 0 && receiver_ != nullptr) {
       // Whatever the ending, the expectation goes: late KV for it is discarded.
@@ -149,6 +160,17 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
     ToProto(u, &out);
     for (const auto& r : out) callback(r);
   });
+}
+
+absl::StatusOr<uint64_t> DecodeCore::NewTransferId() {
+  // Random, so that no one who learns one id (or the incarnation) can name another; unique
+  // among this worker's expected transfers (Expect replaces an id already expected).
+  while (true) {
+    absl::StatusOr<uint64_t> id = kvtransfer::NewTransferId();
+    if (!id.ok()) return id;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (transfer_to_request_.count(*id) == 0) return id;
+  }
 }
 
 void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {

@@ -37,13 +37,13 @@ class DecodeCore : public DecodeHandler {
 
  private:
   void OnTransferComplete(const kvtransfer::CompletedTransfer& done);
+  // A random transfer id no expected transfer of this worker has.
+  absl::StatusOr<uint64_t> NewTransferId();
 
   AsyncEngine* engine_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::string> transfer_to_request_;
-  std::atomic<uint64_t> next_transfer_{0};
-  uint64_t transfer_salt_ = 0;
 };
 
 }  // namespace tandem

@@ -15,6 +15,14 @@ constexpr absl::string_view kSenderLabel = "tandem kvtransfer v2 sender proof";
 constexpr absl::string_view kReceiverLabel = "tandem kvtransfer v2 receiver proof";
 constexpr absl::string_view kControlRequestLabel = "tandem kvtransfer control request";
 constexpr absl::string_view kControlReplyLabel = "tandem kvtransfer control reply";
+constexpr absl::string_view kBeginLabel = "tandem kvtransfer v3 begin proof";
+
+absl::Status RandomBytes(void* out, size_t n) {
+  if (RAND_bytes(static_cast<unsigned char*>(out), static_cast<int>(n)) != 1) {
+    return absl::InternalError("kv transfer: the random number generator failed");
+  }
+  return absl::OkStatus();
+}
 
 std::string Hmac(absl::string_view secret, absl::string_view label, absl::string_view a,
                  absl::string_view b, absl::string_view message) {
@@ -40,10 +48,36 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
 
 absl::StatusOr<std::string> NewNonce() {
   std::string nonce(kAuthNonceBytes, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), kAuthNonceBytes) != 1) {
-    return absl::InternalError("kv transfer: the random number generator failed");
-  }
+  if (absl::Status s = RandomBytes(nonce.data(), nonce.size()); !s.ok()) return s;
   return nonce;
+}
+
+absl::StatusOr<uint64_t> NewTransferId() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (absl::Status s = RandomBytes(&id, sizeof id); !s.ok()) return s;
+  }
+  return id;
+}
+
+absl::StatusOr<std::string> NewTransferKey() {
+  std::string key(kTransferKeyBytes, '\0');
+  if (absl::Status s = RandomBytes(key.data(), key.size()); !s.ok()) return s;
+  return key;
+}
+
+std::string BeginProof(absl::string_view key, absl::string_view binding, uint64_t transfer_id,
+                       uint32_t attempt, absl::Span<const int32_t> dst_blocks) {
+  std::string ids(12, '\0');
+  for (int i = 0; i < 8; ++i) ids[i] = static_cast<char>(transfer_id >> (8 * i));
+  for (int i = 0; i < 4; ++i) ids[8 + i] = static_cast<char>(attempt >> (8 * i));
+  std::string blocks;
+  blocks.reserve(dst_blocks.size() * 4);
+  for (int32_t b : dst_blocks) {
+    for (int i = 0; i < 4; ++i)
+      blocks.push_back(static_cast<char>(static_cast<uint32_t>(b) >> (8 * i)));
+  }
+  return Hmac(key, kBeginLabel, binding, ids, blocks);
 }
 
 std::string SenderProof(absl::string_view secret, absl::string_view receiver_nonce,

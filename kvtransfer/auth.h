@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 namespace tandem::kvtransfer {
 
@@ -43,6 +44,21 @@ std::string ControlRequestProof(absl::string_view secret, int64_t unix_ms, absl:
                                 absl::string_view request);
 std::string ControlReplyProof(absl::string_view secret, absl::string_view request_proof,
                               absl::string_view reply);
+
+// Transfers (README.md, "Transfer ids and the sender binding"): a decode worker gives every
+// reservation an id and a key, both from OpenSSL's CSPRNG. The id names the transfer and is
+// unguessable (nothing about it follows from the incarnation or from other ids); the key travels
+// only to the router and, in the reservation of its Prefill call, to the prefill worker the
+// router names, which proves it in BEGIN. INTERNAL if the generator fails.
+inline constexpr size_t kTransferKeyBytes = 32;
+absl::StatusOr<uint64_t> NewTransferId();  // never 0
+absl::StatusOr<std::string> NewTransferKey();
+// BEGIN's proof that the sender holds the transfer's key: HMAC(key, "begin" label || binding ||
+// transfer id, attempt, destination blocks). `binding` ties it to the link it is sent on: tcp,
+// the connection's two handshake nonces (empty without a shared secret); nccl and cuda-ipc, the
+// sender's id; loopback, empty.
+std::string BeginProof(absl::string_view key, absl::string_view binding, uint64_t transfer_id,
+                       uint32_t attempt, absl::Span<const int32_t> dst_blocks);
 
 // Constant-time comparison (CRYPTO_memcmp); false when the sizes differ or `expected` is empty.
 bool ProofMatches(absl::string_view got, absl::string_view expected);

@@ -1,10 +1,25 @@
 #include "kvtransfer/control_message.h"
 
 #include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/auth.h"
 
 namespace tandem::kvtransfer {
+
+std::string ControlBinding(uint64_t sender_id) {
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &sender_id, 8);
+  return out;
+}
+
+uint64_t NewSenderId() {
+  absl::StatusOr<uint64_t> id = NewTransferId();  // the same generator: 64 random bits
+  if (id.ok()) return *id;
+  std::random_device rd;  // only if OpenSSL's generator failed
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+}
 
 std::string EncodeRequest(const ControlRequest& r) {
   std::string out(1 + 8, '\0');

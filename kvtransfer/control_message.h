@@ -33,6 +33,13 @@ struct ControlRequest {
   std::string body;
 };
 
+// What a BEGIN's proof of the transfer key is bound to on these transports (BeginProof's
+// binding, auth.h): the sender's id, which every request carries and the receiver keys its
+// peers by (random per sender, from the CSPRNG).
+std::string ControlBinding(uint64_t sender_id);
+// A fresh random sender id (never 0).
+uint64_t NewSenderId();
+
 std::string EncodeRequest(const ControlRequest& r);
 // DATA_LOSS when `bytes` is too short or its kind is outside [first_kind, last_kind]; the
 // messages name the transport as `what` ("kv", "cuda-ipc").

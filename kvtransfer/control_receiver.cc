@@ -23,8 +23,10 @@ absl::Status CheckIncarnation(const wire::Begin& b, uint64_t incarnation) {
       "receiver incarnation is ", incarnation, ", transfer was reserved under ", b.incarnation));
 }
 
-ReceiverCore::AttemptStart AttemptFromBegin(wire::Begin b, uint64_t owner) {
+ReceiverCore::AttemptStart AttemptFromBegin(wire::Begin b, uint64_t owner, uint64_t sender_id) {
   ReceiverCore::AttemptStart start;
+  start.proof = std::move(b.proof);
+  start.binding = ControlBinding(sender_id);
   start.transfer_id = b.transfer_id;
   start.attempt = b.attempt;
   start.dst_blocks = std::move(b.dst_blocks);
@@ -39,9 +41,10 @@ absl::Status SenderAborted(const absl::Status& status) {
                       absl::StrCat("sender aborted: ", status.message()));
 }
 
-std::string FinishReply(ReceiverCore* core, wire::Finish f,
+std::string FinishReply(ReceiverCore* core, uint64_t owner, wire::Finish f,
                         const std::shared_ptr<AttemptOutcome>& outcome) {
-  absl::Status s = core->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
+  absl::Status s =
+      core->Finish(owner, f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
   if (!s.ok()) return ResultReply(f.transfer_id, f.attempt, s);
   if (!outcome) return ResultReply(f.transfer_id, f.attempt, absl::OkStatus());
   std::unique_lock<std::mutex> lock(outcome->mu);

@@ -30,15 +30,17 @@ struct AttemptOutcome {
 // receiver's.
 absl::Status CheckIncarnation(const wire::Begin& b, uint64_t incarnation);
 
-// The attempt BEGIN starts on the sender `owner` (its deadline relative to now).
-ReceiverCore::AttemptStart AttemptFromBegin(wire::Begin b, uint64_t owner);
+// The attempt BEGIN from sender `sender_id` starts on its owner id `owner` (its deadline
+// relative to now; its proof of the transfer key bound to the sender id).
+ReceiverCore::AttemptStart AttemptFromBegin(wire::Begin b, uint64_t owner, uint64_t sender_id);
 
 // What an attempt ends with when the sender aborted it with `status` (ABORTED when OK).
 absl::Status SenderAborted(const absl::Status& status);
 
-// The RESULT answering FINISH `f`: the core's check of the attempt, then its outcome (waited
-// for at most 10 s; UNAVAILABLE when still unknown), OK when there is no `outcome` to wait for.
-std::string FinishReply(ReceiverCore* core, wire::Finish f,
+// The RESULT answering FINISH `f` from `owner`: the core's check of the attempt, then its
+// outcome (waited for at most 10 s; UNAVAILABLE when still unknown), OK when there is no
+// `outcome` to wait for.
+std::string FinishReply(ReceiverCore* core, uint64_t owner, wire::Finish f,
                         const std::shared_ptr<AttemptOutcome>& outcome);
 
 }  // namespace tandem::kvtransfer

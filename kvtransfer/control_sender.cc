@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kvtransfer/auth.h"
+#include "kvtransfer/control_message.h"
 #include "kvtransfer/tcp/wire.h"
 
 namespace tandem::kvtransfer {
@@ -32,7 +34,7 @@ ControlSender::ControlSender(const SenderOptions& options, KvRegionAccess* acces
       options_(WithFaults(options)),
       access_(access),
       config_(std::move(config)),
-      sender_id_(std::random_device{}() * 0x100000001ull ^ absl::ToUnixNanos(absl::Now())),
+      sender_id_(NewSenderId()),
       core_(
           options, access, config_.thread_name, [this] { StopRetired(); },
           config_.max_blocks_per_message) {}
@@ -69,6 +71,10 @@ absl::StatusOr<TransferHandle> ControlSender::Begin(const TransferTarget& target
                       ? -1
                       : absl::ToInt64Milliseconds(target.deadline - absl::Now());
   b.dst_blocks = target.dst_blocks;
+  if (!target.transfer_key.empty()) {
+    b.proof = BeginProof(target.transfer_key, ControlBinding(sender_id_), b.transfer_id, b.attempt,
+                         b.dst_blocks);
+  }
   s = Control(target.endpoint, config_.kinds.begin, wire::EncodeBegin(b));
   if (!s.ok()) return s;
   return core_.Start(target, std::move(src_blocks), *std::move(peer));

@@ -55,6 +55,10 @@ TransportStats Sum(const TransportStats& a, const TransportStats& b) {
   s.handshakes_refused = a.handshakes_refused + b.handshakes_refused;
   s.connections_lost = a.connections_lost + b.connections_lost;
   s.faults_injected = a.faults_injected + b.faults_injected;
+  s.connections_refused = a.connections_refused + b.connections_refused;
+  s.messages_refused = a.messages_refused + b.messages_refused;
+  s.buffer_bytes = a.buffer_bytes + b.buffer_bytes;
+  s.buffer_bytes_peak = a.buffer_bytes_peak + b.buffer_bytes_peak;
   s.transfer_micros_sum = a.transfer_micros_sum + b.transfer_micros_sum;
   s.transfer_micros_max = std::max(a.transfer_micros_max, b.transfer_micros_max);
   return s;

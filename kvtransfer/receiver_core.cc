@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"
 
 namespace tandem::kvtransfer {
@@ -22,7 +23,10 @@ struct ReceiverCore::Entry {
   std::string invalid;                         // why the expectation itself is unusable
   int64_t last_attempt = -1;
   bool active = false;
-  uint64_t owner = 0;
+  uint64_t owner = 0;  // the link the last attempt began on
+  // Links whose BEGIN proved the transfer's key (its attempts' senders): their late messages
+  // are answered in detail, anyone else's are refused as kNotNamed.
+  std::vector<uint64_t> named;
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time started;
   ResultFn result;
@@ -42,12 +46,13 @@ struct ReceiverCore::Entry {
 ReceiverCore::ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
                            KvReceiver::CompletionCallback on_complete,
                            absl::Duration deadline_grace, absl::Duration max_transfer_time,
-                           const std::string& thread_name)
+                           const std::string& thread_name, TransferHooks* hooks)
     : layout_(layout),
       access_(access),
       on_complete_(std::move(on_complete)),
       deadline_grace_(deadline_grace),
       max_transfer_time_(max_transfer_time),
+      hooks_(hooks),
       loop_(thread_name, absl::Milliseconds(20), [this] { Tick(); }) {}
 
 ReceiverCore::~ReceiverCore() {
@@ -129,15 +134,62 @@ int64_t ReceiverCore::num_in_flight() const {
   return static_cast<int64_t>(entries_.size());
 }
 
+absl::Status ReceiverCore::NotExpected(uint64_t transfer_id, uint32_t attempt) {
+  return absl::NotFoundError(absl::StrCat("kv transfer ", transfer_id, " attempt ", attempt,
+                                          " is not expected from this sender (unknown, ended, "
+                                          "or not named for it)"));
+}
+
+void ReceiverCore::RefuseNotNamedLocked(uint64_t transfer_id, const char* what) {
+  counters_.messages_refused.fetch_add(1, std::memory_order_relaxed);
+  if (hooks_ != nullptr) hooks_->Refused(TransferDirection::kReceive, KvRefusal::kNotNamed);
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_log_ < absl::Seconds(10)) {
+    ++refusals_not_logged_;
+    return;
+  }
+  TLOG(WARNING) << "kv transfer " << transfer_id << ": refused " << what
+                << " from a sender not named for the transfer"
+                << (refusals_not_logged_ > 0
+                        ? absl::StrCat(" (and ", refusals_not_logged_, " more since the last)")
+                        : std::string());
+  last_refusal_log_ = now;
+  refusals_not_logged_ = 0;
+}
+
+ReceiverCore::Entry* ReceiverCore::OwnedLocked(uint64_t owner, uint64_t transfer_id,
+                                               uint32_t attempt, absl::Status* status) {
+  auto it = entries_.find(transfer_id);
+  if (it == entries_.end()) {
+    *status = NotExpected(transfer_id, attempt);
+    return nullptr;
+  }
+  Entry* e = it->second.get();
+  if (owner != e->owner && std::find(e->named.begin(), e->named.end(), owner) == e->named.end()) {
+    if (!e->exp.transfer_key.empty() || e->owner != 0) {
+      RefuseNotNamedLocked(transfer_id, "a message of another sender's attempt");
+    }
+    *status = NotExpected(transfer_id, attempt);
+    return nullptr;
+  }
+  return e;
+}
+
 absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(start.transfer_id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat("transfer ", start.transfer_id,
-                                            " is not expected by the receiver (unknown, "
-                                            "cancelled or already complete)"));
-  }
+  if (it == entries_.end()) return NotExpected(start.transfer_id, start.attempt);
   Entry* e = it->second.get();
+  if (!e->exp.transfer_key.empty() &&
+      !ProofMatches(start.proof, BeginProof(e->exp.transfer_key, start.binding, start.transfer_id,
+                                            start.attempt, start.dst_blocks))) {
+    RefuseNotNamedLocked(start.transfer_id, "a BEGIN without the proof of its key");
+    return NotExpected(start.transfer_id, start.attempt);
+  }
+  // From here on the sender holds the key: it is told what is wrong.
+  if (std::find(e->named.begin(), e->named.end(), start.owner) == e->named.end()) {
+    e->named.push_back(start.owner);
+  }
   if (!e->invalid.empty()) return absl::InvalidArgumentError(e->invalid);
   if (static_cast<int64_t>(start.attempt) <= e->last_attempt) {
     return absl::AbortedError(absl::StrCat("attempt ", start.attempt, " of transfer ",
@@ -184,19 +236,16 @@ absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_id, uint32_t attempt,
-                                                             int64_t layer,
+absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t owner, uint64_t transfer_id,
+                                                             uint32_t attempt, int64_t layer,
                                                              absl::Span<const int32_t> blocks,
                                                              bool* reported) {
   *reported = false;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(transfer_id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("data for transfer ", transfer_id, " which the receiver does not expect"));
-  }
-  Entry* e = it->second.get();
-  if (static_cast<int64_t>(attempt) != e->last_attempt) {
+  absl::Status refused;
+  Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
+  if (e == nullptr) return refused;
+  if (static_cast<int64_t>(attempt) != e->last_attempt || owner != e->owner) {
     return absl::AbortedError(absl::StrCat("data for attempt ", attempt, " of transfer ",
                                            transfer_id, " but the live attempt is ",
                                            e->last_attempt));
@@ -243,7 +292,7 @@ absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t transfer_i
     FailAttemptLocked(e, s, /*notify_sender=*/true);
     return s;
   }
-  t.entry = it->second;
+  t.entry = entries_[transfer_id];
   t.generation = e->generation;
   return t;
 }
@@ -272,16 +321,14 @@ void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
                             std::memory_order_relaxed);
 }
 
-absl::Status ReceiverCore::Finish(uint64_t transfer_id, uint32_t attempt, uint64_t frames,
-                                  uint64_t bytes, std::string trailer) {
+absl::Status ReceiverCore::Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
+                                  uint64_t frames, uint64_t bytes, std::string trailer) {
   std::lock_guard<std::mutex> lock(mu_);
+  absl::Status refused;
+  Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
+  if (e == nullptr) return refused;
   auto it = entries_.find(transfer_id);
-  if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("finish for transfer ", transfer_id, " which the receiver does not expect"));
-  }
-  Entry* e = it->second.get();
-  if (static_cast<int64_t>(attempt) != e->last_attempt) {
+  if (static_cast<int64_t>(attempt) != e->last_attempt || owner != e->owner) {
     return absl::AbortedError(absl::StrCat("finish for attempt ", attempt, " of transfer ",
                                            transfer_id, " but the live attempt is ",
                                            e->last_attempt));
@@ -325,12 +372,13 @@ absl::Status ReceiverCore::Finish(uint64_t transfer_id, uint32_t attempt, uint64
   return absl::OkStatus();
 }
 
-void ReceiverCore::Abort(uint64_t transfer_id, uint32_t attempt, const absl::Status& why) {
+void ReceiverCore::Abort(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
+                         const absl::Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(transfer_id);
-  if (it == entries_.end()) return;
-  Entry* e = it->second.get();
-  if (static_cast<int64_t>(attempt) != e->last_attempt || !e->active) return;
+  absl::Status refused;
+  Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
+  if (e == nullptr) return;
+  if (static_cast<int64_t>(attempt) != e->last_attempt || owner != e->owner || !e->active) return;
   FailAttemptLocked(e, why, /*notify_sender=*/false);
 }
 

@@ -6,6 +6,13 @@
 // outcomes (to the receiver's user through on_complete, to the sender through the attempt's
 // ResultFn), both from its own event-loop thread.
 //
+// Sender binding: an expectation with a transfer key accepts an attempt only from a BEGIN
+// proving the key (BeginProof over the link's binding); the attempt then belongs to the link
+// (`owner`) it began on, and DATA, FINISH and ABORT count only from that owner. Everything else
+// about a transfer -- unknown, ended, or asked by a sender that proved nothing -- gets the same
+// NOT_FOUND that tells nothing about it (ids, blocks, attempts); details (stale attempts,
+// foreign blocks) go only to senders that proved the key.
+//
 // Write safety: a transport writes a region only inside a Ticket (one admitted DATA message),
 // one short non-blocking syscall at a time while holding io_mutex(ticket), and checks
 // Writable(ticket) under it before each. Cancel, a newer attempt and every failure invalidate
@@ -41,6 +48,8 @@ class ReceiverCore {
     std::vector<int32_t> dst_blocks;
     uint64_t owner = 0;  // connection / sender the attempt arrives on
     absl::Time deadline = absl::InfiniteFuture();
+    std::string proof;    // BeginProof of the expectation's transfer key
+    std::string binding;  // what the proof is bound to on this link (auth.h, BeginProof)
   };
 
   struct Entry;
@@ -55,7 +64,8 @@ class ReceiverCore {
 
   ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
                KvReceiver::CompletionCallback on_complete, absl::Duration deadline_grace,
-               absl::Duration max_transfer_time, const std::string& thread_name);
+               absl::Duration max_transfer_time, const std::string& thread_name,
+               TransferHooks* hooks = nullptr);
   // Stops the event loop (callbacks already posted still run); nothing runs afterwards.
   ~ReceiverCore();
 
@@ -71,15 +81,16 @@ class ReceiverCore {
   void Cancel(uint64_t transfer_id);
   int64_t num_in_flight() const;
 
-  // A sender starts an attempt. Errors (unknown transfer, stale attempt, blocks differing from
-  // the expectation) are for the caller to report to the sender; `result` is then never called.
+  // A sender starts an attempt. Errors (unknown transfer or no proof of its key: NotExpected;
+  // then, for a sender that proved it, stale attempt, blocks differing from the expectation)
+  // are for the caller to report to the sender; `result` is then never called.
   absl::Status Begin(AttemptStart start, ResultFn result);
-  // A DATA message of layer `layer` for `blocks` (destination ids). On error the payload must
-  // be discarded; `*reported` tells whether the sender has been (or needs no) telling: the
-  // message belonged to the last attempt, which failed now or earlier. Otherwise (unknown
-  // transfer, stale attempt) the caller tells the sender.
-  absl::StatusOr<Ticket> AdmitData(uint64_t transfer_id, uint32_t attempt, int64_t layer,
-                                   absl::Span<const int32_t> blocks, bool* reported);
+  // A DATA message from `owner` of layer `layer` for `blocks` (destination ids). On error the
+  // payload must be discarded; `*reported` tells whether the sender has been (or needs no)
+  // telling: the message belonged to the last attempt, which failed now or earlier. Otherwise
+  // (unknown transfer, another owner's or a stale attempt) the caller tells the sender.
+  absl::StatusOr<Ticket> AdmitData(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
+                                   int64_t layer, absl::Span<const int32_t> blocks, bool* reported);
   std::mutex* io_mutex(const Ticket& ticket);
   // Call with io_mutex(ticket) held.
   bool Writable(const Ticket& ticket) const;
@@ -87,14 +98,22 @@ class ReceiverCore {
   void EndData(const Ticket& ticket, const absl::Status& status);
   // The sender's FINISH. OK when the attempt is the last one (its outcome is reported through
   // ResultFn and on_complete, or was when it failed earlier); else the error to send back.
-  absl::Status Finish(uint64_t transfer_id, uint32_t attempt, uint64_t frames, uint64_t bytes,
-                      std::string trailer);
-  // The sender gave up on the attempt.
-  void Abort(uint64_t transfer_id, uint32_t attempt, const absl::Status& why);
+  absl::Status Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt, uint64_t frames,
+                      uint64_t bytes, std::string trailer);
+  // The sender `owner` gave up on the attempt (ignored from any other).
+  void Abort(uint64_t owner, uint64_t transfer_id, uint32_t attempt, const absl::Status& why);
   // The connection `owner` is gone: its live attempts fail.
   void FailOwner(uint64_t owner, const absl::Status& why);
 
+  // What a sender hears about a transfer it may not know of: NOT_FOUND, naming only the ids it
+  // sent itself.
+  static absl::Status NotExpected(uint64_t transfer_id, uint32_t attempt);
+
  private:
+  // The entry `owner` may act on for (transfer_id, attempt), or null after NotExpected in
+  // `*status`; an owner that never proved the key is counted as refused (kNotNamed).
+  Entry* OwnedLocked(uint64_t owner, uint64_t transfer_id, uint32_t attempt, absl::Status* status);
+  void RefuseNotNamedLocked(uint64_t transfer_id, const char* what);
   void FailAttemptLocked(Entry* e, const absl::Status& status, bool notify_sender);
   void InvalidateLocked(Entry* e);
   void Tick();
@@ -104,12 +123,15 @@ class ReceiverCore {
   const KvReceiver::CompletionCallback on_complete_;
   const absl::Duration deadline_grace_;
   const absl::Duration max_transfer_time_;
+  TransferHooks* const hooks_;
   StatsCounters counters_;
   std::atomic<bool> shutting_down_{false};
 
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Entry>> entries_;
   uint64_t next_owner_ = 1;
+  absl::Time last_refusal_log_ = absl::InfinitePast();
+  uint64_t refusals_not_logged_ = 0;
 
   EventLoop loop_;  // last: stopped first
 };

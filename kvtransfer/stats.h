@@ -21,6 +21,9 @@ struct StatsCounters {
   std::atomic<uint64_t> handshakes_refused{0};
   std::atomic<uint64_t> connections_lost{0};
   std::atomic<uint64_t> faults_injected{0};
+  std::atomic<uint64_t> connections_refused{0};
+  std::atomic<uint64_t> messages_refused{0};
+  std::atomic<uint64_t> buffer_bytes_peak{0};
   std::atomic<uint64_t> transfer_micros_sum{0};
   std::atomic<uint64_t> transfer_micros_max{0};
 
@@ -45,6 +48,9 @@ struct StatsCounters {
     s.handshakes_refused = handshakes_refused.load();
     s.connections_lost = connections_lost.load();
     s.faults_injected = faults_injected.load();
+    s.connections_refused = connections_refused.load();
+    s.messages_refused = messages_refused.load();
+    s.buffer_bytes_peak = buffer_bytes_peak.load();
     s.transfer_micros_sum = transfer_micros_sum.load();
     s.transfer_micros_max = transfer_micros_max.load();
     return s;

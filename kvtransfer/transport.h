@@ -46,17 +46,27 @@ class KvRegionAccess {
 // Counters a transport keeps for metrics (DESIGN §7: KV transfer time and bytes). Monotonic
 // since creation; read them with stats() and export deltas.
 struct TransportStats {
-  uint64_t bytes = 0;                // KV payload bytes sent (sender) or accepted (receiver)
-  uint64_t frames = 0;               // DATA messages sent / accepted
-  uint64_t transfers_started = 0;    // attempts begun
-  uint64_t transfers_ok = 0;         // attempts completed and verified
-  uint64_t transfers_failed = 0;     // attempts that ended with an error (incl. aborts, deadlines)
-  uint64_t checksum_failures = 0;    // DATA messages whose checksum did not match (receiver)
-  uint64_t deadline_expired = 0;     // attempts failed by their deadline
-  uint64_t connects = 0;             // handshakes completed (sender: outgoing; receiver: accepted)
-  uint64_t handshakes_refused = 0;   // layout / protocol mismatches at connect time
-  uint64_t connections_lost = 0;     // connections that failed while open
-  uint64_t faults_injected = 0;      // fault-injection actions taken (TANDEM_FAULTS)
+  uint64_t bytes = 0;               // KV payload bytes sent (sender) or accepted (receiver)
+  uint64_t frames = 0;              // DATA messages sent / accepted
+  uint64_t transfers_started = 0;   // attempts begun
+  uint64_t transfers_ok = 0;        // attempts completed and verified
+  uint64_t transfers_failed = 0;    // attempts that ended with an error (incl. aborts, deadlines)
+  uint64_t checksum_failures = 0;   // DATA messages whose checksum did not match (receiver)
+  uint64_t deadline_expired = 0;    // attempts failed by their deadline
+  uint64_t connects = 0;            // handshakes completed (sender: outgoing; receiver: accepted)
+  uint64_t handshakes_refused = 0;  // layout / protocol mismatches at connect time
+  uint64_t connections_lost = 0;    // connections that failed while open
+  uint64_t faults_injected = 0;     // fault-injection actions taken (TANDEM_FAULTS)
+  // Receiver: connections refused or cut for a limit (ReceiverLimits: connections, memory;
+  // the handshake deadline).
+  uint64_t connections_refused = 0;
+  // Receiver: BEGIN / DATA / FINISH / ABORT refused because their sender was not the one named
+  // for the transfer (no proof of its key, another connection's or sender's attempt).
+  uint64_t messages_refused = 0;
+  // tcp receiver: bytes of connection buffers charged to ReceiverLimits::memory_budget now, and
+  // the most ever charged at once.
+  uint64_t buffer_bytes = 0;
+  uint64_t buffer_bytes_peak = 0;
   uint64_t transfer_micros_sum = 0;  // Begin -> verified, summed over transfers_ok (sender)
   uint64_t transfer_micros_max = 0;
 };
@@ -70,6 +80,22 @@ using ControlChannel = std::function<absl::StatusOr<std::string>(const std::stri
 
 // ---------------------------------------------------------------- receiver (decode worker)
 
+// What a tcp receiver lets its peers hold (README.md, "Bounds"). A connection over a cap is
+// closed at once; one that cannot charge its buffers to the budget is closed (or refused)
+// instead of allocating them.
+struct ReceiverLimits {
+  int max_connections = 128;          // open at once, all peers
+  int max_connections_per_peer = 32;  // open at once from one peer address
+  // Every connection's buffers: kHandshakeChargeBytes from accept, kConnectionChargeBytes more
+  // once authenticated (its message allowance and scratch), and any message's metadata beyond
+  // that allowance while it is read. Must cover max_connections authenticated connections.
+  int64_t memory_budget = int64_t{96} << 20;
+  // The largest message a peer may send before its handshake completed (HELLO, AUTH).
+  uint32_t max_handshake_message = 4 << 10;
+};
+inline constexpr int64_t kHandshakeChargeBytes = 16 << 10;
+inline constexpr int64_t kConnectionChargeBytes = (64 << 10) + (256 << 10);
+
 struct ReceiverOptions {
   std::string transport = "tcp";   // tcp | loopback | nccl | cuda-ipc
   std::string host = "127.0.0.1";  // tcp: address to listen on
@@ -82,8 +108,11 @@ struct ReceiverOptions {
   std::string name;
   // tcp: a connection that makes no progress inside a message for this long is broken.
   absl::Duration io_timeout = absl::Seconds(10);
-  // tcp: time a new connection has to send its HELLO (and its AUTH).
+  // tcp: the whole handshake of a new connection (HELLO, AUTH, the answers) must be done within
+  // this long after accept, however its bytes trickle in; else the connection is closed.
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // tcp: connection caps and the memory budget.
+  ReceiverLimits limits;
   // tcp: the shared secret (ReadSecretFile, kvtransfer/auth.h). Non-empty: every connection
   // must prove it in the handshake (HMAC-SHA256 challenge-response) and this receiver proves
   // it back; senders without it, or with another, are refused. Empty: senders with a secret
@@ -127,6 +156,11 @@ struct Expectation {
   // Empty (default): every layer gets every block. transfer_window.h validates and counts.
   std::vector<int64_t> window_layers;
   int32_t window_first = 0;
+  // The transfer's key (NewTransferKey, auth.h). Non-empty: an attempt is accepted only from a
+  // sender whose BEGIN proves it (TransferTarget::transfer_key); everything else about the
+  // transfer is refused without telling whether it exists. Empty: any sender may begin it
+  // (tests of the transports; the decode worker always sets one).
+  std::string transfer_key;
 };
 
 class KvReceiver {
@@ -141,8 +175,9 @@ class KvReceiver {
   virtual uint64_t incarnation() const = 0;
 
   // Registers a transfer before the sender starts. Thread-safe. Data for unknown transfers,
-  // or for blocks outside dst_blocks, is discarded and the sender told so. Expecting an id
-  // that is already expected replaces it (like Cancel, then Expect).
+  // or for blocks outside dst_blocks, is discarded and the sender told so. Only the sender that
+  // began the live attempt (proving transfer_key) may send its DATA, FINISH and ABORT. Expecting
+  // an id that is already expected replaces it (like Cancel, then Expect).
   virtual void Expect(const Expectation& expectation) = 0;
   // Forgets a transfer (request cancelled or lease expired); late data is discarded and the
   // sender told. Once Cancel returns the transport never writes the transfer's blocks again
@@ -216,6 +251,8 @@ struct TransferTarget {
   // The transport to use (chosen per pair by the router, common/base/kv_transport_pair.h). Only
   // a sender of several transports needs it; empty: the sender's own.
   std::string transport;
+  // The transfer's key from the reservation (Expectation::transfer_key), proven in BEGIN.
+  std::string transfer_key;
 };
 
 using TransferHandle = uint64_t;

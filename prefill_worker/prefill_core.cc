@@ -8,6 +8,7 @@
 #include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
 #include "common/worker/proto_convert.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"
 
 namespace tandem {
@@ -138,6 +139,14 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
   }
   if (absl::Status st = CheckTargetTransport(target.kv_transport()); !st.ok()) {
     done(st, {});
+    return;
+  }
+  // The decode worker accepts the transfer only from a sender proving its key.
+  if (target.transfer_key().size() != kvtransfer::kTransferKeyBytes) {
+    done(absl::InvalidArgumentError(
+             absl::StrCat("target.transfer_key: ", target.transfer_key().size(), " bytes, not the ",
+                          kvtransfer::kTransferKeyBytes, " of the decode worker's reservation")),
+         {});
     return;
   }
   auto job = std::make_shared<Job>();
@@ -303,6 +312,7 @@ void PrefillCore::SendLayerNow(Task& task) {
     t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
     t.window_layers.assign(target.window_layers().begin(), target.window_layers().end());
     t.window_first = target.window_first();
+    t.transfer_key = target.transfer_key();
     t.deadline = absl::Now() + absl::Seconds(30);
     std::vector<int32_t> src(job.blocks.begin() + target.first_block(), job.blocks.end());
     auto handle = sender_->Begin(t, std::move(src));

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -19,13 +21,44 @@
 #include "serve/serve_modes.h"
 
 namespace tandem {
+namespace {
+
+// A fresh secret (64 hex characters from the CSPRNG) in `path`, readable by this user only.
+absl::Status WriteFreshSecret(const std::string& path) {
+  absl::StatusOr<std::string> secret = NewClusterSecret();
+  if (!secret.ok()) return secret.status();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  out << *secret;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metrics) {
   ClusterSupervisorOptions supervisor_options;
-  supervisor_options.state_dir =
-      (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid())).string();
-  std::filesystem::create_directories(supervisor_options.state_dir);
-  std::filesystem::permissions(supervisor_options.state_dir, std::filesystem::perms::owner_all);
+  // A fresh directory only this user can enter (mkdtemp: 0700, never one that already
+  // existed), since the cluster's secrets are written there.
+  std::string state_template =
+      (std::filesystem::temp_directory_path() / absl::StrCat("tandem-serve-", getpid(), "-XXXXXX"))
+          .string();
+  if (mkdtemp(state_template.data()) == nullptr) {
+    TLOG(ERROR) << "cannot make a state directory " << state_template << ": "
+                << std::strerror(errno);
+    return 1;
+  }
+  supervisor_options.state_dir = state_template;
+  // Removed (secrets included) however this returns, after the supervisor stopped the workers.
+  struct RemoveOnExit {
+    std::string dir;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_state_dir{state_template};
   // With /metrics on, every worker serves its own on a free port.
   supervisor_options.metrics = metrics->port() != 0;
   supervisor_options.metrics_host = flags.server.metrics.host;
@@ -48,31 +81,27 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   args.push_back("--kv-transport=" + flags.kv_transport);
   // The workers serve with the same certificate; the router dials them with it (mTLS).
   for (std::string& a : flags.server.tls.ToArgs()) args.push_back(std::move(a));
-  // The KV data path between them authenticates with the shared secret (the path, not the
-  // secret, goes on their command lines).
-  if (!flags.kv_secret_file.empty()) {
-    if (auto secret = kvtransfer::ReadSecretFile(flags.kv_secret_file); !secret.ok()) {
-      TLOG(ERROR) << "--kv-secret-file: " << secret.status();
-      return 2;
+  // The KV data path between them authenticates with the shared secret: the operator's, or a
+  // fresh one for this cluster (the path, not the secret, goes on their command lines).
+  if (flags.kv_secret_file.empty()) {
+    flags.kv_secret_file = supervisor_options.state_dir + "/kv.secret";
+    if (absl::Status st = WriteFreshSecret(flags.kv_secret_file); !st.ok()) {
+      TLOG(ERROR) << "KV secret: " << st;
+      return 1;
     }
-    args.push_back("--kv-secret-file=" + flags.kv_secret_file);
+  } else if (auto secret = kvtransfer::ReadSecretFile(flags.kv_secret_file); !secret.ok()) {
+    TLOG(ERROR) << "--kv-secret-file: " << secret.status();
+    return 2;
   }
+  args.push_back("--kv-secret-file=" + flags.kv_secret_file);
   // Every call to a worker proves the cluster secret, so nothing but this router drives them
   // (common/rpc/call_auth.h): the operator's, or a fresh one for this cluster.
   if (flags.cluster_secret_file.empty()) {
-    auto secret = NewClusterSecret();
-    if (!secret.ok()) {
-      TLOG(ERROR) << secret.status();
+    flags.cluster_secret_file = supervisor_options.state_dir + "/cluster.secret";
+    if (absl::Status st = WriteFreshSecret(flags.cluster_secret_file); !st.ok()) {
+      TLOG(ERROR) << "cluster secret: " << st;
       return 1;
     }
-    flags.cluster_secret_file = supervisor_options.state_dir + "/cluster.secret";
-    {
-      std::ofstream out(flags.cluster_secret_file, std::ios::binary | std::ios::trunc);
-      out << *secret;
-    }
-    std::filesystem::permissions(
-        flags.cluster_secret_file,
-        std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   } else if (auto secret = ReadClusterSecretFile(flags.cluster_secret_file); !secret.ok()) {
     TLOG(ERROR) << "--cluster-secret-file: " << secret.status();
     return 2;
@@ -121,7 +150,6 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
     return rc;
   }
   supervisor.Stop(absl::Seconds(30));
-  std::filesystem::remove_all(supervisor_options.state_dir);
   TLOG(INFO) << "stopped";
   return 0;
 }

@@ -42,7 +42,8 @@ int RunServe(int argc, char** argv) {
                "cluster mode: seconds before a prefill is retried elsewhere");
   flags.String("kv-secret-file", &sf.kv_secret_file,
                "cluster mode: file holding the shared secret the workers' KV data path "
-               "authenticates with (HMAC handshake per connection)");
+               "authenticates with (HMAC handshake per connection; default: a fresh secret per "
+               "cluster)");
   flags.String("kv-transport", &sf.kv_transport,
                "cluster mode: the workers' KV transport: tcp, nccl, cuda-ipc or auto (cuda-ipc "
                "when the engine runs on a GPU, which all workers share, else tcp)");

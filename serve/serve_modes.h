@@ -22,6 +22,8 @@ struct ServeFlags {
   int64_t prefill_workers = 0;
   int64_t decode_workers = 0;
   bool no_layerwise_push = false;
+  // Cluster mode: the secret the workers' KV data path proves; empty: a fresh one per cluster
+  // (as the cluster secret's).
   std::string kv_secret_file;
   // Cluster mode: the secret the router proves on every call to its workers; empty: a fresh
   // one per cluster (a file only this user can read in the supervisor's state directory).

@@ -19,8 +19,9 @@
 namespace tandem {
 
 // The KV transfer protocol (kvtransfer's wire format). 2: the shared-secret challenge-response
-// (CHALLENGE, AUTH, WELCOME's proof).
-inline constexpr uint32_t kKvTransferProtocolVersion = 2;
+// (CHALLENGE, AUTH, WELCOME's proof). 3: BEGIN proves the transfer's key; with a secret the
+// layout is checked only after the challenge.
+inline constexpr uint32_t kKvTransferProtocolVersion = 3;
 
 struct KvLayout {
   std::string model_id;

@@ -25,6 +25,23 @@ inline const char* TransferFailureName(TransferFailure failure) {
   return kNames[static_cast<int>(failure)];
 }
 
+// Why a receiver refused or closed a connection for one of its limits, or refused a transfer's
+// message because its sender was not the one named for the transfer (kvtransfer/README.md,
+// "Bounds"): further `reason` values of the connections-refused counter. Bounded.
+enum class KvRefusal {
+  kConnectionLimit = 0,  // open connections at their cap
+  kPeerConnectionLimit,  // open connections from the peer's address at their cap
+  kHandshakeTimeout,     // the whole handshake took longer than its deadline
+  kMemory,               // the connection's buffers did not fit the receiver's memory budget
+  kNotNamed,             // BEGIN without the transfer's key, or another sender's attempt
+};
+inline constexpr int kNumKvRefusals = 5;
+inline const char* KvRefusalName(KvRefusal refusal) {
+  constexpr const char* kNames[kNumKvRefusals] = {"connection_limit", "peer_connection_limit",
+                                                  "handshake_timeout", "memory", "not_named"};
+  return kNames[static_cast<int>(refusal)];
+}
+
 // What a KV transfer endpoint reports (implemented by TransferMetrics). Header-only interface:
 // kvtransfer calls it without linking the metrics library. Thread-safe.
 class TransferHooks {
@@ -39,6 +56,8 @@ class TransferHooks {
   // (layout or protocol mismatch) or kUnauthenticated (shared-secret authentication failed).
   // Not a transfer: no TransferStarted precedes it.
   virtual void ConnectionRefused(TransferDirection direction, TransferFailure reason) {}
+  // A connection refused or closed for a limit, or a message refused (KvRefusal).
+  virtual void Refused(TransferDirection direction, KvRefusal reason) {}
 };
 
 }  // namespace tandem

@@ -33,8 +33,10 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
   auto& refused = prometheus::BuildCounter()
                       .Name("tandem_kv_transfer_connections_refused_total")
                       .Help(
-                          "KV data connections refused at their handshake, by the refusing "
-                          "side: layout mismatch or failed shared-secret authentication.")
+                          "KV data connections refused by the refusing side: at their "
+                          "handshake (layout mismatch, failed shared-secret authentication), "
+                          "for a receiver's limit (connections, memory, handshake deadline), "
+                          "or transfer messages from a sender not named for the transfer.")
                       .Register(*registry);
   for (int d = 0; d < 2; ++d) {
     const prometheus::Labels l = {{"transport", std::string(transport)},
@@ -54,6 +56,10 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
     p.refused_incompatible = &refused.Add(lr);
     lr["reason"] = TransferFailureName(TransferFailure::kUnauthenticated);
     p.refused_unauthenticated = &refused.Add(lr);
+    for (int r = 0; r < kNumKvRefusals; ++r) {
+      lr["reason"] = KvRefusalName(static_cast<KvRefusal>(r));
+      p.refused_limits[r] = &refused.Add(lr);
+    }
   }
 }
 
@@ -80,6 +86,10 @@ void TransferMetrics::ConnectionRefused(TransferDirection direction, TransferFai
   PerDirection& p = directions_[static_cast<int>(direction)];
   if (reason == TransferFailure::kIncompatible) p.refused_incompatible->Increment();
   if (reason == TransferFailure::kUnauthenticated) p.refused_unauthenticated->Increment();
+}
+
+void TransferMetrics::Refused(TransferDirection direction, KvRefusal reason) {
+  directions_[static_cast<int>(direction)].refused_limits[static_cast<int>(reason)]->Increment();
 }
 
 }  // namespace tandem

@@ -22,7 +22,8 @@ namespace tandem {
 //   tandem_kv_transfers_in_flight{transport, direction}
 //   tandem_kv_transfer_failures_total{transport, direction, reason}
 //   tandem_kv_transfer_connections_refused_total{transport, direction, reason}
-//       reason: incompatible or unauthenticated
+//       reason: incompatible or unauthenticated (handshakes), connection_limit,
+//       peer_connection_limit, handshake_timeout, memory, not_named (KvRefusal)
 class TransferMetrics : public TransferHooks {
  public:
   TransferMetrics(prometheus::Registry* registry, std::string_view transport);
@@ -34,6 +35,7 @@ class TransferMetrics : public TransferHooks {
                          int64_t blocks) override;
   void TransferFailed(TransferDirection direction, TransferFailure reason) override;
   void ConnectionRefused(TransferDirection direction, TransferFailure reason) override;
+  void Refused(TransferDirection direction, KvRefusal reason) override;
 
  private:
   struct PerDirection {
@@ -44,6 +46,7 @@ class TransferMetrics : public TransferHooks {
     std::array<prometheus::Counter*, kNumTransferFailures> failures;
     prometheus::Counter* refused_incompatible;
     prometheus::Counter* refused_unauthenticated;
+    std::array<prometheus::Counter*, kNumKvRefusals> refused_limits;
   };
   std::array<PerDirection, 2> directions_;
 };

@@ -47,7 +47,19 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
   f->Int32("kv-port", &kv.port, "decode role: KV receiver port (0: any free port)");
   f->String("kv-secret-file", &kv_secret_file,
             "file holding the shared secret every KV data connection (tcp) or KV control "
-            "message (nccl, cuda-ipc) proves; all workers of a cluster need the same one");
+            "message (nccl, cuda-ipc) proves; all workers of a cluster need the same one. "
+            "Required, unless --allow-unauthenticated-kv");
+  f->Bool("allow-unauthenticated-kv", &allow_unauthenticated_kv,
+          "run without --kv-secret-file (tests only): any process that reaches a decode "
+          "worker's KV port can then connect to its KV data path, and a prefill worker sends "
+          "KV to whatever answers at a decode worker's address");
+  f->Int32("kv-max-connections", &kv.limits.max_connections,
+           "decode role, tcp: KV data connections open at once, all peers");
+  f->Int32("kv-max-connections-per-peer", &kv.limits.max_connections_per_peer,
+           "decode role, tcp: KV data connections open at once from one peer address");
+  f->Int("kv-memory-budget", &kv.limits.memory_budget,
+         "decode role, tcp: bytes the KV data connections' buffers may hold in all (each "
+         "authenticated connection holds 320 KiB of it)");
   f->String("cluster-secret-file", &cluster_secret_file,
             "file holding the cluster secret: every Worker API call must prove it (an HMAC "
             "token bound to the method and time, which the router attaches); default: open to "
@@ -72,6 +84,16 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   }
   WorkerContext context;
   context.flags = &wf;
+  if (wf.kv_secret_file.empty() && !wf.allow_unauthenticated_kv) {
+    std::fprintf(stderr,
+                 "%s: no --kv-secret-file: without it any process that reaches the KV port could "
+                 "connect to the KV data path (and a prefill worker would send KV to whatever "
+                 "answers at a decode worker's address). Give every worker of the cluster the "
+                 "same --kv-secret-file, or --allow-unauthenticated-kv to run without one "
+                 "(tests only)\n",
+                 command.c_str());
+    return 2;
+  }
   if (!wf.kv_secret_file.empty()) {
     auto secret = kvtransfer::ReadSecretFile(wf.kv_secret_file);
     if (!secret.ok()) {
@@ -194,6 +216,14 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
   if (!server.ok()) {
     TLOG(ERROR) << server.status();
     return 1;
+  }
+  if (wf.kv_secret_file.empty()) {
+    TLOG(WARNING) << "--allow-unauthenticated-kv: the KV data path is not authenticated: any "
+                     "process that reaches "
+                  << (info.kv_endpoint().empty() ? std::string("a decode worker's KV port")
+                                                 : "the KV port " + info.kv_endpoint())
+                  << " can connect to it, and this worker's transfers trust whatever answers "
+                     "at a decode worker's address; set --kv-secret-file outside a test";
   }
   if (wf.cluster_secret_file.empty() && !wf.server.tls.client_auth) {
     TLOG(WARNING) << "the Worker API takes calls from anyone who reaches " << wf.server.host << ":"

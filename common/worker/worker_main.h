@@ -27,8 +27,12 @@ struct WorkerFlags {
   // --kv-transport (both roles: tcp, nccl, cuda-ipc or auto; resolved once at startup by
   // kvtransfer::ResolveTransport to what the worker runs), --kv-host and --kv-port (decode
   // role: where KV arrives; nccl: its control service).
+  // --kv-max-connections, --kv-max-connections-per-peer, --kv-memory-budget (decode role, tcp:
+  // kv.limits).
   kvtransfer::ReceiverOptions kv;
   std::string kv_secret_file;
+  // Without --kv-secret-file a worker refuses to start unless this is set (then it warns).
+  bool allow_unauthenticated_kv = false;
   // Every call of the Worker API must carry a token of this secret (common/rpc/call_auth.h);
   // empty: any caller that reaches the port may call it.
   std::string cluster_secret_file;

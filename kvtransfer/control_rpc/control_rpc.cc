@@ -98,11 +98,9 @@ class KvControlService final : public v1::KvControl::Service {
   int active_ = 0;
 };
 
-absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(const std::string& host,
-                                                                        int port,
-                                                                        const TlsOptions& tls,
-                                                                        std::string secret,
-                                                                        absl::Duration window) {
+absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(
+    const std::string& host, int port, const TlsOptions& tls, std::string secret,
+    absl::Duration window, const KvControlLimits& limits) {
   // The listener offers KvControl only; its messages prove the KV secret themselves.
   auto policy = std::make_shared<CallPolicy>();
   policy->services["tandem.v1.KvControl"] = nullptr;
@@ -111,6 +109,14 @@ absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(const st
   std::unique_ptr<KvControlServer> s(new KvControlServer);
   s->service_ = std::make_unique<KvControlService>(std::move(secret), window);
   grpc::ServerBuilder builder;
+  grpc::ResourceQuota quota("tandem-kv-control");
+  quota.Resize(static_cast<size_t>(limits.memory_budget));
+  quota.SetMaxThreads(limits.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.SetMaxReceiveMessageSize(limits.max_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
   builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();

@@ -26,13 +26,24 @@ namespace tandem::kvtransfer {
 
 class KvControlService;
 
+// What the control listener lets its peers hold (gRPC's own limits: it has no cap on
+// connections). Control messages are small (the largest is a BEGIN or DATA naming its blocks).
+struct KvControlLimits {
+  int max_message_bytes = 1 << 20;            // a request larger than this is refused unread
+  int64_t memory_budget = int64_t{64} << 20;  // gRPC's buffers of the listener, all calls
+  int max_threads = 64;                       // threads serving calls at once
+  int max_streams_per_connection = 16;        // calls in flight on one connection
+  absl::Duration handshake_timeout = absl::Seconds(5);  // a connection's HTTP/2 (and TLS) setup
+};
+
 class KvControlServer {
  public:
   // Listens on host:port (0: a free port) with `tls` (plaintext when tls.cert is empty). With a
   // `secret`, requests are accepted within `replay_window` of their time, each nonce once.
   static absl::StatusOr<std::unique_ptr<KvControlServer>> Start(
       const std::string& host, int port, const TlsOptions& tls, std::string secret,
-      absl::Duration replay_window = absl::Seconds(60));
+      absl::Duration replay_window = absl::Seconds(60),
+      const KvControlLimits& limits = KvControlLimits());
   ~KvControlServer();  // Stop()
   int port() const { return port_; }
   // Where requests go; until set (and after Stop) they get UNAVAILABLE. Must outlive Stop().

@@ -53,7 +53,7 @@ class IpcReceiver : public KvReceiver {
         pool_(std::move(pool)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                              options.deadline_grace, options.max_transfer_time,
-                                             "kvt-ipc-recv")) {}
+                                             "kvt-ipc-recv", options.hooks)) {}
 
   ~IpcReceiver() override {
     core_->Shutdown();
@@ -107,7 +107,7 @@ class IpcReceiver : public KvReceiver {
         wire::Outcome o;
         s = wire::DecodeOutcome(req.body, &o);
         if (!s.ok()) return s;
-        Land({o.transfer_id, o.attempt}, o.status);
+        Land(PeerOwner(req.sender_id), {o.transfer_id, o.attempt}, o.status);
         return ResultReply(o.transfer_id, o.attempt, absl::OkStatus());
       }
       case ControlKind::kFinish:
@@ -117,9 +117,10 @@ class IpcReceiver : public KvReceiver {
         s = wire::DecodeOutcome(req.body, &a);
         if (!s.ok()) return s;
         const absl::Status why = SenderAborted(a.status);
-        Land({a.transfer_id, a.attempt}, why);
-        core_->Abort(a.transfer_id, a.attempt, why);
-        Forget({a.transfer_id, a.attempt});
+        const uint64_t owner = PeerOwner(req.sender_id);
+        Land(owner, {a.transfer_id, a.attempt}, why);
+        core_->Abort(owner, a.transfer_id, a.attempt, why);
+        Forget({a.transfer_id, a.attempt}, owner);
         return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
       }
       case ControlKind::kDisconnect:
@@ -166,6 +167,12 @@ class IpcReceiver : public KvReceiver {
     return it->second;
   }
 
+  // The owner id of the sender's connection; 0 (no attempt's) for a sender without one.
+  uint64_t PeerOwner(uint64_t sender_id) {
+    absl::StatusOr<uint64_t> owner = OwnerOf(sender_id);
+    return owner.ok() ? *owner : 0;
+  }
+
   absl::StatusOr<std::string> Begin(const ControlRequest& req) {
     wire::Begin b;
     absl::Status s = wire::DecodeBegin(req.body, &b);
@@ -177,7 +184,7 @@ class IpcReceiver : public KvReceiver {
     auto outcome = std::make_shared<AttemptOutcome>();
     outcome->owner = *owner;
     const AttemptKey key{b.transfer_id, b.attempt};
-    s = core_->Begin(AttemptFromBegin(std::move(b), *owner),
+    s = core_->Begin(AttemptFromBegin(std::move(b), *owner, req.sender_id),
                      // The outcome stays until FINISH (or ABORT, or the peer going) took
                      // it: a failure before FINISH is what FINISH must answer.
                      [outcome](const absl::Status& st) { outcome->Set(st); });
@@ -196,14 +203,14 @@ class IpcReceiver : public KvReceiver {
     absl::StatusOr<uint64_t> owner = OwnerOf(req.sender_id);
     if (!owner.ok()) return ResultReply(d.transfer_id, d.attempt, owner.status());
     const AttemptKey key{d.transfer_id, d.attempt};
-    Land(key, absl::DataLossError("a new copy was asked for before the last one landed"));
+    Land(*owner, key, absl::DataLossError("a new copy was asked for before the last one landed"));
     if (d.payload_len != d.blocks.size() * options_.layout.region_bytes()) {
       return ResultReply(d.transfer_id, d.attempt,
                          absl::InvalidArgumentError("cuda-ipc DATA of the wrong size"));
     }
     bool reported = false;
     absl::StatusOr<ReceiverCore::Ticket> ticket =
-        core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
+        core_->AdmitData(*owner, d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
     if (!ticket.ok()) return ResultReply(d.transfer_id, d.attempt, ticket.status());
     {
       std::lock_guard<std::mutex> io(*core_->io_mutex(*ticket));
@@ -217,13 +224,14 @@ class IpcReceiver : public KvReceiver {
     return ResultReply(d.transfer_id, d.attempt, absl::OkStatus());
   }
 
-  // The sender's copy of the attempt's open DATA ended with `status`.
-  void Land(const AttemptKey& key, const absl::Status& status) {
+  // The copy of the attempt's open DATA that `owner` made ended with `status` (another
+  // sender's open copy is left alone).
+  void Land(uint64_t owner, const AttemptKey& key, const absl::Status& status) {
     OpenCopy copy;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = open_.find(key);
-      if (it == open_.end()) return;
+      if (it == open_.end() || it->second.owner != owner) return;
       copy = std::move(it->second);
       open_.erase(it);
     }
@@ -237,21 +245,24 @@ class IpcReceiver : public KvReceiver {
     absl::Status s = wire::DecodeFinish(req.body, &f);
     if (!s.ok()) return s;
     const AttemptKey key{f.transfer_id, f.attempt};
-    Land(key, absl::DataLossError("FINISH before the last copy landed"));
+    const uint64_t owner = PeerOwner(req.sender_id);
+    Land(owner, key, absl::DataLossError("FINISH before the last copy landed"));
     std::shared_ptr<AttemptOutcome> outcome;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = outcomes_.find(key);
-      if (it != outcomes_.end()) outcome = it->second;
+      if (it != outcomes_.end() && it->second->owner == owner) outcome = it->second;
     }
-    std::string reply = FinishReply(core_.get(), std::move(f), outcome);
-    Forget(key);
+    std::string reply = FinishReply(core_.get(), owner, std::move(f), outcome);
+    Forget(key, owner);
     return reply;
   }
 
-  void Forget(const AttemptKey& key) {
+  // Drops the outcome FINISH waits on for an attempt of `owner` (another sender's stays).
+  void Forget(const AttemptKey& key, uint64_t owner) {
     std::lock_guard<std::mutex> lock(mu_);
-    outcomes_.erase(key);
+    auto it = outcomes_.find(key);
+    if (it != outcomes_.end() && it->second->owner == owner) outcomes_.erase(it);
   }
 
   void DropPeer(uint64_t sender_id, const absl::Status& why) {

@@ -22,7 +22,7 @@ class LoopbackReceiver : public KvReceiver {
       : name_(std::move(name)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                              options.deadline_grace, options.max_transfer_time,
-                                             "kvt-loop-recv")),
+                                             "kvt-loop-recv", options.hooks)),
         peer_(std::make_shared<Peer>()) {
     peer_->core = core_.get();
     peer_->layout = options.layout;

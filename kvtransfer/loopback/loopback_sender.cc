@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/event_loop.h"
 #include "kvtransfer/faults.h"
@@ -148,6 +149,10 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
     start.dst_blocks = t->target.dst_blocks;
     start.owner = link->owner;
     start.deadline = t->target.deadline;
+    if (!t->target.transfer_key.empty()) {  // in process: nothing to bind it to
+      start.proof = BeginProof(t->target.transfer_key, "", start.transfer_id, start.attempt,
+                               start.dst_blocks);
+    }
     std::weak_ptr<SenderImpl> weak = weak_from_this();
     absl::Status s = link->peer->core->Begin(std::move(start), [weak, t](const absl::Status& r) {
       if (auto self = weak.lock()) {
@@ -178,8 +183,8 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
     std::vector<int32_t> dst(t->target.dst_blocks.begin() + first,
                              t->target.dst_blocks.begin() + first + count);
     bool reported = false;
-    absl::StatusOr<ReceiverCore::Ticket> ticket =
-        core->AdmitData(t->target.transfer_id, t->target.attempt, layer, dst, &reported);
+    absl::StatusOr<ReceiverCore::Ticket> ticket = core->AdmitData(
+        link->owner, t->target.transfer_id, t->target.attempt, layer, dst, &reported);
     if (!ticket.ok()) {
       return core_.End(t, SenderCore::FromReceiver(t->target.endpoint, ticket.status()), false);
     }
@@ -222,7 +227,7 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
     Link* link = LinkOf(t);
     std::shared_lock<std::shared_mutex> lock(link->peer->mu);
     if (!link->peer->alive) return core_.End(t, PeerGone(link->endpoint), false);
-    absl::Status s = link->peer->core->Finish(t->target.transfer_id, t->target.attempt,
+    absl::Status s = link->peer->core->Finish(link->owner, t->target.transfer_id, t->target.attempt,
                                               t->frames_sent, t->bytes_sent, std::move(trailer));
     if (!s.ok()) core_.End(t, SenderCore::FromReceiver(t->target.endpoint, s), false);
   }
@@ -230,7 +235,9 @@ class SenderImpl : public std::enable_shared_from_this<SenderImpl> {
   void DoAbort(const std::shared_ptr<SenderTransfer>& t, const absl::Status& why) {
     Link* link = LinkOf(t);
     std::shared_lock<std::shared_mutex> lock(link->peer->mu);
-    if (link->peer->alive) link->peer->core->Abort(t->target.transfer_id, t->target.attempt, why);
+    if (link->peer->alive) {
+      link->peer->core->Abort(link->owner, t->target.transfer_id, t->target.attempt, why);
+    }
   }
 
   // On the core's event loop: the transfers to a receiver that went away fail at once, and

@@ -64,7 +64,7 @@ class NcclReceiver : public KvReceiver {
                                (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
         core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                              options.deadline_grace, options.max_transfer_time,
-                                             "kvt-nccl-recv")) {}
+                                             "kvt-nccl-recv", options.hooks)) {}
 
   ~NcclReceiver() override {
     core_->Shutdown();
@@ -99,8 +99,9 @@ class NcclReceiver : public KvReceiver {
         wire::Outcome a;
         s = wire::DecodeOutcome(req.body, &a);
         if (!s.ok()) return s;
-        core_->Abort(a.transfer_id, a.attempt, SenderAborted(a.status));
-        Forget({a.transfer_id, a.attempt});
+        const uint64_t owner = OwnerOf(req.sender_id);
+        core_->Abort(owner, a.transfer_id, a.attempt, SenderAborted(a.status));
+        Forget({a.transfer_id, a.attempt}, owner);
         return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
       }
       case ControlKind::kDisconnect: {
@@ -199,7 +200,7 @@ class NcclReceiver : public KvReceiver {
     auto outcome = std::make_shared<AttemptOutcome>();
     outcome->owner = peer->owner;
     const AttemptKey key{b.transfer_id, b.attempt};
-    s = core_->Begin(AttemptFromBegin(std::move(b), peer->owner),
+    s = core_->Begin(AttemptFromBegin(std::move(b), peer->owner, req.sender_id),
                      // The outcome stays until FINISH (or ABORT, or the peer going) took
                      // it: a failure before FINISH is what FINISH must answer.
                      [outcome](const absl::Status& st) { outcome->Set(st); });
@@ -216,6 +217,7 @@ class NcclReceiver : public KvReceiver {
     absl::Status s = wire::DecodeFinish(req.body, &f);
     if (!s.ok()) return s;
     const AttemptKey key{f.transfer_id, f.attempt};
+    const uint64_t owner = OwnerOf(req.sender_id);
     std::shared_ptr<AttemptOutcome> outcome;
     {
       // The sender waited for its last message to complete, so ours completed too; give the
@@ -223,18 +225,33 @@ class NcclReceiver : public KvReceiver {
       std::unique_lock<std::mutex> lock(mu_);
       auto it = outcomes_.find(key);
       if (it != outcomes_.end()) outcome = it->second;
+      if (outcome == nullptr || outcome->owner != owner) {
+        // No live attempt here, or another sender's: nothing to wait for, nothing to touch.
+        lock.unlock();
+        return FinishReply(core_.get(), owner, std::move(f), nullptr);
+      }
       progress_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.io_timeout), [&] {
         return progress_[key] >= f.frames || (outcome && outcome->set);
       });
       progress_.erase(key);
     }
-    std::string reply = FinishReply(core_.get(), std::move(f), outcome);
-    Forget(key);
+    std::string reply = FinishReply(core_.get(), owner, std::move(f), outcome);
+    Forget(key, owner);
     return reply;
   }
 
-  void Forget(const AttemptKey& key) {
+  // The owner id of the sender's communicator; 0 (no attempt's) for a sender without one.
+  uint64_t OwnerOf(uint64_t sender_id) {
     std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(sender_id);
+    return it == peers_.end() ? 0 : it->second->owner;
+  }
+
+  // Drops what FINISH waits on for an attempt of `owner` (another sender's stays).
+  void Forget(const AttemptKey& key, uint64_t owner) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = outcomes_.find(key);
+    if (it != outcomes_.end() && it->second->owner != owner) return;
     outcomes_.erase(key);
     progress_.erase(key);
   }
@@ -265,7 +282,7 @@ class NcclReceiver : public KvReceiver {
       std::vector<int32_t> blocks(h.blocks, h.blocks + h.count);
       bool reported = false;
       absl::StatusOr<ReceiverCore::Ticket> ticket =
-          core_->AdmitData(h.transfer_id, h.attempt, h.layer, blocks, &reported);
+          core_->AdmitData(p->owner, h.transfer_id, h.attempt, h.layer, blocks, &reported);
       const absl::Time deadline = absl::Now() + options_.io_timeout;
       if (ticket.ok()) {
         // Held until the regions landed: Cancel waits for a message in flight.

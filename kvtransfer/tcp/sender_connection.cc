@@ -98,11 +98,14 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
     s = wire::DecodeOutcome(meta, &refuse);
     if (!s.ok()) return unreachable(s);
     counters->handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-    return absl::Status(absl::IsUnauthenticated(refuse.status)
-                            ? absl::StatusCode::kUnauthenticated
-                            : absl::StatusCode::kFailedPrecondition,
-                        absl::StrCat("kv transfer peer ", endpoint,
-                                     " refused the connection: ", refuse.status.message()));
+    // Refused for a limit of the receiver (its memory budget): try again later; else the
+    // secret (UNAUTHENTICATED) or the layout (FAILED_PRECONDITION).
+    const absl::StatusCode code =
+        absl::IsUnauthenticated(refuse.status) || absl::IsResourceExhausted(refuse.status)
+            ? refuse.status.code()
+            : absl::StatusCode::kFailedPrecondition;
+    return absl::Status(code, absl::StrCat("kv transfer peer ", endpoint,
+                                           " refused the connection: ", refuse.status.message()));
   }
   if (prefix.type != wire::FrameType::kWelcome) {
     return unreachable(absl::DataLossError(
@@ -138,6 +141,7 @@ absl::StatusOr<std::shared_ptr<SenderConnection>> SenderConnection::Connect(
   std::shared_ptr<SenderConnection> c(new SenderConnection(endpoint, options, std::move(*fd),
                                                            welcome.incarnation, access, faults,
                                                            counters, std::move(callbacks)));
+  c->binding_ = receiver_nonce + sender_nonce;
   c->writer_ = std::thread([p = c.get()] { p->WriterLoop(); });
   c->reader_ = std::thread([p = c.get()] { p->ReaderLoop(); });
   return c;
@@ -276,6 +280,9 @@ absl::Status SenderConnection::Write(const SenderWork& work) {
               ? -1
               : std::max<int64_t>(0, absl::ToInt64Milliseconds(target.deadline - absl::Now()));
       b.dst_blocks = target.dst_blocks;
+      if (!target.transfer_key.empty()) {
+        b.proof = BeginProof(target.transfer_key, binding_, b.transfer_id, b.attempt, b.dst_blocks);
+      }
       return WriteSmall(static_cast<uint16_t>(wire::FrameType::kBegin), wire::EncodeBegin(b));
     }
     case SenderWork::Kind::kData:

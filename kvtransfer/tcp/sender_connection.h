@@ -87,6 +87,7 @@ class SenderConnection : public SenderLink {
   const ConnectionOptions options_;
   Fd fd_;
   const uint64_t incarnation_;
+  std::string binding_;  // the handshake's nonces (receiver's, sender's): BeginProof's binding
   KvRegionAccess* const access_;
   FaultInjector* const faults_;
   StatsCounters* const counters_;

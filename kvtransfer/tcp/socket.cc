@@ -90,7 +90,21 @@ absl::Status Transfer(int fd, bool write, IovCursor* cur, absl::Duration idle_ti
     }
     absl::Duration wait = idle_timeout;
     if (first && first_byte_timeout != absl::ZeroDuration()) wait = first_byte_timeout;
+    bool by_deadline = false;
+    if (h.deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = h.deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError("socket operation passed its deadline");
+      }
+      if (left < wait) {
+        wait = left;
+        by_deadline = true;
+      }
+    }
     absl::Status s = WaitReady(fd, write ? POLLOUT : POLLIN, wait);
+    if (absl::IsDeadlineExceeded(s) && by_deadline) {
+      return absl::DeadlineExceededError("socket operation passed its deadline");
+    }
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -319,6 +333,24 @@ absl::Status ReadBytes(int fd, void* data, size_t n, absl::Duration idle_timeout
   IovCursor cur;
   cur.Add(data, n);
   return ReadAll(fd, &cur, idle_timeout, nullptr, first_byte_timeout);
+}
+
+absl::Status WriteBytesBy(int fd, const void* data, size_t n, absl::Duration idle_timeout,
+                          absl::Time deadline) {
+  IovCursor cur;
+  cur.Add(data, n);
+  IoHooks hooks;
+  hooks.deadline = deadline;
+  return WriteAll(fd, &cur, idle_timeout, &hooks);
+}
+
+absl::Status ReadBytesBy(int fd, void* data, size_t n, absl::Duration idle_timeout,
+                         absl::Time deadline) {
+  IovCursor cur;
+  cur.Add(data, n);
+  IoHooks hooks;
+  hooks.deadline = deadline;
+  return ReadAll(fd, &cur, idle_timeout, &hooks);
 }
 
 }  // namespace tandem::kvtransfer::tcp

@@ -88,6 +88,8 @@ struct IoHooks {
   size_t scratch_len = 0;
   std::function<void(uint8_t*, size_t)> on_bytes;
   size_t max_bytes_per_call = 0;  // 0: no cap
+  // The whole call fails with DEADLINE_EXCEEDED at this time, however the bytes trickle in.
+  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // Sends every byte of `cur`. UNAVAILABLE when the peer is gone, DEADLINE_EXCEEDED after
@@ -103,5 +105,10 @@ absl::Status ReadAll(int fd, IovCursor* cur, absl::Duration idle_timeout,
 absl::Status WriteBytes(int fd, const void* data, size_t n, absl::Duration idle_timeout);
 absl::Status ReadBytes(int fd, void* data, size_t n, absl::Duration idle_timeout,
                        absl::Duration first_byte_timeout = absl::ZeroDuration());
+// As above, and all of it done by `deadline` (DEADLINE_EXCEEDED then).
+absl::Status WriteBytesBy(int fd, const void* data, size_t n, absl::Duration idle_timeout,
+                          absl::Time deadline);
+absl::Status ReadBytesBy(int fd, void* data, size_t n, absl::Duration idle_timeout,
+                         absl::Time deadline);
 
 }  // namespace tandem::kvtransfer::tcp

@@ -20,8 +20,11 @@ namespace tandem::kvtransfer::tcp {
 namespace {
 
 constexpr size_t kScratchBytes = 256 << 10;
-constexpr uint32_t kMaxHelloBytes = 64 << 10;  // before the handshake, trust little
-constexpr size_t kBytesPerCall = 512 << 10;    // per recv: checksummed while still in cache
+constexpr size_t kBytesPerCall = 512 << 10;  // per recv: checksummed while still in cache
+// Metadata an authenticated connection may hold without drawing on the budget (a BEGIN or DATA
+// listing 16k blocks): part of kConnectionChargeBytes, with the scratch buffer.
+constexpr int64_t kMessageAllowance = 64 << 10;
+static_assert(kConnectionChargeBytes >= kMessageAllowance + static_cast<int64_t>(kScratchBytes));
 
 uint64_t NewIncarnation() {
   std::random_device rd;
@@ -33,6 +36,12 @@ uint64_t NewIncarnation() {
   return v;
 }
 
+// The address part of "host:port" / "[v6]:port": what the per-peer cap counts.
+std::string HostOf(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOptions& options,
@@ -41,6 +50,17 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOp
   absl::Status valid = ValidateKvLayout(options.layout);
   if (!valid.ok()) return valid;
   if (access == nullptr) return absl::InvalidArgumentError("kv receiver needs region access");
+  const ReceiverLimits& l = options.limits;
+  if (l.max_connections <= 0 || l.max_connections_per_peer <= 0 || l.max_handshake_message < 1024) {
+    return absl::InvalidArgumentError(
+        "kv receiver limits: connection caps must be positive and the handshake message "
+        "limit at least 1 KiB");
+  }
+  if (l.memory_budget < l.max_connections * kConnectionChargeBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv receiver memory budget of ", l.memory_budget, " bytes is below what ",
+        l.max_connections, " connections hold (", kConnectionChargeBytes, " bytes each)"));
+  }
   std::unique_ptr<TcpReceiver> r(new TcpReceiver(options, access, std::move(on_complete)));
   int port = 0;
   absl::StatusOr<Fd> fd = Listen(options.host, options.port, &port);
@@ -65,7 +85,7 @@ TcpReceiver::TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
       faults_(ResolveFaultOptions(options.faults, options.faults_from_env)),
       core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                            options.deadline_grace, options.max_transfer_time,
-                                           "kvt-recv-loop")) {}
+                                           "kvt-recv-loop", options.hooks)) {}
 
 TcpReceiver::~TcpReceiver() {
   stopping_ = true;
@@ -98,6 +118,73 @@ void TcpReceiver::ReapFinished(bool all) {
   }
 }
 
+bool TcpReceiver::Charge(int64_t bytes) {
+  int64_t used = charged_.load(std::memory_order_relaxed);
+  do {
+    if (used + bytes > options_.limits.memory_budget) return false;
+  } while (!charged_.compare_exchange_weak(used, used + bytes));
+  StatsCounters& c = core_->counters();
+  uint64_t peak = c.buffer_bytes_peak.load(std::memory_order_relaxed);
+  while (static_cast<uint64_t>(used + bytes) > peak &&
+         !c.buffer_bytes_peak.compare_exchange_weak(peak, static_cast<uint64_t>(used + bytes))) {
+  }
+  return true;
+}
+
+void TcpReceiver::Release(int64_t bytes) {
+  if (bytes != 0) charged_.fetch_sub(bytes);
+}
+
+TransportStats TcpReceiver::stats() const {
+  TransportStats s = core_->counters().Snapshot();
+  s.buffer_bytes = static_cast<uint64_t>(charged_.load());
+  return s;
+}
+
+void TcpReceiver::NoteRefused(KvRefusal reason, const std::string& peer, const absl::Status& why) {
+  core_->counters().connections_refused.fetch_add(1, std::memory_order_relaxed);
+  if (options_.hooks != nullptr) options_.hooks->Refused(TransferDirection::kReceive, reason);
+  std::lock_guard<std::mutex> lock(log_mu_);
+  const absl::Time now = absl::Now();
+  if (now - last_refusal_log_ < absl::Seconds(10)) {
+    ++refusals_not_logged_;
+    return;
+  }
+  TLOG(WARNING) << "kv transfer: refusing " << peer << " (" << KvRefusalName(reason)
+                << "): " << why.message()
+                << (refusals_not_logged_ > 0
+                        ? absl::StrCat(" (and ", refusals_not_logged_,
+                                       " more connections refused since the last such line)")
+                        : std::string());
+  last_refusal_log_ = now;
+  refusals_not_logged_ = 0;
+}
+
+absl::Status TcpReceiver::Admit(const std::string& host, KvRefusal* reason) {
+  const ReceiverLimits& l = options_.limits;
+  int total = 0, from_host = 0;
+  for (const auto& c : conns_) {
+    if (c->finished) continue;
+    ++total;
+    if (c->peer_host == host) ++from_host;
+  }
+  if (total >= l.max_connections) {
+    *reason = KvRefusal::kConnectionLimit;
+    return absl::ResourceExhaustedError(
+        absl::StrCat(total, " kv connections are open, the most this receiver takes"));
+  }
+  if (from_host >= l.max_connections_per_peer) {
+    *reason = KvRefusal::kPeerConnectionLimit;
+    return absl::ResourceExhaustedError(absl::StrCat(from_host, " kv connections from ", host,
+                                                     " are open, the most from one peer"));
+  }
+  if (!Charge(kHandshakeChargeBytes)) {
+    *reason = KvRefusal::kMemory;
+    return absl::ResourceExhaustedError("the kv receiver's memory budget is spent");
+  }
+  return absl::OkStatus();
+}
+
 void TcpReceiver::AcceptLoop() {
   pthread_setname_np(pthread_self(), "kvt-accept");
   while (!stopping_) {
@@ -107,13 +194,22 @@ void TcpReceiver::AcceptLoop() {
     if (r <= 0 || stopping_) continue;
     int fd = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) continue;
-    ConfigureSocket(fd, options_.io_timeout);
     auto conn = std::make_shared<Conn>();
     conn->fd = Fd(fd);
-    conn->owner = core_->NewOwnerId();
     conn->peer = PeerName(fd);
+    conn->peer_host = HostOf(conn->peer);
+    conn->handshake_deadline = absl::Now() + options_.handshake_timeout;
     std::lock_guard<std::mutex> lock(conns_mu_);
     if (stopping_) break;
+    KvRefusal reason;
+    absl::Status admitted = Admit(conn->peer_host, &reason);
+    if (!admitted.ok()) {
+      NoteRefused(reason, conn->peer, admitted);
+      continue;  // closed by ~Fd, before anything is read from it
+    }
+    conn->charged = kHandshakeChargeBytes;
+    ConfigureSocket(fd, options_.io_timeout);
+    conn->owner = core_->NewOwnerId();
     conns_.push_back(conn);
     conn->thread = std::thread([this, conn] { Serve(conn); });
   }
@@ -137,19 +233,35 @@ void TcpReceiver::Reject(Conn* conn, uint64_t transfer_id, uint32_t attempt,
 }
 
 absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta,
-                                      bool idle_ok, uint32_t max_meta) {
+                                      bool handshake, int64_t* extra) {
   uint8_t raw[wire::kPrefixBytes];
-  absl::Status s = ReadBytes(conn->fd.get(), raw, sizeof raw, options_.io_timeout,
-                             idle_ok ? absl::InfiniteDuration() : options_.handshake_timeout);
+  absl::Status s = handshake ? ReadBytesBy(conn->fd.get(), raw, sizeof raw, options_.io_timeout,
+                                           conn->handshake_deadline)
+                             : ReadBytes(conn->fd.get(), raw, sizeof raw, options_.io_timeout,
+                                         absl::InfiniteDuration());  // idle between messages
   if (!s.ok()) return s;
   absl::StatusOr<wire::Prefix> p = wire::DecodePrefix(raw);
   if (!p.ok()) return p.status();
-  if (p->meta_len > max_meta) {
-    return absl::DataLossError(absl::StrCat("kv transfer metadata of ", p->meta_len, " bytes"));
+  if (handshake && p->meta_len > options_.limits.max_handshake_message) {
+    return absl::DataLossError(absl::StrCat("kv transfer handshake message of ", p->meta_len,
+                                            " bytes (at most ",
+                                            options_.limits.max_handshake_message, ")"));
+  }
+  if (!handshake && p->meta_len > kMessageAllowance) {
+    const int64_t more = p->meta_len - kMessageAllowance;
+    if (!Charge(more)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("kv transfer metadata of ", p->meta_len,
+                       " bytes does not fit the receiver's memory budget"));
+    }
+    *extra += more;
   }
   *prefix = *p;
   meta->resize(p->meta_len);
-  s = ReadBytes(conn->fd.get(), meta->data(), meta->size(), options_.io_timeout);
+  // The metadata comes whole within io_timeout (or the handshake's deadline), not a byte at a
+  // time for ever.
+  s = ReadBytesBy(conn->fd.get(), meta->data(), meta->size(), options_.io_timeout,
+                  handshake ? conn->handshake_deadline : absl::Now() + options_.io_timeout);
   if (!s.ok()) return s;
   return wire::VerifyMeta(*prefix, *meta);
 }
@@ -157,7 +269,7 @@ absl::Status TcpReceiver::ReadMessage(Conn* conn, wire::Prefix* prefix, std::str
 absl::Status TcpReceiver::Handshake(Conn* conn) {
   wire::Prefix prefix;
   std::string hello_meta;
-  absl::Status s = ReadMessage(conn, &prefix, &hello_meta, /*idle_ok=*/false, kMaxHelloBytes);
+  absl::Status s = ReadMessage(conn, &prefix, &hello_meta, /*handshake=*/true);
   if (!s.ok()) return s;
   wire::Hello hello;
   if (prefix.type != wire::FrameType::kHello) {
@@ -165,18 +277,38 @@ absl::Status TcpReceiver::Handshake(Conn* conn) {
   }
   s = wire::DecodeHello(hello_meta, &hello);
   if (s.ok() && hello.magic != wire::kHelloMagic) s = absl::DataLossError("bad HELLO magic");
-  if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
+  // With a secret, nothing about this receiver (its layout included) is told before the peer
+  // proved it: the layout is checked after the challenge, its mismatch told to a peer that
+  // holds the secret.
   std::string receiver_nonce, sender_nonce;
-  if (s.ok() && !options_.secret.empty())
+  if (s.ok() && !options_.secret.empty()) {
     s = Authenticate(conn, hello_meta, &receiver_nonce, &sender_nonce);
+  }
+  if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
+  // Authenticated (or no secret): its buffers for the connection's life.
+  if (s.ok()) {
+    if (Charge(kConnectionChargeBytes)) {
+      conn->charged += kConnectionChargeBytes;
+    } else {
+      s = absl::ResourceExhaustedError("the kv receiver's connection memory budget is spent");
+      NoteRefused(KvRefusal::kMemory, conn->peer, s);
+    }
+  }
   if (!s.ok()) {
     if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) return s;  // the peer went away
-    core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-    ReportRefused(options_.hooks, TransferDirection::kReceive, s);
-    TLOG(WARNING) << "kv transfer: refusing " << conn->peer << ": " << s.message();
-    Send(conn, wire::FrameType::kRefuse, wire::EncodeOutcome({0, 0, s})).IgnoreError();
+    if (!absl::IsResourceExhausted(s)) {
+      core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
+      ReportRefused(options_.hooks, TransferDirection::kReceive, s);
+      TLOG(WARNING) << "kv transfer: refusing " << conn->peer << ": " << s.message();
+    }
+    const std::string refuse =
+        wire::MakeFrame(wire::FrameType::kRefuse, 0, wire::EncodeOutcome({0, 0, s}));
+    WriteBytesBy(conn->fd.get(), refuse.data(), refuse.size(), options_.io_timeout,
+                 conn->handshake_deadline)
+        .IgnoreError();
     return s;
   }
+  conn->binding = receiver_nonce + sender_nonce;
   wire::Welcome welcome;
   welcome.incarnation = incarnation_;
   welcome.layout = options_.layout;
@@ -184,7 +316,10 @@ absl::Status TcpReceiver::Handshake(Conn* conn) {
     welcome.proof =
         ReceiverProof(options_.secret, sender_nonce, receiver_nonce, wire::EncodeWelcome(welcome));
   }
-  s = Send(conn, wire::FrameType::kWelcome, wire::EncodeWelcome(welcome));
+  const std::string frame =
+      wire::MakeFrame(wire::FrameType::kWelcome, 0, wire::EncodeWelcome(welcome));
+  s = WriteBytesBy(conn->fd.get(), frame.data(), frame.size(), options_.io_timeout,
+                   conn->handshake_deadline);
   if (s.ok()) core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
   return s;
 }
@@ -194,12 +329,14 @@ absl::Status TcpReceiver::Authenticate(Conn* conn, const std::string& hello_meta
   absl::StatusOr<std::string> nonce = NewNonce();
   if (!nonce.ok()) return nonce.status();
   *receiver_nonce = *nonce;
-  absl::Status s =
-      Send(conn, wire::FrameType::kChallenge, wire::EncodeChallenge({*receiver_nonce}));
+  const std::string challenge =
+      wire::MakeFrame(wire::FrameType::kChallenge, 0, wire::EncodeChallenge({*receiver_nonce}));
+  absl::Status s = WriteBytesBy(conn->fd.get(), challenge.data(), challenge.size(),
+                                options_.io_timeout, conn->handshake_deadline);
   if (!s.ok()) return s;
   wire::Prefix prefix;
   std::string meta;
-  s = ReadMessage(conn, &prefix, &meta, /*idle_ok=*/false, kMaxHelloBytes);
+  s = ReadMessage(conn, &prefix, &meta, /*handshake=*/true);
   if (!s.ok()) return s;
   if (prefix.type != wire::FrameType::kAuth) {
     return absl::UnauthenticatedError(
@@ -229,11 +366,22 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
   pthread_setname_np(pthread_self(), "kvt-recv-conn");
   absl::Status s = Handshake(conn.get());
   bool handshaken = s.ok();
+  if (!s.ok() && absl::IsDeadlineExceeded(s)) {
+    NoteRefused(
+        KvRefusal::kHandshakeTimeout, conn->peer,
+        absl::DeadlineExceededError(absl::StrCat(
+            "its handshake took longer than ", absl::FormatDuration(options_.handshake_timeout))));
+  }
   while (s.ok()) {
     wire::Prefix prefix;
     std::string meta;
-    s = ReadMessage(conn.get(), &prefix, &meta, /*idle_ok=*/true);
-    if (!s.ok()) break;
+    int64_t extra = 0;  // metadata beyond the connection's allowance, charged for this message
+    s = ReadMessage(conn.get(), &prefix, &meta, /*handshake=*/false, &extra);
+    if (!s.ok()) {
+      Release(extra);
+      if (absl::IsResourceExhausted(s)) NoteRefused(KvRefusal::kMemory, conn->peer, s);
+      break;
+    }
     switch (prefix.type) {
       case wire::FrameType::kBegin:
         s = HandleBegin(conn, meta);
@@ -245,8 +393,8 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
         wire::Finish f;
         s = wire::DecodeFinish(meta, &f);
         if (!s.ok()) break;
-        absl::Status r =
-            core_->Finish(f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
+        absl::Status r = core_->Finish(conn->owner, f.transfer_id, f.attempt, f.frames, f.bytes,
+                                       std::move(f.trailer));
         if (!r.ok()) Reject(conn.get(), f.transfer_id, f.attempt, r);
         break;
       }
@@ -254,7 +402,7 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
         wire::Outcome a;
         s = wire::DecodeOutcome(meta, &a);
         if (!s.ok()) break;
-        core_->Abort(a.transfer_id, a.attempt,
+        core_->Abort(conn->owner, a.transfer_id, a.attempt,
                      absl::Status(a.status.ok() ? absl::StatusCode::kAborted : a.status.code(),
                                   absl::StrCat("sender aborted: ", a.status.message())));
         break;
@@ -263,6 +411,8 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
         s = absl::DataLossError(
             absl::StrCat("unexpected kv transfer message ", wire::FrameTypeName(prefix.type)));
     }
+    meta = std::string();  // its bytes go back before the charge does
+    Release(extra);
   }
   if (handshaken) {
     if (!stopping_) {
@@ -274,6 +424,9 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
                                                          " lost: ", s.message())));
   }
   conn->fd.Shutdown();
+  conn->scratch = std::vector<uint8_t>();
+  Release(conn->charged);
+  conn->charged = 0;
   conn->finished = true;
 }
 
@@ -281,6 +434,7 @@ absl::Status TcpReceiver::HandleBegin(const std::shared_ptr<Conn>& conn, const s
   wire::Begin b;
   absl::Status s = wire::DecodeBegin(meta, &b);
   if (!s.ok()) return s;
+  conn->rejected_attempt = -1;  // a BEGIN is a new try: its refusal is always told
   if (b.incarnation != incarnation_) {
     Reject(conn.get(), b.transfer_id, b.attempt,
            absl::FailedPreconditionError(absl::StrCat("receiver incarnation is ", incarnation_,
@@ -295,6 +449,8 @@ absl::Status TcpReceiver::HandleBegin(const std::shared_ptr<Conn>& conn, const s
   start.owner = conn->owner;
   start.deadline =
       b.deadline_ms < 0 ? absl::InfiniteFuture() : absl::Now() + absl::Milliseconds(b.deadline_ms);
+  start.proof = std::move(b.proof);
+  start.binding = conn->binding;
   std::weak_ptr<Conn> weak = conn;
   const uint64_t id = b.transfer_id;
   const uint32_t attempt = b.attempt;
@@ -334,7 +490,7 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
   }
   bool reported = false;
   absl::StatusOr<ReceiverCore::Ticket> ticket =
-      core_->AdmitData(d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
+      core_->AdmitData(conn->owner, d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
   if (!ticket.ok()) {
     if (!reported) Reject(conn, d.transfer_id, d.attempt, ticket.status());
     return Drain(conn, wire_bytes);

@@ -1,9 +1,11 @@
 #pragma once
 
 // The TCP transport's receiving side (decode worker). Threads: one acceptor (poll with a 100 ms
-// timeout, also reaps finished connections), one reader per connection (handshake, then
-// messages in order, payloads read with readv straight into the KV regions), and the
-// ReceiverCore's event loop (outcomes, deadlines, RESULT messages to senders).
+// timeout, also reaps finished connections; refuses connections over ReceiverLimits' caps), one
+// reader per connection (handshake within handshake_timeout, then messages in order, payloads
+// read with readv straight into the KV regions), and the ReceiverCore's event loop (outcomes,
+// deadlines, RESULT messages to senders). Every connection's buffers are charged to the memory
+// budget before they are allocated.
 
 #include <atomic>
 #include <cstdint>
@@ -14,6 +16,8 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/receiver_core.h"
 #include "kvtransfer/tcp/socket.h"
@@ -34,13 +38,17 @@ class TcpReceiver : public KvReceiver {
   void Expect(const Expectation& expectation) override { core_->Expect(expectation); }
   void Cancel(uint64_t transfer_id) override { core_->Cancel(transfer_id); }
   int64_t num_in_flight() const override { return core_->num_in_flight(); }
-  TransportStats stats() const override { return core_->counters().Snapshot(); }
+  TransportStats stats() const override;
 
  private:
   struct Conn {
     Fd fd;
     uint64_t owner = 0;
     std::string peer;
+    std::string peer_host;  // the address the per-peer cap counts
+    absl::Time handshake_deadline;
+    std::string binding;  // the handshake's nonces (receiver's, sender's): BeginProof's binding
+    int64_t charged = 0;  // reader thread: bytes charged to the budget for this connection
     std::thread thread;
     std::atomic<bool> finished{false};
     std::mutex write_mu;
@@ -53,13 +61,22 @@ class TcpReceiver : public KvReceiver {
   TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
               CompletionCallback on_complete);
   void AcceptLoop();
+  // Whether a new connection from `host` fits the caps and the budget; else why not.
+  absl::Status Admit(const std::string& host, KvRefusal* reason);
   void Serve(const std::shared_ptr<Conn>& conn);
   absl::Status Handshake(Conn* conn);
   // With a secret: CHALLENGE, then checks the sender's AUTH. UNAUTHENTICATED saying why.
   absl::Status Authenticate(Conn* conn, const std::string& hello_meta, std::string* receiver_nonce,
                             std::string* sender_nonce);
-  absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool idle_ok,
-                           uint32_t max_meta = wire::kMaxMetaBytes);
+  // One message: before the handshake completed, at most max_handshake_message bytes and by the
+  // handshake deadline; after it, metadata beyond the connection's allowance charged to the
+  // budget (added to `*extra`, which the caller releases once done with the message).
+  absl::Status ReadMessage(Conn* conn, wire::Prefix* prefix, std::string* meta, bool handshake,
+                           int64_t* extra = nullptr);
+  bool Charge(int64_t bytes);
+  void Release(int64_t bytes);
+  // Counts and logs (at most one line per 10 s) a connection refused or closed for `reason`.
+  void NoteRefused(KvRefusal reason, const std::string& peer, const absl::Status& why);
   absl::Status HandleBegin(const std::shared_ptr<Conn>& conn, const std::string& meta);
   absl::Status HandleData(Conn* conn, const wire::Prefix& prefix, const std::string& meta);
   absl::Status Drain(Conn* conn, uint64_t bytes);
@@ -75,6 +92,10 @@ class TcpReceiver : public KvReceiver {
   std::atomic<bool> stopping_{false};
   std::mutex conns_mu_;
   std::list<std::shared_ptr<Conn>> conns_;
+  std::atomic<int64_t> charged_{0};  // bytes charged to limits.memory_budget
+  std::mutex log_mu_;
+  absl::Time last_refusal_log_ = absl::InfinitePast();
+  uint64_t refusals_not_logged_ = 0;
   std::thread acceptor_;
   std::unique_ptr<ReceiverCore> core_;
 };

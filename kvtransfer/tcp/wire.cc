@@ -204,6 +204,7 @@ std::string EncodeBegin(const Begin& m) {
   w.U64(m.incarnation);
   w.I64(m.deadline_ms);
   w.Blocks(m.dst_blocks);
+  w.Str(m.proof);
   return w.Take();
 }
 
@@ -264,7 +265,7 @@ absl::Status DecodeAuth(absl::string_view meta, Auth* m) {
 absl::Status DecodeBegin(absl::string_view meta, Begin* m) {
   Reader r(meta);
   if (!r.U64(&m->transfer_id) || !r.U32(&m->attempt) || !r.U64(&m->incarnation) ||
-      !r.I64(&m->deadline_ms) || !r.Blocks(&m->dst_blocks) || !r.AtEnd()) {
+      !r.I64(&m->deadline_ms) || !r.Blocks(&m->dst_blocks) || !r.Str(&m->proof) || !r.AtEnd()) {
     return Malformed("BEGIN");
   }
   return absl::OkStatus();

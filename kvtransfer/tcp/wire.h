@@ -78,6 +78,7 @@ struct Begin {
   uint64_t incarnation = 0;
   int64_t deadline_ms = -1;  // time left when sent; < 0: none
   std::vector<int32_t> dst_blocks;
+  std::string proof;  // BeginProof of the transfer's key (auth.h); empty: the sender has none
 };
 struct DataMeta {
   uint64_t transfer_id = 0;

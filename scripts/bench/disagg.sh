@@ -19,6 +19,10 @@ KVT="$BUILD_DIR/bin/kvtransfer_bench"
 [ -x "$KVT" ] || { echo "build kvtransfer_bench first: ninja -C $BUILD_DIR kvtransfer_bench" >&2; exit 1; }
 ENGINE=(--model "$MODEL" --dtype bf16 --max-model-len 4096)
 THREADS=(--threads "${BENCH_THREADS:-1}")
+# The workers' KV data path authenticates as every cluster's does (a secret both hold).
+head -c 32 /dev/urandom | base64 >"$WORK/kv.secret"
+chmod 600 "$WORK/kv.secret"
+KV_SECRET=(--kv-secret-file "$WORK/kv.secret")
 
 # start_cluster NAME PREFILL_PREFIX DECODE_PREFIX [PREFILL_ARGS...]: a prefill worker, a decode
 # worker and a router on free ports (PREFIX: e.g. "taskset -c 0" or ""). Sets LAST_PORT to the
@@ -26,14 +30,14 @@ THREADS=(--threads "${BENCH_THREADS:-1}")
 start_cluster() {
   local name="$1" pre="$2" dec="$3"
   shift 3
-  local args=("${ENGINE[@]}" "$@")
+  local args=("${ENGINE[@]}" "${KV_SECRET[@]}" "$@")
   # shellcheck disable=SC2086
   record "$name prefill worker" $pre "$TANDEM" prefill --port 0 --port-file "$WORK/$name-p.port" "${args[@]}"
   # shellcheck disable=SC2086
   start_process "$name-prefill" "$WORK/$name-p.port" $pre "$TANDEM" prefill --port 0 \
     --port-file "$WORK/$name-p.port" "${args[@]}"
   local p="$LAST_PORT"
-  local dargs=("${ENGINE[@]}" "${THREADS[@]}")
+  local dargs=("${ENGINE[@]}" "${KV_SECRET[@]}" "${THREADS[@]}")
   # shellcheck disable=SC2086
   record "$name decode worker" $dec "$TANDEM" decode --port 0 --port-file "$WORK/$name-d.port" "${dargs[@]}"
   # shellcheck disable=SC2086

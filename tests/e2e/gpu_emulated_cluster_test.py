@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpc  # noqa: E402
 
 from tandem_testlib import (ROOT, Cluster, check, cluster_status, load_stubs,  # noqa: E402
-                            wait_no_leaks)
+                            wait_no_leaks, with_kv_secret)
 
 MODELS = ("stories260k", "llama2xs-280k")
 # Every prompt is prefilled on the prefill worker and its KV shipped (none prefilled locally).
@@ -246,7 +246,8 @@ class Proc:
         self.name = name
         port_file = os.path.join(tmp, name + ".port")
         self.log_path = os.path.join(tmp, name + ".log")
-        self.proc = subprocess.Popen([os.path.join(binary_dir, "bin", "tandem")] + args +
+        self.proc = subprocess.Popen([os.path.join(binary_dir, "bin", "tandem")] +
+                                     with_kv_secret(args) +
                                      ["--port", "0", "--port-file", port_file],
                                      stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT,
                                      env=dict(os.environ, **(env or {})))

@@ -1,15 +1,18 @@
 #!/usr/bin/python3
 """The KV data path authenticated with a shared secret (--kv-secret-file, kvtransfer/auth.h):
 
-1. `tandem serve --prefill-workers 1 --decode-workers 1 --kv-secret-file S` gives the same greedy
-   output as the same cluster without a secret, and its prefill worker really sent the KV over
-   the authenticated path (its kv transfer metrics: sends, no failures).
+1. `tandem serve --prefill-workers 1 --decode-workers 1` without KV flags makes a KV secret of its
+   own (a 0600 file in its 0700 state directory) and starts its workers with it;
+   `--kv-secret-file S` gives the same greedy output, and its prefill worker really sent the KV
+   over the authenticated path (its kv transfer metrics: sends, no failures).
 2. A prefill worker and a decode worker with different secrets (separate `tandem prefill`,
    `tandem decode`, `tandem router` processes): no KV moves between them; the prefill worker's
    transfer fails as `unauthenticated`, the decode worker logs the refusal naming the cause, and
    the request still ends OK with the same output (the router falls back to prefilling on the
-   decode worker). The same when the decode worker has no secret at all (the sender refuses it).
-3. Bad secret files are refused at startup with a clear message."""
+   decode worker). The same when the decode worker runs without a secret
+   (--allow-unauthenticated-kv, which it warns about): the sender refuses it.
+3. A worker without --kv-secret-file does not start unless --allow-unauthenticated-kv is given;
+   bad secret files are refused at startup with a clear message."""
 import os
 import re
 import subprocess
@@ -127,9 +130,18 @@ def main():
             f.write(secret + "\n")
         os.chmod(path, 0o600)
 
-    # 1. The same output with and without the secret; with it, KV went over the data path.
+    # 1. A default cluster makes its own secret; the same output with the operator's.
     with Cluster(build_dir, 1, 1) as plain:
         reference = run(stubs, plain.address)
+        for role, lst in plain.children().items():
+            args = open(f"/proc/{lst[0][0]}/cmdline", "rb").read().decode().split("\0")
+            files = [a.split("=", 1)[1] for a in args if a.startswith("--kv-secret-file=")]
+            check(len(files) == 1, f"{role} worker started without a KV secret: {args}")
+            mode, dir_mode = os.stat(files[0]).st_mode & 0o777, \
+                os.stat(os.path.dirname(files[0])).st_mode & 0o777
+            check(mode == 0o600 and dir_mode == 0o700 and len(open(files[0]).read()) >= 32,
+                  f"{role}: the KV secret {files[0]} is {oct(mode)} in a {oct(dir_mode)} directory")
+    print("ok: a default cluster gives its workers a KV secret of its own (0600 in a 0700 dir)")
     metrics_file = os.path.join(d, "serve.metrics")
     with Cluster(build_dir, 1, 1, "--kv-secret-file", os.path.join(d, "a.secret"),
                  "--metrics-port=-1", f"--metrics-port-file={metrics_file}") as cluster:
@@ -153,16 +165,23 @@ def main():
     check(refused["decode"] >= 1 and refused["prefill"] == 0,
           f"the decode worker refused (and counted) the connections: {refused}")
     print("ok: a decode worker with another secret receives no KV; the request is prefilled on it")
-    _, prefill_log, refused = mismatched(build_dir, d, stubs, [], reference, "no-secret")
+    decode_log, prefill_log, refused = mismatched(build_dir, d, stubs,
+                                                  ["--allow-unauthenticated-kv"], reference,
+                                                  "no-secret")
     check("no shared secret configured there" in prefill_log,
           f"the prefill worker's log does not name the cause:\n{prefill_log[-3000:]}")
+    check("the KV data path is not authenticated" in decode_log,
+          f"the decode worker without a secret did not warn:\n{decode_log[-3000:]}")
     check(refused["prefill"] >= 1 and refused["decode"] == 0,
           f"the prefill worker refused (and counted) the connections: {refused}")
     print("ok: a decode worker without a secret is refused by the prefill worker")
 
     # 3. Bad secret files stop the process at startup with a message.
     exe = os.path.join(build_dir, "bin", "tandem")
-    for args, expect in ((["decode", "--kv-secret-file", os.path.join(d, "short.secret")],
+    for args, expect in ((["decode"], "no --kv-secret-file"),
+                         (["prefill"], "--allow-unauthenticated-kv"),
+                         (["worker", "--role", "both"], "no --kv-secret-file"),
+                         (["decode", "--kv-secret-file", os.path.join(d, "short.secret")],
                           "at least 16"),
                          (["prefill", "--kv-secret-file", os.path.join(d, "missing")],
                           "cannot be read"),
@@ -171,7 +190,8 @@ def main():
         r = subprocess.run([exe, *args, "--port", "0"], capture_output=True, timeout=120)
         out = (r.stdout + r.stderr).decode("utf-8", "replace")
         check(r.returncode == 2 and expect in out, f"{args}: rc {r.returncode}: {out[-1000:]}")
-    print("ok: unreadable, short or misplaced secret files are refused at startup")
+    print("ok: workers without a KV secret (and without --allow-unauthenticated-kv), unreadable, "
+          "short or misplaced secret files are refused at startup")
     print("PASS")
 
 

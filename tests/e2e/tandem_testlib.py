@@ -20,7 +20,9 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _STUB_DIR = None
 _SECRET = None
+_KV_SECRET = None
 INTERNAL_TOKEN_KEY = "x-tandem-internal"
+WORKER_COMMANDS = ("prefill", "decode", "worker")
 
 
 def cluster_secret():
@@ -37,6 +39,31 @@ def cluster_secret():
         os.chmod(path, 0o600)
         _SECRET = (path, secret)
     return _SECRET
+
+
+def kv_secret():
+    """(path, bytes) of a KV secret file (--kv-secret-file) shared by this test's workers: a
+    worker started by hand needs one (or --allow-unauthenticated-kv)."""
+    global _KV_SECRET
+    if _KV_SECRET is None:
+        d = tempfile.mkdtemp(prefix="tandem-kv-secret-")
+        atexit.register(shutil.rmtree, d, True)
+        path = os.path.join(d, "kv.secret")
+        secret = os.urandom(24).hex().encode()
+        with open(path, "wb") as f:
+            f.write(secret + b"\n")
+        os.chmod(path, 0o600)
+        _KV_SECRET = (path, secret)
+    return _KV_SECRET
+
+
+def with_kv_secret(args):
+    """`args` of a `tandem` command; a worker command without KV flags gets kv_secret()'s file."""
+    args = list(args)
+    if args and args[0] in WORKER_COMMANDS and not any(
+            a.startswith(("--kv-secret-file", "--allow-unauthenticated-kv")) for a in args):
+        args += ["--kv-secret-file", kv_secret()[0]]
+    return args
 
 
 def internal_token(secret, method, at=None, nonce=None):

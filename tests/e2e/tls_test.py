@@ -16,7 +16,7 @@ import grpc
 
 from http_api_test import HttpServer
 from tandem_testlib import (INTERNAL_TOKEN_KEY, Cluster, check, cluster_secret, generate,  # noqa: E402
-                            internal_token, load_stubs)
+                            internal_token, kv_secret, load_stubs)
 
 
 def openssl(*args, cwd):
@@ -157,7 +157,8 @@ def main():
             procs.append(subprocess.Popen(
                 [os.path.join(build_dir, "bin", "tandem"), "decode", "--port", "0", "--port-file",
                  port_file, "--tls-cert", p(f"{cert}.pem"), "--tls-key", p(f"{cert}.key"),
-                 "--tls-ca", p(f"{ca}.pem"), "--tls-client-auth"],
+                 "--tls-ca", p(f"{ca}.pem"), "--tls-client-auth", "--kv-secret-file",
+                 kv_secret()[0]],
                 stdout=open(p(f"{name}.log"), "wb"), stderr=subprocess.STDOUT))
             deadline = time.time() + 60
             while not os.path.exists(port_file):

@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "kvtransfer/auth.h"
 #include "kvtransfer/receiver_core.h"
 
 namespace kvt = tandem::kvtransfer;
@@ -131,6 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             for (int i = 0; i < window % 4; ++i) e.window_layers.push_back((window >> (2 * i)) % 3);
             e.window_first = static_cast<int32_t>(in.Byte() % 6);
           }
+          if (window & 0x40) e.transfer_key = std::string(32, 'k');  // only its prover begins
           core.Expect(e);
           break;
         }
@@ -147,6 +149,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               s.dst_blocks.push_back(static_cast<int8_t>(in.Byte()));
           }
           if (how & 0x80) s.deadline = absl::Now() + absl::Milliseconds(how % 3);
+          if (how & 0x40) {  // the key's proof (right when the expectation has that key)
+            s.proof = kvt::BeginProof(std::string(32, 'k'), "", id, attempt, s.dst_blocks);
+          }
           (void)core.Begin(std::move(s), [](const absl::Status&) {}).ok();
           break;
         }
@@ -156,7 +161,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const int n = in.Byte() % 4;
           for (int i = 0; i < n; ++i) blocks.push_back(static_cast<int8_t>(in.Byte()) % 10);
           bool reported = false;
-          auto ticket = core.AdmitData(id, attempt, layer, blocks, &reported);
+          auto ticket = core.AdmitData(1 + in.Byte() % 2, id, attempt, layer, blocks, &reported);
           if (!ticket.ok()) break;
           FUZZ_CHECK(ticket->regions.size() == blocks.size());
           {
@@ -172,13 +177,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case 3: {
           const uint64_t frames = in.Byte() % 8;
           (void)core
-              .Finish(id, attempt, frames, frames * layout.region_bytes() * (1 + in.Byte() % 2),
-                      "trailer")
+              .Finish(1 + in.Byte() % 2, id, attempt, frames,
+                      frames * layout.region_bytes() * (1 + in.Byte() % 2), "trailer")
               .ok();
           break;
         }
         case 4:
-          core.Abort(id, attempt, absl::AbortedError("fuzz"));
+          core.Abort(1 + in.Byte() % 2, id, attempt, absl::AbortedError("fuzz"));
           break;
         case 5:
           core.Cancel(id);

@@ -35,7 +35,7 @@ import grpc  # noqa: E402
 
 from chaos_cluster import Slot  # noqa: E402
 from tandem_testlib import (Server, cluster_secret, cluster_status, internal_channel,  # noqa: E402
-                            load_stubs, worker_stats)
+                            kv_secret, load_stubs, worker_stats)
 
 # Fault profiles a worker incarnation may get (TANDEM_FAULTS without the seed).
 PROFILES = {
@@ -147,7 +147,7 @@ class Chaos:
         b = args.build_dir
         # The cluster runs with its secret on: every router -> worker call proves it.
         secret = ["--cluster-secret-file", cluster_secret()[0]]
-        worker_args = WORKER_ARGS + secret
+        worker_args = WORKER_ARGS + secret + ["--kv-secret-file", kv_secret()[0]]
         self.prefill = [Slot(b, f"prefill{i}", "prefill", worker_args, self.tmp) for i in range(2)]
         self.decode = [Slot(b, f"decode{i}", "decode", worker_args, self.tmp) for i in range(2)]
         self.workers = self.prefill + self.decode

@@ -12,14 +12,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import grpc  # noqa: E402
 
-from tandem_testlib import ROOT, check, cluster_status, generate, load_stubs  # noqa: E402
+from tandem_testlib import (ROOT, check, cluster_status, generate, load_stubs,  # noqa: E402
+                            with_kv_secret)
 
 
 class Proc:
     def __init__(self, build_dir, tmp, name, args):
         self.port_file = os.path.join(tmp, name + ".port")
         self.log = open(os.path.join(tmp, name + ".log"), "wb")
-        self.proc = subprocess.Popen([os.path.join(build_dir, "bin", "tandem")] + args +
+        self.proc = subprocess.Popen([os.path.join(build_dir, "bin", "tandem")] +
+                                     with_kv_secret(args) +
                                      ["--port", "0", "--port-file", self.port_file],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60

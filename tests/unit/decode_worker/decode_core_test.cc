@@ -5,7 +5,11 @@
 
 #include "decode_worker/decode_core.h"
 
+#include <future>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/auth.h"
 #include "tests/unit/common/worker/worker_test_util.h"
 
 namespace tandem {
@@ -81,6 +85,56 @@ TEST(DecodeCoreTest, ACancelledReservationFreesItsBlocksAndItsExpectation) {
   EXPECT_TRUE(stream.Tokens().empty());
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
   EXPECT_EQ(engine.stats().num_awaiting_kv, 0);
+  EXPECT_EQ(core.transfers_in_flight(), 0);
+}
+
+// Every reservation has a random id (nothing about it follows from the incarnation or from
+// another id) and a random key, and its expectation takes the transfer only from a sender that
+// proves the key.
+TEST(DecodeCoreTest, ReservationsCarryRandomIdsAndKeys) {
+  testing::RunningEngine running = testing::StartEngine();
+  DecodeCore core(running.engine.get());
+  kvtransfer::ReceiverOptions ro;
+  ro.transport = "loopback";
+  ro.layout = running.layout;
+  ASSERT_TRUE(core.StartReceiver(ro, running.regions.get()).ok());
+  std::vector<v1::KvReservation> reservations;
+  DecodeStream streams[2];
+  for (int i = 0; i < 2; ++i) {
+    v1::DecodeRequest r = Request(absl::StrCat("remote-", i), 8);
+    r.set_remote_prefill(true);
+    core.Decode(r, streams[i].Callback());
+    ASSERT_TRUE(
+        streams[i].WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+    reservations.push_back(*streams[i].Reservation());
+  }
+  EXPECT_NE(reservations[0].transfer_id(), reservations[1].transfer_id());
+  EXPECT_NE(reservations[0].transfer_key(), reservations[1].transfer_key());
+  for (const v1::KvReservation& r : reservations) {
+    EXPECT_EQ(r.transfer_key().size(), kvtransfer::kTransferKeyBytes);
+    // Not the incarnation-salted counter of before: the high bits are not the incarnation's.
+    EXPECT_NE(r.transfer_id() >> 20, (core.incarnation() << 20) >> 20);
+  }
+  kvtransfer::SenderOptions so;
+  so.transport = "loopback";
+  so.layout = running.layout;
+  auto sender = kvtransfer::CreateSender(so, running.regions.get());
+  ASSERT_TRUE(sender.ok());
+  kvtransfer::TransferTarget t;
+  t.endpoint = reservations[0].kv_endpoint();
+  t.incarnation = reservations[0].incarnation();
+  t.transfer_id = reservations[0].transfer_id();
+  t.dst_blocks.assign(reservations[0].dst_blocks().begin(), reservations[0].dst_blocks().end());
+  auto h = (*sender)->Begin(t, t.dst_blocks);  // no key
+  ASSERT_TRUE(h.ok());
+  for (int64_t l = 0; l < running.layout.num_layers; ++l) (*sender)->SendLayer(*h, l);
+  std::promise<absl::Status> done;
+  (*sender)->Finish(*h, "", [&](absl::Status st) { done.set_value(st); });
+  EXPECT_EQ(done.get_future().get().code(), absl::StatusCode::kNotFound);
+  for (int i = 0; i < 2; ++i) {
+    core.Cancel(absl::StrCat("remote-", i), -1);
+    ASSERT_TRUE(streams[i].WaitForFinal());
+  }
   EXPECT_EQ(core.transfers_in_flight(), 0);
 }
 

@@ -1,8 +1,9 @@
 // The cuda-ipc receiver driven by hand-written control messages (its KvControl requests), in
 // this process on the CPU emulator: the handshake refusals (a layout mismatch naming the field,
 // a sender on another GPU, garbage), the WELCOME that carries the exported pool, admission of
-// copies (unknown transfer, foreign block, a copy before BEGIN), and Cancel waiting for an
-// admitted copy until the sender reports it landed.
+// copies (unknown transfer, foreign block, a copy before BEGIN), the sender binding (only the
+// sender proving the transfer's key drives it), and Cancel waiting for an admitted copy until
+// the sender reports it landed.
 
 #include <atomic>
 #include <cstring>
@@ -13,6 +14,8 @@
 
 #include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/auth.h"
+#include "kvtransfer/control_message.h"
 #include "kvtransfer/cuda_ipc/device.h"
 #include "kvtransfer/cuda_ipc/ipc_control.h"
 #include "kvtransfer/transport.h"
@@ -57,36 +60,52 @@ class CudaIpcProtocolTest : public ::testing::Test {
     receiver_ = *std::move(r);
   }
 
-  ControlReply Send(ControlKind kind, const std::string& body) {
+  ControlReply Send(ControlKind kind, const std::string& body, uint64_t sender = kSender) {
     absl::StatusOr<std::string> bytes =
-        receiver_->HandleControl(EncodeRequest({kind, kSender, body}));
+        receiver_->HandleControl(EncodeRequest({kind, sender, body}));
     EXPECT_TRUE(bytes.ok()) << bytes.status();
     ControlReply reply;
     EXPECT_TRUE(DecodeReply(bytes.ok() ? *bytes : "", &reply).ok());
     return reply;
   }
-  ControlReply Connect(const std::string& device, const KvLayout& layout) {
+  ControlReply Connect(const std::string& device, const KvLayout& layout,
+                       uint64_t sender = kSender) {
     wire::Hello hello;
     hello.layout = layout;
-    return Send(ControlKind::kConnect, EncodeConnect(device, hello));
+    return Send(ControlKind::kConnect, EncodeConnect(device, hello), sender);
   }
-  absl::Status Begin(uint64_t id, std::vector<int32_t> dst) {
+  // BEGIN of attempt `attempt`, proving `key` bound to `binder`'s id (none when empty).
+  absl::Status Begin(uint64_t id, std::vector<int32_t> dst, const std::string& key = "",
+                     uint64_t sender = kSender, uint32_t attempt = 0, uint64_t binder = 0) {
     wire::Begin b;
     b.transfer_id = id;
+    b.attempt = attempt;
     b.incarnation = receiver_->incarnation();
     b.dst_blocks = std::move(dst);
-    return ReplyStatus(Send(ControlKind::kBegin, wire::EncodeBegin(b)));
+    if (!key.empty()) {
+      b.proof =
+          BeginProof(key, ControlBinding(binder != 0 ? binder : sender), id, attempt, b.dst_blocks);
+    }
+    return ReplyStatus(Send(ControlKind::kBegin, wire::EncodeBegin(b), sender));
   }
-  absl::Status Data(uint64_t id, uint32_t layer, std::vector<int32_t> blocks) {
+  absl::Status Data(uint64_t id, uint32_t layer, std::vector<int32_t> blocks,
+                    uint64_t sender = kSender) {
     wire::DataMeta d;
     d.transfer_id = id;
     d.layer = layer;
     d.payload_len = blocks.size() * layout_.region_bytes();
     d.blocks = std::move(blocks);
-    return ReplyStatus(Send(ControlKind::kData, wire::EncodeDataMeta(d)));
+    return ReplyStatus(Send(ControlKind::kData, wire::EncodeDataMeta(d), sender));
   }
-  absl::Status Landed(uint64_t id) {
-    return ReplyStatus(Send(ControlKind::kLanded, wire::EncodeOutcome({id, 0, absl::OkStatus()})));
+  absl::Status Landed(uint64_t id, uint64_t sender = kSender) {
+    return ReplyStatus(
+        Send(ControlKind::kLanded, wire::EncodeOutcome({id, 0, absl::OkStatus()}), sender));
+  }
+  // FINISH after `frames` DATA messages of `regions` regions in all.
+  absl::Status Finish(uint64_t id, uint64_t frames, uint64_t regions, const std::string& trailer,
+                      uint64_t sender = kSender) {
+    wire::Finish f{id, 0, frames, regions * layout_.region_bytes(), trailer};
+    return ReplyStatus(Send(ControlKind::kFinish, wire::EncodeFinish(f), sender));
   }
 
   KvLayout layout_ = testing::SmallLayout();
@@ -137,8 +156,8 @@ TEST_F(CudaIpcProtocolTest, HandshakeRefusals) {
 TEST_F(CudaIpcProtocolTest, OnlyExpectedRegionsAreAdmitted) {
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   receiver_->Expect({1, {2, 3}});
-  EXPECT_EQ(Data(1, 0, {2}).code(), absl::StatusCode::kAborted);  // before BEGIN
-  EXPECT_EQ(Begin(9, {2}).code(), absl::StatusCode::kNotFound);   // unknown transfer
+  EXPECT_EQ(Data(1, 0, {2}).code(), absl::StatusCode::kNotFound);  // before BEGIN
+  EXPECT_EQ(Begin(9, {2}).code(), absl::StatusCode::kNotFound);    // unknown transfer
   ASSERT_TRUE(Begin(1, {2, 3}).ok());
   EXPECT_EQ(Data(9, 0, {2}).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(Data(1, 0, {5}).code(), absl::StatusCode::kInvalidArgument);  // foreign block
@@ -156,12 +175,45 @@ TEST_F(CudaIpcProtocolTest, AFullTransferCompletes) {
     ASSERT_TRUE(Data(4, l, {6}).ok());
     ASSERT_TRUE(Landed(4).ok());
   }
-  wire::Finish f{4, 0, static_cast<uint64_t>(layout_.num_layers),
-                 layout_.num_layers * layout_.region_bytes(), "t"};
-  EXPECT_TRUE(ReplyStatus(Send(ControlKind::kFinish, wire::EncodeFinish(f))).ok());
+  EXPECT_TRUE(Finish(4, layout_.num_layers, layout_.num_layers, "t").ok());
   CompletedTransfer c = completions_.WaitFor(4, 0);
   EXPECT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(c.trailer, "t");
+}
+
+// Another connected sender (it passed KvControl's proofs) that knows the transfer's id and
+// blocks but not its key: its BEGIN (none, or the named sender's proof replayed, with a higher
+// attempt) is refused telling nothing, and its DATA, LANDED, FINISH and ABORT for the named
+// sender's attempt change nothing; the named sender's transfer completes.
+TEST_F(CudaIpcProtocolTest, OnlyTheNamedSenderDrivesATransfer) {
+  constexpr uint64_t kIntruder = 78;
+  const std::string key(kTransferKeyBytes, 'k');
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  ASSERT_EQ(Connect(device_, layout_, kIntruder).type, wire::FrameType::kWelcome);
+  receiver_->Expect({6, {1, 2}, {}, 0, key});
+  absl::Status s = Begin(6, {1, 2}, "", kIntruder, /*attempt=*/3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(s.message().find("expects"), std::string::npos) << s;
+  EXPECT_EQ(Begin(6, {1, 2}, key, kIntruder, 3, /*binder=*/kSender).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Begin(6, {1, 2}, std::string(kTransferKeyBytes, 'x'), kIntruder, 3).code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Begin(6, {1, 2}, key).ok());
+  EXPECT_EQ(Data(6, 0, {1, 2}, kIntruder).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(Data(6, 0, {1, 2}).ok());    // the named sender's copy
+  EXPECT_TRUE(Landed(6, kIntruder).ok());  // answered, but lands nothing
+  EXPECT_EQ(Finish(6, 1, 2, "x", kIntruder).code(), absl::StatusCode::kNotFound);
+  Send(ControlKind::kAbort, wire::EncodeOutcome({6, 0, absl::AbortedError("stop")}), kIntruder);
+  ASSERT_TRUE(Landed(6).ok());
+  for (uint32_t l = 1; l < layout_.num_layers; ++l) {
+    ASSERT_TRUE(Data(6, l, {1, 2}).ok());
+    ASSERT_TRUE(Landed(6).ok());
+  }
+  EXPECT_TRUE(Finish(6, layout_.num_layers, 2 * layout_.num_layers, "named").ok());
+  CompletedTransfer c = completions_.WaitFor(6, 0);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.trailer, "named");
+  EXPECT_GE(receiver_->stats().messages_refused, 5u);
 }
 
 // Cancel must not return while an admitted copy may still write the blocks.

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/auth.h"
 #include "kvtransfer/control_message.h"
 #include "kvtransfer/control_rpc/control_rpc.h"
 #include "kvtransfer/nccl/communicator.h"
@@ -291,6 +292,37 @@ TEST_F(NcclEmulatedTest, TheSharedSecretGuardsEveryControlMessage) {
       testing::SendAll(sender.get(), Target(*r.receiver, 1, {2}), {9}, layout_.num_layers, "")
           .ok());
   EXPECT_TRUE(LandedExactly(src_, {9}, dst_, {2}, layout_.num_layers));
+}
+
+// The transfer's key over the gRPC control channel: another sender holding the shared secret
+// but not the key (with the transfer's id, blocks and a higher attempt) is refused at Begin,
+// telling nothing, and lands nothing; the named sender's transfer then completes bit-exact.
+TEST_F(NcclEmulatedTest, OnlyTheSenderProvingTheKeyLands) {
+  const std::string secret = "0123456789abcdef-secret";
+  const std::string key(kTransferKeyBytes, 'k');
+  Receiver r = StartReceiver(layout_, &dst_, &completions_, secret);
+  r.receiver->Expect({3, {4, 5}, {}, 0, key});
+  FakePool other{layout_, kBlocks};
+  other.Fill(99);
+  auto intruder = StartSender(layout_, &other, GrpcChannel(secret));
+  for (const std::string& theirs : {std::string(), std::string(kTransferKeyBytes, 'x')}) {
+    TransferTarget t = Target(*r.receiver, 3, {4, 5}, /*attempt=*/9);
+    t.transfer_key = theirs;
+    absl::Status s = testing::SendAll(intruder.get(), t, {1, 2}, layout_.num_layers, "x");
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_EQ(s.message().find("expects"), std::string::npos) << s;
+  }
+  EXPECT_TRUE(dst_.IsZero(0, 4) && dst_.IsZero(0, 5));
+  src_.Fill(3);
+  auto named = StartSender(layout_, &src_, GrpcChannel(secret));
+  TransferTarget t = Target(*r.receiver, 3, {4, 5});
+  t.transfer_key = key;
+  ASSERT_TRUE(testing::SendAll(named.get(), t, {6, 7}, layout_.num_layers, "named").ok());
+  CompletedTransfer c = completions_.WaitFor(3, 0);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.trailer, "named");
+  EXPECT_TRUE(LandedExactly(src_, {6, 7}, dst_, {4, 5}, layout_.num_layers));
+  EXPECT_GE(r.receiver->stats().messages_refused, 2u);
 }
 
 // Fault injection: a control message that never arrives. The FINISH is lost: the sender must not

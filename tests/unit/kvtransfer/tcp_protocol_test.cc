@@ -12,6 +12,7 @@
 #include "kvtransfer/tcp/wire.h"
 #include "kvtransfer/transport.h"
 #include "tests/unit/kvtransfer/kv_test_util.h"
+#include "tests/unit/kvtransfer/raw_peer.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -22,84 +23,7 @@ using testing::Range;
 using testing::SendAll;
 using wire::FrameType;
 
-constexpr absl::Duration kIo = absl::Seconds(5);
-
-// A hand-driven protocol peer on one socket.
-class RawPeer {
- public:
-  explicit RawPeer(tcp::Fd fd) : fd_(std::move(fd)) {}
-  static RawPeer Connect(const std::string& endpoint) {
-    auto fd = tcp::Connect(endpoint, kIo);
-    EXPECT_TRUE(fd.ok()) << fd.status();
-    tcp::ConfigureSocket(fd->get(), kIo);
-    return RawPeer(std::move(*fd));
-  }
-  void Send(FrameType type, const std::string& meta, const std::string& payload = "",
-            uint16_t flags = 0) {
-    std::string frame = wire::MakeFrame(type, flags, meta) + payload;
-    ASSERT_TRUE(tcp::WriteBytes(fd_.get(), frame.data(), frame.size(), kIo).ok());
-  }
-  void SendRaw(const std::string& bytes) {
-    ASSERT_TRUE(tcp::WriteBytes(fd_.get(), bytes.data(), bytes.size(), kIo).ok());
-  }
-  // The next message, or the error that ended the stream.
-  absl::StatusOr<std::pair<FrameType, std::string>> Read(absl::Duration timeout = kIo) {
-    uint8_t raw[wire::kPrefixBytes];
-    absl::Status s = tcp::ReadBytes(fd_.get(), raw, sizeof raw, timeout, timeout);
-    if (!s.ok()) return s;
-    auto p = wire::DecodePrefix(raw);
-    if (!p.ok()) return p.status();
-    std::string meta(p->meta_len, '\0');
-    s = tcp::ReadBytes(fd_.get(), meta.data(), meta.size(), timeout);
-    if (!s.ok()) return s;
-    return std::make_pair(p->type, meta);
-  }
-  absl::Status ReadResult(uint64_t* id = nullptr, uint32_t* attempt = nullptr) {
-    auto m = Read();
-    if (!m.ok()) return absl::InternalError(std::string(m.status().message()));
-    EXPECT_EQ(m->first, FrameType::kResult);
-    wire::Outcome o;
-    EXPECT_TRUE(wire::DecodeOutcome(m->second, &o).ok());
-    if (id) *id = o.transfer_id;
-    if (attempt) *attempt = o.attempt;
-    return o.status;
-  }
-  // HELLO -> WELCOME; returns the incarnation.
-  uint64_t Handshake(const KvLayout& layout) {
-    wire::Hello h;
-    h.layout = layout;
-    Send(FrameType::kHello, wire::EncodeHello(h));
-    auto m = Read();
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return 0;
-    EXPECT_EQ(m->first, FrameType::kWelcome);
-    wire::Welcome w;
-    EXPECT_TRUE(wire::DecodeWelcome(m->second, &w).ok());
-    return w.incarnation;
-  }
-  void SendData(uint64_t id, uint32_t attempt, uint32_t layer, const std::vector<int32_t>& blocks,
-                const std::string& payload, bool good_crc = true) {
-    wire::DataMeta d;
-    d.transfer_id = id;
-    d.attempt = attempt;
-    d.layer = layer;
-    d.blocks = blocks;
-    d.payload_len = payload.size();
-    const uint32_t crc = Crc32c(0, payload.data(), payload.size()) ^ (good_crc ? 0 : 1);
-    Send(FrameType::kData, wire::EncodeDataMeta(d),
-         payload + std::string(reinterpret_cast<const char*>(&crc), sizeof crc),
-         wire::kFlagChecksum);
-  }
-  // True when the peer closed the connection within `timeout`.
-  bool ClosedWithin(absl::Duration timeout) {
-    auto m = Read(timeout);
-    return !m.ok() && absl::IsUnavailable(m.status());
-  }
-  int fd() const { return fd_.get(); }
-
- private:
-  tcp::Fd fd_;
-};
+using testing::RawPeer;
 
 class TcpProtocolTest : public ::testing::Test {
  protected:

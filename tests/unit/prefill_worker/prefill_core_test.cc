@@ -10,6 +10,7 @@
 
 #include "decode_worker/decode_core.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/auth.h"
 #include "tests/unit/common/worker/worker_test_util.h"
 
 namespace tandem {
@@ -147,6 +148,51 @@ TEST_P(DisaggregatedTest, ATargetThatDoesNotCoverThePromptIsRefused) {
   decode_->Cancel("short-target", -1);
   ASSERT_TRUE(stream.WaitForFinal());
   EXPECT_EQ(d_.engine->stats().kv_blocks_used, 0);
+}
+
+// The decode worker takes a transfer only from the sender proving the reservation's key: a
+// reservation without the key is refused before the engine sees it, another sender with the
+// id, blocks and a higher attempt but a wrong key lands nothing, and the named prefill (attempt
+// 0, which the intruder's higher attempt did not make stale) gives the plain run's tokens.
+TEST_P(DisaggregatedTest, OnlyTheSenderWithTheReservationsKeyLands) {
+  const v1::DecodeRequest request = DecodeRequest("keyed", 8);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  const v1::KvReservation reservation = *stream.Reservation();
+  ASSERT_EQ(reservation.transfer_key().size(), kvtransfer::kTransferKeyBytes);
+
+  v1::KvReservation keyless = reservation;
+  keyless.clear_transfer_key();
+  const PrefillResult refused = Prefill(PrefillRequest(request, keyless));
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kInvalidArgument) << refused.status;
+  EXPECT_NE(refused.status.message().find("transfer_key"), std::string::npos) << refused.status;
+  EXPECT_EQ(p_.engine->stats().prompt_tokens, 0);
+
+  kvtransfer::SenderOptions so;
+  so.transport = "loopback";
+  so.layout = p_.layout;
+  auto intruder = kvtransfer::CreateSender(so, p_.regions.get());
+  ASSERT_TRUE(intruder.ok()) << intruder.status();
+  kvtransfer::TransferTarget t;
+  t.endpoint = reservation.kv_endpoint();
+  t.incarnation = reservation.incarnation();
+  t.transfer_id = reservation.transfer_id();
+  t.attempt = 5;
+  t.dst_blocks.assign(reservation.dst_blocks().begin(), reservation.dst_blocks().end());
+  t.transfer_key = std::string(kvtransfer::kTransferKeyBytes, 'x');
+  auto handle = (*intruder)->Begin(t, t.dst_blocks);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  for (int64_t l = 0; l < p_.layout.num_layers; ++l) (*intruder)->SendLayer(*handle, l);
+  std::promise<absl::Status> intruded;
+  (*intruder)->Finish(*handle, "", [&](absl::Status st) { intruded.set_value(st); });
+  const absl::Status st = intruded.get_future().get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+
+  const PrefillResult ok = Prefill(PrefillRequest(request, reservation));
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  ASSERT_TRUE(stream.WaitForFinal());
+  EXPECT_EQ(stream.Tokens(), ReferenceTokens(Prompt(), 8));
 }
 
 INSTANTIATE_TEST_SUITE_P(Push, DisaggregatedTest, ::testing::Bool(),
