@@ -3,16 +3,21 @@
 # H200, with a prebuilt archive (tests/gpu/pack_prebuilt.sh) unpacked at the repository root:
 #   1. tests      ctest -L gpu (kernels, backend, engine and NCCL tests on the GPU)
 #   2. bench      cuda_bench: engine step times beside the measured bandwidth and matrix peak
-#   3. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict
+#   3. peer       scripts/bench/gpu_peer.sh: llama.cpp's CUDA server beside `tandem serve`, one
+#                 client, C = 1 16 64, 256/256 (2 rounds; skipped, saying so, when the archive
+#                 holds neither a llama.cpp build nor its sources). With the sources
+#                 (<build>/llama-cpp-src, pack_prebuilt.sh's LLAMA_CPP_SRC) its CUDA build
+#                 (llama-server, llama-quantize; sm_90, half the cores, niced) runs in the
+#                 background from the start, beside the gpu tests, and is waited for before the
+#                 first timed phase, so that it disturbs no timing.
+#   4. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256 (1 round; ITL)
+#   5. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict
 #                 each
-#   4. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256 (1 round)
-#   5. peer       scripts/bench/gpu_peer.sh: llama.cpp's CUDA server beside `tandem serve`
-#                 (skipped, saying so, when the archive holds no llama.cpp build)
 #
 #   tests/gpu/check.sh [PHASE...]        (default: all five, in that order)
 #
-# The one command, from this machine (after tests/gpu/pack_prebuilt.sh build-gpu
-# out/gpu-prebuilt.tar.xz, with LLAMA_CPP_BUILD set for the peer; see docs/benchmarks/gpu.md):
+# The one command, from the build machine (after LLAMA_CPP_SRC=DIR tests/gpu/pack_prebuilt.sh
+# build-gpu out/gpu-prebuilt.tar.xz in the checkout the device tool sends; docs/benchmarks/gpu.md):
 #   run(command="tar xf out/gpu-prebuilt.tar.xz && tests/gpu/check.sh",
 #       carry=["out/gpu-prebuilt.tar.xz"], timeout_s=600)
 # Every phase runs under its own time limit and a shared deadline (CHECK_DEADLINE_S, 570 s from
@@ -56,7 +61,7 @@ note() { echo "$*" | tee -a "$summary"; }
 left() { echo $(( deadline - $(date +%s) )); }
 
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(tests bench cluster serve peer)
+[ ${#phases[@]} -gt 0 ] || phases=(tests bench peer serve cluster)
 note "check.sh $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader 2>/dev/null || echo 'no GPU visible'), $(nproc) cores; phases: ${phases[*]}"
 
@@ -87,10 +92,52 @@ run_phase() {
     note "FAIL $name: exit $rc (${took}s)"
     failed=1
   fi
+  [ $rc -eq 0 ] || tail -15 "$logs/$name.log" | sed "s/^/  $name| /"
+}
+
+# llama.cpp's CUDA server from the packed sources, built here (nvcc, cmake and ninja are on the
+# GPU machine) into <build>/llama-cpp, in the background while the tests run.
+llama=${LLAMA_CPP_BUILD:-$build/llama-cpp}
+llama_src=$build/llama-cpp-src
+llama_pid=""
+if [[ " ${phases[*]} " == *" peer "* ]] && [ ! -x "$llama/bin/llama-server" ] &&
+  [ -f "$llama_src/CMakeLists.txt" ]; then
+  (
+    set -e
+    cmake -S "$llama_src" -B "$llama" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="${LLAMA_CPP_CUDA_ARCHS:-90-real}" -DGGML_NATIVE=OFF \
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
+    nice -n 10 ninja -C "$llama" -j "$(( ($(nproc) + 1) / 2 ))" llama-server llama-quantize
+    cp "$llama_src/commit.txt" "$llama/commit.txt" 2>/dev/null || true
+  ) >"$logs/peer-build.log" 2>&1 &
+  llama_pid=$!
+  note "peer-build: llama.cpp's CUDA server building in the background (pid $llama_pid)"
+fi
+# wait_peer_build: before a timed phase, the background build ends (or is stopped at the
+# deadline's last 150 s, leaving the peer phase to skip).
+wait_peer_build() {
+  [ -n "$llama_pid" ] || return 0
+  local start
+  start=$(date +%s)
+  while kill -0 "$llama_pid" 2>/dev/null && [ "$(left)" -gt 150 ]; do sleep 2; done
+  if kill -0 "$llama_pid" 2>/dev/null; then
+    kill -- "$llama_pid" 2>/dev/null
+    pkill -P "$llama_pid" 2>/dev/null
+    note "FAIL peer-build: not done with $(left)s left (log in logs.tar.xz: peer-build.log)"
+    failed=1
+  elif wait "$llama_pid"; then
+    note "PASS peer-build (waited $(( $(date +%s) - start ))s for it)"
+  else
+    tail -20 "$logs/peer-build.log"
+    note "FAIL peer-build: see peer-build.log"
+    failed=1
+  fi
+  llama_pid=""
 }
 
 bench_results=$logs/results
 for phase in "${phases[@]}"; do
+  [ "$phase" != tests ] && wait_peer_build
   case $phase in
     tests)
       # run.sh's own phases, one at a time, so that each gets its own limit here.
@@ -106,9 +153,8 @@ for phase in "${phases[@]}"; do
         BENCH_RESULTS="$bench_results" scripts/bench/gpu_serve.sh
       cp "$bench_results/gpu_serve.md" "$out/" 2>/dev/null ;;
     peer)
-      llama=${LLAMA_CPP_BUILD:-$build/llama-cpp}
       if [ ! -x "$llama/bin/llama-server" ]; then
-        note "SKIP peer: no llama.cpp CUDA build in $llama (pack one: LLAMA_CPP_BUILD=DIR tests/gpu/pack_prebuilt.sh)"
+        note "SKIP peer: no llama.cpp CUDA build in $llama (pack its sources: LLAMA_CPP_SRC=DIR tests/gpu/pack_prebuilt.sh)"
         continue
       fi
       run_phase peer 120 240 env BENCH_REPS=2 BENCH_RESULTS="$bench_results" \
@@ -116,10 +162,11 @@ for phase in "${phases[@]}"; do
         scripts/bench/gpu_peer.sh "$llama"
       cp "$bench_results/gpu_peer.md" "$out/" 2>/dev/null ;;
     *)
-      note "unknown phase $phase (tests bench cluster serve peer)"
+      note "unknown phase $phase (tests bench peer serve cluster)"
       failed=1 ;;
   esac
 done
+wait_peer_build
 
 # The figures, last, so that the device tool's output tail shows them.
 {

@@ -6,9 +6,14 @@
 # and the Python gRPC stubs. Binaries and libraries get an RPATH to the packed libraries, so
 # nothing else on that machine (its python3, say) sees them.
 #
-#   [LLAMA_CPP_BUILD=DIR] tests/gpu/pack_prebuilt.sh [build-dir] [archive]
+#   [LLAMA_CPP_SRC=DIR | LLAMA_CPP_BUILD=DIR] tests/gpu/pack_prebuilt.sh [build-dir] [archive]
 #       (defaults: build-gpu and out/gpu-prebuilt.tar.xz, at the repository root)
 #
+# With LLAMA_CPP_SRC (a source tree of llama.cpp's pinned snapshot, c392e5094, outside this
+# repository: a checkout or an export, e.g. `git -C LLAMA_GIT archive c392e5094 -- .
+# ':(exclude)models' ':(exclude)media' ':(exclude)docs' | tar -C DIR -x`) its sources (about 4 MB
+# compressed) go to <build-dir>/llama-cpp-src; tests/gpu/check.sh builds its CUDA server there
+# (nvcc, cmake and ninja are on the GPU machine) while the gpu tests run.
 # With LLAMA_CPP_BUILD (a CUDA build of llama.cpp made outside this repository, bin/llama-server
 # and bin/llama-quantize) its two programs, the libraries they load (CUDA's driver, cuBLAS and
 # glibc left out as above) and the GGUF library of its source tree (gguf-py, from the build's
@@ -58,6 +63,22 @@ done
 
 printf 'root %s\nbuild %s\n' "$root" "$root/$build" >"$stage/$build/prebuilt-paths.txt"
 
+if [[ -n ${LLAMA_CPP_SRC:-} ]]; then
+  src=$(cd "$LLAMA_CPP_SRC" && pwd)
+  for f in CMakeLists.txt ggml/src/ggml-cuda/ggml-cuda.cu examples/server/server.cpp \
+      gguf-py/gguf/__init__.py; do
+    [[ -f $src/$f ]] || { echo "pack_prebuilt.sh: $src is no llama.cpp tree (no $f)" >&2; exit 1; }
+  done
+  mkdir -p "$stage/$build/llama-cpp-src"
+  (cd "$src" && tar -cf - --exclude=.git --exclude='./build*' --exclude=./models --exclude=./media \
+    --exclude=./docs --exclude='__pycache__' .) | tar -C "$stage/$build/llama-cpp-src" -xf -
+  if [[ -e $src/.git ]]; then
+    git -C "$src" rev-parse --short=9 HEAD >"$stage/$build/llama-cpp-src/commit.txt"
+  else
+    echo "${LLAMA_CPP_COMMIT:-c392e5094}" >"$stage/$build/llama-cpp-src/commit.txt"
+  fi
+fi
+
 if [[ -n ${LLAMA_CPP_BUILD:-} ]]; then
   llama=$(cd "$LLAMA_CPP_BUILD" && pwd)
   src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$llama/CMakeCache.txt" 2>/dev/null || true)
@@ -95,5 +116,6 @@ mapfile -t proto_files < <(cd protos && ls tandem/v1/*.proto)
 
 tar -C "$stage" -cf - "$build" | xz -T0 -9 >"$archive"
 echo "packed ${#bins[@]} binaries, $(ls "$stage/$build/prebuilt-lib" | wc -l) libraries" \
-  "$([[ -d $stage/$build/llama-cpp ]] && echo "and llama.cpp's server"):" \
+  "$([[ -d $stage/$build/llama-cpp ]] && echo "and llama.cpp's server")" \
+  "$([[ -d $stage/$build/llama-cpp-src ]] && echo "and llama.cpp's sources"):" \
   "$archive ($(du -h "$archive" | cut -f1); the device tool carries 64 MiB with the working tree)"
