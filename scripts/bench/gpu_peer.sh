@@ -74,7 +74,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"
   2>/dev/null || echo "none visible (nvidia-smi failed)" >"$WORK/gpu.txt"
 cat >"$WORK/settings.json" <<EOF
 {"reps": $REPS, "prompt_len": $PROMPT_LEN, "output_len": $OUTPUT_LEN, "preset": "$PRESET",
- "conc": "${CONC[*]}", "peer_commit": "$PEER_COMMIT", "dry_run": $([ "$DRY_RUN" = 1 ] && echo true || echo false)}
+ "conc": "${CONC[*]}", "peer_commit": "$PEER_COMMIT", "device": "$DEVICE", "dry_run": $([ "$DRY_RUN" = 1 ] && echo true || echo false)}
 EOF
 printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
 {

@@ -44,6 +44,11 @@ def _check(work):
     return f"**the greedy texts differ** (Tandem {texts[0]}, llama.cpp {texts[1]})"
 
 
+def _times(value):
+    """A ratio as "1.23x", or fmt's placeholder when there is none."""
+    return fmt(value) + "x" if value is not None else fmt(value)
+
+
 def render_gpu_peer(work, outdir):
     tandem = open(os.path.join(work, "tandem.txt")).read().strip()
     gpu = open(os.path.join(work, "gpu.txt")).read().strip()
@@ -62,10 +67,11 @@ def render_gpu_peer(work, outdir):
           f"{settings['prompt_len']}-token prompts as token ids, {settings['output_len']} new "
           "tokens, ignore_eos, greedy. Aggregate tok/s = output tokens / wall time of the wave; "
           "TPOT = time per output token after the first (median over the wave's requests); "
-          "ratios are medians over rounds of Tandem / llama.cpp (for TPOT and TTFT: llama.cpp / "
-          "Tandem, so above 1 means Tandem is faster).\n")
+          "ratios are medians over rounds of Tandem / llama.cpp (for TPOT: llama.cpp / Tandem), "
+          "so above 1 means Tandem is faster.\n")
     if settings.get("dry_run"):
-        md += "\n**Dry run: Tandem's side only (no llama.cpp build).**\n"
+        md += ("\n**Dry run: Tandem's side only (no llama.cpp build), on "
+               f"`--device {settings.get('device', 'cuda')}`.**\n")
     if note:
         md += f"\n{note}\n"
     check = _check(work)
@@ -89,8 +95,8 @@ def render_gpu_peer(work, outdir):
         }
         summary[f"c{c}"] = point
         rows.append([c, fmt(point["tandem_tok_s"]), fmt(point["peer_tok_s"]),
-                     fmt(point["tok_s_ratio"]) + "x", fmt(point["tandem_tpot_ms"]),
-                     fmt(point["peer_tpot_ms"]), fmt(point["tpot_ratio"]) + "x",
+                     _times(point["tok_s_ratio"]), fmt(point["tandem_tpot_ms"]),
+                     fmt(point["peer_tpot_ms"]), _times(point["tpot_ratio"]),
                      fmt(point["tandem_ttft_ms"]), fmt(point["peer_ttft_ms"]),
                      point["short_or_failed"]])
     md += table(["C", "Tandem tok/s", "llama.cpp tok/s", "ratio", "Tandem TPOT (ms)",
