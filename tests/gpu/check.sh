@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # The whole GPU check of the GPU engine (issue 43) in one call of at most 10 minutes on one
 # H200, with a prebuilt archive (tests/gpu/pack_prebuilt.sh) unpacked at the repository root:
-#   1. tests      ctest -L gpu (kernels, backend, engine and NCCL tests on the GPU)
-#   2. bench      cuda_bench: engine step times beside the measured bandwidth and matrix peak
-#   3. peer       scripts/bench/gpu_peer.sh: llama.cpp's CUDA server beside `tandem serve`, one
-#                 client, C = 1 16 64, 256/256 (2 rounds; skipped, saying so, when the archive
-#                 holds neither a llama.cpp build nor its sources). With the sources
+#   1. tests      ctest -L gpu (kernels, backend, engine and NCCL tests on the GPU), <= 240 s
+#   2. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict
+#                 each (untimed: it runs while llama.cpp may still be building), <= 120 s
+#   3. bench      cuda_bench: engine step times beside the measured bandwidth and matrix peak,
+#                 <= 120 s
+#   4. peer       scripts/bench/gpu_peer.sh: llama.cpp's CUDA server beside `tandem serve`, one
+#                 client, C = 1 16 64, 256/256, 2 rounds, <= 240 s (skipped, saying so, when the
+#                 archive holds neither a llama.cpp build nor its sources). With the sources
 #                 (<build>/llama-cpp-src, pack_prebuilt.sh's LLAMA_CPP_SRC) its CUDA build
 #                 (llama-server, llama-quantize; sm_90, half the cores, niced) runs in the
-#                 background from the start, beside the gpu tests, and is waited for before the
-#                 first timed phase, so that it disturbs no timing.
-#   4. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256 (1 round; ITL)
-#   5. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict
-#                 each
+#                 background from the start, beside the tests and the cluster verdicts, and is
+#                 waited for before the first timed phase (bench, peer, serve), so that it
+#                 disturbs no timing.
+#   5. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256, 1 round (ITL),
+#                 <= 120 s
 #
 #   tests/gpu/check.sh [PHASE...]        (default: all five, in that order)
 #
@@ -61,7 +64,7 @@ note() { echo "$*" | tee -a "$summary"; }
 left() { echo $(( deadline - $(date +%s) )); }
 
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(tests bench peer serve cluster)
+[ ${#phases[@]} -gt 0 ] || phases=(tests cluster bench peer serve)
 note "check.sh $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader 2>/dev/null || echo 'no GPU visible'), $(nproc) cores; phases: ${phases[*]}"
 
@@ -137,19 +140,19 @@ wait_peer_build() {
 
 bench_results=$logs/results
 for phase in "${phases[@]}"; do
-  [ "$phase" != tests ] && wait_peer_build
+  case $phase in bench | peer | serve) wait_peer_build ;; esac
   case $phase in
     tests)
       # run.sh's own phases, one at a time, so that each gets its own limit here.
-      run_phase tests 120 300 env RUN_SH_PHASES=tests tests/gpu/run.sh "$build"
+      run_phase tests 120 240 env RUN_SH_PHASES=tests tests/gpu/run.sh "$build"
       cp "$logs/tests.log" "$out/tests.log" 2>/dev/null ;;
     bench)
-      run_phase bench 60 150 "$build/bin/cuda_bench" --model "$TANDEM_MODEL_CACHE/llama-1b-bf16"
+      run_phase bench 60 120 "$build/bin/cuda_bench" --model "$TANDEM_MODEL_CACHE/llama-1b-bf16"
       cp "$logs/bench.log" "$out/bench.log" 2>/dev/null ;;
     cluster)
-      run_phase cluster 60 150 "$PYTHON" tests/gpu/gpu_cluster_check.py "$build" ;;
+      run_phase cluster 60 120 "$PYTHON" tests/gpu/gpu_cluster_check.py "$build" ;;
     serve)
-      run_phase serve 60 150 env BENCH_REPS=1 GPU_SERVE_SERVERS=one-process \
+      run_phase serve 60 120 env BENCH_REPS=1 GPU_SERVE_SERVERS=one-process \
         BENCH_RESULTS="$bench_results" scripts/bench/gpu_serve.sh
       cp "$bench_results/gpu_serve.md" "$out/" 2>/dev/null ;;
     peer)
@@ -162,7 +165,7 @@ for phase in "${phases[@]}"; do
         scripts/bench/gpu_peer.sh "$llama"
       cp "$bench_results/gpu_peer.md" "$out/" 2>/dev/null ;;
     *)
-      note "unknown phase $phase (tests bench peer serve cluster)"
+      note "unknown phase $phase (tests cluster bench peer serve)"
       failed=1 ;;
   esac
 done
