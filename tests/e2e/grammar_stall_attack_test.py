@@ -126,6 +126,7 @@ def main(build_dir):
         counter = [0]
         lock = threading.Lock()
         outcomes = {}
+        calls = {}  # each attacker's call in flight, cancelled when the attack stops
 
         def attacker(k):
             while not stop.is_set():
@@ -136,17 +137,23 @@ def main(build_dir):
                     c = stubs.sampling.OutputConstraint(json_schema=large_schema(i))
                 else:
                     c = stubs.sampling.OutputConstraint(regex=large_regex(i))
+                call = stub.Generate(stubs.gen.GenerateRequest(
+                    text="Once upon a time",
+                    sampling=stubs.sampling.SamplingParams(
+                        temperature=1.0, seed=i, max_tokens=48, constraint=c)),
+                    metadata=[("authorization", "Bearer sk-alpha")], timeout=60)
+                with lock:
+                    calls[k] = call
+                if stop.is_set():
+                    call.cancel()
                 try:
-                    for _ in stub.Generate(stubs.gen.GenerateRequest(
-                            text="Once upon a time",
-                            sampling=stubs.sampling.SamplingParams(
-                                temperature=1.0, seed=i, max_tokens=48, constraint=c)),
-                            metadata=[("authorization", "Bearer sk-alpha")], timeout=60):
-                        if stop.is_set():
-                            break
+                    for _ in call:
+                        pass
                     code = "OK"
                 except grpc.RpcError as e:
                     code = e.code().name
+                if code == "CANCELLED" and stop.is_set():
+                    continue  # cancelled by the end of the attack
                 with lock:
                     outcomes[code] = outcomes.get(code, 0) + 1
 
@@ -166,9 +173,13 @@ def main(build_dir):
         under_attack = beta_series(ATTACK_REQUESTS, ATTACK_SECONDS)
         m = metrics(metrics_port)
         stop.set()
+        with lock:
+            for call in calls.values():
+                call.cancel()
         print(f"beta under attack: {fmt(under_attack)}", flush=True)
         for t in threads:
             t.join(timeout=90)
+        check(not any(t.is_alive() for t in threads), "the attackers stopped")
         print(f"alpha requests: {counter[0]} submitted, outcomes {outcomes}")
         print(f"grammar metrics: { {k: v for k, v in m.items() if v} }")
         print(f"server RSS: {rss0 >> 20} MiB before the attack, peak {peak_rss[0] >> 20} MiB")
