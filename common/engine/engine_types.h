@@ -52,6 +52,9 @@ struct EngineOptions {
   // needs more (or whose grammar already had one that did) is computed by grammar_service while
   // its sequence waits, and the other sequences keep stepping. <= 0: always off the loop.
   int64_t grammar_mask_inline_us = 2000;
+  // And at most this much in one step, all sequences together (the rest wait off the loop), so
+  // many sequences' moderately expensive masks cannot add up to a stall either.
+  int64_t grammar_mask_step_us = 10000;
   // Extensions a binary adds to every engine it builds (engine_feature.h: EngineExtensions):
   // called once per engine, after its KV cache manager exists and before its scheduler is
   // made. Null: none.

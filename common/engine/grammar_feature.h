@@ -20,8 +20,9 @@ namespace tandem {
 //   compile ends attaches it (prior output replayed) or ends it with the compile's error.
 // - Masks: before the plan each sequence that may be computed gets its token masks (the current
 //   state's and each drafted state's) from its grammar's cache, or computed on the engine thread
-//   within grammar_mask_inline_us of CPU time. A mask that needs more, or any uncached mask of a
-//   grammar that already needed more, is computed on the service's workers (the tenant's turn,
+//   within grammar_mask_inline_us of CPU time (and grammar_mask_step_us for the whole step). A
+//   mask that needs more, or any uncached mask of a grammar one of whose masks needed more than
+//   grammar_mask_inline_us, is computed on the service's workers (the tenant's turn,
 //   the service's budget) while its sequence waits (kAwaiting: keeps its slot and blocks);
 //   while such a computation holds a grammar, the other sequences on that grammar wait too (it
 //   holds the grammar's state graph). Drafts are cut at their first forbidden token or missing
@@ -65,6 +66,7 @@ class GrammarFeature final : public EngineFeature {
   std::vector<Sequence*> held_;                              // waiting for anything (wait set)
   // Mask computations in flight off the loop, per grammar: its sequences wait meanwhile.
   absl::flat_hash_map<const grammar::CompiledGrammar*, int32_t> busy_;
+  int64_t step_inline_us_ = 0;  // CPU spent on masks on the engine thread in this step
 
   struct Counters {
     int64_t cache_hits = 0, compiled = 0, rejected = 0, invalid = 0, budget_exceeded = 0,

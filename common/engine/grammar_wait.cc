@@ -142,17 +142,23 @@ void GrammarFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUp
 
 std::shared_ptr<const grammar::TokenMask> GrammarFeature::InlineMask(
     grammar::GrammarMatcher& matcher) {
-  const int64_t limit_us = core().options().grammar_mask_inline_us;
+  const EngineOptions& options = core().options();
+  const int64_t mask_us = options.grammar_mask_inline_us;
   const grammar::CompiledGrammar& g = matcher.compiled();
   // A grammar one of whose masks took longer has all its uncached masks computed off the loop.
-  if (limit_us <= 0 || g.max_mask_cost_us() > limit_us) return nullptr;
+  if (mask_us <= 0 || g.max_mask_cost_us() > mask_us) return nullptr;
+  // The step's allowance spent: the rest wait off the loop (their grammar is not slow for it).
+  const int64_t limit_us = std::min(mask_us, options.grammar_mask_step_us - step_inline_us_);
+  if (limit_us <= 0) return nullptr;
   auto budget = grammar::CompileBudget::Micros(limit_us, "computing a token mask");
   auto mask = matcher.NextTokenMaskWithin(budget.get());
+  const int64_t used_us = static_cast<int64_t>(budget->cpu_ms_used() * 1000);
+  step_inline_us_ += std::max(used_us, mask.ok() ? int64_t{0} : limit_us);
   if (!mask.ok()) {
-    g.NoteMaskCost(limit_us + 1);
+    if (limit_us == mask_us) g.NoteMaskCost(mask_us + 1);
     return nullptr;
   }
-  g.NoteMaskCost(static_cast<int64_t>(budget->cpu_ms_used() * 1000));
+  g.NoteMaskCost(used_us);
   return *mask;
 }
 
@@ -232,6 +238,7 @@ void GrammarFeature::BeforeSchedule() {
     if (s->grammar.active()) candidates.push_back(s);
   }
   if (candidates.empty()) return;
+  step_inline_us_ = 0;
   // Masks computed off the loop start after this pass: while one runs it holds its grammar's
   // state graph, which nothing on this thread may then touch.
   std::vector<Sequence*> deferred;

@@ -31,7 +31,7 @@ std::shared_ptr<grammar::GrammarCompiler> Compiler() {
 }
 
 std::unique_ptr<Engine> MakeEngine(std::shared_ptr<grammar::GrammarCompileService> service,
-                                   int64_t mask_inline_us = 2000) {
+                                   int64_t mask_inline_us = 2000, int64_t mask_step_us = 10000) {
   EngineBuildOptions b;
   b.model_dir = kModel;
   b.num_kv_blocks = 256;
@@ -41,6 +41,7 @@ std::unique_ptr<Engine> MakeEngine(std::shared_ptr<grammar::GrammarCompileServic
   b.engine.grammar = service != nullptr ? nullptr : Compiler();
   b.engine.grammar_service = std::move(service);
   b.engine.grammar_mask_inline_us = mask_inline_us;
+  b.engine.grammar_mask_step_us = mask_step_us;
   auto built = BuildEngine(b);
   EXPECT_TRUE(built.ok()) << built.status();
   return std::move(built->engine);
@@ -314,6 +315,26 @@ TEST(EngineGrammarWaitTest, SequencesOfABusyGrammarWaitAndStayIdentical) {
     EXPECT_TRUE(out[r.id].status.ok()) << out[r.id].status;
     EXPECT_EQ(out[r.id].tokens, Solo(r).tokens) << r.id;
   }
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
+}
+
+// A step's allowance for masks on the engine thread spent, the other sequences' masks are
+// computed off the loop; each output is the same as alone.
+TEST(EngineGrammarWaitTest, TheStepsMaskAllowanceSpentDefersTheRest) {
+  Service s;
+  auto e = MakeEngine(s.service, /*mask_inline_us=*/2000, /*mask_step_us=*/1);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(Request("c" + std::to_string(i), 20 + i, Regex(Digits(19 + i))));
+  }
+  for (const auto& r : reqs) ASSERT_TRUE(e->AddRequest(r).ok());
+  Outs out;
+  Drain(*e, &out);
+  for (const auto& r : reqs) {
+    EXPECT_TRUE(out[r.id].status.ok()) << out[r.id].status;
+    EXPECT_EQ(out[r.id].tokens, Solo(r).tokens) << r.id;
+  }
+  EXPECT_GT(e->stats().grammar_masks_deferred, 0);
   EXPECT_EQ(e->stats().kv_blocks_used, 0);
 }
 
