@@ -1,6 +1,7 @@
 #include "kvtransfer/receiver_core.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,15 @@
 #include "kvtransfer/transfer_window.h"
 
 namespace tandem::kvtransfer {
+
+uint64_t NewIncarnation() {
+  absl::StatusOr<uint64_t> id = NewTransferId();  // the same generator: 64 random bits, not 0
+  if (id.ok()) return *id;
+  std::random_device rd;  // only if OpenSSL's generator failed
+  return ((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) |
+         1;
+}
 
 namespace {
 constexpr uint8_t kMissing = 0;

@@ -41,10 +41,7 @@ class IpcSender : public ControlSender {
  public:
   IpcSender(const SenderOptions& options, KvRegionAccess* access, std::string device_id)
       : ControlSender(options, access,
-                      {"cuda-ipc",
-                       "kvt-ipc-send",
-                       {kConnect, kBegin, kFinish, kAbort, kDisconnect},
-                       kMaxBlocksPerMessage}),
+                      {"cuda-ipc", "kvt-ipc-send", kIpcKinds, kMaxBlocksPerMessage}),
         device_id_(std::move(device_id)) {}
 
   ~IpcSender() override { Close(); }

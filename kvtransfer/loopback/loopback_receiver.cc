@@ -11,8 +11,6 @@
 namespace tandem::kvtransfer::loopback {
 namespace {
 
-std::atomic<uint64_t> g_incarnation{0x10000};
-
 // ---------------------------------------------------------------- receiver
 
 class LoopbackReceiver : public KvReceiver {
@@ -26,8 +24,7 @@ class LoopbackReceiver : public KvReceiver {
         peer_(std::make_shared<Peer>()) {
     peer_->core = core_.get();
     peer_->layout = options.layout;
-    peer_->incarnation = (g_incarnation.fetch_add(1) << 16) ^
-                         static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()) & 0xffff);
+    peer_->incarnation = NewIncarnation();
   }
   ~LoopbackReceiver() override {
     core_->Shutdown();

@@ -5,7 +5,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -25,16 +24,6 @@ constexpr size_t kBytesPerCall = 512 << 10;  // per recv: checksummed while stil
 // listing 16k blocks): part of kConnectionChargeBytes, with the scratch buffer.
 constexpr int64_t kMessageAllowance = 64 << 10;
 static_assert(kConnectionChargeBytes >= kMessageAllowance + static_cast<int64_t>(kScratchBytes));
-
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) {
-    v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-        static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  }
-  return v;
-}
 
 // The address part of "host:port" / "[v6]:port": what the per-peer cap counts.
 std::string HostOf(const std::string& peer) {
