@@ -1,7 +1,5 @@
 #include "common/base/thread_pool.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 
 #include "common/base/cpu_features.h"
@@ -101,7 +99,7 @@ void ThreadPool::WorkerLoop(int self) {
   while (true) {
     uint32_t gen = current_.load(std::memory_order_acquire);
     for (int spins = 0; gen == seen && spins < kSpinIterations; ++spins) {
-      _mm_pause();
+      CpuRelax();
       gen = current_.load(std::memory_order_acquire);
     }
     if (gen == seen) {
@@ -144,7 +142,7 @@ void ThreadPool::RunUnits(int units, const std::function<void(int, int)>& fn) {
   Work(generation_, 0);
   for (int spins = 0; done_.load(std::memory_order_acquire) != done_target_; ++spins) {
     if (spins < kJoinSpinsBeforeYield) {
-      _mm_pause();
+      CpuRelax();
     } else {
       std::this_thread::yield();
     }

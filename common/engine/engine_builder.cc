@@ -5,7 +5,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/base/cpu_features.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "common/engine/model/quantize.h"
@@ -151,18 +150,18 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
         absl::StrCat("quantization ", options.quantization, " is implemented on cpu only"));
   }
   // Quantized weights go into the layout of int8 MatMul inputs wherever those can be chosen: asked
-  // for, or auto on a cpu with AVX512_VNNI (the rule below; decided before loading, as the
-  // layout is made at load).
-  const bool avx512 = ActiveSimdLevel() == SimdLevel::kAvx512;
-  const bool int8_dot = GetCpuFeatures().avx512vnni && avx512;
+  // for, or auto where the CPU kernels' tier has integer dot products (the rule below; decided
+  // before loading, as the layout is made at load).
+  const bool int8_dot = cpu::AutoMatMulInputDtype(WeightQuant::kInt8, DType::kBF16) == DType::kI8;
   const bool int8_inputs = options.matmul_input_dtype == "int8" ||
                            options.matmul_input_dtype == "i8" ||
                            (options.matmul_input_dtype == "auto" && int8_dot);
   load.quant_layout =
       *device == "cpu" && int8_inputs ? WeightLayout::kTiles16 : WeightLayout::kRows;
-  // Dense bf16 matrices go into the tiles of bf16 inputs on AVX512_BF16 unless f32 inputs are
-  // asked for: every other choice gives them bf16 inputs (int8 ones are for quantized weights).
-  const bool bf16_dot = GetCpuFeatures().avx512bf16 && avx512;
+  // Dense bf16 matrices go into the tiles of bf16 inputs where the tier has bf16 dot products
+  // unless f32 inputs are asked for: every other choice gives them bf16 inputs (int8 ones are
+  // for quantized weights).
+  const bool bf16_dot = cpu::Bf16TilesPreferred();
   const bool f32_inputs =
       options.matmul_input_dtype == "f32" || options.matmul_input_dtype == "float32";
   load.bf16_layout =
@@ -191,10 +190,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     *device = "cpu";
   }
 
-  // auto: int8 inputs (vpdpbusd) for int8 and int4 weights where the CPU has AVX512_VNNI; bf16
-  // dot products where the CPU has AVX512_BF16 for bf16 weights (and quantized ones without
-  // VNNI); both only with the AVX-512 kernels in use; f32 for f32 weights or elsewhere, where the
-  // others would only cost.
+  // auto: what the CPU kernels' tier runs fastest (cpu::AutoMatMulInputDtype): int8 inputs for
+  // int8 and int4 weights where it has integer dot products, bf16 dot products for bf16 weights
+  // (and quantized ones without integer dots) where it has those, f32 elsewhere.
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();

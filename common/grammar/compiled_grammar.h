@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/grammar.h"
+#include "common/grammar/grammar_memory.h"
 #include "common/grammar/state_graph.h"
 #include "common/grammar/token_vocab.h"
 
@@ -33,21 +35,31 @@ struct CompiledGrammarOptions {
   int64_t max_mask_cache_bytes = int64_t{64} << 20;        // per-state masks (cleared when full)
   int64_t max_position_cache_bytes = int64_t{64} << 20;    // per-position token sets (same)
   int64_t max_graph_bytes = StateGraph::kDefaultMaxBytes;  // the state graph (refused past it)
-  bool keep_complete_items = false;  // the earlier, larger state graph (benchmark baseline)
 };
 
 // A grammar compiled against one vocabulary, plus what every sequence using it shares: the
 // state graph (memoised Earley states and transitions), the context-independent token sets of
 // each position seen, and the token mask of each state seen (thread-safe: masks are computed on
 // worker threads).
+//
+// Memory: memory_bytes() is what it holds (grammar structure, graph, caches; the shared
+// vocabulary not included), kept as it grows. Made with a GrammarMemory, every byte is charged
+// to it (which may refuse a new state or a cache entry, or clear the caches: ClearCaches) and
+// released on destruction.
 class CompiledGrammar {
  public:
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
-                  const CompiledGrammarOptions& options = {});
+                  const CompiledGrammarOptions& options = {},
+                  std::shared_ptr<GrammarMemory> memory = nullptr);
+  ~CompiledGrammar();
+  CompiledGrammar(const CompiledGrammar&) = delete;
+  CompiledGrammar& operator=(const CompiledGrammar&) = delete;
 
   const Grammar& grammar() const { return grammar_; }
   const TokenVocab& vocab() const { return *vocab_; }
   int32_t mask_words() const { return (vocab_->size() + 63) / 64; }
+  // The budget this grammar is charged to (null: none).
+  const GrammarMemory* memory() const { return memory_.get(); }
 
   StateGraph& graph() const { return *graph_; }
   std::shared_ptr<const TokenMask> FindMask(int32_t state) const;
@@ -62,17 +74,38 @@ class CompiledGrammar {
   int64_t position_hits() const;
   int64_t position_misses() const;
 
+  // Bytes held: grammar structure + state graph + caches (any thread, no lock).
+  int64_t memory_bytes() const { return charged_.load(std::memory_order_relaxed); }
+  // Of which the mask and position caches (and the positions seen).
+  int64_t cache_bytes() const { return cache_bytes_.load(std::memory_order_relaxed); }
+  // Empties the mask and position caches (they refill as states are met again); the bytes freed.
+  int64_t ClearCaches() const;
+
  private:
+  friend class ReferencePaths;  // the benchmark's baseline graph (reference/)
+  CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
+                  const CompiledGrammarOptions& options, std::shared_ptr<GrammarMemory> memory,
+                  bool keep_complete_items);
+
+  // Charges `delta` bytes of `kind` (false: refused, nothing charged); negative releases.
+  bool Charge(int64_t delta, GrammarMemory::Kind kind) const;
+  // Clears the caches with mu_ held; the bytes freed.
+  int64_t ClearCachesLocked() const;
+
   Grammar grammar_;
   std::shared_ptr<const TokenVocab> vocab_;
+  std::shared_ptr<GrammarMemory> memory_;
   std::unique_ptr<StateGraph> graph_;
-  int64_t max_entries_;
+  int64_t max_mask_bytes_;
   int64_t max_position_bytes_;
+  mutable std::atomic<int64_t> charged_{0};
+  mutable std::atomic<int64_t> cache_bytes_{0};
   mutable std::mutex mu_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const PositionTokens>> positions_;
   mutable absl::flat_hash_set<int32_t> seen_positions_;
-  mutable int64_t position_bytes_ = 0;
+  mutable int64_t mask_bytes_ = 0;      // of cache_bytes_ (under mu_)
+  mutable int64_t position_bytes_ = 0;  // of cache_bytes_: sets and positions seen (under mu_)
   mutable int64_t hits_ = 0;
   mutable int64_t misses_ = 0;
   mutable int64_t position_hits_ = 0;

@@ -189,6 +189,51 @@ absl::StatusOr<int32_t> GrammarBuilder::CodePointClass(
   return *rule;  // no production at all when the class is empty: it never matches
 }
 
+absl::Status GrammarBuilder::Propagate(const std::function<bool(const ByteSet&)>& terminal_holds,
+                                       std::vector<bool>* marked) {
+  // missing[p]: symbols of production p that do not hold yet (a terminal that never holds counts
+  // forever); uses[r]: the productions naming rule r, once per occurrence (CSR arrays).
+  const size_t num_prods = g_.productions.size();
+  std::vector<int32_t> missing(num_prods, 0);
+  std::vector<int32_t> use_begin(g_.num_rules() + 1, 0);
+  for (int32_t s : g_.symbols) {
+    if (s >= 0) ++use_begin[s + 1];
+  }
+  for (int32_t r = 0; r < g_.num_rules(); ++r) use_begin[r + 1] += use_begin[r];
+  std::vector<int32_t> uses(use_begin.back());
+  std::vector<int32_t> fill(use_begin.begin(), use_begin.end() - 1);
+  std::vector<int32_t> ready;
+  for (size_t p = 0; p < num_prods; ++p) {
+    if (budget_ != nullptr) {
+      if (auto st = budget_->Check(); !st.ok()) return st;
+    }
+    const Grammar::Production& prod = g_.productions[p];
+    for (int32_t i = prod.begin; i < prod.end; ++i) {
+      const int32_t s = g_.symbols[i];
+      if (s >= 0) {
+        uses[fill[s]++] = static_cast<int32_t>(p);
+        ++missing[p];
+      } else if (!terminal_holds(g_.terminals[~s])) {
+        ++missing[p];
+      }
+    }
+    if (missing[p] == 0) ready.push_back(static_cast<int32_t>(p));
+  }
+  while (!ready.empty()) {
+    if (budget_ != nullptr) {
+      if (auto st = budget_->Check(); !st.ok()) return st;
+    }
+    const int32_t lhs = g_.productions[ready.back()].lhs;
+    ready.pop_back();
+    if ((*marked)[lhs]) continue;
+    (*marked)[lhs] = true;
+    for (int32_t u = use_begin[lhs]; u < use_begin[lhs + 1]; ++u) {
+      if (--missing[uses[u]] == 0) ready.push_back(uses[u]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Grammar> GrammarBuilder::Finish(int32_t root) {
   // Rules referenced but never defined are errors; an empty class rule (helper) simply never
   // matches.
@@ -207,36 +252,13 @@ absl::StatusOr<Grammar> GrammarBuilder::Finish(int32_t root) {
     return absl::InvalidArgumentError("grammar: the root rule has no definition");
   }
   g_.nullable.assign(g_.num_rules(), false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (const auto& p : g_.productions) {
-      if (g_.nullable[p.lhs]) continue;
-      bool all = true;
-      for (int32_t i = p.begin; i < p.end && all; ++i) {
-        all = g_.symbols[i] >= 0 && g_.nullable[g_.symbols[i]];
-      }
-      if (all) {
-        g_.nullable[p.lhs] = true;
-        changed = true;
-      }
-    }
+  if (auto st = Propagate([](const ByteSet&) { return false; }, &g_.nullable); !st.ok()) {
+    return st;
   }
   // The root must derive some byte string, or every output would be refused.
   std::vector<bool> productive(g_.num_rules(), false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (const auto& p : g_.productions) {
-      if (productive[p.lhs]) continue;
-      bool all = true;
-      for (int32_t i = p.begin; i < p.end && all; ++i) {
-        const int32_t s = g_.symbols[i];
-        all = s < 0 ? g_.terminals[~s].any() : static_cast<bool>(productive[s]);
-      }
-      if (all) {
-        productive[p.lhs] = true;
-        changed = true;
-      }
-    }
+  if (auto st = Propagate([](const ByteSet& b) { return b.any(); }, &productive); !st.ok()) {
+    return st;
   }
   if (!productive[root]) {
     return absl::InvalidArgumentError(
@@ -249,6 +271,9 @@ absl::StatusOr<Grammar> GrammarBuilder::Finish(int32_t root) {
   pruned.symbols.clear();
   for (auto& prods : pruned.rule_productions) prods.clear();
   for (const auto& p : g_.productions) {
+    if (budget_ != nullptr) {
+      if (auto st = budget_->Check(); !st.ok()) return st;
+    }
     bool ok = true;
     for (int32_t i = p.begin; i < p.end && ok; ++i) {
       const int32_t s = g_.symbols[i];

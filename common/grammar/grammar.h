@@ -2,6 +2,7 @@
 
 #include <bitset>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/grammar/compile_budget.h"
 
 namespace tandem::grammar {
 
@@ -69,12 +71,21 @@ class GrammarBuilder {
   absl::StatusOr<int32_t> CodePointClass(std::vector<std::pair<uint32_t, uint32_t>> ranges,
                                          bool negated);
   const GrammarLimits& limits() const { return limits_; }
+  // Checked by Finish once per production analysed (not owned; null: unlimited).
+  void set_budget(CompileBudget* budget) { budget_ = budget; }
 
-  // Checks that every referenced rule has a production and computes nullability.
+  // Checks that every referenced rule has a production and computes nullability (linear in the
+  // grammar's size: worklists, whatever order the rules come in).
   absl::StatusOr<Grammar> Finish(int32_t root);
 
  private:
+  // Marks every rule derived by a fixpoint over productions: a production holds once each of its
+  // symbols holds (`terminal_holds` for terminals; rules once marked).
+  absl::Status Propagate(const std::function<bool(const ByteSet&)>& terminal_holds,
+                         std::vector<bool>* marked);
+
   GrammarLimits limits_;
+  CompileBudget* budget_ = nullptr;
   Grammar g_;
   absl::flat_hash_map<std::string, int32_t> rules_;
   absl::flat_hash_map<std::string, int32_t> terminal_ids_;  // ByteSet bits -> terminal

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grammar/grammar_parser.h"
 #include "common/grammar/json_schema.h"
+#include "common/grammar/matcher.h"
 #include "common/grammar/regex_to_grammar.h"
 
 namespace tandem::grammar {
@@ -55,57 +56,75 @@ absl::StatusOr<std::string> ConstraintToGrammarText(const Constraint& c) {
   return absl::InvalidArgumentError("constraint: unknown kind");
 }
 
-GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocab> vocab, size_t max_entries,
-                                 GrammarLimits limits, CompiledGrammarOptions options)
-    : vocab_(std::move(vocab)), max_entries_(max_entries), limits_(limits), options_(options) {}
-
 namespace {
 
-bool Exhausted(const CompiledGrammar& g) {
-  std::lock_guard<std::mutex> lock(g.graph().mu());
-  return g.graph().exhausted();
+GrammarCompilerOptions CountBounded(size_t max_entries, GrammarLimits limits,
+                                    CompiledGrammarOptions grammar) {
+  GrammarCompilerOptions options;
+  options.max_entries = static_cast<int64_t>(max_entries);
+  options.limits = limits;
+  options.grammar = grammar;
+  return options;
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
-    const Constraint& c) {
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocab> vocab,
+                                 GrammarCompilerOptions options)
+    : vocab_(std::move(vocab)),
+      options_(std::move(options)),
+      memory_(std::make_shared<GrammarMemory>(options_.max_bytes, options_.max_entries)) {}
+
+GrammarCompiler::GrammarCompiler(std::shared_ptr<const TokenVocab> vocab, size_t max_entries,
+                                 GrammarLimits limits, CompiledGrammarOptions options)
+    : GrammarCompiler(std::move(vocab), CountBounded(max_entries, limits, options)) {}
+
+// Grammars sequences still hold keep the memory account alive; the cache's own references go
+// now (they hold the account: without this the two would keep each other alive).
+GrammarCompiler::~GrammarCompiler() { memory_->Clear(); }
+
+std::string GrammarCompiler::CacheKey(const Constraint& c) {
   std::string key =
       absl::StrCat(static_cast<int>(c.kind), c.strict ? "s" : "n", c.value.size(), ":", c.value);
   for (const std::string& choice : c.choices)
     absl::StrAppend(&key, "\x1f", choice.size(), ":", choice);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = cache_.find(key);
-    if (it != cache_.end() && Exhausted(*it->second.first)) {
-      lru_.erase(it->second.second);
-      cache_.erase(it);
-    } else if (it != cache_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.second);
-      ++hits_;
-      return it->second.first;
-    }
+  return key;
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::Lookup(const std::string& key) {
+  return memory_->Find(key);
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
+    const Constraint& c, CompileBudget* budget) {
+  const std::string key = CacheKey(c);
+  if (auto hit = memory_->Find(key)) return hit;
+  absl::StatusOr<std::string> text;
+  if (c.kind == Constraint::Kind::kJsonSchema) {
+    JsonSchemaOptions options;
+    options.strict = c.strict;
+    options.budget = budget;
+    text = JsonSchemaToGrammar(c.value, options);
+  } else {
+    text = ConstraintToGrammarText(c);
   }
-  auto text = ConstraintToGrammarText(c);
   if (!text.ok()) return text.status();
-  auto grammar = ParseGrammar(*text, limits_);
+  auto grammar = ParseGrammar(*text, options_.limits, budget);
   if (!grammar.ok()) return grammar.status();
-  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*grammar), vocab_, options_);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (cache_.count(key) == 0) {
-    lru_.push_front(key);
-    cache_[key] = {compiled, lru_.begin()};
-    while (cache_.size() > max_entries_) {
-      cache_.erase(lru_.back());
-      lru_.pop_back();
-    }
+  auto compiled = std::make_shared<const CompiledGrammar>(std::move(*grammar), vocab_,
+                                                          options_.grammar, memory_);
+  if (options_.warm_first_mask) {
+    GrammarMatcher matcher(compiled);
+    auto mask = matcher.NextTokenMaskWithin(budget);
+    if (!mask.ok()) return mask.status();
   }
+  if (budget != nullptr) {
+    if (auto st = budget->Check(); !st.ok()) return st;
+  }
+  memory_->Insert(key, compiled);
   return compiled;
 }
 
-int64_t GrammarCompiler::hits() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return hits_;
-}
+int64_t GrammarCompiler::hits() const { return memory_->stats().hits; }
 
 }  // namespace tandem::grammar

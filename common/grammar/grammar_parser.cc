@@ -13,7 +13,10 @@ namespace {
 
 class Parser {
  public:
-  Parser(std::string_view text, const GrammarLimits& limits) : text_(text), b_(limits) {}
+  Parser(std::string_view text, const GrammarLimits& limits, CompileBudget* budget)
+      : text_(text), b_(limits), budget_(budget) {
+    b_.set_budget(budget);
+  }
 
   absl::StatusOr<Grammar> Parse() {
     SkipSpace();
@@ -110,6 +113,9 @@ class Parser {
       SkipSpace();
       if (AtEnd() || Peek() == '|' || Peek() == ')') return absl::OkStatus();
       if (AtRuleStart()) return absl::OkStatus();
+      if (budget_ != nullptr) {
+        if (auto st = budget_->Check(); !st.ok()) return st;
+      }
       std::vector<int32_t> item;
       if (auto st = Primary(&item, depth); !st.ok()) return st;
       if (auto st = Postfix(&item); !st.ok()) return st;
@@ -197,7 +203,7 @@ class Parser {
   absl::Status Postfix(std::vector<int32_t>* item) {
     while (!AtEnd()) {
       char c = Peek();
-      int64_t lo, hi;  // hi -1: unbounded
+      int64_t lo = 0, hi = 0;  // hi -1: unbounded
       if (c == '*') {
         lo = 0, hi = -1;
         ++pos_;
@@ -255,7 +261,12 @@ class Parser {
     auto rule = b_.NewRule("rep");
     if (!rule.ok()) return rule;
     std::vector<int32_t> prefix;
-    for (int64_t i = 0; i < lo; ++i) prefix.insert(prefix.end(), item.begin(), item.end());
+    for (int64_t i = 0; i < lo; ++i) {
+      if (budget_ != nullptr) {
+        if (auto st = budget_->Check(); !st.ok()) return st;
+      }
+      prefix.insert(prefix.end(), item.begin(), item.end());
+    }
     if (hi < 0) {
       // rule ::= prefix tail; tail ::= tail item | ""  (left recursion: constant Earley state).
       auto tail = b_.NewRule("star");
@@ -271,6 +282,9 @@ class Parser {
     // x{lo,hi}: prefix then nested optionals opt_k ::= x opt_{k-1} | "".
     int32_t next = -1;
     for (int64_t i = 0; i < hi - lo; ++i) {
+      if (budget_ != nullptr) {
+        if (auto st = budget_->Check(); !st.ok()) return st;
+      }
       auto opt = b_.NewRule("opt");
       if (!opt.ok()) return opt;
       std::vector<int32_t> body = item;
@@ -354,13 +368,15 @@ class Parser {
   std::string_view text_;
   size_t pos_ = 0;
   GrammarBuilder b_;
+  CompileBudget* budget_;
   absl::flat_hash_set<std::string> defined_;
 };
 
 }  // namespace
 
-absl::StatusOr<Grammar> ParseGrammar(std::string_view text, const GrammarLimits& limits) {
-  return Parser(text, limits).Parse();
+absl::StatusOr<Grammar> ParseGrammar(std::string_view text, const GrammarLimits& limits,
+                                     CompileBudget* budget) {
+  return Parser(text, limits, budget).Parse();
 }
 
 }  // namespace tandem::grammar

@@ -120,6 +120,9 @@ class SchemaCompiler {
 
   absl::StatusOr<std::string> Visit(const Json& s, const std::string& where, int depth) {
     if (depth > options_.max_depth) return Error(where, "schema nested too deeply");
+    if (options_.budget != nullptr) {
+      if (auto st = options_.budget->Check(); !st.ok()) return st;
+    }
     if (++visits_ > options_.max_subschemas) {
       // Distributing anyOf/oneOf over their siblings and merging allOf can multiply subschemas.
       return Error(where, absl::StrCat("the schema expands to more than ", options_.max_subschemas,

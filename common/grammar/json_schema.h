@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/grammar/compile_budget.h"
 
 namespace tandem::grammar {
 
@@ -20,6 +21,8 @@ struct JsonSchemaOptions {
   // left out (include them once with JsonBaseRules()).
   std::string prefix;
   bool include_base_rules = true;
+  // Checked once per subschema (not owned; null: unlimited).
+  CompileBudget* budget = nullptr;
 };
 
 // The json-* rules (json-value, json-string, ...) every compiled schema refers to.

@@ -23,10 +23,20 @@ GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
 
 void GrammarMatcher::CheckExhausted(const StateGraph& graph, int64_t refusals_before) {
   if (graph.refusals() == refusals_before || !status_.ok()) return;
-  const int64_t bound = graph.max_bytes();
+  auto size = [](int64_t bytes) {
+    return bytes >= (1 << 20) ? absl::StrCat(bytes >> 20, " MiB")
+                              : absl::StrCat(bytes >> 10, " KiB");
+  };
+  if (graph.last_refusal_charged() && grammar_->memory() != nullptr) {
+    status_ = absl::ResourceExhaustedError(absl::StrCat(
+        "constraint: the grammar memory budget of ", size(grammar_->memory()->max_bytes()),
+        " (all grammars together) is full and this grammar holds more than its share (",
+        size(grammar_->memory_bytes()), ", ", graph.num_states(),
+        " parser states); the grammar is too large to serve now"));
+    return;
+  }
   status_ = absl::ResourceExhaustedError(absl::StrCat(
-      "constraint: the grammar's parser state graph reached its bound of ",
-      bound >= (1 << 20) ? absl::StrCat(bound >> 20, " MiB") : absl::StrCat(bound >> 10, " KiB"),
+      "constraint: the grammar's parser state graph reached its bound of ", size(graph.max_bytes()),
       " (", graph.num_states(), " states); the grammar is too ambiguous or too large to serve"));
 }
 
@@ -127,8 +137,10 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::PositionTokensLocked(State
   auto tokens = std::make_shared<PositionTokens>();
   tokens->accepted.assign(grammar_->mask_words(), 0);
   PositionWalk(graph, 0, position, /*popped=*/false, tokens.get());
-  // Cached only when complete (the graph's bound refused no state on the way).
-  if (graph.refusals() == refusals) grammar_->StorePosition(position, tokens);
+  // Cached only when complete (no bound refused a state on the way, no budget ran out).
+  if (graph.refusals() == refusals && !graph.interrupted()) {
+    grammar_->StorePosition(position, tokens);
+  }
   return tokens;
 }
 
@@ -196,6 +208,11 @@ TokenMask GrammarMatcher::ComputeMaskByPosition() {
 }
 
 std::shared_ptr<const TokenMask> GrammarMatcher::NextTokenMask() {
+  return *NextTokenMaskWithin(nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const TokenMask>> GrammarMatcher::NextTokenMaskWithin(
+    CompileBudget* budget) {
   const int32_t state = states_.back();
   if (auto hit = grammar_->FindMask(state)) return hit;
   std::shared_ptr<const TokenMask> mask;
@@ -204,7 +221,11 @@ std::shared_ptr<const TokenMask> GrammarMatcher::NextTokenMask() {
     StateGraph& graph = grammar_->graph();
     std::lock_guard<std::mutex> lock(graph.mu());
     const int64_t refusals = graph.refusals();
+    graph.set_budget(budget);
     mask = std::make_shared<const TokenMask>(ComputeMaskLocked(graph, /*force_positions=*/false));
+    const bool interrupted = graph.interrupted();
+    graph.set_budget(nullptr);
+    if (interrupted) return budget->Check();
     complete = graph.refusals() == refusals;
     CheckExhausted(graph, refusals);
   }

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grammar/compile_budget.h"
 #include "common/grammar/compiled_grammar.h"
 
 namespace tandem::grammar {
@@ -42,20 +44,26 @@ class GrammarMatcher {
   // position's context-dependent tokens against this state. When the state graph hits its
   // bound the mask may miss tokens: status() is then RESOURCE_EXHAUSTED and the mask unusable.
   std::shared_ptr<const TokenMask> NextTokenMask();
+  // NextTokenMask within `budget` (checked in the Earley closures and the trie walk; not owned):
+  // the mask, or the budget's status once it ran out (nothing cached then, the matcher
+  // unchanged). Warms a new grammar's first mask inside its compile budget.
+  absl::StatusOr<std::shared_ptr<const TokenMask>> NextTokenMaskWithin(CompileBudget* budget);
   // The cached mask of this state, or null when it was not computed yet (cheap: one lookup).
   std::shared_ptr<const TokenMask> CachedMask() const { return grammar_->FindMask(states_.back()); }
-  // The mask by a walk of the whole token trie from this state, without position sets or mask
-  // cache (reference for tests and the benchmark).
-  TokenMask ComputeMaskUncached();
-  // The mask from position sets and the context check (computing the sets even for a position
-  // seen for the first time), without the mask cache.
-  TokenMask ComputeMaskByPosition();
   // RESOURCE_EXHAUSTED once the grammar's state graph refused a state this sequence needed.
   const absl::Status& status() const { return status_; }
 
   const CompiledGrammar& compiled() const { return *grammar_; }
 
  private:
+  friend class ReferencePaths;  // reference masks for tests and benchmarks (reference/)
+
+  // The mask by a walk of the whole token trie from this state, without position sets or mask
+  // cache.
+  TokenMask ComputeMaskUncached();
+  // The mask from position sets and the context check (computing the sets even for a position
+  // seen for the first time), without the mask cache.
+  TokenMask ComputeMaskByPosition();
   void Walk(StateGraph& graph, int32_t node, int32_t state, uint64_t* mask);
   void PositionWalk(StateGraph& graph, int32_t node, int32_t state, bool popped,
                     PositionTokens* out);

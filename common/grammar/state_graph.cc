@@ -22,15 +22,20 @@ StateGraph::StateGraph(const Grammar* grammar, int64_t max_bytes, bool keep_comp
   for (int32_t p : g_->rule_productions[g_->root]) items.push_back({p, 0, kSelf});
   Closure(&items);
   Intern(std::move(items));
+  CountTables();
 }
 
-void StateGraph::Closure(std::vector<Item>* items) {
+bool StateGraph::Closure(std::vector<Item>* items) {
   seen_.clear();
   for (const Item& it : *items) seen_[Key(it.prod, it.dot, it.origin)] = true;
   auto add = [&](const Item& it) {
     if (seen_.emplace(Key(it.prod, it.dot, it.origin), true).second) items->push_back(it);
   };
   for (size_t i = 0; i < items->size(); ++i) {
+    if (budget_ != nullptr && !budget_->Check().ok()) {
+      interrupted_ = true;
+      return false;
+    }
     const Item it = (*items)[i];
     if (it.dot < g_->Length(it.prod)) {
       const int32_t sym = g_->SymbolAt(it.prod, it.dot);
@@ -51,6 +56,23 @@ void StateGraph::Closure(std::vector<Item>* items) {
       }
     }
   }
+  return true;
+}
+
+void StateGraph::CountTables() {
+  const int64_t tables =
+      static_cast<int64_t>(ids_.capacity() * (sizeof(std::pair<const std::string, int32_t>) + 1) +
+                           seen_.capacity() * (sizeof(std::pair<const uint64_t, bool>) + 1));
+  const int64_t delta = tables - table_bytes_;
+  if (delta == 0) return;
+  table_bytes_ = tables;
+  bytes_ += delta;
+  if (charge_) charge_(delta, /*may_refuse=*/false);
+}
+
+void StateGraph::set_charge(ChargeFn charge) {
+  charge_ = std::move(charge);
+  if (charge_) charge_(bytes_, /*may_refuse=*/false);
 }
 
 int32_t StateGraph::Intern(std::vector<Item> items) {
@@ -83,14 +105,28 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
   key.back() = static_cast<char>((accepting ? 1 : 0) | (pops ? 2 : 0));
   auto it = ids_.find(key);
   if (it != ids_.end()) return it->second;
-  // Memory of a state: the struct, its items and its key in the index (with hash overhead).
-  const int64_t cost = static_cast<int64_t>(sizeof(State) + 2 * key.size() + 64);
+  // Memory of a state: its own allocation and the deque's pointer to it, its items, and its key
+  // in the index when longer than the string's inline buffer (malloc's header counted as 16
+  // bytes an allocation). The index's slots are counted by CountTables.
+  constexpr int64_t kMalloc = 16;
+  const int64_t cost =
+      static_cast<int64_t>(sizeof(State)) + kMalloc + 2 * static_cast<int64_t>(sizeof(void*)) +
+      (items.empty() ? 0 : static_cast<int64_t>(items.size() * sizeof(Item)) + kMalloc) +
+      (key.size() < 16 ? 0 : (static_cast<int64_t>(key.size()) + 16) / 16 * 16 + kMalloc);
   if (!states_.empty() && bytes_ + cost > max_bytes_) {
     exhausted_ = true;
     ++refusals_;
+    last_refusal_charged_ = false;
+    return kExhausted;
+  }
+  if (!states_.empty() && charge_ && !charge_(cost, /*may_refuse=*/true)) {
+    ++refusals_;
+    ++charge_refusals_;
+    last_refusal_charged_ = true;
     return kExhausted;
   }
   bytes_ += cost;
+  items.shrink_to_fit();  // the closure's growth slack is not kept for the graph's lifetime
   State s;
   s.items = std::move(items);
   s.accepting = accepting;
@@ -106,12 +142,14 @@ int32_t StateGraph::Intern(std::vector<Item> items) {
   const int32_t id = static_cast<int32_t>(states_.size());
   states_.push_back(std::move(s));
   ids_.emplace(std::move(key), id);
+  CountTables();
   return id;
 }
 
 int32_t StateGraph::Step(int32_t state, uint8_t byte) {
   int32_t t = states_[state].transitions[byte];
   if (t != kUnknown) return t;
+  if (interrupted_) return kInterrupted;
   if (!states_[state].next.test(byte)) {
     states_[state].transitions[byte] = kDead;
     return kDead;
@@ -124,7 +162,8 @@ int32_t StateGraph::Step(int32_t state, uint8_t byte) {
       items.push_back({it.prod, it.dot + 1, it.origin == kSelf ? state : it.origin});
     }
   }
-  Closure(&items);
+  if (!Closure(&items)) return kInterrupted;  // not memoised, like a refusal
+  CountTables();
   t = items.empty() ? kDead : Intern(std::move(items));
   if (t == kExhausted) return t;  // not memoised: the answer is no property of the grammar
   states_[state].transitions[byte] = t;
@@ -165,14 +204,14 @@ int32_t StateGraph::Position(int32_t state) {
 }
 
 bool StateGraph::LoopsOn(int32_t state, const ByteSet& bytes) {
-  // (A refused step is no loop: the caller walks the subtree and sees the refusal there.)
+  // (A refused or interrupted step is no loop: the caller walks the subtree and sees it there.)
   if ((bytes & ~states_[state].next).any() || (bytes & states_[state].loop_no).any()) return false;
   const ByteSet unknown = bytes & ~states_[state].loop_yes;
   for (size_t b = unknown._Find_first(); b < unknown.size(); b = unknown._Find_next(b)) {
     const int32_t next = Step(state, static_cast<uint8_t>(b));
     if (next == state) {
       states_[state].loop_yes.set(b);
-    } else if (next == kExhausted) {
+    } else if (next == kExhausted || next == kInterrupted) {
       return false;
     } else {
       states_[state].loop_no.set(b);

@@ -1,11 +1,15 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/grammar/compile_budget.h"
 #include "common/grammar/grammar.h"
 
 namespace tandem::grammar {
@@ -29,6 +33,13 @@ namespace tandem::grammar {
 //
 // Bound: the graph's memory is capped (`max_bytes`); past it no new state is made, Step answers
 // kExhausted and exhausted() stays true (the grammar is too ambiguous or too large to serve).
+// bytes() is what the graph really allocated (states one allocation each, so no growth slack;
+// their items, index keys and hash slots; the closure scratch), checked against real allocation
+// by grammar_memory_test. A charge hook (set_charge) may also refuse a state: the budget shared
+// by every grammar of a compiler (GrammarMemory); such a refusal does not set exhausted().
+//
+// Interruption: while a CompileBudget is set (set_budget), closures check it per item and Step
+// answers kInterrupted (never memoised) once it ran out, so a trie walk stops within a few steps.
 //
 // Thread-safety: every method requires the caller to hold mu() (matchers of many sequences and
 // the mask worker share one graph).
@@ -36,17 +47,31 @@ class StateGraph {
  public:
   static constexpr int32_t kDead = -1;
   static constexpr int32_t kExhausted = -3;
+  static constexpr int32_t kInterrupted = -4;
   static constexpr int32_t kSelf = -1;
   static constexpr int32_t kExternal = -3;
   static constexpr int64_t kDefaultMaxBytes = int64_t{256} << 20;
 
-  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline).
-  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes,
-                      bool keep_complete_items = false);
+  explicit StateGraph(const Grammar* grammar, int64_t max_bytes = kDefaultMaxBytes)
+      : StateGraph(grammar, max_bytes, /*keep_complete_items=*/false) {}
 
   std::mutex& mu() const { return mu_; }
   int32_t initial() const { return 0; }
-  // The state after `byte` from `state`, kDead, or kExhausted (the bound refused a new state).
+  // Called with the bytes a new state (`may_refuse`) or a grown table (already allocated, or
+  // negative when one shrank) adds; false refuses the new state. Set before the graph is shared.
+  using ChargeFn = std::function<bool(int64_t delta, bool may_refuse)>;
+  // The hook is charged at once with what the graph already holds.
+  void set_charge(ChargeFn charge);
+  // While set (not owned), closures and steps check `budget` (see above); null clears it and
+  // the interruption.
+  void set_budget(CompileBudget* budget) {
+    budget_ = budget;
+    interrupted_ = false;
+  }
+  bool interrupted() const { return interrupted_; }
+
+  // The state after `byte` from `state`, kDead, kExhausted (a bound refused a new state), or
+  // kInterrupted (the budget set by set_budget ran out).
   int32_t Step(int32_t state, uint8_t byte);
   // The position of `state` (a state itself; equal to `state` when nothing in it has an origin
   // outside it), or kExhausted.
@@ -61,14 +86,24 @@ class StateGraph {
   // the first byte that does not, so a state that is no loop costs one step).
   bool LoopsOn(int32_t state, const ByteSet& bytes);
   int64_t num_states() const { return static_cast<int64_t>(states_.size()); }
-  // Approximate memory held by the states (counted against max_bytes).
+  // Memory held by the graph (counted against max_bytes; see above).
   int64_t bytes() const { return bytes_; }
   int64_t max_bytes() const { return max_bytes_; }
-  bool exhausted() const { return exhausted_; }
+  // Readable without mu() (the compiler's cache checks it under its own lock).
+  bool exhausted() const { return exhausted_.load(std::memory_order_relaxed); }
   // How many times Step/Position answered kExhausted (a caller compares before and after).
   int64_t refusals() const { return refusals_; }
+  // Of those, refused by the charge hook (the shared budget) rather than max_bytes.
+  int64_t charge_refusals() const { return charge_refusals_; }
+  // The last refusal came from the charge hook.
+  bool last_refusal_charged() const { return last_refusal_charged_; }
 
  private:
+  friend class CompiledGrammar;
+  // `keep_complete_items`: the earlier, larger graph (no dropping; the benchmark's baseline, made
+  // only through ReferencePaths).
+  StateGraph(const Grammar* grammar, int64_t max_bytes, bool keep_complete_items);
+
   struct Item {
     int32_t prod;
     int32_t dot;
@@ -87,16 +122,25 @@ class StateGraph {
   };
 
   int32_t Intern(std::vector<Item> items);
-  void Closure(std::vector<Item>* items);
+  // False when the budget ran out on the way (the items are then incomplete).
+  bool Closure(std::vector<Item>* items);
+  // Counts table growth (index slots, closure scratch) into bytes_ and charges it.
+  void CountTables();
 
   const Grammar* g_;
   int64_t max_bytes_;
   bool keep_complete_items_;
   int64_t bytes_ = 0;
-  bool exhausted_ = false;
+  int64_t table_bytes_ = 0;  // of bytes_: index slots and closure scratch
+  std::atomic<bool> exhausted_{false};
   int64_t refusals_ = 0;
+  int64_t charge_refusals_ = 0;
+  bool last_refusal_charged_ = false;
+  ChargeFn charge_;
+  CompileBudget* budget_ = nullptr;
+  bool interrupted_ = false;
   mutable std::mutex mu_;
-  std::vector<State> states_;
+  std::deque<State> states_;  // one allocation per state (they are large): no growth slack
   absl::flat_hash_map<std::string, int32_t> ids_;
   // Scratch for Closure: dedupe by (prod, dot, origin).
   absl::flat_hash_map<uint64_t, bool> seen_;

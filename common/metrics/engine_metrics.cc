@@ -101,4 +101,19 @@ void EngineMetrics::OnSequenceFinished(const FinishedSequence& f) {
   }
 }
 
+void RegisterBackendInfo(prometheus::Registry* registry, std::string_view role,
+                         const std::string& backend,
+                         const std::vector<std::pair<std::string, std::string>>& labels) {
+  prometheus::Labels l = {{"role", std::string(role)}, {"backend", backend}};
+  for (const auto& [name, value] : labels) l[name] = value;
+  BuildGauge()
+      .Name("tandem_backend_info")
+      .Help(
+          "Constant 1, labelled with how the engine's backend computes (CPU: the kernels' "
+          "instruction-set tier and MatMul input dtype).")
+      .Register(*registry)
+      .Add(l)
+      .Set(1);
+}
+
 }  // namespace tandem

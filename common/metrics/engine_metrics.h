@@ -5,6 +5,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/metrics/engine_hooks.h"
 #include "prometheus/counter.h"
@@ -27,6 +29,7 @@ namespace tandem {
 //   tandem_engine_prompt_tokens_cached_total           prompt tokens served from the cache
 //   tandem_engine_sequences_finished_total{finish_reason}
 //   tandem_engine_queue_time_seconds, tandem_engine_prefill_time_seconds
+//   tandem_backend_info{backend, simd, matmul_input_dtype}  constant 1 (RegisterBackendInfo)
 class EngineMetrics : public EngineHooks {
  public:
   EngineMetrics(prometheus::Registry* registry, std::string_view role);
@@ -66,5 +69,12 @@ class EngineMetrics : public EngineHooks {
   std::mutex mu_;
   EngineCounters last_;
 };
+
+// Registers tandem_backend_info{role, backend, <labels>} = 1: how the engine's backend computes
+// (for the CPU backend, CpuBackend::InfoLabels: its kernels' tier "simd" and
+// "matmul_input_dtype").
+void RegisterBackendInfo(prometheus::Registry* registry, std::string_view role,
+                         const std::string& backend,
+                         const std::vector<std::pair<std::string, std::string>>& labels);
 
 }  // namespace tandem

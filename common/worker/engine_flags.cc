@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config/default_model.h"
+#include "common/engine/scheduling_policies.h"
 
 namespace tandem {
 namespace {
@@ -12,11 +14,6 @@ namespace {
 constexpr std::pair<const char*, SchedulingPolicy> kPolicies[] = {
     {"fcfs", SchedulingPolicy::kFcfs},
     {"priority", SchedulingPolicy::kPriority},
-};
-// Benchmark baselines, chosen through the same flag (FCFS order within their batches).
-constexpr std::pair<const char*, BatchingBaseline> kBaselines[] = {
-    {"static", BatchingBaseline::kStatic},
-    {"static-compact", BatchingBaseline::kStaticCompact},
 };
 constexpr std::pair<const char*, SpecOptions::Method> kSpecMethods[] = {
     {"none", SpecOptions::Method::kNone},
@@ -100,8 +97,7 @@ void EngineFlags::Register(FlagSet* f) {
          "tokens of one prompt per step (0: budget)");
   f->Int("max-model-len", &o.engine.max_model_len, "context length (0: the model's)");
   f->Int("max-waiting", &o.engine.max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
-  f->String("scheduling-policy", &policy,
-            "fcfs, priority, static or static-compact (the last two: benchmark baselines)");
+  f->String("scheduling-policy", &policy, "fcfs or priority");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
   f->Int32("threads", &o.threads, "compute threads (0: one per core)");
   f->String("device", &o.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
@@ -123,11 +119,16 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   auto bytes = ParseByteSize(kv_memory);
   if (!bytes.ok()) return bytes.status();
   o.kv_cache_bytes = *bytes;
-  if (!ValueOf(kBaselines, policy, &o.engine.scheduler.baseline) &&
-      !ValueOf(kPolicies, policy, &o.engine.scheduler.policy)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--scheduling-policy must be fcfs, priority, static or static-compact, got '",
-                     policy, "'"));
+  if (!ValueOf(kPolicies, policy, &o.engine.scheduler.policy)) {
+    // A policy only a benchmark binary registers (scheduling_policies.h); `tandem` has none.
+    o.engine.extensions = FindSchedulingPolicy(policy);
+    if (!o.engine.extensions) {
+      std::vector<std::string> names = {"fcfs", "priority"};
+      for (const std::string& name : RegisteredSchedulingPolicies()) names.push_back(name);
+      return absl::InvalidArgumentError(absl::StrCat("--scheduling-policy must be one of ",
+                                                     absl::StrJoin(names, ", "), ", got '", policy,
+                                                     "'"));
+    }
   }
   if (!ValueOf(kSpecMethods, speculative_method, &o.engine.spec.method)) {
     return absl::InvalidArgumentError(absl::StrCat(

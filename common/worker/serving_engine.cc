@@ -1,5 +1,11 @@
 #include "common/worker/serving_engine.h"
 
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/engine/backend/cpu/cpu_backend.h"
+
 namespace tandem {
 
 absl::StatusOr<std::unique_ptr<ServingEngine>> StartServingEngine(const EngineBuildOptions& options,
@@ -16,6 +22,10 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> StartServingEngine(const EngineBu
   built->engine->block_pool().set_listener({[events](BlockHash h) { events->Stored(h); },
                                             [events](BlockHash h) { events->Removed(h); }});
   s->metrics = std::make_unique<EngineMetrics>(registry, role);
+  const auto* cpu = dynamic_cast<const CpuBackend*>(s->backend);
+  RegisterBackendInfo(
+      registry, role, s->backend->name(),
+      cpu != nullptr ? cpu->InfoLabels() : std::vector<std::pair<std::string, std::string>>{});
   if (options.engine.spec.method != SpecOptions::Method::kNone) {
     s->spec_metrics = std::make_unique<SpecMetrics>(registry, spec_method);
     built->engine->set_spec_hooks(s->spec_metrics.get());

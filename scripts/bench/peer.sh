@@ -27,6 +27,11 @@
 # BENCH_REPS rounds (3), PEER_THREADS (2), PEER_PROMPT_LEN (128), PEER_OUTPUT_LEN (128),
 # PEER_PREFIX_LEN (512; 0 skips the case), PEER_PREFIX_CONC (4), PEER_CHECK (1: first check
 # that both greedy-decode the bf16 weights alike; 0 skips it).
+# Per instruction-set tier: PEER_TANDEM_SIMD (unset: Tandem's best tier here; e.g. avx2: every
+# Tandem server runs with TANDEM_SIMD=avx2) against a llama.cpp built for the same tier (e.g.
+# GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF; the report names the tier). PEER_BASE_BUILD (a
+# build directory of Tandem before a change: its bin/tandem runs as a third side, "base",
+# right after the Tandem server of each pair, for a before / after table).
 # PEER_LAYERS (the preset's own layer count: a model with that many layers instead, e.g. a
 # Mixtral-8x7B block shape with 1 layer), PEER_MEMBW (0; 1: Tandem's batch-1 bytes per token
 # against the memory-bandwidth roofline: in each round, after a Tandem server's waves,
@@ -66,6 +71,12 @@ LAYERS="${PEER_LAYERS:-}"
 MEMBW_ON="${PEER_MEMBW:-0}"
 ROOF_RUNS="${PEER_ROOF_RUNS:-3}"
 MEMBW="$BUILD_DIR/bin/membw"
+SIMD="${PEER_TANDEM_SIMD:-}"
+BASE_BUILD="${PEER_BASE_BUILD:-}"
+if [ -n "$BASE_BUILD" ] && [ ! -x "$BASE_BUILD/bin/tandem" ]; then
+  echo "peer.sh: no $BASE_BUILD/bin/tandem (PEER_BASE_BUILD)" >&2; exit 1
+fi
+if [ -n "$SIMD" ]; then export TANDEM_SIMD="$SIMD"; else unset TANDEM_SIMD; fi
 if [ "$MEMBW_ON" = 1 ] && [ ! -x "$MEMBW" ]; then
   echo "peer.sh: build membw first (ninja -C $BUILD_DIR membw)" >&2; exit 1
 fi
@@ -92,7 +103,7 @@ fi
 cat >"$WORK/settings.json" <<EOF
 {"reps": $REPS, "threads": $THREADS, "prompt_len": $PROMPT_LEN, "output_len": $OUTPUT_LEN,
  "prefix_len": $PREFIX_LEN, "prefix_conc": $PREFIX_CONC, "preset": "$MODEL_NAME",
- "roof_runs": $ROOF_RUNS,
+ "roof_runs": $ROOF_RUNS, "tandem_simd": "${SIMD:-default}", "base": "${BASE_BUILD:+yes}",
  "pairs": "${PAIRS[*]}", "peer_src": "$PEER_SRC", "peer_commit": "$PEER_COMMIT"}
 EOF
 printf '%s\n' "${BENCH_NOTE:-}" >"$WORK/note.txt"
@@ -173,15 +184,17 @@ sweep() {
   fi
 }
 
-# start_tandem NAME FORMAT: one `tandem serve` on the model; sets LAST_PID, LAST_PORT (HTTP).
+# start_tandem NAME FORMAT [BINARY]: one `tandem serve` on the model; sets LAST_PID, LAST_PORT
+# (HTTP).
 start_tandem() {
-  local name="$1" fmt="$2" weights
+  local name="$1" fmt="$2" bin="${3:-$TANDEM}" weights
   read -ra weights <<<"$(tandem_args "$fmt")"
   local args=(serve --model "$MODEL" --dtype bf16 "${weights[@]}" --threads "$THREADS"
     --max-num-seqs "$MAX_CONC" --max-num-batched-tokens 256 --kv-cache-memory 2GiB --port 0
     --http-port 0 --http-port-file)
-  record "tandem server" "$TANDEM" "${args[@]}" F
-  start_process "$name" "$WORK/$name.http" "$TANDEM" "${args[@]}" "$WORK/$name.http"
+  record "tandem server${SIMD:+ (TANDEM_SIMD=$SIMD)}" "$TANDEM" "${args[@]}" F
+  start_process "$name" "$WORK/$name.http" "$bin" "${args[@]}" "$WORK/$name.http"
+  grep -m1 -o "cpu kernels: .*" "$WORK/$name.log" >"$WORK/$name.kernels" 2>/dev/null || true
   log "tandem $fmt on http port $LAST_PORT (pid $LAST_PID)"
 }
 
@@ -250,21 +263,21 @@ check_same_weights() {
 # tokens, in passes over a 1 GiB buffer): bandwidth, run, bandwidth, run, ..., bandwidth. The
 # report judges each run against the mean of the reads just before and after it.
 roofline() {
-  local fmt="$1" url="$2" rep="$3" i passes
+  local fmt="$1" url="$2" rep="$3" side="${4:-roof}" i passes
   passes="$(/usr/bin/python3 -c "import sys; sys.path.insert(0, '$ROOT/scripts/bench')
 from render_peer import active_bytes_per_token as b
 print(max(1, round(b('$MODEL', '$fmt') * ($OUTPUT_LEN - 1) / 2**30)))")"
   [ "$rep" = 1 ] && record "memory read bandwidth ($fmt, between runs)" "$MEMBW" 1024 "$passes" \
     "$THREADS"
-  "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/roof.$fmt.$rep.0.membw.txt"
+  "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/$side.$fmt.$rep.0.membw.txt"
   for i in $(seq 1 "$ROOF_RUNS"); do
     "${CLIENT[@]}" --url "$url" --concurrency 1 --prompt-len "$PROMPT_LEN" \
-      --output-len "$OUTPUT_LEN" --seed $((5000 + 100 * rep + i)) --label "roof $fmt $i" \
-      --json-out "$WORK/roof.$fmt.$rep.$i.json" >>"$WORK/client.log"
-    "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/roof.$fmt.$rep.$i.membw.txt"
+      --output-len "$OUTPUT_LEN" --seed $((5000 + 100 * rep + i)) --label "$side $fmt $i" \
+      --json-out "$WORK/$side.$fmt.$rep.$i.json" >>"$WORK/client.log"
+    "$MEMBW" 1024 "$passes" "$THREADS" >"$WORK/$side.$fmt.$rep.$i.membw.txt"
   done
-  log "tandem $fmt roofline runs: membw $(grep -ho 'median [0-9.]* GB/s' \
-    "$WORK"/roof."$fmt"."$rep".*.membw.txt | tr '\n' ' ')"
+  log "$side $fmt roofline runs: membw $(grep -ho 'median [0-9.]* GB/s' \
+    "$WORK"/"$side"."$fmt"."$rep".*.membw.txt | tr '\n' ' ')"
 }
 
 run_pair() {
@@ -273,6 +286,12 @@ run_pair() {
   sweep tandem "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
   [ "$MEMBW_ON" = 1 ] && roofline "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
   stop_process "$LAST_PID"
+  if [ -n "$BASE_BUILD" ]; then
+    start_tandem "base.$tfmt.$rep" "$tfmt" "$BASE_BUILD/bin/tandem"
+    sweep base "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep"
+    [ "$MEMBW_ON" = 1 ] && roofline "$tfmt" "http://127.0.0.1:$LAST_PORT" "$rep" roofbase
+    stop_process "$LAST_PID"
+  fi
   start_peer "peer.$ptype.$rep" "$ptype"
   sweep peer "$ptype" "http://127.0.0.1:$LAST_PORT" "$rep"
   stop_peer "$LAST_PID"

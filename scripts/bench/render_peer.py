@@ -24,7 +24,7 @@ def load(work):
     """{(side, format, case): {round: report}}; case is a concurrency (int) or "prefix"."""
     runs = {}
     for path in glob.glob(os.path.join(work, "*.json")):
-        m = re.match(r"(tandem|peer)\.([^.]+)\.(c\d+|prefix)\.(\d+)\.json$",
+        m = re.match(r"(tandem|base|peer)\.([^.]+)\.(c\d+|prefix)\.(\d+)\.json$",
                      os.path.basename(path))
         if not m:
             continue
@@ -94,18 +94,20 @@ def membw_gbps(path):
     return float(m.group(1)) if m else None
 
 
-def roof_runs(work, fmt_):
-    """Tandem's interleaved batch-1 runs of format fmt_ (peer.sh's roofline()): per run its TPOT
-    and the mean of the `membw` reads just before and after it."""
+def roof_runs(work, fmt_, prefix="roof"):
+    """Tandem's interleaved batch-1 runs of format fmt_ (peer.sh's roofline(); prefix roofbase:
+    the base build's): per run its TPOT and the mean of the `membw` reads just before and after
+    it."""
     out = []
-    for path in sorted(glob.glob(os.path.join(work, f"roof.{fmt_}.*.json"))):
-        m = re.match(rf"roof\.{re.escape(fmt_)}\.(\d+)\.(\d+)\.json$", os.path.basename(path))
+    for path in sorted(glob.glob(os.path.join(work, f"{prefix}.{fmt_}.*.json"))):
+        m = re.match(rf"{prefix}\.{re.escape(fmt_)}\.(\d+)\.(\d+)\.json$",
+                     os.path.basename(path))
         if not m:
             continue
         rep, i = int(m.group(1)), int(m.group(2))
-        bws = [membw_gbps(os.path.join(work, f"roof.{fmt_}.{rep}.{j}.membw.txt"))
+        bws = [membw_gbps(os.path.join(work, f"{prefix}.{fmt_}.{rep}.{j}.membw.txt"))
                for j in (i - 1, i)
-               if os.path.exists(os.path.join(work, f"roof.{fmt_}.{rep}.{j}.membw.txt"))]
+               if os.path.exists(os.path.join(work, f"{prefix}.{fmt_}.{rep}.{j}.membw.txt"))]
         tpot = json.load(open(path)).get("tpot_ms_median")
         if tpot and bws and None not in bws:
             out.append({"round": rep, "run": i, "tpot_ms": tpot, "membw_gbps": sum(bws) / len(bws)})
@@ -164,6 +166,53 @@ def moe_section(work, settings, runs, pairs, concs, summary):
                "median over all runs (range).\n\n")
         md += table(["Tandem weights", "weights read / token", "runs", "decode tok/s",
                      "streamed GB/s (median)", "membw GB/s", "of roofline"], rows_roof) + "\n"
+    return md
+
+
+def roof_fraction(work, model_dir, fmt_, prefix):
+    """(median fraction of the roofline, min, max, runs) of Tandem's batch-1 runs, or None."""
+    rr = roof_runs(work, fmt_, prefix)
+    if not model_dir or not rr:
+        return None
+    per_token = active_bytes_per_token(model_dir, fmt_)
+    fracs = [per_token * 1e3 / r["tpot_ms"] / 1e9 / r["membw_gbps"] for r in rr]
+    return median(fracs), min(fracs), max(fracs), len(rr)
+
+
+def tier_section(work, settings, runs, pairs, concs, summary):
+    """The issue-42 table of one tier: batch-1 TPOT, TTFT of one prompt (c=1) and the aggregate
+    tok/s at the highest concurrency, for the base build (before), Tandem (after) and the peer,
+    with Tandem's batch-1 fraction of the memory roofline where measured."""
+    model_dir = read_optional(work, "model_dir.txt")
+    cmax = max(c for c in concs) if concs else None
+    has_base = any(side == "base" for (side, _, _) in runs)
+    rows = []
+    for tf, pf in pairs:
+        def trio(field, c):
+            vals = [figure(runs, (side, f, c), field)
+                    for side, f in (("base", tf), ("tandem", tf), ("peer", pf))]
+            rs = ratios(runs, ("tandem", tf, c), ("peer", pf, c), field)
+            b, t, p = (fmt(v) if v is not None else "-" for v in vals)
+            ratio = f" ({fmt(median(rs))}x)" if rs else ""
+            return f"{b} -> {t} / {p}{ratio}" if has_base else f"{t} / {p}{ratio}"
+        row = [f"{tandem_name(tf)} / {pf}", trio("tpot_ms_median", 1),
+               trio("ttft_ms_median", 1), trio("output_tokens_per_s", cmax)]
+        roof = []
+        for prefix in (("roofbase", "roof") if has_base else ("roof",)):
+            r = roof_fraction(work, model_dir, tf, prefix)
+            roof.append(f"{pct(r[0])} ({pct(r[1])}-{pct(r[2])}, {r[3]} runs)" if r else "-")
+            if r:
+                summary["pairs"][f"{tf}:{pf}"][f"{prefix}_fraction"] = r[0]
+        row.append(" -> ".join(roof))
+        rows.append(row)
+    who = "before -> after / peer" if has_base else "Tandem / peer"
+    md = (f"\n### Per tier: Tandem (TANDEM_SIMD={settings.get('tandem_simd', 'default')}) against "
+          "llama.cpp built for the same tier\n\n"
+          f"Cells: {who} (median over rounds; the ratio is the median of each round's Tandem / "
+          "peer). Roofline: Tandem's batch-1 weight bytes per token / TPOT / the memory read "
+          "bandwidth measured right before and after each run (`membw`, same threads).\n\n")
+    md += table(["weights", "batch-1 TPOT ms", "TTFT ms, one prompt",
+                 f"aggregate tok/s, c={cmax}", "batch 1, of roofline"], rows) + "\n"
     return md
 
 
@@ -246,6 +295,8 @@ def render_peer(work, outdir, section="peer"):
                      for side, f in (("tandem", tf), ("peer", pf))}
             for c in concs + ["prefix"]}
 
+    if not moe:
+        md += tier_section(work, settings, runs, pairs, concs, summary)
     md += "\n### Batch 1: time per output token (lower is better)\n\n"
     md += table(["Tandem / peer weights", "TPOT ms, c=1", "TTFT ms, c=1"], rows_tpot) + "\n"
     md += "\n### Aggregate output tokens/s by concurrency (higher is better)\n\n"

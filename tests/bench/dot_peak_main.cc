@@ -1,11 +1,14 @@
 // Peak rate of the dot-product instructions the CPU MatMul kernels are built on, with nothing
 // but register operands: vpdpbusd (int8 inputs: 64 multiply-adds per instruction) and vdpbf16ps
-// (bf16 inputs: 32), 16 independent accumulators per thread, on 1 .. N threads at once. The
-// ceiling for compute-bound work (prefill, large decode batches): compare a MatMul's
-// multiply-adds per second with it.
+// (bf16 inputs: 32), 16 independent accumulators per thread, and on AVX2 the avx2 tier's integer
+// step (vpmaddubsw + vpmaddwd + vpaddd: 32 multiply-adds, i8_tiles_256.h) and vfmadd231ps (8),
+// on 1 .. N threads at once. The ceiling for compute-bound work (prefill, large decode
+// batches): compare a MatMul's multiply-adds per second with it.
 //   dot_peak [--threads 0] [--seconds 0.5]
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,7 @@
 namespace tandem {
 namespace {
 
+#if defined(__x86_64__)
 constexpr int kChains = 16;
 
 // kChains independent instructions per round into zmm16-31, written out in assembly: compiled
@@ -72,6 +76,59 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) double Bf16Rate(int64_t i
   return static_cast<double>(iters) * kChains * 32 / s;
 }
 
+// The avx2 tier's integer step in 6 independent chains (ymm4-15: 6 accumulators, 6 temporaries):
+// vpmaddubsw, vpmaddwd with ones, vpaddd, as i8_tiles_256.h per 32 multiply-adds (its vpsignb,
+// one more simple instruction, left out).
+#define TANDEM_MADD_CHAIN(t, acc)                                        \
+  "vpmaddubsw %2, %1, %%ymm" #t "\n\tvpmaddwd %3, %%ymm" #t ", %%ymm" #t \
+  "\n\t"                                                                 \
+  "vpaddd %%ymm" #t ", %%ymm" #acc ", %%ymm" #acc "\n\t"
+
+__attribute__((target("avx2"))) double MaddRate(int64_t iters) {
+  const __m256i a = _mm256_set1_epi32(0x01020304), b = _mm256_set1_epi32(0x05060708);
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t n = iters;
+  const auto t0 = std::chrono::steady_clock::now();
+  asm volatile(
+      "vpxor %%ymm4, %%ymm4, %%ymm4\n\tvpxor %%ymm5, %%ymm5, %%ymm5\n\t"
+      "vpxor %%ymm6, %%ymm6, %%ymm6\n\tvpxor %%ymm7, %%ymm7, %%ymm7\n\t"
+      "vpxor %%ymm8, %%ymm8, %%ymm8\n\tvpxor %%ymm9, %%ymm9, %%ymm9\n\t"
+      "1:\n\t" TANDEM_MADD_CHAIN(10, 4) TANDEM_MADD_CHAIN(11, 5) TANDEM_MADD_CHAIN(12, 6)
+          TANDEM_MADD_CHAIN(13, 7) TANDEM_MADD_CHAIN(14, 8)
+              TANDEM_MADD_CHAIN(15, 9) "dec %0\n\tjnz 1b"
+      : "+r"(n)
+      : "x"(a), "x"(b), "x"(ones)
+      : "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14",
+        "xmm15", "cc");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(iters) * 6 * 32 / s;
+}
+
+// vfmadd231ps in 10 independent chains (ymm6-15).
+__attribute__((target("avx2,fma"))) double FmaRate(int64_t iters) {
+  const __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(0.0f);
+  int64_t n = iters;
+  const auto t0 = std::chrono::steady_clock::now();
+  asm volatile(
+      "vxorps %%ymm6, %%ymm6, %%ymm6\n\tvxorps %%ymm7, %%ymm7, %%ymm7\n\t"
+      "vxorps %%ymm8, %%ymm8, %%ymm8\n\tvxorps %%ymm9, %%ymm9, %%ymm9\n\t"
+      "vxorps %%ymm10, %%ymm10, %%ymm10\n\tvxorps %%ymm11, %%ymm11, %%ymm11\n\t"
+      "vxorps %%ymm12, %%ymm12, %%ymm12\n\tvxorps %%ymm13, %%ymm13, %%ymm13\n\t"
+      "vxorps %%ymm14, %%ymm14, %%ymm14\n\tvxorps %%ymm15, %%ymm15, %%ymm15\n\t"
+      "1:\n\t"
+      "vfmadd231ps %1, %2, %%ymm6\n\tvfmadd231ps %1, %2, %%ymm7\n\t"
+      "vfmadd231ps %1, %2, %%ymm8\n\tvfmadd231ps %1, %2, %%ymm9\n\t"
+      "vfmadd231ps %1, %2, %%ymm10\n\tvfmadd231ps %1, %2, %%ymm11\n\t"
+      "vfmadd231ps %1, %2, %%ymm12\n\tvfmadd231ps %1, %2, %%ymm13\n\t"
+      "vfmadd231ps %1, %2, %%ymm14\n\tvfmadd231ps %1, %2, %%ymm15\n\t"
+      "dec %0\n\tjnz 1b"
+      : "+r"(n)
+      : "x"(a), "x"(b)
+      : "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "cc");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(iters) * 10 * 8 / s;
+}
+
 // Sum over `threads` threads running fn(iters) at once.
 double Together(int threads, double (*fn)(int64_t), int64_t iters) {
   std::vector<double> rates(threads);
@@ -83,15 +140,18 @@ double Together(int threads, double (*fn)(int64_t), int64_t iters) {
   return sum;
 }
 
-// products: multiply-adds per instruction.
-void Report(const char* name, double (*fn)(int64_t), int products, int threads, double seconds) {
+// per_round: multiply-adds per round of fn's loop.
+void Report(const char* name, double (*fn)(int64_t), int per_round, int threads, double seconds) {
   // Calibrate the rounds to about `seconds` on one thread.
-  const double rate = fn(1 << 20) / (kChains * static_cast<double>(products));
+  const double rate = fn(1 << 20) / static_cast<double>(per_round);
   const auto iters = static_cast<int64_t>(rate * seconds) + 1;
   for (int t = 1; t <= threads; ++t) {
-    std::printf("%-9s threads %d: %.1f G multiply-adds/s\n", name, t, Together(t, fn, iters) / 1e9);
+    std::printf("%-19s threads %d: %.1f G multiply-adds/s\n", name, t,
+                Together(t, fn, iters) / 1e9);
   }
 }
+
+#endif  // __x86_64__
 
 }  // namespace
 }  // namespace tandem
@@ -108,16 +168,26 @@ int main(int argc, char** argv) {
   }
   if (f.help_requested()) return 0;
   const int n = threads > 0 ? static_cast<int>(threads) : tandem::DefaultComputeThreads();
+#if defined(__x86_64__)
   const tandem::CpuFeatures& c = tandem::GetCpuFeatures();
   if (c.avx512f && c.avx512bw && c.avx512vnni) {
-    tandem::Report("vpdpbusd", &tandem::VnniRate, 64, n, seconds);
+    tandem::Report("vpdpbusd", &tandem::VnniRate, tandem::kChains * 64, n, seconds);
   } else {
     std::printf("vpdpbusd: this CPU has no AVX512_VNNI\n");
   }
   if (c.avx512f && c.avx512bw && c.avx512bf16) {
-    tandem::Report("vdpbf16ps", &tandem::Bf16Rate, 32, n, seconds);
+    tandem::Report("vdpbf16ps", &tandem::Bf16Rate, tandem::kChains * 32, n, seconds);
   } else {
     std::printf("vdpbf16ps: this CPU has no AVX512_BF16\n");
   }
+  if (c.avx2 && c.fma) {
+    tandem::Report("vpmaddubsw+vpmaddwd", &tandem::MaddRate, 6 * 32, n, seconds);
+    tandem::Report("vfmadd231ps", &tandem::FmaRate, 10 * 8, n, seconds);
+  }
+#else
+  (void)n;
+  (void)seconds;
+  std::printf("dot_peak: x86-64 instructions only; nothing to measure on this architecture\n");
+#endif
   return 0;
 }

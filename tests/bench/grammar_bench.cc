@@ -28,6 +28,7 @@
 #include "common/grammar/grammar_parser.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
+#include "common/grammar/reference/reference_paths.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -121,11 +122,12 @@ void MaskCosts(const std::string& label, const std::string& grammar_text,
                const std::vector<std::vector<int32_t>>& docs) {
   using tandem::grammar::CompiledGrammar;
   using tandem::grammar::GrammarMatcher;
-  auto fresh = [&](bool keep_complete_items) {
-    tandem::grammar::CompiledGrammarOptions options;
-    options.keep_complete_items = keep_complete_items;
-    return std::make_shared<const CompiledGrammar>(*tandem::grammar::ParseGrammar(grammar_text),
-                                                   vocab, options);
+  auto fresh = [&](bool keep_complete_items) -> std::shared_ptr<const CompiledGrammar> {
+    auto grammar = *tandem::grammar::ParseGrammar(grammar_text);
+    if (keep_complete_items) {
+      return tandem::grammar::ReferencePaths::WithCompleteItems(std::move(grammar), vocab);
+    }
+    return std::make_shared<const CompiledGrammar>(std::move(grammar), vocab);
   };
   struct Cost {
     double total_ms = 0, miss_ms = 0;
@@ -141,9 +143,9 @@ void MaskCosts(const std::string& label, const std::string& grammar_text,
         const bool first = seen.insert(m.state()).second;
         auto t0 = Clock::now();
         if (mode == 0) {
-          if (first) m.ComputeMaskUncached();
+          if (first) tandem::grammar::ReferencePaths::UncachedMask(m);
         } else if (mode == 2) {
-          if (first) m.ComputeMaskByPosition();
+          if (first) tandem::grammar::ReferencePaths::MaskByPosition(m);
         } else {
           m.NextTokenMask();
         }

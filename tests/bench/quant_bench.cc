@@ -132,12 +132,11 @@ double PrefillRate(CpuBackend* backend, int64_t tokens) {
   return static_cast<double>(tokens) / d.Step(seqs, {Tokens(tokens, backend->vocab_size(), 99)});
 }
 
-// The layout tandem serve gives dense bf16 matrices: tiles for bf16 inputs on AVX512_BF16.
+// The layout tandem serve gives dense bf16 matrices: tiles for bf16 inputs where the tier has
+// bf16 dot products.
 WeightLayout AutoBf16Layout(DType input) {
-  return input == DType::kBF16 && GetCpuFeatures().avx512bf16 &&
-                 ActiveSimdLevel() == SimdLevel::kAvx512
-             ? WeightLayout::kTiles16
-             : WeightLayout::kRows;
+  return input == DType::kBF16 && cpu::Bf16TilesPreferred() ? WeightLayout::kTiles16
+                                                            : WeightLayout::kRows;
 }
 
 DType ParseKv(const std::string& s) {
@@ -206,6 +205,8 @@ int Throughput(const std::string& model_dir, const std::string& quant_name, int6
   out["kv_dtype"] = std::string(DTypeName(bo.kv_dtype));
   out["matmul_input_dtype"] = std::string(DTypeName(matmul_input));
   out["threads"] = pool_threads;
+  out["simd"] = cpu::ActiveTierName();
+  out["cpu"] = GetCpuFeatures().model;
   out["mmap_weights"] = mmap_weights;
   out["bf16_layout"] = model->bf16_layout() == WeightLayout::kTiles16 ? "tiles" : "rows";
   out["weight_bytes_per_token"] = weight_bytes;

@@ -1,7 +1,8 @@
 // Fuzzes the constraint front ends and the matcher: byte 0 picks grammar text, JSON Schema or
 // regex, the rest is the constraint. Whatever compiles is then driven: a walk over a byte
 // vocabulary taking allowed tokens (checked: every allowed token is accepted, rollback restores
-// the mask). Malformed input must give a status, never a crash, hang or unbounded memory.
+// the mask). Malformed input must give a status, never a crash, hang or unbounded memory; the
+// compilation runs under the served CPU budget.
 
 #include <cstddef>
 #include <cstdint>
@@ -47,7 +48,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   tandem::grammar::GrammarLimits limits;
   limits.max_symbols = 200000;
   tandem::grammar::GrammarCompiler compiler(Vocab(), 4, limits);
-  auto compiled = compiler.Compile(c);
+  // As served: a compilation (first mask included) stops at its CPU budget.
+  tandem::grammar::CompileBudget budget(/*cpu_ms=*/2000);
+  auto compiled = compiler.Compile(c, &budget);
   if (!compiled.ok()) return 0;
   tandem::grammar::GrammarMatcher m(*compiled);
   uint32_t pick = 0x9e3779b9u;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/cpu_features.h"
 #include "common/base/half.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/weight_view.h"
@@ -198,7 +199,19 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   if (options.max_num_tokens > 0) backend->GrowActivations(options.max_num_tokens);
+  if (!model->weights().layers.empty()) {
+    const cpu::MatMulPath path = cpu::MatMulPathOf(View(model->weights().layers[0].q_proj, input));
+    TLOG(INFO) << "cpu kernels: " << cpu::ActiveTierName() << " tier (" << GetCpuFeatures().model
+               << ", " << threads << " threads), MatMul inputs " << DTypeName(input)
+               << ", projections on " << cpu::MatMulPathName(path)
+               << (cpu::MatMulPathTuned(path) ? "" : " (a generic path)");
+  }
   return backend;
+}
+
+std::vector<std::pair<std::string, std::string>> CpuBackend::InfoLabels() const {
+  return {{"simd", cpu::ActiveTierName()},
+          {"matmul_input_dtype", std::string(DTypeName(options_.matmul_input_dtype))}};
 }
 
 cpu::PagedKvLayer CpuBackend::KvLayer(int64_t layer) const {

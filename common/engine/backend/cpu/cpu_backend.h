@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -52,6 +54,9 @@ class CpuBackend : public Backend {
   ~CpuBackend() override;
 
   std::string name() const override { return "cpu"; }
+  // The kernels' tier ("simd": avx2, avx512-vnni, neon-dotprod, ...) and the MatMul input dtype,
+  // as (label, value) pairs of the tandem_backend_info metric.
+  std::vector<std::pair<std::string, std::string>> InfoLabels() const;
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;

@@ -10,6 +10,7 @@
 #include "common/grammar/grammar_compiler.h"
 #include "common/grammar/grammar_parser.h"
 #include "common/grammar/json_schema.h"
+#include "common/grammar/reference/reference_paths.h"
 #include "gtest/gtest.h"
 
 namespace tandem::grammar {
@@ -79,19 +80,19 @@ TEST(MatcherTest, RollbackRestoresMasksExactly) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
     GrammarMatcher m(g);
-    std::vector<TokenMask> masks = {m.ComputeMaskUncached()};
+    std::vector<TokenMask> masks = {ReferencePaths::UncachedMask(m)};
     for (int step = 0; step < 30 && !m.IsTerminated(); ++step) {
       std::vector<int32_t> ids = AllowedIds(masks.back(), vocab->size());
       if (ids.empty()) break;
       ASSERT_TRUE(m.AcceptToken(ids[rng() % ids.size()]));
-      masks.push_back(m.ComputeMaskUncached());
+      masks.push_back(ReferencePaths::UncachedMask(m));
       EXPECT_EQ(*m.NextTokenMask(), masks.back());
     }
     while (m.num_tokens() > 0) {
       const int32_t k = std::min<int32_t>(m.num_tokens(), 1 + static_cast<int32_t>(rng() % 3));
       m.Rollback(k);
       masks.resize(masks.size() - k);
-      EXPECT_EQ(m.ComputeMaskUncached(), masks.back());
+      EXPECT_EQ(ReferencePaths::UncachedMask(m), masks.back());
     }
   }
 }
@@ -120,7 +121,7 @@ TEST(MatcherTest, MaskCostMicroBenchmark) {
     GrammarMatcher m(g);
     for (int step = 0; step < 40 && !m.IsTerminated(); ++step) {
       auto t0 = std::chrono::steady_clock::now();
-      TokenMask full = m.ComputeMaskUncached();
+      TokenMask full = ReferencePaths::UncachedMask(m);
       auto t1 = std::chrono::steady_clock::now();
       auto mask = m.NextTokenMask();
       auto t2 = std::chrono::steady_clock::now();

@@ -13,6 +13,7 @@
 #include "common/grammar/grammar_parser.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/matcher.h"
+#include "common/grammar/reference/reference_paths.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/grammar/reference_recognizer.h"
@@ -53,8 +54,8 @@ TEST(PositionMaskTest, OnePositionTwoParents) {
     p2 = graph.Position(second.state());
   }
   EXPECT_EQ(p1, p2);
-  const TokenMask a = first.ComputeMaskByPosition();
-  const TokenMask b = second.ComputeMaskByPosition();
+  const TokenMask a = ReferencePaths::MaskByPosition(first);
+  const TokenMask b = ReferencePaths::MaskByPosition(second);
   auto ids = [&](const TokenMask& m) {
     std::vector<int32_t> out;
     for (int32_t i = 0; i < vocab->size(); ++i) {
@@ -64,8 +65,8 @@ TEST(PositionMaskTest, OnePositionTwoParents) {
   };
   EXPECT_EQ(ids(a), (std::vector<int32_t>{3, 5}));     // y.>b, y
   EXPECT_EQ(ids(b), (std::vector<int32_t>{4, 5, 6}));  // y.>d, y, z.>d<.
-  EXPECT_EQ(a, first.ComputeMaskUncached());
-  EXPECT_EQ(b, second.ComputeMaskUncached());
+  EXPECT_EQ(a, ReferencePaths::UncachedMask(first));
+  EXPECT_EQ(b, ReferencePaths::UncachedMask(second));
   EXPECT_GE(g->position_hits(), 1);  // the second state reused the first one's position sets
 }
 
@@ -106,9 +107,9 @@ void CompareWalks(const std::string& text, std::shared_ptr<const TokenVocab> voc
     ReferenceRecognizer ref(g->grammar());
     std::vector<int32_t> taken;
     for (int s = 0; s < steps; ++s) {
-      const TokenMask by_position = m.ComputeMaskByPosition();
+      const TokenMask by_position = ReferencePaths::MaskByPosition(m);
       ASSERT_EQ(*m.NextTokenMask(), by_position);
-      ASSERT_EQ(m.ComputeMaskUncached(), by_position) << text;
+      ASSERT_EQ(ReferencePaths::UncachedMask(m), by_position) << text;
       std::shared_ptr<const PositionTokens> sets;
       {
         std::lock_guard<std::mutex> lock(g->graph().mu());

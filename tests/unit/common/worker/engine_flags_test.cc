@@ -94,6 +94,9 @@ TEST(EngineFlagsTest, UnknownNamesAreRefusedNamingTheFlag) {
   auto policy = Parse({"--scheduling-policy=lifo"});
   ASSERT_FALSE(policy.ok());
   EXPECT_NE(policy.status().message().find("--scheduling-policy"), std::string::npos);
+  // The static-batching benchmark baselines exist only in the benchmark's server.
+  EXPECT_FALSE(Parse({"--scheduling-policy=static"}).ok());
+  EXPECT_FALSE(Parse({"--scheduling-policy=static-compact"}).ok());
   auto spec = Parse({"--speculative-method=magic"});
   ASSERT_FALSE(spec.ok());
   EXPECT_NE(spec.status().message().find("--speculative-method"), std::string::npos);
@@ -112,7 +115,7 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
                                          "--max-prefill-chunk=128",
                                          "--max-model-len=999",
                                          "--max-waiting=5",
-                                         "--scheduling-policy=static",
+                                         "--scheduling-policy=priority",
                                          "--device=auto",
                                          "--gpu-memory-utilization=0.5",
                                          "--speculative-method=draft",

@@ -369,12 +369,32 @@ using AttentionTileFn = void (*)(const float* const*, const AttentionQuery&, con
                                  int64_t, int64_t, int64_t, int64_t, int64_t, int, bool,
                                  const float*, float* const*);
 
+// Vectors of head_dim an output tile of gt slots holds (the masked tail counts as one): the
+// register budget OutputRange splits head_dim by.
+template <class S>
+constexpr int AttnTileBudget(int gt) {
+  const int budget = S::kAttnAccs / gt;
+  return budget > kAttnMaxVecs ? kAttnMaxVecs : (budget < 1 ? 1 : budget);
+}
+
+// The tile of gt slots and nv vectors (+ the tail), or nullptr for a shape OutputRange never
+// asks for (over the budget): those are not instantiated, which keeps the ISA files' compile
+// time down (the scalar file's four KV types took over two minutes with all 72 shapes each).
+template <class S, class KT, int GT, int NV, bool kTail>
+constexpr AttentionTileFn<KT> AttentionTileOrNull() {
+  if constexpr (NV + (kTail ? 1 : 0) <= AttnTileBudget<S>(GT)) {
+    return &AttentionOutputTile<S, KT, GT, NV, kTail>;
+  } else {
+    return nullptr;
+  }
+}
+
 // Indexed ((gt - 1) * (kAttnMaxVecs + 1) + nv) * 2 + has_tail.
 template <class S, class KT, size_t... I>
 constexpr FnTable<S, AttentionTileFn<KT>, sizeof...(I)> MakeAttentionTiles(
     std::index_sequence<I...>) {
-  return {{&AttentionOutputTile<S, KT, static_cast<int>(I / 2 / (kAttnMaxVecs + 1)) + 1,
-                                static_cast<int>(I / 2 % (kAttnMaxVecs + 1)), (I % 2) == 1>...}};
+  return {{AttentionTileOrNull<S, KT, static_cast<int>(I / 2 / (kAttnMaxVecs + 1)) + 1,
+                               static_cast<int>(I / 2 % (kAttnMaxVecs + 1)), (I % 2) == 1>()...}};
 }
 
 template <class S, class KT>
@@ -506,9 +526,7 @@ void OutputRange(const AttentionSlots<S>& sl, const PagedKvLayer& kv, int64_t kv
         ends = ends || end;
       }
       // Vectors of head_dim per tile (the masked tail counts as one) within the register budget.
-      int budget = S::kAttnAccs / gt;
-      if (budget > kAttnMaxVecs) budget = kAttnMaxVecs;
-      if (budget < 1) budget = 1;
+      const int budget = AttnTileBudget<S>(gt);
       int64_t c = 0;
       do {
         const int64_t left = full - c;

@@ -12,64 +12,107 @@
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/kernels/int8_inputs.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
-#include "common/engine/backend/cpu/kernels/kernels_internal.h"
+#include "common/engine/backend/cpu/kernels/tiers.h"
 
 namespace tandem::cpu {
 namespace internal {
 namespace {
 
-bool CpuSupports(SimdLevel level) {
-  const CpuFeatures& f = GetCpuFeatures();
-  const bool avx2 = f.avx2 && f.fma && f.f16c;
-  switch (level) {
-    case SimdLevel::kScalar:
-      return true;
-    case SimdLevel::kAvx2:
-      return avx2;
-    case SimdLevel::kAvx512:
-      return avx2 && f.avx512f && f.avx512bw && f.avx512vl;
-  }
-  return false;
+// The kernels of each tier this build has (kernels README, "Tiers").
+std::vector<TierKernels> BuildTiers() {
+  std::vector<TierKernels> tiers;
+  tiers.push_back({SimdLevel::kScalar, &ScalarKernels(), nullptr, nullptr, false});
+#if defined(__x86_64__)
+  tiers.push_back({SimdLevel::kAvx2, &Avx2Kernels(), &MatMulI8Avx2, &QuantizeRowI8Avx2, false});
+  tiers.push_back(
+      {SimdLevel::kAvxVnni, &Avx2Kernels(), &MatMulI8AvxVnni, &QuantizeRowI8Avx2, false});
+  tiers.push_back(
+      {SimdLevel::kAvx512, &Avx512Kernels(), &MatMulI8Avx512, &QuantizeRowI8Avx512, false});
+  tiers.push_back({SimdLevel::kAvx512Vnni, &Avx512Kernels(), &MatMulI8Avx512Vnni,
+                   &QuantizeRowI8Avx512, GetCpuFeatures().avx512bf16});
+#elif defined(__aarch64__)
+  tiers.push_back({SimdLevel::kNeon, &NeonKernels(), &MatMulI8NeonBase, &QuantizeRowI8Neon, false});
+  tiers.push_back(
+      {SimdLevel::kNeonDotProd, &NeonKernels(), &MatMulI8NeonDot, &QuantizeRowI8Neon, false});
+  tiers.push_back(
+      {SimdLevel::kNeonI8mm, &NeonKernels(), &MatMulI8NeonI8mm, &QuantizeRowI8Neon, false});
+#endif
+  return tiers;
 }
 
-// Only called for supported levels: the tables are static data, but keep the rule simple.
-const KernelTable* TableFor(SimdLevel level) {
-  switch (level) {
-    case SimdLevel::kAvx512:
-      return &Avx512Kernels();
-    case SimdLevel::kAvx2:
-      return &Avx2Kernels();
-    case SimdLevel::kScalar:
-      break;
-  }
-  return &ScalarKernels();
+const std::vector<TierKernels>& AllTiers() {
+  static const std::vector<TierKernels> tiers = BuildTiers();
+  return tiers;
 }
 
-std::atomic<const KernelTable*> g_override{nullptr};
+const TierKernels* FindTier(SimdLevel level) {
+  for (const TierKernels& t : AllTiers()) {
+    if (t.level == level) return &t;
+  }
+  return nullptr;
+}
+
+// The tier the public entry points use by default: the best implemented tier at or below
+// ActiveSimdLevel() whose integer kernels pass SelfCheckTier (a tier whose kernels give wrong
+// bits on this CPU is logged and skipped, never used).
+const TierKernels* DefaultTier() {
+  static const TierKernels* const tier = [] {
+    const TierKernels* chosen = &AllTiers().front();
+    for (const TierKernels& t : AllTiers()) {
+      if (!CpuSupportsLevel(t.level) || t.level > ActiveSimdLevel()) continue;
+      std::string error;
+      if (!SelfCheckTier(t, &error)) {
+        TLOG(ERROR) << "cpu kernels: the " << SimdLevelName(t.level)
+                    << " tier fails its self-check on this CPU (" << error << "); not used";
+        continue;
+      }
+      chosen = &t;
+    }
+    if (chosen->level != ActiveSimdLevel()) {
+      TLOG(WARNING) << "cpu kernels: the " << SimdLevelName(ActiveSimdLevel())
+                    << " tier has no kernels in this build (or failed its self-check); using "
+                    << SimdLevelName(chosen->level);
+    }
+    return chosen;
+  }();
+  return tier;
+}
+
+std::atomic<const TierKernels*> g_override{nullptr};
 
 }  // namespace
 
-const KernelTable& ActiveKernels() {
-  if (const KernelTable* t = g_override.load(std::memory_order_acquire)) return *t;
-  static const KernelTable* const active = TableFor(ActiveSimdLevel());
-  return *active;
+const TierKernels& ActiveTier() {
+  if (const TierKernels* t = g_override.load(std::memory_order_acquire)) return *t;
+  return *DefaultTier();
 }
+
+const KernelTable& ActiveKernels() { return *ActiveTier().f32; }
 
 std::vector<SimdLevel> SupportedSimdLevels() {
   std::vector<SimdLevel> levels;
-  for (SimdLevel l : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
-    if (CpuSupports(l)) levels.push_back(l);
+  for (const TierKernels& t : AllTiers()) {
+    if (CpuSupportsLevel(t.level)) levels.push_back(t.level);
   }
   return levels;
 }
 
+std::vector<SimdLevel> BuiltSimdLevels() {
+  std::vector<SimdLevel> levels;
+  for (const TierKernels& t : AllTiers()) levels.push_back(t.level);
+  return levels;
+}
+
 bool SetSimdLevelForTesting(SimdLevel level) {
-  if (!CpuSupports(level)) return false;
-  g_override.store(TableFor(level), std::memory_order_release);
+  const TierKernels* t = FindTier(level);
+  if (t == nullptr || !CpuSupportsLevel(level)) return false;
+  g_override.store(t, std::memory_order_release);
   return true;
 }
 
-SimdLevel CurrentSimdLevel() { return ActiveKernels().level; }
+void ResetSimdLevelForTesting() { g_override.store(nullptr, std::memory_order_release); }
+
+SimdLevel CurrentSimdLevel() { return ActiveTier().level; }
 
 }  // namespace internal
 
@@ -133,18 +176,6 @@ void RowsFromBf16Tiles(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1,
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t k = 0; k < K; ++k) out[(n - n0) * K + k] = tiles[Bf16TileIndex(K, n, k)];
   }
-}
-
-// Whether bf16-input MatMuls run on vdpbf16ps: only with the AVX-512 table (so forcing a lower
-// level in tests or by TANDEM_SIMD also leaves it) and only on CPUs with AVX512_BF16.
-bool UseAvx512Bf16(const internal::KernelTable& t) {
-  return t.level == SimdLevel::kAvx512 && GetCpuFeatures().avx512bf16;
-}
-
-// Whether int8-input MatMuls run on vpdpbusd (else the scalar reference, the same bits): only
-// with the AVX-512 table and only on CPUs with AVX512_VNNI.
-bool UseAvx512Vnni(const internal::KernelTable& t) {
-  return t.level == SimdLevel::kAvx512 && GetCpuFeatures().avx512vnni;
 }
 
 // Below this many multiply-adds a MatMul runs on the calling thread only (waking the pool costs
@@ -264,90 +295,162 @@ bool SameInputs(const MatMulWeight& a, const MatMulWeight& b) {
   return a.quant == b.quant && (a.quant != WeightQuant::kInt4 || a.group_size == b.group_size);
 }
 
+}  // namespace
+
+MatMulPath MatMulPathOf(const MatMulWeight& w) {
+  const internal::TierKernels& t = internal::ActiveTier();
+  const bool quantized = w.quant != WeightQuant::kNone;
+  if (w.input_dtype == DType::kI8) {
+    return t.matmul_i8 != nullptr ? MatMulPath::kI8Dot : MatMulPath::kI8Reference;
+  }
+  if (w.input_dtype == DType::kBF16) {
+    return t.bf16_dot ? MatMulPath::kBf16Dot : MatMulPath::kBf16ViaF32;
+  }
+  return quantized ? MatMulPath::kF32Dequant : MatMulPath::kF32;
+}
+
+const char* MatMulPathName(MatMulPath p) {
+  switch (p) {
+    case MatMulPath::kF32:
+      return "f32-fma";
+    case MatMulPath::kF32Dequant:
+      return "f32-dequant-fma";
+    case MatMulPath::kBf16Dot:
+      return "bf16-dot";
+    case MatMulPath::kBf16ViaF32:
+      return "bf16-via-f32";
+    case MatMulPath::kI8Dot:
+      return "int8-dot";
+    case MatMulPath::kI8Reference:
+      return "int8-reference";
+  }
+  return "?";
+}
+
+DType AutoMatMulInputDtype(WeightQuant quant, DType dtype) {
+  const internal::TierKernels& t = internal::ActiveTier();
+  if (quant != WeightQuant::kNone) {
+    if (t.matmul_i8 != nullptr) return DType::kI8;
+    return t.bf16_dot ? DType::kBF16 : DType::kF32;
+  }
+  return dtype == DType::kBF16 && t.bf16_dot ? DType::kBF16 : DType::kF32;
+}
+
+bool Bf16TilesPreferred() { return internal::ActiveTier().bf16_dot; }
+
+std::string ActiveTierName() { return SimdLevelName(internal::ActiveTier().level); }
+
+bool MatMulPathTuned(MatMulPath p) {
+  if (internal::ActiveTier().level == SimdLevel::kScalar) return false;
+  return p == MatMulPath::kF32 || p == MatMulPath::kBf16Dot || p == MatMulPath::kI8Dot;
+}
+
+namespace {
+
 // The input as the kernels take it, made once per call.
 struct PreparedInput {
-  const float* x = nullptr;  // f32 rows (or bf16-rounded and widened: `rounded`)
+  MatMulPath path = MatMulPath::kF32;
+  const float* x = nullptr;  // f32 rows (kBf16ViaF32: bf16-rounded and widened)
   int64_t ldx = 0;
-  bool rounded = false;
-  const uint16_t* xb = nullptr;  // bf16 inputs on AVX512_BF16: rounded, rows contiguous
+  const uint16_t* xb = nullptr;  // kBf16Dot: rounded, rows contiguous
   internal::I8Inputs i8;         // int8 inputs
-  bool vnni = false;
 };
 
-PreparedInput PrepareInput(const internal::KernelTable& t, const float* x, int64_t M, int64_t K,
+PreparedInput PrepareInput(const internal::TierKernels& t, const float* x, int64_t M, int64_t K,
                            int64_t ldx, const MatMulWeight& w, ThreadPool* pool) {
   PreparedInput p;
+  p.path = MatMulPathOf(w);
   p.x = x;
   p.ldx = ldx;
   if (w.input_dtype == DType::kI8) {
     thread_local internal::I8InputBuffer buffer;  // the calling thread's, read by every thread
-    p.vnni = UseAvx512Vnni(t);
-    p.i8 = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer, p.vnni, pool);
+    p.i8 = internal::QuantizeInputsI8(x, M, K, ldx, w, &buffer, t.quantize_i8, pool);
   } else if (w.input_dtype == DType::kBF16) {
     uint16_t* r = InputScratchBf16(M * K);
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t k = 0; k < K; ++k) r[m * K + k] = FloatToBf16(x[m * ldx + k]);
     }
     p.xb = r;
-    if (!UseAvx512Bf16(t)) {  // the same products in the f32 kernels: widen the rounded inputs
+    if (p.path == MatMulPath::kBf16ViaF32) {  // the same products in the f32 kernels
       float* xr = ThreadScratch(M * K);
       for (int64_t i = 0; i < M * K; ++i) xr[i] = Bf16ToFloat(r[i]);
       p.x = xr;
       p.ldx = K;
       p.xb = nullptr;
-      p.rounded = true;
     }
   }
   return p;
 }
 
+// Columns [n0, n1) of bf16 inputs (rounded and widened to f32 in p.x) over quantized weights
+// or bf16 tiles on a tier without bf16 dot products: blocks of rows as dense bf16, then the f32
+// kernels.
+void RunBf16ViaF32(const internal::KernelTable& t, const PreparedInput& p, int64_t M, int64_t K,
+                   const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias, float* y,
+                   int64_t ldy) {
+  const bool bf16_tiles = w.quant == WeightQuant::kNone && w.layout == WeightLayout::kTiles16;
+  const int64_t block_rows = DequantBlockRows(K);
+  uint16_t* ws = WeightScratchBf16(block_rows * K);
+  MatMulWeight dense;
+  dense.data = ws;
+  dense.dtype = DType::kBF16;
+  for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
+    const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
+    if (bf16_tiles) {
+      RowsFromBf16Tiles(w, K, b0, b1, ws);
+    } else {
+      DequantRowsBf16(w, K, b0, b1, ws);
+    }
+    if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
+      t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = b0; n < b1; ++n) {
+          float v = y[m * ldy + n] * w.scales[n];
+          if (bias != nullptr) v += bias[n];
+          y[m * ldy + n] = v;
+        }
+      }
+    } else {
+      t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
+               ldy);
+    }
+  }
+}
+
 // Columns [n0, n1) of y = x . w^T (+ bias) from the prepared input.
-void RunColumns(const internal::KernelTable& t, const PreparedInput& p, int64_t M, int64_t K,
+void RunColumns(const internal::TierKernels& t, const PreparedInput& p, int64_t M, int64_t K,
                 const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias, float* y,
                 int64_t ldy) {
   const bool quantized = w.quant != WeightQuant::kNone;
   const bool bf16_tiles = !quantized && w.layout == WeightLayout::kTiles16;
-  const int64_t block_rows = DequantBlockRows(K);
-  if (w.input_dtype == DType::kI8) {
-    if (p.vnni) {
-      internal::MatMulI8Avx512Vnni(p.i8, w, n0, n1, bias, y, ldy);
-    } else {
+  switch (p.path) {
+    case MatMulPath::kI8Dot:
+      t.matmul_i8(p.i8, w, n0, n1, bias, y, ldy);
+      return;
+    case MatMulPath::kI8Reference:
       internal::MatMulI8Reference(p.i8, w, n0, n1, bias, y, ldy);
-    }
-  } else if (p.xb != nullptr && bf16_tiles) {
-    internal::MatMulBf16TilesAvx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy);
-  } else if (p.xb != nullptr) {
-    uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
-    internal::MatMulBf16Avx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
-  } else if (p.rounded && (quantized || bf16_tiles)) {  // bf16 inputs elsewhere: via bf16 rows
-    uint16_t* ws = WeightScratchBf16(block_rows * K);
-    MatMulWeight dense;
-    dense.data = ws;
-    dense.dtype = DType::kBF16;
-    for (int64_t b0 = n0; b0 < n1; b0 += block_rows) {
-      const int64_t b1 = b0 + block_rows < n1 ? b0 + block_rows : n1;
+      return;
+#if defined(__x86_64__)
+    case MatMulPath::kBf16Dot:
       if (bf16_tiles) {
-        RowsFromBf16Tiles(w, K, b0, b1, ws);
+        internal::MatMulBf16TilesAvx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy);
       } else {
-        DequantRowsBf16(w, K, b0, b1, ws);
+        const int64_t block_rows = DequantBlockRows(K);
+        uint16_t* ws = quantized ? WeightScratchBf16(block_rows * K) : nullptr;
+        internal::MatMulBf16Avx512(p.xb, M, K, K, w, n0, n1, bias, y, ldy, ws, block_rows);
       }
-      if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
-        t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
-        for (int64_t m = 0; m < M; ++m) {
-          for (int64_t n = b0; n < b1; ++n) {
-            float v = y[m * ldy + n] * w.scales[n];
-            if (bias != nullptr) v += bias[n];
-            y[m * ldy + n] = v;
-          }
-        }
-      } else {
-        t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, bias != nullptr ? bias + b0 : nullptr, y + b0,
-                 ldy);
+      return;
+#endif
+    case MatMulPath::kBf16ViaF32:
+      if (quantized || bf16_tiles) {
+        RunBf16ViaF32(*t.f32, p, M, K, w, n0, n1, bias, y, ldy);
+        return;
       }
-    }
-  } else {
-    t.matmul(p.x, M, K, p.ldx, w, n0, n1, bias, y, ldy);
+      break;
+    default:
+      break;
   }
+  t.f32->matmul(p.x, M, K, p.ldx, w, n0, n1, bias, y, ldy);
 }
 
 }  // namespace
@@ -364,7 +467,7 @@ void MatMulShared(const float* x, int64_t M, int64_t K, int64_t ldx,
   int64_t total = 0;
   for (int i = 0; i < count; ++i) total += projections[i].N;
   if (M <= 0 || total <= 0) return;
-  const internal::KernelTable& t = internal::ActiveKernels();
+  const internal::TierKernels& t = internal::ActiveTier();
   const PreparedInput p = PrepareInput(t, x, M, K, ldx, projections[0].w, pool);
   // The projections' columns side by side: [0, N0) the first's, [N0, N0 + N1) the second's, ...
   ForColumns(pool, M, total, K, projections[0].w.layout, [&](int64_t n0, int64_t n1) {

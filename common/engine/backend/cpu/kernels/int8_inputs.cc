@@ -58,7 +58,7 @@ void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_
 }
 
 I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                          I8InputBuffer* buffer, bool avx512, ThreadPool* pool) {
+                          I8InputBuffer* buffer, QuantizeRowI8Fn row, ThreadPool* pool) {
   I8Inputs in;
   in.quant = w.quant;
   in.M = M;
@@ -78,9 +78,9 @@ I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, con
     for (int64_t m = m0; m < m1; ++m) {
       int8_t* codes = buffer->codes.data() + m * code_stride;
       std::memset(codes, 0, code_stride);
-      (avx512 ? QuantizeRowI8Avx512 : QuantizeRowI8Reference)(
-          x + m * ldx, K, int4, w.group_size, codes, &buffer->scale[m], &buffer->sum[m],
-          buffer->group_sums.data() + m * in.groups);
+      (row != nullptr ? row : QuantizeRowI8Reference)(x + m * ldx, K, int4, w.group_size, codes,
+                                                      &buffer->scale[m], &buffer->sum[m],
+                                                      buffer->group_sums.data() + m * in.groups);
     }
   };
   if (pool != nullptr && pool->size() > 1 && M * K >= kQuantizeMinParallelElements) {

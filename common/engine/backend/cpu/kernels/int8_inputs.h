@@ -2,15 +2,17 @@
 
 // int8 MatMul inputs (MatMulWeight::input_dtype == kI8; int8 and int4 weights only): each row of
 // x is quantized to int8 codes with one f32 scale per row (dynamic per-token quantization, as in
-// W8A8 serving), and the products are integer dot products (AVX512_VNNI vpdpbusd: 64 u8 x s8
-// products per instruction, summed in fours into 16 int32 lanes). With quantized weights the
+// W8A8 serving), and the products are integer dot products on every tier but scalar (AVX2
+// vpmaddubsw, AVX-VNNI and AVX512_VNNI vpdpbusd, AVX-512 vpmaddubsw, NEON smull / sdot / usdot;
+// README "Tiers"; e.g. vpdpbusd: 64 u8 x s8 products per instruction, summed in fours into 16
+// int32 lanes). With quantized weights the
 // bf16 path spends more instructions widening weights than multiplying; here both weight
 // formats come in WeightLayout::kTiles16 (common/base/quant.h), 16 weight rows in the 16 lanes:
 // one vpdpbusd per 64 products per input row against 4 input codes broadcast, int8 weights as
 // stored (q + 128), int4 nibbles after a mask or a shift.
 //
-// Numerics (the reference below is the specification and the path for CPUs without
-// AVX512_VNNI; the VNNI kernel equals it bit for bit):
+// Numerics (the reference below is the specification and the scalar tier's path; every tier's
+// kernel equals it bit for bit):
 // - Row m: amax = max |x|; d = amax / 127; codes a = clamp(round_half_even(x * (127 / amax)),
 //   -127, 127) (all 0 and d = 0 when amax is 0 or below 127 / FLT_MAX, where 127 / amax
 //   overflows, or the row holds a NaN or an infinity).
@@ -58,30 +60,49 @@ struct I8InputBuffer {
   std::vector<float> group_sums;
 };
 
+// One input row of K elements: its codes (in `codes`, which the caller has zeroed), *scale = d,
+// *sum = sum of the codes and, for int4, group_sums[g] = the sums per weight group (left as they
+// are when the row quantizes to nothing).
+using QuantizeRowI8Fn = void (*)(const float* x, int64_t K, bool int4, int64_t group_size,
+                                 int8_t* codes, float* scale, int32_t* sum, float* group_sums);
+
 // Quantizes x [M, K] (row stride ldx) for weight w (kInt8 or kInt4) into `buffer`, one row at a
-// time with QuantizeRowI8Avx512 (avx512: only on CPUs with AVX512F/BW/VL) or the reference (the
-// same bits); rows split over `pool` when there are enough elements.
+// time with `row` (QuantizeRowI8Reference when nullptr; every row function gives the same bits);
+// rows split over `pool` when there are enough elements.
 I8Inputs QuantizeInputsI8(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMulWeight& w,
-                          I8InputBuffer* buffer, bool avx512 = false, ThreadPool* pool = nullptr);
+                          I8InputBuffer* buffer, QuantizeRowI8Fn row = nullptr,
+                          ThreadPool* pool = nullptr);
 
 // Below this many input elements QuantizeInputsI8 stays on the calling thread.
 constexpr int64_t kQuantizeMinParallelElements = int64_t{1} << 16;
 
-// One input row of K elements: its codes (in `codes`, which the caller has zeroed), *scale = d,
-// *sum = sum of the codes and, for int4, group_sums[g] = the sums per weight group (left as they
-// are when the row quantizes to nothing). QuantizeRowI8Scale: d and 127 / amax from a row's max |x|
-// and whether every element is finite; false when the row quantizes to nothing.
+// QuantizeRowI8Scale: d and 127 / amax from a row's max |x| and whether every element is
+// finite; false when the row quantizes to nothing. The row functions: the reference (scalar),
+// AVX2 (kernels_avx2_i8.cc) and AVX-512 (kernels_avx512vnni.cc; AVX512F/BW/VL CPUs only).
 bool QuantizeRowI8Scale(float amax, bool finite, float* scale, float* inv);
 void QuantizeRowI8Reference(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
                             float* scale, int32_t* sum, float* group_sums);
+void QuantizeRowI8Avx2(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
+                       float* scale, int32_t* sum, float* group_sums);
 void QuantizeRowI8Avx512(const float* x, int64_t K, bool int4, int64_t group_size, int8_t* codes,
                          float* scale, int32_t* sum, float* group_sums);
 
-// y[m, n] for n in [n0, n1), as specified above: the scalar reference (and the path for CPUs
-// without AVX512_VNNI) and the VNNI kernel (kernels_avx512vnni.cc; callable only when
-// GetCpuFeatures().avx512vnni).
+// y[m, n] for n in [n0, n1), as specified above: the scalar reference (the path of tiers
+// without an integer dot-product kernel) and the kernels of the tiers that have one, each
+// callable only on a CPU with its tier (kernels README, "Tiers"): AVX2 (vpmaddubsw + vpmaddwd,
+// kernels_avx2_i8.cc), AVX-VNNI (kernels_avxvnni_i8.cc), AVX-512 without VNNI (vpmaddubsw,
+// kernels_avx512_i8.cc), AVX512_VNNI (kernels_avx512vnni.cc), NEON dotprod / i8mm
+// (kernels_neon_i8.cc).
+using MatMulI8Fn = void (*)(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                            const float* bias, float* y, int64_t ldy);
 void MatMulI8Reference(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                        const float* bias, float* y, int64_t ldy);
+void MatMulI8Avx2(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                  const float* bias, float* y, int64_t ldy);
+void MatMulI8AvxVnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                     const float* bias, float* y, int64_t ldy);
+void MatMulI8Avx512(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                    const float* bias, float* y, int64_t ldy);
 void MatMulI8Avx512Vnni(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
                         const float* bias, float* y, int64_t ldy);
 

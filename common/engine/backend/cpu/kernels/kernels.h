@@ -1,7 +1,8 @@
 #pragma once
 
-// CPU compute kernels. Each entry point dispatches at run time on ActiveSimdLevel()
-// (AVX-512 where present, AVX2+FMA otherwise, portable scalar as a last resort).
+// CPU compute kernels. Each entry point dispatches at run time to the kernels of one tier
+// (common/base/cpu_features.h SimdLevel: the best this CPU supports, capped by TANDEM_SIMD;
+// README "Tiers").
 //
 // BATCH INVARIANCE (the contract every kernel here keeps): the value computed for one token
 // (one row of activations) depends only on that row's inputs and the weights, never on how many
@@ -11,6 +12,7 @@
 // outputs are computed together, not the order of any reduction.
 
 #include <cstdint>
+#include <string>
 
 #include "common/base/dtype.h"
 #include "common/base/quant.h"
@@ -70,6 +72,32 @@ struct MatMulProjection {
 // together (one fork/join). Each y equals its own MatMul bit for bit.
 void MatMulShared(const float* x, int64_t M, int64_t K, int64_t ldx,
                   const MatMulProjection* projections, int count, ThreadPool* pool);
+
+// The kernel a MatMul over `w` runs on the active tier:
+//   kF32          f32 inputs over dense f32 or bf16 weights (bf16 widened in registers), FMA
+//   kF32Dequant   f32 inputs over int8 / int4 weights dequantized to f32 in registers, FMA
+//   kBf16Dot      bf16 inputs on the tier's bf16 dot products (vdpbf16ps)
+//   kBf16ViaF32   bf16 inputs rounded, widened back and FMA'd (quantized weights or bf16 tiles
+//                 first dequantized to bf16 rows by scalar code): a tier without bf16 dots
+//   kI8Dot        int8 inputs on the tier's integer dot products
+//   kI8Reference  int8 inputs on the scalar reference (MatMulI8Reference)
+enum class MatMulPath { kF32, kF32Dequant, kBf16Dot, kBf16ViaF32, kI8Dot, kI8Reference };
+MatMulPath MatMulPathOf(const MatMulWeight& w);
+const char* MatMulPathName(MatMulPath p);
+// Whether `p` on the active tier is a kernel tuned for it (kF32, kBf16Dot, kI8Dot on a SIMD
+// tier) rather than a generic fallback (dequantizing to f32 or bf16, the scalar reference, or
+// any path of the scalar tier).
+bool MatMulPathTuned(MatMulPath p);
+
+// What `--matmul-input-dtype auto` resolves to on the active tier, for the MatMuls of weights of
+// format `quant` (kNone: dense weights of `dtype`): the input dtype whose kernels are fastest
+// there (README, "Tiers"). Quantized weights taking kI8 are loaded in WeightLayout::kTiles16.
+DType AutoMatMulInputDtype(WeightQuant quant, DType dtype);
+// Whether dense bf16 weights are best loaded in WeightLayout::kTiles16 on the active tier (its
+// bf16 dot products read the tiles) when their inputs are not f32.
+bool Bf16TilesPreferred();
+// The active tier's name (SimdLevelName), for logs and metric labels.
+std::string ActiveTierName();
 
 // The row-wise ops below (RmsNorm, AddRmsNorm, ApplyRope, SiluMul, WriteKv) split their rows
 // over `pool` when a call has enough elements to pay for a fork/join (prefill chunks, decode

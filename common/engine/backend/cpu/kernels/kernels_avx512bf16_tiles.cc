@@ -63,7 +63,7 @@ void Tile(const uint16_t* x, int64_t ldx, int64_t K, const uint16_t* w, int64_t 
         // (Not inline in the call: without optimization _mm_prefetch is a macro, and the
         // template's comma would split its arguments.)
         const char* ahead = q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes);
-        _mm_prefetch(ahead, kTilePrefetchHint<MR>);
+        TilePrefetch<MR>(ahead);
       }
       wv[j] = Bh(_mm512_loadu_si512(q[j] + p * 64));
     }

@@ -75,18 +75,8 @@ void MatMulBf16TilesAvx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx,
 const KernelTable& Avx2Kernels();
 const KernelTable& Avx512Kernels();
 
-// The table the public entry points use (ActiveSimdLevel() unless overridden for testing).
+// The f32 table of the tier the public entry points use (tiers.h ActiveTier()).
 const KernelTable& ActiveKernels();
-
-// Levels this CPU can run (ignores the TANDEM_SIMD cap), lowest first.
-std::vector<SimdLevel> SupportedSimdLevels();
-
-// Routes every public entry point to `level`'s kernels. Returns false (and changes nothing) if
-// the CPU lacks that level. Not thread-safe against kernels running concurrently.
-bool SetSimdLevelForTesting(SimdLevel level);
-
-// The level the public entry points currently use.
-SimdLevel CurrentSimdLevel();
 
 // Number of key positions a query attends to.
 inline int64_t AttentionSpan(int64_t context_len, int64_t sliding_window) {

@@ -1,7 +1,10 @@
 #include "common/engine/backend/cpu/kernels/membw.h"
 
-#include <immintrin.h>
 #include <sys/mman.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +30,7 @@ constexpr size_t kAlign = 2u << 20;  // 2 MiB: lets transparent huge pages back 
 // come out above 100%.
 constexpr int kStreams = 4;
 constexpr size_t kPrefetchBytes = 1024;
+#if defined(__x86_64__)
 __attribute__((target("avx2"))) uint64_t ReadAvx2(const char* p, size_t n) {
   const size_t part = n / kStreams / 64 * 64;
   __m256i acc[kStreams];
@@ -51,19 +55,32 @@ __attribute__((target("avx2"))) uint64_t ReadAvx2(const char* p, size_t n) {
   return lanes[0] + lanes[1] + lanes[2] + lanes[3];
 }
 
-uint64_t ReadSse2(const char* p, size_t n) {
-  __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 64) {
-    const __m128i* v = reinterpret_cast<const __m128i*>(p + i);
-    a0 = _mm_add_epi64(a0, _mm_load_si128(v + 0));
-    a1 = _mm_add_epi64(a1, _mm_load_si128(v + 1));
-    a2 = _mm_add_epi64(a2, _mm_load_si128(v + 2));
-    a3 = _mm_add_epi64(a3, _mm_load_si128(v + 3));
+#endif
+
+// The same streams in portable code (64-bit words; the compiler vectorizes the sums with the
+// baseline's vectors: SSE2, NEON): the reader of CPUs without AVX2 and of aarch64.
+uint64_t ReadPortable(const char* p, size_t n) {
+  const size_t part = n / kStreams / 64 * 64;
+  uint64_t acc[kStreams][8] = {};
+  for (size_t i = 0; i < part; i += 64) {
+    for (int s = 0; s < kStreams; ++s) {
+      const char* q = p + s * part + i;
+      __builtin_prefetch(q + kPrefetchBytes);
+      uint64_t v[8];
+      std::memcpy(v, q, sizeof v);
+      for (int w = 0; w < 8; ++w) acc[s][w] += v[w];
+    }
   }
-  alignas(16) uint64_t lanes[2];
-  _mm_store_si128(reinterpret_cast<__m128i*>(lanes),
-                  _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3)));
-  return lanes[0] + lanes[1];
+  uint64_t total = 0;
+  for (size_t i = kStreams * part; i + 8 <= n; i += 8) {  // what the quarters left over
+    uint64_t v;
+    std::memcpy(&v, p + i, 8);
+    total += v;
+  }
+  for (int s = 0; s < kStreams; ++s) {
+    for (int w = 0; w < 8; ++w) total += acc[s][w];
+  }
+  return total;
 }
 
 void ForEachSlice(ThreadPool* pool, size_t bytes, const std::function<void(size_t, size_t)>& fn) {
@@ -97,11 +114,18 @@ ReadBandwidthProbe::~ReadBandwidthProbe() {
 }
 
 void ReadBandwidthProbe::Pass() {
-  const bool avx2 = GetCpuFeatures().avx2;
   std::atomic<uint64_t> sink{0};
+#if defined(__x86_64__)
+  const bool avx2 = GetCpuFeatures().avx2;
+#endif
   ForEachSlice(pool_, bytes_, [&](size_t b, size_t e) {
-    sink.fetch_add(avx2 ? ReadAvx2(buf_ + b, e - b) : ReadSse2(buf_ + b, e - b),
-                   std::memory_order_relaxed);
+#if defined(__x86_64__)
+    if (avx2) {
+      sink.fetch_add(ReadAvx2(buf_ + b, e - b), std::memory_order_relaxed);
+      return;
+    }
+#endif
+    sink.fetch_add(ReadPortable(buf_ + b, e - b), std::memory_order_relaxed);
   });
   sink_ += sink.load();
 }

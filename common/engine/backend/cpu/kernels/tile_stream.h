@@ -6,8 +6,6 @@
 // constant or always inlined (TANDEM_LAYOUT_FN), so the ISA files that include it define no
 // entity of their own (README, "ODR").
 
-#include <xmmintrin.h>
-
 #include <cstdint>
 
 #include "common/base/quant.h"
@@ -26,10 +24,12 @@ inline constexpr int64_t kTilePrefetchBytes = MR == 1 ? 1024 : 4096;
 // The hint of a register tile's weight-stream prefetches. A lone row reads every weight line
 // once: NTA (a line fetched for one use, which the CPU keeps out of the other cache levels as
 // far as it can), so streaming weights do not evict activations and KV; it streams at least as
-// fast as T0. Tiles of more rows reuse each L2 block across row tiles: T0.
-// (_mm_prefetch takes GCC's enum _mm_hint, Clang's int: the type of the hint constants.)
+// fast as T0. Tiles of more rows reuse each L2 block across row tiles: T0. (__builtin_prefetch's
+// locality 0 is prefetchnta on x86-64, 3 prefetcht0; on aarch64 PLDL1STRM and PLDL1KEEP.)
 template <int MR>
-inline constexpr decltype(_MM_HINT_T0) kTilePrefetchHint = MR == 1 ? _MM_HINT_NTA : _MM_HINT_T0;
+TANDEM_LAYOUT_FN void TilePrefetch(const void* p) {
+  __builtin_prefetch(p, 0, MR == 1 ? 0 : 3);
+}
 
 // Where tile j of a register tile of MR x NT (tile_bytes apart) is prefetched while byte
 // `offset` of it is read: kTilePrefetchBytes ahead in the same tile or, past its end, in the next

@@ -12,7 +12,7 @@
 
 #include "common/base/cpu_features.h"
 #include "common/base/half.h"
-#include "common/engine/backend/cpu/kernels/kernels_internal.h"
+#include "common/engine/backend/cpu/kernels/tiers.h"
 
 namespace tandem::cpu::testing {
 
@@ -36,20 +36,29 @@ inline std::vector<float> RoundTripBf16(const std::vector<float>& v) {
   return out;
 }
 
-// Runs the test body with the kernels of one SIMD level; restores the default afterwards.
+// Runs the test body with the kernels of one tier (every tier this build has kernels for);
+// skipped, saying so, where this CPU lacks the tier. Restores the default afterwards.
 class PerSimdLevelTest : public ::testing::TestWithParam<SimdLevel> {
  protected:
-  void SetUp() override { ASSERT_TRUE(internal::SetSimdLevelForTesting(GetParam())); }
-  void TearDown() override { internal::SetSimdLevelForTesting(ActiveSimdLevel()); }
+  void SetUp() override {
+    if (!CpuSupportsLevel(GetParam())) {
+      GTEST_SKIP() << "this CPU (" << GetCpuFeatures().model << ") lacks the "
+                   << SimdLevelName(GetParam()) << " tier: its kernels are not checked here";
+    }
+    ASSERT_TRUE(internal::SetSimdLevelForTesting(GetParam()));
+  }
+  void TearDown() override { internal::ResetSimdLevelForTesting(); }
 };
 
 inline std::string LevelName(const ::testing::TestParamInfo<SimdLevel>& info) {
-  return SimdLevelName(info.param);
+  std::string name;
+  for (char c : SimdLevelName(info.param)) name.push_back(c == '-' ? '_' : c);
+  return name;
 }
 
 }  // namespace tandem::cpu::testing
 
-#define TANDEM_INSTANTIATE_PER_SIMD_LEVEL(suite)                                                \
-  INSTANTIATE_TEST_SUITE_P(Levels, suite,                                                       \
-                           ::testing::ValuesIn(::tandem::cpu::internal::SupportedSimdLevels()), \
+#define TANDEM_INSTANTIATE_PER_SIMD_LEVEL(suite)                                            \
+  INSTANTIATE_TEST_SUITE_P(Levels, suite,                                                   \
+                           ::testing::ValuesIn(::tandem::cpu::internal::BuiltSimdLevels()), \
                            ::tandem::cpu::testing::LevelName)

@@ -209,7 +209,7 @@ TEST_P(MatMulTest, Bf16InputsEqualF32InputsOnBf16Values) {
   MatMul(x.data(), M, K, K, mw, N, nullptr, y32.data(), N, nullptr);
   mw.input_dtype = DType::kBF16;
   MatMul(x.data(), M, K, K, mw, N, nullptr, y16.data(), N, nullptr);
-  if (GetParam() == SimdLevel::kAvx512 && GetCpuFeatures().avx512bf16) {
+  if (internal::ActiveTier().bf16_dot) {
     // vdpbf16ps: the same products, summed pairwise into 16 lanes.
     for (int64_t i = 0; i < M * N; ++i) ASSERT_NEAR(y16[i], y32[i], 1e-4f) << i;
   } else {
@@ -220,18 +220,22 @@ TEST_P(MatMulTest, Bf16InputsEqualF32InputsOnBf16Values) {
 
 TANDEM_INSTANTIATE_PER_SIMD_LEVEL(MatMulTest);
 
-// The public entry points follow ActiveSimdLevel() (and so the TANDEM_SIMD cap) by default.
+// The public entry points follow ActiveSimdLevel() (and so the TANDEM_SIMD cap) by default: the
+// best tier with kernels at or below it.
 TEST(KernelDispatchTest, DefaultLevelIsActiveSimdLevel) {
-  EXPECT_EQ(internal::CurrentSimdLevel(), ActiveSimdLevel());
   const auto levels = internal::SupportedSimdLevels();
   ASSERT_FALSE(levels.empty());
   EXPECT_EQ(levels.front(), SimdLevel::kScalar);
-  EXPECT_LE(ActiveSimdLevel(), levels.back());
+  SimdLevel want = SimdLevel::kScalar;
+  for (SimdLevel l : levels) {
+    if (l <= ActiveSimdLevel()) want = l;
+  }
+  EXPECT_EQ(internal::CurrentSimdLevel(), want);
   for (SimdLevel l : levels) {
     ASSERT_TRUE(internal::SetSimdLevelForTesting(l));
     EXPECT_EQ(internal::CurrentSimdLevel(), l);
   }
-  internal::SetSimdLevelForTesting(ActiveSimdLevel());
+  internal::ResetSimdLevelForTesting();
 }
 
 }  // namespace

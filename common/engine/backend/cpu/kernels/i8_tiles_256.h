@@ -1,0 +1,428 @@
+#pragma once
+
+// MatMul with int8 inputs over int8 / int4 weights in WeightLayout::kTiles16 on 256-bit vectors:
+// the arithmetic int8_inputs.h specifies and MatMulI8Reference spells out, bit for bit. One
+// template for two tiers: kVnni false is AVX2 (vpmaddubsw + vpmaddwd; kernels_avx2_i8.cc),
+// true is AVX-VNNI (vpdpbusd on ymm; kernels_avxvnni_i8.cc). Included only by those two files,
+// each compiled with its tier's flags; everything here is in an anonymous namespace (internal
+// linkage: each file has its own copy, README "ODR").
+//
+// A 64-byte step of a tile holds 16 weight rows x 4 elements (int8: q + 128; int4: 16 rows x 8
+// elements in nibbles); its two 32-byte halves are rows 0-7 and 8-15, so lane l of a half's
+// accumulator is weight row 16t + 8h + l and needs no horizontal sum, as in the 512-bit kernel.
+//
+// Products without VNNI (vpmaddubsw multiplies u8 by s8 and adds pairs into int16, saturating):
+// * int8: u8 = |w| (w = stored byte ^ 0x80, so |w| <= 128) and s8 = the input code negated
+//   where w < 0 (vpsignb): pairs |w| |a| + |w'| |a'| <= 2 * 128 * 127 < 2^15, no saturation;
+//   vpmaddwd with ones then sums the pairs into int32: the exact dot of w and a.
+// * int4: u8 = the nibble (<= 15), s8 = the code: a pair is at most 2 * 15 * 127 = 3810, so the
+//   int16 lanes sum the two nibbles of 4 steps (32 elements: 8 x 3810 < 2^15) before one
+//   vpmaddwd into the int32 group sum.
+// With VNNI the u8 operand is the stored byte (int8: q + 128, corrected by 128 * sum(a) at the
+// end, as the 512-bit kernel) or the nibble.
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "common/engine/backend/cpu/kernels/int8_inputs.h"
+#include "common/engine/backend/cpu/kernels/tile_stream.h"
+
+namespace tandem::cpu::internal {
+namespace {
+
+using Acc = __m256i;
+
+// Register tiles (input rows x tiles of 16 weight rows; each tile is two 8-lane halves):
+// a lone row kNT1 tiles (that many weight streams), up to kSmallM rows kSmallMR x kSmallNT, more
+// kMR x kNT. 16 ymm registers bound them: int8 holds 2 * MR * NT int32 accumulators; int4 as
+// many int16 sums and f32 results (and int32 group sums for groups over 32 without VNNI).
+template <bool kVnni, WeightQuant Q>
+struct Shapes256;
+template <bool kVnni>
+struct Shapes256<kVnni, WeightQuant::kInt8> {
+  static constexpr int kNT1 = 4, kSmallM = 4, kSmallMR = 4, kSmallNT = 1, kMR = 4, kNT = 1;
+  static int64_t TileBytes(int64_t K, int64_t /*group_size*/) {
+    return kQuantTileRows * Int8TileK(K);
+  }
+};
+template <bool kVnni>
+struct Shapes256<kVnni, WeightQuant::kInt4> {
+  static constexpr int kNT1 = 2, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 2, kNT = 1;
+  static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
+};
+
+template <class V, int MR, int NR>
+inline void CopyAccs(const V (&from)[MR][NR], V (&to)[MR][NR]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) to[i][j] = from[i][j];
+  }
+}
+
+// Lanes of half hv (weight rows 8hv .. 8hv + 7) that are columns in [n0, n1), as a maskload /
+// maskstore mask; *full when all eight are.
+inline __m256i HalfMask(int64_t hv, int64_t n0, int64_t n1, bool* full) {
+  const int64_t lo = n0 > 8 * hv ? n0 - 8 * hv : 0;
+  const int64_t hi = n1 - 8 * hv < 8 ? n1 - 8 * hv : 8;
+  *full = lo == 0 && hi == 8;
+  const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lo)), idx),
+                             _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(hi)), idx));
+}
+
+// Stores out (+ bias) to the lanes of half hv that are columns in [n0, n1), row y.
+inline void StoreHalf(__m256 out, int64_t hv, int64_t n0, int64_t n1, const float* bias, float* y) {
+  bool full = false;
+  const __m256i m = HalfMask(hv, n0, n1, &full);
+  if (full) {
+    if (bias != nullptr) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + 8 * hv));
+    _mm256_storeu_ps(y + 8 * hv, out);
+  } else {
+    if (bias != nullptr) out = _mm256_add_ps(out, _mm256_maskload_ps(bias + 8 * hv, m));
+    _mm256_maskstore_ps(y + 8 * hv, m, out);
+  }
+}
+
+inline __m256i Broadcast4(const int8_t* p) {
+  int32_t x;
+  std::memcpy(&x, p, 4);
+  return _mm256_set1_epi32(x);
+}
+
+// acc += the exact dot products of one int8 step (u: 8 rows x 4 stored bytes q + 128) with the
+// input codes b (4 codes broadcast). Without VNNI, ws = q and aw = |q| come from PrepInt8.
+template <bool kVnni>
+inline void DotInt8(Acc& acc, __m256i u, __m256i ws, __m256i aw, __m256i b, __m256i ones16) {
+  if constexpr (kVnni) {
+#if defined(__AVXVNNI__)
+    acc = _mm256_dpbusd_avx_epi32(acc, u, b);
+#endif
+  } else {
+    const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(b, ws));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones16));
+  }
+}
+
+// ---- int8 weights ----
+
+// y for a finished int8 register tile: ((float(dot) * d) * s) + bias (dot = acc, or with VNNI
+// acc - 128 sum(a)), stored in the lanes that are columns in [n0, n1).
+template <bool kVnni, int MR, int NT>
+__attribute__((noinline)) void StoreInt8(const Acc (&acc)[MR][2 * NT], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                                         int64_t n1, const float* bias, float* y, int64_t ldy) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m256i offset = _mm256_set1_epi32(kVnni ? 128 * in.sum[m0 + i] : 0);
+    const __m256 d = _mm256_set1_ps(in.scale[m0 + i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NT; ++j) {
+      const int64_t hv = 2 * t0 + j;
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][j], offset));
+      const __m256 out = _mm256_mul_ps(_mm256_mul_ps(dot, d), _mm256_loadu_ps(wt.scales + 8 * hv));
+      StoreHalf(out, hv, n0, n1, bias, y + (m0 + i) * ldy);
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int8 weights.
+template <bool kVnni, int MR, int NT, bool kPrefetch>
+void TileInt8(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+              int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t code_stride = in.chunks * in.chunk;
+  const int64_t tile_bytes = Shapes256<kVnni, WeightQuant::kInt8>::TileBytes(in.K, 0),
+                steps = tile_bytes / 64;
+  const uint8_t* q[NT];
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
+  const int8_t* a[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) a[i] = in.codes + (m0 + i) * code_stride;
+  Acc acc[MR][2 * NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NT; ++j) acc[i][j] = _mm256_setzero_si256();
+  }
+  const __m256i ones16 = _mm256_set1_epi16(1), flip = _mm256_set1_epi8(-128);
+  for (int64_t p = 0; p < steps; ++p) {
+    __m256i b[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) b[i] = Broadcast4(a[i] + p * 4);
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      if constexpr (kPrefetch) {
+        TilePrefetch<MR>(q[j] + PrefetchOffset<MR, NT>(p * 64, tile_bytes));
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i u =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[j] + p * 64 + 32 * h));
+        __m256i ws = u, aw = u;
+        if constexpr (!kVnni) {
+          ws = _mm256_xor_si256(u, flip);
+          aw = _mm256_abs_epi8(ws);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) DotInt8<kVnni>(acc[i][2 * j + h], u, ws, aw, b[i], ones16);
+      }
+    }
+  }
+  Acc sums[MR][2 * NT];
+  CopyAccs(acc, sums);
+  StoreInt8<kVnni, MR, NT>(sums, in, m0, wt, t0, n0, n1, bias, y, ldy);
+}
+
+// ---- int4 weights: per step of 8 elements the low nibbles hold elements 8p .. 8p + 3 and the
+// high nibbles 8p + 4 .. 8p + 7; per group the int32 lanes hold its exact dot products, then
+// one conversion and one FMA with the group's 8 scales of the half. ----
+
+// y for a finished int4 register tile from its sums r: the zero corrections over the groups from
+// the tiles' trailers (zc = fma(s_g * z_g, A_g, zc), a second pass over their scale and zero
+// lines, which the tile has just read), then ((r - zc) * d) + bias in the lanes that are
+// columns in [n0, n1).
+template <int MR, int NT>
+__attribute__((noinline)) void StoreInt4(const __m256 (&r)[MR][2 * NT], const I8Inputs& in,
+                                         int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                                         int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t gs = wt.group_size, tile_bytes = Int4TileBytes(in.K, gs);
+  const uint8_t* tiles = static_cast<const uint8_t*>(wt.data) + t0 * tile_bytes;
+#pragma GCC unroll 8
+  for (int j = 0; j < 2 * NT; ++j) {
+    const uint8_t* tile = tiles + (j / 2) * tile_bytes + 32 * (j % 2);
+    __m256 zc[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) zc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < in.groups; ++g) {
+      const uint8_t* trailer = tile + Int4TileGroupScales(in.K, g, gs);  // scales, zeros 64 on
+      const __m256 sz =
+          _mm256_mul_ps(_mm256_loadu_ps(reinterpret_cast<const float*>(trailer)),
+                        _mm256_loadu_ps(reinterpret_cast<const float*>(trailer + 64)));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        zc[i] = _mm256_fmadd_ps(sz, _mm256_set1_ps(in.group_sums[(m0 + i) * in.groups + g]), zc[i]);
+      }
+    }
+    const int64_t hv = 2 * t0 + j;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 out =
+          _mm256_mul_ps(_mm256_sub_ps(r[i][j], zc[i]), _mm256_set1_ps(in.scale[m0 + i]));
+      StoreHalf(out, hv, n0, n1, bias, y + (m0 + i) * ldy);
+    }
+  }
+}
+
+// Steps [p0, p1) of one group into the int32 sums dot (p1 - p0 <= 4 without VNNI: the int16
+// sums of 4 steps are exact).
+template <bool kVnni, int MR, int NT, bool kPrefetch>
+inline void Int4Steps(const uint8_t* const (&q)[NT], int64_t at, int64_t p0, int64_t p1,
+                      const int8_t* const (&ag)[MR], int64_t tile_bytes, Acc (&dot)[MR][2 * NT]) {
+  const __m256i nib = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
+  Acc sum16[MR][2 * NT];
+  if constexpr (!kVnni) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * NT; ++j) sum16[i][j] = _mm256_setzero_si256();
+    }
+  }
+  for (int64_t p = p0; p < p1; ++p) {
+    __m256i b0[MR], b1[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      b0[i] = Broadcast4(ag[i] + p * 8);
+      b1[i] = Broadcast4(ag[i] + p * 8 + 4);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      if constexpr (kPrefetch) {
+        TilePrefetch<MR>(q[j] + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes));
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[j] + at + p * 64 + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, nib);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; ++i) {
+          if constexpr (kVnni) {
+#if defined(__AVXVNNI__)
+            dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], lo, b0[i]);
+            dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], hi, b1[i]);
+#endif
+          } else {
+            sum16[i][2 * j + h] = _mm256_add_epi16(
+                sum16[i][2 * j + h],
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0[i]), _mm256_maddubs_epi16(hi, b1[i])));
+          }
+        }
+      }
+    }
+  }
+  if constexpr (!kVnni) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * NT; ++j) {
+        dot[i][j] = _mm256_add_epi32(dot[i][j], _mm256_madd_epi16(sum16[i][j], ones16));
+      }
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int4 weights.
+template <bool kVnni, int MR, int NT, bool kPrefetch>
+void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+              int64_t n1, const float* bias, float* y, int64_t ldy) {
+  const int64_t code_stride = in.chunks * in.chunk, G = in.groups, gs = wt.group_size;
+  const int64_t tile_bytes = Int4TileBytes(in.K, gs);
+  const uint8_t* q[NT];
+#pragma GCC unroll 8
+  for (int j = 0; j < NT; ++j) q[j] = static_cast<const uint8_t*>(wt.data) + (t0 + j) * tile_bytes;
+  __m256 r[MR][2 * NT];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NT; ++j) r[i][j] = _mm256_setzero_ps();
+  }
+  // Without VNNI the int16 sums hold 4 steps: a group's steps go in runs of 4.
+  constexpr int64_t kRun = kVnni ? int64_t{1} << 40 : 4;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t at = Int4TileGroupStart(g, gs), steps = Int4TileGroupSteps(in.K, g, gs);
+    const int64_t trailer = Int4TileGroupScales(in.K, g, gs);  // 16 scales, then 16 zeros
+    const int8_t* ag[MR];                                      // the group's input codes
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) ag[i] = in.codes + (m0 + i) * code_stride + g * gs;
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT; ++j) {
+        TilePrefetch<MR>(q[j] + PrefetchOffset<MR, NT>(trailer, tile_bytes));
+        TilePrefetch<MR>(q[j] + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes));
+      }
+    }
+    Acc dot[MR][2 * NT];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * NT; ++j) dot[i][j] = _mm256_setzero_si256();
+    }
+    for (int64_t p = 0; p < steps; p += kRun) {
+      Int4Steps<kVnni, MR, NT, kPrefetch>(q, at, p, p + kRun < steps ? p + kRun : steps, ag,
+                                          tile_bytes, dot);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * NT; ++j) {
+      const __m256 s =
+          _mm256_loadu_ps(reinterpret_cast<const float*>(q[j / 2] + trailer + 32 * (j % 2)));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        r[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][j]), s, r[i][j]);
+      }
+    }
+  }
+  __m256 sums[MR][2 * NT];
+  CopyAccs(r, sums);
+  StoreInt4<MR, NT>(sums, in, m0, wt, t0, n0, n1, bias, y, ldy);
+}
+
+template <bool kVnni, WeightQuant Q, int MR, int NT, bool kPrefetch>
+void Tile256(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+             int64_t n1, const float* bias, float* y, int64_t ldy) {
+  if constexpr (Q == WeightQuant::kInt4) {
+    TileInt4<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+  } else {
+    TileInt8<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+  }
+}
+
+using Tile256Fn = void (*)(const I8Inputs&, int64_t, const MatMulWeight&, int64_t, int64_t, int64_t,
+                           const float*, float*, int64_t);
+
+template <bool kVnni, WeightQuant Q, int NT, bool kPrefetch, int... I>
+constexpr Tile256Fn kTiles256[] = {&Tile256<kVnni, Q, I / NT + 1, I % NT + 1, kPrefetch>...};
+
+template <bool kVnni, WeightQuant Q, int NT, bool kPrefetch, int... I>
+constexpr const Tile256Fn* Tiles256Of(std::integer_sequence<int, I...>) {
+  return kTiles256<kVnni, Q, NT, kPrefetch, I...>;
+}
+
+// Columns [n0, n1) over register tiles of kMR x kNT, as the 512-bit kernel's Range: a lone row
+// runs its kNT1-tile register tiles front to back; a decode batch of two row tiles takes both
+// over each register tile of weights in turn; otherwise L2 blocks of tiles, each passed over by
+// every row tile (the first prefetching).
+template <bool kVnni, WeightQuant Q, int kMR, int kNT>
+void Range256(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1, const float* bias,
+              float* y, int64_t ldy) {
+  const int64_t M = in.M;
+  using S = Shapes256<kVnni, Q>;
+  const Tile256Fn* first =
+      Tiles256Of<kVnni, Q, kNT, true>(std::make_integer_sequence<int, kMR * kNT>());
+  const Tile256Fn* rest =
+      M <= 2 * kMR ? first
+                   : Tiles256Of<kVnni, Q, kNT, false>(std::make_integer_sequence<int, kMR * kNT>());
+  const int64_t t_begin = n0 / 16, t_end = (n1 + 15) / 16;
+  if (M == 1) {
+    constexpr int kNT1 = S::kNT1;
+    const Tile256Fn* lone =
+        Tiles256Of<kVnni, Q, kNT1, true>(std::make_integer_sequence<int, kNT1>());
+    for (int64_t t = t_begin; t < t_end; t += kNT1) {
+      const int nt = static_cast<int>(t_end - t < kNT1 ? t_end - t : kNT1);
+      lone[nt - 1](in, 0, w, t, n0, n1, bias, y, ldy);
+    }
+    return;
+  }
+  if (M > kMR && M <= 2 * kMR) {
+    for (int64_t t = t_begin; t < t_end; t += kNT) {
+      const int nt = static_cast<int>(t_end - t < kNT ? t_end - t : kNT);
+      for (int64_t m = 0; m < M; m += kMR) {
+        const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+        first[(mr - 1) * kNT + (nt - 1)](in, m, w, t, n0, n1, bias, y, ldy);
+      }
+    }
+    return;
+  }
+  const int64_t tile_bytes = S::TileBytes(in.K, w.group_size);
+  int64_t block = tile_bytes > 0 ? kTileBlockBytes / tile_bytes / kNT * kNT : kNT;
+  if (block < kNT) block = kNT;
+  for (int64_t b0 = t_begin; b0 < t_end; b0 += block) {
+    const int64_t b1 = b0 + block < t_end ? b0 + block : t_end;
+    for (int64_t m = 0; m < M; m += kMR) {
+      const int mr = static_cast<int>(M - m < kMR ? M - m : kMR);
+      const Tile256Fn* tiles = m == 0 ? first : rest;
+      for (int64_t t = b0; t < b1; t += kNT) {
+        const int nt = static_cast<int>(b1 - t < kNT ? b1 - t : kNT);
+        tiles[(mr - 1) * kNT + (nt - 1)](in, m, w, t, n0, n1, bias, y, ldy);
+      }
+    }
+  }
+}
+
+template <bool kVnni, WeightQuant Q>
+void RangeOf256(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                const float* bias, float* y, int64_t ldy) {
+  using S = Shapes256<kVnni, Q>;
+  if (in.M <= S::kSmallM) {
+    Range256<kVnni, Q, S::kSmallMR, S::kSmallNT>(in, w, n0, n1, bias, y, ldy);
+  } else {
+    Range256<kVnni, Q, S::kMR, S::kNT>(in, w, n0, n1, bias, y, ldy);
+  }
+}
+
+template <bool kVnni>
+void MatMulI8Tiles256(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
+                      const float* bias, float* y, int64_t ldy) {
+  if (in.quant == WeightQuant::kInt4) {
+    RangeOf256<kVnni, WeightQuant::kInt4>(in, w, n0, n1, bias, y, ldy);
+  } else {
+    RangeOf256<kVnni, WeightQuant::kInt8>(in, w, n0, n1, bias, y, ldy);
+  }
+}
+
+}  // namespace
+}  // namespace tandem::cpu::internal
