@@ -144,6 +144,9 @@ struct CompletedTransfer {
   absl::Status status;   // OK; DATA_LOSS (checksum), ABORTED (sender gave up), ...
   std::string trailer;   // opaque bytes the sender attached to Finish (e.g. first tokens)
   uint32_t attempt = 0;  // the attempt that ended
+  // From Expect to this outcome, on the receiver's clock: for a transfer that succeeded, how
+  // long the receiver waited for its KV (what a decode worker reports in the TTFT split).
+  absl::Duration waited = absl::ZeroDuration();
 };
 
 struct Expectation {

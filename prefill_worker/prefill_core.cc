@@ -277,6 +277,8 @@ void PrefillCore::RunTask(Task& task) {
   }
   std::shared_ptr<Job> keep = task.job;
   job.transfer_closed = true;
+  // This worker's part of the TTFT split travels with the KV (the decode worker reports it).
+  job.first.set_prefill_s(absl::ToDoubleSeconds(job.computed - job.arrival));
   sender_->Finish(job.handle, job.first.SerializeAsString(),
                   [this, keep](absl::Status st) { Complete(keep, std::move(st)); });
 }

@@ -68,7 +68,6 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
 
 void PrefillLeg::CallEnded(const grpc::Status& status) {
   if (worker_) worker_->inflight_requests.fetch_sub(1);
-  if (status.ok()) ok_ = true;
 }
 
 bool PrefillLeg::Failed(const grpc::Status& status) {
@@ -87,13 +86,6 @@ bool PrefillLeg::Failed(const grpc::Status& status) {
 
 void PrefillLeg::CancelCall() {
   if (context_ != nullptr) context_->TryCancel();
-}
-
-bool PrefillLeg::Timings(double* prefill_s, double* transfer_s) const {
-  if (!ok_) return false;
-  *prefill_s = response_.prefill_s();
-  *transfer_s = response_.transfer_s();
-  return true;
 }
 
 }  // namespace tandem
