@@ -124,7 +124,8 @@ TEST_P(DisaggregatedTest, TheFinalCarriesTheTtftSplit) {
   const PrefillResult prefill = Prefill(PrefillRequest(request, *stream.Reservation()));
   ASSERT_TRUE(prefill.status.ok()) << prefill.status;
   ASSERT_TRUE(stream.WaitForFinal());
-  const v1::Timings& t = stream.Final().timings();
+  const v1::SampleFinal final = stream.Final();  // a copy: Final() returns by value
+  const v1::Timings& t = final.timings();
   EXPECT_TRUE(t.remote()) << t.DebugString();
   EXPECT_GT(t.remote_prefill_s(), 0);
   EXPECT_DOUBLE_EQ(t.remote_prefill_s(), prefill.response.prefill_s())
