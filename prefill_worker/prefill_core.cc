@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transport_pair.h"
 #include "common/worker/proto_convert.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_receiver.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
 #include "kvtransfer/cuda_ipc/device.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
 #include "kvtransfer/cuda_ipc/device.h"

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <utility>
 
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/loopback/loopback.h"
 #include "kvtransfer/loopback/registry.h"
 #include "kvtransfer/receiver_core.h"

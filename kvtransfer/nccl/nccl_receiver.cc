@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_receiver.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/nccl/communicator.h"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/nccl/communicator.h"

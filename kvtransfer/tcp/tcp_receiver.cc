@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/metered.h"
