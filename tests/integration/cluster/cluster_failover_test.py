@@ -75,8 +75,11 @@ def main():
         deadline = time.time() + 60
         while min(progress) < 5 and time.time() < deadline:
             time.sleep(0.005)
-        check(min(progress) >= 5 and max(progress) < PARAMS["max_tokens"],
-              f"all streams in flight: {progress}")
+        # On a loaded machine a stream may finish before the slowest prefill lands; the kill
+        # needs most of them mid-stream (the router must migrate those on the victim).
+        in_flight = sum(p < PARAMS["max_tokens"] for p in progress)
+        check(min(progress) >= 5 and in_flight >= len(PROMPTS) // 2,
+              f"streams in flight: {progress}")
         victim_pid, victim_port = cluster.children()["decode"][0]
         os.kill(victim_pid, signal.SIGKILL)
         at_kill = sorted(progress)
@@ -86,7 +89,7 @@ def main():
         status = cluster_status(stubs, channel)
         check(status.migrations > 0, f"the router migrated streams: {status}")
         check(status.failures == 0, str(status))
-        print(f"ok: decode worker (port {victim_port}) killed with 16 streams in flight at "
+        print(f"ok: decode worker (port {victim_port}) killed with {in_flight} streams in flight at "
               f"{at_kill[0]}..{at_kill[-1]} tokens: all 16 complete and identical; "
               f"{status.migrations} migrations")
         # The supervisor restarts the worker; once back, nothing is held anywhere.
