@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""deploy/helm/tandem is locked down by default (issue 41), checked offline on rendered manifests:
+"""deploy/helm/tandem is locked down by default, checked offline on rendered manifests:
 
 - the routers require API keys: a Secret mounted read-only and passed as --api-keys, by default
   a chart-made key file holding the digest of one generated key, kept across upgrades;

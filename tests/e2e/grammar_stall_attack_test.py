@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""One tenant's grammars must not stall another's requests (issue 41), against
+"""One tenant's grammars must not stall another's requests, against
 `tandem serve --api-keys` with real gRPC clients:
 
 - idle: tenant beta's ordinary requests (8 greedy tokens, one after another) give a baseline

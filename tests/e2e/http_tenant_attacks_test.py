@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Attacks of one tenant on another through request ids, and of a keyless client on the server's
-body work (issue 41), against `tandem serve --api-keys` with real clients (gRPC and HTTP):
+body work, against `tandem serve --api-keys` with real clients (gRPC and HTTP):
 
 - id squatting: tenant alpha holds a request id; tenant beta's request with the same id runs
   (no ALREADY_EXISTS, so alpha cannot learn that beta's ids exist, nor make beta's requests

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Attacks on the KV data path of a `tandem serve --prefill-workers 1 --decode-workers 1` cluster
-(issue 41), each asserting that nothing of the attacker's lands and honest greedy outputs stay
+"""Attacks on the KV data path of a `tandem serve --prefill-workers 1 --decode-workers 1` cluster,
+each asserting that nothing of the attacker's lands and honest greedy outputs stay
 exact. A local process finds a decode worker's KV port by scanning loopback (`ss -ltn`); the test
 reads it from the worker's GetInfo.
 

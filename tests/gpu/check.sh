@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check of the GPU engine (issue 43) in one call of at most 10 minutes on one
+# The whole GPU check of the GPU engine in one call of at most 10 minutes on one
 # H200, with a prebuilt archive (tests/gpu/pack_prebuilt.sh) unpacked at the repository root:
 #   1. tests      ctest -L gpu (kernels, backend, engine and NCCL tests on the GPU), <= 240 s
 #   2. cluster    gpu_cluster_check.py: the real GPU serving paths (nccl, cuda-ipc), one verdict

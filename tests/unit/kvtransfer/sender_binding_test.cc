@@ -96,7 +96,7 @@ class SenderBindingTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<KvReceiver> receiver_;
 };
 
-// The attack of issue 41 with everything but the key: the transfer's id, incarnation and
+// A KV injection attempt with everything but the key: the transfer's id, incarnation and
 // blocks, and a higher attempt, from a sender that passed the handshake. It lands nothing, the
 // named sender is not made stale, and its transfer completes bit-exact.
 TEST_P(SenderBindingTest, AnUnnamedSenderWithEverythingButTheKeyLandsNothing) {

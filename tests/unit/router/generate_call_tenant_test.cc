@@ -1,4 +1,4 @@
-// Request ids and tenants at the Generation service (issue 41): a client-chosen request id is
+// Request ids and tenants at the Generation service: a client-chosen request id is
 // scoped by tenant (another tenant's same id is neither refused, nor seen, nor cancelled), the
 // workers know every call by a random id of its own, server-made ids are unpredictable, and a
 // tenant past its limits is refused before its body is parsed or tokenized.

@@ -1,4 +1,4 @@
-// Chat requests as the model's template and its parsers see them (issue 47): key order kept from
+// Chat requests as the model's template and its parsers see them: key order kept from
 // the request to the template and from the output to the response, add_generation_prompt and
 // continue_final_message, where the reasoning starts (the template's thinking switch), output
 // constraints on the answer only, the JSON size bounds of an order-keeping parse, and the
