@@ -8,6 +8,9 @@ set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 gopath="$out/gopath"
+# The chart tests call this at the same time under `ctest -j`: they build one after the other.
+exec 9>"$out/.build-lock"
+flock 9
 gocode=/usr/share/gocode/src
 for dep in github.com/Masterminds/sprig github.com/Masterminds/semver sigs.k8s.io/yaml; do
   [ -d "$gocode/$dep" ] || { echo "build.sh: $gocode/$dep missing (scripts/setup.sh installs it)" >&2; exit 1; }

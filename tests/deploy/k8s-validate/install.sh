@@ -1,11 +1,5 @@
 #!/usr/bin/env bash
-# Installs the validator's npm packages (package-lock.json) into tests/deploy/k8s-validate/
-# node_modules (gitignored), from the npm registry. Idempotent: skips when already installed.
+# Installs this folder's npm packages (package-lock.json) into node_modules, once, under a lock.
 set -euo pipefail
-cd "$(dirname "$0")"
-if [ -f node_modules/.package-lock.json ] && cmp -s package-lock.json .installed-lock 2>/dev/null; then
-  exit 0
-fi
-command -v npm >/dev/null || { echo "install.sh: npm is missing (scripts/setup.sh installs it)" >&2; exit 1; }
-npm ci --no-audit --no-fund --loglevel=error
-cp package-lock.json .installed-lock
+here="$(cd "$(dirname "$0")" && pwd)"
+exec "$here/../../../scripts/npm_ci_locked.sh" "$here"
