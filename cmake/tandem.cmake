@@ -30,3 +30,20 @@ function(tandem_add_script_test name script)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABEL}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()
+
+# tandem_embed_text(<target> <file> <symbol>): compiles the text file <file> (relative to the
+# current source folder) into <target> as `extern const char tandem::<symbol>[]`, its bytes
+# NUL-terminated; editing the file rebuilds only the generated source (cmake/embed_text.cmake).
+function(tandem_embed_text target file symbol)
+  set(in "${CMAKE_CURRENT_SOURCE_DIR}/${file}")
+  get_filename_component(name "${file}" NAME)
+  set(out "${CMAKE_CURRENT_BINARY_DIR}/embedded/${name}.cc")
+  add_custom_command(
+    OUTPUT "${out}"
+    COMMAND "${CMAKE_COMMAND}" "-DIN=${in}" "-DOUT=${out}" "-DSYMBOL=${symbol}"
+            -P "${PROJECT_SOURCE_DIR}/cmake/embed_text.cmake"
+    DEPENDS "${in}" "${PROJECT_SOURCE_DIR}/cmake/embed_text.cmake"
+    COMMENT "Embedding ${file}"
+    VERBATIM)
+  target_sources(${target} PRIVATE "${out}")
+endfunction()

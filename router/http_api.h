@@ -14,7 +14,7 @@
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"
-#include "router/http/http_transport.h"
+#include "common/http/http_transport.h"
 
 namespace tandem {
 

@@ -5,8 +5,8 @@
 # serving until Ctrl-C (SIGINT/SIGTERM drain it gracefully).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/build.sh
+scripts/setup.sh --run  # the toolchain and the libraries `tandem` links
+scripts/build.sh --run  # the `tandem` binary only
 PORT="${PORT:-50051}"
 port_file="$(mktemp -u /tmp/tandem-run.XXXXXX)"
 build/bin/tandem serve --prefill-workers "${PREFILL_WORKERS:-1}" --decode-workers "${DECODE_WORKERS:-1}" \

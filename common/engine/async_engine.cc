@@ -31,6 +31,14 @@ AsyncEngine::AsyncEngine(std::unique_ptr<Engine> engine, EngineHooks* hooks)
     : engine_(std::move(engine)), hooks_(hooks) {
   stats_ = engine_->stats();
   if (hooks_ != nullptr) hooks_->OnStep(ToCounters(stats_), -1);  // capacity from the start
+  // A feature made a waiting sequence ready (on its own thread): the loop runs a step.
+  engine_->set_wake_listener([this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
+    }
+    cv_.notify_one();
+  });
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -95,6 +103,7 @@ void AsyncEngine::Shutdown() {
   }
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
+  engine_->set_wake_listener(nullptr);  // waits for a wake in progress
 }
 
 void AsyncEngine::OnFinished(const SequenceUpdate& u) {
@@ -203,10 +212,11 @@ void AsyncEngine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (!stop_ && ingress_.empty() && !engine_->HasWork()) {
-        // Idle (or only reservations waiting for their KV): sleep until a command arrives or
-        // the earliest reservation lease runs out.
+        // Idle (or only sequences waiting for an external resource): sleep until a command
+        // arrives, a feature signals readiness or the earliest deadline (a reservation lease)
+        // passes.
         const absl::Time deadline = engine_->NextDeadline();
-        auto ready = [this] { return stop_ || !ingress_.empty(); };
+        auto ready = [this] { return stop_ || woken_ || !ingress_.empty(); };
         if (deadline == absl::InfiniteFuture()) {
           cv_.wait(lock, ready);
         } else {
@@ -214,6 +224,7 @@ void AsyncEngine::Loop() {
         }
       }
       commands.swap(ingress_);
+      woken_ = false;
       stopping = stop_;
     }
     ApplyCommands(commands);

@@ -19,7 +19,9 @@ namespace tandem {
 
 // Runs an Engine on its own thread (DESIGN §3 thread model): callers on any thread submit
 // requests and cancellations into an ingress queue; the engine thread drains it before every
-// step, runs the step, and hands each SequenceUpdate to the request's callback.
+// step, runs the step, and hands each SequenceUpdate to the request's callback. With nothing to
+// compute it sleeps until a command arrives, a feature signals that a waiting sequence is ready
+// (Engine::set_wake_listener) or the engine's next deadline passes.
 //
 // Callbacks run ON THE ENGINE THREAD and must not block (queue the update and return).
 // Every submitted request gets exactly n finished updates (or one error update when it is
@@ -83,6 +85,7 @@ class AsyncEngine {
   std::condition_variable cv_;
   std::deque<Command> ingress_;
   bool stop_ = false;
+  bool woken_ = false;  // a feature signalled readiness (Engine::set_wake_listener)
   EngineStats stats_;
   std::atomic<int64_t> active_{0};
   std::unordered_map<std::string, Pending> pending_;  // engine thread only

@@ -1,16 +1,19 @@
+// The engine's step (README "Engine contract") and its construction; admission and endings are
+// in engine_requests.cc, the features in *_feature.cc.
+
 #include "common/engine/engine.h"
 
 #include <algorithm>
-#include <cstring>
 
-#include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/engine/disagg_feature.h"
+#include "common/engine/engine_core.h"
+#include "common/engine/grammar_feature.h"
+#include "common/engine/spec_feature.h"
 
 namespace tandem {
 
-Engine::Engine(const EngineOptions& options, std::shared_ptr<const Model> model,
-               std::unique_ptr<Backend> backend)
-    : options_(options), model_(std::move(model)), backend_(std::move(backend)) {}
+Engine::Engine(std::unique_ptr<EngineCore> core) : core_(std::move(core)) {}
 
 Engine::~Engine() = default;
 
@@ -32,152 +35,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError("num_speculative_tokens must be in [1, 16]");
     }
   }
-  std::unique_ptr<Engine> e(new Engine(options, std::move(model), std::move(backend)));
-  e->proposer_ = std::move(proposer);
-  const ModelConfig& c = e->model_->config();
-  const KvCacheSpec& spec = e->backend_->kv_spec();
-  e->pool_ = std::make_unique<BlockPool>(spec.num_blocks, options.enable_prefix_cache);
-  KvWindow window;
-  if (spec.windowed()) window = {spec.sliding_window, spec.num_local_groups()};
-  Backend* backend_ptr = e->backend_.get();
-  e->kv_ =
-      std::make_unique<KvCacheManager>(e->pool_.get(), spec.block_size, window,
-                                       [backend_ptr](int32_t block, int64_t group, int32_t page) {
-                                         backend_ptr->MapLocalPage(block, group, page);
-                                       });
-  e->scheduler_ = std::make_unique<Scheduler>(options.scheduler, e->kv_.get());
-  const EngineFaultOptions faults =
-      ResolveEngineFaultOptions(options.faults, options.faults_from_env);
-  if (faults.enabled()) {
-    e->faults_ = std::make_unique<EngineFaultInjector>(faults);
-    if (faults.alloc_fail_prob > 0) {
-      EngineFaultInjector* injector = e->faults_.get();
-      e->scheduler_->set_allocation_fault([injector] { return injector->FailAllocation(); });
-    }
-  }
-  e->max_model_len_ = options.max_model_len > 0
-                          ? std::min(options.max_model_len, c.max_position_embeddings)
-                          : c.max_position_embeddings;
-  e->vocab_size_ = c.vocab_size;
-  e->eos_ids_ = c.eos_token_ids;
-  e->stats_.spec_accepted_at.assign(std::max(1, options.spec.num_speculative_tokens), 0);
-  uint64_t seed =
-      options.seed != 0 ? options.seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  e->seed_source_.Seed(seed);
+  std::unique_ptr<Engine> e(
+      new Engine(std::make_unique<EngineCore>(options, std::move(model), std::move(backend))));
+  // The features, in the order their hooks run: disaggregation (leases expire first, the
+  // prefill role's hold is taken before the blocks go), speculation (drafts proposed), structured
+  // output (then cut to the grammar).
+  auto disagg = std::make_unique<DisaggFeature>();
+  e->disagg_ = disagg.get();
+  e->core_->AddFeature(std::move(disagg));
+  auto spec = std::make_unique<SpecFeature>(std::move(proposer));
+  e->spec_ = spec.get();
+  e->core_->AddFeature(std::move(spec));
+  e->core_->AddFeature(std::make_unique<GrammarFeature>());
+  e->core_->AddExtensionFeatures();
   return e;
-}
-
-SequenceUpdate& Engine::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>* updates) {
-  for (auto& u : *updates) {
-    if (u.request_id == seq->request_id && u.index == seq->index && !u.finished) return u;
-  }
-  updates->emplace_back();
-  updates->back().request_id = seq->request_id;
-  updates->back().index = seq->index;
-  return updates->back();
-}
-
-void Engine::AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* u) {
-  seq->tokens.push_back(token);
-  ++stats_.generated_tokens;
-  if (seq->first_token_time == absl::InfinitePast()) seq->first_token_time = absl::Now();
-  u->new_tokens.push_back(token);
-  if (seq->params.logprobs >= 0) {
-    TokenLogprobs lp;
-    ComputeLogprobs(raw_logits, static_cast<int32_t>(vocab_size_), token, seq->params.logprobs,
-                    &lp.chosen, &lp.top);
-    u->logprobs.push_back(std::move(lp));
-  }
-  const SamplingParams& p = seq->params;
-  FinishReason reason = FinishReason::kNone;
-  const bool eos = std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
-  bool grammar_done = false;
-  if (seq->matcher != nullptr && !seq->matcher->status().ok()) {
-    // The grammar's state graph reached its bound: the mask was incomplete.
-    u->status = seq->matcher->status();
-    Finish(seq, FinishReason::kError, u);
-    return;
-  }
-  if (seq->matcher != nullptr && !eos) {
-    if (!seq->matcher->AcceptToken(token)) {
-      // Masks make this unreachable; refuse to continue outside the grammar.
-      u->status = absl::InternalError(absl::StrCat("token ", token, " outside the grammar"));
-      Finish(seq, FinishReason::kError, u);
-      return;
-    }
-    grammar_done = seq->matcher->IsTerminated();
-  }
-  if (seq->matcher != nullptr && eos) {
-    reason = FinishReason::kStop;  // the grammar allowed the end (ignore_eos does not apply)
-  } else if (!p.ignore_eos && eos) {
-    reason = FinishReason::kStop;
-  } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
-             p.stop_token_ids.end()) {
-    reason = FinishReason::kStop;
-  } else if (grammar_done) {
-    reason = FinishReason::kStop;  // complete, and nothing may follow
-  } else if (seq->num_output() >= p.max_tokens || seq->num_tokens() >= max_model_len_) {
-    reason = FinishReason::kLength;
-  } else if (seq->prefill_only) {
-    reason = FinishReason::kStop;  // prefill role: the first token is all it produces
-  }
-  if (reason != FinishReason::kNone) Finish(seq, reason, u);
-}
-
-void Engine::SampleInto(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates,
-                        const float* raw_logits) {
-  std::vector<int32_t> stop_ids = seq->params.stop_token_ids;
-  if (!seq->params.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
-  absl::Span<const int32_t> all(seq->tokens);
-  TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
-  ProcessLogits(seq->params, history, stop_ids, logits, static_cast<int32_t>(vocab_size_));
-  ApplyGrammarMask(seq, logits);
-  // Samples 1..n-1 are forked from sample 0 once its prompt is computed; they draw their first
-  // token from the same logits with their own random streams.
-  for (Sequence* child : Fork(seq)) {
-    int32_t token =
-        SampleToken(child->params, logits, static_cast<int32_t>(vocab_size_), child->rng);
-    AppendToken(child, token, raw_logits, &UpdateFor(child, updates));
-  }
-  int32_t token = SampleToken(seq->params, logits, static_cast<int32_t>(vocab_size_), seq->rng);
-  AppendToken(seq, token, raw_logits, &UpdateFor(seq, updates));
-}
-
-std::vector<Sequence*> Engine::Fork(Sequence* parent) {
-  std::vector<Sequence*> children;
-  if (parent->pending_forks <= 0) return children;
-  auto& seqs = requests_[parent->request_id];
-  const int32_t n = parent->pending_forks + 1;
-  parent->pending_forks = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    auto child = std::make_unique<Sequence>();
-    child->seq_id = next_seq_id_++;
-    child->arrival_order = parent->arrival_order;
-    child->request_id = parent->request_id;
-    child->index = i;
-    child->priority = parent->priority;
-    child->tokens = parent->tokens;
-    child->prompt_len = parent->prompt_len;
-    child->num_computed = parent->num_computed;
-    kv_->Fork(parent->blocks, &child->blocks);
-    child->params = parent->params;
-    if (parent->matcher != nullptr) {
-      child->matcher = std::make_unique<grammar::GrammarMatcher>(*parent->matcher);
-    }
-    child->rng.Seed(parent->params.seed.has_value() ? *parent->params.seed + i
-                                                    : seed_source_.Next());
-    child->prefill_only = parent->prefill_only;
-    child->spec_k = parent->spec_k;
-    child->cached_prompt_tokens = parent->cached_prompt_tokens;
-    child->admission_counted = true;
-    child->arrival_time = parent->arrival_time;
-    child->first_scheduled_time = parent->first_scheduled_time;
-    Sequence* c = child.get();
-    seqs.push_back(std::move(child));
-    scheduler_->AddRunning(c);
-    children.push_back(c);
-  }
-  return children;
 }
 
 void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
@@ -186,139 +57,164 @@ void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
               << " sequences: " << status;
   for (const ScheduledSeq& s : plan.scheduled) {
     if (s.seq->status == SeqStatus::kFinished) continue;
-    EndPendingForks(s.seq, FinishReason::kError, status, updates);
-    SequenceUpdate& u = UpdateFor(s.seq, updates);
+    core_->EndPendingForks(s.seq, FinishReason::kError, status, updates);
+    SequenceUpdate& u = EngineCore::UpdateFor(s.seq, updates);
     u.status = status;
-    Finish(s.seq, FinishReason::kError, &u);
+    core_->Finish(s.seq, FinishReason::kError, &u);
   }
 }
 
 std::vector<SequenceUpdate> Engine::Step() {
-  std::vector<SequenceUpdate> updates = std::move(pending_updates_);
-  pending_updates_.clear();
-  ExpireLeases(&updates);
-  if (scheduler_->idle()) {
-    ReapFinished();
+  EngineCore& core = *core_;
+  Scheduler& scheduler = core.scheduler();
+  const auto& features = core.features();
+  std::vector<SequenceUpdate> updates = std::move(core.pending_updates());
+  core.pending_updates().clear();
+  core.wake().Take();
+  for (const auto& f : features) f->OnStepBegin(&updates);
+  if (scheduler.idle()) {
+    core.ReapFinished();
     return updates;
   }
 
-  if (faults_ != nullptr) {
-    const absl::Duration stall = faults_->NextStall();
+  if (EngineFaultInjector* faults = core.faults(); faults != nullptr) {
+    const absl::Duration stall = faults->NextStall();
     if (stall > absl::ZeroDuration()) absl::SleepFor(stall);
   }
-  ProposeDrafts();
-  SchedulerOutput plan = scheduler_->Schedule();
-  ++stats_.steps;
-  stats_.preemptions += static_cast<int64_t>(plan.preempted.size());
-  ReportReservations(plan, &updates);
+  for (const auto& f : features) f->BeforeSchedule();
+  SchedulerOutput plan = scheduler.Schedule();
+  ++core.stats().steps;
+  core.stats().preemptions += static_cast<int64_t>(plan.preempted.size());
+  for (Sequence* seq : plan.reserved) core.CountAdmission(seq);
+  for (const auto& f : features) f->AfterSchedule(plan, &updates);
   if (plan.scheduled.empty()) {
-    ReapFinished();
+    core.ReapFinished();
     return updates;
   }
 
-  for (const BlockCopy& c : plan.block_copies) backend_->CopyBlock(c.src, c.dst);
+  Backend& backend = core.backend();
+  for (const BlockCopy& c : plan.block_copies) backend.CopyBlock(c.src, c.dst);
 
-  const int64_t block_size = backend_->kv_spec().block_size;
+  const int64_t block_size = backend.kv_spec().block_size;
   ForwardBatch batch;
   std::vector<Sequence*> sampled;
+  std::vector<size_t> first_row;  // of each sampled sequence's logits rows
+  size_t num_rows = 0;
   for (const ScheduledSeq& s : plan.scheduled) {
     Sequence* seq = s.seq;
-    CountAdmission(seq);
+    core.CountAdmission(seq);
     // A speculating decode feeds its last token and the drafted ones, with logits at each.
-    const int64_t real = s.num_new_tokens - static_cast<int64_t>(seq->draft.size());
+    const std::vector<int32_t>& draft = seq->spec.draft;
+    const int64_t real = s.num_new_tokens - static_cast<int64_t>(draft.size());
     const bool completes = seq->num_computed + real == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
                                seq->tokens.begin() + seq->num_computed + real);
-    chunk.insert(chunk.end(), seq->draft.begin(), seq->draft.end());
+    chunk.insert(chunk.end(), draft.begin(), draft.end());
     batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
-                          block_size, completes ? 1 + static_cast<int64_t>(seq->draft.size()) : 0);
+                          block_size, completes ? 1 + static_cast<int64_t>(draft.size()) : 0);
     batch.seqs.back().local_tables = seq->blocks.local;
-    if (completes) sampled.push_back(seq);
+    if (completes) {
+      sampled.push_back(seq);
+      first_row.push_back(num_rows);
+      num_rows += 1 + draft.size();
+    }
   }
-  // Static (fixed-shape) baseline: finished members are still computed, their logits discarded.
-  for (const PaddingRow& p : scheduler_->padding()) {
-    batch.AddSequenceRows({p.token}, p.pos, p.blocks.table, block_size, 1);
-    batch.seqs.back().local_tables = p.blocks.local;
-  }
-  stats_.padding_rows += static_cast<int64_t>(scheduler_->padding().size());
+  for (const auto& f : features) f->BeforeForward(plan, sampled, &batch);
 
-  batch.on_layer_done = ExportHook(plan);
-  const size_t vocab = static_cast<size_t>(vocab_size_);
+  const size_t vocab = static_cast<size_t>(core.vocab_size());
   logits_.resize(batch.logit_rows.size() * vocab);
-  // Grammar masks for this step's samples are computed while the forward pass runs.
-  std::function<void()> join_masks = StartGrammarMasks(sampled);
-  absl::Status st = backend_->Forward(batch, logits_.data());
-  join_masks();
+  absl::Status st = backend.Forward(batch, logits_.data());
+  for (const auto& f : features) f->AfterForward();
   if (!st.ok()) {
     FailStep(st, plan, &updates);
     return updates;
   }
 
+  KvCacheManager& kv = core.kv();
   for (const ScheduledSeq& s : plan.scheduled) {
-    if (!s.seq->draft.empty()) continue;  // advanced by verification below
+    if (!s.seq->spec.draft.empty()) continue;  // advanced by the feature that verifies them
     s.seq->num_computed += s.num_new_tokens;
-    kv_->RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
+    kv.RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
   }
-  size_t row_index = 0;
-  for (Sequence* seq : sampled) {
-    float* row = logits_.data() + row_index * vocab;
-    if (!seq->draft.empty()) {
-      row_index += 1 + seq->draft.size();
-      VerifyDrafts(seq, row, &updates);
-      continue;
-    }
-    ++row_index;
-    const float* raw = row;
-    if (seq->params.logprobs >= 0) {
-      raw_logits_.assign(row, row + vocab);
-      raw = raw_logits_.data();
-    }
-    SampleInto(seq, row, &updates, raw);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence* seq = sampled[i];
+    float* row = logits_.data() + first_row[i] * vocab;
+    const bool taken = std::any_of(features.begin(), features.end(),
+                                   [&](const auto& f) { return f->Sample(seq, row, &updates); });
+    if (!taken) core.SampleInto(seq, row, core.RawLogits(*seq, row), &updates);
   }
   // Window layout: local pages the next queries cannot see go back to the pool (after
   // verification, so that rolled-back positions never widen the window again).
   for (const ScheduledSeq& s : plan.scheduled) {
-    if (s.seq->status == SeqStatus::kRunning) kv_->TrimWindow(&s.seq->blocks, s.seq->num_computed);
+    const SeqStatus status = s.seq->status;
+    if (status == SeqStatus::kRunning || status == SeqStatus::kAwaiting) {
+      kv.TrimWindow(&s.seq->blocks, s.seq->num_computed);
+    }
   }
-  ReapFinished();
+  core.ReapFinished();
   return updates;
 }
 
-bool Engine::HasWork() const { return !scheduler_->idle() || !pending_updates_.empty(); }
+bool Engine::HasWork() const {
+  return !core_->scheduler().idle() || !core_->pending_updates().empty() ||
+         core_->wake().notified();
+}
 
-void Engine::CountAdmission(Sequence* seq) {
-  if (seq->admission_counted) return;
-  seq->admission_counted = true;
-  stats_.prompt_tokens += seq->prompt_len;
-  stats_.prefix_cache_queried += seq->prompt_len;
-  stats_.prefix_cache_hit += std::max<int64_t>(0, seq->cached_prompt_tokens);
+absl::Time Engine::NextDeadline() const {
+  absl::Time next = absl::InfiniteFuture();
+  for (const auto& f : core_->features()) next = std::min(next, f->NextDeadline());
+  return next;
+}
+
+void Engine::set_wake_listener(std::function<void()> listener) {
+  core_->wake().set_listener(std::move(listener));
 }
 
 EngineStats Engine::stats() const {
-  EngineStats s = stats_;
-  s.num_running = scheduler_->num_running();
-  s.num_waiting = scheduler_->num_waiting();
-  s.num_awaiting_kv = scheduler_->num_awaiting();
-  s.kv_blocks_held = held_blocks_;
-  s.kv_blocks_total = pool_->num_blocks();
-  s.kv_blocks_used = pool_->num_referenced();
-  s.kv_blocks_cached = pool_->num_cached();
-  s.kv_blocks_evictable = pool_->num_evictable();
-  s.kv_evictions = pool_->num_evictions();
-  s.spec_draft_blocks = proposer_ ? proposer_->blocks_in_use() : 0;
-  const int64_t block_size = kv_->block_size();
-  for (const auto& [id, seqs] : requests_) {
+  const EngineCore& core = *core_;
+  const Scheduler& scheduler = core.scheduler();
+  const BlockPool& pool = core.pool();
+  EngineStats s = core.stats();
+  s.num_running = scheduler.num_running();
+  s.num_waiting = scheduler.num_waiting();
+  s.num_awaiting_kv = scheduler.num_awaiting();
+  s.kv_blocks_total = pool.num_blocks();
+  s.kv_blocks_used = pool.num_referenced();
+  s.kv_blocks_cached = pool.num_cached();
+  s.kv_blocks_evictable = pool.num_evictable();
+  s.kv_evictions = pool.num_evictions();
+  const int64_t block_size = core.kv().block_size();
+  for (const auto& [id, seqs] : core.requests()) {
     for (const auto& seq : seqs) {
       if (seq->status != SeqStatus::kRunning) continue;
       s.kv_reserved_token_slots += static_cast<int64_t>(seq->blocks.table.size()) * block_size;
       s.kv_filled_token_slots += seq->num_computed;
     }
   }
-  for (const PaddingRow& p : scheduler_->padding()) {
-    s.kv_reserved_token_slots += static_cast<int64_t>(p.blocks.table.size()) * block_size;
-    s.kv_filled_token_slots += p.pos + 1;
-  }
+  for (const auto& f : core.features()) f->AddStats(&s);
   return s;
 }
+
+void Engine::set_spec_hooks(SpecHooks* hooks) { spec_->set_hooks(hooks); }
+const SpecOptions& Engine::spec_options() const { return core_->options().spec; }
+const Model& Engine::model() const { return core_->model(); }
+Backend& Engine::backend() { return core_->backend(); }
+int64_t Engine::max_model_len() const { return core_->max_model_len(); }
+const std::vector<int32_t>& Engine::eos_ids() const { return core_->eos_ids(); }
+BlockPool& Engine::block_pool() { return core_->pool(); }
+
+Engine::TransferWindow Engine::RemoteTransferWindow(int64_t num_tokens) const {
+  TransferWindow w;
+  disagg_->TransferWindow(num_tokens, &w.layers, &w.first_block);
+  return w;
+}
+
+absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
+                                           const std::vector<int32_t>& first_tokens,
+                                           const std::vector<TokenLogprobs>& logprobs) {
+  return disagg_->CompleteRemotePrefill(request_id, first_tokens, logprobs);
+}
+
+void Engine::ReleaseHold(const std::string& request_id) { disagg_->ReleaseHold(request_id); }
 
 }  // namespace tandem

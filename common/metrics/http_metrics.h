@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-#include "common/metrics/http_hooks.h"
+#include "common/http/http_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"

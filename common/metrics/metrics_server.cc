@@ -1,12 +1,8 @@
 #include "common/metrics/metrics_server.h"
 
-#include <sys/socket.h>
-
-#include <chrono>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "httplib.h"
+#include "common/http/http_transport.h"
 #include "prometheus/gauge.h"
 #include "prometheus/text_serializer.h"
 
@@ -19,42 +15,43 @@ namespace tandem {
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
     const HttpTlsOptions& tls) {
+  HttpTransportOptions o;
+  o.name = "metrics";
+  o.host = host;
+  o.port = port;
+  // A scrape is one small GET: one thread moves bytes, one serializes; few scrapers connect.
+  o.io_threads = 1;
+  o.handler_threads = 1;
+  o.max_body_bytes = 4096;
+  o.max_connections = 256;
+  o.max_connections_per_client = 32;
+  o.tls_cert = tls.cert;
+  o.tls_key = tls.key;
+  o.tls_client_ca = tls.client_ca;
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
-  auto http_server = NewHttpServer(tls, "metrics");
-  if (!http_server.ok()) return http_server.status();
-  server->http_ = std::move(http_server).value();
-  httplib::Server& http = *server->http_;
-  http.new_task_queue = [] { return new httplib::ThreadPool(/*n=*/2); };
-  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, which would let a second
-  // process bind the same port and take half the scrapes.
-  http.set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  http.set_read_timeout(10, 0);
-  http.set_write_timeout(10, 0);
   prometheus::Registry* families = server->registry_.get();
-  http.Get("/metrics", [families](const httplib::Request&, httplib::Response& response) {
-    const std::string text = prometheus::TextSerializer().Serialize(families->Collect());
-    response.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
-  });
-  const std::string where = absl::StrCat(host, " port ", port);
-  server->port_ =
-      port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
-  if (server->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", where));
-  }
-  server->thread_ = std::thread([&http] { http.listen_after_bind(); });
-  // stop() is a no-op until the loop runs: wait for it so the destructor can always stop it.
-  while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<HttpRoute> routes;
+  routes.push_back(
+      {"GET", "/metrics", [families](const HttpRequest&, std::shared_ptr<HttpResponder> responder) {
+         responder->Send(200, "text/plain; version=0.0.4; charset=utf-8",
+                         prometheus::TextSerializer().Serialize(families->Collect()));
+       }});
+  // The transport's refusals (404, 405, 413, 431, ...): its messages are fixed ASCII text.
+  auto error_page = [](int status, const std::string& message) {
+    return absl::StrCat("{\"error\": {\"code\": ", status, ", \"message\": \"", message, "\"}}");
+  };
+  auto http = HttpTransport::Start(o, std::move(routes), std::move(error_page));
+  if (!http.ok()) return http.status();
+  server->http_ = std::move(http).value();
   return server;
 }
 
 MetricsServer::~MetricsServer() {
-  if (http_ != nullptr) http_->stop();
-  if (thread_.joinable()) thread_.join();
+  if (http_ != nullptr) http_->Stop();
 }
+
+int MetricsServer::port() const { return http_->port(); }
 
 void RegisterProcessInfo(prometheus::Registry* registry, std::string_view component) {
   prometheus::BuildGauge()

@@ -3,27 +3,32 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 
 #include "absl/status/statusor.h"
-#include "common/http/http_server_factory.h"
 #include "prometheus/registry.h"
-
-namespace httplib {
-class Server;
-}  // namespace httplib
 
 namespace tandem {
 
-// Serves a registry at http://host:port/metrics (Prometheus text format 0.0.4) on its own port
-// and thread (cpp-httplib); with TLS options, at https:// only (and with a client CA, only to
-// clients holding a certificate it signed). Not prometheus-cpp's pull exposer: its civetweb threads
+class HttpTransport;
+
+// TLS of a /metrics endpoint, from PEM files.
+struct HttpTlsOptions {
+  std::string cert;       // PEM certificate (chain); empty: plaintext HTTP
+  std::string key;        // PEM private key of `cert`
+  std::string client_ca;  // non-empty: clients must present a certificate it signed (mTLS)
+};
+
+// Serves a registry at http://host:port/metrics (Prometheus text format 0.0.4) on its own port,
+// with the HTTP server the OpenAI API runs on (common/http/http_transport.h: its connection,
+// header, body and time limits hold here too); with TLS options, at https:// only (and with a
+// client CA, only to clients holding a certificate it signed). One event-loop thread and one
+// thread that serializes the registry. Not prometheus-cpp's pull exposer: its civetweb threads
 // are created with a fixed 100 KiB stack, which glibc refuses (EINVAL) once CUDA's libraries put
 // more static TLS than that in the process.
 class MetricsServer {
  public:
   // Port 0 picks a free port. Fails (UNAVAILABLE) when the address cannot be bound,
-  // INVALID_ARGUMENT when the TLS files cannot be loaded.
+  // INVALID_ARGUMENT when the TLS files cannot be loaded or the host is not an address or name.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
       const HttpTlsOptions& tls = {});
@@ -31,14 +36,12 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
-  int port() const { return port_; }
+  int port() const;
 
  private:
   MetricsServer() = default;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread thread_;
   std::shared_ptr<prometheus::Registry> registry_;
-  int port_ = 0;
+  std::unique_ptr<HttpTransport> http_;  // stopped (its threads joined) before registry_ goes
 };
 
 // Registers the process-level families every Tandem process exports:

@@ -6,7 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/metrics/http_hooks.h"
+#include "common/http/http_hooks.h"
 
 namespace tandem {
 

@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/config/default_model.h"
+#include "common/engine/scheduling_policies.h"
 
 namespace tandem {
 namespace {
@@ -12,11 +14,6 @@ namespace {
 constexpr std::pair<const char*, SchedulingPolicy> kPolicies[] = {
     {"fcfs", SchedulingPolicy::kFcfs},
     {"priority", SchedulingPolicy::kPriority},
-};
-// Benchmark baselines, chosen through the same flag (FCFS order within their batches).
-constexpr std::pair<const char*, BatchingBaseline> kBaselines[] = {
-    {"static", BatchingBaseline::kStatic},
-    {"static-compact", BatchingBaseline::kStaticCompact},
 };
 constexpr std::pair<const char*, SpecOptions::Method> kSpecMethods[] = {
     {"none", SpecOptions::Method::kNone},
@@ -84,14 +81,16 @@ void EngineFlags::Register(FlagSet* f) {
           "memory at load (faster decode); bf16 projections that take bf16 inputs on "
           "AVX512_BF16 are rearranged into tiles at load either way");
   f->String("matmul-input-dtype", &o.matmul_input_dtype,
-            "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
+            "what the matrix products' inputs are rounded to: auto (cpu: int8 for int8 and "
             "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "
-            "without VNNI) on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
-            "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
-            "with f32 weights) or int8 (int8 / int4 weights only: each input row quantized to "
-            "int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
+            "without VNNI) on CPUs with AVX512_BF16, else f32; cuda: bf16 for bf16 weights), f32 "
+            "(exact; cuda: the f32-activation parity mode) or bf16 (bf16 dot products, "
+            "vdpbf16ps on AVX512_BF16, tensor cores on cuda; quantized weights dequantized to "
+            "bf16; not with f32 weights) or int8 (cpu, int8 / int4 weights only: each input row "
+            "quantized to int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
   f->String("kv-cache-memory", &kv_memory,
-            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup)");
+            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup); "
+            "0: 1GiB on cpu, on cuda what --gpu-memory-utilization leaves");
   f->Int("num-kv-blocks", &o.num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &o.block_size, "tokens per KV block");
   f->Int("max-num-seqs", &sched.max_num_seqs, "sequences per step at most");
@@ -100,13 +99,13 @@ void EngineFlags::Register(FlagSet* f) {
          "tokens of one prompt per step (0: budget)");
   f->Int("max-model-len", &o.engine.max_model_len, "context length (0: the model's)");
   f->Int("max-waiting", &o.engine.max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
-  f->String("scheduling-policy", &policy,
-            "fcfs, priority, static or static-compact (the last two: benchmark baselines)");
+  f->String("scheduling-policy", &policy, "fcfs or priority");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
   f->Int32("threads", &o.threads, "compute threads (0: one per core)");
   f->String("device", &o.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
   f->Double("gpu-memory-utilization", &o.gpu_memory_utilization,
-            "cuda: fraction of device memory for weights, activations and the KV pool");
+            "cuda: fraction of device memory for weights, activations and the KV pool (a "
+            "--kv-cache-memory budget must fit under it)");
   f->String("speculative-method", &speculative_method, "none, ngram or draft");
   f->Int32("num-speculative-tokens", &spec.num_speculative_tokens,
            "drafted tokens per step at most");
@@ -123,11 +122,16 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   auto bytes = ParseByteSize(kv_memory);
   if (!bytes.ok()) return bytes.status();
   o.kv_cache_bytes = *bytes;
-  if (!ValueOf(kBaselines, policy, &o.engine.scheduler.baseline) &&
-      !ValueOf(kPolicies, policy, &o.engine.scheduler.policy)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--scheduling-policy must be fcfs, priority, static or static-compact, got '",
-                     policy, "'"));
+  if (!ValueOf(kPolicies, policy, &o.engine.scheduler.policy)) {
+    // A policy only a benchmark binary registers (scheduling_policies.h); `tandem` has none.
+    o.engine.extensions = FindSchedulingPolicy(policy);
+    if (!o.engine.extensions) {
+      std::vector<std::string> names = {"fcfs", "priority"};
+      for (const std::string& name : RegisteredSchedulingPolicies()) names.push_back(name);
+      return absl::InvalidArgumentError(absl::StrCat("--scheduling-policy must be one of ",
+                                                     absl::StrJoin(names, ", "), ", got '", policy,
+                                                     "'"));
+    }
   }
   if (!ValueOf(kSpecMethods, speculative_method, &o.engine.spec.method)) {
     return absl::InvalidArgumentError(absl::StrCat(

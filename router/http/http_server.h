@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "router/http/http_transport.h"
+#include "common/http/http_transport.h"
 #include "router/http/openai_request.h"
 #include "tandem/v1/generation.grpc.pb.h"
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Section "continuous batching and paged KV": tandem bench against three
-# `tandem serve` processes on the random llama-110m bf16 model, one with continuous batching
-# (fcfs), one with the static-batching baseline (fixed shape: finished members stay as padding
-# rows) and one with static-compact (finished members leave the batch), identical otherwise.
+# Section "continuous batching and paged KV": tandem bench against three servers on the random
+# llama-110m bf16 model, one with continuous batching (fcfs), one with the static-batching
+# baseline (fixed shape: finished members stay as padding rows) and one with static-compact
+# (finished members leave the batch), identical otherwise. The baselines are benchmark-only
+# scheduling policies (tests/bench/static_batching): all three run tandem_bench_serve, which is
+# `tandem serve` that also accepts them.
 #  1. Throughput on a mixed-length, decode-heavy workload (the same seed gives every server the
 #     same requests), the servers interleaved, repeated.
 #  2. KV waste: the paged pool against the static reservation and a reserve-max-length
@@ -17,6 +19,18 @@ source "$(dirname "$0")/lib.sh"
 bench_init batching
 REPS="${BENCH_REPS:-3}"
 MODEL="$(ensure_model llama-110m)"
+BENCH_SERVE="$BUILD_DIR/bin/tandem_bench_serve"
+[ -x "$BENCH_SERVE" ] || {
+  echo "batching: $BENCH_SERVE not built (ninja -C $BUILD_DIR tandem_bench_serve)" >&2
+  exit 1
+}
+start_bench_serve() {
+  local name="$1"
+  shift
+  record "server $name" "$BENCH_SERVE" --port 0 --port-file "$WORK/$name.port" "$@"
+  start_process "$name" "$WORK/$name.port" "$BENCH_SERVE" --port 0 --port-file "$WORK/$name.port" "$@"
+  log "$name serving on port $LAST_PORT (pid $LAST_PID)"
+}
 
 # One compute thread per server (BENCH_THREADS): the step costs below are then those of one
 # core, and the three servers cannot take cores from each other's measurements.
@@ -26,11 +40,11 @@ THROUGHPUT=(--duration "${BATCHING_SECONDS:-90}" --concurrency 16 --prompt-len u
             --output-len lognormal:96:1.0:512 --sample-interval 0.25 --block-size 16)
 LONG=(--num-requests 16 --concurrency 16 --prompt-len uniform:256:768
       --output-len lognormal:64:1.0:256 --sample-interval 0.25 --block-size 16)
-start_serve continuous "${SERVER[@]}" --scheduling-policy fcfs
+start_bench_serve continuous "${SERVER[@]}" --scheduling-policy fcfs
 CONTINUOUS="127.0.0.1:$LAST_PORT"
-start_serve static "${SERVER[@]}" --scheduling-policy static
+start_bench_serve static "${SERVER[@]}" --scheduling-policy static
 STATIC="127.0.0.1:$LAST_PORT"
-start_serve compact "${SERVER[@]}" --scheduling-policy static-compact
+start_bench_serve compact "${SERVER[@]}" --scheduling-policy static-compact
 COMPACT="127.0.0.1:$LAST_PORT"
 for target in "$CONTINUOUS" "$STATIC" "$COMPACT"; do  # touch the weights and code paths once
   "$TANDEM" bench --target "$target" --num-requests 2 --prompt-len 16 --output-len 8 \

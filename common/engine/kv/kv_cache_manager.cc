@@ -277,7 +277,10 @@ void KvCacheManager::RegisterFull(absl::Span<const int32_t> tokens, int64_t num_
 
 void KvCacheManager::TrimWindow(SequenceBlocks* seq, int64_t num_computed) {
   if (groups() == 0) return;
-  // One position of margin: the static baseline's padding rows recompute the last one.
+  // One position of margin below the next query's window. No row of a step needs it (the
+  // next query is at num_computed), but it sets the window a decode worker reserves and a
+  // prefill worker checks (WindowFirstBlock, prefill_core.cc): narrowing it changes that
+  // protocol boundary, so it stays until the protocol changes with it.
   const int64_t limit = std::min<int64_t>(FirstWindowBlock(std::max<int64_t>(0, num_computed - 1)),
                                           static_cast<int64_t>(seq->table.size()));
   for (int64_t i = seq->trimmed; i < limit; ++i) DropLocal(seq, i);

@@ -13,6 +13,7 @@
 #include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
 #include "common/base/thread_pool.h"
+#include "common/config/model_config.h"
 #include "common/engine/model/checkpoint.h"
 #include "common/engine/model/model_writer.h"
 #include "nlohmann/json.hpp"
@@ -215,347 +216,39 @@ absl::Status RandomModelWriter::WriteWeights() {
 
 }  // namespace
 
+// model_presets.json, compiled in (tandem_embed_text in cmake/tandem.cmake).
+extern const char kModelPresetsJson[];
+
+namespace {
+
+// The presets, parsed once: name -> its config.json object, in the file's order.
+const nlohmann::ordered_json& Presets() {
+  static const nlohmann::ordered_json* const presets = [] {
+    auto* doc = new nlohmann::ordered_json(
+        nlohmann::ordered_json::parse(kModelPresetsJson, nullptr, /*allow_exceptions=*/false));
+    TANDEM_CHECK(doc->is_object()) << "model_presets.json is not a JSON object";
+    return doc;
+  }();
+  return *presets;
+}
+
+}  // namespace
+
 std::string RandomModelPresetNames() {
-  return "llama-1b, llama-110m, tiny, qwen3-0.6b, qwen3-tiny, phi3-mini, phi3-tiny, gemma3-1b, "
-         "gemma3-tiny, gemma2-2b, gemma2-tiny, phi4-mini, phi4-tiny, mixtral-8x7b, mixtral-tiny, "
-         "qwen3-30b-a3b, qwen3-moe-tiny, qwen1.5-moe-a2.7b, qwen2-57b-a14b, qwen2moe-tiny";
+  std::string names;
+  for (const auto& preset : Presets().items()) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", preset.key());
+  }
+  return names;
 }
 
 absl::StatusOr<ModelConfig> RandomModelPresetConfig(const std::string& preset) {
-  ModelConfig c;
-  c.architecture = Architecture::kLlama;
-  c.architecture_name = "LlamaForCausalLM";
-  c.model_type = "llama";
-  c.vocab_size = 32000;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
-  c.bos_token_id = 1;
-  c.eos_token_ids = {2};
-  if (preset == "llama-1b") {
-    c.hidden_size = 2048;
-    c.intermediate_size = 8192;
-    c.num_layers = 16;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-    c.head_dim = 64;
-    c.max_position_embeddings = 131072;
-    c.rope_theta = 500000.0;
-    c.rope_scaling.type = RopeScaling::Type::kLlama3;
-    c.rope_scaling.factor = 32.0;
-    c.rope_scaling.low_freq_factor = 1.0;
-    c.rope_scaling.high_freq_factor = 4.0;
-    c.rope_scaling.original_max_position_embeddings = 8192;
-    c.tie_word_embeddings = false;
-  } else if (preset == "llama-110m") {
-    c.hidden_size = 768;
-    c.intermediate_size = 2048;
-    c.num_layers = 12;
-    c.num_heads = 12;
-    c.num_kv_heads = 12;
-    c.head_dim = 64;
-    c.max_position_embeddings = 2048;
-    c.tie_word_embeddings = true;
-  } else if (preset == "tiny") {
-    c.hidden_size = 64;
-    c.intermediate_size = 176;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 16;
-    c.max_position_embeddings = 2048;
-    c.tie_word_embeddings = true;
-  } else if (preset == "qwen3-0.6b" || preset == "qwen3-tiny") {
-    c.architecture = Architecture::kQwen3;
-    c.architecture_name = "Qwen3ForCausalLM";
-    c.model_type = "qwen3";
-    c.qk_norm = true;
-    c.vocab_size = 151936;  // the Qwen3 tokenizer's (tests/data/tokenizers/qwen3)
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
-    c.bos_token_id = 151643;             // as Qwen3's config.json says; its tokenizer adds no BOS
-    c.eos_token_ids = {151645, 151643};  // <|im_end|>, <|endoftext|>
-    c.tie_word_embeddings = true;
-    c.max_position_embeddings = 40960;
-    if (preset == "qwen3-0.6b") {  // Qwen3-0.6B
-      c.hidden_size = 1024;
-      c.intermediate_size = 3072;
-      c.num_layers = 28;
-      c.num_heads = 16;
-      c.num_kv_heads = 8;
-      c.head_dim = 128;
-    } else {  // head_dim 32 != hidden / heads, as in Qwen3's larger members
-      c.hidden_size = 64;
-      c.intermediate_size = 176;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 32;
-    }
-  } else if (preset == "phi3-mini" || preset == "phi3-tiny") {
-    c.architecture = Architecture::kPhi3;
-    c.architecture_name = "Phi3ForCausalLM";
-    c.model_type = "phi3";
-    c.vocab_size = 32064;  // the Llama 2 vocabulary and Phi-3's chat tokens
-    c.eos_token_ids = {32000};
-    if (preset == "phi3-mini") {  // Phi-3-mini-4k-instruct
-      c.hidden_size = 3072;
-      c.intermediate_size = 8192;
-      c.num_layers = 32;
-      c.num_heads = 32;
-      c.num_kv_heads = 32;
-      c.head_dim = 96;
-      c.max_position_embeddings = 4096;
-      c.sliding_window = 2047;
-    } else {  // LongRoPE from position 32 on and a 48-token window, so short tests cover both
-      c.hidden_size = 64;
-      c.intermediate_size = 176;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 16;
-      c.max_position_embeddings = 2048;
-      c.sliding_window = 48;
-      RopeScaling& rs = c.rope_scaling;
-      rs.type = RopeScaling::Type::kLongRope;
-      rs.original_max_position_embeddings = 32;
-      for (int64_t i = 0; i < c.head_dim / 2; ++i) {
-        rs.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
-        rs.long_factor.push_back(1.0 + 2.0 * static_cast<double>(i));
-      }
-      const double factor = 2048.0 / 32.0;  // transformers' default attention factor
-      rs.attention_factor = std::sqrt(1.0 + std::log(factor) / std::log(32.0));
-    }
-  } else if (preset == "phi4-mini" || preset == "phi4-tiny") {
-    // Phi-4-mini: Phi3ForCausalLM with partial rotary (75% of each head), LongRoPE, tied.
-    c.architecture = Architecture::kPhi3;
-    c.architecture_name = "Phi3ForCausalLM";
-    c.model_type = "phi3";
-    c.tie_word_embeddings = true;
-    c.bos_token_id = 199999;
-    c.eos_token_ids = {200020, 199999};
-    RopeScaling& rs = c.rope_scaling;
-    rs.type = RopeScaling::Type::kLongRope;
-    if (preset == "phi4-mini") {  // Phi-4-mini-instruct
-      c.vocab_size = 200064;
-      c.hidden_size = 3072;
-      c.intermediate_size = 8192;
-      c.num_layers = 32;
-      c.num_heads = 24;
-      c.num_kv_heads = 8;
-      c.head_dim = 128;
-      c.rotary_dim = 96;
-      c.max_position_embeddings = 131072;
-      rs.original_max_position_embeddings = 4096;
-    } else {  // rotary on 24 of 32 dims, long factors from position 32 on
-      c.vocab_size = 32064;
-      c.bos_token_id = 1;
-      c.eos_token_ids = {32000};
-      c.hidden_size = 64;
-      c.intermediate_size = 176;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 32;
-      c.rotary_dim = 24;
-      c.max_position_embeddings = 2048;
-      rs.original_max_position_embeddings = 32;
-    }
-    for (int64_t i = 0; i < c.rotary_dim / 2; ++i) {
-      rs.short_factor.push_back(1.0 + 0.05 * static_cast<double>(i));
-      rs.long_factor.push_back(1.0 + 2.0 * static_cast<double>(i));
-    }
-    const double factor = static_cast<double>(c.max_position_embeddings) /
-                          static_cast<double>(rs.original_max_position_embeddings);
-    rs.attention_factor =
-        std::sqrt(1.0 + std::log(factor) /
-                            std::log(static_cast<double>(rs.original_max_position_embeddings)));
-  } else if (preset == "gemma3-1b" || preset == "gemma3-tiny") {
-    c.architecture = Architecture::kGemma3;
-    c.architecture_name = "Gemma3ForCausalLM";
-    c.model_type = "gemma3_text";
-    c.qk_norm = true;
-    c.activation = Activation::kGeluTanh;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
-    c.rope_local_theta = 10000.0;
-    c.bos_token_id = 2;
-    c.eos_token_ids = {1, 106};  // <eos>, <end_of_turn>
-    c.tie_word_embeddings = true;
-    if (preset == "gemma3-1b") {  // Gemma-3-1B (text)
-      c.vocab_size = 262144;
-      c.hidden_size = 1152;
-      c.intermediate_size = 6912;
-      c.num_layers = 26;
-      c.num_heads = 4;
-      c.num_kv_heads = 1;
-      c.head_dim = 256;
-      c.query_pre_attn_scalar = 256;
-      c.max_position_embeddings = 32768;
-      c.sliding_window = 512;
-      c.sliding_layers.assign(26, 1);
-      for (int64_t i = 5; i < 26; i += 6) c.sliding_layers[i] = 0;
-    } else {  // a 24-token window on layers 0 and 2, a query scale and soft-capped logits
-      c.hidden_size = 64;
-      c.intermediate_size = 176;
-      c.num_layers = 3;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 32;
-      c.query_pre_attn_scalar = 24;
-      c.final_logit_softcapping = 30.0;
-      c.max_position_embeddings = 2048;
-      c.sliding_window = 24;
-      c.sliding_layers = {1, 0, 1};
-    }
-  } else if (preset == "gemma2-2b" || preset == "gemma2-tiny") {
-    c.architecture = Architecture::kGemma2;
-    c.architecture_name = "Gemma2ForCausalLM";
-    c.model_type = "gemma2";
-    c.activation = Activation::kGeluTanh;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 10000.0;
-    c.bos_token_id = 2;
-    c.eos_token_ids = {1, 107};  // <eos>, <end_of_turn>
-    c.tie_word_embeddings = true;
-    c.final_logit_softcapping = 30.0;
-    if (preset == "gemma2-2b") {  // Gemma-2-2B
-      c.vocab_size = 256000;
-      c.hidden_size = 2304;
-      c.intermediate_size = 9216;
-      c.num_layers = 26;
-      c.num_heads = 8;
-      c.num_kv_heads = 4;
-      c.head_dim = 256;
-      c.query_pre_attn_scalar = 256;
-      c.attn_logit_softcapping = 50.0;
-      c.max_position_embeddings = 8192;
-      c.sliding_window = 4096;
-    } else {
-      c.hidden_size = 64;
-      c.intermediate_size = 176;
-      c.num_layers = 4;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 32;
-      c.query_pre_attn_scalar = 24;
-      c.attn_logit_softcapping = 2.0;
-      c.max_position_embeddings = 2048;
-      c.sliding_window = 24;
-    }
-    c.sliding_layers.assign(static_cast<size_t>(c.num_layers), 0);
-    for (int64_t i = 0; i < c.num_layers; i += 2) c.sliding_layers[i] = 1;
-  } else if (preset == "mixtral-8x7b" || preset == "mixtral-tiny") {
-    c.architecture = Architecture::kMixtral;
-    c.architecture_name = "MixtralForCausalLM";
-    c.model_type = "mixtral";
-    c.rope_theta = 1000000.0;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
-    c.norm_topk_prob = true;
-    if (preset == "mixtral-8x7b") {  // Mixtral-8x7B (use --layers for fewer layers)
-      c.hidden_size = 4096;
-      c.intermediate_size = 14336;
-      c.num_layers = 32;
-      c.num_heads = 32;
-      c.num_kv_heads = 8;
-      c.head_dim = 128;
-      c.max_position_embeddings = 32768;
-    } else {
-      c.hidden_size = 64;
-      c.intermediate_size = 96;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 16;
-      c.max_position_embeddings = 2048;
-    }
-  } else if (preset == "qwen3-30b-a3b" || preset == "qwen3-moe-tiny") {
-    c.architecture = Architecture::kQwen3Moe;
-    c.architecture_name = "Qwen3MoeForCausalLM";
-    c.model_type = "qwen3_moe";
-    c.qk_norm = true;
-    c.vocab_size = 151936;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
-    c.bos_token_id = 151643;
-    c.eos_token_ids = {151645, 151643};
-    c.max_position_embeddings = 40960;
-    c.norm_topk_prob = true;
-    if (preset == "qwen3-30b-a3b") {  // Qwen3-30B-A3B (use --layers for fewer layers)
-      c.hidden_size = 2048;
-      c.intermediate_size = 6144;
-      c.moe_intermediate_size = 768;
-      c.num_layers = 48;
-      c.num_heads = 32;
-      c.num_kv_heads = 4;
-      c.head_dim = 128;
-      c.num_experts = 128;
-      c.num_experts_per_tok = 8;
-    } else {
-      c.hidden_size = 64;
-      c.intermediate_size = 192;
-      c.moe_intermediate_size = 48;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 32;
-      c.num_experts = 16;
-      c.num_experts_per_tok = 4;
-    }
-  } else if (preset == "qwen1.5-moe-a2.7b" || preset == "qwen2-57b-a14b" ||
-             preset == "qwen2moe-tiny") {
-    c.architecture = Architecture::kQwen2Moe;
-    c.architecture_name = "Qwen2MoeForCausalLM";
-    c.model_type = "qwen2_moe";
-    c.attention_bias = true;
-    c.vocab_size = 151936;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1000000.0;
-    c.bos_token_id = 151643;
-    c.eos_token_ids = {151643};
-    c.norm_topk_prob = false;             // as both published checkpoints
-    if (preset == "qwen1.5-moe-a2.7b") {  // Qwen1.5-MoE-A2.7B (use --layers for fewer layers)
-      c.hidden_size = 2048;
-      c.intermediate_size = 5632;
-      c.moe_intermediate_size = 1408;
-      c.shared_expert_intermediate_size = 5632;
-      c.num_layers = 24;
-      c.num_heads = 16;
-      c.num_kv_heads = 16;
-      c.head_dim = 128;
-      c.num_experts = 60;
-      c.num_experts_per_tok = 4;
-      c.max_position_embeddings = 8192;
-    } else if (preset == "qwen2-57b-a14b") {  // Qwen2-57B-A14B (use --layers for fewer layers)
-      c.hidden_size = 3584;
-      c.intermediate_size = 18944;
-      c.moe_intermediate_size = 2560;
-      c.shared_expert_intermediate_size = 20480;
-      c.num_layers = 28;
-      c.num_heads = 28;
-      c.num_kv_heads = 4;
-      c.head_dim = 128;
-      c.num_experts = 64;
-      c.num_experts_per_tok = 8;
-      c.max_position_embeddings = 32768;
-    } else {
-      c.hidden_size = 64;
-      c.intermediate_size = 192;
-      c.moe_intermediate_size = 32;
-      c.shared_expert_intermediate_size = 96;
-      c.num_layers = 2;
-      c.num_heads = 4;
-      c.num_kv_heads = 2;
-      c.head_dim = 16;
-      c.num_experts = 8;
-      c.num_experts_per_tok = 2;
-      c.max_position_embeddings = 2048;
-    }
-  } else {
+  const auto it = Presets().find(preset);
+  if (it == Presets().end()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown model preset '", preset,
                                                    "' (known: ", RandomModelPresetNames(), ")"));
   }
-  return c;
+  return ParseModelConfig(it->dump(), absl::StrCat("model preset ", preset));
 }
 
 absl::Status WriteRandomModel(const RandomModelOptions& options, const std::string& out_dir) {

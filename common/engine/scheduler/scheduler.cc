@@ -7,19 +7,14 @@
 
 namespace tandem {
 
-Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv)
-    : options_(options), kv_(kv) {
-  if (options.baseline != BatchingBaseline::kNone) {
-    static_batching_ = std::make_unique<StaticBatching>(options.baseline, kv);
-  }
-}
+Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager* kv,
+                     std::unique_ptr<BatchingPolicy> batching)
+    : options_(options),
+      kv_(kv),
+      batching_(batching != nullptr ? std::move(batching)
+                                    : std::make_unique<ContinuousBatching>()) {}
 
 Scheduler::~Scheduler() = default;
-
-const std::vector<PaddingRow>& Scheduler::padding() const {
-  static const std::vector<PaddingRow>* const kNoPadding = new std::vector<PaddingRow>();
-  return static_batching_ != nullptr ? static_batching_->padding() : *kNoPadding;
-}
 
 void Scheduler::InsertWaiting(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
@@ -49,21 +44,43 @@ void Scheduler::Remove(Sequence* seq) {
   if (was_running) running_.erase(r);
   auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
   if (a != awaiting_.end()) awaiting_.erase(a);
-  const bool kept = was_running && static_batching_ != nullptr &&
-                    static_batching_->KeepAsPadding(seq, !running_.empty());
-  if (!kept) kv_->Free(&seq->blocks);
-  ReleasePaddingIfBatchDone();
+  auto p = std::find(pending_.begin(), pending_.end(), seq);
+  if (p != pending_.end()) pending_.erase(p);
+  if (was_running) batching_->OnLeave(seq, !running_.empty());
+  kv_->Free(&seq->blocks);
+  batching_->AfterRemoval(!running_.empty());
 }
 
-void Scheduler::ReleasePaddingIfBatchDone() {
-  if (static_batching_ != nullptr) static_batching_->ReleaseIfBatchDone(!running_.empty());
+void Scheduler::Hold(Sequence* seq) {
+  if (seq->waits++ > 0) return;
+  if (seq->status == SeqStatus::kWaiting) {
+    auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+    TANDEM_CHECK(w != waiting_.end()) << "Hold on a sequence the scheduler does not hold";
+    waiting_.erase(w);
+    seq->status = SeqStatus::kPending;
+    pending_.push_back(seq);
+    return;
+  }
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  TANDEM_CHECK(r != running_.end()) << "Hold on a sequence that is neither waiting nor running";
+  running_.erase(r);
+  seq->spec.ClearDraft();
+  seq->status = SeqStatus::kAwaiting;
+  awaiting_.push_back(seq);
 }
 
-void Scheduler::StartAwaited(Sequence* seq) {
-  auto a = std::find(awaiting_.begin(), awaiting_.end(), seq);
-  TANDEM_CHECK(a != awaiting_.end()) << "StartAwaited on a sequence that is not awaiting KV";
-  awaiting_.erase(a);
-  AddRunning(seq);
+void Scheduler::Release(Sequence* seq) {
+  TANDEM_CHECK(seq->waits > 0) << "Release of a sequence that waits for nothing";
+  if (--seq->waits > 0) return;
+  std::vector<Sequence*>& queue = seq->status == SeqStatus::kPending ? pending_ : awaiting_;
+  auto q = std::find(queue.begin(), queue.end(), seq);
+  TANDEM_CHECK(q != queue.end()) << "Release of a sequence that is neither pending nor awaiting";
+  queue.erase(q);
+  if (seq->status == SeqStatus::kPending) {
+    InsertWaiting(seq);
+  } else {
+    AddRunning(seq);
+  }
 }
 
 void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
@@ -78,11 +95,11 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
                                          [seq](const BlockCopy& c) { return c.seq == seq; }),
                           out->block_copies.end());
   kv_->Free(&seq->blocks);
-  ReleasePaddingIfBatchDone();
+  batching_->AfterRemoval(!running_.empty());
   seq->num_computed = 0;
-  seq->draft.clear();
-  seq->draft_q.clear();
-  ++seq->num_preemptions;
+  seq->spec.draft.clear();
+  seq->spec.draft_q.clear();
+  ++seq->usage.num_preemptions;
   InsertWaiting(seq);
   out->preempted.push_back(seq);
 }
@@ -110,29 +127,28 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
   while (!waiting_.empty() &&
          HasSequenceSlot(num_running() + num_awaiting(), options_.max_num_seqs)) {
     Sequence* seq = waiting_.front();
-    if (seq->remote_prefill) {
+    if (seq->disagg.remote_prefill) {
       // Decode role: reserve the whole prompt now (admission control on the memory-bound
       // side); the prefill worker fills the blocks past this worker's cached prefix.
       if (!ReserveRemote(seq, out)) break;
       continue;
     }
     if (!HasTokenBudget(*budget)) break;
-    const bool first_admission = seq->cached_prompt_tokens < 0;
+    const bool first_admission = seq->usage.cached_prompt_tokens < 0;
     if (seq->blocks.table.empty()) {
       seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
       if (first_admission) {
-        seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
+        seq->usage.cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
       }
     }
     const int64_t num_new =
         ShapePrefillChunk(seq->num_uncomputed(), *budget, options_.max_prefill_chunk);
-    const int64_t reserve_to =
-        static_batching_ != nullptr ? StaticBatching::ReserveTo(*seq) : seq->num_computed + num_new;
+    const int64_t reserve_to = batching_->ReserveTo(*seq, seq->num_computed + num_new);
     if (!Fits(kv_->BlocksNeeded(seq->blocks, reserve_to))) {
       // Head of line waits for blocks; its cached prefix goes back to the evictable pool.
       kv_->Free(&seq->blocks);
       seq->num_computed = 0;
-      if (first_admission) seq->cached_prompt_tokens = -1;
+      if (first_admission) seq->usage.cached_prompt_tokens = -1;
       break;
     }
     TANDEM_CHECK(kv_->Grow(&seq->blocks, reserve_to));
@@ -145,22 +161,25 @@ void Scheduler::AdmitWaiting(int64_t* budget, SchedulerOutput* out) {
 }
 
 bool Scheduler::ReserveRemote(Sequence* seq, SchedulerOutput* out) {
-  const bool first_admission = seq->cached_prompt_tokens < 0;
+  const bool first_admission = seq->usage.cached_prompt_tokens < 0;
   seq->num_computed = kv_->AcquirePrefix(seq->tokens, &seq->blocks);
-  if (first_admission) seq->cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
+  if (first_admission)
+    seq->usage.cached_prompt_tokens = std::min(seq->num_computed, seq->prompt_len);
   // Window layout: local pages only for the blocks the first decode step's window sees (what
   // TrimWindow keeps once the prompt is computed); the transfer sends only those.
   const int64_t local_from = kv_->WindowFirstBlock(seq->num_tokens());
   if (!Fits(kv_->BlocksNeeded(seq->blocks, seq->num_tokens(), local_from))) {
     kv_->Free(&seq->blocks);
     seq->num_computed = 0;
-    if (first_admission) seq->cached_prompt_tokens = -1;
+    if (first_admission) seq->usage.cached_prompt_tokens = -1;
     return false;
   }
   TANDEM_CHECK(kv_->Grow(&seq->blocks, seq->num_tokens(), local_from));
   waiting_.pop_front();
-  seq->status = SeqStatus::kAwaitingKv;
-  if (seq->first_scheduled_time == absl::InfinitePast()) seq->first_scheduled_time = absl::Now();
+  seq->status = SeqStatus::kAwaiting;
+  ++seq->waits;  // released (Release) when the prompt's KV arrived
+  if (seq->timing.first_scheduled == absl::InfinitePast())
+    seq->timing.first_scheduled = absl::Now();
   awaiting_.push_back(seq);
   out->reserved.push_back(seq);
   return true;
@@ -180,7 +199,7 @@ SchedulerOutput Scheduler::Schedule() {
   for (Sequence* seq : RowOrder(running_)) {
     if (!HasTokenBudget(budget)) break;
     if (seq->status != SeqStatus::kRunning) continue;  // preempted earlier in this step
-    const int64_t num_drafts = static_cast<int64_t>(seq->draft.size());
+    const int64_t num_drafts = static_cast<int64_t>(seq->spec.draft.size());
     int64_t num_new = 0;
     if (seq->is_prefill()) {
       num_new =
@@ -188,8 +207,9 @@ SchedulerOutput Scheduler::Schedule() {
     } else {
       const DecodeRow row = ShapeDecode(seq->num_uncomputed(), num_drafts, budget);
       if (row.num_drafts < num_drafts) {
-        seq->draft.resize(row.num_drafts);
-        if (seq->draft_q.size() > seq->draft.size()) seq->draft_q.resize(seq->draft.size());
+        seq->spec.draft.resize(row.num_drafts);
+        if (seq->spec.draft_q.size() > seq->spec.draft.size())
+          seq->spec.draft_q.resize(seq->spec.draft.size());
       }
       num_new = row.num_new_tokens;
     }
@@ -200,14 +220,14 @@ SchedulerOutput Scheduler::Schedule() {
   }
 
   if (MayAdmitAfter(static_cast<int64_t>(out.preempted.size())) &&
-      (static_batching_ == nullptr || StaticBatching::MayAdmit(batch_running))) {
+      batching_->MayAdmit(batch_running)) {
     AdmitWaiting(&budget, &out);
   }
 
   for (const ScheduledSeq& s : out.scheduled) {
     out.num_batched_tokens += s.num_new_tokens;
-    if (s.seq->first_scheduled_time == absl::InfinitePast()) {
-      s.seq->first_scheduled_time = absl::Now();
+    if (s.seq->timing.first_scheduled == absl::InfinitePast()) {
+      s.seq->timing.first_scheduled = absl::Now();
     }
   }
   return out;

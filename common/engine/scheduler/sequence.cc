@@ -18,4 +18,24 @@ const char* FinishReasonName(FinishReason reason) {
   return "?";
 }
 
+std::unique_ptr<Sequence> ForkSample(const Sequence& parent, int64_t seq_id, int32_t index) {
+  auto child = std::make_unique<Sequence>();
+  child->seq_id = seq_id;
+  child->arrival_order = parent.arrival_order;
+  child->request_id = parent.request_id;
+  child->index = index;
+  child->priority = parent.priority;
+  child->tokens = parent.tokens;
+  child->prompt_len = parent.prompt_len;
+  child->num_computed = parent.num_computed;
+  child->params = parent.params;
+  child->spec = parent.spec;
+  child->grammar = parent.grammar;
+  child->disagg = parent.disagg;
+  child->timing = parent.timing;
+  child->usage = parent.usage.ForkedSample();
+  child->features = parent.features;
+  return child;
+}
+
 }  // namespace tandem

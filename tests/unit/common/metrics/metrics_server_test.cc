@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/metrics/engine_metrics.h"
 #include "common/metrics/metric_reader.h"
@@ -17,8 +19,9 @@
 namespace tandem {
 namespace {
 
-// GET http://127.0.0.1:port/path; returns the whole response (status line, headers, body).
-std::string HttpGet(int port, const std::string& path) {
+// GET http://127.0.0.1:port/path; returns the whole response (status line, headers, body), or
+// what arrived within `timeout_s` of each read.
+std::string HttpGet(int port, const std::string& path, int timeout_s = 30) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -28,6 +31,8 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "";
   }
+  timeval tv{timeout_s, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   const std::string request =
       "GET " + path + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
   (void)!write(fd, request.data(), request.size());
@@ -56,6 +61,36 @@ TEST(MetricsServerTest, ServesTheRegistryOnItsOwnPort) {
   EXPECT_NE(response.find("tandem_build_info{component=\"serve\",version=\""), std::string::npos)
       << response;
   EXPECT_NE(HttpGet((*server)->port(), "/nope").find("404"), std::string::npos);
+}
+
+// The HTTP server's protections hold on /metrics: clients that never finish their headers hold
+// no thread (a scrape is served while they wait), and oversized headers get a 431.
+TEST(MetricsServerTest, StalledClientsDoNotBlockAScrape) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  RegisterProcessInfo(registry.get(), "decode");
+  auto server = MetricsServer::Start("127.0.0.1", 0, registry);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const std::string partial = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+    (void)!write(fd, partial.data(), partial.size());
+    stalled.push_back(fd);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::string response = HttpGet(port, "/metrics", /*timeout_s=*/4);
+  EXPECT_NE(response.find("200 OK"), std::string::npos) << response;
+  EXPECT_NE(response.find("tandem_build_info"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  const std::string huge = "/metrics?" + std::string(20000, 'a');
+  EXPECT_NE(HttpGet(port, huge).find("431"), std::string::npos);
+  for (int fd : stalled) close(fd);
 }
 
 TEST(MetricsServerTest, PortInUseIsAnError) {

@@ -3,8 +3,9 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <httplib.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,8 +19,8 @@
 namespace tandem {
 namespace {
 
-// Plaintext GET http://127.0.0.1:port/metrics; the whole response ("" when refused).
-std::string PlainGet(int port) {
+// A TCP connection to 127.0.0.1:port with a 5 s receive timeout; -1 when refused.
+int Connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -27,13 +28,20 @@ std::string PlainGet(int port) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(fd);
-    return "";
+    return -1;
   }
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string request =
-      "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
+  return fd;
+}
+
+const char kRequest[] = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+
+// Plaintext GET http://127.0.0.1:port/metrics; the whole response ("" when refused).
+std::string PlainGet(int port) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  (void)!write(fd, kRequest, sizeof kRequest - 1);
   std::string out;
   char buf[4096];
   ssize_t n;
@@ -70,19 +78,36 @@ class MetricsTlsTest : public ::testing::Test {
     EXPECT_TRUE(server.ok()) << server.status();
     return server.ok() ? std::move(*server) : nullptr;
   }
-  // GET https://127.0.0.1:port/metrics verifying the server against `ca`, presenting `cert`
-  // (none when empty). The body when the status is 200, else "".
+  // GET https://127.0.0.1:port/metrics with OpenSSL, verifying the server's certificate (for
+  // IP 127.0.0.1) against `ca`, presenting `cert` (none when empty). The body when the status is
+  // 200, else "".
   static std::string TlsGet(int port, const std::string& ca, const std::string& cert = "") {
-    std::unique_ptr<httplib::SSLClient> client =
-        cert.empty() ? std::make_unique<httplib::SSLClient>("127.0.0.1", port)
-                     : std::make_unique<httplib::SSLClient>("127.0.0.1", port, P(cert + ".pem"),
-                                                            P(cert + ".key"));
-    client->set_ca_cert_path(P(ca + ".pem").c_str());
-    client->enable_server_certificate_verification(true);
-    client->set_connection_timeout(5, 0);
-    client->set_read_timeout(5, 0);
-    auto res = client->Get("/metrics");
-    return res && res->status == 200 ? res->body : "";
+    SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+    std::string response;
+    const bool configured =
+        SSL_CTX_load_verify_locations(ctx, P(ca + ".pem").c_str(), nullptr) == 1 &&
+        (cert.empty() ||
+         (SSL_CTX_use_certificate_chain_file(ctx, P(cert + ".pem").c_str()) == 1 &&
+          SSL_CTX_use_PrivateKey_file(ctx, P(cert + ".key").c_str(), SSL_FILETYPE_PEM) == 1));
+    EXPECT_TRUE(configured) << "client files " << ca << " " << cert;
+    const int fd = configured ? Connect(port) : -1;
+    if (fd >= 0) {
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+      SSL* ssl = SSL_new(ctx);
+      X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), "127.0.0.1");
+      SSL_set_fd(ssl, fd);
+      if (SSL_connect(ssl) == 1 && SSL_write(ssl, kRequest, sizeof kRequest - 1) > 0) {
+        char buf[4096];
+        int n;
+        while ((n = SSL_read(ssl, buf, sizeof buf)) > 0) response.append(buf, n);
+      }
+      SSL_free(ssl);
+      close(fd);
+    }
+    SSL_CTX_free(ctx);
+    if (response.rfind("HTTP/1.1 200 ", 0) != 0) return "";
+    const size_t body = response.find("\r\n\r\n");
+    return body == std::string::npos ? "" : response.substr(body + 4);
   }
 
   static std::string dir_;

@@ -68,7 +68,9 @@ TEST(EngineFlagsTest, UsageShowsTheOptionsDefaults) {
   flags.Register(&set);
   const std::string usage = set.Usage();
   EXPECT_NE(usage.find("--kv-cache-memory"), std::string::npos);
-  EXPECT_NE(usage.find("(default: 1GiB)"), std::string::npos);
+  // 0: the device's own default pool (1GiB on cpu, the --gpu-memory-utilization share on cuda).
+  EXPECT_NE(usage.find("on cuda what --gpu-memory-utilization leaves (default: 0)"),
+            std::string::npos);
   EXPECT_NE(usage.find("(default: fcfs)"), std::string::npos);
   EXPECT_NE(usage.find("(default: 512)"), std::string::npos);  // max-num-batched-tokens
   EXPECT_NE(usage.find("(default: 0.9)"), std::string::npos);  // gpu-memory-utilization
@@ -94,6 +96,9 @@ TEST(EngineFlagsTest, UnknownNamesAreRefusedNamingTheFlag) {
   auto policy = Parse({"--scheduling-policy=lifo"});
   ASSERT_FALSE(policy.ok());
   EXPECT_NE(policy.status().message().find("--scheduling-policy"), std::string::npos);
+  // The static-batching benchmark baselines exist only in the benchmark's server.
+  EXPECT_FALSE(Parse({"--scheduling-policy=static"}).ok());
+  EXPECT_FALSE(Parse({"--scheduling-policy=static-compact"}).ok());
   auto spec = Parse({"--speculative-method=magic"});
   ASSERT_FALSE(spec.ok());
   EXPECT_NE(spec.status().message().find("--speculative-method"), std::string::npos);
@@ -112,7 +117,7 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
                                          "--max-prefill-chunk=128",
                                          "--max-model-len=999",
                                          "--max-waiting=5",
-                                         "--scheduling-policy=static",
+                                         "--scheduling-policy=priority",
                                          "--device=auto",
                                          "--gpu-memory-utilization=0.5",
                                          "--speculative-method=draft",

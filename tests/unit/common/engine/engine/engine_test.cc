@@ -76,33 +76,6 @@ TEST(EngineTest, BatchingChunkingAndCachingDoNotChangeGreedyOutput) {
   }
 }
 
-// The static baselines change what runs together, never a token: the fixed-shape one computes a
-// padding row for every finished member of a running batch until the batch is done.
-TEST(EngineTest, StaticBaselinesKeepGreedyOutputAndReturnEveryBlock) {
-  std::vector<Req> reqs = MakeRequests(12, 9, 70, 40);
-  EngineOptions solo_options;
-  solo_options.scheduler.max_num_seqs = 1;
-  auto solo = RunAll(*MakeEngine(solo_options, 256), reqs);
-  int64_t expected_padding = 0;  // per batch of 4: sum over members of (longest - own) steps
-  for (size_t b = 0; b < reqs.size(); b += 4) {
-    int32_t longest = 0;
-    for (size_t i = b; i < b + 4; ++i) longest = std::max(longest, reqs[i].max_tokens);
-    for (size_t i = b; i < b + 4; ++i) expected_padding += longest - reqs[i].max_tokens;
-  }
-  for (BatchingBaseline baseline : {BatchingBaseline::kStatic, BatchingBaseline::kStaticCompact}) {
-    EngineOptions o;
-    o.scheduler.baseline = baseline;
-    o.scheduler.max_num_seqs = 4;
-    o.enable_prefix_cache = false;
-    auto engine = MakeEngine(o, 256);
-    EXPECT_EQ(RunAll(*engine, reqs), solo);
-    EngineStats s = engine->stats();
-    EXPECT_EQ(s.kv_blocks_used, 0);
-    EXPECT_EQ(s.kv_reserved_token_slots, 0);
-    EXPECT_EQ(s.padding_rows, baseline == BatchingBaseline::kStatic ? expected_padding : 0);
-  }
-}
-
 // Within each weight format and KV dtype, batching, chunking, prefix caching and
 // preemption leave greedy output unchanged, through the same options the flags set.
 TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {

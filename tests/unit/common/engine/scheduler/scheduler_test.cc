@@ -1,5 +1,6 @@
 // Scheduler policies and budgets without a model: token budget and chunking, decode-first
-// ordering, priority, preemption of the newest lowest-priority sequence, static batching.
+// ordering, priority, preemption of the newest lowest-priority sequence. (The static-batching
+// benchmark baselines are tested with them, in tests/bench/static_batching.)
 
 #include "common/engine/scheduler/scheduler.h"
 
@@ -114,65 +115,6 @@ TEST_F(SchedulerTest, PriorityPolicyServesLowerValuesFirst) {
   auto out = scheduler_->Schedule();
   ASSERT_EQ(out.scheduled.size(), 1u);
   EXPECT_EQ(out.scheduled[0].seq, urgent);
-}
-
-TEST_F(SchedulerTest, StaticBatchingAdmitsOnlyBetweenBatchesAndReservesMaxLength) {
-  SchedulerOptions o;
-  o.baseline = BatchingBaseline::kStatic;
-  o.max_num_seqs = 2;
-  Init(o, 100);
-  Sequence* a = Add(4, 0, /*max_tokens=*/12);
-  Add(4, 0, 12);
-  auto out = scheduler_->Schedule();
-  EXPECT_EQ(out.scheduled.size(), 2u);
-  EXPECT_EQ(static_cast<int64_t>(a->blocks.table.size()), 4);  // (4 + 12) / 4 reserved upfront
-  Apply(out);
-  Sequence* c = Add(4);
-  out = scheduler_->Schedule();
-  for (const auto& s : out.scheduled) EXPECT_NE(s.seq, c) << "joined a running static batch";
-}
-
-TEST_F(SchedulerTest, StaticBatchKeepsFinishedMembersAsPaddingUntilItIsDone) {
-  SchedulerOptions o;
-  o.baseline = BatchingBaseline::kStatic;
-  o.max_num_seqs = 2;
-  Init(o, 100);
-  Sequence* a = Add(4, 0, 4);
-  Sequence* b = Add(4, 0, 12);
-  Apply(scheduler_->Schedule());  // both prompts; one token each
-  Apply(scheduler_->Schedule());  // a: 2 tokens, b: 2 tokens
-  const int64_t held = pool_->num_referenced();
-  const auto a_table = a->blocks.table;
-  scheduler_->Remove(a);  // a finished: its row stays as padding, its blocks held
-  ASSERT_EQ(scheduler_->padding().size(), 1u);
-  const PaddingRow& row = scheduler_->padding()[0];
-  EXPECT_EQ(row.pos, a->num_tokens() - 1);
-  EXPECT_EQ(row.token, a->tokens.back());
-  EXPECT_EQ(row.blocks.table, a_table);
-  EXPECT_TRUE(a->blocks.table.empty());
-  EXPECT_EQ(pool_->num_referenced(), held);
-  Apply(scheduler_->Schedule());
-  EXPECT_EQ(scheduler_->padding().size(), 1u);
-  scheduler_->Remove(b);  // the batch is done: padding and all blocks go back
-  EXPECT_TRUE(scheduler_->padding().empty());
-  EXPECT_EQ(pool_->num_referenced(), 0);
-}
-
-TEST_F(SchedulerTest, CompactStaticBatchDropsFinishedMembers) {
-  SchedulerOptions o;
-  o.baseline = BatchingBaseline::kStaticCompact;
-  o.max_num_seqs = 2;
-  Init(o, 100);
-  Sequence* a = Add(4, 0, 4);
-  Sequence* b = Add(4, 0, 12);
-  Apply(scheduler_->Schedule());
-  const int64_t b_blocks = static_cast<int64_t>(b->blocks.table.size());
-  scheduler_->Remove(a);
-  EXPECT_TRUE(scheduler_->padding().empty());
-  EXPECT_EQ(pool_->num_referenced(), b_blocks);
-  Sequence* c = Add(4);
-  auto out = scheduler_->Schedule();  // still b's batch: c waits
-  for (const auto& s : out.scheduled) EXPECT_NE(s.seq, c);
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 
 namespace tandem {
 
-// What the HTTP transport (router/http) reports to metrics (HttpMetrics implements it), so the
+// What the HTTP transport (http_transport.h) reports to metrics (HttpMetrics implements it), so the
 // transport calls metrics without linking them. Thread-safe.
 class HttpHooks {
  public:

@@ -1,4 +1,4 @@
-#include "router/http/http_transport.h"
+#include "common/http/http_transport.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

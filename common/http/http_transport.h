@@ -1,10 +1,11 @@
 #pragma once
 
-// The HTTP/1.1 transport under the OpenAI API (Boost.Beast on Boost.Asio): connections are
-// multiplexed on a few event-loop threads, so a slow, idle or non-reading client holds a socket
-// and a bounded buffer, never a thread. Handlers run on a separate small pool and answer through
-// an HttpResponder whose every call is queued onto the connection's event loop; nothing a handler
-// calls blocks on the network.
+// The HTTP/1.1 server of every Tandem listener, the OpenAI API (router/http) and each process's
+// Prometheus /metrics (common/metrics/metrics_server.h), on Boost.Beast and Boost.Asio:
+// connections are multiplexed on a few event-loop threads, so a slow, idle or non-reading client
+// holds a socket and a bounded buffer, never a thread. Handlers run on a separate small pool and
+// answer through an HttpResponder whose every call is queued onto the connection's event loop;
+// nothing a handler calls blocks on the network.
 
 #include <cstdint>
 #include <functional>
@@ -17,12 +18,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/metrics/http_hooks.h"
+#include "common/http/http_hooks.h"
 
 namespace tandem {
 
-// Limits of the transport; every one is a flag of `tandem serve` / `tandem router` (http_api.h).
+// Limits of the transport; for the OpenAI API every one is a flag of `tandem serve` / `tandem
+// router` (router/http_api.h).
 struct HttpTransportOptions {
+  std::string name = "http";  // what errors and logs call this listener, e.g. "metrics"
   std::string host = "127.0.0.1";
   int port = 0;                 // 0: a free port
   int32_t io_threads = 2;       // event-loop threads (they only move bytes)
@@ -52,7 +55,7 @@ struct HttpTransportOptions {
   HttpHooks* hooks = nullptr;  // metrics; may be null
 };
 
-// A parsed request. Header lookups are case-insensitive (the names mirror cpp-httplib's).
+// A parsed request. Header lookups are case-insensitive.
 struct HttpRequest {
   std::string method;
   std::string path;  // the target without the query

@@ -1,11 +1,11 @@
-#include "router/http/http_transport.h"
+#include "common/http/http_transport.h"
 
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "common/base/log.h"
-#include "router/http/http_connection.h"
+#include "common/http/http_connection.h"
 
 namespace tandem {
 
@@ -120,24 +120,39 @@ class HttpTransport::Impl : public HttpConnectionHost {
         ssl_->set_verify_mode(net::ssl::verify_peer | net::ssl::verify_fail_if_no_peer_cert);
       }
       if (ec) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("http: cannot load the TLS certificate/key (", options_.tls_cert, ", ",
-                         options_.tls_key, ", ", options_.tls_client_ca, "): ", ec.message()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            options_.name, ": cannot load the TLS certificate/key (", options_.tls_cert, ", ",
+            options_.tls_key, ", ", options_.tls_client_ca, "): ", ec.message()));
       }
     } else if (!options_.tls_key.empty() || !options_.tls_client_ca.empty()) {
-      return absl::InvalidArgumentError("http: a TLS key or client CA needs a server certificate");
+      return absl::InvalidArgumentError(
+          absl::StrCat(options_.name, ": a TLS key or client CA needs a server certificate"));
     }
     beast::error_code ec;
-    const auto address = net::ip::make_address(options_.host, ec);
-    if (ec) return absl::InvalidArgumentError(absl::StrCat("http: bad host ", options_.host));
+    // An address ("127.0.0.1", "::", "[::1]") or a name, which listens on its first address.
+    std::string host = options_.host;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    net::ip::address address = net::ip::make_address(host, ec);
+    if (ec) {
+      Tcp::resolver resolver(*ioc_);
+      const auto found = resolver.resolve(host, "", Tcp::resolver::passive, ec);
+      if (ec || found.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(options_.name, ": cannot resolve host ", options_.host));
+      }
+      address = found.begin()->endpoint().address();
+    }
     const Tcp::endpoint endpoint(address, static_cast<uint16_t>(options_.port));
     acceptor_->open(endpoint.protocol(), ec);
     if (!ec) acceptor_->set_option(net::socket_base::reuse_address(true), ec);
     if (!ec) acceptor_->bind(endpoint, ec);
     if (!ec) acceptor_->listen(net::socket_base::max_listen_connections, ec);
     if (ec) {
-      return absl::UnavailableError(absl::StrCat("http: cannot listen on ", options_.host, ":",
-                                                 options_.port, ": ", ec.message()));
+      return absl::UnavailableError(absl::StrCat(options_.name, ": cannot listen on ",
+                                                 options_.host, ":", options_.port, ": ",
+                                                 ec.message()));
     }
     port_ = acceptor_->local_endpoint().port();
     Accept();
@@ -199,12 +214,12 @@ class HttpTransport::Impl : public HttpConnectionHost {
       if (route.path != request.path) continue;
       path_known = true;
       if (route.method != request.method) continue;
-      net::post(*pool_, [handler = &route.handler, page = &error_page_,
+      net::post(*pool_, [handler = &route.handler, page = &error_page_, name = &options_.name,
                          request = std::move(request), responder]() {
         try {
           (*handler)(request, responder);
         } catch (const std::exception& e) {
-          TLOG(ERROR) << "http handler of " << request.path << ": " << e.what();
+          TLOG(ERROR) << *name << " handler of " << request.path << ": " << e.what();
           responder->Send(500, "application/json", (*page)(500, "internal error"));
         }
       });

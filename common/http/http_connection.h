@@ -25,7 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "router/http/http_transport.h"
+#include "common/http/http_transport.h"
 
 namespace tandem {
 

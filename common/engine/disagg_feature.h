@@ -1,0 +1,46 @@
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/engine/engine_core.h"
+#include "common/engine/engine_feature.h"
+
+namespace tandem {
+
+// The engine's side of disaggregation (DESIGN §2) as a feature. Decode role: a remote-prefill
+// request is admitted holding its prompt's blocks (Scheduler::ReserveRemote, kAwaiting) under a
+// lease; its reservation is reported after the plan, it expires at the start of a step, and
+// CompleteRemotePrefill makes it runnable. Prefill role: the last prompt chunk's layers are
+// exported as they complete, and a finished prefill-only request holds its blocks until
+// ReleaseHold.
+class DisaggFeature final : public EngineFeature {
+ public:
+  const char* name() const override { return "disaggregation"; }
+
+  absl::Status Validate(const EngineRequest& request) const override;
+  absl::Status OnAdmit(Sequence* seq, const EngineRequest& request) override;
+  void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // lease expiry
+  void AfterSchedule(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates) override;
+  void BeforeForward(const SchedulerOutput& plan, const std::vector<Sequence*>& sampled,
+                     ForwardBatch* batch) override;  // layer-wise export
+  void OnToken(Sequence* seq, int32_t token, bool eos, TokenVerdict* verdict) override;
+  void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
+  absl::Time NextDeadline() const override;  // the earliest lease
+  void AddStats(EngineStats* stats) const override;
+
+  // Engine::CompleteRemotePrefill, Engine::ReleaseHold, Engine::RemoteTransferWindow.
+  absl::Status CompleteRemotePrefill(const std::string& request_id,
+                                     const std::vector<int32_t>& first_tokens,
+                                     const std::vector<TokenLogprobs>& logprobs);
+  void ReleaseHold(const std::string& request_id);
+  // Reads only what is fixed at construction: callable from any thread.
+  void TransferWindow(int64_t num_tokens, std::vector<int64_t>* layers, int64_t* first_block) const;
+
+ private:
+  std::unordered_map<std::string, SequenceBlocks> holds_;  // prefill role: blocks held
+  int64_t held_blocks_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,150 @@
+#pragma once
+
+// The engine's value types: its options, a request, what a step reports and the statistics
+// (engine.h is the facade that takes and returns them).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/engine/engine_faults.h"
+#include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/sampler/sampler.h"
+#include "common/engine/sampler/sampling_params.h"
+#include "common/engine/scheduler/scheduler.h"
+#include "common/engine/scheduler/sequence.h"
+#include "common/engine/spec/spec_options.h"
+#include "common/grammar/grammar_compiler.h"
+
+namespace tandem {
+
+struct EngineExtensions;
+// Fills `out` with what a binary adds to an engine (engine_feature.h: EngineExtensions).
+using EngineExtensionFactory = std::function<void(KvCacheManager* kv, EngineExtensions* out)>;
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  bool enable_prefix_cache = true;
+  int64_t max_model_len = 0;   // 0: the model's max_position_embeddings
+  int64_t max_waiting = 4096;  // queued sequences beyond this: RESOURCE_EXHAUSTED
+  int32_t max_n = 16;          // samples per request at most
+  uint64_t seed = 0;           // seeds requests that bring none (0: from the clock)
+  SpecOptions spec;            // speculative decoding (the proposer is given to Create)
+  // Fault injection (engine_faults.h): off unless set here or, with faults_from_env, by the
+  // TANDEM_FAULTS environment variable.
+  EngineFaultOptions faults;
+  bool faults_from_env = true;
+  // Structured output: compiles request constraints against the model's vocabulary (built from
+  // its tokenizer by BuildEngine). Null: constrained requests are INVALID_ARGUMENT.
+  std::shared_ptr<grammar::GrammarCompiler> grammar;
+  // Compute grammar masks on a worker thread while the forward pass runs (false: inline).
+  bool overlap_grammar_masks = true;
+  // Extensions a binary adds to every engine it builds (engine_feature.h: EngineExtensions):
+  // called once per engine, after its KV cache manager exists and before its scheduler is
+  // made. Null: none.
+  EngineExtensionFactory extensions;
+};
+
+struct EngineRequest {
+  std::string id;
+  std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
+  SamplingParams params;
+  int32_t n = 1;
+  int32_t priority = 0;
+  std::string cache_salt;
+  absl::Time arrival_time = absl::Now();
+
+  // Disaggregation (DESIGN §2). Decode role: reserve blocks for the prompt and wait for its KV
+  // from a prefill worker (CompleteRemotePrefill); the reservation expires after kv_lease.
+  bool remote_prefill = false;
+  absl::Duration kv_lease = absl::Seconds(60);
+  // Prefill role: compute the prompt, sample the first token of each sample, finish, and hold
+  // the blocks for export until ReleaseHold(id). export_hooks see each layer as it completes.
+  bool prefill_only = false;
+  std::shared_ptr<KvExportHooks> export_hooks;
+  // Migration: tokens already generated (and streamed) elsewhere for this request. They count
+  // toward max_tokens and as output for the penalties; the RNG skips their draws. Requires n 1.
+  std::vector<int32_t> prior_output;
+};
+
+struct TokenLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
+};
+
+// Decode role: the blocks reserved for a remote-prefill request. blocks covers the whole prompt;
+// the first cached_tokens / block_size of them already hold this worker's cached prefix, the
+// rest must be filled by the prefill worker.
+struct KvReservation {
+  std::vector<int32_t> blocks;
+  int64_t cached_tokens = 0;
+  int64_t num_tokens = 0;  // prompt (+ prior output) tokens covered
+  int64_t block_size = 0;
+  // Window layout (KvCacheSpec::windowed): the local (sliding-window) layers, whose pages are
+  // reserved only for blocks[window_first_block, n) (the window the first decode step sees);
+  // the transfer must fill only those of them. Empty without a window layout.
+  std::vector<int64_t> window_layers;
+  int64_t window_first_block = 0;
+};
+
+// What one sequence produced in one step.
+struct SequenceUpdate {
+  std::string request_id;
+  int32_t index = 0;
+  std::vector<int32_t> new_tokens;
+  std::vector<TokenLogprobs> logprobs;  // one per new token when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;                       // non-OK with kError
+  std::optional<KvReservation> reservation;  // decode role, once, before any token
+  std::vector<int32_t> held_blocks;          // prefill role, on the finishing update of sample 0
+  // Set on the finishing update:
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  int64_t completion_tokens = 0;
+  int32_t num_preemptions = 0;
+  int64_t spec_accepted_tokens = 0;  // drafted tokens the target accepted
+  absl::Duration queue_time;         // arrival -> first scheduled
+  absl::Duration prefill_time;       // first scheduled -> first token
+  absl::Duration ttft;               // arrival -> first token
+  absl::Duration total_time;         // arrival -> finish
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;  // not admitted yet (pending ones, waiting for a resource, included)
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;       // referenced by sequences
+  int64_t kv_blocks_cached = 0;     // holding a prefix-cache entry (referenced or not)
+  int64_t kv_blocks_evictable = 0;  // cached and unreferenced
+  int64_t kv_evictions = 0;         // cached blocks evicted to make room (cumulative)
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;         // admitted prompt tokens
+  int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission
+  int64_t prefix_cache_hit = 0;      // of which found cached
+  int64_t generated_tokens = 0;
+  // Admitted but waiting for an external resource (kAwaiting): on a decode worker, the
+  // reservations waiting for their KV.
+  int64_t num_awaiting_kv = 0;
+  int64_t kv_blocks_held = 0;  // prefill role: blocks held for export
+  // Speculative decoding.
+  int64_t spec_verifications = 0;  // sequence-steps that verified a proposal
+  int64_t spec_drafted_tokens = 0;
+  int64_t spec_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_at;  // [i]: proposals whose position i was accepted
+  int64_t spec_draft_blocks = 0;          // draft model KV blocks in use
+  // Block slots held by running sequences (and features that hold blocks of their own), and of
+  // those the slots that hold computed tokens.
+  int64_t kv_reserved_token_slots = 0;
+  int64_t kv_filled_token_slots = 0;
+  int64_t grammar_masks = 0;           // token masks applied (structured output)
+  int64_t grammar_drafts_trimmed = 0;  // drafted tokens cut because the grammar forbids them
+};
+
+}  // namespace tandem
