@@ -20,3 +20,10 @@ set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE BOTH)
 # libc.so.6 (private ABI between the two, e.g. the thread-stack cache list in _rtld_global)
 # made every pthread_create spin forever.
 set(CMAKE_CROSSCOMPILING_EMULATOR qemu-aarch64;-L;/)
+# aarch64's baseline has FMA, so GCC would contract a * b + c into one rounding in every file,
+# while x86-64's baseline has none: the tests' scalar references (e.g. quant_matmul_test's
+# (dot * scale) + bias) then differ from the kernels, which round twice as specified (they are
+# built with -ffp-contract=off on every architecture). Off everywhere keeps the bits of plain
+# C++ arithmetic the same on both architectures.
+set(CMAKE_C_FLAGS_INIT "-ffp-contract=off")
+set(CMAKE_CXX_FLAGS_INIT "-ffp-contract=off")

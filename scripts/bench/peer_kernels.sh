@@ -22,6 +22,7 @@
 # of a before / after of the kernels themselves.
 # Rounds interleave (Tandem new, Tandem old, Tandem base, llama.cpp per pair); the report takes
 # medians.
+# PEER_RUN_PEER=0 skips llama.cpp (Tandem's sides only, e.g. a quick base / new check).
 # Environment (defaults): PEER_OUTPUT_LEN (OUT above, 128), PEER_TANDEM_SIMD (avx2),
 # PEER_OLD_INPUT (f32; none: no old-input side), PEER_BASE_BUILD (unset), PEER_THREADS (2),
 # BENCH_REPS (3), PEER_PAIRS ("int8:q8_0 int4g32:q4_0 bf16:f16"), BUILD_DIR (build),
@@ -121,7 +122,7 @@ for rep in $(seq 1 "$REPS"); do
       tandem_run "$tf" "$OLD_INPUT" "$rep" old
     fi
     [ -z "$BASE_QB" ] || tandem_run "$tf" "$(new_input "$tf")" "$rep" base "$BASE_QB"
-    peer_run "$pt" "$rep"
+    [ "${PEER_RUN_PEER:-1}" = 0 ] || peer_run "$pt" "$rep"
   done
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.txt"
