@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The aarch64 check (not yet a stage of scripts/test.sh: on the 2-core CI machine, loaded,
-# every test that runs a ThreadPool of 2 threads hung under qemu-aarch64 7.2, thread_pool_test's
-# first case included; the single-threaded ones pass): cross-builds the CPU engine for aarch64
-# with Debian's cross toolchain (cmake/aarch64-linux-gnu.cmake, TANDEM_ENGINE_ONLY: no gRPC, HTTP or workers)
-# into ./build-aarch64 and runs, under qemu-user, the kernel tests at every aarch64 tier (qemu's
-# default CPU has them all: neon, neon-dotprod, neon-i8mm) and the CPU backend's tests on the
-# bundled models: logits against their independent reference logits, batch invariance, and
-# quantized weights (int8 inputs among them). Correctness, not speed (qemu emulates). Only
-# what runs is built: the kernels, model and backend libraries (no tokenizer, engine or gRPC).
+# The aarch64 stage: cross-builds the CPU engine for aarch64 with Debian's cross toolchain
+# (cmake/aarch64-linux-gnu.cmake, TANDEM_ENGINE_ONLY: no gRPC, HTTP or workers) into
+# ./build-aarch64 and runs, under qemu-user, the thread pool's tests, the kernel tests at every
+# aarch64 tier (qemu's default CPU has them all: neon, neon-dotprod, neon-i8mm) and the CPU
+# backend's tests on the bundled models: logits against their independent reference logits,
+# batch invariance, and quantized weights (int8 inputs among them). Correctness, not speed (qemu
+# emulates; its threads run on an x86 host's stronger memory order, so the pool's orders on a
+# weakly ordered CPU rest on thread_pool.h's reasoning and the TSan stage). Only what runs is built:
+# the kernels, model and backend libraries (no tokenizer, engine or gRPC).
 # Usage: scripts/cross_aarch64.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 # multi-arch: the amd64 headers serve).
 sudo_cmd=()
 if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
-cross_packages=(g++-aarch64-linux-gnu qemu-user libabsl-dev:arm64 libgtest-dev:arm64
+cross_packages=(g++-aarch64-linux-gnu qemu-user libc6:arm64 libabsl-dev:arm64 libgtest-dev:arm64
                 libgmock-dev:arm64 libonig5:arm64)
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
   "${sudo_cmd[@]}" dpkg --add-architecture arm64
@@ -32,6 +32,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 source scripts/ccache_args.sh
 tests=(
+  thread_pool_test
   # kernels, every tier
   attention_test elementwise_test int8_inputs_test matmul_test matmul_bf16_tiles_test
   matmul_shared_test quant_matmul_test tuned_path_test

@@ -28,6 +28,26 @@ namespace tandem {
 //
 // Workers spin briefly between jobs (decode steps issue many short jobs back to back), then sleep.
 // Run() may be called from one thread at a time (the engine thread); it is not reentrant.
+//
+// Memory order (what makes the pool correct on weakly ordered CPUs such as aarch64, not only on
+// x86's TSO; no relaxed access anywhere):
+// * Publishing a job: the caller writes job_, then each share (release), then current_
+//   (seq_cst). A worker acquires current_, then acquires its share; a claim is a CAS (acq_rel)
+//   on a share whose value comes from the caller's release store or from a stealer's release
+//   store made after its own acquiring CAS, so every claim happens after job_ was written.
+// * Ending a job: every unit is counted in done_ by a fetch_add (acq_rel) after its fn call;
+//   the caller returns when an acquire load reads done_target_, the value of the last of those
+//   read-modify-writes, so every fn call (and job_ read) happens before Run() returns and
+//   before the next job's writes.
+// * Stale workers: a share word carries its job's generation and every CAS compares all of it,
+//   so a worker still in an old job can never claim (or steal) a newer job's units.
+// * Sleeping: a worker adds itself to sleepers_ (seq_cst) under mu_ and then checks current_
+//   (seq_cst); the caller stores current_ (seq_cst) and then loads sleepers_ (seq_cst): in the
+//   single total order of seq_cst operations one of the two sees the other, so no wakeup is lost.
+// * Spins are atomic loads in loops (never hoisted) with a spin hint (pause, yield), bounded:
+//   workers sleep after some tens of microseconds, the joining caller then yields its core.
+// thread_pool_test runs under TSan in CI, which reports a data race when either edge above (the
+// publishing or the ending one) is weakened to relaxed.
 class ThreadPool {
  public:
   explicit ThreadPool(int num_threads);

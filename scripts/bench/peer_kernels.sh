@@ -17,9 +17,14 @@
 #                      prompts in one batch, then OUT steps)
 #   of roofline        Tandem's batch-1 weight bytes per token / step time / the read bandwidth
 #                      measured before each step (quant_bench)
-# Rounds interleave (Tandem new, Tandem old, llama.cpp per pair); the report takes medians.
+# PEER_BASE_BUILD (a build directory of Tandem before a change, with bin/quant_bench): its
+# quant_bench runs too, with the same (default) MatMul input as the new one, as the "base" side
+# of a before / after of the kernels themselves.
+# Rounds interleave (Tandem new, Tandem old, Tandem base, llama.cpp per pair); the report takes
+# medians.
+# PEER_RUN_PEER=0 skips llama.cpp (Tandem's sides only, e.g. a quick base / new check).
 # Environment (defaults): PEER_OUTPUT_LEN (OUT above, 128), PEER_TANDEM_SIMD (avx2),
-# PEER_OLD_INPUT (f32), PEER_THREADS (2),
+# PEER_OLD_INPUT (f32; none: no old-input side), PEER_BASE_BUILD (unset), PEER_THREADS (2),
 # BENCH_REPS (3), PEER_PAIRS ("int8:q8_0 int4g32:q4_0 bf16:f16"), BUILD_DIR (build),
 # TANDEM_MODEL_CACHE (/tmp/tandem-models: llama-1b-bf16, made by `tandem make-model --preset
 # llama-1b --dtype bf16`), BENCH_RESULTS (docs/benchmarks). Writes peer_kernels.{md,json}.
@@ -30,6 +35,8 @@ SRC="$(cd "$1" && pwd)"
 LBIN="$(cd "$2" && pwd)/bin"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 QB="$BUILD_DIR/bin/quant_bench"
+BASE_BUILD="${PEER_BASE_BUILD:-}"
+BASE_QB="${BASE_BUILD:+$(cd "$BASE_BUILD" && pwd)/bin/quant_bench}"
 SIMD="${PEER_TANDEM_SIMD:-avx2}"
 OLD_INPUT="${PEER_OLD_INPUT:-f32}"
 THREADS="${PEER_THREADS:-2}"
@@ -39,12 +46,18 @@ read -ra PAIRS <<<"${PEER_PAIRS:-int8:q8_0 int4g32:q4_0 bf16:f16}"
 CACHE="${TANDEM_MODEL_CACHE:-/tmp/tandem-models}"
 MODEL="$CACHE/llama-1b-bf16"
 OUT="${BENCH_RESULTS:-$ROOT/docs/benchmarks}"
-for f in "$QB" "$LBIN/llama-batched-bench" "$LBIN/llama-quantize"; do
+for f in "$QB" ${BASE_QB:+"$BASE_QB"} "$LBIN/llama-batched-bench" "$LBIN/llama-quantize"; do
   [ -x "$f" ] || { echo "peer_kernels.sh: $f not built" >&2; exit 1; }
 done
 [ -f "$MODEL/config.json" ] || { echo "peer_kernels.sh: no $MODEL" >&2; exit 1; }
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+# PEER_WORK_DIR: keep every raw result there (default: a temporary directory, removed at exit).
+if [ -n "${PEER_WORK_DIR:-}" ]; then
+  WORK="$PEER_WORK_DIR"
+  mkdir -p "$WORK"
+else
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+fi
 log() { echo "peer_kernels: $*" >&2; }
 
 # The same weights for llama.cpp: Tandem's bf16 model as a BF16 GGUF, then llama-quantize.
@@ -79,10 +92,10 @@ new_input() {
   esac
 }
 
-tandem_run() {  # FORMAT INPUT ROUND TAG
-  local fmt="$1" input="$2" rep="$3" tag="$4" args
+tandem_run() {  # FORMAT INPUT ROUND TAG [QUANT_BENCH]
+  local fmt="$1" input="$2" rep="$3" tag="$4" qb="${5:-$QB}" args
   read -ra args <<<"$(qargs "$fmt")"
-  TANDEM_SIMD="$SIMD" "$QB" --model "$MODEL" "${args[@]}" --kv bf16 --threads "$THREADS" --reps 1 \
+  TANDEM_SIMD="$SIMD" "$qb" --model "$MODEL" "${args[@]}" --kv bf16 --threads "$THREADS" --reps 1 \
     --decode-tokens 24 --prefill-tokens 128 --batches 16 --batch-steps 6 \
     --matmul-input "$input" >"$WORK/$tag.$fmt.$rep.json"
   log "tandem $tag $fmt ($input inputs) round $rep: $(cut -c1-160 "$WORK/$tag.$fmt.$rep.json")"
@@ -105,8 +118,11 @@ for rep in $(seq 1 "$REPS"); do
   for pair in "${PAIRS[@]}"; do
     tf="${pair%%:*}" pt="${pair#*:}"
     tandem_run "$tf" "$(new_input "$tf")" "$rep" new
-    [ "$(new_input "$tf")" != "$OLD_INPUT" ] && tandem_run "$tf" "$OLD_INPUT" "$rep" old
-    peer_run "$pt" "$rep"
+    if [ "$OLD_INPUT" != none ] && [ "$(new_input "$tf")" != "$OLD_INPUT" ]; then
+      tandem_run "$tf" "$OLD_INPUT" "$rep" old
+    fi
+    [ -z "$BASE_QB" ] || tandem_run "$tf" "$(new_input "$tf")" "$rep" base "$BASE_QB"
+    [ "${PEER_RUN_PEER:-1}" = 0 ] || peer_run "$pt" "$rep"
   done
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$WORK/machine.txt"
@@ -114,6 +130,6 @@ grep -m1 -ho 'system_info.*' "$WORK"/peer.*.txt | head -1 >>"$WORK/machine.txt" 
 mkdir -p "$OUT"
 /usr/bin/python3 "$ROOT/scripts/bench/render_peer_kernels.py" "$WORK" "$OUT" \
   "$OUTPUT_LEN" "PEER_OUTPUT_LEN=$OUTPUT_LEN PEER_TANDEM_SIMD=$SIMD PEER_OLD_INPUT=$OLD_INPUT \
-PEER_THREADS=$THREADS BENCH_REPS=$REPS PEER_PAIRS='${PAIRS[*]}' scripts/bench/peer_kernels.sh \
+${BASE_BUILD:+PEER_BASE_BUILD=BASE_BUILD_DIR }PEER_THREADS=$THREADS BENCH_REPS=$REPS PEER_PAIRS='${PAIRS[*]}' scripts/bench/peer_kernels.sh \
 LLAMA_CPP_DIR LLAMA_BUILD_DIR"
 log "wrote $OUT/peer_kernels.md"

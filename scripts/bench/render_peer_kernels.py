@@ -1,6 +1,8 @@
 """Section "peer_kernels" (scripts/bench/peer_kernels.sh): Tandem's CPU backend before / after
-against llama.cpp's batched bench, per tier. WORK holds machine.txt, <new|old>.<fmt>.<round>.json
-(quant_bench) and peer.<type>.<round>.txt (llama-batched-bench's table).
+against llama.cpp's batched bench, per tier. WORK holds machine.txt,
+<new|old|base>.<fmt>.<round>.json (quant_bench; old: the input dtype the tier's default used to
+take, base: PEER_BASE_BUILD's binary with today's default) and peer.<type>.<round>.txt
+(llama-batched-bench's table).
     render_peer_kernels.py WORK OUTDIR OUTPUT_LEN COMMAND
 """
 import glob
@@ -59,37 +61,53 @@ def main():
     simd = None
     for f in pairs:
         new, old = tandem(work, "new", f, out_len), tandem(work, "old", f, out_len)
+        base = tandem(work, "base", f, out_len)
         p = peer(work, types[f], out_len)
-        if not old:
-            old = new  # the default did not change for this format
         simd = simd or next((r["simd"] for r in new.values()), None)
 
         def cellv(key, higher_better):
             n = median([r[key] for r in new.values()])
-            o = median([r[key] for r in old.values()])
-            q = median([r[key] for r in p.values()])
+            o = median([r[key] for r in old.values()]) if old else None
+            b = median([r[key] for r in base.values()]) if base else None
+            q = median([r[key] for r in p.values()]) if p else None
             rs = [new[r][key] / p[r][key] for r in new if r in p]
-            ratio = median(rs)
-            summary["pairs"].setdefault(f, {})[key] = {"old": o, "new": n, "peer": q,
-                                                       "ratio_new_peer": ratio, "ratios": rs}
-            if not higher_better and ratio:
-                ratio = 1 / ratio  # speed-up: peer / Tandem time
-            return f"{fmt(o)} -> **{fmt(n)}** / {fmt(q)} ({fmt(ratio)}x)"
+            ratio = median(rs) if rs else None
+            bs = [new[r][key] / base[r][key] for r in new if r in base]
+            bratio = median(bs) if bs else None
+            summary["pairs"].setdefault(f, {})[key] = {
+                "old": o, "base": b, "new": n, "peer": q, "ratio_new_peer": ratio,
+                "ratios": rs, "ratio_new_base": bratio, "ratios_base": bs}
+            if not higher_better:  # speed-ups: the other side's time / Tandem's
+                ratio = 1 / ratio if ratio else None
+                bratio = 1 / bratio if bratio else None
+            sides = ([fmt(o)] if o is not None else []) + ([fmt(b)] if b is not None else [])
+            cell = " -> ".join(sides + [f"**{fmt(n)}**"])
+            if bratio is not None:
+                cell += f" ({fmt(bratio)}x)"
+            if q is not None:
+                cell += f" / {fmt(q)} ({fmt(ratio)}x)"
+            return cell
 
-        roof_new = median([r["roof"] for r in new.values() if r["roof"]])
-        roof_old = median([r["roof"] for r in old.values() if r["roof"]])
-        summary["pairs"].setdefault(f, {})["roofline"] = {"old": roof_old, "new": roof_new}
-        inputs = f"{next(iter(old.values()))['input']} -> {next(iter(new.values()))['input']}"
+        def roof(side):
+            v = [r["roof"] for r in side.values() if r["roof"]]
+            return median(v) if v else None
+
+        roofs = [roof(s) for s in (old, base) if s] + [roof(new)]
+        summary["pairs"].setdefault(f, {})["roofline"] = {
+            "old": roof(old) if old else None, "base": roof(base) if base else None,
+            "new": roof(new)}
+        inputs = " -> ".join([next(iter(s.values()))["input"] for s in (old, base) if s] +
+                             [next(iter(new.values()))["input"]])
         rows.append([f"{NAMES.get(f, f)} / {types[f]}", inputs, cellv("tpot", False),
                      cellv("ttft", False), cellv("agg", True),
-                     f"{100 * roof_old:.0f}% -> **{100 * roof_new:.0f}%**"
-                     if roof_new and roof_old else "-"])
+                     " -> ".join(f"{100 * r:.0f}%" if r else "-" for r in roofs)])
     md = (f"## Engine against engine per tier: {simd}\n\n"
           f"Produced by `scripts/bench/peer_kernels.sh`. Machine: {machine}.\n\n"
-          "Cells: Tandem before -> **after** / llama.cpp (speed-up of Tandem after over "
-          "llama.cpp, median of the rounds' ratios). Before = the MatMul inputs the tier's "
-          "default used to take, after = today's default (`auto`), same binary and kernels "
-          "otherwise. Batch-1 TPOT and the TTFT of one 128-token prompt are single requests; "
+          "Cells: Tandem [old ->] [base ->] **new** [(speed-up of new over base)] / llama.cpp "
+          "(speed-up of Tandem new over llama.cpp); each figure the median of the rounds, each "
+          "speed-up the median of the rounds' ratios. Old = the MatMul inputs the tier's default "
+          "used to take (same binary); base = the build before a change (`PEER_BASE_BUILD`) with "
+          "today's default inputs (`auto`); new = this build with them. Batch-1 TPOT and the TTFT of one 128-token prompt are single requests; "
           f"the aggregate at C=16 is 16 x {out_len} output tokens over the 16 prompts' prefill "
           f"plus {out_len} decode steps at batch 16. Roofline: Tandem's batch-1 weight bytes per token / "
           "step time / read bandwidth measured before each step.\n\n")
