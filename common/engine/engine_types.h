@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/engine/engine_faults.h"
 #include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/kv/tiers/tier_options.h"
 #include "common/engine/sampler/sampler.h"
 #include "common/engine/sampler/sampling_params.h"
 #include "common/engine/scheduler/scheduler.h"
@@ -48,6 +49,8 @@ struct EngineOptions {
   // called once per engine, after its KV cache manager exists and before its scheduler is
   // made. Null: none.
   EngineExtensionFactory extensions;
+  // KV cache tiers below the pool (host memory, local disk; tier_feature.h). Default: off.
+  KvTierOptions kv_tiers;
 };
 
 struct EngineRequest {
@@ -145,6 +148,7 @@ struct EngineStats {
   int64_t kv_filled_token_slots = 0;
   int64_t grammar_masks = 0;           // token masks applied (structured output)
   int64_t grammar_drafts_trimmed = 0;  // drafted tokens cut because the grammar forbids them
+  KvTierStats kv_tiers;                // KV cache tiers (enabled false: none)
 };
 
 }  // namespace tandem

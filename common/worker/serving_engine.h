@@ -7,6 +7,7 @@
 #include "common/engine/async_engine.h"
 #include "common/engine/engine_builder.h"
 #include "common/metrics/engine_metrics.h"
+#include "common/metrics/kv_tier_metrics.h"
 #include "common/metrics/spec_metrics.h"
 #include "common/worker/kv_event_log.h"
 #include "prometheus/registry.h"
@@ -23,7 +24,8 @@ struct ServingEngine {
   int64_t max_model_len = 0;
   KvEventLog events;
   std::unique_ptr<EngineMetrics> metrics;
-  std::unique_ptr<SpecMetrics> spec_metrics;  // only when speculating: no empty series otherwise
+  std::unique_ptr<SpecMetrics> spec_metrics;    // only when speculating: no empty series otherwise
+  std::unique_ptr<KvTierMetrics> tier_metrics;  // only with KV offload tiers
   std::unique_ptr<AsyncEngine> engine;
 };
 

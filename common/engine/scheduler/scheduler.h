@@ -70,6 +70,7 @@ class Scheduler {
   const std::vector<Sequence*>& awaiting() const { return awaiting_; }
   const std::vector<Sequence*>& running() const { return running_; }
   const std::vector<Sequence*>& pending() const { return pending_; }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }  // in service order
 
   SchedulerOutput Schedule();
 

@@ -4,9 +4,9 @@
 #include <cstdint>
 #include <string>
 
-namespace tandem {
+#include "common/metrics/kv_tier_hooks.h"
 
-class KvTierHooks;
+namespace tandem {
 
 // The tiers below the KV pool (README.md). Defaults: every tier off.
 struct KvTierOptions {
@@ -35,34 +35,8 @@ struct KvTierOptions {
   bool enabled() const { return host_bytes > 0 || !disk_dir.empty(); }
 };
 
+// KvTierStats, KvTierCounters: common/metrics/kv_tier_hooks.h (indexed by KvTier).
 enum class KvTier { kHost = 0, kDisk = 1 };
 inline constexpr std::array<const char*, 2> kKvTierNames = {"host", "disk"};
-
-// Counters of one tier (cumulative) and its state (current).
-struct KvTierCounters {
-  bool enabled = false;
-  int64_t capacity_bytes = 0;
-  int64_t used_bytes = 0;
-  int64_t blocks = 0;
-  int64_t hits = 0;       // blocks a load found here
-  int64_t misses = 0;     // blocks a load looked for here and did not find (or found corrupt)
-  int64_t corrupt = 0;    // of the misses: found but failed the checks (then deleted)
-  int64_t bytes_in = 0;   // written into this tier
-  int64_t bytes_out = 0;  // read from it by loads
-  int64_t evictions = 0;  // blocks dropped to make room
-};
-
-struct KvTierStats {
-  bool enabled = false;
-  std::array<KvTierCounters, 2> tier;  // by KvTier
-  int64_t write_queue_blocks = 0;      // write-behind queue depth now
-  int64_t write_queue_bytes = 0;
-  int64_t write_drops = 0;      // blocks not written because the queue was full (cumulative)
-  int64_t loads = 0;            // loads finished (cumulative)
-  int64_t loaded_blocks = 0;    // blocks loaded into the pool (cumulative)
-  int64_t loads_in_flight = 0;  // now
-  int64_t pinned_blocks = 0;    // loaded, waiting for their request's admission (now)
-  int64_t cancelled_loads = 0;  // whose request ended before they finished (cumulative)
-};
 
 }  // namespace tandem

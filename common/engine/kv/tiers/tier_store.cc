@@ -110,6 +110,9 @@ void KvTierStore::WriterLoop() {
     write_bytes_ -= size;
     queued_.erase(block->hash);
     if (write_bytes_ == 0) flushed_cv_.notify_all();
+    lock.unlock();
+    Publish();
+    lock.lock();
   }
 }
 
@@ -195,6 +198,7 @@ void KvTierStore::LoaderLoop() {
     if (cancelled_.erase(job.id) == 0) completed_.push_back(std::move(done));
     std::function<void()> ready = ready_;
     lock.unlock();
+    Publish();
     if (ready) ready();
     lock.lock();
   }
@@ -219,7 +223,23 @@ KvTierStats KvTierStore::stats() const {
   s.loads = loads_done_;
   s.loads_in_flight = in_flight_;
   s.cancelled_loads = cancelled_loads_;
+  s.loaded_blocks = installed_;
+  s.pinned_blocks = pinned_;
   return s;
+}
+
+void KvTierStore::NoteInstalled(int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  installed_ += blocks;
+}
+
+void KvTierStore::SetPinned(int64_t blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pinned_ = blocks;
+}
+
+void KvTierStore::Publish() const {
+  if (options_.hooks != nullptr) options_.hooks->OnStats(stats());
 }
 
 }  // namespace tandem

@@ -60,7 +60,12 @@ class KvTierStore {
   void CancelLoad(uint64_t id);
   std::vector<TierLoad> TakeCompleted();
 
+  // The engine's side of the numbers: blocks installed into the pool, blocks pinned now.
+  void NoteInstalled(int64_t blocks);
+  void SetPinned(int64_t blocks);
   KvTierStats stats() const;
+  // Reports stats() to the hooks (also done after every write and load).
+  void Publish() const;
   const KvTierOptions& options() const { return options_; }
   bool disk_enabled() const { return disk_ != nullptr && disk_->enabled(); }
 
@@ -93,6 +98,8 @@ class KvTierStore {
   int64_t loads_done_ = 0;
   int64_t cancelled_loads_ = 0;
   int64_t in_flight_ = 0;
+  int64_t installed_ = 0;
+  int64_t pinned_ = 0;
   std::function<void()> ready_;
   std::thread writer_, loader_;
 };

@@ -1,0 +1,229 @@
+// KV cache tiers as an engine feature (tier_feature.h): copy-out at eviction, held loads,
+// installation of loaded blocks into the prefix cache.
+
+#include "common/engine/tier_feature.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/base/log.h"
+
+namespace tandem {
+namespace {
+
+// The sequence's "looked up already" mark.
+struct Tried : FeatureState {
+  std::unique_ptr<FeatureState> Clone() const override { return std::make_unique<Tried>(); }
+};
+
+}  // namespace
+
+TierFeature::TierFeature(std::unique_ptr<KvTierStore> store) : store_(std::move(store)) {}
+
+TierFeature::~TierFeature() {
+  if (slot_ < 0) return;  // never started
+  core().pool().set_eviction_hook(nullptr);
+  store_->set_ready_callback(nullptr);
+  if (store_->disk_enabled()) FlushPool(absl::Seconds(10));
+  store_.reset();  // joins the store's threads
+}
+
+void TierFeature::Start() {
+  slot_ = core().AllocateFeatureSlot();
+  core().pool().set_eviction_hook([this](int32_t block) { OnEvict(block); });
+  EngineWake* wake = &core().wake();
+  store_->set_ready_callback([wake] { wake->Notify(); });
+}
+
+std::shared_ptr<TierBlock> TierFeature::CopyOut(int32_t block) {
+  const std::optional<BlockPool::CachedIdentity> id = core().pool().Identity(block);
+  if (!id.has_value()) return nullptr;
+  Backend& backend = core().backend();
+  const KvCacheSpec& spec = backend.kv_spec();
+  const size_t layer_bytes = spec.bytes_per_block_layer();
+  auto out = std::make_shared<TierBlock>();
+  out->hash = id->hash;
+  out->parent = id->parent;
+  out->salt = id->salt_hash;
+  out->tokens.assign(id->tokens.begin(), id->tokens.end());
+  out->payload.resize(layer_bytes * spec.num_layers);
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    uint8_t* dst = out->payload.data() + l * layer_bytes;
+    if (const uint8_t* src = backend.HostBlockRegion(l, block); src != nullptr) {
+      std::memcpy(dst, src, layer_bytes);
+    } else if (!backend.ReadBlockRegion(l, block, dst).ok()) {
+      return nullptr;
+    }
+  }
+  return out;
+}
+
+void TierFeature::OnEvict(int32_t block) {
+  const std::optional<BlockHash> hash = core().pool().HashOf(block);
+  if (!hash.has_value() || !store_->ShouldOffer(*hash)) return;
+  if (std::shared_ptr<TierBlock> b = CopyOut(block)) store_->Offer(std::move(b));
+}
+
+void TierFeature::BeforeSchedule() {
+  if (static_cast<int64_t>(loads_.size()) >= store_->options().max_loads_in_flight) return;
+  // The sequences the scheduler could admit soon: the head of the queue, a batch's worth.
+  std::vector<Sequence*> candidates;
+  const int64_t look = core().options().scheduler.max_num_seqs;
+  for (Sequence* seq : core().scheduler().waiting()) {
+    if (static_cast<int64_t>(candidates.size()) >= look) break;
+    if (seq->features.get<Tried>(slot_) == nullptr) candidates.push_back(seq);
+  }
+  for (Sequence* seq : candidates) MaybeLoad(seq);
+}
+
+void TierFeature::MaybeLoad(Sequence* seq) {
+  seq->features.set(slot_, std::make_unique<Tried>());
+  if (static_cast<int64_t>(loads_.size()) >= store_->options().max_loads_in_flight) return;
+  const BlockPool& pool = core().pool();
+  const int64_t bs = core().kv().block_size();
+  // As AcquirePrefix: blocks wholly inside the first num_tokens - 1 tokens.
+  const int64_t max_blocks = (seq->num_tokens() - 1) / bs;
+  if (max_blocks <= 0) return;
+  std::vector<BlockHash> hashes(max_blocks);
+  ComputeBlockHashes(absl::Span<const int32_t>(seq->tokens).subspan(0, max_blocks * bs), bs,
+                     seq->blocks.salt_hash, hashes.data());
+  int64_t in_pool = 0;
+  while (in_pool < max_blocks && pool.IsCached(hashes[in_pool])) ++in_pool;
+  if (in_pool == max_blocks) return;
+  const int64_t found = store_->Probe(absl::Span<const BlockHash>(hashes).subspan(in_pool));
+  if (found == 0) return;
+  const auto limit =
+      static_cast<int64_t>(store_->options().max_pinned_fraction * pool.num_blocks());
+  if (pinned_blocks_ + in_pool + found > limit) return;
+  core().scheduler().Hold(seq);
+  const uint64_t id = store_->StartLoad(
+      std::vector<BlockHash>(hashes.begin() + in_pool, hashes.begin() + in_pool + found));
+  loads_[id] = Load{seq, in_pool};
+  load_of_[seq] = id;
+}
+
+void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
+  store_->Publish();
+  if (loads_.empty()) return;
+  for (const TierLoad& result : store_->TakeCompleted()) {
+    auto it = loads_.find(result.id);
+    if (it == loads_.end()) continue;  // its sequence ended meanwhile
+    const Load load = it->second;
+    loads_.erase(it);
+    load_of_.erase(load.seq);
+    Install(load, result);
+    core().scheduler().Release(load.seq);
+  }
+}
+
+void TierFeature::Install(const Load& load, const TierLoad& result) {
+  Sequence* seq = load.seq;
+  KvCacheManager& kv = core().kv();
+  BlockPool& pool = core().pool();
+  Backend& backend = core().backend();
+  const KvCacheSpec& spec = backend.kv_spec();
+  const size_t layer_bytes = spec.bytes_per_block_layer();
+  const int64_t bs = kv.block_size();
+  SequenceBlocks pin;
+  pin.salt_hash = seq->blocks.salt_hash;
+  // The pool's prefix as it is now (it may have grown or shrunk while the load ran).
+  kv.AcquirePrefix(seq->tokens, &pin);
+  const int64_t have = static_cast<int64_t>(pin.table.size());
+  const int64_t end = load.first_block + static_cast<int64_t>(result.blocks.size());
+  int64_t installed = 0;
+  if (have >= load.first_block) {
+    for (int64_t i = have; i < end; ++i) {
+      const TierBlock& b = *result.blocks[i - load.first_block];
+      const BlockHash parent = i == 0 ? kNoParentHash : pin.hashes[i - 1];
+      const auto tokens = absl::Span<const int32_t>(seq->tokens).subspan(i * bs, bs);
+      // Exactly the block this sequence needs, as a pool hit is checked.
+      if (b.parent != parent || b.salt != pin.salt_hash ||
+          absl::Span<const int32_t>(b.tokens) != tokens ||
+          b.payload.size() != layer_bytes * spec.num_layers || pool.IsCached(b.hash)) {
+        break;
+      }
+      std::optional<int32_t> block = pool.Allocate();
+      if (!block.has_value()) break;
+      bool written = true;
+      for (int64_t l = 0; l < spec.num_layers && written; ++l) {
+        const uint8_t* src = b.payload.data() + l * layer_bytes;
+        if (uint8_t* dst = backend.HostBlockRegion(l, *block); dst != nullptr) {
+          std::memcpy(dst, src, layer_bytes);
+        } else {
+          written = backend.WriteBlockRegion(l, *block, src).ok();
+        }
+      }
+      if (!written || !pool.Register(*block, b.hash, b.parent, b.tokens, b.salt)) {
+        pool.Release(*block);
+        break;
+      }
+      pin.table.push_back(*block);
+      pin.hashes.push_back(b.hash);
+      pin.registered = static_cast<int64_t>(pin.table.size());
+      ++installed;
+    }
+  }
+  store_->NoteInstalled(installed);
+  if (installed == 0) {
+    kv.Free(&pin);
+    return;
+  }
+  pinned_blocks_ += static_cast<int64_t>(pin.table.size());
+  store_->SetPinned(pinned_blocks_);
+  pins_[seq] = std::move(pin);
+}
+
+void TierFeature::Unpin(Sequence* seq) {
+  auto it = pins_.find(seq);
+  if (it == pins_.end()) return;
+  pinned_blocks_ -= static_cast<int64_t>(it->second.table.size());
+  store_->SetPinned(pinned_blocks_);
+  core().kv().Free(&it->second);
+  pins_.erase(it);
+}
+
+void TierFeature::AfterSchedule(const SchedulerOutput& plan,
+                                std::vector<SequenceUpdate>* /*updates*/) {
+  if (pins_.empty()) return;
+  // Admitted: the sequence holds its own references on the blocks now.
+  for (const ScheduledSeq& s : plan.scheduled) Unpin(s.seq);
+  for (Sequence* seq : plan.reserved) Unpin(seq);
+}
+
+void TierFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdate* /*update*/) {
+  auto it = load_of_.find(seq);
+  if (it != load_of_.end()) {
+    store_->CancelLoad(it->second);
+    loads_.erase(it->second);
+    load_of_.erase(it);
+  }
+  Unpin(seq);
+}
+
+void TierFeature::AddStats(EngineStats* stats) const { stats->kv_tiers = store_->stats(); }
+
+void TierFeature::FlushPool(absl::Duration budget) {
+  const absl::Time deadline = absl::Now() + budget;
+  BlockPool& pool = core().pool();
+  const int64_t queue = store_->options().write_queue_bytes;
+  int64_t offered = 0;
+  for (int32_t block = 0; block < pool.num_blocks() && store_->disk_enabled(); ++block) {
+    const std::optional<BlockHash> hash = pool.HashOf(block);
+    if (!hash.has_value() || !store_->ShouldOffer(*hash)) continue;
+    // Room in the queue first (this is shutdown: waiting is fine, within the budget).
+    while (store_->stats().write_queue_bytes >= queue && absl::Now() < deadline) {
+      store_->Flush(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+    }
+    if (absl::Now() >= deadline) break;
+    if (std::shared_ptr<TierBlock> b = CopyOut(block)) {
+      store_->Offer(std::move(b));
+      ++offered;
+    }
+  }
+  const bool done = store_->Flush(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  TLOG(INFO) << "KV tiers: " << offered << " cached pool blocks written to disk at shutdown"
+             << (done ? "" : " (time budget spent: the rest are dropped)");
+}
+
+}  // namespace tandem

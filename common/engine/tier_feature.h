@@ -1,0 +1,72 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "common/engine/engine_core.h"
+#include "common/engine/engine_feature.h"
+#include "common/engine/kv/tiers/tier_store.h"
+
+namespace tandem {
+
+// KV cache tiers below the pool (issue 48; kv/tiers/README.md) as an engine feature.
+//
+// - Write path: the pool's eviction hook (BlockPool::set_eviction_hook) copies a cached block that
+//   is about to be reused (identity and bytes, on the engine thread, only when some tier lacks it
+//   and could take it) and offers it to the store, which keeps it in the host tier and writes it
+//   to disk behind, on its own thread. At destruction the blocks still cached in the pool are
+//   written to the disk tier too (bounded time), so a restarted worker finds them.
+// - Read path: before the scheduler plans (BeforeSchedule), a waiting sequence whose prompt
+//   continues past the pool's cached prefix with blocks some tier holds is held
+//   (Scheduler::Hold: kPending, no slot, no blocks; others keep stepping) while the loader
+//   thread reads them. At the next step's OnStepBegin the blocks that match the sequence
+//   exactly (parent, tokens, salt) are written into freshly allocated pool blocks and registered
+//   in the prefix cache, pinned (one reference) together with the pool prefix before them, and the
+//   sequence is released: its admission takes them as a prefix hit (usage cached_tokens counts
+//   them). The pin is dropped once it is admitted (AfterSchedule) or ends (OnFinish).
+// - A sequence is looked up at most once (a preempted one recomputes); loads in flight and pinned
+//   blocks are bounded (KvTierOptions::max_loads_in_flight, max_pinned_fraction).
+// Engine thread, except the store's threads (which touch only the store) and the ready callback
+// (EngineWake::Notify).
+class TierFeature final : public EngineFeature {
+ public:
+  explicit TierFeature(std::unique_ptr<KvTierStore> store);
+  ~TierFeature() override;
+  const char* name() const override { return "kv tiers"; }
+
+  // After Attach (Engine::Create): installs the eviction hook and the ready callback.
+  void Start();
+
+  void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // loads land
+  void BeforeSchedule() override;                                   // loads start
+  void AfterSchedule(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates) override;
+  void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
+  void AddStats(EngineStats* stats) const override;
+
+  KvTierStore& store() { return *store_; }
+
+ private:
+  struct Load {
+    Sequence* seq = nullptr;
+    int64_t first_block = 0;  // the loaded blocks follow this many in the pool
+  };
+  // The identity and bytes of cached pool block `block`.
+  std::shared_ptr<TierBlock> CopyOut(int32_t block);
+  void OnEvict(int32_t block);
+  void MaybeLoad(Sequence* seq);
+  void Install(const Load& load, const TierLoad& result);
+  void Unpin(Sequence* seq);
+  // Writes the pool's cached blocks to the disk tier (shutdown), within `budget`.
+  void FlushPool(absl::Duration budget);
+
+  std::unique_ptr<KvTierStore> store_;
+  int slot_ = -1;
+  std::unordered_map<uint64_t, Load> loads_;  // load id -> the sequence waiting for it
+  std::unordered_map<Sequence*, uint64_t> load_of_;
+  std::unordered_map<Sequence*, SequenceBlocks> pins_;
+  int64_t pinned_blocks_ = 0;
+};
+
+}  // namespace tandem
