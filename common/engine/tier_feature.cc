@@ -78,29 +78,33 @@ void TierFeature::BeforeSchedule() {
 }
 
 void TierFeature::MaybeLoad(Sequence* seq) {
-  seq->features.set(slot_, std::make_unique<Tried>());
   if (static_cast<int64_t>(loads_.size()) >= store_->options().max_loads_in_flight) return;
   const BlockPool& pool = core().pool();
   const int64_t bs = core().kv().block_size();
   // As AcquirePrefix: blocks wholly inside the first num_tokens - 1 tokens.
   const int64_t max_blocks = (seq->num_tokens() - 1) / bs;
-  if (max_blocks <= 0) return;
-  std::vector<BlockHash> hashes(max_blocks);
-  ComputeBlockHashes(absl::Span<const int32_t>(seq->tokens).subspan(0, max_blocks * bs), bs,
+  std::vector<BlockHash> hashes(std::max<int64_t>(0, max_blocks));
+  ComputeBlockHashes(absl::Span<const int32_t>(seq->tokens).subspan(0, hashes.size() * bs), bs,
                      seq->blocks.salt_hash, hashes.data());
   int64_t in_pool = 0;
   while (in_pool < max_blocks && pool.IsCached(hashes[in_pool])) ++in_pool;
-  if (in_pool == max_blocks) return;
-  const int64_t found = store_->Probe(absl::Span<const BlockHash>(hashes).subspan(in_pool));
-  if (found == 0) return;
+  int64_t found = in_pool < max_blocks
+                      ? store_->Probe(absl::Span<const BlockHash>(hashes).subspan(in_pool))
+                      : 0;
   const auto limit =
       static_cast<int64_t>(store_->options().max_pinned_fraction * pool.num_blocks());
-  if (pinned_blocks_ + in_pool + found > limit) return;
+  // Over the bound on pinned blocks: looked at again at a later step (unless it alone is over).
+  const int64_t held = pinned_blocks_ + loading_blocks_;
+  if (found > 0 && held > 0 && held + in_pool + found > limit) return;
+  seq->features.set(slot_, std::make_unique<Tried>());
+  found = std::min(found, limit - in_pool);  // a prefix longer than the bound: its head only
+  if (found <= 0) return;
   core().scheduler().Hold(seq);
   const uint64_t id = store_->StartLoad(
       std::vector<BlockHash>(hashes.begin() + in_pool, hashes.begin() + in_pool + found));
-  loads_[id] = Load{seq, in_pool};
+  loads_[id] = Load{seq, in_pool, in_pool + found};
   load_of_[seq] = id;
+  loading_blocks_ += in_pool + found;
 }
 
 void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
@@ -110,6 +114,7 @@ void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
     auto it = loads_.find(result.id);
     if (it == loads_.end()) continue;  // its sequence ended meanwhile
     const Load load = it->second;
+    loading_blocks_ -= load.blocks;
     loads_.erase(it);
     load_of_.erase(load.seq);
     Install(load, result);
@@ -195,6 +200,7 @@ void TierFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdat
   auto it = load_of_.find(seq);
   if (it != load_of_.end()) {
     store_->CancelLoad(it->second);
+    loading_blocks_ -= loads_[it->second].blocks;
     loads_.erase(it->second);
     load_of_.erase(it);
   }

@@ -51,6 +51,7 @@ class TierFeature final : public EngineFeature {
   struct Load {
     Sequence* seq = nullptr;
     int64_t first_block = 0;  // the loaded blocks follow this many in the pool
+    int64_t blocks = 0;       // blocks it may pin: first_block + those asked for
   };
   // The identity and bytes of cached pool block `block`.
   std::shared_ptr<TierBlock> CopyOut(int32_t block);
@@ -67,6 +68,7 @@ class TierFeature final : public EngineFeature {
   std::unordered_map<Sequence*, uint64_t> load_of_;
   std::unordered_map<Sequence*, SequenceBlocks> pins_;
   int64_t pinned_blocks_ = 0;
+  int64_t loading_blocks_ = 0;  // what the loads in flight may pin
 };
 
 }  // namespace tandem

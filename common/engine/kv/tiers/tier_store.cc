@@ -77,7 +77,7 @@ void KvTierStore::Offer(TierBlockPtr block) {
       return;
     }
     write_bytes_ += size;
-    queued_.insert(block->hash);
+    queued_[block->hash] = block;
     writes_.push_back(std::move(block));
   }
   write_cv_.notify_one();
@@ -119,7 +119,11 @@ void KvTierStore::WriterLoop() {
 int64_t KvTierStore::Probe(absl::Span<const BlockHash> hashes) const {
   int64_t n = 0;
   for (BlockHash h : hashes) {
-    const bool found = (host_ != nullptr && host_->Contains(h)) || (disk_ && disk_->Contains(h));
+    bool found = (host_ != nullptr && host_->Contains(h)) || (disk_ && disk_->Contains(h));
+    if (!found && disk_ != nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      found = queued_.count(h) != 0;
+    }
     if (!found) break;
     ++n;
   }
@@ -162,6 +166,15 @@ TierBlockPtr KvTierStore::Fetch(BlockHash hash) {
     if (TierBlockPtr b = host_->Get(hash)) return b;
   }
   if (disk_ != nullptr) {
+    {
+      // Still on its way to the disk: served from the queue (counted as a disk hit).
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = queued_.find(hash);
+      if (it != queued_.end()) {
+        ++queue_hits_;
+        return it->second;
+      }
+    }
     std::optional<TierBlock> b = disk_->Get(hash);
     if (b.has_value()) {
       auto block = std::make_shared<const TierBlock>(std::move(*b));
@@ -217,6 +230,7 @@ KvTierStats KvTierStore::stats() const {
   if (host_ != nullptr) s.tier[static_cast<int>(KvTier::kHost)] = host_->counters();
   if (disk_ != nullptr) s.tier[static_cast<int>(KvTier::kDisk)] = disk_->counters();
   std::lock_guard<std::mutex> lock(mu_);
+  s.tier[static_cast<int>(KvTier::kDisk)].hits += queue_hits_;
   s.write_queue_blocks = static_cast<int64_t>(queued_.size());
   s.write_queue_bytes = write_bytes_;
   s.write_drops = write_drops_;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -51,8 +52,8 @@ class KvTierStore {
   bool Flush(absl::Duration timeout);
 
   // --- Read path ---
-  // How many leading `hashes` some tier holds (as far as the indexes know: a file may still
-  // fail its checks at load).
+  // How many leading `hashes` some tier holds, the write-behind queue included (as far as the
+  // indexes know: a file may still fail its checks at load).
   int64_t Probe(absl::Span<const BlockHash> hashes) const;
   // Queues a load of the leading blocks of `hashes`; returns its id.
   uint64_t StartLoad(std::vector<BlockHash> hashes);
@@ -88,8 +89,9 @@ class KvTierStore {
   std::condition_variable write_cv_, load_cv_, flushed_cv_;
   bool stop_ = false;
   std::deque<TierBlockPtr> writes_;
-  std::unordered_set<BlockHash> queued_;  // hashes in writes_ (or being written)
-  int64_t write_bytes_ = 0;               // of writes_ and the one being written
+  // The blocks in writes_ (and the one being written): loads find them here too.
+  std::unordered_map<BlockHash, TierBlockPtr> queued_;
+  int64_t write_bytes_ = 0;  // of writes_ and the one being written
   int64_t write_drops_ = 0;
   std::deque<LoadJob> loads_;
   std::unordered_set<uint64_t> cancelled_;
@@ -99,6 +101,7 @@ class KvTierStore {
   int64_t cancelled_loads_ = 0;
   int64_t in_flight_ = 0;
   int64_t installed_ = 0;
+  int64_t queue_hits_ = 0;  // loads served from the write-behind queue
   int64_t pinned_ = 0;
   std::function<void()> ready_;
   std::thread writer_, loader_;
