@@ -174,8 +174,8 @@ TEST(EngineTiersTest, GreedyIdenticalWithTiersOnAndOffForEveryKvDtype) {
     ExpectSameTokens(base, with_disk);
     ExpectSameTokens(base, with_host);
     // The tiers served what the pool had lost.
-    EXPECT_GT(disk->stats().kv_tiers.loaded_blocks, 10);
-    EXPECT_GT(host->stats().kv_tiers.loaded_blocks, 10);
+    EXPECT_GE(disk->stats().kv_tiers.loaded_blocks, 5);
+    EXPECT_GE(host->stats().kv_tiers.loaded_blocks, 5);
     EXPECT_GT(CachedTokens(with_disk), CachedTokens(base) + 160);
     EXPECT_GT(CachedTokens(with_host), CachedTokens(base) + 160);
     EXPECT_GT(disk->stats().kv_tiers.tier[1].hits, 0);
