@@ -196,6 +196,29 @@ void TierFeature::AfterSchedule(const SchedulerOutput& plan,
   for (Sequence* seq : plan.reserved) Unpin(seq);
 }
 
+void TierFeature::BeforeForward(const SchedulerOutput& plan,
+                                const std::vector<Sequence*>& /*sampled*/,
+                                ForwardBatch* /*batch*/) {
+  int64_t prefill = 0, total = 0;
+  for (const ScheduledSeq& s : plan.scheduled) {
+    total += s.num_new_tokens;
+    const int64_t prompt_left = s.seq->prompt_len - s.seq->num_computed;
+    prefill += std::clamp<int64_t>(prompt_left, 0, s.num_new_tokens);
+  }
+  // Only passes that are mostly prefill say what prefilling costs; a block's worth at least.
+  const bool timed = prefill * 2 >= total && prefill >= core().backend().kv_spec().block_size;
+  forward_tokens_ = timed ? total : 0;
+  if (timed) forward_start_ = absl::Now();
+}
+
+void TierFeature::AfterForward() {
+  if (forward_tokens_ == 0) return;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - forward_start_);
+  store_->NotePrefill(seconds / static_cast<double>(forward_tokens_) *
+                      static_cast<double>(core().backend().kv_spec().block_size));
+  forward_tokens_ = 0;
+}
+
 void TierFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdate* /*update*/) {
   auto it = load_of_.find(seq);
   if (it != load_of_.end()) {

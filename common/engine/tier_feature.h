@@ -42,6 +42,11 @@ class TierFeature final : public EngineFeature {
   void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // loads land
   void BeforeSchedule() override;                                   // loads start
   void AfterSchedule(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates) override;
+  // Times the forward passes that are mostly prefill: the cost a tier hit saves (reported to the
+  // routers beside each tier's read cost).
+  void BeforeForward(const SchedulerOutput& plan, const std::vector<Sequence*>& sampled,
+                     ForwardBatch* batch) override;
+  void AfterForward() override;
   void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
   void AddStats(EngineStats* stats) const override;
 
@@ -69,6 +74,9 @@ class TierFeature final : public EngineFeature {
   std::unordered_map<Sequence*, SequenceBlocks> pins_;
   int64_t pinned_blocks_ = 0;
   int64_t loading_blocks_ = 0;  // what the loads in flight may pin
+  // The forward pass being timed (batched tokens 0: none).
+  absl::Time forward_start_;
+  int64_t forward_tokens_ = 0;
 };
 
 }  // namespace tandem

@@ -19,6 +19,8 @@ struct KvTierCounters {
   int64_t bytes_in = 0;   // written into this tier
   int64_t bytes_out = 0;  // read from it by loads
   int64_t evictions = 0;  // blocks dropped to make room
+  // Measured seconds to read one block from this tier (recent mean; 0: none read yet).
+  double load_seconds_per_block = 0;
 };
 
 // Everything the tiers of one engine report: per tier (index: 0 host, 1 disk) and the
@@ -34,6 +36,9 @@ struct KvTierStats {
   int64_t loads_in_flight = 0;  // now: requests waiting for blocks from the tiers
   int64_t pinned_blocks = 0;    // loaded, waiting for their request's admission (now)
   int64_t cancelled_loads = 0;  // whose request ended before they finished (cumulative)
+  // Measured seconds to prefill one block's worth of prompt tokens (recent mean; 0: none yet):
+  // what a tier hit saves, against the tier's load_seconds_per_block.
+  double prefill_seconds_per_block = 0;
 };
 
 // What the KV cache tiers report (implemented by KvTierMetrics). Header-only interface: the

@@ -110,7 +110,8 @@ void EngineFlags::Register(FlagSet* f) {
             "memory already, a second-level host cache beside the pool");
   f->String("kv-offload-dir", &o.engine.kv_tiers.disk_dir,
             "KV tiers: a local directory private to this worker for evicted prefix blocks "
-            "(created 0700; survives restarts; one worker per directory). Empty: no disk tier");
+            "(created 0700; survives restarts; one worker per directory: `serve --prefill-workers/"
+            "--decode-workers` gives each worker DIR/<role>-<index>). Empty: no disk tier");
   f->String("kv-offload-disk-size", &kv_offload_disk_size,
             "KV tiers: bytes of --kv-offload-dir to use at most (least recently used first out)");
   f->String("kv-offload-write-bandwidth", &kv_offload_write_bandwidth,
@@ -203,7 +204,9 @@ std::vector<std::string> EngineFlags::ToArgs() const {
   if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
   if (no_prefix_cache) a.push_back("--no-prefix-cache");
   a.push_back("--kv-offload-host-memory=" + kv_offload_host_memory);
-  a.push_back("--kv-offload-dir=" + o.engine.kv_tiers.disk_dir);
+  if (!o.engine.kv_tiers.disk_dir.empty()) {
+    a.push_back("--kv-offload-dir=" + o.engine.kv_tiers.disk_dir);
+  }
   a.push_back("--kv-offload-disk-size=" + kv_offload_disk_size);
   a.push_back("--kv-offload-write-bandwidth=" + kv_offload_write_bandwidth);
   a.push_back("--kv-offload-queue=" + kv_offload_queue);

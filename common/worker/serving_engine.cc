@@ -17,6 +17,8 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> StartServingEngine(const EngineBu
   if (build.engine.kv_tiers.enabled()) {
     s->tier_metrics = std::make_unique<KvTierMetrics>(registry, role);
     build.engine.kv_tiers.hooks = s->tier_metrics.get();
+    s->tier_events = std::make_unique<TierEventForwarder>(&s->events);
+    build.engine.kv_tiers.listener = s->tier_events.get();
   }
   auto built = BuildEngine(build);
   if (!built.ok()) return built.status();

@@ -141,6 +141,7 @@ void DiskTier::Scan() {
   for (const Found& f : found) {
     index_[f.hash] = lru_.insert(lru_.end(), Entry{f.hash, f.bytes});
     c_.used_bytes += f.bytes;
+    if (options_.listener != nullptr) options_.listener->OnTierStored(KvTier::kDisk, f.hash);
   }
   MakeRoomLocked(0);
   TLOG(INFO) << "KV disk tier " << path_ << ": " << index_.size() << " blocks ("
@@ -163,6 +164,7 @@ void DiskTier::EraseLocked(BlockHash hash) {
   c_.used_bytes -= it->second->bytes;
   lru_.erase(it->second);
   index_.erase(it);
+  if (options_.listener != nullptr) options_.listener->OnTierRemoved(KvTier::kDisk, hash);
 }
 
 bool DiskTier::Contains(BlockHash hash) const {
@@ -184,6 +186,11 @@ void DiskTier::Disable(const std::string& why) {
     TLOG(ERROR) << "KV disk tier " << path_ << " turned off: " << why
                 << "; serving continues without it";
     if (options_.hooks != nullptr) options_.hooks->OnTierDisabled("disk");
+    if (options_.listener != nullptr) {
+      // Every block is a miss from now on: routers must stop crediting them.
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Entry& e : lru_) options_.listener->OnTierRemoved(KvTier::kDisk, e.hash);
+    }
   }
 }
 
@@ -227,6 +234,7 @@ void DiskTier::Put(const TierBlock& block) {
   index_[block.hash] = lru_.insert(lru_.end(), Entry{block.hash, size});
   c_.used_bytes += size;
   c_.bytes_in += size;
+  if (options_.listener != nullptr) options_.listener->OnTierStored(KvTier::kDisk, block.hash);
 }
 
 std::optional<TierBlock> DiskTier::Get(BlockHash hash) {

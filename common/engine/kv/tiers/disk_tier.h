@@ -20,6 +20,7 @@ struct DiskTierOptions {
   int64_t capacity_bytes = 0;
   uint64_t fingerprint = 0;
   KvTierHooks* hooks = nullptr;
+  KvTierListener* listener = nullptr;  // hears every block indexed and dropped (may be null)
 };
 
 // The local-disk tier (README.md "Disk tier"): one file per block, named by its hash, in a

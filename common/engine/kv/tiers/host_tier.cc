@@ -14,6 +14,7 @@ void HostTier::Put(TierBlockPtr block) {
   while (c_.used_bytes + size > capacity_ && !lru_.empty()) {
     c_.used_bytes -= lru_.front()->size_bytes();
     index_.erase(lru_.front()->hash);
+    if (listener_ != nullptr) listener_->OnTierRemoved(KvTier::kHost, lru_.front()->hash);
     lru_.pop_front();
     ++c_.evictions;
   }
@@ -21,6 +22,7 @@ void HostTier::Put(TierBlockPtr block) {
   c_.bytes_in += size;
   const BlockHash hash = block->hash;
   index_[hash] = lru_.insert(lru_.end(), std::move(block));
+  if (listener_ != nullptr) listener_->OnTierStored(KvTier::kHost, hash);
 }
 
 TierBlockPtr HostTier::Get(BlockHash hash) {

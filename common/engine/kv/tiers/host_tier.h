@@ -15,7 +15,9 @@ namespace tandem {
 // Thread-safe.
 class HostTier {
  public:
-  explicit HostTier(int64_t capacity_bytes) : capacity_(capacity_bytes) {}
+  // `listener` (may be null) hears every block kept and dropped.
+  explicit HostTier(int64_t capacity_bytes, KvTierListener* listener = nullptr)
+      : capacity_(capacity_bytes), listener_(listener) {}
 
   // Keeps `block` (most recently used), evicting the least recently used ones to fit. A block
   // larger than the whole capacity is not kept. Already here: only touched.
@@ -30,6 +32,7 @@ class HostTier {
  private:
   using Lru = std::list<TierBlockPtr>;  // front: least recently used
   const int64_t capacity_;
+  KvTierListener* const listener_;
   mutable std::mutex mu_;
   Lru lru_;
   std::unordered_map<BlockHash, Lru::iterator> index_;

@@ -4,9 +4,12 @@
 #include <cstdint>
 #include <string>
 
+#include "common/base/block_hash.h"
 #include "common/metrics/kv_tier_hooks.h"
 
 namespace tandem {
+
+class KvTierListener;
 
 // The tiers below the KV pool (README.md). Defaults: every tier off.
 struct KvTierOptions {
@@ -31,6 +34,8 @@ struct KvTierOptions {
   double max_pinned_fraction = 0.5;
   // Metrics (null: none). Called from the tiers' threads and the engine thread.
   KvTierHooks* hooks = nullptr;
+  // Told which blocks each tier holds (the KV events routers watch; null: none).
+  KvTierListener* listener = nullptr;
 
   bool enabled() const { return host_bytes > 0 || !disk_dir.empty(); }
 };
@@ -38,5 +43,17 @@ struct KvTierOptions {
 // KvTierStats, KvTierCounters: common/metrics/kv_tier_hooks.h (indexed by KvTier).
 enum class KvTier { kHost = 0, kDisk = 1 };
 inline constexpr std::array<const char*, 2> kKvTierNames = {"host", "disk"};
+
+// Told when a tier starts or stops holding a block: the tier's KV events (a worker forwards them
+// to the routers, whose prefix affinity then credits blocks in lower tiers). A disk tier opened
+// on a directory that already holds blocks reports each of them as stored; one that turns itself
+// off reports all of its blocks removed. Called from the tiers' threads and the engine thread,
+// under a tier's lock: thread-safe, must not block or call back into the tiers.
+class KvTierListener {
+ public:
+  virtual ~KvTierListener() = default;
+  virtual void OnTierStored(KvTier tier, BlockHash hash) = 0;
+  virtual void OnTierRemoved(KvTier tier, BlockHash hash) = 0;
+};
 
 }  // namespace tandem

@@ -13,7 +13,9 @@ absl::StatusOr<std::unique_ptr<KvTierStore>> KvTierStore::Create(const KvTierOpt
     return absl::InvalidArgumentError("KV offload write queue and pace must be >= 0");
   }
   std::unique_ptr<KvTierStore> store(new KvTierStore(options));
-  if (options.host_bytes > 0) store->host_ = std::make_unique<HostTier>(options.host_bytes);
+  if (options.host_bytes > 0) {
+    store->host_ = std::make_unique<HostTier>(options.host_bytes, options.listener);
+  }
   if (!options.disk_dir.empty()) {
     if (options.fingerprint == 0) {
       return absl::InvalidArgumentError("the disk tier needs the engine's KV fingerprint");
@@ -23,6 +25,7 @@ absl::StatusOr<std::unique_ptr<KvTierStore>> KvTierStore::Create(const KvTierOpt
     d.capacity_bytes = options.disk_bytes;
     d.fingerprint = options.fingerprint;
     d.hooks = options.hooks;
+    d.listener = options.listener;
     auto disk = DiskTier::Open(d);
     if (!disk.ok()) return disk.status();
     store->disk_ = std::move(disk).value();
@@ -161,10 +164,12 @@ void KvTierStore::CancelLoad(uint64_t id) {
   cancelled_.insert(id);  // running now: dropped when it finishes
 }
 
-TierBlockPtr KvTierStore::Fetch(BlockHash hash) {
+TierBlockPtr KvTierStore::Fetch(BlockHash hash, KvTier* from) {
+  *from = KvTier::kHost;
   if (host_ != nullptr) {
     if (TierBlockPtr b = host_->Get(hash)) return b;
   }
+  *from = KvTier::kDisk;
   if (disk_ != nullptr) {
     {
       // Still on its way to the disk: served from the queue (counted as a disk hit).
@@ -196,8 +201,11 @@ void KvTierStore::LoaderLoop() {
     TierLoad done;
     done.id = job.id;
     for (BlockHash h : job.hashes) {
-      TierBlockPtr b = Fetch(h);
+      const absl::Time start = absl::Now();
+      KvTier from;
+      TierBlockPtr b = Fetch(h, &from);
       if (b == nullptr) break;
+      NoteRead(from, absl::ToDoubleSeconds(absl::Now() - start));
       done.blocks.push_back(std::move(b));
     }
     done.latency = absl::Now() - job.queued;
@@ -239,7 +247,21 @@ KvTierStats KvTierStore::stats() const {
   s.cancelled_loads = cancelled_loads_;
   s.loaded_blocks = installed_;
   s.pinned_blocks = pinned_;
+  for (int t = 0; t < 2; ++t) s.tier[t].load_seconds_per_block = read_seconds_[t];
+  s.prefill_seconds_per_block = prefill_seconds_per_block_;
   return s;
+}
+
+void KvTierStore::NoteRead(KvTier tier, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  double& mean = read_seconds_[static_cast<int>(tier)];
+  mean = mean == 0 ? seconds : mean + kCostSmoothing * (seconds - mean);
+}
+
+void KvTierStore::NotePrefill(double seconds_per_block) {
+  std::lock_guard<std::mutex> lock(mu_);
+  double& mean = prefill_seconds_per_block_;
+  mean = mean == 0 ? seconds_per_block : mean + kCostSmoothing * (seconds_per_block - mean);
 }
 
 void KvTierStore::NoteInstalled(int64_t blocks) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -64,6 +65,9 @@ class KvTierStore {
   // The engine's side of the numbers: blocks installed into the pool, blocks pinned now.
   void NoteInstalled(int64_t blocks);
   void SetPinned(int64_t blocks);
+  // The engine's measurement of one step's prefill: seconds per block of prompt tokens computed.
+  // Kept as a recent mean (stats().prefill_seconds_per_block) beside each tier's read cost.
+  void NotePrefill(double seconds_per_block);
   KvTierStats stats() const;
   // Reports stats() to the hooks (also done after every write and load).
   void Publish() const;
@@ -79,7 +83,11 @@ class KvTierStore {
   explicit KvTierStore(const KvTierOptions& options);
   void WriterLoop();
   void LoaderLoop();
-  TierBlockPtr Fetch(BlockHash hash);
+  // The block from the first tier that has it (`from`: which one), or null.
+  TierBlockPtr Fetch(BlockHash hash, KvTier* from);
+  void NoteRead(KvTier tier, double seconds);
+  // Weight of a new measurement in the recent means of the costs.
+  static constexpr double kCostSmoothing = 0.1;
 
   const KvTierOptions options_;
   std::unique_ptr<HostTier> host_;
@@ -103,6 +111,8 @@ class KvTierStore {
   int64_t installed_ = 0;
   int64_t queue_hits_ = 0;  // loads served from the write-behind queue
   int64_t pinned_ = 0;
+  std::array<double, 2> read_seconds_ = {0, 0};  // per tier, recent mean per block
+  double prefill_seconds_per_block_ = 0;
   std::function<void()> ready_;
   std::thread writer_, loader_;
 };

@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,28 @@ class ScratchDir {
 struct Tiers {
   int64_t host_bytes = 0;
   std::string dir;
+  KvTierListener* listener = nullptr;
+};
+
+// The blocks the disk tier reports holding (its KV events).
+class DiskBlocks : public KvTierListener {
+ public:
+  void OnTierStored(KvTier tier, BlockHash hash) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tier == KvTier::kDisk) held_.insert(hash);
+  }
+  void OnTierRemoved(KvTier tier, BlockHash hash) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (tier == KvTier::kDisk) held_.erase(hash);
+  }
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<BlockHash> held_;
 };
 
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, const Tiers& tiers,
@@ -60,6 +84,7 @@ std::unique_ptr<Engine> MakeEngine(int64_t blocks, const Tiers& tiers,
   b.engine.kv_tiers.disk_dir = tiers.dir;
   b.engine.kv_tiers.disk_bytes = 64 << 20;
   b.engine.kv_tiers.write_bytes_per_second = 0;
+  b.engine.kv_tiers.listener = tiers.listener;
   auto built = BuildEngine(b);
   EXPECT_TRUE(built.ok()) << built.status();
   return built.ok() ? std::move(built->engine) : nullptr;
@@ -180,9 +205,55 @@ TEST(EngineTiersTest, GreedyIdenticalWithTiersOnAndOffForEveryKvDtype) {
     EXPECT_GT(CachedTokens(with_host), CachedTokens(base) + 160);
     EXPECT_GT(disk->stats().kv_tiers.tier[1].hits, 0);
     EXPECT_GT(host->stats().kv_tiers.tier[0].hits, 0);
+    // Both costs the router weighs a tier hit by were measured.
+    EXPECT_GT(disk->stats().kv_tiers.tier[1].load_seconds_per_block, 0);
+    EXPECT_GT(host->stats().kv_tiers.tier[0].load_seconds_per_block, 0);
+    EXPECT_GT(disk->stats().kv_tiers.prefill_seconds_per_block, 0);
     ExpectNothingHeld(*disk);
     ExpectNothingHeld(*host);
   }
+}
+
+// One request at a time, sessions interleaved: every later turn finds its whole history, as with
+// a pool large enough to keep everything, although the pool holds about half the sessions. The
+// tail of a session's last turn may still be in the pool when its head comes back from a tier:
+// it must not be evicted by the blocks the load installs.
+TEST(EngineTiersTest, EachTurnFindsItsWholeHistory) {
+  // 8 sessions of up to 289 + 32 tokens (20 blocks) on a 48-block pool.
+  constexpr int kChatSessions = 8, kFirst = 64, kTurnUser = 32;
+  constexpr int32_t kTurnAnswer = 32;
+  auto run = [&](Engine& engine) {
+    std::mt19937 rng(11);
+    std::vector<std::vector<int32_t>> history(kChatSessions, std::vector<int32_t>{1});
+    std::vector<int64_t> cached;
+    for (int t = 0; t < kTurns; ++t) {
+      for (int s = 0; s < kChatSessions; ++s) {
+        auto& h = history[s];
+        for (int k = 0; k < (t == 0 ? kFirst + kTurnUser : kTurnUser); ++k) {
+          h.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
+        }
+        const Result r = RunPrompts(engine, {h}, kTurnAnswer, "s")[0];
+        cached.push_back(r.cached);
+        h.insert(h.end(), r.tokens.begin(), r.tokens.end());
+      }
+    }
+    return cached;
+  };
+  auto big = MakeEngine(512, {});
+  const std::vector<int64_t> all = run(*big);
+  ScratchDir dir;
+  auto tiered = MakeEngine(48, {0, dir.path()});
+  const std::vector<int64_t> got = run(*tiered);
+  auto small = MakeEngine(48, {});
+  const std::vector<int64_t> pool_only = run(*small);
+  ASSERT_EQ(got.size(), all.size());
+  int64_t lost_by_pool = 0;
+  for (size_t i = kChatSessions; i < all.size(); ++i) {
+    EXPECT_EQ(got[i], all[i]) << "request " << i;
+    lost_by_pool += all[i] - pool_only[i];
+  }
+  EXPECT_GT(lost_by_pool, 0) << "the pool alone must lose histories for this to test anything";
+  ExpectNothingHeld(*tiered);
 }
 
 TEST(EngineTiersTest, RestartServesOldPrefixesFromDisk) {
@@ -199,7 +270,10 @@ TEST(EngineTiersTest, RestartServesOldPrefixesFromDisk) {
     auto a = MakeEngine(kPool * 2, {0, dir.path()});
     first = RunPrompts(*a, prompts, 8, "a");
   }  // destroyed: the pool's cached blocks are written to disk
-  auto b = MakeEngine(kPool * 2, {0, dir.path()});
+  DiskBlocks reported;
+  auto b = MakeEngine(kPool * 2, {0, dir.path(), &reported});
+  // Reopened, the disk tier reports the blocks it found (routers credit them at once).
+  EXPECT_GE(reported.size(), 18u);
   const std::vector<Result> again = RunPrompts(*b, prompts, 8, "b");
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(first[i].tokens, again[i].tokens);

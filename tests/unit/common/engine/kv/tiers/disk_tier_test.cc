@@ -11,6 +11,8 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "common/metrics/kv_tier_hooks.h"
@@ -27,6 +29,7 @@ class CountingHooks : public KvTierHooks {
  public:
   void OnLoad(double, int64_t) override {}
   void OnTierDisabled(const char* tier) override { disabled += std::string(tier) == "disk"; }
+  void OnStats(const KvTierStats&) override {}
   std::atomic<int> disabled{0};
 };
 
@@ -203,6 +206,57 @@ TEST(DiskTierTest, ReadOnlyDirectoryTurnsTheTierOff) {
   ::chmod((*tier)->path().c_str(), 0700);
   EXPECT_FALSE((*tier)->enabled());
   EXPECT_EQ(hooks.disabled.load(), 1);
+}
+
+// The tier's KV events (what routers are told it holds).
+class RecordingListener : public KvTierListener {
+ public:
+  void OnTierStored(KvTier tier, BlockHash hash) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (tier == KvTier::kDisk) held.insert(hash);
+    ++events;
+  }
+  void OnTierRemoved(KvTier tier, BlockHash hash) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (tier == KvTier::kDisk) held.erase(hash);
+    ++events;
+  }
+  std::mutex mu;
+  std::set<BlockHash> held;
+  int events = 0;
+};
+
+TEST(DiskTierTest, ListenerHearsWritesRestartsEvictionsCorruptionAndTurnOff) {
+  ScratchDir dir;
+  const auto chain = Chain(4, 0, 1000);
+  const int64_t one = static_cast<int64_t>(EncodeTierBlock(*chain[0], 0xabc).size());
+  {
+    RecordingListener l;
+    DiskTierOptions o = Options(dir.path(), 3 * one);
+    o.listener = &l;
+    auto tier = DiskTier::Open(o);
+    ASSERT_TRUE(tier.ok());
+    for (int i = 0; i < 4; ++i) (*tier)->Put(*chain[i]);  // the fourth evicts the first
+    EXPECT_EQ(l.held, (std::set<BlockHash>{chain[1]->hash, chain[2]->hash, chain[3]->hash}));
+  }
+  // Reopened (a restart): the blocks already there are reported as held.
+  RecordingListener l;
+  DiskTierOptions o = Options(dir.path(), 3 * one);
+  o.listener = &l;
+  auto tier = DiskTier::Open(o);
+  ASSERT_TRUE(tier.ok());
+  EXPECT_EQ(l.held, (std::set<BlockHash>{chain[1]->hash, chain[2]->hash, chain[3]->hash}));
+  // A file that fails its checks is dropped from what the tier reports.
+  {
+    std::fstream f(FileOf(**tier, chain[2]->hash), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x5a');
+  }
+  EXPECT_FALSE((*tier)->Get(chain[2]->hash).has_value());
+  EXPECT_EQ(l.held, (std::set<BlockHash>{chain[1]->hash, chain[3]->hash}));
+  // Turned off: nothing is held any more.
+  (*tier)->Disable("test");
+  EXPECT_TRUE(l.held.empty());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 
 #include "tests/unit/common/engine/kv/tiers/tier_test_util.h"
 
@@ -65,6 +66,15 @@ TEST(KvTierStoreTest, WriteBehindThenLoadFromDiskAfterRestart) {
   EXPECT_EQ(s.tier[1].hits, 4);
   EXPECT_EQ(s.tier[1].misses, 1);
   EXPECT_EQ(s.loads, 1);
+  // The disk reads were timed (what routers weigh a disk hit by); the host tier read nothing.
+  EXPECT_GT(s.tier[1].load_seconds_per_block, 0);
+  EXPECT_EQ(s.tier[0].load_seconds_per_block, 0);
+  EXPECT_EQ(s.prefill_seconds_per_block, 0);
+  (*store)->NotePrefill(0.02);
+  EXPECT_DOUBLE_EQ((*store)->stats().prefill_seconds_per_block, 0.02);
+  (*store)->NotePrefill(0.04);  // a recent mean
+  EXPECT_GT((*store)->stats().prefill_seconds_per_block, 0.02);
+  EXPECT_LT((*store)->stats().prefill_seconds_per_block, 0.04);
 }
 
 TEST(KvTierStoreTest, FullQueueDropsInsteadOfBlocking) {
@@ -88,8 +98,22 @@ TEST(KvTierStoreTest, FullQueueDropsInsteadOfBlocking) {
   EXPECT_GT(s.write_queue_bytes, 0);
 }
 
+// The host tier's KV events.
+class HostListener : public KvTierListener {
+ public:
+  void OnTierStored(KvTier tier, BlockHash hash) override {
+    if (tier == KvTier::kHost) held.insert(hash);
+  }
+  void OnTierRemoved(KvTier tier, BlockHash hash) override {
+    if (tier == KvTier::kHost) held.erase(hash);
+  }
+  std::set<BlockHash> held;
+};
+
 TEST(KvTierStoreTest, HostTierServesFirstAndIsLru) {
   KvTierOptions o;
+  HostListener listener;
+  o.listener = &listener;
   const auto chain = Chain(4, 0, 1000);
   o.host_bytes = 3 * chain[0]->size_bytes();
   auto store = KvTierStore::Create(o);
@@ -100,6 +124,7 @@ TEST(KvTierStoreTest, HostTierServesFirstAndIsLru) {
   }
   // Block 0 was evicted by block 3.
   EXPECT_EQ((*store)->Probe(Hashes(chain)), 0);
+  EXPECT_EQ(listener.held, (std::set<BlockHash>{chain[1]->hash, chain[2]->hash, chain[3]->hash}));
   std::vector<BlockHash> tail = {chain[1]->hash, chain[2]->hash, chain[3]->hash};
   EXPECT_EQ((*store)->Probe(tail), 3);
   (*store)->StartLoad(tail);
