@@ -29,6 +29,7 @@ const char* RoutingPolicyName(RoutingPolicy policy) {
 
 double TierCredit(const RoutingOptions& o, const RouteCandidate& c) {
   double credit = 0;
+  if (o.no_tier_credit) return 0;
   for (int t = 0; t < 2; ++t) {
     if (c.tier_blocks[t] == 0) continue;
     double per_block = o.unmeasured_tier_credit;

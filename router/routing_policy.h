@@ -42,6 +42,8 @@ struct RoutingOptions {
   // own measurements of both (its tier's read cost per block, its prefill cost per block), at
   // least 0. Until a worker has measured both, a tier block counts as this much.
   double unmeasured_tier_credit = 0.5;
+  // Count tier blocks as nothing (the policy before tiers; for comparisons).
+  bool no_tier_credit = false;
 };
 
 struct RouteCandidate {

@@ -77,8 +77,11 @@ void TierFeature::BeforeSchedule() {
   for (Sequence* seq : candidates) MaybeLoad(seq);
 }
 
-void TierFeature::MaybeLoad(Sequence* seq) {
-  if (static_cast<int64_t>(loads_.size()) >= store_->options().max_loads_in_flight) return;
+void TierFeature::MaybeLoad(Sequence* seq, bool deferred) {
+  if (static_cast<int64_t>(loads_.size()) >= store_->options().max_loads_in_flight) {
+    if (deferred) deferred_.push_back(seq);
+    return;
+  }
   const BlockPool& pool = core().pool();
   const int64_t bs = core().kv().block_size();
   // As AcquirePrefix: blocks wholly inside the first num_tokens - 1 tokens.
@@ -91,15 +94,32 @@ void TierFeature::MaybeLoad(Sequence* seq) {
   int64_t found = in_pool < max_blocks
                       ? store_->Probe(absl::Span<const BlockHash>(hashes).subspan(in_pool))
                       : 0;
+  if (found == 0) {
+    // Nothing in the tiers past the pool's prefix. With a prefix in the pool, looked at again
+    // at the next step: other sequences' loads may evict it before this one is admitted (it is
+    // in the tiers then).
+    if (in_pool == 0) seq->features.set(slot_, std::make_unique<Tried>());
+    if (deferred) core().scheduler().Release(seq);
+    return;
+  }
   const auto limit =
       static_cast<int64_t>(store_->options().max_pinned_fraction * pool.num_blocks());
-  // Over the bound on pinned blocks: looked at again at a later step (unless it alone is over).
+  // Over the bound on pinned blocks (unless it alone is over): held, not admitted, until the
+  // loads and pins before it are taken (RetryDeferred); admitting it would recompute what the
+  // tiers hold.
   const int64_t held = pinned_blocks_ + loading_blocks_;
-  if (found > 0 && held > 0 && held + in_pool + found > limit) return;
+  if (held > 0 && held + in_pool + found > limit) {
+    if (!deferred) core().scheduler().Hold(seq);
+    deferred_.push_back(seq);
+    return;
+  }
   seq->features.set(slot_, std::make_unique<Tried>());
   found = std::min(found, limit - in_pool);  // a prefix longer than the bound: its head only
-  if (found <= 0) return;
-  core().scheduler().Hold(seq);
+  if (found <= 0) {
+    if (deferred) core().scheduler().Release(seq);
+    return;
+  }
+  if (!deferred) core().scheduler().Hold(seq);
   const uint64_t id = store_->StartLoad(
       std::vector<BlockHash>(hashes.begin() + in_pool, hashes.begin() + in_pool + found));
   loads_[id] = Load{seq, in_pool, in_pool + found};
@@ -109,17 +129,38 @@ void TierFeature::MaybeLoad(Sequence* seq) {
 
 void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
   store_->Publish();
-  if (loads_.empty()) return;
-  for (const TierLoad& result : store_->TakeCompleted()) {
+  if (!loads_.empty()) {
+    for (TierLoad& result : store_->TakeCompleted()) landed_.push_back(std::move(result));
+  }
+  // Installed in order, each when the pool has room for it: while sequences run (and will free
+  // blocks), a load is kept rather than installed in part (the rest would be recomputed).
+  std::vector<TierLoad> landed;
+  landed.swap(landed_);
+  for (TierLoad& result : landed) {
     auto it = loads_.find(result.id);
     if (it == loads_.end()) continue;  // its sequence ended meanwhile
     const Load load = it->second;
+    const int64_t need = load.first_block + static_cast<int64_t>(result.blocks.size());
+    if (!landed_.empty() ||
+        (need > core().pool().num_available() && core().scheduler().num_running() > 0)) {
+      landed_.push_back(std::move(result));
+      continue;
+    }
     loading_blocks_ -= load.blocks;
     loads_.erase(it);
     load_of_.erase(load.seq);
     Install(load, result);
     core().scheduler().Release(load.seq);
   }
+  RetryDeferred();
+}
+
+void TierFeature::RetryDeferred() {
+  // Here rather than in BeforeSchedule, which an engine whose only sequences are held skips.
+  if (deferred_.empty()) return;
+  std::vector<Sequence*> deferred;
+  deferred.swap(deferred_);
+  for (Sequence* seq : deferred) MaybeLoad(seq, /*deferred=*/true);
 }
 
 void TierFeature::Install(const Load& load, const TierLoad& result) {
@@ -183,6 +224,9 @@ void TierFeature::Unpin(Sequence* seq) {
   auto it = pins_.find(seq);
   if (it == pins_.end()) return;
   pinned_blocks_ -= static_cast<int64_t>(it->second.table.size());
+  // Room under the bound: the deferred are looked at in the next step, which must come even if
+  // nothing else runs.
+  if (!deferred_.empty()) core().wake().Notify();
   store_->SetPinned(pinned_blocks_);
   core().kv().Free(&it->second);
   pins_.erase(it);
@@ -220,12 +264,17 @@ void TierFeature::AfterForward() {
 }
 
 void TierFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdate* /*update*/) {
+  std::erase(deferred_, seq);
+  // Its blocks free room for loads kept for lack of it: the next step must come even if nothing
+  // else runs.
+  if (!landed_.empty() || !deferred_.empty()) core().wake().Notify();
   auto it = load_of_.find(seq);
   if (it != load_of_.end()) {
     store_->CancelLoad(it->second);
     loading_blocks_ -= loads_[it->second].blocks;
     loads_.erase(it->second);
     load_of_.erase(it);
+    if (!deferred_.empty()) core().wake().Notify();
   }
   Unpin(seq);
 }

@@ -27,7 +27,13 @@ namespace tandem {
 //   sequence is released: its admission takes them as a prefix hit (usage cached_tokens counts
 //   them). The pin is dropped once it is admitted (AfterSchedule) or ends (OnFinish).
 // - A sequence is looked up at most once (a preempted one recomputes); loads in flight and pinned
-//   blocks are bounded (KvTierOptions::max_loads_in_flight, max_pinned_fraction).
+//   blocks are bounded (KvTierOptions::max_loads_in_flight, max_pinned_fraction). A sequence
+//   whose load would pass the bound while others hold blocks is held too (deferred_) and looked
+//   at again at each step's OnStepBegin, so it is never admitted without the blocks the tiers
+//   have for it; the bound frees as the sequences before it are admitted or end. A finished load
+//   is installed when the pool has room for all of it (or nothing runs that could free some),
+//   in order; a sequence whose prefix is in the pool is looked at again each step until
+//   admitted (other loads may evict that prefix to the tiers meanwhile).
 // Engine thread, except the store's threads (which touch only the store) and the ready callback
 // (EngineWake::Notify).
 class TierFeature final : public EngineFeature {
@@ -61,7 +67,10 @@ class TierFeature final : public EngineFeature {
   // The identity and bytes of cached pool block `block`.
   std::shared_ptr<TierBlock> CopyOut(int32_t block);
   void OnEvict(int32_t block);
-  void MaybeLoad(Sequence* seq);
+  // Starts a load for `seq` when some tier holds blocks past its pool prefix; `deferred`: it is
+  // held already (in deferred_ before).
+  void MaybeLoad(Sequence* seq, bool deferred = false);
+  void RetryDeferred();
   void Install(const Load& load, const TierLoad& result);
   void Unpin(Sequence* seq);
   // Writes the pool's cached blocks to the disk tier (shutdown), within `budget`.
@@ -72,6 +81,10 @@ class TierFeature final : public EngineFeature {
   std::unordered_map<uint64_t, Load> loads_;  // load id -> the sequence waiting for it
   std::unordered_map<Sequence*, uint64_t> load_of_;
   std::unordered_map<Sequence*, SequenceBlocks> pins_;
+  // Loads done, waiting for room in the pool to be installed (in order).
+  std::vector<TierLoad> landed_;
+  // Held waiting sequences whose load would exceed the pinned bound now, in arrival order.
+  std::vector<Sequence*> deferred_;
   int64_t pinned_blocks_ = 0;
   int64_t loading_blocks_ = 0;  // what the loads in flight may pin
   // The forward pass being timed (batched tokens 0: none).

@@ -105,6 +105,9 @@ TEST(RoutingPolicyTest, TierBlocksAreCreditedByMeasuredLoadCostAgainstPrefill) {
   // Not measured yet (no load, or no prefill): the prior.
   EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(0, 2, 2, 0, 0, 0.005, 0)), 4 * o.unmeasured_tier_credit);
   EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(0, 0, 0, 0, 0.001, 0.005, 0.01)), 0.0);
+  RoutingOptions pool_only = o;
+  pool_only.no_tier_credit = true;
+  EXPECT_DOUBLE_EQ(TierCredit(pool_only, Tiered(3, 4, 2, 0, 0.001, 0.005, 0.01)), 0.0);
 }
 
 TEST(RoutingPolicyTest, PrefixAffinityFollowsAPrefixInALowerTier) {

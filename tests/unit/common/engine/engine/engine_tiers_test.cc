@@ -256,6 +256,39 @@ TEST(EngineTiersTest, EachTurnFindsItsWholeHistory) {
   ExpectNothingHeld(*tiered);
 }
 
+// Every session's next turn at once, more of them than half the pool can pin: the loads that
+// would pass the pinned bound wait for the ones before them instead of letting their requests be
+// admitted without their history (recomputed).
+TEST(EngineTiersTest, ConcurrentTurnsWaitForTheBoundInsteadOfRecomputing) {
+  constexpr int kChatSessions = 6, kFirst = 64, kTurnUser = 32;
+  constexpr int32_t kTurnAnswer = 16;
+  auto run = [&](Engine& engine) {
+    std::mt19937 rng(5);
+    std::vector<std::vector<int32_t>> history(kChatSessions, std::vector<int32_t>{1});
+    int64_t cached = 0;
+    for (int t = 0; t < kTurns; ++t) {
+      for (auto& h : history) {
+        for (int k = 0; k < (t == 0 ? kFirst + kTurnUser : kTurnUser); ++k) {
+          h.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
+        }
+      }
+      const std::vector<Result> results = RunPrompts(engine, history, kTurnAnswer, "w");
+      for (int s = 0; s < kChatSessions; ++s) {
+        if (t > 0) cached += results[s].cached;
+        history[s].insert(history[s].end(), results[s].tokens.begin(), results[s].tokens.end());
+      }
+    }
+    return cached;
+  };
+  auto big = MakeEngine(512, {});
+  const int64_t all = run(*big);
+  ScratchDir dir;
+  auto tiered = MakeEngine(48, {0, dir.path()});
+  const int64_t got = run(*tiered);
+  EXPECT_GE(got, all * 9 / 10) << "of " << all;
+  ExpectNothingHeld(*tiered);
+}
+
 TEST(EngineTiersTest, RestartServesOldPrefixesFromDisk) {
   ScratchDir dir;
   std::vector<std::vector<int32_t>> prompts;
