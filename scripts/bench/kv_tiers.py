@@ -85,7 +85,7 @@ def run_trace(stubs, stub, sessions, args):
 
 def make_sessions(rng, args, rep):
     def toks(n):
-        return [rng.randrange(3, 32000) for _ in range(n)]
+        return [rng.randrange(3, args.vocab) for _ in range(n)]
     return {"system": {f"{rep}-{s}": [1] + toks(args.system_tokens) for s in range(args.sessions)},
             "user": {f"{rep}-{s}": [toks(args.user_tokens) for _ in range(args.turns + 1)]
                      for s in range(args.sessions)}}
@@ -258,6 +258,7 @@ def main():
     ap.add_argument("--pool-blocks", type=int, required=True)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--restart-sessions", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000, help="prompt token ids below this")
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -18,7 +18,7 @@ start_serve pool-only "${CLUSTER[@]}" --kv-offload-dir "$WORK/kv-pool-only" --no
 POOL_ONLY="127.0.0.1:$LAST_PORT"
 DRIVER=(/usr/bin/python3 "$ROOT/scripts/bench/kv_tiers.py" --phase cluster --pool-blocks "$POOL"
         --reps "${BENCH_REPS:-3}" --sessions "${KV_TIERS_SESSIONS:-16}" --turns 4
-        --system-tokens 64 --user-tokens 32 --answer-tokens 32 --concurrency 4
+        --system-tokens 64 --user-tokens 32 --answer-tokens 32 --concurrency 4 --vocab 512
         --work "$WORK" --out "$BENCH_RESULTS")
 record "driver" "${DRIVER[@]}" --on "$TIERS" --off "$POOL_ONLY"
 "${DRIVER[@]}" --on "$TIERS" --off "$POOL_ONLY"
