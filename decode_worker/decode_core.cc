@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -27,7 +28,9 @@ v1::FinishReason ToProto(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
+// `split`: the TTFT split of a remote prefill whose KV arrived, for the finals; null for none.
+void ToProto(const SequenceUpdate& u, const RemoteSplit* split,
+             std::vector<v1::DecodeResponse>* out) {
   if (!u.new_tokens.empty()) {
     v1::DecodeResponse r;
     v1::SampleTokens* t = r.mutable_tokens();
@@ -51,6 +54,11 @@ void ToProto(const SequenceUpdate& u, std::vector<v1::DecodeResponse>* out) {
     f->mutable_timings()->set_prefill_s(absl::ToDoubleSeconds(u.prefill_time));
     f->mutable_timings()->set_time_to_first_token_s(absl::ToDoubleSeconds(u.ttft));
     f->mutable_timings()->set_total_s(absl::ToDoubleSeconds(u.total_time));
+    if (split != nullptr) {
+      f->mutable_timings()->set_remote(true);
+      f->mutable_timings()->set_remote_prefill_s(split->prefill_s);
+      f->mutable_timings()->set_kv_transfer_s(split->transfer_s);
+    }
     if (!u.status.ok()) {
       f->set_error_code(static_cast<int32_t>(u.status.code()));
       f->set_error_message(std::string(u.status.message()));
@@ -104,9 +112,10 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
   if (request.kv_lease_ms() > 0) e->kv_lease = absl::Milliseconds(request.kv_lease_ms());
 
   const std::string request_id = request.request_id();
-  auto transfer_id = std::make_shared<uint64_t>(0);
-  engine_->Submit(*std::move(e), [this, callback = std::move(callback), request_id,
-                                  transfer_id](const SequenceUpdate& u) {
+  auto transfer_id = std::make_shared<uint64_t>(0);  // the engine thread's
+  auto split = std::make_shared<RemoteSplit>();      // under mu_
+  engine_->Submit(*std::move(e), [this, callback = std::move(callback), request_id, transfer_id,
+                                  split](const SequenceUpdate& u) {
     if (u.reservation.has_value() && receiver_ != nullptr) {
       // Engine thread: register the expected transfer before anyone can learn its id.
       const KvReservation& res = *u.reservation;
@@ -131,7 +140,7 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
             std::max<int64_t>(0, res.window_first_block - int64_t{first_block}));
         {
           std::lock_guard<std::mutex> lock(mu_);
-          transfer_to_request_[*transfer_id] = request_id;
+          transfer_to_request_[*transfer_id] = {request_id, split};
         }
         receiver_->Expect(expect);
         v1::DecodeResponse r;
@@ -156,8 +165,13 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
       transfer_to_request_.erase(*transfer_id);
       *transfer_id = 0;
     }
+    std::optional<RemoteSplit> remote;
+    if (u.finished) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (split->arrived) remote = *split;
+    }
     std::vector<v1::DecodeResponse> out;
-    ToProto(u, &out);
+    ToProto(u, remote ? &*remote : nullptr, &out);
     for (const auto& r : out) callback(r);
   });
 }
@@ -175,11 +189,13 @@ absl::StatusOr<uint64_t> DecodeCore::NewTransferId() {
 
 void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   std::string request_id;
+  std::shared_ptr<RemoteSplit> split;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = transfer_to_request_.find(done.transfer_id);
     if (it == transfer_to_request_.end()) return;  // cancelled meanwhile
-    request_id = it->second;
+    request_id = it->second.request_id;
+    split = it->second.split;
   }
   if (!done.status.ok()) {
     // The reservation stays; the router retries the prefill (possibly elsewhere).
@@ -190,6 +206,14 @@ void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   if (!first.ParseFromString(done.trailer)) {
     TLOG(WARNING) << "request " << request_id << ": malformed first-token trailer";
     return;
+  }
+  {
+    // The TTFT split travels with the KV: the prefill worker's time in the trailer, this
+    // worker's wait for the KV beyond it from the receiver (durations, each on its own clock).
+    std::lock_guard<std::mutex> lock(mu_);
+    split->arrived = true;
+    split->prefill_s = std::max(0.0, first.prefill_s());
+    split->transfer_s = std::max(0.0, absl::ToDoubleSeconds(done.waited) - split->prefill_s);
   }
   std::vector<int32_t> tokens(first.token_ids().begin(), first.token_ids().end());
   std::vector<TokenLogprobs> logprobs;

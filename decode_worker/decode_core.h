@@ -12,10 +12,20 @@
 
 namespace tandem {
 
+// The TTFT split of a remote prefill (Timings.remote_prefill_s, kv_transfer_s), known once its
+// KV arrived.
+struct RemoteSplit {
+  bool arrived = false;
+  double prefill_s = 0;   // the prefill worker's, from the transfer's trailer
+  double transfer_s = 0;  // this worker's wait for the KV beyond prefill_s
+};
+
 // The decode role behind the worker API: turns DecodeRequests into engine requests on an
 // AsyncEngine and the engine's updates into DecodeResponses. Remote-prefill requests reserve
 // blocks, register the expected transfer with the KV receiver and report the reservation; when
-// the prefill worker's KV and first tokens arrive, the request joins the running batch.
+// the prefill worker's KV and first tokens arrive, the request joins the running batch, and its
+// finals carry the TTFT split (the prefill worker's time from the transfer's trailer, this
+// worker's wait for the KV beyond it).
 // Thread-safe: Decode/Cancel from RPC threads, updates on the engine thread, transfer
 // completions on the receiver's threads.
 class DecodeCore : public DecodeHandler {
@@ -43,7 +53,11 @@ class DecodeCore : public DecodeHandler {
   AsyncEngine* engine_;
   std::unique_ptr<kvtransfer::KvReceiver> receiver_;
   mutable std::mutex mu_;
-  std::unordered_map<uint64_t, std::string> transfer_to_request_;
+  struct ExpectedTransfer {
+    std::string request_id;
+    std::shared_ptr<RemoteSplit> split;  // the request's, filled when its KV arrives
+  };
+  std::unordered_map<uint64_t, ExpectedTransfer> transfer_to_request_;
 };
 
 }  // namespace tandem

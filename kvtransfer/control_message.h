@@ -27,6 +27,18 @@ inline constexpr uint8_t kCudaIpcLastKind = 0x47;
 // The transport ("nccl", "cuda-ipc") whose kind an encoded request carries; empty for none.
 absl::string_view ControlTransportOf(absl::string_view request);
 
+// One device transport's request kinds: its range, and the messages both have (a transport may
+// add its own inside the range).
+struct ControlKinds {
+  uint8_t first = 0;
+  uint8_t last = 0;
+  uint8_t connect = 0;
+  uint8_t begin = 0;
+  uint8_t finish = 0;
+  uint8_t abort = 0;
+  uint8_t disconnect = 0;
+};
+
 struct ControlRequest {
   uint8_t kind = 0;
   uint64_t sender_id = 0;

@@ -49,18 +49,10 @@ struct ControlPeer : SenderLink {
 
 class ControlSender : public CoreSender {
  public:
-  // The transport's ControlRequest kinds.
-  struct Kinds {
-    uint8_t connect = 0;
-    uint8_t begin = 0;
-    uint8_t finish = 0;
-    uint8_t abort = 0;
-    uint8_t disconnect = 0;
-  };
   struct Config {
     std::string transport;    // in messages: "nccl", "cuda-ipc"
     std::string thread_name;  // the core's event loop
-    Kinds kinds;
+    ControlKinds kinds;
     size_t max_blocks_per_message = SIZE_MAX;
   };
 

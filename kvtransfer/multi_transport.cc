@@ -7,7 +7,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -18,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kvtransfer/control_message.h"
+#include "kvtransfer/receiver_core.h"
 
 namespace tandem::kvtransfer {
 namespace {
@@ -264,11 +264,6 @@ class MultiReceiver : public KvReceiver {
   std::vector<std::pair<uint64_t, std::thread::id>> delivering_;
 };
 
-uint64_t RandomIncarnation() {
-  std::random_device rd;
-  return ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
-}
-
 }  // namespace
 
 bool IsMultiTransport(const std::string& transport) {
@@ -302,7 +297,7 @@ absl::StatusOr<std::unique_ptr<KvReceiver>> CreateMultiReceiver(
   std::string endpoint =
       options.name.empty() ? absl::StrCat("multi-", getpid(), "-", ++g_names) : options.name;
   auto receiver = std::make_unique<MultiReceiver>(
-      std::move(endpoint), options.incarnation != 0 ? options.incarnation : RandomIncarnation(),
+      std::move(endpoint), options.incarnation != 0 ? options.incarnation : NewIncarnation(),
       std::move(on_complete));
   if (absl::Status st = receiver->Start(options, *names, access); !st.ok()) return st;
   return receiver;

@@ -2,7 +2,7 @@
 
 // A worker that speaks several device transports at once ("nccl,cuda-ipc": `--kv-transport
 // auto` on a GPU), so that each pair of workers uses the one that fits it: cuda-ipc with a peer
-// on its own GPU, nccl with one on another (common/base/kv_transport_pair.h; the router names
+// on its own GPU, nccl with one on another (common/cluster/kv_transport_pair.h; the router names
 // the transport of each transfer in its target).
 //
 // MultiSender: one sender per transport, sharing the control channel; Begin runs the transfer on

@@ -1,6 +1,7 @@
 #include "kvtransfer/receiver_core.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,15 @@
 #include "kvtransfer/transfer_window.h"
 
 namespace tandem::kvtransfer {
+
+uint64_t NewIncarnation() {
+  absl::StatusOr<uint64_t> id = NewTransferId();  // the same generator: 64 random bits, not 0
+  if (id.ok()) return *id;
+  std::random_device rd;  // only if OpenSSL's generator failed
+  return ((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))) |
+         1;
+}
 
 namespace {
 constexpr uint8_t kMissing = 0;
@@ -28,6 +38,7 @@ struct ReceiverCore::Entry {
   // are answered in detail, anyone else's are refused as kNotNamed.
   std::vector<uint64_t> named;
   absl::Time deadline = absl::InfiniteFuture();
+  absl::Time expected_at;  // Expect: what CompletedTransfer::waited counts from
   absl::Time started;
   ResultFn result;
   absl::Status failure;  // how the last attempt ended, when it failed
@@ -75,6 +86,7 @@ void ReceiverCore::InvalidateLocked(Entry* e) {
 void ReceiverCore::Expect(const Expectation& expectation) {
   auto e = std::make_shared<Entry>();
   e->exp = expectation;
+  e->expected_at = absl::Now();
   const int64_t num_blocks = access_->num_blocks();
   for (size_t i = 0; i < expectation.dst_blocks.size(); ++i) {
     const int32_t b = expectation.dst_blocks[i];
@@ -359,14 +371,17 @@ absl::Status ReceiverCore::Finish(uint64_t owner, uint64_t transfer_id, uint32_t
   InvalidateLocked(done.get());
   done->active = false;
   counters_.transfers_ok.fetch_add(1, std::memory_order_relaxed);
-  counters_.RecordLatency(absl::Now() - done->started);
-  loop_.Post([this, r = done->result, id = transfer_id, attempt, trailer = std::move(trailer)] {
+  const absl::Time now = absl::Now();
+  counters_.RecordLatency(now - done->started);
+  loop_.Post([this, r = done->result, id = transfer_id, attempt, trailer = std::move(trailer),
+              waited = now - done->expected_at] {
     if (shutting_down_) return;
     if (r) r(absl::OkStatus());
     CompletedTransfer c;
     c.transfer_id = id;
     c.attempt = attempt;
     c.trailer = trailer;
+    c.waited = waited;
     if (on_complete_) on_complete_(c);
   });
   return absl::OkStatus();
@@ -404,6 +419,7 @@ void ReceiverCore::FailAttemptLocked(Entry* e, const absl::Status& status, bool 
   c.transfer_id = e->exp.transfer_id;
   c.attempt = static_cast<uint32_t>(e->last_attempt);
   c.status = status;
+  c.waited = absl::Now() - e->expected_at;
   loop_.Post([this, r = std::move(r), c = std::move(c)] {
     if (shutting_down_) return;
     if (r) r(c.status);

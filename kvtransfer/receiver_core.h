@@ -1,8 +1,8 @@
 #pragma once
 
-// The receiving side's bookkeeping, shared by every transport (tcp, loopback, nccl): which
-// transfers are expected, which attempt of each is live, which (layer, block) regions of it
-// arrived, and when it ends. Transports feed it the messages they read; it decides and reports
+// The receiving side's bookkeeping, shared by every transport (tcp, loopback, nccl, cuda-ipc):
+// which transfers are expected, which attempt of each is live, which (layer, block) regions of
+// it arrived, and when it ends. Transports feed it the messages they read; it decides and reports
 // outcomes (to the receiver's user through on_complete, to the sender through the attempt's
 // ResultFn), both from its own event-loop thread.
 //
@@ -36,6 +36,11 @@
 #include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer {
+
+// A receiver's incarnation (KvReceiver::incarnation): 64 random bits from OpenSSL's CSPRNG, never
+// 0, drawn once per receiver. Every transport's receiver takes it from here (or from
+// ReceiverOptions::incarnation, which a multi-transport receiver fills from here).
+uint64_t NewIncarnation();
 
 class ReceiverCore {
  public:

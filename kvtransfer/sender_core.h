@@ -1,6 +1,6 @@
 #pragma once
 
-// The sending side's bookkeeping, shared by every transport (tcp, loopback, nccl) as
+// The sending side's bookkeeping, shared by every transport (tcp, loopback, nccl, cuda-ipc) as
 // ReceiverCore is by the receivers: the handle table, the checks of Begin / SendLayer / Finish,
 // how an attempt ends (exactly once: counters, the receiver told, done delivered), deadlines.
 // A transport supplies the links that carry the work the core queues (a connection or a peer,

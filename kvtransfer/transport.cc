@@ -153,7 +153,7 @@ absl::StatusOr<std::string> ResolveTransport(const std::string& requested,
   if (requested == "auto") {
     if (!on_cuda) return std::string("tcp");
     // On a GPU: every device transport this build has; the router picks one per pair of
-    // workers (common/base/kv_transport_pair.h).
+    // workers (common/cluster/kv_transport_pair.h).
     std::vector<std::string> spoken;
     if (NcclBuilt()) spoken.push_back("nccl");
     if (CudaIpcBuilt()) spoken.push_back("cuda-ipc");

@@ -19,13 +19,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "common/metrics/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 
 namespace tandem::kvtransfer {
 
-// What both sides must agree on before any byte moves (common/base/kv_transfer_layout.h, where
+// What both sides must agree on before any byte moves (common/cluster/kv_transfer_layout.h, where
 // the router's registration check finds it too). Exchanged at connect time; a mismatch refuses
 // the connection with CheckKvLayoutCompatible's message naming the field.
 using ::tandem::KvLayout;
@@ -144,6 +144,9 @@ struct CompletedTransfer {
   absl::Status status;   // OK; DATA_LOSS (checksum), ABORTED (sender gave up), ...
   std::string trailer;   // opaque bytes the sender attached to Finish (e.g. first tokens)
   uint32_t attempt = 0;  // the attempt that ended
+  // From Expect to this outcome, on the receiver's clock: for a transfer that succeeded, how
+  // long the receiver waited for its KV (what a decode worker reports in the TTFT split).
+  absl::Duration waited = absl::ZeroDuration();
 };
 
 struct Expectation {
@@ -248,7 +251,7 @@ struct TransferTarget {
   // incomplete).
   std::vector<int64_t> window_layers;
   int32_t window_first = 0;
-  // The transport to use (chosen per pair by the router, common/base/kv_transport_pair.h). Only
+  // The transport to use (chosen per pair by the router, common/cluster/kv_transport_pair.h). Only
   // a sender of several transports needs it; empty: the sender's own.
   std::string transport;
   // The transfer's key from the reservation (Expectation::transfer_key), proven in BEGIN.
@@ -317,7 +320,7 @@ std::string GpuId(int cuda_device);
 //   auto           tcp on the CPU; on a CUDA device every device transport the build has
 //                  ("nccl,cuda-ipc", or "cuda-ipc" without NCCL; refused without CUDA): the
 //                  router then picks, per pair of workers, cuda-ipc on one GPU and nccl across
-//                  GPUs (common/base/kv_transport_pair.h). ResolveSharedGpuTransport picks
+//                  GPUs (common/cluster/kv_transport_pair.h). ResolveSharedGpuTransport picks
 //                  cuda-ipc alone for a cluster on one GPU.
 //   "a,b"          several of nccl and cuda-ipc, each checked as above.
 // The router refuses at registration a worker that cannot talk to every worker of the other

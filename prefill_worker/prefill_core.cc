@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transport_pair.h"
 #include "common/worker/proto_convert.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"
@@ -277,6 +277,8 @@ void PrefillCore::RunTask(Task& task) {
   }
   std::shared_ptr<Job> keep = task.job;
   job.transfer_closed = true;
+  // This worker's part of the TTFT split travels with the KV (the decode worker reports it).
+  job.first.set_prefill_s(absl::ToDoubleSeconds(job.computed - job.arrival));
   sender_->Finish(job.handle, job.first.SerializeAsString(),
                   [this, keep](absl::Status st) { Complete(keep, std::move(st)); });
 }

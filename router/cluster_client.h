@@ -25,10 +25,6 @@ struct ClusterOptions {
   int64_t disagg_min_uncached_tokens = 32;
   int64_t max_prefills_per_worker = 16;
   absl::Duration prefill_timeout = absl::Seconds(60);
-  // The prefill worker answers Prefill (with its timings) after the decode worker has ACKed the
-  // KV, and the decode worker decodes on meanwhile: its final can overtake that answer. A final
-  // waits this long at most for it, so that it carries the TTFT split (Timings.remote_*).
-  absl::Duration prefill_timings_wait = absl::Seconds(2);
   int max_prefill_attempts = 3;
   int max_migrations = 4;
   int32_t kv_lease_ms = 60000;

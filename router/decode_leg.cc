@@ -31,82 +31,23 @@ void DecodeLeg::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
   if (message_.has_reservation()) {
     StartPrefill(message_.reservation());
-  } else if (!HoldFinal(message_)) {
+  } else {
+    if (message_.has_tokens() ||
+        (message_.has_final() && message_.final().finish_reason() != v1::FINISH_REASON_ERROR)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_arrived_ = true;
+    }
     flow_->OnResponse(this, message_);
   }
   StartRead(&message_);
 }
 
-bool DecodeLeg::HoldFinal(const v1::DecodeResponse& r) {
-  bool arm = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (r.has_tokens()) kv_arrived_ = true;
-    if (!r.has_final() || r.final().finish_reason() == v1::FINISH_REASON_ERROR) return false;
-    kv_arrived_ = true;
-    if (!releasing_ && (!prefill_in_flight_ || hold_expired_)) return false;
-    held_finals_.push_back(r);
-    arm = !alarm_requested_ && !hold_expired_;
-    if (arm) {
-      alarm_requested_ = true;
-      alarm_keep_ = self_;  // the reader thread: self_ is set until the leg ends
-    }
-  }
-  if (arm) {
-    // The callback captures no reference: grpc keeps it until the alarm is destroyed.
-    std::lock_guard<std::mutex> lock(alarm_mu_);
-    alarm_.Set(absl::ToChronoTime(absl::Now() + flow_->host()->options().prefill_timings_wait),
-               [this](bool fired) { OnAlarm(fired); });
-    alarm_set_ = true;
-  }
-  return true;
-}
-
-void DecodeLeg::OnAlarm(bool fired) {
-  std::shared_ptr<DecodeLeg> keep;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    keep = std::move(alarm_keep_);
-    if (fired) hold_expired_ = true;
-  }
-  // Not fired: cancelled, the Prefill response released the finals.
-  if (fired) ReleaseFinals();
-}  // may delete this
-
-void DecodeLeg::ReleaseFinals() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (releasing_) return;  // that thread delivers these too, and ends the leg if due
-  releasing_ = true;
-  while (!held_finals_.empty()) {
-    std::vector<v1::DecodeResponse> held = std::move(held_finals_);
-    held_finals_.clear();
-    lock.unlock();
-    for (const v1::DecodeResponse& r : held) flow_->OnResponse(this, r);
-    lock.lock();
-  }
-  releasing_ = false;
-  const std::optional<grpc::Status> end = std::move(held_end_);
-  held_end_.reset();
-  const bool retry_local = retry_local_;
-  lock.unlock();
-  if (end.has_value()) FinishLeg(*end, retry_local);
-}
-
 void DecodeLeg::OnDone(const grpc::Status& status) {
   bool retry_local;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
     retry_local = retry_local_;
-    if (!held_finals_.empty() || releasing_) {
-      // Finals are held for the Prefill response: the leg ends after they are delivered.
-      held_end_ = status;
-      if (status.ok() && prefill_in_flight_ && !hold_expired_) return;
-      hold_expired_ = true;  // the stream failed: deliver them now
-      lock.unlock();
-      ReleaseFinals();
-      return;
-    }
   }
   FinishLeg(status, retry_local);
 }
@@ -132,24 +73,12 @@ void DecodeLeg::StartPrefill(const v1::KvReservation& reservation) {
     // released by cancelling this stream).
     retry_local_ = true;
     context_.TryCancel();
-    return;
   }
-  prefill_in_flight_ = true;
 }
 
 void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   std::unique_lock<std::mutex> lock(mu_);
   prefill_.CallEnded(status);
-  prefill_in_flight_ = false;
-  if (!held_finals_.empty() || held_end_.has_value()) {
-    lock.unlock();
-    {
-      std::lock_guard<std::mutex> alarm_lock(alarm_mu_);
-      if (alarm_set_) alarm_.Cancel();  // not set yet: it fires later and finds nothing held
-    }
-    ReleaseFinals();  // now with the timings (when the call succeeded)
-    lock.lock();
-  }
   // Once the decode worker streams tokens it has verified the KV: a Prefill call that fails
   // afterwards (its answer was lost) is not sent again.
   if (ended_ || status.ok() || kv_arrived_) return;
@@ -162,11 +91,6 @@ void DecodeLeg::OnPrefillDone(const grpc::Status& status) {
   const v1::KvReservation reservation = prefill_.reservation();
   lock.unlock();
   StartPrefill(reservation);
-}
-
-bool DecodeLeg::PrefillTimings(double* prefill_s, double* transfer_s) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return prefill_.Timings(prefill_s, transfer_s);
 }
 
 void DecodeLeg::SendCancel(const std::shared_ptr<Worker>& worker, int32_t index) {

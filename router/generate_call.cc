@@ -174,6 +174,7 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   *decode->mutable_sampling() = s;
   decode->set_n(n);
   decode->set_priority(r.priority());
+  decode->set_tenant(TenantName());  // the workers' grammar work is shared fairly by tenant
   // A tenant's requests share cached prefixes only among themselves (and never time another
   // tenant's): its name leads the salt the block hashes are keyed with.
   decode->set_cache_salt(tenant_ != nullptr

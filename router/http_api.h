@@ -9,12 +9,12 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/flags.h"
+#include "common/http/http_transport.h"
 #include "common/rpc/server.h"
 #include "common/tokenizer/chat_template.h"
 #include "router/access_control.h"
 #include "router/generation_service.h"
 #include "router/http/http_server.h"
-#include "common/http/http_transport.h"
 
 namespace tandem {
 

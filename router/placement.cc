@@ -1,7 +1,7 @@
 #include "router/placement.h"
 
 #include "absl/types/span.h"
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 
 namespace tandem {
 

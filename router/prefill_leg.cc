@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/base/log.h"
+#include "common/cluster/proto/cluster_proto.h"
 #include "router/cluster_client.h"
 #include "router/placement.h"
 #include "router/worker_registry.h"
@@ -50,12 +51,13 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
   call_request_.set_n(r.n());
   call_request_.set_priority(r.priority());
   call_request_.set_cache_salt(r.cache_salt());
+  call_request_.set_tenant(r.tenant());
   *call_request_.mutable_target() = reservation_;
   // The transport of this pair (both were admitted, so one exists; a worker that re-registered
   // with another since fails the call, which is retried).
   absl::StatusOr<std::string> transport =
-      PairKvTransport(TransportPeer(worker_->address, worker_->info),
-                      TransportPeer(decode_->address, decode_->info));
+      PairKvTransport(KvTransportPeerFromInfo(worker_->address, worker_->info),
+                      KvTransportPeerFromInfo(decode_->address, decode_->info));
   if (transport.ok()) call_request_.mutable_target()->set_kv_transport(*transport);
   call_request_.set_attempt(attempt_);
   response_.Clear();
@@ -68,7 +70,6 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
 
 void PrefillLeg::CallEnded(const grpc::Status& status) {
   if (worker_) worker_->inflight_requests.fetch_sub(1);
-  if (status.ok()) ok_ = true;
 }
 
 bool PrefillLeg::Failed(const grpc::Status& status) {
@@ -87,13 +88,6 @@ bool PrefillLeg::Failed(const grpc::Status& status) {
 
 void PrefillLeg::CancelCall() {
   if (context_ != nullptr) context_->TryCancel();
-}
-
-bool PrefillLeg::Timings(double* prefill_s, double* transfer_s) const {
-  if (!ok_) return false;
-  *prefill_s = response_.prefill_s();
-  *transfer_s = response_.transfer_s();
-  return true;
 }
 
 }  // namespace tandem

@@ -30,8 +30,7 @@ class PrefillLeg {
   // thread with the call's status, after which CallEnded must be called. Returns false when no
   // prefill worker is left to try (reported as a no_worker decision).
   bool Send(const v1::KvReservation& reservation, DoneCallback done);
-  // The call answered with `status`: its worker's load estimate drops, and a success keeps the
-  // response's timings.
+  // The call answered with `status`: its worker's load estimate drops.
   void CallEnded(const grpc::Status& status);
   // After a failed call: reports the worker (when unreachable), never tries it again for this
   // reservation and counts the retry. Returns whether another attempt is allowed
@@ -43,8 +42,6 @@ class PrefillLeg {
   const v1::KvReservation& reservation() const { return reservation_; }
   // The worker of the latest call (null before the first).
   const std::shared_ptr<Worker>& worker() const { return worker_; }
-  // Timings of the successful call, if one succeeded (for the final's TTFT split).
-  bool Timings(double* prefill_s, double* transfer_s) const;
 
  private:
   FlowHost* const host_;
@@ -59,7 +56,6 @@ class PrefillLeg {
   std::unique_ptr<grpc::ClientContext> context_;
   v1::PrefillRequest call_request_;
   v1::PrefillResponse response_;
-  bool ok_ = false;  // a call succeeded: response_ holds its timings
 };
 
 }  // namespace tandem

@@ -158,13 +158,6 @@ void RequestFlow::OnResponse(DecodeLeg* leg, const v1::DecodeResponse& r) {
         out.mutable_final()->set_index(indices[local]);
         out.mutable_final()->mutable_usage()->set_completion_tokens(
             static_cast<int32_t>(s.delivered.size()));
-        double prefill_s = 0, transfer_s = 0;
-        if (leg->PrefillTimings(&prefill_s, &transfer_s)) {
-          v1::Timings* t = out.mutable_final()->mutable_timings();
-          t->set_remote(true);
-          t->set_remote_prefill_s(prefill_s);
-          t->set_kv_transfer_s(transfer_s);
-        }
       }
     } else {
       return;

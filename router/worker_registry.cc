@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/log.h"
+#include "common/cluster/proto/cluster_proto.h"
 #include "common/rpc/call_auth.h"
 #include "common/rpc/callback_cq.h"
-#include "common/rpc/kv_layout_info.h"
 #include "router/routing_policy.h"
 
 namespace tandem {
@@ -400,21 +400,17 @@ bool WorkerRegistry::WaitForWorkers(int prefill, int decode, absl::Duration time
   return false;
 }
 
-KvTransportPeer TransportPeer(const std::string& address, const v1::WorkerInfo& info) {
-  return {info.role(), address, info.kv_transport(), info.kv_device()};
-}
-
 std::string WorkerRegistry::TransportRefusalLocked(const std::string& address,
                                                    const v1::WorkerInfo& info) {
   // Every prefill worker may send to every decode worker, so each such pair needs a transport
   // both speak that works between their devices (kv_transport_pair.h). A worker re-registering
   // at its address is not compared with itself.
-  const KvTransportPeer self = TransportPeer(address, info);
+  const KvTransportPeer self = KvTransportPeerFromInfo(address, info);
   const bool sends = info.role() == "prefill" || info.role() == "both";
   const bool receives = info.role() == "decode" || info.role() == "both";
   for (const auto& w : workers_) {
     if (w->address == address) continue;
-    const KvTransportPeer other = TransportPeer(w->address, w->info);
+    const KvTransportPeer other = KvTransportPeerFromInfo(w->address, w->info);
     absl::StatusOr<std::string> pair = std::string();
     if (sends && w->is_decode()) pair = PairKvTransport(self, other);
     if (pair.ok() && receives && w->is_prefill()) pair = PairKvTransport(other, self);

@@ -17,8 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/base/kv_transfer_layout.h"
-#include "common/base/kv_transport_pair.h"
+#include "common/cluster/kv_transfer_layout.h"
+#include "common/cluster/kv_transport_pair.h"
 #include "common/metrics/request_hooks.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -92,9 +92,6 @@ struct RegistryOptions {
 // layout before it may take requests (refusing it at registration otherwise), and keeps a
 // WatchStats stream per worker for load and prefix-cache events. A worker that is no longer
 // discovered (its DNS record went away) is forgotten once its stream has ended. Thread-safe.
-// What the choice of a KV transport needs of a worker (common/base/kv_transport_pair.h).
-KvTransportPeer TransportPeer(const std::string& address, const v1::WorkerInfo& info);
-
 class WorkerRegistry {
  public:
   explicit WorkerRegistry(RegistryOptions options);

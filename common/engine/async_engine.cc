@@ -1,5 +1,7 @@
 #include "common/engine/async_engine.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 
@@ -20,6 +22,18 @@ EngineCounters ToCounters(const EngineStats& s) {
   c.prefix_cache_queried = s.prefix_cache_queried;
   c.prefix_cache_hit = s.prefix_cache_hit;
   c.kv_evictions = s.kv_evictions;
+  EngineCounters::Grammar& g = c.grammar;
+  g.compile_waiting = s.grammar_compile_waiting;
+  g.mask_waiting = s.grammar_mask_waiting;
+  g.queued = s.grammar_queued;
+  g.running = s.grammar_running;
+  g.memory_bytes = s.grammar_memory_bytes;
+  const int64_t outcomes[6] = {s.grammar_cache_hits,      s.grammar_compiled,
+                               s.grammar_rejected,        s.grammar_invalid,
+                               s.grammar_budget_exceeded, s.grammar_cancelled};
+  std::copy(outcomes, outcomes + 6, g.outcomes);
+  g.masks_deferred = s.grammar_masks_deferred;
+  g.mask_budget_exceeded = s.grammar_mask_budget_exceeded;
   return c;
 }
 

@@ -206,11 +206,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
       matmul_input_dtype = DType::kI8;
     } else if (*device == "cpu" && bf16_weights && bf16_dot) {
       matmul_input_dtype = DType::kBF16;
+    } else if (*device != "cpu" && bf16_weights) {
+      matmul_input_dtype = DType::kBF16;  // cuda: bf16 activations on the tensor cores
     }
   } else if (options.matmul_input_dtype == "bf16" || options.matmul_input_dtype == "bfloat16") {
     matmul_input_dtype = DType::kBF16;
-    if (*device != "cpu") {
-      return absl::InvalidArgumentError("matmul input dtype bf16 is a cpu option");
+    if (*device != "cpu" && !bf16_weights) {
+      return absl::InvalidArgumentError(
+          "matmul input dtype bf16 needs bf16 weights (--dtype bf16)");
     }
   } else if (options.matmul_input_dtype == "int8" || options.matmul_input_dtype == "i8") {
     matmul_input_dtype = DType::kI8;
@@ -249,13 +252,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.matmul_input_dtype = matmul_input_dtype;
     backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
     backend_options.window_kv = options.window_kv;
+    const int64_t budget =
+        options.kv_cache_bytes > 0 ? options.kv_cache_bytes : kDefaultCpuKvCacheBytes;
     backend_options.num_blocks = options.num_kv_blocks > 0
                                      ? options.num_kv_blocks
-                                     : options.kv_cache_bytes / static_cast<int64_t>(per_block);
+                                     : budget / static_cast<int64_t>(per_block);
     if (backend_options.num_blocks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("KV cache budget ", options.kv_cache_bytes,
-                                                     " bytes holds no block of ", per_block,
-                                                     " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV cache budget ", budget, " bytes holds no block of ", per_block, " bytes"));
     }
     auto cpu = CpuBackend::Create(model, backend_options);
     if (!cpu.ok()) return cpu.status();
@@ -273,7 +277,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.block_size = options.block_size;
     backend_options.kv_dtype = kv_dtype;
     backend_options.num_blocks = options.num_kv_blocks;
+    backend_options.kv_cache_bytes = options.kv_cache_bytes;
     backend_options.gpu_memory_utilization = options.gpu_memory_utilization;
+    backend_options.bf16_activations = matmul_input_dtype == DType::kBF16;
     backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
     backend_options.max_num_seqs = options.engine.scheduler.max_num_seqs;
     backend_options.max_model_len = options.engine.max_model_len;

@@ -9,14 +9,18 @@
 
 namespace tandem {
 
+// The CPU KV pool's budget when EngineBuildOptions::kv_cache_bytes is 0.
+inline constexpr int64_t kDefaultCpuKvCacheBytes = int64_t{1} << 30;
+
 // Everything needed to stand up an engine on a model directory.
 struct EngineBuildOptions {
   std::string model_dir;
   // "cpu", "cuda" (device 0), "cuda:N", or "auto": cuda when this build has the CUDA backend
   // and a GPU is visible, else cpu.
   std::string device = "cpu";
-  // cuda: the fraction of device memory the process may use; the KV pool gets what is left after
-  // weights and buffers (num_kv_blocks > 0 overrides; kv_cache_bytes applies to cpu only).
+  // cuda: the fraction of device memory the process may use: the KV pool gets what is left after
+  // weights and buffers, or kv_cache_bytes when set, which must fit under it (num_kv_blocks > 0
+  // overrides both).
   double gpu_memory_utilization = 0.9;
   std::string weight_dtype = "auto";  // auto | f32 | bf16
   // auto (f32 for f32 weights, else bf16) | f32 | bf16 | fp8 (e4m3) | int8; fp8 and int8 keep
@@ -24,18 +28,21 @@ struct EngineBuildOptions {
   std::string kv_cache_dtype = "auto";
   std::string quantization = "none";  // none | int8 | int4 (weight-only, cpu only)
   int64_t quant_group_size = 128;     // int4 group along K (power of two >= 32)
-  // cpu: what the projections' inputs are rounded to (CpuBackendOptions): auto (int8 for int8 and
+  // What the projections' inputs are rounded to. cpu (CpuBackendOptions): auto (int8 for int8 and
   // int4 weights on a CPU with AVX512_VNNI, bf16 for bf16 weights (and quantized ones without
   // VNNI) on a CPU with AVX512_BF16, else f32) | f32 | bf16 (not with f32 weights) | int8
-  // (quantized weights only).
+  // (quantized weights only). cuda (CudaBackendOptions::bf16_activations): auto and bf16 give
+  // bf16 activations for bf16 weights, f32 the parity mode (f32 activations); int8 is refused.
   std::string matmul_input_dtype = "auto";
   // cpu: serve weights stored in their in-memory dtype from the checkpoint's file mapping
   // (LoadOptions::map_weights) instead of copying them into huge-page memory at load. cuda
   // always maps (the weights are uploaded to the device). bf16 projections with bf16 inputs on
   // AVX512_BF16 are rearranged into tiles at load either way (LoadOptions::bf16_layout).
   bool mmap_weights = false;
-  int64_t kv_cache_bytes = int64_t{1} << 30;  // KV pool budget
-  int64_t num_kv_blocks = 0;                  // > 0 overrides kv_cache_bytes
+  // KV pool budget; 0: kDefaultCpuKvCacheBytes on cpu, on cuda what gpu_memory_utilization
+  // leaves.
+  int64_t kv_cache_bytes = 0;
+  int64_t num_kv_blocks = 0;  // > 0 overrides kv_cache_bytes
   // cpu: local (sliding-window) layers of models that also have global ones keep only their
   // window's KV (KvCacheSpec::windowed); off: every layer keeps every block.
   bool window_kv = true;

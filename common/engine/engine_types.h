@@ -20,6 +20,7 @@
 #include "common/engine/scheduler/scheduler.h"
 #include "common/engine/scheduler/sequence.h"
 #include "common/engine/spec/spec_options.h"
+#include "common/grammar/compile_service.h"
 #include "common/grammar/grammar_compiler.h"
 
 namespace tandem {
@@ -43,8 +44,18 @@ struct EngineOptions {
   // Structured output: compiles request constraints against the model's vocabulary (built from
   // its tokenizer by BuildEngine). Null: constrained requests are INVALID_ARGUMENT.
   std::shared_ptr<grammar::GrammarCompiler> grammar;
-  // Compute grammar masks on a worker thread while the forward pass runs (false: inline).
-  bool overlap_grammar_masks = true;
+  // Compilations and expensive token masks run off the engine loop on this service's workers,
+  // fair across tenants, each within a CPU budget (README "Structured output"). Null: the
+  // engine makes one over `grammar` with `grammar_compile`.
+  std::shared_ptr<grammar::GrammarCompileService> grammar_service;
+  grammar::GrammarCompileServiceOptions grammar_compile;
+  // CPU time the engine thread may spend computing one token mask before the plan; a mask that
+  // needs more (or whose grammar already had one that did) is computed by grammar_service while
+  // its sequence waits, and the other sequences keep stepping. <= 0: always off the loop.
+  int64_t grammar_mask_inline_us = 2000;
+  // And at most this much in one step, all sequences together (the rest wait off the loop), so
+  // many sequences' moderately expensive masks cannot add up to a stall either.
+  int64_t grammar_mask_step_us = 10000;
   // Extensions a binary adds to every engine it builds (engine_feature.h: EngineExtensions):
   // called once per engine, after its KV cache manager exists and before its scheduler is
   // made. Null: none.
@@ -60,6 +71,9 @@ struct EngineRequest {
   int32_t n = 1;
   int32_t priority = 0;
   std::string cache_salt;
+  // Who asked (the API key's tenant; "" without keys): the grammar compile service shares its
+  // workers fairly between tenants and charges each one's grammar work to it.
+  std::string tenant;
   absl::Time arrival_time = absl::Now();
 
   // Disaggregation (DESIGN §2). Decode role: reserve blocks for the prompt and wait for its KV
@@ -148,6 +162,28 @@ struct EngineStats {
   int64_t kv_filled_token_slots = 0;
   int64_t grammar_masks = 0;           // token masks applied (structured output)
   int64_t grammar_drafts_trimmed = 0;  // drafted tokens cut because the grammar forbids them
+  // Structured output off the engine loop (grammar_feature.h). Sequences waiting now: for their
+  // grammar's compilation (kPending, also in num_waiting), or for a token mask computed off the
+  // loop or for their grammar to finish one (kAwaiting, not in num_awaiting_kv).
+  int64_t grammar_compile_waiting = 0;
+  int64_t grammar_mask_waiting = 0;
+  // Requests with a constraint, by how their grammar came (cumulative): from the cache at once,
+  // compiled while they waited, refused at once (too many pending: RESOURCE_EXHAUSTED), failed
+  // (invalid), cut at the CPU budget, cancelled while waiting.
+  int64_t grammar_cache_hits = 0;
+  int64_t grammar_compiled = 0;
+  int64_t grammar_rejected = 0;
+  int64_t grammar_invalid = 0;
+  int64_t grammar_budget_exceeded = 0;
+  int64_t grammar_cancelled = 0;
+  // Token masks computed off the loop (a sequence waited for each), and of those cut at the
+  // budget (the sequence failed).
+  int64_t grammar_masks_deferred = 0;
+  int64_t grammar_mask_budget_exceeded = 0;
+  // The compile service now: compilations and mask tasks queued, running; grammar memory bytes.
+  int64_t grammar_queued = 0;
+  int64_t grammar_running = 0;
+  int64_t grammar_memory_bytes = 0;
   KvTierStats kv_tiers;                // KV cache tiers (enabled false: none)
 };
 

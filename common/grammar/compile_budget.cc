@@ -2,10 +2,13 @@
 
 #include <time.h>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::grammar {
 namespace {
+
+constexpr char kBudgetPayload[] = "type.tandem/grammar.CompileBudgetExceeded";
 
 int64_t ThreadCpuNs() {
   timespec ts;
@@ -28,13 +31,21 @@ absl::Status CompileBudget::CheckNow() {
   }
   const int64_t now = ThreadCpuNs();
   if (start_ns_ < 0) start_ns_ = now;
-  if (cpu_ms_ > 0 && now - start_ns_ > cpu_ms_ * 1000000) {
+  if (cpu_us_ > 0 && now - start_ns_ > cpu_us_ * 1000) {
     failed_ = true;
-    status_ = absl::InvalidArgumentError(absl::StrCat(
-        "constraint: compiling the grammar took more than its budget of ", cpu_ms_,
-        " ms of CPU time (grammar compile budget); the grammar is too expensive to serve"));
+    const std::string limit =
+        cpu_us_ % 1000 == 0 ? absl::StrCat(cpu_us_ / 1000, " ms") : absl::StrCat(cpu_us_, " us");
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat("constraint: ", what_, " took more than its budget of ", limit,
+                     " of CPU time (grammar compile budget); the grammar is too expensive to "
+                     "serve"));
+    status_.SetPayload(kBudgetPayload, absl::Cord("1"));
   }
   return status_;
+}
+
+bool IsBudgetExceeded(const absl::Status& status) {
+  return status.GetPayload(kBudgetPayload).has_value();
 }
 
 }  // namespace tandem::grammar

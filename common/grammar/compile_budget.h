@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -21,16 +23,27 @@ class CompileBudget {
   CompileBudget() = default;
   // At most `cpu_ms` milliseconds of the compiling thread's CPU time, counted from the first
   // Check(); <= 0: unlimited.
-  explicit CompileBudget(int64_t cpu_ms) : cpu_ms_(cpu_ms) {}
+  explicit CompileBudget(int64_t cpu_ms) : cpu_us_(cpu_ms * 1000) {}
+  // At most `cpu_us` microseconds (<= 0: unlimited); `what` names the work in the budget's
+  // error ("computing a token mask").
+  static std::unique_ptr<CompileBudget> Micros(int64_t cpu_us, std::string what) {
+    auto b = std::make_unique<CompileBudget>();
+    b->cpu_us_ = cpu_us;
+    b->what_ = std::move(what);
+    return b;
+  }
   CompileBudget(const CompileBudget&) = delete;
   CompileBudget& operator=(const CompileBudget&) = delete;
 
+  // Names the work in the budget's error (before the first Check()).
+  void set_what(std::string what) { what_ = std::move(what); }
   // Any thread: the compile stops at its next Check().
   void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
   // OK within the budget; INVALID_ARGUMENT naming the budget once the CPU time is spent (the
-  // grammar is too expensive to serve: retrying does not help); CANCELLED once cancelled. Sticky:
+  // grammar is too expensive to serve: retrying does not help; IsBudgetExceeded tells it from
+  // other errors); CANCELLED once cancelled. Sticky:
   // once failed it keeps failing. Cheap: the CPU clock is read once every 256 calls.
   absl::Status Check() {
     if (!failed_ && ++calls_ % 256 != 1 && !cancelled()) return absl::OkStatus();
@@ -40,17 +53,22 @@ class CompileBudget {
   bool failed() const { return failed_; }
   // The CPU time spent since the first Check() (0 before it), in milliseconds.
   double cpu_ms_used() const;
-  int64_t cpu_ms_limit() const { return cpu_ms_; }
+  int64_t cpu_ms_limit() const { return cpu_us_ / 1000; }
 
  private:
   absl::Status CheckNow();
 
-  int64_t cpu_ms_ = 0;
+  int64_t cpu_us_ = 0;
+  std::string what_ = "compiling the grammar";
   std::atomic<bool> cancelled_{false};
   bool failed_ = false;
   absl::Status status_;
   uint64_t calls_ = 0;
   int64_t start_ns_ = -1;  // the thread's CPU clock at the first Check()
 };
+
+// Whether `status` is a CompileBudget's "ran past its CPU time" error (not an invalid grammar,
+// not a cancellation).
+bool IsBudgetExceeded(const absl::Status& status);
 
 }  // namespace tandem::grammar

@@ -33,12 +33,14 @@ struct Waiter {
   bool cancelled = false;
   CompileResult result = absl::UnknownError("not ready");
   std::atomic<bool> ready{false};
+  bool in_submit = false;  // answered by Submit itself (set before the handle is returned)
 };
 
 // One compilation, shared by every waiter of the same constraint.
 struct Job {
   std::string key;
   Constraint constraint;
+  GrammarTask task;  // SubmitTask: run instead of a compilation
   CompileBudget budget;
   enum class State { kQueued, kRunning, kDone } state = State::kQueued;
   std::vector<std::shared_ptr<Waiter>> waiters;
@@ -58,6 +60,7 @@ struct Core {
   bool stop = false;
   absl::flat_hash_map<std::string, Tenant> tenants;
   uint64_t serve_clock = 0;
+  uint64_t next_task = 0;                                           // SubmitTask's keys
   absl::flat_hash_map<std::string, std::shared_ptr<Job>> inflight;  // key -> queued/running job
   int64_t pending = 0;
   GrammarCompileServiceStats stats;  // counters (the gauges are computed in stats())
@@ -132,6 +135,8 @@ GrammarCompileHandle::~GrammarCompileHandle() { Cancel(); }
 bool GrammarCompileHandle::ready() const { return waiter_->ready.load(std::memory_order_acquire); }
 
 const CompileResult& GrammarCompileHandle::result() const { return waiter_->result; }
+
+bool GrammarCompileHandle::answered_in_submit() const { return waiter_->in_submit; }
 
 const CompileResult& GrammarCompileHandle::Wait() const {
   while (!ready()) std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -248,7 +253,40 @@ std::unique_ptr<GrammarCompileHandle> GrammarCompileService::Submit(
     w->resolved = true;  // never queued: Cancel has nothing to undo
   }
   // Nobody else has the waiter yet: no callback, no lock needed.
+  w->in_submit = true;
   w->result = std::move(*now);
+  w->ready.store(true, std::memory_order_release);
+  return handle;
+}
+
+std::unique_ptr<GrammarCompileHandle> GrammarCompileService::SubmitTask(
+    const std::string& tenant, const std::string& what, GrammarTask task,
+    std::function<void()> on_ready) {
+  auto w = std::make_shared<Waiter>();
+  w->tenant = tenant;
+  std::unique_ptr<GrammarCompileHandle> handle(new GrammarCompileHandle(core_, w));
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (!core_->stop) {
+      // A key no constraint has (CacheKey starts with the kind's number): never shared.
+      auto job = std::make_shared<Job>(options_.budget_ms);
+      job->key = absl::StrCat("task\x1f", ++core_->next_task);
+      job->task = std::move(task);
+      job->budget.set_what(what);
+      core_->inflight[job->key] = job;
+      w->on_ready = std::move(on_ready);
+      w->job = job;
+      job->waiters.push_back(w);
+      Tenant& tn = core_->tenants[tenant];
+      ++tn.pending;
+      ++core_->pending;
+      tn.queue.push_back(w);
+      core_->cv.notify_one();
+      return handle;
+    }
+    w->resolved = true;
+  }
+  w->result = absl::UnavailableError("constraint: the grammar compile service shut down");
   w->ready.store(true, std::memory_order_release);
   return handle;
 }
@@ -269,7 +307,12 @@ void GrammarCompileService::Work() {
     job->state = Job::State::kRunning;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    CompileResult result = compiler_->Compile(job->constraint, &job->budget);
+    CompileResult result = std::shared_ptr<const CompiledGrammar>();
+    if (job->task) {
+      if (absl::Status st = job->task(&job->budget); !st.ok()) result = st;
+    } else {
+      result = compiler_->Compile(job->constraint, &job->budget);
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     lock.lock();
@@ -280,13 +323,21 @@ void GrammarCompileService::Work() {
     --t->second.running;
     core_->MaybeEraseLocked(t);
     GrammarCompileServiceStats& s = core_->stats;
-    ++s.compiles;
-    s.compile_seconds += seconds;
-    s.max_compile_seconds = std::max(s.max_compile_seconds, seconds);
-    if (!result.ok()) ++s.failed;
-    if (job->budget.failed() && !job->budget.cancelled()) ++s.budget_exceeded;
+    const bool over_budget = job->budget.failed() && !job->budget.cancelled();
+    if (job->task) {
+      ++s.tasks;
+      if (!result.ok()) ++s.tasks_failed;
+      if (over_budget) ++s.tasks_budget_exceeded;
+    } else {
+      ++s.compiles;
+      s.compile_seconds += seconds;
+      s.max_compile_seconds = std::max(s.max_compile_seconds, seconds);
+      if (!result.ok()) ++s.failed;
+      if (over_budget) ++s.budget_exceeded;
+    }
     std::vector<std::shared_ptr<Waiter>> waiters = std::move(job->waiters);
     job->waiters.clear();
+    job->task = nullptr;  // what it captured goes now
     for (auto& w : waiters) core_->ResolveLocked(w.get());
     lock.unlock();
     core_->cv.notify_all();  // this tenant may start its next job

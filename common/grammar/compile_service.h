@@ -40,15 +40,21 @@ struct GrammarCompileServiceStats {
   int64_t failed = 0;           // of which errors (invalid constraints, budget)
   int64_t budget_exceeded = 0;  // of which cut at the CPU budget
   int64_t abandoned = 0;        // compilations dropped because every waiter cancelled
-  double compile_seconds = 0;   // wall time of the compilations run, summed
+  int64_t tasks = 0;            // tasks (SubmitTask) run to an end (ok or not)
+  int64_t tasks_failed = 0;     // of which errors
+  int64_t tasks_budget_exceeded = 0;  // of which cut at the CPU budget
+  double compile_seconds = 0;         // wall time of the compilations run, summed
   double max_compile_seconds = 0;
-  int64_t queued = 0;                             // compilations waiting for a worker
-  int64_t running = 0;                            // compilations on a worker now
+  int64_t queued = 0;                             // compilations and tasks waiting for a worker
+  int64_t running = 0;                            // compilations and tasks on a worker now
   std::vector<GrammarCompileTenantLoad> tenants;  // tenants with pending work
   GrammarMemoryStats memory;                      // the compiler's grammar memory and cache
 };
 
 using CompileResult = absl::StatusOr<std::shared_ptr<const CompiledGrammar>>;
+// Work SubmitTask runs on a worker within `budget` (checked inside, e.g. by
+// GrammarMatcher::NextTokenMaskWithin).
+using GrammarTask = std::function<absl::Status(CompileBudget* budget)>;
 
 namespace compile_service_internal {
 struct Core;
@@ -69,6 +75,8 @@ class GrammarCompileHandle {
   // the CPU budget, named in the message), RESOURCE_EXHAUSTED (too many compilations pending),
   // CANCELLED (Cancel), UNAVAILABLE (the service shut down). Only once ready().
   const CompileResult& result() const;
+  // Whether Submit answered it itself (a cached grammar or a refusal), without a worker.
+  bool answered_in_submit() const;
   // Blocks until ready() (tests and tools; never on an engine loop).
   const CompileResult& Wait() const;
   // Stops waiting: when no other request waits for the same compilation it is abandoned (a
@@ -126,6 +134,18 @@ class GrammarCompileService {
   std::unique_ptr<GrammarCompileHandle> Submit(const std::string& tenant,
                                                const Constraint& constraint,
                                                std::function<void()> on_ready = nullptr);
+
+  // Runs `task` on a worker on `tenant`'s turn (the same queues, fairness and niceness as its
+  // compilations) within the service's budget_ms of CPU time: work too expensive for the
+  // engine loop, e.g. a token mask of an expensive grammar. Never deduplicated, and not counted
+  // against the pending bounds (the caller bounds how many it submits: the engine, one per
+  // sequence). The handle's result is OK (a null grammar) when the task returned OK, else the
+  // task's status; `on_ready` and cancellation as for Submit (cancelling a running task cancels
+  // its budget). `what` names the work in the budget's error ("computing a token mask").
+  // Refused only when the service shut down (UNAVAILABLE, ready at once).
+  std::unique_ptr<GrammarCompileHandle> SubmitTask(const std::string& tenant,
+                                                   const std::string& what, GrammarTask task,
+                                                   std::function<void()> on_ready = nullptr);
 
   GrammarCompiler& compiler() const { return *compiler_; }
   const GrammarCompileServiceOptions& options() const { return options_; }

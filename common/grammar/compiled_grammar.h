@@ -81,6 +81,16 @@ class CompiledGrammar {
   // Empties the mask and position caches (they refill as states are met again); the bytes freed.
   int64_t ClearCaches() const;
 
+  // The most CPU time computing one of this grammar's masks took (or was allowed before it was
+  // cut), as whoever computed it noted it (the compiler's first mask, the engine), in
+  // microseconds: the engine computes the masks of a grammar known to be expensive off its loop.
+  void NoteMaskCost(int64_t cpu_us) const {
+    int64_t seen = max_mask_us_.load(std::memory_order_relaxed);
+    while (cpu_us > seen && !max_mask_us_.compare_exchange_weak(seen, cpu_us)) {
+    }
+  }
+  int64_t max_mask_cost_us() const { return max_mask_us_.load(std::memory_order_relaxed); }
+
  private:
   friend class ReferencePaths;  // the benchmark's baseline graph (reference/)
   CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenVocab> vocab,
@@ -100,6 +110,7 @@ class CompiledGrammar {
   int64_t max_position_bytes_;
   mutable std::atomic<int64_t> charged_{0};
   mutable std::atomic<int64_t> cache_bytes_{0};
+  mutable std::atomic<int64_t> max_mask_us_{0};
   mutable std::mutex mu_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const TokenMask>> masks_;
   mutable absl::flat_hash_map<int32_t, std::shared_ptr<const PositionTokens>> positions_;

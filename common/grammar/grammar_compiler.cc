@@ -115,8 +115,12 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
                                                           options_.grammar, memory_);
   if (options_.warm_first_mask) {
     GrammarMatcher matcher(compiled);
+    const double before_ms = budget != nullptr ? budget->cpu_ms_used() : 0;
     auto mask = matcher.NextTokenMaskWithin(budget);
     if (!mask.ok()) return mask.status();
+    if (budget != nullptr) {
+      compiled->NoteMaskCost(static_cast<int64_t>((budget->cpu_ms_used() - before_ms) * 1000));
+    }
   }
   if (budget != nullptr) {
     if (auto st = budget->Check(); !st.ok()) return st;

@@ -21,7 +21,23 @@ struct EngineCounters {
   int64_t generated_tokens = 0;
   int64_t prefix_cache_queried = 0;
   int64_t prefix_cache_hit = 0;
+  // Structured output (EngineStats' grammar_* fields): gauges, then cumulative counters.
+  struct Grammar {
+    int64_t compile_waiting = 0;
+    int64_t mask_waiting = 0;
+    int64_t queued = 0;
+    int64_t running = 0;
+    int64_t memory_bytes = 0;
+    // Requests by how their grammar came, in kGrammarOutcomes order.
+    int64_t outcomes[6] = {0, 0, 0, 0, 0, 0};
+    int64_t masks_deferred = 0;
+    int64_t mask_budget_exceeded = 0;
+  } grammar;
 };
+
+// The outcome label of tandem_grammar_requests_total, in EngineCounters::Grammar::outcomes order.
+inline constexpr const char* kGrammarOutcomes[6] = {"cache_hit", "compiled",        "rejected",
+                                                    "invalid",   "budget_exceeded", "cancelled"};
 
 // How one sequence (one sample of a request) ended in the engine.
 struct FinishedSequence {

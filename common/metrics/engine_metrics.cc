@@ -63,6 +63,38 @@ EngineMetrics::EngineMetrics(prometheus::Registry* registry, std::string_view ro
   queue_seconds_ = histogram("tandem_engine_queue_time_seconds",
                              "Time from arrival at the engine to first being scheduled.",
                              buckets::FirstTokenSeconds());
+  auto& grammar_waiting =
+      BuildGauge()
+          .Name("tandem_grammar_requests_waiting")
+          .Help(
+              "Sequences waiting for their grammar's compilation (reason=compile) or for a "
+              "token mask computed off the engine loop (reason=mask).")
+          .Register(*registry);
+  grammar_compile_waiting_ = &grammar_waiting.Add({{"role", role_}, {"reason", "compile"}});
+  grammar_mask_waiting_ = &grammar_waiting.Add({{"role", role_}, {"reason", "mask"}});
+  grammar_queued_ = gauge("tandem_grammar_queue_depth",
+                          "Grammar compilations and token masks queued for a compile worker.");
+  grammar_running_ = gauge("tandem_grammar_jobs_running",
+                           "Grammar compilations and token masks on a compile worker now.");
+  grammar_memory_ = gauge("tandem_grammar_memory_bytes",
+                          "Bytes held by compiled grammars (cached or in use), bounded.");
+  auto& outcomes = BuildCounter()
+                       .Name("tandem_grammar_requests_total")
+                       .Help(
+                           "Constrained requests by how their grammar came: from the cache, "
+                           "compiled while waiting, refused (queue full), invalid, over the "
+                           "CPU budget, cancelled while waiting.")
+                       .Register(*registry);
+  for (size_t i = 0; i < grammar_outcomes_.size(); ++i) {
+    grammar_outcomes_[i] = &outcomes.Add({{"role", role_}, {"outcome", kGrammarOutcomes[i]}});
+  }
+  grammar_masks_deferred_ =
+      counter("tandem_grammar_masks_deferred_total",
+              "Token masks too expensive for the engine loop, computed by a compile worker "
+              "while their sequence waited.");
+  grammar_mask_budget_exceeded_ =
+      counter("tandem_grammar_mask_budget_exceeded_total",
+              "Token masks cut at the grammar CPU budget (their sequence failed).");
   prefill_seconds_ = histogram("tandem_engine_prefill_time_seconds",
                                "Time from first being scheduled to the first sampled token.",
                                buckets::RequestSeconds());
@@ -82,6 +114,18 @@ void EngineMetrics::Update(const EngineCounters& now) {
   AddDelta(generation_tokens_, now.generated_tokens, last_.generated_tokens);
   AddDelta(prefix_queries_, now.prefix_cache_queried, last_.prefix_cache_queried);
   AddDelta(prefix_hits_, now.prefix_cache_hit, last_.prefix_cache_hit);
+  const EngineCounters::Grammar& g = now.grammar;
+  grammar_compile_waiting_->Set(static_cast<double>(g.compile_waiting));
+  grammar_mask_waiting_->Set(static_cast<double>(g.mask_waiting));
+  grammar_queued_->Set(static_cast<double>(g.queued));
+  grammar_running_->Set(static_cast<double>(g.running));
+  grammar_memory_->Set(static_cast<double>(g.memory_bytes));
+  for (size_t i = 0; i < grammar_outcomes_.size(); ++i) {
+    AddDelta(grammar_outcomes_[i], g.outcomes[i], last_.grammar.outcomes[i]);
+  }
+  AddDelta(grammar_masks_deferred_, g.masks_deferred, last_.grammar.masks_deferred);
+  AddDelta(grammar_mask_budget_exceeded_, g.mask_budget_exceeded,
+           last_.grammar.mask_budget_exceeded);
   last_ = now;
 }
 

@@ -29,6 +29,11 @@ namespace tandem {
 //   tandem_engine_prompt_tokens_cached_total           prompt tokens served from the cache
 //   tandem_engine_sequences_finished_total{finish_reason}
 //   tandem_engine_queue_time_seconds, tandem_engine_prefill_time_seconds
+//   tandem_grammar_requests_waiting{reason=compile|mask}  gauge (structured output)
+//   tandem_grammar_queue_depth, tandem_grammar_jobs_running, tandem_grammar_memory_bytes  gauges
+//   tandem_grammar_requests_total{outcome}  cache_hit, compiled, rejected, invalid,
+//                                           budget_exceeded, cancelled
+//   tandem_grammar_masks_deferred_total, tandem_grammar_mask_budget_exceeded_total
 //   tandem_backend_info{backend, simd, matmul_input_dtype}  constant 1 (RegisterBackendInfo)
 class EngineMetrics : public EngineHooks {
  public:
@@ -65,6 +70,14 @@ class EngineMetrics : public EngineHooks {
   prometheus::Histogram* step_seconds_;
   prometheus::Histogram* queue_seconds_;
   prometheus::Histogram* prefill_seconds_;
+  prometheus::Gauge* grammar_compile_waiting_;
+  prometheus::Gauge* grammar_mask_waiting_;
+  prometheus::Gauge* grammar_queued_;
+  prometheus::Gauge* grammar_running_;
+  prometheus::Gauge* grammar_memory_;
+  std::array<prometheus::Counter*, 6> grammar_outcomes_;
+  prometheus::Counter* grammar_masks_deferred_;
+  prometheus::Counter* grammar_mask_budget_exceeded_;
 
   std::mutex mu_;
   EngineCounters last_;

@@ -86,14 +86,16 @@ void EngineFlags::Register(FlagSet* f) {
           "memory at load (faster decode); bf16 projections that take bf16 inputs on "
           "AVX512_BF16 are rearranged into tiles at load either way");
   f->String("matmul-input-dtype", &o.matmul_input_dtype,
-            "cpu: what the matrix products' inputs are rounded to: auto (int8 for int8 and "
+            "what the matrix products' inputs are rounded to: auto (cpu: int8 for int8 and "
             "int4 weights on CPUs with AVX512_VNNI, bf16 for bf16 weights (and quantized ones "
-            "without VNNI) on CPUs with AVX512_BF16, else f32), f32 (exact) or bf16 (bf16 dot "
-            "products, vdpbf16ps on AVX512_BF16; quantized weights dequantized to bf16; not "
-            "with f32 weights) or int8 (int8 / int4 weights only: each input row quantized to "
-            "int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
+            "without VNNI) on CPUs with AVX512_BF16, else f32; cuda: bf16 for bf16 weights), f32 "
+            "(exact; cuda: the f32-activation parity mode) or bf16 (bf16 dot products, "
+            "vdpbf16ps on AVX512_BF16, tensor cores on cuda; quantized weights dequantized to "
+            "bf16; not with f32 weights) or int8 (cpu, int8 / int4 weights only: each input row "
+            "quantized to int8 with one scale, integer dot products, vpdpbusd on AVX512_VNNI)");
   f->String("kv-cache-memory", &kv_memory,
-            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup)");
+            "KV pool budget, e.g. 512MiB or 4GiB (cpu: the whole pool is committed at startup); "
+            "0: 1GiB on cpu, on cuda what --gpu-memory-utilization leaves");
   f->Int("num-kv-blocks", &o.num_kv_blocks, "KV pool size in blocks (overrides the budget)");
   f->Int("block-size", &o.block_size, "tokens per KV block");
   f->Int("max-num-seqs", &sched.max_num_seqs, "sequences per step at most");
@@ -122,7 +124,8 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int32("threads", &o.threads, "compute threads (0: one per core)");
   f->String("device", &o.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
   f->Double("gpu-memory-utilization", &o.gpu_memory_utilization,
-            "cuda: fraction of device memory for weights, activations and the KV pool");
+            "cuda: fraction of device memory for weights, activations and the KV pool (a "
+            "--kv-cache-memory budget must fit under it)");
   f->String("speculative-method", &speculative_method, "none, ngram or draft");
   f->Int32("num-speculative-tokens", &spec.num_speculative_tokens,
            "drafted tokens per step at most");

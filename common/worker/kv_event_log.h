@@ -7,7 +7,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 
 namespace tandem {
 

@@ -18,7 +18,8 @@ absl::StatusOr<SamplingParams> SamplingParamsFromProto(const v1::SamplingParams&
 absl::StatusOr<grammar::Constraint> ConstraintFromProto(const v1::OutputConstraint& proto);
 
 // The engine request of a DecodeRequest or PrefillRequest: the fields both carry (id, prompt,
-// prior output, sampling, samples, priority, cache salt). Role-specific fields are the caller's.
+// prior output, sampling, samples, priority, cache salt, tenant). Role-specific fields are the
+// caller's.
 template <class Request>
 absl::StatusOr<EngineRequest> EngineRequestFromProto(const Request& request) {
   auto params = SamplingParamsFromProto(request.sampling());
@@ -32,6 +33,7 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const Request& request) {
   e.n = request.n() == 0 ? 1 : request.n();
   e.priority = request.priority();
   e.cache_salt = request.cache_salt();
+  e.tenant = request.tenant();
   e.arrival_time = absl::Now();
   return e;
 }

@@ -9,13 +9,13 @@
 #include <map>
 #include <memory>
 
-#include "common/base/kv_transport_pair.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transport_pair.h"
+#include "common/cluster/proto/cluster_proto.h"
 #include "common/engine/engine_builder.h"
 #include "common/metrics/process_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
-#include "common/rpc/kv_layout_info.h"
 #include "common/rpc/shutdown.h"
 #include "common/worker/backend_regions.h"
 #include "common/worker/serving_engine.h"

@@ -48,10 +48,6 @@ class Reader {
 
 }  // namespace
 
-absl::Status DecodeIpcRequest(absl::string_view bytes, ControlRequest* r) {
-  return DecodeRequest(bytes, kConnect, kDisconnect, "cuda-ipc", r);
-}
-
 std::string EncodeConnect(absl::string_view device, const wire::Hello& hello) {
   std::string out;
   PutStr(&out, device);

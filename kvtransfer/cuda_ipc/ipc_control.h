@@ -41,8 +41,8 @@ enum ControlKind : uint8_t {
 };
 static_assert(kConnect == kCudaIpcFirstKind && kDisconnect == kCudaIpcLastKind);
 
-// A request of this transport (its kinds only).
-absl::Status DecodeIpcRequest(absl::string_view bytes, ControlRequest* r);
+inline constexpr ControlKinds kIpcKinds{kCudaIpcFirstKind, kCudaIpcLastKind, kConnect,   kBegin,
+                                        kFinish,           kAbort,           kDisconnect};
 
 // The receiver's KV pool as the sender maps it: one exported allocation whose region (layer,
 // block) starts at layer * layer_stride + block * block_stride bytes from its base.

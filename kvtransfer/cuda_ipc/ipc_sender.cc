@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
 #include "kvtransfer/cuda_ipc/device.h"
@@ -41,10 +41,7 @@ class IpcSender : public ControlSender {
  public:
   IpcSender(const SenderOptions& options, KvRegionAccess* access, std::string device_id)
       : ControlSender(options, access,
-                      {"cuda-ipc",
-                       "kvt-ipc-send",
-                       {kConnect, kBegin, kFinish, kAbort, kDisconnect},
-                       kMaxBlocksPerMessage}),
+                      {"cuda-ipc", "kvt-ipc-send", kIpcKinds, kMaxBlocksPerMessage}),
         device_id_(std::move(device_id)) {}
 
   ~IpcSender() override { Close(); }

@@ -3,15 +3,13 @@
 #include <atomic>
 #include <utility>
 
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/loopback/loopback.h"
 #include "kvtransfer/loopback/registry.h"
 #include "kvtransfer/receiver_core.h"
 
 namespace tandem::kvtransfer::loopback {
 namespace {
-
-std::atomic<uint64_t> g_incarnation{0x10000};
 
 // ---------------------------------------------------------------- receiver
 
@@ -26,8 +24,7 @@ class LoopbackReceiver : public KvReceiver {
         peer_(std::make_shared<Peer>()) {
     peer_->core = core_.get();
     peer_->layout = options.layout;
-    peer_->incarnation = (g_incarnation.fetch_add(1) << 16) ^
-                         static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()) & 0xffff);
+    peer_->incarnation = NewIncarnation();
   }
   ~LoopbackReceiver() override {
     core_->Shutdown();

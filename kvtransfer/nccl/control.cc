@@ -2,10 +2,6 @@
 
 namespace tandem::kvtransfer::nccl {
 
-absl::Status DecodeNcclRequest(absl::string_view bytes, ControlRequest* r) {
-  return DecodeRequest(bytes, kConnect, kDisconnect, "kv", r);
-}
-
 std::string EncodeConnect(absl::string_view unique_id, absl::string_view hello) {
   std::string out(unique_id);
   out.resize(kUniqueIdBytes, '\0');

@@ -30,9 +30,8 @@ enum ControlKind : uint8_t {
   kDisconnect = 5,
 };
 static_assert(kConnect == kNcclFirstKind && kDisconnect == kNcclLastKind);
-
-// A request of this transport (its kinds only).
-absl::Status DecodeNcclRequest(absl::string_view bytes, ControlRequest* r);
+inline constexpr ControlKinds kNcclKinds{kNcclFirstKind, kNcclLastKind, kConnect,   kBegin,
+                                         kFinish,        kAbort,        kDisconnect};
 
 // CONNECT's body: `unique_id` (padded to kUniqueIdBytes) then `hello` (HELLO metadata).
 std::string EncodeConnect(absl::string_view unique_id, absl::string_view hello);

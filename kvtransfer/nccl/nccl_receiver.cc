@@ -1,23 +1,20 @@
-// The NCCL transport's receiving side. Control messages arrive through HandleControl (called
-// by the worker's control service); each sender gets a Peer: a communicator (rank 1) and a
-// thread that receives message headers and then the regions straight into the reserved blocks.
+// The NCCL transport's receiving side: the control-channel receiver shell (control_receiver.h)
+// whose link with each sender is a communicator (rank 1) and a thread that receives message
+// headers and then the regions straight into the reserved blocks.
 
 #include <condition_variable>
-#include <future>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
-#include <unordered_map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_receiver.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/nccl/nccl_transport.h"
@@ -26,237 +23,85 @@
 namespace tandem::kvtransfer::nccl {
 namespace {
 
-std::atomic<uint64_t> g_names{0};
-
 ReceiverOptions WithFaults(ReceiverOptions o) {
   o.faults = ResolveFaultOptions(o.faults, o.faults_from_env);
   return o;
 }
 
-struct Peer {
-  uint64_t sender_id = 0;
-  uint64_t owner = 0;
+struct Peer : ReceiverPeer {
   std::unique_ptr<Communicator> comm;
   std::thread thread;
   std::atomic<bool> stop{false};
-  std::atomic<bool> broken{false};
-  // Under the receiver's mutex.
-  absl::Time last_used_at;
-  int active = 0;
-  absl::Time last_used() const { return last_used_at; }
-  bool idle() const { return active == 0; }
 };
 
-using AttemptKey = std::pair<uint64_t, uint32_t>;
-
-class NcclReceiver : public KvReceiver {
+class NcclReceiver : public ControlReceiver {
  public:
   NcclReceiver(const ReceiverOptions& options, KvRegionAccess* access,
                CompletionCallback on_complete)
-      : options_(WithFaults(options)),
-        faults_(options_.faults),
-        access_(access),
-        name_(options.name.empty() ? absl::StrCat("nccl-", getpid(), "-", ++g_names)
-                                   : options.name),
-        incarnation_(options.incarnation != 0
-                         ? options.incarnation
-                         : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                               (static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) | 1)),
-        core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
-                                             options.deadline_grace, options.max_transfer_time,
-                                             "kvt-nccl-recv", options.hooks)) {}
+      : ControlReceiver(WithFaults(options), access, std::move(on_complete),
+                        {"nccl", "kvt-nccl-recv", kNcclKinds, options.max_communicators}),
+        faults_(this->options().faults),
+        access_(access) {}
 
-  ~NcclReceiver() override {
-    core_->Shutdown();
-    std::unordered_map<uint64_t, std::shared_ptr<Peer>> peers;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      peers.swap(peers_);
-    }
-    for (auto& [id, p] : peers) Stop(p);
-    core_.reset();
-  }
-
-  std::string endpoint() const override { return name_; }
-  uint64_t incarnation() const override { return incarnation_; }
-  void Expect(const Expectation& e) override { core_->Expect(e); }
-  void Cancel(uint64_t id) override { core_->Cancel(id); }
-  int64_t num_in_flight() const override { return core_->num_in_flight(); }
-  TransportStats stats() const override { return core_->counters().Snapshot(); }
-
-  absl::StatusOr<std::string> HandleControl(const std::string& bytes) override {
-    ControlRequest req;
-    absl::Status s = DecodeNcclRequest(bytes, &req);
-    if (!s.ok()) return s;
-    switch (req.kind) {
-      case ControlKind::kConnect:
-        return Connect(req);
-      case ControlKind::kBegin:
-        return Begin(req);
-      case ControlKind::kFinish:
-        return Finish(req);
-      case ControlKind::kAbort: {
-        wire::Outcome a;
-        s = wire::DecodeOutcome(req.body, &a);
-        if (!s.ok()) return s;
-        const uint64_t owner = OwnerOf(req.sender_id);
-        core_->Abort(owner, a.transfer_id, a.attempt, SenderAborted(a.status));
-        Forget({a.transfer_id, a.attempt}, owner);
-        return ResultReply(a.transfer_id, a.attempt, absl::OkStatus());
-      }
-      case ControlKind::kDisconnect: {
-        std::shared_ptr<Peer> p;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = peers_.find(req.sender_id);
-          if (it != peers_.end()) {
-            p = it->second;
-            peers_.erase(it);
-          }
-        }
-        if (p) Stop(p);
-        return ResultReply(0, 0, absl::OkStatus());
-      }
-    }
-    return absl::DataLossError("unknown kv control request");
-  }
+  ~NcclReceiver() override { Close(); }
 
  private:
-  absl::StatusOr<std::string> Connect(const ControlRequest& req) {
-    std::string unique_id;
-    absl::string_view hello_bytes;
-    absl::Status s = DecodeConnect(req.body, &unique_id, &hello_bytes);
-    if (!s.ok()) return s;
-    wire::Hello hello;
-    s = wire::DecodeHello(hello_bytes, &hello);
-    if (s.ok()) s = CheckKvLayoutCompatible(options_.layout, hello.layout);
-    if (!s.ok()) {
-      core_->counters().handshakes_refused.fetch_add(1, std::memory_order_relaxed);
-      return RefuseReply(s);
-    }
-    std::shared_ptr<Peer> old;
-    auto peer = std::make_shared<Peer>();
-    peer->sender_id = req.sender_id;
-    peer->owner = core_->NewOwnerId();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = peers_.find(req.sender_id);
-      if (it != peers_.end()) {  // the sender reconnects: its old communicator is gone
-        old = it->second;
-        peers_.erase(it);
-      } else if (static_cast<int>(peers_.size()) >= options_.max_communicators) {
-        auto victim = PickVictim(peers_);
-        if (victim == peers_.end()) {
-          return ResultReply(0, 0,
-                             absl::ResourceExhaustedError(
-                                 absl::StrCat("all ", options_.max_communicators,
-                                              " nccl communicators of the receiver are busy")));
-        }
-        old = victim->second;
-        peers_.erase(victim);
-      }
-    }
-    if (old) Stop(old);
+  using ProgressKey = std::tuple<uint64_t, uint64_t, uint32_t>;  // owner, transfer id, attempt
+
+  absl::Status ParseConnect(absl::string_view body, ConnectArgs* args) override {
+    absl::string_view hello;
+    absl::Status s = DecodeConnect(body, &args->link, &hello);
+    return s.ok() ? wire::DecodeHello(hello, &args->hello) : s;
+  }
+
+  absl::StatusOr<std::shared_ptr<ReceiverPeer>> OpenPeer(uint64_t sender_id, uint64_t owner,
+                                                         const ConnectArgs& args) override {
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Start(
-        unique_id, /*rank=*/1, options_.cuda_device, options_.layout.region_bytes());
-    if (!comm.ok()) return ResultReply(0, 0, comm.status());
-    peer->comm = std::move(*comm);
-    peer->last_used_at = absl::Now();
+        args.link, /*rank=*/1, options().cuda_device, options().layout.region_bytes());
+    if (!comm.ok()) return comm.status();
+    auto peer = std::make_shared<Peer>();
+    peer->sender_id = sender_id;
+    peer->owner = owner;
+    peer->comm = *std::move(comm);
     Peer* raw = peer.get();
     peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
-    std::shared_ptr<Peer> raced;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      // A CONNECT of the same sender that raced this one installed its peer meanwhile: this
-      // later one replaces it, as a reconnect does.
-      std::shared_ptr<Peer>& slot = peers_[req.sender_id];
-      raced = std::move(slot);
-      slot = peer;
-    }
-    if (raced) Stop(raced);
-    core_->counters().connects.fetch_add(1, std::memory_order_relaxed);
-    wire::Welcome w;
-    w.incarnation = incarnation_;
-    w.layout = options_.layout;
-    return EncodeReply({wire::FrameType::kWelcome, wire::EncodeWelcome(w)});
+    return peer;
   }
 
-  absl::StatusOr<std::string> Begin(const ControlRequest& req) {
-    wire::Begin b;
-    absl::Status s = wire::DecodeBegin(req.body, &b);
-    if (!s.ok()) return s;
-    s = CheckIncarnation(b, incarnation_);
-    if (!s.ok()) return ResultReply(b.transfer_id, b.attempt, s);
-    std::shared_ptr<Peer> peer;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = peers_.find(req.sender_id);
-      if (it == peers_.end()) {
-        return ResultReply(b.transfer_id, b.attempt,
-                           absl::UnavailableError("no communicator with this sender"));
-      }
-      peer = it->second;
-    }
-    auto outcome = std::make_shared<AttemptOutcome>();
-    outcome->owner = peer->owner;
-    const AttemptKey key{b.transfer_id, b.attempt};
-    s = core_->Begin(AttemptFromBegin(std::move(b), peer->owner, req.sender_id),
-                     // The outcome stays until FINISH (or ABORT, or the peer going) took
-                     // it: a failure before FINISH is what FINISH must answer.
-                     [outcome](const absl::Status& st) { outcome->Set(st); });
-    if (s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      outcomes_[key] = outcome;
-      peer->last_used_at = absl::Now();
-    }
-    return ResultReply(key.first, key.second, s);
+  std::string WelcomeReply(const wire::Welcome& welcome) override {
+    return EncodeReply({wire::FrameType::kWelcome, wire::EncodeWelcome(welcome)});
   }
 
-  absl::StatusOr<std::string> Finish(const ControlRequest& req) {
-    wire::Finish f;
-    absl::Status s = wire::DecodeFinish(req.body, &f);
-    if (!s.ok()) return s;
-    const AttemptKey key{f.transfer_id, f.attempt};
-    const uint64_t owner = OwnerOf(req.sender_id);
-    std::shared_ptr<AttemptOutcome> outcome;
-    {
-      // The sender waited for its last message to complete, so ours completed too; give the
-      // peer thread the time to account for it.
-      std::unique_lock<std::mutex> lock(mu_);
-      auto it = outcomes_.find(key);
-      if (it != outcomes_.end()) outcome = it->second;
-      if (outcome == nullptr || outcome->owner != owner) {
-        // No live attempt here, or another sender's: nothing to wait for, nothing to touch.
-        lock.unlock();
-        return FinishReply(core_.get(), owner, std::move(f), nullptr);
-      }
-      progress_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.io_timeout), [&] {
-        return progress_[key] >= f.frames || (outcome && outcome->set);
-      });
-      progress_.erase(key);
-    }
-    std::string reply = FinishReply(core_.get(), owner, std::move(f), outcome);
-    Forget(key, owner);
-    return reply;
+  // The sender waited for its last message to complete, so ours completed too; give the peer
+  // thread the time to account for it.
+  void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames,
+                    const std::shared_ptr<AttemptOutcome>& outcome) override {
+    if (outcome == nullptr) return;  // no live attempt of this sender: nothing to wait for
+    const ProgressKey p{owner, key.first, key.second};
+    std::unique_lock<std::mutex> lock(mu_);
+    progress_cv_.wait_for(lock, absl::ToChronoMilliseconds(options().io_timeout), [&] {
+      if (progress_[p] >= frames) return true;
+      std::lock_guard<std::mutex> o(outcome->mu);
+      return outcome->set;
+    });
+    progress_.erase(p);
   }
 
-  // The owner id of the sender's communicator; 0 (no attempt's) for a sender without one.
-  uint64_t OwnerOf(uint64_t sender_id) {
+  void OnForget(uint64_t owner, const AttemptKey& key) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = peers_.find(sender_id);
-    return it == peers_.end() ? 0 : it->second->owner;
+    progress_.erase({owner, key.first, key.second});
   }
 
-  // Drops what FINISH waits on for an attempt of `owner` (another sender's stays).
-  void Forget(const AttemptKey& key, uint64_t owner) {
+  void OnPeerGone(uint64_t owner) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = outcomes_.find(key);
-    if (it != outcomes_.end() && it->second->owner != owner) return;
-    outcomes_.erase(key);
-    progress_.erase(key);
+    for (auto it = progress_.begin(); it != progress_.end();) {
+      it = std::get<0>(it->first) == owner ? progress_.erase(it) : std::next(it);
+    }
+    progress_cv_.notify_all();  // a FINISH waiting for the link: its outcome is decided now
   }
 
-  void Stop(const std::shared_ptr<Peer>& p) {
+  void ClosePeer(ReceiverPeer* peer) override {
+    Peer* p = static_cast<Peer*>(peer);
     p->stop = true;
     if (p->thread.joinable()) p->thread.join();
     p->comm.reset();
@@ -264,8 +109,8 @@ class NcclReceiver : public KvReceiver {
 
   void Serve(Peer* p) {
     cudaSetDevice(p->comm->device());
-    absl::Status s = p->comm->WaitReady(absl::Now() + options_.handshake_timeout, &p->stop);
-    const size_t region = options_.layout.region_bytes();
+    absl::Status s = p->comm->WaitReady(absl::Now() + options().handshake_timeout, &p->stop);
+    const size_t region = options().layout.region_bytes();
     while (s.ok()) {
       s = p->comm->Recv(p->comm->device_header(), kHeaderBytes);
       if (s.ok()) s = p->comm->HeaderToHost();
@@ -282,13 +127,13 @@ class NcclReceiver : public KvReceiver {
       std::vector<int32_t> blocks(h.blocks, h.blocks + h.count);
       bool reported = false;
       absl::StatusOr<ReceiverCore::Ticket> ticket =
-          core_->AdmitData(p->owner, h.transfer_id, h.attempt, h.layer, blocks, &reported);
-      const absl::Time deadline = absl::Now() + options_.io_timeout;
+          core().AdmitData(p->owner, h.transfer_id, h.attempt, h.layer, blocks, &reported);
+      const absl::Time deadline = absl::Now() + options().io_timeout;
       if (ticket.ok()) {
         // Held until the regions landed: Cancel waits for a message in flight.
-        std::lock_guard<std::mutex> io(*core_->io_mutex(*ticket));
-        const bool writable = core_->Writable(*ticket);
-        const bool misplace = writable && faults_.Chance(options_.faults.kv_misplace);
+        std::lock_guard<std::mutex> io(*core().io_mutex(*ticket));
+        const bool writable = core().Writable(*ticket);
+        const bool misplace = writable && faults_.Chance(options().faults.kv_misplace);
         s = p->comm->GroupStart();
         for (size_t i = 0; s.ok() && i < h.count; ++i) {
           void* dst = writable ? ticket->regions[i] : p->comm->device_scratch();
@@ -305,42 +150,26 @@ class NcclReceiver : public KvReceiver {
           if (s.ok()) s = p->comm->Wait(deadline, &p->stop);
         }
       }
-      if (ticket.ok()) core_->EndData(*ticket, s);
+      if (ticket.ok()) core().EndData(*ticket, s);
       if (!s.ok()) break;
       std::lock_guard<std::mutex> lock(mu_);
-      progress_[AttemptKey{h.transfer_id, h.attempt}] += 1;
+      progress_[ProgressKey{p->owner, h.transfer_id, h.attempt}] += 1;
       progress_cv_.notify_all();
     }
-    p->broken = true;
     if (!p->stop) {
-      core_->counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
+      core().counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
       TLOG(WARNING) << "nccl kv communicator with sender " << p->sender_id
                     << " failed: " << s.message();
     }
-    core_->FailOwner(
-        p->owner, absl::UnavailableError(absl::StrCat("nccl kv communicator lost: ", s.message())));
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = outcomes_.begin(); it != outcomes_.end();) {
-      if (it->second->owner == p->owner) {
-        progress_.erase(it->first);
-        it = outcomes_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    LinkBroken(*p,
+               absl::UnavailableError(absl::StrCat("nccl kv communicator lost: ", s.message())));
   }
 
-  const ReceiverOptions options_;
   FaultInjector faults_;
   KvRegionAccess* const access_;
-  const std::string name_;
-  const uint64_t incarnation_;
   std::mutex mu_;
   std::condition_variable progress_cv_;
-  std::unordered_map<uint64_t, std::shared_ptr<Peer>> peers_;  // by sender id: the pool
-  std::map<AttemptKey, std::shared_ptr<AttemptOutcome>> outcomes_;
-  std::map<AttemptKey, uint64_t> progress_;  // DATA messages handled per attempt
-  std::unique_ptr<ReceiverCore> core_;
+  std::map<ProgressKey, uint64_t> progress_;  // DATA messages handled per attempt
 };
 
 }  // namespace

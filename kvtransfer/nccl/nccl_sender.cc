@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/crc32c.h"
-#include "kvtransfer/nccl/comm_pool.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/nccl/nccl_transport.h"
 #include "kvtransfer/nccl/sender_peer.h"
+#include "kvtransfer/peer_pool.h"
 #include "kvtransfer/sender_core.h"
 
 namespace tandem::kvtransfer::nccl {
@@ -29,10 +29,7 @@ class NcclSender : public ControlSender {
  public:
   NcclSender(const SenderOptions& options, KvRegionAccess* access)
       : ControlSender(options, access,
-                      {"nccl",
-                       "kvt-nccl-send",
-                       {kConnect, kBegin, kFinish, kAbort, kDisconnect},
-                       kMaxBlocksPerMessage}) {}
+                      {"nccl", "kvt-nccl-send", kNcclKinds, kMaxBlocksPerMessage}) {}
 
   ~NcclSender() override { Close(); }
 

@@ -5,13 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/kv_transfer_layout.h"
 #include "common/base/log.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
 #include "kvtransfer/metered.h"
@@ -25,16 +24,6 @@ constexpr size_t kBytesPerCall = 512 << 10;  // per recv: checksummed while stil
 // listing 16k blocks): part of kConnectionChargeBytes, with the scratch buffer.
 constexpr int64_t kMessageAllowance = 64 << 10;
 static_assert(kConnectionChargeBytes >= kMessageAllowance + static_cast<int64_t>(kScratchBytes));
-
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) {
-    v = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-        static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
-  }
-  return v;
-}
 
 // The address part of "host:port" / "[v6]:port": what the per-peer cap counts.
 std::string HostOf(const std::string& peer) {

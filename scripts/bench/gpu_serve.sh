@@ -6,7 +6,9 @@
 # new tokens each (ignore_eos), greedy, each wave with its own prompts (no prefix-cache hits),
 # after a warm-up. BENCH_REPS rounds (default 3) of the whole sweep per server; medians.
 #   GPU_SERVE_CONC="1 16 64" GPU_SERVE_PRESET=llama-1b BUILD_DIR=build-gpu \
-#     scripts/bench/gpu_serve.sh
+#     GPU_SERVE_SERVERS="one-process cuda-ipc" GPU_SERVE_DEVICE=cuda scripts/bench/gpu_serve.sh
+# (GPU_SERVE_SERVERS: which of the two servers run; GPU_SERVE_DEVICE: cuda, or with the GPU
+# emulation build's tandem and a tiny preset, the script's logic checked without a GPU.)
 # Needs a CUDA build and a GPU. Writes $BENCH_RESULTS/gpu_serve.{md,json}. About 2 minutes on
 # an H200 (the random model made once).
 set -euo pipefail
@@ -19,8 +21,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"
   echo "none visible (nvidia-smi failed)" >"$WORK/gpu.txt"
 echo "${GPU_SERVE_PRESET:-llama-1b}" >"$WORK/preset.txt"
 model="$(ensure_model "${GPU_SERVE_PRESET:-llama-1b}")"
-common=(--model "$model" --device cuda --dtype bf16 --num-kv-blocks 4096 --max-num-seqs 64
-        --max-num-batched-tokens 2048)
+read -ra SERVERS <<<"${GPU_SERVE_SERVERS:-one-process cuda-ipc}"
+common=(--model "$model" --device "${GPU_SERVE_DEVICE:-cuda}" --dtype bf16 --num-kv-blocks 4096
+        --max-num-seqs 64 --max-num-batched-tokens 2048)
 
 run_server() {
   local name="$1"
@@ -38,8 +41,14 @@ run_server() {
   done
   stop_process "$pid"
 }
-run_server one-process
-run_server cuda-ipc --prefill-workers 1 --decode-workers 1 --kv-transport cuda-ipc \
-  --disagg-min-uncached-tokens 0
+for server in "${SERVERS[@]}"; do
+  case "$server" in
+    one-process) run_server one-process ;;
+    cuda-ipc)
+      run_server cuda-ipc --prefill-workers 1 --decode-workers 1 --kv-transport cuda-ipc \
+        --disagg-min-uncached-tokens 0 ;;
+    *) echo "gpu_serve.sh: unknown server $server (one-process, cuda-ipc)" >&2; exit 2 ;;
+  esac
+done
 render gpu_serve "$WORK" "$BENCH_RESULTS"
 log "wrote $BENCH_RESULTS/gpu_serve.md"

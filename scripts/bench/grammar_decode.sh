@@ -8,7 +8,8 @@
 #     per token of random documents on every bundled tokenizer (before/after, cold/warm).
 # Usage: scripts/bench/grammar_decode.sh [preset...]   (default: llama-110m)
 # Environment: BENCH_REPS rounds (default 5), GRAMMAR_TOKENS tokens per request (default 32),
-# GRAMMAR_TEMPERATURES (default "0 1"), GRAMMAR_OVERLAP=0 (masks inline, not overlapped),
+# GRAMMAR_TEMPERATURES (default "0 1"), GRAMMAR_MASK_INLINE_US=0 (every uncached
+# mask computed off the engine loop while its sequence waits),
 # TANDEM_MODEL_CACHE (lib.sh).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"

@@ -2,7 +2,8 @@
 """Turns a benchmark script's raw outputs (tandem bench JSON reports, tool logs) into its
 section (<section>.md) and a summary (<section>.json) in OUTDIR (docs/benchmarks by default).
 
-  render.py decode_bandwidth|batching|disagg|serve_curve|gpu_serve|peer|peer_moe WORK OUTDIR
+  render.py decode_bandwidth|batching|disagg|serve_curve|gpu_serve|gpu_peer|peer|peer_moe WORK
+            OUTDIR
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
 the section's script wrote. Medians are over the repetitions; ratios are medians of
@@ -34,6 +35,9 @@ def main(argv):
     elif command == "gpu_serve":
         from render_gpu_serve import render_gpu_serve
         render_gpu_serve(argv[2], argv[3])
+    elif command == "gpu_peer":
+        from render_gpu_peer import render_gpu_peer
+        render_gpu_peer(argv[2], argv[3])
     elif command in ("peer", "peer_moe"):
         from render_peer import render_peer
         render_peer(argv[2], argv[3], command)

@@ -68,7 +68,7 @@ def render_disagg(work, outdir):
     rows = []
     for key, name in [("queue", "queue (decode worker: arrival to reservation)"),
                       ("prefill", "prefill (prefill worker: arrival to last layer)"),
-                      ("kv_transfer", "KV transfer (last layer to decode ACK)"),
+                      ("kv_transfer", "KV transfer (decode worker: wait for the KV beyond the prefill)"),
                       ("first_decode", "first decode (rest of server TTFT)"),
                       ("server_ttft", "server TTFT"), ("client_ttft", "client TTFT")]:
         rows.append([name, fmt(median([x[key] for x in lw])), fmt(median([x[key] for x in wh]))])
@@ -83,7 +83,7 @@ def render_disagg(work, outdir):
                              "whole_prompt_transfer_share": wh_share}
     note = "" if remote == total and total > 0 else (
         f"\n\n**Only {remote} of {total} finals reported a remote prefill**: the split is "
-        "incomplete (the router must fill Timings.remote_prefill_s / kv_transfer_s).")
+        "incomplete (the decode worker must fill Timings.remote_prefill_s / kv_transfer_s).")
     md_parts.append(
         "### TTFT split of 2k-token prompts: layer-wise push vs whole-prompt push\n\n"
         "Prefill worker + decode worker + router (`--max-model-len 4096`), one request at a "

@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -195,6 +196,16 @@ void MaskTimes(const std::string& name, const std::string& dir) {
   }
 }
 
+// Work to step, or a constrained request waiting for its grammar off the engine loop (then
+// wait a moment: a synchronous driver has nothing to step meanwhile).
+bool Busy(tandem::Engine& e) {
+  if (e.HasWork()) return true;
+  const tandem::EngineStats s = e.stats();
+  if (s.grammar_compile_waiting + s.grammar_mask_waiting == 0) return false;
+  std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return true;
+}
+
 void DecodeRate(const std::string& model_dir, int batch, bool constrained) {
   tandem::EngineBuildOptions b;
   b.model_dir = model_dir;
@@ -220,7 +231,7 @@ void DecodeRate(const std::string& model_dir, int batch, bool constrained) {
   }
   int64_t tokens = 0;
   auto t0 = Clock::now();
-  while (e.HasWork()) {
+  while (Busy(e)) {
     for (const auto& u : e.Step()) tokens += static_cast<int64_t>(u.new_tokens.size());
   }
   const double s = Ms(Clock::now() - t0) / 1000;
@@ -261,7 +272,7 @@ double TimedRun(tandem::Engine& e, int batch, bool constrained, int max_tokens, 
   int64_t tokens = 0;
   double seconds = 0;
   bool prefill = true;
-  while (e.HasWork()) {
+  while (Busy(e)) {
     auto t0 = Clock::now();
     const auto updates = e.Step();
     const double s = Ms(Clock::now() - t0) / 1000;
@@ -285,9 +296,10 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
   b.model_dir = model_dir;
   b.num_kv_blocks = 2048;
   b.show_progress = false;
-  // GRAMMAR_OVERLAP=0: masks computed inline instead of on a worker thread during the forward.
-  const char* overlap = std::getenv("GRAMMAR_OVERLAP");
-  if (overlap != nullptr) b.engine.overlap_grammar_masks = std::string(overlap) != "0";
+  // GRAMMAR_MASK_INLINE_US: the engine thread's CPU budget per mask (0: every uncached mask off
+  // the loop, its sequence waiting for it).
+  const char* inline_us = std::getenv("GRAMMAR_MASK_INLINE_US");
+  if (inline_us != nullptr) b.engine.grammar_mask_inline_us = std::atoll(inline_us);
   auto built = tandem::BuildEngine(b);
   if (!built.ok()) {
     std::fprintf(stderr, "%s\n", built.status().ToString().c_str());

@@ -4,7 +4,9 @@
 // on exactly the batches given to the CPU backend and their logits compared.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -117,6 +119,62 @@ inline std::vector<std::vector<int32_t>> Greedy(Backend& backend,
   return out;
 }
 
+// Teacher-forced comparison of two backends: both are fed the same sequences (prompt, then the
+// tokens `reference` picks greedily), prompt in one step, then one token per sequence per step;
+// at each position the argmax of `other` must equal the reference's unless the reference's top
+// two logits are within `tie_margin` of each other.
+struct Agreement {
+  int64_t positions = 0;
+  int64_t near_ties = 0;            // positions skipped for a top-2 margin under tie_margin
+  int64_t disagreements = 0;        // argmax differs elsewhere (must be 0)
+  int64_t argmax_differs = 0;       // argmax differs at all (near ties included)
+  double worst_relative_error = 0;  // max over rows of max|diff| / max|reference|
+};
+
+inline Agreement TeacherForced(Backend& reference, Backend& other,
+                               const std::vector<std::vector<int32_t>>& prompts, int steps,
+                               double tie_margin) {
+  std::vector<Seq> a;
+  Greedy(reference, prompts, steps, &a);
+  std::vector<Seq> b(a.size());
+  const int64_t bs = other.kv_spec().block_size;
+  Blocks blocks(bs, other.kv_spec().num_blocks);
+  std::vector<std::pair<Seq*, int64_t>> work;
+  for (size_t i = 0; i < a.size(); ++i) {
+    b[i].tokens = a[i].tokens;
+    work.emplace_back(&b[i], static_cast<int64_t>(prompts[i].size()));
+  }
+  for (int step = 0; step <= steps; ++step) {
+    RunStep(other, MakeStep(bs, blocks, work, false), work, false);
+    if (::testing::Test::HasFatalFailure()) break;
+    for (auto& w : work) w.second = 1;
+  }
+  Agreement out;
+  const int64_t vocab = other.vocab_size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t r = 0; r < a[i].logits.size() && r < b[i].logits.size(); ++r) {
+      const std::vector<float>& want = a[i].logits[r];
+      const std::vector<float>& got = b[i].logits[r];
+      double max_diff = 0, max_ref = 1e-30;
+      for (int64_t v = 0; v < vocab; ++v) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(got[v]) - want[v]));
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[v])));
+      }
+      out.worst_relative_error = std::max(out.worst_relative_error, max_diff / max_ref);
+      std::vector<float> sorted = want;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      ++out.positions;
+      if (Argmax(got) != Argmax(want)) ++out.argmax_differs;
+      if (sorted[0] - sorted[1] < tie_margin) {
+        ++out.near_ties;
+      } else if (Argmax(got) != Argmax(want)) {
+        ++out.disagreements;
+      }
+    }
+  }
+  return out;
+}
+
 inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(std::shared_ptr<const Model> model,
                                                           CudaBackendOptions options) {
   auto backend = cuda::CudaBackend::Create(std::move(model), options);
@@ -124,11 +182,15 @@ inline std::unique_ptr<cuda::CudaBackend> MakeCudaBackend(std::shared_ptr<const 
   return backend.ok() ? std::move(backend).value() : nullptr;
 }
 
+// matmul_inputs: kF32 (exact), or kBF16 (inputs rounded to bf16: the reference of the CUDA
+// backend's bf16-activation mode).
 inline std::unique_ptr<CpuBackend> MakeCpuBackend(std::shared_ptr<const Model> model,
-                                                  int64_t num_blocks, DType kv_dtype) {
+                                                  int64_t num_blocks, DType kv_dtype,
+                                                  DType matmul_inputs = DType::kF32) {
   CpuBackendOptions options;
   options.num_blocks = num_blocks;
   options.kv_dtype = kv_dtype;
+  options.matmul_input_dtype = matmul_inputs;
   auto backend = CpuBackend::Create(std::move(model), options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? std::move(backend).value() : nullptr;

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "common/engine/backend/cuda/cuda_backend_impl.h"
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -81,6 +82,41 @@ TEST(CudaEngineTest, GreedyGenerationMatchesReference) {
     ASSERT_EQ(out.size(), static_cast<size_t>(copies));
     for (const auto& [id, tokens] : out) EXPECT_EQ(tokens, want) << id;
   }
+}
+
+// The engine builder hands --kv-cache-memory and --matmul-input-dtype to the CUDA backend: the
+// pool holds the budget's blocks (refused, naming both memory flags, above
+// --gpu-memory-utilization's share), auto gives bf16 activations for bf16 weights and f32 the
+// parity mode.
+TEST(CudaEngineTest, MemoryFlagsAndActivationModeReachTheBackend) {
+  TANDEM_REQUIRE_GPU();
+  EngineBuildOptions options;
+  options.model_dir = ::tandem::testing::ModelDir("stories260k");
+  options.device = "cuda";
+  options.weight_dtype = "bf16";
+  options.kv_cache_bytes = int64_t{64} << 20;
+  options.show_progress = false;
+  for (const char* inputs : {"auto", "bf16", "f32"}) {
+    options.matmul_input_dtype = inputs;
+    auto built = BuildEngine(options);
+    ASSERT_TRUE(built.ok()) << built.status();
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(&built->engine->backend());
+    ASSERT_NE(cuda, nullptr);
+    EXPECT_EQ(cuda->kv_spec().num_blocks,
+              (int64_t{64} << 20) / static_cast<int64_t>(cuda->kv_spec().bytes_per_block()));
+    EXPECT_EQ(cuda->bf16_activations(), std::string(inputs) != "f32") << inputs;
+  }
+  options.matmul_input_dtype = "int8";
+  EXPECT_FALSE(BuildEngine(options).ok());
+  options.matmul_input_dtype = "auto";
+  options.gpu_memory_utilization = 0.05;
+  options.kv_cache_bytes = int64_t{1} << 40;
+  auto refused = BuildEngine(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--kv-cache-memory"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--gpu-memory-utilization"), std::string::npos)
+      << refused.status();
 }
 
 }  // namespace

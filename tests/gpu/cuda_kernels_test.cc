@@ -24,63 +24,190 @@ class CudaKernelsTest : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
-TEST_F(CudaKernelsTest, EmbedMatchesCpu) {
+// Every bf16 value of `got` is `want` (f32) rounded to nearest even, or a neighbour of it: the
+// f32 values behind the two sides may differ in their last bits and round the other way.
+void ExpectBf16Near(const std::vector<uint16_t>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    // Sign-magnitude bits to a monotonic integer scale, so neighbours differ by one.
+    auto order = [](uint16_t b) { return b & 0x8000 ? -static_cast<int32_t>(b & 0x7fff) : b; };
+    const int32_t g = order(got[i]), w = order(FloatToBf16(want[i]));
+    if (std::abs(g - w) > 1 || std::isnan(Bf16ToFloat(got[i]))) {
+      ADD_FAILURE() << what << ": element " << i << " is " << Bf16ToFloat(got[i]) << ", want "
+                    << want[i] << " in bf16";
+      return;
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, EmbedRmsNormMatchesCpu) {
   const int64_t vocab = 50, d = 72, m = 9;
   std::vector<int32_t> ids = {0, 49, 3, 3, 17, 1, 48, 25, 7};
+  std::vector<float> w = RandomFloats(d, 2, 0.5, 1.5);
   for (bool bf16 : {false, true}) {
-    std::vector<float> table = RandomFloats(vocab * d, 1);
-    std::vector<uint16_t> table16 = ToBf16(table);
-    std::vector<float> want(m * d);
-    const void* host = bf16 ? static_cast<const void*>(table16.data()) : table.data();
-    cpu::Embed(ids.data(), m, host, bf16 ? DType::kBF16 : DType::kF32, d, want.data());
-    DeviceArray<int32_t> dids(ids);
-    DeviceArray<float> dtable(table);
-    DeviceArray<uint16_t> dtable16(table16);
-    DeviceArray<float> out(m * d);
-    out.Poison();
-    const void* dev = bf16 ? static_cast<const void*>(dtable16.get()) : dtable.get();
-    TANDEM_CUDA_CHECK(cuda::Embed(dids.get(), m, dev, bf16, d, out.get(), stream_));
-    ExpectClose(out.Download(), want, 0, bf16 ? "embed bf16" : "embed f32");
+    for (bool out_bf16 : {false, true}) {
+      std::vector<float> table = RandomFloats(vocab * d, 1);
+      std::vector<uint16_t> table16 = ToBf16(table);
+      std::vector<float> want_x(m * d), want(m * d);
+      const void* host = bf16 ? static_cast<const void*>(table16.data()) : table.data();
+      cpu::Embed(ids.data(), m, host, bf16 ? DType::kBF16 : DType::kF32, d, want_x.data());
+      cpu::RmsNorm(want_x.data(), w.data(), m, d, 1e-5f, want.data());
+      DeviceArray<int32_t> dids(ids);
+      DeviceArray<float> dtable(table), dw(w), x(m * d), out(m * d);
+      DeviceArray<uint16_t> dtable16(table16), out16(m * d);
+      x.Poison();
+      out.Poison();
+      out16.Poison();
+      const void* dev = bf16 ? static_cast<const void*>(dtable16.get()) : dtable.get();
+      void* dout = out_bf16 ? static_cast<void*>(out16.get()) : out.get();
+      TANDEM_CUDA_CHECK(cuda::EmbedRmsNorm(dids.get(), m, dev, bf16, d, dw.get(), 1e-5f, x.get(),
+                                           dout, out_bf16, stream_));
+      const std::string what =
+          std::string("embed ") + (bf16 ? "bf16" : "f32") + (out_bf16 ? " -> bf16" : " -> f32");
+      ExpectClose(x.Download(), want_x, 0, what + " x");
+      if (out_bf16) {
+        ExpectBf16Near(out16.Download(), want, what);
+      } else {
+        ExpectClose(out.Download(), want, 1e-5, what);
+      }
+    }
   }
 }
 
 TEST_F(CudaKernelsTest, RmsNormAndAddRmsNormMatchCpu) {
   for (int64_t d : {8, 64, 1000, 2048}) {
-    const int64_t m = 5;
-    std::vector<float> x = RandomFloats(m * d, d, -3, 3), delta = RandomFloats(m * d, d + 1);
-    std::vector<float> w = RandomFloats(d, d + 2, 0.5, 1.5);
-    std::vector<float> want(m * d), residual = x;
-    cpu::RmsNorm(x.data(), w.data(), m, d, 1e-5f, want.data());
-    DeviceArray<float> dx(x), dw(w), ddelta(delta), out(m * d);
-    out.Poison();
-    TANDEM_CUDA_CHECK(cuda::RmsNorm(dx.get(), dw.get(), m, d, 1e-5f, out.get(), stream_));
-    ExpectClose(out.Download(), want, 1e-5, "rmsnorm d=" + std::to_string(d));
+    for (bool out_bf16 : {false, true}) {
+      const int64_t m = 5;
+      std::vector<float> x = RandomFloats(m * d, d, -3, 3), delta = RandomFloats(m * d, d + 1);
+      std::vector<float> w = RandomFloats(d, d + 2, 0.5, 1.5);
+      std::vector<float> want(m * d), residual = x;
+      const std::string what = "d=" + std::to_string(d) + (out_bf16 ? " bf16" : " f32");
+      cpu::RmsNorm(x.data(), w.data(), m, d, 1e-5f, want.data());
+      DeviceArray<float> dx(x), dw(w), ddelta(delta), out(m * d);
+      DeviceArray<uint16_t> out16(m * d);
+      void* dout = out_bf16 ? static_cast<void*>(out16.get()) : out.get();
+      out.Poison();
+      out16.Poison();
+      TANDEM_CUDA_CHECK(cuda::RmsNorm(dx.get(), dw.get(), m, d, 1e-5f, dout, out_bf16, stream_));
+      if (out_bf16) {
+        ExpectBf16Near(out16.Download(), want, "rmsnorm " + what);
+      } else {
+        ExpectClose(out.Download(), want, 1e-5, "rmsnorm " + what);
+      }
 
-    cpu::AddRmsNorm(residual.data(), delta.data(), w.data(), m, d, 1e-5f, want.data());
-    out.Poison();
-    TANDEM_CUDA_CHECK(
-        cuda::AddRmsNorm(dx.get(), ddelta.get(), dw.get(), m, d, 1e-5f, out.get(), stream_));
-    ExpectClose(out.Download(), want, 1e-5, "add_rmsnorm d=" + std::to_string(d));
-    ExpectClose(dx.Download(), residual, 1e-6, "add_rmsnorm residual d=" + std::to_string(d));
+      cpu::AddRmsNorm(residual.data(), delta.data(), w.data(), m, d, 1e-5f, want.data());
+      out.Poison();
+      out16.Poison();
+      TANDEM_CUDA_CHECK(
+          cuda::AddRmsNorm(dx.get(), ddelta.get(), dw.get(), m, d, 1e-5f, dout, out_bf16, stream_));
+      if (out_bf16) {
+        ExpectBf16Near(out16.Download(), want, "add_rmsnorm " + what);
+      } else {
+        ExpectClose(out.Download(), want, 1e-5, "add_rmsnorm " + what);
+      }
+      ExpectClose(dx.Download(), residual, 1e-6, "add_rmsnorm residual " + what);
+    }
   }
 }
 
-TEST_F(CudaKernelsTest, RopeMatchesCpu) {
+// The final norm of the logit rows: gathered (rows repeat), summed and normalized without
+// touching the residual.
+TEST_F(CudaKernelsTest, GatherAddRmsNormMatchesCpu) {
+  const int64_t m = 6, d = 96, ld = 104;
+  std::vector<float> x = RandomFloats(m * ld, 31, -3, 3), delta = RandomFloats(m * ld, 32);
+  std::vector<float> w = RandomFloats(d, 33, 0.5, 1.5);
+  std::vector<int32_t> rows = {5, 0, 5, 2};
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> picked_x, picked_delta, want(n * d);
+  for (int32_t r : rows) {
+    picked_x.insert(picked_x.end(), x.begin() + r * ld, x.begin() + r * ld + d);
+    picked_delta.insert(picked_delta.end(), delta.begin() + r * ld, delta.begin() + r * ld + d);
+  }
+  cpu::AddRmsNorm(picked_x.data(), picked_delta.data(), w.data(), n, d, 1e-5f, want.data());
+  for (bool out_bf16 : {false, true}) {
+    DeviceArray<float> dx(x), ddelta(delta), dw(w), out(n * d);
+    DeviceArray<uint16_t> out16(n * d);
+    DeviceArray<int32_t> drows(rows);
+    out.Poison();
+    out16.Poison();
+    void* dout = out_bf16 ? static_cast<void*>(out16.get()) : out.get();
+    TANDEM_CUDA_CHECK(cuda::GatherAddRmsNorm(dx.get(), ddelta.get(), ld, drows.get(), n, d,
+                                             dw.get(), 1e-5f, dout, out_bf16, stream_));
+    if (out_bf16) {
+      ExpectBf16Near(out16.Download(), want, "gather add rmsnorm bf16");
+    } else {
+      ExpectClose(out.Download(), want, 1e-5, "gather add rmsnorm");
+    }
+    ExpectClose(dx.Download(), x, 0, "residual untouched");
+  }
+}
+
+// Bias, rotation of q and k and the KV write in one kernel against the CPU's ApplyRope and
+// WriteKv over the biased projections: q in place, the pool element for element (bf16: up to one
+// step, the rotated k's last bits may differ), a token without a slot writes nothing.
+TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
   ModelConfig config;
   config.head_dim = 64;
   config.rope_theta = 500000;
   config.rope_scaling.type = RopeScaling::Type::kLlama3;
   config.rope_scaling.factor = 32;
   config.max_position_embeddings = 4096;
-  const int64_t heads = 5, hd = 64, m = 7, ld = heads * hd + 24;
-  std::vector<float> table = RopeCosSinTable(config, 4096);
-  std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 77, 3000};
-  std::vector<float> x = RandomFloats(m * ld, 3), want = x;
-  cpu::ApplyRope(want.data(), m, ld, heads, hd, pos.data(), table.data());
-  DeviceArray<float> dx(x), dtable(table);
-  DeviceArray<int32_t> dpos(pos);
-  TANDEM_CUDA_CHECK(cuda::Rope(dx.get(), m, ld, heads, hd, dpos.get(), dtable.get(), stream_));
-  ExpectClose(dx.Download(), want, 1e-6, "rope");
+  const std::vector<float> table = RopeCosSinTable(config, 4096);
+  const int64_t heads = 6, kvh = 2, hd = 64, bs = 16, blocks = 5, m = 7;
+  const int64_t qd = heads * hd, kvd = kvh * hd, ld = qd + 2 * kvd + 24;
+  const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 77, 3000};
+  std::vector<int64_t> slots = {3, 17, -1, 40, 79, 0, 64};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool with_bias : {false, true}) {
+      std::vector<float> qkv = RandomFloats(m * ld, 3), want = qkv;
+      std::vector<float> bias = RandomFloats(qd + 2 * kvd, 4);
+      if (with_bias) {
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < qd + 2 * kvd; ++j) want[i * ld + j] += bias[j];
+        }
+      }
+      cpu::ApplyRope(want.data(), m, ld, heads + kvh, hd, pos.data(), table.data());
+      const size_t elems = static_cast<size_t>(blocks * 2 * kvh * bs * hd);
+      std::vector<uint8_t> host(elems * DTypeSize(dtype), 0);
+      cpu::PagedKvLayer layer{host.data(), dtype, bs, kvh, hd};
+      cpu::WriteKv(want.data() + qd, ld, want.data() + qd + kvd, ld, m, slots.data(), layer);
+
+      DeviceArray<float> dqkv(qkv), dtable(table), dbias(bias);
+      DeviceArray<int32_t> dpos(pos);
+      DeviceArray<int64_t> dslots(slots);
+      DeviceArray<uint8_t> pool(host.size());
+      cudaMemset(pool.get(), 0, host.size());
+      KvLayerView view{pool.get(), dtype == DType::kBF16, static_cast<int32_t>(bs),
+                       static_cast<int32_t>(kvh), static_cast<int32_t>(hd)};
+      TANDEM_CUDA_CHECK(cuda::RopeWriteKv(dqkv.get(), ld, m, heads, dpos.get(), dtable.get(),
+                                          with_bias ? dbias.get() : nullptr, dslots.get(), view,
+                                          stream_));
+      const std::string what =
+          std::string(DTypeName(dtype)) + (with_bias ? " with bias" : " without bias");
+      const std::vector<float> got = dqkv.Download();
+      std::vector<float> q, want_q;
+      for (int64_t i = 0; i < m; ++i) {
+        q.insert(q.end(), got.begin() + i * ld, got.begin() + i * ld + qd);
+        want_q.insert(want_q.end(), want.begin() + i * ld, want.begin() + i * ld + qd);
+      }
+      ExpectClose(q, want_q, 1e-6, "rope q " + what);
+      const std::vector<uint8_t> got_pool = pool.Download();
+      if (dtype == DType::kF32) {
+        std::vector<float> g(elems), e(elems);
+        std::memcpy(g.data(), got_pool.data(), got_pool.size());
+        std::memcpy(e.data(), host.data(), host.size());
+        ExpectClose(g, e, 1e-6, "kv " + what);
+      } else {
+        std::vector<uint16_t> g(elems), e16(elems);
+        std::memcpy(g.data(), got_pool.data(), got_pool.size());
+        std::memcpy(e16.data(), host.data(), host.size());
+        std::vector<float> e(elems);
+        for (size_t i = 0; i < elems; ++i) e[i] = Bf16ToFloat(e16[i]);
+        ExpectBf16Near(g, e, "kv " + what);
+      }
+    }
+  }
 }
 
 TEST_F(CudaKernelsTest, SiluMulMatchesCpu) {
@@ -95,47 +222,19 @@ TEST_F(CudaKernelsTest, SiluMulMatchesCpu) {
   }
   cpu::SiluMul(gate.data(), up.data(), m, f, want.data());
   DeviceArray<float> dgu(gate_up), out(m * f);
+  DeviceArray<uint16_t> out16(m * f);
   out.Poison();
-  TANDEM_CUDA_CHECK(cuda::SiluMul(dgu.get(), ld, m, f, out.get(), stream_));
+  out16.Poison();
+  TANDEM_CUDA_CHECK(cuda::SiluMul(dgu.get(), ld, m, f, out.get(), false, stream_));
   ExpectClose(out.Download(), want, 1e-6, "silu_mul");
+  TANDEM_CUDA_CHECK(cuda::SiluMul(dgu.get(), ld, m, f, out16.get(), true, stream_));
+  ExpectBf16Near(out16.Download(), want, "silu_mul bf16");
 }
 
-TEST_F(CudaKernelsTest, WriteKvMatchesCpuByteForByte) {
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const int64_t kvh = 3, hd = 40, bs = 16, blocks = 6, m = 20;
-    const int64_t ld = 2 * kvh * hd + 4;
-    const size_t elems = static_cast<size_t>(blocks * 2 * kvh * bs * hd);
-    std::vector<uint8_t> host(elems * DTypeSize(dtype), 0);
-    std::vector<float> kv = RandomFloats(m * ld, 5);
-    std::vector<int64_t> slots(m);
-    for (int64_t i = 0; i < m; ++i) slots[i] = i == 4 ? -1 : (i * 7 + 3) % (blocks * bs);
-    cpu::PagedKvLayer layer{host.data(), dtype, bs, kvh, hd};
-    cpu::WriteKv(kv.data(), ld, kv.data() + kvh * hd, ld, m, slots.data(), layer);
-
-    DeviceArray<uint8_t> pool(host.size());
-    cudaMemset(pool.get(), 0, host.size());
-    DeviceArray<float> dkv(kv);
-    DeviceArray<int64_t> dslots(slots);
-    KvLayerView view{pool.get(), dtype == DType::kBF16, static_cast<int32_t>(bs),
-                     static_cast<int32_t>(kvh), static_cast<int32_t>(hd)};
-    TANDEM_CUDA_CHECK(
-        cuda::WriteKv(dkv.get(), ld, dkv.get() + kvh * hd, ld, m, dslots.get(), view, stream_));
-    EXPECT_TRUE(pool.Download() == host) << DTypeName(dtype);
-  }
-}
-
-TEST_F(CudaKernelsTest, GatherSplitCombineAndBias) {
+TEST_F(CudaKernelsTest, SplitAndCombine) {
   const int64_t m = 4, k = 33, ld = 40;
   std::vector<float> x = RandomFloats(m * ld, 6, -100, 100);
-  std::vector<int32_t> rows = {3, 0, 3};
-  DeviceArray<float> dx(x), gathered(rows.size() * k);
-  DeviceArray<int32_t> drows(rows);
-  gathered.Poison();
-  TANDEM_CUDA_CHECK(cuda::GatherRows(dx.get(), ld, drows.get(), 3, k, gathered.get(), stream_));
-  std::vector<float> want(3 * k);
-  for (int i = 0; i < 3; ++i) std::copy_n(x.begin() + rows[i] * ld, k, want.begin() + i * k);
-  ExpectClose(gathered.Download(), want, 0, "gather");
-
+  DeviceArray<float> dx(x);
   DeviceArray<uint16_t> split(2 * m * k);
   split.Poison();
   TANDEM_CUDA_CHECK(cuda::SplitToBf16(dx.get(), m, k, ld, true, split.get(), stream_));
@@ -149,74 +248,190 @@ TEST_F(CudaKernelsTest, GatherSplitCombineAndBias) {
   }
 
   const int64_t n = 9;
-  std::vector<float> y2 = RandomFloats(2 * m * n, 7), bias = RandomFloats(n, 8);
-  DeviceArray<float> dy2(y2), dbias(bias), y(m * (n + 3));
+  std::vector<float> y2 = RandomFloats(2 * m * n, 7);
+  DeviceArray<float> dy2(y2), y(m * (n + 3));
   y.Poison();
-  TANDEM_CUDA_CHECK(cuda::CombineSplit(dy2.get(), m, n, dbias.get(), y.get(), n + 3, stream_));
+  TANDEM_CUDA_CHECK(cuda::CombineSplit(dy2.get(), m, n, y.get(), n + 3, stream_));
   std::vector<float> got = y.Download();
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      EXPECT_FLOAT_EQ(got[i * (n + 3) + j], y2[i * n + j] + y2[(m + i) * n + j] + bias[j]);
+      EXPECT_FLOAT_EQ(got[i * (n + 3) + j], y2[i * n + j] + y2[(m + i) * n + j]);
     }
-  }
-  TANDEM_CUDA_CHECK(cuda::AddBias(y.get(), m, n, n + 3, dbias.get(), stream_));
-  std::vector<float> again = y.Download();
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j)
-      EXPECT_FLOAT_EQ(again[i * (n + 3) + j], got[i * (n + 3) + j] + bias[j]);
   }
 }
 
-// y = x W^T + b against float64, for f32 weights and both bf16 modes, over row counts on both
-// sides of the stacked-GEMM limit.
+// y = x W^T against float64 for f32 weights (f32 x) and bf16 weights (f32 and bf16 x), over row
+// counts on both sides of the GEMV limit and of the stacked-GEMM limit, and the SiLU product;
+// f32 x over bf16 weights stays within the parity mode's 1e-4.
 TEST_F(CudaKernelsTest, GemmMatchesFloat64Reference) {
   const int64_t k = 96, n = 80, ldx = k + 8, ldy = n + 5, stack_rows = 64;
   for (DType wt : {DType::kF32, DType::kBF16}) {
-    for (cuda::Bf16Mode mode : {cuda::Bf16Mode::kSplit, cuda::Bf16Mode::kRound}) {
-      if (wt == DType::kF32 && mode == cuda::Bf16Mode::kRound) continue;
-      for (int64_t m : {1, 5, 64, 65, 130}) {
+    for (bool x_bf16 : {false, true}) {
+      if (wt == DType::kF32 && x_bf16) continue;
+      for (int64_t m : {1, 5, 8, 9, 64, 65, 130}) {
         if (kEmulated && m > 65) continue;
         std::vector<float> x = RandomFloats(m * ldx, m, -2, 2), w = RandomFloats(n * k, 9);
-        std::vector<float> bias = RandomFloats(n, 10);
-        std::vector<uint16_t> w16 = ToBf16(w);
-        std::vector<float> want(m * ldy, 0.0f);
+        std::vector<uint16_t> w16 = ToBf16(w), x16 = ToBf16(x);
+        std::vector<double> prod(m * n);
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
-            double acc = bias[j];
+            double acc = 0;
             for (int64_t l = 0; l < k; ++l) {
               const double wv = wt == DType::kBF16 ? Bf16ToFloat(w16[j * k + l]) : w[j * k + l];
-              acc += static_cast<double>(x[i * ldx + l]) * wv;
+              const double xv = x_bf16 ? Bf16ToFloat(x16[i * ldx + l]) : x[i * ldx + l];
+              acc += xv * wv;
             }
-            want[i * ldy + j] = static_cast<float>(acc);
+            prod[i * n + j] = acc;
           }
         }
-        DeviceArray<float> dx(x), dw(w), dbias(bias), y(m * ldy);
-        DeviceArray<uint16_t> dw16(w16), split(2 * 130 * k);
+        DeviceArray<float> dx(x), dw(w), y(m * ldy), scratch(m * n);
+        DeviceArray<uint16_t> dw16(w16), dx16(x16), split(2 * 130 * k);
         DeviceArray<float> stacked(2 * stack_rows * n);
         cuda::Gemm gemm;
-        ASSERT_TRUE(gemm.Init(stream_, mode).ok());
+        ASSERT_TRUE(gemm.Init(stream_).ok());
         gemm.SetScratch(split.get(), 2 * 130 * k, stacked.get(), stack_rows, n);
         cuda::DeviceMatrix matrix{
             wt == DType::kBF16 ? static_cast<const void*>(dw16.get()) : dw.get(), wt, n, k};
+        cuda::GemmInput in{x_bf16 ? static_cast<const void*>(dx16.get()) : dx.get(), x_bf16, ldx};
         y.Poison();
-        absl::Status st = gemm.Run(dx.get(), m, ldx, matrix, dbias.get(), y.get(), ldy);
+        absl::Status st = gemm.Run(in, m, matrix, y.get(), ldy);
         ASSERT_TRUE(st.ok()) << st;
+        const bool gemv = wt == DType::kBF16 && m <= cuda::kGemvMaxRows;
+        EXPECT_EQ(gemm.gemv_calls(), gemv ? 1 : 0);
         std::vector<float> got = y.Download();
         // Padding columns of y are never written: compare the [m, n] block only.
         std::vector<float> g, e;
         for (int64_t i = 0; i < m; ++i) {
           g.insert(g.end(), got.begin() + i * ldy, got.begin() + i * ldy + n);
-          e.insert(e.end(), want.begin() + i * ldy, want.begin() + i * ldy + n);
+          for (int64_t j = 0; j < n; ++j) e.push_back(static_cast<float>(prod[i * n + j]));
         }
-        const double tol =
-            wt == DType::kF32 ? 1e-5 : (mode == cuda::Bf16Mode::kSplit ? 1e-4 : 1e-2);
-        ExpectClose(g, e, tol,
-                    std::string(DTypeName(wt)) +
-                        (mode == cuda::Bf16Mode::kSplit ? " split" : " round") +
-                        " m=" + std::to_string(m));
+        const std::string what = std::string(DTypeName(wt)) + (x_bf16 ? " x bf16" : " x f32") +
+                                 " m=" + std::to_string(m);
+        const double tol = wt == DType::kF32 ? 1e-5 : (x_bf16 ? 1e-5 : 1e-4);
+        ExpectClose(g, e, tol, what);
+
+        // The SiLU product over the same weights as [gate; up] (f = n / 2), f32 output.
+        const int64_t f = n / 2;
+        DeviceArray<float> out(m * f);
+        out.Poison();
+        st = gemm.RunSiluMul(in, m, matrix, scratch.get(), out.get(), false);
+        ASSERT_TRUE(st.ok()) << st;
+        std::vector<float> want(m * f);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < f; ++j) {
+            const double gt = prod[i * n + j], up = prod[i * n + f + j];
+            want[i * f + j] = static_cast<float>(gt / (1.0 + std::exp(-gt)) * up);
+          }
+        }
+        ExpectClose(out.Download(), want, tol, what + " silu");
       }
     }
   }
+}
+
+// The GEMV against the CPU MatMul over the same bf16 weights (f32 inputs as they are, bf16 inputs
+// as the CPU's bf16-input path rounds them), for every row count it takes, 128-bit and scalar
+// shapes, row strides, a bias and the fused SiLU epilogue (f32 and bf16 outputs). Unwritten
+// outputs stay NaN and fail.
+TEST_F(CudaKernelsTest, GemvMatchesCpuMatMul) {
+  struct Shape {
+    int64_t n, k, ldx;
+  };
+  for (Shape sh :
+       {Shape{37, 256, 264}, Shape{20, 2056, 2056}, Shape{9, 172, 180}, Shape{6, 8, 8}}) {
+    for (bool x_bf16 : {false, true}) {
+      for (bool silu : {false, true}) {
+        for (bool y_bf16 : {false, true}) {
+          for (int rows = 1; rows <= cuda::kGemvMaxRows; rows += (rows < 3 ? 1 : 5)) {
+            const int64_t n = sh.n, k = sh.k, ldx = sh.ldx, wrows = silu ? 2 * n : n;
+            const int64_t ldy = n + 3;
+            std::vector<float> x = RandomFloats(rows * ldx, rows + k, -2, 2);
+            std::vector<float> xin = x;  // what the CPU multiplies
+            if (x_bf16) {
+              for (float& v : xin) v = Bf16ToFloat(FloatToBf16(v));
+            }
+            std::vector<uint16_t> w16 = ToBf16(RandomFloats(wrows * k, n + k, -0.5, 0.5));
+            std::vector<float> bias = RandomFloats(n, 3);
+            std::vector<float> prod(rows * wrows);
+            cpu::MatMul(xin.data(), rows, k, ldx, w16.data(), DType::kBF16, wrows,
+                        silu ? nullptr : bias.data(), prod.data(), wrows, nullptr);
+            std::vector<float> want(rows * n);
+            for (int m = 0; m < rows; ++m) {
+              for (int64_t j = 0; j < n; ++j) {
+                float v = prod[m * wrows + j];
+                if (silu) {
+                  const float g = v, u = prod[m * wrows + n + j];
+                  v = g / (1.0f + std::exp(-g)) * u;
+                }
+                want[m * n + j] = y_bf16 ? Bf16ToFloat(FloatToBf16(v)) : v;
+              }
+            }
+            DeviceArray<float> dx(x);
+            DeviceArray<uint16_t> dx16(ToBf16(x)), dw(w16);
+            DeviceArray<float> dbias(bias), y(rows * ldy);
+            DeviceArray<uint16_t> y16(rows * ldy);
+            y.Poison();
+            y16.Poison();
+            cuda::GemvArgs a;
+            a.x = x_bf16 ? static_cast<const void*>(dx16.get()) : dx.get();
+            a.ldx = ldx;
+            a.x_bf16 = x_bf16;
+            a.rows = rows;
+            a.w = dw.get();
+            a.n = n;
+            a.k = k;
+            a.bias = silu ? nullptr : dbias.get();
+            a.y = y_bf16 ? static_cast<void*>(y16.get()) : y.get();
+            a.ldy = ldy;
+            a.y_bf16 = y_bf16;
+            a.silu_mul = silu;
+            EXPECT_EQ(cuda::GemvVectorized(a), k % 8 == 0 && ldx % 8 == 0);
+            TANDEM_CUDA_CHECK(cuda::Gemv(a, stream_));
+            std::vector<float> got(rows * n);
+            const std::vector<float> gf = y.Download();
+            const std::vector<uint16_t> g16 = y16.Download();
+            for (int m = 0; m < rows; ++m) {
+              for (int64_t j = 0; j < n; ++j) {
+                got[m * n + j] = y_bf16 ? Bf16ToFloat(g16[m * ldy + j]) : gf[m * ldy + j];
+              }
+            }
+            // Sums in another order: ~1e-6 relative, one bf16 step where rounding flips.
+            ExpectClose(got, want, y_bf16 ? 8e-3 : 2e-5,
+                        "gemv n=" + std::to_string(n) + " k=" + std::to_string(k) +
+                            " rows=" + std::to_string(rows) + (x_bf16 ? " x bf16" : " x f32") +
+                            (silu ? " silu" : "") + (y_bf16 ? " y bf16" : ""));
+          }
+        }
+      }
+    }
+  }
+  cuda::GemvArgs too_many;
+  too_many.rows = cuda::kGemvMaxRows + 1;
+  too_many.n = 1;
+  EXPECT_EQ(cuda::Gemv(too_many, stream_), cudaErrorInvalidValue);
+}
+
+// A row's result does not depend on the rows beside it: row 0 alone and among eight, bit for bit.
+TEST_F(CudaKernelsTest, GemvIsBatchInvariant) {
+  const int64_t n = 48, k = 512;
+  std::vector<float> x = RandomFloats(cuda::kGemvMaxRows * k, 21, -3, 3);
+  DeviceArray<float> dx(x), y1(n), y8(cuda::kGemvMaxRows * n);
+  DeviceArray<uint16_t> dw(ToBf16(RandomFloats(n * k, 22)));
+  cuda::GemvArgs a;
+  a.x = dx.get();
+  a.ldx = k;
+  a.w = dw.get();
+  a.n = n;
+  a.k = k;
+  a.ldy = n;
+  a.rows = 1;
+  a.y = y1.get();
+  TANDEM_CUDA_CHECK(cuda::Gemv(a, stream_));
+  a.rows = cuda::kGemvMaxRows;
+  a.y = y8.get();
+  TANDEM_CUDA_CHECK(cuda::Gemv(a, stream_));
+  const std::vector<float> one = y1.Download(), eight = y8.Download();
+  EXPECT_EQ(std::memcmp(one.data(), eight.data(), n * sizeof(float)), 0);
 }
 
 struct AttentionCase {
@@ -226,9 +441,12 @@ struct AttentionCase {
   std::vector<std::pair<int, int>> seqs;  // (context length after the step, tokens in the step)
 };
 
-// Runs cpu::PagedAttention and cuda::PagedAttention (planned by PlanAttention, or by
-// PlanDecodeGraph with `graph_batch` padded rows) on the same random pool and queries.
-void CheckAttention(const AttentionCase& c, int partition, int graph_batch = 0) {
+// Runs cpu::PagedAttention and cuda::PagedAttention (planned by PlanAttention) on the same
+// random pool and queries. With `grid` > 0 the kernels are launched as a captured graph launches
+// them: `grid` blocks along the items and two along the merges, each looping over the step's
+// (device-side) counts, and the queries padded with `grid` rows that no item covers.
+// `out_bf16`: the output in bf16.
+void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false) {
   const int bs = 16, hd = c.head_dim, group = c.heads / c.kv_heads;
   int total_blocks = 0;
   for (auto [ctx, n] : c.seqs) total_blocks += (ctx + bs - 1) / bs;
@@ -282,19 +500,10 @@ void CheckAttention(const AttentionCase& c, int partition, int graph_batch = 0) 
   options.partition = partition;
   options.min_split_keys = 32;
   options.max_partial_slots = 64;
-  cuda::AttentionPlan plan;
   int stride = 0;
   for (const auto& table : tables) stride = std::max<int>(stride, table.size());
-  int rows = static_cast<int>(t);
-  if (graph_batch > 0) {  // one token per sequence, padded rows with no context
-    int bucket = 512;
-    while (bucket < *std::max_element(context_lens.begin(), context_lens.end())) bucket *= 2;
-    plan = cuda::PlanDecodeGraph(graph_batch, bucket, options);
-    stride = bucket / bs;
-    rows = graph_batch;
-  } else {
-    plan = cuda::PlanAttention(batch, context_lens, c.window, options);
-  }
+  const cuda::AttentionPlan plan = cuda::PlanAttention(batch, context_lens, c.window, options);
+  const int rows = static_cast<int>(t) + grid;
   std::vector<int32_t> flat(static_cast<size_t>(rows) * stride, 0);
   for (size_t s = 0; s < tables.size(); ++s)
     std::copy(tables[s].begin(), tables[s].end(), flat.begin() + s * stride);
@@ -304,48 +513,62 @@ void CheckAttention(const AttentionCase& c, int partition, int graph_batch = 0) 
   DeviceArray<uint8_t> dpool(pool.size());
   cudaMemcpy(dpool.get(), pool.data(), pool.size(), cudaMemcpyHostToDevice);
   DeviceArray<float> dq(q), out(rows * ld);
+  DeviceArray<uint16_t> out16(rows * ld);
   DeviceArray<int32_t> dtables(flat), dctx(context_lens);
   DeviceArray<cuda::AttentionItem> items(plan.items);
   DeviceArray<cuda::CombineItem> combines(plan.combines);
+  cuda::AttentionCounts host_counts;
+  host_counts.num_items = static_cast<int32_t>(plan.items.size());
+  host_counts.num_combines = static_cast<int32_t>(plan.combines.size());
+  host_counts.table_stride = stride;
+  DeviceArray<cuda::AttentionCounts> counts(std::vector<cuda::AttentionCounts>{host_counts});
   DeviceArray<float> part_o(64 * cuda::kMaxAttentionSplits * c.heads * hd);
   DeviceArray<float> part_ml(64 * cuda::kMaxAttentionSplits * c.heads * 2);
   out.Poison();
+  out16.Poison();
   part_o.Poison();
   part_ml.Poison();
   TANDEM_CUDA_CHECK(cuda::ConfigureAttention(96 * 1024));
-  ASSERT_LE(cuda::AttentionSharedBytes(plan.max_tile_rows, hd), 96u * 1024);
+  const int max_rows = grid > 0 ? options.max_tile_tokens * group : plan.max_tile_rows;
+  ASSERT_LE(cuda::AttentionSharedBytes(max_rows, hd), 96u * 1024);
   cuda::AttentionArgs a;
   a.q = dq.get();
   a.ldq = ld;
-  a.out = out.get();
+  a.out = out_bf16 ? static_cast<void*>(out16.get()) : out.get();
   a.ldo = ld;
+  a.out_bf16 = out_bf16;
   a.num_heads = c.heads;
   a.kv = KvLayerView{dpool.get(), c.dtype == DType::kBF16, bs, c.kv_heads, hd};
   a.block_tables = dtables.get();
-  a.table_stride = stride;
   a.context_lens = dctx.get();
   a.sliding_window = c.window;
+  a.counts = counts.get();
   a.items = items.get();
-  a.num_items = static_cast<int32_t>(plan.items.size());
-  a.max_tile_rows = plan.max_tile_rows;
   a.combines = combines.get();
-  a.num_combines = static_cast<int32_t>(plan.combines.size());
+  a.grid_items = grid > 0 ? grid : host_counts.num_items;
+  a.grid_combines = grid > 0 ? 2 : host_counts.num_combines;
+  a.max_tile_rows = max_rows;
   a.partial_out = part_o.get();
   a.partial_ml = part_ml.get();
   TANDEM_CUDA_CHECK(cuda::PagedAttention(a, nullptr));
   std::vector<float> got = out.Download();
+  const std::vector<uint16_t> got16 = out16.Download();
 
+  // Rows no item covers (the padding) are not written; bf16 output: the f32 result rounded.
   std::vector<float> g, e;
-  for (int64_t i = 0; i < rows; ++i) {
+  for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = 0; j < c.heads * hd; ++j) {
-      g.push_back(got[i * ld + j]);
-      e.push_back(i < t ? want[i * ld + j] : 0.0f);  // padded rows: zeros
+      g.push_back(out_bf16 ? Bf16ToFloat(got16[i * ld + j]) : got[i * ld + j]);
+      e.push_back(want[i * ld + j]);
     }
   }
-  ExpectClose(g, e, c.dtype == DType::kBF16 ? 1e-4 : 1e-5,
+  double tol = c.dtype == DType::kBF16 ? 1e-4 : 1e-5;
+  if (out_bf16) tol = 1.0 / 128;  // one bf16 step of the largest value
+  ExpectClose(g, e, tol,
               "attention " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + "x" +
                   std::to_string(hd) + " " + std::string(DTypeName(c.dtype)) + " window " +
-                  std::to_string(c.window) + (graph_batch ? " graph" : "") + " splits " +
+                  std::to_string(c.window) + (grid ? " grid " + std::to_string(grid) : "") +
+                  (out_bf16 ? " bf16 out" : "") + " splits " +
                   std::to_string(plan.combines.size()));
 }
 
@@ -373,10 +596,15 @@ TEST_F(CudaKernelsTest, PagedAttentionSlidingWindowMatchesCpu) {
   CheckAttention({4, 2, 16, DType::kBF16, 40, {{300, 1}, {100, 3}}}, 32);
 }
 
-TEST_F(CudaKernelsTest, PagedAttentionDecodeGraphPlanPadsWithZeros) {
+// As a captured graph runs it: a few blocks loop over the step's items and merges (counts read
+// from device memory), padding rows after the step's tokens; and the bf16 output of the
+// bf16-activation mode.
+TEST_F(CudaKernelsTest, PagedAttentionPersistentGridAndBf16OutputMatchCpu) {
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    CheckAttention({8, 4, 8, dtype, 0, {{300, 1}, {1, 1}, {130, 1}}}, 128, /*graph_batch=*/5);
-    CheckAttention({4, 1, 32, dtype, 0, {{20, 1}, {9, 1}}}, 512, /*graph_batch=*/4);
+    CheckAttention({8, 4, 8, dtype, 0, {{300, 1}, {1, 1}, {130, 1}, {70, 20}}}, 64, /*grid=*/3);
+    CheckAttention({4, 1, 32, dtype, 0, {{20, 1}, {9, 1}}}, 512, /*grid=*/1);
+    CheckAttention({8, 4, 8, dtype, 0, {{300, 1}, {97, 1}, {40, 40}}}, 32, 0, /*out_bf16=*/true);
+    CheckAttention({8, 4, 8, dtype, 0, {{250, 4}, {64, 1}}}, 32, /*grid=*/2, /*out_bf16=*/true);
   }
 }
 

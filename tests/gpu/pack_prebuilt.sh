@@ -6,13 +6,25 @@
 # and the Python gRPC stubs. Binaries and libraries get an RPATH to the packed libraries, so
 # nothing else on that machine (its python3, say) sees them.
 #
-#   tests/gpu/pack_prebuilt.sh [build-dir] [archive]
+#   [LLAMA_CPP_SRC=DIR | LLAMA_CPP_BUILD=DIR] tests/gpu/pack_prebuilt.sh [build-dir] [archive]
 #       (defaults: build-gpu and out/gpu-prebuilt.tar.xz, at the repository root)
 #
-# There, at the repository root (the same absolute path as here: CTest files hold absolute
-# paths, so link it there if it differs):
+# With LLAMA_CPP_SRC (a source tree of llama.cpp's pinned snapshot, c392e5094, outside this
+# repository: a checkout or an export, e.g. `git -C LLAMA_GIT archive c392e5094 -- .
+# ':(exclude)models' ':(exclude)media' ':(exclude)docs' | tar -C DIR -x`) its sources (about 4 MB
+# compressed) go to <build-dir>/llama-cpp-src; tests/gpu/check.sh builds its CUDA server there
+# (nvcc, cmake and ninja are on the GPU machine) while the gpu tests run.
+# With LLAMA_CPP_BUILD (a CUDA build of llama.cpp made outside this repository, bin/llama-server
+# and bin/llama-quantize) its two programs, the libraries they load (CUDA's driver, cuBLAS and
+# glibc left out as above) and the GGUF library of its source tree (gguf-py, from the build's
+# CMakeCache) go to <build-dir>/llama-cpp, where tests/gpu/check.sh's peer phase looks.
+#
+# There, at the repository root:
+#   tar xf ARCHIVE && tests/gpu/check.sh        (everything, see check.sh), or
 #   tar xf ARCHIVE && TANDEM_GPU_PREBUILT=1 TANDEM_PY_STUBS=$PWD/<build-dir>/py-stubs \
 #     PYTHON=python3 tests/gpu/run.sh <build-dir>
+# CTest files and the tests hold this machine's absolute paths of the repository and the build:
+# <build-dir>/prebuilt-paths.txt names them and check.sh links them there when they differ.
 # Needs patchelf (Debian package patchelf) and strip here.
 set -euo pipefail
 if ! command -v patchelf >/dev/null; then
@@ -49,6 +61,49 @@ for b in "${bins[@]}"; do
   done
 done
 
+printf 'root %s\nbuild %s\n' "$root" "$root/$build" >"$stage/$build/prebuilt-paths.txt"
+
+if [[ -n ${LLAMA_CPP_SRC:-} ]]; then
+  src=$(cd "$LLAMA_CPP_SRC" && pwd)
+  for f in CMakeLists.txt ggml/src/ggml-cuda/ggml-cuda.cu examples/server/server.cpp \
+      gguf-py/gguf/__init__.py; do
+    [[ -f $src/$f ]] || { echo "pack_prebuilt.sh: $src is no llama.cpp tree (no $f)" >&2; exit 1; }
+  done
+  mkdir -p "$stage/$build/llama-cpp-src"
+  (cd "$src" && tar -cf - --exclude=.git --exclude='./build*' --exclude=./models --exclude=./media \
+    --exclude=./docs --exclude='__pycache__' .) | tar -C "$stage/$build/llama-cpp-src" -xf -
+  if [[ -e $src/.git ]]; then
+    git -C "$src" rev-parse --short=9 HEAD >"$stage/$build/llama-cpp-src/commit.txt"
+  else
+    echo "${LLAMA_CPP_COMMIT:-c392e5094}" >"$stage/$build/llama-cpp-src/commit.txt"
+  fi
+fi
+
+if [[ -n ${LLAMA_CPP_BUILD:-} ]]; then
+  llama=$(cd "$LLAMA_CPP_BUILD" && pwd)
+  src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$llama/CMakeCache.txt" 2>/dev/null || true)
+  for f in llama-server llama-quantize; do
+    [[ -x $llama/bin/$f ]] || { echo "pack_prebuilt.sh: no $llama/bin/$f" >&2; exit 1; }
+  done
+  [[ -d $src/gguf-py/gguf ]] || { echo "pack_prebuilt.sh: no gguf-py in '$src'" >&2; exit 1; }
+  mkdir -p "$stage/$build/llama-cpp/bin"
+  for f in llama-server llama-quantize; do
+    cp "$llama/bin/$f" "$stage/$build/llama-cpp/bin/"
+    strip --strip-unneeded "$stage/$build/llama-cpp/bin/$f"
+    patchelf --force-rpath --set-rpath '$ORIGIN' "$stage/$build/llama-cpp/bin/$f"
+    ldd "$llama/bin/$f" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
+      [[ $name =~ $system_lib ]] && continue
+      [[ -e $stage/$build/llama-cpp/bin/$name ]] && continue
+      cp -L "$path" "$stage/$build/llama-cpp/bin/$name"
+      strip --strip-unneeded "$stage/$build/llama-cpp/bin/$name" 2>/dev/null || true
+      patchelf --force-rpath --set-rpath '$ORIGIN' "$stage/$build/llama-cpp/bin/$name"
+    done
+  done
+  (cd "$src" && tar -cf - --exclude='__pycache__' gguf-py) | tar -C "$stage/$build/llama-cpp" -xf -
+  git -C "$src" rev-parse --short=9 HEAD >"$stage/$build/llama-cpp/commit.txt" 2>/dev/null ||
+    echo "${LLAMA_CPP_COMMIT:-unknown}" >"$stage/$build/llama-cpp/commit.txt"
+fi
+
 find "$build" -name CTestTestfile.cmake -print0 | while IFS= read -r -d '' f; do
   mkdir -p "$stage/$(dirname "$f")"
   cp "$f" "$stage/$f"
@@ -59,6 +114,8 @@ mapfile -t proto_files < <(cd protos && ls tandem/v1/*.proto)
   --grpc_out="$stage/$build/py-stubs" --plugin=protoc-gen-grpc=/usr/bin/grpc_python_plugin \
   "${proto_files[@]}")
 
-tar -C "$stage" -cJf "$archive" "$build"
-echo "packed ${#bins[@]} binaries, $(ls "$stage/$build/prebuilt-lib" | wc -l) libraries:" \
-  "$archive ($(du -h "$archive" | cut -f1))"
+tar -C "$stage" -cf - "$build" | xz -T0 -9 >"$archive"
+echo "packed ${#bins[@]} binaries, $(ls "$stage/$build/prebuilt-lib" | wc -l) libraries" \
+  "$([[ -d $stage/$build/llama-cpp ]] && echo "and llama.cpp's server")" \
+  "$([[ -d $stage/$build/llama-cpp-src ]] && echo "and llama.cpp's sources"):" \
+  "$archive ($(du -h "$archive" | cut -f1); the device tool carries 64 MiB with the working tree)"

@@ -45,8 +45,10 @@ struct RunDescription {
 
 // The server-side split of time to first token, from the finals' timings. For a remote
 // prefill: queue (decode worker: arrival to reservation), prefill (prefill worker: arrival to
-// last layer), KV transfer (last layer to the decode side's ACK) and first decode (the rest of
-// the server's TTFT). For a local prefill: queue, prefill, and first decode (the rest).
+// last layer), KV transfer (the decode worker's wait for the KV beyond that: the reservation's
+// way to the prefill worker and the transfer's tail) and first decode (the rest of the
+// server's TTFT: verified KV to first token). For a local prefill: queue, prefill, and first decode
+// (the rest).
 struct TtftSplit {
   int64_t requests = 0;  // finals with timings
   int64_t remote = 0;    // of which prefilled on a prefill worker

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 
 namespace tandem {
 

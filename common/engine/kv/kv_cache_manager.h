@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 #include "common/engine/kv/block_pool.h"
 
 namespace tandem {

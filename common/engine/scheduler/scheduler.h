@@ -69,8 +69,8 @@ class Scheduler {
   void Release(Sequence* seq);
   const std::vector<Sequence*>& awaiting() const { return awaiting_; }
   const std::vector<Sequence*>& running() const { return running_; }
-  const std::vector<Sequence*>& pending() const { return pending_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }  // in service order
+  const std::vector<Sequence*>& pending() const { return pending_; }
 
   SchedulerOutput Schedule();
 

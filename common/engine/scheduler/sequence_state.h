@@ -9,10 +9,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "common/engine/sampler/sampler.h"
+#include "common/grammar/compile_service.h"
 #include "common/grammar/matcher.h"
 
 namespace tandem {
@@ -34,11 +37,24 @@ struct SpecState {
 };
 
 // Structured output (grammar_feature.cc): the grammar state after the output tokens.
+// A constrained sequence may wait (Scheduler::Hold) for its grammar's compilation (kPending),
+// for a token mask computed off the engine loop, or for its grammar to be free of such a
+// computation (kAwaiting) (engine README "Structured output").
 struct GrammarState {
-  std::optional<grammar::GrammarMatcher> matcher;       // empty when unconstrained
-  std::shared_ptr<const grammar::TokenMask> next_mask;  // computed during this step's forward
+  enum class Wait { kNone, kCompile, kMask, kGrammarBusy };
+
+  std::optional<grammar::GrammarMatcher> matcher;  // empty when unconstrained (or compiling)
+  // Masks prepared before this step's plan: (parser state, its mask) for the current state and
+  // the states after each drafted token; the rows' masks are looked up here.
+  std::vector<std::pair<int32_t, std::shared_ptr<const grammar::TokenMask>>> masks;
+  std::string tenant;  // whose CPU the compile service charges (EngineRequest::tenant)
+  Wait wait = Wait::kNone;
+  std::shared_ptr<grammar::GrammarCompileHandle> handle;  // kCompile, kMask: the work awaited
+  // kMask: where the worker puts the mask (read once the handle is ready).
+  std::shared_ptr<std::shared_ptr<const grammar::TokenMask>> pending_mask;
 
   bool active() const { return matcher.has_value(); }
+  bool constrained() const { return active() || wait == Wait::kCompile; }
 };
 
 // Prefill role: called on the engine thread inside the step that computes the last chunk of the

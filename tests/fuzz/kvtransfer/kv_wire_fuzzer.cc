@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/tcp/wire.h"
 
 namespace w = tandem::kvtransfer::wire;

@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "kvtransfer/transport.h"
-#include "tests/unit/common/base/kv_layout_test_util.h"
+#include "tests/unit/common/cluster/kv_layout_test_util.h"
 
 namespace tandem::kvtransfer::testing {
 

@@ -137,6 +137,22 @@ TEST_P(TransportTest, ManyLayersAndBlocksArriveBitExact) {
   EXPECT_GT(ss.frames, 8u);
 }
 
+// A decode worker reports how long it waited for its KV (the TTFT split): the completion says
+// so, from Expect to the verified transfer, on the receiver's clock.
+TEST_P(TransportTest, TheCompletionSaysHowLongTheReceiverWaited) {
+  KvSender* sender = Sender();
+  const std::vector<int32_t> blocks = Range(0, 4);
+  const absl::Time expected = absl::Now();
+  receiver_->Expect({43, blocks});
+  absl::SleepFor(absl::Milliseconds(120));  // the prefill worker computing
+  ASSERT_TRUE(SendAll(sender, Target(43, blocks), blocks, layout_.num_layers, "t").ok());
+  CompletedTransfer c = completions_.WaitFor(43, 0);
+  const absl::Duration elapsed = absl::Now() - expected;
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_GE(c.waited, absl::Milliseconds(120));
+  EXPECT_LE(c.waited, elapsed);
+}
+
 TEST_P(TransportTest, HandshakeMismatchIsRefusedNamingTheField) {
   struct Case {
     const char* field;

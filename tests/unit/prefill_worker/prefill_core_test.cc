@@ -112,6 +112,31 @@ TEST_P(DisaggregatedTest, TokensEqualAPlainEngineRunAndEveryBlockIsFreed) {
   EXPECT_EQ(decode_->transfers_in_flight(), 0);
 }
 
+// The TTFT split travels with the KV: the decode worker's final carries the prefill worker's
+// time (from the transfer's trailer) and its own wait for the KV beyond it, here including the
+// 100 ms the reservation took to reach the prefill worker (a router's part).
+TEST_P(DisaggregatedTest, TheFinalCarriesTheTtftSplit) {
+  const v1::DecodeRequest request = DecodeRequest("split", 4);
+  DecodeStream stream;
+  decode_->Decode(request, stream.Callback());
+  ASSERT_TRUE(stream.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  absl::SleepFor(absl::Milliseconds(100));
+  const PrefillResult prefill = Prefill(PrefillRequest(request, *stream.Reservation()));
+  ASSERT_TRUE(prefill.status.ok()) << prefill.status;
+  ASSERT_TRUE(stream.WaitForFinal());
+  const v1::SampleFinal final = stream.Final();  // a copy: Final() returns by value
+  const v1::Timings& t = final.timings();
+  EXPECT_TRUE(t.remote()) << t.DebugString();
+  EXPECT_GT(t.remote_prefill_s(), 0);
+  EXPECT_DOUBLE_EQ(t.remote_prefill_s(), prefill.response.prefill_s())
+      << "the trailer's time is the prefill worker's";
+  EXPECT_GE(t.kv_transfer_s(), 0.1) << t.DebugString();
+  // queue + remote prefill + transfer is the decode worker's arrival to verified KV: within TTFT.
+  EXPECT_LE(t.queue_s() + t.remote_prefill_s() + t.kv_transfer_s(),
+            t.time_to_first_token_s() + 1e-3)
+      << t.DebugString();
+}
+
 TEST_P(DisaggregatedTest, AFailedPushReleasesThePrefillBlocksAndKeepsTheReservation) {
   const v1::DecodeRequest request = DecodeRequest("unreachable", 8);
   DecodeStream stream;

@@ -3,11 +3,11 @@
 
 #include <string>
 
-#include "common/base/kv_transfer_layout.h"
-#include "common/rpc/kv_layout_info.h"
+#include "common/cluster/kv_transfer_layout.h"
+#include "common/cluster/proto/cluster_proto.h"
 #include "gtest/gtest.h"
 #include "router/worker_registry.h"
-#include "tests/unit/common/base/kv_layout_test_util.h"
+#include "tests/unit/common/cluster/kv_layout_test_util.h"
 
 namespace tandem {
 namespace {

@@ -7,8 +7,10 @@
 //   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
 //   3. per row: m' = max(m, max_j s), p = exp(s - m'), l = l * exp(m - m') + sum p;
 //   4. o[r][:] = o[r][:] * exp(m - m') + sum_j p[r][j] v_j.
-// Output o / l (0 where a row saw no key), or, for split items, o / l with (m, l) to the partial
-// buffers for MergeSplitsKernel.
+// Output o / l (0 where a row saw no key; f32, or bf16 for the bf16-activation mode), or, for
+// split items, o / l with (m, l) to the f32 partial buffers for MergeSplitsKernel. The counts of
+// items and merges come from device memory: block x runs items x, x + gridDim.x, ... (a step's
+// own launch has one block per item; a captured graph a fixed grid for every plan).
 
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
@@ -39,11 +41,10 @@ TANDEM_HOST_DEVICE SharedLayout Layout(int rows, int head_dim, int max_tokens) {
   return L;
 }
 
-template <class KT>
-TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
-  TANDEM_DYNAMIC_SHARED(float, sm);
-  const AttentionItem it = a.items[blockIdx.x];
-  const int kvh = blockIdx.y;
+// One item's tile (see the file comment); a block runs items blockIdx.x, + gridDim.x, ...
+template <class KT, class OT>
+TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem it, int kvh,
+                                     int32_t table_stride, float* sm) {
   const int hd = a.kv.head_dim, num_kv_heads = a.kv.num_kv_heads, bs = a.kv.block_size;
   const int group = a.num_heads / num_kv_heads;
   const int ntok = it.num_tokens, rows = ntok * group;
@@ -90,7 +91,7 @@ TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
   lo = lo > it.kv_begin ? lo : it.kv_begin;
   hi = hi < it.kv_end ? hi : it.kv_end;
 
-  const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * a.table_stride;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * table_stride;
   const KT* pool = static_cast<const KT*>(a.kv.base);
   const int64_t block_elems = 2LL * num_kv_heads * bs * hd;
   const int64_t k_head = static_cast<int64_t>(kvh) * bs * hd;
@@ -165,8 +166,10 @@ TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
     const float l = ls[r];
     const float value = l > 0.0f ? os[i] / l : 0.0f;
     if (it.partial < 0) {
-      a.out[static_cast<int64_t>(it.token_begin + tl) * a.ldo + static_cast<int64_t>(h) * hd + d] =
-          value;
+      OT* out = static_cast<OT*>(a.out);
+      dev::Store(out + static_cast<int64_t>(it.token_begin + tl) * a.ldo +
+                     static_cast<int64_t>(h) * hd + d,
+                 value);
     } else {
       const int64_t cell =
           (static_cast<int64_t>(it.partial + tl) * kMaxAttentionSplits + it.split) * a.num_heads +
@@ -181,9 +184,8 @@ TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
 }
 
 // out[token][h][:] = sum_s w_s o_s / sum_s w_s with w_s = l_s exp(m_s - max_s m_s).
-TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
-  const CombineItem c = a.combines[blockIdx.x];
-  const int h = blockIdx.y;
+template <class OT>
+TANDEM_DEVICE void MergeOne(const AttentionArgs& a, const CombineItem c, int h) {
   const int hd = a.kv.head_dim;
   const int64_t first = static_cast<int64_t>(c.slot) * kMaxAttentionSplits * a.num_heads + h;
   float mx = kNegInf;
@@ -191,7 +193,8 @@ TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
     const float* ml = a.partial_ml + (first + static_cast<int64_t>(s) * a.num_heads) * 2;
     if (ml[1] > 0.0f && ml[0] > mx) mx = ml[0];
   }
-  float* out = a.out + static_cast<int64_t>(c.token) * a.ldo + static_cast<int64_t>(h) * hd;
+  OT* out = static_cast<OT*>(a.out) + static_cast<int64_t>(c.token) * a.ldo +
+            static_cast<int64_t>(h) * hd;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float num = 0.0f, den = 0.0f;
     if (mx != kNegInf) {
@@ -204,7 +207,23 @@ TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
         den += w;
       }
     }
-    out[d] = den > 0.0f ? num / den : 0.0f;
+    dev::Store(out + d, den > 0.0f ? num / den : 0.0f);
+  }
+}
+
+template <class OT>
+TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
+  const int32_t n = a.counts->num_combines;
+  for (int32_t i = blockIdx.x; i < n; i += gridDim.x) MergeOne<OT>(a, a.combines[i], blockIdx.y);
+}
+
+template <class KT, class OT>
+TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
+  TANDEM_DYNAMIC_SHARED(float, sm);
+  const AttentionCounts counts = *a.counts;
+  for (int32_t i = blockIdx.x; i < counts.num_items; i += gridDim.x) {
+    AttentionItemTile<KT, OT>(a, a.items[i], blockIdx.y, counts.table_stride, sm);
+    dev::SyncThreads();  // the next item reuses the shared memory
   }
 }
 
@@ -216,29 +235,43 @@ size_t AttentionSharedBytes(int rows, int head_dim) {
 }
 
 cudaError_t ConfigureAttention(size_t bytes) {
-  cudaError_t err = cudaFuncSetAttribute(
-      AttentionKernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err != cudaSuccess) return err;
-  return cudaFuncSetAttribute(AttentionKernel<uint16_t>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const int value = static_cast<int>(bytes);
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<float, float>, attr, value);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(AttentionKernel<float, uint16_t>, attr, value);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(AttentionKernel<uint16_t, float>, attr, value);
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(AttentionKernel<uint16_t, uint16_t>, attr, value);
+  }
+  return err;
 }
 
-cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream) {
-  if (args.num_items == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(args.num_items),
+namespace {
+
+template <class KT, class OT>
+cudaError_t LaunchAttention(const AttentionArgs& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(args.grid_items),
                   static_cast<unsigned>(args.kv.num_kv_heads));
   const size_t smem = AttentionSharedBytes(args.max_tile_rows, args.kv.head_dim);
-  if (args.kv.is_bf16) {
-    TANDEM_LAUNCH(AttentionKernel<uint16_t>, grid, kAttentionThreads, smem, stream, args);
-  } else {
-    TANDEM_LAUNCH(AttentionKernel<float>, grid, kAttentionThreads, smem, stream, args);
-  }
+  TANDEM_LAUNCH((AttentionKernel<KT, OT>), grid, kAttentionThreads, smem, stream, args);
   cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || args.num_combines == 0) return err;
-  const dim3 merge_grid(static_cast<unsigned>(args.num_combines),
+  if (err != cudaSuccess || args.grid_combines == 0) return err;
+  const dim3 merge_grid(static_cast<unsigned>(args.grid_combines),
                         static_cast<unsigned>(args.num_heads));
-  TANDEM_LAUNCH(MergeSplitsKernel, merge_grid, 64, 0, stream, args);
+  TANDEM_LAUNCH(MergeSplitsKernel<OT>, merge_grid, 64, 0, stream, args);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.grid_items == 0) return cudaSuccess;
+  if (args.kv.is_bf16) {
+    return args.out_bf16 ? LaunchAttention<uint16_t, uint16_t>(args, stream)
+                         : LaunchAttention<uint16_t, float>(args, stream);
+  }
+  return args.out_bf16 ? LaunchAttention<float, uint16_t>(args, stream)
+                       : LaunchAttention<float, float>(args, stream);
 }
 
 }  // namespace tandem::cuda

@@ -80,27 +80,4 @@ AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t
   return plan;
 }
 
-AttentionPlan PlanDecodeGraph(int batch, int context_bucket, const AttentionPlanOptions& options) {
-  AttentionPlan plan;
-  plan.max_tile_rows = options.group;
-  int splits = SplitCount(context_bucket, OccupancySplits(batch, options), options);
-  if (batch > options.max_partial_slots) splits = 1;
-  const int span =
-      CeilDiv(CeilDiv(context_bucket, splits), kAttentionKeyChunk) * kAttentionKeyChunk;
-  splits = CeilDiv(context_bucket, span);
-  for (int32_t i = 0; i < batch; ++i) {
-    if (splits == 1) {
-      plan.items.push_back(AttentionItem{i, 1, i, 0, context_bucket, -1, 0, 0});
-      continue;
-    }
-    for (int s = 0; s < splits; ++s) {
-      plan.items.push_back(
-          AttentionItem{i, 1, i, s * span, std::min(context_bucket, (s + 1) * span), i, s, 0});
-    }
-    plan.combines.push_back(CombineItem{i, i, splits, 0});
-  }
-  plan.partial_slots = splits == 1 ? 0 : batch;
-  return plan;
-}
-
 }  // namespace tandem::cuda

@@ -37,9 +37,4 @@ struct AttentionPlan {
 AttentionPlan PlanAttention(const ForwardBatch& batch, const std::vector<int32_t>& context_lens,
                             int32_t sliding_window, const AttentionPlanOptions& options);
 
-// Plans a captured decode step: `batch` single-token sequences (row i of the tables is token i's),
-// contexts up to `context_bucket` keys, split into a fixed number of equal ranges so that the
-// same plan serves every step of the bucket.
-AttentionPlan PlanDecodeGraph(int batch, int context_bucket, const AttentionPlanOptions& options);
-
 }  // namespace tandem::cuda

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
@@ -68,23 +70,18 @@ constexpr int64_t kMaxRopePositions = 1 << 17;
 constexpr int64_t kStackRows = 64;  // bf16 split GEMMs of up to this many rows: one GEMM
 constexpr int kMaxTileRows = 64;    // attention tile rows (tokens * group)
 constexpr size_t kAttentionSmemBudget = 96 * 1024;
-constexpr int64_t kMinPartialSlots = 256;  // tokens whose attention may be split per step
+constexpr int kPartialSlots = 256;  // tokens whose attention may be split per step
 // Device memory left free beyond the pool for graphs, cuBLAS and the CUDA context's growth.
 constexpr size_t kHeadroomBytes = size_t{256} << 20;
 
-int64_t NextPow2(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
-// Decode graph batch sizes: 1, 2, 4, 8, then by 8 to 64, by 16 to 128, by 32 beyond, and `max`.
-std::vector<int> GraphBatchBuckets(int64_t max) {
+// Graph token-count buckets: 1, 2, 4, 8, then by 8 to 256, by 16 to 512, by 32 beyond, and
+// `max` (at most 12.5% padding above 8 tokens, 3% above 256).
+std::vector<int> GraphBuckets(int64_t max) {
   std::vector<int> buckets;
   int b = 1;
   while (b <= max) {
     buckets.push_back(b);
-    b += b < 8 ? b : (b < 64 ? 8 : (b < 128 ? 16 : 32));
+    b += b < 8 ? b : (b < 256 ? 8 : (b < 512 ? 16 : 32));
   }
   if (max > 0 && buckets.back() != max) buckets.push_back(static_cast<int>(max));
   return buckets;
@@ -109,6 +106,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA KV cache dtype must be f32 or bf16, got ",
                                                    std::string(DTypeName(options.kv_dtype))));
+  }
+  if (options.num_blocks <= 0 && options.kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError("kv_cache_bytes must be >= 0");
   }
   if (options.num_blocks <= 0 &&
       !(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1)) {
@@ -142,11 +142,11 @@ absl::Status CudaBackend::Init() {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                               "cudaStreamCreateWithFlags");
   gemm_ = std::make_unique<Gemm>();
-  TANDEM_RETURN_IF_ERROR(
-      gemm_->Init(stream_, options_.bf16_activations ? Bf16Mode::kRound : Bf16Mode::kSplit));
+  TANDEM_RETURN_IF_ERROR(gemm_->Init(stream_));
   auto weights = DeviceWeights::Upload(*model_);
   if (!weights.ok()) return weights.status();
   weights_ = std::move(weights).value();
+  act_bf16_ = options_.bf16_activations && model_->weight_dtype() == DType::kBF16;
 
   max_positions_ = std::min<int64_t>(c.max_position_embeddings, kMaxRopePositions);
   if (options_.max_model_len > 0) max_positions_ = std::min(max_positions_, options_.max_model_len);
@@ -161,7 +161,7 @@ absl::Status CudaBackend::Init() {
   spec_.head_dim = c.head_dim;
   spec_.block_size = options_.block_size;
   spec_.dtype = options_.kv_dtype;
-  table_width_ = (NextPow2(max_positions_) + spec_.block_size - 1) / spec_.block_size;
+  table_width_ = (max_positions_ + spec_.block_size - 1) / spec_.block_size;
 
   // Attention tiles: as many tokens as fit the rows cap and the shared-memory budget.
   const int group = static_cast<int>(c.num_heads / c.num_kv_heads);
@@ -190,22 +190,34 @@ absl::Status CudaBackend::Init() {
   plan_options_.kv_heads = static_cast<int>(c.num_kv_heads);
   plan_options_.target_blocks = 2 * sms;
   plan_options_.max_tile_tokens = tile_tokens;
-  plan_options_.max_partial_slots =
-      static_cast<int>(std::max<int64_t>(kMinPartialSlots, options_.max_graph_batch));
+  plan_options_.max_partial_slots = kPartialSlots;
   const size_t slots = static_cast<size_t>(plan_options_.max_partial_slots) * kMaxAttentionSplits *
                        static_cast<size_t>(c.num_heads);
   TANDEM_RETURN_IF_ERROR(
       partial_.Allocate(slots * (c.head_dim + 2) * sizeof(float), "attention split buffers"));
 
-  batch_buckets_ = GraphBatchBuckets(options_.max_graph_batch);
-  TANDEM_RETURN_IF_ERROR(EnsureCapacity(std::max(options_.max_num_tokens, options_.max_graph_batch),
-                                        std::max(options_.max_num_seqs, options_.max_graph_batch),
-                                        std::max(options_.max_num_seqs, options_.max_graph_batch)));
+  if (options_.cuda_graphs) buckets_ = GraphBuckets(options_.max_graph_tokens);
+  const int64_t graph_tokens = buckets_.empty() ? 0 : buckets_.back();
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(std::max(options_.max_num_tokens, graph_tokens),
+                                        std::max(options_.max_num_seqs, graph_tokens),
+                                        std::max(options_.max_num_seqs, graph_tokens)));
   TANDEM_RETURN_IF_ERROR(AllocateKvPool());
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (init)");
+  const absl::Time start = absl::Now();
+  if (absl::Status st = CaptureGraphs(); !st.ok()) {
+    TLOG(WARNING) << "CUDA graphs disabled, every step runs eagerly: " << st;
+    graphs_enabled_ = false;
+    DropGraphs();
+  }
   TLOG(INFO) << "CUDA backend on " << CudaDeviceDescription(options_.device) << ": weights "
-             << weights_->bytes() / (1 << 20) << " MiB, KV pool " << spec_.num_blocks << " blocks ("
-             << kv_.bytes() / (1 << 20) << " MiB), attention tiles of " << tile_tokens << " tokens";
+             << weights_->bytes() / (1 << 20) << " MiB, "
+             << (act_bf16_                                ? "bf16 activations"
+                 : model_->weight_dtype() == DType::kBF16 ? "f32 activations (parity mode)"
+                                                          : "f32 activations")
+             << ", KV pool " << spec_.num_blocks << " blocks (" << kv_.bytes() / (1 << 20)
+             << " MiB), attention tiles of " << tile_tokens << " tokens, " << graphs_captured()
+             << " CUDA graphs for steps of up to " << graph_tokens << " tokens captured in "
+             << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
   return absl::OkStatus();
 }
 
@@ -215,20 +227,38 @@ absl::Status CudaBackend::AllocateKvPool() {
   if (blocks <= 0) {
     size_t free = 0, total = 0;
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    const double gib = 1 << 30;
     const double allowed = options_.gpu_memory_utilization * static_cast<double>(total);
     const double used = static_cast<double>(total - free);
     const double budget = allowed - used - static_cast<double>(kHeadroomBytes);
-    blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(per_block)) : 0;
-    blocks = std::min<int64_t>(blocks, INT32_MAX / 2);
-    if (blocks < 1) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "no device memory left for the KV cache: %.2f GiB allowed (gpu_memory_utilization "
-          "%.2f of %.2f GiB), %.2f GiB already in use (weights %.2f GiB), one block needs %d "
-          "bytes",
-          allowed / (1 << 30), options_.gpu_memory_utilization,
-          static_cast<double>(total) / (1 << 30), used / (1 << 30),
-          static_cast<double>(weights_->bytes()) / (1 << 30), per_block));
+    if (options_.kv_cache_bytes > 0) {
+      blocks = options_.kv_cache_bytes / static_cast<int64_t>(per_block);
+      if (blocks < 1) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "KV cache budget (--kv-cache-memory) of %d bytes holds no block of %d bytes",
+            options_.kv_cache_bytes, per_block));
+      }
+      if (static_cast<double>(blocks * per_block) > budget) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "--kv-cache-memory %.2f GiB does not fit in --gpu-memory-utilization %.2f of this "
+            "device's %.2f GiB (%.2f GiB): weights, buffers and the CUDA context already use "
+            "%.2f GiB, %.2f GiB is kept free; at most %.2f GiB is left for the KV cache",
+            static_cast<double>(options_.kv_cache_bytes) / gib, options_.gpu_memory_utilization,
+            static_cast<double>(total) / gib, allowed / gib, used / gib, kHeadroomBytes / gib,
+            std::max(0.0, budget) / gib));
+      }
+    } else {
+      blocks = budget > 0 ? static_cast<int64_t>(budget / static_cast<double>(per_block)) : 0;
+      if (blocks < 1) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "no device memory left for the KV cache: %.2f GiB allowed (gpu_memory_utilization "
+            "%.2f of %.2f GiB), %.2f GiB already in use (weights %.2f GiB), one block needs %d "
+            "bytes",
+            allowed / gib, options_.gpu_memory_utilization, static_cast<double>(total) / gib,
+            used / gib, static_cast<double>(weights_->bytes()) / gib, per_block));
+      }
     }
+    blocks = std::min<int64_t>(blocks, INT32_MAX / 2);
   }
   spec_.num_blocks = blocks;
   TANDEM_RETURN_IF_ERROR(kv_.Allocate(per_block * static_cast<size_t>(blocks), "KV cache"));
@@ -237,9 +267,39 @@ absl::Status CudaBackend::AllocateKvPool() {
   return absl::OkStatus();
 }
 
+int64_t CudaBackend::ItemsCapacity(int64_t tokens) const {
+  // Every tile holds at least one token; a split tile of n tokens takes n partial slots and makes
+  // at most kMaxAttentionSplits items.
+  return tokens +
+         std::min<int64_t>(tokens, plan_options_.max_partial_slots) * (kMaxAttentionSplits - 1);
+}
+
+CudaBackend::InputLayout CudaBackend::Layout(int64_t tokens) const {
+  InputLayout L;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at += AlignUp256(bytes);
+    return start;
+  };
+  L.counts = take(sizeof(AttentionCounts));
+  L.rows = take(cap_rows_ * sizeof(int32_t));
+  L.tokens = take(tokens * sizeof(int32_t));
+  L.positions = take(tokens * sizeof(int32_t));
+  L.context_lens = take(tokens * sizeof(int32_t));
+  L.slots = take(tokens * sizeof(int64_t));
+  L.items = take(ItemsCapacity(tokens) * sizeof(AttentionItem));
+  L.combines =
+      take(std::min<int64_t>(tokens, plan_options_.max_partial_slots) * sizeof(CombineItem));
+  L.tables = at;
+  return L;
+}
+
 absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t logit_rows) {
-  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && logit_rows <= cap_rows_)
+  if (tokens <= cap_tokens_ && seqs <= cap_seqs_ && logit_rows <= cap_rows_) {
     return absl::OkStatus();
+  }
+  graphs_stale_ = !body_graphs_.empty() || !head_graphs_.empty();
   DropGraphs();  // they point into the buffers reallocated below
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (grow)");
   cap_tokens_ = std::max(cap_tokens_, tokens);
@@ -248,31 +308,38 @@ absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t l
   const ModelConfig& c = model_->config();
   const int64_t d = c.hidden_size, f = c.intermediate_size, v = c.vocab_size;
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const size_t act = act_bf16_ ? sizeof(uint16_t) : sizeof(float);
 
-  // Activations.
+  // Activations, zeroed once: rows past a step's tokens in a graph's bucket are computed from
+  // whatever they hold, which must be finite.
   size_t offset = 0;
-  std::vector<std::pair<float**, size_t>> regions = {
-      {&x_, cap_tokens_ * d},        {&h_, cap_tokens_ * d},
-      {&delta_, cap_tokens_ * d},    {&qkv_, cap_tokens_ * (qd + 2 * kvd)},
-      {&attn_, cap_tokens_ * qd},    {&gate_up_, cap_tokens_ * 2 * f},
-      {&mlp_, cap_tokens_ * f},      {&rows_x_, cap_rows_ * d},
-      {&rows_delta_, cap_rows_ * d}, {&rows_norm_, cap_rows_ * d},
-      {&logits_, cap_rows_ * v}};
+  std::vector<std::pair<void**, size_t>> regions = {
+      {reinterpret_cast<void**>(&x_), cap_tokens_ * d * sizeof(float)},
+      {reinterpret_cast<void**>(&delta_), cap_tokens_ * d * sizeof(float)},
+      {reinterpret_cast<void**>(&qkv_), cap_tokens_ * (qd + 2 * kvd) * sizeof(float)},
+      {reinterpret_cast<void**>(&gate_up_), cap_tokens_ * 2 * f * sizeof(float)},
+      {reinterpret_cast<void**>(&logits_), cap_rows_ * v * sizeof(float)},
+      {&h_, cap_tokens_ * d * act},
+      {&attn_, cap_tokens_ * qd * act},
+      {&mlp_, cap_tokens_ * f * act},
+      {&rows_norm_, cap_rows_ * d * act}};
   std::vector<size_t> offsets;
-  for (const auto& [ptr, count] : regions) {
+  for (const auto& [ptr, bytes] : regions) {
     offsets.push_back(offset);
-    offset += AlignUp256(count * sizeof(float));
+    offset += AlignUp256(bytes);
   }
   TANDEM_RETURN_IF_ERROR(activations_.Allocate(offset, "activations"));
   for (size_t i = 0; i < regions.size(); ++i) {
-    *regions[i].first = reinterpret_cast<float*>(activations_.as<uint8_t>() + offsets[i]);
+    *regions[i].first = activations_.as<uint8_t>() + offsets[i];
   }
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(activations_.get(), 0, offset, stream_),
+                              "cudaMemsetAsync (activations)");
 
-  // Scratch of the bf16 products.
+  // Scratch of the split products (f32 activations, bf16 weights, above kGemvMaxRows rows).
+  const bool split = !act_bf16_ && model_->weight_dtype() == DType::kBF16;
   const int64_t kmax = std::max({d, qd, f});
   const int64_t nmax = std::max({v, 2 * f, qd + 2 * kvd, d});
-  const bool split = gemm_->mode() == Bf16Mode::kSplit;
-  const int64_t split_elems = (split ? 2 : 1) * std::max(cap_tokens_, cap_rows_) * kmax;
+  const int64_t split_elems = split ? 2 * std::max(cap_tokens_, cap_rows_) * kmax : 0;
   const int64_t stacked = split ? 2 * kStackRows * nmax : 0;
   const size_t split_bytes = AlignUp256(split_elems * sizeof(uint16_t));
   TANDEM_RETURN_IF_ERROR(
@@ -281,28 +348,11 @@ absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t l
                     reinterpret_cast<float*>(gemm_scratch_.as<uint8_t>() + split_bytes),
                     split ? kStackRows : 0, nmax);
 
-  // Per-step inputs.
-  cap_items_ =
-      cap_tokens_ + static_cast<int64_t>(plan_options_.max_partial_slots) * kMaxAttentionSplits;
-  InputLayout& L = layout_;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t start = at;
-    at += AlignUp256(bytes);
-    return start;
-  };
-  L.tokens = take(cap_tokens_ * sizeof(int32_t));
-  L.positions = take(cap_tokens_ * sizeof(int32_t));
-  L.context_lens = take(cap_tokens_ * sizeof(int32_t));
-  L.logit_rows = take(cap_rows_ * sizeof(int32_t));
-  L.slots = take(cap_tokens_ * sizeof(int64_t));
-  L.head_end = at;
-  L.tables = take(static_cast<size_t>(cap_seqs_ * table_width_) * sizeof(int32_t));
-  L.items = take(cap_items_ * sizeof(AttentionItem));
-  L.combines = take(static_cast<size_t>(plan_options_.max_partial_slots) * sizeof(CombineItem));
-  L.total = at;
-  TANDEM_RETURN_IF_ERROR(inputs_.Allocate(L.total, "step inputs"));
-  TANDEM_RETURN_IF_ERROR(staging_.Allocate(L.total, "step input staging"));
+  // Per-step inputs: the largest layout, with the block tables of every sequence at full width.
+  const size_t total =
+      Layout(cap_tokens_).tables + static_cast<size_t>(cap_seqs_ * table_width_) * sizeof(int32_t);
+  TANDEM_RETURN_IF_ERROR(inputs_.Allocate(total, "step inputs"));
+  TANDEM_RETURN_IF_ERROR(staging_.Allocate(total, "step input staging"));
   TANDEM_RETURN_IF_ERROR(logits_host_.Allocate(cap_rows_ * v * sizeof(float), "logits staging"));
   return absl::OkStatus();
 }

@@ -18,22 +18,29 @@ struct CudaBackendOptions {
   int device = 0;                 // CUDA device index
   int64_t block_size = 16;        // tokens per KV block
   DType kv_dtype = DType::kBF16;  // kF32 or kBF16
-  // KV pool size: num_blocks > 0 is taken as is; otherwise the pool takes what is left of
-  // gpu_memory_utilization * total device memory once weights and buffers are allocated.
+  // KV pool size: num_blocks > 0 is taken as is; else kv_cache_bytes > 0 is the pool's budget
+  // (refused when it does not fit under gpu_memory_utilization * total device memory with the
+  // weights and buffers); else the pool takes what is left of that share once the weights and
+  // buffers are allocated.
   int64_t num_blocks = 0;
+  int64_t kv_cache_bytes = 0;
   double gpu_memory_utilization = 0.9;
-  // Initial capacity of the per-step buffers (grown on demand; growing drops captured graphs).
+  // Initial capacity of the per-step buffers (grown on demand; growing re-captures the graphs).
   int64_t max_num_tokens = 2048;
   int64_t max_num_seqs = 256;
   int64_t max_model_len = 0;  // 0: the model's max_position_embeddings (capped at 131072)
-  // Decode steps (one token per sequence, every logit wanted, no per-layer hook) replay CUDA
-  // graphs captured per (batch-size bucket, context-length bucket) for up to max_graph_batch
-  // sequences.
+  // Every step of at most max_graph_tokens tokens without a per-layer hook (decode, speculative
+  // verification, mixed prefill + decode) replays two CUDA graphs, the layers for its token-count
+  // bucket and the logit rows for its row-count bucket, all captured when the backend is
+  // created; larger steps run eagerly.
   bool cuda_graphs = true;
-  int64_t max_graph_batch = 256;
-  // bf16 weights: round activations to bf16 for the matrix products (faster prefill, ~3
-  // significant digits) instead of the default hi/lo split (see gemm.h).
-  bool bf16_activations = false;
+  int64_t max_graph_tokens = 512;
+  // bf16 weights: the matmul inputs (norm, attention and SiLU outputs) are produced in bf16,
+  // rounded to nearest even as the CPU's bf16-input path rounds them, and multiplied on tensor
+  // cores (one product per projection). false is the parity mode: f32 activations (split into
+  // bf16 hi + lo for the tensor cores above kGemvMaxRows rows), within ~1e-5 of f32 inputs, what
+  // the CPU computes with --matmul-input-dtype f32.
+  bool bf16_activations = true;
 };
 
 // True when the CUDA runtime sees at least one device. Otherwise false with the reason in `why`

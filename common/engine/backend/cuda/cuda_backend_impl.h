@@ -36,45 +36,57 @@ class CudaBackend final : public Backend {
   uint8_t* DeviceBlockRegion(int64_t layer, int32_t block) const { return Region(layer, block); }
 
   // Statistics for tests and benchmarks.
-  int64_t graphs_captured() const { return static_cast<int64_t>(graphs_.size()); }
+  int64_t graphs_captured() const {
+    return static_cast<int64_t>(body_graphs_.size() + head_graphs_.size());
+  }
   int64_t graph_steps() const { return graph_steps_; }
   int64_t eager_steps() const { return eager_steps_; }
   size_t weight_bytes() const { return weights_->bytes(); }
   size_t kv_pool_bytes() const { return kv_.bytes(); }
+  bool bf16_activations() const { return act_bf16_; }
+  const Gemm& gemm() const { return *gemm_; }
+  // Token-count buckets of the graphs (layers per token bucket, logits per row bucket).
+  const std::vector<int>& graph_buckets() const { return buckets_; }
 
  private:
-  // Offsets (bytes) of the per-step inputs, identical in the pinned staging buffer and on the
-  // device. The per-token arrays come first so one copy covers them.
+  // Offsets (bytes) of one step's inputs, identical in the pinned staging buffer and on the
+  // device. `counts` and `rows` sit at fixed offsets (the logits graphs read them whatever the
+  // layers' bucket); the per-token arrays, attention items and merges follow, sized for the
+  // step's `tokens` rows; the block tables come last, as long as the step needs.
   struct InputLayout {
-    size_t tokens = 0, positions = 0, context_lens = 0, logit_rows = 0, slots = 0, head_end = 0;
-    size_t tables = 0, items = 0, combines = 0, total = 0;
+    size_t counts = 0, rows = 0, tokens = 0, positions = 0, context_lens = 0, slots = 0;
+    size_t items = 0, combines = 0, tables = 0;
   };
-  // What one forward enqueues; pointers are device pointers.
+  // What one forward enqueues for `tokens` rows of layers and `logit_rows` rows of logits (a
+  // graph's buckets, or the step's own sizes).
   struct StepShape {
     int64_t tokens = 0;
     int64_t logit_rows = 0;
-    bool gather = true;  // logits of rows `logit_rows` (else of rows [0, logit_rows))
-    int32_t table_stride = 0;
-    const AttentionItem* items = nullptr;
-    int32_t num_items = 0;
+    InputLayout layout;
+    int32_t grid_items = 0;
+    int32_t grid_combines = 0;
     int32_t max_tile_rows = 0;
-    const CombineItem* combines = nullptr;
-    int32_t num_combines = 0;
   };
   struct Graph {
     cudaGraphExec_t exec = nullptr;
-    DeviceBuffer plan;  // items then combines
   };
 
   CudaBackend(std::shared_ptr<const Model> model, const CudaBackendOptions& options);
   absl::Status Init();
   absl::Status AllocateKvPool();
   absl::Status EnsureCapacity(int64_t tokens, int64_t seqs, int64_t logit_rows);
+  InputLayout Layout(int64_t tokens) const;
+  int64_t ItemsCapacity(int64_t tokens) const;
+  StepShape GraphShape(int64_t tokens, int64_t logit_rows) const;
   bool GraphEligible(const ForwardBatch& batch) const;
-  absl::Status ForwardEager(const ForwardBatch& batch);
-  absl::Status ForwardGraph(const ForwardBatch& batch);
-  absl::Status CaptureGraph(int batch, int context_bucket, int32_t table_stride, Graph* graph);
-  absl::Status Enqueue(const StepShape& shape, const std::function<void(int64_t)>& on_layer_done);
+  // Fills the staging buffer for `batch` padded to `tokens` and `logit_rows` rows and uploads it.
+  absl::StatusOr<StepShape> Stage(const ForwardBatch& batch, int64_t tokens, int64_t logit_rows,
+                                  bool graph);
+  absl::Status CaptureGraphs();
+  absl::Status Capture(bool body, int bucket, Graph* graph);
+  absl::Status EnqueueLayers(const StepShape& shape,
+                             const std::function<void(int64_t)>& on_layer_done);
+  absl::Status EnqueueLogits(const StepShape& shape);
   absl::Status FinishStep(int64_t logit_rows, float* logits);
   void DropGraphs();
   cuda::KvLayerView KvLayer(int64_t layer) const;
@@ -91,31 +103,36 @@ class CudaBackend final : public Backend {
   std::shared_ptr<const Model> model_;
   CudaBackendOptions options_;
   KvCacheSpec spec_;
+  bool act_bf16_ = false;  // matmul inputs in bf16 (bf16 weights and options.bf16_activations)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
   DeviceBuffer rope_;  // [max_positions][head_dim / 2][2] f32
   DeviceBuffer kv_;    // [layer][block][2][kv_heads][block_size][head_dim]
   int64_t max_positions_ = 0;
-  int64_t table_width_ = 0;  // block-table row capacity (covers every context bucket)
+  int64_t table_width_ = 0;  // block-table row capacity (covers every position)
   AttentionPlanOptions plan_options_;
-  std::vector<int> batch_buckets_;
+  std::vector<int> buckets_;
 
   // Capacities and the buffers sized from them.
-  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_rows_ = 0, cap_items_ = 0;
-  InputLayout layout_;
+  int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_rows_ = 0;
   DeviceBuffer activations_;
   DeviceBuffer inputs_;
   PinnedBuffer staging_;
   DeviceBuffer partial_;
   DeviceBuffer gemm_scratch_;
   PinnedBuffer logits_host_;
-  float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gate_up_ = nullptr;
-  float *mlp_ = nullptr, *delta_ = nullptr, *rows_x_ = nullptr, *rows_delta_ = nullptr;
-  float *rows_norm_ = nullptr, *logits_ = nullptr;
+  // Residual stream, its per-layer update and the fused q/k/v rows: f32. Matmul inputs (h_: the
+  // normalized rows, attn_, mlp_, rows_norm_: the logit rows' final norm): bf16 when act_bf16_,
+  // else f32. gate_up_: f32 scratch of the unfused SiLU path.
+  float *x_ = nullptr, *delta_ = nullptr, *qkv_ = nullptr, *gate_up_ = nullptr;
+  float* logits_ = nullptr;
+  void *h_ = nullptr, *attn_ = nullptr, *mlp_ = nullptr, *rows_norm_ = nullptr;
 
-  std::map<std::pair<int, int>, Graph> graphs_;  // (batch bucket, context bucket)
+  std::map<int, Graph> body_graphs_;  // the layers, by token bucket
+  std::map<int, Graph> head_graphs_;  // final norm and logits, by logit-row bucket
   bool graphs_enabled_ = true;
+  bool graphs_stale_ = false;  // buffers grew since the capture
   int64_t graph_steps_ = 0;
   int64_t eager_steps_ = 0;
   absl::Status sticky_;  // a failed CopyBlock, reported by the next Forward

@@ -1,4 +1,7 @@
-// CUDA backend: the forward pass (eager, or replayed from CUDA graphs for decode steps).
+// CUDA backend: the forward pass. A step is staged on the host (inputs padded to its graph
+// buckets, attention plan, block tables) and uploaded, then either replayed from two CUDA graphs
+// (the layers for the token bucket, the logits for the row bucket) or enqueued eagerly; the
+// logits come back in FinishStep, the one place that waits for the device.
 
 #include <algorithm>
 #include <cstring>
@@ -12,34 +15,18 @@
 namespace tandem::cuda {
 namespace {
 
-constexpr int kMinContextBucket = 512;
-constexpr size_t kMaxGraphs = 256;
-
-int64_t NextPow2(int64_t v) {
-  int64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 #define TANDEM_LAUNCH_OR_RETURN(expr, name) TANDEM_CUDA_RETURN_IF_ERROR(expr, name " kernel launch")
+
+int Bucket(const std::vector<int>& buckets, int64_t n) {
+  return *std::lower_bound(buckets.begin(), buckets.end(), n);
+}
 
 }  // namespace
 
 bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
-  if (!options_.cuda_graphs || !graphs_enabled_ || b.on_layer_done || batch_buckets_.empty()) {
-    return false;
-  }
-  const int64_t t = b.num_tokens();
-  if (t > batch_buckets_.back()) return false;
-  if (static_cast<int64_t>(b.seqs.size()) != t || static_cast<int64_t>(b.logit_rows.size()) != t) {
-    return false;
-  }
-  for (int64_t i = 0; i < t; ++i) {
-    if (b.seqs[i].num_tokens != 1 || b.seqs[i].token_begin != i || b.logit_rows[i] != i) {
-      return false;
-    }
-  }
-  return graphs_.size() < kMaxGraphs;  // new buckets are captured while there is room
+  if (!graphs_enabled_ || buckets_.empty() || b.on_layer_done) return false;
+  const int64_t max = buckets_.back();
+  return b.num_tokens() <= max && static_cast<int64_t>(b.logit_rows.size()) <= max;
 }
 
 absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
@@ -47,35 +34,89 @@ absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
   if (!sticky_.ok()) return sticky_;
   TANDEM_RETURN_IF_ERROR(
       ValidateForwardBatch(b, spec_, model_->config().vocab_size, max_positions_));
-  if (b.num_tokens() == 0) return absl::OkStatus();
+  const int64_t t = b.num_tokens(), s = static_cast<int64_t>(b.seqs.size());
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
+  if (t == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(EnsureCapacity(t, s, n));
+  if (graphs_stale_ && graphs_enabled_) {
+    graphs_stale_ = false;
+    if (absl::Status st = CaptureGraphs(); !st.ok()) {
+      TLOG(WARNING) << "CUDA graphs disabled, running eagerly: " << st;
+      graphs_enabled_ = false;
+      DropGraphs();
+    }
+  }
   if (GraphEligible(b)) {
-    absl::Status st = ForwardGraph(b);
-    if (st.ok()) {
+    const int tokens = Bucket(buckets_, t), rows = n == 0 ? 0 : Bucket(buckets_, n);
+    absl::StatusOr<StepShape> shape = Stage(b, tokens, rows, true);
+    if (!shape.ok()) return shape.status();
+    cudaError_t err = cudaGraphLaunch(body_graphs_.at(tokens).exec, stream_);
+    if (err == cudaSuccess && rows > 0) err = cudaGraphLaunch(head_graphs_.at(rows).exec, stream_);
+    if (err == cudaSuccess) {
       ++graph_steps_;
       return FinishStep(n, logits);
     }
-    TLOG(WARNING) << "CUDA graphs disabled, running eagerly: " << st;
+    // A launch that fails leaves nothing enqueued; what did launch is idempotent given the inputs.
+    cudaGetLastError();
+    TLOG(WARNING) << "CUDA graphs disabled, running eagerly: "
+                  << CudaStatus(err, "cudaGraphLaunch");
     graphs_enabled_ = false;
     DropGraphs();
   }
-  TANDEM_RETURN_IF_ERROR(ForwardEager(b));
+  absl::StatusOr<StepShape> shape = Stage(b, t, n, false);
+  if (!shape.ok()) return shape.status();
+  TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done));
+  TANDEM_RETURN_IF_ERROR(EnqueueLogits(*shape));
   ++eager_steps_;
   return FinishStep(n, logits);
 }
 
-absl::Status CudaBackend::ForwardEager(const ForwardBatch& b) {
+CudaBackend::StepShape CudaBackend::GraphShape(int64_t tokens, int64_t logit_rows) const {
+  StepShape shape;
+  shape.tokens = tokens;
+  shape.logit_rows = logit_rows;
+  shape.layout = Layout(tokens);
+  // Enough blocks along the items to fill the device about four times over; each loops over
+  // the step's items (fewer items leave blocks idle, more make each block take several).
+  const int64_t want =
+      (4 * static_cast<int64_t>(plan_options_.target_blocks) + plan_options_.kv_heads - 1) /
+      plan_options_.kv_heads;
+  shape.grid_items = static_cast<int32_t>(std::clamp<int64_t>(want, 1, ItemsCapacity(tokens)));
+  shape.grid_combines =
+      static_cast<int32_t>(std::min<int64_t>(tokens, plan_options_.max_partial_slots));
+  shape.max_tile_rows = plan_options_.max_tile_tokens * plan_options_.group;
+  return shape;
+}
+
+absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(const ForwardBatch& b, int64_t tokens,
+                                                          int64_t logit_rows, bool graph) {
   const int64_t t = b.num_tokens(), s = static_cast<int64_t>(b.seqs.size());
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
-  TANDEM_RETURN_IF_ERROR(EnsureCapacity(t, s, n));
-  const InputLayout& L = layout_;
-  std::vector<int32_t> context_lens(t);
+  StepShape shape = graph ? GraphShape(tokens, logit_rows) : StepShape{};
+  if (!graph) {
+    shape.tokens = tokens;
+    shape.logit_rows = logit_rows;
+    shape.layout = Layout(tokens);
+  }
+  const InputLayout& L = shape.layout;
+
+  // Per-token inputs; rows past the step's tokens (a graph's padding) are token 0 at position 0
+  // with no context and no KV slot.
+  int32_t* token_ids = Staged<int32_t>(L.tokens);
+  int32_t* positions = Staged<int32_t>(L.positions);
+  int32_t* context_lens = Staged<int32_t>(L.context_lens);
+  int64_t* slots = Staged<int64_t>(L.slots);
+  std::copy(b.token_ids.begin(), b.token_ids.end(), token_ids);
+  std::copy(b.positions.begin(), b.positions.end(), positions);
+  std::copy(b.slots.begin(), b.slots.end(), slots);
   for (int64_t i = 0; i < t; ++i) context_lens[i] = b.positions[i] + 1;
-  std::memcpy(Staged<int32_t>(L.tokens), b.token_ids.data(), t * sizeof(int32_t));
-  std::memcpy(Staged<int32_t>(L.positions), b.positions.data(), t * sizeof(int32_t));
-  std::memcpy(Staged<int32_t>(L.context_lens), context_lens.data(), t * sizeof(int32_t));
-  std::memcpy(Staged<int32_t>(L.logit_rows), b.logit_rows.data(), n * sizeof(int32_t));
-  std::memcpy(Staged<int64_t>(L.slots), b.slots.data(), t * sizeof(int64_t));
+  std::fill(token_ids + t, token_ids + tokens, 0);
+  std::fill(positions + t, positions + tokens, 0);
+  std::fill(context_lens + t, context_lens + tokens, 0);
+  std::fill(slots + t, slots + tokens, -1);
+  int32_t* rows = Staged<int32_t>(L.rows);
+  std::copy(b.logit_rows.begin(), b.logit_rows.end(), rows);
+  std::fill(rows + n, rows + logit_rows, 0);
 
   // Block tables: each sequence's blocks up to its last position in this step.
   std::vector<int32_t> needed(s, 0);
@@ -94,118 +135,56 @@ absl::Status CudaBackend::ForwardEager(const ForwardBatch& b) {
     std::fill(row + needed[q], row + stride, 0);
   }
 
-  const AttentionPlan plan = PlanAttention(
-      b, context_lens, static_cast<int32_t>(model_->config().sliding_window), plan_options_);
-  if (static_cast<int64_t>(plan.items.size()) > cap_items_) {
+  const std::vector<int32_t> lens(context_lens, context_lens + t);
+  const AttentionPlan plan =
+      PlanAttention(b, lens, static_cast<int32_t>(model_->config().sliding_window), plan_options_);
+  if (static_cast<int64_t>(plan.items.size()) > ItemsCapacity(tokens) ||
+      static_cast<int64_t>(plan.combines.size()) >
+          std::min<int64_t>(tokens, plan_options_.max_partial_slots)) {
     return absl::InternalError("attention plan exceeds its buffer");
   }
   std::copy(plan.items.begin(), plan.items.end(), Staged<AttentionItem>(L.items));
   std::copy(plan.combines.begin(), plan.combines.end(), Staged<CombineItem>(L.combines));
+  AttentionCounts* counts = Staged<AttentionCounts>(L.counts);
+  *counts = AttentionCounts{};
+  counts->num_items = static_cast<int32_t>(plan.items.size());
+  counts->num_combines = static_cast<int32_t>(plan.combines.size());
+  counts->table_stride = stride;
+  if (!graph) {
+    shape.grid_items = counts->num_items;
+    shape.grid_combines = counts->num_combines;
+    shape.max_tile_rows = plan.max_tile_rows;
+  }
 
-  auto upload = [&](size_t offset, size_t bytes) -> absl::Status {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(Input<uint8_t>(offset), Staged<uint8_t>(offset),
-                                                bytes, cudaMemcpyHostToDevice, stream_),
+  // Two copies: everything up to the last item, then the merges and the block tables.
+  auto upload = [&](size_t begin, size_t end) -> absl::Status {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(Input<uint8_t>(begin), Staged<uint8_t>(begin),
+                                                end - begin, cudaMemcpyHostToDevice, stream_),
                                 "cudaMemcpyAsync (step inputs)");
     return absl::OkStatus();
   };
-  TANDEM_RETURN_IF_ERROR(upload(0, L.head_end));
-  TANDEM_RETURN_IF_ERROR(upload(L.tables, s * stride * sizeof(int32_t)));
-  TANDEM_RETURN_IF_ERROR(upload(L.items, plan.items.size() * sizeof(AttentionItem)));
-  TANDEM_RETURN_IF_ERROR(upload(L.combines, plan.combines.size() * sizeof(CombineItem)));
-
-  StepShape shape;
-  shape.tokens = t;
-  shape.logit_rows = n;
-  shape.gather = true;
-  shape.table_stride = stride;
-  shape.items = Input<AttentionItem>(L.items);
-  shape.num_items = static_cast<int32_t>(plan.items.size());
-  shape.max_tile_rows = plan.max_tile_rows;
-  shape.combines = Input<CombineItem>(L.combines);
-  shape.num_combines = static_cast<int32_t>(plan.combines.size());
-  return Enqueue(shape, b.on_layer_done);
+  TANDEM_RETURN_IF_ERROR(upload(0, L.items + plan.items.size() * sizeof(AttentionItem)));
+  TANDEM_RETURN_IF_ERROR(upload(L.combines, L.tables + s * stride * sizeof(int32_t)));
+  return shape;
 }
 
-absl::Status CudaBackend::ForwardGraph(const ForwardBatch& b) {
-  const int64_t t = b.num_tokens();
-  const int batch = *std::lower_bound(batch_buckets_.begin(), batch_buckets_.end(), t);
-  int64_t max_context = 1;
-  for (int32_t p : b.positions) max_context = std::max<int64_t>(max_context, p + 1);
-  const int bucket = static_cast<int>(std::max<int64_t>(kMinContextBucket, NextPow2(max_context)));
-  const int32_t stride = static_cast<int32_t>((bucket + spec_.block_size - 1) / spec_.block_size);
-  TANDEM_RETURN_IF_ERROR(EnsureCapacity(batch, batch, batch));
-  const InputLayout& L = layout_;
-
-  // Padding rows: token 0 at position 0 with no context and no KV slot.
-  int32_t* tokens = Staged<int32_t>(L.tokens);
-  int32_t* positions = Staged<int32_t>(L.positions);
-  int32_t* context_lens = Staged<int32_t>(L.context_lens);
-  int32_t* rows = Staged<int32_t>(L.logit_rows);
-  int64_t* slots = Staged<int64_t>(L.slots);
-  int32_t* tables = Staged<int32_t>(L.tables);
-  for (int64_t i = 0; i < batch; ++i) {
-    const bool real = i < t;
-    tokens[i] = real ? b.token_ids[i] : 0;
-    positions[i] = real ? b.positions[i] : 0;
-    context_lens[i] = real ? b.positions[i] + 1 : 0;
-    rows[i] = static_cast<int32_t>(i);
-    slots[i] = real ? b.slots[i] : -1;
-    int32_t* row = tables + i * stride;
-    const int32_t needed = real ? b.positions[i] / static_cast<int32_t>(spec_.block_size) + 1 : 0;
-    if (real) std::copy(b.seqs[i].block_table.begin(), b.seqs[i].block_table.begin() + needed, row);
-    std::fill(row + needed, row + stride, 0);
+absl::Status CudaBackend::CaptureGraphs() {
+  DropGraphs();
+  for (int bucket : buckets_) {
+    Graph body, head;
+    TANDEM_RETURN_IF_ERROR(Capture(true, bucket, &body));
+    body_graphs_.emplace(bucket, body);
+    TANDEM_RETURN_IF_ERROR(Capture(false, bucket, &head));
+    head_graphs_.emplace(bucket, head);
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(inputs_.get(), staging_.get(), L.head_end, cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (step inputs)");
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(Input<uint8_t>(L.tables), Staged<uint8_t>(L.tables),
-                      batch * stride * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (block tables)");
-
-  const std::pair<int, int> key(batch, bucket);
-  auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    Graph graph;
-    TANDEM_RETURN_IF_ERROR(CaptureGraph(batch, bucket, stride, &graph));
-    it = graphs_.emplace(key, std::move(graph)).first;
-  }
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second.exec, stream_), "cudaGraphLaunch");
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CaptureGraph(int batch, int context_bucket, int32_t table_stride,
-                                       Graph* graph) {
-  const AttentionPlan plan = PlanDecodeGraph(batch, context_bucket, plan_options_);
-  const size_t items_bytes = AlignUp256(plan.items.size() * sizeof(AttentionItem));
-  const size_t combines_bytes = plan.combines.size() * sizeof(CombineItem);
-  TANDEM_RETURN_IF_ERROR(
-      graph->plan.Allocate(items_bytes + combines_bytes, "graph attention plan"));
-  uint8_t* base = graph->plan.as<uint8_t>();
-  TANDEM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(base, plan.items.data(), plan.items.size() * sizeof(AttentionItem),
-                      cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync (graph plan)");
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base + items_bytes, plan.combines.data(),
-                                              combines_bytes, cudaMemcpyHostToDevice, stream_),
-                              "cudaMemcpyAsync (graph plan)");
-  // The plan's host vectors die with this function.
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (graph plan)");
-
-  StepShape shape;
-  shape.tokens = batch;
-  shape.logit_rows = batch;
-  shape.gather = false;
-  shape.table_stride = table_stride;
-  shape.items = reinterpret_cast<const AttentionItem*>(base);
-  shape.num_items = static_cast<int32_t>(plan.items.size());
-  shape.max_tile_rows = plan.max_tile_rows;
-  shape.combines = reinterpret_cast<const CombineItem*>(base + items_bytes);
-  shape.num_combines = static_cast<int32_t>(plan.combines.size());
-
+absl::Status CudaBackend::Capture(bool body, int bucket, Graph* graph) {
+  const StepShape shape = GraphShape(bucket, bucket);
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
                               "cudaStreamBeginCapture");
-  const absl::Status enqueued = Enqueue(shape, {});
+  const absl::Status enqueued = body ? EnqueueLayers(shape, {}) : EnqueueLogits(shape);
   cudaGraph_t captured = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
   if (!enqueued.ok() || ended != cudaSuccess) {
@@ -219,84 +198,79 @@ absl::Status CudaBackend::CaptureGraph(int batch, int context_bucket, int32_t ta
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Enqueue(const StepShape& shape,
-                                  const std::function<void(int64_t)>& on_layer_done) {
+absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
+                                        const std::function<void(int64_t)>& on_layer_done) {
   const ModelConfig& c = model_->config();
   const int64_t t = shape.tokens;
-  const int64_t d = c.hidden_size, f = c.intermediate_size, hd = c.head_dim;
-  const int64_t qd = c.num_heads * hd, kvd = c.num_kv_heads * hd, qkvd = qd + 2 * kvd;
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const int64_t qkvd = qd + 2 * kvd;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const InputLayout& L = layout_;
+  const InputLayout& L = shape.layout;
   const int32_t* positions = Input<int32_t>(L.positions);
-  const float* rope = rope_.as<float>();
   const DeviceMatrix& embed = weights_->embed();
+  const std::vector<DeviceLayer>& layers = weights_->layers();
+  const bool bf16 = act_bf16_;
 
   TANDEM_LAUNCH_OR_RETURN(
-      Embed(Input<int32_t>(L.tokens), t, embed.data, embed.dtype == DType::kBF16, d, x_, stream_),
-      "Embed");
+      EmbedRmsNorm(Input<int32_t>(L.tokens), t, embed.data, embed.dtype == DType::kBF16, d,
+                   layers[0].input_norm, eps, x_, h_, bf16, stream_),
+      "EmbedRmsNorm");
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    const DeviceLayer& w = weights_->layers()[l];
-    if (l == 0) {
-      TANDEM_LAUNCH_OR_RETURN(RmsNorm(x_, w.input_norm, t, d, eps, h_, stream_), "RmsNorm");
-    } else {  // x += previous layer's MLP output; h = norm(x)
-      TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.input_norm, t, d, eps, h_, stream_),
+    const DeviceLayer& w = layers[l];
+    if (l > 0) {  // x += previous layer's MLP output; h = norm(x)
+      TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.input_norm, t, d, eps, h_, bf16, stream_),
                               "AddRmsNorm");
     }
-    TANDEM_RETURN_IF_ERROR(gemm_->Run(h_, t, d, w.qkv, w.qkv_bias, qkv_, qkvd));
-    TANDEM_LAUNCH_OR_RETURN(
-        Rope(qkv_, t, qkvd, c.num_heads + c.num_kv_heads, hd, positions, rope, stream_), "Rope");
+    TANDEM_RETURN_IF_ERROR(gemm_->Run({h_, bf16, d}, t, w.qkv, qkv_, qkvd));
     const KvLayerView kv = KvLayer(l);
-    TANDEM_LAUNCH_OR_RETURN(
-        WriteKv(qkv_ + qd, qkvd, qkv_ + qd + kvd, qkvd, t, Input<int64_t>(L.slots), kv, stream_),
-        "WriteKv");
+    TANDEM_LAUNCH_OR_RETURN(RopeWriteKv(qkv_, qkvd, t, c.num_heads, positions, rope_.as<float>(),
+                                        w.qkv_bias, Input<int64_t>(L.slots), kv, stream_),
+                            "RopeWriteKv");
     AttentionArgs a;
     a.q = qkv_;
     a.ldq = qkvd;
     a.out = attn_;
     a.ldo = qd;
+    a.out_bf16 = bf16;
     a.num_heads = static_cast<int32_t>(c.num_heads);
     a.kv = kv;
     a.block_tables = Input<int32_t>(L.tables);
-    a.table_stride = shape.table_stride;
     a.context_lens = Input<int32_t>(L.context_lens);
     a.sliding_window = static_cast<int32_t>(c.sliding_window);
-    a.items = shape.items;
-    a.num_items = shape.num_items;
+    a.counts = Input<AttentionCounts>(L.counts);
+    a.items = Input<AttentionItem>(L.items);
+    a.combines = Input<CombineItem>(L.combines);
+    a.grid_items = shape.grid_items;
+    a.grid_combines = shape.grid_combines;
     a.max_tile_rows = shape.max_tile_rows;
-    a.combines = shape.combines;
-    a.num_combines = shape.num_combines;
     a.partial_out = partial_.as<float>();
     a.partial_ml = partial_.as<float>() + static_cast<int64_t>(plan_options_.max_partial_slots) *
-                                              kMaxAttentionSplits * c.num_heads * hd;
+                                              kMaxAttentionSplits * c.num_heads * c.head_dim;
     TANDEM_LAUNCH_OR_RETURN(PagedAttention(a, stream_), "PagedAttention");
     if (on_layer_done) {  // the hook may read this layer's KV (ReadBlockRegion syncs too)
       TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (layer)");
       on_layer_done(l);
     }
-    TANDEM_RETURN_IF_ERROR(gemm_->Run(attn_, t, qd, w.o, nullptr, delta_, d));
-    TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.post_norm, t, d, eps, h_, stream_),
+    TANDEM_RETURN_IF_ERROR(gemm_->Run({attn_, bf16, qd}, t, w.o, delta_, d));
+    TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.post_norm, t, d, eps, h_, bf16, stream_),
                             "AddRmsNorm");
-    TANDEM_RETURN_IF_ERROR(gemm_->Run(h_, t, d, w.gate_up, nullptr, gate_up_, 2 * f));
-    TANDEM_LAUNCH_OR_RETURN(SiluMul(gate_up_, 2 * f, t, f, mlp_, stream_), "SiluMul");
-    TANDEM_RETURN_IF_ERROR(gemm_->Run(mlp_, t, f, w.down, nullptr, delta_, d));
+    TANDEM_RETURN_IF_ERROR(gemm_->RunSiluMul({h_, bf16, d}, t, w.gate_up, gate_up_, mlp_, bf16));
+    TANDEM_RETURN_IF_ERROR(gemm_->Run({mlp_, bf16, f}, t, w.down, delta_, d));
   }
+  return absl::OkStatus();
+}
 
-  // Final residual add and norm, only for the rows whose logits are wanted.
-  const int64_t n = shape.logit_rows;
+absl::Status CudaBackend::EnqueueLogits(const StepShape& shape) {
+  const ModelConfig& c = model_->config();
+  const int64_t n = shape.logit_rows, d = c.hidden_size;
   if (n == 0) return absl::OkStatus();
-  if (shape.gather) {
-    const int32_t* rows = Input<int32_t>(L.logit_rows);
-    TANDEM_LAUNCH_OR_RETURN(GatherRows(x_, d, rows, n, d, rows_x_, stream_), "GatherRows");
-    TANDEM_LAUNCH_OR_RETURN(GatherRows(delta_, d, rows, n, d, rows_delta_, stream_), "GatherRows");
-    TANDEM_LAUNCH_OR_RETURN(
-        AddRmsNorm(rows_x_, rows_delta_, weights_->final_norm(), n, d, eps, rows_norm_, stream_),
-        "AddRmsNorm");
-  } else {
-    TANDEM_LAUNCH_OR_RETURN(
-        AddRmsNorm(x_, delta_, weights_->final_norm(), n, d, eps, rows_norm_, stream_),
-        "AddRmsNorm");
-  }
-  return gemm_->Run(rows_norm_, n, d, weights_->lm_head(), nullptr, logits_, c.vocab_size);
+  TANDEM_LAUNCH_OR_RETURN(
+      GatherAddRmsNorm(x_, delta_, d, Input<int32_t>(shape.layout.rows), n, d,
+                       weights_->final_norm(), static_cast<float>(c.rms_norm_eps), rows_norm_,
+                       act_bf16_, stream_),
+      "GatherAddRmsNorm");
+  return gemm_->Run({rows_norm_, act_bf16_, d}, n, weights_->lm_head(), logits_, c.vocab_size);
 }
 
 absl::Status CudaBackend::FinishStep(int64_t logit_rows, float* logits) {
@@ -317,10 +291,12 @@ absl::Status CudaBackend::FinishStep(int64_t logit_rows, float* logits) {
 }
 
 void CudaBackend::DropGraphs() {
-  for (auto& [key, graph] : graphs_) {
-    if (graph.exec != nullptr) cudaGraphExecDestroy(graph.exec);
+  for (auto* graphs : {&body_graphs_, &head_graphs_}) {
+    for (auto& [key, graph] : *graphs) {
+      if (graph.exec != nullptr) cudaGraphExecDestroy(graph.exec);
+    }
+    graphs->clear();
   }
-  graphs_.clear();
 }
 
 }  // namespace tandem::cuda

@@ -8,6 +8,8 @@
 //   TANDEM_DYNAMIC_SHARED(T, name)                        `T* name` = dynamic shared memory
 //   TANDEM_LAUNCH(kernel, grid, block, smem, stream, args...)
 //   dev::SyncThreads(), dev::ShflXor(v, m), dev::Exp(x), dev::BitsToFloat(u), dev::FloatToBits(f)
+//   dev::U32x4, dev::Load16(p) / dev::Load16Stream(p)     128-bit loads (16-byte aligned)
+//   TANDEM_UNROLL                                         `#pragma unroll` (nvcc only)
 // threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
 // a warp converged at shuffles and every thread of a block at SyncThreads (the emulator checks).
 
@@ -24,6 +26,7 @@
 #define TANDEM_DEVICE inline
 #define TANDEM_HOST_DEVICE inline
 #define TANDEM_SHARED static
+#define TANDEM_UNROLL
 #define TANDEM_DYNAMIC_SHARED(T, name) \
   T* name = static_cast<T*>(::tandem::cuda_emu::DynamicShared())
 #define TANDEM_LAUNCH(kernel, grid, block, smem, stream, ...)        \
@@ -42,6 +45,19 @@ inline float ShflXor(float v, int lane_mask) {
 // The xor-shuffle butterfly, evaluated by the emulator in one exchange (same bits).
 inline float WarpSum(float v) { return ::tandem::cuda_emu::WarpSum(v); }
 inline float Exp(float x) { return std::exp(x); }
+// 16 bytes as four 32-bit words (CUDA's uint4).
+struct U32x4 {
+  uint32_t x, y, z, w;
+};
+// 128-bit loads: through the read-only cache, or streaming (evict first) for data read once. A
+// misaligned address faults on a GPU; the emulator aborts.
+inline U32x4 Load16(const void* p) {
+  ::tandem::cuda_emu::CheckAligned(p, 16, "128-bit load");
+  U32x4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline U32x4 Load16Stream(const void* p) { return Load16(p); }
 inline float Sqrt(float x) { return std::sqrt(x); }
 inline float BitsToFloat(uint32_t u) {
   float f;
@@ -61,6 +77,7 @@ inline uint32_t FloatToBits(float f) {
 #define TANDEM_DEVICE __device__ __forceinline__
 #define TANDEM_HOST_DEVICE __host__ __device__ __forceinline__
 #define TANDEM_SHARED __shared__
+#define TANDEM_UNROLL _Pragma("unroll")
 #define TANDEM_DYNAMIC_SHARED(T, name)                                  \
   extern __shared__ __align__(16) unsigned char tandem_dynamic_smem_[]; \
   T* name = reinterpret_cast<T*>(tandem_dynamic_smem_)
@@ -77,6 +94,13 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 __device__ __forceinline__ float Exp(float x) { return expf(x); }
+using U32x4 = uint4;
+__device__ __forceinline__ U32x4 Load16(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+__device__ __forceinline__ U32x4 Load16Stream(const void* p) {
+  return __ldcs(reinterpret_cast<const uint4*>(p));
+}
 __device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float BitsToFloat(uint32_t u) { return __uint_as_float(u); }
 __device__ __forceinline__ uint32_t FloatToBits(float f) { return __float_as_uint(f); }

@@ -1,5 +1,7 @@
-// Row-wise and element-wise kernels: embedding, RMSNorm (+ residual add), RoPE, SiLU-multiply,
-// KV writes into paged blocks, row gathers and the bf16 split/combine around cuBLAS.
+// Row-wise and element-wise kernels, fused where a step would otherwise make extra passes over
+// its activations: embedding + RMSNorm, residual add + RMSNorm, gather + add + RMSNorm (each
+// writing f32 or bf16), bias + RoPE + KV write, SiLU-multiply, and the bf16 split/combine of the
+// parity mode's products.
 
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
@@ -16,89 +18,140 @@ int FlatBlocks(int64_t total) {
   return static_cast<int>(blocks < kMaxFlatBlocks ? blocks : kMaxFlatBlocks);
 }
 
-template <class T>
-TANDEM_GLOBAL void EmbedKernel(const int32_t* ids, const T* table, int64_t D, float* out) {
-  const int64_t m = blockIdx.x;
-  const T* row = table + static_cast<int64_t>(ids[m]) * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[m * D + d] = dev::Load(row + d);
-}
-
-// Shared by RmsNorm and AddRmsNorm: `x` already holds the (summed) residual row.
-TANDEM_DEVICE void NormalizeRow(const float* x, const float* weight, int64_t D, float eps,
-                                float* out, float* scratch) {
+// 1 / sqrt(mean(v^2) + eps) of the row whose element d is value(d), over the block.
+template <class Value>
+TANDEM_DEVICE float InverseRms(Value value, int64_t D, float eps, float* scratch) {
   float ss = 0.0f;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) ss += x[d] * x[d];
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+    const float v = value(d);
+    ss += v * v;
+  }
   ss = dev::BlockSum(ss, scratch);
-  const float inv = 1.0f / dev::Sqrt(ss / static_cast<float>(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = x[d] * inv * weight[d];
+  return 1.0f / dev::Sqrt(ss / static_cast<float>(D) + eps);
 }
 
+// out[d] = value(d) * inv * weight[d], stored as OT (bf16: rounded to nearest even). Each thread
+// writes the elements whose values it read in InverseRms, so in-place rows need no barrier.
+template <class OT, class Value>
+TANDEM_DEVICE void NormalizeRow(Value value, const float* weight, int64_t D, float eps, OT* out,
+                                float* scratch) {
+  const float inv = InverseRms(value, D, eps, scratch);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    dev::Store(out + d, value(d) * inv * weight[d]);
+}
+
+template <class OT>
 TANDEM_GLOBAL void RmsNormKernel(const float* x, const float* weight, int64_t D, float eps,
-                                 float* out) {
+                                 OT* out) {
   TANDEM_SHARED float scratch[32];
   const int64_t m = blockIdx.x;
-  NormalizeRow(x + m * D, weight, D, eps, out + m * D, scratch);
+  const float* row = x + m * D;
+  NormalizeRow([row](int64_t d) { return row[d]; }, weight, D, eps, out + m * D, scratch);
 }
 
+template <class OT>
 TANDEM_GLOBAL void AddRmsNormKernel(float* residual, const float* delta, const float* weight,
-                                    int64_t D, float eps, float* out) {
+                                    int64_t D, float eps, OT* out) {
   TANDEM_SHARED float scratch[32];
   const int64_t m = blockIdx.x;
   float* r = residual + m * D;
   const float* dl = delta + m * D;
   // Each thread re-reads only the elements it wrote, so no barrier is needed before the norm.
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) r[d] += dl[d];
-  NormalizeRow(r, weight, D, eps, out + m * D, scratch);
+  NormalizeRow([r](int64_t d) { return r[d]; }, weight, D, eps, out + m * D, scratch);
 }
 
-TANDEM_GLOBAL void RopeKernel(float* x, int64_t ldx, int64_t num_heads, int64_t head_dim,
-                              const int32_t* positions, const float* cos_sin) {
+// x[m] = table[ids[m]] (f32) and out[m] = RmsNorm(x[m]): the first layer's input norm fused
+// into the embedding.
+template <class T, class OT>
+TANDEM_GLOBAL void EmbedRmsNormKernel(const int32_t* ids, const T* table, int64_t D,
+                                      const float* weight, float eps, float* x, OT* out) {
+  TANDEM_SHARED float scratch[32];
   const int64_t m = blockIdx.x;
-  const int64_t half = head_dim / 2;
-  const float* cs = cos_sin + static_cast<int64_t>(positions[m]) * head_dim;
-  float* row = x + m * ldx;
-  for (int64_t idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
-    const int64_t h = idx / half, i = idx % half;
-    const float c = cs[2 * i], s = cs[2 * i + 1];
-    float* p = row + h * head_dim;
-    const float a = p[i], b = p[i + half];
-    p[i] = a * c - b * s;
-    p[i + half] = b * c + a * s;
-  }
+  const T* src = table + static_cast<int64_t>(ids[m]) * D;
+  float* row = x + m * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) row[d] = dev::Load(src + d);
+  NormalizeRow([row](int64_t d) { return row[d]; }, weight, D, eps, out + m * D, scratch);
 }
 
-TANDEM_GLOBAL void SiluMulKernel(const float* gate_up, int64_t ld, int64_t M, int64_t F,
-                                 float* out) {
+// out[i] = RmsNorm(x[rows[i]] + delta[rows[i]]) without writing the sum back (rows may repeat).
+template <class OT>
+TANDEM_GLOBAL void GatherAddRmsNormKernel(const float* x, const float* delta, int64_t ld,
+                                          const int32_t* rows, int64_t D, const float* weight,
+                                          float eps, OT* out) {
+  TANDEM_SHARED float scratch[32];
+  const int64_t i = blockIdx.x;
+  const float* a = x + static_cast<int64_t>(rows[i]) * ld;
+  const float* b = delta + static_cast<int64_t>(rows[i]) * ld;
+  NormalizeRow([a, b](int64_t d) { return a[d] + b[d]; }, weight, D, eps, out + i * D, scratch);
+}
+
+template <class OT>
+TANDEM_GLOBAL void SiluMulKernel(const float* gate_up, int64_t ld, int64_t M, int64_t F, OT* out) {
   const int64_t total = M * F;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t m = i / F, f = i % F;
     const float g = gate_up[m * ld + f];
-    out[i] = g / (1.0f + dev::Exp(-g)) * gate_up[m * ld + F + f];
+    dev::Store(out + i, g / (1.0f + dev::Exp(-g)) * gate_up[m * ld + F + f]);
   }
 }
 
+// Token m (one block): q += bias, rotated in place; k += bias, rotated, and v += bias written
+// to the token's KV slot (skipped when the slot is negative). The CPU's order: product, bias,
+// rotation, store.
 template <class T>
-TANDEM_GLOBAL void WriteKvKernel(const float* k, int64_t ldk, const float* v, int64_t ldv,
-                                 const int64_t* slots, KvLayerView kv) {
+TANDEM_GLOBAL void RopeWriteKvKernel(float* qkv, int64_t ld, int32_t num_heads, KvLayerView kv,
+                                     const int32_t* positions, const float* cos_sin,
+                                     const float* bias, const int64_t* slots) {
   const int64_t m = blockIdx.x;
+  const int64_t hd = kv.head_dim, half = hd / 2, kvh = kv.num_kv_heads, bs = kv.block_size;
+  const int64_t qd = num_heads * hd, kvd = kvh * hd;
+  const float* cs = cos_sin + static_cast<int64_t>(positions[m]) * hd;
+  float* row = qkv + m * ld;
   const int64_t slot = slots[m];
-  if (slot < 0) return;  // uniform over the block; no barriers below
-  const int64_t bs = kv.block_size, hd = kv.head_dim, kvh = kv.num_kv_heads;
-  const int64_t block = slot / bs, off = slot % bs;
-  T* base = static_cast<T*>(kv.base) + block * 2 * kvh * bs * hd;
-  for (int64_t idx = threadIdx.x; idx < 2 * kvh * hd; idx += blockDim.x) {
-    const int64_t which = idx / (kvh * hd), h = (idx / hd) % kvh, d = idx % hd;
-    const float value = which == 0 ? k[m * ldk + h * hd + d] : v[m * ldv + h * hd + d];
-    dev::Store(base + ((which * kvh + h) * bs + off) * hd + d, value);
+  const int64_t q_pairs = num_heads * half;
+  const int64_t kv_items = slot < 0 ? 0 : kvh * half + kvd;  // k pairs, then v elements
+  T* base = nullptr;
+  int64_t off = 0;
+  if (slot >= 0) {
+    base = static_cast<T*>(kv.base) + (slot / bs) * 2 * kvd * bs;
+    off = slot % bs;
   }
-}
-
-TANDEM_GLOBAL void GatherRowsKernel(const float* src, int64_t ld, const int32_t* rows, int64_t D,
-                                    float* dst) {
-  const int64_t i = blockIdx.x;
-  const float* s = src + static_cast<int64_t>(rows[i]) * ld;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[i * D + d] = s[d];
+  for (int64_t idx = threadIdx.x; idx < q_pairs + kv_items; idx += blockDim.x) {
+    if (idx < q_pairs) {
+      const int64_t h = idx / half, i = idx % half;
+      float* p = row + h * hd;
+      float a = p[i], b = p[i + half];
+      if (bias != nullptr) {
+        a += bias[h * hd + i];
+        b += bias[h * hd + i + half];
+      }
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      p[i] = a * c - b * s;
+      p[i + half] = b * c + a * s;
+      continue;
+    }
+    const int64_t e = idx - q_pairs;
+    if (e < kvh * half) {
+      const int64_t h = e / half, i = e % half;
+      const int64_t col = qd + h * hd;
+      float a = row[col + i], b = row[col + i + half];
+      if (bias != nullptr) {
+        a += bias[col + i];
+        b += bias[col + i + half];
+      }
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      T* dst = base + (h * bs + off) * hd;
+      dev::Store(dst + i, a * c - b * s);
+      dev::Store(dst + i + half, b * c + a * s);
+    } else {
+      const int64_t v = e - kvh * half, h = v / hd, d = v % hd;
+      const int64_t col = qd + kvd + v;
+      const float value = bias != nullptr ? row[col] + bias[col] : row[col];
+      dev::Store(base + ((kvh + h) * bs + off) * hd + d, value);
+    }
+  }
 }
 
 TANDEM_GLOBAL void SplitToBf16Kernel(const float* x, int64_t M, int64_t K, int64_t ldx,
@@ -112,90 +165,104 @@ TANDEM_GLOBAL void SplitToBf16Kernel(const float* x, int64_t M, int64_t K, int64
   }
 }
 
-TANDEM_GLOBAL void CombineSplitKernel(const float* y2, int64_t M, int64_t N, const float* bias,
-                                      float* y, int64_t ldy) {
+TANDEM_GLOBAL void CombineSplitKernel(const float* y2, int64_t M, int64_t N, float* y,
+                                      int64_t ldy) {
   const int64_t total = M * N;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = i / N, n = i % N;
-    float value = y2[i] + y2[total + i];
-    if (bias != nullptr) value += bias[n];
-    y[m * ldy + n] = value;
-  }
-}
-
-TANDEM_GLOBAL void AddBiasKernel(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias) {
-  const int64_t total = M * N;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    y[(i / N) * ldy + i % N] += bias[i % N];
+    y[(i / N) * ldy + i % N] = y2[i] + y2[total + i];
   }
 }
 
 }  // namespace
 
-cudaError_t Embed(const int32_t* ids, int64_t M, const void* table, bool is_bf16, int64_t D,
-                  float* out, cudaStream_t stream) {
+cudaError_t RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, void* out,
+                    bool out_bf16, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
-  if (is_bf16) {
-    TANDEM_LAUNCH(EmbedKernel<uint16_t>, static_cast<unsigned>(M), kRowThreads, 0, stream, ids,
-                  static_cast<const uint16_t*>(table), D, out);
+  if (out_bf16) {
+    TANDEM_LAUNCH(RmsNormKernel<uint16_t>, static_cast<unsigned>(M), kRowThreads, 0, stream, x,
+                  weight, D, eps, static_cast<uint16_t*>(out));
   } else {
-    TANDEM_LAUNCH(EmbedKernel<float>, static_cast<unsigned>(M), kRowThreads, 0, stream, ids,
-                  static_cast<const float*>(table), D, out);
+    TANDEM_LAUNCH(RmsNormKernel<float>, static_cast<unsigned>(M), kRowThreads, 0, stream, x, weight,
+                  D, eps, static_cast<float*>(out));
   }
-  return cudaGetLastError();
-}
-
-cudaError_t RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps,
-                    float* out, cudaStream_t stream) {
-  if (M == 0) return cudaSuccess;
-  TANDEM_LAUNCH(RmsNormKernel, static_cast<unsigned>(M), kRowThreads, 0, stream, x, weight, D, eps,
-                out);
   return cudaGetLastError();
 }
 
 cudaError_t AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M,
-                       int64_t D, float eps, float* out, cudaStream_t stream) {
+                       int64_t D, float eps, void* out, bool out_bf16, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
-  TANDEM_LAUNCH(AddRmsNormKernel, static_cast<unsigned>(M), kRowThreads, 0, stream, residual, delta,
-                weight, D, eps, out);
-  return cudaGetLastError();
-}
-
-cudaError_t Rope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
-                 const int32_t* positions, const float* cos_sin, cudaStream_t stream) {
-  if (M == 0) return cudaSuccess;
-  TANDEM_LAUNCH(RopeKernel, static_cast<unsigned>(M), 128, 0, stream, x, ldx, num_heads, head_dim,
-                positions, cos_sin);
-  return cudaGetLastError();
-}
-
-cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, float* out,
-                    cudaStream_t stream) {
-  if (M * F == 0) return cudaSuccess;
-  TANDEM_LAUNCH(SiluMulKernel, FlatBlocks(M * F), kFlatThreads, 0, stream, gate_up, ld, M, F, out);
-  return cudaGetLastError();
-}
-
-cudaError_t WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
-                    const int64_t* slots, const KvLayerView& kv, cudaStream_t stream) {
-  if (M == 0) return cudaSuccess;
-  if (kv.is_bf16) {
-    TANDEM_LAUNCH(WriteKvKernel<uint16_t>, static_cast<unsigned>(M), 128, 0, stream, k, ldk, v, ldv,
-                  slots, kv);
+  if (out_bf16) {
+    TANDEM_LAUNCH(AddRmsNormKernel<uint16_t>, static_cast<unsigned>(M), kRowThreads, 0, stream,
+                  residual, delta, weight, D, eps, static_cast<uint16_t*>(out));
   } else {
-    TANDEM_LAUNCH(WriteKvKernel<float>, static_cast<unsigned>(M), 128, 0, stream, k, ldk, v, ldv,
-                  slots, kv);
+    TANDEM_LAUNCH(AddRmsNormKernel<float>, static_cast<unsigned>(M), kRowThreads, 0, stream,
+                  residual, delta, weight, D, eps, static_cast<float*>(out));
   }
   return cudaGetLastError();
 }
 
-cudaError_t GatherRows(const float* src, int64_t ld, const int32_t* rows, int64_t n, int64_t D,
-                       float* dst, cudaStream_t stream) {
+cudaError_t EmbedRmsNorm(const int32_t* ids, int64_t M, const void* table, bool table_bf16,
+                         int64_t D, const float* weight, float eps, float* x, void* out,
+                         bool out_bf16, cudaStream_t stream) {
+  if (M == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(M);
+  if (table_bf16 && out_bf16) {
+    TANDEM_LAUNCH((EmbedRmsNormKernel<uint16_t, uint16_t>), grid, kRowThreads, 0, stream, ids,
+                  static_cast<const uint16_t*>(table), D, weight, eps, x,
+                  static_cast<uint16_t*>(out));
+  } else if (table_bf16) {
+    TANDEM_LAUNCH((EmbedRmsNormKernel<uint16_t, float>), grid, kRowThreads, 0, stream, ids,
+                  static_cast<const uint16_t*>(table), D, weight, eps, x, static_cast<float*>(out));
+  } else if (out_bf16) {
+    TANDEM_LAUNCH((EmbedRmsNormKernel<float, uint16_t>), grid, kRowThreads, 0, stream, ids,
+                  static_cast<const float*>(table), D, weight, eps, x, static_cast<uint16_t*>(out));
+  } else {
+    TANDEM_LAUNCH((EmbedRmsNormKernel<float, float>), grid, kRowThreads, 0, stream, ids,
+                  static_cast<const float*>(table), D, weight, eps, x, static_cast<float*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t GatherAddRmsNorm(const float* x, const float* delta, int64_t ld, const int32_t* rows,
+                             int64_t n, int64_t D, const float* weight, float eps, void* out,
+                             bool out_bf16, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  TANDEM_LAUNCH(GatherRowsKernel, static_cast<unsigned>(n), kRowThreads, 0, stream, src, ld, rows,
-                D, dst);
+  if (out_bf16) {
+    TANDEM_LAUNCH(GatherAddRmsNormKernel<uint16_t>, static_cast<unsigned>(n), kRowThreads, 0,
+                  stream, x, delta, ld, rows, D, weight, eps, static_cast<uint16_t*>(out));
+  } else {
+    TANDEM_LAUNCH(GatherAddRmsNormKernel<float>, static_cast<unsigned>(n), kRowThreads, 0, stream,
+                  x, delta, ld, rows, D, weight, eps, static_cast<float*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t RopeWriteKv(float* qkv, int64_t ld, int64_t M, int64_t num_heads,
+                        const int32_t* positions, const float* cos_sin, const float* bias,
+                        const int64_t* slots, const KvLayerView& kv, cudaStream_t stream) {
+  if (M == 0) return cudaSuccess;
+  const int32_t heads = static_cast<int32_t>(num_heads);
+  if (kv.is_bf16) {
+    TANDEM_LAUNCH(RopeWriteKvKernel<uint16_t>, static_cast<unsigned>(M), 128, 0, stream, qkv, ld,
+                  heads, kv, positions, cos_sin, bias, slots);
+  } else {
+    TANDEM_LAUNCH(RopeWriteKvKernel<float>, static_cast<unsigned>(M), 128, 0, stream, qkv, ld,
+                  heads, kv, positions, cos_sin, bias, slots);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void* out,
+                    bool out_bf16, cudaStream_t stream) {
+  if (M * F == 0) return cudaSuccess;
+  if (out_bf16) {
+    TANDEM_LAUNCH(SiluMulKernel<uint16_t>, FlatBlocks(M * F), kFlatThreads, 0, stream, gate_up, ld,
+                  M, F, static_cast<uint16_t*>(out));
+  } else {
+    TANDEM_LAUNCH(SiluMulKernel<float>, FlatBlocks(M * F), kFlatThreads, 0, stream, gate_up, ld, M,
+                  F, static_cast<float*>(out));
+  }
   return cudaGetLastError();
 }
 
@@ -207,18 +274,10 @@ cudaError_t SplitToBf16(const float* x, int64_t M, int64_t K, int64_t ldx, bool 
   return cudaGetLastError();
 }
 
-cudaError_t CombineSplit(const float* y2, int64_t M, int64_t N, const float* bias, float* y,
-                         int64_t ldy, cudaStream_t stream) {
+cudaError_t CombineSplit(const float* y2, int64_t M, int64_t N, float* y, int64_t ldy,
+                         cudaStream_t stream) {
   if (M * N == 0) return cudaSuccess;
-  TANDEM_LAUNCH(CombineSplitKernel, FlatBlocks(M * N), kFlatThreads, 0, stream, y2, M, N, bias, y,
-                ldy);
-  return cudaGetLastError();
-}
-
-cudaError_t AddBias(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias,
-                    cudaStream_t stream) {
-  if (M * N == 0 || bias == nullptr) return cudaSuccess;
-  TANDEM_LAUNCH(AddBiasKernel, FlatBlocks(M * N), kFlatThreads, 0, stream, y, M, N, ldy, bias);
+  TANDEM_LAUNCH(CombineSplitKernel, FlatBlocks(M * N), kFlatThreads, 0, stream, y2, M, N, y, ldy);
   return cudaGetLastError();
 }
 

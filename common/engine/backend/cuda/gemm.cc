@@ -15,9 +15,8 @@ Gemm::~Gemm() {
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
 
-absl::Status Gemm::Init(cudaStream_t stream, Bf16Mode mode) {
+absl::Status Gemm::Init(cudaStream_t stream) {
   stream_ = stream;
-  mode_ = mode;
   TANDEM_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_), "cublasCreate");
   TANDEM_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream), "cublasSetStream");
   if (auto st = workspace_.Allocate(kCublasWorkspaceBytes, "cuBLAS workspace"); !st.ok()) return st;
@@ -43,6 +42,7 @@ absl::Status Gemm::GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int
   const float alpha = 1.0f;
   const cudaDataType_t wtype = w.dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType_t xtype = x_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  ++cublas_calls_;
   TANDEM_CUBLAS_RETURN_IF_ERROR(
       cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
                    static_cast<int>(columns), static_cast<int>(w.cols), &alpha, w.data, wtype,
@@ -52,35 +52,66 @@ absl::Status Gemm::GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int
   return absl::OkStatus();
 }
 
-absl::Status Gemm::Run(const float* x, int64_t M, int64_t ldx, const DeviceMatrix& w,
-                       const float* bias, float* y, int64_t ldy) {
+bool Gemm::UseGemv(int64_t M, const DeviceMatrix& w) const {
+  return w.dtype == DType::kBF16 && M <= kGemvMaxRows;
+}
+
+absl::Status Gemm::RunGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y,
+                           int64_t ldy, bool y_bf16, bool silu_mul) {
+  GemvArgs a;
+  a.x = x.data;
+  a.ldx = x.ld;
+  a.x_bf16 = x.bf16;
+  a.rows = static_cast<int32_t>(M);
+  a.w = static_cast<const uint16_t*>(w.data);
+  a.n = silu_mul ? w.rows / 2 : w.rows;
+  a.k = w.cols;
+  a.y = y;
+  a.ldy = ldy;
+  a.y_bf16 = y_bf16;
+  a.silu_mul = silu_mul;
+  ++gemv_calls_;
+  TANDEM_CUDA_RETURN_IF_ERROR(Gemv(a, stream_), "Gemv kernel");
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::Run(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y,
+                       int64_t ldy) {
   if (M == 0) return absl::OkStatus();
   const int64_t K = w.cols, N = w.rows;
   if (w.dtype == DType::kF32) {
-    if (auto st = GemmEx(w, x, false, ldx, M, y, ldy, 0.0f); !st.ok()) return st;
-    TANDEM_CUDA_RETURN_IF_ERROR(AddBias(y, M, N, ldy, bias, stream_), "AddBias kernel");
-    return absl::OkStatus();
+    if (x.bf16) return absl::InvalidArgumentError("f32 weights take f32 activations");
+    return GemmEx(w, x.data, false, x.ld, M, y, ldy, 0.0f);
   }
   if (w.dtype != DType::kBF16) {
     return absl::InvalidArgumentError("CUDA matmul weights must be f32 or bf16");
   }
-  const bool split = mode_ == Bf16Mode::kSplit;
-  if ((split ? 2 : 1) * M * K > split_elems_) {
+  if (UseGemv(M, w)) return RunGemv(x, M, w, y, ldy, false, false);
+  if (x.bf16) return GemmEx(w, x.data, true, x.ld, M, y, ldy, 0.0f);
+  if (2 * M * K > split_elems_) {
     return absl::InternalError(absl::StrCat("matmul scratch too small for ", M, " rows of ", K));
   }
-  TANDEM_CUDA_RETURN_IF_ERROR(SplitToBf16(x, M, K, ldx, split, split_, stream_),
-                              "SplitToBf16 kernel");
-  if (split && M <= stack_rows_ && N <= stacked_cols_) {
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      SplitToBf16(static_cast<const float*>(x.data), M, K, x.ld, true, split_, stream_),
+      "SplitToBf16 kernel");
+  if (M <= stack_rows_ && N <= stacked_cols_) {
     if (auto st = GemmEx(w, split_, true, K, 2 * M, stacked_, N, 0.0f); !st.ok()) return st;
-    TANDEM_CUDA_RETURN_IF_ERROR(CombineSplit(stacked_, M, N, bias, y, ldy, stream_),
+    TANDEM_CUDA_RETURN_IF_ERROR(CombineSplit(stacked_, M, N, y, ldy, stream_),
                                 "CombineSplit kernel");
     return absl::OkStatus();
   }
   if (auto st = GemmEx(w, split_, true, K, M, y, ldy, 0.0f); !st.ok()) return st;
-  if (split) {
-    if (auto st = GemmEx(w, split_ + M * K, true, K, M, y, ldy, 1.0f); !st.ok()) return st;
-  }
-  TANDEM_CUDA_RETURN_IF_ERROR(AddBias(y, M, N, ldy, bias, stream_), "AddBias kernel");
+  return GemmEx(w, split_ + M * K, true, K, M, y, ldy, 1.0f);
+}
+
+absl::Status Gemm::RunSiluMul(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* scratch,
+                              void* out, bool out_bf16) {
+  if (M == 0) return absl::OkStatus();
+  const int64_t F = w.rows / 2;
+  if (UseGemv(M, w)) return RunGemv(x, M, w, out, F, out_bf16, true);
+  if (auto st = Run(x, M, w, scratch, 2 * F); !st.ok()) return st;
+  TANDEM_CUDA_RETURN_IF_ERROR(SiluMul(scratch, 2 * F, M, F, out, out_bf16, stream_),
+                              "SiluMul kernel");
   return absl::OkStatus();
 }
 

@@ -1,16 +1,17 @@
 #pragma once
 
-// Matrix products through cuBLAS: y[M, N] = x[M, K] W[N, K]^T (+ bias) with f32 activations and
-// f32 or bf16 weights, fp32 accumulation.
-//
-// f32 weights: one f32 GEMM (CUBLAS_COMPUTE_32F, no TF32), like the CPU kernels' arithmetic.
-// bf16 weights: tensor cores need bf16 on both sides, so the activations are converted:
-//   kSplit (default): x = hi + lo with hi = bf16(x), lo = bf16(x - hi) (~16 mantissa bits), and
-//     y = W hi + W lo. For up to `stack_rows` rows both halves go through one GEMM of 2M columns
-//     (the weights are read once, which is what decode steps pay for); above that, two GEMMs
-//     accumulate into y. Results stay within ~1e-5 of the f32-activation product, close enough
-//     for greedy decoding to follow the CPU backend.
-//   kRound: x rounded to bf16 once (one GEMM; ~3 significant digits on activations).
+// Matrix products of the forward pass: y[M, N] = x[M, K] W[N, K]^T with fp32 accumulation, f32
+// or bf16 weights and f32 or bf16 activations. Which kernel runs:
+//   bf16 weights, M <= kGemvMaxRows: the GEMV (gemv_kernels.cu), each weight row streamed once
+//     for every row of x, f32 or bf16 x as given (f32 x is multiplied exactly as f32);
+//   bf16 weights, bf16 x: one cuBLAS bf16 GEMM (tensor cores);
+//   bf16 weights, f32 x (the parity mode's prefill): tensor cores need bf16 on both sides, so x
+//     is split into hi = bf16(x) and lo = bf16(x - hi) (~16 mantissa bits) and y = W hi + W lo;
+//     up to `stack_rows` rows both halves go through one GEMM of 2M columns (weights read once),
+//     above that two GEMMs accumulate. Within ~1e-5 of the f32-activation product;
+//   f32 weights (f32 x): one f32 GEMM (CUBLAS_COMPUTE_32F, no TF32), the CPU kernels' arithmetic.
+// Bias and SiLU live in the kernels around the products (RopeWriteKv, the GEMV epilogue or
+// SiluMul), not here.
 
 #include <cstdint>
 
@@ -29,7 +30,12 @@ struct DeviceMatrix {
   int64_t cols = 0;           // K (inputs)
 };
 
-enum class Bf16Mode { kSplit, kRound };
+// Activations fed to a product: rows of f32 or bf16 values, row stride `ld` elements.
+struct GemmInput {
+  const void* data = nullptr;
+  bool bf16 = false;
+  int64_t ld = 0;
+};
 
 class Gemm {
  public:
@@ -40,32 +46,44 @@ class Gemm {
 
   // Creates the cuBLAS handle on `stream` with a fixed workspace (so that GEMMs can be captured
   // into CUDA graphs).
-  absl::Status Init(cudaStream_t stream, Bf16Mode mode);
+  absl::Status Init(cudaStream_t stream);
 
-  // Scratch for bf16 weights: `split` holds split_elems bf16 values (2 M K at most is used), and
-  // `stacked` holds [2 * stack_rows, stacked_cols] f32. Owned by the caller.
+  // Scratch of the split path (f32 x, bf16 weights, more than kGemvMaxRows rows): `split` holds
+  // split_elems bf16 values (2 M K are used), `stacked` [2 * stack_rows, stacked_cols] f32.
+  // Owned by the caller.
   void SetScratch(uint16_t* split, int64_t split_elems, float* stacked, int64_t stack_rows,
                   int64_t stacked_cols);
 
-  // y (row stride ldy) = x (row stride ldx) W^T (+ bias when not null).
-  absl::Status Run(const float* x, int64_t M, int64_t ldx, const DeviceMatrix& w, const float* bias,
-                   float* y, int64_t ldy);
+  // y (f32, row stride ldy) = x W^T.
+  absl::Status Run(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y, int64_t ldy);
 
-  Bf16Mode mode() const { return mode_; }
+  // out[M, F] (contiguous; bf16 when out_bf16) = silu(x Wg^T) * (x Wu^T), w = [2F, K] holding
+  // the gate rows then the up rows: fused in the GEMV, else through `scratch` (f32 [M, 2F]) and
+  // the SiluMul kernel.
+  absl::Status RunSiluMul(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* scratch,
+                          void* out, bool out_bf16);
+
+  // Products run by the GEMV kernel and by cuBLAS since Init (tests).
+  int64_t gemv_calls() const { return gemv_calls_; }
+  int64_t cublas_calls() const { return cublas_calls_; }
 
  private:
   absl::Status GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int64_t ldx,
                       int64_t columns, float* y, int64_t ldy, float beta);
+  absl::Status RunGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y, int64_t ldy,
+                       bool y_bf16, bool silu_mul);
+  bool UseGemv(int64_t M, const DeviceMatrix& w) const;
 
   cudaStream_t stream_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
-  Bf16Mode mode_ = Bf16Mode::kSplit;
   uint16_t* split_ = nullptr;
   int64_t split_elems_ = 0;
   float* stacked_ = nullptr;
   int64_t stack_rows_ = 0;
   int64_t stacked_cols_ = 0;
+  int64_t gemv_calls_ = 0;
+  int64_t cublas_calls_ = 0;
 };
 
 }  // namespace tandem::cuda

@@ -3,7 +3,8 @@
 // Host entry points of the CUDA kernels. Each enqueues its work on `stream` and returns the launch
 // status (cudaGetLastError after the launch; cudaSuccess without launching when there is nothing
 // to do). Pointers are device pointers. Arithmetic is fp32 throughout; bf16 appears only as
-// storage (weights, KV cache), converted with round-to-nearest-even like the CPU kernels.
+// storage (weights, KV cache, and the matmul inputs of the bf16-activation mode), converted with
+// round-to-nearest-even like the CPU kernels.
 // The semantics of each op are those of the CPU kernel of the same name
 // (common/engine/backend/cpu/kernels/kernels.h) unless stated otherwise.
 
@@ -14,27 +15,33 @@
 
 namespace tandem::cuda {
 
-// out[m, :] = table[ids[m], :] as f32. table: [vocab, D], bf16 (is_bf16) or f32.
-cudaError_t Embed(const int32_t* ids, int64_t M, const void* table, bool is_bf16, int64_t D,
-                  float* out, cudaStream_t stream);
+// Outputs written as `void* out, bool out_bf16` hold f32 values, or with out_bf16 the same values
+// rounded to nearest-even bf16 (the rounding the CPU's bf16-input matmuls apply to their inputs):
+// the matmul inputs of the bf16-activation mode come out of these kernels already converted.
 
-// out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight. x, out: f32 [M, D] contiguous.
-cudaError_t RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps,
-                    float* out, cudaStream_t stream);
+// out[m, :] = x[m, :] / sqrt(mean(x[m, :]^2) + eps) * weight. x: f32 [M, D], out [M, D].
+cudaError_t RmsNorm(const float* x, const float* weight, int64_t M, int64_t D, float eps, void* out,
+                    bool out_bf16, cudaStream_t stream);
 
 // residual += delta; out = RmsNorm(residual).
 cudaError_t AddRmsNorm(float* residual, const float* delta, const float* weight, int64_t M,
-                       int64_t D, float eps, float* out, cudaStream_t stream);
+                       int64_t D, float eps, void* out, bool out_bf16, cudaStream_t stream);
 
-// Rotary embedding (rotate_half) in place on the first num_heads heads of each row of x
-// (row stride ldx); cos_sin: f32 [max_pos][head_dim / 2][2] (model/rope.h).
-cudaError_t Rope(float* x, int64_t M, int64_t ldx, int64_t num_heads, int64_t head_dim,
-                 const int32_t* positions, const float* cos_sin, cudaStream_t stream);
+// x[m, :] = table[ids[m], :] as f32 (Embed), out = RmsNorm(x): the first layer's input.
+cudaError_t EmbedRmsNorm(const int32_t* ids, int64_t M, const void* table, bool table_bf16,
+                         int64_t D, const float* weight, float eps, float* x, void* out,
+                         bool out_bf16, cudaStream_t stream);
+
+// out[i, :] = RmsNorm(x[rows[i], :] + delta[rows[i], :]) for i < n (x, delta: row stride ld; out
+// [n, D] contiguous); x is not updated, so rows may repeat. The final norm of the logit rows.
+cudaError_t GatherAddRmsNorm(const float* x, const float* delta, int64_t ld, const int32_t* rows,
+                             int64_t n, int64_t D, const float* weight, float eps, void* out,
+                             bool out_bf16, cudaStream_t stream);
 
 // out[m, i] = silu(gate_up[m, i]) * gate_up[m, F + i]; gate_up rows have stride ld (>= 2F),
 // out is [M, F] contiguous.
-cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, float* out,
-                    cudaStream_t stream);
+cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void* out,
+                    bool out_bf16, cudaStream_t stream);
 
 // One layer of the paged KV pool, laid out like the CPU's (cpu::PagedKvLayer): block b is
 // [2 (K, V)][num_kv_heads][block_size][head_dim] of f32 or bf16.
@@ -46,13 +53,14 @@ struct KvLayerView {
   int32_t head_dim = 0;
 };
 
-// Writes the K and V rows of each token to its slot (slots[m] < 0: skipped).
-cudaError_t WriteKv(const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t M,
-                    const int64_t* slots, const KvLayerView& kv, cudaStream_t stream);
-
-// dst[i, :] = src[rows[i], :]; src rows have stride ld, dst is [n, D] contiguous.
-cudaError_t GatherRows(const float* src, int64_t ld, const int32_t* rows, int64_t n, int64_t D,
-                       float* dst, cudaStream_t stream);
+// The attention inputs of M tokens from their fused q/k/v projections `qkv` (f32 [M, ld]: q of
+// num_heads heads, then k and v of kv.num_kv_heads heads), in one kernel: `bias` (f32 [q + 2 kv]
+// or null) is added to all three; q and k are rotated (rotate_half, the CPU's ApplyRope) at
+// `positions` with cos_sin (f32 [max_pos][head_dim / 2][2], model/rope.h), q in place; k and v
+// are written to each token's KV slot (the CPU's WriteKv; slots[m] < 0: not written).
+cudaError_t RopeWriteKv(float* qkv, int64_t ld, int64_t M, int64_t num_heads,
+                        const int32_t* positions, const float* cos_sin, const float* bias,
+                        const int64_t* slots, const KvLayerView& kv, cudaStream_t stream);
 
 // Splits f32 activations into bf16 for tensor-core products: out[m, :] = bf16(x[m, :]) and, with
 // `with_low`, out[M + m, :] = bf16(x[m, :] - out[m, :]), so that hi + lo carries ~16 mantissa
@@ -60,13 +68,36 @@ cudaError_t GatherRows(const float* src, int64_t ld, const int32_t* rows, int64_
 cudaError_t SplitToBf16(const float* x, int64_t M, int64_t K, int64_t ldx, bool with_low,
                         uint16_t* out, cudaStream_t stream);
 
-// y[m, n] = y2[m, n] + y2[M + m, n] (+ bias[n]); y2 is [2M, N] contiguous, y has row stride ldy.
-cudaError_t CombineSplit(const float* y2, int64_t M, int64_t N, const float* bias, float* y,
-                         int64_t ldy, cudaStream_t stream);
+// y[m, n] = y2[m, n] + y2[M + m, n]; y2 is [2M, N] contiguous, y has row stride ldy.
+cudaError_t CombineSplit(const float* y2, int64_t M, int64_t N, float* y, int64_t ldy,
+                         cudaStream_t stream);
 
-// y[m, n] += bias[n].
-cudaError_t AddBias(float* y, int64_t M, int64_t N, int64_t ldy, const float* bias,
-                    cudaStream_t stream);
+// ---- GEMV / skinny GEMM (gemv_kernels.cu) ----
+
+// Rows of activations a Gemv call takes at most.
+inline constexpr int kGemvMaxRows = 8;
+
+// y[m, j] = sum_k x[m, k] * w[j, k] (+ bias[j]) for m < rows, j < n, with bf16 weights, f32
+// accumulation, each weight row read once for all rows. With silu_mul, w holds 2n rows (gate
+// rows then up rows) and y[m, j] = silu(gate_j . x_m) * (up_j . x_m) (no bias).
+struct GemvArgs {
+  const void* x = nullptr;  // [rows, k], row stride ldx: bf16 (x_bf16) or f32
+  int64_t ldx = 0;
+  bool x_bf16 = false;
+  int32_t rows = 0;             // 1 .. kGemvMaxRows
+  const uint16_t* w = nullptr;  // bf16 [n or 2n, k], row stride k
+  int64_t n = 0;
+  int64_t k = 0;
+  const float* bias = nullptr;  // [n] or null
+  void* y = nullptr;            // [rows, n], row stride ldy: bf16 (y_bf16) or f32
+  int64_t ldy = 0;
+  bool y_bf16 = false;
+  bool silu_mul = false;
+};
+// cudaErrorInvalidValue for more than kGemvMaxRows rows or a bias with silu_mul.
+cudaError_t Gemv(const GemvArgs& args, cudaStream_t stream);
+// Whether the call takes the 128-bit path (k % 8 == 0 and 16-byte aligned x, w and x rows).
+bool GemvVectorized(const GemvArgs& args);
 
 // ---- Paged attention ----
 
@@ -99,22 +130,35 @@ struct CombineItem {
   int32_t reserved = 0;
 };
 
+// What varies from step to step and is read by the attention kernels from device memory (so a
+// captured graph serves every step of its shape): items and merges to run, block-table stride.
+struct AttentionCounts {
+  int32_t num_items = 0;
+  int32_t num_combines = 0;
+  int32_t table_stride = 0;
+  int32_t reserved = 0;
+};
+
 struct AttentionArgs {
   const float* q = nullptr;  // [T, num_heads * head_dim], row stride ldq
   int64_t ldq = 0;
-  float* out = nullptr;  // [T, num_heads * head_dim], row stride ldo
+  void* out = nullptr;  // [T, num_heads * head_dim], row stride ldo: f32, or bf16 with out_bf16
   int64_t ldo = 0;
+  bool out_bf16 = false;
   int32_t num_heads = 0;
   KvLayerView kv;
-  const int32_t* block_tables = nullptr;  // [rows, table_stride]
-  int32_t table_stride = 0;
-  const int32_t* context_lens = nullptr;  // [T]: token attends to positions [0, len); 0: none
-  int32_t sliding_window = 0;             // > 0: only the last `sliding_window` positions
-  const AttentionItem* items = nullptr;
-  int32_t num_items = 0;
-  int32_t max_tile_rows = 0;  // max over items of num_tokens * (num_heads / num_kv_heads)
-  const CombineItem* combines = nullptr;
-  int32_t num_combines = 0;
+  const int32_t* block_tables = nullptr;    // [rows, counts->table_stride]
+  const int32_t* context_lens = nullptr;    // [T]: token attends to positions [0, len); 0: none
+  int32_t sliding_window = 0;               // > 0: only the last `sliding_window` positions
+  const AttentionCounts* counts = nullptr;  // device memory
+  const AttentionItem* items = nullptr;     // [counts->num_items]
+  const CombineItem* combines = nullptr;    // [counts->num_combines]
+  // Blocks launched along the items (block i runs items i, i + grid_items, ...; 0: nothing is
+  // launched) and along the merges (0: no merge kernel). A step's own counts, or fixed sizes
+  // for a captured graph.
+  int32_t grid_items = 0;
+  int32_t grid_combines = 0;
+  int32_t max_tile_rows = 0;     // max over items of num_tokens * (num_heads / num_kv_heads)
   float* partial_out = nullptr;  // [slots][kMaxAttentionSplits][num_heads][head_dim]
   float* partial_ml = nullptr;   // [slots][kMaxAttentionSplits][num_heads][2] (max, sum)
 };

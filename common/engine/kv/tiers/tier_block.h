@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 
 namespace tandem {
 

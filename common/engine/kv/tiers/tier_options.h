@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 #include "common/metrics/kv_tier_hooks.h"
 
 namespace tandem {

@@ -404,3 +404,68 @@ TEST(CompileServiceTest, ConcurrentSubmitsCancelsAndDecoding) {
 
 }  // namespace
 }  // namespace tandem::grammar
+
+namespace tandem::grammar {
+namespace {
+
+// Tasks (the engine's expensive token masks) share the tenants' queues and the budget: a
+// flooding tenant's tasks wait behind its own, a task past the budget is cut with an error
+// IsBudgetExceeded recognises, and a cancelled running task stops.
+TEST(CompileServiceTest, TasksRunOnTheTenantsTurnWithinTheBudget) {
+  GrammarCompileServiceOptions options;
+  options.threads = 1;
+  options.budget_ms = 100;
+  GrammarCompileService service(NewCompiler(), options);
+  // A task that spins until its budget stops it.
+  auto spin = [](CompileBudget* budget) {
+    while (true) {
+      if (absl::Status st = budget->Check(); !st.ok()) return st;
+    }
+  };
+  auto hog = service.SubmitTask("a", "spinning", spin);
+  ASSERT_TRUE(WaitFor([&] { return service.stats().running == 1; }, 60));
+  auto hog2 = service.SubmitTask("a", "spinning", spin);
+  std::atomic<bool> hog2_done_first{true};
+  auto small = service.SubmitTask("b", "a small task", [&](CompileBudget*) {
+    hog2_done_first = hog2->ready();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(WaitFor([&] { return hog->ready() && hog2->ready() && small->ready(); }, 60));
+  EXPECT_TRUE(small->result().ok()) << small->result().status();
+  EXPECT_EQ(small->result().value(), nullptr);
+  EXPECT_FALSE(hog2_done_first) << "b's task waited only for the one running, not a's queue";
+  ASSERT_FALSE(hog->result().ok());
+  EXPECT_TRUE(IsBudgetExceeded(hog->result().status())) << hog->result().status();
+  EXPECT_NE(hog->result().status().message().find("spinning took more than its budget of 100 ms"),
+            std::string::npos)
+      << hog->result().status();
+  const GrammarCompileServiceStats s = service.stats();
+  EXPECT_EQ(s.tasks, 3);
+  EXPECT_EQ(s.tasks_failed, 2);
+  EXPECT_EQ(s.tasks_budget_exceeded, 2);
+  EXPECT_EQ(s.compiles, 0);
+
+  // Cancelling a running task stops it at its next check, long before its budget.
+  GrammarCompileServiceOptions unlimited;
+  unlimited.threads = 1;
+  unlimited.budget_ms = 0;
+  GrammarCompileService forever(NewCompiler(), unlimited);
+  std::atomic<bool> started{false};
+  std::atomic<bool> stopped{false};
+  auto running = forever.SubmitTask("a", "spinning", [&](CompileBudget* budget) {
+    started = true;
+    absl::Status st;
+    while ((st = budget->Check()).ok()) {
+    }
+    stopped = true;
+    return st;
+  });
+  ASSERT_TRUE(WaitFor([&] { return started.load(); }, 60));
+  running->Cancel();
+  EXPECT_EQ(running->result().status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(WaitFor([&] { return stopped.load(); }, 60));
+  EXPECT_FALSE(IsBudgetExceeded(running->result().status()));
+}
+
+}  // namespace
+}  // namespace tandem::grammar

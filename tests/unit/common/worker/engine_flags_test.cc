@@ -68,7 +68,9 @@ TEST(EngineFlagsTest, UsageShowsTheOptionsDefaults) {
   flags.Register(&set);
   const std::string usage = set.Usage();
   EXPECT_NE(usage.find("--kv-cache-memory"), std::string::npos);
-  EXPECT_NE(usage.find("(default: 1GiB)"), std::string::npos);
+  // 0: the device's own default pool (1GiB on cpu, the --gpu-memory-utilization share on cuda).
+  EXPECT_NE(usage.find("on cuda what --gpu-memory-utilization leaves (default: 0)"),
+            std::string::npos);
   EXPECT_NE(usage.find("(default: fcfs)"), std::string::npos);
   EXPECT_NE(usage.find("(default: 512)"), std::string::npos);  // max-num-batched-tokens
   EXPECT_NE(usage.find("(default: 0.9)"), std::string::npos);  // gpu-memory-utilization

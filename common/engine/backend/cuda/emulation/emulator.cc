@@ -76,8 +76,12 @@ std::mutex g_mutex;  // one grid at a time, process-wide
 Run* g_run = nullptr;
 
 [[noreturn]] void Fail(const char* what) {
-  std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u)\n", what, g_run->block_idx.x,
-               g_run->block_idx.y, g_run->block_idx.z);
+  if (g_run == nullptr) {
+    std::fprintf(stderr, "CUDA emulator: %s\n", what);
+  } else {
+    std::fprintf(stderr, "CUDA emulator: %s (block %u,%u,%u thread %d)\n", what, g_run->block_idx.x,
+                 g_run->block_idx.y, g_run->block_idx.z, g_run->current);
+  }
   std::abort();
 }
 
@@ -255,6 +259,14 @@ float WarpSum(float value) {
     std::memcpy(v, next, sizeof v);
   }
   return v[me - warp_base];
+}
+
+void CheckAligned(const void* p, size_t alignment, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % alignment == 0) return;
+  char message[128];
+  std::snprintf(message, sizeof message, "misaligned %s at %p (needs %zu-byte alignment)", what, p,
+                alignment);
+  Fail(message);
 }
 
 void* DynamicShared() { return g_run->smem.data(); }

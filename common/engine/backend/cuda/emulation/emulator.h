@@ -39,6 +39,8 @@ void SyncWarp();
 uint64_t WarpExchange(uint64_t value, int src_lane);
 // Sum over the warp by the xor-shuffle butterfly (lane masks 16, 8, 4, 2, 1), in two barriers.
 float WarpSum(float value);
+// Aborts (a GPU faults) when `p` is not a multiple of `alignment` bytes.
+void CheckAligned(const void* p, size_t alignment, const char* what);
 // The block's dynamic shared memory (poisoned with 0xff bytes when each block starts).
 void* DynamicShared();
 

@@ -2,11 +2,13 @@
 // `stop` when the grammar is complete, and greedy constrained output is identical across batching,
 // chunked prefill, prefix caching, preemption, disaggregation, speculation and mask overlap.
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/engine/engine.h"
@@ -27,7 +29,7 @@ struct Config {
   int64_t blocks = 512;
   int64_t max_batched = 2048;
   bool prefix_cache = true;
-  bool overlap = true;
+  int64_t mask_inline_us = 2000;
   SpecOptions spec;
 };
 
@@ -40,7 +42,7 @@ std::unique_ptr<Engine> MakeEngine(const Config& c = {}) {
   b.threads = 1;
   b.engine.spec = c.spec;
   b.engine.enable_prefix_cache = c.prefix_cache;
-  b.engine.overlap_grammar_masks = c.overlap;
+  b.engine.grammar_mask_inline_us = c.mask_inline_us;
   b.engine.scheduler.max_num_batched_tokens = c.max_batched;
   auto built = BuildEngine(b);
   EXPECT_TRUE(built.ok()) << built.status();
@@ -88,8 +90,17 @@ struct Result {
 };
 using Results = std::map<std::string, Result>;
 
+// Work to step, or a constrained request waiting for its grammar off the engine loop.
+bool Busy(Engine& e) {
+  if (e.HasWork()) return true;
+  const EngineStats s = e.stats();
+  if (s.grammar_compile_waiting + s.grammar_mask_waiting == 0) return false;
+  std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return true;
+}
+
 Results Drain(Engine& e, Results out = {}) {
-  while (e.HasWork()) {
+  while (Busy(e)) {
     for (const auto& u : e.Step()) {
       EXPECT_TRUE(u.status.ok()) << u.status;
       Result& r = out[u.request_id + "/" + std::to_string(u.index)];
@@ -227,9 +238,19 @@ TEST_F(EngineGrammarTest, BadConstraintsAreInvalidArgument) {
     grammar::Constraint c;
     c.kind = kind;
     c.value = value;
-    auto st = e->AddRequest(Request(0, 0.0f, c));
+    // Compiled off the engine loop: the request is refused at once when the compile ended
+    // first (a small grammar), else it ends with the compiler's error.
+    absl::Status st = e->AddRequest(Request(0, 0.0f, c));
+    while (st.ok() && Busy(*e)) {
+      for (const auto& u : e->Step()) {
+        EXPECT_TRUE(u.new_tokens.empty());
+        if (u.finished) st = u.status;
+      }
+    }
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << value << ": " << st;
   }
+  EXPECT_EQ(e->stats().grammar_invalid, 4);
+  EXPECT_EQ(e->stats().kv_blocks_used, 0);
   // Still serving.
   Results out = RunAll(*e, {Request(1, 0.0f, SchemaConstraint())});
   EXPECT_EQ(out.size(), 1u);
@@ -257,9 +278,11 @@ TEST_F(EngineGrammarTest, GreedyIdenticalAcrossServingModes) {
   Config chunked;
   chunked.max_batched = 8;  // chunked prefill, few rows per step
   EXPECT_EQ(RunAll(*MakeEngine(chunked), reqs), want) << "chunked prefill";
-  Config no_overlap;
-  no_overlap.overlap = false;
-  EXPECT_EQ(RunAll(*MakeEngine(no_overlap), reqs), want) << "masks inline";
+  Config off_loop;  // every uncached mask computed by a compile worker while its sequence waits
+  off_loop.mask_inline_us = 0;
+  auto oe = MakeEngine(off_loop);
+  EXPECT_EQ(RunAll(*oe, reqs), want) << "masks off the engine loop";
+  EXPECT_GT(oe->stats().grammar_masks_deferred, 0);
   {
     Config cached;  // the same prompts twice: the second round hits the prefix cache
     auto e = MakeEngine(cached);
@@ -316,7 +339,7 @@ TEST_F(EngineGrammarTest, DisaggregationCarriesTheConstraint) {
     pr.export_hooks = hooks;
     ASSERT_TRUE(p->AddRequest(pr).ok());
     std::vector<int32_t> first;
-    while (p->HasWork()) {
+    while (Busy(*p)) {
       for (const auto& u : p->Step())
         first.insert(first.end(), u.new_tokens.begin(), u.new_tokens.end());
     }

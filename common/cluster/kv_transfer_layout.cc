@@ -1,4 +1,4 @@
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 
 #include "absl/strings/str_cat.h"
 

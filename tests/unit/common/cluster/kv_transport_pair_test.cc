@@ -2,7 +2,7 @@
 // across GPUs (NCCL refuses two ranks on one GPU), tcp between host-memory workers; pairs that
 // share no usable transport are refused naming both sides and why.
 
-#include "common/base/kv_transport_pair.h"
+#include "common/cluster/kv_transport_pair.h"
 
 #include <string>
 

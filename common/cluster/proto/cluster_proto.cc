@@ -1,4 +1,4 @@
-#include "common/rpc/kv_layout_info.h"
+#include "common/cluster/proto/cluster_proto.h"
 
 #include <string>
 
@@ -28,6 +28,10 @@ absl::StatusOr<KvLayout> KvLayoutFromInfo(const v1::KvLayoutInfo& info) {
   layout.kv_dtype = *kv_dtype;
   layout.protocol_version = info.protocol_version();
   return layout;
+}
+
+KvTransportPeer KvTransportPeerFromInfo(const std::string& address, const v1::WorkerInfo& info) {
+  return {info.role(), address, info.kv_transport(), info.kv_device()};
 }
 
 }  // namespace tandem

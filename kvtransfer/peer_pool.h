@@ -1,14 +1,14 @@
 #pragma once
 
-// The bound on communicators (each holds device memory and NCCL resources): when a pool is
-// full, the least recently used entry that is idle makes room; if none is idle the caller
-// refuses the new peer (RESOURCE_EXHAUSTED).
+// The bound on peers of the device transports (an nccl communicator holds device memory and
+// NCCL resources): when a pool is full, the least recently used entry that is idle makes room;
+// if none is idle the caller refuses the new peer (RESOURCE_EXHAUSTED).
 
 #include <memory>
 
 #include "absl/time/time.h"
 
-namespace tandem::kvtransfer::nccl {
+namespace tandem::kvtransfer {
 
 // `Map` maps keys to std::shared_ptr<T>, T having `absl::Time last_used() const` and
 // `bool idle() const`.
@@ -23,4 +23,4 @@ typename Map::iterator PickVictim(Map& m) {
   return victim;
 }
 
-}  // namespace tandem::kvtransfer::nccl
+}  // namespace tandem::kvtransfer

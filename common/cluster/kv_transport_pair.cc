@@ -1,4 +1,4 @@
-#include "common/base/kv_transport_pair.h"
+#include "common/cluster/kv_transport_pair.h"
 
 #include <algorithm>
 

@@ -4,7 +4,7 @@
 // handshake compares (kvtransfer) and what the router compares when it registers a worker, with
 // one compatibility check so both refuse the same pairs with the same words. A worker builds it
 // from its engine's KV pool (common/worker/backend_regions.h, LayoutOf); the router gets it from
-// the worker's v1::KvLayoutInfo (common/rpc/kv_layout_info.h, which also writes it).
+// the worker's v1::KvLayoutInfo (common/cluster/proto/cluster_proto.h, which also writes it).
 
 #include <cstddef>
 #include <cstdint>

@@ -1,12 +1,12 @@
 // The one KV layout type: region sizes, the compatibility check the KV transport and the router
 // share, validation and KV dtype names.
 
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 
 #include <string>
 
 #include "gtest/gtest.h"
-#include "tests/unit/common/base/kv_layout_test_util.h"
+#include "tests/unit/common/cluster/kv_layout_test_util.h"
 
 namespace tandem {
 namespace {

@@ -2,7 +2,7 @@
 
 // A small KV layout for tests of the layout check, the transports and the router.
 
-#include "common/base/kv_transfer_layout.h"
+#include "common/cluster/kv_transfer_layout.h"
 
 namespace tandem::testing {
 

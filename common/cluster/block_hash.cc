@@ -1,4 +1,4 @@
-#include "common/base/block_hash.h"
+#include "common/cluster/block_hash.h"
 
 namespace tandem {
 namespace {

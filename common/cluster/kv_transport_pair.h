@@ -3,7 +3,7 @@
 // Which KV transport a prefill worker (sender) and a decode worker (receiver) use, decided from
 // what each advertises (WorkerInfo.kv_transport, kv_device): the router's registration check and
 // its choice per transfer (PrefillRequest.target.kv_transport) both come from here, so they
-// agree. The router links no kvtransfer code, hence common/base.
+// agree. The router links no kvtransfer code, hence this module (common/cluster).
 //
 // A worker speaks one transport ("tcp", "nccl", "cuda-ipc") or, with `--kv-transport auto` on a
 // GPU, several ("nccl,cuda-ipc": kvtransfer/multi). Rules for a pair:

@@ -1,0 +1,2 @@
+// gemv_kernels.cu compiled by the host compiler against the CPU emulator.
+#include "common/engine/backend/cuda/gemv_kernels.cu"
