@@ -184,7 +184,7 @@ struct EngineStats {
   int64_t grammar_queued = 0;
   int64_t grammar_running = 0;
   int64_t grammar_memory_bytes = 0;
-  KvTierStats kv_tiers;                // KV cache tiers (enabled false: none)
+  KvTierStats kv_tiers;  // KV cache tiers (enabled false: none)
 };
 
 }  // namespace tandem
