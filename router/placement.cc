@@ -23,6 +23,7 @@ std::vector<RouteCandidate> RouteCandidates(const std::vector<std::shared_ptr<Wo
     RouteCandidate x;
     x.worker = w;
     x.cached_blocks = w->CachedPrefix(hashes, now);
+    w->TieredPrefix(hashes, &x);
     x.load_blocks = w->inflight_blocks.load();
     c.push_back(std::move(x));
   }

@@ -15,7 +15,8 @@ namespace tandem {
 // `request`: the keys its prefix cache is looked up by.
 std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& request, int64_t block_size);
 
-// One candidate per worker: its cached prefix of `hashes` at `now` and its load in KV blocks.
+// One candidate per worker: its cached prefix of `hashes` at `now` (in its pool, then in its KV
+// cache tiers, with their measured costs) and its load in KV blocks.
 std::vector<RouteCandidate> RouteCandidates(const std::vector<std::shared_ptr<Worker>>& workers,
                                             const std::vector<uint64_t>& hashes, absl::Time now);
 

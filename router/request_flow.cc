@@ -95,9 +95,13 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
   chosen.worker->NoteRouted(hashes, now + o.routing.pending_block_ttl);
   host_->RecordDecision(choice.reason);
 
-  // Conditional disaggregation.
+  // Conditional disaggregation. Blocks the decode worker holds in its KV cache tiers count as
+  // cached by what loading them saves (TierCredit): a prompt mostly held there is loaded and
+  // finished locally rather than prefilled again remotely.
   const int64_t total = leg.prompt_token_ids_size() + leg.prior_output_token_ids_size();
-  const int64_t uncached = total - chosen.cached_blocks * block_size;
+  const int64_t uncached = total - static_cast<int64_t>((static_cast<double>(chosen.cached_blocks) +
+                                                         TierCredit(o.routing, chosen)) *
+                                                        static_cast<double>(block_size));
   bool remote = !force_local && uncached >= o.disagg_min_uncached_tokens;
   if (remote) {
     bool any_free = false;

@@ -23,6 +23,12 @@ void RouterFlags::Register(FlagSet* f) {
   f->Double("w-overlap", &routing.w_overlap, "prefix_affinity weight of uncached prompt blocks");
   f->Double("w-load", &routing.w_load, "prefix_affinity weight of a worker's active blocks");
   f->Double("max-imbalance", &routing.max_imbalance, "active-block ratio bound between workers");
+  f->Double("unmeasured-tier-credit", &routing.unmeasured_tier_credit,
+            "prefix_affinity: what a prompt block in a worker's KV cache tier (host, disk) counts "
+            "as, in pool hits, until the worker has measured its load and prefill costs (0: "
+            "nothing)");
+  f->Bool("no-tier-affinity", &routing.no_tier_credit,
+          "prefix_affinity counts only blocks in workers' pools, not in their KV cache tiers");
   f->Int("disagg-min-uncached-tokens", &cluster.disagg_min_uncached_tokens,
          "shorter uncached prompt parts are prefilled on the decode worker");
   f->Int("max-prefills-per-worker", &cluster.max_prefills_per_worker,

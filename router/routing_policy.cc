@@ -27,6 +27,20 @@ const char* RoutingPolicyName(RoutingPolicy policy) {
   return "?";
 }
 
+double TierCredit(const RoutingOptions& o, const RouteCandidate& c) {
+  double credit = 0;
+  if (o.no_tier_credit) return 0;
+  for (int t = 0; t < 2; ++t) {
+    if (c.tier_blocks[t] == 0) continue;
+    double per_block = o.unmeasured_tier_credit;
+    if (c.tier_load_seconds[t] > 0 && c.prefill_seconds_per_block > 0) {
+      per_block = std::max(0.0, 1.0 - c.tier_load_seconds[t] / c.prefill_seconds_per_block);
+    }
+    credit += per_block * static_cast<double>(c.tier_blocks[t]);
+  }
+  return credit;
+}
+
 RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandidate>& c,
                          int64_t prompt_blocks, std::atomic<uint64_t>* counter) {
   RouteChoice choice;
@@ -56,17 +70,21 @@ RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandida
   const double bound = o.max_imbalance * static_cast<double>(min_load) +
                        static_cast<double>(o.imbalance_slack_blocks);
   double best_cost = std::numeric_limits<double>::infinity();
-  int64_t max_cached = 0, min_cached = std::numeric_limits<int64_t>::max();
-  int64_t max_cached_in_bound = 0;
+  // Cached prefix per candidate: pool blocks plus what its tier blocks are worth.
+  std::vector<double> cached(n);
+  for (int i = 0; i < n; ++i) {
+    cached[i] = static_cast<double>(c[i].cached_blocks) + TierCredit(o, c[i]);
+  }
+  double max_cached = 0, min_cached = std::numeric_limits<double>::infinity();
+  double max_cached_in_bound = 0;
   const uint64_t start = counter->fetch_add(1);
   for (int k = 0; k < n; ++k) {
     const int i = static_cast<int>((start + k) % n);
-    max_cached = std::max(max_cached, c[i].cached_blocks);
-    min_cached = std::min(min_cached, c[i].cached_blocks);
+    max_cached = std::max(max_cached, cached[i]);
+    min_cached = std::min(min_cached, cached[i]);
     if (static_cast<double>(c[i].load_blocks) > bound) continue;
-    max_cached_in_bound = std::max(max_cached_in_bound, c[i].cached_blocks);
-    const double uncached =
-        static_cast<double>(std::max<int64_t>(0, prompt_blocks - c[i].cached_blocks));
+    max_cached_in_bound = std::max(max_cached_in_bound, cached[i]);
+    const double uncached = std::max(0.0, static_cast<double>(prompt_blocks) - cached[i]);
     const double cost = o.w_overlap * uncached + o.w_load * static_cast<double>(c[i].load_blocks);
     if (cost < best_cost) {
       best_cost = cost;
@@ -80,7 +98,7 @@ RouteChoice ChooseWorker(const RoutingOptions& o, const std::vector<RouteCandida
     choice.reason = routing_reason::kOnlyCandidate;
   } else if (max_cached_in_bound < max_cached) {
     choice.reason = routing_reason::kImbalanceBound;
-  } else if (c[choice.index].cached_blocks == max_cached && max_cached > min_cached) {
+  } else if (cached[choice.index] == max_cached && max_cached > min_cached) {
     choice.reason = routing_reason::kPrefixOverlap;
   } else {
     choice.reason = routing_reason::kLoadBalance;

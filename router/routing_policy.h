@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -36,13 +37,29 @@ struct RoutingOptions {
   // Prompt blocks of a routed request count as cached on its worker for this long, or until the
   // worker's KV events confirm or drop them (Worker::pending).
   absl::Duration pending_block_ttl = absl::Seconds(10);
+  // A prompt block a worker holds in a KV cache tier below its pool (host memory, disk) saves
+  // its prefill but costs a load: it counts as 1 - load/prefill of a pool hit, from the worker's
+  // own measurements of both (its tier's read cost per block, its prefill cost per block), at
+  // least 0. Until a worker has measured both, a tier block counts as this much.
+  double unmeasured_tier_credit = 0.5;
+  // Count tier blocks as nothing (the policy before tiers; for comparisons).
+  bool no_tier_credit = false;
 };
 
 struct RouteCandidate {
   std::shared_ptr<Worker> worker;
   int64_t cached_blocks = 0;  // leading prompt blocks in its prefix cache
   int64_t load_blocks = 0;    // active KV blocks (router's estimate)
+  // Prompt blocks right after the cached ones that the worker holds in its KV cache tiers
+  // (index: host memory, disk; Worker::TieredPrefix), and the worker's measured costs: seconds
+  // to load a block from each tier, seconds to prefill one (0: not measured yet).
+  std::array<int64_t, 2> tier_blocks = {0, 0};
+  std::array<double, 2> tier_load_seconds = {0, 0};
+  double prefill_seconds_per_block = 0;
 };
+
+// What `c`'s tier blocks are worth in pool hits (RoutingOptions::unmeasured_tier_credit).
+double TierCredit(const RoutingOptions& options, const RouteCandidate& c);
 
 struct RouteChoice {
   int index = -1;  // -1: no candidate
@@ -52,8 +69,9 @@ struct RouteChoice {
 };
 
 // Picks among candidates. Deterministic given the inputs and the counter. Reasons: no_worker
-// (no candidate), only_candidate, round_robin, least_loaded; prefix_affinity: prefix_overlap (the
-// winner has the longest cached prefix, longer than some other's), imbalance_bound (a longer
+// (no candidate), only_candidate, round_robin, least_loaded; prefix_affinity (a cached prefix
+// counts its pool blocks plus TierCredit): prefix_overlap (the winner has the longest cached
+// prefix, longer than some other's), imbalance_bound (a longer
 // overlap sat on a worker over the imbalance bound), load_balance (overlaps tied or none, or
 // load outweighed a longer overlap).
 RouteChoice ChooseWorker(const RoutingOptions& options, const std::vector<RouteCandidate>& c,

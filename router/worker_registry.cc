@@ -11,6 +11,7 @@
 #include "common/cluster/proto/cluster_proto.h"
 #include "common/rpc/call_auth.h"
 #include "common/rpc/callback_cq.h"
+#include "router/routing_policy.h"
 
 namespace tandem {
 
@@ -35,6 +36,15 @@ class WatchStream : public grpc::ClientReadReactor<v1::WorkerStats> {
       if (message_.snapshot()) {
         worker_->cached.clear();
         worker_->pending.clear();
+        for (auto& t : worker_->tiered) t.clear();
+      }
+      for (v1::KvTierEvents& e : *message_.mutable_tier_events()) {
+        if (e.medium() != v1::KV_MEDIUM_HOST && e.medium() != v1::KV_MEDIUM_DISK) continue;
+        auto& tier = worker_->tiered[e.medium() == v1::KV_MEDIUM_HOST ? 0 : 1];
+        for (uint64_t h : e.stored_block_hashes()) tier.insert(h);
+        for (uint64_t h : e.removed_block_hashes()) tier.erase(h);
+        e.clear_stored_block_hashes();
+        e.clear_removed_block_hashes();
       }
       for (uint64_t h : message_.stored_block_hashes()) {
         worker_->cached.insert(h);
@@ -76,6 +86,26 @@ int64_t Worker::CachedPrefix(const std::vector<uint64_t>& hashes, absl::Time now
     if (it == pending.end() || it->second <= now) break;
   }
   return n;
+}
+
+void Worker::TieredPrefix(const std::vector<uint64_t>& hashes, RouteCandidate* c) const {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const v1::KvTierEvents& e : stats.tier_events()) {
+    if (e.medium() == v1::KV_MEDIUM_HOST) c->tier_load_seconds[0] = e.load_seconds_per_block();
+    if (e.medium() == v1::KV_MEDIUM_DISK) c->tier_load_seconds[1] = e.load_seconds_per_block();
+  }
+  c->prefill_seconds_per_block = stats.prefill_seconds_per_block();
+  if (tiered[0].empty() && tiered[1].empty()) return;
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(0, c->cached_blocks)); i < hashes.size();
+       ++i) {
+    if (tiered[0].count(hashes[i]) != 0) {
+      ++c->tier_blocks[0];
+    } else if (tiered[1].count(hashes[i]) != 0) {
+      ++c->tier_blocks[1];
+    } else {
+      break;
+    }
+  }
 }
 
 void Worker::NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry) {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -24,6 +25,7 @@
 namespace tandem {
 
 class WatchStream;
+struct RouteCandidate;  // routing_policy.h
 
 // A worker as the router sees it. Immutable after registration except where noted.
 struct Worker {
@@ -44,6 +46,9 @@ struct Worker {
   mutable std::mutex mu;
   v1::WorkerStats stats;
   std::unordered_set<uint64_t> cached;
+  // Blocks it holds in the KV cache tiers below its pool (index: host memory, local disk), from
+  // the same stream; `stats` keeps the tiers' measured costs (tier_events without hashes).
+  std::array<std::unordered_set<uint64_t>, 2> tiered;
   // Blocks of requests routed here whose KV events have not arrived yet (hash -> expiry). They
   // count as cached so that a burst of requests sharing a new prefix follows the first one
   // instead of spreading before the worker reports the blocks; a stored or removed event, a
@@ -55,6 +60,10 @@ struct Worker {
   // Leading blocks of `hashes` this worker holds in its prefix cache, counting pending blocks
   // that have not expired by `now`.
   int64_t CachedPrefix(const std::vector<uint64_t>& hashes, absl::Time now) const;
+  // Fills `c`'s tier fields: the blocks of `hashes` from c->cached_blocks on that its tiers hold
+  // (up to the first no tier holds, as a load stops there; a block in both counts as host) and
+  // the measured costs.
+  void TieredPrefix(const std::vector<uint64_t>& hashes, RouteCandidate* c) const;
   // Marks `hashes` pending until `expiry` (a request with these prompt blocks was routed here).
   void NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry);
 };

@@ -115,6 +115,9 @@ absl::Status ClusterSupervisor::Launch(const std::string& role, int count,
     child.role = role;
     child.index = index++;
     child.args = args;
+    if (options_.child_args) {
+      for (std::string& a : options_.child_args(role, child.index)) child.args.push_back(a);
+    }
     if (auto st = Spawn(child, timeout); !st.ok()) return st;
     TLOG(INFO) << "started " << role << " worker pid " << child.pid << " on port " << child.port
                << (options_.metrics ? absl::StrCat(" (metrics on port ", child.metrics_port, ")")

@@ -21,6 +21,9 @@ struct ClusterSupervisorOptions {
   // Environment variables ("NAME=value") a child gets on top of this process's, by role and
   // index (unset: none).
   std::function<std::vector<std::string>(const std::string& role, int index)> child_env;
+  // Arguments a child gets after the role's, by role and index (unset: none); a restarted child
+  // gets the same ones (e.g. its own --kv-offload-dir, whose blocks it then finds again).
+  std::function<std::vector<std::string>(const std::string& role, int index)> child_args;
 };
 
 // Runs the worker processes of a local cluster (`tandem serve --prefill-workers N

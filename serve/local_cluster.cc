@@ -2,6 +2,7 @@
 // workers run as child `tandem prefill|decode` processes on loopback (ClusterSupervisor); the
 // router runs in this process.
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -75,6 +76,29 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
     };
   }
 #endif
+  // Each worker keeps its KV offload tier in a directory of its own under --kv-offload-dir
+  // (DIR/prefill-0, DIR/decode-1, ...): a disk tier serves one process (its lock refuses a
+  // second), and a restarted worker finds its own blocks again. Sizes are per worker.
+  const std::string offload_dir = flags.engine.options.engine.kv_tiers.disk_dir;
+  if (!offload_dir.empty()) {
+    if (::mkdir(offload_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      TLOG(ERROR) << "cannot create --kv-offload-dir " << offload_dir << ": "
+                  << std::strerror(errno);
+      return 1;
+    }
+    struct stat st;
+    if (::stat(offload_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+        (st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+      TLOG(ERROR) << "--kv-offload-dir " << offload_dir
+                  << " must be a directory of this user that others cannot write";
+      return 2;
+    }
+    supervisor_options.child_args = [offload_dir](const std::string& role, int index) {
+      return std::vector<std::string>{
+          absl::StrCat("--kv-offload-dir=", offload_dir, "/", role, "-", index)};
+    };
+    flags.engine.options.engine.kv_tiers.disk_dir.clear();
+  }
   ClusterSupervisor supervisor(supervisor_options);
   std::vector<std::string> args = flags.engine.ToArgs();
   if (flags.server.log_json) args.push_back("--log-json");

@@ -36,6 +36,9 @@ int RunServe(int argc, char** argv) {
             "cluster mode: shorter uncached prompt parts are prefilled on the decode worker");
   flags.Int("max-prefills-per-worker", &sf.router.cluster.max_prefills_per_worker,
             "cluster mode: prefill workers above this many prefills in flight are saturated");
+  flags.Bool("no-tier-affinity", &sf.router.cluster.routing.no_tier_credit,
+             "cluster mode: prefix affinity counts only blocks in workers' pools, not in their KV "
+             "cache tiers (for comparisons)");
   flags.Bool("no-layerwise-push", &sf.no_layerwise_push,
              "cluster mode: prefill workers send the KV after the prompt, not layer by layer");
   flags.Double("prefill-timeout", &sf.router.prefill_timeout_s,

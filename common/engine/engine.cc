@@ -10,6 +10,7 @@
 #include "common/engine/engine_core.h"
 #include "common/engine/grammar_feature.h"
 #include "common/engine/spec_feature.h"
+#include "common/engine/tier_feature.h"
 
 namespace tandem {
 
@@ -47,6 +48,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   e->spec_ = spec.get();
   e->core_->AddFeature(std::move(spec));
   e->core_->AddFeature(std::make_unique<GrammarFeature>());
+  if (options.kv_tiers.enabled()) {
+    // KV cache tiers (tier_feature.h): after the built-in features, so a request a feature holds
+    // from admission is not looked up until it waits in the queue.
+    if (!options.enable_prefix_cache) {
+      return absl::InvalidArgumentError("KV offload tiers need the prefix cache");
+    }
+    if (e->core_->backend().kv_spec().windowed()) {
+      return absl::InvalidArgumentError(
+          "KV offload tiers do not support the sliding-window KV layout yet");
+    }
+    auto store = KvTierStore::Create(options.kv_tiers);
+    if (!store.ok()) return store.status();
+    auto tiers = std::make_unique<TierFeature>(std::move(store).value());
+    TierFeature* t = tiers.get();
+    e->core_->AddFeature(std::move(tiers));
+    t->Start();
+  }
   e->core_->AddExtensionFeatures();
   return e;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
+#include "common/engine/kv_fingerprint.h"
 #include "common/engine/model/quantize.h"
 #include "common/engine/spec/draft_proposer.h"
 #include "common/engine/spec/ngram_proposer.h"
@@ -291,9 +292,24 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   }
   const int64_t num_blocks = backend->kv_spec().num_blocks;
   const std::string backend_name = backend->name();
+  EngineOptions engine_options = options.engine;
+  if (engine_options.kv_tiers.enabled()) {
+    // Everything besides tokens and salt that changes a KV block's bytes.
+    std::vector<std::pair<std::string, std::string>> settings = {
+        {"weights", std::string(DTypeName(model->weight_dtype()))},
+        {"quantization", absl::StrCat(options.quantization, "/", options.quant_group_size, "/",
+                                      model->checkpoint_quant().MethodName())},
+        {"backend", *device == "cpu" ? std::string("cpu") : std::string("cuda")},
+    };
+    if (const auto* cpu = dynamic_cast<const CpuBackend*>(backend.get()); cpu != nullptr) {
+      for (auto& label : cpu->InfoLabels()) settings.push_back(std::move(label));
+    }
+    auto fingerprint = KvTierFingerprint(options.model_dir, backend->kv_spec(), settings);
+    if (!fingerprint.ok()) return fingerprint.status();
+    engine_options.kv_tiers.fingerprint = *fingerprint;
+  }
   auto proposer = BuildProposer(options, *model, num_blocks, load);
   if (!proposer.ok()) return proposer.status();
-  EngineOptions engine_options = options.engine;
   if (engine_options.grammar == nullptr) {
     // Structured output needs each token's bytes: from the model's tokenizer when it has one.
     auto grammar = LoadGrammarCompiler(options.model_dir);

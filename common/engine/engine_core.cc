@@ -43,7 +43,11 @@ EngineCore::EngineCore(const EngineOptions& options, std::shared_ptr<const Model
   seed_source_.Seed(seed);
 }
 
-EngineCore::~EngineCore() = default;
+EngineCore::~EngineCore() {
+  // Features go first: one may own threads that call wake() (KV tiers' loader) or may still use
+  // the pool and backend (flushing blocks to a lower tier).
+  features_.clear();
+}
 
 bool EngineCore::IsEos(int32_t token) const {
   return std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/engine/engine_faults.h"
 #include "common/engine/kv/kv_cache_manager.h"
+#include "common/engine/kv/tiers/tier_options.h"
 #include "common/engine/sampler/sampler.h"
 #include "common/engine/sampler/sampling_params.h"
 #include "common/engine/scheduler/scheduler.h"
@@ -59,6 +60,8 @@ struct EngineOptions {
   // called once per engine, after its KV cache manager exists and before its scheduler is
   // made. Null: none.
   EngineExtensionFactory extensions;
+  // KV cache tiers below the pool (host memory, local disk; tier_feature.h). Default: off.
+  KvTierOptions kv_tiers;
 };
 
 struct EngineRequest {
@@ -181,6 +184,7 @@ struct EngineStats {
   int64_t grammar_queued = 0;
   int64_t grammar_running = 0;
   int64_t grammar_memory_bytes = 0;
+  KvTierStats kv_tiers;  // KV cache tiers (enabled false: none)
 };
 
 }  // namespace tandem

@@ -1,5 +1,6 @@
 #include "common/worker/engine_flags.h"
 
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,10 @@ EngineFlags::EngineFlags()
     : kv_memory(FormatByteSize(options.kv_cache_bytes)),
       policy(NameOf(kPolicies, options.engine.scheduler.policy)),
       speculative_method(NameOf(kSpecMethods, options.engine.spec.method)),
+      kv_offload_host_memory(FormatByteSize(options.engine.kv_tiers.host_bytes)),
+      kv_offload_disk_size(FormatByteSize(options.engine.kv_tiers.disk_bytes)),
+      kv_offload_write_bandwidth(FormatByteSize(options.engine.kv_tiers.write_bytes_per_second)),
+      kv_offload_queue(FormatByteSize(options.engine.kv_tiers.write_queue_bytes)),
       no_prefix_cache(!options.engine.enable_prefix_cache),
       no_adaptive_speculation(!options.engine.spec.adaptive) {
   options.model_dir = DefaultModelDir();
@@ -101,6 +106,21 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("max-waiting", &o.engine.max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
   f->String("scheduling-policy", &policy, "fcfs or priority");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
+  f->String("kv-offload-host-memory", &kv_offload_host_memory,
+            "KV tiers: host memory for prefix blocks evicted from the pool, e.g. 8GiB (0: off). "
+            "On a GPU worker the tier below device memory; on a CPU worker, whose pool is host "
+            "memory already, a second-level host cache beside the pool");
+  f->String("kv-offload-dir", &o.engine.kv_tiers.disk_dir,
+            "KV tiers: a local directory private to this worker for evicted prefix blocks "
+            "(created 0700; survives restarts; one worker per directory: `serve --prefill-workers/"
+            "--decode-workers` gives each worker DIR/<role>-<index>). Empty: no disk tier");
+  f->String("kv-offload-disk-size", &kv_offload_disk_size,
+            "KV tiers: bytes of --kv-offload-dir to use at most (least recently used first out)");
+  f->String("kv-offload-write-bandwidth", &kv_offload_write_bandwidth,
+            "KV tiers: disk write-behind pace, bytes per second (0: unpaced)");
+  f->String("kv-offload-queue", &kv_offload_queue,
+            "KV tiers: write-behind queue bound in bytes; evicted blocks beyond it are dropped "
+            "(counted), never waited for");
   f->Int32("threads", &o.threads, "compute threads (0: one per core)");
   f->String("device", &o.device, "cpu, cuda, cuda:N or auto (cuda when a GPU is visible)");
   f->Double("gpu-memory-utilization", &o.gpu_memory_utilization,
@@ -138,6 +158,19 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
         "--speculative-method must be none, ngram or draft, got '", speculative_method, "'"));
   }
   o.engine.enable_prefix_cache = !no_prefix_cache;
+  for (const auto& [flag, text, out] :
+       {std::tuple{"--kv-offload-host-memory", &kv_offload_host_memory,
+                   &o.engine.kv_tiers.host_bytes},
+        std::tuple{"--kv-offload-disk-size", &kv_offload_disk_size, &o.engine.kv_tiers.disk_bytes},
+        std::tuple{"--kv-offload-write-bandwidth", &kv_offload_write_bandwidth,
+                   &o.engine.kv_tiers.write_bytes_per_second},
+        std::tuple{"--kv-offload-queue", &kv_offload_queue,
+                   &o.engine.kv_tiers.write_queue_bytes}}) {
+    auto size = ParseByteSize(*text);
+    if (!size.ok())
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", size.status().message()));
+    *out = *size;
+  }
   o.engine.spec.adaptive = !no_adaptive_speculation;
   return o;
 }
@@ -173,6 +206,13 @@ std::vector<std::string> EngineFlags::ToArgs() const {
   };
   if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
   if (no_prefix_cache) a.push_back("--no-prefix-cache");
+  a.push_back("--kv-offload-host-memory=" + kv_offload_host_memory);
+  if (!o.engine.kv_tiers.disk_dir.empty()) {
+    a.push_back("--kv-offload-dir=" + o.engine.kv_tiers.disk_dir);
+  }
+  a.push_back("--kv-offload-disk-size=" + kv_offload_disk_size);
+  a.push_back("--kv-offload-write-bandwidth=" + kv_offload_write_bandwidth);
+  a.push_back("--kv-offload-queue=" + kv_offload_queue);
   if (o.mmap_weights) a.push_back("--mmap-weights");
   return a;
 }

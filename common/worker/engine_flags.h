@@ -18,6 +18,11 @@ struct EngineFlags {
   std::string kv_memory;           // kv_cache_bytes as a size ("1GiB")
   std::string policy;              // options.engine.scheduler.policy by name
   std::string speculative_method;  // options.engine.spec.method by name
+  // KV cache tiers (options.engine.kv_tiers) as sizes.
+  std::string kv_offload_host_memory;
+  std::string kv_offload_disk_size;
+  std::string kv_offload_write_bandwidth;
+  std::string kv_offload_queue;
   bool no_prefix_cache = false;
   bool no_adaptive_speculation = false;
 

@@ -12,9 +12,16 @@ absl::StatusOr<std::unique_ptr<ServingEngine>> StartServingEngine(const EngineBu
                                                                   const std::string& spec_method,
                                                                   prometheus::Registry* registry,
                                                                   const std::string& role) {
-  auto built = BuildEngine(options);
-  if (!built.ok()) return built.status();
   auto s = std::make_unique<ServingEngine>();
+  EngineBuildOptions build = options;
+  if (build.engine.kv_tiers.enabled()) {
+    s->tier_metrics = std::make_unique<KvTierMetrics>(registry, role);
+    build.engine.kv_tiers.hooks = s->tier_metrics.get();
+    s->tier_events = std::make_unique<TierEventForwarder>(&s->events);
+    build.engine.kv_tiers.listener = s->tier_events.get();
+  }
+  auto built = BuildEngine(build);
+  if (!built.ok()) return built.status();
   s->model = built->model;
   s->backend = &built->engine->backend();
   s->max_model_len = built->engine->max_model_len();

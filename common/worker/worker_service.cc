@@ -26,6 +26,18 @@ v1::WorkerStats ToWorkerStats(const EngineStats& s) {
   out.set_steps(s.steps);
   out.set_awaiting_kv(s.num_awaiting_kv);
   out.set_kv_blocks_held(s.kv_blocks_held);
+  // KV cache tiers: one entry per tier on, with its measured read cost (the watch stream adds
+  // the tier's block events).
+  if (s.kv_tiers.enabled) {
+    for (int t = 0; t < 2; ++t) {
+      const KvTierCounters& c = s.kv_tiers.tier[t];
+      if (!c.enabled) continue;
+      v1::KvTierEvents* e = out.add_tier_events();
+      e->set_medium(t == 0 ? v1::KV_MEDIUM_HOST : v1::KV_MEDIUM_DISK);
+      e->set_load_seconds_per_block(c.load_seconds_per_block);
+    }
+    out.set_prefill_seconds_per_block(s.kv_tiers.prefill_seconds_per_block);
+  }
   return out;
 }
 
@@ -142,6 +154,23 @@ class WatchCall : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     message.set_snapshot(delta.snapshot);
     message.mutable_stored_block_hashes()->Assign(delta.stored.begin(), delta.stored.end());
     message.mutable_removed_block_hashes()->Assign(delta.removed.begin(), delta.removed.end());
+    for (int t = 0; t < 2; ++t) {
+      if (delta.tier_stored[t].empty() && delta.tier_removed[t].empty() && !delta.snapshot)
+        continue;
+      const v1::KvMedium medium = t == 0 ? v1::KV_MEDIUM_HOST : v1::KV_MEDIUM_DISK;
+      v1::KvTierEvents* e = nullptr;
+      for (v1::KvTierEvents& x : *message.mutable_tier_events()) {
+        if (x.medium() == medium) e = &x;
+      }
+      if (e == nullptr) {  // a tier that turned itself off still reports its removals
+        e = message.add_tier_events();
+        e->set_medium(medium);
+      }
+      e->mutable_stored_block_hashes()->Assign(delta.tier_stored[t].begin(),
+                                               delta.tier_stored[t].end());
+      e->mutable_removed_block_hashes()->Assign(delta.tier_removed[t].begin(),
+                                                delta.tier_removed[t].end());
+    }
     message_ = SerializeToByteBuffer(message);
     writing_ = true;
     lock.unlock();

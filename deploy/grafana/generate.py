@@ -198,7 +198,8 @@ OVERVIEW = dashboard("tandem-overview", "Tandem / Cluster overview",
 ])
 
 KV = dashboard("tandem-kv-cache", "Tandem / KV cache",
-               "Paged KV cache usage, prefix cache hit rate, evictions and preemptions.", [
+               "Paged KV cache usage, prefix cache hit rate, evictions and preemptions, and the "
+               "tiers below the pool (host memory, local disk).", [
     row("Usage"),
     stat("KV usage (max)", "Highest share of KV blocks referenced by sequences on any engine.",
          "percentunit", f"max(instance:tandem_engine_kv_usage:ratio{{{J}}})",
@@ -255,6 +256,61 @@ KV = dashboard("tandem-kv-cache", "Tandem / KV cache",
                target(f"sum by (finish_reason) (rate("
                       f"tandem_engine_sequences_finished_total{{{J}}}[{RI}]))",
                       "{{finish_reason}}"), stack=True),
+    row("Tiers below the pool (host memory, local disk)"),
+    stat("Tier hit rate", "Blocks loads found in a tier (host or disk) among those looked up "
+         "(5m); a request stops looking at its first miss.", "percentunit",
+         f"sum(rate(tandem_kv_tier_hits_total{{{J}}}[5m])) / clamp_min(sum(rate("
+         f"tandem_kv_tier_hits_total{{{J}}}[5m])) + sum(rate("
+         f"tandem_kv_tier_misses_total{{{J}}}[5m])), 1e-9)"),
+    stat("Blocks loaded/s", "KV blocks loaded back from the tiers into pools instead of "
+         "recomputed, all engines.", "short",
+         f"sum(rate(tandem_kv_tier_loaded_blocks_total{{{J}}}[{RI}]))"),
+    stat("Write-behind drops/s", "Evicted blocks not written to disk because the write-behind "
+         "queue was full (raise --kv-offload-queue or --kv-offload-write-bandwidth).", "short",
+         f"sum(rate(tandem_kv_tier_write_drops_total{{{J}}}[{RI}]))",
+         thresholds=[(1, "orange"), (100, "red")]),
+    stat("Tiers turned off", "Tiers that turned themselves off (disk full, read-only, refused "
+         "writes; the worker's log has the reason) on some engine.", "short",
+         f"sum(max by (instance, role, tier) (tandem_kv_tier_capacity_bytes{{{J}}} > bool 0)"
+         f" * on (instance, role, tier) (1 - max by (instance, role, tier) ("
+         f"tandem_kv_tier_enabled{{{J}}})))",
+         thresholds=[(1, "red")]),
+    timeseries("Tier usage", "Bytes each tier holds against its capacity, all engines.",
+               "percentunit",
+               target(f"sum by (tier) (tandem_kv_tier_usage_bytes{{{J}}}) / clamp_min(sum by "
+                      f"(tier) (tandem_kv_tier_capacity_bytes{{{J}}}), 1)", "{{tier}}")),
+    timeseries("Tier hits and misses", "Blocks loads found and did not find (or found "
+               "corrupt) per second, by tier.", "short",
+               target(f"sum by (tier) (rate(tandem_kv_tier_hits_total{{{J}}}[{RI}]))",
+                      "hits {{tier}}"),
+               target(f"sum by (tier) (rate(tandem_kv_tier_misses_total{{{J}}}[{RI}]))",
+                      "misses {{tier}}"),
+               target(f"sum by (tier) (rate(tandem_kv_tier_corrupt_blocks_total{{{J}}}[{RI}]))",
+                      "corrupt {{tier}}")),
+    timeseries("Tier bytes in and out", "Bytes written into and read from each tier per "
+               "second.", "Bps",
+               target(f"sum by (tier) (rate(tandem_kv_tier_written_bytes_total{{{J}}}[{RI}]))",
+                      "in {{tier}}"),
+               target(f"sum by (tier) (rate(tandem_kv_tier_read_bytes_total{{{J}}}[{RI}]))",
+                      "out {{tier}}")),
+    timeseries("Tier load latency", "p50/p99 time from a request's load being queued to its "
+               "blocks being ready, by role.", "s",
+               target(f"histogram_quantile(0.5, sum by (role, le) (rate("
+                      f"tandem_kv_tier_load_duration_seconds_bucket{{{J}}}[{RI}])))",
+                      "p50 {{role}}"),
+               target(f"histogram_quantile(0.99, sum by (role, le) (rate("
+                      f"tandem_kv_tier_load_duration_seconds_bucket{{{J}}}[{RI}])))",
+                      "p99 {{role}}")),
+    timeseries("Write-behind queue", "Bytes queued for the disk tier, per engine.", "bytes",
+               target(f"sum by (instance, role) (tandem_kv_tier_write_queue_bytes{{{J}}})",
+                      "{{instance}} {{role}}")),
+    timeseries("Requests waiting for loads", "Requests held while their blocks load from the "
+               "tiers, and loaded blocks pinned until their request is admitted, per engine.",
+               "short",
+               target(f"sum by (instance, role) (tandem_kv_tier_loads_in_flight{{{J}}})",
+                      "loading {{instance}} {{role}}"),
+               target(f"sum by (instance, role) (tandem_kv_tier_pinned_blocks{{{J}}})",
+                      "pinned blocks {{instance}} {{role}}")),
 ])
 
 DISAGG = dashboard("tandem-disaggregation", "Tandem / Disaggregation",

@@ -23,6 +23,7 @@ std::optional<int32_t> BlockPool::Allocate() {
   } else if (head_ >= 0) {
     block = head_;
     LruRemove(block);
+    if (eviction_hook_ && entry_[block]->notify) eviction_hook_(block);
     Uncache(block);
     ++num_evictions_;
   } else {
@@ -84,6 +85,12 @@ bool BlockPool::Register(int32_t block, BlockHash hash, BlockHash parent,
 std::optional<BlockHash> BlockPool::HashOf(int32_t block) const {
   if (!entry_[block].has_value()) return std::nullopt;
   return entry_[block]->hash;
+}
+
+std::optional<BlockPool::CachedIdentity> BlockPool::Identity(int32_t block) const {
+  if (!entry_[block].has_value()) return std::nullopt;
+  const CacheEntry& e = *entry_[block];
+  return CachedIdentity{e.hash, e.parent, e.salt, e.tokens};
 }
 
 void BlockPool::ClearCache() {

@@ -66,6 +66,21 @@ class BlockPool {
   bool Register(int32_t block, BlockHash hash, BlockHash parent, absl::Span<const int32_t> tokens,
                 uint64_t salt_hash, bool notify = true);
   std::optional<BlockHash> HashOf(int32_t block) const;
+  // The prefix-cache identity of a cached block (what Register recorded); nullopt when the block
+  // is not cached. The span is valid until the block leaves the cache.
+  struct CachedIdentity {
+    BlockHash hash = 0;
+    BlockHash parent = 0;
+    uint64_t salt_hash = 0;
+    absl::Span<const int32_t> tokens;
+  };
+  std::optional<CachedIdentity> Identity(int32_t block) const;
+  // Called by Allocate just before it evicts a cached block whose entry the listener sees (its
+  // bytes are still intact): the KV tiers copy it out (common/engine/tier_feature.h). Must not
+  // call into the pool. Null: none.
+  void set_eviction_hook(std::function<void(int32_t block)> hook) {
+    eviction_hook_ = std::move(hook);
+  }
 
   // Drops every evictable block from the cache (they become free).
   void ClearCache();
@@ -95,6 +110,7 @@ class BlockPool {
   int64_t num_referenced_ = 0;
   int64_t num_evictions_ = 0;
   Listener listener_;
+  std::function<void(int32_t)> eviction_hook_;
 };
 
 }  // namespace tandem

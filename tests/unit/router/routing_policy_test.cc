@@ -85,5 +85,56 @@ TEST(RoutingPolicyTest, PrefixAffinityReasons) {
   EXPECT_STREQ(bound.reason, routing_reason::kImbalanceBound);
 }
 
+// A candidate with `pool` cached blocks, then `host` and `disk` blocks in its KV cache tiers, with
+// measured costs (seconds per block; 0: not measured).
+RouteCandidate Tiered(int64_t pool, int64_t host, int64_t disk, int64_t load, double host_load,
+                      double disk_load, double prefill) {
+  RouteCandidate x = Make({{pool, load}})[0];
+  x.tier_blocks = {host, disk};
+  x.tier_load_seconds = {host_load, disk_load};
+  x.prefill_seconds_per_block = prefill;
+  return x;
+}
+
+TEST(RoutingPolicyTest, TierBlocksAreCreditedByMeasuredLoadCostAgainstPrefill) {
+  const RoutingOptions o = Policy(RoutingPolicy::kPrefixAffinity);
+  // Host loads cost a tenth of a prefill, disk loads half: 4 x 0.9 + 2 x 0.5.
+  EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(3, 4, 2, 0, 0.001, 0.005, 0.01)), 4 * 0.9 + 2 * 0.5);
+  // A tier slower than prefilling is worth nothing (never negative).
+  EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(0, 0, 5, 0, 0, 0.02, 0.01)), 0.0);
+  // Not measured yet (no load, or no prefill): the prior.
+  EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(0, 2, 2, 0, 0, 0.005, 0)), 4 * o.unmeasured_tier_credit);
+  EXPECT_DOUBLE_EQ(TierCredit(o, Tiered(0, 0, 0, 0, 0.001, 0.005, 0.01)), 0.0);
+  RoutingOptions pool_only = o;
+  pool_only.no_tier_credit = true;
+  EXPECT_DOUBLE_EQ(TierCredit(pool_only, Tiered(3, 4, 2, 0, 0.001, 0.005, 0.01)), 0.0);
+}
+
+TEST(RoutingPolicyTest, PrefixAffinityFollowsAPrefixInALowerTier) {
+  std::atomic<uint64_t> counter{0};
+  const RoutingOptions o = Policy(RoutingPolicy::kPrefixAffinity);
+  // Worker 1 holds the whole 8-block prompt on disk, loads cheap against prefill: it wins over
+  // an empty, slightly less loaded worker (cost 8 + 3 vs 8 - 7.2 + 4).
+  std::vector<RouteCandidate> c = {Tiered(0, 0, 0, 3, 0, 0, 0), Tiered(0, 0, 8, 4, 0, 0.001, 0.01)};
+  RouteChoice disk = ChooseWorker(o, c, 8, &counter);
+  EXPECT_EQ(disk.index, 1);
+  EXPECT_STREQ(disk.reason, routing_reason::kPrefixOverlap);
+  // The same blocks whose load costs as much as prefilling them are worth nothing: load decides.
+  c[1].tier_load_seconds[1] = 0.01;
+  RouteChoice slow = ChooseWorker(o, c, 8, &counter);
+  EXPECT_EQ(slow.index, 0);
+  EXPECT_STREQ(slow.reason, routing_reason::kLoadBalance);
+  // Pool blocks beat the same number of tier blocks.
+  std::vector<RouteCandidate> d = {Tiered(6, 0, 0, 4, 0, 0, 0.01),
+                                   Tiered(0, 6, 0, 4, 0.002, 0, 0.01)};
+  EXPECT_EQ(ChooseWorker(o, d, 8, &counter).index, 0);
+  // Host-tier blocks on top of a shorter pool prefix beat a longer pool prefix alone when they
+  // are cheap enough: 2 + 5 x 0.9 = 6.5 > 6.
+  d[1].cached_blocks = 2;
+  d[1].tier_blocks = {5, 0};
+  d[1].tier_load_seconds = {0.001, 0};
+  EXPECT_EQ(ChooseWorker(o, d, 8, &counter).index, 1);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/metrics/engine_metrics.h"
+#include "common/metrics/kv_tier_metrics.h"
 #include "common/metrics/metrics_server.h"
 #include "common/metrics/router_metrics.h"
 #include "common/metrics/spec_metrics.h"
@@ -30,6 +31,7 @@ std::vector<prometheus::MetricFamily> AllFamilies() {
   static WorkerMetrics worker(&registry, "both");
   static TransferMetrics transfer(&registry, "tcp");
   static SpecMetrics spec(&registry, "ngram");
+  static KvTierMetrics tiers(&registry, "both");
   static bool once = [] {
     RegisterProcessInfo(&registry, "test");
     router.RecordRoutingDecision("round_robin", routing_reason::kRoundRobin);

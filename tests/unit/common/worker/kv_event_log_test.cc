@@ -92,5 +92,29 @@ TEST(KvEventLogTest, AWatcherFollowingTheCursorRebuildsTheLiveSet) {
   EXPECT_EQ(view.size(), 2000u - 666u);
 }
 
+TEST(KvEventLogTest, TierEventsKeepTheirMediumApartFromThePool) {
+  KvEventLog log;
+  log.Stored(1);
+  log.Stored(2, KvMedium::kHost);
+  log.Stored(3, KvMedium::kDisk);
+  log.Stored(1, KvMedium::kDisk);  // the same block in the pool and on disk
+  KvEventLog::Delta snap = log.Read(0);
+  EXPECT_TRUE(snap.snapshot);
+  EXPECT_THAT(snap.stored, UnorderedElementsAre(1));
+  EXPECT_THAT(snap.tier_stored[0], UnorderedElementsAre(2));
+  EXPECT_THAT(snap.tier_stored[1], UnorderedElementsAre(3, 1));
+  log.Removed(1);  // evicted from the pool, still on disk
+  log.Removed(2, KvMedium::kHost);
+  log.Stored(2, KvMedium::kDisk);
+  KvEventLog::Delta d = log.Read(snap.next_cursor);
+  EXPECT_FALSE(d.snapshot);
+  EXPECT_THAT(d.removed, ElementsAre(1));
+  EXPECT_THAT(d.stored, IsEmpty());
+  EXPECT_THAT(d.tier_removed[0], ElementsAre(2));
+  EXPECT_THAT(d.tier_stored[1], ElementsAre(2));
+  EXPECT_THAT(log.Read(0).tier_stored[1], UnorderedElementsAre(1, 2, 3));
+  EXPECT_THAT(log.Read(0).stored, IsEmpty());
+}
+
 }  // namespace
 }  // namespace tandem

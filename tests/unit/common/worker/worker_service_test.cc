@@ -9,6 +9,7 @@
 
 #include "absl/time/clock.h"
 #include "decode_worker/decode_core.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tests/unit/common/worker/worker_test_util.h"
@@ -122,6 +123,53 @@ TEST_F(WorkerServiceTest, WatchStatsStartsWithASnapshotThenStreamsCacheEvents) {
   EXPECT_EQ(truth.stored.size(), 3u);
   watch_context.TryCancel();
   watch->Finish();
+}
+
+// The events of the KV cache tiers (what the tiers' listener appends) travel with their medium.
+TEST_F(WorkerServiceTest, WatchStatsCarriesTierEventsWithTheirMedium) {
+  events_.Stored(11, KvMedium::kDisk);
+  events_.Stored(12, KvMedium::kHost);
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto watch = stub_->WatchStats(&watch_context, v1::StatsRequest());
+  auto tier = [](const v1::WorkerStats& m, v1::KvMedium medium) -> const v1::KvTierEvents* {
+    for (const v1::KvTierEvents& e : m.tier_events()) {
+      if (e.medium() == medium) return &e;
+    }
+    return nullptr;
+  };
+  v1::WorkerStats first;
+  ASSERT_TRUE(watch->Read(&first));
+  ASSERT_TRUE(first.snapshot());
+  EXPECT_EQ(first.stored_block_hashes_size(), 0) << "tier blocks are not pool blocks";
+  ASSERT_NE(tier(first, v1::KV_MEDIUM_DISK), nullptr);
+  EXPECT_THAT(tier(first, v1::KV_MEDIUM_DISK)->stored_block_hashes(), ::testing::ElementsAre(11));
+  ASSERT_NE(tier(first, v1::KV_MEDIUM_HOST), nullptr);
+  EXPECT_THAT(tier(first, v1::KV_MEDIUM_HOST)->stored_block_hashes(), ::testing::ElementsAre(12));
+  events_.Removed(11, KvMedium::kDisk);
+  events_.Stored(13, KvMedium::kDisk);
+  v1::WorkerStats next;
+  const v1::KvTierEvents* disk = nullptr;
+  while (disk == nullptr && watch->Read(&next)) disk = tier(next, v1::KV_MEDIUM_DISK);
+  ASSERT_NE(disk, nullptr);
+  EXPECT_THAT(disk->removed_block_hashes(), ::testing::ElementsAre(11));
+  EXPECT_THAT(disk->stored_block_hashes(), ::testing::ElementsAre(13));
+  watch_context.TryCancel();
+  watch->Finish();
+}
+
+TEST(ToWorkerStatsTest, ReportsEachTierOnWithItsMeasuredCosts) {
+  EngineStats s;
+  EXPECT_EQ(ToWorkerStats(s).tier_events_size(), 0);
+  s.kv_tiers.enabled = true;
+  s.kv_tiers.tier[1].enabled = true;  // disk only
+  s.kv_tiers.tier[1].load_seconds_per_block = 0.002;
+  s.kv_tiers.prefill_seconds_per_block = 0.05;
+  const v1::WorkerStats w = ToWorkerStats(s);
+  ASSERT_EQ(w.tier_events_size(), 1);
+  EXPECT_EQ(w.tier_events(0).medium(), v1::KV_MEDIUM_DISK);
+  EXPECT_DOUBLE_EQ(w.tier_events(0).load_seconds_per_block(), 0.002);
+  EXPECT_DOUBLE_EQ(w.prefill_seconds_per_block(), 0.05);
 }
 
 TEST_F(WorkerServiceTest, PrefillWithoutThePrefillRoleIsUnimplemented) {

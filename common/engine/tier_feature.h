@@ -1,0 +1,95 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "common/engine/engine_core.h"
+#include "common/engine/engine_feature.h"
+#include "common/engine/kv/tiers/tier_store.h"
+
+namespace tandem {
+
+// KV cache tiers below the pool (issue 48; kv/tiers/README.md) as an engine feature.
+//
+// - Write path: the pool's eviction hook (BlockPool::set_eviction_hook) copies a cached block that
+//   is about to be reused (identity and bytes, on the engine thread, only when some tier lacks it
+//   and could take it) and offers it to the store, which keeps it in the host tier and writes it
+//   to disk behind, on its own thread. At destruction the blocks still cached in the pool are
+//   written to the disk tier too (bounded time), so a restarted worker finds them.
+// - Read path: before the scheduler plans (BeforeSchedule), a waiting sequence whose prompt
+//   continues past the pool's cached prefix with blocks some tier holds is held
+//   (Scheduler::Hold: kPending, no slot, no blocks; others keep stepping) while the loader
+//   thread reads them. At the next step's OnStepBegin the blocks that match the sequence
+//   exactly (parent, tokens, salt) are written into freshly allocated pool blocks and registered
+//   in the prefix cache, pinned (one reference) together with the pool prefix before them, and the
+//   sequence is released: its admission takes them as a prefix hit (usage cached_tokens counts
+//   them). The pin is dropped once it is admitted (AfterSchedule) or ends (OnFinish).
+// - A sequence is looked up at most once (a preempted one recomputes); loads in flight and pinned
+//   blocks are bounded (KvTierOptions::max_loads_in_flight, max_pinned_fraction). A sequence
+//   whose load would pass the bound while others hold blocks is held too (deferred_) and looked
+//   at again at each step's OnStepBegin, so it is never admitted without the blocks the tiers
+//   have for it; the bound frees as the sequences before it are admitted or end. A finished load
+//   is installed when the pool has room for all of it (or nothing runs that could free some),
+//   in order; a sequence whose prefix is in the pool is looked at again each step until
+//   admitted (other loads may evict that prefix to the tiers meanwhile).
+// Engine thread, except the store's threads (which touch only the store) and the ready callback
+// (EngineWake::Notify).
+class TierFeature final : public EngineFeature {
+ public:
+  explicit TierFeature(std::unique_ptr<KvTierStore> store);
+  ~TierFeature() override;
+  const char* name() const override { return "kv tiers"; }
+
+  // After Attach (Engine::Create): installs the eviction hook and the ready callback.
+  void Start();
+
+  void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // loads land
+  void BeforeSchedule() override;                                   // loads start
+  void AfterSchedule(const SchedulerOutput& plan, std::vector<SequenceUpdate>* updates) override;
+  // Times the forward passes that are mostly prefill: the cost a tier hit saves (reported to the
+  // routers beside each tier's read cost).
+  void BeforeForward(const SchedulerOutput& plan, const std::vector<Sequence*>& sampled,
+                     ForwardBatch* batch) override;
+  void AfterForward() override;
+  void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
+  void AddStats(EngineStats* stats) const override;
+
+  KvTierStore& store() { return *store_; }
+
+ private:
+  struct Load {
+    Sequence* seq = nullptr;
+    int64_t first_block = 0;  // the loaded blocks follow this many in the pool
+    int64_t blocks = 0;       // blocks it may pin: first_block + those asked for
+  };
+  // The identity and bytes of cached pool block `block`.
+  std::shared_ptr<TierBlock> CopyOut(int32_t block);
+  void OnEvict(int32_t block);
+  // Starts a load for `seq` when some tier holds blocks past its pool prefix; `deferred`: it is
+  // held already (in deferred_ before).
+  void MaybeLoad(Sequence* seq, bool deferred = false);
+  void RetryDeferred();
+  void Install(const Load& load, const TierLoad& result);
+  void Unpin(Sequence* seq);
+  // Writes the pool's cached blocks to the disk tier (shutdown), within `budget`.
+  void FlushPool(absl::Duration budget);
+
+  std::unique_ptr<KvTierStore> store_;
+  int slot_ = -1;
+  std::unordered_map<uint64_t, Load> loads_;  // load id -> the sequence waiting for it
+  std::unordered_map<Sequence*, uint64_t> load_of_;
+  std::unordered_map<Sequence*, SequenceBlocks> pins_;
+  // Loads done, waiting for room in the pool to be installed (in order).
+  std::vector<TierLoad> landed_;
+  // Held waiting sequences whose load would exceed the pinned bound now, in arrival order.
+  std::vector<Sequence*> deferred_;
+  int64_t pinned_blocks_ = 0;
+  int64_t loading_blocks_ = 0;  // what the loads in flight may pin
+  // The forward pass being timed (batched tokens 0: none).
+  absl::Time forward_start_;
+  int64_t forward_tokens_ = 0;
+};
+
+}  // namespace tandem
