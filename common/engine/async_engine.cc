@@ -20,6 +20,9 @@ EngineCounters ToCounters(const EngineStats& s) {
   c.prefix_cache_queried = s.prefix_cache_queried;
   c.prefix_cache_hit = s.prefix_cache_hit;
   c.kv_evictions = s.kv_evictions;
+  c.lora_adapters_loaded = s.lora_adapters_loaded;
+  c.lora_adapters_active = s.lora_active_adapters;
+  c.lora_requests_held = s.lora_requests_held;
   return c;
 }
 
@@ -116,6 +119,10 @@ void AsyncEngine::OnFinished(const SequenceUpdate& u) {
     f.queue_seconds = absl::ToDoubleSeconds(u.queue_time);
     f.prefill_seconds = absl::ToDoubleSeconds(u.prefill_time);
     f.cached_prompt_tokens = u.cached_tokens;
+    f.lora_adapter = u.lora_name;
+    f.prompt_tokens = u.prompt_tokens;
+    f.completion_tokens = u.completion_tokens;
+    f.e2e_seconds = absl::ToDoubleSeconds(u.total_time);
     hooks_->OnSequenceFinished(f);
   }
   const LogLevel level =

@@ -297,6 +297,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
       TLOG(WARNING) << "structured output disabled: " << grammar.status();
     }
   }
+  if (engine_options.lora == nullptr) {
+    auto lora = MakeLoraRegistry(model->config(), options.lora);
+    if (!lora.ok()) return lora.status();
+    engine_options.lora = std::move(lora).value();
+  }
   auto engine = Engine::Create(engine_options, model, std::move(backend), std::move(*proposer));
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {
