@@ -298,7 +298,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
   }
   if (engine_options.lora == nullptr) {
-    auto lora = MakeLoraRegistry(model->config(), options.lora);
+    LoraOptions lora_options = options.lora;
+    lora_options.model_dtype = bf16_weights ? DType::kBF16 : DType::kF32;
+    auto lora = MakeLoraRegistry(model->config(), lora_options);
     if (!lora.ok()) return lora.status();
     engine_options.lora = std::move(lora).value();
   }

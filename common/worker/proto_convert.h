@@ -32,6 +32,7 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const Request& request) {
   e.n = request.n() == 0 ? 1 : request.n();
   e.priority = request.priority();
   e.cache_salt = request.cache_salt();
+  e.lora_name = request.lora_name();
   e.arrival_time = absl::Now();
   return e;
 }

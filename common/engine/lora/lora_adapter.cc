@@ -286,8 +286,11 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::st
           absl::StrJoin(pair.b->shape, ", "), "], this model (r ", rank, ") needs [",
           absl::StrJoin(want_a, ", "), "] and [", absl::StrJoin(want_b, ", "), "]", trained_for));
     }
-    const DType dtype =
-        pair.a->dtype == DType::kBF16 && pair.b->dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+    // --lora-dtype, else the file's (bf16 when both are, else f32).
+    const DType dtype = limits.dtype.has_value() ? *limits.dtype
+                        : pair.a->dtype == DType::kBF16 && pair.b->dtype == DType::kBF16
+                            ? DType::kBF16
+                            : DType::kF32;
     int64_t row0 = 0;
     for (LoraTarget t : pair.module.parts) {
       const int64_t out = TargetShape(config, t).second;
@@ -318,6 +321,11 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::st
       const size_t esize = DTypeSize(e.dtype);
       if (e.dtype == p.dtype) {
         std::memcpy(dst, e.data + first * esize, static_cast<size_t>(count) * esize);
+        return;
+      }
+      if (p.dtype == DType::kBF16) {  // rounded to nearest even
+        uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < count; ++i) h[i] = FloatToBf16(ElementAsFloat(e, first + i));
         return;
       }
       float* f = reinterpret_cast<float*>(dst);

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,8 @@ enum class LoraTarget : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
 inline constexpr int kNumLoraTargets = 7;
 const char* LoraTargetName(LoraTarget t);  // "q_proj", ...
 
-// One targeted projection of one layer: A [rank, in] and B [out, rank], row-major, in the
-// adapter file's dtype (f32 or bf16; f16 is widened to f32 at load). Absent: both null.
+// One targeted projection of one layer: A [rank, in] and B [out, rank], row-major, f32 or bf16
+// (LoraLimits::dtype). Absent: both null.
 struct LoraMatrices {
   const void* a = nullptr;
   const void* b = nullptr;
@@ -61,6 +62,9 @@ struct LoraAdapter {
 // Limits of the serving engine (vLLM's flags).
 struct LoraLimits {
   int64_t max_lora_rank = 16;  // --max-lora-rank
+  // What the matrices are kept in (--lora-dtype): kF32 or kBF16; unset: the file's (bf16 when A
+  // and B are bf16, else f32).
+  std::optional<DType> dtype;
 };
 
 // Loads the PEFT adapter in `dir` for a model of `config`, or refuses it with one message naming

@@ -18,6 +18,10 @@ absl::Status ValidateLoraOptions(const LoraOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--max-cpu-loras (", o.max_cpu_loras,
                                                    ") must be >= --max-loras (", o.max_loras, ")"));
   }
+  if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "bfloat16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lora-dtype must be auto, float32 or bfloat16, got '", o.dtype, "'"));
+  }
   std::set<std::string> names;
   for (const std::string& m : o.modules) {
     const size_t eq = m.find('=');
@@ -39,7 +43,12 @@ absl::Status ValidateLoraOptions(const LoraOptions& o) {
 }
 
 LoraRegistry::LoraRegistry(ModelConfig config, LoraOptions options)
-    : config_(std::move(config)), options_(std::move(options)) {}
+    : config_(std::move(config)), options_(std::move(options)) {
+  limits_.max_lora_rank = options_.max_lora_rank;
+  limits_.dtype = options_.dtype == "float32"    ? DType::kF32
+                  : options_.dtype == "bfloat16" ? DType::kBF16
+                                                 : options_.model_dtype;
+}
 
 absl::Status LoraRegistry::Load(const std::string& name, const std::string& dir) {
   if (name.empty() || name.size() > 256 || name.find_first_of(" \t\r\n=") != std::string::npos) {
@@ -52,10 +61,8 @@ absl::Status LoraRegistry::Load(const std::string& name, const std::string& dir)
       return absl::AlreadyExistsError(absl::StrCat("LoRA adapter '", name, "' is already loaded"));
     }
   }
-  LoraLimits limits;
-  limits.max_lora_rank = options_.max_lora_rank;
   // Read outside the lock: loading takes milliseconds to seconds.
-  auto adapter = LoadLoraAdapter(name, dir, config_, limits);
+  auto adapter = LoadLoraAdapter(name, dir, config_, limits_);
   if (!adapter.ok()) return adapter.status();
   std::lock_guard<std::mutex> lock(mu_);
   if (adapters_.count(name) != 0) {

@@ -24,12 +24,16 @@ struct LoraOptions {
   int64_t max_lora_rank = 16;  // --max-lora-rank
   // --max-cpu-loras: adapters loaded at once (0: max_loras); at least max_loras.
   int64_t max_cpu_loras = 0;
+  // --lora-dtype: what adapters are kept and computed in: auto (the base model's dtype: bf16 for
+  // bf16 or quantized weights, f32 for f32 weights), float32 or bfloat16.
+  std::string dtype = "auto";
+  DType model_dtype = DType::kF32;  // what auto resolves to (set by BuildEngine)
 
   int64_t loaded_limit() const { return max_cpu_loras > 0 ? max_cpu_loras : max_loras; }
 };
 
 // Checks the options' numbers (max_loras >= 1, max_lora_rank >= 1, max_cpu_loras 0 or >=
-// max_loras) and each module's name=path form; names must be unique.
+// max_loras), the dtype's name, and each module's name=path form; names must be unique.
 absl::Status ValidateLoraOptions(const LoraOptions& options);
 
 // What a worker reports about one loaded adapter.
@@ -63,11 +67,14 @@ class LoraRegistry {
   size_t size() const;
 
   const LoraOptions& options() const { return options_; }
+  // What LoadLoraAdapter checks and converts with (from the options).
+  const LoraLimits& limits() const { return limits_; }
   const ModelConfig& model_config() const { return config_; }
 
  private:
   const ModelConfig config_;
   const LoraOptions options_;
+  LoraLimits limits_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;
 };

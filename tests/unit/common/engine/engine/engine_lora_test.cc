@@ -52,8 +52,10 @@ class EngineLoraTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(root_); }
   std::string Dir(int i) const { return absl::StrCat(root_, "/a", i); }
 
-  std::unique_ptr<Engine> MakeEngine(int64_t max_loras = 4, bool lora = true) {
+  std::unique_ptr<Engine> MakeEngine(int64_t max_loras = 4, bool lora = true,
+                                     const SpecOptions& spec = SpecOptions()) {
     EngineBuildOptions b;
+    b.engine.spec = spec;
     b.model_dir = kModel;
     b.num_kv_blocks = 256;
     b.show_progress = false;
@@ -136,6 +138,32 @@ TEST_F(EngineLoraTest, GreedyOutputTheSameAloneAndInAMixedBatch) {
   EXPECT_NE(alone["a1"], alone["base"]);
   EXPECT_NE(alone["a2"], alone["base"]);
   EXPECT_NE(alone["a1"], alone["a2"]);
+}
+
+// Speculation (n-gram, and a draft model without the adapter) verifies with the adapter: the
+// same greedy tokens as without speculation.
+TEST_F(EngineLoraTest, GreedyOutputTheSameWithSpeculation) {
+  std::vector<Job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    jobs.push_back({absl::StrCat("r", i), Prompt(20 + i, 12 + 5 * i), i % 3 == 0 ? "" : "a1", 40});
+    if (i % 3 == 2) jobs.back().lora = "a2";
+  }
+  auto plain = MakeEngine();
+  const Outcome want = RunJobs(*plain, jobs);
+  for (const SpecOptions::Method method :
+       {SpecOptions::Method::kNgram, SpecOptions::Method::kDraft}) {
+    SpecOptions spec;
+    spec.method = method;
+    spec.num_speculative_tokens = 3;
+    if (method == SpecOptions::Method::kDraft) {
+      spec.draft_model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/llama2xs-280k";
+    }
+    auto fast = MakeEngine(4, true, spec);
+    ASSERT_NE(fast, nullptr);
+    const Outcome got = RunJobs(*fast, jobs);
+    EXPECT_EQ(got.tokens, want.tokens) << "method " << static_cast<int>(method);
+    EXPECT_GT(fast->stats().spec_accepted_tokens, 0);
+  }
 }
 
 TEST_F(EngineLoraTest, PrefixCacheKeysByAdapter) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "common/base/half.h"
 #include "common/config/model_config.h"
 #include "common/engine/lora/lora_writer.h"
 #include "common/engine/model/model_writer.h"
@@ -122,6 +123,24 @@ TEST_F(LoraAdapterTest, KeepsBf16AndOnlyTheTargetedModules) {
   EXPECT_FALSE((*a)->at(0, LoraTarget::kK).present());
   EXPECT_FALSE((*a)->at(0, LoraTarget::kDown).present());
   EXPECT_EQ((*a)->targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+}
+
+TEST_F(LoraAdapterTest, LoraDtypeConvertsTheMatrices) {
+  Write(RandomLoraOptions());  // f32 file
+  LoraLimits limits;
+  limits.dtype = DType::kBF16;
+  auto bf16 = LoadLoraAdapter("sql", dir_, TinyConfig(), limits);
+  auto f32 = Load();
+  ASSERT_TRUE(bf16.ok() && f32.ok());
+  const LoraMatrices& h = (*bf16)->at(0, LoraTarget::kUp);
+  const LoraMatrices& f = (*f32)->at(0, LoraTarget::kUp);
+  ASSERT_EQ(h.dtype, DType::kBF16);
+  for (int64_t i = 0; i < h.out * 16; ++i) {
+    const float want = static_cast<const float*>(f.b)[i];
+    EXPECT_EQ(static_cast<const uint16_t*>(h.b)[i], FloatToBf16(want));
+  }
+  EXPECT_NE((*bf16)->cache_key, (*f32)->cache_key);  // other bytes, other KV
+  EXPECT_LT((*bf16)->bytes(), (*f32)->bytes());
 }
 
 TEST_F(LoraAdapterTest, CacheKeyFollowsTheWeights) {
