@@ -56,8 +56,12 @@ void LoraRunner::Add(int64_t layer, LoraTarget target, const float* x, int64_t K
     }
     if (low_.size() < static_cast<size_t>(M * r)) low_.resize(M * r);
     if (delta_.size() < static_cast<size_t>(M * N)) delta_.resize(M * N);
-    cpu::MatMul(xg, M, K, ldxg, DenseView(m.a, m.dtype), r, nullptr, low_.data(), r, pool);
-    cpu::MatMul(low_.data(), M, r, r, DenseView(m.b, m.dtype), N, nullptr, delta_.data(), N, pool);
+    // Decode-sized products (a few rows) run on this thread: a fork and join per product would
+    // cost more than the product (14 of them per layer), and far more when a pool thread is
+    // descheduled; prefill-sized ones fan out. Which thread computes an output changes nothing.
+    ThreadPool* fan = M * r * (K + N) >= (int64_t{1} << 22) ? pool : nullptr;
+    cpu::MatMul(xg, M, K, ldxg, DenseView(m.a, m.dtype), r, nullptr, low_.data(), r, fan);
+    cpu::MatMul(low_.data(), M, r, r, DenseView(m.b, m.dtype), N, nullptr, delta_.data(), N, fan);
     const float s = g.adapter->scale;
     for (int64_t i = 0; i < M; ++i) {
       float* row = y + g.rows[i] * ldy;
