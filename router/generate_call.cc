@@ -94,9 +94,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateCall::Start(
 
 grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeRequest* decode) {
   const GenerationServiceOptions& o = service_->options();
-  if (!r.model().empty() && r.model() != o.model_name) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("model: '", r.model(), "' is not served"));
+  if (grpc::Status st = service_->ResolveModel(r.model(), decode->mutable_lora_name()); !st.ok()) {
+    return st;
   }
   const int32_t n = r.n() == 0 ? 1 : r.n();
   if (n < 1 || n > o.max_n) {

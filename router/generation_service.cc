@@ -28,6 +28,18 @@ grpc::Status GenerationService::CheckAccess(const grpc::CallbackServerContext* c
   return grpc::Status::OK;
 }
 
+grpc::Status GenerationService::ResolveModel(const std::string& model,
+                                             std::string* lora_name) const {
+  lora_name->clear();
+  if (model.empty() || model == options_.model_name) return grpc::Status::OK;
+  if (lora_ != nullptr && lora_->Has(model)) {
+    *lora_name = model;
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                      absl::StrCat("model: '", model, "' is not served"));
+}
+
 bool GenerationService::ClaimRequestId(const std::string& tenant, const std::string& id) {
   std::lock_guard<std::mutex> lock(ids_mu_);
   return active_ids_.emplace(tenant, id).second;
@@ -59,9 +71,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   const v1::TokenizeRequest* request = &parsed;
   v1::TokenizeResponse response_message;
   v1::TokenizeResponse* response = &response_message;
-  if (!request->model().empty() && request->model() != options_.model_name) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("model: '", request->model(), "' is not served")));
+  std::string lora_name;  // an adapter tokenizes as its base model
+  if (grpc::Status st = ResolveModel(request->model(), &lora_name); !st.ok()) {
+    reactor->Finish(st);
     return reactor;
   }
   if (static_cast<int64_t>(request->text().size()) > options_.max_prompt_bytes) {
@@ -100,6 +112,15 @@ grpc::ServerUnaryReactor* GenerationService::ListModels(grpc::CallbackServerCont
   m->set_max_model_len(options_.max_model_len);
   m->set_vocab_size(tokenizer_->vocab_size());
   m->set_dtype(options_.dtype);
+  if (lora_ != nullptr) {  // adapters, with the base model as their parent (vLLM's listing)
+    for (const LoraCatalog::Entry& e : lora_->List()) {
+      v1::ModelInfo* a = response->add_models();
+      *a = *m;
+      a->set_name(e.name);
+      a->set_parent(options_.model_name);
+      a->set_root(e.path);
+    }
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -12,6 +12,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/access_control.h"
 #include "router/inference_client.h"
+#include "router/lora_catalog.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem {
@@ -85,6 +86,12 @@ class GenerationService final : public GenerationServiceBase {
   grpc::Status CheckAccess(const grpc::CallbackServerContext* context,
                            std::shared_ptr<const Tenant>* tenant) const;
   void CallEnded() { active_.fetch_sub(1); }
+  // LoRA adapters clients may name in `model` (null: none). Must outlive the service.
+  void set_lora_catalog(LoraCatalog* catalog) { lora_ = catalog; }
+  LoraCatalog* lora_catalog() const { return lora_; }
+  // What `model` selects: OK with the adapter's name in `lora_name` (empty: the base model, for
+  // an empty `model` or the served model's name); NOT_FOUND for any other name.
+  grpc::Status ResolveModel(const std::string& model, std::string* lora_name) const;
 
  private:
   GenerationServiceOptions options_;
@@ -92,6 +99,7 @@ class GenerationService final : public GenerationServiceBase {
   InferenceClient* client_;
   RequestHooksFactory* hooks_;
   AccessControl* access_ = nullptr;
+  LoraCatalog* lora_ = nullptr;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> active_{0};
   std::mutex ids_mu_;

@@ -52,6 +52,7 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
   call_request_.set_priority(r.priority());
   call_request_.set_cache_salt(r.cache_salt());
   call_request_.set_tenant(r.tenant());
+  call_request_.set_lora_name(r.lora_name());
   *call_request_.mutable_target() = reservation_;
   // The transport of this pair (both were admitted, so one exists; a worker that re-registered
   // with another since fails the call, which is retried).

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/base/log.h"
+#include "common/engine/lora/lora_registry.h"
 #include "common/metrics/router_metrics.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/worker/serving_engine.h"
@@ -32,6 +33,42 @@ class LocalClient : public InferenceClient {
 
  private:
   DecodeCore* core_;
+};
+
+// The engine's LoRA registry as the router front sees it. Runtime loading is allowed when
+// `allowed()` says so (API keys on, whose admin scope RouterAdmin's policy checks, or
+// --allow-runtime-lora-updating).
+class RegistryCatalog : public LoraCatalog {
+ public:
+  RegistryCatalog(std::shared_ptr<LoraRegistry> registry, std::function<bool()> allowed)
+      : registry_(std::move(registry)), allowed_(std::move(allowed)) {}
+  std::vector<Entry> List() const override {
+    std::vector<Entry> out;
+    for (const LoraInfo& info : registry_->List()) out.push_back({info.name, info.path});
+    return out;
+  }
+  bool Has(const std::string& name) const override { return registry_->Find(name) != nullptr; }
+  absl::Status Load(const std::string& name, const std::string& path) override {
+    if (!allowed_()) return NotAllowed();
+    absl::Status st = registry_->Load(name, path);
+    TLOG(INFO) << "load LoRA adapter '" << name << "' from " << path << ": " << st;
+    return st;
+  }
+  absl::StatusOr<int64_t> Unload(const std::string& name) override {
+    if (!allowed_()) return NotAllowed();
+    auto in_use = registry_->Unload(name);
+    TLOG(INFO) << "unload LoRA adapter '" << name << "': " << in_use.status();
+    return in_use;
+  }
+
+ private:
+  static absl::Status NotAllowed() {
+    return absl::FailedPreconditionError(
+        "runtime LoRA loading is off: serve with API keys (then an admin key loads) or with "
+        "--allow-runtime-lora-updating");
+  }
+  std::shared_ptr<LoraRegistry> registry_;
+  std::function<bool()> allowed_;
 };
 
 }  // namespace
@@ -68,7 +105,27 @@ int ServeMonolithic(const sigset_t& signals, const ServeFlags& flags, ProcessMet
   service_options.dtype = std::string(DTypeName(se.model->weight_dtype()));
   GenerationService service(service_options, tokenizer->get(), &client, &router_metrics);
   AsyncEngine* engine = se.engine.get();
-  LocalAdminService admin([engine] { return ToWorkerStats(engine->stats()); });
+  std::unique_ptr<RegistryCatalog> lora;
+  if (const std::shared_ptr<LoraRegistry>& registry = engine->engine().lora_registry()) {
+    const bool flag = flags.allow_runtime_lora_updating;
+    lora = std::make_unique<RegistryCatalog>(
+        registry, [&service, flag] { return flag || service.access_control() != nullptr; });
+    service.set_lora_catalog(lora.get());
+  }
+  // With API keys, runtime LoRA loading takes a key with the admin scope, checked per call (the
+  // HTTP API reaches RouterAdmin through an in-process channel the listener's policy never sees).
+  auto check_admin = [&service](const grpc::CallbackServerContext& context) {
+    AccessControl* access = service.access_control();
+    if (access == nullptr) return grpc::Status::OK;
+    auto tenant = access->Authenticate(context.client_metadata(), kScopeAdmin);
+    if (tenant.ok()) return grpc::Status::OK;
+    return grpc::Status(tenant.status().code() == absl::StatusCode::kPermissionDenied
+                            ? grpc::StatusCode::PERMISSION_DENIED
+                            : grpc::StatusCode::UNAUTHENTICATED,
+                        std::string(tenant.status().message()));
+  };
+  LocalAdminService admin([engine] { return ToWorkerStats(engine->stats()); }, lora.get(),
+                          check_admin);
 
   auto front =
       GenerationFront::Start(flags.server, flags.http, flags.keys, &service, tokenizer->get(),

@@ -29,6 +29,9 @@ struct ServeFlags {
   // one per cluster (a file only this user can read in the supervisor's state directory).
   std::string cluster_secret_file;
   std::string kv_transport = "auto";  // cluster mode: the workers' --kv-transport
+  // Runtime LoRA loading (/v1/load_lora_adapter) without API keys (vLLM's
+  // VLLM_ALLOW_RUNTIME_LORA_UPDATING); with API keys an admin key is enough.
+  bool allow_runtime_lora_updating = false;
 };
 
 // The router and one worker (role both) in this process (monolithic.cc).

@@ -122,6 +122,12 @@ absl::Status FlagSet::Parse(int argc, char** argv, int first) {
       if (i + 1 >= argc)
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
       value = argv[++i];
+      // A list given as separate arguments (--flag a b c, argparse's nargs='+', as vLLM's
+      // --lora-modules): the values run to the next argument that starts with '-'.
+      while (flag->kind == Kind::kStringList && i + 1 < argc && argv[i + 1][0] != '-') {
+        if (auto st = Set(*flag, value); !st.ok()) return st;
+        value = argv[++i];
+      }
     }
     if (auto st = Set(*flag, value); !st.ok()) return st;
   }

@@ -22,7 +22,8 @@ class FlagSet {
   void Double(const char* name, double* value, const char* help);
   void Float(const char* name, float* value, const char* help);
   void Bool(const char* name, bool* value, const char* help);
-  // Repeatable string flag (each occurrence appends).
+  // Repeatable string flag (each occurrence appends; `--name a b c` appends a, b and c: the
+  // values run to the next argument that starts with '-').
   void StringList(const char* name, std::vector<std::string>* value, const char* help);
 
   // Parses argv[first..argc). On --help prints usage and sets help_requested().

@@ -25,6 +25,10 @@ uint64_t HashSalt(std::string_view salt) {
   return Mix(h, salt.size());
 }
 
+uint64_t SaltWithAdapter(uint64_t salt_hash, uint64_t adapter_key) {
+  return adapter_key == 0 ? salt_hash : Mix(Mix(salt_hash, 0x4c6f5241ull), adapter_key);
+}
+
 BlockHash ComputeBlockHash(BlockHash parent, absl::Span<const int32_t> tokens, uint64_t salt_hash) {
   uint64_t h = Mix(parent, salt_hash);
   for (int32_t t : tokens) h = Mix(h, static_cast<uint32_t>(t));

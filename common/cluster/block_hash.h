@@ -18,6 +18,11 @@ constexpr BlockHash kNoParentHash = 0x6a09e667f3bcc908ull;
 // 64-bit hash of a salt string (empty salt -> a fixed value).
 uint64_t HashSalt(std::string_view salt);
 
+// The salt of a request run with a LoRA adapter: its cache salt's hash combined with the
+// adapter's cache key (LoraAdapter::cache_key; 0: the base model, whose salt is unchanged), so
+// KV computed under one adapter is never a prefix-cache hit for another or for the base model.
+uint64_t SaltWithAdapter(uint64_t salt_hash, uint64_t adapter_key);
+
 BlockHash ComputeBlockHash(BlockHash parent, absl::Span<const int32_t> tokens, uint64_t salt_hash);
 
 // Hashes of the full blocks of `tokens` (tokens.size() / block_size of them), chained.

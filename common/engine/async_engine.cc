@@ -34,6 +34,9 @@ EngineCounters ToCounters(const EngineStats& s) {
   std::copy(outcomes, outcomes + 6, g.outcomes);
   g.masks_deferred = s.grammar_masks_deferred;
   g.mask_budget_exceeded = s.grammar_mask_budget_exceeded;
+  c.lora_adapters_loaded = s.lora_adapters_loaded;
+  c.lora_adapters_active = s.lora_active_adapters;
+  c.lora_requests_held = s.lora_requests_held;
   return c;
 }
 
@@ -130,6 +133,10 @@ void AsyncEngine::OnFinished(const SequenceUpdate& u) {
     f.queue_seconds = absl::ToDoubleSeconds(u.queue_time);
     f.prefill_seconds = absl::ToDoubleSeconds(u.prefill_time);
     f.cached_prompt_tokens = u.cached_tokens;
+    f.lora_adapter = u.lora_name;
+    f.prompt_tokens = u.prompt_tokens;
+    f.completion_tokens = u.completion_tokens;
+    f.e2e_seconds = absl::ToDoubleSeconds(u.total_time);
     hooks_->OnSequenceFinished(f);
   }
   const LogLevel level =

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "common/engine/disagg_feature.h"
 #include "common/engine/engine_core.h"
 #include "common/engine/grammar_feature.h"
+#include "common/engine/lora_feature.h"
 #include "common/engine/spec_feature.h"
 #include "common/engine/tier_feature.h"
 
@@ -36,9 +38,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError("num_speculative_tokens must be in [1, 16]");
     }
   }
+  if (options.lora != nullptr && !backend->SupportsLora()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA adapters are not supported on the ", backend->name(), " backend"));
+  }
   std::unique_ptr<Engine> e(
       new Engine(std::make_unique<EngineCore>(options, std::move(model), std::move(backend))));
-  // The features, in the order their hooks run: disaggregation (leases expire first, the
+  // LoRA first: it salts a request's block hashes at admission, before any other feature or the
+  // scheduler looks its prompt up.
+  e->core_->AddFeature(std::make_unique<LoraFeature>(options.lora));
+  // Then the features, in the order their hooks run: disaggregation (leases expire first, the
   // prefill role's hold is taken before the blocks go), speculation (drafts proposed), structured
   // output (then cut to the grammar).
   auto disagg = std::make_unique<DisaggFeature>();
@@ -215,6 +224,7 @@ EngineStats Engine::stats() const {
 
 void Engine::set_spec_hooks(SpecHooks* hooks) { spec_->set_hooks(hooks); }
 const SpecOptions& Engine::spec_options() const { return core_->options().spec; }
+const std::shared_ptr<LoraRegistry>& Engine::lora_registry() const { return core_->options().lora; }
 const Model& Engine::model() const { return core_->model(); }
 Backend& Engine::backend() { return core_->backend(); }
 int64_t Engine::max_model_len() const { return core_->max_model_len(); }

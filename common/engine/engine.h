@@ -70,6 +70,9 @@ class Engine {
   // Hears every speculative verification (metrics); may be null, must outlive the engine.
   void set_spec_hooks(SpecHooks* hooks);
   const SpecOptions& spec_options() const;
+  // The LoRA adapters this engine serves (EngineOptions::lora; null: LoRA is off). Thread-safe:
+  // API threads load and unload through it while the engine runs.
+  const std::shared_ptr<LoraRegistry>& lora_registry() const;
 
   const Model& model() const;
   Backend& backend();

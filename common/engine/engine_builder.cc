@@ -319,6 +319,13 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
       TLOG(WARNING) << "structured output disabled: " << grammar.status();
     }
   }
+  if (engine_options.lora == nullptr) {
+    LoraOptions lora_options = options.lora;
+    lora_options.model_dtype = bf16_weights ? DType::kBF16 : DType::kF32;
+    auto lora = MakeLoraRegistry(model->config(), lora_options);
+    if (!lora.ok()) return lora.status();
+    engine_options.lora = std::move(lora).value();
+  }
   auto engine = Engine::Create(engine_options, model, std::move(backend), std::move(*proposer));
   if (!engine.ok()) return engine.status();
   if (options.show_progress) {

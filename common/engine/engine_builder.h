@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/engine/engine.h"
+#include "common/engine/lora/lora_registry.h"
 
 namespace tandem {
 
@@ -49,6 +50,9 @@ struct EngineBuildOptions {
   int64_t block_size = 16;
   int threads = 0;  // compute threads; 0: one per core
   bool show_progress = true;
+  // LoRA adapters (vLLM's --enable-lora and friends): BuildEngine makes the registry
+  // (engine.lora) with these modules loaded unless engine.lora is set already.
+  LoraOptions lora;
   EngineOptions engine;
 };
 

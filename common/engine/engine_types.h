@@ -26,6 +26,7 @@
 namespace tandem {
 
 struct EngineExtensions;
+class LoraRegistry;  // common/engine/lora/lora_registry.h
 // Fills `out` with what a binary adds to an engine (engine_feature.h: EngineExtensions).
 using EngineExtensionFactory = std::function<void(KvCacheManager* kv, EngineExtensions* out)>;
 
@@ -62,6 +63,9 @@ struct EngineOptions {
   EngineExtensionFactory extensions;
   // KV cache tiers below the pool (host memory, local disk; tier_feature.h). Default: off.
   KvTierOptions kv_tiers;
+  // LoRA adapters (lora_feature.h): requests select one by EngineRequest::lora_name. Null: LoRA
+  // is off and a request naming an adapter is refused.
+  std::shared_ptr<LoraRegistry> lora;
 };
 
 struct EngineRequest {
@@ -74,6 +78,8 @@ struct EngineRequest {
   // Who asked (the API key's tenant; "" without keys): the grammar compile service shares its
   // workers fairly between tenants and charges each one's grammar work to it.
   std::string tenant;
+  // The LoRA adapter to run the request with, by its registry name (empty: the base model).
+  std::string lora_name;
   absl::Time arrival_time = absl::Now();
 
   // Disaggregation (DESIGN §2). Decode role: reserve blocks for the prompt and wait for its KV
@@ -126,6 +132,7 @@ struct SequenceUpdate {
   int64_t completion_tokens = 0;
   int32_t num_preemptions = 0;
   int64_t spec_accepted_tokens = 0;  // drafted tokens the target accepted
+  std::string lora_name;             // the LoRA adapter it ran with (empty: the base model)
   absl::Duration queue_time;         // arrival -> first scheduled
   absl::Duration prefill_time;       // first scheduled -> first token
   absl::Duration ttft;               // arrival -> first token
@@ -150,6 +157,11 @@ struct EngineStats {
   // reservations waiting for their KV.
   int64_t num_awaiting_kv = 0;
   int64_t kv_blocks_held = 0;  // prefill role: blocks held for export
+  // LoRA: adapters loaded (-1: LoRA off), adapters with admitted requests (at most max_loras),
+  // and requests held waiting for one of those slots.
+  int64_t lora_adapters_loaded = -1;
+  int64_t lora_active_adapters = 0;
+  int64_t lora_requests_held = 0;
   // Speculative decoding.
   int64_t spec_verifications = 0;  // sequence-steps that verified a proposal
   int64_t spec_drafted_tokens = 0;

@@ -33,6 +33,10 @@ struct EngineCounters {
     int64_t masks_deferred = 0;
     int64_t mask_budget_exceeded = 0;
   } grammar;
+  // LoRA (gauges; loaded -1: LoRA is off).
+  int64_t lora_adapters_loaded = -1;
+  int64_t lora_adapters_active = 0;
+  int64_t lora_requests_held = 0;
 };
 
 // The outcome label of tandem_grammar_requests_total, in EngineCounters::Grammar::outcomes order.
@@ -47,6 +51,10 @@ struct FinishedSequence {
   double queue_seconds = 0;        // arrival -> first scheduled
   double prefill_seconds = 0;      // first scheduled -> first token
   int64_t cached_prompt_tokens = 0;
+  std::string_view lora_adapter;  // the LoRA adapter it ran with (empty: the base model)
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double e2e_seconds = 0;  // arrival -> finish
 };
 
 // What the engine loop reports (implemented by EngineMetrics). Header-only interface: the

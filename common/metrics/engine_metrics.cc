@@ -98,6 +98,42 @@ EngineMetrics::EngineMetrics(prometheus::Registry* registry, std::string_view ro
   prefill_seconds_ = histogram("tandem_engine_prefill_time_seconds",
                                "Time from first being scheduled to the first sampled token.",
                                buckets::RequestSeconds());
+  lora_gauges_ = &BuildGauge()
+                      .Name("tandem_lora_adapters")
+                      .Help(
+                          "LoRA adapters: loaded (state=loaded), with admitted requests "
+                          "(state=active, at most --max-loras), and requests waiting for an "
+                          "adapter slot (state=requests_waiting).")
+                      .Register(*registry);
+  lora_finished_ = &BuildCounter()
+                        .Name("tandem_lora_sequences_finished_total")
+                        .Help("Sequences finished with a LoRA adapter, by adapter.")
+                        .Register(*registry);
+  lora_prompt_tokens_ = &BuildCounter()
+                             .Name("tandem_lora_prompt_tokens_total")
+                             .Help("Prompt tokens of finished sequences, by LoRA adapter.")
+                             .Register(*registry);
+  lora_generation_tokens_ = &BuildCounter()
+                                 .Name("tandem_lora_generation_tokens_total")
+                                 .Help("Tokens generated with a LoRA adapter, by adapter.")
+                                 .Register(*registry);
+  lora_e2e_seconds_ = &BuildHistogram()
+                           .Name("tandem_lora_e2e_seconds")
+                           .Help("Arrival to finish of sequences with a LoRA adapter.")
+                           .Register(*registry);
+}
+
+EngineMetrics::LoraSeries& EngineMetrics::LoraSeriesFor(std::string_view adapter) {
+  auto it = lora_series_.find(adapter);
+  if (it != lora_series_.end()) return it->second;
+  const std::string label =
+      lora_series_.size() < kMaxLoraLabels ? std::string(adapter) : std::string("other");
+  if (auto other = lora_series_.find(label); other != lora_series_.end()) return other->second;
+  const prometheus::Labels l = {{"role", role_}, {"lora_adapter", label}};
+  LoraSeries s{&lora_finished_->Add(l), &lora_prompt_tokens_->Add(l),
+               &lora_generation_tokens_->Add(l),
+               &lora_e2e_seconds_->Add(l, buckets::RequestSeconds())};
+  return lora_series_.emplace(label, s).first->second;
 }
 
 void EngineMetrics::Update(const EngineCounters& now) {
@@ -126,6 +162,16 @@ void EngineMetrics::Update(const EngineCounters& now) {
   AddDelta(grammar_masks_deferred_, g.masks_deferred, last_.grammar.masks_deferred);
   AddDelta(grammar_mask_budget_exceeded_, g.mask_budget_exceeded,
            last_.grammar.mask_budget_exceeded);
+  if (now.lora_adapters_loaded >= 0) {
+    if (lora_loaded_ == nullptr) {
+      lora_loaded_ = &lora_gauges_->Add({{"role", role_}, {"state", "loaded"}});
+      lora_active_ = &lora_gauges_->Add({{"role", role_}, {"state", "active"}});
+      lora_held_ = &lora_gauges_->Add({{"role", role_}, {"state", "requests_waiting"}});
+    }
+    lora_loaded_->Set(static_cast<double>(now.lora_adapters_loaded));
+    lora_active_->Set(static_cast<double>(now.lora_adapters_active));
+    lora_held_->Set(static_cast<double>(now.lora_requests_held));
+  }
   last_ = now;
 }
 
@@ -142,6 +188,14 @@ void EngineMetrics::OnSequenceFinished(const FinishedSequence& f) {
   if (f.produced_token) prefill_seconds_->Observe(f.prefill_seconds);
   if (f.cached_prompt_tokens > 0) {
     prompt_tokens_cached_->Increment(static_cast<double>(f.cached_prompt_tokens));
+  }
+  if (!f.lora_adapter.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    LoraSeries& s = LoraSeriesFor(f.lora_adapter);
+    s.finished->Increment();
+    s.prompt_tokens->Increment(static_cast<double>(f.prompt_tokens));
+    s.generation_tokens->Increment(static_cast<double>(f.completion_tokens));
+    s.e2e_seconds->Observe(f.e2e_seconds);
   }
 }
 

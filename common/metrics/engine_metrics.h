@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -35,8 +36,15 @@ namespace tandem {
 //                                           budget_exceeded, cancelled
 //   tandem_grammar_masks_deferred_total, tandem_grammar_mask_budget_exceeded_total
 //   tandem_backend_info{backend, simd, matmul_input_dtype}  constant 1 (RegisterBackendInfo)
+//   LoRA (series only with LoRA on):
+//   tandem_lora_adapters_loaded / _active, tandem_lora_requests_waiting   gauges
+//   tandem_lora_sequences_finished_total{lora_adapter}, tandem_lora_prompt_tokens_total{..},
+//   tandem_lora_generation_tokens_total{..}, tandem_lora_e2e_seconds{..}: per adapter, the
+//   first kMaxLoraLabels adapter names seen, the rest as lora_adapter="other" (bounded)
 class EngineMetrics : public EngineHooks {
  public:
+  static constexpr size_t kMaxLoraLabels = 64;
+
   EngineMetrics(prometheus::Registry* registry, std::string_view role);
   EngineMetrics(const EngineMetrics&) = delete;
   EngineMetrics& operator=(const EngineMetrics&) = delete;
@@ -78,6 +86,24 @@ class EngineMetrics : public EngineHooks {
   std::array<prometheus::Counter*, 6> grammar_outcomes_;
   prometheus::Counter* grammar_masks_deferred_;
   prometheus::Counter* grammar_mask_budget_exceeded_;
+
+  // LoRA: the families (series made on first use), the gauges once LoRA is seen on.
+  struct LoraSeries {
+    prometheus::Counter* finished;
+    prometheus::Counter* prompt_tokens;
+    prometheus::Counter* generation_tokens;
+    prometheus::Histogram* e2e_seconds;
+  };
+  LoraSeries& LoraSeriesFor(std::string_view adapter);  // mu_ held
+  prometheus::Family<prometheus::Gauge>* lora_gauges_;
+  prometheus::Family<prometheus::Counter>* lora_finished_;
+  prometheus::Family<prometheus::Counter>* lora_prompt_tokens_;
+  prometheus::Family<prometheus::Counter>* lora_generation_tokens_;
+  prometheus::Family<prometheus::Histogram>* lora_e2e_seconds_;
+  prometheus::Gauge* lora_loaded_ = nullptr;
+  prometheus::Gauge* lora_active_ = nullptr;
+  prometheus::Gauge* lora_held_ = nullptr;
+  std::map<std::string, LoraSeries, std::less<>> lora_series_;
 
   std::mutex mu_;
   EngineCounters last_;

@@ -135,6 +135,23 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int32("ngram-min", &spec.ngram_min, "ngram: shortest suffix to match");
   f->Bool("no-adaptive-speculation", &no_adaptive_speculation,
           "keep k fixed instead of adapting it to each sequence's acceptance");
+  LoraOptions& lora = o.lora;
+  f->Bool("enable-lora", &lora.enable_lora,
+          "serve LoRA adapters (requests select one by its name in the model field); implied by "
+          "--lora-modules; cpu only");
+  f->StringList("lora-modules", &lora.modules,
+                "LoRA adapters to load at start, as name=path (a PEFT directory: "
+                "adapter_config.json + adapter_model.safetensors); several after one flag or the "
+                "flag repeated");
+  f->Int("max-loras", &lora.max_loras,
+         "distinct LoRA adapters among the requests running at once (so in one batch); requests "
+         "for another adapter wait");
+  f->Int("max-lora-rank", &lora.max_lora_rank, "largest LoRA rank an adapter may have");
+  f->String("lora-dtype", &lora.dtype,
+            "what LoRA adapters are kept and computed in: auto (the model's weights: bfloat16 "
+            "for bf16 and quantized weights, float32 for f32), float32 or bfloat16");
+  f->Int("max-cpu-loras", &lora.max_cpu_loras,
+         "LoRA adapters loaded at once (0: --max-loras); at least --max-loras");
 }
 
 absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
@@ -156,6 +173,9 @@ absl::StatusOr<EngineBuildOptions> EngineFlags::ToBuildOptions() const {
   if (!ValueOf(kSpecMethods, speculative_method, &o.engine.spec.method)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--speculative-method must be none, ngram or draft, got '", speculative_method, "'"));
+  }
+  if (o.lora.enable_lora || !o.lora.modules.empty()) {
+    if (auto st = ValidateLoraOptions(o.lora); !st.ok()) return st;
   }
   o.engine.enable_prefix_cache = !no_prefix_cache;
   for (const auto& [flag, text, out] :
@@ -214,6 +234,12 @@ std::vector<std::string> EngineFlags::ToArgs() const {
   a.push_back("--kv-offload-write-bandwidth=" + kv_offload_write_bandwidth);
   a.push_back("--kv-offload-queue=" + kv_offload_queue);
   if (o.mmap_weights) a.push_back("--mmap-weights");
+  if (o.lora.enable_lora) a.push_back("--enable-lora");
+  for (const std::string& m : o.lora.modules) a.push_back("--lora-modules=" + m);
+  a.push_back(absl::StrCat("--max-loras=", o.lora.max_loras));
+  a.push_back(absl::StrCat("--max-lora-rank=", o.lora.max_lora_rank));
+  a.push_back(absl::StrCat("--max-cpu-loras=", o.lora.max_cpu_loras));
+  a.push_back("--lora-dtype=" + o.lora.dtype);
   return a;
 }
 

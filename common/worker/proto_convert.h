@@ -34,6 +34,7 @@ absl::StatusOr<EngineRequest> EngineRequestFromProto(const Request& request) {
   e.priority = request.priority();
   e.cache_salt = request.cache_salt();
   e.tenant = request.tenant();
+  e.lora_name = request.lora_name();
   e.arrival_time = absl::Now();
   return e;
 }

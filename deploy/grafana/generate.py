@@ -195,6 +195,25 @@ OVERVIEW = dashboard("tandem-overview", "Tandem / Cluster overview",
                       "rejected {{reason}}"),
                target(f"sum by (kind) (rate(tandem_http_timeouts_total{{{J}}}[{RI}]))",
                       "timeout {{kind}}")),
+    row("LoRA adapters"),
+    timeseries("LoRA adapters", "Adapters loaded, adapters with admitted requests (at most "
+               "--max-loras) and requests waiting for an adapter slot, by instance.", "short",
+               target(f"sum by (instance, state) (tandem_lora_adapters{{{J}}})",
+                      "{{instance}} {{state}}")),
+    timeseries("Tokens per adapter", "Generated tokens per second by LoRA adapter (the first 64 "
+               "adapter names; the rest as other).", "short",
+               target(f"sum by (lora_adapter) "
+                      f"(rate(tandem_lora_generation_tokens_total{{{J}}}[{RI}]))",
+                      "{{lora_adapter}}"), stack=True),
+    timeseries("Requests per adapter", "Sequences finished per second by LoRA adapter.", "short",
+               target(f"sum by (lora_adapter) "
+                      f"(rate(tandem_lora_sequences_finished_total{{{J}}}[{RI}]))",
+                      "{{lora_adapter}}"), stack=True),
+    timeseries("Latency per adapter (p90)", "90th percentile of arrival to finish at the "
+               "engine, by LoRA adapter.", "s",
+               target(f"histogram_quantile(0.9, sum by (lora_adapter, le) "
+                      f"(rate(tandem_lora_e2e_seconds_bucket{{{J}}}[{RI}])))",
+                      "{{lora_adapter}}")),
 ])
 
 KV = dashboard("tandem-kv-cache", "Tandem / KV cache",

@@ -7,6 +7,7 @@
 #include "common/rpc/callback_cq.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/http/generate_stream.h"
+#include "router/http/lora_routes.h"
 #include "router/http/openai_response.h"
 #include "router/http/request_id.h"
 
@@ -181,6 +182,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   std::unique_ptr<HttpServer> s(new HttpServer);
   s->options_ = options;
   s->stub_ = v1::Generation::NewStub(channel);
+  s->admin_ = v1::RouterAdmin::NewStub(channel);
   s->context_.tokenizer = tokenizer;
   s->context_.chat_template = chat_template;
   s->context_.max_model_len = options.max_model_len;
@@ -233,6 +235,8 @@ std::vector<HttpRoute> HttpServer::Routes() {
                            {"object", "model"},
                            {"created", 0},
                            {"owned_by", "tandem"},
+                           {"root", m.root().empty() ? m.name() : m.root()},
+                           {"parent", m.parent().empty() ? Json() : Json(m.parent())},
                            {"max_model_len", m.max_model_len()}});
          }
          res->Send(200, "application/json", Dump({{"object", "list"}, {"data", data}}));
@@ -298,6 +302,9 @@ std::vector<HttpRoute> HttpServer::Routes() {
                     [this](const HttpRequest& req, auto res) { Detokenize(req, std::move(res)); }});
   routes.push_back({"POST", "/v1/completions", generate(OpenAiEndpoint::kCompletions)});
   routes.push_back({"POST", "/v1/chat/completions", generate(OpenAiEndpoint::kChatCompletions)});
+  for (HttpRoute& r : LoraAdapterRoutes(admin_.get(), options_.limits)) {
+    routes.push_back(std::move(r));
+  }
   if (options_.authorize) {
     // Every API route checks the key on its headers: no body work for an unauthenticated client.
     auto admission = [authorize = options_.authorize](const HttpRequest& head,
@@ -313,7 +320,9 @@ std::vector<HttpRoute> HttpServer::Routes() {
     };
     for (HttpRoute& route : routes) {
       if (route.path == "/health") continue;
-      const bool limits = route.method == "POST";  // generate routes
+      // Generate routes (not the admin's LoRA routes).
+      const bool limits =
+          route.method == "POST" && route.path.find("lora_adapter") == std::string::npos;
       route.admission = [admission, limits](const HttpRequest& head) {
         return admission(head, limits);
       };

@@ -12,6 +12,7 @@
 #include "common/http/http_transport.h"
 #include "router/http/openai_request.h"
 #include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/router_admin.grpc.pb.h"
 
 namespace tandem {
 
@@ -43,8 +44,9 @@ struct HttpServerOptions {
 };
 
 // The OpenAI-compatible HTTP/1.1 API (on HttpTransport): POST /v1/completions,
-// POST /v1/chat/completions, GET /v1/models, GET /health, and vLLM's POST /tokenize and
-// POST /detokenize. A gateway onto the router's
+// POST /v1/chat/completions, GET /v1/models (LoRA adapters with their base as `parent`, as
+// vLLM), GET /health, and vLLM's POST /tokenize, POST /detokenize, POST /v1/load_lora_adapter
+// and POST /v1/unload_lora_adapter (lora_routes.h). A gateway onto the router's
 // Generation gRPC service through an in-process channel, so validation, API keys, rate limits,
 // tenant isolation, metrics and cancellation are the gRPC API's own. Thread-safe.
 class HttpServer {
@@ -71,6 +73,7 @@ class HttpServer {
 
   HttpServerOptions options_;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<v1::RouterAdmin::Stub> admin_;  // runtime LoRA loading (lora_routes.h)
   OpenAiContext context_;
   std::unique_ptr<HttpTransport> server_;
   int port_ = 0;

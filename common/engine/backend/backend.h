@@ -11,6 +11,8 @@
 
 namespace tandem {
 
+struct LoraAdapter;  // common/engine/lora/lora_adapter.h
+
 // Shape of the paged KV pool. Block b of layer l is one contiguous region of
 // bytes_per_block_layer() bytes laid out [2 (K, V)][num_kv_heads][block_size][head_dim] (plus
 // per-row scales for the quantized dtypes, common/base/kv_layout.h).
@@ -58,6 +60,9 @@ struct ForwardSeq {
   // Window layout only (KvCacheSpec::windowed): per local group, the pages parallel to
   // block_table; -1 for blocks outside every window of this chunk's queries.
   std::vector<std::vector<int32_t>> local_tables;
+  // The LoRA adapter whose low-rank terms this sequence's projections add (null: the base
+  // model). Only backends whose SupportsLora() is true take one; it outlives the Forward call.
+  const LoraAdapter* lora = nullptr;
 };
 
 // A ragged batch: every scheduled sequence's next chunk, concatenated.
@@ -100,6 +105,8 @@ class Backend {
   virtual std::string name() const = 0;
   virtual const KvCacheSpec& kv_spec() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // Whether Forward honours ForwardSeq::lora (a backend that does not refuses a batch with one).
+  virtual bool SupportsLora() const { return false; }
 
   // Runs the batch; writes logits f32 [batch.logit_rows.size(), vocab_size()] to `logits`.
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;

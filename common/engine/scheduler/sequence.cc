@@ -32,6 +32,7 @@ std::unique_ptr<Sequence> ForkSample(const Sequence& parent, int64_t seq_id, int
   child->spec = parent.spec;
   child->grammar = parent.grammar;
   child->disagg = parent.disagg;
+  child->lora = parent.lora;
   child->timing = parent.timing;
   child->usage = parent.usage.ForkedSample();
   child->features = parent.features;

@@ -66,6 +66,7 @@ struct Sequence {
   SpecState spec;
   GrammarState grammar;
   DisaggState disagg;
+  LoraState lora;
   SequenceTiming timing;
   SequenceUsage usage;
   FeatureSlots features;  // features registered at run time

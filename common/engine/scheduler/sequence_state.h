@@ -20,6 +20,8 @@
 
 namespace tandem {
 
+struct LoraAdapter;  // common/engine/lora/lora_adapter.h
+
 // Speculative decoding (DESIGN §4; spec_feature.cc): this step's proposal, verified after the
 // forward pass, and the adaptive draft length.
 struct SpecState {
@@ -71,6 +73,14 @@ struct DisaggState {
   std::shared_ptr<KvExportHooks> export_hooks;         // prefill role, may be null
   absl::Duration kv_lease = absl::Seconds(60);         // reservation lifetime
   absl::Time lease_deadline = absl::InfiniteFuture();  // awaiting its KV: reservation expiry
+};
+
+// LoRA (lora_feature.cc): the adapter whose weights the backend adds to this sequence's
+// projections (null: the base model), held for as long as the sequence lives, so unloading the
+// adapter never frees weights it still reads. Its cache key salts the prefix cache's hashes.
+struct LoraState {
+  std::shared_ptr<const LoraAdapter> adapter;
+  bool held = false;  // waiting for an adapter slot (--max-loras), held by the feature
 };
 
 // When the sequence reached each stage (the usage report's durations).

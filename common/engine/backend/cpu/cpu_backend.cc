@@ -403,6 +403,8 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
     cpu::MatMulShared(src, M, K, K, out.data(), static_cast<int>(out.size()), pool);
   };
 
+  // LoRA terms (lora.h) are added after each base projection, to the tokens of their adapters.
+  const bool lora = lora_.Prepare(b);
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
   const bool gemma = IsGemma(c.architecture);
   if (gemma) ScaleRows(x, t * d, EmbeddingScale(c, w.embed_tokens.dtype));
@@ -428,6 +430,11 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
                   {{&lw.q_proj, qd, bias(lw.q_bias), q},
                    {&lw.k_proj, kvd, bias(lw.k_bias), k},
                    {&lw.v_proj, kvd, bias(lw.v_bias), v}});
+    if (lora) {
+      lora_.Add(l, LoraTarget::kQ, h, d, d, q, qd, qd, pool);
+      lora_.Add(l, LoraTarget::kK, h, d, d, k, kvd, kvd, pool);
+      lora_.Add(l, LoraTarget::kV, h, d, d, v, kvd, kvd, pool);
+    }
     if (c.qk_norm) {  // per-head RMSNorm: q and k seen as [t * heads, head_dim] rows
       cpu::RmsNorm(q, lw.q_norm.as<float>(), t * c.num_heads, hd, eps, q, pool);
       cpu::RmsNorm(k, lw.k_norm.as<float>(), t * c.num_kv_heads, hd, eps, k, pool);
@@ -454,6 +461,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
                         static_cast<float>(c.attn_logit_softcapping));
     if (b.on_layer_done) b.on_layer_done(l);
     matmul(attn, t, qd, true, lw.o_proj, d, nullptr, delta);
+    if (lora) lora_.Add(l, LoraTarget::kO, attn, qd, qd, delta, d, d, pool);
     if (gemma) {  // norm the attention output, add it, norm again before the MLP
       cpu::RmsNorm(delta, lw.post_norm.as<float>(), t, d, eps, delta, pool);
       cpu::AddRmsNorm(x, delta, lw.pre_ffw_norm.as<float>(), t, d, eps, h, pool);
@@ -465,12 +473,17 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
       continue;
     }
     matmul_shared(h, t, d, {{&lw.gate_proj, f, nullptr, gate}, {&lw.up_proj, f, nullptr, up}});
+    if (lora) {
+      lora_.Add(l, LoraTarget::kGate, h, d, d, gate, f, f, pool);
+      lora_.Add(l, LoraTarget::kUp, h, d, d, up, f, f, pool);
+    }
     if (c.activation == Activation::kGeluTanh) {
       GeluTanhMul(gate, up, t * f, act, pool);
     } else {
       cpu::SiluMul(gate, up, t, f, act, pool);
     }
     matmul(act, t, f, true, lw.down_proj, d, nullptr, delta);
+    if (lora) lora_.Add(l, LoraTarget::kDown, act, f, f, delta, d, d, pool);
     if (gemma) cpu::RmsNorm(delta, lw.post_ffw_norm.as<float>(), t, d, eps, delta, pool);
   }
 

@@ -12,6 +12,7 @@
 #include "common/base/thread_pool.h"
 #include "common/engine/backend/backend.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
+#include "common/engine/backend/cpu/lora.h"
 #include "common/engine/backend/cpu/moe.h"
 #include "common/engine/model/model.h"
 
@@ -59,6 +60,7 @@ class CpuBackend : public Backend {
   std::vector<std::pair<std::string, std::string>> InfoLabels() const;
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
+  bool SupportsLora() const override { return true; }
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   void CopyBlock(int32_t src, int32_t dst) override;
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override;
@@ -112,6 +114,7 @@ class CpuBackend : public Backend {
   std::vector<cpu::AttentionQuery> queries_;
   std::unique_ptr<MoeMlp> moe_ = std::make_unique<MoeMlp>();  // experts' scratch
   std::vector<cpu::MatMulProjection> projections_;            // one MatMulShared call's projections
+  LoraRunner lora_;                                           // this step's LoRA groups and scratch
 };
 
 }  // namespace tandem

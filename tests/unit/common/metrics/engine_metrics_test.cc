@@ -93,6 +93,57 @@ TEST(EngineMetricsTest, FinishedSequencesByReasonWithTimings) {
   EXPECT_EQ(ReadHistogram(registry, "tandem_engine_step_duration_seconds")->count, 1u);
 }
 
+TEST(EngineMetricsTest, LoraSeriesPerAdapterWithBoundedLabels) {
+  prometheus::Registry registry;
+  EngineMetrics metrics(&registry, "both");
+  EngineCounters off;  // LoRA off: no LoRA gauge series
+  metrics.Update(off);
+  EXPECT_FALSE(ReadMetric(registry, "tandem_lora_adapters", {{"state", "loaded"}}).has_value());
+  EngineCounters on;
+  on.lora_adapters_loaded = 3;
+  on.lora_adapters_active = 2;
+  on.lora_requests_held = 5;
+  metrics.Update(on);
+  EXPECT_EQ(ReadMetric(registry, "tandem_lora_adapters", {{"state", "loaded"}}), 3);
+  EXPECT_EQ(ReadMetric(registry, "tandem_lora_adapters", {{"state", "active"}}), 2);
+  EXPECT_EQ(ReadMetric(registry, "tandem_lora_adapters", {{"state", "requests_waiting"}}), 5);
+  FinishedSequence f;
+  f.finish_reason = "length";
+  f.prompt_tokens = 7;
+  f.completion_tokens = 3;
+  f.e2e_seconds = 0.5;
+  metrics.OnSequenceFinished(f);  // the base model: no LoRA series
+  EXPECT_FALSE(ReadMetric(registry, "tandem_lora_sequences_finished_total").has_value());
+  // More adapter names than the label bound: the first kMaxLoraLabels, then "other".
+  std::vector<std::string> names;
+  for (size_t i = 0; i < EngineMetrics::kMaxLoraLabels + 5; ++i) {
+    names.push_back("adapter-" + std::to_string(i));
+  }
+  for (const std::string& name : names) {
+    f.lora_adapter = name;
+    metrics.OnSequenceFinished(f);
+  }
+  f.lora_adapter = names[0];
+  metrics.OnSequenceFinished(f);
+  EXPECT_EQ(
+      ReadMetric(registry, "tandem_lora_sequences_finished_total", {{"lora_adapter", "adapter-0"}}),
+      2);
+  EXPECT_EQ(
+      ReadMetric(registry, "tandem_lora_generation_tokens_total", {{"lora_adapter", "adapter-0"}}),
+      6);
+  EXPECT_EQ(ReadMetric(registry, "tandem_lora_prompt_tokens_total",
+                       {{"lora_adapter", names[EngineMetrics::kMaxLoraLabels - 1]}}),
+            7);
+  EXPECT_EQ(
+      ReadMetric(registry, "tandem_lora_sequences_finished_total", {{"lora_adapter", "other"}}), 5);
+  EXPECT_FALSE(
+      ReadMetric(registry, "tandem_lora_sequences_finished_total", {{"lora_adapter", names.back()}})
+          .has_value());
+  EXPECT_EQ(ReadMetric(registry, "tandem_lora_sequences_finished_total"),
+            static_cast<double>(names.size() + 1));
+  EXPECT_EQ(ReadHistogram(registry, "tandem_lora_e2e_seconds")->count, names.size() + 1);
+}
+
 TEST(EngineMetricsTest, HooksInterface) {
   prometheus::Registry registry;
   EngineMetrics metrics(&registry, "both");

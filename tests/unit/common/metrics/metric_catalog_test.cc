@@ -36,6 +36,13 @@ std::vector<prometheus::MetricFamily> AllFamilies() {
     RegisterProcessInfo(&registry, "test");
     router.RecordRoutingDecision("round_robin", routing_reason::kRoundRobin);
     router.SetWorkerHealthy("w", "decode", true);
+    EngineCounters lora;  // LoRA series exist once LoRA is on and an adapter was used
+    lora.lora_adapters_loaded = 1;
+    engine.Update(lora);
+    FinishedSequence finished;
+    finished.finish_reason = "stop";
+    finished.lora_adapter = "adapter";
+    engine.OnSequenceFinished(finished);
     return true;
   }();
   (void)once;

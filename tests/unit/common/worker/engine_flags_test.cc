@@ -51,6 +51,11 @@ void ExpectSame(const EngineBuildOptions& a, const EngineBuildOptions& b) {
   EXPECT_EQ(ea.spec.ngram_max, eb.spec.ngram_max);
   EXPECT_EQ(ea.spec.ngram_min, eb.spec.ngram_min);
   EXPECT_EQ(ea.spec.adaptive, eb.spec.adaptive);
+  EXPECT_EQ(a.lora.enable_lora, b.lora.enable_lora);
+  EXPECT_EQ(a.lora.modules, b.lora.modules);
+  EXPECT_EQ(a.lora.max_loras, b.lora.max_loras);
+  EXPECT_EQ(a.lora.max_lora_rank, b.lora.max_lora_rank);
+  EXPECT_EQ(a.lora.max_cpu_loras, b.lora.max_cpu_loras);
 }
 
 TEST(EngineFlagsTest, WithoutFlagsTheOptionsAreTheDefaults) {
@@ -126,7 +131,12 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
                                          "--ngram-min=2",
                                          "--no-prefix-cache",
                                          "--mmap-weights",
-                                         "--no-adaptive-speculation"};
+                                         "--no-adaptive-speculation",
+                                         "--enable-lora",
+                                         "--lora-modules=a=/x",
+                                         "--max-loras=2",
+                                         "--max-lora-rank=32",
+                                         "--max-cpu-loras=4"};
   EngineFlags flags;
   FlagSet set("test", "");
   flags.Register(&set);
@@ -140,6 +150,22 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
   ExpectSame(*again, *original);
   EXPECT_EQ(again->kv_cache_bytes, int64_t{3} << 30);
   EXPECT_TRUE(again->mmap_weights);
+  EXPECT_EQ(again->lora.modules, std::vector<std::string>{"a=/x"});
+  EXPECT_EQ(again->lora.max_cpu_loras, 4);
+}
+
+// vLLM's form: --lora-modules name=path name=path (values up to the next flag), or repeated.
+TEST(EngineFlagsTest, LoraModulesTakeSeveralValuesOrRepeat) {
+  auto parsed = Parse({"--lora-modules", "a=/x", "b=/y", "--max-loras=3", "--lora-modules=c=/z"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->lora.modules, (std::vector<std::string>{"a=/x", "b=/y", "c=/z"}));
+  EXPECT_EQ(parsed->lora.max_loras, 3);
+  auto bad = Parse({"--lora-modules", "a=/x", "a=/y"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("given twice"), std::string::npos) << bad.status();
+  auto limits = Parse({"--enable-lora", "--max-loras=4", "--max-cpu-loras=2"});
+  ASSERT_FALSE(limits.ok());
+  EXPECT_NE(limits.status().message().find("--max-cpu-loras"), std::string::npos);
 }
 
 }  // namespace

@@ -1,0 +1,128 @@
+#include "common/engine/lora/lora_registry.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem {
+
+absl::Status ValidateLoraOptions(const LoraOptions& o) {
+  if (o.max_loras < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-loras must be >= 1, got ", o.max_loras));
+  }
+  if (o.max_lora_rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-lora-rank must be >= 1, got ", o.max_lora_rank));
+  }
+  if (o.max_cpu_loras != 0 && o.max_cpu_loras < o.max_loras) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-cpu-loras (", o.max_cpu_loras,
+                                                   ") must be >= --max-loras (", o.max_loras, ")"));
+  }
+  if (o.dtype != "auto" && o.dtype != "float32" && o.dtype != "bfloat16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lora-dtype must be auto, float32 or bfloat16, got '", o.dtype, "'"));
+  }
+  std::set<std::string> names;
+  for (const std::string& m : o.modules) {
+    const size_t eq = m.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == m.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora-modules: '", m, "' is not of the form name=path"));
+    }
+    if (!names.insert(m.substr(0, eq)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lora-modules: the name '", m.substr(0, eq), "' is given twice"));
+    }
+  }
+  if (static_cast<int64_t>(o.modules.size()) > o.loaded_limit()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lora-modules: ", o.modules.size(), " adapters but at most ", o.loaded_limit(),
+        " may be loaded (--max-cpu-loras, or --max-loras when it is not set)"));
+  }
+  return absl::OkStatus();
+}
+
+LoraRegistry::LoraRegistry(ModelConfig config, LoraOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  limits_.max_lora_rank = options_.max_lora_rank;
+  limits_.dtype = options_.dtype == "float32"    ? DType::kF32
+                  : options_.dtype == "bfloat16" ? DType::kBF16
+                                                 : options_.model_dtype;
+}
+
+absl::Status LoraRegistry::Load(const std::string& name, const std::string& dir) {
+  if (name.empty() || name.size() > 256 || name.find_first_of(" \t\r\n=") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "lora_name: must be 1 to 256 characters without whitespace or '='");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (adapters_.count(name) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("LoRA adapter '", name, "' is already loaded"));
+    }
+  }
+  // Read outside the lock: loading takes milliseconds to seconds.
+  auto adapter = LoadLoraAdapter(name, dir, config_, limits_);
+  if (!adapter.ok()) return adapter.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (adapters_.count(name) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("LoRA adapter '", name, "' is already loaded"));
+  }
+  if (static_cast<int64_t>(adapters_.size()) >= options_.loaded_limit()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot load LoRA adapter '", name, "': ", adapters_.size(),
+                     " are loaded, the limit (--max-cpu-loras) is ", options_.loaded_limit(),
+                     "; unload one first"));
+  }
+  adapters_.emplace(name, *std::move(adapter));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> LoraRegistry::Unload(const std::string& name) {
+  std::shared_ptr<const LoraAdapter> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = adapters_.find(name);
+    if (it == adapters_.end()) {
+      return absl::NotFoundError(absl::StrCat("LoRA adapter '", name, "' is not loaded"));
+    }
+    gone = std::move(it->second);
+    adapters_.erase(it);
+  }
+  // Holders other than this function's copy (use_count is exact only at quiescence).
+  return static_cast<int64_t>(gone.use_count()) - 1;
+}
+
+std::shared_ptr<const LoraAdapter> LoraRegistry::Find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = adapters_.find(name);
+  return it == adapters_.end() ? nullptr : it->second;
+}
+
+std::vector<LoraInfo> LoraRegistry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LoraInfo> out;
+  for (const auto& [name, a] : adapters_) {
+    out.push_back({name, a->path, a->rank, static_cast<int64_t>(a.use_count()) - 1});
+  }
+  return out;
+}
+
+size_t LoraRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return adapters_.size();
+}
+
+absl::StatusOr<std::shared_ptr<LoraRegistry>> MakeLoraRegistry(const ModelConfig& config,
+                                                               const LoraOptions& options) {
+  if (!options.enable_lora && options.modules.empty()) return nullptr;
+  if (auto st = ValidateLoraOptions(options); !st.ok()) return st;
+  auto registry = std::make_shared<LoraRegistry>(config, options);
+  for (const std::string& m : options.modules) {
+    const size_t eq = m.find('=');
+    if (auto st = registry->Load(m.substr(0, eq), m.substr(eq + 1)); !st.ok()) return st;
+  }
+  return registry;
+}
+
+}  // namespace tandem
