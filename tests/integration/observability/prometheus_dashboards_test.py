@@ -4,7 +4,8 @@
 1. starts a local Tandem cluster with /metrics enabled and JSON logs: `tandem serve` (monolithic;
    `--mode cluster:P,D` runs `tandem serve --prefill-workers P --decode-workers D`), and drives
    load through it with a real gRPC client (streams with shared prefixes, n > 1, stop strings,
-   cancellations, invalid requests);
+   cancellations, invalid requests, prompts repeated after their blocks left the pool, and in the
+   monolithic mode requests for a LoRA adapter); KV cache tiers (host and disk) are on;
 2. `promtool check metrics` passes on every process's /metrics;
 3. starts `prometheus` on loopback scraping the processes every second with
    deploy/prometheus/tandem-rules.yaml loaded, then runs every PromQL expression of every
@@ -38,8 +39,10 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "deploy"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import grpc  # noqa: E402
 import deploylib  # noqa: E402
+from peft_np import write_adapter  # noqa: E402
 from tandem_testlib import check, load_stubs, make_prompt  # noqa: E402
 
 NOT_IN_ONE_PROCESS = ("monolithic serve moves no KV between processes: kvtransfer (and its "
@@ -50,6 +53,9 @@ NO_WORKER_API = ("monolithic serve's router calls its engine in-process, bypassi
                  "worker service whose streams WorkerMetrics counts")
 NO_SPEC = ("speculative decoding is not enabled by `tandem serve` yet, so no SpecMetrics are "
            "registered")
+NO_CLUSTER_LORA = ("LoRA adapters are served by one process only (a local cluster refuses "
+                   "--lora-modules), so the cluster mode has no adapters")
+MODEL = os.path.join(ROOT, "models", "stories260k")
 
 # Dashboard panels ("uid / panel title") and recording rules whose series legitimately do not
 # exist in a mode, with the reason. The test asserts they return NO data there.
@@ -81,6 +87,10 @@ EXPECTED_ABSENT = {
         "tandem-speculative / Acceptance length distribution": NO_SPEC,
         "job_proposer:tandem_spec_acceptance:ratio_rate5m": NO_SPEC,
         "job_proposer:tandem_spec_acceptance_length:mean_rate5m": NO_SPEC,
+        "tandem-overview / LoRA adapters": NO_CLUSTER_LORA,
+        "tandem-overview / Tokens per adapter": NO_CLUSTER_LORA,
+        "tandem-overview / Requests per adapter": NO_CLUSTER_LORA,
+        "tandem-overview / Latency per adapter (p90)": NO_CLUSTER_LORA,
     },
 }
 
@@ -120,12 +130,22 @@ class Cluster:
         port_file = os.path.join(self.tmp, "port")
         self.metrics_port_file = os.path.join(self.tmp, "metrics-port")
         exe = os.path.join(build_dir, "bin", "tandem")
-        cmd = [exe, "serve", "--port", "0", "--port-file", port_file, "--metrics-port=-1",
-               f"--metrics-port-file={self.metrics_port_file}", "--log-json",
-               "--num-kv-blocks", "96", "--max-num-seqs", "16", "--threads", "2"]
+        # KV tiers on in both modes (a small host tier over a disk tier, so both fill and the
+        # clients' repeated prompts load blocks back); one LoRA adapter in the monolithic mode.
+        cmd = [exe, "serve", "--model", MODEL, "--port", "0", "--port-file", port_file,
+               "--metrics-port=-1", f"--metrics-port-file={self.metrics_port_file}", "--log-json",
+               "--num-kv-blocks", "96", "--max-num-seqs", "16", "--threads", "2",
+               "--kv-offload-host-memory", "256KiB", "--kv-offload-dir",
+               os.path.join(self.tmp, "kv-tiers")]
+        self.lora = None
         if mode.startswith("cluster:"):
             p, d = mode.split(":")[1].split(",")
             cmd += ["--prefill-workers", p, "--decode-workers", d]
+        else:
+            self.lora = "obs-adapter"
+            adapter = os.path.join(self.tmp, self.lora)
+            write_adapter(json.load(open(os.path.join(MODEL, "config.json"))), adapter, seed=5)
+            cmd += ["--lora-modules", f"{self.lora}={adapter}"]
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for("tandem serve", lambda: os.path.exists(port_file) and
@@ -218,8 +238,8 @@ class Prometheus:
 class Load:
     """Client traffic in background threads; counts what the client saw."""
 
-    def __init__(self, stubs, address):
-        self.stubs, self.address = stubs, address
+    def __init__(self, stubs, address, lora=None):
+        self.stubs, self.address, self.lora = stubs, address, lora
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.counts = {"ok": 0, "invalid": 0, "cancelled": 0, "other": 0}
@@ -236,15 +256,21 @@ class Load:
         for t in self.threads:
             t.join(120)
 
-    def one(self, stub, rng, kind):
+    def one(self, stub, rng, kind, sent):
         gen, sampling = self.stubs.gen, self.stubs.sampling
         system = "Once upon a time there was a little girl named Lily. She loved to play. "
         if kind == "invalid":
             req = gen.GenerateRequest(text="", sampling=sampling.SamplingParams(max_tokens=4))
         else:
-            prompt = (system * rng.randint(1, 3)) + make_prompt(rng, 1, 20)
+            if kind == "again" and len(sent) > 24:
+                # A prompt of a while ago: its blocks have left the pool for the KV tiers.
+                prompt = sent[rng.randint(0, len(sent) - 24)]
+            else:
+                prompt = (system * rng.randint(1, 3)) + make_prompt(rng, 1, 20)
+                sent.append(prompt)
             req = gen.GenerateRequest(
                 text=prompt, n=2 if kind == "n2" else 1,
+                model=self.lora if kind == "lora" else "",
                 sampling=sampling.SamplingParams(
                     temperature=0 if kind != "n2" else 0.8, seed=rng.randint(1, 1000),
                     max_tokens=400 if kind == "cancel" else rng.randint(8, 48),
@@ -275,9 +301,12 @@ class Load:
     def run(self, i):
         rng = random.Random(i)
         stub = self.stubs.gen_grpc.GenerationStub(grpc.insecure_channel(self.address))
-        kinds = ["plain"] * 6 + ["n2", "stop", "cancel", "invalid"]
+        kinds = ["plain"] * 6 + ["n2", "stop", "cancel", "invalid", "again", "again"]
+        if self.lora:
+            kinds += ["lora", "lora"]
+        sent = []
         while not self.stop_event.is_set():
-            self.one(stub, rng, rng.choice(kinds))
+            self.one(stub, rng, rng.choice(kinds), sent)
 
 
 def is_finite_result(data):
@@ -419,12 +448,15 @@ def main():
     prom = None
     try:
         prom = Prometheus(cluster.targets)
-        load = Load(stubs, cluster.address)
+        load = Load(stubs, cluster.address, cluster.lora)
         load.start()
         # Enough scrapes and rule evaluations for 1m rates and the 5m recording rules.
         wait_for("recorded TTFT quantiles", lambda: prom.query(
             'job_quantile:tandem_router_time_to_first_token_seconds:histogram_quantile_5m'
             '{quantile="0.99"} > 0')["result"], 90, logs=prom.logs)
+        wait_for("blocks loaded back from the KV tiers", lambda: prom.query(
+            'sum(tandem_kv_tier_load_duration_seconds_count) > 0')["result"], 60,
+            logs=prom.logs)
         time.sleep(4)
         check_promtool_metrics(cluster.targets)
         check_queries(prom, args.mode)
