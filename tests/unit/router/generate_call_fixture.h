@@ -49,9 +49,9 @@ class FakeClient : public InferenceClient {
     return requests_.empty() ? v1::DecodeRequest() : requests_.back();
   }
   // Waits until `n` requests reached the client.
-  bool WaitForRequests(size_t n) {
+  bool WaitForRequests(size_t n, std::chrono::milliseconds wait = kWait) {
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, kWait, [&] { return requests_.size() >= n; });
+    return cv_.wait_for(lock, wait, [&] { return requests_.size() >= n; });
   }
   // Waits for a Cancel(request_id, index).
   bool WaitForCancel(const std::string& request_id, int32_t index) {
