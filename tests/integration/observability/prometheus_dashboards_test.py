@@ -51,8 +51,6 @@ NO_REGISTRY = ("monolithic serve routes in-process to its one worker: no worker 
                "routing decisions and no worker health")
 NO_WORKER_API = ("monolithic serve's router calls its engine in-process, bypassing the gRPC "
                  "worker service whose streams WorkerMetrics counts")
-NO_SPEC = ("speculative decoding is not enabled by `tandem serve` yet, so no SpecMetrics are "
-           "registered")
 NO_CLUSTER_LORA = ("LoRA adapters are served by one process only (a local cluster refuses "
                    "--lora-modules), so the cluster mode has no adapters")
 MODEL = os.path.join(ROOT, "models", "stories260k")
@@ -69,24 +67,12 @@ EXPECTED_ABSENT = {
         "tandem-disaggregation / Routing decisions": NO_REGISTRY,
         "tandem-disaggregation / Healthy workers per role": NO_REGISTRY,
         "tandem-disaggregation / Unhealthy workers": NO_REGISTRY,
-        "tandem-speculative / Acceptance rate": NO_SPEC,
-        "tandem-speculative / Mean acceptance length": NO_SPEC,
-        "tandem-speculative / Drafted and accepted tokens": NO_SPEC,
-        "tandem-speculative / Acceptance length distribution": NO_SPEC,
         "job_transport_quantile:tandem_kv_transfer_duration_seconds:histogram_quantile_5m":
             NOT_IN_ONE_PROCESS,
         "job:tandem_kv_transfer_failures:ratio_rate5m": NOT_IN_ONE_PROCESS,
-        "job_proposer:tandem_spec_acceptance:ratio_rate5m": NO_SPEC,
-        "job_proposer:tandem_spec_acceptance_length:mean_rate5m": NO_SPEC,
     },
     # A local disaggregated cluster has transfers, a registry and worker streams.
     "cluster": {
-        "tandem-speculative / Acceptance rate": NO_SPEC,
-        "tandem-speculative / Mean acceptance length": NO_SPEC,
-        "tandem-speculative / Drafted and accepted tokens": NO_SPEC,
-        "tandem-speculative / Acceptance length distribution": NO_SPEC,
-        "job_proposer:tandem_spec_acceptance:ratio_rate5m": NO_SPEC,
-        "job_proposer:tandem_spec_acceptance_length:mean_rate5m": NO_SPEC,
         "tandem-overview / LoRA adapters": NO_CLUSTER_LORA,
         "tandem-overview / Tokens per adapter": NO_CLUSTER_LORA,
         "tandem-overview / Requests per adapter": NO_CLUSTER_LORA,
@@ -130,13 +116,15 @@ class Cluster:
         port_file = os.path.join(self.tmp, "port")
         self.metrics_port_file = os.path.join(self.tmp, "metrics-port")
         exe = os.path.join(build_dir, "bin", "tandem")
-        # KV tiers on in both modes (a small host tier over a disk tier, so both fill and the
-        # clients' repeated prompts load blocks back); one LoRA adapter in the monolithic mode.
+        # KV tiers (a small host tier over a disk tier, so both fill and the clients' repeated
+        # prompts load blocks back) and n-gram speculation in both modes; one LoRA adapter in the
+        # monolithic mode.
         cmd = [exe, "serve", "--model", MODEL, "--port", "0", "--port-file", port_file,
                "--metrics-port=-1", f"--metrics-port-file={self.metrics_port_file}", "--log-json",
                "--num-kv-blocks", "96", "--max-num-seqs", "16", "--threads", "2",
                "--kv-offload-host-memory", "256KiB", "--kv-offload-dir",
-               os.path.join(self.tmp, "kv-tiers")]
+               os.path.join(self.tmp, "kv-tiers"), "--speculative-method", "ngram",
+               "--num-speculative-tokens", "3"]
         self.lora = None
         if mode.startswith("cluster:"):
             p, d = mode.split(":")[1].split(",")
