@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "common/metrics/transfer_hooks.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer {

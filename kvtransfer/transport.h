@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
 #include "common/cluster/kv_transfer_layout.h"
-#include "common/metrics/transfer_hooks.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 
 namespace tandem::kvtransfer {

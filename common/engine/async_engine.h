@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/engine/engine.h"
-#include "common/metrics/engine_hooks.h"
+#include "common/engine/engine_hooks.h"
 
 namespace tandem {
 

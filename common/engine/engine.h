@@ -14,7 +14,7 @@
 #include "common/engine/kv/block_pool.h"
 #include "common/engine/model/model.h"
 #include "common/engine/spec/proposer.h"
-#include "common/metrics/spec_hooks.h"
+#include "common/engine/spec_hooks.h"
 
 namespace tandem {
 

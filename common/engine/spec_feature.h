@@ -6,7 +6,7 @@
 #include "common/engine/engine_core.h"
 #include "common/engine/engine_feature.h"
 #include "common/engine/spec/proposer.h"
-#include "common/metrics/spec_hooks.h"
+#include "common/engine/spec_hooks.h"
 
 namespace tandem {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/metrics/engine_hooks.h"
+#include "common/engine/engine_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/metrics/kv_tier_hooks.h"
+#include "common/engine/kv/tiers/kv_tier_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/metrics/spec_hooks.h"
+#include "common/engine/spec_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"

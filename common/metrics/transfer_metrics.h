@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/metrics/transfer_hooks.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "common/base/flags.h"
-#include "common/metrics/transfer_hooks.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "common/rpc/server.h"
 #include "common/worker/engine_flags.h"
 #include "common/worker/handlers.h"

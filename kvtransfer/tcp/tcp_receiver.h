@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/metrics/transfer_hooks.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/receiver_core.h"
 #include "kvtransfer/tcp/socket.h"

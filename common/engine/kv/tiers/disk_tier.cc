@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/log.h"
-#include "common/metrics/kv_tier_hooks.h"
+#include "common/engine/kv/tiers/kv_tier_hooks.h"
 
 namespace tandem {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "common/cluster/block_hash.h"
-#include "common/metrics/kv_tier_hooks.h"
+#include "common/engine/kv/tiers/kv_tier_hooks.h"
 
 namespace tandem {
 
@@ -40,7 +40,7 @@ struct KvTierOptions {
   bool enabled() const { return host_bytes > 0 || !disk_dir.empty(); }
 };
 
-// KvTierStats, KvTierCounters: common/metrics/kv_tier_hooks.h (indexed by KvTier).
+// KvTierStats, KvTierCounters: common/engine/kv/tiers/kv_tier_hooks.h (indexed by KvTier).
 enum class KvTier { kHost = 0, kDisk = 1 };
 inline constexpr std::array<const char*, 2> kKvTierNames = {"host", "disk"};
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/metrics/kv_tier_hooks.h"
+#include "common/engine/kv/tiers/kv_tier_hooks.h"
 
 namespace tandem {
 

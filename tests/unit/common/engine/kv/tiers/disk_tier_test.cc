@@ -15,7 +15,7 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
-#include "common/metrics/kv_tier_hooks.h"
+#include "common/engine/kv/tiers/kv_tier_hooks.h"
 #include "tests/unit/common/engine/kv/tiers/tier_test_util.h"
 
 namespace tandem {
