@@ -6,7 +6,8 @@ adapters and `model` selects them; /v1/load_lora_adapter loads on the workers (e
 least recently used adapter within --max-cpu-loras 1), and a request for an adapter a worker
 evicted loads it there on demand; the workers report their adapters; a decode worker refuses a
 request for an adapter it does not have and a KV transfer computed with another adapter than its
-reservation's, and a prefill worker refuses a reservation for another adapter."""
+reservation's, and a prefill worker refuses a reservation for another adapter; unloading
+through the router unloads on the workers."""
 import os
 import sys
 import tempfile
@@ -177,6 +178,20 @@ def main():
               "base output after the refused transfer")
         print(f"ok: the decode worker refuses an adapter it lacks and a transfer for another "
               f"adapter ({finals[0].error_message!r})")
+
+        # Unloading through the router unloads from the workers and stops serving the name,
+        # though a worker's stats may still list it for a moment.
+        status, _, body = post(port, "/v1/unload_lora_adapter", {"lora_name": "sql"})
+        check(status == 200, f"unload: {status} {body!r}")
+        status, err = post_json(port, "/v1/completions",
+                                {"model": "sql", "prompt": PROMPT, "max_tokens": 4})
+        check(status == 404, f"after unload: {status} {err}")
+        status, models = get_json(port, "/v1/models")
+        check({m["id"] for m in models["data"]} == {"stories260k", "poet"},
+              f"/v1/models after unload: {models}")
+        for ch in (prefill, decode):
+            wait_adapters(stubs, ch, set(), "after unloading sql")
+        print("ok: unloading through the router unloads on the workers")
 
 
 if __name__ == "__main__":
