@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "router/routing_policy.h"
 #include "router/worker_registry.h"
 
 namespace tandem {
@@ -22,9 +23,13 @@ bool WorkerHasLora(const Worker& worker, const std::string& name, absl::Time now
 
 // The workers a request for adapter `name` goes to: those that hold it (adapter affinity; the
 // routing policy then picks among them by prefix and load); when none does, those with LoRA on
-// (one loads it on demand). `name` empty (the base model): every worker.
+// (one loads it on demand). With `bound`, when every holder's load (Worker::inflight_blocks) is
+// over its imbalance bound (max_imbalance x the least loaded LoRA worker's + slack), the others
+// with LoRA on join them, so one hot adapter spreads to another worker instead of piling onto
+// its holders. `name` empty (the base model): every worker.
 std::vector<std::shared_ptr<Worker>> LoraAffinity(
-    const std::vector<std::shared_ptr<Worker>>& workers, const std::string& name, absl::Time now);
+    const std::vector<std::shared_ptr<Worker>>& workers, const std::string& name, absl::Time now,
+    const RoutingOptions* bound = nullptr);
 
 // Adapter `name`'s cache key as the workers report it (0: none reports it). Workers that loaded
 // one name from one path report one key; the prefix cache salts the adapter's requests with it.

@@ -86,7 +86,7 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
   }
   // Adapter affinity first (the workers holding the request's LoRA adapter, else those that can
   // load it), then the policy among them.
-  decoders = LoraAffinity(decoders, leg.lora_name(), now);
+  decoders = LoraAffinity(decoders, leg.lora_name(), now, &o.routing);
   if (decoders.empty()) {
     host_->RecordDecision(routing_reason::kNoWorker);
     return false;

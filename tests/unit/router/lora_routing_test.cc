@@ -66,6 +66,24 @@ TEST(LoraRoutingTest, HoldersFirstThenWorkersThatCanLoad) {
   EXPECT_EQ(ReportedLoraCacheKey(all, ""), 0u);
 }
 
+// A hot adapter spreads: when every holder is over the imbalance bound, the workers that can
+// load it join the candidates.
+TEST(LoraRoutingTest, HoldersOverTheImbalanceBoundLetOthersLoadIt) {
+  const absl::Time now = absl::Now();
+  auto holder = MakeWorker("holder", {{"sql", 11}}, 2);
+  auto spare = MakeWorker("spare", {}, 2);
+  RoutingOptions o;  // bound: 1.25 x least + 128 blocks
+  holder->inflight_blocks = 200;
+  spare->inflight_blocks = 80;  // 1.25 * 80 + 128 = 228 >= 200: the holder keeps it
+  EXPECT_EQ(Addresses(LoraAffinity({holder, spare}, "sql", now, &o)),
+            (std::vector<std::string>{"holder"}));
+  spare->inflight_blocks = 40;  // 1.25 * 40 + 128 = 178 < 200
+  EXPECT_EQ(Addresses(LoraAffinity({holder, spare}, "sql", now, &o)),
+            (std::vector<std::string>{"holder", "spare"}));
+  EXPECT_EQ(Addresses(LoraAffinity({holder, spare}, "sql", now)),
+            (std::vector<std::string>{"holder"}));  // no bound given: holders only
+}
+
 TEST(LoraRoutingTest, BlockHashesAreSaltedByTheAdapterAsOnTheWorkers) {
   v1::DecodeRequest r;
   for (int i = 0; i < 40; ++i) r.add_prompt_token_ids(i + 3);
