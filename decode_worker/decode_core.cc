@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/worker/lora_on_demand.h"
 #include "common/worker/proto_convert.h"
 #include "kvtransfer/auth.h"
 
@@ -108,6 +109,14 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
         "remote_prefill: this worker does not receive KV (not in the decode role)")));
     return;
   }
+  // The adapter, loaded on demand when the router says from where (before the engine's
+  // admission looks it up).
+  auto lora = AcquireRequestLora(engine_->engine().lora_registry().get(), request.lora_name(),
+                                 request.lora_path());
+  if (!lora.ok()) {
+    callback(ErrorResponse(lora.status()));
+    return;
+  }
   e->remote_prefill = request.remote_prefill();
   if (request.kv_lease_ms() > 0) e->kv_lease = absl::Milliseconds(request.kv_lease_ms());
 
@@ -140,7 +149,7 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
             std::max<int64_t>(0, res.window_first_block - int64_t{first_block}));
         {
           std::lock_guard<std::mutex> lock(mu_);
-          transfer_to_request_[*transfer_id] = {request_id, split};
+          transfer_to_request_[*transfer_id] = {request_id, split, res.lora_cache_key};
         }
         receiver_->Expect(expect);
         v1::DecodeResponse r;
@@ -155,6 +164,7 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
         for (int64_t l : expect.window_layers) out->add_window_layers(static_cast<int32_t>(l));
         out->set_window_first(expect.window_first);
         out->set_transfer_key(expect.transfer_key);
+        out->set_lora_cache_key(res.lora_cache_key);
         callback(r);
       }
     }
@@ -166,12 +176,21 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
       *transfer_id = 0;
     }
     std::optional<RemoteSplit> remote;
+    absl::Status refused;
     if (u.finished) {
       std::lock_guard<std::mutex> lock(mu_);
       if (split->arrived) remote = *split;
+      refused = split->refused;
     }
     std::vector<v1::DecodeResponse> out;
-    ToProto(u, remote ? &*remote : nullptr, &out);
+    if (!refused.ok()) {  // aborted because its transfer was refused: that is its error
+      SequenceUpdate failed = u;
+      failed.finish_reason = FinishReason::kError;
+      failed.status = refused;
+      ToProto(failed, nullptr, &out);
+    } else {
+      ToProto(u, remote ? &*remote : nullptr, &out);
+    }
     for (const auto& r : out) callback(r);
   });
 }
@@ -190,12 +209,14 @@ absl::StatusOr<uint64_t> DecodeCore::NewTransferId() {
 void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   std::string request_id;
   std::shared_ptr<RemoteSplit> split;
+  uint64_t lora_cache_key = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = transfer_to_request_.find(done.transfer_id);
     if (it == transfer_to_request_.end()) return;  // cancelled meanwhile
     request_id = it->second.request_id;
     split = it->second.split;
+    lora_cache_key = it->second.lora_cache_key;
   }
   if (!done.status.ok()) {
     // The reservation stays; the router retries the prefill (possibly elsewhere).
@@ -205,6 +226,24 @@ void DecodeCore::OnTransferComplete(const kvtransfer::CompletedTransfer& done) {
   v1::FirstTokens first;
   if (!first.ParseFromString(done.trailer)) {
     TLOG(WARNING) << "request " << request_id << ": malformed first-token trailer";
+    return;
+  }
+  if (first.lora_cache_key() != lora_cache_key) {
+    // KV of another adapter (or of the base model) must never join this request, nor the
+    // prefix cache under its adapter's hashes: the request fails, its blocks are freed unused.
+    auto adapter = [](uint64_t key) {
+      return key == 0 ? std::string("the base model")
+                      : absl::StrCat("LoRA adapter cache key ", absl::Hex(key, absl::kZeroPad16));
+    };
+    const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+        "KV transfer refused: its KV was computed with ", adapter(first.lora_cache_key()),
+        " but the reservation is for ", adapter(lora_cache_key)));
+    TLOG(WARNING) << "request " << request_id << ": " << refused;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      split->refused = refused;
+    }
+    engine_->Cancel(request_id);
     return;
   }
   {

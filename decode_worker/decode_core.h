@@ -18,6 +18,9 @@ struct RemoteSplit {
   bool arrived = false;
   double prefill_s = 0;   // the prefill worker's, from the transfer's trailer
   double transfer_s = 0;  // this worker's wait for the KV beyond prefill_s
+  // Why the transfer was refused (its KV computed with another LoRA adapter than the
+  // reservation's): the request's finals report it as their error.
+  absl::Status refused;
 };
 
 // The decode role behind the worker API: turns DecodeRequests into engine requests on an
@@ -25,7 +28,9 @@ struct RemoteSplit {
 // blocks, register the expected transfer with the KV receiver and report the reservation; when
 // the prefill worker's KV and first tokens arrive, the request joins the running batch, and its
 // finals carry the TTFT split (the prefill worker's time from the transfer's trailer, this
-// worker's wait for the KV beyond it).
+// worker's wait for the KV beyond it). A request naming a LoRA adapter this worker lacks loads
+// it on demand from its lora_path (lora_on_demand.h); a transfer whose trailer names another
+// adapter cache key than the reservation's is refused: the request fails with that error.
 // Thread-safe: Decode/Cancel from RPC threads, updates on the engine thread, transfer
 // completions on the receiver's threads.
 class DecodeCore : public DecodeHandler {
@@ -56,6 +61,7 @@ class DecodeCore : public DecodeHandler {
   struct ExpectedTransfer {
     std::string request_id;
     std::shared_ptr<RemoteSplit> split;  // the request's, filled when its KV arrives
+    uint64_t lora_cache_key = 0;         // the reservation's adapter (0: the base model)
   };
   std::unordered_map<uint64_t, ExpectedTransfer> transfer_to_request_;
 };

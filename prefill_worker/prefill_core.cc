@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/cluster/kv_transport_pair.h"
+#include "common/worker/lora_on_demand.h"
 #include "common/worker/proto_convert.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"
@@ -149,8 +150,33 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
          {});
     return;
   }
+  // The adapter, loaded on demand when the router says from where; it must be the one the
+  // decode worker reserved for (its cache key in the target), and its key goes with the KV
+  // (FirstTokens.lora_cache_key), which the decode worker checks again.
+  auto lora = AcquireRequestLora(engine_->engine().lora_registry().get(), request.lora_name(),
+                                 request.lora_path());
+  if (!lora.ok()) {
+    done(lora.status(), {});
+    return;
+  }
+  if (*lora != target.lora_cache_key()) {
+    done(absl::FailedPreconditionError(absl::StrCat(
+             "target.lora_cache_key: the decode worker reserved for ",
+             target.lora_cache_key() == 0
+                 ? std::string("the base model")
+                 : absl::StrCat("LoRA adapter cache key ",
+                                absl::Hex(target.lora_cache_key(), absl::kZeroPad16)),
+             " but ",
+             request.lora_name().empty()
+                 ? std::string("this request runs the base model")
+                 : absl::StrCat("LoRA adapter '", request.lora_name(), "' here has cache key ",
+                                absl::Hex(*lora, absl::kZeroPad16)))),
+         {});
+    return;
+  }
   auto job = std::make_shared<Job>();
   job->request = request;
+  job->first.set_lora_cache_key(*lora);
   job->done = std::move(done);
   job->samples = request.n() == 0 ? 1 : request.n();
   job->arrival = absl::Now();

@@ -1,17 +1,61 @@
 #pragma once
 
+#include <functional>
+
 #include "router/cluster_client.h"
+#include "router/lora_catalog.h"
 #include "router/worker_registry.h"
 #include "tandem/v1/router_admin.grpc.pb.h"
 
 namespace tandem {
 
 // tandem.v1.RouterAdmin: the router's view of its workers and its orchestration counters. Its
-// listener lets only keys with the admin scope call it (router/generation_front.cc).
+// listener lets only keys with the admin scope call it (router/generation_front.cc). Runtime LoRA
+// loading goes to `lora` (the cluster's catalog) after `admin` accepts the call: the HTTP API's
+// calls come through an in-process channel the listener's policy never sees, so the scope is
+// checked here too.
 class RouterAdminService final : public v1::RouterAdmin::CallbackService {
  public:
-  RouterAdminService(WorkerRegistry* registry, ClusterClient* client)
-      : registry_(registry), client_(client) {}
+  using AdminCheck = std::function<grpc::Status(const grpc::CallbackServerContext& context)>;
+  RouterAdminService(WorkerRegistry* registry, ClusterClient* client, LoraCatalog* lora = nullptr,
+                     AdminCheck admin = nullptr)
+      : registry_(registry), client_(client), lora_(lora), admin_(std::move(admin)) {}
+
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::LoadLoraAdapterRequest* request,
+                                            v1::LoraAdapterResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (admin_) {
+      if (grpc::Status st = admin_(*context); !st.ok()) {
+        reactor->Finish(st);
+        return reactor;
+      }
+    }
+    absl::Status st =
+        lora_ == nullptr ? NoLora() : lora_->Load(request->lora_name(), request->lora_path());
+    reactor->Finish(ToGrpc(st));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::UnloadLoraAdapterRequest* request,
+                                              v1::LoraAdapterResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (admin_) {
+      if (grpc::Status st = admin_(*context); !st.ok()) {
+        reactor->Finish(st);
+        return reactor;
+      }
+    }
+    absl::Status st = NoLora();
+    if (lora_ != nullptr) {
+      auto in_use = lora_->Unload(request->lora_name());
+      st = in_use.status();
+      if (in_use.ok()) response->set_in_use(*in_use);
+    }
+    reactor->Finish(ToGrpc(st));
+    return reactor;
+  }
 
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* context,
                                              const v1::ClusterStatusRequest* request,
@@ -43,8 +87,17 @@ class RouterAdminService final : public v1::RouterAdmin::CallbackService {
   }
 
  private:
+  static absl::Status NoLora() {
+    return absl::FailedPreconditionError("LoRA is not enabled (--enable-lora)");
+  }
+  static grpc::Status ToGrpc(const absl::Status& st) {
+    return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+  }
+
   WorkerRegistry* registry_;
   ClusterClient* client_;
+  LoraCatalog* lora_;
+  AdminCheck admin_;
 };
 
 }  // namespace tandem

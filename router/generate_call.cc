@@ -97,6 +97,9 @@ grpc::Status GenerateCall::Prepare(const v1::GenerateRequest& r, v1::DecodeReque
   if (grpc::Status st = service_->ResolveModel(r.model(), decode->mutable_lora_name()); !st.ok()) {
     return st;
   }
+  if (!decode->lora_name().empty()) {
+    decode->set_lora_path(service_->lora_catalog()->Path(decode->lora_name()));
+  }
   const int32_t n = r.n() == 0 ? 1 : r.n();
   if (n < 1 || n > o.max_n) {
     return Invalid(absl::StrCat("n: must be in [1, ", o.max_n, "], got ", r.n()));

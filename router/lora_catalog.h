@@ -10,7 +10,8 @@ namespace tandem {
 
 // The LoRA adapters clients may select by name (GenerateRequest.model, the OpenAI `model` field)
 // and their runtime loading (RouterAdmin's LoadLoraAdapter / UnloadLoraAdapter). The router links
-// no engine code: `tandem serve` implements it over its engine's registry. Thread-safe.
+// no engine code: `tandem serve` implements it over its engine's registry, a cluster's router
+// over its workers (ClusterLoraCatalog). Thread-safe.
 class LoraCatalog {
  public:
   struct Entry {
@@ -21,6 +22,9 @@ class LoraCatalog {
   virtual ~LoraCatalog() = default;
   virtual std::vector<Entry> List() const = 0;
   virtual bool Has(const std::string& name) const = 0;
+  // Where workers load `name` from on demand (DecodeRequest.lora_path); empty: they must hold
+  // it already (`tandem serve`'s one engine).
+  virtual std::string Path(const std::string& name) const { return ""; }
   // Runtime loading: FAILED_PRECONDITION where the server does not allow it.
   virtual absl::Status Load(const std::string& name, const std::string& path) = 0;
   // Returns how many requests still run with the adapter (they finish with it).

@@ -5,14 +5,16 @@
 
 namespace tandem {
 
-std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& r, int64_t block_size) {
+std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& r, int64_t block_size,
+                                        uint64_t lora_cache_key) {
+  if (!r.lora_name().empty() && lora_cache_key == 0) return {};
   std::vector<int32_t> tokens(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   tokens.insert(tokens.end(), r.prior_output_token_ids().begin(), r.prior_output_token_ids().end());
   if (block_size <= 0 || tokens.size() < 2) return {};
   // Like the engine: only blocks within the first len - 1 tokens can be hits.
   std::vector<uint64_t> hashes((tokens.size() - 1) / block_size);
   ComputeBlockHashes(absl::MakeSpan(tokens).subspan(0, tokens.size() - 1), block_size,
-                     HashSalt(r.cache_salt()), hashes.data());
+                     SaltWithAdapter(HashSalt(r.cache_salt()), lora_cache_key), hashes.data());
   return hashes;
 }
 

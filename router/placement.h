@@ -12,8 +12,11 @@
 namespace tandem {
 
 // Hashes of the full blocks of the tokens (prompt and prior output) a worker would hold for
-// `request`: the keys its prefix cache is looked up by.
-std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& request, int64_t block_size);
+// `request`: the keys its prefix cache is looked up by. A request for a LoRA adapter salts them
+// with the adapter's cache key as the workers do (SaltWithAdapter); with its key unknown
+// (`lora_cache_key` 0: no worker reports the adapter) there are none, as no worker can hold any.
+std::vector<uint64_t> PromptBlockHashes(const v1::DecodeRequest& request, int64_t block_size,
+                                        uint64_t lora_cache_key = 0);
 
 // One candidate per worker: its cached prefix of `hashes` at `now` (in its pool, then in its KV
 // cache tiers, with their measured costs) and its load in KV blocks.

@@ -5,6 +5,7 @@
 #include "common/base/log.h"
 #include "common/cluster/proto/cluster_proto.h"
 #include "router/cluster_client.h"
+#include "router/lora_routing.h"
 #include "router/placement.h"
 #include "router/worker_registry.h"
 
@@ -24,13 +25,15 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
     if (std::find(failed_.begin(), failed_.end(), w.get()) != failed_.end()) continue;
     prefillers.push_back(w);
   }
+  const absl::Time now = absl::Now();
+  prefillers = LoraAffinity(prefillers, request_->lora_name(), now);
   if (prefillers.empty()) {
     host_->RecordDecision(routing_reason::kNoWorker);
     return false;
   }
   const std::vector<uint64_t> hashes =
-      PromptBlockHashes(*request_, ClusterBlockSize(host_->registry()));
-  const absl::Time now = absl::Now();
+      PromptBlockHashes(*request_, ClusterBlockSize(host_->registry()),
+                        ReportedLoraCacheKey(host_->registry().All(), request_->lora_name()));
   std::vector<RouteCandidate> candidates = RouteCandidates(prefillers, hashes, now);
   // A prefill worker's load is its calls in flight, not KV blocks (it holds none afterwards).
   for (auto& c : candidates) c.load_blocks = c.worker->inflight_requests.load();
@@ -38,6 +41,7 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
       host_->Choose(PlacementRole::kPrefill, candidates, static_cast<int64_t>(hashes.size()));
   worker_ = candidates[choice.index].worker;
   worker_->NoteRouted(hashes, now + o.routing.pending_block_ttl);
+  worker_->NoteLoraRouted(request_->lora_name(), now + o.routing.pending_block_ttl);
   host_->RecordDecision(choice.reason);
   worker_->inflight_requests.fetch_add(1);
   worker_->routed_requests.fetch_add(1);
@@ -53,6 +57,7 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
   call_request_.set_cache_salt(r.cache_salt());
   call_request_.set_tenant(r.tenant());
   call_request_.set_lora_name(r.lora_name());
+  call_request_.set_lora_path(r.lora_path());
   *call_request_.mutable_target() = reservation_;
   // The transport of this pair (both were admitted, so one exists; a worker that re-registered
   // with another since fails the call, which is retried).

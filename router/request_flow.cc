@@ -6,6 +6,7 @@
 #include "common/base/log.h"
 #include "router/cluster_client.h"
 #include "router/decode_leg.h"
+#include "router/lora_routing.h"
 #include "router/placement.h"
 
 namespace tandem {
@@ -78,21 +79,26 @@ bool RequestFlow::StartLeg(const std::vector<int32_t>& indices, const std::vecto
     leg = NextLegRequestLocked(indices);
   }
 
+  const absl::Time now = absl::Now();
   std::vector<std::shared_ptr<Worker>> decoders;
   for (auto& w : registry.Healthy("decode")) {
     if (std::find(exclude.begin(), exclude.end(), w.get()) == exclude.end()) decoders.push_back(w);
   }
+  // Adapter affinity first (the workers holding the request's LoRA adapter, else those that can
+  // load it), then the policy among them.
+  decoders = LoraAffinity(decoders, leg.lora_name(), now, &o.routing);
   if (decoders.empty()) {
     host_->RecordDecision(routing_reason::kNoWorker);
     return false;
   }
-  const std::vector<uint64_t> hashes = PromptBlockHashes(leg, block_size);
-  const absl::Time now = absl::Now();
+  const std::vector<uint64_t> hashes =
+      PromptBlockHashes(leg, block_size, ReportedLoraCacheKey(registry.All(), leg.lora_name()));
   std::vector<RouteCandidate> candidates = RouteCandidates(decoders, hashes, now);
   RouteChoice choice =
       host_->Choose(PlacementRole::kDecode, candidates, static_cast<int64_t>(hashes.size()));
   const RouteCandidate& chosen = candidates[choice.index];
   chosen.worker->NoteRouted(hashes, now + o.routing.pending_block_ttl);
+  chosen.worker->NoteLoraRouted(leg.lora_name(), now + o.routing.pending_block_ttl);
   host_->RecordDecision(choice.reason);
 
   // Conditional disaggregation. Blocks the decode worker holds in its KV cache tiers count as

@@ -39,6 +39,12 @@ void RouterFlags::Register(FlagSet* f) {
   f->String("tls-server-name", &registry.tls_server_name,
             "with --tls-ca: the name every worker's certificate must carry (default: the "
             "address dialed, e.g. a pod IP)");
+  f->StringList("lora-modules", &lora_modules,
+                "LoRA adapters clients may select by `model`, name=path (a PEFT directory on the "
+                "workers' machines; a worker with --enable-lora loads one on demand)");
+  f->Bool("allow-runtime-lora-updating", &allow_runtime_lora_updating,
+          "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter without API keys "
+          "(with API keys they take an admin key); they load on every worker with LoRA on");
   f->String("cluster-secret-file", &cluster_secret_file,
             "file holding the workers' cluster secret (their --cluster-secret-file): every "
             "call to a worker carries a token of it");
@@ -98,7 +104,26 @@ absl::StatusOr<std::unique_ptr<RouterRuntime>> RouterRuntime::Create(const Route
   go.dtype = info.layout().kv_dtype();
   r->generation_ =
       std::make_unique<GenerationService>(go, r->tokenizer_.get(), r->client_.get(), hooks);
-  r->admin_ = std::make_unique<RouterAdminService>(r->registry_.get(), r->client_.get());
+  GenerationService* generation = r->generation_.get();
+  const bool allow = flags.allow_runtime_lora_updating;
+  r->lora_ = std::make_unique<ClusterLoraCatalog>(
+      r->registry_.get(), [generation, allow] { return allow || generation->access_control(); });
+  if (absl::Status st = r->lora_->AddModules(flags.lora_modules); !st.ok()) return st;
+  generation->set_lora_catalog(r->lora_.get());
+  // With API keys, runtime LoRA loading takes a key with the admin scope, checked per call (the
+  // HTTP API reaches RouterAdmin through an in-process channel the listener's policy never sees).
+  auto check_admin = [generation](const grpc::CallbackServerContext& context) {
+    AccessControl* access = generation->access_control();
+    if (access == nullptr) return grpc::Status::OK;
+    auto tenant = access->Authenticate(context.client_metadata(), kScopeAdmin);
+    if (tenant.ok()) return grpc::Status::OK;
+    return grpc::Status(tenant.status().code() == absl::StatusCode::kPermissionDenied
+                            ? grpc::StatusCode::PERMISSION_DENIED
+                            : grpc::StatusCode::UNAUTHENTICATED,
+                        std::string(tenant.status().message()));
+  };
+  r->admin_ = std::make_unique<RouterAdminService>(r->registry_.get(), r->client_.get(),
+                                                   r->lora_.get(), check_admin);
   TLOG(INFO) << "router: policy " << flags.routing_policy << ", "
              << r->registry_->Healthy("prefill").size() << " prefill and " << decoders.size()
              << " decode workers registered";

@@ -10,6 +10,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "router/admin_service.h"
 #include "router/cluster_client.h"
+#include "router/cluster_lora_catalog.h"
 #include "router/generation_service.h"
 #include "router/worker_registry.h"
 
@@ -32,6 +33,10 @@ struct RouterFlags {
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
   // --cluster-secret-file: the workers' secret, proven on every call to them.
   std::string cluster_secret_file;
+  // LoRA adapters clients may select (name=path, paths on the workers' machines; workers load
+  // them on demand), and runtime loading without API keys (ClusterLoraCatalog).
+  std::vector<std::string> lora_modules;
+  bool allow_runtime_lora_updating = false;
 
   RouterFlags();
   // Every flag of `tandem router` but --model.
@@ -62,6 +67,7 @@ class RouterRuntime {
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<ClusterClient> client_;
   std::unique_ptr<GenerationService> generation_;
+  std::unique_ptr<ClusterLoraCatalog> lora_;
   std::unique_ptr<RouterAdminService> admin_;
 };
 

@@ -108,6 +108,12 @@ void Worker::TieredPrefix(const std::vector<uint64_t>& hashes, RouteCandidate* c
   }
 }
 
+void Worker::NoteLoraRouted(const std::string& name, absl::Time expiry) {
+  if (name.empty()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  lora_pending[name] = expiry;
+}
+
 void Worker::NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry) {
   constexpr size_t kPruneAbove = 1 << 16;
   std::lock_guard<std::mutex> lock(mu);

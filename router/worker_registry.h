@@ -54,6 +54,9 @@ struct Worker {
   // instead of spreading before the worker reports the blocks; a stored or removed event, a
   // snapshot or the end of the stream drops them.
   std::unordered_map<uint64_t, absl::Time> pending;
+  // LoRA adapters requests were routed here for (name -> expiry): they count as held
+  // (lora_routing.h) until the worker's stats list them or the time passes.
+  std::unordered_map<std::string, absl::Time> lora_pending;
   std::shared_ptr<WatchStream> watch;
   uint64_t watch_generation = 0;
 
@@ -66,6 +69,9 @@ struct Worker {
   void TieredPrefix(const std::vector<uint64_t>& hashes, RouteCandidate* c) const;
   // Marks `hashes` pending until `expiry` (a request with these prompt blocks was routed here).
   void NoteRouted(const std::vector<uint64_t>& hashes, absl::Time expiry);
+  // Marks adapter `name` pending until `expiry` (a request for it was routed here; nothing for
+  // an empty name).
+  void NoteLoraRouted(const std::string& name, absl::Time expiry);
 };
 
 struct RegistryOptions {

@@ -139,6 +139,10 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   RouterFlags& router_flags = flags.router;
   router_flags.channel_credentials = *credentials;
   router_flags.cluster_secret_file = flags.cluster_secret_file;
+  // The workers load --lora-modules at start (their engine flags); the router lets clients
+  // select them and loads them on demand on a worker that evicted one.
+  router_flags.lora_modules = flags.engine.options.lora.modules;
+  router_flags.allow_runtime_lora_updating = flags.allow_runtime_lora_updating;
   std::vector<std::string> prefill_args = args;
   if (flags.no_layerwise_push) prefill_args.push_back("--no-layerwise-push");
   const int prefill_workers = static_cast<int>(flags.prefill_workers);

@@ -58,13 +58,6 @@ int RunServe(int argc, char** argv) {
              "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING; with API keys they take an admin key)");
   if (auto exit_code = flags.ParseCommandLine(argc, argv)) return *exit_code;
   const bool cluster = sf.prefill_workers > 0 || sf.decode_workers > 0;
-  const LoraOptions& lora = sf.engine.options.lora;
-  if (cluster && (lora.enable_lora || !lora.modules.empty())) {
-    std::fprintf(stderr,
-                 "serve: LoRA adapters are served by `tandem serve` without worker counts; "
-                 "not yet in a cluster (--prefill-workers / --decode-workers)\n");
-    return 2;
-  }
   if (!cluster && sf.kv_transport != ServeFlags().kv_transport) {
     std::fprintf(stderr, "serve: --kv-transport needs cluster mode (--decode-workers)\n");
     return 2;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/engine/lora/lora_adapter.h"
 
 namespace tandem {
 
@@ -37,6 +38,7 @@ void DisaggFeature::AfterSchedule(const SchedulerOutput& plan,
     r.num_tokens = seq->num_tokens();
     r.block_size = core().kv().block_size();
     TransferWindow(r.num_tokens, &r.window_layers, &r.window_first_block);
+    if (seq->lora.adapter != nullptr) r.lora_cache_key = seq->lora.adapter->cache_key;
     EngineCore::UpdateFor(seq, updates).reservation = std::move(r);
   }
 }

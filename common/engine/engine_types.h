@@ -113,6 +113,9 @@ struct KvReservation {
   // the transfer must fill only those of them. Empty without a window layout.
   std::vector<int64_t> window_layers;
   int64_t window_first_block = 0;
+  // The cache key of the request's LoRA adapter (0: the base model): the KV must be computed
+  // with that adapter.
+  uint64_t lora_cache_key = 0;
 };
 
 // What one sequence produced in one step.

@@ -4,10 +4,19 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/engine/lora/lora_registry.h"
 #include "common/rpc/byte_buffer.h"
 #include "common/rpc/write_queue.h"
+#include "common/worker/lora_on_demand.h"
 
 namespace tandem {
+namespace {
+
+grpc::Status ToGrpcStatus(const absl::Status& st) {
+  return grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message()));
+}
+
+}  // namespace
 
 v1::WorkerStats ToWorkerStats(const EngineStats& s) {
   v1::WorkerStats out;
@@ -289,6 +298,7 @@ v1::WorkerStats WorkerService::Stats() const {
   if (decode_ != nullptr) transfers += decode_->transfers_in_flight();
   if (prefill_ != nullptr) transfers += prefill_->transfers_in_flight();
   s.set_transfers_in_flight(transfers);
+  AddLoraStats(engine_->engine().lora_registry().get(), &s);
   return s;
 }
 
@@ -380,6 +390,42 @@ grpc::ServerUnaryReactor* WorkerService::GetStats(grpc::CallbackServerContext* c
   if (!ParseOrFinish(raw, &request, reactor)) return reactor;
   *response = SerializeToByteBuffer(Stats());
   reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                                         const v1::WorkerLoraRequest* request,
+                                                         v1::LoraAdapterState* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  LoraRegistry* registry = engine_->engine().lora_registry().get();
+  absl::Status st = registry == nullptr
+                        ? absl::FailedPreconditionError("LoRA is not enabled (--enable-lora)")
+                        : registry->Acquire(request->lora_name(), request->lora_path());
+  if (st.ok()) {
+    std::shared_ptr<const LoraAdapter> a = registry->Find(request->lora_name());
+    response->set_name(request->lora_name());
+    response->set_path(request->lora_path());
+    if (a != nullptr) response->set_cache_key(a->cache_key);
+  }
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                                           const v1::WorkerLoraRequest* request,
+                                                           v1::LoraAdapterState* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  LoraRegistry* registry = engine_->engine().lora_registry().get();
+  absl::Status st = absl::FailedPreconditionError("LoRA is not enabled (--enable-lora)");
+  if (registry != nullptr) {
+    auto in_use = registry->Unload(request->lora_name());
+    st = in_use.status();
+    if (in_use.ok()) {
+      response->set_name(request->lora_name());
+      response->set_in_use(*in_use);
+    }
+  }
+  reactor->Finish(ToGrpcStatus(st));
   return reactor;
 }
 

@@ -57,6 +57,14 @@ class WorkerService final : public WorkerServiceBase {
                                      grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchStats(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request) override;
+  // LoRA adapters: LoraRegistry::Acquire (on demand, evicting the least recently used adapter
+  // no request holds) and Unload; FAILED_PRECONDITION without --enable-lora.
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::WorkerLoraRequest* request,
+                                            v1::LoraAdapterState* response) override;
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::WorkerLoraRequest* request,
+                                              v1::LoraAdapterState* response) override;
 
   // New Decode / Prefill calls fail with UNAVAILABLE from now on; running ones continue.
   void StartDrain();

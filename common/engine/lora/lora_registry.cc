@@ -1,5 +1,6 @@
 #include "common/engine/lora/lora_registry.h"
 
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,54 @@ absl::Status LoraRegistry::Load(const std::string& name, const std::string& dir)
                      "; unload one first"));
   }
   adapters_.emplace(name, *std::move(adapter));
+  last_used_[name] = ++use_clock_;
+  return absl::OkStatus();
+}
+
+absl::Status LoraRegistry::Acquire(const std::string& name, const std::string& dir,
+                                   std::string* evicted) {
+  auto loaded_here = [&]() -> std::optional<absl::Status> {
+    auto it = adapters_.find(name);
+    if (it == adapters_.end()) return std::nullopt;
+    if (it->second->path != dir) {
+      return absl::FailedPreconditionError(absl::StrCat("LoRA adapter '", name,
+                                                        "' is loaded here from ", it->second->path,
+                                                        ", not from ", dir, " (unload it first)"));
+    }
+    last_used_[name] = ++use_clock_;
+    return absl::OkStatus();
+  };
+  if (name.empty() || name.size() > 256 || name.find_first_of(" \t\r\n=") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "lora_name: must be 1 to 256 characters without whitespace or '='");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto st = loaded_here()) return *st;
+  }
+  auto adapter = LoadLoraAdapter(name, dir, config_, limits_);  // outside the lock
+  if (!adapter.ok()) return adapter.status();
+  std::shared_ptr<const LoraAdapter> victim;  // freed after the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto st = loaded_here()) return *st;  // another call loaded it meanwhile
+  if (static_cast<int64_t>(adapters_.size()) >= options_.loaded_limit()) {
+    auto lru = adapters_.end();
+    for (auto it = adapters_.begin(); it != adapters_.end(); ++it) {
+      if (it->second.use_count() > 1) continue;  // a request holds it
+      if (lru == adapters_.end() || last_used_[it->first] < last_used_[lru->first]) lru = it;
+    }
+    if (lru == adapters_.end()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot load LoRA adapter '", name, "': the ", adapters_.size(),
+                       " loaded (--max-cpu-loras) are all in use by requests"));
+    }
+    if (evicted != nullptr) *evicted = lru->first;
+    victim = std::move(lru->second);
+    last_used_.erase(lru->first);
+    adapters_.erase(lru);
+  }
+  adapters_.emplace(name, *std::move(adapter));
+  last_used_[name] = ++use_clock_;
   return absl::OkStatus();
 }
 
@@ -88,6 +137,7 @@ absl::StatusOr<int64_t> LoraRegistry::Unload(const std::string& name) {
     }
     gone = std::move(it->second);
     adapters_.erase(it);
+    last_used_.erase(name);
   }
   // Holders other than this function's copy (use_count is exact only at quiescence).
   return static_cast<int64_t>(gone.use_count()) - 1;
@@ -96,14 +146,16 @@ absl::StatusOr<int64_t> LoraRegistry::Unload(const std::string& name) {
 std::shared_ptr<const LoraAdapter> LoraRegistry::Find(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = adapters_.find(name);
-  return it == adapters_.end() ? nullptr : it->second;
+  if (it == adapters_.end()) return nullptr;
+  last_used_[name] = ++use_clock_;
+  return it->second;
 }
 
 std::vector<LoraInfo> LoraRegistry::List() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<LoraInfo> out;
   for (const auto& [name, a] : adapters_) {
-    out.push_back({name, a->path, a->rank, static_cast<int64_t>(a.use_count()) - 1});
+    out.push_back({name, a->path, a->rank, static_cast<int64_t>(a.use_count()) - 1, a->cache_key});
   }
   return out;
 }

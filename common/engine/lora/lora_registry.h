@@ -41,7 +41,8 @@ struct LoraInfo {
   std::string name;
   std::string path;
   int64_t rank = 0;
-  int64_t in_use = 0;  // sequences (admitted or queued) holding it
+  int64_t in_use = 0;      // sequences (admitted or queued) holding it
+  uint64_t cache_key = 0;  // LoraAdapter::cache_key
 };
 
 // The adapters a worker serves, by name. Thread-safe: the API threads load, unload and list;
@@ -57,6 +58,13 @@ class LoraRegistry {
   // max_cpu_loras are loaded, INVALID_ARGUMENT / NOT_FOUND for a bad adapter (LoadLoraAdapter).
   // The name must not be empty nor contain whitespace or '='.
   absl::Status Load(const std::string& name, const std::string& dir);
+  // Loading on demand (a cluster router's request for an adapter this worker lacks): OK at once
+  // when `name` is loaded from `dir` (FAILED_PRECONDITION when from another directory); else
+  // loads it, and when max_cpu_loras are loaded first unloads the least recently used adapter
+  // that no request holds (its name in `*evicted`; RESOURCE_EXHAUSTED when every one is held).
+  // "Used" is Load, Acquire or Find (every request's admission).
+  absl::Status Acquire(const std::string& name, const std::string& dir,
+                       std::string* evicted = nullptr);
   // Removes `name` (NOT_FOUND when not loaded). Requests already using it go on with it; the
   // returned count is how many still do.
   absl::StatusOr<int64_t> Unload(const std::string& name);
@@ -77,6 +85,9 @@ class LoraRegistry {
   LoraLimits limits_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>> adapters_;
+  // When each loaded adapter was last used (a counter, for the least recently used).
+  mutable std::map<std::string, uint64_t> last_used_;
+  mutable uint64_t use_clock_ = 0;
 };
 
 // Makes a registry for `config` with the modules of `options` loaded (the first bad one fails

@@ -79,6 +79,50 @@ TEST_F(LoraRegistryTest, LoadsFindsListsAndUnloads) {
   EXPECT_TRUE(r.Load("third", Dir(1)).ok());  // room again
 }
 
+// Loading on demand (a cluster router's request for an adapter a worker lacks): within
+// --max-cpu-loras, evicting the least recently used adapter that no request holds.
+TEST_F(LoraRegistryTest, AcquireEvictsTheLeastRecentlyUsedAdapterNotInUse) {
+  LoraOptions o;
+  o.enable_lora = true;
+  o.max_loras = 1;
+  o.max_cpu_loras = 2;
+  auto reg = MakeLoraRegistry(TinyConfig(), o);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  LoraRegistry& r = **reg;
+  ASSERT_TRUE(r.Acquire("a", Dir(0)).ok());
+  ASSERT_TRUE(r.Acquire("b", Dir(1)).ok());
+  // Loaded already from the same directory: nothing to do; from another: refused.
+  std::string evicted;
+  ASSERT_TRUE(r.Acquire("a", Dir(0), &evicted).ok());
+  EXPECT_EQ(evicted, "");
+  EXPECT_EQ(r.Acquire("a", Dir(1)).code(), absl::StatusCode::kFailedPrecondition);
+  // "a" was used last (the Acquire above), so "b" goes.
+  ASSERT_TRUE(r.Acquire("c", Dir(0), &evicted).ok());
+  EXPECT_EQ(evicted, "b");
+  EXPECT_EQ(r.Find("b"), nullptr);
+  // A request's admission (Find) counts as a use: now "c" is the older one.
+  ASSERT_NE(r.Find("a"), nullptr);
+  ASSERT_TRUE(r.Acquire("b", Dir(1), &evicted).ok());
+  EXPECT_EQ(evicted, "c");
+  // An adapter a request holds is never evicted, even when least recently used.
+  std::shared_ptr<const LoraAdapter> held = r.Find("a");
+  ASSERT_NE(r.Find("b"), nullptr);  // "a" is now the least recently used
+  ASSERT_TRUE(r.Acquire("c", Dir(0), &evicted).ok());
+  EXPECT_EQ(evicted, "b");
+  EXPECT_NE(r.Find("a"), nullptr);
+  // Every loaded adapter held: refused, nothing unloaded.
+  std::shared_ptr<const LoraAdapter> held_c = r.Find("c");
+  const absl::Status full = r.Acquire("d", Dir(1));
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_EQ(r.size(), 2u);
+  // A bad adapter evicts nothing.
+  held_c.reset();
+  EXPECT_EQ(r.Acquire("big", Dir(2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.Find("c"), nullptr);
+  // The cache key is listed (the router salts its block hashes with it).
+  for (const LoraInfo& info : r.List()) EXPECT_EQ(info.cache_key, r.Find(info.name)->cache_key);
+}
+
 TEST_F(LoraRegistryTest, RefusesBadNamesAndBadAdapters) {
   LoraOptions o;
   o.enable_lora = true;
