@@ -20,8 +20,8 @@
 #include "absl/time/time.h"
 #include "common/base/dtype.h"
 #include "common/cluster/kv_transfer_layout.h"
-#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/faults.h"
+#include "kvtransfer/transfer_hooks.h"
 
 namespace tandem::kvtransfer {
 

@@ -7,10 +7,10 @@
 
 #include "absl/status/status.h"
 #include "common/base/flags.h"
-#include "kvtransfer/transfer_hooks.h"
 #include "common/rpc/server.h"
 #include "common/worker/engine_flags.h"
 #include "common/worker/handlers.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/transport.h"
 #include "tandem/v1/worker.pb.h"
 

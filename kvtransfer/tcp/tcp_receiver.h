@@ -17,11 +17,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/receiver_core.h"
 #include "kvtransfer/tcp/socket.h"
 #include "kvtransfer/tcp/wire.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/transport.h"
 
 namespace tandem::kvtransfer::tcp {
