@@ -14,6 +14,7 @@
 #include "common/engine/kv/block_pool.h"
 #include "common/engine/model/model.h"
 #include "common/engine/spec/proposer.h"
+#include "common/engine/step_sampling.h"
 #include "common/metrics/spec_hooks.h"
 
 namespace tandem {
@@ -94,7 +95,8 @@ class Engine {
   std::unique_ptr<EngineCore> core_;
   DisaggFeature* disagg_ = nullptr;  // owned by core_
   SpecFeature* spec_ = nullptr;      // owned by core_
-  std::vector<float> logits_;
+  std::vector<float> logits_;        // the rows sampled on the host
+  StepSampling sampling_;
 };
 
 }  // namespace tandem
