@@ -37,13 +37,13 @@ std::vector<EngineRequest> Requests(const std::vector<int32_t>& prompt) {
   };
   add("greedy", [](SamplingParams& p) {});
   add("greedy-processed", [](SamplingParams& p) {
-    p.logit_bias = {{13, 3.0f}, {5, -2.0f}, {13, 0.5f}};
+    p.logit_bias = {{13, 30.0f}, {5, -2.0f}, {13, 0.5f}};
     p.min_tokens = 4;
     p.ignore_eos = false;
     p.stop_token_ids = {1};
-    p.repetition_penalty = 1.3f;
-    p.presence_penalty = 0.5f;
-    p.frequency_penalty = 0.4f;
+    p.repetition_penalty = 1.5f;
+    p.presence_penalty = 1.0f;
+    p.frequency_penalty = 1.0f;
     p.logprobs = 3;
   });
   add("sampled-top-p-k", [](SamplingParams& p) {
