@@ -149,8 +149,8 @@ std::vector<SequenceUpdate> Engine::Step() {
   for (const auto& f : features) f->BeforeForward(plan, sampled, &batch);
 
   const size_t vocab = static_cast<size_t>(core.vocab_size());
-  logits_.resize(batch.logit_rows.size() * vocab);
-  absl::Status st = backend.Forward(batch, logits_.data());
+  sampling_.Plan(core, batch, sampled, first_row);
+  absl::Status st = sampling_.Forward(backend, batch, &logits_);
   for (const auto& f : features) f->AfterForward();
   if (!st.ok()) {
     FailStep(st, plan, &updates);
@@ -165,7 +165,11 @@ std::vector<SequenceUpdate> Engine::Step() {
   }
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence* seq = sampled[i];
-    float* row = logits_.data() + first_row[i] * vocab;
+    if (const DeviceSample* d = sampling_.DeviceSampleOf(i); d != nullptr) {
+      core.AppendDeviceSample(seq, *d, &EngineCore::UpdateFor(seq, &updates));
+      continue;
+    }
+    float* row = logits_.data() + sampling_.HostRow(i) * vocab;
     const bool taken = std::any_of(features.begin(), features.end(),
                                    [&](const auto& f) { return f->Sample(seq, row, &updates); });
     if (!taken) core.SampleInto(seq, row, core.RawLogits(*seq, row), &updates);

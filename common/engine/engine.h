@@ -15,6 +15,7 @@
 #include "common/engine/model/model.h"
 #include "common/engine/spec/proposer.h"
 #include "common/engine/spec_hooks.h"
+#include "common/engine/step_sampling.h"
 
 namespace tandem {
 
@@ -97,7 +98,8 @@ class Engine {
   std::unique_ptr<EngineCore> core_;
   DisaggFeature* disagg_ = nullptr;  // owned by core_
   SpecFeature* spec_ = nullptr;      // owned by core_
-  std::vector<float> logits_;
+  std::vector<float> logits_;        // the rows sampled on the host
+  StepSampling sampling_;
 };
 
 }  // namespace tandem

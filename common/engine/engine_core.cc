@@ -103,12 +103,17 @@ SequenceUpdate& EngineCore::UpdateFor(Sequence* seq, std::vector<SequenceUpdate>
   return updates->back();
 }
 
+void EngineCore::BuildEdits(const Sequence& seq, LogitEdits* edits) {
+  stop_ids_.assign(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end());
+  if (!seq.params.ignore_eos) stop_ids_.insert(stop_ids_.end(), eos_ids_.begin(), eos_ids_.end());
+  absl::Span<const int32_t> all(seq.tokens);
+  TokenHistory history{all.subspan(0, seq.prompt_len), all.subspan(seq.prompt_len)};
+  BuildLogitEdits(seq.params, history, stop_ids_, static_cast<int32_t>(vocab_size_), edits);
+}
+
 void EngineCore::ProcessLogits(Sequence* seq, float* logits) {
-  stop_ids_.assign(seq->params.stop_token_ids.begin(), seq->params.stop_token_ids.end());
-  if (!seq->params.ignore_eos) stop_ids_.insert(stop_ids_.end(), eos_ids_.begin(), eos_ids_.end());
-  absl::Span<const int32_t> all(seq->tokens);
-  TokenHistory history{all.subspan(0, seq->prompt_len), all.subspan(seq->prompt_len)};
-  tandem::ProcessLogits(seq->params, history, stop_ids_, logits, static_cast<int32_t>(vocab_size_));
+  BuildEdits(*seq, &edits_);
+  ApplyLogitEdits(edits_, logits);
   for (const auto& f : features_) f->OnLogits(seq, logits);
 }
 
@@ -134,16 +139,27 @@ void EngineCore::SampleInto(Sequence* seq, float* logits, const float* raw_logit
 
 void EngineCore::AppendToken(Sequence* seq, int32_t token, const float* raw_logits,
                              SequenceUpdate* u) {
+  TokenLogprobs lp;
+  if (seq->params.logprobs >= 0) {
+    ComputeLogprobs(raw_logits, static_cast<int32_t>(vocab_size_), token, seq->params.logprobs,
+                    &lp.chosen, &lp.top);
+  }
+  Append(seq, token, std::move(lp), u);
+}
+
+void EngineCore::AppendDeviceSample(Sequence* seq, const DeviceSample& sample, SequenceUpdate* u) {
+  TokenLogprobs lp;
+  lp.chosen = sample.chosen;
+  lp.top = sample.top;
+  Append(seq, sample.token, std::move(lp), u);
+}
+
+void EngineCore::Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* u) {
   seq->tokens.push_back(token);
   ++stats_.generated_tokens;
   if (seq->timing.first_token == absl::InfinitePast()) seq->timing.first_token = absl::Now();
   u->new_tokens.push_back(token);
-  if (seq->params.logprobs >= 0) {
-    TokenLogprobs lp;
-    ComputeLogprobs(raw_logits, static_cast<int32_t>(vocab_size_), token, seq->params.logprobs,
-                    &lp.chosen, &lp.top);
-    u->logprobs.push_back(std::move(lp));
-  }
+  if (seq->params.logprobs >= 0) u->logprobs.push_back(std::move(logprobs));
   FinishCheckInput in;
   in.token = token;
   in.eos = IsEos(token);

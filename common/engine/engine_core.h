@@ -13,6 +13,7 @@
 #include "common/engine/kv/block_pool.h"
 #include "common/engine/kv/kv_cache_manager.h"
 #include "common/engine/model/model.h"
+#include "common/engine/sampler/device_sample.h"
 #include "common/engine/sampler/rng.h"
 #include "common/engine/scheduler/scheduler.h"
 #include "common/engine/scheduler/sequence.h"
@@ -85,6 +86,11 @@ class EngineCore {
   // Appends `token` (logprobs from `raw_logits` when requested), asks the features (OnToken) and
   // CheckFinish, and finishes the sequence when that says so.
   void AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* update);
+  // Appends a token the backend sampled on the device (logprobs computed there), as AppendToken.
+  void AppendDeviceSample(Sequence* seq, const DeviceSample& sample, SequenceUpdate* update);
+  // The sampler's processing of `seq`'s next row as data (ProcessLogits' edits, without the
+  // features' OnLogits).
+  void BuildEdits(const Sequence& seq, LogitEdits* edits);
   // Creates the samples 1..n-1 of `parent` (sharing its blocks, running) and returns them.
   std::vector<Sequence*> Fork(Sequence* parent);
   // Ends `seq`: features' OnFinish, out of the scheduler (blocks freed), the finishing update.
@@ -101,6 +107,9 @@ class EngineCore {
   void ReapFinished();
 
  private:
+  // AppendToken's work once the logprobs are known.
+  void Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* update);
+
   EngineOptions options_;
   std::shared_ptr<const Model> model_;
   std::unique_ptr<Backend> backend_;
@@ -124,6 +133,7 @@ class EngineCore {
   Rng seed_source_;
   EngineStats stats_;
   std::vector<int32_t> stop_ids_;  // ProcessLogits scratch
+  LogitEdits edits_;               // ProcessLogits scratch
   std::vector<float> raw_logits_;  // RawLogits scratch
 };
 

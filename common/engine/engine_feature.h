@@ -72,6 +72,11 @@ class EngineFeature {
   // A logits row of `seq`, after the sampler's processing (bias, min_tokens, penalties) and
   // before temperature / top-k / top-p / min-p: e.g. mask what a grammar forbids.
   virtual void OnLogits(Sequence* seq, float* logits) {}
+  // Before the forward pass, for each sequence of `sampled` the backend may sample on the device
+  // (README "Sampling on the device"): false keeps its row for the host (step 9 as above: Sample,
+  // OnLogits); true lets the device sample it, with what OnLogits would do to the row expressed
+  // in `row->mask` (a feature that overrides Sample or OnLogits must override this too).
+  virtual bool OnDeviceSample(Sequence* seq, DeviceSampleRow* row) { return true; }
   // A token was appended to `seq` (`eos`: one of the model's end-of-sequence ids): update this
   // feature's state and say what it means for the sequence's end (finish_check.h). The engine
   // stops asking features once one reports an error.

@@ -37,7 +37,10 @@ struct EngineOptions {
   int64_t max_waiting = 4096;  // queued sequences beyond this: RESOURCE_EXHAUSTED
   int32_t max_n = 16;          // samples per request at most
   uint64_t seed = 0;           // seeds requests that bring none (0: from the clock)
-  SpecOptions spec;            // speculative decoding (the proposer is given to Create)
+  // Sample on the device where the backend can (Backend::SupportsDeviceSampling; README
+  // "Sampling on the device"); false: every logits row comes back to the host sampler.
+  bool device_sampling = true;
+  SpecOptions spec;  // speculative decoding (the proposer is given to Create)
   // Fault injection (engine_faults.h): off unless set here or, with faults_from_env, by the
   // TANDEM_FAULTS environment variable.
   EngineFaultOptions faults;

@@ -35,8 +35,7 @@ absl::Status GrammarFeature::CheckForeignToken(const Sequence& seq, int32_t toke
   return absl::OkStatus();
 }
 
-void GrammarFeature::OnLogits(Sequence* seq, float* logits) {
-  if (!seq->grammar.active()) return;
+void GrammarFeature::BuildTokenMask(Sequence* seq, TokenMaskEdit* out) {
   const int64_t vocab_size = core().vocab_size();
   const std::vector<int32_t>& eos_ids = core().eos_ids();
   // Prepared before the plan (BeforeSchedule); the fallbacks serve a state it did not foresee.
@@ -46,38 +45,39 @@ void GrammarFeature::OnLogits(Sequence* seq, float* logits) {
   }
   if (mask == nullptr) mask = seq->grammar.matcher->NextTokenMask();
   ++core().stats().grammar_masks;
-  const float kNegInf = -std::numeric_limits<float>::infinity();
-  // End-of-sequence tokens have no bytes: they are allowed exactly where the grammar is complete.
-  std::vector<float> eos_logits;
-  for (int32_t e : eos_ids) eos_logits.push_back(e >= 0 && e < vocab_size ? logits[e] : 0.0f);
-  const int32_t masked_vocab = seq->grammar.matcher->compiled().vocab().size();
+  const int32_t masked_vocab =
+      std::min<int64_t>(seq->grammar.matcher->compiled().vocab().size(), vocab_size);
   const uint64_t* bits = mask->data();
+  out->allowed.assign((vocab_size + 63) / 64, 0);
+  out->revive.clear();
   bool any = false;
-  // Word at a time: a refused word is one fill, a partial word visits only its refused bits.
   for (int32_t w = 0; w * 64 < masked_vocab; ++w) {
-    const uint64_t word = bits[w];
-    const int32_t base = w * 64;
-    const int32_t n = std::min(64, masked_vocab - base);
+    const int32_t n = std::min(64, masked_vocab - w * 64);
     const uint64_t in_range = n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
-    if (word == 0) {
-      std::fill(logits + base, logits + base + n, kNegInf);
-      continue;
-    }
-    any = true;
-    for (uint64_t refused = ~word & in_range; refused != 0; refused &= refused - 1) {
-      logits[base + __builtin_ctzll(refused)] = kNegInf;
-    }
+    any = any || bits[w] != 0;
+    out->allowed[w] = bits[w] & in_range;
   }
-  for (int64_t id = masked_vocab; id < vocab_size; ++id) logits[id] = kNegInf;
-  // Where nothing else fits the sequence may still end (a token vocabulary that cannot spell
-  // what the grammar needs); it is never left without a choice.
+  // End-of-sequence tokens have no bytes: they are allowed exactly where the grammar is
+  // complete. Where nothing else fits the sequence may still end (a token vocabulary that cannot
+  // spell what the grammar needs); it is never left without a choice.
   if (seq->grammar.matcher->CanTerminate() || !any) {
-    for (size_t i = 0; i < eos_ids.size(); ++i) {
-      const int32_t e = eos_ids[i];
+    for (int32_t e : eos_ids) {
       if (e < 0 || e >= vocab_size) continue;
-      logits[e] = any || std::isfinite(eos_logits[i]) ? eos_logits[i] : 0.0f;
+      out->allowed[e / 64] |= uint64_t{1} << (e % 64);
+      if (!any) out->revive.push_back(e);
     }
   }
+}
+
+void GrammarFeature::OnLogits(Sequence* seq, float* logits) {
+  if (!seq->grammar.active()) return;
+  BuildTokenMask(seq, &mask_);
+  ApplyTokenMask(mask_, logits, static_cast<int32_t>(core().vocab_size()));
+}
+
+bool GrammarFeature::OnDeviceSample(Sequence* seq, DeviceSampleRow* row) {
+  if (seq->grammar.active()) BuildTokenMask(seq, &row->mask);
+  return true;
 }
 
 void GrammarFeature::OnToken(Sequence* seq, int32_t token, bool eos, TokenVerdict* verdict) {

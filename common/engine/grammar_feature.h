@@ -38,12 +38,15 @@ class GrammarFeature final : public EngineFeature {
   void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // waits end
   void BeforeSchedule() override;  // masks prepared or deferred, drafts kept inside the grammar
   void OnLogits(Sequence* seq, float* logits) override;
+  bool OnDeviceSample(Sequence* seq, DeviceSampleRow* row) override;  // the mask as data
   void OnToken(Sequence* seq, int32_t token, bool eos, TokenVerdict* verdict) override;
   void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
   void AddStats(EngineStats* stats) const override;
 
  private:
   using Wait = GrammarState::Wait;
+
+  TokenMaskEdit mask_;  // OnLogits scratch
 
   grammar::GrammarCompileService& service();
   // The grammar is ready for `seq`: its matcher, with the prior output replayed.
@@ -54,6 +57,9 @@ class GrammarFeature final : public EngineFeature {
   void StopWait(Sequence* seq, bool release);
   // Ends `seq` with `status` (OnStepBegin).
   void Fail(Sequence* seq, const absl::Status& status, std::vector<SequenceUpdate>* updates);
+  // The mask OnLogits applies to `seq`'s next row: the grammar's allowed tokens, end-of-sequence
+  // ids where the grammar is complete or nothing else fits (then revived when refused before).
+  void BuildTokenMask(Sequence* seq, TokenMaskEdit* mask);
   // Fills seq->grammar.masks for this step (false: the current state's mask must be computed
   // off the loop) and cuts the drafts.
   bool PrepareMasks(Sequence* seq);

@@ -22,6 +22,10 @@ class SpecFeature final : public EngineFeature {
   absl::Status OnAdmit(Sequence* seq, const EngineRequest& request) override;
   void BeforeSchedule() override;  // proposals
   bool Sample(Sequence* seq, float* logits, std::vector<SequenceUpdate>* updates) override;
+  // A sequence with drafts is verified on the host (Sample); the others may sample on the device.
+  bool OnDeviceSample(Sequence* seq, DeviceSampleRow* row) override {
+    return seq->spec.draft.empty();
+  }
   void OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* update) override;
   void AddStats(EngineStats* stats) const override;
 

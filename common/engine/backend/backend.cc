@@ -62,6 +62,12 @@ void ForwardBatch::AddSequenceRows(const std::vector<int32_t>& tokens, int32_t s
   seqs.push_back(std::move(seq));
 }
 
+absl::Status Backend::ForwardSampled(const ForwardBatch& batch,
+                                     const std::vector<DeviceSampleRow>& samples, float* logits,
+                                     std::vector<DeviceSample>* results) {
+  return absl::UnimplementedError(name() + " backend does not sample on the device");
+}
+
 absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions) {
   const int64_t t = b.num_tokens();

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
 #include "common/base/kv_layout.h"
+#include "common/engine/sampler/device_sample.h"
 
 namespace tandem {
 
@@ -110,6 +111,17 @@ class Backend {
 
   // Runs the batch; writes logits f32 [batch.logit_rows.size(), vocab_size()] to `logits`.
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
+
+  // Sampling on the device (common/engine/README.md, "Sampling on the device"): whether
+  // ForwardSampled is available.
+  virtual bool SupportsDeviceSampling() const { return false; }
+  // Runs the batch like Forward and samples the logit rows `samples` name (distinct rows) where
+  // the logits are, as the host sampler would (DeviceSampleRow): (*results)[i] answers
+  // samples[i]. `logits` receives only the other rows, f32 [rows not named, vocab_size()] in
+  // logit_rows order. Unimplemented unless SupportsDeviceSampling().
+  virtual absl::Status ForwardSampled(const ForwardBatch& batch,
+                                      const std::vector<DeviceSampleRow>& samples, float* logits,
+                                      std::vector<DeviceSample>* results);
 
   // Copies every layer of block `src` into block `dst` (copy-on-write).
   virtual void CopyBlock(int32_t src, int32_t dst) = 0;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 
@@ -75,33 +74,9 @@ absl::Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size)
 
 void ProcessLogits(const SamplingParams& p, const TokenHistory& history,
                    absl::Span<const int32_t> stop_ids, float* logits, int32_t vocab_size) {
-  for (const auto& [id, bias] : p.logit_bias) {
-    if (id >= 0 && id < vocab_size) logits[id] += bias;
-  }
-  if (static_cast<int32_t>(history.output.size()) < p.min_tokens) {
-    for (int32_t id : stop_ids) {
-      if (id >= 0 && id < vocab_size) logits[id] = -std::numeric_limits<float>::infinity();
-    }
-  }
-  if (p.repetition_penalty != 1.0f) {
-    std::vector<bool> seen(vocab_size, false);
-    auto penalize = [&](int32_t id) {
-      if (id < 0 || id >= vocab_size || seen[id]) return;
-      seen[id] = true;
-      float& l = logits[id];
-      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-    };
-    for (int32_t id : history.prompt) penalize(id);
-    for (int32_t id : history.output) penalize(id);
-  }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int32_t> counts;
-    for (int32_t id : history.output) ++counts[id];
-    for (const auto& [id, count] : counts) {
-      if (id < 0 || id >= vocab_size) continue;
-      logits[id] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
-    }
-  }
+  LogitEdits edits;
+  BuildLogitEdits(p, history, stop_ids, vocab_size, &edits);
+  ApplyLogitEdits(edits, logits);
 }
 
 int32_t GreedyToken(const float* logits, int32_t vocab_size) {
@@ -216,7 +191,10 @@ TokenDistribution ComputeDistribution(const SamplingParams& p, const float* logi
 }
 
 int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng) {
-  double u = rng.Uniform();
+  return SampleFromDistribution(dist, rng.Uniform());
+}
+
+int32_t SampleFromDistribution(const TokenDistribution& dist, double u) {
   double cum = 0.0;
   for (size_t i = 0; i < dist.ids.size(); ++i) {
     cum += dist.probs[i];
@@ -228,14 +206,19 @@ int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng) {
 int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size,
                     Rng& rng) {
   if (params.greedy()) return GreedyToken(logits, vocab_size);
+  return SampleTokenWithUniform(params, logits, vocab_size, rng.Uniform());
+}
+
+int32_t SampleTokenWithUniform(const SamplingParams& params, const float* logits,
+                               int32_t vocab_size, double u) {
+  if (params.greedy()) return GreedyToken(logits, vocab_size);
   if (Truncates(params, vocab_size)) {
-    return SampleFromDistribution(ComputeDistribution(params, logits, vocab_size), rng);
+    return SampleFromDistribution(ComputeDistribution(params, logits, vocab_size), u);
   }
   // No truncation: one pass in id order with the uniform scaled by the sum, no sort and no
   // distribution built (ComputeDistribution orders this case the same way).
   std::vector<float> e;
   const double sum = ScaledExp(logits, vocab_size, params.temperature, &e);
-  const double u = rng.Uniform();
   if (sum <= 0.0) return 0;
   const double target = u * sum;
   double cum = 0.0;

@@ -4,16 +4,11 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/engine/sampler/logit_edits.h"
 #include "common/engine/sampler/rng.h"
 #include "common/engine/sampler/sampling_params.h"
 
 namespace tandem {
-
-// A sequence's tokens as the penalties see them.
-struct TokenHistory {
-  absl::Span<const int32_t> prompt;
-  absl::Span<const int32_t> output;
-};
 
 // A normalised distribution over the tokens that survived filtering: sorted by descending
 // probability (ties: lower token id first) when top-k, top-p or min-p cut it, else in id order
@@ -41,13 +36,19 @@ int32_t GreedyToken(const float* logits, int32_t vocab_size);
 TokenDistribution ComputeDistribution(const SamplingParams& params, const float* logits,
                                       int32_t vocab_size);
 
-// Inverse-CDF draw over the distribution's order with one uniform from `rng`.
+// Inverse-CDF draw over the distribution's order with one uniform from `rng` (or the uniform
+// `u` in [0, 1) itself).
 int32_t SampleFromDistribution(const TokenDistribution& dist, Rng& rng);
+int32_t SampleFromDistribution(const TokenDistribution& dist, double u);
 
 // Picks the next token: greedy when temperature == 0, else a draw from ComputeDistribution.
 // `logits` must already be processed with ProcessLogits.
 int32_t SampleToken(const SamplingParams& params, const float* logits, int32_t vocab_size,
                     Rng& rng);
+// The same with the draw's uniform given (the one SampleToken takes from its generator when
+// temperature > 0; greedy ignores it).
+int32_t SampleTokenWithUniform(const SamplingParams& params, const float* logits,
+                               int32_t vocab_size, double u);
 
 struct TokenLogprob {
   int32_t id = 0;

@@ -27,6 +27,10 @@ class CudaBackend final : public Backend {
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  bool SupportsDeviceSampling() const override { return true; }
+  absl::Status ForwardSampled(const ForwardBatch& batch,
+                              const std::vector<DeviceSampleRow>& samples, float* logits,
+                              std::vector<DeviceSample>* results) override;
   void CopyBlock(int32_t src, int32_t dst) override;
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override { return nullptr; }
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
@@ -41,6 +45,7 @@ class CudaBackend final : public Backend {
   }
   int64_t graph_steps() const { return graph_steps_; }
   int64_t eager_steps() const { return eager_steps_; }
+  int64_t device_sampled_rows() const { return device_sampled_rows_; }
   size_t weight_bytes() const { return weights_->bytes(); }
   size_t kv_pool_bytes() const { return kv_.bytes(); }
   bool bf16_activations() const { return act_bf16_; }
@@ -82,6 +87,10 @@ class CudaBackend final : public Backend {
   // Fills the staging buffer for `batch` padded to `tokens` and `logit_rows` rows and uploads it.
   absl::StatusOr<StepShape> Stage(const ForwardBatch& batch, int64_t tokens, int64_t logit_rows,
                                   bool graph);
+  // Validates the batch and enqueues its forward pass (graphs or eager), up to the logits.
+  absl::Status EnqueueStep(const ForwardBatch& batch);
+  // Stages and enqueues the sampling of `samples` over the step's logits (cuda_sampling.cc).
+  absl::Status EnqueueSampling(const std::vector<DeviceSampleRow>& samples);
   absl::Status CaptureGraphs();
   absl::Status Capture(bool body, int bucket, Graph* graph);
   absl::Status EnqueueLayers(const StepShape& shape,
@@ -136,6 +145,15 @@ class CudaBackend final : public Backend {
   int64_t graph_steps_ = 0;
   int64_t eager_steps_ = 0;
   absl::Status sticky_;  // a failed CopyBlock, reported by the next Forward
+
+  // Sampling on the device (cuda_sampling.cc): the rows' inputs (pinned staging and device copy,
+  // identical offsets), the processed rows, the answers (device and pinned), grown on demand.
+  PinnedBuffer sample_staging_;
+  DeviceBuffer sample_inputs_;
+  DeviceBuffer sample_work_;
+  DeviceBuffer sample_out_;
+  PinnedBuffer sample_out_host_;
+  int64_t device_sampled_rows_ = 0;
 };
 
 }  // namespace tandem::cuda

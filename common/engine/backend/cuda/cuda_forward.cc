@@ -1,7 +1,8 @@
 // CUDA backend: the forward pass. A step is staged on the host (inputs padded to its graph
 // buckets, attention plan, block tables) and uploaded, then either replayed from two CUDA graphs
 // (the layers for the token bucket, the logits for the row bucket) or enqueued eagerly; the
-// logits come back in FinishStep, the one place that waits for the device.
+// logits come back in FinishStep (or are sampled on the device, cuda_sampling.cc), the one place
+// that waits for the device.
 
 #include <algorithm>
 #include <cstring>
@@ -30,6 +31,11 @@ bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
 }
 
 absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
+  TANDEM_RETURN_IF_ERROR(EnqueueStep(b));
+  return FinishStep(static_cast<int64_t>(b.logit_rows.size()), logits);
+}
+
+absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
   if (!sticky_.ok()) return sticky_;
   TANDEM_RETURN_IF_ERROR(
@@ -54,7 +60,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
     if (err == cudaSuccess && rows > 0) err = cudaGraphLaunch(head_graphs_.at(rows).exec, stream_);
     if (err == cudaSuccess) {
       ++graph_steps_;
-      return FinishStep(n, logits);
+      return absl::OkStatus();
     }
     // A launch that fails leaves nothing enqueued; what did launch is idempotent given the inputs.
     cudaGetLastError();
@@ -68,7 +74,7 @@ absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
   TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done));
   TANDEM_RETURN_IF_ERROR(EnqueueLogits(*shape));
   ++eager_steps_;
-  return FinishStep(n, logits);
+  return absl::OkStatus();
 }
 
 CudaBackend::StepShape CudaBackend::GraphShape(int64_t tokens, int64_t logit_rows) const {

@@ -7,7 +7,8 @@
 //   TANDEM_SHARED                                         static shared arrays
 //   TANDEM_DYNAMIC_SHARED(T, name)                        `T* name` = dynamic shared memory
 //   TANDEM_LAUNCH(kernel, grid, block, smem, stream, args...)
-//   dev::SyncThreads(), dev::ShflXor(v, m), dev::Exp(x), dev::BitsToFloat(u), dev::FloatToBits(f)
+//   dev::SyncThreads(), dev::ShflXor(v, m), dev::ShflXorAny(v, m), dev::Exp(x), dev::ExpD(x),
+//   dev::LogD(x), dev::BitsToFloat(u), dev::FloatToBits(f)
 //   dev::U32x4, dev::Load16(p) / dev::Load16Stream(p)     128-bit loads (16-byte aligned)
 //   TANDEM_UNROLL                                         `#pragma unroll` (nvcc only)
 // threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
@@ -45,6 +46,13 @@ inline float ShflXor(float v, int lane_mask) {
 // The xor-shuffle butterfly, evaluated by the emulator in one exchange (same bits).
 inline float WarpSum(float v) { return ::tandem::cuda_emu::WarpSum(v); }
 inline float Exp(float x) { return std::exp(x); }
+inline double ExpD(double x) { return std::exp(x); }
+inline double LogD(double x) { return std::log(x); }
+// Xor-shuffle of any 4- or 8-byte value (double, uint64_t, int32_t).
+template <class T>
+inline T ShflXorAny(T v, int lane_mask) {
+  return ::tandem::cuda_emu::ShuffleXor(v, lane_mask);
+}
 // 16 bytes as four 32-bit words (CUDA's uint4).
 struct U32x4 {
   uint32_t x, y, z, w;
@@ -94,6 +102,12 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 __device__ __forceinline__ float Exp(float x) { return expf(x); }
+__device__ __forceinline__ double ExpD(double x) { return exp(x); }
+__device__ __forceinline__ double LogD(double x) { return log(x); }
+template <class T>
+__device__ __forceinline__ T ShflXorAny(T v, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+}
 using U32x4 = uint4;
 __device__ __forceinline__ U32x4 Load16(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));

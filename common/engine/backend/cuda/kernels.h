@@ -175,4 +175,61 @@ size_t AttentionSharedBytes(int rows, int head_dim);
 // (needed above 48 KiB). Call once per device before PagedAttention.
 cudaError_t ConfigureAttention(size_t bytes);
 
+// --- Sampling on the device (sampling_kernels.cu; the host sampler's contract,
+// common/engine/sampler/README.md) ---
+
+// One logit edit as the host builds it (LogitEdit in common/engine/sampler/logit_edits.h, same
+// layout): op 0 add, 1 -inf, 2 repetition penalty, 3 subtract.
+struct SampleEdit {
+  int32_t id;
+  int32_t op;
+  float value;
+};
+
+// One sampled row. Offsets index the arrays of SampleArgs.
+struct SampleRowArgs {
+  int32_t logit_row = 0;  // row of SampleArgs::logits
+  int32_t top_k = 0;
+  float temperature = 0.0f;  // 0: greedy
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int32_t logprobs = -1;     // -1: none, else the top n (<= kMaxSampleLogprobs) too
+  double uniform = 0.0;      // the draw's uniform in [0, 1)
+  int32_t edits_begin = 0;   // the row's edits in `edits`
+  int32_t phases_begin = 0;  // its phase ends (relative to edits_begin) in `phase_ends`
+  int32_t num_phases = 0;
+  int32_t mask_begin = -1;   // its allowed-token words in `masks` ((vocab + 63) / 64), -1: none
+  int32_t revive_begin = 0;  // ids set to 0 when not finite after the mask, in `revive`
+  int32_t num_revive = 0;
+};
+
+inline constexpr int kMaxSampleLogprobs = 20;
+
+struct SampleOutput {
+  int32_t token;
+  float logprob;  // of the chosen token in the raw row (logprobs >= 0)
+  int32_t top_ids[kMaxSampleLogprobs];
+  float top_logprobs[kMaxSampleLogprobs];
+};
+
+struct SampleArgs {
+  const float* logits = nullptr;  // [*, vocab] raw rows (not changed)
+  int32_t vocab = 0;
+  float* work = nullptr;  // [num_rows, vocab] scratch: the processed rows
+  const SampleRowArgs* rows = nullptr;
+  int32_t num_rows = 0;
+  const SampleEdit* edits = nullptr;
+  const int32_t* phase_ends = nullptr;
+  const uint64_t* masks = nullptr;
+  const int32_t* revive = nullptr;
+  SampleOutput* out = nullptr;  // [num_rows]
+};
+
+// One block per row: the raw row's logprobs (log-softmax, top n), the edits phase by phase, the
+// mask, then greedy (argmax, lowest id on ties) or temperature, top-k, top-p, min-p and an
+// inverse-CDF draw with the row's uniform, in the host sampler's order (id order without a cut,
+// descending logit and ascending id with one). Reductions run in a fixed order, so a row's
+// answer is a function of its inputs.
+cudaError_t SampleRows(const SampleArgs& args, cudaStream_t stream);
+
 }  // namespace tandem::cuda

@@ -1,0 +1,2 @@
+// sampling_kernels.cu compiled by the host compiler against the CPU emulator.
+#include "common/engine/backend/cuda/sampling_kernels.cu"
