@@ -48,15 +48,16 @@ std::string ControlReplyProof(absl::string_view secret, absl::string_view reques
 // Transfers (README.md, "Transfer ids and the sender binding"): a decode worker gives every
 // reservation an id and a key, both from OpenSSL's CSPRNG. The id names the transfer and is
 // unguessable (nothing about it follows from the incarnation or from other ids); the key travels
-// only to the router and, in the reservation of its Prefill call, to the prefill worker the
-// router names, which proves it in BEGIN. INTERNAL if the generator fails.
+// only to the router, which gives the prefill worker it names for attempt N only that attempt's
+// key (TransferAttemptKey), proven in BEGIN. INTERNAL if the generator fails.
 inline constexpr size_t kTransferKeyBytes = 32;
 absl::StatusOr<uint64_t> NewTransferId();  // never 0
 absl::StatusOr<std::string> NewTransferKey();
-// BEGIN's proof that the sender holds the transfer's key: HMAC(key, "begin" label || binding ||
-// transfer id, attempt, destination blocks). `binding` ties it to the link it is sent on: tcp,
-// the connection's two handshake nonces (empty without a shared secret); nccl and cuda-ipc, the
-// sender's id; loopback, empty.
+// BEGIN's proof that the sender holds its attempt's key (`key`: TransferAttemptKey of the
+// transfer's key and `attempt`, common/cluster/transfer_key.h): HMAC(key, "begin" label ||
+// binding || transfer id, attempt, destination blocks). `binding` ties it to the link it is sent
+// on: tcp, the connection's two handshake nonces (empty without a shared secret); nccl and
+// cuda-ipc, the sender's id; loopback, empty.
 std::string BeginProof(absl::string_view key, absl::string_view binding, uint64_t transfer_id,
                        uint32_t attempt, absl::Span<const int32_t> dst_blocks);
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
+#include "common/cluster/transfer_key.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/transfer_window.h"
 
@@ -192,9 +193,12 @@ absl::Status ReceiverCore::Begin(AttemptStart start, ResultFn result) {
   auto it = entries_.find(start.transfer_id);
   if (it == entries_.end()) return NotExpected(start.transfer_id, start.attempt);
   Entry* e = it->second.get();
+  // Proven with this attempt's key (TransferAttemptKey): the key of another attempt, which the
+  // sender named for that one holds, proves nothing here.
   if (!e->exp.transfer_key.empty() &&
-      !ProofMatches(start.proof, BeginProof(e->exp.transfer_key, start.binding, start.transfer_id,
-                                            start.attempt, start.dst_blocks))) {
+      !ProofMatches(start.proof, BeginProof(TransferAttemptKey(e->exp.transfer_key, start.attempt),
+                                            start.binding, start.transfer_id, start.attempt,
+                                            start.dst_blocks))) {
     RefuseNotNamedLocked(start.transfer_id, "a BEGIN without the proof of its key");
     return NotExpected(start.transfer_id, start.attempt);
   }

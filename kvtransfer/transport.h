@@ -254,7 +254,8 @@ struct TransferTarget {
   // The transport to use (chosen per pair by the router, common/cluster/kv_transport_pair.h). Only
   // a sender of several transports needs it; empty: the sender's own.
   std::string transport;
-  // The transfer's key from the reservation (Expectation::transfer_key), proven in BEGIN.
+  // This attempt's key, TransferAttemptKey(the reservation's key, attempt) (the router derives
+  // it; README "Transfer ids and the sender binding"), proven in BEGIN.
   std::string transfer_key;
 };
 

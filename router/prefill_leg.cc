@@ -4,6 +4,7 @@
 
 #include "common/base/log.h"
 #include "common/cluster/proto/cluster_proto.h"
+#include "common/cluster/transfer_key.h"
 #include "router/cluster_client.h"
 #include "router/lora_routing.h"
 #include "router/placement.h"
@@ -59,6 +60,10 @@ bool PrefillLeg::Send(const v1::KvReservation& reservation, DoneCallback done) {
   call_request_.set_lora_name(r.lora_name());
   call_request_.set_lora_path(r.lora_path());
   *call_request_.mutable_target() = reservation_;
+  // The prefill worker gets only this attempt's key: with it, it can begin no other attempt
+  // (kvtransfer README, "Transfer ids and the sender binding").
+  call_request_.mutable_target()->set_transfer_key(
+      TransferAttemptKey(reservation_.transfer_key(), attempt_));
   // The transport of this pair (both were admitted, so one exists; a worker that re-registered
   // with another since fails the call, which is retried).
   absl::StatusOr<std::string> transport =

@@ -58,10 +58,30 @@ void DisaggFeature::TransferWindow(int64_t num_tokens, std::vector<int64_t>* lay
 
 void DisaggFeature::OnStepBegin(std::vector<SequenceUpdate>* updates) {
   if (core().scheduler().num_awaiting() == 0) return;
+  // Arrived first tokens a feature can take now (before the features' own OnStepBegin and
+  // BeforeSchedule, so a grammar freed by the work that woke this step is still free).
+  if (!arrived_.empty()) {
+    std::vector<std::string> ready;
+    for (const auto& [id, a] : arrived_) {
+      if (!core().ForeignTokenPending(*core().FindRequest(id)->front())) ready.push_back(id);
+    }
+    for (const std::string& id : ready) {
+      auto it = arrived_.find(id);
+      Arrived a = std::move(it->second);
+      arrived_.erase(it);
+      Sequence* seq = core().FindRequest(id)->front().get();
+      // Refused, the sequence waits for its KV again under its lease, as if it never came.
+      if (absl::Status st = Complete(seq, a.tokens, a.logprobs, updates); !st.ok()) {
+        TLOG(WARNING) << "request " << id << ": " << st;
+      }
+    }
+  }
   const absl::Time now = absl::Now();
   std::vector<Sequence*> expired;
   for (Sequence* seq : core().scheduler().awaiting()) {
-    if (seq->disagg.lease_deadline <= now) expired.push_back(seq);
+    if (seq->disagg.lease_deadline <= now && !arrived_.contains(seq->request_id)) {
+      expired.push_back(seq);
+    }
   }
   for (Sequence* seq : expired) {
     TLOG(WARNING) << "request " << seq->request_id << ": KV reservation lease expired after "
@@ -80,7 +100,7 @@ void DisaggFeature::OnStepBegin(std::vector<SequenceUpdate>* updates) {
 absl::Time DisaggFeature::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   for (const Sequence* seq : core().scheduler().awaiting()) {
-    next = std::min(next, seq->disagg.lease_deadline);
+    if (!arrived_.contains(seq->request_id)) next = std::min(next, seq->disagg.lease_deadline);
   }
   return next;
 }
@@ -107,6 +127,24 @@ absl::Status DisaggFeature::CompleteRemotePrefill(const std::string& request_id,
       return absl::InvalidArgumentError(absl::StrCat("first token ", t, " outside the vocabulary"));
     }
   }
+  if (arrived_.contains(request_id)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request ", request_id, ": its first tokens arrived already (waiting for its grammar)"));
+  }
+  // A feature that cannot check or take them now without waiting on the engine thread (a
+  // grammar busy off the loop): they wait, the sequence stays held, the others keep stepping.
+  if (core().ForeignTokenPending(*seq)) {
+    arrived_[request_id] = Arrived{first_tokens, logprobs};
+    return absl::OkStatus();
+  }
+  absl::Status st = Complete(seq, first_tokens, logprobs, &core().pending_updates());
+  core().ReapFinished();
+  return st;
+}
+
+absl::Status DisaggFeature::Complete(Sequence* seq, const std::vector<int32_t>& first_tokens,
+                                     const std::vector<TokenLogprobs>& logprobs,
+                                     std::vector<SequenceUpdate>* updates) {
   // The prefill worker sampled under the same rules (a constraint): a token outside them is
   // refused.
   for (int32_t t : first_tokens) {
@@ -128,7 +166,7 @@ absl::Status DisaggFeature::CompleteRemotePrefill(const std::string& request_id,
     Sequence* s = forked[i];
     // The prefill worker drew one uniform from this sample's stream for its first token.
     if (!s->params.greedy()) s->rng.Uniform();
-    SequenceUpdate& u = EngineCore::UpdateFor(s, &core().pending_updates());
+    SequenceUpdate& u = EngineCore::UpdateFor(s, updates);
     if (s->params.logprobs >= 0 && i < logprobs.size()) u.logprobs.push_back(logprobs[i]);
     // AppendToken computes logprobs itself only from logits; here they come from the sender.
     const int32_t saved = s->params.logprobs;
@@ -136,7 +174,6 @@ absl::Status DisaggFeature::CompleteRemotePrefill(const std::string& request_id,
     core().AppendToken(s, first_tokens[i], nullptr, &u);
     s->params.logprobs = saved;
   }
-  core().ReapFinished();
   return absl::OkStatus();
 }
 
@@ -146,6 +183,7 @@ void DisaggFeature::OnToken(Sequence* seq, int32_t /*token*/, bool /*eos*/, Toke
 }
 
 void DisaggFeature::OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
+  if (seq->index == 0) arrived_.erase(seq->request_id);
   if (!seq->disagg.prefill_only || seq->index != 0 || reason == FinishReason::kAbort ||
       reason == FinishReason::kError) {
     return;

@@ -14,7 +14,9 @@ namespace tandem {
 // lease; its reservation is reported after the plan, it expires at the start of a step, and
 // CompleteRemotePrefill makes it runnable. Prefill role: the last prompt chunk's layers are
 // exported as they complete, and a finished prefill-only request holds its blocks until
-// ReleaseHold.
+// ReleaseHold. A prompt whose KV arrived while a feature cannot take its first tokens yet
+// (EngineFeature::ForeignTokenPending: its grammar busy off the loop) stays held, its lease
+// stopped, and is completed at the start of the first step at which it can.
 class DisaggFeature final : public EngineFeature {
  public:
   const char* name() const override { return "disaggregation"; }
@@ -39,7 +41,19 @@ class DisaggFeature final : public EngineFeature {
   void TransferWindow(int64_t num_tokens, std::vector<int64_t>* layers, int64_t* first_block) const;
 
  private:
+  // First tokens whose KV arrived but that a feature could not take yet.
+  struct Arrived {
+    std::vector<int32_t> tokens;
+    std::vector<TokenLogprobs> logprobs;
+  };
+
+  // Checks the first tokens and makes `seq` runnable with them (its updates into `updates`).
+  absl::Status Complete(Sequence* seq, const std::vector<int32_t>& first_tokens,
+                        const std::vector<TokenLogprobs>& logprobs,
+                        std::vector<SequenceUpdate>* updates);
+
   std::unordered_map<std::string, SequenceBlocks> holds_;  // prefill role: blocks held
+  std::unordered_map<std::string, Arrived> arrived_;       // decode role: by request id
   int64_t held_blocks_ = 0;
 };
 

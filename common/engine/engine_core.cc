@@ -262,6 +262,13 @@ absl::Status EngineCore::CheckForeignToken(const Sequence& seq, int32_t token) c
   return absl::OkStatus();
 }
 
+bool EngineCore::ForeignTokenPending(const Sequence& seq) const {
+  for (const auto& f : features_) {
+    if (f->ForeignTokenPending(seq)) return true;
+  }
+  return false;
+}
+
 void EngineCore::ReapFinished() {
   for (const std::string& id : finished_requests_) requests_.erase(id);
   finished_requests_.clear();

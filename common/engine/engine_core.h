@@ -103,6 +103,9 @@ class EngineCore {
   void CountAdmission(Sequence* seq);
   // Whether the features accept a token produced elsewhere (EngineFeature::CheckForeignToken).
   absl::Status CheckForeignToken(const Sequence& seq, int32_t token) const;
+  // Whether a feature cannot check or take a foreign token now (EngineFeature::
+  // ForeignTokenPending).
+  bool ForeignTokenPending(const Sequence& seq) const;
   // Drops the requests whose every sample finished (at the end of a step or command).
   void ReapFinished();
 

@@ -47,6 +47,11 @@ class EngineFeature {
   virtual absl::Status CheckForeignToken(const Sequence& seq, int32_t token) const {
     return absl::OkStatus();
   }
+  // Whether checking and appending a token produced elsewhere to `seq` (CheckForeignToken, then
+  // OnToken) would now wait for work running off the engine thread (a grammar whose state graph
+  // a mask computation holds). While it is true the caller keeps the sequence held and asks
+  // again at a later step's start; the feature's work, once done, wakes the engine.
+  virtual bool ForeignTokenPending(const Sequence& seq) const { return false; }
 
   // --- A step (Engine::Step), in this order ---
   // 1. Every step, first, even with nothing to compute: expire what timed out, make ready what

@@ -27,6 +27,9 @@ namespace tandem {
 //   while such a computation holds a grammar, the other sequences on that grammar wait too (it
 //   holds the grammar's state graph). Drafts are cut at their first forbidden token or missing
 //   mask. The tokens are those of masks computed inline: greedy output is unchanged.
+// - Tokens from elsewhere never make the loop wait for such a computation: a migrated request's
+//   prior output is replayed once its grammar is free (the sequence waits, kGrammarBusy), and a
+//   prefill worker's first token waits (ForeignTokenPending; DisaggFeature holds it).
 // - Sampling: each logits row is masked before temperature / top-k / top-p, and every appended
 //   token advances the matcher (a complete grammar with no continuation ends the sequence).
 class GrammarFeature final : public EngineFeature {
@@ -35,6 +38,7 @@ class GrammarFeature final : public EngineFeature {
 
   absl::Status OnAdmit(Sequence* seq, const EngineRequest& request) override;
   absl::Status CheckForeignToken(const Sequence& seq, int32_t token) const override;
+  bool ForeignTokenPending(const Sequence& seq) const override;     // its grammar computing
   void OnStepBegin(std::vector<SequenceUpdate>* updates) override;  // waits end
   void BeforeSchedule() override;  // masks prepared or deferred, drafts kept inside the grammar
   void OnLogits(Sequence* seq, float* logits) override;
@@ -49,8 +53,14 @@ class GrammarFeature final : public EngineFeature {
   TokenMaskEdit mask_;  // OnLogits scratch
 
   grammar::GrammarCompileService& service();
-  // The grammar is ready for `seq`: its matcher, with the prior output replayed.
+  // The grammar is ready for `seq`: its matcher, with the prior output replayed, or, while a
+  // mask of that grammar is computed off the loop, `seq` waits (kGrammarBusy) to replay it.
   absl::Status Attach(Sequence* seq, std::shared_ptr<const grammar::CompiledGrammar> compiled);
+  // Advances the matcher of `seq` over its prior output (INVALID_ARGUMENT: outside the grammar).
+  absl::Status Replay(Sequence* seq);
+  // A mask of `g` is being computed off the loop now: the worker holds its state graph, which
+  // the engine thread must not touch (it would wait for the worker).
+  bool Computing(const grammar::CompiledGrammar* g) const;
   // Makes `seq` wait (Scheduler::Hold) for `kind`.
   void StartWait(Sequence* seq, Wait kind);
   // Ends the wait of `seq` (releasing it in the scheduler when `release`).

@@ -59,6 +59,17 @@ absl::Status GrammarFeature::OnAdmit(Sequence* seq, const EngineRequest& request
 absl::Status GrammarFeature::Attach(Sequence* seq,
                                     std::shared_ptr<const grammar::CompiledGrammar> compiled) {
   seq->grammar.matcher.emplace(std::move(compiled));
+  if (seq->num_tokens() == seq->prompt_len) return absl::OkStatus();
+  // Replaying walks the grammar's state graph: never while a worker holds it.
+  if (Computing(&seq->grammar.matcher->compiled())) {
+    seq->grammar.replay = true;
+    StartWait(seq, Wait::kGrammarBusy);
+    return absl::OkStatus();
+  }
+  return Replay(seq);
+}
+
+absl::Status GrammarFeature::Replay(Sequence* seq) {
   // Migration / disaggregation: the output so far must already follow the grammar.
   for (int64_t i = seq->prompt_len; i < seq->num_tokens(); ++i) {
     const int32_t t = seq->tokens[i];
@@ -130,9 +141,26 @@ void GrammarFeature::OnStepBegin(std::vector<SequenceUpdate>* updates) {
   }
   const std::vector<Sequence*> still = held_;
   for (Sequence* seq : still) {
-    if (seq->grammar.wait != Wait::kGrammarBusy) continue;
-    if (!busy_.contains(&seq->grammar.matcher->compiled())) StopWait(seq, /*release=*/true);
+    GrammarState& gs = seq->grammar;
+    if (gs.wait != Wait::kGrammarBusy || busy_.contains(&gs.matcher->compiled())) continue;
+    StopWait(seq, /*release=*/true);
+    if (!gs.replay) continue;
+    gs.replay = false;
+    if (absl::Status st = Replay(seq); !st.ok()) Fail(seq, st, updates);
   }
+}
+
+bool GrammarFeature::Computing(const grammar::CompiledGrammar* g) const {
+  if (!busy_.contains(g)) return false;
+  // Done but not yet taken (OnStepBegin): the worker has let go of the graph.
+  return std::any_of(held_.begin(), held_.end(), [g](const Sequence* s) {
+    const GrammarState& gs = s->grammar;
+    return gs.wait == Wait::kMask && &gs.matcher->compiled() == g && !gs.handle->ready();
+  });
+}
+
+bool GrammarFeature::ForeignTokenPending(const Sequence& seq) const {
+  return seq.grammar.active() && Computing(&seq.grammar.matcher->compiled());
 }
 
 void GrammarFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdate* /*u*/) {

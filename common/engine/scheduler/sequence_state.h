@@ -54,6 +54,8 @@ struct GrammarState {
   std::shared_ptr<grammar::GrammarCompileHandle> handle;  // kCompile, kMask: the work awaited
   // kMask: where the worker puts the mask (read once the handle is ready).
   std::shared_ptr<std::shared_ptr<const grammar::TokenMask>> pending_mask;
+  // kGrammarBusy: the prior output (migration) is still to be replayed through the matcher.
+  bool replay = false;
 
   bool active() const { return matcher.has_value(); }
   bool constrained() const { return active() || wait == Wait::kCompile; }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/transfer_key.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/control_message.h"
@@ -316,7 +317,7 @@ TEST_F(NcclEmulatedTest, OnlyTheSenderProvingTheKeyLands) {
   src_.Fill(3);
   auto named = StartSender(layout_, &src_, GrpcChannel(secret));
   TransferTarget t = Target(*r.receiver, 3, {4, 5});
-  t.transfer_key = key;
+  t.transfer_key = TransferAttemptKey(key, t.attempt);
   ASSERT_TRUE(testing::SendAll(named.get(), t, {6, 7}, layout_.num_layers, "named").ok());
   CompletedTransfer c = completions_.WaitFor(3, 0);
   ASSERT_TRUE(c.status.ok()) << c.status;

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cluster/transfer_key.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/crc32c.h"
@@ -98,11 +99,14 @@ class RawPeer {
     EXPECT_TRUE(wire::DecodeWelcome(m->second, &w).ok());
     return w.incarnation;
   }
-  // BEGIN, proving `key` (none when empty) over this connection's handshake nonces.
+  // BEGIN, proving the transfer's `key` (none when empty; its attempt's key, as the router hands
+  // it out) over this connection's handshake nonces.
   void Begin(uint64_t id, uint32_t attempt, uint64_t incarnation, const std::vector<int32_t>& dst,
              const std::string& key = "", int64_t deadline_ms = -1) {
     wire::Begin b{id, attempt, incarnation, deadline_ms, dst};
-    if (!key.empty()) b.proof = BeginProof(key, binding_, id, attempt, dst);
+    if (!key.empty()) {
+      b.proof = BeginProof(TransferAttemptKey(key, attempt), binding_, id, attempt, dst);
+    }
     Send(FrameType::kBegin, wire::EncodeBegin(b));
   }
   void SendData(uint64_t id, uint32_t attempt, uint32_t layer, const std::vector<int32_t>& blocks,

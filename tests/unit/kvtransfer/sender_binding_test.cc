@@ -4,10 +4,12 @@
 // that tells nothing about the transfer. Over tcp (real sockets, with the shared secret: the
 // attacker is authenticated) and loopback, then hand-written tcp peers.
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/cluster/transfer_key.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/tcp/wire.h"
@@ -62,7 +64,10 @@ class SenderBindingTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
   }
-  TransferTarget Target(uint64_t id, uint32_t attempt, std::vector<int32_t> dst, std::string key) {
+  // The target the router names a sender for: `key` is the transfer's key, of which the sender
+  // gets `attempt`'s key (TransferAttemptKey) unless `attempt_key` is given.
+  TransferTarget Target(uint64_t id, uint32_t attempt, std::vector<int32_t> dst, std::string key,
+                        std::optional<std::string> attempt_key = std::nullopt) {
     TransferTarget t;
     t.endpoint = receiver_->endpoint();
     t.incarnation = receiver_->incarnation();
@@ -70,7 +75,7 @@ class SenderBindingTest : public ::testing::TestWithParam<std::string> {
     t.attempt = attempt;
     t.dst_blocks = std::move(dst);
     t.deadline = absl::Now() + absl::Seconds(20);
-    t.transfer_key = std::move(key);
+    t.transfer_key = attempt_key.value_or(TransferAttemptKey(key, attempt));
     return t;
   }
   bool Copied(FakePool* from, const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
@@ -122,6 +127,38 @@ TEST_P(SenderBindingTest, AnUnnamedSenderWithEverythingButTheKeyLandsNothing) {
   ASSERT_TRUE(done.status.ok()) << done.status;
   EXPECT_EQ(done.trailer, "t");
   EXPECT_TRUE(Copied(src_.get(), {1, 2, 3}, dst));
+}
+
+// The key is per attempt: the sender named for attempt 0 (which holds attempt 0's key) can begin
+// no other attempt (a later one would make the sender named next stale), nor can the transfer's
+// own key, which only the decode worker and the router hold, be used as a sender's key. The
+// sender the router names for attempt 1 then lands bit-exact.
+TEST_P(SenderBindingTest, AnAttemptsKeyBeginsNoOtherAttempt) {
+  const std::vector<int32_t> dst = {6, 1};
+  receiver_->Expect({43, dst, {}, 0, Key('k')});
+  const std::string key0 = TransferAttemptKey(Key('k'), 0);
+  ASSERT_EQ(key0.size(), kTransferKeyBytes);
+  EXPECT_NE(key0, TransferAttemptKey(Key('k'), 1));
+  EXPECT_NE(key0, Key('k'));
+  std::unique_ptr<KvSender> earlier = NewSender(other_src_.get());
+  for (uint32_t attempt : {1u, 2u, 7u}) {
+    absl::Status s = SendAll(earlier.get(), Target(43, attempt, dst, Key('k'), key0), Range(0, 2),
+                             layout_.num_layers, "from the sender of attempt 0");
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << attempt << ": " << s;
+  }
+  absl::Status s = SendAll(earlier.get(), Target(43, 1, dst, Key('k'), Key('k')), Range(0, 2),
+                           layout_.num_layers, "with the transfer's own key");
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(AllZero());
+  EXPECT_EQ(completions_.size(), 0u);
+
+  std::unique_ptr<KvSender> named = NewSender(src_.get());
+  ASSERT_TRUE(
+      SendAll(named.get(), Target(43, 1, dst, Key('k')), {4, 7}, layout_.num_layers, "t1").ok());
+  const CompletedTransfer done = completions_.WaitFor(43, 1);
+  ASSERT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(done.trailer, "t1");
+  EXPECT_TRUE(Copied(src_.get(), {4, 7}, dst));
 }
 
 // An unknown transfer and a known one without the key get the same answer.

@@ -8,6 +8,7 @@
 
 #include <future>
 
+#include "common/cluster/transfer_key.h"
 #include "decode_worker/decode_core.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
@@ -61,14 +62,18 @@ class DisaggregatedTest : public ::testing::TestWithParam<bool> {
     return r;
   }
 
-  // The Prefill call a router makes for `decode` once it has `reservation`.
+  // The Prefill call a router makes for `decode` once it has `reservation`: attempt `attempt`,
+  // with that attempt's key.
   static v1::PrefillRequest PrefillRequest(const v1::DecodeRequest& decode,
-                                           const v1::KvReservation& reservation) {
+                                           const v1::KvReservation& reservation,
+                                           uint32_t attempt = 0) {
     v1::PrefillRequest r;
     r.set_request_id(decode.request_id());
     *r.mutable_prompt_token_ids() = decode.prompt_token_ids();
     *r.mutable_sampling() = decode.sampling();
     *r.mutable_target() = reservation;
+    r.mutable_target()->set_transfer_key(TransferAttemptKey(reservation.transfer_key(), attempt));
+    r.set_attempt(attempt);
     return r;
   }
 
@@ -152,9 +157,7 @@ TEST_P(DisaggregatedTest, AFailedPushReleasesThePrefillBlocksAndKeepsTheReservat
   // The decode worker still waits for the KV: a retry (the next attempt) to the right endpoint
   // completes the request with the same tokens.
   EXPECT_EQ(d_.engine->stats().num_awaiting_kv, 1);
-  v1::PrefillRequest retry = PrefillRequest(request, *stream.Reservation());
-  retry.set_attempt(1);
-  const PrefillResult ok = Prefill(retry);
+  const PrefillResult ok = Prefill(PrefillRequest(request, *stream.Reservation(), /*attempt=*/1));
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   ASSERT_TRUE(stream.WaitForFinal());
   EXPECT_EQ(stream.Tokens(), ReferenceTokens(Prompt(), 8));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cluster/transfer_key.h"
 #include "common/engine/engine_builder.h"
 #include "common/engine/model/model_writer.h"
 #include "decode_worker/decode_core.h"
@@ -147,6 +148,7 @@ class WindowDisaggregatedTest : public ::testing::TestWithParam<std::string> {
     *r.mutable_prompt_token_ids() = decode.prompt_token_ids();
     *r.mutable_sampling() = decode.sampling();
     *r.mutable_target() = reservation;
+    r.mutable_target()->set_transfer_key(TransferAttemptKey(reservation.transfer_key(), 0));
     return r;
   }
   PrefillResult Prefill(const v1::PrefillRequest& request) {
