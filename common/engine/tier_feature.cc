@@ -122,7 +122,14 @@ void TierFeature::MaybeLoad(Sequence* seq, bool deferred) {
   if (!deferred) core().scheduler().Hold(seq);
   const uint64_t id = store_->StartLoad(
       std::vector<BlockHash>(hashes.begin() + in_pool, hashes.begin() + in_pool + found));
-  loads_[id] = Load{seq, in_pool, in_pool + found};
+  Load& load = loads_[id];
+  load.seq = seq;
+  load.first_block = in_pool;
+  load.blocks = in_pool + found;
+  // The pool's prefix is pinned until the install (counted in loading_blocks_ already).
+  load.prefix.salt_hash = seq->blocks.salt_hash;
+  core().kv().AcquirePrefix(absl::Span<const int32_t>(seq->tokens).subspan(0, in_pool * bs + 1),
+                            &load.prefix);
   load_of_[seq] = id;
   loading_blocks_ += in_pool + found;
 }
@@ -139,13 +146,14 @@ void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
   for (TierLoad& result : landed) {
     auto it = loads_.find(result.id);
     if (it == loads_.end()) continue;  // its sequence ended meanwhile
-    const Load load = it->second;
-    const int64_t need = load.first_block + static_cast<int64_t>(result.blocks.size());
+    // The prefix is held already: the loaded blocks are what the pool must find room for.
+    const int64_t need = static_cast<int64_t>(result.blocks.size());
     if (!landed_.empty() ||
         (need > core().pool().num_available() && core().scheduler().num_running() > 0)) {
       landed_.push_back(std::move(result));
       continue;
     }
+    Load load = std::move(it->second);
     loading_blocks_ -= load.blocks;
     loads_.erase(it);
     load_of_.erase(load.seq);
@@ -163,7 +171,7 @@ void TierFeature::RetryDeferred() {
   for (Sequence* seq : deferred) MaybeLoad(seq, /*deferred=*/true);
 }
 
-void TierFeature::Install(const Load& load, const TierLoad& result) {
+void TierFeature::Install(Load& load, const TierLoad& result) {
   Sequence* seq = load.seq;
   KvCacheManager& kv = core().kv();
   BlockPool& pool = core().pool();
@@ -173,7 +181,7 @@ void TierFeature::Install(const Load& load, const TierLoad& result) {
   const int64_t bs = kv.block_size();
   SequenceBlocks pin;
   pin.salt_hash = seq->blocks.salt_hash;
-  // The pool's prefix as it is now (it may have grown or shrunk while the load ran).
+  // The pool's prefix as it is now: the part the load continues (pinned) or more.
   kv.AcquirePrefix(seq->tokens, &pin);
   const int64_t have = static_cast<int64_t>(pin.table.size());
   const int64_t end = load.first_block + static_cast<int64_t>(result.blocks.size());
@@ -210,6 +218,7 @@ void TierFeature::Install(const Load& load, const TierLoad& result) {
       ++installed;
     }
   }
+  kv.Free(&load.prefix);  // held by `pin` now, with what was installed after it
   store_->NoteInstalled(installed);
   if (installed == 0) {
     kv.Free(&pin);
@@ -271,7 +280,9 @@ void TierFeature::OnFinish(Sequence* seq, FinishReason /*reason*/, SequenceUpdat
   auto it = load_of_.find(seq);
   if (it != load_of_.end()) {
     store_->CancelLoad(it->second);
-    loading_blocks_ -= loads_[it->second].blocks;
+    Load& load = loads_[it->second];
+    loading_blocks_ -= load.blocks;
+    core().kv().Free(&load.prefix);
     loads_.erase(it->second);
     load_of_.erase(it);
     if (!deferred_.empty()) core().wake().Notify();

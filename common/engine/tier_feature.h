@@ -21,7 +21,9 @@ namespace tandem {
 // - Read path: before the scheduler plans (BeforeSchedule), a waiting sequence whose prompt
 //   continues past the pool's cached prefix with blocks some tier holds is held
 //   (Scheduler::Hold: kPending, no slot, no blocks; others keep stepping) while the loader
-//   thread reads them. At the next step's OnStepBegin the blocks that match the sequence
+//   thread reads them; the part of its prompt still in the pool (the prefix the load continues)
+//   is pinned from then on, so that other sequences' allocations cannot evict it while the load
+//   runs. At the next step's OnStepBegin the blocks that match the sequence
 //   exactly (parent, tokens, salt) are written into freshly allocated pool blocks and registered
 //   in the prefix cache, pinned (one reference) together with the pool prefix before them, and the
 //   sequence is released: its admission takes them as a prefix hit (usage cached_tokens counts
@@ -63,6 +65,10 @@ class TierFeature final : public EngineFeature {
     Sequence* seq = nullptr;
     int64_t first_block = 0;  // the loaded blocks follow this many in the pool
     int64_t blocks = 0;       // blocks it may pin: first_block + those asked for
+    // The pool's prefix (first_block blocks), held from the start of the load until its install:
+    // blocks the load continues must not be evicted while it runs (other sequences' allocations
+    // would evict them, and the loaded blocks would have no prefix to join).
+    SequenceBlocks prefix;
   };
   // The identity and bytes of cached pool block `block`.
   std::shared_ptr<TierBlock> CopyOut(int32_t block);
@@ -71,7 +77,7 @@ class TierFeature final : public EngineFeature {
   // held already (in deferred_ before).
   void MaybeLoad(Sequence* seq, bool deferred = false);
   void RetryDeferred();
-  void Install(const Load& load, const TierLoad& result);
+  void Install(Load& load, const TierLoad& result);
   void Unpin(Sequence* seq);
   // Writes the pool's cached blocks to the disk tier (shutdown), within `budget`.
   void FlushPool(absl::Duration budget);

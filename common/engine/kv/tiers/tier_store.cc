@@ -1,11 +1,21 @@
 #include "common/engine/kv/tiers/tier_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "common/engine/kv/tiers/kv_tier_hooks.h"
 
 namespace tandem {
+namespace {
+
+std::atomic<int64_t> load_delay_ns_for_testing{0};
+
+}  // namespace
+
+void KvTierStore::SetLoadDelayForTesting(absl::Duration delay) {
+  load_delay_ns_for_testing.store(absl::ToInt64Nanoseconds(delay));
+}
 
 absl::StatusOr<std::unique_ptr<KvTierStore>> KvTierStore::Create(const KvTierOptions& options) {
   if (options.host_bytes < 0) return absl::InvalidArgumentError("--kv-offload-host-memory < 0");
@@ -55,17 +65,20 @@ void KvTierStore::set_ready_callback(std::function<void()> ready) {
 
 bool KvTierStore::ShouldOffer(BlockHash hash) {
   const bool host_has = host_ == nullptr || host_->Touch(hash);
-  bool disk_has = !disk_enabled() || disk_->Touch(hash);
-  if (!disk_has) {
+  if (!disk_enabled()) return !host_has;
+  // The queue before the disk index: the writer puts a block on disk before it leaves the
+  // queue, so a block between the two is seen in one of them (the other order could miss it).
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queued_.count(hash) != 0) {
-      disk_has = true;
-    } else if (write_bytes_ >= options_.write_queue_bytes && host_has) {
-      ++write_drops_;  // nothing else would take it
-      return false;
-    }
+    if (queued_.count(hash) != 0) return !host_has;
   }
-  return !(host_has && disk_has);
+  if (disk_->Touch(hash)) return !host_has;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (write_bytes_ >= options_.write_queue_bytes && host_has) {
+    ++write_drops_;  // nothing else would take it
+    return false;
+  }
+  return true;
 }
 
 void KvTierStore::Offer(TierBlockPtr block) {
@@ -122,10 +135,15 @@ void KvTierStore::WriterLoop() {
 int64_t KvTierStore::Probe(absl::Span<const BlockHash> hashes) const {
   int64_t n = 0;
   for (BlockHash h : hashes) {
-    bool found = (host_ != nullptr && host_->Contains(h)) || (disk_ && disk_->Contains(h));
+    bool found = host_ != nullptr && host_->Contains(h);
     if (!found && disk_ != nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
-      found = queued_.count(h) != 0;
+      // The queue before the disk index, as Fetch: the writer puts a block on disk before it
+      // leaves the queue, so a block moving from one to the other is seen in one of them.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        found = queued_.count(h) != 0;
+      }
+      if (!found) found = disk_->Contains(h);
     }
     if (!found) break;
     ++n;
@@ -198,6 +216,9 @@ void KvTierStore::LoaderLoop() {
     LoadJob job = std::move(loads_.front());
     loads_.pop_front();
     lock.unlock();
+    if (const int64_t delay = load_delay_ns_for_testing.load(); delay > 0) {
+      absl::SleepFor(absl::Nanoseconds(delay));
+    }
     TierLoad done;
     done.id = job.id;
     for (BlockHash h : job.hashes) {

@@ -73,6 +73,9 @@ class KvTierStore {
   void Publish() const;
   const KvTierOptions& options() const { return options_; }
   bool disk_enabled() const { return disk_ != nullptr && disk_->enabled(); }
+  // Tests only: every store's loader waits this long before each load (a slow tier, so that the
+  // engine steps, and evicts, while loads run). Zero (the default) in production.
+  static void SetLoadDelayForTesting(absl::Duration delay);
 
  private:
   struct LoadJob {

@@ -19,6 +19,7 @@
 
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
+#include "common/engine/kv/tiers/tier_store.h"
 #include "gtest/gtest.h"
 
 namespace tandem {
@@ -258,8 +259,10 @@ TEST(EngineTiersTest, EachTurnFindsItsWholeHistory) {
 
 // Every session's next turn at once, more of them than half the pool can pin: the loads that
 // would pass the pinned bound wait for the ones before them instead of letting their requests be
-// admitted without their history (recomputed).
-TEST(EngineTiersTest, ConcurrentTurnsWaitForTheBoundInsteadOfRecomputing) {
+// admitted without their history (recomputed). A load continues the part of a history still in
+// the pool, which the other sequences' allocations would evict while it runs: with a slow tier
+// (each load waits 30 ms, many steps) that part must still be there when the load lands.
+void ExpectConcurrentTurnsFindTheirHistory(absl::Duration load_delay) {
   constexpr int kChatSessions = 6, kFirst = 64, kTurnUser = 32;
   constexpr int32_t kTurnAnswer = 16;
   auto run = [&](Engine& engine) {
@@ -284,9 +287,19 @@ TEST(EngineTiersTest, ConcurrentTurnsWaitForTheBoundInsteadOfRecomputing) {
   const int64_t all = run(*big);
   ScratchDir dir;
   auto tiered = MakeEngine(48, {0, dir.path()});
+  KvTierStore::SetLoadDelayForTesting(load_delay);
   const int64_t got = run(*tiered);
+  KvTierStore::SetLoadDelayForTesting(absl::ZeroDuration());
   EXPECT_GE(got, all * 9 / 10) << "of " << all;
   ExpectNothingHeld(*tiered);
+}
+
+TEST(EngineTiersTest, ConcurrentTurnsWaitForTheBoundInsteadOfRecomputing) {
+  ExpectConcurrentTurnsFindTheirHistory(absl::ZeroDuration());
+}
+
+TEST(EngineTiersTest, ConcurrentTurnsKeepTheirPoolPrefixWhileASlowLoadRuns) {
+  ExpectConcurrentTurnsFindTheirHistory(absl::Milliseconds(30));
 }
 
 TEST(EngineTiersTest, RestartServesOldPrefixesFromDisk) {
