@@ -151,8 +151,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
           if (how & 0x80) s.deadline = absl::Now() + absl::Milliseconds(how % 3);
           if (how & 0x40) {  // the key's proof (right when the expectation has that key)
-            s.proof = kvt::BeginProof(TransferAttemptKey(std::string(32, 'k'), attempt), "", id,
-                                      attempt, s.dst_blocks);
+            s.proof = kvt::BeginProof(tandem::TransferAttemptKey(std::string(32, 'k'), attempt), "",
+                                      id, attempt, s.dst_blocks);
           }
           (void)core.Begin(std::move(s), [](const absl::Status&) {}).ok();
           break;
