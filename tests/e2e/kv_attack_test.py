@@ -36,7 +36,7 @@ import urllib.request
 import grpc
 
 import kv_wire
-from tandem_testlib import Cluster, check, internal_channel, load_stubs
+from tandem_testlib import Cluster, attempt_target, check, internal_channel, load_stubs
 
 MAX_TOKENS = 10
 MIB = 1 << 20
@@ -408,8 +408,8 @@ def phase_unnamed(t, batch, reference, secret):
                       for x in results),
               f"unnamed: a refusal disclosed the expectation: {results}")
         prefill.Prefill(t.stubs.worker.PrefillRequest(
-            request_id=request_id, prompt_token_ids=ids, sampling=sampling, n=1, target=r,
-            attempt=0, cache_salt=request_id), timeout=60)
+            request_id=request_id, prompt_token_ids=ids, sampling=sampling, n=1,
+            target=attempt_target(r, 0), attempt=0, cache_salt=request_id), timeout=60)
         got = []
         for m in stream:
             if m.HasField("tokens"):

@@ -21,7 +21,7 @@ from http_api_test import HttpServer, post, post_json  # noqa: E402
 from peft_np import write_adapter  # noqa: E402
 from serve_lora_test import complete, get_json  # noqa: E402
 from tandem_testlib import ROOT, Cluster, check, cluster_status, worker_stats  # noqa: E402
-from tandem_testlib import load_stubs  # noqa: E402
+from tandem_testlib import attempt_target, load_stubs  # noqa: E402
 
 MODEL = os.path.join(ROOT, "models", "stories260k")
 # Long enough (over --disagg-min-uncached-tokens 32) to be prefilled on the prefill worker.
@@ -151,7 +151,8 @@ def main():
         target.CopyFrom(first.reservation)
         try:
             wp.Prefill(stubs.worker.PrefillRequest(request_id="lc-mismatch", prompt_token_ids=ids,
-                                                   sampling=sampling, n=1, target=target,
+                                                   sampling=sampling, n=1,
+                                                   target=attempt_target(target, 0),
                                                    lora_name="sql"), timeout=60)
             check(False, "the prefill worker took a base-model reservation for sql")
         except grpc.RpcError as e:
@@ -162,7 +163,7 @@ def main():
         try:  # the transfer itself lands; what the decode worker does with it is the point
             wp.Prefill(stubs.worker.PrefillRequest(
                 request_id="lc-mismatch", prompt_token_ids=ids, sampling=sampling, n=1,
-                target=target, lora_name="sql", attempt=1), timeout=60)
+                target=attempt_target(target, 1), lora_name="sql", attempt=1), timeout=60)
         except grpc.RpcError as e:
             print(f"note: the mismatched prefill call ended with {e.code()}")
         rest = list(stream)

@@ -104,6 +104,18 @@ class _Details:
         self.compression = getattr(d, "compression", None)
 
 
+def attempt_target(reservation, attempt):
+    """What a router sends a prefill worker for `attempt` of a decode worker's reservation: a copy
+    whose transfer_key is the attempt's own key (common/cluster/transfer_key.h: HMAC-SHA256 of the
+    transfer key over a label and the attempt, little-endian), never the transfer key itself."""
+    target = type(reservation)()
+    target.CopyFrom(reservation)
+    if reservation.transfer_key:
+        label = b"tandem kvtransfer attempt key" + attempt.to_bytes(4, "little")
+        target.transfer_key = hmac.new(reservation.transfer_key, label, hashlib.sha256).digest()
+    return target
+
+
 def load_stubs():
     """Generates and imports the tandem.v1 Python stubs; returns (generation_pb2, grpc module, ...)."""
     global _STUB_DIR

@@ -11,7 +11,7 @@ import time
 import grpc
 
 import bad_input_corpus as corpus
-from tandem_testlib import Cluster, check, load_stubs, wait_no_leaks
+from tandem_testlib import Cluster, attempt_target, check, load_stubs, wait_no_leaks
 
 DEFINED = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "ALREADY_EXISTS",
            "FAILED_PRECONDITION", "UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED", "UNIMPLEMENTED",
@@ -195,8 +195,8 @@ def main():
         for i, (name, tgt, codes) in enumerate(cases):
             payload = tgt if isinstance(tgt, bytes) else tgt if isinstance(
                 tgt, w.PrefillRequest) else w.PrefillRequest(
-                    request_id=f"pf{i}", prompt_token_ids=prompt, sampling=sp, target=tgt,
-                    attempt=i + 1)
+                    request_id=f"pf{i}", prompt_token_ids=prompt, sampling=sp,
+                    target=attempt_target(tgt, i + 1), attempt=i + 1)
             code, details = prefill_call(stubs, p, payload)
             check(code in codes, f"prefill {name}: got {code} {details!r}, want {codes}")
         code, details = prefill_call(stubs, d, w.PrefillRequest(
@@ -204,7 +204,8 @@ def main():
         check(code in {"FAILED_PRECONDITION", "UNIMPLEMENTED"}, f"prefill on decode: {code}")
         # After all that, the reservation can still be filled and decoded.
         code, details = prefill_call(stubs, p, w.PrefillRequest(
-            request_id="res", prompt_token_ids=prompt, sampling=sp, target=res, attempt=100))
+            request_id="res", prompt_token_ids=prompt, sampling=sp,
+            target=attempt_target(res, 100), attempt=100))
         check(code == "OK", f"the real prefill after the bad ones: {code} {details}")
         rest = list(held)
         check(any(r.HasField("final") and r.final.finish_reason ==
