@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cluster/transfer_key.h"
 #include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
@@ -82,9 +83,10 @@ class CudaIpcProtocolTest : public ::testing::Test {
     b.attempt = attempt;
     b.incarnation = receiver_->incarnation();
     b.dst_blocks = std::move(dst);
-    if (!key.empty()) {
+    if (!key.empty()) {  // `key`: the transfer's key; a sender proves with its attempt's key
       b.proof =
-          BeginProof(key, ControlBinding(binder != 0 ? binder : sender), id, attempt, b.dst_blocks);
+          BeginProof(TransferAttemptKey(key, attempt),
+                     ControlBinding(binder != 0 ? binder : sender), id, attempt, b.dst_blocks);
     }
     return ReplyStatus(Send(ControlKind::kBegin, wire::EncodeBegin(b), sender));
   }
