@@ -11,7 +11,7 @@
 
 namespace tandem {
 
-// Adapter affinity (issue 49): where a request for a LoRA adapter may run. Workers report the
+// Adapter affinity: where a request for a LoRA adapter may run. Workers report the
 // adapters they hold in their stats (WorkerStats.lora_adapters, with each one's cache key) and
 // load one on demand when a request names it with its path (DecodeRequest.lora_path), evicting
 // their least recently used adapter that no request holds (LoraRegistry::Acquire).

@@ -11,7 +11,7 @@
 
 namespace tandem {
 
-// KV cache tiers below the pool (issue 48; kv/tiers/README.md) as an engine feature.
+// KV cache tiers below the pool (kv/tiers/README.md) as an engine feature.
 //
 // - Write path: the pool's eviction hook (BlockPool::set_eviction_hook) copies a cached block that
 //   is about to be reused (identity and bytes, on the engine thread, only when some tier lacks it

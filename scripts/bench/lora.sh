@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Section "multi-LoRA": issue 49's goals side by side in one process (tests/bench/lora_bench):
+# Section "multi-LoRA": adapters against the base model side by side in one process (tests/bench/lora_bench):
 # decode tok/s of a 16-request batch spread over 8 rank-16 adapters (q/k/v/o/gate/up/down)
 # against the base model at the same batch, batch-1 decode with one adapter against the base,
 # the time to load one rank-16 adapter and 32 adapters loaded at once; llama-1b shape, int8 and

@@ -1,5 +1,5 @@
-// lora_bench: multi-LoRA decode against the base model, side by side in one process (issue 49's
-// goals): decode tokens/s of a batch spread over several rank-r adapters and of batch 1 with one
+// lora_bench: multi-LoRA decode against the base model, side by side in one process:
+// decode tokens/s of a batch spread over several rank-r adapters and of batch 1 with one
 // adapter, each as a ratio to the base model at the same batch; the time to load one adapter;
 // and loading many at once.
 //

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""LoRA adapters across a cluster (issue 49 item 3): `tandem serve --prefill-workers 1
+"""LoRA adapters across a cluster: `tandem serve --prefill-workers 1
 --decode-workers 1` with --lora-modules. An adapter request prefilled on the prefill worker and
 decoded on the decode worker gives the same greedy tokens as one process; /v1/models lists the
 adapters and `model` selects them; /v1/load_lora_adapter loads on the workers (evicting their

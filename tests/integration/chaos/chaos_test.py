@@ -151,7 +151,7 @@ class Chaos:
         # The cluster runs with its secret on: every router -> worker call proves it.
         secret = ["--cluster-secret-file", cluster_secret()[0]]
         worker_args = WORKER_ARGS + secret + ["--kv-secret-file", kv_secret()[0]]
-        # KV cache tiers on every worker (issue 48): a small host tier and a disk tier of its
+        # KV cache tiers on every worker: a small host tier and a disk tier of its
         # own, which a restarted incarnation (after SIGKILL mid write-behind, or a drain) reopens;
         # the leak checks below then cover blocks loaded from the tiers and pinned for requests.
         def tiers(name):
