@@ -75,10 +75,12 @@ bool SelfCheckTier(const TierKernels& t, std::string* error) {
       const I8Inputs ref = QuantizeInputsI8(x.data(), M, K, K, tw.w, &ref_buffer);
       const I8Inputs in = QuantizeInputsI8(x.data(), M, K, K, tw.w, &buffer, t.quantize_i8);
       const int64_t code_bytes = M * ref.chunks * ref.chunk;
+      // group_sums is null for weights without groups (memcmp's pointers must not be).
       if (std::memcmp(in.codes, ref.codes, code_bytes) != 0 ||
           std::memcmp(in.scale, ref.scale, M * sizeof(float)) != 0 ||
           std::memcmp(in.sum, ref.sum, M * sizeof(int32_t)) != 0 ||
-          std::memcmp(in.group_sums, ref.group_sums, M * ref.groups * sizeof(float)) != 0) {
+          (ref.groups > 0 &&
+           std::memcmp(in.group_sums, ref.group_sums, M * ref.groups * sizeof(float)) != 0)) {
         *error = "the input quantizer differs from the reference";
         return false;
       }
