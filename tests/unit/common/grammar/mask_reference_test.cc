@@ -49,6 +49,18 @@ std::vector<std::string> Grammars() {
   return out;
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kUnderSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kUnderSanitizer = true;
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+#else
+constexpr bool kUnderSanitizer = false;
+#endif
+
 TEST(MaskReferenceTest, MasksEqualBruteForceOnBundledTokenizers) {
   int64_t pairs = 0, tokens_checked = 0;
   for (const Tok& t : kTokenizers) {
@@ -57,9 +69,12 @@ TEST(MaskReferenceTest, MasksEqualBruteForceOnBundledTokenizers) {
     auto vocab = TokenVocab::FromTokenizer(**tok);
     ASSERT_TRUE(vocab.ok()) << vocab.status();
     const int32_t n = (*vocab)->size();
-    // Small vocabularies: every token at many prefixes; large ones: fewer prefixes.
-    const int walks = n < 1000 ? 12 : 1;
-    const int steps = n < 1000 ? 40 : 8;
+    // Small vocabularies: every token at many prefixes; large ones: fewer prefixes. Under a
+    // sanitizer (about 10x slower; its stage checks memory, the main suite the coverage) a
+    // quarter of the walks and steps.
+    const int scale = kUnderSanitizer ? 4 : 1;
+    const int walks = n < 1000 ? 12 / scale : 1;
+    const int steps = (n < 1000 ? 40 : 8) / scale;
     std::mt19937 rng(11);
     for (const std::string& text : Grammars()) {
       auto g = ParseGrammar(text);
