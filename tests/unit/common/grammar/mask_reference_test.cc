@@ -70,7 +70,7 @@ TEST(MaskReferenceTest, MasksEqualBruteForceOnBundledTokenizers) {
     ASSERT_TRUE(vocab.ok()) << vocab.status();
     const int32_t n = (*vocab)->size();
     // Small vocabularies: every token at many prefixes; large ones: fewer prefixes. Under a
-    // sanitizer (about 10x slower; its stage checks memory, the main suite the coverage) a
+    // sanitizer (much slower; its stage checks memory, the main suite the coverage) a
     // quarter of the walks and steps.
     const int scale = kUnderSanitizer ? 4 : 1;
     const int walks = n < 1000 ? 12 / scale : 1;
