@@ -26,6 +26,7 @@
 #include "common/grammar/compile_service.h"
 #include "common/grammar/matcher.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/blockable_compile_service.h"
 
 namespace tandem {
 namespace {
@@ -59,48 +60,14 @@ std::unique_ptr<Engine> MakeEngine(std::shared_ptr<grammar::GrammarCompileServic
   return std::move(built->engine);
 }
 
-// A compile service with one worker, which a test can occupy (Block) so that tasks queue.
-struct Service {
-  Service() {
-    grammar::GrammarCompileServiceOptions o;
-    o.threads = 1;
-    o.budget_ms = 10000;
-    service = std::make_shared<grammar::GrammarCompileService>(Compiler(), o);
-  }
-  ~Service() { Unblock(); }
-  void Block() {
-    open = false;
-    started = false;
-    blocker = service->SubmitTask("test", "blocking", [this](grammar::CompileBudget*) {
-      started = true;
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [this] { return open; });
-      return absl::OkStatus();
-    });
-    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void Unblock() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      open = true;
-    }
-    cv.notify_all();
-    if (blocker != nullptr) blocker->Wait();
-    blocker.reset();
-  }
+struct Service : BlockableCompileService {
+  Service() : BlockableCompileService(Compiler(), 10000) {}
   // The compiled grammar of `c` (compiled already: answered from the cache).
   std::shared_ptr<const grammar::CompiledGrammar> Compiled(const grammar::Constraint& c) {
     auto h = service->Submit("test", c);
     EXPECT_TRUE(h->ready() && h->result().ok());
     return *h->result();
   }
-
-  std::shared_ptr<grammar::GrammarCompileService> service;
-  std::unique_ptr<grammar::GrammarCompileHandle> blocker;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = true;
-  std::atomic<bool> started{false};
 };
 
 // Holds a grammar's state graph on its own thread until Release (or kHoldLimit).

@@ -18,6 +18,7 @@
 #include "common/engine/engine_builder.h"
 #include "common/grammar/compile_service.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/engine/engine/blockable_compile_service.h"
 
 namespace tandem {
 namespace {
@@ -51,42 +52,8 @@ std::unique_ptr<Engine> MakeEngine(std::shared_ptr<grammar::GrammarCompileServic
   return std::move(built->engine);
 }
 
-// A compile service with one worker, which a test can occupy (Block) so that compilations and
-// masks queue behind it until Unblock.
-struct Service {
-  explicit Service(int64_t budget_ms = 2000) {
-    grammar::GrammarCompileServiceOptions o;
-    o.threads = 1;
-    o.budget_ms = budget_ms;
-    service = std::make_shared<grammar::GrammarCompileService>(Compiler(), o);
-  }
-  ~Service() { Unblock(); }
-  void Block() {
-    open = false;
-    started = false;
-    blocker = service->SubmitTask("test", "blocking", [this](grammar::CompileBudget*) {
-      started = true;
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [this] { return open; });
-      return absl::OkStatus();
-    });
-    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  void Unblock() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      open = true;
-    }
-    cv.notify_all();
-    if (blocker != nullptr) blocker->Wait();
-  }
-
-  std::shared_ptr<grammar::GrammarCompileService> service;
-  std::unique_ptr<grammar::GrammarCompileHandle> blocker;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool open = true;
-  std::atomic<bool> started{false};
+struct Service : BlockableCompileService {
+  explicit Service(int64_t budget_ms = 2000) : BlockableCompileService(Compiler(), budget_ms) {}
 };
 
 grammar::Constraint Regex(const std::string& value) {
