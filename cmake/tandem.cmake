@@ -6,9 +6,10 @@ function(tandem_add_test source)
   cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "LIBS" ${ARGN})
   get_filename_component(name "${source}" NAME_WE)
   add_executable(${name} "${source}")
-  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main GTest::gmock)
-  target_compile_definitions(${name} PRIVATE TANDEM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-                                             TANDEM_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  # No compile-time paths: tests find the checkout at run time (tests/util/test_paths.h), so
+  # their objects hit the shared compiler cache from any clone.
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} tandem_test_util GTest::gtest GTest::gtest_main
+                                        GTest::gmock)
   add_test(NAME ${name} COMMAND ${name})
   if(NOT ARG_LABEL)
     set(ARG_LABEL unit)

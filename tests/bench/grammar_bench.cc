@@ -32,6 +32,7 @@
 #include "common/grammar/reference/reference_paths.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace {
 
@@ -346,7 +347,7 @@ int DecodeSideBySide(const std::string& model_dir, int rounds, int max_tokens, f
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string root = TANDEM_SOURCE_DIR;
+  const std::string root = tandem::TestSourceDir();
   const bool masks_only = argc > 1 && std::string(argv[1]) == "--masks";
   if (masks_only) {
     --argc;

@@ -12,6 +12,7 @@
 #include "tests/gpu/backend_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/common/engine/backend/cpu/backend_test_util.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::gpu_testing {
 namespace {
@@ -516,7 +517,7 @@ TEST_F(CudaBackendTest, Phi3MatchesCpuQwen3Gemma3AndMixtralAreRefused) {
 // the CPU's bf16 inputs outside near ties. (GPU only: far too slow for the emulator.)
 TEST_F(CudaBackendTest, RandomLlama1bBf16GreedyAgreesWithCpu) {
   if (kEmulated) GTEST_SKIP() << "too large for the emulator";
-  const std::string dir = std::string(TANDEM_BINARY_DIR) + "/gpu_test_models/llama-1b-bf16";
+  const std::string dir = tandem::TestBinaryDir() + "/gpu_test_models/llama-1b-bf16";
   if (!std::filesystem::exists(dir + "/config.json")) {
     RandomModelOptions random;
     random.preset = "llama-1b";

@@ -26,6 +26,7 @@
 
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
 #include "common/engine/model/model_writer.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -190,7 +191,7 @@ double TimeSteps(Backend& backend, const ForwardBatch& batch, int steps) {
 }
 
 int Main(int argc, char** argv) {
-  std::string model_dir = std::string(TANDEM_BINARY_DIR) + "/gpu_test_models/llama-1b-bf16";
+  std::string model_dir = tandem::TestBinaryDir() + "/gpu_test_models/llama-1b-bf16";
   int steps = 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--model") == 0) model_dir = argv[i + 1];

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "tests/bench/static_batching/static_batching.h"
 #include "tests/unit/common/engine/engine/engine_test_util.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -21,7 +22,7 @@ using testing_util::RunAll;
 
 std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = 256;
   b.show_progress = false;
   b.threads = 1;

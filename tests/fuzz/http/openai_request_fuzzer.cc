@@ -11,6 +11,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/http/openai_request.h"
+#include "tests/util/test_paths.h"
 
 namespace {
 
@@ -23,8 +24,8 @@ struct Fixture {
 const Fixture& GetFixture() {
   static const Fixture* f = [] {
     auto* fx = new Fixture;
-    fx->tokenizer =
-        std::move(tandem::Tokenizer::FromModelDir(TANDEM_SOURCE_DIR "/models/stories260k").value());
+    fx->tokenizer = std::move(
+        tandem::Tokenizer::FromModelDir(tandem::TestSourceDir() + "/models/stories260k").value());
     fx->chat_template =
         std::move(tandem::ChatTemplate::Parse(
                       tandem::BuiltinChatTemplateSource(tandem::BuiltinChatTemplate::kLlama2))

@@ -18,6 +18,7 @@
 
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
+#include "tests/util/test_paths.h"
 
 namespace {
 
@@ -29,7 +30,7 @@ struct Entry {
 std::vector<Entry>& Tokenizers() {
   static std::vector<Entry>* entries = [] {
     auto* out = new std::vector<Entry>;
-    const std::string root = TANDEM_SOURCE_DIR;
+    const std::string root = tandem::TestSourceDir();
     const std::pair<const char*, bool> files[] = {
         {"/models/stories260k/tokenizer.json", false},
         {"/tests/data/tokenizers/gpt2/tokenizer.json", true},

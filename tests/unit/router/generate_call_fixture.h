@@ -20,6 +20,7 @@
 #include "router/generation_service.h"
 #include "router/inference_client.h"
 #include "tandem/v1/generation.grpc.pb.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace testing_generate_call {
@@ -170,7 +171,7 @@ class GenerateCallTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto tokenizer =
-        Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/gpt2");
+        Tokenizer::FromModelDir(tandem::TestSourceDir() + "/tests/data/tokenizers/gpt2");
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = std::move(tokenizer).value();
     GenerationServiceOptions options;

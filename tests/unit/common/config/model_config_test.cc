@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -435,7 +436,7 @@ TEST(ModelConfigTest, ArchitectureFromModelTypeWhenArchitecturesIsMissing) {
 
 TEST(ModelConfigTest, BundledStories260k) {
   absl::StatusOr<ModelConfig> c =
-      LoadModelConfig(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k/config.json");
+      LoadModelConfig(tandem::TestSourceDir() + "/models/stories260k/config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->hidden_size, 64);
   EXPECT_EQ(c->intermediate_size, 172);

@@ -17,6 +17,7 @@
 #include "common/grammar/reference/reference_paths.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::grammar {
 namespace {
@@ -38,8 +39,7 @@ bool HeapMeasurable() {
 
 std::shared_ptr<const TokenVocab> Llama2Vocab() {
   static const auto* vocab = new std::shared_ptr<const TokenVocab>([] {
-    auto tok =
-        Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/llama2");
+    auto tok = Tokenizer::FromModelDir(tandem::TestSourceDir() + "/tests/data/tokenizers/llama2");
     EXPECT_TRUE(tok.ok()) << tok.status();
     auto v = TokenVocab::FromTokenizer(**tok);
     EXPECT_TRUE(v.ok()) << v.status();

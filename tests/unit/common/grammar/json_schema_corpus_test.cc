@@ -23,6 +23,7 @@
 #include "common/grammar/matcher.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem::grammar {
 namespace {
@@ -41,7 +42,7 @@ std::shared_ptr<const TokenVocab> ByteVocab() {
 }
 
 std::vector<Json> HandWritten() {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/tests/e2e/structured_output/schemas.jsonl");
+  std::ifstream in(tandem::TestSourceDir() + "/tests/e2e/structured_output/schemas.jsonl");
   std::vector<Json> out;
   std::string line;
   while (std::getline(in, line)) {
@@ -189,7 +190,7 @@ TEST(JsonSchemaCorpusTest, ExtraKeysNeverRepeatADeclaredName) {
 // json_schema_fuzzer/bomb-*) are refused by a bound with a message saying which.
 TEST(JsonSchemaCorpusTest, HostileSchemasGetAClearError) {
   const std::string dir =
-      std::string(TANDEM_SOURCE_DIR) + "/tests/fuzz/grammar/corpus/json_schema_fuzzer/";
+      tandem::TestSourceDir() + "/tests/fuzz/grammar/corpus/json_schema_fuzzer/";
   const std::pair<const char*, const char*> cases[] = {
       {"bomb-allof-cycle", "nested too deeply"},  {"bomb-ref-sibling-cycle", "nested too deeply"},
       {"bomb-deep-nesting", "nested too deeply"}, {"bomb-enum", "more than 10000 enum values"},

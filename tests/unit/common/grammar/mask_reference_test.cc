@@ -15,6 +15,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/grammar/reference_recognizer.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::grammar {
 namespace {
@@ -64,7 +65,7 @@ constexpr bool kUnderSanitizer = false;
 TEST(MaskReferenceTest, MasksEqualBruteForceOnBundledTokenizers) {
   int64_t pairs = 0, tokens_checked = 0;
   for (const Tok& t : kTokenizers) {
-    auto tok = Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/" + t.dir);
+    auto tok = Tokenizer::FromModelDir(tandem::TestSourceDir() + "/" + t.dir);
     ASSERT_TRUE(tok.ok()) << tok.status();
     auto vocab = TokenVocab::FromTokenizer(**tok);
     ASSERT_TRUE(vocab.ok()) << vocab.status();

@@ -17,6 +17,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/grammar/reference_recognizer.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::grammar {
 namespace {
@@ -199,7 +200,7 @@ TEST(PositionMaskTest, MasksEqualBruteForceOnBundledTokenizers) {
   for (const char* dir :
        {"models/stories260k", "tests/data/tokenizers/llama2", "tests/data/tokenizers/gpt2",
         "tests/data/tokenizers/llama3", "tests/data/tokenizers/qwen3"}) {
-    auto tok = Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/" + dir);
+    auto tok = Tokenizer::FromModelDir(tandem::TestSourceDir() + "/" + dir);
     ASSERT_TRUE(tok.ok()) << tok.status();
     auto vocab = TokenVocab::FromTokenizer(**tok);
     ASSERT_TRUE(vocab.ok()) << vocab.status();

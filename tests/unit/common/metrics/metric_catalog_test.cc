@@ -18,6 +18,7 @@
 #include "common/metrics/spec_metrics.h"
 #include "common/metrics/transfer_metrics.h"
 #include "common/metrics/worker_metrics.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -103,7 +104,7 @@ std::set<std::string> SeriesNames() {
 }
 
 TEST(MetricCatalogTest, EveryFamilyIsDocumented) {
-  const std::string doc = ReadFile(fs::path(TANDEM_SOURCE_DIR) / "docs" / "operations.md");
+  const std::string doc = ReadFile(fs::path(tandem::TestSourceDir()) / "docs" / "operations.md");
   ASSERT_FALSE(doc.empty());
   for (const auto& f : AllFamilies()) {
     EXPECT_NE(doc.find("`" + f.name + "`"), std::string::npos)
@@ -117,9 +118,9 @@ TEST(MetricCatalogTest, DashboardsRulesAndDocsNameOnlyExistingSeries) {
   for (const auto& f : AllFamilies()) families.insert(f.name);
   // tandem_ identifiers, except inside recording-rule names (level:tandem_...:operation).
   const std::regex ref("\\btandem_[a-z0-9_]+\\b");
-  std::vector<fs::path> files = {fs::path(TANDEM_SOURCE_DIR) / "docs" / "operations.md"};
+  std::vector<fs::path> files = {fs::path(tandem::TestSourceDir()) / "docs" / "operations.md"};
   for (const char* dir : {"deploy/grafana", "deploy/prometheus", "deploy/helm/tandem"}) {
-    const fs::path root = fs::path(TANDEM_SOURCE_DIR) / dir;
+    const fs::path root = fs::path(tandem::TestSourceDir()) / dir;
     ASSERT_TRUE(fs::exists(root)) << root;
     for (const auto& e : fs::recursive_directory_iterator(root)) {
       const std::string ext = e.path().extension().string();

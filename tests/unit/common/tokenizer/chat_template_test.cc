@@ -7,6 +7,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -21,7 +22,7 @@ std::string ReadFile(const std::string& path) {
 }
 
 Json ReadJson(const std::string& relative) {
-  return Json::parse(ReadFile(std::string(TANDEM_SOURCE_DIR) + "/" + relative));
+  return Json::parse(ReadFile(tandem::TestSourceDir() + "/" + relative));
 }
 
 std::string TemplateSource(const Json& c) {
@@ -151,8 +152,7 @@ TEST(ChatTemplateTest, LimitsStopRunawayTemplates) {
 }
 
 TEST(ChatTemplateTest, ChoosesTheTokenizersTemplateOrABuiltin) {
-  auto llama3 =
-      Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/llama3");
+  auto llama3 = Tokenizer::FromModelDir(tandem::TestSourceDir() + "/tests/data/tokenizers/llama3");
   ASSERT_TRUE(llama3.ok()) << llama3.status();
   auto choice = ChooseChatTemplate(**llama3, "");
   ASSERT_TRUE(choice.ok()) << choice.status();
@@ -167,7 +167,7 @@ TEST(ChatTemplateTest, ChoosesTheTokenizersTemplateOrABuiltin) {
   EXPECT_FALSE(ChooseChatTemplate(**llama3, "/nonexistent/template.jinja").ok());
 
   // stories260k's tokenizer has no chat_template and no special chat tokens: llama-2.
-  auto stories = Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k");
+  auto stories = Tokenizer::FromModelDir(tandem::TestSourceDir() + "/models/stories260k");
   ASSERT_TRUE(stories.ok()) << stories.status();
   choice = ChooseChatTemplate(**stories, "");
   ASSERT_TRUE(choice.ok());

@@ -12,6 +12,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 Json ReadJson(const std::string& relative) {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + relative, std::ios::binary);
+  std::ifstream in(tandem::TestSourceDir() + "/" + relative, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
   return Json::parse(s.str());

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -23,7 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string DataPath(const std::string& relative) {
-  return std::string(TANDEM_SOURCE_DIR) + "/tests/data/tokenizers/" + relative;
+  return tandem::TestSourceDir() + "/tests/data/tokenizers/" + relative;
 }
 
 nlohmann::json ReadJson(const std::string& path) {
@@ -330,7 +331,7 @@ TEST(TokenizerTest, LoadAndEncodeSpeed) {
 }
 
 TEST(TokenizerTest, ConcurrentLoadAndEncode) {
-  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  const std::string dir = tandem::TestSourceDir() + "/models/stories260k";
   const nlohmann::json vectors = ReadJson(dir + "/test_vectors.json");
   std::vector<int> failures(4, 0);
   std::vector<std::thread> threads;

@@ -8,6 +8,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -28,7 +29,7 @@ const VectorFile kFiles[] = {
     {"llama2xs_280k", "models/llama2xs-280k", "models/stories260k/test_vectors.json"},
 };
 
-std::string Path(const char* relative) { return std::string(TANDEM_SOURCE_DIR) + "/" + relative; }
+std::string Path(const char* relative) { return tandem::TestSourceDir() + "/" + relative; }
 
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "router/http/openai_request.h"
 #include "router/http/openai_response.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::string ReadFile(const std::string& relative) {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + relative, std::ios::binary);
+  std::ifstream in(tandem::TestSourceDir() + "/" + relative, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
@@ -32,8 +33,7 @@ class ChatRequestTest : public testing::Test {
  protected:
   void SetUp() override {
     tokenizer_ =
-        std::move(Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k"))
-            .value();
+        std::move(Tokenizer::FromModelDir(tandem::TestSourceDir() + "/models/stories260k")).value();
     Use("Qwen-Qwen3-0.6B");
   }
   // Serves an upstream template with the parsers its source implies.

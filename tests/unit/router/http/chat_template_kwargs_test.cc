@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "router/http/chat_prompt.h"
 #include "router/http/openai_request.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 Json ReadJson(const std::string& path) {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + path);
+  std::ifstream in(tandem::TestSourceDir() + "/" + path);
   return Json::parse(in);
 }
 
@@ -28,8 +29,7 @@ class ChatTemplateKwargsTest : public testing::Test {
  protected:
   void SetUp() override {
     tokenizer_ =
-        std::move(Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k"))
-            .value();
+        std::move(Tokenizer::FromModelDir(tandem::TestSourceDir() + "/models/stories260k")).value();
     const Json config = ReadJson("tests/data/tokenizers/qwen3/tokenizer_config.json");
     template_ = std::move(ChatTemplate::Parse(config["chat_template"].get<std::string>())).value();
     context_.tokenizer = tokenizer_.get();

@@ -7,6 +7,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "router/http/openai_response.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -15,8 +16,7 @@ class OpenAiRequestTest : public testing::Test {
  protected:
   void SetUp() override {
     tokenizer_ =
-        std::move(Tokenizer::FromModelDir(std::string(TANDEM_SOURCE_DIR) + "/models/stories260k"))
-            .value();
+        std::move(Tokenizer::FromModelDir(tandem::TestSourceDir() + "/models/stories260k")).value();
     template_ =
         std::move(ChatTemplate::Parse(BuiltinChatTemplateSource(BuiltinChatTemplate::kChatml)))
             .value();

@@ -20,6 +20,7 @@
 #include "router/http/chat_output.h"
 #include "router/http/openai_tools.h"
 #include "router/http/tool_parsers.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -27,7 +28,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 Json ReadJson(const std::string& relative) {
-  std::ifstream in(std::string(TANDEM_SOURCE_DIR) + "/" + relative, std::ios::binary);
+  std::ifstream in(tandem::TestSourceDir() + "/" + relative, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
   return Json::parse(s.str());

@@ -17,13 +17,14 @@
 
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
 std::unique_ptr<Engine> MakeEngine(const EngineFaultOptions& faults) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = 48;
   b.show_progress = false;
   b.threads = 2;

@@ -11,6 +11,7 @@
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -95,7 +96,7 @@ TEST(EngineFaultsTest, SeededDecisionsAreReproducibleAndBounded) {
 
 std::unique_ptr<Engine> MakeEngine(const EngineFaultOptions& faults, int64_t num_blocks) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = num_blocks;
   b.show_progress = false;
   b.threads = 1;

@@ -12,6 +12,7 @@
 #include "common/grammar/grammar_compiler.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -26,7 +27,7 @@ bool Busy(Engine& e) {
 }
 
 TEST(EngineGrammarBoundTest, HostileGrammarFailsAloneAndTheEngineKeepsServing) {
-  const std::string dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  const std::string dir = tandem::TestSourceDir() + "/models/stories260k";
   auto tok = Tokenizer::FromModelDir(dir);
   ASSERT_TRUE(tok.ok()) << tok.status();
   auto vocab = grammar::TokenVocab::FromTokenizer(**tok);

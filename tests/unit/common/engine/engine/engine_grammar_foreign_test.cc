@@ -27,11 +27,12 @@
 #include "common/grammar/matcher.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/engine/blockable_compile_service.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
-const std::string kModel = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+const std::string kModel = tandem::TestSourceDir() + "/models/stories260k";
 constexpr auto kHoldLimit = std::chrono::seconds(4);
 // What one call into the engine may take while the graph is held (a step of this model takes
 // milliseconds; the margin is for a loaded machine).

@@ -17,12 +17,13 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
 std::string ModelDir(const std::string& name) {
-  return std::string(TANDEM_SOURCE_DIR) + "/models/" + name;
+  return tandem::TestSourceDir() + "/models/" + name;
 }
 
 struct Config {

@@ -19,11 +19,12 @@
 #include "common/grammar/compile_service.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/engine/blockable_compile_service.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
-const std::string kModel = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+const std::string kModel = tandem::TestSourceDir() + "/models/stories260k";
 
 std::shared_ptr<grammar::GrammarCompiler> Compiler() {
   auto c = LoadGrammarCompiler(kModel);

@@ -8,13 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine/lora/lora_writer.h"
 #include "tests/unit/common/engine/engine/engine_test_util.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kModel = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+const std::string kModel = tandem::TestSourceDir() + "/models/stories260k";
 
 struct Outcome {
   std::map<std::string, std::vector<int32_t>> tokens;  // request id -> tokens (sample 0)
@@ -156,7 +157,7 @@ TEST_F(EngineLoraTest, GreedyOutputTheSameWithSpeculation) {
     spec.method = method;
     spec.num_speculative_tokens = 3;
     if (method == SpecOptions::Method::kDraft) {
-      spec.draft_model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/llama2xs-280k";
+      spec.draft_model_dir = tandem::TestSourceDir() + "/models/llama2xs-280k";
     }
     auto fast = MakeEngine(4, true, spec);
     ASSERT_NE(fast, nullptr);

@@ -10,12 +10,13 @@
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/spec/chi_square.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
 
 std::string ModelDir(const std::string& name) {
-  return std::string(TANDEM_SOURCE_DIR) + "/models/" + name;
+  return tandem::TestSourceDir() + "/models/" + name;
 }
 
 std::unique_ptr<Engine> MakeEngine(const std::string& target, SpecOptions spec,

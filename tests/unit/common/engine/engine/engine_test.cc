@@ -10,6 +10,7 @@
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/engine/engine_test_util.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -27,7 +28,7 @@ std::unique_ptr<Engine> MakeEngine(EngineOptions options, int64_t num_blocks,
   b.matmul_input_dtype = matmul_input;
   b.kv_cache_dtype = kv_dtype;
   b.quant_group_size = 32;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = num_blocks;
   b.show_progress = false;
   b.threads = 1;
@@ -118,7 +119,7 @@ TEST(EngineTest, QuantizedWeightsAndKvKeepGreedyOutputInvariant) {
 
 TEST(EngineTest, UnknownQuantizationOrKvDtypeIsAnError) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.show_progress = false;
   b.quantization = "int3";
   EXPECT_NE(BuildEngine(b).status().message().find("quantization"), std::string::npos);

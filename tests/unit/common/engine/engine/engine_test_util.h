@@ -11,13 +11,14 @@
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::testing_util {
 
 // An engine on the bundled model (models/stories260k) with `blocks` KV blocks, one compute thread.
 inline std::unique_ptr<Engine> MakeBundledEngine(int64_t blocks) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = blocks;
   b.show_progress = false;
   b.threads = 1;

@@ -21,6 +21,7 @@
 #include "common/engine/engine_builder.h"
 #include "common/engine/kv/tiers/tier_store.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -75,7 +76,7 @@ class DiskBlocks : public KvTierListener {
 std::unique_ptr<Engine> MakeEngine(int64_t blocks, const Tiers& tiers,
                                    const std::string& kv_dtype = "auto", int64_t max_seqs = 64) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = blocks;
   b.kv_cache_dtype = kv_dtype;
   b.show_progress = false;

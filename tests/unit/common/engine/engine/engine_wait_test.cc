@@ -18,6 +18,7 @@
 #include "common/engine/engine_core.h"
 #include "common/engine/engine_feature.h"
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -90,7 +91,7 @@ class WaitFeature final : public EngineFeature {
 // An engine on the bundled model; with `feature` set, a WaitFeature is registered and returned.
 std::unique_ptr<Engine> MakeEngine(WaitFeature** feature = nullptr) {
   EngineBuildOptions b;
-  b.model_dir = std::string(TANDEM_SOURCE_DIR) + "/models/stories260k";
+  b.model_dir = tandem::TestSourceDir() + "/models/stories260k";
   b.num_kv_blocks = 64;
   b.show_progress = false;
   b.threads = 1;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem::testing_util {
 
@@ -36,7 +37,7 @@ struct PackedCheckpoint {
 // the test binary run. Fails the current test when the packer fails.
 inline PackedCheckpoint PackInt4Checkpoint(const std::string& model, const std::string& args,
                                            const std::string& name) {
-  const std::string src = std::string(TANDEM_SOURCE_DIR);
+  const std::string src = tandem::TestSourceDir();
   const std::filesystem::path root =
       std::filesystem::path(::testing::TempDir()) / ("tandem_int4_ckpt_" + name);
   std::filesystem::remove_all(root);

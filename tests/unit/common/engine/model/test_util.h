@@ -11,11 +11,12 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem::testing_util {
 
 inline std::string SourcePath(const std::string& relative) {
-  return std::string(TANDEM_SOURCE_DIR) + "/" + relative;
+  return tandem::TestSourceDir() + "/" + relative;
 }
 
 // A fresh directory under the test temp dir, removed on destruction.

@@ -15,11 +15,12 @@
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/test_paths.h"
 
 namespace tandem::testing {
 
 inline std::string ModelDir(const std::string& name) {
-  return std::string(TANDEM_SOURCE_DIR) + "/models/" + name;
+  return tandem::TestSourceDir() + "/models/" + name;
 }
 
 struct Reference {
