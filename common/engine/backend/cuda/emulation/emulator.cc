@@ -67,6 +67,10 @@ struct Run {
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<unsigned char> smem;
   std::vector<uint64_t> warp_slots;
+  // WarpSum's butterfly, computed once per warp by the first lane to resume after the exchange
+  // (not by each of the 32 lanes: it was most of an emulated model step), read by all of them.
+  std::vector<float> warp_sums;
+  std::vector<char> warp_sum_ready;
   Dim3 block_idx, block_dim, grid_dim;
   const std::function<void()>* body = nullptr;
   int current = -1;
@@ -204,6 +208,8 @@ void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>&
   }
   run->smem.assign(smem, 0xff);
   run->warp_slots.assign((threads + 31) / 32 * 32, 0);
+  run->warp_sums.assign(run->warp_slots.size(), 0.0f);
+  run->warp_sum_ready.assign(run->warp_slots.size() / 32, 0);
   run->block_dim = block;
   run->grid_dim = grid;
   run->body = &body;
@@ -242,23 +248,32 @@ uint64_t WarpExchange(uint64_t value, int src_lane) {
 }
 
 float WarpSum(float value) {
-  const int me = g_run->current;
-  const int warp_base = me / 32 * 32;
+  Run& run = *g_run;
+  const int me = run.current;
+  const int warp = me / 32;
+  const int warp_base = warp * 32;
   uint64_t bits = 0;
   std::memcpy(&bits, &value, sizeof value);
-  g_run->warp_slots[me] = bits;
+  run.warp_slots[me] = bits;
+  // Every lane is past the previous sum's last barrier, so its results are no longer read.
+  run.warp_sum_ready[warp] = 0;
   Yield(State::kWarpBarrier);
-  float v[32];
-  for (int i = 0; i < 32; ++i) std::memcpy(&v[i], &g_run->warp_slots[warp_base + i], sizeof(float));
-  Yield(State::kWarpBarrier);
-  // The butterfly of five shuffle rounds, computed for every lane at once: same operations and
-  // order as the device code, so the same bits.
-  for (int m = 16; m > 0; m >>= 1) {
-    float next[32];
-    for (int i = 0; i < 32; ++i) next[i] = v[i] + v[i ^ m];
-    std::memcpy(v, next, sizeof v);
+  if (!run.warp_sum_ready[warp]) {
+    float v[32];
+    for (int i = 0; i < 32; ++i) std::memcpy(&v[i], &run.warp_slots[warp_base + i], sizeof(float));
+    // The butterfly of five shuffle rounds for every lane at once: same operations and order as
+    // the device code, so the same bits.
+    for (int m = 16; m > 0; m >>= 1) {
+      float next[32];
+      for (int i = 0; i < 32; ++i) next[i] = v[i] + v[i ^ m];
+      std::memcpy(v, next, sizeof v);
+    }
+    std::memcpy(&run.warp_sums[warp_base], v, sizeof v);
+    run.warp_sum_ready[warp] = 1;
   }
-  return v[me - warp_base];
+  const float out = run.warp_sums[me];
+  Yield(State::kWarpBarrier);  // as a shuffle: no lane leaves before every lane has read
+  return out;
 }
 
 void CheckAligned(const void* p, size_t alignment, const char* what) {
