@@ -15,6 +15,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/grammar/reference_recognizer.h"
+#include "tests/util/sanitizer.h"
 #include "tests/util/test_paths.h"
 
 namespace tandem::grammar {
@@ -49,18 +50,6 @@ std::vector<std::string> Grammars() {
   out.push_back(R"(root ::= ( [^\n]* "\n" ){2,4})");
   return out;
 }
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kUnderSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kUnderSanitizer = true;
-#else
-constexpr bool kUnderSanitizer = false;
-#endif
-#else
-constexpr bool kUnderSanitizer = false;
-#endif
 
 TEST(MaskReferenceTest, MasksEqualBruteForceOnBundledTokenizers) {
   int64_t pairs = 0, tokens_checked = 0;

@@ -10,6 +10,7 @@
 #include "common/engine/engine_builder.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/spec/chi_square.h"
+#include "tests/util/sanitizer.h"
 #include "tests/util/test_paths.h"
 
 namespace tandem {
@@ -148,23 +149,13 @@ std::vector<std::map<int, int>> SampleTokens(Engine& e, int samples, int32_t top
   return at;
 }
 
-// Under ASan / TSan (several times slower) the sample count is cut: the main suite runs the full
-// test; even 5000 samples reject the always-accepting verifier with p ~ 0.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
 class SpecDistributionTest : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(SpecDistributionTest, SampledTokensKeepTheTargetDistribution) {
   const int32_t top_k = GetParam();
-  const int kSamples = kSanitized ? 5000 : 20000;
+  // Under ASan / TSan (several times slower) the sample count is cut: the main suite runs the full
+  // test; even 5000 samples reject the always-accepting verifier with p ~ 0.
+  const int kSamples = kUnderSanitizer ? 5000 : 20000;
   // Fixed, distinct engine seeds: the samples are independent of each other and the test is
   // reproducible (with clock seeds its 6 p-value checks failed ~6% of runs by chance alone).
   auto plain = MakeEngine("stories260k", {}, 256, /*seed=*/1000 + top_k);
