@@ -3,10 +3,10 @@
 #
 #   scripts/sanitize.sh asan   clang -O1 with AddressSanitizer + UndefinedBehaviorSanitizer and
 #                              libFuzzer coverage (./build-asan): builds `tandem`, the fuzz targets
-#                              and every test; runs the whole `unit` and `integration` suites
-#                              (chaos for TANDEM_CHAOS_SECONDS=20), the e2e tests that drive the
-#                              failure paths ($asan_e2e: bad-input corpora, KV secrets), and
-#                              each fuzz target for FUZZ_SECONDS (default 10).
+#                              and every test (not the benchmarks); runs the whole `unit` and
+#                              `integration` suites (chaos for TANDEM_CHAOS_SECONDS=20), the e2e
+#                              tests that drive the failure paths ($asan_e2e: bad-input corpora,
+#                              KV secrets), and each fuzz target for FUZZ_SECONDS (default 10).
 #   scripts/sanitize.sh tsan   clang -O1 with ThreadSanitizer (./build-tsan): the engine and
 #                              kvtransfer tests (threads: engine loop, transports, event loops).
 #
@@ -55,14 +55,21 @@ export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="log_path=$logs/ubsan:print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="log_path=$logs/tsan:halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
 
-# The test names (= executable targets) a ctest selection needs.
+# The executable targets a ctest selection needs: its tests' names that name a target (a script
+# test's name does not).
 targets_of() {
-  ctest --test-dir "$build" -N "$@" | awk '/Test +#/ {print $3}'
+  ninja -C "$build" -t targets all | sed -n 's/^\([A-Za-z0-9_]*\): phony$/\1/p' | sort -u \
+    >"$build/phony-targets.txt"
+  ctest --test-dir "$build" -N "$@" | awk '/Test +#/ {print $3}' | sort -u |
+    comm -12 - "$build/phony-targets.txt"
 }
 
 status=0
 if [ "$stage" = asan ]; then
-  cmake --build "$build" -j "$(nproc)"
+  # What the stage runs, not the benchmarks and reference tools: the tests' executables, the
+  # `tandem` binary the script tests start, and the fuzz targets.
+  mapfile -t tests < <(targets_of -L 'unit|integration')
+  cmake --build "$build" -j "$(nproc)" --target tandem fuzzers "${tests[@]}"
   TANDEM_CHAOS_SECONDS="${TANDEM_CHAOS_SECONDS:-20}" \
     ctest --test-dir "$build" -L 'unit|integration' --output-on-failure -j "$(nproc)" \
     --timeout 900 || status=1
