@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grammar/json_schema_error.h"
 #include "common/grammar/json_schema_merge.h"
 #include "common/grammar/json_schema_numbers.h"
 #include "common/grammar/json_schema_refs.h"
@@ -54,8 +55,7 @@ class SchemaCompiler {
   bool Refuse() const { return options_.strict; }
 
   absl::Status Error(const std::string& where, std::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("json_schema: at ", where, ": ", std::string(what)));
+    return SchemaError(where, what);
   }
 
   std::string NewRule(const std::string& body) {

@@ -4,16 +4,12 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/grammar/json_schema_error.h"
 
 namespace tandem::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-absl::Status Error(const std::string& where, std::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("json_schema: at ", where, ": ", std::string(what)));
-}
 
 // A schema's types as a set; nullopt when it does not restrict the type.
 std::optional<std::set<std::string>> Types(const Json& s) {
@@ -83,8 +79,9 @@ absl::Status MergeObjects(const std::vector<Json>& parts, const std::string& whe
     }
     if (forbidden) {
       if (required.count(k)) {
-        return Error(where, absl::StrCat("allOf: property '", k,
-                                         "' is required by one part and forbidden by another"));
+        return SchemaError(where,
+                           absl::StrCat("allOf: property '", k,
+                                        "' is required by one part and forbidden by another"));
       }
       continue;
     }
@@ -101,7 +98,8 @@ absl::Status MergeObjects(const std::vector<Json>& parts, const std::string& whe
       for (const Json& p : parts) {
         if (auto a = p.find("additionalProperties"); a != p.end()) merged = AllOf(merged, *a);
       }
-      if (IsFalse(merged)) return Error(where, absl::StrCat("allOf: required '", r, "' forbidden"));
+      if (IsFalse(merged))
+        return SchemaError(where, absl::StrCat("allOf: required '", r, "' forbidden"));
       props[r] = merged;
       (*out)["properties"] = props;
       req.push_back(r);
@@ -125,10 +123,10 @@ absl::StatusOr<Json> MergeSchemas(const std::vector<Json>& parts, const std::str
   std::vector<Json> objects;
   for (const Json& p : parts) {
     if (p.is_boolean()) {
-      if (!p.get<bool>()) return Error(where, "allOf with a 'false' part matches nothing");
+      if (!p.get<bool>()) return SchemaError(where, "allOf with a 'false' part matches nothing");
       continue;
     }
-    if (!p.is_object()) return Error(where, "allOf parts must be schemas");
+    if (!p.is_object()) return SchemaError(where, "allOf parts must be schemas");
     objects.push_back(p);
   }
   for (const Json& p : objects) {
@@ -148,30 +146,31 @@ absl::StatusOr<Json> MergeSchemas(const std::vector<Json>& parts, const std::str
           if (t == "integer" && b.count("number")) both.insert(t);
           if (t == "number" && b.count("integer")) both.insert("integer");
         }
-        if (both.empty()) return Error(where, "allOf: the parts' types do not intersect");
+        if (both.empty()) return SchemaError(where, "allOf: the parts' types do not intersect");
         Json list = Json::array();
         for (const auto& t : both) list.push_back(t);
         out[k] = list.size() == 1 ? list[0] : list;
       } else if (LowerBounds().count(k) || UpperBounds().count(k)) {
         if (!v.is_number() || !have->is_number()) {
-          return Error(where, absl::StrCat("allOf: '", k, "' must be a number"));
+          return SchemaError(where, absl::StrCat("allOf: '", k, "' must be a number"));
         }
         const bool lower = LowerBounds().count(k) > 0;
         const bool take =
             lower ? v.get<double>() > have->get<double>() : v.get<double>() < have->get<double>();
         if (take) out[k] = v;
       } else if (k == "enum") {
-        if (!v.is_array() || !have->is_array()) return Error(where, "allOf: enum must be a list");
+        if (!v.is_array() || !have->is_array())
+          return SchemaError(where, "allOf: enum must be a list");
         Json both = Json::array();
         for (const Json& x : *have)
           if (std::find(v.begin(), v.end(), x) != v.end()) both.push_back(x);
-        if (both.empty()) return Error(where, "allOf: the parts' enums have no common value");
+        if (both.empty()) return SchemaError(where, "allOf: the parts' enums have no common value");
         out[k] = both;
       } else if (k == "items") {
         out[k] = AllOf(*have, v);
       } else {
-        return Error(where, absl::StrCat("allOf: parts that give '", k,
-                                         "' different values cannot be merged"));
+        return SchemaError(where, absl::StrCat("allOf: parts that give '", k,
+                                               "' different values cannot be merged"));
       }
     }
   }
@@ -180,7 +179,7 @@ absl::StatusOr<Json> MergeSchemas(const std::vector<Json>& parts, const std::str
   if (out.contains("const") && out.contains("enum")) {
     const Json& e = out["enum"];
     if (std::find(e.begin(), e.end(), out["const"]) == e.end())
-      return Error(where, "allOf: const is not among the enum values");
+      return SchemaError(where, "allOf: const is not among the enum values");
     out.erase("enum");
   }
   return out;

@@ -4,16 +4,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grammar/json_schema_error.h"
 
 namespace tandem::grammar {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-absl::Status Error(const std::string& where, std::string_view what) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("json_schema: at ", where, ": ", std::string(what)));
-}
 
 }  // namespace
 
@@ -115,8 +111,8 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
     if (!(n.is_boolean() && !n.get<bool>())) {
       if (!n.is_object() || !n.contains("type") || HasValidationKeywords(n, "type")) {
         if (strict) {
-          return Error(where + "/not",
-                       "'not' is supported only with types ({\"not\": {\"type\": ...}})");
+          return SchemaError(where + "/not",
+                             "'not' is supported only with types ({\"not\": {\"type\": ...}})");
         }
       } else {
         std::set<std::string> removed;
@@ -125,13 +121,13 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
           for (const Json& t : n["type"])
             if (t.is_string()) removed.insert(t.get<std::string>());
         if (removed.count("integer") && !removed.count("number")) {
-          if (strict) return Error(where + "/not", "'not' of integer alone is not supported");
+          if (strict) return SchemaError(where + "/not", "'not' of integer alone is not supported");
         } else {
           Json left = Json::array();
           for (const char* t : {"object", "array", "string", "number", "boolean", "null"}) {
             if (!removed.count(t)) left.push_back(t);
           }
-          if (left.empty()) return Error(where + "/not", "excludes every type");
+          if (left.empty()) return SchemaError(where + "/not", "excludes every type");
           all.push_back(Json{{"type", left}});
         }
       }
@@ -141,7 +137,7 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
     if (!s.contains(kw)) continue;
     out.erase(kw);
     const Json& deps = s[kw];
-    if (!deps.is_object()) return Error(where, absl::StrCat(kw, " must be an object"));
+    if (!deps.is_object()) return SchemaError(where, absl::StrCat(kw, " must be an object"));
     std::set<std::string> req;
     if (out.contains("required") && out["required"].is_array()) {
       for (const Json& r : out["required"])
@@ -171,9 +167,9 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
     const bool declared =
         out.contains("properties") && out["properties"].is_object() && !out["properties"].empty();
     if ((declared || !closed) && strict) {
-      return Error(where,
-                   "patternProperties is supported only when no key may appear (no "
-                   "properties, additionalProperties absent or false)");
+      return SchemaError(where,
+                         "patternProperties is supported only when no key may appear (no "
+                         "properties, additionalProperties absent or false)");
     }
   }
   if (s.contains("propertyNames")) {
@@ -181,9 +177,9 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
     const Json& names = s["propertyNames"];
     if (!closed) {
       if (strict) {
-        return Error(where,
-                     "propertyNames is supported only with additionalProperties absent or "
-                     "false");
+        return SchemaError(where,
+                           "propertyNames is supported only with additionalProperties absent or "
+                           "false");
       }
     } else if (out.contains("properties") && out["properties"].is_object()) {
       std::set<std::string> req;
@@ -205,15 +201,15 @@ absl::StatusOr<std::optional<Json>> RewriteNarrowing(const Json& s, const std::s
         }
         if (!fits.has_value()) {
           if (strict) {
-            return Error(where + "/propertyNames",
-                         "only type, enum/const and length bounds are supported here");
+            return SchemaError(where + "/propertyNames",
+                               "only type, enum/const and length bounds are supported here");
           }
           continue;
         }
         if (!*fits) {
           if (req.count(key)) {
-            return Error(where, absl::StrCat("required property '", key,
-                                             "' does not satisfy propertyNames"));
+            return SchemaError(where, absl::StrCat("required property '", key,
+                                                   "' does not satisfy propertyNames"));
           }
           sub = false;
         }

@@ -1,6 +1,7 @@
 #include "common/metrics/engine_metrics.h"
 
 #include "common/metrics/buckets.h"
+#include "common/metrics/counter_delta.h"
 #include "common/metrics/finish_reason.h"
 
 namespace tandem {
@@ -9,11 +10,6 @@ namespace {
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
-
-void AddDelta(prometheus::Counter* counter, int64_t now, int64_t last) {
-  const int64_t delta = now >= last ? now - last : now;
-  if (delta > 0) counter->Increment(static_cast<double>(delta));
-}
 
 }  // namespace
 
@@ -143,13 +139,13 @@ void EngineMetrics::Update(const EngineCounters& now) {
   kv_cached_->Set(static_cast<double>(now.kv_blocks_cached));
   kv_total_->Set(static_cast<double>(now.kv_blocks_total));
   std::lock_guard<std::mutex> lock(mu_);
-  AddDelta(steps_, now.steps, last_.steps);
-  AddDelta(preemptions_, now.preemptions, last_.preemptions);
-  AddDelta(evictions_, now.kv_evictions, last_.kv_evictions);
-  AddDelta(prompt_tokens_, now.prompt_tokens, last_.prompt_tokens);
-  AddDelta(generation_tokens_, now.generated_tokens, last_.generated_tokens);
-  AddDelta(prefix_queries_, now.prefix_cache_queried, last_.prefix_cache_queried);
-  AddDelta(prefix_hits_, now.prefix_cache_hit, last_.prefix_cache_hit);
+  AddCounterDelta(steps_, now.steps, last_.steps);
+  AddCounterDelta(preemptions_, now.preemptions, last_.preemptions);
+  AddCounterDelta(evictions_, now.kv_evictions, last_.kv_evictions);
+  AddCounterDelta(prompt_tokens_, now.prompt_tokens, last_.prompt_tokens);
+  AddCounterDelta(generation_tokens_, now.generated_tokens, last_.generated_tokens);
+  AddCounterDelta(prefix_queries_, now.prefix_cache_queried, last_.prefix_cache_queried);
+  AddCounterDelta(prefix_hits_, now.prefix_cache_hit, last_.prefix_cache_hit);
   const EngineCounters::Grammar& g = now.grammar;
   grammar_compile_waiting_->Set(static_cast<double>(g.compile_waiting));
   grammar_mask_waiting_->Set(static_cast<double>(g.mask_waiting));
@@ -157,11 +153,11 @@ void EngineMetrics::Update(const EngineCounters& now) {
   grammar_running_->Set(static_cast<double>(g.running));
   grammar_memory_->Set(static_cast<double>(g.memory_bytes));
   for (size_t i = 0; i < grammar_outcomes_.size(); ++i) {
-    AddDelta(grammar_outcomes_[i], g.outcomes[i], last_.grammar.outcomes[i]);
+    AddCounterDelta(grammar_outcomes_[i], g.outcomes[i], last_.grammar.outcomes[i]);
   }
-  AddDelta(grammar_masks_deferred_, g.masks_deferred, last_.grammar.masks_deferred);
-  AddDelta(grammar_mask_budget_exceeded_, g.mask_budget_exceeded,
-           last_.grammar.mask_budget_exceeded);
+  AddCounterDelta(grammar_masks_deferred_, g.masks_deferred, last_.grammar.masks_deferred);
+  AddCounterDelta(grammar_mask_budget_exceeded_, g.mask_budget_exceeded,
+                  last_.grammar.mask_budget_exceeded);
   if (now.lora_adapters_loaded >= 0) {
     if (lora_loaded_ == nullptr) {
       lora_loaded_ = &lora_gauges_->Add({{"role", role_}, {"state", "loaded"}});

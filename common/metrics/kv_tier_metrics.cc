@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/metrics/buckets.h"
+#include "common/metrics/counter_delta.h"
 
 namespace tandem {
 namespace {
@@ -12,11 +13,6 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 
 constexpr std::array<const char*, 2> kTiers = {"host", "disk"};
-
-void AddDelta(prometheus::Counter* counter, int64_t now, int64_t last) {
-  const int64_t delta = now >= last ? now - last : now;
-  if (delta > 0) counter->Increment(static_cast<double>(delta));
-}
 
 }  // namespace
 
@@ -99,17 +95,17 @@ void KvTierMetrics::OnStats(const KvTierStats& s) {
     m.capacity->Set(static_cast<double>(now.capacity_bytes));
     m.usage->Set(static_cast<double>(now.used_bytes));
     m.blocks->Set(static_cast<double>(now.blocks));
-    AddDelta(m.hits, now.hits, last.hits);
-    AddDelta(m.misses, now.misses, last.misses);
-    AddDelta(m.corrupt, now.corrupt, last.corrupt);
-    AddDelta(m.read_bytes, now.bytes_out, last.bytes_out);
-    AddDelta(m.written_bytes, now.bytes_in, last.bytes_in);
-    AddDelta(m.evictions, now.evictions, last.evictions);
+    AddCounterDelta(m.hits, now.hits, last.hits);
+    AddCounterDelta(m.misses, now.misses, last.misses);
+    AddCounterDelta(m.corrupt, now.corrupt, last.corrupt);
+    AddCounterDelta(m.read_bytes, now.bytes_out, last.bytes_out);
+    AddCounterDelta(m.written_bytes, now.bytes_in, last.bytes_in);
+    AddCounterDelta(m.evictions, now.evictions, last.evictions);
   }
   queue_blocks_->Set(static_cast<double>(s.write_queue_blocks));
   queue_bytes_->Set(static_cast<double>(s.write_queue_bytes));
-  AddDelta(drops_, s.write_drops, last_.write_drops);
-  AddDelta(loaded_blocks_, s.loaded_blocks, last_.loaded_blocks);
+  AddCounterDelta(drops_, s.write_drops, last_.write_drops);
+  AddCounterDelta(loaded_blocks_, s.loaded_blocks, last_.loaded_blocks);
   loads_in_flight_->Set(static_cast<double>(s.loads_in_flight));
   pinned_->Set(static_cast<double>(s.pinned_blocks));
   last_ = s;

@@ -4,14 +4,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/absl_view.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/unicode.h"
 
 namespace tandem {
 namespace {
-
-absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 bool IsContinuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 

@@ -5,16 +5,13 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/absl_view.h"
 #include "common/tokenizer/json_util.h"
 #include "common/tokenizer/unicode.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem {
-namespace {
-
-absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(const nlohmann::json& model,
                                                            BpeVocabData data) {

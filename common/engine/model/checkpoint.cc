@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "common/config/json_fields.h"
@@ -128,6 +129,10 @@ std::vector<std::unique_ptr<MappedFile>> Checkpoint::ReleaseMappings() {
   std::vector<std::unique_ptr<MappedFile>> out;
   for (auto& f : files_) out.push_back(f->ReleaseMapping());
   return out;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 }  // namespace tandem

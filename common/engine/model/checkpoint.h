@@ -56,4 +56,7 @@ class Checkpoint {
   std::map<std::string, size_t> shard_of_;  // sharded: tensor name -> index into files_
 };
 
+// "[a, b, c]": a tensor shape as the loaders' errors print it.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
 }  // namespace tandem

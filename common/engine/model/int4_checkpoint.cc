@@ -17,10 +17,6 @@ namespace {
 // The nibble holding output 8c + i in an AWQ word (the inverse of kAwqOrder).
 constexpr int kAwqPosition[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 absl::Status Bad(const Checkpoint::TensorRef& ref, const std::string& message) {
   return absl::InvalidArgumentError(
       absl::StrCat(ref.file->path(), ": tensor '", ref.entry->name, "' ", message));

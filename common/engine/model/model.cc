@@ -33,10 +33,6 @@ class Fnv1a {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
 bool IsFloat(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
 absl::Status NotFloat(const Checkpoint::TensorRef& ref) {
