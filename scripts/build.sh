@@ -17,5 +17,5 @@ if [ "${1:-}" = --run ]; then
   [ -f build/CMakeCache.txt ] || tests=(-DTANDEM_BUILD_TESTS=OFF)
 fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${CCACHE_LAUNCHER[@]}" \
-  "${tests[@]}" "$@" >/dev/null
+  "${UNITY_ARGS[@]}" "${tests[@]}" "$@" >/dev/null
 cmake --build build -j "$(nproc)" "${targets[@]}"

@@ -7,5 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/ccache_args.sh
 cmake -S . -B build-emu -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" "${CCACHE_LAUNCHER[@]}" \
+  "${UNITY_ARGS[@]}" \
   -DWITH_CUDA=OFF -DTANDEM_GPU_EMULATION=ON -DTANDEM_BUILD_TESTS=OFF "$@" >/dev/null
 cmake --build build-emu -j "$(nproc)" --target tandem

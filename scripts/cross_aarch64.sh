@@ -42,7 +42,7 @@ tests=(
 )
 cmake -S . -B build-aarch64 -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DTANDEM_ENGINE_ONLY=ON -DWITH_CUDA=OFF \
-  "${CCACHE_LAUNCHER[@]}" >/dev/null
+  "${CCACHE_LAUNCHER[@]}" "${UNITY_ARGS[@]}" >/dev/null
 cmake --build build-aarch64 -j "$(nproc)" --target "${tests[@]}"
 pattern="^($(IFS='|'; echo "${tests[*]}"))\$"
 # The scalar tier's cases are plain C++ that the native stage already runs; under emulation only

@@ -43,7 +43,7 @@ esac
 flags="-O1 -g1 -fno-sanitize-recover=all"
 source scripts/ccache_args.sh
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DWITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
-  "${CCACHE_LAUNCHER[@]}" "-DTANDEM_SANITIZE=$sanitize" "-DCMAKE_CXX_FLAGS_RELEASE=$flags" \
+  "${CCACHE_LAUNCHER[@]}" "${UNITY_ARGS[@]}" "-DTANDEM_SANITIZE=$sanitize" "-DCMAKE_CXX_FLAGS_RELEASE=$flags" \
   "-DCMAKE_C_FLAGS_RELEASE=$flags" "${extra[@]}" >/dev/null
 
 logs="$PWD/$build/sanitizer-logs"

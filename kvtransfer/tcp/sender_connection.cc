@@ -14,9 +14,6 @@
 namespace tandem::kvtransfer::tcp {
 namespace {
 
-constexpr size_t kScratchBytes = 256 << 10;
-constexpr size_t kBytesPerCall = 512 << 10;  // per send: checksummed while still in cache
-
 absl::Status ReadReply(int fd, absl::Time deadline, wire::Prefix* prefix, std::string* meta) {
   uint8_t raw[wire::kPrefixBytes];
   const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
@@ -159,7 +156,7 @@ SenderConnection::SenderConnection(std::string endpoint, const ConnectionOptions
       faults_(faults),
       counters_(counters),
       callbacks_(std::move(callbacks)),
-      scratch_(kScratchBytes, 0) {}
+      scratch_(wire::kScratchBytes, 0) {}
 
 SenderConnection::~SenderConnection() { Close(); }
 
@@ -362,7 +359,7 @@ absl::Status SenderConnection::WriteData(const SenderWork& item) {
   if (crc_while_sending) {
     hooks.on_bytes = [&crc](uint8_t* p, size_t n) { crc = Crc32c(crc, p, n); };
   }
-  hooks.max_bytes_per_call = kBytesPerCall;
+  hooks.max_bytes_per_call = wire::kBytesPerCall;
   s = WriteAll(fd_.get(), &cur, options_.io_timeout, &hooks);
   if (!s.ok()) return s;
   if (options_.checksum) {

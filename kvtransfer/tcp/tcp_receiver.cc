@@ -18,12 +18,11 @@
 namespace tandem::kvtransfer::tcp {
 namespace {
 
-constexpr size_t kScratchBytes = 256 << 10;
-constexpr size_t kBytesPerCall = 512 << 10;  // per recv: checksummed while still in cache
 // Metadata an authenticated connection may hold without drawing on the budget (a BEGIN or DATA
 // listing 16k blocks): part of kConnectionChargeBytes, with the scratch buffer.
 constexpr int64_t kMessageAllowance = 64 << 10;
-static_assert(kConnectionChargeBytes >= kMessageAllowance + static_cast<int64_t>(kScratchBytes));
+static_assert(kConnectionChargeBytes >=
+              kMessageAllowance + static_cast<int64_t>(wire::kScratchBytes));
 
 // The address part of "host:port" / "[v6]:port": what the per-peer cap counts.
 std::string HostOf(const std::string& peer) {
@@ -455,7 +454,7 @@ absl::Status TcpReceiver::HandleBegin(const std::shared_ptr<Conn>& conn, const s
 
 absl::Status TcpReceiver::Drain(Conn* conn, uint64_t bytes) {
   std::vector<uint8_t>& scratch = conn->scratch;
-  if (scratch.empty()) scratch.resize(kScratchBytes);
+  if (scratch.empty()) scratch.resize(wire::kScratchBytes);
   while (bytes > 0) {
     const size_t n = std::min<uint64_t>(bytes, scratch.size());
     absl::Status s = ReadBytes(conn->fd.get(), scratch.data(), n, options_.io_timeout);
@@ -495,7 +494,7 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
 
   // Payload straight into the regions; each piece is checksummed right after it landed.
   std::vector<uint8_t>& scratch = conn->scratch;
-  if (scratch.empty()) scratch.resize(kScratchBytes);
+  if (scratch.empty()) scratch.resize(wire::kScratchBytes);
   uint32_t crc = 0;
   uint64_t offset = 0;
   const uint64_t corrupt_at = fault.corrupt ? fault.corrupt_position % d.payload_len : ~0ull;
@@ -511,7 +510,7 @@ absl::Status TcpReceiver::HandleData(Conn* conn, const wire::Prefix& prefix,
       if (checksummed) crc = Crc32c(crc, p, n);
     };
   }
-  hooks.max_bytes_per_call = kBytesPerCall;
+  hooks.max_bytes_per_call = wire::kBytesPerCall;
   IovCursor cur;
   for (uint8_t* r : ticket->regions) cur.Add(r, region);
   s = ReadAll(conn->fd.get(), &cur, options_.io_timeout, &hooks);

@@ -26,6 +26,10 @@ inline constexpr uint32_t kFrameMagic = 0x46564b54;  // "TKVF"
 inline constexpr uint32_t kHelloMagic = 0x4d444e54;  // "TNDM"
 inline constexpr size_t kPrefixBytes = 16;
 inline constexpr uint32_t kMaxMetaBytes = 16u << 20;  // block lists and trailers
+// Both ends move block payloads through a scratch buffer of kScratchBytes, at most kBytesPerCall
+// per send/recv call (checksummed while still in cache).
+inline constexpr size_t kScratchBytes = 256 << 10;
+inline constexpr size_t kBytesPerCall = 512 << 10;
 inline constexpr uint16_t kFlagChecksum = 1;  // DATA: a u32 CRC32C of the payload follows it
 
 enum class FrameType : uint16_t {

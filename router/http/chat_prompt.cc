@@ -4,25 +4,23 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/http/openai_request.h"
+#include "router/http/request_error.h"
 
 namespace tandem {
 namespace {
 
 using Json = nlohmann::ordered_json;
 
-absl::Status Invalid(const std::string& field, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
-}
-
 // A message's content: a string, or a list of {"type": "text", "text": ...} parts.
 absl::StatusOr<std::string> MessageText(const Json& content, const std::string& field) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return Invalid(field, "must be a string or a list of text parts");
+  if (!content.is_array()) return InvalidField(field, "must be a string or a list of text parts");
   std::string text;
   for (const Json& part : content) {
     if (!part.is_object() || part.value("type", Json()) != Json("text") || !part.contains("text") ||
         !part["text"].is_string()) {
-      return Invalid(field, "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
+      return InvalidField(field,
+                          "only text parts ({\"type\": \"text\", \"text\": ...}) are supported");
     }
     text += part["text"].get<std::string>();
   }
@@ -31,22 +29,22 @@ absl::StatusOr<std::string> MessageText(const Json& content, const std::string& 
 
 absl::Status CheckTemplateKwargs(const Json& kw, const OpenAiContext& context) {
   if (!kw.is_object()) {
-    return Invalid("chat_template_kwargs", "must be an object (template variable -> value)");
+    return InvalidField("chat_template_kwargs", "must be an object (template variable -> value)");
   }
   if (static_cast<int64_t>(kw.size()) > context.limits.max_template_kwargs) {
-    return Invalid("chat_template_kwargs",
-                   absl::StrCat("at most ", context.limits.max_template_kwargs, " keys"));
+    return InvalidField("chat_template_kwargs",
+                        absl::StrCat("at most ", context.limits.max_template_kwargs, " keys"));
   }
   if (static_cast<int64_t>(kw.dump().size()) > context.limits.max_template_kwargs_bytes) {
-    return Invalid(
+    return InvalidField(
         "chat_template_kwargs",
         absl::StrCat("at most ", context.limits.max_template_kwargs_bytes, " bytes serialised"));
   }
   for (const char* reserved :
        {"messages", "tools", "bos_token", "eos_token", "add_generation_prompt"}) {
     if (kw.contains(reserved)) {
-      return Invalid(absl::StrCat("chat_template_kwargs.", reserved),
-                     "is set by the request itself");
+      return InvalidField(absl::StrCat("chat_template_kwargs.", reserved),
+                          "is set by the request itself");
     }
   }
   return absl::OkStatus();
@@ -57,17 +55,18 @@ absl::Status CheckTemplateKwargs(const Json& kw, const OpenAiContext& context) {
 // templates a message) and tool-call arguments parsed into objects.
 absl::StatusOr<Json> TemplateMessage(const Json& m, size_t i) {
   const std::string field = absl::StrCat("messages[", i, "]");
-  if (!m.is_object()) return Invalid(field, "must be an object");
+  if (!m.is_object()) return InvalidField(field, "must be an object");
   auto role = m.find("role");
-  if (role == m.end() || !role->is_string()) return Invalid(field + ".role", "must be a string");
+  if (role == m.end() || !role->is_string())
+    return InvalidField(field + ".role", "must be a string");
   const std::string r = role->get<std::string>();
   if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool") {
-    return Invalid(field + ".role", absl::StrCat("unknown role '", r, "'"));
+    return InvalidField(field + ".role", absl::StrCat("unknown role '", r, "'"));
   }
   auto content = m.find("content");
   auto calls = m.find("tool_calls");
   const bool has_calls = r == "assistant" && calls != m.end() && !calls->is_null();
-  if (content == m.end() && !has_calls) return Invalid(field + ".content", "is required");
+  if (content == m.end() && !has_calls) return InvalidField(field + ".content", "is required");
   Json out = m;
   if (r == "developer") out["role"] = "system";
   if (content == m.end() || content->is_null()) {
@@ -80,21 +79,21 @@ absl::StatusOr<Json> TemplateMessage(const Json& m, size_t i) {
   if (has_calls) {
     // Templates (Llama 3.1, Qwen2.5, Mistral) read function.arguments as an object, as Hugging
     // Face's apply_chat_template expects.
-    if (!calls->is_array()) return Invalid(field + ".tool_calls", "must be a list");
+    if (!calls->is_array()) return InvalidField(field + ".tool_calls", "must be a list");
     Json& out_calls = out["tool_calls"];
     for (size_t k = 0; k < calls->size(); ++k) {
       const Json& call = (*calls)[k];
       const std::string cf = absl::StrCat(field, ".tool_calls[", k, "]");
       if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
           !call["function"].value("name", Json()).is_string()) {
-        return Invalid(cf,
-                       "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
-                       "\"arguments\"}}");
+        return InvalidField(cf,
+                            "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                            "\"arguments\"}}");
       }
       Json& fn = out_calls[k]["function"];
       if (auto args = fn.find("arguments"); args != fn.end() && args->is_string()) {
         Json parsed = Json::parse(args->get<std::string>(), nullptr, false);
-        if (parsed.is_discarded()) return Invalid(cf + ".function.arguments", "is not JSON");
+        if (parsed.is_discarded()) return InvalidField(cf + ".function.arguments", "is not JSON");
         *args = std::move(parsed);
       } else if (args == fn.end()) {
         fn["arguments"] = Json::object();
@@ -114,14 +113,14 @@ absl::StatusOr<RenderedChat> RenderChat(const Json& messages, const OpenAiContex
     }
   }
   if (options.add_generation_prompt && options.continue_final_message) {
-    return Invalid("continue_final_message",
-                   "cannot be true together with add_generation_prompt (set it to false)");
+    return InvalidField("continue_final_message",
+                        "cannot be true together with add_generation_prompt (set it to false)");
   }
   if (!messages.is_array() || messages.empty()) {
-    return Invalid("messages", "must be a non-empty list");
+    return InvalidField("messages", "must be a non-empty list");
   }
   if (static_cast<int64_t>(messages.size()) > context.limits.max_messages) {
-    return Invalid("messages", absl::StrCat("at most ", context.limits.max_messages));
+    return InvalidField("messages", absl::StrCat("at most ", context.limits.max_messages));
   }
   Json list = Json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -134,8 +133,8 @@ absl::StatusOr<RenderedChat> RenderChat(const Json& messages, const OpenAiContex
     const Json& last = list.back();
     if (last.value("role", std::string()) != "assistant" || !last.contains("content") ||
         !last["content"].is_string()) {
-      return Invalid("continue_final_message",
-                     "the final message must be the assistant's, with text content");
+      return InvalidField("continue_final_message",
+                          "the final message must be the assistant's, with text content");
     }
     out.continued = last["content"].get<std::string>();
   }
@@ -169,8 +168,8 @@ absl::StatusOr<RenderedChat> RenderChat(const Json& messages, const OpenAiContex
     const std::string lstripped = b == std::string::npos ? "" : final_text.substr(b);
     const size_t at = out.prompt.rfind(stripped);
     if (at == std::string::npos) {
-      return Invalid("continue_final_message",
-                     "the final message does not appear in the rendered chat");
+      return InvalidField("continue_final_message",
+                          "the final message does not appear in the rendered chat");
     }
     if (out.prompt.compare(at, lstripped.size(), final_text) == 0) {
       out.prompt.resize(at + lstripped.size());

@@ -8,7 +8,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-void SendError(HttpResponder& res, absl::StatusCode code, const std::string& message) {
+void SendLoraError(HttpResponder& res, absl::StatusCode code, const std::string& message) {
   // A name already loaded, or the limit of loaded adapters reached: the request's fault (400, as
   // vLLM answers), not a server error or a rate limit.
   if (code == absl::StatusCode::kAlreadyExists || code == absl::StatusCode::kResourceExhausted) {
@@ -38,10 +38,11 @@ std::vector<HttpRoute> LoraAdapterRoutes(v1::RouterAdmin::Stub* admin, const Ope
         [admin, limits, load](const HttpRequest& req, std::shared_ptr<HttpResponder> res) {
           auto body = ParseJsonBody(req.body, limits);
           if (!body.ok()) {
-            return SendError(*res, body.status().code(), std::string(body.status().message()));
+            return SendLoraError(*res, body.status().code(), std::string(body.status().message()));
           }
           auto name = Field(*body, "lora_name");
-          if (!name.ok()) return SendError(*res, name.status().code(), name.status().ToString());
+          if (!name.ok())
+            return SendLoraError(*res, name.status().code(), name.status().ToString());
           grpc::ClientContext ctx;
           if (req.has_header("Authorization")) {
             ctx.AddMetadata("authorization", req.get_header_value("Authorization"));
@@ -50,7 +51,8 @@ std::vector<HttpRoute> LoraAdapterRoutes(v1::RouterAdmin::Stub* admin, const Ope
           grpc::Status st;
           if (load) {
             auto path = Field(*body, "lora_path");
-            if (!path.ok()) return SendError(*res, path.status().code(), path.status().ToString());
+            if (!path.ok())
+              return SendLoraError(*res, path.status().code(), path.status().ToString());
             v1::LoadLoraAdapterRequest r;
             r.set_lora_name(*name);
             r.set_lora_path(*path);
@@ -61,8 +63,8 @@ std::vector<HttpRoute> LoraAdapterRoutes(v1::RouterAdmin::Stub* admin, const Ope
             st = admin->UnloadLoraAdapter(&ctx, r, &out);
           }
           if (!st.ok()) {
-            return SendError(*res, static_cast<absl::StatusCode>(st.error_code()),
-                             st.error_message());
+            return SendLoraError(*res, static_cast<absl::StatusCode>(st.error_code()),
+                                 st.error_message());
           }
           res->Send(200, "text/plain",
                     absl::StrCat(

@@ -9,15 +9,12 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "router/http/answer_constraint.h"
+#include "router/http/request_error.h"
 
 namespace tandem {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-absl::Status Invalid(const std::string& field, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
-}
 
 // What a body's shape costs before it is parsed: the deepest nesting, and the keys of its
 // objects (counting a key at each ':' outside strings). Stops at the first bound crossed.
@@ -64,10 +61,10 @@ absl::Status GetNumber(const Json& body, const char* name, double lo, double hi,
                        std::optional<double>* out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_number()) return Invalid(name, "must be a number");
+  if (!it->is_number()) return InvalidField(name, "must be a number");
   const double v = it->get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+    return InvalidField(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
   }
   *out = v;
   return absl::OkStatus();
@@ -81,22 +78,22 @@ absl::Status GetInt(const Json& body, const char* name, int64_t lo, int64_t hi,
     // Unsigned values above int64's range read as negative through get<int64_t>.
     if (it->is_number_unsigned() &&
         it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+      return InvalidField(name, absl::StrCat("must be in [", lo, ", ", hi, "]"));
     }
     const int64_t v = it->get<int64_t>();
     if (v < lo || v > hi) {
-      return Invalid(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
+      return InvalidField(name, absl::StrCat("must be in [", lo, ", ", hi, "], got ", v));
     }
     *out = v;
     return absl::OkStatus();
   }
-  return Invalid(name, "must be an integer");
+  return InvalidField(name, "must be an integer");
 }
 
 absl::Status GetBool(const Json& body, const char* name, std::optional<bool>* out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_boolean()) return Invalid(name, "must be true or false");
+  if (!it->is_boolean()) return InvalidField(name, "must be true or false");
   *out = it->get<bool>();
   return absl::OkStatus();
 }
@@ -104,7 +101,7 @@ absl::Status GetBool(const Json& body, const char* name, std::optional<bool>* ou
 absl::Status GetString(const Json& body, const char* name, std::optional<std::string>* out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_string()) return Invalid(name, "must be a string");
+  if (!it->is_string()) return InvalidField(name, "must be a string");
   *out = it->get<std::string>();
   return absl::OkStatus();
 }
@@ -123,7 +120,7 @@ absl::Status ConvertSampling(const Json& body, OpenAiEndpoint endpoint, OpenAiRe
   d.reset();
   RETURN_IF_ERROR(GetNumber(body, "top_p", 0, 1, &d));
   if (d) {
-    if (*d <= 0) return Invalid("top_p", "must be in (0, 1]");
+    if (*d <= 0) return InvalidField("top_p", "must be in (0, 1]");
     s->set_top_p(static_cast<float>(*d));
   }
   d.reset();
@@ -173,27 +170,27 @@ absl::Status ConvertSampling(const Json& body, OpenAiEndpoint endpoint, OpenAiRe
       s->add_stop(it->get<std::string>());
     } else if (it->is_array()) {
       for (const Json& stop : *it) {
-        if (!stop.is_string()) return Invalid("stop", "must be a string or a list of strings");
+        if (!stop.is_string()) return InvalidField("stop", "must be a string or a list of strings");
         s->add_stop(stop.get<std::string>());
       }
     } else {
-      return Invalid("stop", "must be a string or a list of strings");
+      return InvalidField("stop", "must be a string or a list of strings");
     }
   }
   if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return Invalid("logit_bias", "must map token ids to numbers");
+    if (!it->is_object()) return InvalidField("logit_bias", "must map token ids to numbers");
     for (const auto& [key, value] : it->items()) {
       int64_t id = -1;
       if (key.empty() || key.size() > 10 ||
           key.find_first_not_of("0123456789") != std::string::npos) {
-        return Invalid("logit_bias", absl::StrCat("'", key, "' is not a token id"));
+        return InvalidField("logit_bias", absl::StrCat("'", key, "' is not a token id"));
       }
       id = std::stoll(key);
       if (!value.is_number() || !std::isfinite(value.get<double>())) {
-        return Invalid("logit_bias", "values must be numbers");
+        return InvalidField("logit_bias", "values must be numbers");
       }
       if (id > std::numeric_limits<int32_t>::max()) {
-        return Invalid("logit_bias", absl::StrCat("'", key, "' is not a token id"));
+        return InvalidField("logit_bias", absl::StrCat("'", key, "' is not a token id"));
       }
       (*s->mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
     }
@@ -212,7 +209,7 @@ absl::Status ConvertSampling(const Json& body, OpenAiEndpoint endpoint, OpenAiRe
     RETURN_IF_ERROR(GetBool(body, "logprobs", &b));
     i.reset();
     RETURN_IF_ERROR(GetInt(body, "top_logprobs", 0, 20, &i));
-    if (i && !b.value_or(false)) return Invalid("top_logprobs", "requires logprobs: true");
+    if (i && !b.value_or(false)) return InvalidField("top_logprobs", "requires logprobs: true");
     if (b.value_or(false)) {
       s->set_logprobs(static_cast<int32_t>(i.value_or(0)));
       out->logprobs = true;
@@ -223,24 +220,24 @@ absl::Status ConvertSampling(const Json& body, OpenAiEndpoint endpoint, OpenAiRe
 
 absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
   if (auto it = body.find("echo"); it != body.end() && it->is_boolean() && it->get<bool>()) {
-    return Invalid("echo", "not supported");
+    return InvalidField("echo", "not supported");
   }
   if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {
     if (!it->is_number_integer() || it->get<int64_t>() != 1) {
-      return Invalid("best_of", "only 1 is supported");
+      return InvalidField("best_of", "only 1 is supported");
     }
   }
   if (auto it = body.find("suffix"); it != body.end() && !it->is_null()) {
-    return Invalid("suffix", "not supported");
+    return InvalidField("suffix", "not supported");
   }
   if (endpoint == OpenAiEndpoint::kCompletions) {
     for (const char* name : {"tools", "tool_choice", "functions"}) {
       if (auto it = body.find(name); it != body.end() && !it->is_null()) {
-        return Invalid(name, "tool calling is a chat completions feature");
+        return InvalidField(name, "tool calling is a chat completions feature");
       }
     }
     if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-      return Invalid("chat_template_kwargs", "a chat completions feature");
+      return InvalidField("chat_template_kwargs", "a chat completions feature");
     }
   }
   return absl::OkStatus();
@@ -292,8 +289,8 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
   RETURN_IF_ERROR(GetBool(body, "stream", &b));
   out.stream = b.value_or(false);
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
-    if (!it->is_object()) return Invalid("stream_options", "must be an object");
-    if (!out.stream) return Invalid("stream_options", "only allowed with stream: true");
+    if (!it->is_object()) return InvalidField("stream_options", "must be an object");
+    if (!out.stream) return InvalidField("stream_options", "only allowed with stream: true");
     b.reset();
     RETURN_IF_ERROR(GetBool(*it, "include_usage", &b));
     out.include_usage = b.value_or(false);
@@ -310,8 +307,8 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
     if (!tools.ok()) return tools.status();
     out.tools = std::move(*tools);
     if (out.tools.choice == ToolCallOptions::Choice::kAuto && !context.auto_tool_choice) {
-      return Invalid("tool_choice",
-                     "\"auto\" tool choice requires --enable-auto-tool-choice on the server");
+      return InvalidField("tool_choice",
+                          "\"auto\" tool choice requires --enable-auto-tool-choice on the server");
     }
     // Constrained calls follow the family's format; call ids the shape its template checks.
     out.tools.format = ToolCallFormatOf(context.tool_parser);
@@ -324,7 +321,7 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
 
   if (endpoint == OpenAiEndpoint::kCompletions) {
     auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) return Invalid("prompt", "is required");
+    if (it == body.end() || it->is_null()) return InvalidField("prompt", "is required");
     const Json* prompt = &*it;
     // A list holding one prompt (a string or token ids) is that prompt.
     if (prompt->is_array() && prompt->size() == 1 &&
@@ -337,20 +334,20 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
       for (const Json& id : *prompt) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-          return Invalid("prompt", "token ids must be non-negative integers");
+          return InvalidField("prompt", "token ids must be non-negative integers");
         }
         out.generate.mutable_token_ids()->add_ids(static_cast<int32_t>(id.get<int64_t>()));
       }
     } else if (prompt->is_array() && prompt->size() > 1) {
-      return Invalid("prompt", "one prompt per request (batched prompts are not supported)");
+      return InvalidField("prompt", "one prompt per request (batched prompts are not supported)");
     } else {
-      return Invalid("prompt", "must be a string or a list of token ids");
+      return InvalidField("prompt", "must be a string or a list of token ids");
     }
     return out;
   }
 
   auto messages = body.find("messages");
-  if (messages == body.end()) return Invalid("messages", "is required");
+  if (messages == body.end()) return InvalidField("messages", "is required");
   ChatRenderOptions render;
   auto tools_it = body.find("tools");
   if (tools_it != body.end() && out.tools.choice != ToolCallOptions::Choice::kNone) {
@@ -393,17 +390,17 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
   }
   // The template writes the special tokens (BOS) itself, as Hugging Face's apply_chat_template.
   auto ids = context.tokenizer->Encode(*text, /*add_special_tokens=*/false);
-  if (!ids.ok()) return Invalid("messages", std::string(ids.status().message()));
-  if (ids->empty()) return Invalid("messages", "the rendered prompt has no tokens");
+  if (!ids.ok()) return InvalidField("messages", std::string(ids.status().message()));
+  if (ids->empty()) return InvalidField("messages", "the rendered prompt has no tokens");
   out.generate.mutable_token_ids()->mutable_ids()->Assign(ids->begin(), ids->end());
   v1::SamplingParams* s = out.generate.mutable_sampling();
   if (!s->has_max_tokens() && context.max_model_len > 0) {
     // OpenAI's chat default: as many tokens as the context leaves.
     const int64_t left = static_cast<int64_t>(context.max_model_len) - ids->size();
     if (left < 1) {
-      return Invalid("messages",
-                     absl::StrCat("the prompt's ", ids->size(),
-                                  " tokens fill the model's context of ", context.max_model_len));
+      return InvalidField(
+          "messages", absl::StrCat("the prompt's ", ids->size(),
+                                   " tokens fill the model's context of ", context.max_model_len));
     }
     s->set_max_tokens(static_cast<int32_t>(left));
   }
@@ -426,11 +423,11 @@ absl::StatusOr<TokenizeText> TokenizeRequestText(const Json& body, const OpenAiC
   if (messages == body.end()) {
     str.reset();
     RETURN_IF_ERROR(GetString(body, "prompt", &str));
-    if (!str) return Invalid("prompt", "is required (or messages)");
+    if (!str) return InvalidField("prompt", "is required (or messages)");
     out.text = std::move(*str);
     return out;
   }
-  if (context.chat_template == nullptr) return Invalid("messages", "no chat template");
+  if (context.chat_template == nullptr) return InvalidField("messages", "no chat template");
   ChatRenderOptions render;
   if (auto t = body.find("tools"); t != body.end() && !t->is_null()) render.tools = &*t;
   if (auto k = body.find("chat_template_kwargs"); k != body.end()) render.template_kwargs = &*k;
@@ -450,13 +447,13 @@ absl::StatusOr<std::vector<int32_t>> DetokenizeRequestIds(const Json& body,
                                                           const OpenAiContext& context) {
   auto it = body.is_object() ? body.find("tokens") : body.end();
   if (!body.is_object() || it == body.end() || !it->is_array()) {
-    return Invalid("tokens", "must be a list of token ids");
+    return InvalidField("tokens", "must be a list of token ids");
   }
   std::vector<int32_t> ids;
   const int32_t vocab = context.tokenizer->vocab_size();
   for (const Json& id : *it) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
-      return Invalid("tokens", absl::StrCat("token ids must be in [0, ", vocab, ")"));
+      return InvalidField("tokens", absl::StrCat("token ids must be in [0, ", vocab, ")"));
     }
     ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
   }

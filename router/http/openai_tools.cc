@@ -7,15 +7,12 @@
 #include "absl/strings/str_replace.h"
 #include "common/grammar/json_schema.h"
 #include "common/grammar/regex_to_grammar.h"
+#include "router/http/request_error.h"
 
 namespace tandem {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-absl::Status Invalid(const std::string& field, const std::string& message) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
-}
 
 std::string SchemaText(const Json& schema) { return schema.dump(); }
 
@@ -62,48 +59,51 @@ bool MistralCallIds(std::string_view source) {
 absl::StatusOr<ToolCallOptions> ParseToolOptions(const Json& body) {
   ToolCallOptions out;
   if (auto it = body.find("functions"); it != body.end() && !it->is_null()) {
-    return Invalid("functions", "deprecated; use tools");
+    return InvalidField("functions", "deprecated; use tools");
   }
   auto tools = body.find("tools");
   const bool has_tools = tools != body.end() && !tools->is_null();
   if (has_tools) {
-    if (!tools->is_array()) return Invalid("tools", "must be a list");
-    if (tools->size() > 128) return Invalid("tools", "at most 128");
+    if (!tools->is_array()) return InvalidField("tools", "must be a list");
+    if (tools->size() > 128) return InvalidField("tools", "at most 128");
     std::set<std::string> names;
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
       const std::string field = absl::StrCat("tools[", i, "]");
       if (!t.is_object() || t.value("type", Json()) != Json("function")) {
-        return Invalid(field + ".type", "only \"function\" tools are supported");
+        return InvalidField(field + ".type", "only \"function\" tools are supported");
       }
       auto fn = t.find("function");
-      if (fn == t.end() || !fn->is_object()) return Invalid(field + ".function", "is required");
+      if (fn == t.end() || !fn->is_object())
+        return InvalidField(field + ".function", "is required");
       auto name = fn->find("name");
       if (name == fn->end() || !name->is_string() || name->get<std::string>().empty()) {
-        return Invalid(field + ".function.name", "must be a non-empty string");
+        return InvalidField(field + ".function.name", "must be a non-empty string");
       }
       ToolCallOptions::Tool tool;
       tool.name = name->get<std::string>();
       if (!names.insert(tool.name).second) {
-        return Invalid(field + ".function.name", absl::StrCat("'", tool.name, "' given twice"));
+        return InvalidField(field + ".function.name",
+                            absl::StrCat("'", tool.name, "' given twice"));
       }
       tool.parameters = Json::object();
       if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) {
-        if (!p->is_object()) return Invalid(field + ".function.parameters", "must be an object");
+        if (!p->is_object())
+          return InvalidField(field + ".function.parameters", "must be an object");
         tool.parameters = *p;
       }
       out.tools.push_back(std::move(tool));
     }
   }
   if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean()) return Invalid("parallel_tool_calls", "must be true or false");
+    if (!it->is_boolean()) return InvalidField("parallel_tool_calls", "must be true or false");
     out.parallel = it->get<bool>();
   }
   auto choice = body.find("tool_choice");
   const bool has_choice = choice != body.end() && !choice->is_null();
   if (out.tools.empty()) {
     if (has_choice && !(choice->is_string() && choice->get<std::string>() == "none")) {
-      return Invalid("tool_choice", "requires tools");
+      return InvalidField("tool_choice", "requires tools");
     }
     return out;
   }
@@ -118,21 +118,22 @@ absl::StatusOr<ToolCallOptions> ParseToolOptions(const Json& body) {
     } else if (c == "required") {
       out.choice = ToolCallOptions::Choice::kRequired;
     } else {
-      return Invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or a named function");
+      return InvalidField("tool_choice",
+                          "must be \"none\", \"auto\", \"required\" or a named function");
     }
     return out;
   }
   if (!choice->is_object() || choice->value("type", Json()) != Json("function") ||
       !choice->contains("function") || !(*choice)["function"].is_object() ||
       !(*choice)["function"].value("name", Json()).is_string()) {
-    return Invalid("tool_choice",
-                   "a named choice is {\"type\": \"function\", \"function\": "
-                   "{\"name\": ...}}");
+    return InvalidField("tool_choice",
+                        "a named choice is {\"type\": \"function\", \"function\": "
+                        "{\"name\": ...}}");
   }
   out.named = (*choice)["function"]["name"].get<std::string>();
   bool found = false;
   for (const auto& t : out.tools) found = found || t.name == out.named;
-  if (!found) return Invalid("tool_choice", absl::StrCat("no tool named '", out.named, "'"));
+  if (!found) return InvalidField("tool_choice", absl::StrCat("no tool named '", out.named, "'"));
   out.choice = ToolCallOptions::Choice::kNamed;
   return out;
 }
@@ -147,8 +148,8 @@ absl::StatusOr<std::string> RequiredToolCallGrammar(const ToolCallOptions& tools
     o.include_base_rules = false;
     auto g = grammar::JsonSchemaToGrammar(SchemaText(t.parameters), o);
     if (!g.ok()) {
-      return Invalid(absl::StrCat("tools[", i, "].function.parameters"),
-                     std::string(g.status().message()));
+      return InvalidField(absl::StrCat("tools[", i, "].function.parameters"),
+                          std::string(g.status().message()));
     }
     absl::StrAppend(&rules, *g);
     absl::StrAppend(&call, i ? " | " : "", grammar::GrammarLiteral(Json(t.name).dump()),
@@ -184,15 +185,15 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
   int set = 0;
   auto once = [&](const char* field) -> absl::Status {
     if (++set > 1) {
-      return Invalid(field,
-                     "only one of response_format, guided_json, guided_regex, "
-                     "guided_grammar, guided_choice and a forced tool_choice may be given");
+      return InvalidField(field,
+                          "only one of response_format, guided_json, guided_regex, "
+                          "guided_grammar, guided_choice and a forced tool_choice may be given");
     }
     return absl::OkStatus();
   };
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     if (!it->is_object() || !it->value("type", Json()).is_string()) {
-      return Invalid("response_format", "must be an object with a type");
+      return InvalidField("response_format", "must be an object with a type");
     }
     const std::string type = (*it)["type"].get<std::string>();
     if (type == "json_object") {
@@ -201,24 +202,24 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
     } else if (type == "json_schema") {
       auto js = it->find("json_schema");
       if (js == it->end() || !js->is_object()) {
-        return Invalid("response_format.json_schema", "is required with type json_schema");
+        return InvalidField("response_format.json_schema", "is required with type json_schema");
       }
       auto schema = js->find("schema");
       if (schema == js->end() || !(schema->is_object() || schema->is_boolean())) {
-        return Invalid("response_format.json_schema.schema", "must be a JSON Schema object");
+        return InvalidField("response_format.json_schema.schema", "must be a JSON Schema object");
       }
       if (auto st = once("response_format"); !st.ok()) return st;
       c->set_json_schema(SchemaText(*schema));
       bool strict = false;  // OpenAI's default
       if (auto s = js->find("strict"); s != js->end() && !s->is_null()) {
         if (!s->is_boolean())
-          return Invalid("response_format.json_schema.strict", "must be a bool");
+          return InvalidField("response_format.json_schema.strict", "must be a bool");
         strict = s->get<bool>();
       }
       c->set_strict(strict);
     } else if (type != "text") {
-      return Invalid("response_format.type",
-                     "must be \"text\", \"json_object\" or \"json_schema\"");
+      return InvalidField("response_format.type",
+                          "must be \"text\", \"json_object\" or \"json_schema\"");
     }
   }
   if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
@@ -228,13 +229,13 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
     } else if (it->is_object() || it->is_boolean()) {
       c->set_json_schema(SchemaText(*it));
     } else {
-      return Invalid("guided_json", "must be a JSON Schema (object, boolean or string)");
+      return InvalidField("guided_json", "must be a JSON Schema (object, boolean or string)");
     }
   }
   for (const char* field : {"guided_regex", "guided_grammar"}) {
     auto it = body.find(field);
     if (it == body.end() || it->is_null()) continue;
-    if (!it->is_string()) return Invalid(field, "must be a string");
+    if (!it->is_string()) return InvalidField(field, "must be a string");
     if (auto st = once(field); !st.ok()) return st;
     if (std::string(field) == "guided_regex") {
       c->set_regex(it->get<std::string>());
@@ -244,11 +245,11 @@ absl::Status ConvertOutputConstraint(const Json& body, const ToolCallOptions& to
   }
   if (auto it = body.find("guided_choice"); it != body.end() && !it->is_null()) {
     if (!it->is_array() || it->empty())
-      return Invalid("guided_choice", "must be a list of strings");
+      return InvalidField("guided_choice", "must be a list of strings");
     if (auto st = once("guided_choice"); !st.ok()) return st;
     for (const Json& s : *it) {
       if (!s.is_string() || s.get<std::string>().empty()) {
-        return Invalid("guided_choice", "must be a list of non-empty strings");
+        return InvalidField("guided_choice", "must be a list of non-empty strings");
       }
       c->mutable_choice()->add_choices(s.get<std::string>());
     }
