@@ -121,6 +121,11 @@ absl::Status CudaBackend::CollectStep(float* logits, std::vector<DeviceSample>* 
   const SampleOutput* out = slot.sample_out_host.as<SampleOutput>();
   const int64_t v = model_->config().vocab_size;
   for (size_t i = 0; i < slot.samples.size(); ++i) {
+    if (out[i].token < 0 || out[i].token >= v) {  // never from a sampler that ran
+      sticky_ = absl::InternalError(absl::StrCat("device sample ", i, " is token ", out[i].token,
+                                                 ", outside the vocabulary"));
+      return sticky_;
+    }
     (*results)[i] = ToDeviceSample(out[i], slot.samples[i], v);
   }
   device_sampled_rows_ += static_cast<int64_t>(slot.samples.size());

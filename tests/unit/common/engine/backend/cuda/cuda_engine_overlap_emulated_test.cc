@@ -5,14 +5,18 @@
 // would produce other tokens. Every test runs the same requests with overlap on and off and
 // expects the same updates (tokens, logprobs, endings), and that the steps really overlapped.
 
+#include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
 #include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "common/engine/engine.h"
+#include "common/engine/engine_builder.h"
+#include "common/engine/spec/ngram_proposer.h"
 #include "gtest/gtest.h"
 #include "tests/unit/common/engine/backend/cpu/backend_test_util.h"
 
@@ -38,13 +42,17 @@ struct Result {
   int64_t overlapped_waits = 0;  // the emulator's event waits with later work enqueued
 };
 
-// What a test does between steps: returns per request id the caller's reaction to its tokens so
-// far (end it with FinishSequence, abort it), as a stop-string matcher or a client would.
-struct Caller {
-  // Ends sample 0 of `id` (kStop) once its output ends with `stop` (a "stop string").
+// How a run is set up, and what its caller does between steps (as a stop-string matcher or a
+// client would).
+struct RunSetup {
+  // Ends sample 0 of `id` (kStop) once its output ends with these tokens (a "stop string").
   std::map<std::string, std::vector<int32_t>> stop;
   // Aborts `id` once it has this many tokens.
   std::map<std::string, size_t> abort_after;
+  int64_t num_blocks = 64;
+  bool cpu = false;      // the CPU backend instead of the emulated CUDA one
+  bool grammar = false;  // structured output available
+  bool ngram = false;    // speculative decoding (n-gram proposer)
 };
 
 std::vector<int32_t> Prompt(int offset, int len) {
@@ -64,8 +72,10 @@ EngineRequest Greedy(const std::string& id, int offset, int32_t max_tokens) {
   return r;
 }
 
-Result Generate(bool async, std::vector<EngineRequest> requests, const Caller& caller = {},
-                int64_t num_blocks = 64, bool cpu = false) {
+Result Generate(bool async, std::vector<EngineRequest> requests, const RunSetup& setup = {}) {
+  const int64_t num_blocks = setup.num_blocks;
+  const bool cpu = setup.cpu;
+  const RunSetup& caller = setup;
   cuda_emu::SetDeferredStreams(true);
   Result run;
   auto model = Load("stories260k", DType::kF32);
@@ -96,13 +106,33 @@ Result Generate(bool async, std::vector<EngineRequest> requests, const Caller& c
   engine_options.async_scheduling = async;
   engine_options.scheduler.max_num_batched_tokens = 256;
   engine_options.scheduler.max_num_seqs = 16;
-  auto engine = Engine::Create(engine_options, model, std::move(backend));
+  if (setup.grammar) {
+    auto grammar = LoadGrammarCompiler(testing::ModelDir("stories260k"));
+    EXPECT_TRUE(grammar.ok()) << grammar.status();
+    if (!grammar.ok()) return run;
+    engine_options.grammar = std::move(grammar).value();
+  }
+  std::unique_ptr<Proposer> proposer;
+  if (setup.ngram) {
+    engine_options.spec.method = SpecOptions::Method::kNgram;
+    engine_options.spec.num_speculative_tokens = 3;
+    proposer = std::make_unique<NgramProposer>(4, 1);
+  }
+  auto engine = Engine::Create(engine_options, model, std::move(backend), std::move(proposer));
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return run;
   for (const EngineRequest& r : requests) EXPECT_TRUE((*engine)->AddRequest(r).ok()) << r.id;
   const int64_t waits_before = cuda_emu::EventWaitsWithLaterWork();
   int guard = 0;
-  while ((*engine)->HasWork() && ++guard < 10000) {
+  // Work to step, or a constrained request waiting for its grammar off the engine loop.
+  auto busy = [&] {
+    if ((*engine)->HasWork()) return true;
+    const EngineStats st = (*engine)->stats();
+    if (st.grammar_compile_waiting + st.grammar_mask_waiting == 0) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return true;
+  };
+  while (busy() && ++guard < 100000) {
     std::vector<std::pair<std::string, int32_t>> to_finish;
     std::vector<std::string> to_abort;
     for (const SequenceUpdate& u : (*engine)->Step()) {
@@ -188,7 +218,9 @@ TEST(CudaEngineOverlapTest, OverlappedStepsGiveTheSynchronousOutputs) {
   EXPECT_EQ(overlap.stats.generated_tokens, sync.stats.generated_tokens);
 
   std::vector<EngineRequest> greedy(reqs.begin(), reqs.begin() + 6);
-  const Result cpu = Generate(false, greedy, {}, 64, /*cpu=*/true);
+  RunSetup on_cpu;
+  on_cpu.cpu = true;
+  const Result cpu = Generate(false, greedy, on_cpu);
   for (const auto& [id, out] : cpu.outputs) {
     EXPECT_EQ(overlap.outputs.at(id).tokens, out.tokens) << id;
   }
@@ -200,7 +232,7 @@ TEST(CudaEngineOverlapTest, OverlappedStepsGiveTheSynchronousOutputs) {
 TEST(CudaEngineOverlapTest, StopStringsAndCancellationEndOnTheSeenTokens) {
   const Result probe = Generate(false, {Greedy("a", 0, 20)});
   const std::vector<int32_t>& t = probe.outputs.at("a/0").tokens;
-  Caller caller;
+  RunSetup caller;
   caller.stop["a"] = {t[5], t[6]};
   caller.abort_after["b"] = 7;
   std::vector<EngineRequest> reqs = {Greedy("a", 0, 20), Greedy("b", 1, 20), Greedy("c", 2, 20)};
@@ -218,9 +250,11 @@ TEST(CudaEngineOverlapTest, StopStringsAndCancellationEndOnTheSeenTokens) {
 // is still on the device) and recomputed; outputs equal the synchronous loop's.
 TEST(CudaEngineOverlapTest, PreemptionUnderOverlap) {
   std::vector<EngineRequest> reqs;
-  for (int i = 0; i < 6; ++i) reqs.push_back(Greedy("p" + std::to_string(i), i, 40));
-  const Result sync = Generate(false, reqs, {}, /*num_blocks=*/16);
-  const Result overlap = Generate(true, reqs, {}, /*num_blocks=*/16);
+  for (int i = 0; i < 4; ++i) reqs.push_back(Greedy("p" + std::to_string(i), i, 24));
+  RunSetup small;
+  small.num_blocks = 6;
+  const Result sync = Generate(false, reqs, small);
+  const Result overlap = Generate(true, reqs, small);
   EXPECT_GT(sync.stats.preemptions, 0);
   EXPECT_GT(overlap.stats.preemptions, 0);
   ExpectSameOutputs(overlap.outputs, sync.outputs);
@@ -247,6 +281,38 @@ TEST(CudaEngineOverlapTest, HostDependentRequestsFallBackPerStep) {
   // The steps after the penalised request ended overlap again.
   EXPECT_GT(overlap.stats.overlapped_steps, 5);
   EXPECT_LT(overlap.stats.overlapped_steps, overlap.stats.steps - 10);
+}
+
+// A JSON-schema-constrained request (its masks follow its tokens on the host) beside plain ones:
+// the steps it samples in wait for their tokens; once it has ended the others overlap again.
+TEST(CudaEngineOverlapTest, GrammarFallsBackPerStep) {
+  EngineRequest json = Greedy("json", 0, 12);
+  json.params.constraint.kind = grammar::Constraint::Kind::kJsonSchema;
+  json.params.constraint.value =
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})";
+  std::vector<EngineRequest> reqs = {json, Greedy("plain", 1, 30), Greedy("plain2", 2, 24)};
+  RunSetup with_grammar;
+  with_grammar.grammar = true;
+  const Result sync = Generate(false, reqs, with_grammar);
+  const Result overlap = Generate(true, reqs, with_grammar);
+  ExpectSameOutputs(overlap.outputs, sync.outputs);
+  EXPECT_GT(overlap.stats.overlapped_steps, 5);
+  // Every step the constrained request sampled in was collected at once.
+  EXPECT_LE(overlap.stats.overlapped_steps,
+            overlap.stats.steps - static_cast<int64_t>(sync.outputs.at("json/0").tokens.size()));
+}
+
+// Speculative decoding (its drafts come from the tokens on the host) keeps the synchronous loop
+// for every step; greedy output is the plain loop's.
+TEST(CudaEngineOverlapTest, SpeculationRunsSynchronously) {
+  std::vector<EngineRequest> reqs = {Greedy("s0", 0, 20), Greedy("s1", 3, 16)};
+  RunSetup spec;
+  spec.ngram = true;
+  const Result plain = Generate(false, reqs);
+  const Result speculating = Generate(true, reqs, spec);
+  EXPECT_EQ(speculating.stats.overlapped_steps, 0);
+  EXPECT_EQ(speculating.overlapped_launches, 0);
+  ExpectSameOutputs(speculating.outputs, plain.outputs);
 }
 
 }  // namespace
