@@ -4,6 +4,7 @@
 #include "common/engine/engine.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
@@ -80,14 +81,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 
 void Engine::FailStep(const absl::Status& status, const SchedulerOutput& plan,
                       std::vector<SequenceUpdate>* updates) {
-  TLOG(ERROR) << "forward pass failed, failing " << plan.scheduled.size()
-              << " sequences: " << status;
-  for (const ScheduledSeq& s : plan.scheduled) {
-    if (s.seq->status == SeqStatus::kFinished) continue;
-    core_->EndPendingForks(s.seq, FinishReason::kError, status, updates);
-    SequenceUpdate& u = EngineCore::UpdateFor(s.seq, updates);
+  std::vector<Sequence*> seqs;
+  for (const ScheduledSeq& s : plan.scheduled) seqs.push_back(s.seq);
+  FailSequences(status, seqs, updates);
+}
+
+void Engine::FailSequences(const absl::Status& status, const std::vector<Sequence*>& seqs,
+                           std::vector<SequenceUpdate>* updates) {
+  TLOG(ERROR) << "forward pass failed, failing " << seqs.size() << " sequences: " << status;
+  for (Sequence* seq : seqs) {
+    if (seq == nullptr || seq->status == SeqStatus::kFinished) continue;
+    core_->EndPendingForks(seq, FinishReason::kError, status, updates);
+    SequenceUpdate& u = EngineCore::UpdateFor(seq, updates);
     u.status = status;
-    core_->Finish(s.seq, FinishReason::kError, &u);
+    core_->Finish(seq, FinishReason::kError, &u);
   }
 }
 
@@ -99,7 +106,11 @@ std::vector<SequenceUpdate> Engine::Step() {
   core.pending_updates().clear();
   core.wake().Take();
   for (const auto& f : features) f->OnStepBegin(&updates);
+  // A step in flight whose tokens this plan needs on the host is collected first (the per-step
+  // fallback to the synchronous loop).
+  if (inflight_ != nullptr && !CanPlanAhead()) CollectInflight(&updates);
   if (scheduler.idle()) {
+    if (inflight_ != nullptr) CollectInflight(&updates);
     core.ReapFinished();
     return updates;
   }
@@ -115,6 +126,7 @@ std::vector<SequenceUpdate> Engine::Step() {
   for (Sequence* seq : plan.reserved) core.CountAdmission(seq);
   for (const auto& f : features) f->AfterSchedule(plan, &updates);
   if (plan.scheduled.empty()) {
+    if (inflight_ != nullptr) CollectInflight(&updates);
     core.ReapFinished();
     return updates;
   }
@@ -122,6 +134,16 @@ std::vector<SequenceUpdate> Engine::Step() {
   Backend& backend = core.backend();
   for (const BlockCopy& c : plan.block_copies) backend.CopyBlock(c.src, c.dst);
 
+  // Tokens still on the device (the step in flight sampled them): their ids come from there.
+  std::unordered_map<const Sequence*, int32_t> on_device;
+  if (inflight_ != nullptr) {
+    for (size_t i = 0; i < inflight_->sampled.size(); ++i) {
+      if (inflight_->sampled[i] != nullptr) {
+        on_device[inflight_->sampled[i]] = inflight_->sampling.DeviceIndex(i);
+      }
+    }
+  }
+  std::vector<DeviceTokenInput> device_tokens;
   const int64_t block_size = backend.kv_spec().block_size;
   ForwardBatch batch;
   std::vector<Sequence*> sampled;
@@ -136,6 +158,11 @@ std::vector<SequenceUpdate> Engine::Step() {
     const bool completes = seq->num_computed + real == seq->num_tokens();
     std::vector<int32_t> chunk(seq->tokens.begin() + seq->num_computed,
                                seq->tokens.begin() + seq->num_computed + real);
+    for (size_t k = 0; k < chunk.size(); ++k) {
+      if (chunk[k] != kPendingToken) continue;
+      chunk[k] = 0;  // any valid id: the device's replaces it
+      device_tokens.push_back({static_cast<int32_t>(batch.num_tokens() + k), on_device.at(seq)});
+    }
     chunk.insert(chunk.end(), draft.begin(), draft.end());
     batch.AddSequenceRows(chunk, static_cast<int32_t>(seq->num_computed), seq->blocks.table,
                           block_size, completes ? 1 + static_cast<int64_t>(draft.size()) : 0);
@@ -150,9 +177,12 @@ std::vector<SequenceUpdate> Engine::Step() {
 
   const size_t vocab = static_cast<size_t>(core.vocab_size());
   sampling_.Plan(core, batch, sampled, first_row);
-  absl::Status st = sampling_.Forward(backend, batch, &logits_);
+  const bool async = AsyncSteps();
+  absl::Status st = async ? sampling_.Launch(backend, batch, device_tokens)
+                          : sampling_.Forward(backend, batch, &logits_);
   for (const auto& f : features) f->AfterForward();
   if (!st.ok()) {
+    if (inflight_ != nullptr) CollectInflight(&updates);
     FailStep(st, plan, &updates);
     return updates;
   }
@@ -161,10 +191,45 @@ std::vector<SequenceUpdate> Engine::Step() {
   for (const ScheduledSeq& s : plan.scheduled) {
     if (!s.seq->spec.draft.empty()) continue;  // advanced by the feature that verifies them
     s.seq->num_computed += s.num_new_tokens;
+  }
+  // The step before this one, launched earlier: its tokens, now that this one is on its way.
+  // Sequences it finishes drop this step's token (their blocks go back to the pool).
+  if (inflight_ != nullptr) CollectInflight(&updates);
+  for (const ScheduledSeq& s : plan.scheduled) {
+    if (!s.seq->spec.draft.empty() || s.seq->status == SeqStatus::kFinished) continue;
     kv.RegisterFull(s.seq->tokens, s.seq->num_computed, &s.seq->blocks);
   }
-  for (size_t i = 0; i < sampled.size(); ++i) {
+  bool collected = !async;
+  if (async) {
+    bool leave = !batch.on_layer_done && sampling_.host_rows() == 0;
+    for (const Sequence* seq : sampled) {
+      leave = leave && (seq->status == SeqStatus::kFinished || OverlapSafe(*seq));
+    }
+    if (leave) {
+      // Left in flight: the next step plans with a pending token for each sequence it sampled.
+      inflight_ = std::make_unique<InflightStep>();
+      std::swap(inflight_->sampling, sampling_);
+      for (Sequence* seq : sampled) {
+        const bool live = seq->status != SeqStatus::kFinished;
+        if (live) seq->tokens.push_back(kPendingToken);
+        inflight_->sampled.push_back(live ? seq : nullptr);
+      }
+      for (const ScheduledSeq& s : plan.scheduled) {
+        if (s.seq->status != SeqStatus::kFinished) inflight_->scheduled.push_back(s.seq);
+      }
+      ++core.stats().overlapped_steps;
+    } else {
+      st = sampling_.Collect(backend, &logits_);
+      if (!st.ok()) {
+        FailStep(st, plan, &updates);
+        return updates;
+      }
+      collected = true;
+    }
+  }
+  for (size_t i = 0; collected && i < sampled.size(); ++i) {
     Sequence* seq = sampled[i];
+    if (seq->status == SeqStatus::kFinished) continue;  // ended by the step before: discarded
     if (const DeviceSample* d = sampling_.DeviceSampleOf(i); d != nullptr) {
       core.AppendDeviceSample(seq, *d, &EngineCore::UpdateFor(seq, &updates));
       continue;
@@ -187,7 +252,7 @@ std::vector<SequenceUpdate> Engine::Step() {
 }
 
 bool Engine::HasWork() const {
-  return !core_->scheduler().idle() || !core_->pending_updates().empty() ||
+  return inflight_ != nullptr || !core_->scheduler().idle() || !core_->pending_updates().empty() ||
          core_->wake().notified();
 }
 

@@ -94,12 +94,40 @@ class Engine {
   absl::Status Validate(const EngineRequest& request) const;
   void FailStep(const absl::Status& status, const SchedulerOutput& plan,
                 std::vector<SequenceUpdate>* updates);
+  // Fails `seqs` (those not finished) with `status`.
+  void FailSequences(const absl::Status& status, const std::vector<Sequence*>& seqs,
+                     std::vector<SequenceUpdate>* updates);
+
+  // Overlapped steps (engine_overlap.cc, README "Overlapped steps"). A step left in flight: its
+  // sampling (every sampled sequence on the device), its sequences (null once finished) with
+  // their pending token.
+  struct InflightStep {
+    StepSampling sampling;
+    std::vector<Sequence*> sampled;    // in plan order, as sampling's sequences
+    std::vector<Sequence*> scheduled;  // every sequence of the step
+  };
+  // Whether this engine launches steps without waiting for them.
+  bool AsyncSteps() const;
+  // Whether a sequence sampled in a step may have its token still on the device while the next
+  // step is planned and launched.
+  static bool OverlapSafe(const Sequence& seq);
+  // Whether the step now being planned may be planned before the step in flight is collected.
+  bool CanPlanAhead() const;
+  // Waits for the step in flight and appends its tokens (ending sequences they finish); null
+  // afterwards.
+  void CollectInflight(std::vector<SequenceUpdate>* updates);
+  // Before a command ends sample `index` of `request_id` (every sample: -1) between steps: the
+  // step in flight forgets those samples and their token in it is dropped, so they end on the
+  // tokens their caller has seen, as in the synchronous loop (the device may still write that
+  // token's KV into their blocks: stream order puts it before any later use of the blocks).
+  void DropInflight(const std::string& request_id, int32_t index);
 
   std::unique_ptr<EngineCore> core_;
   DisaggFeature* disagg_ = nullptr;  // owned by core_
   SpecFeature* spec_ = nullptr;      // owned by core_
   std::vector<float> logits_;        // the rows sampled on the host
   StepSampling sampling_;
+  std::unique_ptr<InflightStep> inflight_;  // the step left in flight, if any
 };
 
 }  // namespace tandem

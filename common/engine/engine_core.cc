@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/base/log.h"
 #include "common/engine/finish_check.h"
 
 namespace tandem {
@@ -154,8 +155,18 @@ void EngineCore::AppendDeviceSample(Sequence* seq, const DeviceSample& sample, S
   Append(seq, sample.token, std::move(lp), u);
 }
 
-void EngineCore::Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* u) {
-  seq->tokens.push_back(token);
+void EngineCore::ResolvePendingToken(Sequence* seq, const DeviceSample& sample, SequenceUpdate* u) {
+  TANDEM_CHECK(!seq->tokens.empty() && seq->tokens.back() == kPendingToken);
+  seq->tokens.back() = sample.token;
+  TokenLogprobs lp;
+  lp.chosen = sample.chosen;
+  lp.top = sample.top;
+  Append(seq, sample.token, std::move(lp), u, /*placed=*/true);
+}
+
+void EngineCore::Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* u,
+                        bool placed) {
+  if (!placed) seq->tokens.push_back(token);
   ++stats_.generated_tokens;
   if (seq->timing.first_token == absl::InfinitePast()) seq->timing.first_token = absl::Now();
   u->new_tokens.push_back(token);

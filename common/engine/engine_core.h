@@ -88,6 +88,9 @@ class EngineCore {
   void AppendToken(Sequence* seq, int32_t token, const float* raw_logits, SequenceUpdate* update);
   // Appends a token the backend sampled on the device (logprobs computed there), as AppendToken.
   void AppendDeviceSample(Sequence* seq, const DeviceSample& sample, SequenceUpdate* update);
+  // Overlapped steps: the device's token for `seq`'s last token, which was appended as
+  // kPendingToken when its step was left in flight, set in its place; then as AppendToken.
+  void ResolvePendingToken(Sequence* seq, const DeviceSample& sample, SequenceUpdate* update);
   // The sampler's processing of `seq`'s next row as data (ProcessLogits' edits, without the
   // features' OnLogits).
   void BuildEdits(const Sequence& seq, LogitEdits* edits);
@@ -111,7 +114,9 @@ class EngineCore {
 
  private:
   // AppendToken's work once the logprobs are known.
-  void Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* update);
+  // `placed`: the token is already the last of seq->tokens.
+  void Append(Sequence* seq, int32_t token, TokenLogprobs logprobs, SequenceUpdate* update,
+              bool placed = false);
 
   EngineOptions options_;
   std::shared_ptr<const Model> model_;

@@ -94,6 +94,7 @@ absl::Status Engine::AddRequest(EngineRequest r) {
 }
 
 void Engine::AbortRequest(const std::string& request_id) {
+  DropInflight(request_id, -1);
   EngineCore::Samples* samples = core_->FindRequest(request_id);
   if (samples == nullptr) return;
   std::vector<SequenceUpdate>& pending = core_->pending_updates();
@@ -113,6 +114,7 @@ void Engine::AbortRequest(const std::string& request_id) {
 }
 
 void Engine::FinishSequence(const std::string& request_id, int32_t index, FinishReason reason) {
+  DropInflight(request_id, index);
   EngineCore::Samples* samples = core_->FindRequest(request_id);
   if (samples == nullptr) return;
   std::vector<SequenceUpdate>& pending = core_->pending_updates();

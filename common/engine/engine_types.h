@@ -40,6 +40,11 @@ struct EngineOptions {
   // Sample on the device where the backend can (Backend::SupportsDeviceSampling; README
   // "Sampling on the device"); false: every logits row comes back to the host sampler.
   bool device_sampling = true;
+  // Overlapped steps (vLLM's --async-scheduling; README "Overlapped steps"): on a backend that
+  // launches steps asynchronously (Backend::SupportsAsyncSteps: CUDA), the next step is planned
+  // and launched before this one's tokens reach the host, step by step where nothing needs them
+  // there first. No effect on the CPU backend, or with speculative decoding.
+  bool async_scheduling = true;
   SpecOptions spec;  // speculative decoding (the proposer is given to Create)
   // Fault injection (engine_faults.h): off unless set here or, with faults_from_env, by the
   // TANDEM_FAULTS environment variable.
@@ -154,6 +159,9 @@ struct EngineStats {
   int64_t kv_blocks_evictable = 0;  // cached and unreferenced
   int64_t kv_evictions = 0;         // cached blocks evicted to make room (cumulative)
   int64_t steps = 0;
+  // Steps left in flight: the next step was planned and launched before their tokens reached the
+  // host (EngineOptions::async_scheduling).
+  int64_t overlapped_steps = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;         // admitted prompt tokens
   int64_t prefix_cache_queried = 0;  // prompt tokens looked up at first admission

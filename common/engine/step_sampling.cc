@@ -49,6 +49,17 @@ absl::Status StepSampling::Forward(Backend& backend, const ForwardBatch& batch,
   return backend.ForwardSampled(batch, rows_, logits->data(), &results_);
 }
 
+absl::Status StepSampling::Launch(Backend& backend, const ForwardBatch& batch,
+                                  const std::vector<DeviceTokenInput>& device_tokens) {
+  results_.clear();
+  return backend.LaunchStep(batch, rows_, device_tokens);
+}
+
+absl::Status StepSampling::Collect(Backend& backend, std::vector<float>* logits) {
+  logits->resize(host_rows_ * static_cast<size_t>(backend.vocab_size()));
+  return backend.CollectStep(logits->data(), &results_);
+}
+
 const DeviceSample* StepSampling::DeviceSampleOf(size_t i) const {
   const int32_t d = device_index_[i];
   return d < 0 ? nullptr : &results_[d];

@@ -31,12 +31,22 @@ class StepSampling {
   // Backend::Forward, or ForwardSampled when any row goes to the device; `logits` is resized to
   // the rows that come back.
   absl::Status Forward(Backend& backend, const ForwardBatch& batch, std::vector<float>* logits);
+  // The same split over a launched step (Backend::LaunchStep, README "Overlapped steps"): Launch
+  // enqueues it, Collect waits for it and fills `logits` with the host rows.
+  absl::Status Launch(Backend& backend, const ForwardBatch& batch,
+                      const std::vector<DeviceTokenInput>& device_tokens);
+  absl::Status Collect(Backend& backend, std::vector<float>* logits);
 
   // After Forward: the device's sample for sampled sequence i, or null when it is sampled on the
   // host, from the returned rows starting at HostRow(i).
   const DeviceSample* DeviceSampleOf(size_t i) const;
   size_t HostRow(size_t i) const { return host_row_[i]; }
   size_t device_rows() const { return rows_.size(); }
+  // Rows the forward pass returns to the host (0: every sampled sequence is on the device and no
+  // other row is wanted).
+  size_t host_rows() const { return host_rows_; }
+  // The index of sampled sequence i among the device's samples (-1: on the host).
+  int32_t DeviceIndex(size_t i) const { return device_index_[i]; }
 
  private:
   std::vector<DeviceSampleRow> rows_;  // for the backend

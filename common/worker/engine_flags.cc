@@ -106,6 +106,11 @@ void EngineFlags::Register(FlagSet* f) {
   f->Int("max-waiting", &o.engine.max_waiting, "queued sequences before RESOURCE_EXHAUSTED");
   f->String("scheduling-policy", &policy, "fcfs or priority");
   f->Bool("no-prefix-cache", &no_prefix_cache, "disable prefix caching");
+  f->Bool("async-scheduling", &o.engine.async_scheduling,
+          "cuda: plan and launch each step before the previous one's tokens reach the host, so "
+          "the host's work overlaps the GPU's (--no-async-scheduling: wait for every step); "
+          "steps that need a token on the host first (grammar, penalties, n > 1, speculation) "
+          "wait for it");
   f->String("kv-offload-host-memory", &kv_offload_host_memory,
             "KV tiers: host memory for prefix blocks evicted from the pool, e.g. 8GiB (0: off). "
             "On a GPU worker the tier below device memory; on a CPU worker, whose pool is host "
@@ -226,6 +231,7 @@ std::vector<std::string> EngineFlags::ToArgs() const {
   };
   if (no_adaptive_speculation) a.push_back("--no-adaptive-speculation");
   if (no_prefix_cache) a.push_back("--no-prefix-cache");
+  a.push_back(absl::StrCat("--async-scheduling=", o.engine.async_scheduling ? "true" : "false"));
   a.push_back("--kv-offload-host-memory=" + kv_offload_host_memory);
   if (!o.engine.kv_tiers.disk_dir.empty()) {
     a.push_back("--kv-offload-dir=" + o.engine.kv_tiers.disk_dir);

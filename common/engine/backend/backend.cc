@@ -68,6 +68,16 @@ absl::Status Backend::ForwardSampled(const ForwardBatch& batch,
   return absl::UnimplementedError(name() + " backend does not sample on the device");
 }
 
+absl::Status Backend::LaunchStep(const ForwardBatch& batch,
+                                 const std::vector<DeviceSampleRow>& samples,
+                                 const std::vector<DeviceTokenInput>& device_tokens) {
+  return absl::UnimplementedError(name() + " backend does not launch steps asynchronously");
+}
+
+absl::Status Backend::CollectStep(float* logits, std::vector<DeviceSample>* results) {
+  return absl::UnimplementedError(name() + " backend does not launch steps asynchronously");
+}
+
 absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions) {
   const int64_t t = b.num_tokens();

@@ -98,6 +98,14 @@ struct ForwardBatch {
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions);
 
+// A token of a launched step's batch whose id is not known on the host yet: the token the
+// previous launched step samples on the device for its samples[sample_index] (overlapped steps,
+// common/engine/README.md). The batch holds any valid id there; the device's replaces it.
+struct DeviceTokenInput {
+  int32_t token_index = 0;   // into ForwardBatch::token_ids
+  int32_t sample_index = 0;  // into the previous LaunchStep's samples
+};
+
 // The compute device behind the engine: runs forward passes and owns the KV pool's storage.
 // Not thread-safe: one engine thread calls it.
 class Backend {
@@ -122,6 +130,24 @@ class Backend {
   virtual absl::Status ForwardSampled(const ForwardBatch& batch,
                                       const std::vector<DeviceSampleRow>& samples, float* logits,
                                       std::vector<DeviceSample>* results);
+
+  // Overlapped steps (common/engine/README.md, "Overlapped steps"): whether LaunchStep and
+  // CollectStep are available.
+  virtual bool SupportsAsyncSteps() const { return false; }
+  // Enqueues the batch and the device sampling of `samples` as ForwardSampled does, and returns
+  // without waiting for the device. `device_tokens` take their ids from the previous launched
+  // step's samples (on the device; that step need not be collected). At most two steps are
+  // launched and not collected; Forward and ForwardSampled refuse to run while one is.
+  // Unimplemented unless SupportsAsyncSteps().
+  virtual absl::Status LaunchStep(const ForwardBatch& batch,
+                                  const std::vector<DeviceSampleRow>& samples,
+                                  const std::vector<DeviceTokenInput>& device_tokens);
+  // Waits for the oldest launched step and returns what ForwardSampled would have: `logits` the
+  // rows not sampled on the device, `results` the samples. The wait is for that step only (an
+  // event), not for steps launched after it.
+  virtual absl::Status CollectStep(float* logits, std::vector<DeviceSample>* results);
+  // Steps launched and not collected.
+  virtual int pending_steps() const { return 0; }
 
   // Copies every layer of block `src` into block `dst` (copy-on-write).
   virtual void CopyBlock(int32_t src, int32_t dst) = 0;

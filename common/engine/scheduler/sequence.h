@@ -37,6 +37,10 @@ const char* FinishReasonName(FinishReason reason);
 // engine; the scheduler moves pointers between its queues. Engine thread only. The core fields
 // (identity, tokens, KV, sampling) come first; each feature's state is one struct
 // (sequence_state.h), copied as a unit when samples fork.
+// Overlapped steps (common/engine/README.md): the last token of a sequence whose step is in
+// flight, sampled on the device and not known on the host yet.
+inline constexpr int32_t kPendingToken = -1;
+
 struct Sequence {
   Sequence() = default;
   Sequence(const Sequence&) = delete;

@@ -95,6 +95,9 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const CudaBackendOp
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (StepSlot& slot : slots_) {
+    if (slot.done != nullptr) cudaEventDestroy(slot.done);
+  }
   DropGraphs();
   gemm_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -141,6 +144,10 @@ absl::Status CudaBackend::Init() {
                               absl::StrCat("cudaSetDevice(", options_.device, ")"));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                               "cudaStreamCreateWithFlags");
+  for (StepSlot& slot : slots_) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags");
+  }
   gemm_ = std::make_unique<Gemm>();
   TANDEM_RETURN_IF_ERROR(gemm_->Init(stream_));
   auto weights = DeviceWeights::Upload(*model_);
@@ -351,9 +358,11 @@ absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t l
   // Per-step inputs: the largest layout, with the block tables of every sequence at full width.
   const size_t total =
       Layout(cap_tokens_).tables + static_cast<size_t>(cap_seqs_ * table_width_) * sizeof(int32_t);
-  TANDEM_RETURN_IF_ERROR(inputs_.Allocate(total, "step inputs"));
-  TANDEM_RETURN_IF_ERROR(staging_.Allocate(total, "step input staging"));
-  TANDEM_RETURN_IF_ERROR(logits_host_.Allocate(cap_rows_ * v * sizeof(float), "logits staging"));
+  // Then the (token, sample) pairs of input tokens gathered from the previous step's samples.
+  input_bytes_ = AlignUp256(total) + AlignUp256(cap_tokens_ * 2 * sizeof(int32_t));
+  TANDEM_RETURN_IF_ERROR(inputs_.Allocate(input_bytes_, "step inputs"));
+  // The slots' pinned buffers grow when a step next stages into them (PrepareSlot): a slot whose
+  // step is launched keeps what comes back to it.
   return absl::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 // The CUDA backend's class (internal: use cuda_backend.h). Tests include it for the counters.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "common/engine/backend/cuda/cuda_util.h"
 #include "common/engine/backend/cuda/device_weights.h"
 #include "common/engine/backend/cuda/gemm.h"
+#include "common/engine/backend/cuda/kernels.h"
 
 namespace tandem::cuda {
 
@@ -31,6 +33,11 @@ class CudaBackend final : public Backend {
   absl::Status ForwardSampled(const ForwardBatch& batch,
                               const std::vector<DeviceSampleRow>& samples, float* logits,
                               std::vector<DeviceSample>* results) override;
+  bool SupportsAsyncSteps() const override { return true; }
+  absl::Status LaunchStep(const ForwardBatch& batch, const std::vector<DeviceSampleRow>& samples,
+                          const std::vector<DeviceTokenInput>& device_tokens) override;
+  absl::Status CollectStep(float* logits, std::vector<DeviceSample>* results) override;
+  int pending_steps() const override { return static_cast<int>(pending_.size()); }
   void CopyBlock(int32_t src, int32_t dst) override;
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override { return nullptr; }
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
@@ -46,6 +53,10 @@ class CudaBackend final : public Backend {
   int64_t graph_steps() const { return graph_steps_; }
   int64_t eager_steps() const { return eager_steps_; }
   int64_t device_sampled_rows() const { return device_sampled_rows_; }
+  // Steps launched while an earlier one was still launched and not collected (overlap), and the
+  // input tokens taken from the previous step's device samples.
+  int64_t overlapped_launches() const { return overlapped_launches_; }
+  int64_t device_input_tokens() const { return device_input_tokens_; }
   size_t weight_bytes() const { return weights_->bytes(); }
   size_t kv_pool_bytes() const { return kv_.bytes(); }
   bool bf16_activations() const { return act_bf16_; }
@@ -75,6 +86,21 @@ class CudaBackend final : public Backend {
   struct Graph {
     cudaGraphExec_t exec = nullptr;
   };
+  // What one launched step owns until it is collected (two, used in turn, so that the next step
+  // stages while this one runs): its pinned input staging, the pinned landing of the rows and
+  // samples coming back, its samples' answers on the device (the next step's input tokens may be
+  // gathered from them), and the event recorded behind its last copy.
+  struct StepSlot {
+    PinnedBuffer staging;  // the step's inputs, offsets as in inputs_
+    PinnedBuffer logits_host;
+    PinnedBuffer sample_staging;
+    DeviceBuffer sample_out;
+    PinnedBuffer sample_out_host;
+    cudaEvent_t done = nullptr;
+    // The launched step, until CollectStep: rows copied back and what each sample asked for.
+    int64_t host_rows = 0;
+    std::vector<DeviceSampleRow> samples;  // logit_row and logprobs only
+  };
 
   CudaBackend(std::shared_ptr<const Model> model, const CudaBackendOptions& options);
   absl::Status Init();
@@ -85,10 +111,16 @@ class CudaBackend final : public Backend {
   StepShape GraphShape(int64_t tokens, int64_t logit_rows) const;
   bool GraphEligible(const ForwardBatch& batch) const;
   // Fills the staging buffer for `batch` padded to `tokens` and `logit_rows` rows and uploads it.
-  absl::StatusOr<StepShape> Stage(const ForwardBatch& batch, int64_t tokens, int64_t logit_rows,
-                                  bool graph);
+  // `device_tokens` are then gathered from `prev_samples` (the previous step's answers on the
+  // device) into the uploaded token ids.
+  absl::StatusOr<StepShape> Stage(const ForwardBatch& batch,
+                                  const std::vector<DeviceTokenInput>& device_tokens,
+                                  const SampleOutput* prev_samples, int64_t tokens,
+                                  int64_t logit_rows, bool graph);
   // Validates the batch and enqueues its forward pass (graphs or eager), up to the logits.
-  absl::Status EnqueueStep(const ForwardBatch& batch);
+  absl::Status EnqueueStep(const ForwardBatch& batch,
+                           const std::vector<DeviceTokenInput>& device_tokens,
+                           const SampleOutput* prev_samples);
   // Stages and enqueues the sampling of `samples` over the step's logits (cuda_sampling.cc).
   absl::Status EnqueueSampling(const std::vector<DeviceSampleRow>& samples);
   absl::Status CaptureGraphs();
@@ -96,13 +128,14 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueLayers(const StepShape& shape,
                              const std::function<void(int64_t)>& on_layer_done);
   absl::Status EnqueueLogits(const StepShape& shape);
-  absl::Status FinishStep(int64_t logit_rows, float* logits);
+  // The slot the next step stages into, its host buffers grown to the capacities.
+  absl::Status PrepareSlot();
   void DropGraphs();
   cuda::KvLayerView KvLayer(int64_t layer) const;
   uint8_t* Region(int64_t layer, int32_t block) const;
   template <class T>
   T* Staged(size_t offset) const {
-    return reinterpret_cast<T*>(staging_.as<uint8_t>() + offset);
+    return reinterpret_cast<T*>(slots_[cur_].staging.as<uint8_t>() + offset);
   }
   template <class T>
   T* Input(size_t offset) const {
@@ -127,10 +160,9 @@ class CudaBackend final : public Backend {
   int64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_rows_ = 0;
   DeviceBuffer activations_;
   DeviceBuffer inputs_;
-  PinnedBuffer staging_;
+  size_t input_bytes_ = 0;  // of inputs_ and of each slot's staging
   DeviceBuffer partial_;
   DeviceBuffer gemm_scratch_;
-  PinnedBuffer logits_host_;
   // Residual stream, its per-layer update and the fused q/k/v rows: f32. Matmul inputs (h_: the
   // normalized rows, attn_, mlp_, rows_norm_: the logit rows' final norm): bf16 when act_bf16_,
   // else f32. gate_up_: f32 scratch of the unfused SiLU path.
@@ -146,14 +178,22 @@ class CudaBackend final : public Backend {
   int64_t eager_steps_ = 0;
   absl::Status sticky_;  // a failed CopyBlock, reported by the next Forward
 
-  // Sampling on the device (cuda_sampling.cc): the rows' inputs (pinned staging and device copy,
-  // identical offsets), the processed rows, the answers (device and pinned), grown on demand.
-  PinnedBuffer sample_staging_;
+  // Sampling on the device (cuda_sampling.cc): the rows' inputs (the slot's pinned staging and
+  // this device copy, identical offsets), the processed rows; the answers are the slot's.
   DeviceBuffer sample_inputs_;
   DeviceBuffer sample_work_;
-  DeviceBuffer sample_out_;
-  PinnedBuffer sample_out_host_;
   int64_t device_sampled_rows_ = 0;
+
+  // Launched steps (LaunchStep / CollectStep): the two slots, the one the next step uses, the
+  // launched ones not collected (oldest first), and the slot whose samples the next step may
+  // take input tokens from (-1: none) with their count.
+  StepSlot slots_[2];
+  int cur_ = 0;
+  std::deque<int> pending_;
+  int last_sampled_slot_ = -1;
+  int64_t last_samples_ = 0;
+  int64_t overlapped_launches_ = 0;
+  int64_t device_input_tokens_ = 0;
 };
 
 }  // namespace tandem::cuda

@@ -1,8 +1,9 @@
 // CUDA backend: the forward pass. A step is staged on the host (inputs padded to its graph
 // buckets, attention plan, block tables) and uploaded, then either replayed from two CUDA graphs
 // (the layers for the token bucket, the logits for the row bucket) or enqueued eagerly; the
-// logits come back in FinishStep (or are sampled on the device, cuda_sampling.cc), the one place
-// that waits for the device.
+// logits come back (or are sampled on the device, cuda_sampling.cc) through the step's slot and
+// its event: LaunchStep / CollectStep (cuda_sampling.cc), the one place that waits for the
+// device.
 
 #include <algorithm>
 #include <cstring>
@@ -31,11 +32,17 @@ bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
 }
 
 absl::Status CudaBackend::Forward(const ForwardBatch& b, float* logits) {
-  TANDEM_RETURN_IF_ERROR(EnqueueStep(b));
-  return FinishStep(static_cast<int64_t>(b.logit_rows.size()), logits);
+  if (!pending_.empty()) {
+    return absl::FailedPreconditionError("Forward while a launched step is not collected");
+  }
+  TANDEM_RETURN_IF_ERROR(LaunchStep(b, {}, {}));
+  std::vector<DeviceSample> none;
+  return CollectStep(logits, &none);
 }
 
-absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b) {
+absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b,
+                                      const std::vector<DeviceTokenInput>& device_tokens,
+                                      const SampleOutput* prev_samples) {
   TANDEM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
   if (!sticky_.ok()) return sticky_;
   TANDEM_RETURN_IF_ERROR(
@@ -44,6 +51,7 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b) {
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
   if (t == 0) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(t, s, n));
+  TANDEM_RETURN_IF_ERROR(PrepareSlot());
   if (graphs_stale_ && graphs_enabled_) {
     graphs_stale_ = false;
     if (absl::Status st = CaptureGraphs(); !st.ok()) {
@@ -54,7 +62,7 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b) {
   }
   if (GraphEligible(b)) {
     const int tokens = Bucket(buckets_, t), rows = n == 0 ? 0 : Bucket(buckets_, n);
-    absl::StatusOr<StepShape> shape = Stage(b, tokens, rows, true);
+    absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, tokens, rows, true);
     if (!shape.ok()) return shape.status();
     cudaError_t err = cudaGraphLaunch(body_graphs_.at(tokens).exec, stream_);
     if (err == cudaSuccess && rows > 0) err = cudaGraphLaunch(head_graphs_.at(rows).exec, stream_);
@@ -69,7 +77,7 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b) {
     graphs_enabled_ = false;
     DropGraphs();
   }
-  absl::StatusOr<StepShape> shape = Stage(b, t, n, false);
+  absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, t, n, false);
   if (!shape.ok()) return shape.status();
   TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done));
   TANDEM_RETURN_IF_ERROR(EnqueueLogits(*shape));
@@ -94,8 +102,9 @@ CudaBackend::StepShape CudaBackend::GraphShape(int64_t tokens, int64_t logit_row
   return shape;
 }
 
-absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(const ForwardBatch& b, int64_t tokens,
-                                                          int64_t logit_rows, bool graph) {
+absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(
+    const ForwardBatch& b, const std::vector<DeviceTokenInput>& device_tokens,
+    const SampleOutput* prev_samples, int64_t tokens, int64_t logit_rows, bool graph) {
   const int64_t t = b.num_tokens(), s = static_cast<int64_t>(b.seqs.size());
   const int64_t n = static_cast<int64_t>(b.logit_rows.size());
   StepShape shape = graph ? GraphShape(tokens, logit_rows) : StepShape{};
@@ -162,7 +171,17 @@ absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(const ForwardBatch& b,
     shape.max_tile_rows = plan.max_tile_rows;
   }
 
-  // Two copies: everything up to the last item, then the merges and the block tables.
+  // Input tokens sampled by the previous step on the device: (token index, sample index) pairs
+  // after the block tables.
+  const size_t pairs_at = AlignUp256(L.tables + s * stride * sizeof(int32_t));
+  const int64_t num_pairs = static_cast<int64_t>(device_tokens.size());
+  int32_t* pairs = Staged<int32_t>(pairs_at);
+  for (int64_t i = 0; i < num_pairs; ++i) {
+    pairs[2 * i] = device_tokens[i].token_index;
+    pairs[2 * i + 1] = device_tokens[i].sample_index;
+  }
+
+  // Two copies: everything up to the last item, then the merges, the block tables and the pairs.
   auto upload = [&](size_t begin, size_t end) -> absl::Status {
     TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(Input<uint8_t>(begin), Staged<uint8_t>(begin),
                                                 end - begin, cudaMemcpyHostToDevice, stream_),
@@ -170,7 +189,15 @@ absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(const ForwardBatch& b,
     return absl::OkStatus();
   };
   TANDEM_RETURN_IF_ERROR(upload(0, L.items + plan.items.size() * sizeof(AttentionItem)));
-  TANDEM_RETURN_IF_ERROR(upload(L.combines, L.tables + s * stride * sizeof(int32_t)));
+  TANDEM_RETURN_IF_ERROR(upload(L.combines, num_pairs > 0
+                                                ? pairs_at + num_pairs * 2 * sizeof(int32_t)
+                                                : L.tables + s * stride * sizeof(int32_t)));
+  if (num_pairs > 0) {
+    TANDEM_LAUNCH_OR_RETURN(GatherSampledTokens(prev_samples, Input<int32_t>(pairs_at), num_pairs,
+                                                Input<int32_t>(L.tokens), stream_),
+                            "GatherSampledTokens");
+    device_input_tokens_ += num_pairs;
+  }
   return shape;
 }
 
@@ -277,23 +304,6 @@ absl::Status CudaBackend::EnqueueLogits(const StepShape& shape) {
                        act_bf16_, stream_),
       "GatherAddRmsNorm");
   return gemm_->Run({rows_norm_, act_bf16_, d}, n, weights_->lm_head(), logits_, c.vocab_size);
-}
-
-absl::Status CudaBackend::FinishStep(int64_t logit_rows, float* logits) {
-  const size_t bytes =
-      static_cast<size_t>(logit_rows * model_->config().vocab_size) * sizeof(float);
-  cudaError_t err = cudaSuccess;
-  if (bytes > 0) {
-    err = cudaMemcpyAsync(logits_host_.get(), logits_, bytes, cudaMemcpyDeviceToHost, stream_);
-  }
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-  if (err != cudaSuccess) {
-    // Kernel faults surface here and leave the context unusable: fail every later step too.
-    sticky_ = CudaStatus(err, "CUDA forward pass");
-    return sticky_;
-  }
-  if (bytes > 0) std::memcpy(logits, logits_host_.get(), bytes);
-  return absl::OkStatus();
 }
 
 void CudaBackend::DropGraphs() {

@@ -1,7 +1,7 @@
-// CUDA backend: sampling on the device (Backend::ForwardSampled). The step runs as Forward's
-// does; then the sampled rows' inputs (parameters, logit edits, masks) are uploaded in one copy,
-// one kernel samples every row (sampling_kernels.cu), and only the tokens, the requested logprobs
-// and the rows left to the host sampler come back.
+// CUDA backend: sampling on the device (Backend::ForwardSampled, LaunchStep: cuda_step.cc). After
+// the step's forward pass the sampled rows' inputs (parameters, logit edits, masks) are uploaded
+// in one copy, one kernel samples every row (sampling_kernels.cu), and only the tokens, the
+// requested logprobs and the rows left to the host sampler come back.
 
 #include <algorithm>
 #include <cstring>
@@ -51,51 +51,13 @@ absl::Status CheckRow(const DeviceSampleRow& r, int64_t num_rows, int64_t vocab)
 
 }  // namespace
 
-absl::Status CudaBackend::ForwardSampled(const ForwardBatch& b,
-                                         const std::vector<DeviceSampleRow>& samples, float* logits,
-                                         std::vector<DeviceSample>* results) {
-  const int64_t n = static_cast<int64_t>(b.logit_rows.size());
-  const int64_t v = model_->config().vocab_size;
-  TANDEM_RETURN_IF_ERROR(CheckSampleRows(samples, n, v));
-  std::vector<bool> sampled(n, false);
-  for (const DeviceSampleRow& r : samples) sampled[r.logit_row] = true;
-  TANDEM_RETURN_IF_ERROR(EnqueueStep(b));
-  TANDEM_RETURN_IF_ERROR(EnqueueSampling(samples));
-  // The rows left to the host, packed in logit_rows order.
-  cudaError_t err = cudaSuccess;
-  const size_t row_bytes = static_cast<size_t>(v) * sizeof(float);
-  int64_t packed = 0;
-  for (int64_t i = 0; i < n && err == cudaSuccess; ++i) {
-    if (sampled[i]) continue;
-    err = cudaMemcpyAsync(logits_host_.as<uint8_t>() + packed * row_bytes,
-                          reinterpret_cast<const uint8_t*>(logits_) + i * row_bytes, row_bytes,
-                          cudaMemcpyDeviceToHost, stream_);
-    ++packed;
-  }
-  const size_t out_bytes = samples.size() * sizeof(SampleOutput);
-  if (err == cudaSuccess && out_bytes > 0) {
-    err = cudaMemcpyAsync(sample_out_host_.get(), sample_out_.get(), out_bytes,
-                          cudaMemcpyDeviceToHost, stream_);
-  }
-  if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-  if (err != cudaSuccess) {
-    sticky_ = CudaStatus(err, "CUDA forward pass with sampling");
-    return sticky_;
-  }
-  if (packed > 0) std::memcpy(logits, logits_host_.get(), packed * row_bytes);
-  results->assign(samples.size(), DeviceSample{});
-  const SampleOutput* out = sample_out_host_.as<SampleOutput>();
-  for (size_t i = 0; i < samples.size(); ++i) (*results)[i] = ToDeviceSample(out[i], samples[i], v);
-  device_sampled_rows_ += static_cast<int64_t>(samples.size());
-  return absl::OkStatus();
-}
-
 absl::Status CudaBackend::EnqueueSampling(const std::vector<DeviceSampleRow>& samples) {
   if (samples.empty()) return absl::OkStatus();
   const int64_t v = model_->config().vocab_size;
   const int64_t rows = static_cast<int64_t>(samples.size());
   const SampleLayout layout = LayoutSampleInputs(samples, v);
-  TANDEM_RETURN_IF_ERROR(sample_staging_.Reserve(layout.end, "sampling staging"));
+  StepSlot& slot = slots_[cur_];
+  TANDEM_RETURN_IF_ERROR(slot.sample_staging.Reserve(layout.end, "sampling staging"));
   if (sample_inputs_.bytes() < layout.end) {
     TANDEM_RETURN_IF_ERROR(sample_inputs_.Allocate(layout.end, "sampling inputs"));
   }
@@ -104,18 +66,18 @@ absl::Status CudaBackend::EnqueueSampling(const std::vector<DeviceSampleRow>& sa
     TANDEM_RETURN_IF_ERROR(sample_work_.Allocate(work, "sampling rows"));
   }
   const size_t out = rows * sizeof(SampleOutput);
-  if (sample_out_.bytes() < out) {
-    TANDEM_RETURN_IF_ERROR(sample_out_.Allocate(out, "sampling answers"));
+  if (slot.sample_out.bytes() < out) {
+    TANDEM_RETURN_IF_ERROR(slot.sample_out.Allocate(out, "sampling answers"));
   }
-  TANDEM_RETURN_IF_ERROR(sample_out_host_.Reserve(out, "sampling answers staging"));
-  PackSampleInputs(samples, v, layout, sample_staging_.as<uint8_t>());
-  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_inputs_.get(), sample_staging_.get(),
+  TANDEM_RETURN_IF_ERROR(slot.sample_out_host.Reserve(out, "sampling answers staging"));
+  PackSampleInputs(samples, v, layout, slot.sample_staging.as<uint8_t>());
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_inputs_.get(), slot.sample_staging.get(),
                                               layout.end, cudaMemcpyHostToDevice, stream_),
                               "cudaMemcpyAsync (sampling inputs)");
   SampleArgs args = SampleArgsAt(layout, sample_inputs_.as<uint8_t>(), rows, v);
   args.logits = logits_;
   args.work = sample_work_.as<float>();
-  args.out = sample_out_.as<SampleOutput>();
+  args.out = slot.sample_out.as<SampleOutput>();
   TANDEM_CUDA_RETURN_IF_ERROR(SampleRows(args, stream_), "SampleRows kernel launch");
   return absl::OkStatus();
 }

@@ -1,7 +1,7 @@
 // Row-wise and element-wise kernels, fused where a step would otherwise make extra passes over
 // its activations: embedding + RMSNorm, residual add + RMSNorm, gather + add + RMSNorm (each
-// writing f32 or bf16), bias + RoPE + KV write, SiLU-multiply, and the bf16 split/combine of the
-// parity mode's products.
+// writing f32 or bf16), bias + RoPE + KV write, SiLU-multiply, the bf16 split/combine of the
+// parity mode's products, and the gather of sampled tokens into the next step's inputs.
 
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
@@ -94,6 +94,14 @@ TANDEM_GLOBAL void SiluMulKernel(const float* gate_up, int64_t ld, int64_t M, in
     const int64_t m = i / F, f = i % F;
     const float g = gate_up[m * ld + f];
     dev::Store(out + i, g / (1.0f + dev::Exp(-g)) * gate_up[m * ld + F + f]);
+  }
+}
+
+TANDEM_GLOBAL void GatherSampledTokensKernel(const SampleOutput* samples, const int32_t* pairs,
+                                             int64_t n, int32_t* tokens) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    tokens[pairs[2 * i]] = samples[pairs[2 * i + 1]].token;
   }
 }
 
@@ -263,6 +271,14 @@ cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void
     TANDEM_LAUNCH(SiluMulKernel<float>, FlatBlocks(M * F), kFlatThreads, 0, stream, gate_up, ld, M,
                   F, static_cast<float*>(out));
   }
+  return cudaGetLastError();
+}
+
+cudaError_t GatherSampledTokens(const SampleOutput* samples, const int32_t* pairs, int64_t n,
+                                int32_t* tokens, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  TANDEM_LAUNCH(GatherSampledTokensKernel, FlatBlocks(n), kFlatThreads, 0, stream, samples, pairs,
+                n, tokens);
   return cudaGetLastError();
 }
 

@@ -232,4 +232,10 @@ struct SampleArgs {
 // answer is a function of its inputs.
 cudaError_t SampleRows(const SampleArgs& args, cudaStream_t stream);
 
+// tokens[pairs[2i]] = samples[pairs[2i + 1]].token for i < n: the tokens a launched step sampled
+// on the device become the next step's input ids without a trip through the host (overlapped
+// steps, common/engine/README.md).
+cudaError_t GatherSampledTokens(const SampleOutput* samples, const int32_t* pairs, int64_t n,
+                                int32_t* tokens, cudaStream_t stream);
+
 }  // namespace tandem::cuda

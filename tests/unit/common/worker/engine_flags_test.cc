@@ -130,6 +130,7 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
                                          "--ngram-max=6",
                                          "--ngram-min=2",
                                          "--no-prefix-cache",
+                                         "--no-async-scheduling",
                                          "--mmap-weights",
                                          "--no-adaptive-speculation",
                                          "--enable-lora",
@@ -150,6 +151,7 @@ TEST(EngineFlagsTest, ToArgsGivesBackTheSameOptions) {
   ExpectSame(*again, *original);
   EXPECT_EQ(again->kv_cache_bytes, int64_t{3} << 30);
   EXPECT_TRUE(again->mmap_weights);
+  EXPECT_FALSE(again->engine.async_scheduling);
   EXPECT_EQ(again->lora.modules, std::vector<std::string>{"a=/x"});
   EXPECT_EQ(again->lora.max_cpu_loras, 4);
 }

@@ -292,13 +292,9 @@ void RunGrid(Dim3 grid, Dim3 block, size_t dynamic_smem, const void* stream,
     std::fprintf(stderr, "CUDA emulator: empty grid (a real launch fails)\n");
     std::abort();
   }
-  if (auto* capture = CaptureList(stream)) {
-    capture->push_back([grid, block, dynamic_smem, body = std::move(body)] {
-      RunGridNow(grid, block, dynamic_smem, body);
-    });
-    return;
-  }
-  RunGridNow(grid, block, dynamic_smem, body);
+  EnqueueOnStream(stream, [grid, block, dynamic_smem, body = std::move(body)] {
+    RunGridNow(grid, block, dynamic_smem, body);
+  });
 }
 
 }  // namespace tandem::cuda_emu

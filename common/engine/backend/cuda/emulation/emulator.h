@@ -51,6 +51,9 @@ void RunGrid(Dim3 grid, Dim3 block, size_t dynamic_smem, const void* stream,
 
 // The capture list of `stream` when it is capturing, else nullptr (implemented by fake_cuda.cc).
 std::vector<std::function<void()>>* CaptureList(const void* stream);
+// Runs `op` in `stream`'s order: now, recorded when capturing, deferred on a deferred stream, or
+// queued behind asynchronous work (implemented by fake_cuda.cc).
+void EnqueueOnStream(const void* stream, std::function<void()> op);
 
 template <class... P, class... A>
 void Launch(void (*kernel)(P...), Dim3 grid, Dim3 block, size_t smem, const void* stream,

@@ -1,5 +1,6 @@
 #include "common/engine/backend/cuda/emulation/fake_cuda.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,8 +18,27 @@
 // asynchronous one (StreamEnqueueAsync: the emulated NCCL's sends and receives, which wait for
 // a peer): from then on, until the stream drains, operations queue behind it on the stream's
 // own thread, so stream order holds as on a GPU.
+// A deferred stream (created while SetDeferredStreams(true)) runs nothing at enqueue: its
+// operations wait in `deferred` until the host waits for them (cudaStreamSynchronize, an event
+// recorded behind them, cudaDeviceSynchronize, destruction), and run then, in order, on the
+// waiting thread. A host that reads results it has not waited for reads what was there before.
 struct CUstream_st {
   CUgraph_st* capturing = nullptr;
+  bool defer = false;
+  std::vector<std::function<void()>> deferred;  // not run yet, in stream order
+  uint64_t enqueued = 0;                        // operations ever deferred on this stream
+  uint64_t executed = 0;                        // of those, run
+  // Runs the deferred operations up to number `mark` (exclusive).
+  void RunDeferredUntil(uint64_t mark) {
+    while (executed < mark && executed < enqueued) {
+      const size_t i = deferred.size() - static_cast<size_t>(enqueued - executed);
+      std::function<void()> op = std::move(deferred[i]);
+      ++executed;
+      op();
+    }
+    if (executed == enqueued) deferred.clear();
+  }
+  void RunDeferred() { RunDeferredUntil(enqueued); }
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::function<void()>> pending;  // the front one is running
@@ -66,6 +87,10 @@ struct CUgraph_st {
 struct CUgraphExec_st {
   std::vector<std::function<void()>> ops;
 };
+struct CUevent_st {
+  cudaStream_t stream = nullptr;  // of the last record (null: completes at once)
+  uint64_t mark = 0;              // the stream's operations before the record
+};
 struct cublasContext {
   cudaStream_t stream = nullptr;
 };
@@ -74,6 +99,15 @@ namespace {
 
 constexpr size_t kTotalMemory = size_t{16} << 30;
 
+std::atomic<bool> g_defer_streams{false};
+std::atomic<int64_t> g_event_waits{0};
+std::atomic<int64_t> g_event_waits_with_later_work{0};
+std::mutex g_streams_mutex;
+std::set<cudaStream_t>& DeferredStreams() {
+  static auto* s = new std::set<cudaStream_t>();
+  return *s;
+}
+
 std::mutex g_alloc_mutex;
 std::map<void*, size_t>& Allocations() {
   static auto* m = new std::map<void*, size_t>();
@@ -81,10 +115,15 @@ std::map<void*, size_t>& Allocations() {
 }
 size_t g_allocated = 0;
 
-// Runs `op` now, or records it when `stream` is capturing.
+// Runs `op` now, or records it when `stream` is capturing, or defers it on a deferred stream.
 void Enqueue(cudaStream_t stream, std::function<void()> op) {
   if (stream != nullptr && stream->capturing != nullptr) {
     stream->capturing->ops.push_back(std::move(op));
+    return;
+  }
+  if (stream != nullptr && stream->defer) {
+    stream->deferred.push_back(std::move(op));
+    ++stream->enqueued;
     return;
   }
   if (stream != nullptr && stream->busy()) {
@@ -112,8 +151,15 @@ void StreamEnqueueAsync(cudaStream_t stream, std::function<void()> op) {
     op();  // the legacy default stream: synchronous
     return;
   }
+  if (stream->defer) stream->RunDeferred();  // what precedes it, then it on the thread
   stream->Push(std::move(op));
 }
+void EnqueueOnStream(const void* stream, std::function<void()> op) {
+  Enqueue(static_cast<CUstream_st*>(const_cast<void*>(stream)), std::move(op));
+}
+void SetDeferredStreams(bool defer) { g_defer_streams = defer; }
+int64_t EventWaits() { return g_event_waits; }
+int64_t EventWaitsWithLaterWork() { return g_event_waits_with_later_work; }
 std::vector<std::function<void()>>* CaptureList(const void* stream) {
   auto* s = static_cast<CUstream_st*>(const_cast<void*>(stream));
   return s != nullptr && s->capturing != nullptr ? &s->capturing->ops : nullptr;
@@ -201,7 +247,15 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   *free = kTotalMemory > g_allocated ? kTotalMemory - g_allocated : 0;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<cudaStream_t> streams;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    streams.assign(DeferredStreams().begin(), DeferredStreams().end());
+  }
+  for (cudaStream_t s : streams) s->RunDeferred();
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   void* p = bytes >= tandem::cuda_emu::kIpcMinBytes
@@ -217,6 +271,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 }
 cudaError_t cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  cudaDeviceSynchronize();  // as the runtime does: no pending operation reads freed memory
   std::lock_guard<std::mutex> lock(g_alloc_mutex);
   auto it = Allocations().find(ptr);
   if (it == Allocations().end()) return cudaErrorInvalidValue;
@@ -230,6 +285,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+  cudaDeviceSynchronize();
   std::free(ptr);
   return cudaSuccess;
 }
@@ -253,19 +309,64 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   *stream = new CUstream_st();
+  if (g_defer_streams) {
+    (*stream)->defer = true;
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    DeferredStreams().insert(*stream);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream != nullptr && stream->defer) {
+    stream->RunDeferred();  // a stream's work completes before it is destroyed
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    DeferredStreams().erase(stream);
+  }
   delete stream;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (stream != nullptr && stream->capturing != nullptr) return cudaErrorStreamCaptureInvalidated;
-  if (stream != nullptr) stream->Drain();
+  if (stream != nullptr) {
+    stream->RunDeferred();
+    stream->Drain();
+  }
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (stream != nullptr && stream->executed < stream->enqueued) return cudaErrorNotReady;
   return stream != nullptr && stream->busy() ? cudaErrorNotReady : cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorStreamCaptureInvalidated;
+  if (stream != nullptr && stream->busy()) stream->Drain();  // asynchronous work: wait here
+  event->stream = stream != nullptr && stream->defer ? stream : nullptr;
+  event->mark = event->stream != nullptr ? stream->enqueued : 0;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  ++g_event_waits;
+  cudaStream_t s = event->stream;
+  if (s == nullptr) return cudaSuccess;
+  // Work the host enqueued behind the event before waiting for it: the steps overlap.
+  if (s->enqueued > event->mark) ++g_event_waits_with_later_work;
+  s->RunDeferredUntil(event->mark);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  return event->stream != nullptr && event->stream->executed < event->mark ? cudaErrorNotReady
+                                                                           : cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing != nullptr) return cudaErrorInvalidValue;

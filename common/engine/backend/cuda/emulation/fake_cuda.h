@@ -39,6 +39,8 @@ struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 struct CUgraph_st;
 typedef CUgraph_st* cudaGraph_t;
+struct CUevent_st;
+typedef CUevent_st* cudaEvent_t;
 struct CUgraphExec_st;
 typedef CUgraphExec_st* cudaGraphExec_t;
 
@@ -62,6 +64,7 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
 
 struct CUuuid_st {
   char bytes[16];
@@ -122,6 +125,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
@@ -146,6 +154,16 @@ bool SharedFree(void* ptr);
 // that waits for something outside the device (the emulated NCCL's peer) needs. The stream
 // reports cudaErrorNotReady until it has drained.
 void StreamEnqueueAsync(cudaStream_t stream, std::function<void()> op);
+// Deferred streams: streams created while this is on (default off) run nothing at enqueue; their
+// operations run, in order, on the thread that waits for them (cudaStreamSynchronize,
+// cudaEventSynchronize of an event recorded behind them, cudaDeviceSynchronize), so a host that
+// reads a result it has not waited for reads stale memory, as it may on a GPU. Tests of
+// asynchronous code turn it on.
+void SetDeferredStreams(bool defer);
+// Every cudaEventSynchronize, and those that found operations enqueued behind the event on its
+// stream (the host had launched later work before waiting: overlap), since the process started.
+int64_t EventWaits();
+int64_t EventWaitsWithLaterWork();
 }  // namespace tandem::cuda_emu
 
 // cuBLAS
