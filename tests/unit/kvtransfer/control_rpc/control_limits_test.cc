@@ -254,7 +254,7 @@ TEST_F(ControlLimitsTest, MemoryStaysBoundedUnderAFloodFromManyAddresses) {
   EXPECT_LT(held, limits_.max_connections) << "the total cap holds (one slot is the honest one's)";
   EXPECT_LE(server_->open_connections(), limits_.max_connections);
   EXPECT_LE(server_->connection_bytes_peak(), limits_.max_connections * kRelayChargeBytes);
-  EXPECT_LT(rss_during - rss_before, int64_t{8} << 20)
+  EXPECT_LT(rss_during - rss_before, int64_t{4} << 20)
       << "RSS grew from " << rss_before << " to " << rss_during;
   for (int i = 0; i < 5; ++i) ExpectHonestExchange(absl::StrCat("after ", i));
   for (auto& v : fds) CloseAll(&v);
