@@ -5,9 +5,6 @@
 // during every flood (plaintext and mTLS); the listener's memory stays bounded. Floods come from
 // other loopback addresses (127.0.0.2...), the honest sender from 127.0.0.1.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,9 +24,15 @@
 #include "kvtransfer/control_rpc/control_rpc.h"
 #include "kvtransfer/control_rpc/front_door.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/unit/kvtransfer/flood_peer.h"
 
 namespace tandem::kvtransfer {
 namespace {
+
+using testing::CloseAll;
+using testing::ConnectFrom;
+using testing::CountOpen;
+using testing::Http2Preface;
 
 constexpr char kSecret[] = "0123456789abcdef-secret";
 
@@ -45,47 +48,6 @@ class EchoReceiver : public KvReceiver {
   }
 };
 
-// A TCP connection to 127.0.0.1:port from `source` (a loopback address), or -1.
-int ConnectFrom(const std::string& source, int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, source.c_str(), &a.sin_addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Whether the listener still holds the connection: whatever it sent is read and dropped; EOF or
-// a reset means it closed it.
-bool StillOpen(int fd) {
-  char buf[4096];
-  for (;;) {
-    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) continue;
-    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
-  }
-}
-
-int CountOpen(const std::vector<int>& fds) {
-  int open = 0;
-  for (int fd : fds) open += StillOpen(fd) ? 1 : 0;
-  return open;
-}
-
-void CloseAll(std::vector<int>* fds) {
-  for (int fd : *fds) close(fd);
-  fds->clear();
-}
-
 int64_t RssBytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -93,13 +55,6 @@ int64_t RssBytes() {
     if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
   }
   return 0;
-}
-
-// The HTTP/2 client preface and an empty SETTINGS frame: what a gRPC client sends first.
-const std::string& Preface() {
-  static const std::string p =
-      std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + std::string("\0\0\0\x04\0\0\0\0\0", 9);
-  return p;
 }
 
 class ControlLimitsTest : public ::testing::Test {
@@ -177,7 +132,7 @@ class ControlLimitsTest : public ::testing::Test {
 TEST_F(ControlLimitsTest, FloodFromOneAddressIsCutAtItsCapAndAnHonestPeerIsServed) {
   Start();
   ExpectHonestExchange("before");
-  Flood("127.0.0.2", 20, Preface());
+  Flood("127.0.0.2", 20, Http2Preface());
   Settle();
   EXPECT_EQ(CountOpen(flood_), limits_.max_connections_per_peer)
       << "connections from one address beyond its cap must be closed at once";
@@ -204,8 +159,8 @@ TEST_F(ControlLimitsTest, FloodFromManyAddressesIsCutAtTheTotalCap) {
 TEST_F(ControlLimitsTest, ConnectionsWithoutAnAuthenticatedRequestAreClosedAtTheDeadline) {
   Start();
   ExpectHonestExchange("before");
-  Flood("127.0.0.2", 2, Preface());  // HTTP/2 set up, no request: no proof of the secret
-  Flood("127.0.0.3", 2);             // nothing at all
+  Flood("127.0.0.2", 2, Http2Preface());  // HTTP/2 set up, no request: no proof of the secret
+  Flood("127.0.0.3", 2);                  // nothing at all
   Settle();
   // Unauthenticated requests on a connection of their own do not earn it a reprieve.
   EXPECT_EQ(OwnConnectionExchange("another-secret-0123456789", "forged").error_code(),
@@ -225,7 +180,7 @@ TEST_F(ControlLimitsTest, MemoryStaysBoundedUnderAFloodFromManyAddresses) {
   const int64_t rss_before = RssBytes();
   // 48 addresses x 8 connections: half set up HTTP/2 and then hold their connection, half write
   // 256 KiB of garbage after the preface.
-  const std::string junk = Preface() + std::string(256 << 10, 'x');
+  const std::string junk = Http2Preface() + std::string(256 << 10, 'x');
   std::vector<std::thread> writers;
   std::vector<std::vector<int>> fds(8);
   for (int t = 0; t < 8; ++t) {
@@ -236,7 +191,7 @@ TEST_F(ControlLimitsTest, MemoryStaysBoundedUnderAFloodFromManyAddresses) {
           int fd = ConnectFrom(source, server_->port());
           if (fd < 0) continue;
           fds[t].push_back(fd);
-          const std::string& first = i % 2 == 0 ? Preface() : junk;
+          const std::string& first = i % 2 == 0 ? Http2Preface() : junk;
           send(fd, first.data(), first.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         }
       }
