@@ -27,9 +27,9 @@ struct FrontDoor::Relay {
   tcp::Fd backend;
   std::string peer;
   std::string host;
-  absl::Time deadline;  // InfiniteFuture once authenticated
-  std::unique_ptr<char[]> up{new char[kRelayBufferBytes]};
-  std::unique_ptr<char[]> down{new char[kRelayBufferBytes]};
+  absl::Time deadline;         // InfiniteFuture once authenticated
+  std::unique_ptr<char[]> up;  // allocated once admitted (charged)
+  std::unique_ptr<char[]> down;
   size_t up_begin = 0, up_end = 0;
   size_t down_begin = 0, down_end = 0;
   bool client_eof = false;     // the peer sent its last byte; gRPC's side is shut once `up` is out
@@ -174,6 +174,8 @@ void FrontDoor::AcceptAll() {
       limiter_.NoteRefused(reason, r->peer, admitted, options_.hooks);
       continue;  // closed by ~Fd, before anything is read from it
     }
+    r->up.reset(new char[kRelayBufferBytes]);
+    r->down.reset(new char[kRelayBufferBytes]);
     r->id = next_id_++;
     r->deadline = absl::Now() + options_.handshake_timeout;
     // The relay's own end, bound to an abstract name gRPC reports as the call's peer.
