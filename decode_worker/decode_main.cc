@@ -14,8 +14,13 @@ absl::Status DecodeRole::Start(const WorkerContext& context) {
   if (kvtransfer::UsesControlChannel(ro.transport)) {
     // The KV endpoint is the control service's address; the secret guards its messages (the
     // nccl and cuda-ipc data paths have no handshake of their own to carry it).
+    kvtransfer::KvControlLimits limits;
+    limits.max_connections = ro.limits.max_connections;
+    limits.max_connections_per_peer = ro.limits.max_connections_per_peer;
+    limits.handshake_timeout = ro.handshake_timeout;
     auto control = kvtransfer::KvControlServer::Start(ro.host, ro.port, context.flags->server.tls,
-                                                      context.kv_secret);
+                                                      context.kv_secret, absl::Seconds(60), limits,
+                                                      context.transfer_hooks);
     if (!control.ok()) {
       return absl::Status(control.status().code(),
                           absl::StrCat("KV control service: ", control.status().message()));

@@ -54,9 +54,11 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
           "worker's KV port can then connect to its KV data path, and a prefill worker sends "
           "KV to whatever answers at a decode worker's address");
   f->Int32("kv-max-connections", &kv.limits.max_connections,
-           "decode role, tcp: KV data connections open at once, all peers");
+           "decode role: KV connections open at once, all peers (tcp: data connections; nccl, "
+           "cuda-ipc: control connections)");
   f->Int32("kv-max-connections-per-peer", &kv.limits.max_connections_per_peer,
-           "decode role, tcp: KV data connections open at once from one peer address");
+           "decode role: KV connections open at once from one peer address (tcp: data "
+           "connections; nccl, cuda-ipc: control connections)");
   f->Int("kv-memory-budget", &kv.limits.memory_budget,
          "decode role, tcp: bytes the KV data connections' buffers may hold in all (each "
          "authenticated connection holds 320 KiB of it)");

@@ -1,18 +1,23 @@
 #include "kvtransfer/control_rpc/control_rpc.h"
 
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/rpc/call_auth.h"
 #include "kvtransfer/auth.h"
+#include "kvtransfer/control_rpc/front_door.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::kvtransfer {
@@ -28,12 +33,17 @@ class KvControlService final : public v1::KvControl::Service {
     std::lock_guard<std::mutex> lock(mu_);
     receiver_ = receiver;
   }
+  void SetFront(FrontDoor* front) { front_ = front; }
 
   grpc::Status Exchange(grpc::ServerContext* context, const v1::KvControlMessage* request,
                         v1::KvControlMessage* reply) override {
     if (!secret_.empty()) {
       grpc::Status st = Authenticate(*request);
       if (!st.ok()) return st;
+    }
+    // The connection proved the secret (or none is required): past its handshake deadline.
+    if (FrontDoor* front = front_.load(); front != nullptr) {
+      front->MarkAuthenticated(context->peer());
     }
     KvReceiver* receiver;
     {
@@ -96,17 +106,28 @@ class KvControlService final : public v1::KvControl::Service {
   std::condition_variable idle_;
   KvReceiver* receiver_ = nullptr;
   int active_ = 0;
+  std::atomic<FrontDoor*> front_{nullptr};
 };
 
 absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(
     const std::string& host, int port, const TlsOptions& tls, std::string secret,
-    absl::Duration window, const KvControlLimits& limits) {
+    absl::Duration window, const KvControlLimits& limits, TransferHooks* hooks) {
   // The listener offers KvControl only; its messages prove the KV secret themselves.
   auto policy = std::make_shared<CallPolicy>();
   policy->services["tandem.v1.KvControl"] = nullptr;
   auto credentials = MakeServerCredentials(tls, std::move(policy));
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<KvControlServer> s(new KvControlServer);
+  // gRPC listens on a Unix socket only its own user can reach; the front owns host:port.
+  const char* tmp = getenv("TMPDIR");
+  std::string dir =
+      absl::StrCat(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp", "/tandem-kvc-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("kv control: cannot make a private directory ", dir, ": ", strerror(errno)));
+  }
+  s->socket_dir_ = dir;
+  const std::string socket_path = dir + "/grpc.sock";
   s->service_ = std::make_unique<KvControlService>(std::move(secret), window);
   grpc::ServerBuilder builder;
   grpc::ResourceQuota quota("tandem-kv-control");
@@ -117,13 +138,45 @@ absl::StatusOr<std::unique_ptr<KvControlServer>> KvControlServer::Start(
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, limits.max_streams_per_connection);
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
-  builder.AddListeningPort(absl::StrCat(host, ":", port), *credentials, &s->port_);
+  int bound = 0;
+  builder.AddListeningPort("unix:" + socket_path, *credentials, &bound);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("kv control: cannot listen on ", host, ":", port));
+  if (s->server_ == nullptr || bound == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("kv control: cannot listen on the Unix socket ", socket_path));
   }
+  FrontDoorOptions front;
+  front.limits = {limits.max_connections, limits.max_connections_per_peer,
+                  limits.connection_memory_budget};
+  front.handshake_timeout = limits.handshake_timeout;
+  front.backend_path = socket_path;
+  // Unpredictable, so no other process can take the names of the front's sockets first.
+  absl::StatusOr<std::string> nonce = NewNonce();
+  if (!nonce.ok()) return nonce.status();
+  front.backend_name_prefix =
+      absl::StrCat("tandem-kvc-", absl::BytesToHexString(nonce->substr(0, 8)), "-");
+  front.hooks = hooks;
+  auto door = FrontDoor::Start(host, port, front);
+  if (!door.ok()) {
+    return absl::Status(door.status().code(),
+                        absl::StrCat("kv control: ", door.status().message()));
+  }
+  s->front_ = *std::move(door);
+  s->port_ = s->front_->port();
+  s->service_->SetFront(s->front_.get());
   return s;
+}
+
+int KvControlServer::open_connections() const { return front_ != nullptr ? front_->open() : 0; }
+uint64_t KvControlServer::connections_refused() const {
+  return front_ != nullptr ? front_->refused() : 0;
+}
+int64_t KvControlServer::connection_bytes() const {
+  return front_ != nullptr ? front_->charged() : 0;
+}
+int64_t KvControlServer::connection_bytes_peak() const {
+  return front_ != nullptr ? front_->charged_peak() : 0;
 }
 
 KvControlServer::~KvControlServer() { Stop(); }
@@ -132,9 +185,15 @@ void KvControlServer::SetReceiver(KvReceiver* receiver) { service_->SetReceiver(
 
 void KvControlServer::Stop() {
   if (service_ != nullptr) service_->Detach();
+  if (front_ != nullptr) front_->Stop();  // closes every connection; the front stays for stats
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();
+  }
+  if (!socket_dir_.empty()) {
+    unlink((socket_dir_ + "/grpc.sock").c_str());
+    rmdir(socket_dir_.c_str());
+    socket_dir_.clear();
   }
 }
 

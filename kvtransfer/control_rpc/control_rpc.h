@@ -2,10 +2,12 @@
 
 // The nccl and cuda-ipc transports' control channel over gRPC (service tandem.v1.KvControl): a
 // decode worker serves it on its KV endpoint (--kv-host:--kv-port) with the process's TLS,
-// handing each request to its KvReceiver::HandleControl; a prefill worker dials receivers'
-// endpoints with MakeGrpcControlChannel. With a shared secret (--kv-secret-file) every request
-// carries its time, a fresh nonce and ControlRequestProof over all three, and every reply
-// ControlReplyProof (kvtransfer/auth.h): a request without the right proof, outside the time
+// handing each request to its KvReceiver::HandleControl. The port itself belongs to a front
+// (front_door.h) that caps connections in all and per peer address, charges each to a memory
+// budget and relays the admitted ones to the gRPC server on a private Unix socket; a prefill worker
+// dials receivers' endpoints with MakeGrpcControlChannel. With a shared secret (--kv-secret-file)
+// every request carries its time, a fresh nonce and ControlRequestProof over all three, and every
+// reply ControlReplyProof (kvtransfer/auth.h): a request without the right proof, outside the time
 // window or with a nonce seen before (a replay) is refused (UNAUTHENTICATED) before the
 // receiver sees it, and a reply without the right proof is refused by the sender.
 
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/rpc/tls.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/transport.h"
 
 namespace grpc {
@@ -25,27 +28,44 @@ class Server;
 namespace tandem::kvtransfer {
 
 class KvControlService;
+class FrontDoor;
 
-// What the control listener lets its peers hold (gRPC's own limits: it has no cap on
-// connections). Control messages are small (the largest is a BEGIN or DATA naming its blocks).
+// What the control listener lets its peers hold: the front's caps on connections (front_door.h;
+// gRPC 1.51 has none) and gRPC's own limits. Control messages are small (the largest is a BEGIN
+// or DATA naming its blocks).
 struct KvControlLimits {
+  int max_connections = 128;          // open at once, all peers (--kv-max-connections)
+  int max_connections_per_peer = 32;  // from one peer address (--kv-max-connections-per-peer)
+  // The front's relay buffers, kRelayChargeBytes per connection; at least max_connections' worth.
+  int64_t connection_memory_budget = int64_t{8} << 20;
   int max_message_bytes = 1 << 20;            // a request larger than this is refused unread
   int64_t memory_budget = int64_t{64} << 20;  // gRPC's buffers of the listener, all calls
   int max_threads = 64;                       // threads serving calls at once
   int max_streams_per_connection = 16;        // calls in flight on one connection
-  absl::Duration handshake_timeout = absl::Seconds(5);  // a connection's HTTP/2 (and TLS) setup
+  // From accept until the connection's first authenticated request (or, without a secret, its
+  // first request): a connection that has not got that far is closed. Also gRPC's deadline on
+  // a connection's TLS and HTTP/2 setup.
+  absl::Duration handshake_timeout = absl::Seconds(5);
 };
 
 class KvControlServer {
  public:
   // Listens on host:port (0: a free port) with `tls` (plaintext when tls.cert is empty). With a
   // `secret`, requests are accepted within `replay_window` of their time, each nonce once.
+  // Connections refused or closed for a limit are reported to `hooks` (may be null; must
+  // outlive the server).
   static absl::StatusOr<std::unique_ptr<KvControlServer>> Start(
       const std::string& host, int port, const TlsOptions& tls, std::string secret,
       absl::Duration replay_window = absl::Seconds(60),
-      const KvControlLimits& limits = KvControlLimits());
+      const KvControlLimits& limits = KvControlLimits(), TransferHooks* hooks = nullptr);
   ~KvControlServer();  // Stop()
   int port() const { return port_; }
+  // The front's connections now, those refused or closed for a limit so far, and the bytes
+  // charged to connection_memory_budget now and at most.
+  int open_connections() const;
+  uint64_t connections_refused() const;
+  int64_t connection_bytes() const;
+  int64_t connection_bytes_peak() const;
   // Where requests go; until set (and after Stop) they get UNAVAILABLE. Must outlive Stop().
   void SetReceiver(KvReceiver* receiver);
   void Stop();
@@ -54,6 +74,8 @@ class KvControlServer {
   KvControlServer() = default;
   std::unique_ptr<KvControlService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<FrontDoor> front_;
+  std::string socket_dir_;  // the private directory of the gRPC server's Unix socket
   int port_ = 0;
 };
 

@@ -24,12 +24,6 @@ constexpr int64_t kMessageAllowance = 64 << 10;
 static_assert(kConnectionChargeBytes >=
               kMessageAllowance + static_cast<int64_t>(wire::kScratchBytes));
 
-// The address part of "host:port" / "[v6]:port": what the per-peer cap counts.
-std::string HostOf(const std::string& peer) {
-  const size_t colon = peer.rfind(':');
-  return colon == std::string::npos ? peer : peer.substr(0, colon);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvReceiver>> TcpReceiver::Create(const ReceiverOptions& options,
@@ -71,6 +65,8 @@ TcpReceiver::TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
     : options_(options),
       incarnation_(NewIncarnation()),
       faults_(ResolveFaultOptions(options.faults, options.faults_from_env)),
+      limiter_({options.limits.max_connections, options.limits.max_connections_per_peer,
+                options.limits.memory_budget}),
       core_(std::make_unique<ReceiverCore>(options.layout, access, std::move(on_complete),
                                            options.deadline_grace, options.max_transfer_time,
                                            "kvt-recv-loop", options.hooks)) {}
@@ -106,71 +102,20 @@ void TcpReceiver::ReapFinished(bool all) {
   }
 }
 
-bool TcpReceiver::Charge(int64_t bytes) {
-  int64_t used = charged_.load(std::memory_order_relaxed);
-  do {
-    if (used + bytes > options_.limits.memory_budget) return false;
-  } while (!charged_.compare_exchange_weak(used, used + bytes));
-  StatsCounters& c = core_->counters();
-  uint64_t peak = c.buffer_bytes_peak.load(std::memory_order_relaxed);
-  while (static_cast<uint64_t>(used + bytes) > peak &&
-         !c.buffer_bytes_peak.compare_exchange_weak(peak, static_cast<uint64_t>(used + bytes))) {
-  }
-  return true;
-}
+bool TcpReceiver::Charge(int64_t bytes) { return limiter_.Charge(bytes); }
 
-void TcpReceiver::Release(int64_t bytes) {
-  if (bytes != 0) charged_.fetch_sub(bytes);
-}
+void TcpReceiver::Release(int64_t bytes) { limiter_.Release(bytes); }
 
 TransportStats TcpReceiver::stats() const {
   TransportStats s = core_->counters().Snapshot();
-  s.buffer_bytes = static_cast<uint64_t>(charged_.load());
+  s.buffer_bytes = static_cast<uint64_t>(limiter_.charged());
+  s.buffer_bytes_peak = static_cast<uint64_t>(limiter_.peak());
   return s;
 }
 
 void TcpReceiver::NoteRefused(KvRefusal reason, const std::string& peer, const absl::Status& why) {
   core_->counters().connections_refused.fetch_add(1, std::memory_order_relaxed);
-  if (options_.hooks != nullptr) options_.hooks->Refused(TransferDirection::kReceive, reason);
-  std::lock_guard<std::mutex> lock(log_mu_);
-  const absl::Time now = absl::Now();
-  if (now - last_refusal_log_ < absl::Seconds(10)) {
-    ++refusals_not_logged_;
-    return;
-  }
-  TLOG(WARNING) << "kv transfer: refusing " << peer << " (" << KvRefusalName(reason)
-                << "): " << why.message()
-                << (refusals_not_logged_ > 0
-                        ? absl::StrCat(" (and ", refusals_not_logged_,
-                                       " more connections refused since the last such line)")
-                        : std::string());
-  last_refusal_log_ = now;
-  refusals_not_logged_ = 0;
-}
-
-absl::Status TcpReceiver::Admit(const std::string& host, KvRefusal* reason) {
-  const ReceiverLimits& l = options_.limits;
-  int total = 0, from_host = 0;
-  for (const auto& c : conns_) {
-    if (c->finished) continue;
-    ++total;
-    if (c->peer_host == host) ++from_host;
-  }
-  if (total >= l.max_connections) {
-    *reason = KvRefusal::kConnectionLimit;
-    return absl::ResourceExhaustedError(
-        absl::StrCat(total, " kv connections are open, the most this receiver takes"));
-  }
-  if (from_host >= l.max_connections_per_peer) {
-    *reason = KvRefusal::kPeerConnectionLimit;
-    return absl::ResourceExhaustedError(absl::StrCat(from_host, " kv connections from ", host,
-                                                     " are open, the most from one peer"));
-  }
-  if (!Charge(kHandshakeChargeBytes)) {
-    *reason = KvRefusal::kMemory;
-    return absl::ResourceExhaustedError("the kv receiver's memory budget is spent");
-  }
-  return absl::OkStatus();
+  limiter_.NoteRefused(reason, peer, why, options_.hooks);
 }
 
 void TcpReceiver::AcceptLoop() {
@@ -185,12 +130,12 @@ void TcpReceiver::AcceptLoop() {
     auto conn = std::make_shared<Conn>();
     conn->fd = Fd(fd);
     conn->peer = PeerName(fd);
-    conn->peer_host = HostOf(conn->peer);
+    conn->peer_host = PeerHost(conn->peer);
     conn->handshake_deadline = absl::Now() + options_.handshake_timeout;
     std::lock_guard<std::mutex> lock(conns_mu_);
     if (stopping_) break;
     KvRefusal reason;
-    absl::Status admitted = Admit(conn->peer_host, &reason);
+    absl::Status admitted = limiter_.Admit(conn->peer_host, kHandshakeChargeBytes, &reason);
     if (!admitted.ok()) {
       NoteRefused(reason, conn->peer, admitted);
       continue;  // closed by ~Fd, before anything is read from it
@@ -413,7 +358,7 @@ void TcpReceiver::Serve(const std::shared_ptr<Conn>& conn) {
   }
   conn->fd.Shutdown();
   conn->scratch = std::vector<uint8_t>();
-  Release(conn->charged);
+  limiter_.Leave(conn->peer_host, conn->charged);
   conn->charged = 0;
   conn->finished = true;
 }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtransfer/connection_limiter.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/receiver_core.h"
 #include "kvtransfer/tcp/socket.h"
@@ -61,8 +62,6 @@ class TcpReceiver : public KvReceiver {
   TcpReceiver(const ReceiverOptions& options, KvRegionAccess* access,
               CompletionCallback on_complete);
   void AcceptLoop();
-  // Whether a new connection from `host` fits the caps and the budget; else why not.
-  absl::Status Admit(const std::string& host, KvRefusal* reason);
   void Serve(const std::shared_ptr<Conn>& conn);
   absl::Status Handshake(Conn* conn);
   // With a secret: CHALLENGE, then checks the sender's AUTH. UNAUTHENTICATED saying why.
@@ -92,10 +91,7 @@ class TcpReceiver : public KvReceiver {
   std::atomic<bool> stopping_{false};
   std::mutex conns_mu_;
   std::list<std::shared_ptr<Conn>> conns_;
-  std::atomic<int64_t> charged_{0};  // bytes charged to limits.memory_budget
-  std::mutex log_mu_;
-  absl::Time last_refusal_log_ = absl::InfinitePast();
-  uint64_t refusals_not_logged_ = 0;
+  ConnectionLimiter limiter_;  // the caps and limits.memory_budget
   std::thread acceptor_;
   std::unique_ptr<ReceiverCore> core_;
 };

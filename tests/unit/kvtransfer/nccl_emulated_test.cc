@@ -26,6 +26,7 @@
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/tcp/wire.h"
 #include "kvtransfer/transport.h"
+#include "tests/unit/kvtransfer/flood_peer.h"
 #include "tests/unit/kvtransfer/kv_test_util.h"
 
 extern char** environ;
@@ -74,9 +75,11 @@ struct Receiver {
 };
 
 Receiver StartReceiver(const KvLayout& layout, KvRegionAccess* pool, Completions* completions,
-                       const std::string& secret = "") {
+                       const std::string& secret = "",
+                       const KvControlLimits& limits = KvControlLimits()) {
   Receiver r;
-  auto control = KvControlServer::Start("127.0.0.1", 0, TlsOptions(), secret);
+  auto control =
+      KvControlServer::Start("127.0.0.1", 0, TlsOptions(), secret, absl::Seconds(60), limits);
   EXPECT_TRUE(control.ok()) << control.status();
   r.control = *std::move(control);
   ReceiverOptions ro;
@@ -324,6 +327,49 @@ TEST_F(NcclEmulatedTest, OnlyTheSenderProvingTheKeyLands) {
   EXPECT_EQ(c.trailer, "named");
   EXPECT_TRUE(LandedExactly(src_, {6, 7}, dst_, {4, 5}, layout_.num_layers));
   EXPECT_GE(r.receiver->stats().messages_refused, 2u);
+}
+
+// Floods of the control port (from one address, then from many) while honest transfers run:
+// the flood is cut at the caps (front_door.h) and both transfers land bit-exact.
+TEST_F(NcclEmulatedTest, TransfersLandWhileTheControlPortIsFlooded) {
+  const std::string secret = "0123456789abcdef-secret";
+  KvControlLimits limits;
+  limits.max_connections = 8;
+  limits.max_connections_per_peer = 3;
+  Receiver r = StartReceiver(layout_, &dst_, &completions_, secret, limits);
+  std::vector<int> flood;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = testing::ConnectFrom("127.0.0.2", r.control->port());
+    ASSERT_GE(fd, 0);
+    flood.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(testing::CountOpen(flood), 3);
+  src_.Fill(5);
+  auto sender = StartSender(layout_, &src_, GrpcChannel(secret));
+  r.receiver->Expect({1, {2, 3}});
+  ASSERT_TRUE(testing::SendAll(sender.get(), Target(*r.receiver, 1, {2, 3}), {7, 8},
+                               layout_.num_layers, "one")
+                  .ok());
+  ASSERT_TRUE(completions_.WaitFor(1, 0).status.ok());
+  // Every other slot taken from other addresses: the honest connection keeps its own.
+  for (int a = 3; a <= 6; ++a) {
+    for (int i = 0; i < 3; ++i) {
+      const int fd = testing::ConnectFrom(absl::StrCat("127.0.0.", a), r.control->port());
+      ASSERT_GE(fd, 0);
+      flood.push_back(fd);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(r.control->open_connections(), limits.max_connections);
+  EXPECT_EQ(testing::CountOpen(flood), limits.max_connections - 1);
+  r.receiver->Expect({2, {9, 10}});
+  ASSERT_TRUE(testing::SendAll(sender.get(), Target(*r.receiver, 2, {9, 10}), {11, 12},
+                               layout_.num_layers, "two")
+                  .ok());
+  ASSERT_TRUE(completions_.WaitFor(2, 0).status.ok());
+  EXPECT_TRUE(LandedExactly(src_, {7, 8, 11, 12}, dst_, {2, 3, 9, 10}, layout_.num_layers));
+  testing::CloseAll(&flood);
 }
 
 // Fault injection: a control message that never arrives. The FINISH is lost: the sender must not
