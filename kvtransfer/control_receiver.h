@@ -110,10 +110,16 @@ class ControlReceiver : public KvReceiver {
                                                                  const ConnectArgs& args) = 0;
   // The WELCOME reply (the shell fills incarnation and layout).
   virtual std::string WelcomeReply(const wire::Welcome& welcome) = 0;
+  // BEGIN of `key` from `owner` started the attempt: what the link admits at once (cuda-ipc:
+  // every region of the transfer). An error is BEGIN's answer and ends the attempt.
+  virtual absl::Status AfterBegin(uint64_t owner, const AttemptKey& key) {
+    return absl::OkStatus();
+  }
   // Before FINISH of `key` from `owner` is checked: lets the link account for the data it
-  // carried (nccl: waits for its thread to count `frames` messages; cuda-ipc: ends a copy never
-  // reported landed). `outcome` is the live attempt's of this owner, or null when it has none.
-  virtual void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames,
+  // carried (nccl: waits for its thread to count `frames` messages; cuda-ipc: FINISH reports the
+  // copies admitted at BEGIN landed, `frames` items of `bytes` bytes). `outcome` is the live
+  // attempt's of this owner, or null when it has none.
+  virtual void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames, uint64_t bytes,
                             const std::shared_ptr<AttemptOutcome>& outcome) {}
   // The sender `owner` aborted the attempt `key` (before the core hears it).
   virtual void OnAbort(uint64_t owner, const AttemptKey& key, const absl::Status& why) {}

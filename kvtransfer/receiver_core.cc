@@ -310,6 +310,44 @@ absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t owner, uin
   }
   t.entry = entries_[transfer_id];
   t.generation = e->generation;
+  t.deadline = e->deadline;
+  return t;
+}
+
+absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitAll(uint64_t owner, uint64_t transfer_id,
+                                                            uint32_t attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status refused;
+  Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
+  if (e == nullptr) return refused;
+  if (static_cast<int64_t>(attempt) != e->last_attempt || owner != e->owner) {
+    return absl::AbortedError(absl::StrCat("admission for attempt ", attempt, " of transfer ",
+                                           transfer_id, " but the live attempt is ",
+                                           e->last_attempt));
+  }
+  if (!e->active) {
+    return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
+  }
+  const size_t nb = e->exp.dst_blocks.size();
+  Ticket t;
+  t.layer = -1;  // every layer
+  t.cells.reserve(e->cells.size());
+  t.regions.reserve(e->cells.size());
+  for (size_t c = 0; c < e->cells.size(); ++c) {
+    if (e->cells[c] == kOutsideWindow) continue;
+    if (e->cells[c] != kMissing) {
+      for (int32_t done : t.cells) e->cells[done] = kMissing;
+      return absl::FailedPreconditionError(
+          absl::StrCat("transfer ", transfer_id, " attempt ", attempt, ": layer ", c / nb,
+                       " block ", e->exp.dst_blocks[c % nb], " was admitted already"));
+    }
+    e->cells[c] = kWriting;
+    t.cells.push_back(static_cast<int32_t>(c));
+    t.regions.push_back(access_->Region(static_cast<int64_t>(c / nb), e->exp.dst_blocks[c % nb]));
+  }
+  t.entry = entries_[transfer_id];
+  t.generation = e->generation;
+  t.deadline = e->deadline;
   return t;
 }
 
@@ -319,7 +357,7 @@ bool ReceiverCore::Writable(const Ticket& ticket) const {
   return ticket.entry->generation == ticket.generation;
 }
 
-void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
+void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status, uint64_t frames) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry* e = ticket.entry.get();
   if (e->generation != ticket.generation) return;  // the attempt ended meanwhile
@@ -330,9 +368,9 @@ void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
   }
   for (int32_t c : ticket.cells) e->cells[c] = kDone;
   e->cells_done += static_cast<int64_t>(ticket.cells.size());
-  e->frames += 1;
+  e->frames += frames;
   e->bytes += ticket.cells.size() * layout_.region_bytes();
-  counters_.frames.fetch_add(1, std::memory_order_relaxed);
+  counters_.frames.fetch_add(frames, std::memory_order_relaxed);
   counters_.bytes.fetch_add(ticket.cells.size() * layout_.region_bytes(),
                             std::memory_order_relaxed);
 }

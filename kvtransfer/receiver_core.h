@@ -65,6 +65,7 @@ class ReceiverCore {
     int64_t layer = 0;
     std::vector<int32_t> cells;
     std::vector<uint8_t*> regions;
+    absl::Time deadline = absl::InfiniteFuture();  // the attempt's, when admitted
   };
 
   ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
@@ -96,11 +97,17 @@ class ReceiverCore {
   // (unknown transfer, another owner's or a stale attempt) the caller tells the sender.
   absl::StatusOr<Ticket> AdmitData(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
                                    int64_t layer, absl::Span<const int32_t> blocks, bool* reported);
+  // Admits at once every (layer, block) the live attempt of `owner` still has to move (a
+  // windowed layer: only its window's blocks): one ticket for the whole transfer, for a
+  // transport whose BEGIN admits it (cuda-ipc). Errors as AdmitData's; FAILED_PRECONDITION when
+  // some cell was admitted already.
+  absl::StatusOr<Ticket> AdmitAll(uint64_t owner, uint64_t transfer_id, uint32_t attempt);
   std::mutex* io_mutex(const Ticket& ticket);
   // Call with io_mutex(ticket) held.
   bool Writable(const Ticket& ticket) const;
   // The payload of `ticket` was written (OK) or not (checksum mismatch: DATA_LOSS; I/O error).
-  void EndData(const Ticket& ticket, const absl::Status& status);
+  // `frames`: the sender's messages it counts as (what FINISH's message count checks).
+  void EndData(const Ticket& ticket, const absl::Status& status, uint64_t frames = 1);
   // The sender's FINISH. OK when the attempt is the last one (its outcome is reported through
   // ResultFn and on_complete, or was when it failed earlier); else the error to send back.
   absl::Status Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt, uint64_t frames,

@@ -41,6 +41,12 @@ class KvRegionAccess {
   virtual ~KvRegionAccess() = default;
   virtual uint8_t* Region(int64_t layer, int32_t block) = 0;
   virtual int64_t num_blocks() const = 0;
+  // The device event (a cudaEvent_t) the engine recorded on its stream after it last enqueued
+  // writes of `layer`'s KV, or null when the regions are final whenever the transport reads
+  // them (host memory, an engine that synchronized). A device transport's copy stream waits for
+  // it (cudaStreamWaitEvent: on the device, never the host) before reading the layer. Valid for
+  // the access's lifetime; re-recorded by later steps (waiting for a later record is safe).
+  virtual void* LayerReadyEvent(int64_t layer) { return nullptr; }
 };
 
 // Counters a transport keeps for metrics (DESIGN §7: KV transfer time and bytes). Monotonic
@@ -67,6 +73,12 @@ struct TransportStats {
   // the most ever charged at once.
   uint64_t buffer_bytes = 0;
   uint64_t buffer_bytes_peak = 0;
+  // nccl, cuda-ipc: control messages this side sent and received (sender: requests out, replies
+  // in; receiver: replies out, requests in), CONNECT and DISCONNECT included.
+  uint64_t control_sent = 0;
+  uint64_t control_received = 0;
+  // cuda-ipc sender: device copy calls issued (one per contiguous run of regions).
+  uint64_t device_copies = 0;
   uint64_t transfer_micros_sum = 0;  // Begin -> verified, summed over transfers_ok (sender)
   uint64_t transfer_micros_max = 0;
 };

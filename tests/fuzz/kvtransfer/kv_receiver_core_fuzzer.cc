@@ -157,15 +157,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)core.Begin(std::move(s), [](const absl::Status&) {}).ok();
           break;
         }
-        case 2: {  // DATA for any layer and blocks
-          const int64_t layer = static_cast<int8_t>(in.Byte()) % 4;
+        case 2: {  // DATA for any layer and blocks; layer byte 0xff: every region (cuda-ipc)
+          const uint8_t layer_byte = in.Byte();
+          const int64_t layer = static_cast<int8_t>(layer_byte) % 4;
           std::vector<int32_t> blocks;
           const int n = in.Byte() % 4;
           for (int i = 0; i < n; ++i) blocks.push_back(static_cast<int8_t>(in.Byte()) % 10);
           bool reported = false;
-          auto ticket = core.AdmitData(1 + in.Byte() % 2, id, attempt, layer, blocks, &reported);
+          const uint64_t owner = 1 + in.Byte() % 2;
+          auto ticket = layer_byte == 0xff
+                            ? core.AdmitAll(owner, id, attempt)
+                            : core.AdmitData(owner, id, attempt, layer, blocks, &reported);
           if (!ticket.ok()) break;
-          FUZZ_CHECK(ticket->regions.size() == blocks.size());
+          FUZZ_CHECK(layer_byte == 0xff || ticket->regions.size() == blocks.size());
+          FUZZ_CHECK(ticket->regions.size() == ticket->cells.size());
           {
             std::lock_guard<std::mutex> lock(*core.io_mutex(*ticket));
             if (core.Writable(*ticket)) {
@@ -173,7 +178,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
           }
           core.EndData(*ticket,
-                       in.Byte() % 5 == 0 ? absl::DataLossError("checksum") : absl::OkStatus());
+                       in.Byte() % 5 == 0 ? absl::DataLossError("checksum") : absl::OkStatus(),
+                       layer_byte == 0xff ? 1 + in.Byte() % 4 : 1);
           break;
         }
         case 3: {

@@ -60,6 +60,27 @@ struct CUstream_st {
     if (worker.joinable()) worker.join();
   }
 };
+// An event's records, numbered: `recorded` is the latest record made, `completed` the latest
+// that completed (records on one stream complete in order). Shared with the operations that
+// complete or wait for it, so destroying an event with work pending is safe, as on a GPU.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;
+  uint64_t completed = 0;
+  void Complete(uint64_t record) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (record > completed) completed = record;
+    cv.notify_all();
+  }
+  void WaitFor(uint64_t record) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= record; });
+  }
+};
+struct CUevent_st {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
 };
@@ -266,6 +287,57 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return stream != nullptr && stream->busy() ? cudaErrorNotReady : cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) {
+  *event = new CUevent_st();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorNotSupported;
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    record = ++st->recorded;
+  }
+  // In stream order: at once on an idle stream, behind the queued work on a busy one.
+  Enqueue(stream, [st, record] { st->Complete(record); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  std::lock_guard<std::mutex> lock(event->state->mu);
+  return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    record = st->recorded;
+  }
+  st->WaitFor(record);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorNotSupported;
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->completed >= st->recorded) return cudaSuccess;  // nothing pending: no wait
+    record = st->recorded;
+  }
+  // The stream's later work queues behind the wait, on the stream's own thread.
+  tandem::cuda_emu::StreamEnqueueAsync(stream, [st, record] { st->WaitFor(record); });
+  return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing != nullptr) return cudaErrorInvalidValue;
