@@ -63,6 +63,11 @@ uint8_t* CudaDeviceBlockRegion(Backend* backend, int64_t layer, int32_t block) {
   return cuda->DeviceBlockRegion(layer, block);
 }
 
+void* CudaKvLayerReadyEvent(Backend* backend, int64_t layer) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(backend);
+  return cuda == nullptr ? nullptr : cuda->KvLayerReadyEvent(layer);
+}
+
 namespace cuda {
 namespace {
 
@@ -97,6 +102,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   DropGraphs();
   gemm_.reset();
+  for (cudaEvent_t e : layer_events_) cudaEventDestroy(e);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -141,6 +147,11 @@ absl::Status CudaBackend::Init() {
                               absl::StrCat("cudaSetDevice(", options_.device, ")"));
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                               "cudaStreamCreateWithFlags");
+  layer_events_.assign(c.num_layers, nullptr);  // before anyone can ask (KvLayerReadyEvent)
+  for (cudaEvent_t& e : layer_events_) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags (kv layer)");
+  }
   gemm_ = std::make_unique<Gemm>();
   TANDEM_RETURN_IF_ERROR(gemm_->Init(stream_));
   auto weights = DeviceWeights::Upload(*model_);
