@@ -82,9 +82,8 @@ void ControlReceiver::Close() {
   for (auto& [id, p] : peers) ClosePeer(p.get());
 }
 
-void ControlReceiver::Cancel(uint64_t transfer_id) {
-  core_->Cancel(transfer_id);
-  WaitWrites(transfer_id);
+void ControlReceiver::Cancel(uint64_t transfer_id, ReleasedCallback released) {
+  core_->Cancel(transfer_id, WritesOver(transfer_id), std::move(released));
 }
 
 absl::StatusOr<std::string> ControlReceiver::HandleControl(const std::string& bytes) {

@@ -14,9 +14,13 @@
 // foreign blocks) go only to senders that proved the key.
 //
 // Write safety: a transport writes a region only inside a Ticket (one admitted DATA message),
-// one short non-blocking syscall at a time while holding io_mutex(ticket), and checks
-// Writable(ticket) under it before each. Cancel, a newer attempt and every failure invalidate
-// tickets under that mutex, so once Cancel returns nothing writes the transfer's blocks again.
+// one short non-blocking syscall at a time (nccl: one message) while holding io_mutex(ticket),
+// and checks Writable(ticket) under it before each. Cancel, a newer attempt and every failure
+// invalidate tickets (an atomic generation, without waiting for that mutex), so a write that
+// starts later goes nowhere and one in progress ends when the mutex is next free. Cancel never
+// waits for that: its `released` runs once the mutex was free after the invalidation and the
+// link's own admitted writes are over (cuda-ipc's copies: Cancel's `writes_over`), checked at
+// once and then on the event loop (each tick, and after WakeReleases).
 
 #include <atomic>
 #include <cstdint>
@@ -75,16 +79,24 @@ class ReceiverCore {
   // Stops the event loop (callbacks already posted still run); nothing runs afterwards.
   ~ReceiverCore();
 
-  // From now on no user callback (on_complete, ResultFn) runs; for destructors.
-  void Shutdown() { shutting_down_ = true; }
+  // From now on no user callback (on_complete, ResultFn, released) runs and no pending Cancel's
+  // writes_over is called (waits for a check in progress); for destructors.
+  void Shutdown();
 
   const KvLayout& layout() const { return layout_; }
   StatsCounters& counters() { return counters_; }
   uint64_t NewOwnerId();
 
-  // KvReceiver's calls.
+  // KvReceiver's calls. Expect replacing an expected id waits for a write of the old one in
+  // progress (io_mutex); Cancel never waits: `released` (may be null) runs once no write admitted
+  // for the transfer can land (see above) and `writes_over` (null: always) returns true -- on
+  // the calling thread before Cancel returns when both hold at once, else on the event loop.
+  // `writes_over` is called without the core's locks, on either thread.
   void Expect(const Expectation& expectation);
-  void Cancel(uint64_t transfer_id);
+  void Cancel(uint64_t transfer_id, std::function<bool()> writes_over,
+              KvReceiver::ReleasedCallback released);
+  // What a pending Cancel's `writes_over` looks at changed: check the pending releases soon.
+  void WakeReleases();
   int64_t num_in_flight() const;
 
   // A sender starts an attempt. Errors (unknown transfer or no proof of its key: NotExpected;
@@ -129,6 +141,17 @@ class ReceiverCore {
   void FailAttemptLocked(Entry* e, const absl::Status& status, bool notify_sender);
   void InvalidateLocked(Entry* e);
   void Tick();
+  // A Cancel waiting for its release.
+  struct PendingRelease {
+    std::shared_ptr<Entry> entry;  // null: the transfer was not expected any more
+    bool fenced = false;           // entry's io_mutex was free after the invalidation
+    std::function<bool()> writes_over;
+    KvReceiver::ReleasedCallback released;
+  };
+  // Whether `p` is released now (updates p->fenced).
+  static bool Released(PendingRelease* p);
+  // Runs the released callbacks of the pending releases that are (event loop).
+  void CheckReleases();
 
   const KvLayout layout_;
   KvRegionAccess* const access_;
@@ -144,6 +167,10 @@ class ReceiverCore {
   uint64_t next_owner_ = 1;
   absl::Time last_refusal_log_ = absl::InfinitePast();
   uint64_t refusals_not_logged_ = 0;
+
+  std::mutex check_mu_;    // held by CheckReleases throughout; taken before release_mu_
+  std::mutex release_mu_;  // never held while calling out; taken without mu_
+  std::vector<PendingRelease> pending_releases_;
 
   EventLoop loop_;  // last: stopped first
 };

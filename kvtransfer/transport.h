@@ -194,11 +194,22 @@ class KvReceiver {
   // began the live attempt (proving transfer_key) may send its DATA, FINISH and ABORT. Expecting
   // an id that is already expected replaces it (like Cancel, then Expect).
   virtual void Expect(const Expectation& expectation) = 0;
+  // Runs once a cancelled transfer's blocks are released: no write the transport admitted for it
+  // can land any more, so they can be freed.
+  using ReleasedCallback = std::function<void()>;
   // Forgets a transfer (request cancelled or lease expired); late data is discarded and the
-  // sender told. Once Cancel returns the transport never writes the transfer's blocks again
-  // (tcp and loopback: at most one short syscall / memcpy is waited for; nccl: the message in
-  // flight, bounded by io_timeout), so they can be freed. No on_complete follows a Cancel.
-  virtual void Cancel(uint64_t transfer_id) = 0;
+  // sender told. No on_complete follows a Cancel. Never waits for the transfer's sender or its
+  // writes: `released` (may be null) runs exactly once when the transport will never write the
+  // transfer's blocks again -- on the calling thread before Cancel returns when nothing of it is
+  // in flight, else later on a transport thread (never under a transport lock): tcp and loopback
+  // after the syscall / memcpy in flight, nccl after the message in flight (bounded by
+  // io_timeout), cuda-ipc once the sender reported its admitted copies over (FINISH, ABORT), its
+  // peer went, or the admission ended (the attempt's deadline plus io_timeout). Not after the
+  // receiver began its destruction. Thread-safe.
+  virtual void Cancel(uint64_t transfer_id, ReleasedCallback released) = 0;
+  // Cancel, then waits for `released`: for tests and for callers that may block (never the
+  // engine thread).
+  void CancelAndWait(uint64_t transfer_id);
   // Transfers expected and not yet completed.
   virtual int64_t num_in_flight() const = 0;
 

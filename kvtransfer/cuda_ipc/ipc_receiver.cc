@@ -2,11 +2,11 @@
 // at creation; every sender on the same GPU maps it and writes the reserved regions itself.
 // The receiver stays in charge of what may be written: BEGIN admits the copies of every region
 // of the transfer (ReceiverCore::AdmitAll against the expectation) and FINISH (or ABORT, or the
-// sender's peer going) reports them over, so Cancel can wait for the copies in flight before the
-// blocks are reused.
+// sender's peer going) reports them over, so a Cancel's release follows the copies in flight
+// before the blocks are reused.
 
 #include <algorithm>
-#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -73,30 +73,27 @@ class IpcReceiver : public ControlReceiver {
     return cuda_ipc::WelcomeReply(welcome, pool_);
   }
 
-  // Nothing admits a new copy of the transfer once the core forgot it; then wait for its
-  // copies in flight (the sender's FINISH or ABORT reports them over once its stream completed
-  // them), each attempt's at most until its deadline (a sender that died mid-transfer, or
-  // whose FINISH and ABORT were lost).
-  void WaitWrites(uint64_t id) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
+  // Nothing admits a new copy of the transfer once the core forgot it; its copies in flight are
+  // over once the sender's FINISH or ABORT reported them (after its stream completed them), its
+  // peer went, or each attempt's admission ended: its deadline plus io_timeout (a sender that
+  // died mid-transfer, or whose FINISH and ABORT were lost).
+  std::function<bool()> WritesOver(uint64_t id) override {
+    return [this, id] {
+      std::lock_guard<std::mutex> lock(mu_);
       const absl::Time now = absl::Now();
-      absl::Time until = absl::InfinitePast();
-      for (auto it = open_.begin(); it != open_.end();) {
-        if (it->first.first != id) {
-          ++it;
-        } else if (it->second.deadline <= now) {
+      bool over = true;
+      for (auto it = open_.lower_bound({id, 0}); it != open_.end() && it->first.first == id;) {
+        if (it->second.deadline <= now) {
           TLOG(WARNING) << "cuda-ipc: transfer " << id << " attempt " << it->first.second
                         << ": its admitted copies were never reported over";
           it = open_.erase(it);
         } else {
-          until = std::max(until, it->second.deadline);
+          over = false;
           ++it;
         }
       }
-      if (until == absl::InfinitePast()) return;
-      landed_cv_.wait_for(lock, absl::ToChronoMicroseconds(until - now));
-    }
+      return over;
+    };
   }
 
   // BEGIN admits every region of the attempt at once: the sender copies each layer as the
@@ -125,8 +122,7 @@ class IpcReceiver : public ControlReceiver {
       open_.erase(it);
     }
     core().EndData(copy.ticket, status, frames);
-    std::lock_guard<std::mutex> lock(mu_);
-    landed_cv_.notify_all();
+    core().WakeReleases();  // a Cancel may wait for these copies
   }
 
   // FINISH: the sender's copies of the attempt landed, `bytes` in all; fewer than admitted is
@@ -153,16 +149,17 @@ class IpcReceiver : public ControlReceiver {
   }
 
   void OnPeerGone(uint64_t owner) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto o = open_.begin(); o != open_.end();) {
-      o = o->second.owner == owner ? open_.erase(o) : std::next(o);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto o = open_.begin(); o != open_.end();) {
+        o = o->second.owner == owner ? open_.erase(o) : std::next(o);
+      }
     }
-    landed_cv_.notify_all();
+    core().WakeReleases();
   }
 
   const PoolExport pool_;
   std::mutex mu_;
-  std::condition_variable landed_cv_;
   std::map<AttemptKey, OpenCopy> open_;
 };
 

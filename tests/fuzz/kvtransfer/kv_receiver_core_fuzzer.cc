@@ -110,6 +110,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kvt::ReceiverCore core(
         layout, &pool, [](const kvt::CompletedTransfer&) {}, absl::Milliseconds(5),
         absl::Seconds(10), "fuzz-recv");
+    // No write holds a transfer's I/O mutex between operations here: every Cancel is released
+    // before it returns, exactly once.
+    int cancels = 0;
+    int released = 0;
+    auto cancel = [&](uint64_t id) {
+      ++cancels;
+      core.Cancel(id, nullptr, [&released] { ++released; });
+      FUZZ_CHECK(released == cancels);
+    };
     Input in(data, size);
     for (int ops = 0; !in.empty() && ops < 64; ++ops) {
       const uint8_t op = in.Byte();
@@ -194,14 +203,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           core.Abort(1 + in.Byte() % 2, id, attempt, absl::AbortedError("fuzz"));
           break;
         case 5:
-          core.Cancel(id);
+          cancel(id);
           break;
         default:
           core.FailOwner(1 + in.Byte() % 2, absl::UnavailableError("connection lost"));
           break;
       }
     }
-    for (uint64_t id = 0; id < 4; ++id) core.Cancel(id);
+    for (uint64_t id = 0; id < 4; ++id) cancel(id);
     FUZZ_CHECK(core.num_in_flight() == 0);
   }
   FUZZ_CHECK(pool.GuardsIntact());

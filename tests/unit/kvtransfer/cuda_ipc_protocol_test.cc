@@ -4,13 +4,12 @@
 // carries the exported pool, admission at BEGIN (unknown transfer, blocks other than the
 // expectation's, protocol 1's per-layer DATA refused), FINISH's check of what the sender
 // copied, the sender binding (only the sender proving the transfer's key drives it), and Cancel
-// waiting for the copies admitted at BEGIN until the sender's FINISH or ABORT reports them over.
+// returning at once but releasing the blocks only once the copies admitted at BEGIN are over
+// (the sender's FINISH or ABORT, its peer going, or the admission's end).
 
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/cluster/transfer_key.h"
@@ -160,7 +159,7 @@ TEST_F(CudaIpcProtocolTest, HandshakeRefusals) {
   // Nothing is admitted for a sender that never connected.
   receiver_->Expect({1, {2}});
   EXPECT_EQ(Begin(1, {2}).code(), absl::StatusCode::kUnavailable);
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
 }
 
 // A protocol-2 sender refuses a receiver of protocol 1 (its WELCOME ends after the device id).
@@ -194,7 +193,7 @@ TEST_F(CudaIpcProtocolTest, BeginAdmitsOnlyTheExpectedRegions) {
   // A second BEGIN of the live attempt admits nothing twice.
   EXPECT_FALSE(Begin(1, {2, 3}).ok());
   ASSERT_TRUE(Abort(1).ok());  // the sender's copies are over
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
   EXPECT_EQ(receiver_->num_in_flight(), 0);
 }
 
@@ -251,45 +250,68 @@ TEST_F(CudaIpcProtocolTest, OnlyTheNamedSenderDrivesATransfer) {
   EXPECT_GE(receiver_->stats().messages_refused, 4u);
 }
 
-// Cancel must not return while the copies admitted at BEGIN may still write the blocks: the
+// Cancel never waits for the sender (the decode worker calls it on its engine thread), but it
+// must not release the blocks while the copies admitted at BEGIN may still write them: the
 // sender's FINISH or ABORT reports them over.
-TEST_F(CudaIpcProtocolTest, CancelWaitsForTheCopiesInFlight) {
+TEST_F(CudaIpcProtocolTest, CancelReleasesOnlyOnceTheCopiesInFlightAreOver) {
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   for (bool finish : {true, false}) {
     const uint64_t id = finish ? 3 : 13;
     receiver_->Expect({id, {1}});
     ASSERT_TRUE(Begin(id, {1}).ok());  // admitted: the sender copies now
-    std::atomic<bool> cancelled{false};
-    std::thread cancel([&] {
-      receiver_->Cancel(id);
-      cancelled = true;
-    });
+    testing::ReleaseProbe released;
+    const absl::Time before = absl::Now();
+    receiver_->Cancel(id, released.Callback());
+    EXPECT_LT(absl::Now() - before, absl::Milliseconds(100)) << "Cancel waited for the sender";
+    EXPECT_EQ(receiver_->num_in_flight(), 0);
     absl::SleepFor(absl::Milliseconds(300));
-    EXPECT_FALSE(cancelled) << "Cancel returned with copies in flight";
+    EXPECT_EQ(released.calls(), 0) << "released with copies in flight";
     if (finish) {
       EXPECT_FALSE(Finish(id, layout_.num_layers, layout_.num_layers, "late").ok());
     } else {
       EXPECT_TRUE(Abort(id).ok());
     }
-    cancel.join();
-    EXPECT_TRUE(cancelled);
+    EXPECT_TRUE(released.WaitFor(absl::Seconds(5)));
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(released.calls(), 1);
     EXPECT_EQ(Begin(id, {1}, "", kSender, 1).code(), absl::StatusCode::kNotFound);
-    EXPECT_EQ(receiver_->num_in_flight(), 0);
   }
+  // Nothing in flight: released before Cancel returns.
+  receiver_->Expect({4, {2}});
+  testing::ReleaseProbe released;
+  receiver_->Cancel(4, released.Callback());
+  EXPECT_EQ(released.calls(), 1);
 }
 
-// A sender that vanished mid-transfer (or whose FINISH and ABORT were lost) holds Cancel up to
-// its admission's end (the attempt's deadline, then io_timeout), not forever.
-TEST_F(CudaIpcProtocolTest, CancelGivesUpOnCopiesNeverReportedOver) {
+// A sender that vanished mid-transfer (or whose FINISH and ABORT were lost) holds the release up
+// to its admission's end (the attempt's deadline, then io_timeout), not forever; Cancel itself
+// returns at once.
+TEST_F(CudaIpcProtocolTest, CancelReleasesAtTheAdmissionsEndWithoutTheSender) {
   Start(absl::Milliseconds(300));
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   receiver_->Expect({5, {2}});
   const absl::Time before_admission = absl::Now();
   ASSERT_TRUE(Begin(5, {2}, "", kSender, 0, 0, /*deadline_ms=*/200).ok());
-  receiver_->Cancel(5);
-  // Not before the admission's end; and it returned at all.
+  testing::ReleaseProbe released;
+  receiver_->Cancel(5, released.Callback());
+  EXPECT_LT(absl::Now() - before_admission, absl::Milliseconds(150));
+  ASSERT_TRUE(released.WaitFor(absl::Seconds(5)));
+  // Not before the admission's end.
   EXPECT_GE(absl::Now() - before_admission, absl::Milliseconds(500));
   EXPECT_EQ(receiver_->num_in_flight(), 0);
+}
+
+// The sender's peer going (a reconnect) also ends its admitted copies.
+TEST_F(CudaIpcProtocolTest, CancelReleasesWhenTheSendersPeerGoes) {
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  receiver_->Expect({8, {3}});
+  ASSERT_TRUE(Begin(8, {3}).ok());
+  testing::ReleaseProbe released;
+  receiver_->Cancel(8, released.Callback());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(released.calls(), 0);
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);  // the sender again
+  EXPECT_TRUE(released.WaitFor(absl::Seconds(5)));
 }
 
 }  // namespace

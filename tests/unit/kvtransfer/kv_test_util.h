@@ -200,6 +200,31 @@ class ControlCounts : public TransferHooks {
   std::vector<std::pair<int64_t, int64_t>> counts_;
 };
 
+// A KvReceiver::Cancel's `released`: when (and how often) it ran.
+class ReleaseProbe {
+ public:
+  KvReceiver::ReleasedCallback Callback() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++calls_;
+      cv_.notify_all();
+    };
+  }
+  int calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  bool WaitFor(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMicroseconds(timeout), [&] { return calls_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0;
+};
+
 // Polls `pred` until true or `timeout`.
 template <typename Pred>
 bool Eventually(Pred pred, absl::Duration timeout = absl::Seconds(5)) {

@@ -228,7 +228,7 @@ TEST_F(NcclEmulatedTest, WindowedLayersMoveOnlyTheWindowsBlocks) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_TRUE(dst_.IsZero(1, 7));
   EXPECT_TRUE(dst_.IsZero(3, 7));
-  r.receiver->Cancel(2);
+  r.receiver->CancelAndWait(2);
   EXPECT_TRUE(dst_.GuardsIntact());
   EXPECT_EQ(sender->num_in_flight(), 0);
 }
@@ -311,7 +311,7 @@ TEST_F(NcclEmulatedTest, LayoutMismatchIsRefusedNamingTheField) {
   auto h = sender->Begin(Target(*r.receiver, 1, {0}), {0});
   EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
   EXPECT_NE(h.status().message().find("num_kv_heads"), std::string::npos) << h.status();
-  r.receiver->Cancel(1);
+  r.receiver->CancelAndWait(1);
 }
 
 TEST_F(NcclEmulatedTest, TheSharedSecretGuardsEveryControlMessage) {
@@ -382,7 +382,7 @@ TEST_F(NcclEmulatedTest, ADroppedControlMessageFailsTheTransfer) {
   EXPECT_FALSE(sent.ok());
   CompletedTransfer c = completions_.WaitFor(4, 0, absl::Seconds(10));
   EXPECT_FALSE(c.status.ok()) << "a transfer whose FINISH was lost completed OK";
-  r.receiver->Cancel(4);
+  r.receiver->CancelAndWait(4);
   EXPECT_TRUE(testing::Eventually([&] { return sender->num_in_flight() == 0; }));
   EXPECT_EQ(r.receiver->num_in_flight(), 0);
 }
