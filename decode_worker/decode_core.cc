@@ -81,10 +81,11 @@ v1::DecodeResponse ErrorResponse(const absl::Status& st) {
 DecodeCore::~DecodeCore() { receiver_.reset(); }
 
 absl::Status DecodeCore::StartReceiver(const kvtransfer::ReceiverOptions& options,
-                                       kvtransfer::KvRegionAccess* regions) {
-  auto receiver = kvtransfer::CreateReceiver(
-      options, regions,
-      [this](const kvtransfer::CompletedTransfer& done) { OnTransferComplete(done); });
+                                       kvtransfer::KvRegionAccess* regions,
+                                       const ReceiverFactory& make) {
+  auto receiver = make(options, regions, [this](const kvtransfer::CompletedTransfer& done) {
+    OnTransferComplete(done);
+  });
   if (!receiver.ok()) return receiver.status();
   receiver_ = std::move(receiver).value();
   TLOG(INFO) << "KV receiver (" << options.transport << ") on " << receiver_->endpoint();
@@ -118,6 +119,9 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
     return;
   }
   e->remote_prefill = request.remote_prefill();
+  // A request that ends before its KV arrived leaves its blocks fenced in the engine until the
+  // receiver released them (below): a sender may still be writing them.
+  e->kv_fence = e->remote_prefill;
   if (request.kv_lease_ms() > 0) e->kv_lease = absl::Milliseconds(request.kv_lease_ms());
 
   const std::string request_id = request.request_id();
@@ -168,12 +172,24 @@ void DecodeCore::Decode(const v1::DecodeRequest& request, ResponseCallback callb
         callback(r);
       }
     }
-    if (u.finished && *transfer_id != 0 && receiver_ != nullptr) {
-      // Whatever the ending, the expectation goes: late KV for it is discarded.
-      receiver_->Cancel(*transfer_id);
-      std::lock_guard<std::mutex> lock(mu_);
-      transfer_to_request_.erase(*transfer_id);
-      *transfer_id = 0;
+    if (u.finished && (*transfer_id != 0 || u.kv_fence != 0)) {
+      // Whatever the ending, the expectation goes: late KV for it is discarded. Cancel never
+      // waits (this is the engine thread: every request of the worker would stall behind a
+      // sender's copies in flight); the blocks of a request that ended before its KV arrived
+      // stay fenced in the engine until the receiver released them (a transport thread posts).
+      AsyncEngine* engine = engine_;
+      const uint64_t fence = u.kv_fence;
+      auto released = [engine, fence] {
+        if (fence != 0) engine->Post([fence](Engine& e) { e.ReleaseKvFence(fence); });
+      };
+      if (*transfer_id != 0 && receiver_ != nullptr) {
+        receiver_->Cancel(*transfer_id, std::move(released));
+        std::lock_guard<std::mutex> lock(mu_);
+        transfer_to_request_.erase(*transfer_id);
+        *transfer_id = 0;
+      } else {
+        released();  // no expectation was registered: nothing can write the blocks
+      }
     }
     std::optional<RemoteSplit> remote;
     absl::Status refused;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,10 +39,15 @@ class DecodeCore : public DecodeHandler {
   explicit DecodeCore(AsyncEngine* engine) : engine_(engine) {}
   ~DecodeCore() override;
 
+  // Makes the KV receiver (kvtransfer::CreateReceiver; tests may wrap it).
+  using ReceiverFactory = std::function<absl::StatusOr<std::unique_ptr<kvtransfer::KvReceiver>>(
+      const kvtransfer::ReceiverOptions&, kvtransfer::KvRegionAccess*,
+      kvtransfer::KvReceiver::CompletionCallback)>;
   // Starts receiving KV (decode role in a disaggregated cluster). Without it, remote_prefill
   // requests are refused.
   absl::Status StartReceiver(const kvtransfer::ReceiverOptions& options,
-                             kvtransfer::KvRegionAccess* regions);
+                             kvtransfer::KvRegionAccess* regions,
+                             const ReceiverFactory& make = kvtransfer::CreateReceiver);
   std::string kv_endpoint() const;
   kvtransfer::KvReceiver* receiver() const { return receiver_.get(); }
   uint64_t incarnation() const;

@@ -82,13 +82,14 @@ void ControlReceiver::Close() {
   for (auto& [id, p] : peers) ClosePeer(p.get());
 }
 
-void ControlReceiver::Cancel(uint64_t transfer_id) {
-  core_->Cancel(transfer_id);
-  WaitWrites(transfer_id);
+void ControlReceiver::Cancel(uint64_t transfer_id, ReleasedCallback released) {
+  core_->Cancel(transfer_id, WritesOver(transfer_id), std::move(released));
 }
 
 absl::StatusOr<std::string> ControlReceiver::HandleControl(const std::string& bytes) {
   ControlRequest req;
+  core_->counters().control_received.fetch_add(1, std::memory_order_relaxed);
+  core_->counters().control_sent.fetch_add(1, std::memory_order_relaxed);  // its answer
   absl::Status s =
       DecodeRequest(bytes, config_.kinds.first, config_.kinds.last, config_.transport, &req);
   if (!s.ok()) return s;
@@ -194,6 +195,10 @@ absl::StatusOr<std::string> ControlReceiver::Begin(const ControlRequest& req) {
                    // failure before FINISH is what FINISH must answer.
                    [outcome](const absl::Status& st) { outcome->Set(st); });
   if (s.ok()) {
+    s = AfterBegin(*owner, key);
+    if (!s.ok()) core_->Abort(*owner, key.first, key.second, s);
+  }
+  if (s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     outcomes_[key] = outcome;
     auto it = peers_.find(req.sender_id);
@@ -215,7 +220,7 @@ absl::StatusOr<std::string> ControlReceiver::Finish(const ControlRequest& req) {
     // No live attempt here, or another sender's: nothing to wait for, nothing to touch.
     if (it != outcomes_.end() && it->second->owner == owner) outcome = it->second;
   }
-  BeforeFinish(owner, key, f.frames, outcome);
+  BeforeFinish(owner, key, f.frames, f.bytes, outcome);
   s = core_->Finish(owner, f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
   if (s.ok() && outcome) {
     std::unique_lock<std::mutex> lock(outcome->mu);

@@ -82,9 +82,9 @@ class ControlReceiver : public KvReceiver {
   std::string endpoint() const final { return name_; }
   uint64_t incarnation() const final { return incarnation_; }
   void Expect(const Expectation& e) final { core_->Expect(e); }
-  // The core forgets the transfer (nothing is admitted for it any more), then WaitWrites lets
-  // the writes already admitted end.
-  void Cancel(uint64_t transfer_id) final;
+  // The core forgets the transfer (nothing is admitted for it any more); `released` runs once
+  // the writes already admitted ended, the link's included (WritesOver). Never waits.
+  void Cancel(uint64_t transfer_id, ReleasedCallback released) final;
   int64_t num_in_flight() const final { return core_->num_in_flight(); }
   TransportStats stats() const final { return core_->counters().Snapshot(); }
   absl::StatusOr<std::string> HandleControl(const std::string& request) final;
@@ -110,10 +110,16 @@ class ControlReceiver : public KvReceiver {
                                                                  const ConnectArgs& args) = 0;
   // The WELCOME reply (the shell fills incarnation and layout).
   virtual std::string WelcomeReply(const wire::Welcome& welcome) = 0;
+  // BEGIN of `key` from `owner` started the attempt: what the link admits at once (cuda-ipc:
+  // every region of the transfer). An error is BEGIN's answer and ends the attempt.
+  virtual absl::Status AfterBegin(uint64_t owner, const AttemptKey& key) {
+    return absl::OkStatus();
+  }
   // Before FINISH of `key` from `owner` is checked: lets the link account for the data it
-  // carried (nccl: waits for its thread to count `frames` messages; cuda-ipc: ends a copy never
-  // reported landed). `outcome` is the live attempt's of this owner, or null when it has none.
-  virtual void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames,
+  // carried (nccl: waits for its thread to count `frames` messages; cuda-ipc: FINISH reports the
+  // copies admitted at BEGIN landed, `frames` items of `bytes` bytes). `outcome` is the live
+  // attempt's of this owner, or null when it has none.
+  virtual void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames, uint64_t bytes,
                             const std::shared_ptr<AttemptOutcome>& outcome) {}
   // The sender `owner` aborted the attempt `key` (before the core hears it).
   virtual void OnAbort(uint64_t owner, const AttemptKey& key, const absl::Status& why) {}
@@ -122,9 +128,11 @@ class ControlReceiver : public KvReceiver {
   // `owner`'s peer is gone (replaced, disconnected, closed); called before the core fails its
   // attempts.
   virtual void OnPeerGone(uint64_t owner) {}
-  // Cancel: after the core forgot `transfer_id`, returns once no write the link admitted for it
-  // can still land (cuda-ipc: the copy in flight).
-  virtual void WaitWrites(uint64_t transfer_id) {}
+  // Cancel: after the core forgot `transfer_id`, a check (called on any thread, without the
+  // shell's or the core's locks, never after Close) of whether no write the link admitted for it
+  // can still land (cuda-ipc: the copies in flight); null: the link admits none of its own. The
+  // link calls core().WakeReleases() when what it checks changed.
+  virtual std::function<bool()> WritesOver(uint64_t transfer_id) { return nullptr; }
   // Requests of the transport's own kinds (cuda-ipc: DATA, LANDED).
   virtual absl::StatusOr<std::string> HandleLink(const ControlRequest& request);
   // Releases a peer's link (joins its threads); it is out of the table already.

@@ -13,6 +13,11 @@
 namespace tandem::kvtransfer {
 namespace {
 
+// A device stream that failed or missed its deadline is unusable: its peer breaks.
+bool BreaksPeer(const absl::Status& s) {
+  return absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) || absl::IsInternal(s);
+}
+
 SenderOptions WithFaults(SenderOptions o) {
   o.faults = ResolveFaultOptions(o.faults, o.faults_from_env);
   return o;
@@ -81,11 +86,13 @@ absl::StatusOr<TransferHandle> ControlSender::Begin(const TransferTarget& target
 }
 
 absl::Status ControlSender::Control(const std::string& endpoint, uint8_t kind, std::string body,
-                                    ControlReply* reply_out) {
+                                    ControlReply* reply_out, SenderTransfer* transfer) {
   if (!options_.control_channel) {
     return absl::FailedPreconditionError(
         absl::StrCat(config_.transport, " kv transport needs SenderOptions.control_channel"));
   }
+  core_.counters().control_sent.fetch_add(1, std::memory_order_relaxed);
+  if (transfer != nullptr) transfer->control_sent.fetch_add(1, std::memory_order_relaxed);
   if (kind != config_.kinds.connect && faults_.Chance(options_.faults.kv_control_drop)) {
     return absl::UnavailableError(
         absl::StrCat("kv transfer peer ", endpoint, ": control message lost (fault injection)"));
@@ -101,6 +108,8 @@ absl::Status ControlSender::Control(const std::string& endpoint, uint8_t kind, s
         absl::StrCat("kv transfer peer ", endpoint,
                      refused ? " refused: " : " unreachable: ", bytes.status().message()));
   }
+  core_.counters().control_received.fetch_add(1, std::memory_order_relaxed);
+  if (transfer != nullptr) transfer->control_received.fetch_add(1, std::memory_order_relaxed);
   ControlReply reply;
   absl::Status s = DecodeReply(*bytes, &reply);
   if (!s.ok()) return s;
@@ -225,17 +234,29 @@ absl::Status ControlSender::Run(ControlPeer* p, SenderWork& work) {
   const std::shared_ptr<SenderTransfer>& t = work.transfer;
   const uint64_t id = t->target.transfer_id;
   const uint32_t attempt = t->target.attempt;
-  if (work.kind == SenderWork::Kind::kAbort) {  // best effort: the receiver's deadline is
-                                                // the backstop
-    Control(p->endpoint, config_.kinds.abort, wire::EncodeOutcome({id, attempt, work.status}))
+  if (work.kind == SenderWork::Kind::kAbort) {
+    // The copies in flight land (or fail) first: ABORT tells the receiver nothing writes the
+    // blocks any more. Best effort: the receiver's deadline is the backstop.
+    absl::Status settled = SettleReads(p, t);
+    Control(p->endpoint, config_.kinds.abort, wire::EncodeOutcome({id, attempt, work.status}),
+            nullptr, t.get())
         .IgnoreError();
-    return absl::OkStatus();
+    ReportControl(*t);
+    return BreaksPeer(settled) ? settled : absl::OkStatus();
   }
   if (work.kind == SenderWork::Kind::kFinish) {
+    absl::Status copied = SettleReads(p, t);
+    if (BreaksPeer(copied)) return copied;
     if (t->Ended()) return absl::OkStatus();
+    if (!copied.ok()) {  // ABORT follows, with the reason
+      core_.End(t, copied, /*tell_receiver=*/true);
+      return absl::OkStatus();
+    }
     wire::Finish f{id, attempt, t->frames_sent, t->bytes_sent, std::move(work.trailer)};
-    core_.End(t, Control(p->endpoint, config_.kinds.finish, wire::EncodeFinish(f)),
+    core_.End(t,
+              Control(p->endpoint, config_.kinds.finish, wire::EncodeFinish(f), nullptr, t.get()),
               /*tell_receiver=*/false);
+    ReportControl(*t);
     return absl::OkStatus();
   }
   // DATA: the regions are read (by the device) until SendData returned: done waits for EndRead.
@@ -243,6 +264,13 @@ absl::Status ControlSender::Run(ControlPeer* p, SenderWork& work) {
   absl::Status s = SendData(p, work);
   core_.EndRead(t);
   return s;
+}
+
+void ControlSender::ReportControl(const SenderTransfer& t) {
+  if (options_.hooks == nullptr) return;
+  // BEGIN, exchanged before the transfer existed, and what followed.
+  options_.hooks->ControlMessages(1 + t.control_sent.load(std::memory_order_relaxed),
+                                  1 + t.control_received.load(std::memory_order_relaxed));
 }
 
 void ControlSender::Broken(ControlPeer* p, const absl::Status& s) {

@@ -84,8 +84,16 @@ class ControlSender : public CoreSender {
   virtual void StartWorker(ControlPeer* p) {}
   // One DATA item on the worker thread, between the core's StartRead and EndRead. A failure
   // breaks the peer (its transfers fail); a transport that fails one transfer only ends it
-  // (core().End) and returns OK.
+  // (core().End) and returns OK. A transport whose device work outlives the call (cuda-ipc:
+  // copies in flight) keeps a read of its own (core().StartRead) until SettleReads.
   virtual absl::Status SendData(ControlPeer* p, SenderWork& work) = 0;
+  // On the worker thread, before the transfer's FINISH or ABORT goes out: waits for the device
+  // work of the transfer still in flight and ends the reads it kept; returns how it went (a
+  // failure of the copies fails the transfer, ABORT following; DEADLINE_EXCEEDED, CANCELLED
+  // and INTERNAL also break the peer).
+  virtual absl::Status SettleReads(ControlPeer* p, const std::shared_ptr<SenderTransfer>& t) {
+    return absl::OkStatus();
+  }
   // The peer broke, on its worker thread, before its transfers fail.
   virtual void OnBroken(ControlPeer* p) {}
   // The peer stopped: its worker joined, its queue cleared. Releases its device state.
@@ -96,8 +104,10 @@ class ControlSender : public CoreSender {
   // a REFUSE or a failed RESULT its status; both name the endpoint. A WELCOME is OK, with the
   // reply in `reply_out` when given. With kv_control_drop, a message other than CONNECT may be
   // lost (UNAVAILABLE).
+  // `transfer`, when given, counts the message and its reply as the transfer's
+  // (TransferHooks::ControlMessages).
   absl::Status Control(const std::string& endpoint, uint8_t kind, std::string body,
-                       ControlReply* reply_out = nullptr);
+                       ControlReply* reply_out = nullptr, SenderTransfer* transfer = nullptr);
   // The CONNECT exchange: as Control, counting a refused handshake (FAILED_PRECONDITION).
   absl::Status Handshake(const std::string& endpoint, std::string body, ControlReply* reply);
   // A receiver that is not the one the blocks were reserved with (FAILED_PRECONDITION).
@@ -121,6 +131,8 @@ class ControlSender : public CoreSender {
   void Work(ControlPeer* p);
   absl::Status Run(ControlPeer* p, SenderWork& work);
   void Broken(ControlPeer* p, const absl::Status& s);
+  // The transfer's last control message (FINISH or ABORT) was exchanged: reports its count.
+  void ReportControl(const SenderTransfer& t);
   // On the core's event loop: peers replaced, evicted or broken are stopped once nothing uses
   // them.
   void StopRetired();

@@ -182,8 +182,8 @@ class MeteredReceiver : public KvReceiver {
                                    meter_->num_layers(), expectation.dst_blocks.size()));
     inner_->Expect(expectation);
   }
-  void Cancel(uint64_t transfer_id) override {
-    inner_->Cancel(transfer_id);
+  void Cancel(uint64_t transfer_id, ReleasedCallback released) override {
+    inner_->Cancel(transfer_id, std::move(released));
     meter_->Cancel(transfer_id);
   }
   int64_t num_in_flight() const override { return inner_->num_in_flight(); }

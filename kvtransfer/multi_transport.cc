@@ -154,7 +154,9 @@ class MultiReceiver : public KvReceiver {
     // cancel in another transport).
     {
       std::unique_lock<std::mutex> lock(mu_);
+      closing_ = true;
       open_.clear();
+      settling_.clear();
       cv_.wait(lock, [&] { return delivering_.empty(); });
     }
     receivers_.clear();
@@ -191,12 +193,14 @@ class MultiReceiver : public KvReceiver {
     for (auto& r : receivers_) r->Expect(expectation);
   }
 
-  void Cancel(uint64_t transfer_id) override {
+  void Cancel(uint64_t transfer_id, ReleasedCallback released) override {
     {
       // No on_complete follows a Cancel: an outcome being delivered on another thread is
-      // waited for (one delivered on this thread, by its own callback, is not).
+      // waited for (one delivered on this thread, by its own callback, is not; on_complete is
+      // short: it posts).
       std::unique_lock<std::mutex> lock(mu_);
       open_.erase(transfer_id);
+      settling_.erase(transfer_id);
       cv_.wait(lock, [&] {
         for (const auto& [id, thread] : delivering_) {
           if (id == transfer_id && thread != std::this_thread::get_id()) return false;
@@ -204,7 +208,19 @@ class MultiReceiver : public KvReceiver {
         return true;
       });
     }
-    for (auto& r : receivers_) r->Cancel(transfer_id);
+    // Released once every transport released it.
+    auto left = std::make_shared<std::atomic<size_t>>(receivers_.size());
+    auto user = std::make_shared<ReleasedCallback>(std::move(released));
+    for (auto& r : receivers_) {
+      r->Cancel(transfer_id, [this, left, user] {
+        if (left->fetch_sub(1) != 1 || !*user) return;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (closing_) return;
+        }
+        (*user)();
+      });
+    }
   }
 
   int64_t num_in_flight() const override {
@@ -231,18 +247,40 @@ class MultiReceiver : public KvReceiver {
  private:
   // Transport `i`'s thread: an attempt ended there.
   void OnComplete(size_t i, const CompletedTransfer& done) {
-    const auto delivery = std::make_pair(done.transfer_id, std::this_thread::get_id());
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (open_.count(done.transfer_id) == 0) return;  // cancelled, or completed elsewhere
-      if (done.status.ok()) open_.erase(done.transfer_id);
-      delivering_.push_back(delivery);
-    }
-    if (done.status.ok()) {
-      // The blocks hold the KV now: no other transport may write them any more.
-      for (size_t j = 0; j < receivers_.size(); ++j) {
-        if (j != i) receivers_[j]->Cancel(done.transfer_id);
+      if (done.status.ok()) {
+        open_.erase(done.transfer_id);
+        settling_.insert(done.transfer_id);
       }
+    }
+    if (!done.status.ok()) {
+      Deliver(done, /*settled=*/false);
+      return;
+    }
+    // The blocks hold the KV now: no other transport may write them any more, so the outcome
+    // is delivered once each of them released the transfer (at once, unless one had writes in
+    // flight for it).
+    auto left = std::make_shared<std::atomic<size_t>>(receivers_.size());
+    auto last = [this, left, done] {
+      if (left->fetch_sub(1) == 1) Deliver(done, /*settled=*/true);
+    };
+    for (size_t j = 0; j < receivers_.size(); ++j) {
+      if (j != i) receivers_[j]->Cancel(done.transfer_id, last);
+    }
+    last();
+  }
+
+  // Delivers `done` unless it was cancelled meanwhile (`settled`: an OK waiting in settling_).
+  void Deliver(const CompletedTransfer& done, bool settled) {
+    const auto delivery = std::make_pair(done.transfer_id, std::this_thread::get_id());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (settled ? settling_.erase(done.transfer_id) == 0 : open_.count(done.transfer_id) == 0) {
+        return;
+      }
+      delivering_.push_back(delivery);
     }
     on_complete_(done);
     {
@@ -260,6 +298,9 @@ class MultiReceiver : public KvReceiver {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_set<uint64_t> open_;  // expected, not yet completed OK nor cancelled
+  // Completed OK, delivered once the other transports released the transfer.
+  std::unordered_set<uint64_t> settling_;
+  bool closing_ = false;
   // Outcomes being delivered (transfer id, delivering thread).
   std::vector<std::pair<uint64_t, std::thread::id>> delivering_;
 };

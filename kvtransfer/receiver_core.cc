@@ -49,10 +49,10 @@ struct ReceiverCore::Entry {
   int64_t cells_done = 0;
   uint64_t frames = 0;
   uint64_t bytes = 0;
-  // Writers hold io_mu around each syscall into the regions; generation (changed under both
-  // mu_ and io_mu) invalidates outstanding tickets.
+  // Writers hold io_mu around each syscall into the regions and check generation under it;
+  // generation (changed under mu_) invalidates outstanding tickets.
   std::mutex io_mu;
-  uint64_t generation = 0;
+  std::atomic<uint64_t> generation{0};
 };
 
 ReceiverCore::ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
@@ -70,8 +70,13 @@ ReceiverCore::ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
 ReceiverCore::~ReceiverCore() {
   loop_.Stop();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, e] : entries_) InvalidateLocked(e.get());
+  for (auto& [id, e] : entries_) {
+    InvalidateLocked(e.get());
+    std::lock_guard<std::mutex> io(e->io_mu);  // a write in progress ends
+  }
   entries_.clear();
+  std::lock_guard<std::mutex> release(release_mu_);
+  pending_releases_.clear();  // no callback after destruction began
 }
 
 uint64_t ReceiverCore::NewOwnerId() {
@@ -79,10 +84,7 @@ uint64_t ReceiverCore::NewOwnerId() {
   return next_owner_++;
 }
 
-void ReceiverCore::InvalidateLocked(Entry* e) {
-  std::lock_guard<std::mutex> io(e->io_mu);
-  ++e->generation;
-}
+void ReceiverCore::InvalidateLocked(Entry* e) { e->generation.fetch_add(1); }
 
 void ReceiverCore::Expect(const Expectation& expectation) {
   auto e = std::make_shared<Entry>();
@@ -114,6 +116,8 @@ void ReceiverCore::Expect(const Expectation& expectation) {
   if (it != entries_.end()) {  // replaced: the old registration ends like a Cancel
     Entry* old = it->second.get();
     InvalidateLocked(old);
+    // The new entry has its own io_mu: a write of the old one in progress ends first.
+    { std::lock_guard<std::mutex> io(old->io_mu); }
     if (old->active && old->result) {
       loop_.Post([this, r = old->result] {
         if (!shutting_down_) r(absl::AbortedError("expectation replaced by the receiver"));
@@ -125,21 +129,75 @@ void ReceiverCore::Expect(const Expectation& expectation) {
   }
 }
 
-void ReceiverCore::Cancel(uint64_t transfer_id) {
-  std::shared_ptr<Entry> e;
+void ReceiverCore::Cancel(uint64_t transfer_id, std::function<bool()> writes_over,
+                          KvReceiver::ReleasedCallback released) {
+  PendingRelease p;
+  p.writes_over = std::move(writes_over);
+  p.released = std::move(released);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(transfer_id);
-    if (it == entries_.end()) return;
-    e = std::move(it->second);
-    entries_.erase(it);
-    InvalidateLocked(e.get());
-    if (e->active && e->result) {
-      loop_.Post([this, r = e->result] {
-        if (!shutting_down_) r(absl::AbortedError("transfer cancelled by the receiver"));
-      });
+    if (it != entries_.end()) {
+      p.entry = std::move(it->second);
+      entries_.erase(it);
+      InvalidateLocked(p.entry.get());
+      if (p.entry->active && p.entry->result) {
+        loop_.Post([this, r = p.entry->result] {
+          if (!shutting_down_) r(absl::AbortedError("transfer cancelled by the receiver"));
+        });
+      }
     }
   }
+  if (Released(&p)) {
+    if (p.released) p.released();
+    return;
+  }
+  std::lock_guard<std::mutex> lock(release_mu_);
+  pending_releases_.push_back(std::move(p));
+}
+
+bool ReceiverCore::Released(PendingRelease* p) {
+  if (!p->fenced) {
+    // Free now: a write that checked the old generation is over, later ones see the new one.
+    if (p->entry == nullptr || p->entry->io_mu.try_lock()) {
+      if (p->entry != nullptr) p->entry->io_mu.unlock();
+      p->fenced = true;
+    }
+  }
+  return p->fenced && (!p->writes_over || p->writes_over());
+}
+
+void ReceiverCore::WakeReleases() {
+  loop_.Post([this] { CheckReleases(); });
+}
+
+void ReceiverCore::Shutdown() {
+  shutting_down_ = true;
+  std::lock_guard<std::mutex> check(check_mu_);
+  std::lock_guard<std::mutex> lock(release_mu_);
+  pending_releases_.clear();
+}
+
+void ReceiverCore::CheckReleases() {
+  std::lock_guard<std::mutex> check(check_mu_);
+  if (shutting_down_) return;
+  std::vector<PendingRelease> pending;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    if (pending_releases_.empty()) return;
+    pending.swap(pending_releases_);
+  }
+  std::vector<PendingRelease> waiting;
+  for (PendingRelease& p : pending) {
+    if (!Released(&p)) {
+      waiting.push_back(std::move(p));
+    } else if (p.released && !shutting_down_) {
+      p.released();
+    }
+  }
+  if (waiting.empty()) return;
+  std::lock_guard<std::mutex> lock(release_mu_);
+  for (PendingRelease& p : waiting) pending_releases_.push_back(std::move(p));
 }
 
 int64_t ReceiverCore::num_in_flight() const {
@@ -310,6 +368,44 @@ absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitData(uint64_t owner, uin
   }
   t.entry = entries_[transfer_id];
   t.generation = e->generation;
+  t.deadline = e->deadline;
+  return t;
+}
+
+absl::StatusOr<ReceiverCore::Ticket> ReceiverCore::AdmitAll(uint64_t owner, uint64_t transfer_id,
+                                                            uint32_t attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status refused;
+  Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
+  if (e == nullptr) return refused;
+  if (static_cast<int64_t>(attempt) != e->last_attempt || owner != e->owner) {
+    return absl::AbortedError(absl::StrCat("admission for attempt ", attempt, " of transfer ",
+                                           transfer_id, " but the live attempt is ",
+                                           e->last_attempt));
+  }
+  if (!e->active) {
+    return e->failure.ok() ? absl::AbortedError("attempt already ended") : e->failure;
+  }
+  const size_t nb = e->exp.dst_blocks.size();
+  Ticket t;
+  t.layer = -1;  // every layer
+  t.cells.reserve(e->cells.size());
+  t.regions.reserve(e->cells.size());
+  for (size_t c = 0; c < e->cells.size(); ++c) {
+    if (e->cells[c] == kOutsideWindow) continue;
+    if (e->cells[c] != kMissing) {
+      for (int32_t done : t.cells) e->cells[done] = kMissing;
+      return absl::FailedPreconditionError(
+          absl::StrCat("transfer ", transfer_id, " attempt ", attempt, ": layer ", c / nb,
+                       " block ", e->exp.dst_blocks[c % nb], " was admitted already"));
+    }
+    e->cells[c] = kWriting;
+    t.cells.push_back(static_cast<int32_t>(c));
+    t.regions.push_back(access_->Region(static_cast<int64_t>(c / nb), e->exp.dst_blocks[c % nb]));
+  }
+  t.entry = entries_[transfer_id];
+  t.generation = e->generation;
+  t.deadline = e->deadline;
   return t;
 }
 
@@ -319,7 +415,7 @@ bool ReceiverCore::Writable(const Ticket& ticket) const {
   return ticket.entry->generation == ticket.generation;
 }
 
-void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
+void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status, uint64_t frames) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry* e = ticket.entry.get();
   if (e->generation != ticket.generation) return;  // the attempt ended meanwhile
@@ -330,9 +426,9 @@ void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status) {
   }
   for (int32_t c : ticket.cells) e->cells[c] = kDone;
   e->cells_done += static_cast<int64_t>(ticket.cells.size());
-  e->frames += 1;
+  e->frames += frames;
   e->bytes += ticket.cells.size() * layout_.region_bytes();
-  counters_.frames.fetch_add(1, std::memory_order_relaxed);
+  counters_.frames.fetch_add(frames, std::memory_order_relaxed);
   counters_.bytes.fetch_add(ticket.cells.size() * layout_.region_bytes(),
                             std::memory_order_relaxed);
 }
@@ -432,6 +528,7 @@ void ReceiverCore::FailAttemptLocked(Entry* e, const absl::Status& status, bool 
 }
 
 void ReceiverCore::Tick() {
+  CheckReleases();
   const absl::Time now = absl::Now();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, e] : entries_) {

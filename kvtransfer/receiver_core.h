@@ -14,9 +14,13 @@
 // foreign blocks) go only to senders that proved the key.
 //
 // Write safety: a transport writes a region only inside a Ticket (one admitted DATA message),
-// one short non-blocking syscall at a time while holding io_mutex(ticket), and checks
-// Writable(ticket) under it before each. Cancel, a newer attempt and every failure invalidate
-// tickets under that mutex, so once Cancel returns nothing writes the transfer's blocks again.
+// one short non-blocking syscall at a time (nccl: one message) while holding io_mutex(ticket),
+// and checks Writable(ticket) under it before each. Cancel, a newer attempt and every failure
+// invalidate tickets (an atomic generation, without waiting for that mutex), so a write that
+// starts later goes nowhere and one in progress ends when the mutex is next free. Cancel never
+// waits for that: its `released` runs once the mutex was free after the invalidation and the
+// link's own admitted writes are over (cuda-ipc's copies: Cancel's `writes_over`), checked at
+// once and then on the event loop (each tick, and after WakeReleases).
 
 #include <atomic>
 #include <cstdint>
@@ -65,6 +69,7 @@ class ReceiverCore {
     int64_t layer = 0;
     std::vector<int32_t> cells;
     std::vector<uint8_t*> regions;
+    absl::Time deadline = absl::InfiniteFuture();  // the attempt's, when admitted
   };
 
   ReceiverCore(const KvLayout& layout, KvRegionAccess* access,
@@ -74,16 +79,24 @@ class ReceiverCore {
   // Stops the event loop (callbacks already posted still run); nothing runs afterwards.
   ~ReceiverCore();
 
-  // From now on no user callback (on_complete, ResultFn) runs; for destructors.
-  void Shutdown() { shutting_down_ = true; }
+  // From now on no user callback (on_complete, ResultFn, released) runs and no pending Cancel's
+  // writes_over is called (waits for a check in progress); for destructors.
+  void Shutdown();
 
   const KvLayout& layout() const { return layout_; }
   StatsCounters& counters() { return counters_; }
   uint64_t NewOwnerId();
 
-  // KvReceiver's calls.
+  // KvReceiver's calls. Expect replacing an expected id waits for a write of the old one in
+  // progress (io_mutex); Cancel never waits: `released` (may be null) runs once no write admitted
+  // for the transfer can land (see above) and `writes_over` (null: always) returns true -- on
+  // the calling thread before Cancel returns when both hold at once, else on the event loop.
+  // `writes_over` is called without the core's locks, on either thread.
   void Expect(const Expectation& expectation);
-  void Cancel(uint64_t transfer_id);
+  void Cancel(uint64_t transfer_id, std::function<bool()> writes_over,
+              KvReceiver::ReleasedCallback released);
+  // What a pending Cancel's `writes_over` looks at changed: check the pending releases soon.
+  void WakeReleases();
   int64_t num_in_flight() const;
 
   // A sender starts an attempt. Errors (unknown transfer or no proof of its key: NotExpected;
@@ -96,11 +109,17 @@ class ReceiverCore {
   // (unknown transfer, another owner's or a stale attempt) the caller tells the sender.
   absl::StatusOr<Ticket> AdmitData(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
                                    int64_t layer, absl::Span<const int32_t> blocks, bool* reported);
+  // Admits at once every (layer, block) the live attempt of `owner` still has to move (a
+  // windowed layer: only its window's blocks): one ticket for the whole transfer, for a
+  // transport whose BEGIN admits it (cuda-ipc). Errors as AdmitData's; FAILED_PRECONDITION when
+  // some cell was admitted already.
+  absl::StatusOr<Ticket> AdmitAll(uint64_t owner, uint64_t transfer_id, uint32_t attempt);
   std::mutex* io_mutex(const Ticket& ticket);
   // Call with io_mutex(ticket) held.
   bool Writable(const Ticket& ticket) const;
   // The payload of `ticket` was written (OK) or not (checksum mismatch: DATA_LOSS; I/O error).
-  void EndData(const Ticket& ticket, const absl::Status& status);
+  // `frames`: the sender's messages it counts as (what FINISH's message count checks).
+  void EndData(const Ticket& ticket, const absl::Status& status, uint64_t frames = 1);
   // The sender's FINISH. OK when the attempt is the last one (its outcome is reported through
   // ResultFn and on_complete, or was when it failed earlier); else the error to send back.
   absl::Status Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt, uint64_t frames,
@@ -122,6 +141,17 @@ class ReceiverCore {
   void FailAttemptLocked(Entry* e, const absl::Status& status, bool notify_sender);
   void InvalidateLocked(Entry* e);
   void Tick();
+  // A Cancel waiting for its release.
+  struct PendingRelease {
+    std::shared_ptr<Entry> entry;  // null: the transfer was not expected any more
+    bool fenced = false;           // entry's io_mutex was free after the invalidation
+    std::function<bool()> writes_over;
+    KvReceiver::ReleasedCallback released;
+  };
+  // Whether `p` is released now (updates p->fenced).
+  static bool Released(PendingRelease* p);
+  // Runs the released callbacks of the pending releases that are (event loop).
+  void CheckReleases();
 
   const KvLayout layout_;
   KvRegionAccess* const access_;
@@ -137,6 +167,10 @@ class ReceiverCore {
   uint64_t next_owner_ = 1;
   absl::Time last_refusal_log_ = absl::InfinitePast();
   uint64_t refusals_not_logged_ = 0;
+
+  std::mutex check_mu_;    // held by CheckReleases throughout; taken before release_mu_
+  std::mutex release_mu_;  // never held while calling out; taken without mu_
+  std::vector<PendingRelease> pending_releases_;
 
   EventLoop loop_;  // last: stopped first
 };

@@ -211,14 +211,14 @@ void SenderCore::FailLink(const SenderLink* link, const absl::Status& status) {
 bool SenderCore::StartRead(const std::shared_ptr<SenderTransfer>& transfer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (transfer->ended) return false;
-  transfer->reading = true;
+  ++transfer->reading;
   return true;
 }
 
 void SenderCore::EndRead(const std::shared_ptr<SenderTransfer>& transfer) {
   std::lock_guard<std::mutex> lock(mu_);
-  transfer->reading = false;
-  if (transfer->done_deferred) DeliverLocked(transfer);
+  if (transfer->reading > 0) --transfer->reading;
+  if (transfer->reading == 0 && transfer->done_deferred) DeliverLocked(transfer);
 }
 
 void SenderCore::Shutdown() {
@@ -265,7 +265,7 @@ void SenderCore::EndLocked(const std::shared_ptr<SenderTransfer>& t, const absl:
 }
 
 void SenderCore::DeliverLocked(const std::shared_ptr<SenderTransfer>& t) {
-  if (t->reading) {  // the regions may still be read by a message on the wire
+  if (t->reading > 0) {  // the regions may still be read by a message on the wire
     t->done_deferred = true;
     return;
   }

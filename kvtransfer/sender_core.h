@@ -53,6 +53,10 @@ struct SenderTransfer {
   // The link's thread only: what it put on the wire (messages dropped by fault injection too).
   uint64_t frames_sent = 0;
   uint64_t bytes_sent = 0;
+  // Control messages of this attempt (nccl, cuda-ipc): requests sent to the receiver and
+  // replies received from it (ControlSender counts them; TransferHooks::ControlMessages).
+  std::atomic<uint32_t> control_sent{0};
+  std::atomic<uint32_t> control_received{0};
 
   // The source regions are read only under io_mu while `readable`.
   std::mutex io_mu;
@@ -69,7 +73,7 @@ struct SenderTransfer {
   KvSender::DoneCallback done;
   std::vector<bool> layer_queued;
   std::vector<int32_t> first_block;  // per layer: the first index into the block lists it sends
-  bool reading = false;              // between StartRead and EndRead
+  int reading = 0;                   // StartRead calls not yet matched by EndRead
   bool done_deferred = false;        // ended while reading: done waits for EndRead
 };
 
@@ -167,7 +171,9 @@ class SenderCore {
   // The link broke: its live attempts end with `status` (the receiver cannot be told).
   void FailLink(const SenderLink* link, const absl::Status& status);
   // Brackets a read of the transfer's regions that io_mu cannot cover. StartRead is false when
-  // the attempt already ended (read nothing). A done due meanwhile waits for EndRead.
+  // the attempt already ended (read nothing). Brackets nest (a transport may hold one across
+  // device copies still in flight after its message was issued); a done due meanwhile waits
+  // for the last EndRead.
   bool StartRead(const std::shared_ptr<SenderTransfer>& transfer);
   void EndRead(const std::shared_ptr<SenderTransfer>& transfer);
 

@@ -24,6 +24,9 @@ struct StatsCounters {
   std::atomic<uint64_t> connections_refused{0};
   std::atomic<uint64_t> messages_refused{0};
   std::atomic<uint64_t> buffer_bytes_peak{0};
+  std::atomic<uint64_t> control_sent{0};
+  std::atomic<uint64_t> control_received{0};
+  std::atomic<uint64_t> device_copies{0};
   std::atomic<uint64_t> transfer_micros_sum{0};
   std::atomic<uint64_t> transfer_micros_max{0};
 
@@ -51,6 +54,9 @@ struct StatsCounters {
     s.connections_refused = connections_refused.load();
     s.messages_refused = messages_refused.load();
     s.buffer_bytes_peak = buffer_bytes_peak.load();
+    s.control_sent = control_sent.load();
+    s.control_received = control_received.load();
+    s.device_copies = device_copies.load();
     s.transfer_micros_sum = transfer_micros_sum.load();
     s.transfer_micros_max = transfer_micros_max.load();
     return s;

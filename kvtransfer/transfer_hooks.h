@@ -58,6 +58,10 @@ class TransferHooks {
   virtual void ConnectionRefused(TransferDirection direction, TransferFailure reason) {}
   // A connection refused or closed for a limit, or a message refused (KvRefusal).
   virtual void Refused(TransferDirection direction, KvRefusal reason) {}
+  // Transports with control messages (nccl, cuda-ipc), once per attempt that sent FINISH or
+  // ABORT, by the sender once that last one was answered: the control messages of the attempt
+  // it sent to the receiver (BEGIN, FINISH, ABORT, ...) and the replies it received.
+  virtual void ControlMessages(int64_t to_receiver, int64_t to_sender) {}
 };
 
 }  // namespace tandem

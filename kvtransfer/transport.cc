@@ -2,7 +2,9 @@
 
 #include "kvtransfer/transport.h"
 
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +24,22 @@
 #endif
 
 namespace tandem::kvtransfer {
+
+void KvReceiver::CancelAndWait(uint64_t transfer_id) {
+  struct Released {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto r = std::make_shared<Released>();
+  Cancel(transfer_id, [r] {
+    std::lock_guard<std::mutex> lock(r->mu);
+    r->done = true;
+    r->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(r->mu);
+  r->cv.wait(lock, [&] { return r->done; });
+}
 
 namespace {
 

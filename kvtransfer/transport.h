@@ -41,6 +41,12 @@ class KvRegionAccess {
   virtual ~KvRegionAccess() = default;
   virtual uint8_t* Region(int64_t layer, int32_t block) = 0;
   virtual int64_t num_blocks() const = 0;
+  // The device event (a cudaEvent_t) the engine recorded on its stream after it last enqueued
+  // writes of `layer`'s KV, or null when the regions are final whenever the transport reads
+  // them (host memory, an engine that synchronized). A device transport's copy stream waits for
+  // it (cudaStreamWaitEvent: on the device, never the host) before reading the layer. Valid for
+  // the access's lifetime; re-recorded by later steps (waiting for a later record is safe).
+  virtual void* LayerReadyEvent(int64_t layer) { return nullptr; }
 };
 
 // Counters a transport keeps for metrics (DESIGN §7: KV transfer time and bytes). Monotonic
@@ -67,6 +73,12 @@ struct TransportStats {
   // the most ever charged at once.
   uint64_t buffer_bytes = 0;
   uint64_t buffer_bytes_peak = 0;
+  // nccl, cuda-ipc: control messages this side sent and received (sender: requests out, replies
+  // in; receiver: replies out, requests in), CONNECT and DISCONNECT included.
+  uint64_t control_sent = 0;
+  uint64_t control_received = 0;
+  // cuda-ipc sender: device copy calls issued (one per contiguous run of regions).
+  uint64_t device_copies = 0;
   uint64_t transfer_micros_sum = 0;  // Begin -> verified, summed over transfers_ok (sender)
   uint64_t transfer_micros_max = 0;
 };
@@ -182,11 +194,22 @@ class KvReceiver {
   // began the live attempt (proving transfer_key) may send its DATA, FINISH and ABORT. Expecting
   // an id that is already expected replaces it (like Cancel, then Expect).
   virtual void Expect(const Expectation& expectation) = 0;
+  // Runs once a cancelled transfer's blocks are released: no write the transport admitted for it
+  // can land any more, so they can be freed.
+  using ReleasedCallback = std::function<void()>;
   // Forgets a transfer (request cancelled or lease expired); late data is discarded and the
-  // sender told. Once Cancel returns the transport never writes the transfer's blocks again
-  // (tcp and loopback: at most one short syscall / memcpy is waited for; nccl: the message in
-  // flight, bounded by io_timeout), so they can be freed. No on_complete follows a Cancel.
-  virtual void Cancel(uint64_t transfer_id) = 0;
+  // sender told. No on_complete follows a Cancel. Never waits for the transfer's sender or its
+  // writes: `released` (may be null) runs exactly once when the transport will never write the
+  // transfer's blocks again -- on the calling thread before Cancel returns when nothing of it is
+  // in flight, else later on a transport thread (never under a transport lock): tcp and loopback
+  // after the syscall / memcpy in flight, nccl after the message in flight (bounded by
+  // io_timeout), cuda-ipc once the sender reported its admitted copies over (FINISH, ABORT), its
+  // peer went, or the admission ended (the attempt's deadline plus io_timeout). Not after the
+  // receiver began its destruction. Thread-safe.
+  virtual void Cancel(uint64_t transfer_id, ReleasedCallback released) = 0;
+  // Cancel, then waits for `released`: for tests and for callers that may block (never the
+  // engine thread).
+  void CancelAndWait(uint64_t transfer_id);
   // Transfers expected and not yet completed.
   virtual int64_t num_in_flight() const = 0;
 

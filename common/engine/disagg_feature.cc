@@ -24,6 +24,7 @@ absl::Status DisaggFeature::OnAdmit(Sequence* seq, const EngineRequest& r) {
   seq->disagg.prefill_only = r.prefill_only;
   seq->disagg.export_hooks = r.export_hooks;
   seq->disagg.kv_lease = r.kv_lease;
+  seq->disagg.kv_fence = r.kv_fence && r.remote_prefill;
   return absl::OkStatus();
 }
 
@@ -184,6 +185,18 @@ void DisaggFeature::OnToken(Sequence* seq, int32_t /*token*/, bool /*eos*/, Toke
 
 void DisaggFeature::OnFinish(Sequence* seq, FinishReason reason, SequenceUpdate* u) {
   if (seq->index == 0) arrived_.erase(seq->request_id);
+  if (seq->index == 0 && seq->disagg.remote_prefill && seq->disagg.kv_fence) {
+    // Decode role, ended before its KV arrived: a sender may still be writing the reserved
+    // blocks, so they stay out of the free list (one reference each) until the transport
+    // released them (ReleaseKvFence). Never entered in the prefix cache: its KV never arrived.
+    KvCacheManager& kv = core().kv();
+    const uint64_t fence = ++next_fence_;
+    SequenceBlocks& held = fences_[fence];
+    kv.Fork(seq->blocks, &held);
+    held_blocks_ += kv.PagesHeld(held);
+    u->kv_fence = fence;
+    return;
+  }
   if (!seq->disagg.prefill_only || seq->index != 0 || reason == FinishReason::kAbort ||
       reason == FinishReason::kError) {
     return;
@@ -206,6 +219,14 @@ void DisaggFeature::ReleaseHold(const std::string& request_id) {
   held_blocks_ -= core().kv().PagesHeld(it->second);
   core().kv().Free(&it->second);
   holds_.erase(it);
+}
+
+void DisaggFeature::ReleaseKvFence(uint64_t fence) {
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return;
+  held_blocks_ -= core().kv().PagesHeld(it->second);
+  core().kv().Free(&it->second);
+  fences_.erase(it);
 }
 
 void DisaggFeature::AddStats(EngineStats* stats) const { stats->kv_blocks_held = held_blocks_; }

@@ -16,7 +16,9 @@ namespace tandem {
 // exported as they complete, and a finished prefill-only request holds its blocks until
 // ReleaseHold. A prompt whose KV arrived while a feature cannot take its first tokens yet
 // (EngineFeature::ForeignTokenPending: its grammar busy off the loop) stays held, its lease
-// stopped, and is completed at the start of the first step at which it can.
+// stopped, and is completed at the start of the first step at which it can. A decode-role
+// request with a fence (EngineRequest::kv_fence) that ends before its KV arrived leaves its
+// blocks held under a fence id until ReleaseKvFence: the transport may still write them.
 class DisaggFeature final : public EngineFeature {
  public:
   const char* name() const override { return "disaggregation"; }
@@ -37,6 +39,7 @@ class DisaggFeature final : public EngineFeature {
                                      const std::vector<int32_t>& first_tokens,
                                      const std::vector<TokenLogprobs>& logprobs);
   void ReleaseHold(const std::string& request_id);
+  void ReleaseKvFence(uint64_t fence);
   // Reads only what is fixed at construction: callable from any thread.
   void TransferWindow(int64_t num_tokens, std::vector<int64_t>* layers, int64_t* first_block) const;
 
@@ -54,6 +57,8 @@ class DisaggFeature final : public EngineFeature {
 
   std::unordered_map<std::string, SequenceBlocks> holds_;  // prefill role: blocks held
   std::unordered_map<std::string, Arrived> arrived_;       // decode role: by request id
+  std::unordered_map<uint64_t, SequenceBlocks> fences_;    // decode role: by fence id
+  uint64_t next_fence_ = 0;
   int64_t held_blocks_ = 0;
 };
 

@@ -314,4 +314,6 @@ absl::Status Engine::CompleteRemotePrefill(const std::string& request_id,
 
 void Engine::ReleaseHold(const std::string& request_id) { disagg_->ReleaseHold(request_id); }
 
+void Engine::ReleaseKvFence(uint64_t fence) { disagg_->ReleaseKvFence(fence); }
+
 }  // namespace tandem

@@ -54,6 +54,9 @@ class Engine {
   // Prefill role: the export of a finished prefill-only request is done; its blocks return to
   // the pool (full ones stay in the prefix cache).
   void ReleaseHold(const std::string& request_id);
+  // Decode role: the transport released the blocks of a remote-prefill request that ended before
+  // its KV arrived (SequenceUpdate::kv_fence): they return to the pool. Unknown fences: no-op.
+  void ReleaseKvFence(uint64_t fence);
 
   // Runs one iteration (schedule, forward, sample) if there is work and returns what changed.
   std::vector<SequenceUpdate> Step();

@@ -94,6 +94,11 @@ struct EngineRequest {
   // from a prefill worker (CompleteRemotePrefill); the reservation expires after kv_lease.
   bool remote_prefill = false;
   absl::Duration kv_lease = absl::Seconds(60);
+  // Decode role, with remote_prefill: a request that ends before its KV arrived keeps its
+  // reserved blocks out of the free list (a fence, named by its finishing update's kv_fence)
+  // until ReleaseKvFence, because a transport may still be writing them (a cancelled transfer's
+  // copies in flight). Off: they are freed at once.
+  bool kv_fence = false;
   // Prefill role: compute the prompt, sample the first token of each sample, finish, and hold
   // the blocks for export until ReleaseHold(id). export_hooks see each layer as it completes.
   bool prefill_only = false;
@@ -137,6 +142,9 @@ struct SequenceUpdate {
   absl::Status status;                       // non-OK with kError
   std::optional<KvReservation> reservation;  // decode role, once, before any token
   std::vector<int32_t> held_blocks;          // prefill role, on the finishing update of sample 0
+  // Decode role (EngineRequest::kv_fence), on the finishing update of sample 0 of a request
+  // that ended before its KV arrived: the fence holding its blocks until ReleaseKvFence (0: none).
+  uint64_t kv_fence = 0;
   // Set on the finishing update:
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
@@ -170,7 +178,7 @@ struct EngineStats {
   // Admitted but waiting for an external resource (kAwaiting): on a decode worker, the
   // reservations waiting for their KV.
   int64_t num_awaiting_kv = 0;
-  int64_t kv_blocks_held = 0;  // prefill role: blocks held for export
+  int64_t kv_blocks_held = 0;  // prefill role: blocks held for export; decode role: fenced
   // LoRA: adapters loaded (-1: LoRA off), adapters with admitted requests (at most max_loras),
   // and requests held waiting for one of those slots.
   int64_t lora_adapters_loaded = -1;

@@ -38,6 +38,17 @@ TransferMetrics::TransferMetrics(prometheus::Registry* registry, std::string_vie
                           "for a receiver's limit (connections, memory, handshake deadline), "
                           "or transfer messages from a sender not named for the transfer.")
                       .Register(*registry);
+  auto& control = prometheus::BuildHistogram()
+                      .Name("tandem_kv_transfer_control_messages")
+                      .Help(
+                          "Control messages per KV transfer attempt (nccl, cuda-ipc), counted by "
+                          "the sender: to_receiver (requests), to_sender (replies).")
+                      .Register(*registry);
+  const prometheus::Histogram::BucketBoundaries control_buckets = {1, 2, 3, 4, 6, 8, 16, 32, 64};
+  control_to_receiver_ = &control.Add(
+      {{"transport", std::string(transport)}, {"flow", "to_receiver"}}, control_buckets);
+  control_to_sender_ =
+      &control.Add({{"transport", std::string(transport)}, {"flow", "to_sender"}}, control_buckets);
   for (int d = 0; d < 2; ++d) {
     const prometheus::Labels l = {{"transport", std::string(transport)},
                                   {"direction", kDirectionNames[d]}};
@@ -90,6 +101,11 @@ void TransferMetrics::ConnectionRefused(TransferDirection direction, TransferFai
 
 void TransferMetrics::Refused(TransferDirection direction, KvRefusal reason) {
   directions_[static_cast<int>(direction)].refused_limits[static_cast<int>(reason)]->Increment();
+}
+
+void TransferMetrics::ControlMessages(int64_t to_receiver, int64_t to_sender) {
+  control_to_receiver_->Observe(static_cast<double>(to_receiver));
+  control_to_sender_->Observe(static_cast<double>(to_sender));
 }
 
 }  // namespace tandem

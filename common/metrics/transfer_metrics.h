@@ -24,6 +24,8 @@ namespace tandem {
 //   tandem_kv_transfer_connections_refused_total{transport, direction, reason}
 //       reason: incompatible or unauthenticated (handshakes), connection_limit,
 //       peer_connection_limit, handshake_timeout, memory, not_named (KvRefusal)
+//   tandem_kv_transfer_control_messages{transport, flow}          per attempt (nccl, cuda-ipc),
+//       counted by the sender; flow: to_receiver (requests), to_sender (replies)
 class TransferMetrics : public TransferHooks {
  public:
   TransferMetrics(prometheus::Registry* registry, std::string_view transport);
@@ -36,6 +38,7 @@ class TransferMetrics : public TransferHooks {
   void TransferFailed(TransferDirection direction, TransferFailure reason) override;
   void ConnectionRefused(TransferDirection direction, TransferFailure reason) override;
   void Refused(TransferDirection direction, KvRefusal reason) override;
+  void ControlMessages(int64_t to_receiver, int64_t to_sender) override;
 
  private:
   struct PerDirection {
@@ -49,6 +52,8 @@ class TransferMetrics : public TransferHooks {
     std::array<prometheus::Counter*, kNumKvRefusals> refused_limits;
   };
   std::array<PerDirection, 2> directions_;
+  prometheus::Histogram* control_to_receiver_;
+  prometheus::Histogram* control_to_sender_;
 };
 
 }  // namespace tandem

@@ -13,4 +13,11 @@ uint8_t* BackendRegions::Region(int64_t layer, int32_t block) {
   return backend_->HostBlockRegion(layer, block);
 }
 
+void* BackendRegions::LayerReadyEvent(int64_t layer) {
+#if defined(TANDEM_HAVE_CUDA)
+  if (device_memory_) return CudaKvLayerReadyEvent(backend_, layer);
+#endif
+  return nullptr;
+}
+
 }  // namespace tandem

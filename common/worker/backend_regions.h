@@ -15,6 +15,7 @@ class BackendRegions : public kvtransfer::KvRegionAccess {
       : backend_(backend), device_memory_(device_memory) {}
   uint8_t* Region(int64_t layer, int32_t block) override;  // backend_regions.cc
   int64_t num_blocks() const override { return backend_->kv_spec().num_blocks; }
+  void* LayerReadyEvent(int64_t layer) override;  // the CUDA backend's event; else none
 
  private:
   Backend* backend_;

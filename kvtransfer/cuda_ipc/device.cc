@@ -76,6 +76,61 @@ absl::Status CopyStream::Copy(void* dst, const void* src, size_t bytes) {
   return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaMemcpyAsync (kv region)");
 }
 
+absl::Status CopyStream::WaitEvent(void* event) {
+  cudaError_t e =
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(event), 0);
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaStreamWaitEvent (kv layer)");
+}
+
+absl::Status CopyStream::Record(void* event) {
+  cudaError_t e =
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream_));
+  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaEventRecord (kv copies)");
+}
+
+absl::StatusOr<void*> CreateEvent(int device) {
+  DeviceGuard guard(device);
+  cudaEvent_t event = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (e != cudaSuccess) return CudaError(e, "cudaEventCreateWithFlags");
+  return static_cast<void*>(event);
+}
+
+void DestroyEvent(int device, void* event) {
+  if (event == nullptr) return;
+  DeviceGuard guard(device);
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+namespace {
+
+// Polls `query` until it is no longer cudaErrorNotReady.
+template <class Query>
+absl::Status Poll(Query query, const char* what, absl::Time deadline,
+                  const std::atomic<bool>* stop) {
+  for (int spins = 0;; ++spins) {
+    cudaError_t e = query();
+    if (e == cudaSuccess) return absl::OkStatus();
+    if (e != cudaErrorNotReady) return CudaError(e, what);
+    if (stop != nullptr && stop->load()) return absl::CancelledError("kv copy stopped");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("kv region copy did not complete in time");
+    }
+    if (spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status WaitEvent(void* event, absl::Time deadline, const std::atomic<bool>* stop) {
+  return Poll([event] { return cudaEventQuery(static_cast<cudaEvent_t>(event)); },
+              "cudaEventQuery (kv copies)", deadline, stop);
+}
+
 absl::Status CopyStream::Wait(absl::Time deadline, const std::atomic<bool>* stop) {
   auto stream = static_cast<cudaStream_t>(stream_);
   for (int spins = 0;; ++spins) {

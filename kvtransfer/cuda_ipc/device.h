@@ -53,6 +53,10 @@ class CopyStream {
   int device() const { return device_; }
   // Queues a device-to-device copy.
   absl::Status Copy(void* dst, const void* src, size_t bytes);
+  // Later work of the stream waits (on the device) for `event`'s latest record.
+  absl::Status WaitEvent(void* event);
+  // Records `event` (from CreateEvent) after the work queued so far.
+  absl::Status Record(void* event);
   // Waits for the queued copies, polling until `deadline` or `*stop` (DEADLINE_EXCEEDED,
   // CANCELLED; then the stream is unusable).
   absl::Status Wait(absl::Time deadline, const std::atomic<bool>* stop);
@@ -62,5 +66,12 @@ class CopyStream {
   const int device_;
   void* stream_ = nullptr;  // cudaStream_t
 };
+
+// A cudaEvent_t without timing on `device`, and its release.
+absl::StatusOr<void*> CreateEvent(int device);
+void DestroyEvent(int device, void* event);
+// Waits until `event`'s latest record completed, polling until `deadline` or `*stop` (may be
+// null): DEADLINE_EXCEEDED, CANCELLED.
+absl::Status WaitEvent(void* event, absl::Time deadline, const std::atomic<bool>* stop);
 
 }  // namespace tandem::kvtransfer::cuda_ipc

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::kvtransfer::cuda_ipc {
 namespace {
 
@@ -48,16 +50,31 @@ class Reader {
 
 }  // namespace
 
-std::string EncodeConnect(absl::string_view device, const wire::Hello& hello) {
+std::string EncodeConnect(absl::string_view device, const wire::Hello& hello, uint32_t protocol) {
   std::string out;
   PutStr(&out, device);
+  PutU32(&out, protocol);
   return out + wire::EncodeHello(hello);
 }
+
+namespace {
+
+absl::Status OtherProtocol(const char* who, uint32_t protocol) {
+  // Protocol 1 had no field: its CONNECT went on with the HELLO's magic, its WELCOME ended.
+  return absl::FailedPreconditionError(absl::StrCat(
+      "kv layout mismatch in protocol_version: the ", who, " speaks cuda-ipc protocol ",
+      protocol == 0 || protocol == wire::kHelloMagic ? 1 : protocol, ", this side ", kIpcProtocol,
+      " (per-transfer admission at BEGIN): run one version on both"));
+}
+
+}  // namespace
 
 absl::Status DecodeConnect(absl::string_view body, std::string* device, wire::Hello* hello) {
   Reader in(body);
   *device = std::string(in.Str());
+  const uint32_t protocol = in.Get<uint32_t>();
   if (!in.ok()) return absl::DataLossError("cuda-ipc CONNECT too short");
+  if (protocol != kIpcProtocol) return OtherProtocol("sender", protocol);
   return wire::DecodeHello(in.rest(), hello);
 }
 
@@ -73,6 +90,7 @@ std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool) {
   PutU64(&out, pool.block_stride);
   PutU64(&out, pool.process);
   PutStr(&out, pool.device);
+  PutU32(&out, kIpcProtocol);
   return EncodeReply({wire::FrameType::kWelcome, std::move(out)});
 }
 
@@ -87,6 +105,9 @@ absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, P
   pool->process = in.Get<uint64_t>();
   pool->device = std::string(in.Str());
   if (!in.ok()) return absl::DataLossError("cuda-ipc WELCOME too short");
+  const uint32_t protocol = in.rest().empty() ? 0 : in.Get<uint32_t>();
+  if (!in.ok()) return absl::DataLossError("cuda-ipc WELCOME too short");
+  if (protocol != kIpcProtocol) return OtherProtocol("receiver", protocol);
   return wire::DecodeWelcome(w, welcome);
 }
 

@@ -1,20 +1,22 @@
 #pragma once
 
-// Control messages of the cuda-ipc transport, framed as every device transport's
+// Control messages of the cuda-ipc transport (protocol 2), framed as every device transport's
 // (kvtransfer/control_message.h), with bodies of the tcp wire metadata (kvtransfer/tcp/wire.h):
 //   request: u8 kind | u64 sender_id | body
-//     CONNECT    str sender device id | HELLO metadata
-//     BEGIN      BEGIN metadata
-//     DATA       DATA metadata (payload_len = regions * region bytes): "may I write these
-//                regions of this layer now?", asked before each device copy
-//     LANDED     an Outcome: the copy admitted by the last DATA of the attempt completed (OK) or
-//                failed
-//     FINISH     FINISH metadata
-//     ABORT      an Outcome
+//     CONNECT    str sender device id | u32 cuda-ipc protocol | HELLO metadata
+//     BEGIN      BEGIN metadata; an OK answer admits the copies of every (layer, block) of the
+//                attempt (a windowed layer: its window's blocks)
+//     FINISH     FINISH metadata: the sender's copies of the attempt landed (its counts: DATA
+//                items and bytes copied); answered with the receiver's verdict
+//     ABORT      an Outcome: the sender gave up, and its copies of the attempt are over
 //     DISCONNECT empty
 //   reply: u16 wire::FrameType | body
 //     WELCOME    u32 n | WELCOME metadata (n bytes) | the receiver's pool (PoolExport)
+//                | u32 cuda-ipc protocol
 //     REFUSE / RESULT  an Outcome
+// Protocol 1 admitted each layer's copy with a DATA request and reported it with LANDED (kinds
+// 0x43, 0x44, now refused); its CONNECT had no protocol field, and its WELCOME none: either side
+// of protocol 2 refuses a peer of protocol 1 at CONNECT, naming the protocol.
 
 #include <cstdint>
 #include <string>
@@ -30,11 +32,13 @@ inline constexpr size_t kIpcHandleBytes = 64;  // CUDA_IPC_HANDLE_SIZE
 
 // ControlRequest::kind. Kinds start at 0x41 so that one KvControl service can tell them from
 // nccl's (1..5).
+inline constexpr uint32_t kIpcProtocol = 2;
+
 enum ControlKind : uint8_t {
   kConnect = 0x41,
   kBegin = 0x42,
-  kData = 0x43,
-  kLanded = 0x44,
+  kDataV1 = 0x43,    // protocol 1 only: refused
+  kLandedV1 = 0x44,  // protocol 1 only: refused
   kFinish = 0x45,
   kAbort = 0x46,
   kDisconnect = 0x47,
@@ -56,10 +60,14 @@ struct PoolExport {
   std::string device;    // the receiver's GPU (DeviceId)
 };
 
-std::string EncodeConnect(absl::string_view device, const wire::Hello& hello);
+// CONNECT of protocol kIpcProtocol (`protocol` other than that only in tests).
+std::string EncodeConnect(absl::string_view device, const wire::Hello& hello,
+                          uint32_t protocol = kIpcProtocol);
+// FAILED_PRECONDITION naming the protocol for a sender of another one; DATA_LOSS when malformed.
 absl::Status DecodeConnect(absl::string_view body, std::string* device, wire::Hello* hello);
 
 std::string WelcomeReply(const wire::Welcome& welcome, const PoolExport& pool);
+// FAILED_PRECONDITION naming the protocol for a receiver of another one.
 absl::Status DecodeWelcomeBody(absl::string_view body, wire::Welcome* welcome, PoolExport* pool);
 
 }  // namespace tandem::kvtransfer::cuda_ipc

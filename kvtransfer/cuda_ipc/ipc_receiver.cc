@@ -1,11 +1,12 @@
 // The cuda-ipc transport's receiving side. The KV pool (one device allocation) is exported once
 // at creation; every sender on the same GPU maps it and writes the reserved regions itself.
-// The receiver stays in charge of what may be written: each device copy is admitted first (DATA:
-// ReceiverCore::AdmitData against the expectation) and reported done (LANDED) right after, so
-// Cancel can wait for the copy in flight before the blocks are reused.
+// The receiver stays in charge of what may be written: BEGIN admits the copies of every region
+// of the transfer (ReceiverCore::AdmitAll against the expectation) and FINISH (or ABORT, or the
+// sender's peer going) reports them over, so a Cancel's release follows the copies in flight
+// before the blocks are reused.
 
 #include <algorithm>
-#include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -29,8 +30,9 @@ uint64_t RandomU64() {
          static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
 }
 
-// A copy the receiver admitted and the sender has not reported landed yet. The sender waits
-// for its stream at most io_timeout, so after `deadline` the copy is over either way.
+// The copies of an attempt the receiver admitted at BEGIN and the sender has not reported over
+// yet (FINISH, ABORT). The sender copies nothing after the attempt's deadline and waits for
+// its stream at most io_timeout, so after `deadline` the copies are over either way.
 struct OpenCopy {
   uint64_t owner = 0;
   ReceiverCore::Ticket ticket;
@@ -71,75 +73,46 @@ class IpcReceiver : public ControlReceiver {
     return cuda_ipc::WelcomeReply(welcome, pool_);
   }
 
-  // Nothing admits a new copy of the transfer once the core forgot it; then wait for its
-  // copies in flight (the sender reports each landed right after its stream completed), each
-  // at most until its deadline (a sender that died mid-copy, or whose LANDED was lost).
-  void WaitWrites(uint64_t id) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
+  // Nothing admits a new copy of the transfer once the core forgot it; its copies in flight are
+  // over once the sender's FINISH or ABORT reported them (after its stream completed them), its
+  // peer went, or each attempt's admission ended: its deadline plus io_timeout (a sender that
+  // died mid-transfer, or whose FINISH and ABORT were lost).
+  std::function<bool()> WritesOver(uint64_t id) override {
+    return [this, id] {
+      std::lock_guard<std::mutex> lock(mu_);
       const absl::Time now = absl::Now();
-      absl::Time until = absl::InfinitePast();
-      for (auto it = open_.begin(); it != open_.end();) {
-        if (it->first.first != id) {
-          ++it;
-        } else if (it->second.deadline <= now) {
+      bool over = true;
+      for (auto it = open_.lower_bound({id, 0}); it != open_.end() && it->first.first == id;) {
+        if (it->second.deadline <= now) {
           TLOG(WARNING) << "cuda-ipc: transfer " << id << " attempt " << it->first.second
-                        << ": its admitted copy was never reported landed";
+                        << ": its admitted copies were never reported over";
           it = open_.erase(it);
         } else {
-          until = std::max(until, it->second.deadline);
+          over = false;
           ++it;
         }
       }
-      if (until == absl::InfinitePast()) return;
-      landed_cv_.wait_for(lock, absl::ToChronoMicroseconds(until - now));
-    }
+      return over;
+    };
   }
 
-  absl::StatusOr<std::string> HandleLink(const ControlRequest& req) override {
-    if (req.kind == ControlKind::kData) return Data(req);
-    if (req.kind == ControlKind::kLanded) {
-      wire::Outcome o;
-      absl::Status s = wire::DecodeOutcome(req.body, &o);
-      if (!s.ok()) return s;
-      Land(PeerOwner(req.sender_id), {o.transfer_id, o.attempt}, o.status);
-      return ResultReply(o.transfer_id, o.attempt, absl::OkStatus());
-    }
-    return ControlReceiver::HandleLink(req);
+  // BEGIN admits every region of the attempt at once: the sender copies each layer as the
+  // engine computes it, with no further message until FINISH.
+  absl::Status AfterBegin(uint64_t owner, const AttemptKey& key) override {
+    absl::StatusOr<ReceiverCore::Ticket> ticket = core().AdmitAll(owner, key.first, key.second);
+    if (!ticket.ok()) return ticket.status();
+    std::lock_guard<std::mutex> io(*core().io_mutex(*ticket));
+    if (!core().Writable(*ticket)) return absl::AbortedError("the attempt ended before its copies");
+    const absl::Time deadline = ticket->deadline + options().io_timeout;
+    std::lock_guard<std::mutex> lock(mu_);
+    open_[key] = OpenCopy{owner, *std::move(ticket), deadline};
+    return absl::OkStatus();
   }
 
-  // Admits one device copy: the sender writes the regions only after an OK.
-  absl::StatusOr<std::string> Data(const ControlRequest& req) {
-    wire::DataMeta d;
-    absl::Status s = wire::DecodeDataMeta(req.body, &d);
-    if (!s.ok()) return s;
-    absl::StatusOr<uint64_t> owner = OwnerOf(req.sender_id);
-    if (!owner.ok()) return ResultReply(d.transfer_id, d.attempt, owner.status());
-    const AttemptKey key{d.transfer_id, d.attempt};
-    Land(*owner, key, absl::DataLossError("a new copy was asked for before the last one landed"));
-    if (d.payload_len != d.blocks.size() * options().layout.region_bytes()) {
-      return ResultReply(d.transfer_id, d.attempt,
-                         absl::InvalidArgumentError("cuda-ipc DATA of the wrong size"));
-    }
-    bool reported = false;
-    absl::StatusOr<ReceiverCore::Ticket> ticket =
-        core().AdmitData(*owner, d.transfer_id, d.attempt, d.layer, d.blocks, &reported);
-    if (!ticket.ok()) return ResultReply(d.transfer_id, d.attempt, ticket.status());
-    {
-      std::lock_guard<std::mutex> io(*core().io_mutex(*ticket));
-      if (!core().Writable(*ticket)) {
-        return ResultReply(d.transfer_id, d.attempt,
-                           absl::AbortedError("the attempt ended before the copy"));
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      open_[key] = OpenCopy{*owner, *std::move(ticket), absl::Now() + options().io_timeout};
-    }
-    return ResultReply(d.transfer_id, d.attempt, absl::OkStatus());
-  }
-
-  // The copy of the attempt's open DATA that `owner` made ended with `status` (another
-  // sender's open copy is left alone).
-  void Land(uint64_t owner, const AttemptKey& key, const absl::Status& status) {
+  // The copies `owner` was admitted for the attempt ended with `status` as `frames` DATA items
+  // (another sender's open copies are left alone).
+  void Land(uint64_t owner, const AttemptKey& key, const absl::Status& status,
+            uint64_t frames = 1) {
     OpenCopy copy;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -148,14 +121,27 @@ class IpcReceiver : public ControlReceiver {
       copy = std::move(it->second);
       open_.erase(it);
     }
-    core().EndData(copy.ticket, status);
-    std::lock_guard<std::mutex> lock(mu_);
-    landed_cv_.notify_all();
+    core().EndData(copy.ticket, status, frames);
+    core().WakeReleases();  // a Cancel may wait for these copies
   }
 
-  void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames,
+  // FINISH: the sender's copies of the attempt landed, `bytes` in all; fewer than admitted is
+  // DATA_LOSS (the core then fails the attempt).
+  void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames, uint64_t bytes,
                     const std::shared_ptr<AttemptOutcome>& outcome) override {
-    Land(owner, key, absl::DataLossError("FINISH before the last copy landed"));
+    uint64_t admitted = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = open_.find(key);
+      if (it == open_.end() || it->second.owner != owner) return;
+      admitted = it->second.ticket.cells.size() * options().layout.region_bytes();
+    }
+    Land(owner, key,
+         bytes == admitted
+             ? absl::OkStatus()
+             : absl::DataLossError(absl::StrCat("the sender copied ", bytes, " of the ", admitted,
+                                                " bytes admitted at BEGIN")),
+         frames);
   }
 
   void OnAbort(uint64_t owner, const AttemptKey& key, const absl::Status& why) override {
@@ -163,16 +149,17 @@ class IpcReceiver : public ControlReceiver {
   }
 
   void OnPeerGone(uint64_t owner) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto o = open_.begin(); o != open_.end();) {
-      o = o->second.owner == owner ? open_.erase(o) : std::next(o);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto o = open_.begin(); o != open_.end();) {
+        o = o->second.owner == owner ? open_.erase(o) : std::next(o);
+      }
     }
-    landed_cv_.notify_all();
+    core().WakeReleases();
   }
 
   const PoolExport pool_;
   std::mutex mu_;
-  std::condition_variable landed_cv_;
   std::map<AttemptKey, OpenCopy> open_;
 };
 

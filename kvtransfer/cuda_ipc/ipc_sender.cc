@@ -1,16 +1,19 @@
 // The cuda-ipc transport's sending side: the control-channel sender shell (control_sender.h)
 // over one Peer per receiver endpoint. A Peer holds the receiver's KV pool mapped into this
 // process (one mapping per receiver incarnation, closed once the last peer using it stopped), a
-// copy stream and a worker thread that runs the queued work in order: for each DATA item it asks
-// the receiver to admit the regions, copies them device to device, waits for the stream with a
-// deadline and reports them landed. So SendLayer only enqueues, and the copies of one layer
-// overlap the engine's next layer.
+// copy stream and a worker thread that runs the queued work in order. BEGIN's answer admitted
+// every region of the transfer, so a DATA item (one layer) costs no message: the stream waits on
+// the device for the engine's event of the layer, then copies each contiguous run of regions
+// with one call, and records the transfer's event; FINISH (or ABORT) goes out once that event
+// completed, so the copies of several transfers and layers are in flight at once and the host
+// waits only before the transfer's last message.
 
 #include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -26,15 +29,26 @@
 namespace tandem::kvtransfer::cuda_ipc {
 namespace {
 
-// Regions of one DATA item: one admission and one stream wait each.
+// Regions of one DATA item.
 constexpr size_t kMaxBlocksPerMessage = 4096;
 
-// The shell's peer with the receiver's pool: its mapping and the copy stream, used by the
-// worker thread and released once it stopped.
+// A transfer with copies queued on the peer's stream and not yet waited for: the read of its
+// source regions the sender keeps (SenderCore::StartRead) and the event recorded after its
+// latest copy.
+struct InFlight {
+  std::shared_ptr<SenderTransfer> transfer;
+  void* event = nullptr;  // cudaEvent_t
+  absl::Status status;    // a copy that could not be queued
+};
+
+// The shell's peer with the receiver's pool: its mapping, the copy stream and the transfers
+// with copies in flight, used by the worker thread and released once it stopped.
 struct Peer : ControlPeer {
   PoolExport pool;
   std::shared_ptr<MappedPool> mapped;
   std::unique_ptr<CopyStream> stream;
+  std::unordered_map<const SenderTransfer*, InFlight> in_flight;
+  std::vector<void*> spare_events;  // completed, for reuse
 };
 
 class IpcSender : public ControlSender {
@@ -109,63 +123,102 @@ class IpcSender : public ControlSender {
 
   void StartWorker(ControlPeer* p) override { cudaSetDevice(options().cuda_device); }
 
-  // One DATA item: admitted by the receiver, copied into its pool, reported landed. A failure
-  // returned here breaks the peer (the receiver is unreachable or the stream is).
+  // One DATA item, admitted at BEGIN: its copies queued behind the layer's event, one per run
+  // of regions contiguous on both sides. Nothing waits here; SettleReads does, before FINISH or
+  // ABORT. A failure returned here breaks the peer (the stream is unusable).
   absl::Status SendData(ControlPeer* link, SenderWork& work) override {
     Peer* p = static_cast<Peer*>(link);
     const std::shared_ptr<SenderTransfer>& t = work.transfer;
-    const uint64_t id = t->target.transfer_id;
-    const uint32_t attempt = t->target.attempt;
     const size_t region = options().layout.region_bytes();
-    wire::DataMeta d;
-    d.transfer_id = id;
-    d.attempt = attempt;
-    d.layer = static_cast<uint32_t>(work.layer);
-    d.payload_len = work.count * region;
-    d.blocks.assign(t->target.dst_blocks.begin() + work.first,
-                    t->target.dst_blocks.begin() + work.first + work.count);
-    absl::Status s = Control(p->endpoint, kData, wire::EncodeDataMeta(d));
-    if (absl::IsUnavailable(s) || absl::IsUnauthenticated(s)) return s;
-    if (!s.ok()) {  // refused: the receiver failed the attempt and knows it
-      core().End(t, s, /*tell_receiver=*/false);
-      return absl::OkStatus();
+    InFlight& f = p->in_flight[t.get()];
+    if (f.transfer == nullptr) {
+      // The source regions stay read until the copies completed: done waits for SettleReads.
+      if (!core().StartRead(t)) {
+        p->in_flight.erase(t.get());
+        return absl::OkStatus();
+      }
+      f.transfer = t;
+      if (!p->spare_events.empty()) {
+        f.event = p->spare_events.back();
+        p->spare_events.pop_back();
+      } else {
+        absl::StatusOr<void*> event = CreateEvent(options().cuda_device);
+        if (!event.ok()) return event.status();
+        f.event = *event;
+      }
     }
+    absl::Status s = f.status;
+    // The layer's KV is final once the engine's event for it fired: the stream waits on the
+    // device, the host never does.
+    void* ready = access()->LayerReadyEvent(work.layer);
+    if (s.ok() && ready != nullptr) s = p->stream->WaitEvent(ready);
     const bool misplace = faults().Chance(options().faults.kv_misplace);
     const PoolExport& pool = p->pool;
-    for (size_t i = 0; s.ok() && i < work.count; ++i) {
-      int64_t block = d.blocks[i];
+    const int32_t* dst = t->target.dst_blocks.data() + work.first;
+    const int32_t* src = t->src_blocks.data() + work.first;
+    for (size_t i = 0; s.ok() && i < work.count;) {
+      int64_t block = dst[i];
       if (misplace) block = (block + 1) % pool.num_blocks;  // fault injection: one block off
       const uint64_t offset = work.layer * pool.layer_stride + block * pool.block_stride;
       if (block < 0 || offset + region > pool.pool_bytes) {
         s = absl::InvalidArgumentError(absl::StrCat("block ", block, " outside the peer's pool"));
         break;
       }
-      s = p->stream->Copy(p->mapped->base() + offset,
-                          access()->Region(work.layer, t->src_blocks[work.first + i]), region);
+      uint8_t* from = access()->Region(work.layer, src[i]);
+      // Coalesce: the next blocks follow on both sides (the receiver's blocks of a layer are
+      // adjacent when its block stride is one region).
+      size_t n = 1;
+      while (!misplace && pool.block_stride == region && i + n < work.count &&
+             dst[i + n] == dst[i] + static_cast<int32_t>(n) &&
+             offset + (n + 1) * region <= pool.pool_bytes &&
+             access()->Region(work.layer, src[i + n]) == from + n * region) {
+        ++n;
+      }
+      s = p->stream->Copy(p->mapped->base() + offset, from, n * region);
+      core().counters().device_copies.fetch_add(1, std::memory_order_relaxed);
+      i += n;
     }
-    if (s.ok()) {
-      s = p->stream->Wait(std::min(t->target.deadline, absl::Now() + options().io_timeout),
-                          &p->stop);
-    }
+    if (s.ok()) s = p->stream->Record(f.event);
     t->frames_sent += 1;
     t->bytes_sent += work.count * region;
     if (s.ok()) {
       core().counters().frames.fetch_add(1, std::memory_order_relaxed);
       core().counters().bytes.fetch_add(work.count * region, std::memory_order_relaxed);
+      return absl::OkStatus();
     }
-    absl::Status told = Control(p->endpoint, kLanded, wire::EncodeOutcome({id, attempt, s}));
-    if (!s.ok()) {
-      // A stream that missed its deadline is unusable: the peer breaks (a new one gets a new
-      // stream); a refused copy fails this transfer only.
-      if (absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) || absl::IsInternal(s)) return s;
-      core().End(t, s, /*tell_receiver=*/false);
-    }
-    return absl::IsUnavailable(told) ? told : absl::OkStatus();
+    f.status = s;  // the transfer fails at its FINISH (ABORT follows)
+    return absl::IsInternal(s) ? s : absl::OkStatus();
   }
 
-  // Peers replaced or broken close their mappings once nothing uses them.
+  // Waits (at most io_timeout) for the transfer's copies queued so far and ends the read it kept.
+  absl::Status SettleReads(ControlPeer* link, const std::shared_ptr<SenderTransfer>& t) override {
+    Peer* p = static_cast<Peer*>(link);
+    auto it = p->in_flight.find(t.get());
+    if (it == p->in_flight.end()) return absl::OkStatus();
+    InFlight f = std::move(it->second);
+    p->in_flight.erase(it);
+    absl::Status waited = WaitEvent(f.event, absl::Now() + options().io_timeout, &p->stop);
+    if (waited.ok()) {
+      p->spare_events.push_back(f.event);
+    } else {
+      DestroyEvent(options().cuda_device, f.event);
+    }
+    core().EndRead(f.transfer);
+    return f.status.ok() ? waited : f.status;
+  }
+
+  // Peers replaced or broken close their mappings once nothing uses them; the copies still
+  // queued complete first (at most io_timeout each), so done never runs while they read.
   void Release(ControlPeer* link) override {
     Peer* p = static_cast<Peer*>(link);
+    for (auto& [raw, f] : p->in_flight) {
+      WaitEvent(f.event, absl::Now() + options().io_timeout, nullptr).IgnoreError();
+      DestroyEvent(options().cuda_device, f.event);
+      core().EndRead(f.transfer);
+    }
+    p->in_flight.clear();
+    for (void* e : p->spare_events) DestroyEvent(options().cuda_device, e);
+    p->spare_events.clear();
     p->stream.reset();
     std::lock_guard<std::mutex> lock(map_mu_);
     p->mapped.reset();  // the last peer of an incarnation closes its mapping

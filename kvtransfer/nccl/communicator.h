@@ -46,6 +46,8 @@ class Communicator {
   absl::Status WaitReady(absl::Time deadline, const std::atomic<bool>* stop);
 
   // Enqueue on the stream; complete with Wait.
+  // Later work of the stream waits (on the device) for `event`'s latest record (a cudaEvent_t).
+  absl::Status WaitEvent(void* event);
   absl::Status Send(const void* device_buffer, size_t bytes);
   absl::Status Recv(void* device_buffer, size_t bytes);
   absl::Status GroupStart();

@@ -74,7 +74,7 @@ class NcclReceiver : public ControlReceiver {
 
   // The sender waited for its last message to complete, so ours completed too; give the peer
   // thread the time to account for it.
-  void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames,
+  void BeforeFinish(uint64_t owner, const AttemptKey& key, uint64_t frames, uint64_t bytes,
                     const std::shared_ptr<AttemptOutcome>& outcome) override {
     if (outcome == nullptr) return;  // no live attempt of this sender: nothing to wait for
     const ProgressKey p{owner, key.first, key.second};

@@ -86,7 +86,11 @@ class NcclSender : public ControlSender {
     h->layer = static_cast<uint32_t>(work.layer);
     for (size_t i = 0; i < work.count; ++i) h->blocks[i] = t->target.dst_blocks[work.first + i];
     h->crc = Crc32c(0, h, kHeaderBytes);
-    absl::Status s = comm->HeaderToDevice();
+    // The layer's KV is final once the engine's event for it fired: the stream waits for it on
+    // the device.
+    void* ready = access()->LayerReadyEvent(work.layer);
+    absl::Status s = ready != nullptr ? comm->WaitEvent(ready) : absl::OkStatus();
+    if (s.ok()) s = comm->HeaderToDevice();
     if (s.ok()) s = comm->Send(comm->device_header(), kHeaderBytes);
     if (s.ok()) s = comm->GroupStart();
     for (size_t i = 0; s.ok() && i < work.count; ++i) {

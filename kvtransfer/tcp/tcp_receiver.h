@@ -37,7 +37,9 @@ class TcpReceiver : public KvReceiver {
   std::string endpoint() const override { return endpoint_; }
   uint64_t incarnation() const override { return incarnation_; }
   void Expect(const Expectation& expectation) override { core_->Expect(expectation); }
-  void Cancel(uint64_t transfer_id) override { core_->Cancel(transfer_id); }
+  void Cancel(uint64_t transfer_id, ReleasedCallback released) override {
+    core_->Cancel(transfer_id, nullptr, std::move(released));
+  }
   int64_t num_in_flight() const override { return core_->num_in_flight(); }
   TransportStats stats() const override;
 

@@ -75,6 +75,7 @@ struct DisaggState {
   std::shared_ptr<KvExportHooks> export_hooks;         // prefill role, may be null
   absl::Duration kv_lease = absl::Seconds(60);         // reservation lifetime
   absl::Time lease_deadline = absl::InfiniteFuture();  // awaiting its KV: reservation expiry
+  bool kv_fence = false;  // decode role: ending before its KV arrived leaves a fence
 };
 
 // LoRA (lora_feature.cc): the adapter whose weights the backend adds to this sequence's

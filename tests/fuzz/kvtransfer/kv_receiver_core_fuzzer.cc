@@ -110,6 +110,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kvt::ReceiverCore core(
         layout, &pool, [](const kvt::CompletedTransfer&) {}, absl::Milliseconds(5),
         absl::Seconds(10), "fuzz-recv");
+    // No write holds a transfer's I/O mutex between operations here: every Cancel is released
+    // before it returns, exactly once.
+    int cancels = 0;
+    int released = 0;
+    auto cancel = [&](uint64_t id) {
+      ++cancels;
+      core.Cancel(id, nullptr, [&released] { ++released; });
+      FUZZ_CHECK(released == cancels);
+    };
     Input in(data, size);
     for (int ops = 0; !in.empty() && ops < 64; ++ops) {
       const uint8_t op = in.Byte();
@@ -157,15 +166,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)core.Begin(std::move(s), [](const absl::Status&) {}).ok();
           break;
         }
-        case 2: {  // DATA for any layer and blocks
-          const int64_t layer = static_cast<int8_t>(in.Byte()) % 4;
+        case 2: {  // DATA for any layer and blocks; layer byte 0xff: every region (cuda-ipc)
+          const uint8_t layer_byte = in.Byte();
+          const int64_t layer = static_cast<int8_t>(layer_byte) % 4;
           std::vector<int32_t> blocks;
           const int n = in.Byte() % 4;
           for (int i = 0; i < n; ++i) blocks.push_back(static_cast<int8_t>(in.Byte()) % 10);
           bool reported = false;
-          auto ticket = core.AdmitData(1 + in.Byte() % 2, id, attempt, layer, blocks, &reported);
+          const uint64_t owner = 1 + in.Byte() % 2;
+          auto ticket = layer_byte == 0xff
+                            ? core.AdmitAll(owner, id, attempt)
+                            : core.AdmitData(owner, id, attempt, layer, blocks, &reported);
           if (!ticket.ok()) break;
-          FUZZ_CHECK(ticket->regions.size() == blocks.size());
+          FUZZ_CHECK(layer_byte == 0xff || ticket->regions.size() == blocks.size());
+          FUZZ_CHECK(ticket->regions.size() == ticket->cells.size());
           {
             std::lock_guard<std::mutex> lock(*core.io_mutex(*ticket));
             if (core.Writable(*ticket)) {
@@ -173,7 +187,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
           }
           core.EndData(*ticket,
-                       in.Byte() % 5 == 0 ? absl::DataLossError("checksum") : absl::OkStatus());
+                       in.Byte() % 5 == 0 ? absl::DataLossError("checksum") : absl::OkStatus(),
+                       layer_byte == 0xff ? 1 + in.Byte() % 4 : 1);
           break;
         }
         case 3: {
@@ -188,14 +203,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           core.Abort(1 + in.Byte() % 2, id, attempt, absl::AbortedError("fuzz"));
           break;
         case 5:
-          core.Cancel(id);
+          cancel(id);
           break;
         default:
           core.FailOwner(1 + in.Byte() % 2, absl::UnavailableError("connection lost"));
           break;
       }
     }
-    for (uint64_t id = 0; id < 4; ++id) core.Cancel(id);
+    for (uint64_t id = 0; id < 4; ++id) cancel(id);
     FUZZ_CHECK(core.num_in_flight() == 0);
   }
   FUZZ_CHECK(pool.GuardsIntact());

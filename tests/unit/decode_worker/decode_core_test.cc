@@ -1,11 +1,16 @@
 // DecodeCore on a running engine: the tokens of a Decode call are those of a plain engine run
 // (what `tandem generate` prints), a cancelled call ends ABORT with its blocks freed, a reserved
-// remote prefill that is cancelled frees its reservation, and what cannot run is refused inside
-// the stream.
+// remote prefill that is cancelled frees its reservation (at once when no write is in flight;
+// while a sender's copies are in flight it stays fenced, without stalling the engine, until the
+// receiver releases it), and what cannot run is refused inside the stream.
 
 #include "decode_worker/decode_core.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -27,6 +32,109 @@ v1::DecodeRequest Request(const std::string& id, int32_t max_tokens) {
   for (int32_t t : Prompt()) r.add_prompt_token_ids(t);
   *r.mutable_sampling() = Greedy(max_tokens);
   return r;
+}
+
+// A real (loopback) receiver whose Cancel releases the blocks the way a cuda-ipc receiver does
+// while a sender's copies admitted at BEGIN are in flight and never reported over: only when the
+// test says the copies are over (the sender's FINISH or ABORT) or `hold` after the Cancel (the
+// admission's end).
+class CopiesInFlightReceiver : public kvtransfer::KvReceiver {
+ public:
+  CopiesInFlightReceiver(std::unique_ptr<kvtransfer::KvReceiver> inner, absl::Duration hold)
+      : inner_(std::move(inner)), hold_(hold), thread_([this] { Run(); }) {}
+  ~CopiesInFlightReceiver() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;  // nothing is released once the receiver goes
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::string endpoint() const override { return inner_->endpoint(); }
+  uint64_t incarnation() const override { return inner_->incarnation(); }
+  void Expect(const kvtransfer::Expectation& e) override { inner_->Expect(e); }
+  void Cancel(uint64_t transfer_id, ReleasedCallback released) override {
+    inner_->Cancel(transfer_id, nullptr);
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.push_back({absl::Now() + hold_, std::move(released)});
+    cv_.notify_all();
+  }
+  int64_t num_in_flight() const override { return inner_->num_in_flight(); }
+  // The senders' copies are over.
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_all_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  struct Held {
+    absl::Time until;
+    ReleasedCallback released;
+  };
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      const absl::Time now = absl::Now();
+      absl::Time next = absl::InfiniteFuture();
+      for (auto it = held_.begin(); it != held_.end();) {
+        if (release_all_ || it->until <= now) {
+          ReleasedCallback r = std::move(it->released);
+          it = held_.erase(it);
+          lock.unlock();
+          if (r) r();
+          lock.lock();
+          it = held_.begin();
+        } else {
+          next = std::min(next, it->until);
+          ++it;
+        }
+      }
+      release_all_ = false;
+      if (next == absl::InfiniteFuture()) {
+        cv_.wait(lock);
+      } else {
+        cv_.wait_for(lock, absl::ToChronoMicroseconds(next - now));
+      }
+    }
+  }
+
+  std::unique_ptr<kvtransfer::KvReceiver> inner_;
+  const absl::Duration hold_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Held> held_;
+  bool release_all_ = false;
+  bool stop_ = false;
+  std::thread thread_;  // last
+};
+
+// Starts `core`'s receiver (loopback) as a CopiesInFlightReceiver holding releases for `hold`.
+CopiesInFlightReceiver* StartHeldReceiver(DecodeCore* core, const testing::RunningEngine& running,
+                                          absl::Duration hold) {
+  kvtransfer::ReceiverOptions ro;
+  ro.transport = "loopback";
+  ro.layout = running.layout;
+  CopiesInFlightReceiver* held = nullptr;
+  absl::Status st = core->StartReceiver(
+      ro, running.regions.get(),
+      [&](const kvtransfer::ReceiverOptions& o, kvtransfer::KvRegionAccess* access,
+          kvtransfer::KvReceiver::CompletionCallback done)
+          -> absl::StatusOr<std::unique_ptr<kvtransfer::KvReceiver>> {
+        auto inner = kvtransfer::CreateReceiver(o, access, std::move(done));
+        if (!inner.ok()) return inner.status();
+        auto r = std::make_unique<CopiesInFlightReceiver>(*std::move(inner), hold);
+        held = r.get();
+        return std::unique_ptr<kvtransfer::KvReceiver>(std::move(r));
+      });
+  EXPECT_TRUE(st.ok()) << st;
+  return held;
+}
+
+std::vector<int32_t> ReservedBlocks(const DecodeStream& stream) {
+  const v1::KvReservation r = *stream.Reservation();
+  return {r.dst_blocks().begin(), r.dst_blocks().end()};
 }
 
 TEST(DecodeCoreTest, GreedyTokensEqualAPlainEngineRun) {
@@ -83,7 +191,9 @@ TEST(DecodeCoreTest, ACancelledReservationFreesItsBlocksAndItsExpectation) {
   ASSERT_TRUE(stream.WaitForFinal());
   EXPECT_EQ(stream.Final().finish_reason(), v1::FINISH_REASON_ABORT);
   EXPECT_TRUE(stream.Tokens().empty());
-  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  // Nothing was in flight: the receiver released the blocks at once (freed by the next step).
+  EXPECT_TRUE(testing::WaitForStats(
+      engine, [](const EngineStats& s) { return s.kv_blocks_used == 0 && s.kv_blocks_held == 0; }));
   EXPECT_EQ(engine.stats().num_awaiting_kv, 0);
   EXPECT_EQ(core.transfers_in_flight(), 0);
 }
@@ -136,6 +246,82 @@ TEST(DecodeCoreTest, ReservationsCarryRandomIdsAndKeys) {
     ASSERT_TRUE(streams[i].WaitForFinal());
   }
   EXPECT_EQ(core.transfers_in_flight(), 0);
+}
+
+// A request cancelled while its sender's copies are in flight (a sender that never finishes):
+// the engine thread does not wait for them -- the stream ends at once and other requests run --
+// and the reserved blocks stay out of the free list until the receiver releases them.
+TEST(DecodeCoreTest, CancelDuringCopiesInFlightNeverStallsTheEngineAndFencesTheBlocks) {
+  testing::RunningEngine running = testing::StartEngine();
+  AsyncEngine& engine = *running.engine;
+  DecodeCore core(&engine);
+  CopiesInFlightReceiver* receiver = StartHeldReceiver(&core, running, absl::Seconds(4));
+  ASSERT_NE(receiver, nullptr);
+  DecodeStream remote;
+  v1::DecodeRequest r = Request("remote", 8);
+  r.set_remote_prefill(true);
+  core.Decode(r, remote.Callback());
+  ASSERT_TRUE(remote.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  const std::vector<int32_t> fenced = ReservedBlocks(remote);
+  ASSERT_EQ(fenced.size(), 3u);
+
+  const absl::Time cancelled_at = absl::Now();
+  core.Cancel("remote", -1);
+  ASSERT_TRUE(remote.WaitForFinal());
+  EXPECT_EQ(remote.Final().finish_reason(), v1::FINISH_REASON_ABORT);
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(1)) << "the engine waited for the sender";
+  DecodeStream other;
+  core.Decode(Request("other", 8), other.Callback());
+  ASSERT_TRUE(other.WaitForFinal());
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(2)) << "the engine waited for the sender";
+  EXPECT_EQ(other.Tokens(), ReferenceTokens(Prompt(), 8));
+
+  // Not reused while the copies may land: held, and a new reservation (of another prompt, so
+  // nothing of it is cached; the pool hands out the last freed blocks first) gets other blocks.
+  EXPECT_EQ(engine.stats().kv_blocks_held, 3);
+  DecodeStream next;
+  v1::DecodeRequest n = Request("next", 8);
+  std::reverse(n.mutable_prompt_token_ids()->begin(), n.mutable_prompt_token_ids()->end());
+  n.set_remote_prefill(true);
+  core.Decode(n, next.Callback());
+  ASSERT_TRUE(next.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  for (int32_t b : ReservedBlocks(next)) {
+    EXPECT_EQ(std::count(fenced.begin(), fenced.end(), b), 0) << "block " << b << " reused";
+  }
+  EXPECT_LT(absl::Now() - cancelled_at, absl::Seconds(3));  // all of this before the release
+
+  // The copies are over: the blocks come back.
+  receiver->Release();
+  EXPECT_TRUE(testing::WaitForStats(engine, [](const EngineStats& s) {
+    return s.kv_blocks_held == 0 && s.num_awaiting_kv == 1;
+  }));
+  core.Cancel("next", -1);
+  ASSERT_TRUE(next.WaitForFinal());
+  receiver->Release();
+  EXPECT_TRUE(testing::WaitForStats(
+      engine, [](const EngineStats& s) { return s.kv_blocks_held == 0 && s.kv_blocks_used == 0; }));
+  EXPECT_EQ(core.transfers_in_flight(), 0);
+}
+
+// A sender that never reports its copies over: the blocks come back at the admission's end (the
+// receiver's release), not before, and not never.
+TEST(DecodeCoreTest, FencedBlocksComeBackWhenTheReceiverGivesUpOnTheSender) {
+  testing::RunningEngine running = testing::StartEngine();
+  AsyncEngine& engine = *running.engine;
+  DecodeCore core(&engine);
+  ASSERT_NE(StartHeldReceiver(&core, running, absl::Milliseconds(600)), nullptr);
+  DecodeStream remote;
+  v1::DecodeRequest r = Request("remote", 8);
+  r.set_remote_prefill(true);
+  core.Decode(r, remote.Callback());
+  ASSERT_TRUE(remote.WaitFor([](const v1::DecodeResponse& r) { return r.has_reservation(); }));
+  const absl::Time cancelled_at = absl::Now();
+  core.Cancel("remote", -1);
+  ASSERT_TRUE(remote.WaitForFinal());
+  EXPECT_EQ(engine.stats().kv_blocks_held, 3);
+  EXPECT_TRUE(testing::WaitForStats(
+      engine, [](const EngineStats& s) { return s.kv_blocks_held == 0 && s.kv_blocks_used == 0; }));
+  EXPECT_GE(absl::Now() - cancelled_at, absl::Milliseconds(600));
 }
 
 TEST(DecodeCoreTest, RefusalsArriveAsAnErrorFinal) {

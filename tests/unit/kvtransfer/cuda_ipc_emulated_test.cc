@@ -6,8 +6,10 @@
 // checks what landed in its pool (guard bytes around every region) and exits with the verdict.
 // Cases: bit-exact transfers and mapping reuse, unknown transfer and stale incarnation refused
 // at Begin, the handshake refusals (layout naming the field, another emulated GPU, the shared
-// secret), a restarted receiver mapped afresh, and fault injection (kv_misplace) that the
-// child's bit-exact check must catch.
+// secret), a restarted receiver mapped afresh, fault injection (kv_misplace) that the child's
+// bit-exact check must catch, the control messages of a transfer (at most 3 each way whatever
+// its length), copies coalesced over contiguous blocks, and copies waiting on the device for
+// the engine's event of their layer.
 
 #include <signal.h>
 #include <spawn.h>
@@ -15,11 +17,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,17 +51,28 @@ constexpr int kLandedExactly = 0;
 constexpr int kLandedWrong = 3;
 constexpr int kTransferFailed = 4;
 
+// The contiguous mode's transfers: 1 moves contiguous blocks into contiguous blocks, 2 moves
+// scattered ones.
+const std::vector<int32_t> kContiguousSrc = {10, 11, 12}, kContiguousDst = {3, 4, 5};
+const std::vector<int32_t> kScatteredSrc = {1, 3, 5}, kScatteredDst = {8, 10, 12};
+
 // One receiver process: writes "endpoint incarnation" into its file, expects transfers 1
 // ({3, 4, 5} from source blocks {10, 11, 12}) and 2 ({7} from {1}) of a pool filled with seed
 // 7, and exits with the verdict once both completed (or after 60 s). With TANDEM_IPC_EMU_WINDOW
 // transfer 1's layers 1 and 3 are windowed from its second block on (block 3 stays empty there).
+// TANDEM_IPC_EMU_LAYERS sets the layout's layers; with TANDEM_IPC_EMU_CONTIGUOUS the pool has
+// no guard bytes (a layer's blocks are adjacent) and transfer 2 is kScatteredDst from
+// kScatteredSrc.
 TEST(CudaIpcEmulatedChild, Receiver) {
   const char* file = std::getenv("TANDEM_IPC_EMU_CHILD");
   if (file == nullptr) GTEST_SKIP() << "runs as the child of the other cases";
   const char* secret = std::getenv("TANDEM_IPC_EMU_SECRET");
   const char* port = std::getenv("TANDEM_IPC_EMU_PORT");
+  const char* layers = std::getenv("TANDEM_IPC_EMU_LAYERS");
+  const bool contiguous = std::getenv("TANDEM_IPC_EMU_CONTIGUOUS") != nullptr;
   KvLayout layout = testing::SmallLayout();
-  DevicePool dst(layout, kBlocks);
+  if (layers != nullptr) layout.num_layers = std::atoi(layers);
+  DevicePool dst(layout, kBlocks, contiguous ? 0 : DevicePool::kGuard);
   Completions completions;
   auto control = KvControlServer::Start("127.0.0.1", port != nullptr ? std::atoi(port) : 0,
                                         TlsOptions(), secret != nullptr ? secret : "");
@@ -75,7 +91,7 @@ TEST(CudaIpcEmulatedChild, Receiver) {
     first.window_first = 1;
   }
   (*receiver)->Expect(first);
-  (*receiver)->Expect({2, {7}});
+  (*receiver)->Expect({2, contiguous ? kScatteredDst : std::vector<int32_t>{7}});
   {
     std::ofstream(std::string(file) + ".tmp")
         << (*receiver)->endpoint() << " " << (*receiver)->incarnation() << "\n";
@@ -85,7 +101,8 @@ TEST(CudaIpcEmulatedChild, Receiver) {
     CompletedTransfer c = completions.WaitFor(id, 0, absl::Seconds(60));
     if (!c.status.ok()) std::_Exit(kTransferFailed);
   }
-  const bool exact = window
+  const bool exact = contiguous ? dst.LandedExactly(7, {10, 11, 12, 1, 3, 5}, {3, 4, 5, 8, 10, 12})
+                     : window
                          ? dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7}, kWindowLayers, {3})
                          : dst.LandedExactly(7, {10, 11, 12, 1}, {3, 4, 5, 7});
   (*control)->Stop();
@@ -95,7 +112,8 @@ TEST(CudaIpcEmulatedChild, Receiver) {
 // The child receiver, running.
 class Child {
  public:
-  explicit Child(const std::string& gpu, bool secret = false, int port = 0, bool window = false) {
+  explicit Child(const std::string& gpu, bool secret = false, int port = 0, bool window = false,
+                 int64_t layers = 0, bool contiguous = false) {
     file_ = absl::StrCat(::testing::TempDir(), "/ipc_emu_child_", getpid(), "_", ++count_);
     std::remove(file_.c_str());
     std::vector<std::string> env_strings;
@@ -107,6 +125,8 @@ class Child {
     if (secret) env_strings.push_back(std::string("TANDEM_IPC_EMU_SECRET=") + kSecret);
     if (port != 0) env_strings.push_back(absl::StrCat("TANDEM_IPC_EMU_PORT=", port));
     if (window) env_strings.push_back("TANDEM_IPC_EMU_WINDOW=1");
+    if (layers > 0) env_strings.push_back(absl::StrCat("TANDEM_IPC_EMU_LAYERS=", layers));
+    if (contiguous) env_strings.push_back("TANDEM_IPC_EMU_CONTIGUOUS=1");
     std::vector<char*> env;
     for (auto& s : env_strings) env.push_back(s.data());
     env.push_back(nullptr);
@@ -150,7 +170,8 @@ class Child {
 };
 
 std::unique_ptr<KvSender> StartSender(const KvLayout& layout, KvRegionAccess* pool,
-                                      const std::string& secret = "", double misplace = 0) {
+                                      const std::string& secret = "", double misplace = 0,
+                                      TransferHooks* hooks = nullptr) {
   auto channel = MakeGrpcControlChannel(TlsOptions(), secret, absl::Seconds(10));
   EXPECT_TRUE(channel.ok()) << channel.status();
   SenderOptions so;
@@ -160,6 +181,7 @@ std::unique_ptr<KvSender> StartSender(const KvLayout& layout, KvRegionAccess* po
   so.control_channel = *channel;
   so.faults_from_env = false;
   so.faults.kv_misplace = misplace;
+  so.hooks = hooks;
   auto s = CreateSender(so, pool);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : nullptr;
@@ -268,6 +290,126 @@ TEST_F(CudaIpcEmulatedTest, ATransferLandingInTheWrongBlockFailsTheCheck) {
   auto sender = StartSender(layout_, &src_, "", /*misplace=*/1.0);
   SendBoth(sender.get(), child);
   EXPECT_EQ(child.Wait(), kLandedWrong);
+}
+
+// A transfer costs a constant number of control messages, whatever its length: BEGIN (which
+// admits every region) and FINISH (which reports the copies landed), each answered. Counted by
+// the metric's hook and by both sides' stats.
+TEST_F(CudaIpcEmulatedTest, ATransferCostsAtMostThreeControlMessagesEachWay) {
+  for (int64_t layers : {int64_t{2}, int64_t{64}}) {
+    SCOPED_TRACE(absl::StrCat(layers, " layers"));
+    KvLayout layout = layout_;
+    layout.num_layers = layers;
+    DevicePool src(layout, kBlocks);
+    src.Fill(7);
+    Child child("0", false, 0, false, layers);
+    testing::ControlCounts hooks;
+    auto sender = StartSender(layout, &src, "", 0, &hooks);
+    ASSERT_TRUE(
+        testing::SendAll(sender.get(), child.Target(1, {3, 4, 5}), {10, 11, 12}, layers, "tok")
+            .ok());
+    ASSERT_TRUE(testing::SendAll(sender.get(), child.Target(2, {7}), {1}, layers, "").ok());
+    EXPECT_EQ(child.Wait(), kLandedExactly);
+    const auto counts = hooks.counts();
+    ASSERT_EQ(counts.size(), 2u);
+    for (const auto& [to_receiver, to_sender] : counts) {
+      EXPECT_LE(to_receiver, 3);
+      EXPECT_LE(to_sender, 3);
+    }
+    // The stats agree: CONNECT once, then the transfers' messages.
+    const TransportStats st = sender->stats();
+    EXPECT_EQ(st.connects, 1u);
+    EXPECT_LE(st.control_sent - 1, 2u * 3);
+    EXPECT_LE(st.control_received - 1, 2u * 3);
+  }
+}
+
+// One copy call per run of blocks contiguous on both sides: a contiguous transfer costs one
+// per layer, a scattered one one per block and layer.
+TEST_F(CudaIpcEmulatedTest, ContiguousBlocksAreCopiedWithOneCallPerLayer) {
+  DevicePool src(layout_, kBlocks, /*guard=*/0);
+  src.Fill(7);
+  Child child("0", false, 0, false, 0, /*contiguous=*/true);
+  auto sender = StartSender(layout_, &src);
+  const int64_t layers = layout_.num_layers;
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), child.Target(1, kContiguousDst), kContiguousSrc, layers, "")
+          .ok());
+  const uint64_t contiguous = sender->stats().device_copies;
+  ASSERT_TRUE(
+      testing::SendAll(sender.get(), child.Target(2, kScatteredDst), kScatteredSrc, layers, "")
+          .ok());
+  const uint64_t scattered = sender->stats().device_copies - contiguous;
+  EXPECT_EQ(child.Wait(), kLandedExactly);
+  EXPECT_EQ(contiguous, static_cast<uint64_t>(layers));
+  EXPECT_EQ(scattered, static_cast<uint64_t>(3 * layers));
+}
+
+// The sender's pool whose layer 0 is written on an engine stream held back by a gate; the
+// layer's event is recorded behind the write (what the engine does per layer).
+class GatedPool : public DevicePool {
+ public:
+  GatedPool(const KvLayout& layout, int64_t blocks) : DevicePool(layout, blocks) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), cudaSuccess);
+  }
+  ~GatedPool() override {
+    Open();
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(event_);
+    cudaStreamDestroy(stream_);
+  }
+  // Layer 0's regions are zero until the gate opens; then the stream writes Fill(seed)'s bytes.
+  void WriteLayer0Behind(uint64_t seed) {
+    for (int32_t b = 0; b < num_blocks(); ++b) std::memset(Region(0, b), 0, layout_region());
+    cuda_emu::StreamEnqueueAsync(stream_, [this, seed] {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+      for (int32_t b = 0; b < num_blocks(); ++b) FillRegion(seed, 0, b, Region(0, b));
+    });
+    EXPECT_EQ(cudaEventRecord(event_, stream_), cudaSuccess);
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void* LayerReadyEvent(int64_t layer) override { return layer == 0 ? event_ : nullptr; }
+
+ private:
+  size_t layout_region() const { return testing::SmallLayout().region_bytes(); }
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// No host synchronization per layer: the copies of a layer wait on the device for the engine's
+// event of that layer. Layer 0 is still being written when the sender is asked to send it; a
+// copy that ran before the event would land zeros and fail the child's bit-exact check.
+TEST_F(CudaIpcEmulatedTest, CopiesWaitForTheLayersEventOnTheDevice) {
+  GatedPool src(layout_, kBlocks);
+  src.Fill(7);
+  src.WriteLayer0Behind(7);
+  Child child("0");
+  auto sender = StartSender(layout_, &src);
+  auto first = sender->Begin(child.Target(1, {3, 4, 5}), {10, 11, 12});
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) sender->SendLayer(*first, l);
+  testing::Done done;
+  sender->Finish(*first, "tok", done.Callback());
+  // The sender's thread is not held by the wait: every layer's copies are queued meanwhile...
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return sender->stats().frames >= static_cast<uint64_t>(layout_.num_layers); }));
+  // ...and the first is not done while its layer 0 is not written.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(sender->num_in_flight(), 1);
+  src.Open();
+  EXPECT_TRUE(done.Wait().ok());
+  EXPECT_TRUE(
+      testing::SendAll(sender.get(), child.Target(2, {7}), {1}, layout_.num_layers, "").ok());
+  EXPECT_EQ(child.Wait(), kLandedExactly);
 }
 
 }  // namespace

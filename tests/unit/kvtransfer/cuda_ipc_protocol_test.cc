@@ -1,15 +1,15 @@
-// The cuda-ipc receiver driven by hand-written control messages (its KvControl requests), in
-// this process on the CPU emulator: the handshake refusals (a layout mismatch naming the field,
-// a sender on another GPU, garbage), the WELCOME that carries the exported pool, admission of
-// copies (unknown transfer, foreign block, a copy before BEGIN), the sender binding (only the
-// sender proving the transfer's key drives it), and Cancel waiting for an admitted copy until
-// the sender reports it landed.
+// The cuda-ipc receiver (protocol 2) driven by hand-written control messages (its KvControl
+// requests), in this process on the CPU emulator: the handshake refusals (a layout mismatch
+// naming the field, a sender on another GPU, a sender of protocol 1, garbage), the WELCOME that
+// carries the exported pool, admission at BEGIN (unknown transfer, blocks other than the
+// expectation's, protocol 1's per-layer DATA refused), FINISH's check of what the sender
+// copied, the sender binding (only the sender proving the transfer's key drives it), and Cancel
+// returning at once but releasing the blocks only once the copies admitted at BEGIN are over
+// (the sender's FINISH or ABORT, its peer going, or the admission's end).
 
-#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/cluster/transfer_key.h"
@@ -77,11 +77,13 @@ class CudaIpcProtocolTest : public ::testing::Test {
   }
   // BEGIN of attempt `attempt`, proving `key` bound to `binder`'s id (none when empty).
   absl::Status Begin(uint64_t id, std::vector<int32_t> dst, const std::string& key = "",
-                     uint64_t sender = kSender, uint32_t attempt = 0, uint64_t binder = 0) {
+                     uint64_t sender = kSender, uint32_t attempt = 0, uint64_t binder = 0,
+                     int64_t deadline_ms = -1) {
     wire::Begin b;
     b.transfer_id = id;
     b.attempt = attempt;
     b.incarnation = receiver_->incarnation();
+    b.deadline_ms = deadline_ms;
     b.dst_blocks = std::move(dst);
     if (!key.empty()) {  // `key`: the transfer's key; a sender proves with its attempt's key
       b.proof =
@@ -90,24 +92,15 @@ class CudaIpcProtocolTest : public ::testing::Test {
     }
     return ReplyStatus(Send(ControlKind::kBegin, wire::EncodeBegin(b), sender));
   }
-  absl::Status Data(uint64_t id, uint32_t layer, std::vector<int32_t> blocks,
-                    uint64_t sender = kSender) {
-    wire::DataMeta d;
-    d.transfer_id = id;
-    d.layer = layer;
-    d.payload_len = blocks.size() * layout_.region_bytes();
-    d.blocks = std::move(blocks);
-    return ReplyStatus(Send(ControlKind::kData, wire::EncodeDataMeta(d), sender));
-  }
-  absl::Status Landed(uint64_t id, uint64_t sender = kSender) {
-    return ReplyStatus(
-        Send(ControlKind::kLanded, wire::EncodeOutcome({id, 0, absl::OkStatus()}), sender));
-  }
-  // FINISH after `frames` DATA messages of `regions` regions in all.
+  // FINISH after `frames` DATA items of `regions` regions in all.
   absl::Status Finish(uint64_t id, uint64_t frames, uint64_t regions, const std::string& trailer,
                       uint64_t sender = kSender) {
     wire::Finish f{id, 0, frames, regions * layout_.region_bytes(), trailer};
     return ReplyStatus(Send(ControlKind::kFinish, wire::EncodeFinish(f), sender));
+  }
+  absl::Status Abort(uint64_t id, uint64_t sender = kSender) {
+    return ReplyStatus(Send(ControlKind::kAbort,
+                            wire::EncodeOutcome({id, 0, absl::AbortedError("stop")}), sender));
   }
 
   KvLayout layout_ = testing::SmallLayout();
@@ -147,46 +140,92 @@ TEST_F(CudaIpcProtocolTest, HandshakeRefusals) {
   EXPECT_NE(s.message().find("one GPU"), std::string::npos) << s;
   EXPECT_EQ(receiver_->stats().handshakes_refused, 2u);
 
+  // Protocol 1's CONNECT (no protocol field: the HELLO follows the device id) is refused
+  // naming the protocol, not misread.
+  wire::Hello hello;
+  hello.layout = layout_;
+  std::string v1;
+  const uint32_t n = static_cast<uint32_t>(device_.size());
+  v1.append(reinterpret_cast<const char*>(&n), 4);
+  v1 += device_ + wire::EncodeHello(hello);
+  reply = Send(ControlKind::kConnect, v1);
+  EXPECT_EQ(reply.type, wire::FrameType::kRefuse);
+  s = ReplyStatus(reply);
+  EXPECT_NE(s.message().find("cuda-ipc protocol 1"), std::string::npos) << s;
+  EXPECT_EQ(receiver_->stats().handshakes_refused, 3u);
+
   EXPECT_FALSE(receiver_->HandleControl("x").ok());
   EXPECT_FALSE(receiver_->HandleControl(std::string(9, '\x01')).ok());  // an nccl kind
   // Nothing is admitted for a sender that never connected.
   receiver_->Expect({1, {2}});
   EXPECT_EQ(Begin(1, {2}).code(), absl::StatusCode::kUnavailable);
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
 }
 
-TEST_F(CudaIpcProtocolTest, OnlyExpectedRegionsAreAdmitted) {
+// A protocol-2 sender refuses a receiver of protocol 1 (its WELCOME ends after the device id).
+TEST_F(CudaIpcProtocolTest, SenderRefusesAProtocol1Welcome) {
+  ControlReply reply = Connect(device_, layout_);
+  ASSERT_EQ(reply.type, wire::FrameType::kWelcome);
+  wire::Welcome welcome;
+  PoolExport pool;
+  const std::string v1 = reply.body.substr(0, reply.body.size() - 4);
+  absl::Status s = DecodeWelcomeBody(v1, &welcome, &pool);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("cuda-ipc protocol 1"), std::string::npos) << s;
+}
+
+TEST_F(CudaIpcProtocolTest, BeginAdmitsOnlyTheExpectedRegions) {
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   receiver_->Expect({1, {2, 3}});
-  EXPECT_EQ(Data(1, 0, {2}).code(), absl::StatusCode::kNotFound);  // before BEGIN
-  EXPECT_EQ(Begin(9, {2}).code(), absl::StatusCode::kNotFound);    // unknown transfer
+  EXPECT_EQ(Finish(1, 1, 2, "early").code(), absl::StatusCode::kNotFound);  // before BEGIN
+  EXPECT_EQ(Begin(9, {2}).code(), absl::StatusCode::kNotFound);             // unknown transfer
+  EXPECT_EQ(Begin(1, {2, 5}).code(), absl::StatusCode::kInvalidArgument);   // a foreign block
+  // Protocol 1's per-layer admission is gone: refused, nothing admitted by it.
+  wire::DataMeta d;
+  d.transfer_id = 1;
+  d.blocks = {2};
+  d.payload_len = layout_.region_bytes();
+  EXPECT_FALSE(
+      receiver_
+          ->HandleControl(EncodeRequest({ControlKind::kDataV1, kSender, wire::EncodeDataMeta(d)}))
+          .ok());
   ASSERT_TRUE(Begin(1, {2, 3}).ok());
-  EXPECT_EQ(Data(9, 0, {2}).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Data(1, 0, {5}).code(), absl::StatusCode::kInvalidArgument);  // foreign block
-  // The foreign block failed the attempt: its outcome reaches the receiver's user.
-  EXPECT_FALSE(completions_.WaitFor(1, 0).status.ok());
-  receiver_->Cancel(1);
+  // A second BEGIN of the live attempt admits nothing twice.
+  EXPECT_FALSE(Begin(1, {2, 3}).ok());
+  ASSERT_TRUE(Abort(1).ok());  // the sender's copies are over
+  receiver_->CancelAndWait(1);
   EXPECT_EQ(receiver_->num_in_flight(), 0);
 }
 
-TEST_F(CudaIpcProtocolTest, AFullTransferCompletes) {
+TEST_F(CudaIpcProtocolTest, AFullTransferIsBeginAndFinish) {
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
-  receiver_->Expect({4, {6}});
-  ASSERT_TRUE(Begin(4, {6}).ok());
-  for (uint32_t l = 0; l < layout_.num_layers; ++l) {
-    ASSERT_TRUE(Data(4, l, {6}).ok());
-    ASSERT_TRUE(Landed(4).ok());
-  }
-  EXPECT_TRUE(Finish(4, layout_.num_layers, layout_.num_layers, "t").ok());
+  const TransportStats before = receiver_->stats();
+  receiver_->Expect({4, {6, 7}});
+  ASSERT_TRUE(Begin(4, {6, 7}).ok());
+  EXPECT_TRUE(Finish(4, layout_.num_layers, 2 * layout_.num_layers, "t").ok());
   CompletedTransfer c = completions_.WaitFor(4, 0);
   EXPECT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(c.trailer, "t");
+  const TransportStats after = receiver_->stats();
+  EXPECT_EQ(after.control_received - before.control_received, 2u);
+  EXPECT_EQ(after.control_sent - before.control_sent, 2u);
+  EXPECT_EQ(after.bytes - before.bytes, 2 * layout_.num_layers * layout_.region_bytes());
+}
+
+// FINISH reports what the sender copied: less than BEGIN admitted is DATA_LOSS.
+TEST_F(CudaIpcProtocolTest, FinishWithFewerBytesThanAdmittedIsDataLoss) {
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  receiver_->Expect({4, {6, 7}});
+  ASSERT_TRUE(Begin(4, {6, 7}).ok());
+  absl::Status s = Finish(4, layout_.num_layers, 2 * layout_.num_layers - 1, "t");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(completions_.WaitFor(4, 0).status.code(), absl::StatusCode::kDataLoss);
 }
 
 // Another connected sender (it passed KvControl's proofs) that knows the transfer's id and
 // blocks but not its key: its BEGIN (none, or the named sender's proof replayed, with a higher
-// attempt) is refused telling nothing, and its DATA, LANDED, FINISH and ABORT for the named
-// sender's attempt change nothing; the named sender's transfer completes.
+// attempt) is refused telling nothing, and its FINISH and ABORT for the named sender's attempt
+// change nothing; the named sender's transfer completes.
 TEST_F(CudaIpcProtocolTest, OnlyTheNamedSenderDrivesATransfer) {
   constexpr uint64_t kIntruder = 78;
   const std::string key(kTransferKeyBytes, 'k');
@@ -201,56 +240,78 @@ TEST_F(CudaIpcProtocolTest, OnlyTheNamedSenderDrivesATransfer) {
   EXPECT_EQ(Begin(6, {1, 2}, std::string(kTransferKeyBytes, 'x'), kIntruder, 3).code(),
             absl::StatusCode::kNotFound);
   ASSERT_TRUE(Begin(6, {1, 2}, key).ok());
-  EXPECT_EQ(Data(6, 0, {1, 2}, kIntruder).code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(Data(6, 0, {1, 2}).ok());    // the named sender's copy
-  EXPECT_TRUE(Landed(6, kIntruder).ok());  // answered, but lands nothing
-  EXPECT_EQ(Finish(6, 1, 2, "x", kIntruder).code(), absl::StatusCode::kNotFound);
-  Send(ControlKind::kAbort, wire::EncodeOutcome({6, 0, absl::AbortedError("stop")}), kIntruder);
-  ASSERT_TRUE(Landed(6).ok());
-  for (uint32_t l = 1; l < layout_.num_layers; ++l) {
-    ASSERT_TRUE(Data(6, l, {1, 2}).ok());
-    ASSERT_TRUE(Landed(6).ok());
-  }
+  EXPECT_EQ(Finish(6, 1, 2 * layout_.num_layers, "x", kIntruder).code(),
+            absl::StatusCode::kNotFound);
+  Abort(6, kIntruder).IgnoreError();
   EXPECT_TRUE(Finish(6, layout_.num_layers, 2 * layout_.num_layers, "named").ok());
   CompletedTransfer c = completions_.WaitFor(6, 0);
   ASSERT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(c.trailer, "named");
-  EXPECT_GE(receiver_->stats().messages_refused, 5u);
+  EXPECT_GE(receiver_->stats().messages_refused, 4u);
 }
 
-// Cancel must not return while an admitted copy may still write the blocks.
-TEST_F(CudaIpcProtocolTest, CancelWaitsForTheCopyInFlight) {
+// Cancel never waits for the sender (the decode worker calls it on its engine thread), but it
+// must not release the blocks while the copies admitted at BEGIN may still write them: the
+// sender's FINISH or ABORT reports them over.
+TEST_F(CudaIpcProtocolTest, CancelReleasesOnlyOnceTheCopiesInFlightAreOver) {
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
-  receiver_->Expect({3, {1}});
-  ASSERT_TRUE(Begin(3, {1}).ok());
-  ASSERT_TRUE(Data(3, 0, {1}).ok());  // admitted: the sender copies now
-  std::atomic<bool> cancelled{false};
-  std::thread cancel([&] {
-    receiver_->Cancel(3);
-    cancelled = true;
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_FALSE(cancelled) << "Cancel returned with a copy in flight";
-  ASSERT_TRUE(Landed(3).ok());
-  cancel.join();
-  EXPECT_TRUE(cancelled);
-  EXPECT_EQ(Data(3, 1, {1}).code(), absl::StatusCode::kNotFound);  // nothing more is admitted
-  EXPECT_EQ(receiver_->num_in_flight(), 0);
+  for (bool finish : {true, false}) {
+    const uint64_t id = finish ? 3 : 13;
+    receiver_->Expect({id, {1}});
+    ASSERT_TRUE(Begin(id, {1}).ok());  // admitted: the sender copies now
+    testing::ReleaseProbe released;
+    const absl::Time before = absl::Now();
+    receiver_->Cancel(id, released.Callback());
+    EXPECT_LT(absl::Now() - before, absl::Milliseconds(100)) << "Cancel waited for the sender";
+    EXPECT_EQ(receiver_->num_in_flight(), 0);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(released.calls(), 0) << "released with copies in flight";
+    if (finish) {
+      EXPECT_FALSE(Finish(id, layout_.num_layers, layout_.num_layers, "late").ok());
+    } else {
+      EXPECT_TRUE(Abort(id).ok());
+    }
+    EXPECT_TRUE(released.WaitFor(absl::Seconds(5)));
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_EQ(released.calls(), 1);
+    EXPECT_EQ(Begin(id, {1}, "", kSender, 1).code(), absl::StatusCode::kNotFound);
+  }
+  // Nothing in flight: released before Cancel returns.
+  receiver_->Expect({4, {2}});
+  testing::ReleaseProbe released;
+  receiver_->Cancel(4, released.Callback());
+  EXPECT_EQ(released.calls(), 1);
 }
 
-// A sender that vanished mid-copy (or whose LANDED was lost) holds Cancel up to the copy's
-// deadline (io_timeout after admission), not forever.
-TEST_F(CudaIpcProtocolTest, CancelGivesUpOnACopyNeverReportedLanded) {
-  Start(absl::Milliseconds(400));
+// A sender that vanished mid-transfer (or whose FINISH and ABORT were lost) holds the release up
+// to its admission's end (the attempt's deadline, then io_timeout), not forever; Cancel itself
+// returns at once.
+TEST_F(CudaIpcProtocolTest, CancelReleasesAtTheAdmissionsEndWithoutTheSender) {
+  Start(absl::Milliseconds(300));
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   receiver_->Expect({5, {2}});
-  ASSERT_TRUE(Begin(5, {2}).ok());
   const absl::Time before_admission = absl::Now();
-  ASSERT_TRUE(Data(5, 0, {2}).ok());
-  receiver_->Cancel(5);
-  // Not before the copy's deadline; and it returned at all.
-  EXPECT_GE(absl::Now() - before_admission, absl::Milliseconds(400));
+  ASSERT_TRUE(Begin(5, {2}, "", kSender, 0, 0, /*deadline_ms=*/200).ok());
+  testing::ReleaseProbe released;
+  receiver_->Cancel(5, released.Callback());
+  EXPECT_LT(absl::Now() - before_admission, absl::Milliseconds(150));
+  ASSERT_TRUE(released.WaitFor(absl::Seconds(5)));
+  // Not before the admission's end.
+  EXPECT_GE(absl::Now() - before_admission, absl::Milliseconds(500));
   EXPECT_EQ(receiver_->num_in_flight(), 0);
+}
+
+// The sender's peer going (a reconnect) also ends its admitted copies.
+TEST_F(CudaIpcProtocolTest, CancelReleasesWhenTheSendersPeerGoes) {
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  receiver_->Expect({8, {3}});
+  ASSERT_TRUE(Begin(8, {3}).ok());
+  testing::ReleaseProbe released;
+  receiver_->Cancel(8, released.Callback());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(released.calls(), 0);
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);  // the sender again
+  EXPECT_TRUE(released.WaitFor(absl::Seconds(5)));
 }
 
 }  // namespace

@@ -21,9 +21,10 @@ class DevicePool : public KvRegionAccess {
   static constexpr size_t kGuard = 32;
   static constexpr uint8_t kGuardByte = 0xa5;
 
-  DevicePool(const KvLayout& layout, int64_t num_blocks)
-      : layout_(layout), num_blocks_(num_blocks), region_(layout.region_bytes()) {
-    bytes_ = std::max<size_t>(layout.num_layers * num_blocks * (region_ + kGuard),
+  // `guard`: bytes after each region (0: the regions of a layer are contiguous).
+  DevicePool(const KvLayout& layout, int64_t num_blocks, size_t guard = kGuard)
+      : layout_(layout), num_blocks_(num_blocks), region_(layout.region_bytes()), guard_(guard) {
+    bytes_ = std::max<size_t>(layout.num_layers * num_blocks * (region_ + guard_),
                               cuda_emu::kIpcMinBytes);
     void* p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, bytes_), cudaSuccess);
@@ -35,7 +36,7 @@ class DevicePool : public KvRegionAccess {
   }
   ~DevicePool() override { cudaFree(base_); }
   uint8_t* Region(int64_t layer, int32_t block) override {
-    return base_ + (layer * num_blocks_ + block) * (region_ + kGuard);
+    return base_ + (layer * num_blocks_ + block) * (region_ + guard_);
   }
   int64_t num_blocks() const override { return num_blocks_; }
 
@@ -75,7 +76,7 @@ class DevicePool : public KvRegionAccess {
           }
         }
         if (std::memcmp(Region(l, b), expected, region_) != 0) return false;
-        for (size_t g = 0; g < kGuard; ++g) {
+        for (size_t g = 0; g < guard_; ++g) {
           if (Region(l, b)[region_ + g] != kGuardByte) return false;
         }
       }
@@ -87,6 +88,7 @@ class DevicePool : public KvRegionAccess {
   const KvLayout layout_;
   const int64_t num_blocks_;
   const size_t region_;
+  const size_t guard_;
   size_t bytes_ = 0;
   uint8_t* base_ = nullptr;
 };

@@ -11,10 +11,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
+#include "kvtransfer/transfer_hooks.h"
 #include "kvtransfer/transport.h"
 #include "tests/unit/common/cluster/kv_layout_test_util.h"
 
@@ -177,6 +179,51 @@ inline absl::Status SendAll(KvSender* sender, const TransferTarget& target,
   sender->Finish(*h, trailer, done.Callback());
   return done.Wait();
 }
+
+// What the metrics hooks hear of control messages, per transfer.
+class ControlCounts : public TransferHooks {
+ public:
+  void TransferStarted(TransferDirection) override {}
+  void TransferSucceeded(TransferDirection, double, int64_t, int64_t) override {}
+  void TransferFailed(TransferDirection, TransferFailure) override {}
+  void ControlMessages(int64_t to_receiver, int64_t to_sender) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    counts_.push_back({to_receiver, to_sender});
+  }
+  std::vector<std::pair<int64_t, int64_t>> counts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counts_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> counts_;
+};
+
+// A KvReceiver::Cancel's `released`: when (and how often) it ran.
+class ReleaseProbe {
+ public:
+  KvReceiver::ReleasedCallback Callback() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++calls_;
+      cv_.notify_all();
+    };
+  }
+  int calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  bool WaitFor(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMicroseconds(timeout), [&] { return calls_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0;
+};
 
 // Polls `pred` until true or `timeout`.
 template <typename Pred>

@@ -135,7 +135,7 @@ TEST_P(MeteredTransportTest, SuccessCountsBytesAndBlocksOnBothSides) {
     EXPECT_EQ(s.blocks, 3);
     EXPECT_EQ(s.bytes, Bytes(3));
   }
-  receiver_->Cancel(1);  // after success (as the decode worker does when the request ends)
+  receiver_->CancelAndWait(1);  // after success (as the decode worker does when the request ends)
   EXPECT_EQ(hooks_.receive().ended(), 1);
 }
 
@@ -148,7 +148,7 @@ TEST_P(MeteredTransportTest, RefusedBeginIsAFailedTransfer) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(hooks_.send().started, 1);
   EXPECT_EQ(hooks_.send().failures(TransferFailure::kIncompatible), 1);
-  receiver_->Cancel(2);  // the receiver's side was never fed: cancelled
+  receiver_->CancelAndWait(2);  // the receiver's side was never fed: cancelled
   EXPECT_EQ(hooks_.receive().failures(TransferFailure::kAborted), 1);
 }
 
@@ -163,7 +163,7 @@ TEST_P(MeteredTransportTest, AbortBeforeFinishEndsTheTransferOnce) {
   EXPECT_EQ(hooks_.send().failures(TransferFailure::kAborted), 1);
   EXPECT_EQ(completions_.WaitFor(3, 0).status.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(hooks_.receive().failures(TransferFailure::kAborted), 1);
-  receiver_->Cancel(3);  // already ended: no second failure
+  receiver_->CancelAndWait(3);  // already ended: no second failure
   EXPECT_EQ(hooks_.receive().ended(), 1);
 }
 
@@ -185,13 +185,13 @@ TEST_P(MeteredTransportTest, CorruptionThenARetryOnTheSameReservation) {
     EXPECT_EQ(s.succeeded, 1);
     EXPECT_EQ(s.bytes, Bytes(5));
   }
-  receiver_->Cancel(4);
+  receiver_->CancelAndWait(4);
 }
 
 TEST_P(MeteredTransportTest, CancelledExpectationIsAnAbortedTransfer) {
   receiver_->Expect({5, Range(0, 2)});
   receiver_->Expect({5, Range(2, 2)});  // replaces the first: it ends aborted
-  receiver_->Cancel(5);
+  receiver_->CancelAndWait(5);
   EXPECT_EQ(hooks_.receive().started, 2);
   EXPECT_EQ(hooks_.receive().failures(TransferFailure::kAborted), 2);
 }

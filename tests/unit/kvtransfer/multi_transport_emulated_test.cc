@@ -84,7 +84,7 @@ TEST_F(MultiTransportTest, RefusesATargetWithoutOneOfItsTransports) {
     EXPECT_NE(h.status().message().find("nccl,cuda-ipc"), std::string::npos) << h.status();
   }
   EXPECT_EQ(sender_->num_in_flight(), 0);
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
   EXPECT_EQ(receiver_->num_in_flight(), 0);
 }
 
@@ -125,7 +125,7 @@ TEST_F(MultiTransportTest, ARetryMayComeOverTheOtherTransport) {
 TEST_F(MultiTransportTest, CancelEndsTheExpectationOnBoth) {
   src_.Fill(2);
   receiver_->Expect({7, {4}});
-  receiver_->Cancel(7);
+  receiver_->CancelAndWait(7);
   EXPECT_EQ(receiver_->num_in_flight(), 0);
   // Late data for it is refused by either transport.
   absl::Status st =

@@ -95,8 +95,9 @@ Receiver StartReceiver(const KvLayout& layout, KvRegionAccess* pool, Completions
 }
 
 std::unique_ptr<KvSender> StartSender(const KvLayout& layout, KvRegionAccess* pool,
-                                      ControlChannel channel) {
+                                      ControlChannel channel, TransferHooks* hooks = nullptr) {
   SenderOptions so;
+  so.hooks = hooks;
   so.transport = "nccl";
   so.layout = layout;
   so.max_communicators = 2;
@@ -158,6 +159,41 @@ TEST_F(NcclEmulatedTest, TransfersBitExactOverTheGrpcControlChannel) {
   EXPECT_EQ(r.receiver->num_in_flight(), 0);
 }
 
+// A transfer costs a constant number of control messages whatever its length (BEGIN and
+// FINISH, each answered; the layers go over the communicator), counted by the metric's hook.
+TEST_F(NcclEmulatedTest, ATransferCostsAtMostThreeControlMessagesEachWay) {
+  for (int64_t layers : {int64_t{2}, int64_t{64}}) {
+    SCOPED_TRACE(absl::StrCat(layers, " layers"));
+    KvLayout layout = layout_;
+    layout.num_layers = layers;
+    FakePool src(layout, kBlocks), dst(layout, kBlocks);
+    src.Fill(7);
+    Completions completions;
+    Receiver r = StartReceiver(layout, &dst, &completions);
+    testing::ControlCounts hooks;
+    auto sender = StartSender(layout, &src, GrpcChannel(), &hooks);
+    const TransportStats before = r.receiver->stats();
+    for (uint64_t id : {1, 2}) {
+      r.receiver->Expect({id, {static_cast<int32_t>(id), 5}});
+      ASSERT_TRUE(testing::SendAll(sender.get(),
+                                   Target(*r.receiver, id, {static_cast<int32_t>(id), 5}), {10, 11},
+                                   layers, "")
+                      .ok());
+      ASSERT_TRUE(completions.WaitFor(id, 0).status.ok());
+    }
+    const auto counts = hooks.counts();
+    ASSERT_EQ(counts.size(), 2u);
+    for (const auto& [to_receiver, to_sender] : counts) {
+      EXPECT_LE(to_receiver, 3);
+      EXPECT_LE(to_sender, 3);
+    }
+    // The receiver's count: CONNECT, then the transfers'.
+    const TransportStats after = r.receiver->stats();
+    EXPECT_LE(after.control_received - before.control_received - 1, 2u * 3);
+    EXPECT_LE(after.control_sent - before.control_sent - 1, 2u * 3);
+  }
+}
+
 // Windowed layers (a window-layout pool's local layers) move only the window's blocks: the
 // others stay untouched, and a sender that sends a windowed layer's earlier block is refused.
 TEST_F(NcclEmulatedTest, WindowedLayersMoveOnlyTheWindowsBlocks) {
@@ -195,7 +231,7 @@ TEST_F(NcclEmulatedTest, WindowedLayersMoveOnlyTheWindowsBlocks) {
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_TRUE(dst_.IsZero(1, 7));
   EXPECT_TRUE(dst_.IsZero(3, 7));
-  r.receiver->Cancel(2);
+  r.receiver->CancelAndWait(2);
   EXPECT_TRUE(dst_.GuardsIntact());
   EXPECT_EQ(sender->num_in_flight(), 0);
 }
@@ -278,7 +314,7 @@ TEST_F(NcclEmulatedTest, LayoutMismatchIsRefusedNamingTheField) {
   auto h = sender->Begin(Target(*r.receiver, 1, {0}), {0});
   EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
   EXPECT_NE(h.status().message().find("num_kv_heads"), std::string::npos) << h.status();
-  r.receiver->Cancel(1);
+  r.receiver->CancelAndWait(1);
 }
 
 TEST_F(NcclEmulatedTest, TheSharedSecretGuardsEveryControlMessage) {
@@ -392,7 +428,7 @@ TEST_F(NcclEmulatedTest, ADroppedControlMessageFailsTheTransfer) {
   EXPECT_FALSE(sent.ok());
   CompletedTransfer c = completions_.WaitFor(4, 0, absl::Seconds(10));
   EXPECT_FALSE(c.status.ok()) << "a transfer whose FINISH was lost completed OK";
-  r.receiver->Cancel(4);
+  r.receiver->CancelAndWait(4);
   EXPECT_TRUE(testing::Eventually([&] { return sender->num_in_flight() == 0; }));
   EXPECT_EQ(r.receiver->num_in_flight(), 0);
 }

@@ -109,7 +109,7 @@ TEST_F(NcclTransportTest, LayoutMismatchIsRefusedNamingTheField) {
   auto h = sender_->Begin(Target(1, {0}), {0});
   EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
   EXPECT_NE(h.status().message().find("num_kv_heads"), std::string::npos) << h.status();
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
 }
 
 TEST_F(NcclTransportTest, TransfersDeviceRegionsBitExact) {
@@ -148,7 +148,7 @@ TEST_F(NcclTransportTest, DeadlineAndAbortEndBothSides) {
   sender_->SendLayer(*h, 0);
   EXPECT_EQ(completions_.WaitFor(3, 0).status.code(), absl::StatusCode::kDeadlineExceeded);
   sender_->Abort(*h);
-  receiver_->Cancel(3);
+  receiver_->CancelAndWait(3);
   EXPECT_EQ(sender_->num_in_flight(), 0);
 }
 

@@ -176,7 +176,7 @@ TEST_P(SenderBindingTest, RefusalsDoNotTellWhetherATransferExists) {
   ASSERT_NE(at, std::string::npos) << k;
   k.replace(at, 20, "transfer 8 attempt 3");
   EXPECT_EQ(k, u);
-  receiver_->Cancel(7);
+  receiver_->CancelAndWait(7);
 }
 
 // The named sender hears the details it needs: a stale attempt names the live one.
@@ -186,7 +186,7 @@ TEST_P(SenderBindingTest, TheNamedSenderIsToldWhatIsWrong) {
   absl::Status s = SendAll(named.get(), Target(9, 0, {4, 6}, Key('k')), {0, 1}, layout_.num_layers);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("expects block 5"), std::string::npos) << s;
-  receiver_->Cancel(9);
+  receiver_->CancelAndWait(9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SenderBindingTest, ::testing::Values("tcp", "loopback"),

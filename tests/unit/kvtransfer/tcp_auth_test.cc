@@ -133,7 +133,7 @@ class TcpAuthTest : public ::testing::Test {
     const std::vector<int32_t> dst = Range(4 * static_cast<int32_t>(id), 4);
     receiver_->Expect({id, dst});
     absl::Status s = SendAll(sender, Target(id, dst), Range(8, 4), layout_.num_layers);
-    if (!s.ok()) receiver_->Cancel(id);
+    if (!s.ok()) receiver_->CancelAndWait(id);
     return s;
   }
 

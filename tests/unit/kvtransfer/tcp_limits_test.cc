@@ -130,7 +130,7 @@ class TcpLimitsTest : public ::testing::Test {
     t.dst_blocks = dst;
     t.deadline = absl::Now() + absl::Seconds(20);
     absl::Status s = SendAll(sender, t, Range(0, 4), layout_.num_layers);
-    if (!s.ok()) receiver_->Cancel(id);
+    if (!s.ok()) receiver_->CancelAndWait(id);
     for (int64_t l = 0; s.ok() && l < layout_.num_layers; ++l) {
       for (int32_t i = 0; i < 4; ++i) {
         if (!testing::SameRegion(*src_, l, i, *dst_, 4 + i)) s = absl::DataLossError("differs");

@@ -113,7 +113,7 @@ TEST_F(TcpProtocolTest, PayloadChecksumMismatchIsDataLoss) {
   absl::Status s = p.ReadResult();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find("layer 0 block 5"), std::string::npos) << s;
-  receiver_->Cancel(2);
+  receiver_->CancelAndWait(2);
 }
 
 TEST_F(TcpProtocolTest, SilentSenderExpiresAtTheReceiver) {
@@ -125,7 +125,7 @@ TEST_F(TcpProtocolTest, SilentSenderExpiresAtTheReceiver) {
   EXPECT_EQ(completions_.WaitFor(3, 0).status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   EXPECT_EQ(p.ReadResult().code(), absl::StatusCode::kDeadlineExceeded);
-  receiver_->Cancel(3);
+  receiver_->CancelAndWait(3);
 }
 
 TEST_F(TcpProtocolTest, SenderVanishingMidTransferFailsTheAttempt) {
@@ -141,7 +141,7 @@ TEST_F(TcpProtocolTest, SenderVanishingMidTransferFailsTheAttempt) {
   }
   CompletedTransfer c = completions_.WaitFor(4, 0, absl::Seconds(2));
   EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
-  receiver_->Cancel(4);
+  receiver_->CancelAndWait(4);
 }
 
 TEST_F(TcpProtocolTest, BadPeersAreDisconnectedAndOthersKeepWorking) {

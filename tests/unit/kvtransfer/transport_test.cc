@@ -182,7 +182,7 @@ TEST_P(TransportTest, HandshakeMismatchIsRefusedNamingTheField) {
     EXPECT_EQ((*sender)->num_in_flight(), 0);
   }
   EXPECT_EQ(receiver_->stats().handshakes_refused, 7u);
-  receiver_->Cancel(1);
+  receiver_->CancelAndWait(1);
 }
 
 TEST_P(TransportTest, StaleIncarnationAndUnreachableFailFast) {
@@ -205,7 +205,7 @@ TEST_P(TransportTest, StaleIncarnationAndUnreachableFailFast) {
   t = Target(5, {3});
   t.deadline = absl::Now() - absl::Seconds(1);
   EXPECT_EQ(sender->Begin(t, {3}).status().code(), absl::StatusCode::kDeadlineExceeded);
-  receiver_->Cancel(5);
+  receiver_->CancelAndWait(5);
 }
 
 TEST_P(TransportTest, LayerwiseTransfersInterleaveOnOneConnection) {
@@ -339,7 +339,7 @@ TEST_P(TransportTest, DeadlineExpiresOnBothSides) {
   sender->Finish(*h, "", done.Callback());
   EXPECT_EQ(done.Wait().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(sender->stats().deadline_expired, 1u);
-  receiver_->Cancel(14);
+  receiver_->CancelAndWait(14);
 }
 
 TEST_P(TransportTest, SlowTransferPastItsDeadlineFailsWhileFinishing) {
@@ -353,7 +353,7 @@ TEST_P(TransportTest, SlowTransferPastItsDeadlineFailsWhileFinishing) {
   absl::Status s = SendAll(sender, t, Range(0, 8), layout_.num_layers);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_FALSE(completions_.WaitFor(15, 0, absl::Seconds(5)).status.ok());
-  receiver_->Cancel(15);
+  receiver_->CancelAndWait(15);
 }
 
 TEST_P(TransportTest, AbortTellsTheReceiver) {
@@ -374,8 +374,8 @@ TEST_P(TransportTest, AbortTellsTheReceiver) {
   sender->Finish(*h2, "", done.Callback());  // fails: layers missing
   sender->Abort(*h2);
   EXPECT_FALSE(done.Wait().ok());
-  receiver_->Cancel(16);
-  receiver_->Cancel(17);
+  receiver_->CancelAndWait(16);
+  receiver_->CancelAndWait(17);
 }
 
 TEST_P(TransportTest, ReceiverCancelStopsTheSender) {
@@ -389,7 +389,7 @@ TEST_P(TransportTest, ReceiverCancelStopsTheSender) {
   Done done;
   sender->Finish(*h, "", done.Callback());
   absl::SleepFor(absl::Milliseconds(30));
-  receiver_->Cancel(18);
+  receiver_->CancelAndWait(18);
   EXPECT_EQ(receiver_->num_in_flight(), 0);
   absl::Status s = done.Wait();
   EXPECT_FALSE(s.ok());
@@ -498,7 +498,7 @@ TEST_P(TransportTest, SenderShutdownAbortsWhatIsInFlight) {
   sender_.reset();  // the prefill worker shuts down
   EXPECT_EQ(done.Wait(absl::Seconds(1)).code(), absl::StatusCode::kAborted);
   EXPECT_EQ(completions_.WaitFor(22, 0).status.code(), absl::StatusCode::kAborted);
-  receiver_->Cancel(22);
+  receiver_->CancelAndWait(22);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("tcp", "loopback"),

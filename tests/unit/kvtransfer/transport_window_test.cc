@@ -142,7 +142,7 @@ TEST_P(TransportWindowTest, DataBeforeTheWindowIsRefusedAndNotWritten) {
   CompletedTransfer c = completions_.WaitFor(8, 0);
   EXPECT_TRUE(absl::IsInvalidArgument(c.status)) << c.status;
   ExpectOutsideWindowUntouched();
-  receiver_->Cancel(8);
+  receiver_->CancelAndWait(8);
 }
 
 TEST_P(TransportWindowTest, AMissingWindowBlockFailsTheTransfer) {
@@ -157,7 +157,7 @@ TEST_P(TransportWindowTest, AMissingWindowBlockFailsTheTransfer) {
   EXPECT_TRUE(absl::IsDataLoss(c.status)) << c.status;
   EXPECT_NE(c.status.message().find("first missing: layer 0 block 26"), std::string::npos)
       << c.status;
-  receiver_->Cancel(9);
+  receiver_->CancelAndWait(9);
 }
 
 TEST_P(TransportWindowTest, ADroppedWindowedLayerMessageFailsThenARetrySucceeds) {
@@ -191,7 +191,7 @@ TEST_P(TransportWindowTest, AnInvalidWindowIsRefused) {
   absl::Status s = SendAll(sender, t, Src(), layout_.num_layers);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   EXPECT_NE(s.message().find("window_first"), std::string::npos) << s;
-  receiver_->Cancel(11);
+  receiver_->CancelAndWait(11);
   t.window_layers = {6};  // the model has layers [0, 6): refused by the sender itself
   EXPECT_TRUE(absl::IsInvalidArgument(sender->Begin(t, Src()).status()));
 }

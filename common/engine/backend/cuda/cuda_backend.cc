@@ -63,6 +63,11 @@ uint8_t* CudaDeviceBlockRegion(Backend* backend, int64_t layer, int32_t block) {
   return cuda->DeviceBlockRegion(layer, block);
 }
 
+void* CudaKvLayerReadyEvent(Backend* backend, int64_t layer) {
+  auto* cuda = dynamic_cast<cuda::CudaBackend*>(backend);
+  return cuda == nullptr ? nullptr : cuda->KvLayerReadyEvent(layer);
+}
+
 namespace cuda {
 namespace {
 
@@ -100,6 +105,7 @@ CudaBackend::~CudaBackend() {
   }
   DropGraphs();
   gemm_.reset();
+  for (cudaEvent_t e : layer_events_) cudaEventDestroy(e);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -147,6 +153,11 @@ absl::Status CudaBackend::Init() {
   for (StepSlot& slot : slots_) {
     TANDEM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming),
                                 "cudaEventCreateWithFlags");
+  }
+  layer_events_.assign(c.num_layers, nullptr);  // before anyone can ask (KvLayerReadyEvent)
+  for (cudaEvent_t& e : layer_events_) {
+    TANDEM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                "cudaEventCreateWithFlags (kv layer)");
   }
   gemm_ = std::make_unique<Gemm>();
   TANDEM_RETURN_IF_ERROR(gemm_->Init(stream_));

@@ -57,8 +57,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<const
 // Device address of a CUDA backend's (layer, block) KV region (Backend::HostBlockRegion is
 // nullptr there), for transports that move device memory (NCCL); nullptr when `backend` is not
 // a CUDA backend or the region is out of range. Pure address arithmetic, safe from any thread.
-// The bytes are current when Forward has returned, and inside the on_layer_done hook for the
-// hook's layer (the backend synchronizes its stream before calling it).
+// The bytes are current when Forward has returned; inside the on_layer_done hook, for the hook's
+// layer, once CudaKvLayerReadyEvent(layer) completed (the backend does not synchronize its
+// stream per layer: a consumer waits on the device, cudaStreamWaitEvent).
 uint8_t* CudaDeviceBlockRegion(Backend* backend, int64_t layer, int32_t block);
+
+// The cudaEvent_t a CUDA backend records on its stream right after it enqueued layer `layer`'s
+// KV writes of a step with an on_layer_done hook (before calling the hook); nullptr when
+// `backend` is not a CUDA backend or the layer is out of range. Lives as long as the backend;
+// each such step records it again. Safe from any thread.
+void* CudaKvLayerReadyEvent(Backend* backend, int64_t layer);
 
 }  // namespace tandem

@@ -45,6 +45,11 @@ class CudaBackend final : public Backend {
 
   // Device address of a (layer, block) region (see CudaDeviceBlockRegion).
   uint8_t* DeviceBlockRegion(int64_t layer, int32_t block) const { return Region(layer, block); }
+  // See CudaKvLayerReadyEvent.
+  void* KvLayerReadyEvent(int64_t layer) const {
+    return layer >= 0 && layer < static_cast<int64_t>(layer_events_.size()) ? layer_events_[layer]
+                                                                            : nullptr;
+  }
 
   // Statistics for tests and benchmarks.
   int64_t graphs_captured() const {
@@ -147,6 +152,8 @@ class CudaBackend final : public Backend {
   KvCacheSpec spec_;
   bool act_bf16_ = false;  // matmul inputs in bf16 (bf16 weights and options.bf16_activations)
   cudaStream_t stream_ = nullptr;
+  // Per layer, recorded after its KV writes in a step with an export hook (Init creates them).
+  std::vector<cudaEvent_t> layer_events_;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
   DeviceBuffer rope_;  // [max_positions][head_dim / 2][2] f32

@@ -260,6 +260,11 @@ absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
     TANDEM_LAUNCH_OR_RETURN(RopeWriteKv(qkv_, qkvd, t, c.num_heads, positions, rope_.as<float>(),
                                         w.qkv_bias, Input<int64_t>(L.slots), kv, stream_),
                             "RopeWriteKv");
+    if (on_layer_done) {  // the layer's KV is written: its export waits for this on the device
+      TANDEM_CUDA_RETURN_IF_ERROR(cudaEventRecord(layer_events_[l], stream_),
+                                  "cudaEventRecord (kv layer)");
+      on_layer_done(l);
+    }
     AttentionArgs a;
     a.q = qkv_;
     a.ldq = qkvd;
@@ -281,10 +286,6 @@ absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
     a.partial_ml = partial_.as<float>() + static_cast<int64_t>(plan_options_.max_partial_slots) *
                                               kMaxAttentionSplits * c.num_heads * c.head_dim;
     TANDEM_LAUNCH_OR_RETURN(PagedAttention(a, stream_), "PagedAttention");
-    if (on_layer_done) {  // the hook may read this layer's KV (ReadBlockRegion syncs too)
-      TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (layer)");
-      on_layer_done(l);
-    }
     TANDEM_RETURN_IF_ERROR(gemm_->Run({attn_, bf16, qd}, t, w.o, delta_, d));
     TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.post_norm, t, d, eps, h_, bf16, stream_),
                             "AddRmsNorm");

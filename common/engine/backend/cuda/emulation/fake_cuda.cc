@@ -81,15 +81,36 @@ struct CUstream_st {
     if (worker.joinable()) worker.join();
   }
 };
+// An event's records, numbered: `recorded` is the latest record made, `completed` the latest
+// that completed (records on one stream complete in order). Shared with the operations that
+// complete or wait for it, so destroying an event with work pending is safe, as on a GPU.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;
+  uint64_t completed = 0;
+  void Complete(uint64_t record) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (record > completed) completed = record;
+    cv.notify_all();
+  }
+  void WaitFor(uint64_t record) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= record; });
+  }
+};
+struct CUevent_st {
+  std::shared_ptr<EventState> state = std::make_shared<EventState>();
+  // A record on a deferred stream completes when the host runs that stream's operations up to
+  // `mark` (the record's own included): the stream of the last record, or null.
+  cudaStream_t stream = nullptr;
+  uint64_t mark = 0;
+};
 struct CUgraph_st {
   std::vector<std::function<void()>> ops;
 };
 struct CUgraphExec_st {
   std::vector<std::function<void()>> ops;
-};
-struct CUevent_st {
-  cudaStream_t stream = nullptr;  // of the last record (null: completes at once)
-  uint64_t mark = 0;              // the stream's operations before the record
 };
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -347,26 +368,60 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
-  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorStreamCaptureInvalidated;
-  if (stream != nullptr && stream->busy()) stream->Drain();  // asynchronous work: wait here
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorNotSupported;
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    record = ++st->recorded;
+  }
+  // In stream order: at once on an idle stream, behind the queued work on a busy one, and on a
+  // deferred stream when the host waits for it.
+  Enqueue(stream, [st, record] { st->Complete(record); });
   event->stream = stream != nullptr && stream->defer ? stream : nullptr;
   event->mark = event->stream != nullptr ? stream->enqueued : 0;
   return cudaSuccess;
 }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  if (event->stream != nullptr && event->stream->executed < event->mark) return cudaErrorNotReady;
+  std::lock_guard<std::mutex> lock(event->state->mu);
+  return event->state->completed >= event->state->recorded ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
   ++g_event_waits;
-  cudaStream_t s = event->stream;
-  if (s == nullptr) return cudaSuccess;
-  // Work the host enqueued behind the event before waiting for it: the steps overlap.
-  if (s->enqueued > event->mark) ++g_event_waits_with_later_work;
-  s->RunDeferredUntil(event->mark);
+  if (cudaStream_t s = event->stream; s != nullptr) {
+    // Work the host enqueued behind the event before waiting for it: the steps overlap.
+    if (s->enqueued > event->mark) ++g_event_waits_with_later_work;
+    s->RunDeferredUntil(event->mark);
+  }
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    record = st->recorded;
+  }
+  st->WaitFor(record);
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t event) {
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (event == nullptr) return cudaErrorInvalidResourceHandle;
-  return event->stream != nullptr && event->stream->executed < event->mark ? cudaErrorNotReady
-                                                                           : cudaSuccess;
+  if (stream != nullptr && stream->capturing != nullptr) return cudaErrorNotSupported;
+  // A record on a deferred stream has no thread to complete it: the host runs it here.
+  if (event->stream != nullptr && event->stream != stream) {
+    event->stream->RunDeferredUntil(event->mark);
+  }
+  std::shared_ptr<EventState> st = event->state;
+  uint64_t record;
+  {
+    std::lock_guard<std::mutex> lock(st->mu);
+    if (st->completed >= st->recorded) return cudaSuccess;  // nothing pending: no wait
+    record = st->recorded;
+  }
+  // The stream's later work queues behind the wait, on the stream's own thread.
+  tandem::cuda_emu::StreamEnqueueAsync(stream, [st, record] { st->WaitFor(record); });
+  return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
   if (stream == nullptr || stream->capturing != nullptr) return cudaErrorInvalidValue;

@@ -37,10 +37,10 @@ enum cudaError_t {
 
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
-struct CUgraph_st;
-typedef CUgraph_st* cudaGraph_t;
 struct CUevent_st;
 typedef CUevent_st* cudaEvent_t;
+struct CUgraph_st;
+typedef CUgraph_st* cudaGraph_t;
 struct CUgraphExec_st;
 typedef CUgraphExec_st* cudaGraphExec_t;
 
@@ -64,6 +64,7 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
 };
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
 #define cudaEventDisableTiming 0x02
 
 struct CUuuid_st {
@@ -125,11 +126,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+// Events, as the runtime defines them: a record completes once the work queued on its stream
+// before it completed; cudaStreamWaitEvent makes the stream's later work wait (on the stream's
+// own thread, never the caller's) for the event's latest record at the time of the call;
+// waiting for an event never recorded returns at once.
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
-cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,

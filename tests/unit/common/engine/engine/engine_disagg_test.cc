@@ -3,6 +3,7 @@
 // would), and the decode engine continues. Outputs equal a monolithic engine's, with greedy and
 // seeded sampling, n > 1, the decode side's own prefix cache, and migration with prior output.
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -171,6 +172,62 @@ TEST(EngineDisaggTest, ReservationLeaseExpiresAndFreesBlocks) {
   EXPECT_EQ(updates[0].status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(d->stats().kv_blocks_used, 0);
   EXPECT_EQ(d->stats().num_awaiting_kv, 0);
+}
+
+// A fenced reservation that ends before its KV arrived (aborted, or its lease expired) keeps its
+// blocks out of the free list until ReleaseKvFence (a transport may still write them); a
+// reservation without a fence, or one whose KV arrived, frees them at once.
+TEST(EngineDisaggTest, AFencedReservationHoldsItsBlocksUntilReleased) {
+  auto d = MakeEngine(16);
+  ASSERT_EQ(d->stats().kv_blocks_used, 0);
+  for (bool expire : {false, true}) {
+    EngineRequest r = MakeRequest(expire ? "expire" : "abort", Prompt(40, 5), 0.0f);
+    r.remote_prefill = true;
+    r.kv_fence = true;
+    if (expire) r.kv_lease = absl::Milliseconds(20);
+    ASSERT_TRUE(d->AddRequest(r).ok());
+    std::vector<int32_t> reserved;
+    for (const auto& u : d->Step()) {
+      if (u.reservation.has_value()) reserved = u.reservation->blocks;
+    }
+    ASSERT_EQ(reserved.size(), 3u);
+    std::vector<SequenceUpdate> ended;
+    if (expire) {
+      absl::SleepFor(absl::Milliseconds(30));
+    } else {
+      d->AbortRequest(r.id);
+    }
+    ended = d->Step();
+    ASSERT_EQ(ended.size(), 1u);
+    ASSERT_TRUE(ended[0].finished);
+    const uint64_t fence = ended[0].kv_fence;
+    ASSERT_NE(fence, 0u);
+    EXPECT_EQ(d->stats().kv_blocks_held, 3);
+    EXPECT_EQ(d->stats().kv_blocks_used, 3);
+    // The pool hands out the last freed blocks first: a new reservation would get these.
+    EngineRequest other = MakeRequest("other", Prompt(40, 6), 0.0f);
+    other.remote_prefill = true;
+    ASSERT_TRUE(d->AddRequest(other).ok());
+    for (const auto& u : d->Step()) {
+      if (!u.reservation.has_value()) continue;
+      for (int32_t b : u.reservation->blocks) {
+        EXPECT_EQ(std::count(reserved.begin(), reserved.end(), b), 0) << "fenced block reused";
+      }
+    }
+    d->AbortRequest("other");  // no fence: freed at once
+    for (const auto& u : d->Step()) EXPECT_EQ(u.kv_fence, 0u);
+    EXPECT_EQ(d->stats().kv_blocks_used, 3);
+    d->ReleaseKvFence(fence);
+    d->ReleaseKvFence(fence);  // once only
+    EXPECT_EQ(d->stats().kv_blocks_held, 0);
+    EXPECT_EQ(d->stats().kv_blocks_used, 0);
+  }
+  // KV that arrived leaves no fence.
+  auto p = MakeEngine();
+  EngineRequest done = MakeRequest("done", Prompt(30, 7), 0.0f);
+  done.kv_fence = true;
+  RunDisaggregated(*p, *d, done);
+  EXPECT_EQ(d->stats().kv_blocks_held, 0);
 }
 
 }  // namespace
