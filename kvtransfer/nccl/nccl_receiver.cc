@@ -28,7 +28,8 @@ ReceiverOptions WithFaults(ReceiverOptions o) {
   return o;
 }
 
-struct Peer : ReceiverPeer {
+// One sender connected to this receiver: its communicator and the thread that receives on it.
+struct ReceiverLink : ReceiverPeer {
   std::unique_ptr<Communicator> comm;
   std::thread thread;
   std::atomic<bool> stop{false};
@@ -59,11 +60,11 @@ class NcclReceiver : public ControlReceiver {
     absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Start(
         args.link, /*rank=*/1, options().cuda_device, options().layout.region_bytes());
     if (!comm.ok()) return comm.status();
-    auto peer = std::make_shared<Peer>();
+    auto peer = std::make_shared<ReceiverLink>();
     peer->sender_id = sender_id;
     peer->owner = owner;
     peer->comm = *std::move(comm);
-    Peer* raw = peer.get();
+    ReceiverLink* raw = peer.get();
     peer->thread = std::thread([this, raw] { Serve(raw); });  // finishes the setup there
     return peer;
   }
@@ -101,13 +102,13 @@ class NcclReceiver : public ControlReceiver {
   }
 
   void ClosePeer(ReceiverPeer* peer) override {
-    Peer* p = static_cast<Peer*>(peer);
+    ReceiverLink* p = static_cast<ReceiverLink*>(peer);
     p->stop = true;
     if (p->thread.joinable()) p->thread.join();
     p->comm.reset();
   }
 
-  void Serve(Peer* p) {
+  void Serve(ReceiverLink* p) {
     cudaSetDevice(p->comm->device());
     absl::Status s = p->comm->WaitReady(absl::Now() + options().handshake_timeout, &p->stop);
     const size_t region = options().layout.region_bytes();

@@ -41,7 +41,7 @@ class EchoReceiver : public KvReceiver {
   std::string endpoint() const override { return "echo"; }
   uint64_t incarnation() const override { return 1; }
   void Expect(const Expectation&) override {}
-  void Cancel(uint64_t) override {}
+  void Cancel(uint64_t, ReleasedCallback released) override { released(); }
   int64_t num_in_flight() const override { return 0; }
   absl::StatusOr<std::string> HandleControl(const std::string& request) override {
     return "echo:" + request;
