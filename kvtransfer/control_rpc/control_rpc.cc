@@ -185,10 +185,15 @@ void KvControlServer::SetReceiver(KvReceiver* receiver) { service_->SetReceiver(
 
 void KvControlServer::Stop() {
   if (service_ != nullptr) service_->Detach();
-  if (front_ != nullptr) front_->Stop();  // closes every connection; the front stays for stats
+  // The calls in flight finish and their replies go out through the front before it closes (a
+  // sender whose last message was answered must not see its connection cut).
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_.reset();
+  }
+  if (front_ != nullptr) {
+    front_->WaitIdle(absl::Seconds(1));
+    front_->Stop();  // closes what is left; the front stays for stats
   }
   if (!socket_dir_.empty()) {
     unlink((socket_dir_ + "/grpc.sock").c_str());

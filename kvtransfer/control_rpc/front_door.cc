@@ -127,6 +127,11 @@ void FrontDoor::Stop() {
   listen_fd_.Reset();
 }
 
+void FrontDoor::WaitIdle(absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (open() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+}
+
 void FrontDoor::MarkAuthenticated(const std::string& grpc_peer) {
   // "unix-abstract:<prefix><id>" (the relay socket's abstract name, ServerContext::peer()).
   const size_t at = grpc_peer.rfind(options_.backend_name_prefix);

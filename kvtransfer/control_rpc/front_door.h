@@ -60,6 +60,10 @@ class FrontDoor {
   int port() const { return port_; }
   // Closes the listener and every connection; idempotent.
   void Stop();
+  // Waits until no connection is relayed (each closes once gRPC closed its end and what it
+  // wrote went out) or `timeout` passed: before Stop, so that a server shutting down delivers the
+  // replies of the calls it finished.
+  void WaitIdle(absl::Duration timeout) const;
 
   // The connection whose backend socket gRPC names `grpc_peer` (ServerContext::peer()) carried
   // an authenticated request: it may stay past the handshake deadline. Unknown peers are ignored.

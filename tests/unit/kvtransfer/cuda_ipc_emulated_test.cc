@@ -192,10 +192,12 @@ class CudaIpcEmulatedTest : public ::testing::Test {
   void SetUp() override { src_.Fill(7); }
   // Sends transfers 1 and 2 the child expects.
   void SendBoth(KvSender* sender, const Child& child) {
-    EXPECT_TRUE(testing::SendAll(sender, child.Target(1, {3, 4, 5}), {10, 11, 12},
-                                 layout_.num_layers, "tok")
-                    .ok());
-    EXPECT_TRUE(testing::SendAll(sender, child.Target(2, {7}), {1}, layout_.num_layers, "").ok());
+    absl::Status first = testing::SendAll(sender, child.Target(1, {3, 4, 5}), {10, 11, 12},
+                                          layout_.num_layers, "tok");
+    EXPECT_TRUE(first.ok()) << first;
+    absl::Status second =
+        testing::SendAll(sender, child.Target(2, {7}), {1}, layout_.num_layers, "");
+    EXPECT_TRUE(second.ok()) << second;
   }
   KvLayout layout_ = testing::SmallLayout();
   DevicePool src_{layout_, kBlocks};
