@@ -175,7 +175,11 @@ TEST_P(DisaggregatedTest, ATargetThatDoesNotCoverThePromptIsRefused) {
   EXPECT_EQ(p_.engine->stats().prompt_tokens, 0);  // the engine never saw it
   decode_->Cancel("short-target", -1);
   ASSERT_TRUE(stream.WaitForFinal());
-  EXPECT_EQ(d_.engine->stats().kv_blocks_used, 0);
+  // The cancelled reservation's blocks are fenced until the receiver releases them (on its own
+  // thread, then posted to the engine's): they come back soon after the final, not with it.
+  EXPECT_TRUE(WaitForStats(*d_.engine, [](const EngineStats& s) {
+    return s.kv_blocks_used == 0 && s.kv_blocks_held == 0;
+  }));
 }
 
 // The decode worker takes a transfer only from the sender proving the reservation's key: a
