@@ -312,9 +312,7 @@ TEST_F(CudaIpcEmulatedTest, ATransferCostsAtMostThreeControlMessagesEachWay) {
             .ok());
     ASSERT_TRUE(testing::SendAll(sender.get(), child.Target(2, {7}), {1}, layers, "").ok());
     EXPECT_EQ(child.Wait(), kLandedExactly);
-    // The sender reports a transfer's count as it ends, which may follow the transfer's result.
-    EXPECT_TRUE(testing::Eventually([&] { return hooks.counts().size() >= 2; }));
-    const auto counts = hooks.counts();
+    const auto counts = hooks.WaitForCounts(2);
     ASSERT_EQ(counts.size(), 2u);
     for (const auto& [to_receiver, to_sender] : counts) {
       EXPECT_LE(to_receiver, 3);

@@ -194,6 +194,13 @@ class ControlCounts : public TransferHooks {
     std::lock_guard<std::mutex> lock(mu_);
     return counts_;
   }
+  // The counts once `n` transfers reported theirs (5 s at most): a sender reports a transfer's
+  // count as it ends, which may follow the transfer's result.
+  std::vector<std::pair<int64_t, int64_t>> WaitForCounts(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (counts().size() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    return counts();
+  }
 
  private:
   std::mutex mu_;

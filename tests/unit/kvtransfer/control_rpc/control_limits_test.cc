@@ -24,6 +24,7 @@
 #include "kvtransfer/control_rpc/control_rpc.h"
 #include "kvtransfer/control_rpc/front_door.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/unit/kvtransfer/control_rpc/echo_receiver.h"
 #include "tests/unit/kvtransfer/flood_peer.h"
 
 namespace tandem::kvtransfer {
@@ -32,21 +33,10 @@ namespace {
 using testing::CloseAll;
 using testing::ConnectFrom;
 using testing::CountOpen;
+using testing::EchoReceiver;
 using testing::Http2Preface;
 
 constexpr char kSecret[] = "0123456789abcdef-secret";
-
-class EchoReceiver : public KvReceiver {
- public:
-  std::string endpoint() const override { return "echo"; }
-  uint64_t incarnation() const override { return 1; }
-  void Expect(const Expectation&) override {}
-  void Cancel(uint64_t, ReleasedCallback released) override { released(); }
-  int64_t num_in_flight() const override { return 0; }
-  absl::StatusOr<std::string> HandleControl(const std::string& request) override {
-    return "echo:" + request;
-  }
-};
 
 int64_t RssBytes() {
   std::ifstream status("/proc/self/status");

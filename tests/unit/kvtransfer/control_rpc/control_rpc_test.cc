@@ -14,26 +14,14 @@
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/unit/kvtransfer/control_rpc/echo_receiver.h"
 
 namespace tandem::kvtransfer {
 namespace {
 
 constexpr char kSecret[] = "0123456789abcdef-secret";
 
-// Answers every control message with "echo:" + the message and counts them.
-class EchoReceiver : public KvReceiver {
- public:
-  std::string endpoint() const override { return "echo"; }
-  uint64_t incarnation() const override { return 1; }
-  void Expect(const Expectation&) override {}
-  void Cancel(uint64_t, ReleasedCallback) override {}
-  int64_t num_in_flight() const override { return 0; }
-  absl::StatusOr<std::string> HandleControl(const std::string& request) override {
-    ++handled;
-    return "echo:" + request;
-  }
-  std::atomic<int> handled{0};
-};
+using testing::EchoReceiver;
 
 class ControlRpcTest : public ::testing::Test {
  protected:
