@@ -35,7 +35,7 @@ struct FrontDoor::Relay {
   bool client_eof = false;     // the peer sent its last byte; gRPC's side is shut once `up` is out
   bool backend_shut = false;   // shutdown(backend, SHUT_WR) done
   bool backend_eof = false;    // gRPC closed the connection: it ends once `down` is out
-  uint32_t client_events = 0;  // what epoll watches now
+  uint32_t client_events = 0;  // what epoll watches now (0: not in the set)
   uint32_t backend_events = 0;
 };
 
@@ -220,8 +220,10 @@ void FrontDoor::AcceptAll() {
 }
 
 void FrontDoor::Pump(Relay* r, uint32_t events) {
-  // A socket gone both ways (or reset) has nothing more to give or take.
-  if ((events & (EPOLLERR | EPOLLHUP)) != 0) {
+  // A reset socket has nothing more to give or take. A hang-up is not an error: the socket still
+  // holds what its peer wrote before closing (gRPC's last replies as it shuts down), read below
+  // until EOF like any other end.
+  if ((events & EPOLLERR) != 0) {
     Close(r);
     return;
   }
@@ -254,24 +256,25 @@ void FrontDoor::Watch(Relay* r) {
                           (r->down_begin < r->down_end ? EPOLLOUT : 0);
   const uint32_t backend = (!r->backend_eof && r->down_begin == r->down_end ? EPOLLIN : 0) |
                            (r->up_begin < r->up_end ? EPOLLOUT : 0);
+  SetInterest(r->client.get(), Tag(r->id, true), client, &r->client_events);
+  SetInterest(r->backend.get(), Tag(r->id, false), backend, &r->backend_events);
+}
+
+void FrontDoor::SetInterest(int fd, uint64_t tag, uint32_t want, uint32_t* now) {
+  // epoll reports a hang-up whatever the mask, so a side with nothing to wait for leaves the set
+  // (a peer that hung up while the other side's buffer is full would spin the loop otherwise).
+  if (want == *now) return;
   epoll_event ev{};
-  if (client != r->client_events) {
-    ev.events = client;
-    ev.data.u64 = Tag(r->id, true);
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, r->client.get(), &ev);
-    r->client_events = client;
-  }
-  if (backend != r->backend_events) {
-    ev.events = backend;
-    ev.data.u64 = Tag(r->id, false);
-    epoll_ctl(epoll_fd_.get(), EPOLL_CTL_MOD, r->backend.get(), &ev);
-    r->backend_events = backend;
-  }
+  ev.events = want;
+  ev.data.u64 = tag;
+  const int op = want == 0 ? EPOLL_CTL_DEL : *now == 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
+  epoll_ctl(epoll_fd_.get(), op, fd, want == 0 ? nullptr : &ev);
+  *now = want;
 }
 
 void FrontDoor::Close(Relay* r) {
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, r->client.get(), nullptr);
-  epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, r->backend.get(), nullptr);
+  if (r->client_events != 0) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, r->client.get(), nullptr);
+  if (r->backend_events != 0) epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, r->backend.get(), nullptr);
   limiter_.Leave(r->host, kRelayChargeBytes);
   relays_.erase(r->id);  // closes both sockets
 }

@@ -82,6 +82,8 @@ class FrontDoor {
   // Moves what both directions of `r` can move now (epoll reported `events` on one side).
   void Pump(Relay* r, uint32_t events);
   void Watch(Relay* r);
+  // Makes epoll watch `fd` for `want` (0: removes it), given it watches `*now`.
+  void SetInterest(int fd, uint64_t tag, uint32_t want, uint32_t* now);
   void Close(Relay* r);
   void CloseExpired(absl::Time now);
 
