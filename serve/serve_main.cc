@@ -96,7 +96,9 @@ int RunServe(int argc, char** argv) {
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-  if (!transport_note.empty()) TLOG(INFO) << transport_note;  // logging is configured now
+  if (!transport_note.empty()) {
+    TLOG(INFO) << transport_note;  // logging is configured now
+  }
   sf.router.model_name = sf.model_name;
   if (sf.prefill_workers > 0 || sf.decode_workers > 0) {
     if (sf.decode_workers < 1) {

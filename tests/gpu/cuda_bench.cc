@@ -231,18 +231,19 @@ int Main(int argc, char** argv) {
   options.kv_dtype = DType::kBF16;
   options.num_blocks = 20000;  // 32 sequences x 8192 positions, ~10 GiB
   options.max_num_tokens = 2048;
-  auto create = [&](bool graphs, bool bf16) {
+  auto create = [&](bool graphs, bool bf16, DType kv = DType::kBF16) {
     CudaBackendOptions o = options;
     o.cuda_graphs = graphs;
     o.bf16_activations = bf16;
+    o.kv_dtype = kv;
     const auto start = Clock::now();
     auto backend = cuda::CudaBackend::Create(model, o);
     if (!backend.ok()) {
       std::fprintf(stderr, "backend: %s\n", backend.status().ToString().c_str());
       std::exit(1);
     }
-    std::printf("backend (graphs %s, %s activations) created in %.1f s, %lld graphs\n",
-                graphs ? "on" : "off", bf16 ? "bf16" : "f32",
+    std::printf("backend (graphs %s, %s activations, %s KV) created in %.1f s, %lld graphs\n",
+                graphs ? "on" : "off", bf16 ? "bf16" : "f32", std::string(DTypeName(kv)).c_str(),
                 std::chrono::duration<double>(Clock::now() - start).count(),
                 static_cast<long long>((*backend)->graphs_captured()));
     return std::move(backend).value();
@@ -256,14 +257,17 @@ int Main(int argc, char** argv) {
                  const std::string& note = "") {
     rows.push_back({what, ms, static_cast<double>(tokens), work, note});
   };
-  auto decode_work = [&](int batch, int context, int tokens) {
+  auto decode_work_of = [&](const Accounting& a, int batch, int context, int tokens) {
     std::vector<int> contexts;
     for (int i = 0; i < batch; ++i) {
       for (int t = tokens; t >= 1; --t) contexts.push_back(context - t + 1);
     }
-    Work w = acct.Step(contexts, batch * tokens);
-    w.bytes += acct.KvRead(std::vector<int>(batch, context));
+    Work w = a.Step(contexts, batch * tokens);
+    w.bytes += a.KvRead(std::vector<int>(batch, context));
     return w;
+  };
+  auto decode_work = [&](int batch, int context, int tokens) {
+    return decode_work_of(acct, batch, context, tokens);
   };
 
   for (int batch : {1, 8, 32, 64, 128, 256}) {
@@ -274,6 +278,14 @@ int Main(int argc, char** argv) {
   {
     const ForwardBatch b = DecodeBatch(32, 8192, 1, rng);
     add("decode b=32 ctx=8192", TimeSteps(*fast, b, steps), 32, decode_work(32, 8192, 1));
+    // The same step over the fp8 KV cache (half the KV bytes; its own backend for the time of
+    // this row).
+    std::unique_ptr<cuda::CudaBackend> fp8 = create(true, true, DType::kF8E4M3);
+    const Accounting acct8(*model, fp8->kv_spec().bytes_per_block_layer() /
+                                       static_cast<size_t>(fp8->kv_spec().block_size));
+    add("decode b=32 ctx=8192 fp8 KV", TimeSteps(*fp8, b, steps), 32,
+        decode_work_of(acct8, 32, 8192, 1));
+    fp8.reset();
     const ForwardBatch v = DecodeBatch(16, 1024, 4, rng);
     add("verify 16 seqs x 4 tokens ctx=1024", TimeSteps(*fast, v, steps), 64,
         decode_work(16, 1024, 4));

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "common/base/kv_layout.h"
 #include "common/base/thread_pool.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/backend/cuda/attention_plan.h"
@@ -146,6 +147,51 @@ TEST_F(CudaKernelsTest, GatherAddRmsNormMatchesCpu) {
 // Bias, rotation of q and k and the KV write in one kernel against the CPU's ApplyRope and
 // WriteKv over the biased projections: q in place, the pool element for element (bf16: up to one
 // step, the rotated k's last bits may differ), a token without a slot writes nothing.
+// A quantized pool written by the device (`got`) against the CPU's (`want`, laid out as `layer`
+// says): the scales within float rounding of each other and every code the CPU's or its
+// neighbour (the rotated values behind them may differ in their last bits, which moves a row's
+// max and a value near a rounding boundary); the rows of `exact_slots` (the same inputs on both
+// sides) equal byte for byte.
+void ExpectQuantizedKvNear(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                           const cpu::PagedKvLayer& layer, const std::vector<int64_t>& exact_slots,
+                           const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const int64_t hd = layer.head_dim, bs = layer.block_size, rows = 2 * layer.num_kv_heads * bs;
+  const size_t region = KvRegionBytes(layer.num_kv_heads, bs, hd, layer.dtype);
+  // Sign-magnitude codes (fp8) or two's complement (int8) on a monotonic integer scale.
+  auto order = [&](uint8_t c) {
+    if (layer.dtype == DType::kI8) return static_cast<int32_t>(static_cast<int8_t>(c));
+    return (c & 0x80) != 0 ? -static_cast<int32_t>(c & 0x7f) : static_cast<int32_t>(c);
+  };
+  int64_t neighbours = 0;
+  for (size_t b = 0; b < got.size() / region; ++b) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t slot = static_cast<int64_t>(b) * bs + r % bs;
+      const bool exact =
+          std::find(exact_slots.begin(), exact_slots.end(), slot) != exact_slots.end();
+      const uint8_t* g = got.data() + b * region + r * hd;
+      const uint8_t* w = want.data() + b * region + r * hd;
+      float gs, ws;
+      std::memcpy(&gs, got.data() + b * region + rows * hd + r * 4, 4);
+      std::memcpy(&ws, want.data() + b * region + rows * hd + r * 4, 4);
+      const std::string where = what + ": block " + std::to_string(b) + " row " + std::to_string(r);
+      if (exact) {
+        ASSERT_EQ(std::memcmp(g, w, hd), 0) << where;
+        ASSERT_EQ(gs, ws) << where;
+        continue;
+      }
+      ASSERT_NEAR(gs, ws, 1e-6 * std::fabs(ws)) << where;
+      for (int64_t d = 0; d < hd; ++d) {
+        const int32_t diff = std::abs(order(g[d]) - order(w[d]));
+        ASSERT_LE(diff, 1) << where << " element " << d;
+        neighbours += diff;
+      }
+    }
+  }
+  // Neighbours are the rare boundary cases, not a systematic difference.
+  EXPECT_LE(neighbours, static_cast<int64_t>(got.size() / 100)) << what;
+}
+
 TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
   ModelConfig config;
   config.head_dim = 64;
@@ -154,13 +200,17 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
   config.rope_scaling.factor = 32;
   config.max_position_embeddings = 4096;
   const std::vector<float> table = RopeCosSinTable(config, 4096);
-  const int64_t heads = 6, kvh = 2, hd = 64, bs = 16, blocks = 5, m = 7;
+  const int64_t heads = 6, kvh = 2, hd = 64, bs = 16, blocks = 5, m = 8;
   const int64_t qd = heads * hd, kvd = kvh * hd, ld = qd + 2 * kvd + 24;
-  const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 77, 3000};
-  std::vector<int64_t> slots = {3, 17, -1, 40, 79, 0, 64};
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  // Tokens at position 0 are not rotated, so both sides store the very same k and v there (the
+  // last one's are zeros without the bias).
+  const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 77, 3000, 0};
+  std::vector<int64_t> slots = {3, 17, -1, 40, 79, 0, 64, 50};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
     for (bool with_bias : {false, true}) {
-      std::vector<float> qkv = RandomFloats(m * ld, 3), want = qkv;
+      std::vector<float> qkv = RandomFloats(m * ld, 3);
+      std::fill(qkv.begin() + (m - 1) * ld + qd, qkv.begin() + (m - 1) * ld + qd + 2 * kvd, 0.0f);
+      std::vector<float> want = qkv;
       std::vector<float> bias = RandomFloats(qd + 2 * kvd, 4);
       if (with_bias) {
         for (int64_t i = 0; i < m; ++i) {
@@ -169,7 +219,7 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
       }
       cpu::ApplyRope(want.data(), m, ld, heads + kvh, hd, pos.data(), table.data());
       const size_t elems = static_cast<size_t>(blocks * 2 * kvh * bs * hd);
-      std::vector<uint8_t> host(elems * DTypeSize(dtype), 0);
+      std::vector<uint8_t> host(blocks * KvRegionBytes(kvh, bs, hd, dtype), 0);
       cpu::PagedKvLayer layer{host.data(), dtype, bs, kvh, hd};
       cpu::WriteKv(want.data() + qd, ld, want.data() + qd + kvd, ld, m, slots.data(), layer);
 
@@ -178,8 +228,8 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
       DeviceArray<int64_t> dslots(slots);
       DeviceArray<uint8_t> pool(host.size());
       cudaMemset(pool.get(), 0, host.size());
-      KvLayerView view{pool.get(), dtype == DType::kBF16, static_cast<int32_t>(bs),
-                       static_cast<int32_t>(kvh), static_cast<int32_t>(hd)};
+      KvLayerView view{pool.get(), dtype, static_cast<int32_t>(bs), static_cast<int32_t>(kvh),
+                       static_cast<int32_t>(hd)};
       TANDEM_CUDA_CHECK(cuda::RopeWriteKv(dqkv.get(), ld, m, heads, dpos.get(), dtable.get(),
                                           with_bias ? dbias.get() : nullptr, dslots.get(), view,
                                           stream_));
@@ -193,7 +243,10 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
       }
       ExpectClose(q, want_q, 1e-6, "rope q " + what);
       const std::vector<uint8_t> got_pool = pool.Download();
-      if (dtype == DType::kF32) {
+      if (KvDTypeIsQuantized(dtype)) {
+        ExpectQuantizedKvNear(got_pool, host, {host.data(), dtype, bs, kvh, hd}, {3, 50},
+                              "kv " + what);
+      } else if (dtype == DType::kF32) {
         std::vector<float> g(elems), e(elems);
         std::memcpy(g.data(), got_pool.data(), got_pool.size());
         std::memcpy(e.data(), host.data(), host.size());
@@ -445,16 +498,32 @@ struct AttentionCase {
 // random pool and queries. With `grid` > 0 the kernels are launched as a captured graph launches
 // them: `grid` blocks along the items and two along the merges, each looping over the step's
 // (device-side) counts, and the queries padded with `grid` rows that no item covers.
-// `out_bf16`: the output in bf16.
-void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false) {
+// `out_bf16`: the output in bf16. `every_code` (quantized dtypes): every row's codes are the
+// sweep ((row / block_size) * head_dim + d) % 256 under the scales the CPU wrote, so that with 4
+// kv heads of 64 the V rows of each token hold all 256 codes between them; with context 1 the
+// output is its V row, and must equal the CPU's bit for bit.
+void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false,
+                    bool every_code = false) {
   const int bs = 16, hd = c.head_dim, group = c.heads / c.kv_heads;
   int total_blocks = 0;
   for (auto [ctx, n] : c.seqs) total_blocks += (ctx + bs - 1) / bs;
   const int blocks = total_blocks + 3;
   const size_t elems = static_cast<size_t>(blocks) * 2 * c.kv_heads * bs * hd;
   std::vector<float> values = RandomFloats(elems, 11, -2, 2);
-  std::vector<uint8_t> pool(elems * DTypeSize(c.dtype));
-  if (c.dtype == DType::kBF16) {
+  std::vector<uint8_t> pool(blocks * KvRegionBytes(c.kv_heads, bs, hd, c.dtype));
+  if (KvDTypeIsQuantized(c.dtype)) {  // every slot's k and v rows quantized by the CPU
+    const int64_t slots_n = static_cast<int64_t>(blocks) * bs, kvd = c.kv_heads * hd;
+    std::vector<int64_t> slots(slots_n);
+    std::iota(slots.begin(), slots.end(), 0);
+    cpu::WriteKv(values.data(), kvd, values.data() + slots_n * kvd, kvd, slots_n, slots.data(),
+                 {pool.data(), c.dtype, bs, c.kv_heads, hd});
+    const size_t region = KvRegionBytes(c.kv_heads, bs, hd, c.dtype);
+    for (size_t b = 0; every_code && b < static_cast<size_t>(blocks); ++b) {
+      for (int r = 0; r < 2 * c.kv_heads * bs; ++r) {
+        for (int d = 0; d < hd; ++d) pool[b * region + r * hd + d] = ((r / bs) * hd + d) % 256;
+      }
+    }
+  } else if (c.dtype == DType::kBF16) {
     std::vector<uint16_t> v16 = ToBf16(values);
     std::memcpy(pool.data(), v16.data(), pool.size());
   } else {
@@ -538,7 +607,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   a.ldo = ld;
   a.out_bf16 = out_bf16;
   a.num_heads = c.heads;
-  a.kv = KvLayerView{dpool.get(), c.dtype == DType::kBF16, bs, c.kv_heads, hd};
+  a.kv = KvLayerView{dpool.get(), c.dtype, bs, c.kv_heads, hd};
   a.block_tables = dtables.get();
   a.context_lens = dctx.get();
   a.sliding_window = c.window;
@@ -562,8 +631,11 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
       e.push_back(want[i * ld + j]);
     }
   }
-  double tol = c.dtype == DType::kBF16 ? 1e-4 : 1e-5;
+  // Both sides dequantize the same codes to the same f32 values; then only the order of the
+  // f32 arithmetic differs.
+  double tol = c.dtype == DType::kF32 ? 1e-5 : 1e-4;
   if (out_bf16) tol = 1.0 / 128;  // one bf16 step of the largest value
+  if (every_code) tol = 0;
   ExpectClose(g, e, tol,
               "attention " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + "x" +
                   std::to_string(hd) + " " + std::string(DTypeName(c.dtype)) + " window " +
@@ -574,7 +646,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
 
 TEST_F(CudaKernelsTest, PagedAttentionPrefillAndDecodeMatchCpu) {
   const bool big = !kEmulated;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
     // Prefill chunks (one from scratch, one continuing a cached prefix) next to decode tokens.
     CheckAttention({8, 4, 8, dtype, 0, {{70, 70}, {33, 1}, {100, 20}, {1, 1}}}, 512);
     CheckAttention({4, 1, 64, dtype, 0, {{45, 45}, {200, 1}, {17, 3}}}, 512);
@@ -583,9 +655,18 @@ TEST_F(CudaKernelsTest, PagedAttentionPrefillAndDecodeMatchCpu) {
   }
 }
 
+// Every int8 and fp8 code (fp8 subnormals, zeros of both signs, the largest)
+// dequantizes on the device to the CPU's value exactly (the two NaN codes of e4m3 read as 480 on
+// both: the writers never produce them).
+TEST_F(CudaKernelsTest, PagedAttentionDequantizesEveryCodeAsTheCpu) {
+  for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{1, 1}, {1, 1}, {1, 1}}}, 512, 0, false, true);
+  }
+}
+
 TEST_F(CudaKernelsTest, PagedAttentionSplitsOverKeysMatchCpu) {
   // Small partitions force flash-decoding splits (and their merge) at test sizes.
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
     CheckAttention({8, 4, 8, dtype, 0, {{300, 1}, {97, 1}, {64, 1}, {250, 4}, {40, 40}}}, 32);
     CheckAttention({4, 2, 64, dtype, 0, {{257, 1}, {33, 1}}}, 64);
   }
@@ -594,6 +675,7 @@ TEST_F(CudaKernelsTest, PagedAttentionSplitsOverKeysMatchCpu) {
 TEST_F(CudaKernelsTest, PagedAttentionSlidingWindowMatchesCpu) {
   CheckAttention({4, 2, 16, DType::kF32, 40, {{100, 100}, {130, 1}, {20, 20}}}, 512);
   CheckAttention({4, 2, 16, DType::kBF16, 40, {{300, 1}, {100, 3}}}, 32);
+  CheckAttention({4, 2, 16, DType::kF8E4M3, 40, {{300, 1}, {100, 3}}}, 32);
 }
 
 // As a captured graph runs it: a few blocks loop over the step's items and merges (counts read

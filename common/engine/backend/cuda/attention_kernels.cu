@@ -3,7 +3,7 @@
 //
 // Block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
 // head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
-//   1. stage K and V of the chunk (f32) through the block table;
+//   1. stage K and V of the chunk through the block table, as f32 (dequantized: kv_codes.cuh);
 //   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
 //   3. per row: m' = max(m, max_j s), p = exp(s - m'), l = l * exp(m - m') + sum p;
 //   4. o[r][:] = o[r][:] * exp(m - m') + sum_j p[r][j] v_j.
@@ -14,6 +14,7 @@
 
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
+#include "common/engine/backend/cuda/kv_codes.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -42,7 +43,7 @@ TANDEM_HOST_DEVICE SharedLayout Layout(int rows, int head_dim, int max_tokens) {
 }
 
 // One item's tile (see the file comment); a block runs items blockIdx.x, + gridDim.x, ...
-template <class KT, class OT>
+template <DType KD, class OT>
 TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem it, int kvh,
                                      int32_t table_stride, float* sm) {
   const int hd = a.kv.head_dim, num_kv_heads = a.kv.num_kv_heads, bs = a.kv.block_size;
@@ -92,10 +93,9 @@ TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem
   hi = hi < it.kv_end ? hi : it.kv_end;
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * table_stride;
-  const KT* pool = static_cast<const KT*>(a.kv.base);
-  const int64_t block_elems = 2LL * num_kv_heads * bs * hd;
-  const int64_t k_head = static_cast<int64_t>(kvh) * bs * hd;
-  const int64_t v_head = static_cast<int64_t>(num_kv_heads + kvh) * bs * hd;
+  const uint8_t* pool = static_cast<const uint8_t*>(a.kv.base);
+  const int64_t block_bytes = dev::KvBlockBytes(a.kv);
+  const int64_t k_row = dev::KvRow(a.kv, 0, kvh, 0), v_row = dev::KvRow(a.kv, 1, kvh, 0);
 
   for (int c0 = lo; c0 < hi; c0 += kChunk) {
     const int n = hi - c0 < kChunk ? hi - c0 : kChunk;
@@ -104,10 +104,9 @@ TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem
       float kval = 0.0f, vval = 0.0f;
       if (j < n) {
         const int pos = c0 + j;
-        const int64_t base =
-            table[pos / bs] * block_elems + static_cast<int64_t>(pos % bs) * hd + d;
-        kval = dev::Load(pool + base + k_head);
-        vval = dev::Load(pool + base + v_head);
+        const uint8_t* block = pool + table[pos / bs] * block_bytes;
+        kval = dev::LoadKv<KD>(block, a.kv, k_row + pos % bs, d);
+        vval = dev::LoadKv<KD>(block, a.kv, v_row + pos % bs, d);
       }
       ks[j * ldk + d] = kval;
       vs[j * hd + d] = vval;
@@ -217,12 +216,12 @@ TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
   for (int32_t i = blockIdx.x; i < n; i += gridDim.x) MergeOne<OT>(a, a.combines[i], blockIdx.y);
 }
 
-template <class KT, class OT>
+template <DType KD, class OT>
 TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
   TANDEM_DYNAMIC_SHARED(float, sm);
   const AttentionCounts counts = *a.counts;
   for (int32_t i = blockIdx.x; i < counts.num_items; i += gridDim.x) {
-    AttentionItemTile<KT, OT>(a, a.items[i], blockIdx.y, counts.table_stride, sm);
+    AttentionItemTile<KD, OT>(a, a.items[i], blockIdx.y, counts.table_stride, sm);
     dev::SyncThreads();  // the next item reuses the shared memory
   }
 }
@@ -234,26 +233,35 @@ size_t AttentionSharedBytes(int rows, int head_dim) {
   return static_cast<size_t>(Layout(rows, head_dim, rows).total) * 4;
 }
 
+namespace {
+
+template <DType KD>
+cudaError_t ConfigureAttentionFor(int bytes) {
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<KD, float>, attr, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(AttentionKernel<KD, uint16_t>, attr, bytes);
+  return err;
+}
+
+}  // namespace
+
 cudaError_t ConfigureAttention(size_t bytes) {
   const int value = static_cast<int>(bytes);
-  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<float, float>, attr, value);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(AttentionKernel<float, uint16_t>, attr, value);
-  if (err == cudaSuccess) err = cudaFuncSetAttribute(AttentionKernel<uint16_t, float>, attr, value);
-  if (err == cudaSuccess) {
-    err = cudaFuncSetAttribute(AttentionKernel<uint16_t, uint16_t>, attr, value);
-  }
+  cudaError_t err = ConfigureAttentionFor<DType::kF32>(value);
+  if (err == cudaSuccess) err = ConfigureAttentionFor<DType::kBF16>(value);
+  if (err == cudaSuccess) err = ConfigureAttentionFor<DType::kI8>(value);
+  if (err == cudaSuccess) err = ConfigureAttentionFor<DType::kF8E4M3>(value);
   return err;
 }
 
 namespace {
 
-template <class KT, class OT>
+template <DType KD, class OT>
 cudaError_t LaunchAttention(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.grid_items),
                   static_cast<unsigned>(args.kv.num_kv_heads));
   const size_t smem = AttentionSharedBytes(args.max_tile_rows, args.kv.head_dim);
-  TANDEM_LAUNCH((AttentionKernel<KT, OT>), grid, kAttentionThreads, smem, stream, args);
+  TANDEM_LAUNCH((AttentionKernel<KD, OT>), grid, kAttentionThreads, smem, stream, args);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || args.grid_combines == 0) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.grid_combines),
@@ -262,16 +270,28 @@ cudaError_t LaunchAttention(const AttentionArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <DType KD>
+cudaError_t LaunchAttentionFor(const AttentionArgs& args, cudaStream_t stream) {
+  return args.out_bf16 ? LaunchAttention<KD, uint16_t>(args, stream)
+                       : LaunchAttention<KD, float>(args, stream);
+}
+
 }  // namespace
 
 cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
-  if (args.kv.is_bf16) {
-    return args.out_bf16 ? LaunchAttention<uint16_t, uint16_t>(args, stream)
-                         : LaunchAttention<uint16_t, float>(args, stream);
+  switch (args.kv.dtype) {
+    case DType::kF32:
+      return LaunchAttentionFor<DType::kF32>(args, stream);
+    case DType::kBF16:
+      return LaunchAttentionFor<DType::kBF16>(args, stream);
+    case DType::kI8:
+      return LaunchAttentionFor<DType::kI8>(args, stream);
+    case DType::kF8E4M3:
+      return LaunchAttentionFor<DType::kF8E4M3>(args, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return args.out_bf16 ? LaunchAttention<float, uint16_t>(args, stream)
-                       : LaunchAttention<float, float>(args, stream);
 }
 
 }  // namespace tandem::cuda

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/kv_layout.h"
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
@@ -112,9 +113,10 @@ CudaBackend::~CudaBackend() {
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     std::shared_ptr<const Model> model, const CudaBackendOptions& options) {
   if (options.block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
-  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA KV cache dtype must be f32 or bf16, got ",
-                                                   std::string(DTypeName(options.kv_dtype))));
+  if (!IsKvDType(options.kv_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA KV cache dtype must be f32, bf16, int8 or fp8 (e4m3), got ",
+                     std::string(DTypeName(options.kv_dtype))));
   }
   if (options.num_blocks <= 0 && options.kv_cache_bytes < 0) {
     return absl::InvalidArgumentError("kv_cache_bytes must be >= 0");
@@ -380,7 +382,7 @@ absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t l
 KvLayerView CudaBackend::KvLayer(int64_t layer) const {
   KvLayerView kv;
   kv.base = Region(layer, 0);
-  kv.is_bf16 = spec_.dtype == DType::kBF16;
+  kv.dtype = spec_.dtype;
   kv.block_size = static_cast<int32_t>(spec_.block_size);
   kv.num_kv_heads = static_cast<int32_t>(spec_.num_kv_heads);
   kv.head_dim = static_cast<int32_t>(spec_.head_dim);

@@ -5,6 +5,7 @@
 
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
+#include "common/engine/backend/cuda/kv_codes.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -107,25 +108,21 @@ TANDEM_GLOBAL void GatherSampledTokensKernel(const SampleOutput* samples, const 
 
 // Token m (one block): q += bias, rotated in place; k += bias, rotated, and v += bias written
 // to the token's KV slot (skipped when the slot is negative). The CPU's order: product, bias,
-// rotation, store.
-template <class T>
+// rotation, store. k and v pass through shared memory ([2][kv heads][head_dim] f32), since a
+// quantized row's scale needs the whole row; then one warp stores each row.
+template <DType T>
 TANDEM_GLOBAL void RopeWriteKvKernel(float* qkv, int64_t ld, int32_t num_heads, KvLayerView kv,
                                      const int32_t* positions, const float* cos_sin,
                                      const float* bias, const int64_t* slots) {
+  TANDEM_DYNAMIC_SHARED(float, kvs);
   const int64_t m = blockIdx.x;
-  const int64_t hd = kv.head_dim, half = hd / 2, kvh = kv.num_kv_heads, bs = kv.block_size;
+  const int64_t hd = kv.head_dim, half = hd / 2, kvh = kv.num_kv_heads;
   const int64_t qd = num_heads * hd, kvd = kvh * hd;
   const float* cs = cos_sin + static_cast<int64_t>(positions[m]) * hd;
   float* row = qkv + m * ld;
   const int64_t slot = slots[m];
   const int64_t q_pairs = num_heads * half;
   const int64_t kv_items = slot < 0 ? 0 : kvh * half + kvd;  // k pairs, then v elements
-  T* base = nullptr;
-  int64_t off = 0;
-  if (slot >= 0) {
-    base = static_cast<T*>(kv.base) + (slot / bs) * 2 * kvd * bs;
-    off = slot % bs;
-  }
   for (int64_t idx = threadIdx.x; idx < q_pairs + kv_items; idx += blockDim.x) {
     if (idx < q_pairs) {
       const int64_t h = idx / half, i = idx % half;
@@ -150,15 +147,22 @@ TANDEM_GLOBAL void RopeWriteKvKernel(float* qkv, int64_t ld, int32_t num_heads, 
         b += bias[col + i + half];
       }
       const float c = cs[2 * i], s = cs[2 * i + 1];
-      T* dst = base + (h * bs + off) * hd;
-      dev::Store(dst + i, a * c - b * s);
-      dev::Store(dst + i + half, b * c + a * s);
+      kvs[h * hd + i] = a * c - b * s;
+      kvs[h * hd + i + half] = b * c + a * s;
     } else {
-      const int64_t v = e - kvh * half, h = v / hd, d = v % hd;
+      const int64_t v = e - kvh * half;
       const int64_t col = qd + kvd + v;
-      const float value = bias != nullptr ? row[col] + bias[col] : row[col];
-      dev::Store(base + ((kvh + h) * bs + off) * hd + d, value);
+      kvs[kvd + v] = bias != nullptr ? row[col] + bias[col] : row[col];
     }
+  }
+  if (slot < 0) return;  // the whole block: the slot is the token's
+  dev::SyncThreads();
+  uint8_t* block = static_cast<uint8_t*>(kv.base) + (slot / kv.block_size) * dev::KvBlockBytes(kv);
+  const int64_t off = slot % kv.block_size;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int64_t r = threadIdx.x >> 5; r < 2 * kvh; r += warps) {
+    dev::StoreKvRow<T>(block, kv, dev::KvRow(kv, static_cast<int>(r / kvh), r % kvh, off),
+                       kvs + r * hd, lane);
   }
 }
 
@@ -251,12 +255,27 @@ cudaError_t RopeWriteKv(float* qkv, int64_t ld, int64_t M, int64_t num_heads,
                         const int64_t* slots, const KvLayerView& kv, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
   const int32_t heads = static_cast<int32_t>(num_heads);
-  if (kv.is_bf16) {
-    TANDEM_LAUNCH(RopeWriteKvKernel<uint16_t>, static_cast<unsigned>(M), 128, 0, stream, qkv, ld,
-                  heads, kv, positions, cos_sin, bias, slots);
-  } else {
-    TANDEM_LAUNCH(RopeWriteKvKernel<float>, static_cast<unsigned>(M), 128, 0, stream, qkv, ld,
-                  heads, kv, positions, cos_sin, bias, slots);
+  const size_t smem = 2 * static_cast<size_t>(kv.num_kv_heads) * kv.head_dim * sizeof(float);
+  const unsigned grid = static_cast<unsigned>(M);
+  switch (kv.dtype) {
+    case DType::kF32:
+      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kF32>, grid, 128, smem, stream, qkv, ld, heads, kv,
+                    positions, cos_sin, bias, slots);
+      break;
+    case DType::kBF16:
+      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kBF16>, grid, 128, smem, stream, qkv, ld, heads, kv,
+                    positions, cos_sin, bias, slots);
+      break;
+    case DType::kI8:
+      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kI8>, grid, 128, smem, stream, qkv, ld, heads, kv,
+                    positions, cos_sin, bias, slots);
+      break;
+    case DType::kF8E4M3:
+      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kF8E4M3>, grid, 128, smem, stream, qkv, ld, heads, kv,
+                    positions, cos_sin, bias, slots);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

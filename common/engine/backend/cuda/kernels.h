@@ -4,13 +4,14 @@
 // status (cudaGetLastError after the launch; cudaSuccess without launching when there is nothing
 // to do). Pointers are device pointers. Arithmetic is fp32 throughout; bf16 appears only as
 // storage (weights, KV cache, and the matmul inputs of the bf16-activation mode), converted with
-// round-to-nearest-even like the CPU kernels.
+// round-to-nearest-even like the CPU kernels, and int8 / fp8 only as KV cache storage.
 // The semantics of each op are those of the CPU kernel of the same name
 // (common/engine/backend/cpu/kernels/kernels.h) unless stated otherwise.
 
 #include <cstddef>
 #include <cstdint>
 
+#include "common/base/dtype.h"
 #include "common/engine/backend/cuda/cuda_api.h"
 
 namespace tandem::cuda {
@@ -43,11 +44,13 @@ cudaError_t GatherAddRmsNorm(const float* x, const float* delta, int64_t ld, con
 cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void* out,
                     bool out_bf16, cudaStream_t stream);
 
-// One layer of the paged KV pool, laid out like the CPU's (cpu::PagedKvLayer): block b is
-// [2 (K, V)][num_kv_heads][block_size][head_dim] of f32 or bf16.
+// One layer of the paged KV pool, laid out like the CPU's (cpu::PagedKvLayer and
+// common/base/kv_layout.h): block b is [2 (K, V)][num_kv_heads][block_size][head_dim] codes of
+// `dtype` (f32, bf16, or the quantized int8 and fp8 e4m3), the quantized ones followed by one f32
+// scale per row [2][num_kv_heads][block_size]; kv_codes.cuh reads and writes them.
 struct KvLayerView {
   void* base = nullptr;
-  bool is_bf16 = false;
+  DType dtype = DType::kF32;
   int32_t block_size = 16;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
@@ -57,7 +60,8 @@ struct KvLayerView {
 // num_heads heads, then k and v of kv.num_kv_heads heads), in one kernel: `bias` (f32 [q + 2 kv]
 // or null) is added to all three; q and k are rotated (rotate_half, the CPU's ApplyRope) at
 // `positions` with cos_sin (f32 [max_pos][head_dim / 2][2], model/rope.h), q in place; k and v
-// are written to each token's KV slot (the CPU's WriteKv; slots[m] < 0: not written).
+// are written to each token's KV slot (the CPU's WriteKv, the same bytes for the same k and v,
+// quantized rows included; slots[m] < 0: not written).
 cudaError_t RopeWriteKv(float* qkv, int64_t ld, int64_t M, int64_t num_heads,
                         const int32_t* positions, const float* cos_sin, const float* bias,
                         const int64_t* slots, const KvLayerView& kv, cudaStream_t stream);
