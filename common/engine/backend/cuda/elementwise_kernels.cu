@@ -250,34 +250,41 @@ cudaError_t GatherAddRmsNorm(const float* x, const float* delta, int64_t ld, con
   return cudaGetLastError();
 }
 
+namespace {
+
+template <DType T>
+cudaError_t LaunchRopeWriteKv(float* qkv, int64_t ld, int64_t M, int32_t heads,
+                              const int32_t* positions, const float* cos_sin, const float* bias,
+                              const int64_t* slots, const KvLayerView& kv, cudaStream_t stream) {
+  const size_t smem = 2 * static_cast<size_t>(kv.num_kv_heads) * kv.head_dim * sizeof(float);
+  TANDEM_LAUNCH(RopeWriteKvKernel<T>, static_cast<unsigned>(M), 128, smem, stream, qkv, ld, heads,
+                kv, positions, cos_sin, bias, slots);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
 cudaError_t RopeWriteKv(float* qkv, int64_t ld, int64_t M, int64_t num_heads,
                         const int32_t* positions, const float* cos_sin, const float* bias,
                         const int64_t* slots, const KvLayerView& kv, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
-  const int32_t heads = static_cast<int32_t>(num_heads);
-  const size_t smem = 2 * static_cast<size_t>(kv.num_kv_heads) * kv.head_dim * sizeof(float);
-  const unsigned grid = static_cast<unsigned>(M);
+  const int32_t h = static_cast<int32_t>(num_heads);
   switch (kv.dtype) {
     case DType::kF32:
-      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kF32>, grid, 128, smem, stream, qkv, ld, heads, kv,
-                    positions, cos_sin, bias, slots);
-      break;
+      return LaunchRopeWriteKv<DType::kF32>(qkv, ld, M, h, positions, cos_sin, bias, slots, kv,
+                                            stream);
     case DType::kBF16:
-      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kBF16>, grid, 128, smem, stream, qkv, ld, heads, kv,
-                    positions, cos_sin, bias, slots);
-      break;
+      return LaunchRopeWriteKv<DType::kBF16>(qkv, ld, M, h, positions, cos_sin, bias, slots, kv,
+                                             stream);
     case DType::kI8:
-      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kI8>, grid, 128, smem, stream, qkv, ld, heads, kv,
-                    positions, cos_sin, bias, slots);
-      break;
+      return LaunchRopeWriteKv<DType::kI8>(qkv, ld, M, h, positions, cos_sin, bias, slots, kv,
+                                           stream);
     case DType::kF8E4M3:
-      TANDEM_LAUNCH(RopeWriteKvKernel<DType::kF8E4M3>, grid, 128, smem, stream, qkv, ld, heads, kv,
-                    positions, cos_sin, bias, slots);
-      break;
+      return LaunchRopeWriteKv<DType::kF8E4M3>(qkv, ld, M, h, positions, cos_sin, bias, slots, kv,
+                                               stream);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void* out,
