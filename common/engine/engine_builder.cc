@@ -69,6 +69,19 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& device) {
 
 namespace {
 
+// Whether any of the model's matrices multiplies a permuted input (act-order GPTQ).
+bool HasInputPermutation(const Model& model) {
+  const ModelWeights& w = model.weights();
+  if (w.lm_head.input_perm != nullptr) return true;
+  for (const LayerWeights& lw : w.layers) {
+    for (const Tensor* t : {&lw.q_proj, &lw.k_proj, &lw.v_proj, &lw.o_proj, &lw.gate_proj,
+                            &lw.up_proj, &lw.down_proj}) {
+      if (t->input_perm != nullptr) return true;
+    }
+  }
+  return false;
+}
+
 // The speculative proposer the options ask for (null when speculation is off). A draft model
 // runs on the CPU backend with its own KV pool (f32).
 absl::StatusOr<std::unique_ptr<Proposer>> BuildProposer(const EngineBuildOptions& options,
@@ -146,10 +159,6 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   }
   load.quant_group_size = options.quant_group_size;
   load.map_weights = options.mmap_weights || *device != "cpu";
-  if (load.quantization != WeightQuant::kNone && *device != "cpu") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantization ", options.quantization, " is implemented on cpu only"));
-  }
   // Quantized weights go into the layout of int8 MatMul inputs wherever those can be chosen: asked
   // for, or auto where the CPU kernels' tier has integer dot products (the rule below; decided
   // before loading, as the layout is made at load).
@@ -171,11 +180,13 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   auto model_or = LoadModel(options.model_dir, load);
   if (!model_or.ok()) return model_or.status();
   std::shared_ptr<const Model> model = std::move(model_or).value();
-  if (model->checkpoint_quant().quantized() && *device != "cpu") {
+  // int8 / int4 weights (--quantization, AWQ / GPTQ checkpoints) run on both backends, except
+  // act-order GPTQ (an input permutation per matrix): cpu only, CudaBackend::Create says so.
+  if (model->checkpoint_quant().quantized() && *device != "cpu" && HasInputPermutation(*model)) {
     if (options.device != "auto") {
       return absl::InvalidArgumentError(absl::StrCat(
-          options.model_dir, " is a ", model->checkpoint_quant().MethodName(),
-          " int4 checkpoint: quantized weights are implemented on cpu only (--device cpu)"));
+          options.model_dir, " is an act-order (desc_act) ", model->checkpoint_quant().MethodName(),
+          " int4 checkpoint: implemented on cpu only (--device cpu)"));
     }
     *device = "cpu";  // auto: the one backend that serves it
   }

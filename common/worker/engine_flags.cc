@@ -76,8 +76,9 @@ void EngineFlags::Register(FlagSet* f) {
             "kv head; cpu only)");
   f->String("quantization", &o.quantization,
             "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
-            "(groups with zero points); cpu only. AWQ / GPTQ int4 checkpoints are detected from "
-            "config.json and load as int4 by themselves (keep none)");
+            "(groups with zero points); cpu and cuda. AWQ / GPTQ int4 checkpoints are detected "
+            "from config.json and load as int4 by themselves (keep none; act-order GPTQ: cpu "
+            "only)");
   f->Int("quantization-group-size", &o.quant_group_size,
          "int4: weights per scale/zero group along the input dimension (32, 64, 128, ...)");
   f->Bool("mmap-weights", &o.mmap_weights,

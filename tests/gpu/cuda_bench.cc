@@ -1,7 +1,8 @@
 // GPU benchmark of the CUDA backend on a random Llama-3.2-1B-shaped bf16 model (written once to
 // <build>/gpu_test_models/llama-1b-bf16, shared with cuda_backend_test): decode steps by batch
 // size (CUDA graphs and eager, bf16 activations and the f32 parity mode), speculative
-// verification and mixed prefill + decode steps, chunked prefill, and long-context decode.
+// verification and mixed prefill + decode steps, chunked prefill, long-context decode, and
+// decode / prefill over int8 and int4 weights quantized at load.
 //
 // Every figure is set beside the card's limits measured first: the device-to-device copy
 // bandwidth (bytes read + written per second) and the bf16 matrix peak (an 8192^3 cuBLAS bf16
@@ -115,7 +116,10 @@ class Accounting {
     const double elem = DTypeSize(model.weight_dtype());
     layer_params_ = c_.num_layers * (d * (qd + 2 * kvd) + qd * d + 2 * d * f + f * d);
     head_params_ = static_cast<double>(c_.vocab_size) * d;
-    weight_bytes_ = (layer_params_ + head_params_) * elem;
+    // Quantized weights: the codes, scales and zeros a step reads.
+    weight_bytes_ = model.quantization() != WeightQuant::kNone
+                        ? static_cast<double>(model.decode_weight_bytes())
+                        : (layer_params_ + head_params_) * elem;
     row_bytes_ = d * elem;
   }
 
@@ -329,6 +333,49 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // Weight-only int8 and int4 (g128) weights quantized at load from the same checkpoint: decode
+  // at batch 1 and 8 (the quantized GEMV) and 32 (dequantized tiles + cuBLAS), and a 512-token
+  // prefill chunk. One backend at a time.
+  for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
+    const std::string name =
+        std::string(WeightQuantName(quant)) + (quant == WeightQuant::kInt4 ? " g128" : "");
+    LoadOptions ql = load;
+    ql.quantization = quant;
+    ql.quant_group_size = 128;
+    ql.quant_layout = WeightLayout::kRows;
+    const auto load_start = Clock::now();
+    auto qloaded = LoadModel(model_dir, ql);
+    if (!qloaded.ok()) {
+      std::fprintf(stderr, "%s\n", qloaded.status().ToString().c_str());
+      return 1;
+    }
+    std::shared_ptr<const Model> qmodel = std::move(qloaded).value();
+    std::printf("%s model quantized at load in %.1f s\n", name.c_str(),
+                std::chrono::duration<double>(Clock::now() - load_start).count());
+    auto created = cuda::CudaBackend::Create(qmodel, options);
+    if (!created.ok()) {
+      std::fprintf(stderr, "backend (%s): %s\n", name.c_str(), created.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<cuda::CudaBackend> qb = std::move(created).value();
+    const Accounting qa(*qmodel, qb->kv_spec().bytes_per_block_layer() /
+                                     static_cast<size_t>(qb->kv_spec().block_size));
+    for (int batch : {1, 8, 32}) {
+      const ForwardBatch b = DecodeBatch(batch, 512, 1, rng);
+      add("decode b=" + std::to_string(batch) + " ctx=512 " + name, TimeSteps(*qb, b, steps), batch,
+          decode_work_of(qa, batch, 512, 1));
+    }
+    ForwardBatch b;
+    std::vector<int32_t> tokens(512);
+    for (auto& t : tokens) t = static_cast<int32_t>(3 + rng() % 31000);
+    b.AddSequence(tokens, 0, Table(0, 512), 16, true);
+    std::vector<int> contexts;
+    for (int i = 1; i <= 512; ++i) contexts.push_back(i);
+    Work w = qa.Step(contexts, 1);
+    w.bytes += qa.KvRead({512});
+    add("prefill chunk=512 " + name, TimeSteps(*qb, b, std::max(3, steps / 4)), 512, w);
+  }
+
   std::printf(
       "\ncuda_bench: %s, llama-1b bf16 (%.2f GB of matrices), bf16 KV, bf16 activations, "
       "CUDA graphs (%lld graph steps) unless noted\n",
@@ -346,8 +393,9 @@ int Main(int argc, char** argv) {
                 100 * r.work.flops / s / limits.bf16_flops, r.note.c_str());
   }
   std::printf(
-      "(bytes: weights %.3f GB + embedding rows + KV read and written; %%bw and %%peak: "
-      "of the limits above; a step at either limit cannot go faster)\n",
+      "(bytes: weights %.3f GB (quantized rows: their codes and scales) + embedding rows + KV read "
+      "and written; %%bw and %%peak: of the limits above; a step at either limit cannot go "
+      "faster)\n",
       acct.weight_bytes() / 1e9);
   return 0;
 }

@@ -1,7 +1,10 @@
 #include "common/engine/backend/cuda/gemm.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/engine/backend/cuda/kernels.h"
+#include "common/engine/backend/cuda/quant_kernels.h"
 
 namespace tandem::cuda {
 namespace {
@@ -53,11 +56,12 @@ absl::Status Gemm::GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int
 }
 
 bool Gemm::UseGemv(int64_t M, const DeviceMatrix& w) const {
-  return w.dtype == DType::kBF16 && M <= kGemvMaxRows;
+  return (w.dtype == DType::kBF16 || w.quant != WeightQuant::kNone) && M <= kGemvMaxRows;
 }
 
 absl::Status Gemm::RunGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y,
                            int64_t ldy, bool y_bf16, bool silu_mul) {
+  if (w.quant != WeightQuant::kNone) return RunQuantGemv(x, M, w, y, ldy, y_bf16, silu_mul);
   GemvArgs a;
   a.x = x.data;
   a.ldx = x.ld;
@@ -75,10 +79,61 @@ absl::Status Gemm::RunGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w,
   return absl::OkStatus();
 }
 
+absl::Status Gemm::RunQuantGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y,
+                                int64_t ldy, bool y_bf16, bool silu_mul) {
+  QuantGemvArgs a;
+  a.x = x.data;
+  a.ldx = x.ld;
+  a.x_bf16 = x.bf16;
+  a.rows = static_cast<int32_t>(M);
+  a.quant = w.quant;
+  a.codes = static_cast<const uint8_t*>(w.data);
+  a.scales = w.scales;
+  a.group_size = w.group_size;
+  a.n = silu_mul ? w.rows / 2 : w.rows;
+  a.k = w.cols;
+  a.y = y;
+  a.ldy = ldy;
+  a.y_bf16 = y_bf16;
+  a.silu_mul = silu_mul;
+  ++gemv_calls_;
+  TANDEM_CUDA_RETURN_IF_ERROR(QuantGemv(a, stream_), "QuantGemv kernel");
+  return absl::OkStatus();
+}
+
+absl::Status Gemm::RunDequantized(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y,
+                                  int64_t ldy) {
+  const int64_t K = w.cols, N = w.rows;
+  const int64_t elem = x.bf16 ? 2 : 4;
+  const int64_t tile_rows = std::min<int64_t>(N, w.dequant_bytes / (elem * K));
+  if (w.dequant == nullptr || tile_rows < 1) {
+    return absl::InternalError(absl::StrCat("no dequantization scratch for a [", N, ", ", K,
+                                            "] quantized matrix (", w.dequant_bytes, " bytes)"));
+  }
+  for (int64_t n0 = 0; n0 < N; n0 += tile_rows) {
+    const int64_t nr = std::min(tile_rows, N - n0);
+    TANDEM_CUDA_RETURN_IF_ERROR(
+        DequantizeRows(w.quant, static_cast<const uint8_t*>(w.data), w.scales, w.group_size, K, n0,
+                       nr, w.dequant, x.bf16, stream_),
+        "DequantizeRows kernel");
+    const DeviceMatrix tile{w.dequant, x.bf16 ? DType::kBF16 : DType::kF32, nr, K};
+    if (auto st = GemmEx(tile, x.data, x.bf16, x.ld, M, y + n0, ldy, 0.0f); !st.ok()) return st;
+    if (w.quant == WeightQuant::kInt8) {
+      TANDEM_CUDA_RETURN_IF_ERROR(ScaleColumns(y + n0, ldy, M, nr, w.scales + n0, stream_),
+                                  "ScaleColumns kernel");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Gemm::Run(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y,
                        int64_t ldy) {
   if (M == 0) return absl::OkStatus();
   const int64_t K = w.cols, N = w.rows;
+  if (w.quant != WeightQuant::kNone) {
+    if (UseGemv(M, w)) return RunGemv(x, M, w, y, ldy, false, false);
+    return RunDequantized(x, M, w, y, ldy);
+  }
   if (w.dtype == DType::kF32) {
     if (x.bf16) return absl::InvalidArgumentError("f32 weights take f32 activations");
     return GemmEx(w, x.data, false, x.ld, M, y, ldy, 0.0f);

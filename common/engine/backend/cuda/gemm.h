@@ -9,7 +9,14 @@
 //     is split into hi = bf16(x) and lo = bf16(x - hi) (~16 mantissa bits) and y = W hi + W lo;
 //     up to `stack_rows` rows both halves go through one GEMM of 2M columns (weights read once),
 //     above that two GEMMs accumulate. Within ~1e-5 of the f32-activation product;
-//   f32 weights (f32 x): one f32 GEMM (CUBLAS_COMPUTE_32F, no TF32), the CPU kernels' arithmetic.
+//   f32 weights (f32 x): one f32 GEMM (CUBLAS_COMPUTE_32F, no TF32), the CPU kernels' arithmetic;
+//   int8 / int4 weights (quant_kernels.h for layout and arithmetic), M <= kGemvMaxRows: the
+//     quantized GEMV (quant_gemv_kernels.cu), codes streamed once for every row of x;
+//   int8 / int4 weights, more rows: tiles of weight rows are dequantized into the matrix's
+//     `dequant` scratch (bf16 for bf16 x, f32 for f32 x) and multiplied by cuBLAS as dense
+//     weights, tile by tile into y's columns (int8: the tile's columns then scaled by the row
+//     scales). The scratch is shared by all of a model's quantized matrices (products run in
+//     stream order).
 // Bias and SiLU live in the kernels around the products (RopeWriteKv, the GEMV epilogue or
 // SiluMul), not here.
 
@@ -17,17 +24,25 @@
 
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 #include "common/engine/backend/cuda/cuda_api.h"
 #include "common/engine/backend/cuda/cuda_util.h"
 
 namespace tandem::cuda {
 
-// A row-major [rows, cols] weight matrix in device memory.
+// A row-major [rows, cols] weight matrix in device memory: dense f32 / bf16 elements, or int8 /
+// int4 codes with their scales (quant != kNone; layout in quant_kernels.h).
 struct DeviceMatrix {
-  const void* data = nullptr;
-  DType dtype = DType::kF32;  // kF32 or kBF16
-  int64_t rows = 0;           // N (outputs)
-  int64_t cols = 0;           // K (inputs)
+  const void* data = nullptr;  // elements, or the codes
+  DType dtype = DType::kF32;   // kF32 or kBF16 (quantized: the model's dense dtype)
+  int64_t rows = 0;            // N (outputs)
+  int64_t cols = 0;            // K (inputs)
+  WeightQuant quant = WeightQuant::kNone;
+  const float* scales = nullptr;  // int8: [rows]; int4: [rows, groups, 2] (scale, zero)
+  int64_t group_size = 0;         // int4
+  // Quantized: scratch of the tiled path (more than kGemvMaxRows rows), dequant_bytes bytes.
+  void* dequant = nullptr;
+  int64_t dequant_bytes = 0;
 };
 
 // Activations fed to a product: rows of f32 or bf16 values, row stride `ld` elements.
@@ -64,7 +79,7 @@ class Gemm {
                           void* out, bool out_bf16);
 
   // Products run by the GEMV kernel and by cuBLAS since Init (tests).
-  int64_t gemv_calls() const { return gemv_calls_; }
+  int64_t gemv_calls() const { return gemv_calls_; }  // bf16 and quantized GEMVs
   int64_t cublas_calls() const { return cublas_calls_; }
 
  private:
@@ -72,6 +87,11 @@ class Gemm {
                       int64_t columns, float* y, int64_t ldy, float beta);
   absl::Status RunGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y, int64_t ldy,
                        bool y_bf16, bool silu_mul);
+  absl::Status RunQuantGemv(const GemmInput& x, int64_t M, const DeviceMatrix& w, void* y,
+                            int64_t ldy, bool y_bf16, bool silu_mul);
+  // More than kGemvMaxRows rows over quantized weights: dequantized tiles, then cuBLAS.
+  absl::Status RunDequantized(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y,
+                              int64_t ldy);
   bool UseGemv(int64_t M, const DeviceMatrix& w) const;
 
   cudaStream_t stream_ = nullptr;

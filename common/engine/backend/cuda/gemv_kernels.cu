@@ -9,40 +9,17 @@
 // batch around it. Rows of K not a multiple of 8 (or unaligned operands) take the same path with
 // one element per lane and step.
 
-#include "common/engine/backend/cuda/device_compat.cuh"
+#include "common/engine/backend/cuda/gemv_common.cuh"
 #include "common/engine/backend/cuda/kernels.h"
 
 namespace tandem::cuda {
 namespace {
 
-constexpr int kGemvWarps = 4;   // outputs per block
+using gemv::kGemvWarps;
+using gemv::LoadX8;
+using gemv::Silu;
+using gemv::Unpack8;
 constexpr int kGemvUnroll = 4;  // 16-byte loads in flight per lane and weight row
-
-TANDEM_DEVICE void Unpack8(const dev::U32x4& v, float* out) {
-  out[0] = dev::BitsToFloat(v.x << 16);
-  out[1] = dev::BitsToFloat(v.x & 0xffff0000u);
-  out[2] = dev::BitsToFloat(v.y << 16);
-  out[3] = dev::BitsToFloat(v.y & 0xffff0000u);
-  out[4] = dev::BitsToFloat(v.z << 16);
-  out[5] = dev::BitsToFloat(v.z & 0xffff0000u);
-  out[6] = dev::BitsToFloat(v.w << 16);
-  out[7] = dev::BitsToFloat(v.w & 0xffff0000u);
-}
-
-TANDEM_DEVICE void LoadX8(const uint16_t* p, float* out) { Unpack8(dev::Load16(p), out); }
-TANDEM_DEVICE void LoadX8(const float* p, float* out) {
-  const dev::U32x4 a = dev::Load16(p), b = dev::Load16(p + 4);
-  out[0] = dev::BitsToFloat(a.x);
-  out[1] = dev::BitsToFloat(a.y);
-  out[2] = dev::BitsToFloat(a.z);
-  out[3] = dev::BitsToFloat(a.w);
-  out[4] = dev::BitsToFloat(b.x);
-  out[5] = dev::BitsToFloat(b.y);
-  out[6] = dev::BitsToFloat(b.z);
-  out[7] = dev::BitsToFloat(b.w);
-}
-
-TANDEM_DEVICE float Silu(float g) { return g / (1.0f + dev::Exp(-g)); }
 
 // kRows: weight rows per output (1, or 2 for gate/up with the SiLU epilogue). kVec: 16-byte
 // chunks (K % 8 == 0, operands 16-byte aligned) or single elements.
