@@ -73,7 +73,7 @@ void EngineFlags::Register(FlagSet* f) {
   f->String("dtype", &o.weight_dtype, "weight dtype in memory: auto, f32 or bf16");
   f->String("kv-cache-dtype", &o.kv_cache_dtype,
             "KV cache dtype: auto, f32, bf16, fp8 (e4m3) or int8 (fp8/int8: a scale per token and "
-            "kv head; cpu only)");
+            "kv head; the same bytes on cpu and cuda)");
   f->String("quantization", &o.quantization,
             "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
             "(groups with zero points); cpu and cuda. AWQ / GPTQ int4 checkpoints are detected "
