@@ -9,9 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -274,6 +276,77 @@ TEST_F(NcclEmulatedTest, ConcurrentTransfersOverADirectControlChannel) {
   EXPECT_TRUE(LandedExactly(src_, from, dst_, to, layout_.num_layers));
   EXPECT_EQ(sender->stats().connects, 1u);  // the racing Begins shared one communicator
   sender.reset();                           // DISCONNECT while the receiver is up
+  EXPECT_EQ(rp->num_in_flight(), 0);
+}
+
+// Several transfers to one receiver are in flight at once: the sender's thread that enqueues
+// their messages never waits for a transfer to complete, and a transfer's FINISH (waiting for
+// its messages, then the control round trip) does not hold up the next transfer's messages.
+// Here the first transfer's FINISH is held in the control channel; the second transfer's
+// messages must reach the receiver meanwhile, and both then complete bit-exact.
+TEST_F(NcclEmulatedTest, TwoTransfersToOneReceiverOverlapOverADirectControlChannel) {
+  src_.Fill(9);
+  ReceiverOptions ro;
+  ro.transport = "nccl";
+  ro.layout = layout_;
+  ro.name = "direct";
+  ro.handshake_timeout = absl::Seconds(10);
+  auto receiver = CreateReceiver(ro, &dst_, completions_.Callback());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  KvReceiver* rp = receiver->get();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first_finish_held = false, release = false;
+  auto sender = StartSender(layout_, &src_, [&](const std::string&, const std::string& bytes) {
+    ControlRequest req;
+    wire::Finish f;
+    if (DecodeRequest(bytes, nccl::kConnect, nccl::kDisconnect, "kv", &req).ok() &&
+        req.kind == nccl::kFinish && wire::DecodeFinish(req.body, &f).ok() && f.transfer_id == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      first_finish_held = true;
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return release; });
+    }
+    return rp->HandleControl(bytes);
+  });
+  rp->Expect({1, {0, 1, 2}});
+  rp->Expect({2, {3, 4}});
+  const int64_t layers = layout_.num_layers;
+  absl::StatusOr<TransferHandle> h1 = sender->Begin(Target(*rp, 1, {0, 1, 2}), {8, 9, 10});
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h1, l);
+  testing::Done done1;
+  sender->Finish(*h1, "one", done1.Callback());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return first_finish_held; }));
+  }
+  // The first transfer's FINISH is in flight (held): the second begins and sends its layers.
+  absl::StatusOr<TransferHandle> h2 = sender->Begin(Target(*rp, 2, {3, 4}), {11, 12});
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h2, l);
+  testing::Done done2;
+  sender->Finish(*h2, "two", done2.Callback());
+  // Every DATA message of both transfers lands while the first's FINISH is still held.
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (rp->stats().frames < static_cast<uint64_t>(2 * layers) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const uint64_t landed_while_held = rp->stats().frames;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_EQ(landed_while_held, static_cast<uint64_t>(2 * layers))
+      << "the second transfer's messages waited for the first transfer's FINISH";
+  EXPECT_TRUE(done1.Wait().ok());
+  EXPECT_TRUE(done2.Wait().ok());
+  EXPECT_EQ(completions_.WaitFor(1, 0).trailer, "one");
+  EXPECT_EQ(completions_.WaitFor(2, 0).trailer, "two");
+  EXPECT_TRUE(LandedExactly(src_, {8, 9, 10, 11, 12}, dst_, {0, 1, 2, 3, 4}, layers));
+  EXPECT_EQ(sender->stats().connects, 1u);
+  sender.reset();
   EXPECT_EQ(rp->num_in_flight(), 0);
 }
 
