@@ -221,7 +221,7 @@ void ControlSender::Work(ControlPeer* p) {
   StartWorker(p);
   std::unique_lock<std::mutex> lock(p->mu);
   while (true) {
-    p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop; });
+    p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop || p->broken; });
     if (p->queue.empty() || p->broken) break;
     SenderWork work = std::move(p->queue.front());
     p->queue.pop_front();
