@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster/transfer_key.h"
+#include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/control_message.h"
@@ -348,6 +350,92 @@ TEST_F(NcclEmulatedTest, TwoTransfersToOneReceiverOverlapOverADirectControlChann
   EXPECT_EQ(sender->stats().connects, 1u);
   sender.reset();
   EXPECT_EQ(rp->num_in_flight(), 0);
+}
+
+// The sender's pool whose layer 0 is written on an engine stream held back by a gate; the
+// layer's event is recorded behind the write (what the engine does per layer).
+class GatedPool : public FakePool {
+ public:
+  GatedPool(const KvLayout& layout, int64_t blocks) : FakePool(layout, blocks) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), cudaSuccess);
+  }
+  ~GatedPool() override {
+    Open();
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(event_);
+    cudaStreamDestroy(stream_);
+  }
+  // Layer 0's regions read zero until the gate opens; then the stream writes back what they held.
+  void WriteLayer0Behind(size_t region_bytes) {
+    saved_.clear();
+    for (int32_t b = 0; b < num_blocks(); ++b) {
+      saved_.emplace_back(Region(0, b), Region(0, b) + region_bytes);
+      std::memset(Region(0, b), 0, region_bytes);
+    }
+    cuda_emu::StreamEnqueueAsync(stream_, [this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+      for (int32_t b = 0; b < num_blocks(); ++b) {
+        std::memcpy(Region(0, b), saved_[b].data(), saved_[b].size());
+      }
+    });
+    EXPECT_EQ(cudaEventRecord(event_, stream_), cudaSuccess);
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void* LayerReadyEvent(int64_t layer) override { return layer == 0 ? event_ : nullptr; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  std::vector<std::vector<uint8_t>> saved_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// No host synchronization per layer: a DATA message waits on the device (the communicator's
+// stream) for the engine's event of its layer, and the sender's thread never waits for a
+// message. Layer 0 is still being written when the sender is asked to send it: every layer's
+// message is enqueued at once, none lands before the event, and what lands is the written KV,
+// not the zeros before it.
+TEST_F(NcclEmulatedTest, MessagesWaitForTheLayersEventOnTheDeviceOverADirectControlChannel) {
+  GatedPool src(layout_, kBlocks);
+  src.Fill(7);
+  src.WriteLayer0Behind(layout_.region_bytes());
+  ReceiverOptions ro;
+  ro.transport = "nccl";
+  ro.layout = layout_;
+  ro.name = "direct";
+  ro.handshake_timeout = absl::Seconds(10);
+  auto receiver = CreateReceiver(ro, &dst_, completions_.Callback());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  KvReceiver* rp = receiver->get();
+  auto sender = StartSender(layout_, &src, [rp](const std::string&, const std::string& bytes) {
+    return rp->HandleControl(bytes);
+  });
+  rp->Expect({1, {3, 4, 5}});
+  absl::StatusOr<TransferHandle> h = sender->Begin(Target(*rp, 1, {3, 4, 5}), {10, 11, 12});
+  ASSERT_TRUE(h.ok()) << h.status();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) sender->SendLayer(*h, l);
+  testing::Done done;
+  sender->Finish(*h, "tok", done.Callback());
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return sender->stats().frames >= static_cast<uint64_t>(layout_.num_layers); },
+      absl::Seconds(3)))
+      << "the sender's thread waited for a message";
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(rp->stats().frames, 0u) << "a message went before its layer's event";
+  EXPECT_EQ(sender->num_in_flight(), 1);
+  src.Open();
+  EXPECT_TRUE(done.Wait().ok());
+  EXPECT_TRUE(completions_.WaitFor(1, 0).status.ok());
+  EXPECT_TRUE(LandedExactly(src, {10, 11, 12}, dst_, {3, 4, 5}, layout_.num_layers));
+  EXPECT_FALSE(dst_.IsZero(0, 3));
 }
 
 // CONNECTs of one sender that race (a client retrying, or a hostile one) leave the receiver one
