@@ -294,7 +294,8 @@ TEST_F(CudaIpcProtocolTest, NewerAttemptCompletesOnlyOnceTheOlderAttemptsCopiesA
   ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
   ASSERT_EQ(Connect(device_, layout_, kRetry).type, wire::FrameType::kWelcome);
   const uint64_t regions = 2 * layout_.num_layers;
-  for (int end = 0; end < 3; ++end) {  // the old sender's ABORT, its FINISH, a Cancel
+  // The old sender's ABORT, its FINISH, a Cancel, the old sender's peer replaced (it reconnects).
+  for (int end = 0; end < 4; ++end) {
     const uint64_t id = 20 + end;
     receiver_->Expect({id, {1, 2}});
     ASSERT_TRUE(Begin(id, {1, 2}, "", kSender, /*attempt=*/0).ok());  // copies admitted
@@ -321,13 +322,32 @@ TEST_F(CudaIpcProtocolTest, NewerAttemptCompletesOnlyOnceTheOlderAttemptsCopiesA
     }
     if (end == 0) {
       EXPECT_TRUE(Abort(id, kSender, 0).ok());
-    } else {
+    } else if (end == 1) {
       Finish(id, layout_.num_layers, regions, "old", kSender, 0).IgnoreError();
+    } else {
+      ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
     }
     CompletedTransfer c = completions_.WaitFor(id, 1);
     EXPECT_TRUE(c.status.ok()) << c.status << ", end " << end;
     EXPECT_EQ(c.trailer, "new");
   }
+}
+
+// An older sender that went silent (died, or its ABORT was lost) holds the newer attempt's
+// completion only until its admission's end (its deadline plus io_timeout).
+TEST_F(CudaIpcProtocolTest, NewerAttemptCompletesAtTheOlderAdmissionsEndWithoutItsSender) {
+  constexpr uint64_t kRetry = 79;
+  Start(absl::Milliseconds(300));
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  ASSERT_EQ(Connect(device_, layout_, kRetry).type, wire::FrameType::kWelcome);
+  receiver_->Expect({30, {4}});
+  const absl::Time first_begin = absl::Now();
+  ASSERT_TRUE(Begin(30, {4}, "", kSender, 0, 0, /*deadline_ms=*/200).ok());
+  ASSERT_TRUE(Begin(30, {4}, "", kRetry, 1).ok());
+  ASSERT_TRUE(Finish(30, layout_.num_layers, layout_.num_layers, "new", kRetry, 1).ok());
+  CompletedTransfer c = completions_.WaitFor(30, 1, absl::Seconds(5));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_GE(absl::Now() - first_begin, absl::Milliseconds(500));
 }
 
 // A sender that vanished mid-transfer (or whose FINISH and ABORT were lost) holds the release up
