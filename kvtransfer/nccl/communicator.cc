@@ -107,15 +107,6 @@ absl::Status Communicator::WaitReady(absl::Time deadline, const std::atomic<bool
   }
 }
 
-absl::Status Communicator::WaitEvent(void* event) {
-  cudaError_t e = cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0);
-  if (e != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("cudaStreamWaitEvent (kv layer): ", cudaGetErrorString(e)));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Communicator::Send(const void* buf, size_t bytes) {
   if (broken_) return absl::UnavailableError("nccl communicator aborted");
   return Check(ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream_), "ncclSend");
@@ -128,12 +119,6 @@ absl::Status Communicator::Recv(void* buf, size_t bytes) {
 
 absl::Status Communicator::GroupStart() { return Check(ncclGroupStart(), "ncclGroupStart"); }
 absl::Status Communicator::GroupEnd() { return Check(ncclGroupEnd(), "ncclGroupEnd"); }
-
-absl::Status Communicator::HeaderToDevice() {
-  cudaError_t e =
-      cudaMemcpyAsync(device_header_, host_header_, kHeaderBytes, cudaMemcpyHostToDevice, stream_);
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaMemcpyAsync");
-}
 
 absl::Status Communicator::HeaderToHost() {
   cudaError_t e =

@@ -54,15 +54,12 @@ class Communicator {
 
   absl::Status WaitReady(absl::Time deadline, const std::atomic<bool>* stop);
 
-  // Enqueue on the stream; complete with Wait.
-  // Later work of the stream waits (on the device) for `event`'s latest record (a cudaEvent_t).
-  absl::Status WaitEvent(void* event);
+  // The receiver's (one thread): enqueue on the stream; complete with Wait.
   absl::Status Send(const void* device_buffer, size_t bytes);
   absl::Status Recv(void* device_buffer, size_t bytes);
   absl::Status GroupStart();
   absl::Status GroupEnd();
-  absl::Status HeaderToDevice();  // host_header() -> device_header()
-  absl::Status HeaderToHost();    // device_header() -> host_header()
+  absl::Status HeaderToHost();  // device_header() -> host_header()
 
   // Until all enqueued work completed. On an NCCL error, at `deadline` or when *stop turns true
   // the communicator is aborted (broken() from then on).

@@ -125,9 +125,8 @@ class NcclSender : public ControlSender {
     }
     // The layer's KV is final once the engine's event for it fired: the stream waits for it on
     // the device, the host never does.
-    absl::Status s =
-        comm->EnqueueMessage(access()->LayerReadyEvent(work.layer), *slot, regions, region, f.event,
-                             std::min(t->target.deadline, absl::Now() + options().io_timeout));
+    absl::Status s = comm->EnqueueMessage(access()->LayerReadyEvent(work.layer), *slot, regions,
+                                          region, f.event, absl::Now() + options().io_timeout);
     t->frames_sent += 1;
     t->bytes_sent += work.count * region;
     if (s.ok()) {
