@@ -221,7 +221,10 @@ absl::StatusOr<std::string> ControlReceiver::Finish(const ControlRequest& req) {
     if (it != outcomes_.end() && it->second->owner == owner) outcome = it->second;
   }
   BeforeFinish(owner, key, f.frames, f.bytes, outcome);
-  s = core_->Finish(owner, f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer));
+  // The link's writes for the transfer still open after BeforeFinish are an older attempt's
+  // (cuda-ipc: another sender's copies): the completion waits for them.
+  s = core_->Finish(owner, f.transfer_id, f.attempt, f.frames, f.bytes, std::move(f.trailer),
+                    WritesOver(f.transfer_id));
   if (s.ok() && outcome) {
     std::unique_lock<std::mutex> lock(outcome->mu);
     s = outcome->cv.wait_for(lock, kOutcomeWait, [&] { return outcome->set; })

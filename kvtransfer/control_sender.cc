@@ -13,9 +13,11 @@
 namespace tandem::kvtransfer {
 namespace {
 
-// A device stream that failed or missed its deadline is unusable: its peer breaks.
+// A device stream that failed or missed its deadline, or a link that is gone (nccl: the
+// communicator aborted), is unusable: its peer breaks.
 bool BreaksPeer(const absl::Status& s) {
-  return absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) || absl::IsInternal(s);
+  return absl::IsDeadlineExceeded(s) || absl::IsCancelled(s) || absl::IsInternal(s) ||
+         absl::IsUnavailable(s);
 }
 
 SenderOptions WithFaults(SenderOptions o) {
@@ -188,6 +190,7 @@ absl::StatusOr<std::shared_ptr<ControlPeer>> ControlSender::ConnectLocked(
   core_.counters().connects.fetch_add(1, std::memory_order_relaxed);
   ControlPeer* raw = peer.get();
   peer->worker = std::thread([this, raw] { Work(raw); });
+  peer->finisher = std::thread([this, raw] { FinishWork(raw); });
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = peers_[target.endpoint];
   if (slot) retired_.push_back(slot);
@@ -201,13 +204,15 @@ absl::StatusOr<std::shared_ptr<ControlPeer>> ControlSender::ConnectLocked(
 void ControlSender::StopPeer(const std::shared_ptr<ControlPeer>& p, bool tell_receiver) {
   p->stop = true;
   p->cv.notify_one();
-  if (p->worker.joinable()) p->worker.join();
+  if (p->worker.joinable()) p->worker.join();  // then the finisher drains what it was handed
+  if (p->finisher.joinable()) p->finisher.join();
   if (tell_receiver && !p->broken) {
     Control(p->endpoint, config_.kinds.disconnect, "").IgnoreError();
   }
   {
     std::lock_guard<std::mutex> lock(p->mu);
     p->queue.clear();  // what a broken peer left: its transfers hold the peer
+    p->finishing.clear();
   }
   Release(p.get());
 }
@@ -216,16 +221,41 @@ void ControlSender::Work(ControlPeer* p) {
   StartWorker(p);
   std::unique_lock<std::mutex> lock(p->mu);
   while (true) {
-    p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop; });
-    if (p->queue.empty() || p->broken) return;
+    p->cv.wait(lock, [&] { return !p->queue.empty() || p->stop || p->broken; });
+    if (p->queue.empty() || p->broken) break;
     SenderWork work = std::move(p->queue.front());
     p->queue.pop_front();
+    if (work.kind == SenderWork::Kind::kFinish || work.kind == SenderWork::Kind::kAbort) {
+      // The transfer's DATA items were all queued (and handed to SendData) before this.
+      p->finishing.push_back(std::move(work));
+      p->finish_cv.notify_one();
+      continue;
+    }
     lock.unlock();
     absl::Status s = Run(p, work);
     work = SenderWork();  // drop the transfer reference outside the lock
     if (!s.ok()) Broken(p, s);
     lock.lock();
-    if (p->broken) return;
+    if (p->broken) break;
+  }
+  p->worker_done = true;
+  p->finish_cv.notify_one();
+}
+
+void ControlSender::FinishWork(ControlPeer* p) {
+  StartWorker(p);
+  std::unique_lock<std::mutex> lock(p->mu);
+  while (true) {
+    p->finish_cv.wait(lock, [&] { return !p->finishing.empty() || p->worker_done || p->broken; });
+    if (p->broken || (p->finishing.empty() && p->worker_done)) return;
+    if (p->finishing.empty()) continue;
+    SenderWork work = std::move(p->finishing.front());
+    p->finishing.pop_front();
+    lock.unlock();
+    absl::Status s = Run(p, work);
+    work = SenderWork();
+    if (!s.ok()) Broken(p, s);
+    lock.lock();
   }
 }
 
@@ -274,7 +304,13 @@ void ControlSender::ReportControl(const SenderTransfer& t) {
 }
 
 void ControlSender::Broken(ControlPeer* p, const absl::Status& s) {
-  p->broken = true;
+  if (p->broken.exchange(true)) return;  // the worker's and the finisher's: once
+  {
+    // Wake the other thread: it stops at once.
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->cv.notify_one();
+    p->finish_cv.notify_one();
+  }
   OnBroken(p);
   core_.counters().connections_lost.fetch_add(1, std::memory_order_relaxed);
   core_.FailLink(p, absl::Status(s.code(), absl::StrCat(config_.transport, " kv transfer to ",

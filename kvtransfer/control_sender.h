@@ -2,12 +2,13 @@
 
 // The sending side shared by the device transports whose control messages travel over
 // SenderOptions::control_channel (nccl, cuda-ipc; control_message.h): SenderCore over one peer
-// per receiver endpoint, each with a worker thread that runs the queued work in order, so
-// SendLayer only enqueues. This shell owns the peers, Begin (CONNECT when needed, then BEGIN
-// over the control channel on the calling thread), the control exchange, the worker loop, FINISH
-// and ABORT, a peer that breaks, retiring replaced peers and the shutdown; a transport supplies
-// what differs through the hooks below: how a peer connects (its device state), how one DATA item
-// moves, what a stopped or broken peer releases. User callbacks run on the core's event loop.
+// per receiver endpoint, each with a worker thread that runs the queued work in order and a
+// finisher thread for FINISH and ABORT, so SendLayer only enqueues. This shell owns the peers,
+// Begin (CONNECT when needed, then BEGIN over the control channel on the calling thread), the
+// control exchange, the worker loop, FINISH and ABORT, a peer that breaks, retiring replaced peers
+// and the shutdown; a transport supplies what differs through the hooks below: how a peer connects
+// (its device state), how one DATA item moves, what a stopped or broken peer releases. User
+// callbacks run on the core's event loop.
 
 #include <atomic>
 #include <condition_variable>
@@ -30,15 +31,23 @@
 
 namespace tandem::kvtransfer {
 
-// The link to one receiver endpoint and the worker thread that runs its queued work in order.
-// Transports extend it with their device state (a communicator, a mapped pool and a stream).
+// The link to one receiver endpoint and its two threads: the worker runs the queued DATA work in
+// order (it only queues device work: it never waits for a transfer's data to complete) and hands
+// each FINISH and ABORT, in order, to the finisher, which waits for that transfer's device work
+// (SettleReads) and exchanges the control message. So a transfer's FINISH never holds up the
+// next transfer's data: several transfers are in flight per peer. Transports extend it with
+// their device state (a communicator, a mapped pool and a stream).
 struct ControlPeer : SenderLink {
   std::string endpoint;
   uint64_t incarnation = 0;
   std::thread worker;
-  std::mutex mu;
+  std::thread finisher;
+  std::mutex mu;  // the two queues and worker_done
   std::condition_variable cv;
-  std::deque<SenderWork> queue;
+  std::condition_variable finish_cv;
+  std::deque<SenderWork> queue;      // DATA, FINISH, ABORT: the worker's
+  std::deque<SenderWork> finishing;  // FINISH, ABORT handed to the finisher
+  bool worker_done = false;          // the worker returned: the finisher drains and returns
   std::atomic<bool> stop{false};
   std::atomic<bool> broken{false};
 
@@ -84,17 +93,19 @@ class ControlSender : public CoreSender {
   virtual void StartWorker(ControlPeer* p) {}
   // One DATA item on the worker thread, between the core's StartRead and EndRead. A failure
   // breaks the peer (its transfers fail); a transport that fails one transfer only ends it
-  // (core().End) and returns OK. A transport whose device work outlives the call (cuda-ipc:
-  // copies in flight) keeps a read of its own (core().StartRead) until SettleReads.
+  // (core().End) and returns OK. A transport whose device work outlives the call (nccl's sends,
+  // cuda-ipc's copies: queued on a stream, never waited for here) keeps a read of its own
+  // (core().StartRead) until SettleReads.
   virtual absl::Status SendData(ControlPeer* p, SenderWork& work) = 0;
-  // On the worker thread, before the transfer's FINISH or ABORT goes out: waits for the device
-  // work of the transfer still in flight and ends the reads it kept; returns how it went (a
-  // failure of the copies fails the transfer, ABORT following; DEADLINE_EXCEEDED, CANCELLED
-  // and INTERNAL also break the peer).
+  // On the finisher thread (concurrently with SendData of later transfers on the worker), before
+  // the transfer's FINISH or ABORT goes out; every DATA item of the transfer was handed to
+  // SendData before: waits for the device work of the transfer still in flight and ends the
+  // reads it kept; returns how it went (a failure of the copies fails the transfer, ABORT
+  // following; DEADLINE_EXCEEDED, CANCELLED, INTERNAL and UNAVAILABLE also break the peer).
   virtual absl::Status SettleReads(ControlPeer* p, const std::shared_ptr<SenderTransfer>& t) {
     return absl::OkStatus();
   }
-  // The peer broke, on its worker thread, before its transfers fail.
+  // The peer broke, on its worker or its finisher thread (once), before its transfers fail.
   virtual void OnBroken(ControlPeer* p) {}
   // The peer stopped: its worker joined, its queue cleared. Releases its device state.
   virtual void Release(ControlPeer* p) {}
@@ -129,6 +140,8 @@ class ControlSender : public CoreSender {
   std::shared_ptr<ControlPeer> UsablePeer(const TransferTarget& target);
   void StopPeer(const std::shared_ptr<ControlPeer>& p, bool tell_receiver);
   void Work(ControlPeer* p);
+  // The finisher thread: FINISH and ABORT in the order the worker handed them over.
+  void FinishWork(ControlPeer* p);
   absl::Status Run(ControlPeer* p, SenderWork& work);
   void Broken(ControlPeer* p, const absl::Status& s);
   // The transfer's last control message (FINISH or ABORT) was exchanged: reports its count.

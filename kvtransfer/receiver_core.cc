@@ -77,6 +77,7 @@ ReceiverCore::~ReceiverCore() {
   entries_.clear();
   std::lock_guard<std::mutex> release(release_mu_);
   pending_releases_.clear();  // no callback after destruction began
+  held_completions_.clear();
 }
 
 uint64_t ReceiverCore::NewOwnerId() {
@@ -148,6 +149,15 @@ void ReceiverCore::Cancel(uint64_t transfer_id, std::function<bool()> writes_ove
       }
     }
   }
+  {
+    // A completion held for older writes: no on_complete follows a Cancel.
+    std::lock_guard<std::mutex> lock(release_mu_);
+    held_completions_.erase(std::remove_if(held_completions_.begin(), held_completions_.end(),
+                                           [&](const HeldCompletion& h) {
+                                             return h.completed.transfer_id == transfer_id;
+                                           }),
+                            held_completions_.end());
+  }
   if (Released(&p)) {
     if (p.released) p.released();
     return;
@@ -176,16 +186,19 @@ void ReceiverCore::Shutdown() {
   std::lock_guard<std::mutex> check(check_mu_);
   std::lock_guard<std::mutex> lock(release_mu_);
   pending_releases_.clear();
+  held_completions_.clear();
 }
 
 void ReceiverCore::CheckReleases() {
   std::lock_guard<std::mutex> check(check_mu_);
   if (shutting_down_) return;
   std::vector<PendingRelease> pending;
+  std::vector<HeldCompletion> held;  // copies: they stay listed while checked, for Cancel
   {
     std::lock_guard<std::mutex> lock(release_mu_);
-    if (pending_releases_.empty()) return;
+    if (pending_releases_.empty() && held_completions_.empty()) return;
     pending.swap(pending_releases_);
+    held = held_completions_;
   }
   std::vector<PendingRelease> waiting;
   for (PendingRelease& p : pending) {
@@ -195,9 +208,27 @@ void ReceiverCore::CheckReleases() {
       p.released();
     }
   }
-  if (waiting.empty()) return;
-  std::lock_guard<std::mutex> lock(release_mu_);
-  for (PendingRelease& p : waiting) pending_releases_.push_back(std::move(p));
+  std::vector<uint64_t> over;
+  for (HeldCompletion& h : held) {
+    if (h.writes_over()) over.push_back(h.serial);
+  }
+  std::vector<CompletedTransfer> deliver;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    for (PendingRelease& p : waiting) pending_releases_.push_back(std::move(p));
+    // Those a Cancel dropped meanwhile are gone from the list: not delivered.
+    for (auto it = held_completions_.begin(); it != held_completions_.end();) {
+      if (std::find(over.begin(), over.end(), it->serial) != over.end()) {
+        deliver.push_back(std::move(it->completed));
+        it = held_completions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const CompletedTransfer& c : deliver) {
+    if (on_complete_ && !shutting_down_) on_complete_(c);
+  }
 }
 
 int64_t ReceiverCore::num_in_flight() const {
@@ -434,7 +465,8 @@ void ReceiverCore::EndData(const Ticket& ticket, const absl::Status& status, uin
 }
 
 absl::Status ReceiverCore::Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt,
-                                  uint64_t frames, uint64_t bytes, std::string trailer) {
+                                  uint64_t frames, uint64_t bytes, std::string trailer,
+                                  std::function<bool()> writes_over) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Status refused;
   Entry* e = OwnedLocked(owner, transfer_id, attempt, &refused);
@@ -474,7 +506,7 @@ absl::Status ReceiverCore::Finish(uint64_t owner, uint64_t transfer_id, uint32_t
   const absl::Time now = absl::Now();
   counters_.RecordLatency(now - done->started);
   loop_.Post([this, r = done->result, id = transfer_id, attempt, trailer = std::move(trailer),
-              waited = now - done->expected_at] {
+              waited = now - done->expected_at, writes_over = std::move(writes_over)] {
     if (shutting_down_) return;
     if (r) r(absl::OkStatus());
     CompletedTransfer c;
@@ -482,6 +514,17 @@ absl::Status ReceiverCore::Finish(uint64_t owner, uint64_t transfer_id, uint32_t
     c.attempt = attempt;
     c.trailer = trailer;
     c.waited = waited;
+    if (writes_over) {
+      // An older attempt's writes may still land in the blocks: held until they are over.
+      // Checked under check_mu_, as CheckReleases does: never once Shutdown returned.
+      std::lock_guard<std::mutex> check(check_mu_);
+      if (shutting_down_) return;
+      if (!writes_over()) {
+        std::lock_guard<std::mutex> lock(release_mu_);
+        held_completions_.push_back({next_held_++, std::move(c), writes_over});
+        return;
+      }
+    }
     if (on_complete_) on_complete_(c);
   });
   return absl::OkStatus();

@@ -122,8 +122,14 @@ class ReceiverCore {
   void EndData(const Ticket& ticket, const absl::Status& status, uint64_t frames = 1);
   // The sender's FINISH. OK when the attempt is the last one (its outcome is reported through
   // ResultFn and on_complete, or was when it failed earlier); else the error to send back.
+  // `writes_over` (null: always), for a link whose older attempts' admitted writes may outlive
+  // them (cuda-ipc: another sender's copies in flight): a completed attempt's on_complete waits
+  // until it returns true (checked like a Cancel's; a Cancel meanwhile drops it), so the blocks
+  // are handed over only when nothing else writes them. ResultFn (the sender's answer) does not
+  // wait.
   absl::Status Finish(uint64_t owner, uint64_t transfer_id, uint32_t attempt, uint64_t frames,
-                      uint64_t bytes, std::string trailer);
+                      uint64_t bytes, std::string trailer,
+                      std::function<bool()> writes_over = nullptr);
   // The sender `owner` gave up on the attempt (ignored from any other).
   void Abort(uint64_t owner, uint64_t transfer_id, uint32_t attempt, const absl::Status& why);
   // The connection `owner` is gone: its live attempts fail.
@@ -150,8 +156,15 @@ class ReceiverCore {
   };
   // Whether `p` is released now (updates p->fenced).
   static bool Released(PendingRelease* p);
-  // Runs the released callbacks of the pending releases that are (event loop).
+  // Runs the released callbacks of the pending releases that are, and the completions held
+  // for older writes that are over (event loop).
   void CheckReleases();
+  // A completed transfer whose on_complete waits for older writes (Finish's writes_over).
+  struct HeldCompletion {
+    uint64_t serial = 0;
+    CompletedTransfer completed;
+    std::function<bool()> writes_over;
+  };
 
   const KvLayout layout_;
   KvRegionAccess* const access_;
@@ -171,6 +184,8 @@ class ReceiverCore {
   std::mutex check_mu_;    // held by CheckReleases throughout; taken before release_mu_
   std::mutex release_mu_;  // never held while calling out; taken without mu_
   std::vector<PendingRelease> pending_releases_;
+  std::vector<HeldCompletion> held_completions_;  // under release_mu_
+  uint64_t next_held_ = 0;                        // under release_mu_
 
   EventLoop loop_;  // last: stopped first
 };

@@ -4,9 +4,10 @@
 // copy stream and a worker thread that runs the queued work in order. BEGIN's answer admitted
 // every region of the transfer, so a DATA item (one layer) costs no message: the stream waits on
 // the device for the engine's event of the layer, then copies each contiguous run of regions
-// with one call, and records the transfer's event; FINISH (or ABORT) goes out once that event
-// completed, so the copies of several transfers and layers are in flight at once and the host
-// waits only before the transfer's last message.
+// with one call, and records the transfer's event; FINISH (or ABORT) goes out from the peer's
+// finisher thread once that event completed, so the copies of several transfers and layers are
+// in flight at once, a transfer's FINISH never holds up the next one's copies, and the host
+// waits only before a transfer's last message.
 
 #include <algorithm>
 #include <map>
@@ -47,6 +48,8 @@ struct Peer : ControlPeer {
   PoolExport pool;
   std::shared_ptr<MappedPool> mapped;
   std::unique_ptr<CopyStream> stream;
+  // The worker adds copies (SendData), the finisher settles them (SettleReads).
+  std::mutex flight_mu;
   std::unordered_map<const SenderTransfer*, InFlight> in_flight;
   std::vector<void*> spare_events;  // completed, for reuse
 };
@@ -130,23 +133,33 @@ class IpcSender : public ControlSender {
     Peer* p = static_cast<Peer*>(link);
     const std::shared_ptr<SenderTransfer>& t = work.transfer;
     const size_t region = options().layout.region_bytes();
-    InFlight& f = p->in_flight[t.get()];
-    if (f.transfer == nullptr) {
+    std::unique_lock<std::mutex> flight(p->flight_mu);
+    InFlight* fp = &p->in_flight[t.get()];
+    if (fp->transfer == nullptr) {
       // The source regions stay read until the copies completed: done waits for SettleReads.
       if (!core().StartRead(t)) {
         p->in_flight.erase(t.get());
         return absl::OkStatus();
       }
-      f.transfer = t;
+      fp->transfer = t;
       if (!p->spare_events.empty()) {
-        f.event = p->spare_events.back();
+        fp->event = p->spare_events.back();
         p->spare_events.pop_back();
       } else {
         absl::StatusOr<void*> event = CreateEvent(options().cuda_device);
-        if (!event.ok()) return event.status();
-        f.event = *event;
+        if (!event.ok()) {
+          core().EndRead(t);
+          p->in_flight.erase(t.get());
+          return event.status();
+        }
+        fp->event = *event;
       }
     }
+    // Only this thread adds to or changes an entry before its FINISH or ABORT was handed over
+    // (then SettleReads takes it): the entry is used unlocked (unordered_map references stay
+    // valid across other insertions and erasures).
+    InFlight& f = *fp;
+    flight.unlock();
     absl::Status s = f.status;
     // The layer's KV is final once the engine's event for it fired: the stream waits on the
     // device, the host never does.
@@ -193,12 +206,17 @@ class IpcSender : public ControlSender {
   // Waits (at most io_timeout) for the transfer's copies queued so far and ends the read it kept.
   absl::Status SettleReads(ControlPeer* link, const std::shared_ptr<SenderTransfer>& t) override {
     Peer* p = static_cast<Peer*>(link);
-    auto it = p->in_flight.find(t.get());
-    if (it == p->in_flight.end()) return absl::OkStatus();
-    InFlight f = std::move(it->second);
-    p->in_flight.erase(it);
+    InFlight f;
+    {
+      std::lock_guard<std::mutex> flight(p->flight_mu);
+      auto it = p->in_flight.find(t.get());
+      if (it == p->in_flight.end()) return absl::OkStatus();
+      f = std::move(it->second);
+      p->in_flight.erase(it);
+    }
     absl::Status waited = WaitEvent(f.event, absl::Now() + options().io_timeout, &p->stop);
     if (waited.ok()) {
+      std::lock_guard<std::mutex> flight(p->flight_mu);
       p->spare_events.push_back(f.event);
     } else {
       DestroyEvent(options().cuda_device, f.event);

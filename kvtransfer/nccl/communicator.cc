@@ -77,6 +77,10 @@ Communicator::~Communicator() {
     }
   }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  for (HeaderSlot& slot : free_slots_) {
+    cudaFreeHost(slot.host);
+    cudaFree(slot.device);
+  }
   if (host_header_ != nullptr) cudaFreeHost(host_header_);
   if (device_header_ != nullptr) cudaFree(device_header_);
   if (device_scratch_ != nullptr) cudaFree(device_scratch_);
@@ -103,15 +107,6 @@ absl::Status Communicator::WaitReady(absl::Time deadline, const std::atomic<bool
   }
 }
 
-absl::Status Communicator::WaitEvent(void* event) {
-  cudaError_t e = cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0);
-  if (e != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("cudaStreamWaitEvent (kv layer): ", cudaGetErrorString(e)));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Communicator::Send(const void* buf, size_t bytes) {
   if (broken_) return absl::UnavailableError("nccl communicator aborted");
   return Check(ncclSend(buf, bytes, ncclUint8, 1 - rank_, comm_, stream_), "ncclSend");
@@ -124,12 +119,6 @@ absl::Status Communicator::Recv(void* buf, size_t bytes) {
 
 absl::Status Communicator::GroupStart() { return Check(ncclGroupStart(), "ncclGroupStart"); }
 absl::Status Communicator::GroupEnd() { return Check(ncclGroupEnd(), "ncclGroupEnd"); }
-
-absl::Status Communicator::HeaderToDevice() {
-  cudaError_t e =
-      cudaMemcpyAsync(device_header_, host_header_, kHeaderBytes, cudaMemcpyHostToDevice, stream_);
-  return e == cudaSuccess ? absl::OkStatus() : CudaError(e, "cudaMemcpyAsync");
-}
 
 absl::Status Communicator::HeaderToHost() {
   cudaError_t e =
@@ -171,11 +160,143 @@ absl::Status Communicator::Wait(absl::Time deadline, const std::atomic<bool>* st
 }
 
 void Communicator::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  AbortLocked();
+}
+
+void Communicator::AbortLocked() {
   if (broken_.exchange(true)) return;
   if (comm_ != nullptr) {
     DeviceGuard guard(device_);
     ncclCommAbort(comm_);
     comm_ = nullptr;
+  }
+}
+
+absl::Status Communicator::CheckLocked(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  AbortLocked();
+  return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
+}
+
+absl::StatusOr<HeaderSlot> Communicator::NewHeaderSlot() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_slots_.empty()) {
+      HeaderSlot slot = free_slots_.back();
+      free_slots_.pop_back();
+      return slot;
+    }
+  }
+  DeviceGuard guard(device_);
+  HeaderSlot slot;
+  void* host = nullptr;
+  cudaError_t e = cudaMallocHost(&host, kHeaderBytes);
+  if (e != cudaSuccess) return CudaError(e, "cudaMallocHost");
+  slot.host = static_cast<MessageHeader*>(host);
+  if ((e = cudaMalloc(&slot.device, kHeaderBytes)) != cudaSuccess) {
+    cudaFreeHost(host);
+    return CudaError(e, "cudaMalloc");
+  }
+  return slot;
+}
+
+void Communicator::FreeHeaderSlot(HeaderSlot slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_slots_.push_back(slot);
+}
+
+absl::StatusOr<void*> Communicator::NewEvent() {
+  DeviceGuard guard(device_);
+  cudaEvent_t event = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (e != cudaSuccess) return CudaError(e, "cudaEventCreate");
+  return static_cast<void*>(event);
+}
+
+void Communicator::FreeEvent(void* event) {
+  DeviceGuard guard(device_);
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+absl::Status Communicator::SettleLocked(absl::Time deadline) {
+  while (true) {
+    ncclResult_t state;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) return CheckLocked(r, "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return absl::OkStatus();
+    if (state != ncclInProgress) return CheckLocked(state, "nccl");
+    if (absl::Now() >= deadline) {
+      AbortLocked();
+      return absl::DeadlineExceededError("nccl did not accept a message before its deadline");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+absl::Status Communicator::EnqueueMessage(void* ready, const HeaderSlot& slot,
+                                          const std::vector<const void*>& regions,
+                                          size_t region_bytes, void* done, absl::Time deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_) return absl::UnavailableError("nccl communicator aborted");
+  cudaError_t e;
+  if (ready != nullptr &&
+      (e = cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(ready), 0)) != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaStreamWaitEvent (kv layer): ", cudaGetErrorString(e)));
+  }
+  e = cudaMemcpyAsync(slot.device, slot.host, kHeaderBytes, cudaMemcpyHostToDevice, stream_);
+  if (e != cudaSuccess) return CudaError(e, "cudaMemcpyAsync");
+  const int peer = 1 - rank_;
+  absl::Status s =
+      CheckLocked(ncclSend(slot.device, kHeaderBytes, ncclUint8, peer, comm_, stream_), "ncclSend");
+  if (s.ok()) s = SettleLocked(deadline);
+  if (s.ok()) s = CheckLocked(ncclGroupStart(), "ncclGroupStart");
+  for (size_t i = 0; s.ok() && i < regions.size(); ++i) {
+    s = CheckLocked(ncclSend(regions[i], region_bytes, ncclUint8, peer, comm_, stream_),
+                    "ncclSend");
+  }
+  if (s.ok()) s = CheckLocked(ncclGroupEnd(), "ncclGroupEnd");
+  if (s.ok()) s = SettleLocked(deadline);
+  if (!s.ok()) return s;
+  e = cudaEventRecord(static_cast<cudaEvent_t>(done), stream_);
+  if (e != cudaSuccess) {
+    AbortLocked();
+    return absl::InternalError(absl::StrCat("cudaEventRecord: ", cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::WaitFor(void* event, absl::Time deadline,
+                                   const std::atomic<bool>* stop) {
+  int spins = 0;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_) return absl::UnavailableError("nccl communicator aborted");
+      ncclResult_t state;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) return CheckLocked(r, "ncclCommGetAsyncError");
+      if (state != ncclSuccess && state != ncclInProgress) return CheckLocked(state, "nccl");
+      cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) {
+        AbortLocked();
+        return CudaError(e, "cuda event");
+      }
+      if (stop != nullptr && *stop) {
+        AbortLocked();
+        return absl::CancelledError("nccl transfer stopped");
+      }
+      if (absl::Now() >= deadline) {
+        AbortLocked();
+        return absl::DeadlineExceededError("nccl transfer made no progress before its deadline");
+      }
+    }
+    ++spins;
+    if (spins > 200) {
+      std::this_thread::sleep_for(std::chrono::microseconds(spins > 20000 ? 1000 : 50));
+    }
   }
 }
 

@@ -8,7 +8,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,6 +35,13 @@ struct MessageHeader {
 static_assert(sizeof(MessageHeader) == kHeaderBytes);
 inline constexpr size_t kMaxBlocksPerMessage = (kHeaderBytes - 32) / 4;
 
+// A message header's staging on the sender: pinned host memory the header is written in and the
+// device buffer it is copied to (on the stream) and sent from. Held until the message completed.
+struct HeaderSlot {
+  MessageHeader* host = nullptr;
+  void* device = nullptr;
+};
+
 class Communicator {
  public:
   // Joins communicator `id` as `rank` (0: sender, 1: receiver) on `device`; returns at once,
@@ -45,20 +54,37 @@ class Communicator {
 
   absl::Status WaitReady(absl::Time deadline, const std::atomic<bool>* stop);
 
-  // Enqueue on the stream; complete with Wait.
-  // Later work of the stream waits (on the device) for `event`'s latest record (a cudaEvent_t).
-  absl::Status WaitEvent(void* event);
+  // The receiver's (one thread): enqueue on the stream; complete with Wait.
   absl::Status Send(const void* device_buffer, size_t bytes);
   absl::Status Recv(void* device_buffer, size_t bytes);
   absl::Status GroupStart();
   absl::Status GroupEnd();
-  absl::Status HeaderToDevice();  // host_header() -> device_header()
-  absl::Status HeaderToHost();    // device_header() -> host_header()
+  absl::Status HeaderToHost();  // device_header() -> host_header()
 
   // Until all enqueued work completed. On an NCCL error, at `deadline` or when *stop turns true
   // the communicator is aborted (broken() from then on).
   absl::Status Wait(absl::Time deadline, const std::atomic<bool>* stop);
   void Abort();
+
+  // The sender's pipelined messages (nccl_sender.cc): its worker thread enqueues, its finisher
+  // thread waits per transfer, so these take the communicator's mutex (Abort too).
+  // A header slot (from the free list, else allocated); FreeHeaderSlot gives it back.
+  absl::StatusOr<HeaderSlot> NewHeaderSlot();
+  void FreeHeaderSlot(HeaderSlot slot);
+  // Enqueues one DATA message: the stream waits (on the device) for `ready` (a cudaEvent_t;
+  // null: none), copies `slot`'s header to the device and sends it, then `regions` (each
+  // `region_bytes`) as one group, and records `done` (a cudaEvent_t) behind them. Returns once
+  // NCCL accepted the work (a nonblocking communicator's ncclInProgress resolved, at most until
+  // `deadline`), never waiting for the data.
+  absl::Status EnqueueMessage(void* ready, const HeaderSlot& slot,
+                              const std::vector<const void*>& regions, size_t region_bytes,
+                              void* done, absl::Time deadline);
+  // Until `event`'s latest record completed; an NCCL error, `deadline` or *stop abort the
+  // communicator as Wait does.
+  absl::Status WaitFor(void* event, absl::Time deadline, const std::atomic<bool>* stop);
+  // A cudaEvent_t without timing, and its release.
+  absl::StatusOr<void*> NewEvent();
+  void FreeEvent(void* event);
   bool broken() const { return broken_; }
 
   MessageHeader* host_header() { return host_header_; }
@@ -70,6 +96,11 @@ class Communicator {
  private:
   Communicator() = default;
   absl::Status Check(ncclResult_t r, const char* what);
+  // Under mu_.
+  absl::Status CheckLocked(ncclResult_t r, const char* what);
+  void AbortLocked();
+  // Under mu_: until the communicator's last call is no longer in progress.
+  absl::Status SettleLocked(absl::Time deadline);
 
   int rank_ = 0;
   int device_ = 0;
@@ -80,6 +111,8 @@ class Communicator {
   void* device_scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   std::atomic<bool> broken_{false};
+  std::mutex mu_;  // comm_ and the stream between the sender's threads; the free header slots
+  std::vector<HeaderSlot> free_slots_;
 };
 
 // A random ncclUniqueId, as bytes.

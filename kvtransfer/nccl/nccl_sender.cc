@@ -1,8 +1,10 @@
 // The NCCL transport's sending side: the control-channel sender shell (control_sender.h) over
-// one Peer per receiver endpoint, its communicator (rank 0) and a worker thread that issues the
-// device sends in queue order, waiting for each message with a deadline, so SendLayer only
-// enqueues. At most max_communicators peers: the least recently used idle one is evicted to make
-// room. User callbacks run on the core's event loop.
+// one Peer per receiver endpoint, its communicator (rank 0) and its worker thread, which enqueues
+// each DATA message on the communicator's stream in queue order behind the layer's event and
+// never waits for it; the peer's finisher thread waits for a transfer's messages (its event,
+// with a deadline) before its FINISH or ABORT. So SendLayer only enqueues and several
+// transfers are in flight per peer. At most max_communicators peers: the least recently used
+// idle one is evicted to make room. User callbacks run on the core's event loop.
 
 #include <algorithm>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "common/cluster/kv_transfer_layout.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/crc32c.h"
+#include "kvtransfer/cuda_device.h"
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/nccl/nccl_transport.h"
@@ -71,13 +74,43 @@ class NcclSender : public ControlSender {
 
   void StartWorker(ControlPeer* p) override { cudaSetDevice(Comm(p)->device()); }
 
-  // One DATA message: header, then the regions straight from the KV pool, read by the device
-  // until the message completed.
-  absl::Status SendData(ControlPeer* p, SenderWork& work) override {
+  // One DATA message, enqueued on the communicator's stream behind the layer's event: the
+  // header, then the regions straight from the KV pool as one group, then the transfer's event.
+  // Nothing waits for the data here: the device reads the regions until SettleReads saw the
+  // event, so the messages of several layers and transfers are in flight at once. A failure
+  // breaks the peer (the communicator was aborted).
+  absl::Status SendData(ControlPeer* link, SenderWork& work) override {
+    Peer* p = static_cast<Peer*>(link);
     const std::shared_ptr<SenderTransfer>& t = work.transfer;
-    Communicator* comm = Comm(p);
+    Communicator* comm = p->comm.get();
     const size_t region = options().layout.region_bytes();
-    MessageHeader* h = comm->host_header();
+    std::unique_lock<std::mutex> flight(p->flight_mu);
+    InFlight* fp = &p->in_flight[t.get()];
+    if (fp->transfer == nullptr) {
+      // The source regions stay read until the messages completed: done waits for SettleReads.
+      if (!core().StartRead(t)) {
+        p->in_flight.erase(t.get());
+        return absl::OkStatus();
+      }
+      fp->transfer = t;
+      if (!p->spare_events.empty()) {
+        fp->event = p->spare_events.back();
+        p->spare_events.pop_back();
+      }
+    }
+    // Only this thread changes an entry before its FINISH or ABORT was handed over (then
+    // SettleReads takes it): used unlocked (references into an unordered_map stay valid).
+    InFlight& f = *fp;
+    flight.unlock();
+    if (f.event == nullptr) {
+      absl::StatusOr<void*> event = comm->NewEvent();
+      if (!event.ok()) return event.status();  // Release ends the read
+      f.event = *event;
+    }
+    absl::StatusOr<HeaderSlot> slot = comm->NewHeaderSlot();
+    if (!slot.ok()) return slot.status();
+    f.slots.push_back(*slot);
+    MessageHeader* h = slot->host;
     std::memset(h, 0, kHeaderBytes);
     h->magic = kHeaderMagic;
     h->count = static_cast<uint32_t>(work.count);
@@ -86,20 +119,14 @@ class NcclSender : public ControlSender {
     h->layer = static_cast<uint32_t>(work.layer);
     for (size_t i = 0; i < work.count; ++i) h->blocks[i] = t->target.dst_blocks[work.first + i];
     h->crc = Crc32c(0, h, kHeaderBytes);
+    std::vector<const void*> regions(work.count);
+    for (size_t i = 0; i < work.count; ++i) {
+      regions[i] = access()->Region(work.layer, t->src_blocks[work.first + i]);
+    }
     // The layer's KV is final once the engine's event for it fired: the stream waits for it on
-    // the device.
-    void* ready = access()->LayerReadyEvent(work.layer);
-    absl::Status s = ready != nullptr ? comm->WaitEvent(ready) : absl::OkStatus();
-    if (s.ok()) s = comm->HeaderToDevice();
-    if (s.ok()) s = comm->Send(comm->device_header(), kHeaderBytes);
-    if (s.ok()) s = comm->GroupStart();
-    for (size_t i = 0; s.ok() && i < work.count; ++i) {
-      s = comm->Send(access()->Region(work.layer, t->src_blocks[work.first + i]), region);
-    }
-    if (s.ok()) s = comm->GroupEnd();
-    if (s.ok()) {
-      s = comm->Wait(std::min(t->target.deadline, absl::Now() + options().io_timeout), &p->stop);
-    }
+    // the device, the host never does.
+    absl::Status s = comm->EnqueueMessage(access()->LayerReadyEvent(work.layer), *slot, regions,
+                                          region, f.event, absl::Now() + options().io_timeout);
     t->frames_sent += 1;
     t->bytes_sent += work.count * region;
     if (s.ok()) {
@@ -109,8 +136,79 @@ class NcclSender : public ControlSender {
     return s;
   }
 
-  void OnBroken(ControlPeer* p) override { Comm(p)->Abort(); }
-  void Release(ControlPeer* p) override { static_cast<Peer*>(p)->comm.reset(); }
+  // Waits (at most io_timeout) for the transfer's messages enqueued so far, then gives back
+  // their header slots and ends the read it kept. A failure aborted the communicator: the peer
+  // breaks.
+  absl::Status SettleReads(ControlPeer* link, const std::shared_ptr<SenderTransfer>& t) override {
+    Peer* p = static_cast<Peer*>(link);
+    InFlight f;
+    {
+      std::lock_guard<std::mutex> flight(p->flight_mu);
+      auto it = p->in_flight.find(t.get());
+      if (it == p->in_flight.end()) return absl::OkStatus();
+      f = std::move(it->second);
+      p->in_flight.erase(it);
+    }
+    absl::Status waited =
+        f.event == nullptr
+            ? absl::OkStatus()
+            : p->comm->WaitFor(f.event, absl::Now() + options().io_timeout, &p->stop);
+    {
+      std::lock_guard<std::mutex> flight(p->flight_mu);
+      if (waited.ok()) {
+        for (HeaderSlot& slot : f.slots) p->comm->FreeHeaderSlot(slot);
+        if (f.event != nullptr) p->spare_events.push_back(f.event);
+      } else {
+        Orphan(p, f);
+      }
+    }
+    core().EndRead(f.transfer);
+    // A failure aborted the communicator (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED): the peer
+    // breaks.
+    return waited;
+  }
+
+  void OnBroken(ControlPeer* p) override { static_cast<Peer*>(p)->comm->Abort(); }
+
+  // Both threads stopped: the messages still in flight complete (at most io_timeout each) or the
+  // communicator is destroyed (finalized, or aborted when broken) before their reads end, so
+  // done never runs while the device reads the regions.
+  void Release(ControlPeer* link) override {
+    Peer* p = static_cast<Peer*>(link);
+    for (auto& [raw, f] : p->in_flight) {
+      if (f.event != nullptr) {
+        p->comm->WaitFor(f.event, absl::Now() + options().io_timeout, nullptr).IgnoreError();
+      }
+    }
+    std::vector<std::shared_ptr<SenderTransfer>> reading;
+    for (auto& [raw, f] : p->in_flight) {
+      Orphan(p, f);
+      reading.push_back(f.transfer);
+    }
+    p->in_flight.clear();
+    const int device = p->comm->device();
+    for (void* e : p->spare_events) p->comm->FreeEvent(e);
+    p->spare_events.clear();
+    p->comm.reset();
+    DeviceGuard guard(device);
+    for (HeaderSlot& slot : p->orphan_slots) {
+      cudaFreeHost(slot.host);
+      cudaFree(slot.device);
+    }
+    p->orphan_slots.clear();
+    for (void* e : p->orphan_events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+    p->orphan_events.clear();
+    for (auto& t : reading) core().EndRead(t);
+  }
+
+  // What a transfer whose messages may not have completed held is not reused: freed once the
+  // communicator is gone (Release).
+  static void Orphan(Peer* p, InFlight& f) {
+    for (HeaderSlot& slot : f.slots) p->orphan_slots.push_back(slot);
+    f.slots.clear();
+    if (f.event != nullptr) p->orphan_events.push_back(f.event);
+    f.event = nullptr;
+  }
 
   static Communicator* Comm(ControlPeer* p) { return static_cast<Peer*>(p)->comm.get(); }
 };

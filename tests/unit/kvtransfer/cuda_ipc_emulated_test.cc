@@ -8,8 +8,8 @@
 // at Begin, the handshake refusals (layout naming the field, another emulated GPU, the shared
 // secret), a restarted receiver mapped afresh, fault injection (kv_misplace) that the child's
 // bit-exact check must catch, the control messages of a transfer (at most 3 each way whatever
-// its length), copies coalesced over contiguous blocks, and copies waiting on the device for
-// the engine's event of their layer.
+// its length), two transfers in flight at once (the first's FINISH held), copies coalesced over
+// contiguous blocks, and copies waiting on the device for the engine's event of their layer.
 
 #include <signal.h>
 #include <spawn.h>
@@ -29,7 +29,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvtransfer/control_message.h"
 #include "kvtransfer/control_rpc/control_rpc.h"
+#include "kvtransfer/cuda_ipc/ipc_control.h"
+#include "kvtransfer/tcp/wire.h"
 #include "kvtransfer/transport.h"
 #include "tests/unit/kvtransfer/device_pool.h"
 #include "tests/unit/kvtransfer/kv_test_util.h"
@@ -215,6 +218,72 @@ TEST_F(CudaIpcEmulatedTest, TransfersBitExactIntoTheOtherProcess) {
   SendBoth(sender.get(), child);
   EXPECT_EQ(child.Wait(), kLandedExactly);
   EXPECT_EQ(sender->stats().connects, 1u);  // one connection (and mapping) for both
+  EXPECT_EQ(sender->num_in_flight(), 0);
+}
+
+// Several transfers to one receiver are in flight at once: a transfer's FINISH (its copies
+// waited for, then the control round trip, on the peer's finisher thread) does not hold up the
+// next transfer's copies. Transfer 1's FINISH is held in the control channel; transfer 2's
+// copies must be queued meanwhile, and both then land bit-exact.
+TEST_F(CudaIpcEmulatedTest, TwoTransfersToOneReceiverOverlap) {
+  Child child("0");
+  auto grpc = MakeGrpcControlChannel(TlsOptions(), "", absl::Seconds(10));
+  ASSERT_TRUE(grpc.ok()) << grpc.status();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first_finish_held = false, release = false;
+  SenderOptions so;
+  so.transport = "cuda-ipc";
+  so.layout = layout_;
+  so.io_timeout = absl::Seconds(5);
+  so.faults_from_env = false;
+  so.control_channel = [&, channel = *grpc](const std::string& endpoint, const std::string& bytes) {
+    ControlRequest req;
+    wire::Finish f;
+    if (DecodeRequest(bytes, cuda_ipc::kConnect, cuda_ipc::kDisconnect, "cuda-ipc", &req).ok() &&
+        req.kind == cuda_ipc::kFinish && wire::DecodeFinish(req.body, &f).ok() &&
+        f.transfer_id == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      first_finish_held = true;
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return release; });
+    }
+    return channel(endpoint, bytes);
+  };
+  auto created = CreateSender(so, &src_);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<KvSender> sender = *std::move(created);
+  const int64_t layers = layout_.num_layers;
+  absl::StatusOr<TransferHandle> h1 = sender->Begin(child.Target(1, {3, 4, 5}), {10, 11, 12});
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h1, l);
+  testing::Done done1;
+  sender->Finish(*h1, "tok", done1.Callback());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return first_finish_held; }));
+  }
+  absl::StatusOr<TransferHandle> h2 = sender->Begin(child.Target(2, {7}), {1});
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h2, l);
+  testing::Done done2;
+  sender->Finish(*h2, "", done2.Callback());
+  // Every layer of both transfers is queued on the copy stream while transfer 1's FINISH is held.
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (sender->stats().frames < static_cast<uint64_t>(2 * layers) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const uint64_t queued_while_held = sender->stats().frames;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_EQ(queued_while_held, static_cast<uint64_t>(2 * layers))
+      << "transfer 2's copies waited for transfer 1's FINISH";
+  EXPECT_TRUE(done1.Wait().ok());
+  EXPECT_TRUE(done2.Wait().ok());
+  EXPECT_EQ(child.Wait(), kLandedExactly);
   EXPECT_EQ(sender->num_in_flight(), 0);
 }
 

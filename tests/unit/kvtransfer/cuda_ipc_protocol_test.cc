@@ -94,13 +94,14 @@ class CudaIpcProtocolTest : public ::testing::Test {
   }
   // FINISH after `frames` DATA items of `regions` regions in all.
   absl::Status Finish(uint64_t id, uint64_t frames, uint64_t regions, const std::string& trailer,
-                      uint64_t sender = kSender) {
-    wire::Finish f{id, 0, frames, regions * layout_.region_bytes(), trailer};
+                      uint64_t sender = kSender, uint32_t attempt = 0) {
+    wire::Finish f{id, attempt, frames, regions * layout_.region_bytes(), trailer};
     return ReplyStatus(Send(ControlKind::kFinish, wire::EncodeFinish(f), sender));
   }
-  absl::Status Abort(uint64_t id, uint64_t sender = kSender) {
+  absl::Status Abort(uint64_t id, uint64_t sender = kSender, uint32_t attempt = 0) {
     return ReplyStatus(Send(ControlKind::kAbort,
-                            wire::EncodeOutcome({id, 0, absl::AbortedError("stop")}), sender));
+                            wire::EncodeOutcome({id, attempt, absl::AbortedError("stop")}),
+                            sender));
   }
 
   KvLayout layout_ = testing::SmallLayout();
@@ -281,6 +282,72 @@ TEST_F(CudaIpcProtocolTest, CancelReleasesOnlyOnceTheCopiesInFlightAreOver) {
   testing::ReleaseProbe released;
   receiver_->Cancel(4, released.Callback());
   EXPECT_EQ(released.calls(), 1);
+}
+
+// A newer attempt (another sender: the router retried) completes while the older attempt's
+// sender may still copy into the same blocks (its copies were admitted at BEGIN and not reported
+// over): the sender of the newer attempt hears OK at once, but the blocks are handed over
+// (on_complete) only once the older copies are over -- its ABORT or FINISH, its peer going, or
+// its admission's end -- and a Cancel meanwhile delivers nothing.
+TEST_F(CudaIpcProtocolTest, NewerAttemptCompletesOnlyOnceTheOlderAttemptsCopiesAreOver) {
+  constexpr uint64_t kRetry = 79;
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  ASSERT_EQ(Connect(device_, layout_, kRetry).type, wire::FrameType::kWelcome);
+  const uint64_t regions = 2 * layout_.num_layers;
+  // The old sender's ABORT, its FINISH, a Cancel, the old sender's peer replaced (it reconnects).
+  for (int end = 0; end < 4; ++end) {
+    const uint64_t id = 20 + end;
+    receiver_->Expect({id, {1, 2}});
+    ASSERT_TRUE(Begin(id, {1, 2}, "", kSender, /*attempt=*/0).ok());  // copies admitted
+    ASSERT_TRUE(Begin(id, {1, 2}, "", kRetry, /*attempt=*/1).ok());
+    EXPECT_EQ(completions_.WaitFor(id, 0).status.code(), absl::StatusCode::kAborted);
+    const absl::Time before = absl::Now();
+    EXPECT_TRUE(Finish(id, layout_.num_layers, regions, "new", kRetry, 1).ok());
+    EXPECT_LT(absl::Now() - before, absl::Seconds(1)) << "the newer sender's FINISH waited";
+    EXPECT_EQ(completions_.WaitFor(id, 1, absl::Milliseconds(300)).status.code(),
+              absl::StatusCode::kUnknown)
+        << "completed while the older attempt's copies may still land, end " << end;
+    if (end == 2) {
+      testing::ReleaseProbe released;
+      receiver_->Cancel(id, released.Callback());
+      absl::SleepFor(absl::Milliseconds(100));
+      EXPECT_EQ(released.calls(), 0) << "released with the older copies in flight";
+      EXPECT_TRUE(Abort(id, kSender, 0).ok());
+      EXPECT_TRUE(released.WaitFor(absl::Seconds(5)));
+      absl::SleepFor(absl::Milliseconds(100));
+      EXPECT_EQ(completions_.WaitFor(id, 1, absl::Milliseconds(1)).status.code(),
+                absl::StatusCode::kUnknown)
+          << "on_complete after Cancel";
+      continue;
+    }
+    if (end == 0) {
+      EXPECT_TRUE(Abort(id, kSender, 0).ok());
+    } else if (end == 1) {
+      Finish(id, layout_.num_layers, regions, "old", kSender, 0).IgnoreError();
+    } else {
+      ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+    }
+    CompletedTransfer c = completions_.WaitFor(id, 1);
+    EXPECT_TRUE(c.status.ok()) << c.status << ", end " << end;
+    EXPECT_EQ(c.trailer, "new");
+  }
+}
+
+// An older sender that went silent (died, or its ABORT was lost) holds the newer attempt's
+// completion only until its admission's end (its deadline plus io_timeout).
+TEST_F(CudaIpcProtocolTest, NewerAttemptCompletesAtTheOlderAdmissionsEndWithoutItsSender) {
+  constexpr uint64_t kRetry = 79;
+  Start(absl::Milliseconds(300));
+  ASSERT_EQ(Connect(device_, layout_).type, wire::FrameType::kWelcome);
+  ASSERT_EQ(Connect(device_, layout_, kRetry).type, wire::FrameType::kWelcome);
+  receiver_->Expect({30, {4}});
+  const absl::Time first_begin = absl::Now();
+  ASSERT_TRUE(Begin(30, {4}, "", kSender, 0, 0, /*deadline_ms=*/200).ok());
+  ASSERT_TRUE(Begin(30, {4}, "", kRetry, 1).ok());
+  ASSERT_TRUE(Finish(30, layout_.num_layers, layout_.num_layers, "new", kRetry, 1).ok());
+  CompletedTransfer c = completions_.WaitFor(30, 1, absl::Seconds(5));
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  EXPECT_GE(absl::Now() - first_begin, absl::Milliseconds(500));
 }
 
 // A sender that vanished mid-transfer (or whose FINISH and ABORT were lost) holds the release up

@@ -9,15 +9,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster/transfer_key.h"
+#include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/control_message.h"
@@ -275,6 +279,163 @@ TEST_F(NcclEmulatedTest, ConcurrentTransfersOverADirectControlChannel) {
   EXPECT_EQ(sender->stats().connects, 1u);  // the racing Begins shared one communicator
   sender.reset();                           // DISCONNECT while the receiver is up
   EXPECT_EQ(rp->num_in_flight(), 0);
+}
+
+// Several transfers to one receiver are in flight at once: the sender's thread that enqueues
+// their messages never waits for a transfer to complete, and a transfer's FINISH (waiting for
+// its messages, then the control round trip) does not hold up the next transfer's messages.
+// Here the first transfer's FINISH is held in the control channel; the second transfer's
+// messages must reach the receiver meanwhile, and both then complete bit-exact.
+TEST_F(NcclEmulatedTest, TwoTransfersToOneReceiverOverlapOverADirectControlChannel) {
+  src_.Fill(9);
+  ReceiverOptions ro;
+  ro.transport = "nccl";
+  ro.layout = layout_;
+  ro.name = "direct";
+  ro.handshake_timeout = absl::Seconds(10);
+  auto receiver = CreateReceiver(ro, &dst_, completions_.Callback());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  KvReceiver* rp = receiver->get();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool first_finish_held = false, release = false;
+  auto sender = StartSender(layout_, &src_, [&](const std::string&, const std::string& bytes) {
+    ControlRequest req;
+    wire::Finish f;
+    if (DecodeRequest(bytes, nccl::kConnect, nccl::kDisconnect, "kv", &req).ok() &&
+        req.kind == nccl::kFinish && wire::DecodeFinish(req.body, &f).ok() && f.transfer_id == 1) {
+      std::unique_lock<std::mutex> lock(mu);
+      first_finish_held = true;
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return release; });
+    }
+    return rp->HandleControl(bytes);
+  });
+  rp->Expect({1, {0, 1, 2}});
+  rp->Expect({2, {3, 4}});
+  const int64_t layers = layout_.num_layers;
+  absl::StatusOr<TransferHandle> h1 = sender->Begin(Target(*rp, 1, {0, 1, 2}), {8, 9, 10});
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h1, l);
+  testing::Done done1;
+  sender->Finish(*h1, "one", done1.Callback());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return first_finish_held; }));
+  }
+  // The first transfer's FINISH is in flight (held): the second begins and sends its layers.
+  absl::StatusOr<TransferHandle> h2 = sender->Begin(Target(*rp, 2, {3, 4}), {11, 12});
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  for (int64_t l = 0; l < layers; ++l) sender->SendLayer(*h2, l);
+  testing::Done done2;
+  sender->Finish(*h2, "two", done2.Callback());
+  // Every DATA message of both transfers lands while the first's FINISH is still held.
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (rp->stats().frames < static_cast<uint64_t>(2 * layers) && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const uint64_t landed_while_held = rp->stats().frames;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+    cv.notify_all();
+  }
+  EXPECT_EQ(landed_while_held, static_cast<uint64_t>(2 * layers))
+      << "the second transfer's messages waited for the first transfer's FINISH";
+  EXPECT_TRUE(done1.Wait().ok());
+  EXPECT_TRUE(done2.Wait().ok());
+  EXPECT_EQ(completions_.WaitFor(1, 0).trailer, "one");
+  EXPECT_EQ(completions_.WaitFor(2, 0).trailer, "two");
+  EXPECT_TRUE(LandedExactly(src_, {8, 9, 10, 11, 12}, dst_, {0, 1, 2, 3, 4}, layers));
+  EXPECT_EQ(sender->stats().connects, 1u);
+  sender.reset();
+  EXPECT_EQ(rp->num_in_flight(), 0);
+}
+
+// The sender's pool whose layer 0 is written on an engine stream held back by a gate; the
+// layer's event is recorded behind the write (what the engine does per layer).
+class GatedPool : public FakePool {
+ public:
+  GatedPool(const KvLayout& layout, int64_t blocks) : FakePool(layout, blocks) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), cudaSuccess);
+  }
+  ~GatedPool() override {
+    Open();
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(event_);
+    cudaStreamDestroy(stream_);
+  }
+  // Layer 0's regions read zero until the gate opens; then the stream writes back what they held.
+  void WriteLayer0Behind(size_t region_bytes) {
+    saved_.clear();
+    for (int32_t b = 0; b < num_blocks(); ++b) {
+      saved_.emplace_back(Region(0, b), Region(0, b) + region_bytes);
+      std::memset(Region(0, b), 0, region_bytes);
+    }
+    cuda_emu::StreamEnqueueAsync(stream_, [this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+      for (int32_t b = 0; b < num_blocks(); ++b) {
+        std::memcpy(Region(0, b), saved_[b].data(), saved_[b].size());
+      }
+    });
+    EXPECT_EQ(cudaEventRecord(event_, stream_), cudaSuccess);
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void* LayerReadyEvent(int64_t layer) override { return layer == 0 ? event_ : nullptr; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  std::vector<std::vector<uint8_t>> saved_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// No host synchronization per layer: a DATA message waits on the device (the communicator's
+// stream) for the engine's event of its layer, and the sender's thread never waits for a
+// message. Layer 0 is still being written when the sender is asked to send it: every layer's
+// message is enqueued at once, none lands before the event, and what lands is the written KV,
+// not the zeros before it.
+TEST_F(NcclEmulatedTest, MessagesWaitForTheLayersEventOnTheDeviceOverADirectControlChannel) {
+  GatedPool src(layout_, kBlocks);
+  src.Fill(7);
+  src.WriteLayer0Behind(layout_.region_bytes());
+  ReceiverOptions ro;
+  ro.transport = "nccl";
+  ro.layout = layout_;
+  ro.name = "direct";
+  ro.handshake_timeout = absl::Seconds(10);
+  auto receiver = CreateReceiver(ro, &dst_, completions_.Callback());
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  KvReceiver* rp = receiver->get();
+  auto sender = StartSender(layout_, &src, [rp](const std::string&, const std::string& bytes) {
+    return rp->HandleControl(bytes);
+  });
+  rp->Expect({1, {3, 4, 5}});
+  absl::StatusOr<TransferHandle> h = sender->Begin(Target(*rp, 1, {3, 4, 5}), {10, 11, 12});
+  ASSERT_TRUE(h.ok()) << h.status();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) sender->SendLayer(*h, l);
+  testing::Done done;
+  sender->Finish(*h, "tok", done.Callback());
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return sender->stats().frames >= static_cast<uint64_t>(layout_.num_layers); },
+      absl::Seconds(3)))
+      << "the sender's thread waited for a message";
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(rp->stats().frames, 0u) << "a message went before its layer's event";
+  EXPECT_EQ(sender->num_in_flight(), 1);
+  src.Open();
+  EXPECT_TRUE(done.Wait().ok());
+  EXPECT_TRUE(completions_.WaitFor(1, 0).status.ok());
+  EXPECT_TRUE(LandedExactly(src, {10, 11, 12}, dst_, {3, 4, 5}, layout_.num_layers));
+  EXPECT_FALSE(dst_.IsZero(0, 3));
 }
 
 // CONNECTs of one sender that race (a client retrying, or a hostile one) leave the receiver one
