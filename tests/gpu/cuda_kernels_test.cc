@@ -501,9 +501,10 @@ struct AttentionCase {
 // `out_bf16`: the output in bf16. `every_code` (quantized dtypes): every row's codes are the
 // sweep ((row / block_size) * head_dim + d) % 256 under the scales the CPU wrote, so that with 4
 // kv heads of 64 the V rows of each token hold all 256 codes between them; with context 1 the
-// output is its V row, and must equal the CPU's bit for bit.
+// output is its V row, and must equal the CPU's bit for bit. `decode_span` > 0: the decode
+// kernel stages that many block-table entries at a time (several spans per item).
 void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false,
-                    bool every_code = false) {
+                    bool every_code = false, int decode_span = 0) {
   const int bs = 16, hd = c.head_dim, group = c.heads / c.kv_heads;
   int total_blocks = 0;
   for (auto [ctx, n] : c.seqs) total_blocks += (ctx + bs - 1) / bs;
@@ -619,6 +620,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   a.max_tile_rows = max_rows;
   a.partial_out = part_o.get();
   a.partial_ml = part_ml.get();
+  a.decode_table_span = decode_span;
   TANDEM_CUDA_CHECK(cuda::PagedAttention(a, nullptr));
   std::vector<float> got = out.Download();
   const std::vector<uint16_t> got16 = out16.Download();
@@ -641,7 +643,39 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
                   std::to_string(hd) + " " + std::string(DTypeName(c.dtype)) + " window " +
                   std::to_string(c.window) + (grid ? " grid " + std::to_string(grid) : "") +
                   (out_bf16 ? " bf16 out" : "") + " splits " +
-                  std::to_string(plan.combines.size()));
+                  std::to_string(plan.combines.size()) +
+                  (decode_span ? " span " + std::to_string(decode_span) : ""));
+}
+
+// Decode items (at most kAttentionDecodeRows rows: tokens x group) run on the decode kernel
+// (vector loads of K/V rows, warp-level scores and softmax): head_dim 64 and 128, groups 1, 4
+// and 8, one token and a few (speculative verification), contexts up to a few thousand with and
+// without splits, sliding windows, block tables staged in several spans, graph-style grids and
+// bf16 output. Items of more rows next to them run as tiles. Its arithmetic is f32 as the CPU's,
+// in another order: the tolerances of the tile kernel.
+TEST_F(CudaKernelsTest, PagedAttentionDecodeKernelMatchesCpu) {
+  for (int hd : {64, 128}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+      std::vector<uint8_t> probe(64);
+      ASSERT_TRUE(cuda::AttentionDecodeVectorizable(KvLayerView{probe.data(), dtype, 16, 2, hd}));
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    // Group 1 (one and two rows), next to a prefill tile; no splits.
+    CheckAttention({4, 4, 64, dtype, 0, {{1100, 1}, {37, 1}, {1, 1}, {129, 2}, {40, 20}}}, 4096);
+    // Group 4 (4 and 8 rows), head_dim 128; splits of 256 keys.
+    CheckAttention({8, 2, 128, dtype, 0, {{2100, 1}, {300, 2}, {17, 1}, {64, 1}}}, 256);
+    // Group 8, splits, sliding window.
+    CheckAttention({16, 2, 64, dtype, 100, {{900, 1}, {90, 1}, {260, 1}}}, 128);
+  }
+  // Block tables staged two and three entries at a time.
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 1}, {45, 2}}}, 4096, 0, false, false, 2);
+  CheckAttention({8, 2, 64, DType::kF8E4M3, 50, {{300, 1}, {100, 2}}}, 64, 0, false, false, 3);
+  // Graph-style grids and bf16 output.
+  CheckAttention({8, 2, 128, DType::kBF16, 0, {{700, 1}, {5, 1}, {70, 20}}}, 128, /*grid=*/3);
+  CheckAttention({8, 8, 64, DType::kI8, 0, {{400, 1}, {33, 2}}}, 64, /*grid=*/2, true);
+  // head_dim 12 is not a multiple of 8: decode items fall back to the tile kernel.
+  CheckAttention({4, 2, 12, DType::kBF16, 0, {{200, 1}, {30, 2}}}, 64);
 }
 
 TEST_F(CudaKernelsTest, PagedAttentionPrefillAndDecodeMatchCpu) {

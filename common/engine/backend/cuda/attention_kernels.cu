@@ -12,6 +12,7 @@
 // items and merges come from device memory: block x runs items x, x + gridDim.x, ... (a step's
 // own launch has one block per item; a captured graph a fixed grid for every plan).
 
+#include "common/engine/backend/cuda/decode_attention.cuh"
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
 #include "common/engine/backend/cuda/kv_codes.cuh"
@@ -216,17 +217,23 @@ TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
   for (int32_t i = blockIdx.x; i < n; i += gridDim.x) MergeOne<OT>(a, a.combines[i], blockIdx.y);
 }
 
+// `smem_words`: the dynamic shared memory launched, in 4-byte words.
 template <DType KD, class OT>
-TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
+TANDEM_GLOBAL void AttentionKernel(AttentionArgs a, int64_t smem_words) {
   TANDEM_DYNAMIC_SHARED(float, sm);
   const AttentionCounts counts = *a.counts;
   for (int32_t i = blockIdx.x; i < counts.num_items; i += gridDim.x) {
-    AttentionItemTile<KD, OT>(a, a.items[i], blockIdx.y, counts.table_stride, sm);
+    const AttentionItem it = a.items[i];
+    if (!decode::TryDecodeItem<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words)) {
+      AttentionItemTile<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm);
+    }
     dev::SyncThreads();  // the next item reuses the shared memory
   }
 }
 
 }  // namespace
+
+bool AttentionDecodeVectorizable(const KvLayerView& kv) { return decode::Vectorizable(kv); }
 
 size_t AttentionSharedBytes(int rows, int head_dim) {
   // Tiles never hold more tokens than rows.
@@ -261,7 +268,8 @@ cudaError_t LaunchAttention(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.grid_items),
                   static_cast<unsigned>(args.kv.num_kv_heads));
   const size_t smem = AttentionSharedBytes(args.max_tile_rows, args.kv.head_dim);
-  TANDEM_LAUNCH((AttentionKernel<KD, OT>), grid, kAttentionThreads, smem, stream, args);
+  TANDEM_LAUNCH((AttentionKernel<KD, OT>), grid, kAttentionThreads, smem, stream, args,
+                static_cast<int64_t>(smem / 4));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || args.grid_combines == 0) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.grid_combines),

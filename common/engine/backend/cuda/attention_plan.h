@@ -23,6 +23,9 @@ struct AttentionPlanOptions {
   // tiles are split further so that the GPU fills up (decode at small batch sizes).
   int kv_heads = 1;
   int target_blocks = 0;
+  // Items of at most this many rows (tokens x group; 0: none) go to the decode kernel
+  // (AttentionItem::decode), at most kAttentionDecodeRows.
+  int decode_max_rows = kAttentionDecodeRows;
 };
 
 struct AttentionPlan {

@@ -71,6 +71,11 @@ struct Run {
   // (not by each of the 32 lanes: it was most of an emulated model step), read by all of them.
   std::vector<float> warp_sums;
   std::vector<char> warp_sum_ready;
+  // WarpSumGroups: kMaxGroupSumValues values per lane in and out, each lane's (n, width), and
+  // whether the warp's sums are computed.
+  std::vector<float> group_in, group_out;
+  std::vector<int> group_shape;
+  std::vector<char> group_ready;
   Dim3 block_idx, block_dim, grid_dim;
   const std::function<void()>* body = nullptr;
   int current = -1;
@@ -210,6 +215,10 @@ void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>&
   run->warp_slots.assign((threads + 31) / 32 * 32, 0);
   run->warp_sums.assign(run->warp_slots.size(), 0.0f);
   run->warp_sum_ready.assign(run->warp_slots.size() / 32, 0);
+  run->group_in.assign(run->warp_slots.size() * kMaxGroupSumValues, 0.0f);
+  run->group_out.assign(run->warp_slots.size() * kMaxGroupSumValues, 0.0f);
+  run->group_shape.assign(run->warp_slots.size() * 2, 0);
+  run->group_ready.assign(run->warp_slots.size() / 32, 0);
   run->block_dim = block;
   run->grid_dim = grid;
   run->body = &body;
@@ -274,6 +283,50 @@ float WarpSum(float value) {
   const float out = run.warp_sums[me];
   Yield(State::kWarpBarrier);  // as a shuffle: no lane leaves before every lane has read
   return out;
+}
+
+void WarpSumGroups(float* values, int n, int width) {
+  if (n < 0 || n > kMaxGroupSumValues) Fail("WarpSumGroups: too many values");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) Fail("WarpSumGroups: bad width");
+  Run& run = *g_run;
+  const int me = run.current;
+  const int warp = me / 32;
+  const int warp_base = warp * 32;
+  if (warp_base + 32 > static_cast<int>(run.fibers.size())) Fail("WarpSumGroups: partial warp");
+  std::memcpy(&run.group_in[static_cast<size_t>(me) * kMaxGroupSumValues], values,
+              sizeof(float) * n);
+  run.group_shape[me * 2] = n;
+  run.group_shape[me * 2 + 1] = width;
+  run.group_ready[warp] = 0;  // every lane is past the previous call's last barrier
+  Yield(State::kWarpBarrier);
+  if (!run.group_ready[warp]) {
+    for (int i = 0; i < 32; ++i) {
+      if (run.group_shape[(warp_base + i) * 2] != n ||
+          run.group_shape[(warp_base + i) * 2 + 1] != width) {
+        Fail("WarpSumGroups: lanes disagree on the count or width");
+      }
+    }
+    // Per value, the butterfly of the device code for every lane at once: same operations and
+    // order, so the same bits.
+    for (int k = 0; k < n; ++k) {
+      float v[32];
+      for (int i = 0; i < 32; ++i) {
+        v[i] = run.group_in[static_cast<size_t>(warp_base + i) * kMaxGroupSumValues + k];
+      }
+      for (int m = width / 2; m > 0; m >>= 1) {
+        float next[32];
+        for (int i = 0; i < 32; ++i) next[i] = v[i] + v[i ^ m];
+        std::memcpy(v, next, sizeof v);
+      }
+      for (int i = 0; i < 32; ++i) {
+        run.group_out[static_cast<size_t>(warp_base + i) * kMaxGroupSumValues + k] = v[i];
+      }
+    }
+    run.group_ready[warp] = 1;
+  }
+  std::memcpy(values, &run.group_out[static_cast<size_t>(me) * kMaxGroupSumValues],
+              sizeof(float) * n);
+  Yield(State::kWarpBarrier);  // no lane starts another call before every lane has read
 }
 
 void CheckAligned(const void* p, size_t alignment, const char* what) {

@@ -39,6 +39,11 @@ void SyncWarp();
 uint64_t WarpExchange(uint64_t value, int src_lane);
 // Sum over the warp by the xor-shuffle butterfly (lane masks 16, 8, 4, 2, 1), in two barriers.
 float WarpSum(float value);
+// values[0..n) each summed over the aligned groups of `width` lanes (a power of two up to 32) by
+// the xor-shuffle butterfly (lane masks width/2, ..., 1), every value of every lane in one
+// exchange; n at most kMaxGroupSumValues, the same n and width on every lane of the warp.
+inline constexpr int kMaxGroupSumValues = 64;
+void WarpSumGroups(float* values, int n, int width);
 // Aborts (a GPU faults) when `p` is not a multiple of `alignment` bytes.
 void CheckAligned(const void* p, size_t alignment, const char* what);
 // The block's dynamic shared memory (poisoned with 0xff bytes when each block starts).
