@@ -487,6 +487,14 @@ TEST_F(CudaKernelsTest, GemvIsBatchInvariant) {
   EXPECT_EQ(std::memcmp(one.data(), eight.data(), n * sizeof(float)), 0);
 }
 
+// Tiles on tensor cores (AttentionMmaSupported) round q, K, V and the softmax weights to bf16
+// (relative error 2^-9 each; products exact, sums f32) where the CPU computes in f32: an output,
+// a weighted mean of V rows, moves by a few such steps of the V values (|v| <= 2 here) in the
+// worst case, about one where the errors average out. Measured in these tests: at most 4e-3 of
+// max(1, max |output|); 2^-7 allows twice that, while a key dropped from a row's range or a
+// misplaced fragment moves outputs by several times more (seen failing).
+constexpr double kAttentionMmaTolerance = 1.0 / 128;
+
 struct AttentionCase {
   int heads, kv_heads, head_dim;
   DType dtype;
@@ -503,6 +511,10 @@ struct AttentionCase {
 // kv heads of 64 the V rows of each token hold all 256 codes between them; with context 1 the
 // output is its V row, and must equal the CPU's bit for bit. `decode_span` > 0: the decode
 // kernel stages that many block-table entries at a time (several spans per item).
+// Whether PlanAttention sends tiles of more than kAttentionDecodeRows rows to tensor cores
+// (AttentionPlanOptions::mma_tiles) in CheckAttention; else to the fp32 SIMT tile path.
+bool g_attention_mma_tiles = true;
+
 void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false,
                     bool every_code = false, int decode_span = 0) {
   const int bs = 16, hd = c.head_dim, group = c.heads / c.kv_heads;
@@ -568,6 +580,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
     --options.max_tile_tokens;
   }
   options.partition = partition;
+  options.mma_tiles = g_attention_mma_tiles;
   options.min_split_keys = 32;
   options.max_partial_slots = 64;
   int stride = 0;
@@ -636,7 +649,12 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   // Both sides dequantize the same codes to the same f32 values; then only the order of the
   // f32 arithmetic differs.
   double tol = c.dtype == DType::kF32 ? 1e-5 : 1e-4;
-  if (out_bf16) tol = 1.0 / 128;  // one bf16 step of the largest value
+  bool mma = false;
+  for (const cuda::AttentionItem& item : plan.items) {
+    mma = mma || (item.path == cuda::kAttentionPathMma && cuda::AttentionMmaSupported(a.kv));
+  }
+  if (mma) tol = kAttentionMmaTolerance;
+  if (out_bf16) tol = std::max(tol, 1.0 / 128);  // one bf16 step of the largest value
   if (every_code) tol = 0;
   ExpectClose(g, e, tol,
               "attention " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + "x" +
@@ -645,6 +663,37 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
                   (out_bf16 ? " bf16 out" : "") + " splits " +
                   std::to_string(plan.combines.size()) +
                   (decode_span ? " span " + std::to_string(decode_span) : ""));
+}
+
+// Tiles of more than kAttentionDecodeRows rows on tensor cores (bf16 mma.sync, f32 accumulation,
+// online softmax): prefill from scratch and chunks over a cached prefix, head_dim 64 and 128,
+// groups 1, 4 and 8, rows not a multiple of 16, causal and sliding-window masks, split tiles,
+// graph-style grids and bf16 output, all four KV dtypes; kAttentionMmaTolerance.
+TEST_F(CudaKernelsTest, PagedAttentionTensorCoreTilesMatchCpu) {
+  for (int hd : {16, 64, 128}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+      std::vector<uint8_t> probe(64);
+      ASSERT_TRUE(cuda::AttentionMmaSupported(KvLayerView{probe.data(), dtype, 16, 2, hd}));
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{150, 150}, {300, 45}, {20, 9}, {5, 1}}}, 512);
+    CheckAttention({8, 2, 128, dtype, 0, {{200, 37}, {64, 64}, {90, 3}}}, 512);
+    CheckAttention({16, 2, 64, dtype, 50, {{130, 130}, {260, 7}, {40, 2}}}, 64);
+  }
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 8}, {100, 100}, {7, 1}}}, 64, /*grid=*/3);
+  CheckAttention({8, 8, 128, DType::kF8E4M3, 30, {{120, 60}, {80, 9}}}, 32, /*grid=*/2, true);
+}
+
+// With AttentionPlanOptions::mma_tiles off, tiles run on the fp32 SIMT path (f32 tolerances).
+TEST_F(CudaKernelsTest, PagedAttentionSimtTilesMatchCpu) {
+  g_attention_mma_tiles = false;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{150, 150}, {300, 45}, {20, 9}, {5, 1}}}, 512);
+    CheckAttention({16, 2, 64, dtype, 50, {{130, 130}, {260, 7}, {40, 2}}}, 64);
+  }
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 8}, {100, 100}, {7, 1}}}, 64, /*grid=*/3);
+  g_attention_mma_tiles = true;
 }
 
 // Decode items (at most kAttentionDecodeRows rows: tokens x group) run on the decode kernel

@@ -1,7 +1,10 @@
 // Paged attention: one kernel for prefill tiles and decode tokens (flash-style online softmax over
-// key chunks staged in shared memory), plus the merge of key-range splits (flash-decoding).
+// key chunks staged in shared memory), plus the merge of key-range splits (flash-decoding). Each
+// item runs on the path the plan chose (AttentionItem::path) where the pool allows it: decode
+// items on decode_attention.cuh, tensor-core tiles on mma_attention.cuh, else the fp32 SIMT tile
+// below.
 //
-// Block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
+// The SIMT tile: block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
 // head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
 //   1. stage K and V of the chunk through the block table, as f32 (dequantized: kv_codes.cuh);
 //   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
@@ -16,6 +19,7 @@
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
 #include "common/engine/backend/cuda/kv_codes.cuh"
+#include "common/engine/backend/cuda/mma_attention.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -224,7 +228,8 @@ TANDEM_GLOBAL void AttentionKernel(AttentionArgs a, int64_t smem_words) {
   const AttentionCounts counts = *a.counts;
   for (int32_t i = blockIdx.x; i < counts.num_items; i += gridDim.x) {
     const AttentionItem it = a.items[i];
-    if (!decode::TryDecodeItem<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words)) {
+    if (!decode::TryDecodeItem<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words) &&
+        !mma::TryMmaTile<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words)) {
       AttentionItemTile<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm);
     }
     dev::SyncThreads();  // the next item reuses the shared memory
@@ -234,6 +239,8 @@ TANDEM_GLOBAL void AttentionKernel(AttentionArgs a, int64_t smem_words) {
 }  // namespace
 
 bool AttentionDecodeVectorizable(const KvLayerView& kv) { return decode::Vectorizable(kv); }
+
+bool AttentionMmaSupported(const KvLayerView& kv) { return mma::Supported(kv); }
 
 size_t AttentionSharedBytes(int rows, int head_dim) {
   // Tiles never hold more tokens than rows.

@@ -1,8 +1,8 @@
 #pragma once
 
-// Paged attention of decode items (AttentionItem::decode: one or a few query tokens of one
-// sequence, at most kAttentionDecodeRows rows = tokens x the kv head's group of query heads),
-// run by attention_kernels.cu's kernel for the items the plan marks.
+// Paged attention of decode items (AttentionItem::path kAttentionPathDecode: one or a few query
+// tokens of one sequence, at most kAttentionDecodeRows rows = tokens x the kv head's group of query
+// heads), run by attention_kernels.cu's kernel for the items the plan marks.
 //
 // The block (item, kv head) reads each K and V row of its key range once for all of its rows:
 //   * the item's block-table entries are staged into shared memory once (in spans of up to
@@ -341,7 +341,8 @@ template <DType KD, class OT>
 TANDEM_DEVICE bool TryDecodeItem(const AttentionArgs& a, const AttentionItem it, int kvh,
                                  int32_t table_stride, float* sm, int64_t smem_words) {
   const int rows = it.num_tokens * (a.num_heads / a.kv.num_kv_heads);
-  if (it.decode == 0 || rows > kAttentionDecodeRows || !Vectorizable(a.kv)) return false;
+  if (it.path != kAttentionPathDecode || rows > kAttentionDecodeRows || !Vectorizable(a.kv))
+    return false;
   // At least one block's entries besides the merge area.
   if (smem_words - MergeWords(rows, a.kv.head_dim, blockDim.x >> 5) < 1) return false;
   if (rows <= 1) {

@@ -12,6 +12,7 @@
 //   dev::U32x4, dev::Load16(p) / dev::Load16Stream(p)     128-bit loads (16-byte aligned)
 //   dev::U32x2, dev::Load8(p)                             64-bit loads (8-byte aligned)
 //   dev::WarpSumGroups(v, width)                          sums over aligned groups of lanes
+//   dev::MmaBf16_16816(d, a, b)                           warp-level tensor-core d += a b
 //   TANDEM_UNROLL                                         `#pragma unroll` (nvcc only)
 // threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
 // a warp converged at shuffles and every thread of a block at SyncThreads (the emulator checks).
@@ -54,6 +55,16 @@ template <int N>
 inline void WarpSumGroups(float (&v)[N], int width) {
   static_assert(N <= ::tandem::cuda_emu::kMaxGroupSumValues);
   ::tandem::cuda_emu::WarpSumGroups(v, N, width);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b, fragments as PTX lays them out
+// (g = lane / 4, t = lane % 4, two bf16 per register, the lower column / k in the low half):
+//   a[0]: A[g][2t, 2t+1]  a[1]: A[g+8][2t, 2t+1]  a[2]: A[g][2t+8, 2t+9]  a[3]: A[g+8][2t+8, 2t+9]
+//   b[0]: B[2t, 2t+1][g]  b[1]: B[2t+8, 2t+9][g]
+//   d[0]: D[g][2t]  d[1]: D[g][2t+1]  d[2]: D[g+8][2t]  d[3]: D[g+8][2t+1]
+// Every lane of the warp must call. The emulator computes the same exact products (its sums'
+// rounding may differ from the hardware's in the last bits).
+inline void MmaBf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  ::tandem::cuda_emu::MmaBf16_16816(d, a, b);
 }
 inline float Exp(float x) { return std::exp(x); }
 inline double ExpD(double x) { return std::exp(x); }
@@ -119,6 +130,14 @@ __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
 __device__ __forceinline__ float WarpSum(float v) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
+}
+__device__ __forceinline__ void MmaBf16_16816(float (&d)[4], const uint32_t (&a)[4],
+                                              const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 __device__ __forceinline__ float Exp(float x) { return expf(x); }
 __device__ __forceinline__ double ExpD(double x) { return exp(x); }
