@@ -665,6 +665,69 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
                   (decode_span ? " span " + std::to_string(decode_span) : ""));
 }
 
+// PlanAttention's choice of path per item: the decode path up to decode_max_rows rows (tokens x
+// group, at most kAttentionDecodeRows), tensor cores above with mma_tiles, else SIMT tiles; the
+// splits of a tile keep its path.
+TEST_F(CudaKernelsTest, AttentionPlanChoosesPaths) {
+  ForwardBatch batch;
+  const std::vector<int32_t> table(8, 0);
+  for (int n : {1, 2, 3, 40}) batch.AddSequence(std::vector<int32_t>(n, 1), 100, table, 16, false);
+  std::vector<int32_t> lens;
+  for (int64_t i = 0; i < batch.num_tokens(); ++i) lens.push_back(batch.positions[i] + 1);
+  auto paths = [&](const cuda::AttentionPlanOptions& options) {
+    std::vector<std::pair<int, int>> got;  // (tokens, path) per item
+    for (const cuda::AttentionItem& it : cuda::PlanAttention(batch, lens, 0, options).items) {
+      got.emplace_back(it.num_tokens, it.path);
+    }
+    return got;
+  };
+  cuda::AttentionPlanOptions options;
+  options.group = 4;
+  options.max_tile_tokens = 16;
+  options.partition = 64;  // tiles of at most 8 tokens split over keys (2 or 3)
+  options.min_split_keys = 32;
+  options.max_partial_slots = 64;
+  using P = std::vector<std::pair<int, int>>;
+  const int d = cuda::kAttentionPathDecode, m = cuda::kAttentionPathMma;
+  const int t = cuda::kAttentionPathTile;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, d},
+                               {2, d},
+                               {3, m},
+                               {3, m},
+                               {16, m},
+                               {16, m},
+                               {8, m},
+                               {8, m},
+                               {8, m}}));
+  options.mma_tiles = false;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, d},
+                               {2, d},
+                               {3, t},
+                               {3, t},
+                               {16, t},
+                               {16, t},
+                               {8, t},
+                               {8, t},
+                               {8, t}}));
+  options.decode_max_rows = 4;
+  options.mma_tiles = true;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, m},
+                               {2, m},
+                               {3, m},
+                               {3, m},
+                               {16, m},
+                               {16, m},
+                               {8, m},
+                               {8, m},
+                               {8, m}}));
+}
+
 // Tiles of more than kAttentionDecodeRows rows on tensor cores (bf16 mma.sync, f32 accumulation,
 // online softmax): prefill from scratch and chunks over a cached prefix, head_dim 64 and 128,
 // groups 1, 4 and 8, rows not a multiple of 16, causal and sliding-window masks, split tiles,
