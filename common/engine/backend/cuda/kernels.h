@@ -185,7 +185,7 @@ struct AttentionArgs {
 // is written.
 cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream);
 
-// Whether decode items (AttentionItem::decode) over `kv` run on the decode kernel: head_dim a
+// Whether items marked kAttentionPathDecode over `kv` run on the decode path: head_dim a
 // multiple of 8 up to 256 and the pool's rows aligned to its vector loads. Else they run as tiles.
 bool AttentionDecodeVectorizable(const KvLayerView& kv);
 // Whether tiles marked kAttentionPathMma over `kv` run on tensor cores: head_dim a multiple of 16
