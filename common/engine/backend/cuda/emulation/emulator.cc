@@ -219,12 +219,16 @@ void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>&
   run->warp_slots.assign((threads + 31) / 32 * 32, 0);
   run->warp_sums.assign(run->warp_slots.size(), 0.0f);
   run->warp_sum_ready.assign(run->warp_slots.size() / 32, 0);
-  run->group_in.assign(run->warp_slots.size() * kMaxGroupSumValues, 0.0f);
-  run->group_out.assign(run->warp_slots.size() * kMaxGroupSumValues, 0.0f);
-  run->group_shape.assign(run->warp_slots.size() * 2, 0);
+  // Exchange areas: every lane writes its part before any lane reads, so only the sizes matter
+  // (grown, never cleared: a launch does not pay for them).
+  if (run->group_in.size() < run->warp_slots.size() * kMaxGroupSumValues) {
+    run->group_in.resize(run->warp_slots.size() * kMaxGroupSumValues);
+    run->group_out.resize(run->warp_slots.size() * kMaxGroupSumValues);
+    run->group_shape.resize(run->warp_slots.size() * 2);
+    run->mma_in.resize(run->warp_slots.size() * 10);
+    run->mma_out.resize(run->warp_slots.size() * 4);
+  }
   run->group_ready.assign(run->warp_slots.size() / 32, 0);
-  run->mma_in.assign(run->warp_slots.size() * 10, 0);
-  run->mma_out.assign(run->warp_slots.size() * 4, 0.0f);
   run->mma_ready.assign(run->warp_slots.size() / 32, 0);
   run->block_dim = block;
   run->grid_dim = grid;
