@@ -4,8 +4,8 @@
 // items on decode_attention.cuh, tensor-core tiles on mma_attention.cuh, else the fp32 SIMT tile
 // below.
 //
-// The SIMT tile: block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
-// head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
+// The SIMT tile: block (item, kv_head) holds the tile's rows r = token * group + g (g: query head
+// within the kv head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
 //   1. stage K and V of the chunk through the block table, as f32 (dequantized: kv_codes.cuh);
 //   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
 //   3. per row: m' = max(m, max_j s), p = exp(s - m'), l = l * exp(m - m') + sum p;
