@@ -487,6 +487,14 @@ TEST_F(CudaKernelsTest, GemvIsBatchInvariant) {
   EXPECT_EQ(std::memcmp(one.data(), eight.data(), n * sizeof(float)), 0);
 }
 
+// Tiles on tensor cores (AttentionMmaSupported) round q, K, V and the softmax weights to bf16
+// (relative error 2^-9 each; products exact, sums f32) where the CPU computes in f32: an output,
+// a weighted mean of V rows, moves by a few such steps of the V values (|v| <= 2 here) in the
+// worst case, about one where the errors average out. Measured in these tests: at most 4e-3 of
+// max(1, max |output|); 2^-7 allows twice that, while a key dropped from a row's range or a
+// misplaced fragment moves outputs by several times more (seen failing).
+constexpr double kAttentionMmaTolerance = 1.0 / 128;
+
 struct AttentionCase {
   int heads, kv_heads, head_dim;
   DType dtype;
@@ -501,9 +509,14 @@ struct AttentionCase {
 // `out_bf16`: the output in bf16. `every_code` (quantized dtypes): every row's codes are the
 // sweep ((row / block_size) * head_dim + d) % 256 under the scales the CPU wrote, so that with 4
 // kv heads of 64 the V rows of each token hold all 256 codes between them; with context 1 the
-// output is its V row, and must equal the CPU's bit for bit.
+// output is its V row, and must equal the CPU's bit for bit. `decode_span` > 0: the decode
+// kernel stages that many block-table entries at a time (several spans per item).
+// Whether PlanAttention sends tiles of more than kAttentionDecodeRows rows to tensor cores
+// (AttentionPlanOptions::mma_tiles) in CheckAttention; else to the fp32 SIMT tile path.
+bool g_attention_mma_tiles = true;
+
 void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false,
-                    bool every_code = false) {
+                    bool every_code = false, int decode_span = 0) {
   const int bs = 16, hd = c.head_dim, group = c.heads / c.kv_heads;
   int total_blocks = 0;
   for (auto [ctx, n] : c.seqs) total_blocks += (ctx + bs - 1) / bs;
@@ -567,6 +580,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
     --options.max_tile_tokens;
   }
   options.partition = partition;
+  options.mma_tiles = g_attention_mma_tiles;
   options.min_split_keys = 32;
   options.max_partial_slots = 64;
   int stride = 0;
@@ -619,6 +633,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   a.max_tile_rows = max_rows;
   a.partial_out = part_o.get();
   a.partial_ml = part_ml.get();
+  a.decode_table_span = decode_span;
   TANDEM_CUDA_CHECK(cuda::PagedAttention(a, nullptr));
   std::vector<float> got = out.Download();
   const std::vector<uint16_t> got16 = out16.Download();
@@ -634,14 +649,145 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   // Both sides dequantize the same codes to the same f32 values; then only the order of the
   // f32 arithmetic differs.
   double tol = c.dtype == DType::kF32 ? 1e-5 : 1e-4;
-  if (out_bf16) tol = 1.0 / 128;  // one bf16 step of the largest value
+  bool mma = false;
+  for (const cuda::AttentionItem& item : plan.items) {
+    mma = mma || (item.path == cuda::kAttentionPathMma && cuda::AttentionMmaSupported(a.kv));
+  }
+  if (mma) tol = kAttentionMmaTolerance;
+  if (out_bf16) tol = std::max(tol, 1.0 / 128);  // one bf16 step of the largest value
   if (every_code) tol = 0;
   ExpectClose(g, e, tol,
               "attention " + std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + "x" +
                   std::to_string(hd) + " " + std::string(DTypeName(c.dtype)) + " window " +
                   std::to_string(c.window) + (grid ? " grid " + std::to_string(grid) : "") +
                   (out_bf16 ? " bf16 out" : "") + " splits " +
-                  std::to_string(plan.combines.size()));
+                  std::to_string(plan.combines.size()) +
+                  (decode_span ? " span " + std::to_string(decode_span) : ""));
+}
+
+// PlanAttention's choice of path per item: the decode path up to decode_max_rows rows (tokens x
+// group, at most kAttentionDecodeRows), tensor cores above with mma_tiles, else SIMT tiles; the
+// splits of a tile keep its path.
+TEST_F(CudaKernelsTest, AttentionPlanChoosesPaths) {
+  ForwardBatch batch;
+  const std::vector<int32_t> table(8, 0);
+  for (int n : {1, 2, 3, 40}) batch.AddSequence(std::vector<int32_t>(n, 1), 100, table, 16, false);
+  std::vector<int32_t> lens;
+  for (int64_t i = 0; i < batch.num_tokens(); ++i) lens.push_back(batch.positions[i] + 1);
+  auto paths = [&](const cuda::AttentionPlanOptions& options) {
+    std::vector<std::pair<int, int>> got;  // (tokens, path) per item
+    for (const cuda::AttentionItem& it : cuda::PlanAttention(batch, lens, 0, options).items) {
+      got.emplace_back(it.num_tokens, it.path);
+    }
+    return got;
+  };
+  cuda::AttentionPlanOptions options;
+  options.group = 4;
+  options.max_tile_tokens = 16;
+  options.partition = 64;  // tiles of at most 8 tokens split over keys (2 or 3)
+  options.min_split_keys = 32;
+  options.max_partial_slots = 64;
+  using P = std::vector<std::pair<int, int>>;
+  const int d = cuda::kAttentionPathDecode, m = cuda::kAttentionPathMma;
+  const int t = cuda::kAttentionPathTile;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, d},
+                               {2, d},
+                               {3, m},
+                               {3, m},
+                               {16, m},
+                               {16, m},
+                               {8, m},
+                               {8, m},
+                               {8, m}}));
+  options.mma_tiles = false;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, d},
+                               {2, d},
+                               {3, t},
+                               {3, t},
+                               {16, t},
+                               {16, t},
+                               {8, t},
+                               {8, t},
+                               {8, t}}));
+  options.decode_max_rows = 4;
+  options.mma_tiles = true;
+  EXPECT_EQ(paths(options), (P{{1, d},
+                               {1, d},
+                               {2, m},
+                               {2, m},
+                               {3, m},
+                               {3, m},
+                               {16, m},
+                               {16, m},
+                               {8, m},
+                               {8, m},
+                               {8, m}}));
+}
+
+// Tiles of more than kAttentionDecodeRows rows on tensor cores (bf16 mma.sync, f32 accumulation,
+// online softmax): prefill from scratch and chunks over a cached prefix, head_dim 64 and 128,
+// groups 1, 4 and 8, rows not a multiple of 16, causal and sliding-window masks, split tiles,
+// graph-style grids and bf16 output, all four KV dtypes; kAttentionMmaTolerance.
+TEST_F(CudaKernelsTest, PagedAttentionTensorCoreTilesMatchCpu) {
+  for (int hd : {16, 64, 128}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+      std::vector<uint8_t> probe(64);
+      ASSERT_TRUE(cuda::AttentionMmaSupported(KvLayerView{probe.data(), dtype, 16, 2, hd}));
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{150, 150}, {300, 45}, {20, 9}, {5, 1}}}, 512);
+    CheckAttention({8, 2, 128, dtype, 0, {{200, 37}, {64, 64}, {90, 3}}}, 512);
+    CheckAttention({16, 2, 64, dtype, 50, {{130, 130}, {260, 7}, {40, 2}}}, 64);
+  }
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 8}, {100, 100}, {7, 1}}}, 64, /*grid=*/3);
+  CheckAttention({8, 8, 128, DType::kF8E4M3, 30, {{120, 60}, {80, 9}}}, 32, /*grid=*/2, true);
+}
+
+// With AttentionPlanOptions::mma_tiles off, tiles run on the fp32 SIMT path (f32 tolerances).
+TEST_F(CudaKernelsTest, PagedAttentionSimtTilesMatchCpu) {
+  g_attention_mma_tiles = false;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{150, 150}, {300, 45}, {20, 9}, {5, 1}}}, 512);
+    CheckAttention({16, 2, 64, dtype, 50, {{130, 130}, {260, 7}, {40, 2}}}, 64);
+  }
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 8}, {100, 100}, {7, 1}}}, 64, /*grid=*/3);
+  g_attention_mma_tiles = true;
+}
+
+// Decode items (at most kAttentionDecodeRows rows: tokens x group) run on the decode kernel
+// (vector loads of K/V rows, warp-level scores and softmax): head_dim 64 and 128, groups 1, 4
+// and 8, one token and a few (speculative verification), contexts up to a few thousand with and
+// without splits, sliding windows, block tables staged in several spans, graph-style grids and
+// bf16 output. Items of more rows next to them run as tiles. Its arithmetic is f32 as the CPU's,
+// in another order: the tolerances of the tile kernel.
+TEST_F(CudaKernelsTest, PagedAttentionDecodeKernelMatchesCpu) {
+  for (int hd : {64, 128}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+      std::vector<uint8_t> probe(64);
+      ASSERT_TRUE(cuda::AttentionDecodeVectorizable(KvLayerView{probe.data(), dtype, 16, 2, hd}));
+    }
+  }
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    // Group 1 (one and two rows), next to a prefill tile; no splits.
+    CheckAttention({4, 4, 64, dtype, 0, {{1100, 1}, {37, 1}, {1, 1}, {129, 2}, {40, 20}}}, 4096);
+    // Group 4 (4 and 8 rows), head_dim 128; splits of 256 keys.
+    CheckAttention({8, 2, 128, dtype, 0, {{2100, 1}, {300, 2}, {17, 1}, {64, 1}}}, 256);
+    // Group 8, splits, sliding window.
+    CheckAttention({16, 2, 64, dtype, 100, {{900, 1}, {90, 1}, {260, 1}}}, 128);
+  }
+  // Block tables staged two and three entries at a time.
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 1}, {45, 2}}}, 4096, 0, false, false, 2);
+  CheckAttention({8, 2, 64, DType::kF8E4M3, 50, {{300, 1}, {100, 2}}}, 64, 0, false, false, 3);
+  // Graph-style grids and bf16 output.
+  CheckAttention({8, 2, 128, DType::kBF16, 0, {{700, 1}, {5, 1}, {70, 20}}}, 128, /*grid=*/3);
+  CheckAttention({8, 8, 64, DType::kI8, 0, {{400, 1}, {33, 2}}}, 64, /*grid=*/2, true);
+  // head_dim 12 is not a multiple of 8: decode items fall back to the tile kernel.
+  CheckAttention({4, 2, 12, DType::kBF16, 0, {{200, 1}, {30, 2}}}, 64);
 }
 
 TEST_F(CudaKernelsTest, PagedAttentionPrefillAndDecodeMatchCpu) {

@@ -1,8 +1,11 @@
 // Paged attention: one kernel for prefill tiles and decode tokens (flash-style online softmax over
-// key chunks staged in shared memory), plus the merge of key-range splits (flash-decoding).
+// key chunks staged in shared memory), plus the merge of key-range splits (flash-decoding). Each
+// item runs on the path the plan chose (AttentionItem::path) where the pool allows it: decode
+// items on decode_attention.cuh, tensor-core tiles on mma_attention.cuh, else the fp32 SIMT tile
+// below.
 //
-// Block (item, kv_head) holds the tile's rows r = token * group + g (g: query head within the kv
-// head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
+// The SIMT tile: block (item, kv_head) holds the tile's rows r = token * group + g (g: query head
+// within the kv head's group) and walks the key chunks [c0, c0 + kAttentionKeyChunk):
 //   1. stage K and V of the chunk through the block table, as f32 (dequantized: kv_codes.cuh);
 //   2. s[r][j] = q_r . k_j (q pre-scaled), -inf outside the row's causal/window range;
 //   3. per row: m' = max(m, max_j s), p = exp(s - m'), l = l * exp(m - m') + sum p;
@@ -12,9 +15,11 @@
 // items and merges come from device memory: block x runs items x, x + gridDim.x, ... (a step's
 // own launch has one block per item; a captured graph a fixed grid for every plan).
 
+#include "common/engine/backend/cuda/decode_attention.cuh"
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
 #include "common/engine/backend/cuda/kv_codes.cuh"
+#include "common/engine/backend/cuda/mma_attention.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -216,17 +221,26 @@ TANDEM_GLOBAL void MergeSplitsKernel(AttentionArgs a) {
   for (int32_t i = blockIdx.x; i < n; i += gridDim.x) MergeOne<OT>(a, a.combines[i], blockIdx.y);
 }
 
+// `smem_words`: the dynamic shared memory launched, in 4-byte words.
 template <DType KD, class OT>
-TANDEM_GLOBAL void AttentionKernel(AttentionArgs a) {
+TANDEM_GLOBAL void AttentionKernel(AttentionArgs a, int64_t smem_words) {
   TANDEM_DYNAMIC_SHARED(float, sm);
   const AttentionCounts counts = *a.counts;
   for (int32_t i = blockIdx.x; i < counts.num_items; i += gridDim.x) {
-    AttentionItemTile<KD, OT>(a, a.items[i], blockIdx.y, counts.table_stride, sm);
+    const AttentionItem it = a.items[i];
+    if (!decode::TryDecodeItem<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words) &&
+        !mma::TryMmaTile<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm, smem_words)) {
+      AttentionItemTile<KD, OT>(a, it, blockIdx.y, counts.table_stride, sm);
+    }
     dev::SyncThreads();  // the next item reuses the shared memory
   }
 }
 
 }  // namespace
+
+bool AttentionDecodeVectorizable(const KvLayerView& kv) { return decode::Vectorizable(kv); }
+
+bool AttentionMmaSupported(const KvLayerView& kv) { return mma::Supported(kv); }
 
 size_t AttentionSharedBytes(int rows, int head_dim) {
   // Tiles never hold more tokens than rows.
@@ -261,7 +275,8 @@ cudaError_t LaunchAttention(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.grid_items),
                   static_cast<unsigned>(args.kv.num_kv_heads));
   const size_t smem = AttentionSharedBytes(args.max_tile_rows, args.kv.head_dim);
-  TANDEM_LAUNCH((AttentionKernel<KD, OT>), grid, kAttentionThreads, smem, stream, args);
+  TANDEM_LAUNCH((AttentionKernel<KD, OT>), grid, kAttentionThreads, smem, stream, args,
+                static_cast<int64_t>(smem / 4));
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess || args.grid_combines == 0) return err;
   const dim3 merge_grid(static_cast<unsigned>(args.grid_combines),

@@ -27,13 +27,18 @@ void AddTile(int32_t token_begin, int32_t num_tokens, int32_t table_row, int32_t
              int occupancy_splits, const AttentionPlanOptions& options, AttentionPlan* plan) {
   plan->max_tile_rows = std::max(plan->max_tile_rows, num_tokens * options.group);
   const int64_t len = hi - lo;
+  const int32_t rows = num_tokens * options.group;
+  const int32_t path = rows <= std::min(options.decode_max_rows, kAttentionDecodeRows)
+                           ? kAttentionPathDecode
+                       : options.mma_tiles ? kAttentionPathMma
+                                           : kAttentionPathTile;
   int splits = 1;
   if (num_tokens <= options.split_max_tokens &&
       plan->partial_slots + num_tokens <= options.max_partial_slots) {
     splits = SplitCount(len, occupancy_splits, options);
   }
   if (splits <= 1) {
-    plan->items.push_back(AttentionItem{token_begin, num_tokens, table_row, lo, hi, -1, 0, 0});
+    plan->items.push_back(AttentionItem{token_begin, num_tokens, table_row, lo, hi, -1, 0, path});
     return;
   }
   const int span = CeilDiv(CeilDiv(len, splits), kAttentionKeyChunk) * kAttentionKeyChunk;
@@ -44,7 +49,7 @@ void AddTile(int32_t token_begin, int32_t num_tokens, int32_t table_row, int32_t
     const int32_t begin = lo + s * span;
     const int32_t end = std::min<int32_t>(hi, begin + span);
     plan->items.push_back(
-        AttentionItem{token_begin, num_tokens, table_row, begin, end, slot, s, 0});
+        AttentionItem{token_begin, num_tokens, table_row, begin, end, slot, s, path});
   }
   for (int32_t i = 0; i < num_tokens; ++i) {
     plan->combines.push_back(CombineItem{token_begin + i, slot + i, splits, 0});

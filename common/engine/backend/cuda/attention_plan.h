@@ -23,6 +23,10 @@ struct AttentionPlanOptions {
   // tiles are split further so that the GPU fills up (decode at small batch sizes).
   int kv_heads = 1;
   int target_blocks = 0;
+  // Items of at most this many rows (tokens x group; 0: none) take the decode path, at most
+  // kAttentionDecodeRows; the others run on tensor cores (mma_tiles) or the fp32 SIMT tile path.
+  int decode_max_rows = kAttentionDecodeRows;
+  bool mma_tiles = true;
 };
 
 struct AttentionPlan {

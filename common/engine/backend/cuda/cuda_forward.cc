@@ -151,8 +151,12 @@ absl::StatusOr<CudaBackend::StepShape> CudaBackend::Stage(
   }
 
   const std::vector<int32_t> lens(context_lens, context_lens + t);
+  // Tiles on tensor cores (q, K, V and the softmax weights in bf16) in the bf16-activation mode
+  // only; the f32 parity mode keeps f32 attention.
+  AttentionPlanOptions plan_options = plan_options_;
+  plan_options.mma_tiles = plan_options.mma_tiles && act_bf16_;
   const AttentionPlan plan =
-      PlanAttention(b, lens, static_cast<int32_t>(model_->config().sliding_window), plan_options_);
+      PlanAttention(b, lens, static_cast<int32_t>(model_->config().sliding_window), plan_options);
   if (static_cast<int64_t>(plan.items.size()) > ItemsCapacity(tokens) ||
       static_cast<int64_t>(plan.combines.size()) >
           std::min<int64_t>(tokens, plan_options_.max_partial_slots)) {

@@ -10,6 +10,9 @@
 //   dev::SyncThreads(), dev::ShflXor(v, m), dev::ShflXorAny(v, m), dev::Exp(x), dev::ExpD(x),
 //   dev::LogD(x), dev::BitsToFloat(u), dev::FloatToBits(f)
 //   dev::U32x4, dev::Load16(p) / dev::Load16Stream(p)     128-bit loads (16-byte aligned)
+//   dev::U32x2, dev::Load8(p)                             64-bit loads (8-byte aligned)
+//   dev::WarpSumGroups(v, width)                          sums over aligned groups of lanes
+//   dev::MmaBf16_16816(d, a, b)                           warp-level tensor-core d += a b
 //   TANDEM_UNROLL                                         `#pragma unroll` (nvcc only)
 // threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
 // a warp converged at shuffles and every thread of a block at SyncThreads (the emulator checks).
@@ -45,6 +48,24 @@ inline float ShflXor(float v, int lane_mask) {
 }
 // The xor-shuffle butterfly, evaluated by the emulator in one exchange (same bits).
 inline float WarpSum(float v) { return ::tandem::cuda_emu::WarpSum(v); }
+// Each v[i] summed over the aligned groups of `width` lanes (a power of two, at most 32): the
+// xor-shuffle butterfly with lane masks width/2, ..., 1, evaluated by the emulator in one
+// exchange for all N values (same bits).
+template <int N>
+inline void WarpSumGroups(float (&v)[N], int width) {
+  static_assert(N <= ::tandem::cuda_emu::kMaxGroupSumValues);
+  ::tandem::cuda_emu::WarpSumGroups(v, N, width);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b, fragments as PTX lays them out
+// (g = lane / 4, t = lane % 4, two bf16 per register, the lower column / k in the low half):
+//   a[0]: A[g][2t, 2t+1]  a[1]: A[g+8][2t, 2t+1]  a[2]: A[g][2t+8, 2t+9]  a[3]: A[g+8][2t+8, 2t+9]
+//   b[0]: B[2t, 2t+1][g]  b[1]: B[2t+8, 2t+9][g]
+//   d[0]: D[g][2t]  d[1]: D[g][2t+1]  d[2]: D[g+8][2t]  d[3]: D[g+8][2t+1]
+// Every lane of the warp must call. The emulator computes the same exact products (its sums'
+// rounding may differ from the hardware's in the last bits).
+inline void MmaBf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  ::tandem::cuda_emu::MmaBf16_16816(d, a, b);
+}
 inline float Exp(float x) { return std::exp(x); }
 inline double ExpD(double x) { return std::exp(x); }
 inline double LogD(double x) { return std::log(x); }
@@ -66,6 +87,15 @@ inline U32x4 Load16(const void* p) {
   return v;
 }
 inline U32x4 Load16Stream(const void* p) { return Load16(p); }
+struct U32x2 {
+  uint32_t x, y;
+};
+inline U32x2 Load8(const void* p) {
+  ::tandem::cuda_emu::CheckAligned(p, 8, "64-bit load");
+  U32x2 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 inline float Sqrt(float x) { return std::sqrt(x); }
 inline float BitsToFloat(uint32_t u) {
   float f;
@@ -101,9 +131,24 @@ __device__ __forceinline__ float WarpSum(float v) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
 }
+__device__ __forceinline__ void MmaBf16_16816(float (&d)[4], const uint32_t (&a)[4],
+                                              const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 __device__ __forceinline__ float Exp(float x) { return expf(x); }
 __device__ __forceinline__ double ExpD(double x) { return exp(x); }
 __device__ __forceinline__ double LogD(double x) { return log(x); }
+template <int N>
+__device__ __forceinline__ void WarpSumGroups(float (&v)[N], int width) {
+  for (int m = width >> 1; m > 0; m >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], m);
+  }
+}
 template <class T>
 __device__ __forceinline__ T ShflXorAny(T v, int lane_mask) {
   return __shfl_xor_sync(0xffffffffu, v, lane_mask);
@@ -114,6 +159,10 @@ __device__ __forceinline__ U32x4 Load16(const void* p) {
 }
 __device__ __forceinline__ U32x4 Load16Stream(const void* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
+}
+using U32x2 = uint2;
+__device__ __forceinline__ U32x2 Load8(const void* p) {
+  return __ldg(reinterpret_cast<const uint2*>(p));
 }
 __device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ float BitsToFloat(uint32_t u) { return __uint_as_float(u); }

@@ -111,6 +111,14 @@ inline constexpr int kMaxAttentionSplits = 16;
 inline constexpr int kAttentionKeyChunk = 32;
 // Threads per attention block.
 inline constexpr int kAttentionThreads = 128;
+// Query rows (tokens x query heads per kv head) of a decode item, at most.
+inline constexpr int kAttentionDecodeRows = 8;
+// AttentionItem::path: the fp32 SIMT tile path (attention_kernels.cu); the decode path
+// (decode_attention.cuh: at most kAttentionDecodeRows rows, K/V rows read as vectors by warps);
+// tiles on tensor cores (mma_attention.cuh: bf16 mma, f32 accumulation).
+inline constexpr int32_t kAttentionPathTile = 0;
+inline constexpr int32_t kAttentionPathDecode = 1;
+inline constexpr int32_t kAttentionPathMma = 2;
 
 // One thread block's work (times num_kv_heads in gridDim.y): a tile of consecutive query tokens
 // of one sequence and one kv head's group of query heads, over key positions [kv_begin, kv_end)
@@ -123,7 +131,9 @@ struct AttentionItem {
   int32_t kv_end = 0;
   int32_t partial = -1;  // -1: write `out`; else the first token's partial slot (tokens follow)
   int32_t split = 0;     // index of this key range among the tile's splits
-  int32_t reserved = 0;
+  // Which code runs the item (kAttentionPath*) where the pool's layout allows it; else the SIMT
+  // tile path.
+  int32_t path = 0;
 };
 
 // Merges the splits of one token: out[token] from partial slot `slot`, splits [0, num_splits).
@@ -165,12 +175,24 @@ struct AttentionArgs {
   int32_t max_tile_rows = 0;     // max over items of num_tokens * (num_heads / num_kv_heads)
   float* partial_out = nullptr;  // [slots][kMaxAttentionSplits][num_heads][head_dim]
   float* partial_ml = nullptr;   // [slots][kMaxAttentionSplits][num_heads][2] (max, sum)
+  // Decode items: block-table entries staged in shared memory at a time, at most (0: as many as
+  // the shared memory holds).
+  int32_t decode_table_span = 0;
 };
 
 // Causal attention over the paged cache with online softmax (flash-style tiling over key chunks),
 // scale 1/sqrt(head_dim), then the merge of split items. Every output row belonging to some item
 // is written.
 cudaError_t PagedAttention(const AttentionArgs& args, cudaStream_t stream);
+
+// Whether items marked kAttentionPathDecode over `kv` run on the decode path: head_dim a
+// multiple of 8 up to 256 and the pool's rows aligned to its vector loads. Else they run as tiles.
+bool AttentionDecodeVectorizable(const KvLayerView& kv);
+// Whether tiles marked kAttentionPathMma over `kv` run on tensor cores: head_dim a multiple of 16
+// up to 128 and the decode path's vector layout (else they run on the SIMT tile path). Their
+// results agree with f32 attention to about bf16 precision (q, K, V and the softmax weights are
+// rounded to bf16; products exact, sums f32).
+bool AttentionMmaSupported(const KvLayerView& kv);
 
 // Dynamic shared memory of an attention block for tiles of `rows` query rows.
 size_t AttentionSharedBytes(int rows, int head_dim);

@@ -71,6 +71,15 @@ struct Run {
   // (not by each of the 32 lanes: it was most of an emulated model step), read by all of them.
   std::vector<float> warp_sums;
   std::vector<char> warp_sum_ready;
+  // WarpSumGroups: kMaxGroupSumValues values per lane in and out, each lane's (n, width), and
+  // whether the warp's sums are computed.
+  std::vector<float> group_in, group_out;
+  std::vector<int> group_shape;
+  std::vector<char> group_ready;
+  // MmaBf16_16816: each lane's fragments (4 a, 2 b, 4 d words) and results, whether computed.
+  std::vector<uint32_t> mma_in;
+  std::vector<float> mma_out;
+  std::vector<char> mma_ready;
   Dim3 block_idx, block_dim, grid_dim;
   const std::function<void()>* body = nullptr;
   int current = -1;
@@ -210,6 +219,17 @@ void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>&
   run->warp_slots.assign((threads + 31) / 32 * 32, 0);
   run->warp_sums.assign(run->warp_slots.size(), 0.0f);
   run->warp_sum_ready.assign(run->warp_slots.size() / 32, 0);
+  // Exchange areas: every lane writes its part before any lane reads, so only the sizes matter
+  // (grown, never cleared: a launch does not pay for them).
+  if (run->group_in.size() < run->warp_slots.size() * kMaxGroupSumValues) {
+    run->group_in.resize(run->warp_slots.size() * kMaxGroupSumValues);
+    run->group_out.resize(run->warp_slots.size() * kMaxGroupSumValues);
+    run->group_shape.resize(run->warp_slots.size() * 2);
+    run->mma_in.resize(run->warp_slots.size() * 10);
+    run->mma_out.resize(run->warp_slots.size() * 4);
+  }
+  run->group_ready.assign(run->warp_slots.size() / 32, 0);
+  run->mma_ready.assign(run->warp_slots.size() / 32, 0);
   run->block_dim = block;
   run->grid_dim = grid;
   run->body = &body;
@@ -274,6 +294,108 @@ float WarpSum(float value) {
   const float out = run.warp_sums[me];
   Yield(State::kWarpBarrier);  // as a shuffle: no lane leaves before every lane has read
   return out;
+}
+
+void WarpSumGroups(float* values, int n, int width) {
+  if (n < 0 || n > kMaxGroupSumValues) Fail("WarpSumGroups: too many values");
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) Fail("WarpSumGroups: bad width");
+  Run& run = *g_run;
+  const int me = run.current;
+  const int warp = me / 32;
+  const int warp_base = warp * 32;
+  if (warp_base + 32 > static_cast<int>(run.fibers.size())) Fail("WarpSumGroups: partial warp");
+  std::memcpy(&run.group_in[static_cast<size_t>(me) * kMaxGroupSumValues], values,
+              sizeof(float) * n);
+  run.group_shape[me * 2] = n;
+  run.group_shape[me * 2 + 1] = width;
+  run.group_ready[warp] = 0;  // every lane is past the previous call's last barrier
+  Yield(State::kWarpBarrier);
+  if (!run.group_ready[warp]) {
+    for (int i = 0; i < 32; ++i) {
+      if (run.group_shape[(warp_base + i) * 2] != n ||
+          run.group_shape[(warp_base + i) * 2 + 1] != width) {
+        Fail("WarpSumGroups: lanes disagree on the count or width");
+      }
+    }
+    // Per value, the butterfly of the device code for every lane at once: same operations and
+    // order, so the same bits.
+    for (int k = 0; k < n; ++k) {
+      float v[32];
+      for (int i = 0; i < 32; ++i) {
+        v[i] = run.group_in[static_cast<size_t>(warp_base + i) * kMaxGroupSumValues + k];
+      }
+      for (int m = width / 2; m > 0; m >>= 1) {
+        float next[32];
+        for (int i = 0; i < 32; ++i) next[i] = v[i] + v[i ^ m];
+        std::memcpy(v, next, sizeof v);
+      }
+      for (int i = 0; i < 32; ++i) {
+        run.group_out[static_cast<size_t>(warp_base + i) * kMaxGroupSumValues + k] = v[i];
+      }
+    }
+    run.group_ready[warp] = 1;
+  }
+  std::memcpy(values, &run.group_out[static_cast<size_t>(me) * kMaxGroupSumValues],
+              sizeof(float) * n);
+  Yield(State::kWarpBarrier);  // no lane starts another call before every lane has read
+}
+
+namespace {
+float Bf16Bits(uint32_t h) {
+  const uint32_t u = (h & 0xffffu) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+}  // namespace
+
+void MmaBf16_16816(float* d, const uint32_t* a, const uint32_t* b) {
+  Run& run = *g_run;
+  const int me = run.current;
+  const int warp = me / 32;
+  const int warp_base = warp * 32;
+  if (warp_base + 32 > static_cast<int>(run.fibers.size())) Fail("mma.sync: partial warp");
+  uint32_t* in = &run.mma_in[static_cast<size_t>(me) * 10];
+  std::memcpy(in, a, 16);
+  std::memcpy(in + 4, b, 8);
+  std::memcpy(in + 6, d, 16);
+  run.mma_ready[warp] = 0;  // every lane is past the previous call's last barrier
+  Yield(State::kWarpBarrier);
+  if (!run.mma_ready[warp]) {
+    // The PTX fragment layouts (group g = lane / 4, t = lane % 4; low half first):
+    //   a0: A[g][2t..2t+1]  a1: A[g+8][2t..]  a2: A[g][2t+8..]  a3: A[g+8][2t+8..]
+    //   b0: B[2t..2t+1][g]  b1: B[2t+8..2t+9][g]
+    //   d0: D[g][2t]  d1: D[g][2t+1]  d2: D[g+8][2t]  d3: D[g+8][2t+1]
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+      const uint32_t* f = &run.mma_in[static_cast<size_t>(warp_base + lane) * 10];
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + (i & 1) * 8, col = 2 * t + (i >> 1) * 8;
+        A[row][col] = Bf16Bits(f[i]);
+        A[row][col + 1] = Bf16Bits(f[i] >> 16);
+      }
+      for (int i = 0; i < 2; ++i) {
+        B[2 * t + i * 8][g] = Bf16Bits(f[4 + i]);
+        B[2 * t + i * 8 + 1][g] = Bf16Bits(f[4 + i] >> 16);
+      }
+      for (int i = 0; i < 4; ++i) {
+        std::memcpy(&C[g + (i >> 1) * 8][2 * t + (i & 1)], &f[6 + i], sizeof(float));
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + (i >> 1) * 8, col = 2 * t + (i & 1);
+        double sum = C[row][col];
+        for (int k = 0; k < 16; ++k) sum += static_cast<double>(A[row][k] * B[k][col]);
+        run.mma_out[static_cast<size_t>(warp_base + lane) * 4 + i] = static_cast<float>(sum);
+      }
+    }
+    run.mma_ready[warp] = 1;
+  }
+  std::memcpy(d, &run.mma_out[static_cast<size_t>(me) * 4], 16);
+  Yield(State::kWarpBarrier);  // no lane starts another mma before every lane has read
 }
 
 void CheckAligned(const void* p, size_t alignment, const char* what) {

@@ -39,6 +39,17 @@ void SyncWarp();
 uint64_t WarpExchange(uint64_t value, int src_lane);
 // Sum over the warp by the xor-shuffle butterfly (lane masks 16, 8, 4, 2, 1), in two barriers.
 float WarpSum(float value);
+// values[0..n) each summed over the aligned groups of `width` lanes (a power of two up to 32) by
+// the xor-shuffle butterfly (lane masks width/2, ..., 1), every value of every lane in one
+// exchange; n at most kMaxGroupSumValues, the same n and width on every lane of the warp.
+inline constexpr int kMaxGroupSumValues = 64;
+void WarpSumGroups(float* values, int n, int width);
+// mma.sync.m16n8k16 with bf16 A (row-major 16x16) and B (16x8, "col"), f32 accumulators d
+// (16x8) += A B, every lane passing its fragments as PTX lays them out (a: 4 registers of two
+// bf16, b: 2, d: 4 floats; see device_compat.cuh). Each d element is d + the sum of its 16
+// products (exact in f32) added in double and rounded once: the hardware's order of the f32
+// additions is not specified, so the emulator's result may differ from a GPU's in the last bits.
+void MmaBf16_16816(float* d, const uint32_t* a, const uint32_t* b);
 // Aborts (a GPU faults) when `p` is not a multiple of `alignment` bytes.
 void CheckAligned(const void* p, size_t alignment, const char* what);
 // The block's dynamic shared memory (poisoned with 0xff bytes when each block starts).
