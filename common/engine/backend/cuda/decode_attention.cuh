@@ -265,11 +265,14 @@ TANDEM_DEVICE void DecodeItem(const AttentionArgs& a, const AttentionItem it, in
   for (int mask = width; mask < 32; mask <<= 1) {
     TANDEM_UNROLL
     for (int r = 0; r < R; ++r) {
-      const float mo = dev::ShflXor(m[r], mask);
-      const float lo_other = dev::ShflXor(l[r], mask);
-      float oo[kVec];
+      float mine[kVec + 2], other[kVec + 2];  // m, l, o of the row
+      mine[0] = m[r];
+      mine[1] = l[r];
       TANDEM_UNROLL
-      for (int e = 0; e < kVec; ++e) oo[e] = dev::ShflXor(o[r][e], mask);
+      for (int e = 0; e < kVec; ++e) mine[2 + e] = o[r][e];
+      dev::ShflXorN(mine, other, mask);
+      const float mo = other[0], lo_other = other[1];
+      const float* oo = other + 2;
       const float mx = mo > m[r] ? mo : m[r];
       if (mx == kNegInf) continue;
       const float ca = dev::Exp(m[r] - mx), cb = dev::Exp(mo - mx);

@@ -12,6 +12,7 @@
 //   dev::U32x4, dev::Load16(p) / dev::Load16Stream(p)     128-bit loads (16-byte aligned)
 //   dev::U32x2, dev::Load8(p)                             64-bit loads (8-byte aligned)
 //   dev::WarpSumGroups(v, width)                          sums over aligned groups of lanes
+//   dev::ShflXorN(in, out, m)                             ShflXor of an array, one exchange
 //   dev::MmaBf16_16816(d, a, b)                           warp-level tensor-core d += a b
 //   TANDEM_UNROLL                                         `#pragma unroll` (nvcc only)
 // threadIdx, blockIdx, blockDim and gridDim keep their CUDA names. Kernels must keep every lane of
@@ -55,6 +56,12 @@ template <int N>
 inline void WarpSumGroups(float (&v)[N], int width) {
   static_assert(N <= ::tandem::cuda_emu::kMaxGroupSumValues);
   ::tandem::cuda_emu::WarpSumGroups(v, N, width);
+}
+// out[i] = ShflXor(in[i], lane_mask) for every i, in one exchange.
+template <int N>
+inline void ShflXorN(const float (&in)[N], float (&out)[N], int lane_mask) {
+  static_assert(N <= ::tandem::cuda_emu::kMaxGroupSumValues);
+  ::tandem::cuda_emu::ShuffleXorN(in, out, N, lane_mask);
 }
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b, fragments as PTX lays them out
 // (g = lane / 4, t = lane % 4, two bf16 per register, the lower column / k in the low half):
@@ -130,6 +137,11 @@ __device__ __forceinline__ float ShflXor(float v, int lane_mask) {
 __device__ __forceinline__ float WarpSum(float v) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
+}
+template <int N>
+__device__ __forceinline__ void ShflXorN(const float (&in)[N], float (&out)[N], int lane_mask) {
+  TANDEM_UNROLL
+  for (int i = 0; i < N; ++i) out[i] = __shfl_xor_sync(0xffffffffu, in[i], lane_mask);
 }
 __device__ __forceinline__ void MmaBf16_16816(float (&d)[4], const uint32_t (&a)[4],
                                               const uint32_t (&b)[2]) {

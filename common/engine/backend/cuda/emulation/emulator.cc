@@ -59,6 +59,7 @@ struct Fiber {
   Context context;
   Dim3 thread_idx;
   State state = State::kRunnable;
+  int shuffles = 0;  // shuffle exchanges so far: their parity picks the exchange buffer
 };
 
 struct Run {
@@ -67,6 +68,11 @@ struct Run {
   std::vector<std::unique_ptr<char[]>> stacks;
   std::vector<unsigned char> smem;
   std::vector<uint64_t> warp_slots;
+  // Shuffles (WarpExchange, ShuffleXorN) alternate between two buffers, so one barrier per
+  // shuffle is enough: a lane that writes the next shuffle's buffer cannot clobber the one the
+  // others may still read, and it reaches the one after only once every lane has read.
+  std::vector<uint64_t> exchange[2];
+  std::vector<float> exchange_n[2];
   // WarpSum's butterfly, computed once per warp by the first lane to resume after the exchange
   // (not by each of the 32 lanes: it was most of an emulated model step), read by all of them.
   std::vector<float> warp_sums;
@@ -186,6 +192,7 @@ void RunBlock(Run& run) {
     f.thread_idx = Dim3(i % run.block_dim.x, (i / run.block_dim.x) % run.block_dim.y,
                         i / (run.block_dim.x * run.block_dim.y));
     f.state = State::kRunnable;
+    f.shuffles = 0;
     StartFiber(f, run.stacks[i].get());
   }
   std::fill(run.smem.begin(), run.smem.end(), 0xff);
@@ -222,6 +229,10 @@ void RunGridNow(Dim3 grid, Dim3 block, size_t smem, const std::function<void()>&
   // Exchange areas: every lane writes its part before any lane reads, so only the sizes matter
   // (grown, never cleared: a launch does not pay for them).
   if (run->group_in.size() < run->warp_slots.size() * kMaxGroupSumValues) {
+    for (int p = 0; p < 2; ++p) {
+      run->exchange[p].resize(run->warp_slots.size());
+      run->exchange_n[p].resize(run->warp_slots.size() * kMaxGroupSumValues);
+    }
     run->group_in.resize(run->warp_slots.size() * kMaxGroupSumValues);
     run->group_out.resize(run->warp_slots.size() * kMaxGroupSumValues);
     run->group_shape.resize(run->warp_slots.size() * 2);
@@ -256,15 +267,15 @@ void SyncThreads() { Yield(State::kBlockBarrier); }
 void SyncWarp() { Yield(State::kWarpBarrier); }
 
 uint64_t WarpExchange(uint64_t value, int src_lane) {
-  const int me = g_run->current;
+  Run& run = *g_run;
+  const int me = run.current;
   const int warp_base = me / 32 * 32;
-  g_run->warp_slots[me] = value;
-  Yield(State::kWarpBarrier);
   const int src = warp_base + (src_lane & 31);
-  if (src >= static_cast<int>(g_run->fibers.size())) Fail("shuffle from a lane outside the block");
-  const uint64_t out = g_run->warp_slots[src];
-  Yield(State::kWarpBarrier);  // nobody overwrites a slot before every lane has read
-  return out;
+  if (src >= static_cast<int>(run.fibers.size())) Fail("shuffle from a lane outside the block");
+  std::vector<uint64_t>& slots = run.exchange[run.fibers[me].shuffles++ & 1];
+  slots[me] = value;
+  Yield(State::kWarpBarrier);
+  return slots[src];
 }
 
 float WarpSum(float value) {
@@ -338,6 +349,19 @@ void WarpSumGroups(float* values, int n, int width) {
   std::memcpy(values, &run.group_out[static_cast<size_t>(me) * kMaxGroupSumValues],
               sizeof(float) * n);
   Yield(State::kWarpBarrier);  // no lane starts another call before every lane has read
+}
+
+void ShuffleXorN(const float* in, float* out, int n, int lane_mask) {
+  if (n < 0 || n > kMaxGroupSumValues) Fail("ShuffleXorN: too many values");
+  Run& run = *g_run;
+  const int me = run.current;
+  const int warp_base = me / 32 * 32;
+  const int src = warp_base + ((me - warp_base) ^ (lane_mask & 31));
+  if (src >= static_cast<int>(run.fibers.size())) Fail("shuffle from a lane outside the block");
+  std::vector<float>& slots = run.exchange_n[run.fibers[me].shuffles++ & 1];
+  std::memcpy(&slots[static_cast<size_t>(me) * kMaxGroupSumValues], in, sizeof(float) * n);
+  Yield(State::kWarpBarrier);
+  std::memcpy(out, &slots[static_cast<size_t>(src) * kMaxGroupSumValues], sizeof(float) * n);
 }
 
 namespace {

@@ -44,6 +44,9 @@ float WarpSum(float value);
 // exchange; n at most kMaxGroupSumValues, the same n and width on every lane of the warp.
 inline constexpr int kMaxGroupSumValues = 64;
 void WarpSumGroups(float* values, int n, int width);
+// out[i] = the in[i] of lane (this lane ^ lane_mask) for i < n: n xor-shuffles in one exchange
+// (n at most kMaxGroupSumValues, the same on every lane of the warp).
+void ShuffleXorN(const float* in, float* out, int n, int lane_mask);
 // mma.sync.m16n8k16 with bf16 A (row-major 16x16) and B (16x8, "col"), f32 accumulators d
 // (16x8) += A B, every lane passing its fragments as PTX lays them out (a: 4 registers of two
 // bf16, b: 2, d: 4 floats; see device_compat.cuh). Each d element is d + the sum of its 16
