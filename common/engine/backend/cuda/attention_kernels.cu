@@ -15,6 +15,7 @@
 // items and merges come from device memory: block x runs items x, x + gridDim.x, ... (a step's
 // own launch has one block per item; a captured graph a fixed grid for every plan).
 
+#include "common/engine/backend/cuda/attention_output.cuh"
 #include "common/engine/backend/cuda/decode_attention.cuh"
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
@@ -168,22 +169,7 @@ TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem
     const int tl = r / group;
     const int h = kvh * group + r % group;
     const float l = ls[r];
-    const float value = l > 0.0f ? os[i] / l : 0.0f;
-    if (it.partial < 0) {
-      OT* out = static_cast<OT*>(a.out);
-      dev::Store(out + static_cast<int64_t>(it.token_begin + tl) * a.ldo +
-                     static_cast<int64_t>(h) * hd + d,
-                 value);
-    } else {
-      const int64_t cell =
-          (static_cast<int64_t>(it.partial + tl) * kMaxAttentionSplits + it.split) * a.num_heads +
-          h;
-      a.partial_out[cell * hd + d] = value;
-      if (d == 0) {
-        a.partial_ml[cell * 2] = ms[r];
-        a.partial_ml[cell * 2 + 1] = l;
-      }
-    }
+    StoreAttentionValue<OT>(a, it, tl, h, d, l > 0.0f ? os[i] / l : 0.0f, ms[r], l);
   }
 }
 

@@ -20,6 +20,7 @@
 // Each row masks keys outside its own causal / sliding-window range. Output as the tile kernel's:
 // o / l to `out`, or (o / l, m, l) to the split partials for MergeSplitsKernel.
 
+#include "common/engine/backend/cuda/attention_output.cuh"
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
 #include "common/engine/backend/cuda/kv_codes.cuh"
@@ -318,24 +319,8 @@ TANDEM_DEVICE void DecodeItem(const AttentionArgs& a, const AttentionItem it, in
         den += merge_ml[cell * 2 + 1] * c;
       }
     }
-    const float value = den > 0.0f ? num / den : 0.0f;
-    const int tl = r / group;
-    const int h = kvh * group + r % group;
-    if (it.partial < 0) {
-      OT* out = static_cast<OT*>(a.out);
-      dev::Store(out + static_cast<int64_t>(it.token_begin + tl) * a.ldo +
-                     static_cast<int64_t>(h) * hd + d,
-                 value);
-    } else {
-      const int64_t cell =
-          (static_cast<int64_t>(it.partial + tl) * kMaxAttentionSplits + it.split) * a.num_heads +
-          h;
-      a.partial_out[cell * hd + d] = value;
-      if (d == 0) {
-        a.partial_ml[cell * 2] = mx;
-        a.partial_ml[cell * 2 + 1] = den;
-      }
-    }
+    StoreAttentionValue<OT>(a, it, r / group, kvh * group + r % group, d,
+                            den > 0.0f ? num / den : 0.0f, mx, den);
   }
 }
 

@@ -20,6 +20,7 @@
 // Arithmetic: bf16 inputs (q, K, V, P), exact products, f32 sums; the CPU's is f32 throughout,
 // so results agree to about bf16 precision (tests: kAttentionMmaTolerance).
 
+#include "common/engine/backend/cuda/attention_output.cuh"
 #include "common/engine/backend/cuda/decode_attention.cuh"
 #include "common/engine/backend/cuda/device_compat.cuh"
 #include "common/engine/backend/cuda/kernels.h"
@@ -247,23 +248,8 @@ TANDEM_DEVICE void MmaTile(const AttentionArgs& a, const AttentionItem it, int k
       if (dt >= dtiles) break;
       for (int i = 0; i < 2; ++i) {
         const int d = dt * 8 + 2 * t + i;
-        const float value = l[j] > 0.0f ? o[dt][2 * j + i] / l[j] : 0.0f;
-        if (it.partial < 0) {
-          OT* out = static_cast<OT*>(a.out);
-          dev::Store(out + static_cast<int64_t>(it.token_begin + tl) * a.ldo +
-                         static_cast<int64_t>(h) * hd + d,
-                     value);
-        } else {
-          const int64_t cell =
-              (static_cast<int64_t>(it.partial + tl) * kMaxAttentionSplits + it.split) *
-                  a.num_heads +
-              h;
-          a.partial_out[cell * hd + d] = value;
-          if (d == 0) {
-            a.partial_ml[cell * 2] = m[j];
-            a.partial_ml[cell * 2 + 1] = l[j];
-          }
-        }
+        StoreAttentionValue<OT>(a, it, tl, h, d, l[j] > 0.0f ? o[dt][2 * j + i] / l[j] : 0.0f, m[j],
+                                l[j]);
       }
     }
   }
