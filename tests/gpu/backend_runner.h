@@ -86,6 +86,45 @@ inline void RunStep(Backend& backend, const ForwardBatch& batch,
   }
 }
 
+// The random mixed batches the backend comparisons run: `num_seqs` sequences of 2 to `max_len`
+// tokens (token 1, then ids 3..511), fed for `steps` steps in chunks of up to 40 tokens every
+// third step and up to `small_chunk` otherwise, each sequence sitting a step out at random, all
+// logits or the last chunk's at random; the same batches on `a` and `b`. Returns each
+// sequence's pair of runs (a's, b's).
+struct MixedBatchRuns {
+  std::vector<Seq> a, b;
+};
+inline MixedBatchRuns RunMixedBatches(Backend& a, Backend& b, int64_t num_blocks, uint32_t seed,
+                                      int num_seqs, int max_len, int steps, int small_chunk) {
+  std::mt19937 rng(seed);
+  MixedBatchRuns runs;
+  runs.a.resize(num_seqs);
+  runs.b.resize(num_seqs);
+  for (int s = 0; s < num_seqs; ++s) {
+    const int len = std::uniform_int_distribution<int>(2, max_len)(rng);
+    std::vector<int32_t> tokens = {1};
+    for (int i = 1; i < len; ++i) tokens.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
+    runs.a[s].tokens = runs.b[s].tokens = tokens;
+  }
+  Blocks a_blocks(16, num_blocks), b_blocks(16, num_blocks);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::pair<Seq*, int64_t>> a_work, b_work;
+    for (int s = 0; s < num_seqs; ++s) {
+      const int64_t left = static_cast<int64_t>(runs.a[s].tokens.size()) - runs.a[s].computed;
+      if (left == 0 || rng() % 4 == 0) continue;
+      const int64_t chunk = std::min<int64_t>(left, 1 + rng() % (step % 3 == 0 ? 40 : small_chunk));
+      a_work.emplace_back(&runs.a[s], chunk);
+      b_work.emplace_back(&runs.b[s], chunk);
+    }
+    if (a_work.empty()) continue;
+    const bool all = rng() % 2 == 0;
+    RunStep(a, MakeStep(16, a_blocks, a_work, all), a_work, all);
+    RunStep(b, MakeStep(16, b_blocks, b_work, all), b_work, all);
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  return runs;
+}
+
 inline int32_t Argmax(const std::vector<float>& row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }

@@ -71,33 +71,13 @@ TEST_F(CudaQuantBackendTest, MixedBatchesMatchCpuBackend) {
         auto cuda = MakeCudaBackend(model, Options(num_blocks, bf16_activations));
         ASSERT_TRUE(cpu && cuda);
         ASSERT_EQ(cuda->bf16_activations(), bf16_activations);
-        std::mt19937 rng(static_cast<uint32_t>(f.quant) * 7 + static_cast<uint32_t>(f.group));
-        const int num_seqs = 4;
-        std::vector<Seq> on_cpu(num_seqs), on_cuda(num_seqs);
-        for (int s = 0; s < num_seqs; ++s) {
-          const int len = std::uniform_int_distribution<int>(2, 120)(rng);
-          std::vector<int32_t> tokens = {1};
-          for (int i = 1; i < len; ++i) {
-            tokens.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
-          }
-          on_cpu[s].tokens = on_cuda[s].tokens = tokens;
-        }
-        Blocks cpu_blocks(16, num_blocks), cuda_blocks(16, num_blocks);
-        for (int step = 0; step < (kEmulated ? 14 : 120); ++step) {
-          std::vector<std::pair<Seq*, int64_t>> cpu_work, cuda_work;
-          for (int s = 0; s < num_seqs; ++s) {
-            const int64_t left = static_cast<int64_t>(on_cpu[s].tokens.size()) - on_cpu[s].computed;
-            if (left == 0 || rng() % 4 == 0) continue;
-            const int64_t chunk = std::min<int64_t>(left, 1 + rng() % (step % 3 == 0 ? 40 : 3));
-            cpu_work.emplace_back(&on_cpu[s], chunk);
-            cuda_work.emplace_back(&on_cuda[s], chunk);
-          }
-          if (cpu_work.empty()) continue;
-          const bool all = rng() % 2 == 0;
-          RunStep(*cpu, MakeStep(16, cpu_blocks, cpu_work, all), cpu_work, all);
-          RunStep(*cuda, MakeStep(16, cuda_blocks, cuda_work, all), cuda_work, all);
-          ASSERT_FALSE(HasFatalFailure());
-        }
+        const MixedBatchRuns runs =
+            RunMixedBatches(*cpu, *cuda, num_blocks,
+                            static_cast<uint32_t>(f.quant) * 7 + static_cast<uint32_t>(f.group),
+                            /*num_seqs=*/4, /*max_len=*/120, kEmulated ? 14 : 120, 3);
+        ASSERT_FALSE(HasFatalFailure());
+        const std::vector<Seq>&on_cpu = runs.a, &on_cuda = runs.b;
+        const int num_seqs = static_cast<int>(on_cpu.size());
         EXPECT_GT(cuda->graph_steps(), 0);
         EXPECT_GT(cuda->eager_steps(), 0);  // steps of more than 16 tokens: the tiled products
         const double tol = bf16_activations ? 3e-2 : 2e-5;
