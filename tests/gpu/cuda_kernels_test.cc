@@ -670,7 +670,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
 // splits of a tile keep its path.
 TEST_F(CudaKernelsTest, AttentionPlanChoosesPaths) {
   ForwardBatch batch;
-  const std::vector<int32_t> table(8, 0);
+  const std::vector<int32_t> table(9, 0);  // positions up to 143: 100 + 40 tokens
   for (int n : {1, 2, 3, 40}) batch.AddSequence(std::vector<int32_t>(n, 1), 100, table, 16, false);
   std::vector<int32_t> lens;
   for (int64_t i = 0; i < batch.num_tokens(); ++i) lens.push_back(batch.positions[i] + 1);
