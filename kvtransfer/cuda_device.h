@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "kvtransfer/cuda_runtime_api.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::kvtransfer {
 

@@ -63,7 +63,7 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   // With /metrics on, every worker serves its own on a free port.
   supervisor_options.metrics = metrics->port() != 0;
   supervisor_options.metrics_host = flags.server.metrics.host;
-#if TANDEM_GPU_EMULATION
+#if defined(TANDEM_CUDA_EMULATION)
   // NCCL refuses two ranks on one GPU; this test build gives every worker of an nccl cluster an
   // emulated GPU of its own, as a machine with one GPU per worker would (a real build refuses
   // nccl here: serve_main.cc).

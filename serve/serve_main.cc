@@ -75,7 +75,7 @@ int RunServe(int argc, char** argv) {
       std::fprintf(stderr, "serve: %s\n", std::string(transport.status().message()).c_str());
       return 2;
     }
-#if !TANDEM_GPU_EMULATION
+#if !defined(TANDEM_CUDA_EMULATION)
     if (*transport == "nccl" && device->rfind("cuda", 0) == 0) {
       std::fprintf(stderr,
                    "serve: --kv-transport nccl: every worker runs on %s and NCCL refuses two "

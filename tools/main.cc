@@ -41,7 +41,7 @@ void PrintVersion() {
   std::printf("tandem %s\nkv transports: tcp%s%s\n", TANDEM_VERSION_STRING,
               tandem::kvtransfer::NcclBuilt() ? ", nccl" : "",
               tandem::kvtransfer::CudaIpcBuilt() ? ", cuda-ipc" : "");
-#if TANDEM_GPU_EMULATION
+#if defined(TANDEM_CUDA_EMULATION)
   std::printf(
       "GPU EMULATION BUILD (tests only): CUDA (with CUDA IPC) and NCCL are CPU emulators; not "
       "for serving\n");

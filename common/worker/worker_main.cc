@@ -146,7 +146,7 @@ int RunWorkerProcess(int argc, char** argv, const std::string& command, const st
     TLOG(ERROR) << metrics.status();
     return 1;
   }
-#if TANDEM_GPU_EMULATION
+#if defined(TANDEM_CUDA_EMULATION)
   TLOG(WARNING) << "GPU EMULATION BUILD (tests only): CUDA (with CUDA IPC) and NCCL are CPU "
                    "emulators (emulated GPU "
                 << (std::getenv("TANDEM_EMULATED_GPU") != nullptr

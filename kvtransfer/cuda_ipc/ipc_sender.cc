@@ -20,11 +20,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster/kv_transfer_layout.h"
+#include "common/cuda/cuda_api.h"
 #include "kvtransfer/control_sender.h"
 #include "kvtransfer/cuda_ipc/cuda_ipc_transport.h"
 #include "kvtransfer/cuda_ipc/device.h"
 #include "kvtransfer/cuda_ipc/ipc_control.h"
-#include "kvtransfer/cuda_runtime_api.h"
 #include "kvtransfer/sender_core.h"
 
 namespace tandem::kvtransfer::cuda_ipc {

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kvtransfer/nccl/cuda_nccl.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::kvtransfer::nccl {
 

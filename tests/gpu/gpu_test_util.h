@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/base/half.h"
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 #include "common/engine/backend/cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "common/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/transport.h"
 

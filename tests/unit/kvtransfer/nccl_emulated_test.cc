@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cluster/transfer_key.h"
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "common/cuda/emulation/fake_cuda.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/auth.h"
 #include "kvtransfer/control_message.h"

@@ -6,7 +6,7 @@
 #include "tests/unit/kvtransfer/kv_test_util.h"
 
 #if TANDEM_HAVE_NCCL
-#include <cuda_runtime.h>
+#include "common/cuda/cuda_api.h"
 #endif
 
 namespace tandem::kvtransfer {

@@ -7,7 +7,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::cuda {
 

@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 #if defined(TANDEM_CUDA_EMULATION)
 

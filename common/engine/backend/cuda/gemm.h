@@ -25,7 +25,7 @@
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
 #include "common/base/quant.h"
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 #include "common/engine/backend/cuda/cuda_util.h"
 
 namespace tandem::cuda {

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "common/base/dtype.h"
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::cuda {
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "common/base/quant.h"
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::cuda {
 

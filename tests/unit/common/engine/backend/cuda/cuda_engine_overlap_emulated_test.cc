@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda/emulation/fake_cuda.h"
 #include "common/engine/backend/cpu/cpu_backend.h"
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
 #include "common/engine/engine.h"
 #include "common/engine/engine_builder.h"
 #include "common/engine/spec/ngram_proposer.h"

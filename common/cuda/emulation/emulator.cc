@@ -1,4 +1,4 @@
-#include "common/engine/backend/cuda/emulation/emulator.h"
+#include "common/cuda/emulation/emulator.h"
 
 #include <ucontext.h>
 

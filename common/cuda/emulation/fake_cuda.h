@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "common/engine/backend/cuda/emulation/emulator.h"
+#include "common/cuda/emulation/emulator.h"
 
 using dim3 = ::tandem::cuda_emu::Dim3;
 

@@ -18,7 +18,7 @@
 #include <mutex>
 #include <string>
 
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "common/cuda/emulation/fake_cuda.h"
 
 namespace tandem::cuda_emu {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/engine/backend/cuda/emulation/fake_nccl.h"
+#include "common/cuda/emulation/fake_nccl.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "common/cuda/emulation/fake_cuda.h"
 
 #include <atomic>
 #include <condition_variable>

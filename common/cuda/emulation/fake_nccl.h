@@ -17,7 +17,7 @@
 
 #include <cstddef>
 
-#include "common/engine/backend/cuda/emulation/fake_cuda.h"
+#include "common/cuda/emulation/fake_cuda.h"
 
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct {
