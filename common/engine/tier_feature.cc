@@ -25,6 +25,7 @@ TierFeature::~TierFeature() {
   if (slot_ < 0) return;  // never started
   core().pool().set_eviction_hook(nullptr);
   store_->set_ready_callback(nullptr);
+  TakeCopyOuts(/*wait=*/true);
   if (store_->disk_enabled()) FlushPool(absl::Seconds(10));
   store_.reset();  // joins the store's threads
 }
@@ -36,18 +37,25 @@ void TierFeature::Start() {
   store_->set_ready_callback([wake] { wake->Notify(); });
 }
 
-std::shared_ptr<TierBlock> TierFeature::CopyOut(int32_t block) {
+std::shared_ptr<TierBlock> TierFeature::Describe(int32_t block) {
   const std::optional<BlockPool::CachedIdentity> id = core().pool().Identity(block);
   if (!id.has_value()) return nullptr;
-  Backend& backend = core().backend();
-  const KvCacheSpec& spec = backend.kv_spec();
-  const size_t layer_bytes = spec.bytes_per_block_layer();
+  const KvCacheSpec& spec = core().backend().kv_spec();
   auto out = std::make_shared<TierBlock>();
   out->hash = id->hash;
   out->parent = id->parent;
   out->salt = id->salt_hash;
   out->tokens.assign(id->tokens.begin(), id->tokens.end());
-  out->payload.resize(layer_bytes * spec.num_layers);
+  out->payload.resize(spec.bytes_per_block_layer() * spec.num_layers);
+  return out;
+}
+
+std::shared_ptr<TierBlock> TierFeature::CopyOut(int32_t block) {
+  std::shared_ptr<TierBlock> out = Describe(block);
+  if (out == nullptr) return nullptr;
+  Backend& backend = core().backend();
+  const KvCacheSpec& spec = backend.kv_spec();
+  const size_t layer_bytes = spec.bytes_per_block_layer();
   for (int64_t l = 0; l < spec.num_layers; ++l) {
     uint8_t* dst = out->payload.data() + l * layer_bytes;
     if (const uint8_t* src = backend.HostBlockRegion(l, block); src != nullptr) {
@@ -62,7 +70,37 @@ std::shared_ptr<TierBlock> TierFeature::CopyOut(int32_t block) {
 void TierFeature::OnEvict(int32_t block) {
   const std::optional<BlockHash> hash = core().pool().HashOf(block);
   if (!hash.has_value() || !store_->ShouldOffer(*hash)) return;
-  if (std::shared_ptr<TierBlock> b = CopyOut(block)) store_->Offer(std::move(b));
+  Backend& backend = core().backend();
+  if (!backend.SupportsAsyncBlockCopies()) {
+    if (std::shared_ptr<TierBlock> b = CopyOut(block)) store_->Offer(std::move(b));
+    return;
+  }
+  std::shared_ptr<TierBlock> b = Describe(block);
+  if (b == nullptr) return;
+  const std::optional<uint64_t> ticket = backend.StartBlockRead(block);
+  if (!ticket.has_value()) {
+    store_->NoteDropped();  // every staging slot busy: the write-behind never waits
+    return;
+  }
+  copy_outs_.emplace_back(*ticket, std::move(b));
+}
+
+void TierFeature::TakeCopyOuts(bool wait) {
+  if (copy_outs_.empty()) return;
+  Backend& backend = core().backend();
+  size_t kept = 0;
+  for (auto& [ticket, block] : copy_outs_) {
+    const absl::StatusOr<bool> landed = backend.PollBlockRead(ticket, block->payload.data(), wait);
+    if (landed.ok() && !*landed) {
+      copy_outs_[kept++] = {ticket, std::move(block)};
+    } else if (landed.ok()) {
+      store_->Offer(std::move(block));
+    } else {
+      TLOG(WARNING) << "KV tiers: a block copy-out failed: " << landed.status();
+      store_->NoteDropped();
+    }
+  }
+  copy_outs_.resize(kept);
 }
 
 void TierFeature::BeforeSchedule() {
@@ -135,6 +173,7 @@ void TierFeature::MaybeLoad(Sequence* seq, bool deferred) {
 }
 
 void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
+  TakeCopyOuts(/*wait=*/false);
   store_->Publish();
   if (!loads_.empty()) {
     for (TierLoad& result : store_->TakeCompleted()) landed_.push_back(std::move(result));
@@ -199,14 +238,17 @@ void TierFeature::Install(Load& load, const TierLoad& result) {
       }
       std::optional<int32_t> block = pool.Allocate();
       if (!block.has_value()) break;
-      bool written = true;
-      for (int64_t l = 0; l < spec.num_layers && written; ++l) {
+      // Enqueued ahead of the next forward pass where the backend can; else written now.
+      bool written =
+          backend.SupportsAsyncBlockCopies() && backend.StartBlockWrite(*block, b.payload.data());
+      for (int64_t l = 0; l < spec.num_layers && !written; ++l) {
         const uint8_t* src = b.payload.data() + l * layer_bytes;
         if (uint8_t* dst = backend.HostBlockRegion(l, *block); dst != nullptr) {
           std::memcpy(dst, src, layer_bytes);
-        } else {
-          written = backend.WriteBlockRegion(l, *block, src).ok();
+        } else if (!backend.WriteBlockRegion(l, *block, src).ok()) {
+          break;
         }
+        written = l + 1 == spec.num_layers;
       }
       if (!written || !pool.Register(*block, b.hash, b.parent, b.tokens, b.salt)) {
         pool.Release(*block);

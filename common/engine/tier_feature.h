@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/engine/engine_core.h"
@@ -16,8 +17,13 @@ namespace tandem {
 // - Write path: the pool's eviction hook (BlockPool::set_eviction_hook) copies a cached block that
 //   is about to be reused (identity and bytes, on the engine thread, only when some tier lacks it
 //   and could take it) and offers it to the store, which keeps it in the host tier and writes it
-//   to disk behind, on its own thread. At destruction the blocks still cached in the pool are
-//   written to the disk tier too (bounded time), so a restarted worker finds them.
+//   to disk behind, on its own thread. On a backend whose pool is device memory the copy is
+//   enqueued behind the forward passes already launched (Backend::StartBlockRead, into pinned
+//   staging), so the engine thread never waits for the device; it is offered at a later step's
+//   OnStepBegin once it has landed (no staging room: dropped, counted). Installs likewise
+//   enqueue their copies ahead of the next forward pass (StartBlockWrite). At destruction the
+//   blocks still cached in the pool are written to the disk tier too (bounded time), so a restarted
+//   worker finds them.
 // - Read path: before the scheduler plans (BeforeSchedule), a waiting sequence whose prompt
 //   continues past the pool's cached prefix with blocks some tier holds is held
 //   (Scheduler::Hold: kPending, no slot, no blocks; others keep stepping) while the loader
@@ -70,9 +76,13 @@ class TierFeature final : public EngineFeature {
     // would evict them, and the loaded blocks would have no prefix to join).
     SequenceBlocks prefix;
   };
-  // The identity and bytes of cached pool block `block`.
+  // The identity of cached pool block `block` (its payload sized, not filled), or null.
+  std::shared_ptr<TierBlock> Describe(int32_t block);
+  // The identity and bytes of cached pool block `block`, read at once.
   std::shared_ptr<TierBlock> CopyOut(int32_t block);
   void OnEvict(int32_t block);
+  // Offers the asynchronous copy-outs that have landed (all of them, waiting: `wait`).
+  void TakeCopyOuts(bool wait);
   // Starts a load for `seq` when some tier holds blocks past its pool prefix; `deferred`: it is
   // held already (in deferred_ before).
   void MaybeLoad(Sequence* seq, bool deferred = false);
@@ -84,6 +94,9 @@ class TierFeature final : public EngineFeature {
 
   std::unique_ptr<KvTierStore> store_;
   int slot_ = -1;
+  // Copy-outs in flight on a backend whose pool is device memory (Backend::StartBlockRead): the
+  // ticket and the block it fills, offered once landed (OnStepBegin).
+  std::vector<std::pair<uint64_t, std::shared_ptr<TierBlock>>> copy_outs_;
   std::unordered_map<uint64_t, Load> loads_;  // load id -> the sequence waiting for it
   std::unordered_map<Sequence*, uint64_t> load_of_;
   std::unordered_map<Sequence*, SequenceBlocks> pins_;

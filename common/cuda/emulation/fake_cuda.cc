@@ -122,6 +122,7 @@ constexpr size_t kTotalMemory = size_t{16} << 30;
 
 std::atomic<bool> g_defer_streams{false};
 std::atomic<int64_t> g_event_waits{0};
+std::atomic<int64_t> g_stream_syncs{0};  // cudaStreamSynchronize and cudaDeviceSynchronize
 std::atomic<int64_t> g_event_waits_with_later_work{0};
 std::mutex g_streams_mutex;
 std::set<cudaStream_t>& DeferredStreams() {
@@ -180,6 +181,7 @@ void EnqueueOnStream(const void* stream, std::function<void()> op) {
 }
 void SetDeferredStreams(bool defer) { g_defer_streams = defer; }
 int64_t EventWaits() { return g_event_waits; }
+int64_t StreamSyncs() { return g_stream_syncs; }
 int64_t EventWaitsWithLaterWork() { return g_event_waits_with_later_work; }
 std::vector<std::function<void()>>* CaptureList(const void* stream) {
   auto* s = static_cast<CUstream_st*>(const_cast<void*>(stream));
@@ -269,6 +271,7 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  ++g_stream_syncs;
   std::vector<cudaStream_t> streams;
   {
     std::lock_guard<std::mutex> lock(g_streams_mutex);
@@ -348,6 +351,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (stream != nullptr && stream->capturing != nullptr) return cudaErrorStreamCaptureInvalidated;
+  ++g_stream_syncs;
   if (stream != nullptr) {
     stream->RunDeferred();
     stream->Drain();

@@ -170,6 +170,9 @@ void SetDeferredStreams(bool defer);
 // stream (the host had launched later work before waiting: overlap), since the process started.
 int64_t EventWaits();
 int64_t EventWaitsWithLaterWork();
+// Every cudaStreamSynchronize and cudaDeviceSynchronize since the process started: a host
+// waiting for all of a stream's work (what code meant to overlap with the device must not do).
+int64_t StreamSyncs();
 }  // namespace tandem::cuda_emu
 
 // cuBLAS

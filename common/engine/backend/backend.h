@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/base/dtype.h"
 #include "common/base/kv_layout.h"
 #include "common/engine/sampler/device_sample.h"
@@ -157,6 +159,21 @@ class Backend {
   virtual uint8_t* HostBlockRegion(int64_t layer, int32_t block) = 0;
   virtual absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) = 0;
   virtual absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) = 0;
+
+  // Whole-block copies that do not wait on the host, for backends whose pool is not host memory
+  // (the KV tiers' copy-out at eviction and their installs). A block's bytes are its layers'
+  // regions one after another, each as ReadBlockRegion gives it. StartBlockRead enqueues the copy
+  // of `block` behind the work enqueued before it (the block may be reused at once) and returns a
+  // ticket, or nullopt when no staging room is free; PollBlockRead, once that copy has landed,
+  // copies the bytes to `dst`, ends the ticket and returns true (false while in flight; `wait`
+  // waits instead). StartBlockWrite takes `src` at once and enqueues its copy into `block` ahead
+  // of every later forward pass; false when no staging room is free. Engine thread only.
+  virtual bool SupportsAsyncBlockCopies() const { return false; }
+  virtual std::optional<uint64_t> StartBlockRead(int32_t /*block*/) { return std::nullopt; }
+  virtual absl::StatusOr<bool> PollBlockRead(uint64_t /*ticket*/, uint8_t* /*dst*/, bool /*wait*/) {
+    return absl::UnimplementedError("asynchronous block copies");
+  }
+  virtual bool StartBlockWrite(int32_t /*block*/, const uint8_t* /*src*/) { return false; }
 
   // Window layout: the page holding local group `group`'s (>= 1) layers for block `block`, or
   // -1 when none does (its region then reads as zeros). Only what the (layer, block) regions

@@ -101,6 +101,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const CudaBackendOp
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  block_staging_.reset();
   for (StepSlot& slot : slots_) {
     if (slot.done != nullptr) cudaEventDestroy(slot.done);
   }
@@ -439,6 +440,33 @@ absl::Status CudaBackend::WriteBlockRegion(int64_t layer, int32_t block, const u
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_),
                               "cudaStreamSynchronize (WriteBlockRegion)");
   return absl::OkStatus();
+}
+
+BlockStaging& CudaBackend::Staging() {
+  if (block_staging_ == nullptr) {
+    block_staging_ = std::make_unique<BlockStaging>(
+        stream_, spec_.num_layers, spec_.bytes_per_block_layer(),
+        static_cast<size_t>(std::max<int64_t>(0, options_.block_staging_bytes)),
+        [this](int64_t layer, int32_t block) { return Region(layer, block); });
+  }
+  return *block_staging_;
+}
+
+std::optional<uint64_t> CudaBackend::StartBlockRead(int32_t block) {
+  if (block < 0 || block >= spec_.num_blocks) return std::nullopt;
+  cudaSetDevice(options_.device);
+  return Staging().StartRead(block);
+}
+
+absl::StatusOr<bool> CudaBackend::PollBlockRead(uint64_t ticket, uint8_t* dst, bool wait) {
+  cudaSetDevice(options_.device);
+  return Staging().PollRead(ticket, dst, wait);
+}
+
+bool CudaBackend::StartBlockWrite(int32_t block, const uint8_t* src) {
+  if (block < 0 || block >= spec_.num_blocks) return false;
+  cudaSetDevice(options_.device);
+  return Staging().StartWrite(block, src);
 }
 
 }  // namespace cuda

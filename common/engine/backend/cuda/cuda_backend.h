@@ -41,6 +41,10 @@ struct CudaBackendOptions {
   // bf16 hi + lo for the tensor cores above kGemvMaxRows rows), within ~1e-5 of f32 inputs, what
   // the CPU computes with --matmul-input-dtype f32.
   bool bf16_activations = true;
+  // Page-locked host memory for the asynchronous whole-block copies of the KV tiers
+  // (Backend::StartBlockRead / StartBlockWrite), allocated on their first use: copies in flight
+  // at once = this / the bytes of one block (at least one).
+  int64_t block_staging_bytes = int64_t{64} << 20;
 };
 
 // True when the CUDA runtime sees at least one device. Otherwise false with the reason in `why`

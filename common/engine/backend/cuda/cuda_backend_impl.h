@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/engine/backend/cuda/attention_plan.h"
+#include "common/engine/backend/cuda/block_staging.h"
 #include "common/engine/backend/cuda/cuda_backend.h"
 #include "common/engine/backend/cuda/cuda_util.h"
 #include "common/engine/backend/cuda/device_weights.h"
@@ -42,6 +43,10 @@ class CudaBackend final : public Backend {
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override { return nullptr; }
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
   absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) override;
+  bool SupportsAsyncBlockCopies() const override { return true; }
+  std::optional<uint64_t> StartBlockRead(int32_t block) override;
+  absl::StatusOr<bool> PollBlockRead(uint64_t ticket, uint8_t* dst, bool wait) override;
+  bool StartBlockWrite(int32_t block, const uint8_t* src) override;
 
   // Device address of a (layer, block) region (see CudaDeviceBlockRegion).
   uint8_t* DeviceBlockRegion(int64_t layer, int32_t block) const { return Region(layer, block); }
@@ -138,6 +143,7 @@ class CudaBackend final : public Backend {
   void DropGraphs();
   cuda::KvLayerView KvLayer(int64_t layer) const;
   uint8_t* Region(int64_t layer, int32_t block) const;
+  BlockStaging& Staging();  // block_staging_, made on first use
   template <class T>
   T* Staged(size_t offset) const {
     return reinterpret_cast<T*>(slots_[cur_].staging.as<uint8_t>() + offset);
@@ -184,6 +190,8 @@ class CudaBackend final : public Backend {
   int64_t graph_steps_ = 0;
   int64_t eager_steps_ = 0;
   absl::Status sticky_;  // a failed CopyBlock, reported by the next Forward
+  // Pinned staging of the asynchronous whole-block copies (made on first use).
+  std::unique_ptr<BlockStaging> block_staging_;
 
   // Sampling on the device (cuda_sampling.cc): the rows' inputs (the slot's pinned staging and
   // this device copy, identical offsets), the processed rows; the answers are the slot's.

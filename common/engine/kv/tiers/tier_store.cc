@@ -99,6 +99,11 @@ void KvTierStore::Offer(TierBlockPtr block) {
   write_cv_.notify_one();
 }
 
+void KvTierStore::NoteDropped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++write_drops_;
+}
+
 bool KvTierStore::Flush(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   return flushed_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),

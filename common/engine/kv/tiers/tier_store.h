@@ -49,6 +49,9 @@ class KvTierStore {
   // Keeps the block in the host tier and queues it for the disk tier (a full queue drops it,
   // counted). Never blocks on I/O.
   void Offer(TierBlockPtr block);
+  // A block ShouldOffer accepted that the engine could not copy out after all (no staging room
+  // for an asynchronous device copy, or the copy failed): counted as a drop.
+  void NoteDropped();
   // Waits until the write queue is empty (shutdown, tests), at most `timeout`.
   bool Flush(absl::Duration timeout);
 
