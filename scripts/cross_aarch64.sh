@@ -11,8 +11,8 @@
 # Usage: scripts/cross_aarch64.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Its own packages (not in scripts/setup.sh: neither the main job nor CI needs them): Debian's
-# cross toolchain, qemu-user and the arm64 libraries the CPU engine links (libonig-dev is not
+# Its own packages (not in scripts/setup.sh: the main job does not need them, and this stage adds
+# a foreign architecture to apt, which it alone should do): Debian's cross toolchain, qemu-user and the arm64 libraries the CPU engine links (libonig-dev is not
 # multi-arch: the amd64 headers serve).
 sudo_cmd=()
 if [ "$(id -u)" != 0 ]; then sudo_cmd=(sudo); fi
