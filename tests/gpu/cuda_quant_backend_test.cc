@@ -1,8 +1,8 @@
-// The CUDA backend over weight-only quantized weights (int8 per row, int4 group-wise) against the
-// CPU backend serving the same quantized model: random mixes of prefill chunks (products of more
-// than kGemvMaxRows rows: dequantized tiles and cuBLAS) and decode tokens (the quantized GEMV), in
-// both activation modes; teacher-forced greedy decoding; accuracy against the f32 reference
-// logits beside the CPU's; and the quantized layouts the backend refuses.
+// The CUDA backend over weight-only quantized weights (int8 and fp8 per row, int4 group-wise)
+// against the CPU backend serving the same quantized model: random mixes of prefill chunks
+// (products of more than kGemvMaxRows rows: dequantized tiles and cuBLAS) and decode tokens (the
+// quantized GEMV), in both activation modes; teacher-forced greedy decoding; accuracy against the
+// f32 reference logits beside the CPU's; and the quantized layouts the backend refuses.
 
 #include <algorithm>
 #include <random>
@@ -29,11 +29,14 @@ struct Format {
   WeightQuant quant;
   int64_t group;
   std::string Name() const {
-    return quant == WeightQuant::kInt8 ? "int8" : "int4 g" + std::to_string(group);
+    return quant == WeightQuant::kInt4 ? "int4 g" + std::to_string(group)
+                                       : std::string(WeightQuantName(quant));
   }
 };
-const Format kFormats[] = {
-    {WeightQuant::kInt8, 128}, {WeightQuant::kInt4, 32}, {WeightQuant::kInt4, 128}};
+const Format kFormats[] = {{WeightQuant::kInt8, 128},
+                           {WeightQuant::kInt4, 32},
+                           {WeightQuant::kInt4, 128},
+                           {WeightQuant::kFp8, 128}};
 
 CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
   CudaBackendOptions options;
@@ -48,8 +51,9 @@ CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
 
 // Random mixed steps on both backends; every logit row close to the CPU's. The CPU reference of
 // each mode multiplies the same weight values: f32 activations against its f32 inputs (int4: the
-// same f32 weights; int8: q * s per element there, (sum q x) * s here), bf16 activations against
-// its bf16 inputs (int8 codes and the scale after the sum, int4 weights rounded to bf16, on both).
+// same f32 weights; int8 and fp8: q * s per element there, (sum q x) * s here), bf16 activations
+// against its bf16 inputs (int8 codes / fp8 values and the scale after the sum, int4 weights
+// rounded to bf16, on both).
 // So the products differ by f32 rounding of sums in another order: within 2e-5 with f32
 // activations (measured: up to 1.4e-6 in the emulator; f32 rounding over 64-512-element sums,
 // amplified by the layers). bf16
