@@ -2,7 +2,8 @@
 // against the CPU backend serving the same quantized model: random mixes of prefill chunks
 // (products of more than kGemvMaxRows rows: dequantized tiles and cuBLAS) and decode tokens (the
 // quantized GEMV), in both activation modes; teacher-forced greedy decoding; accuracy against the
-// f32 reference logits beside the CPU's; and the quantized layouts the backend refuses.
+// f32 reference logits beside the CPU's; AWQ / GPTQ and fp8 checkpoints; and the quantized layouts
+// the backend refuses.
 
 #include <algorithm>
 #include <random>
@@ -11,6 +12,7 @@
 #include "tests/gpu/backend_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/common/engine/backend/cpu/backend_test_util.h"
+#include "tests/unit/common/engine/model/fp8_checkpoint_util.h"
 #include "tests/unit/common/engine/model/int4_checkpoint_util.h"
 
 namespace tandem::gpu_testing {
@@ -223,6 +225,41 @@ TEST_F(CudaQuantBackendTest, Int4CheckpointsMatchCpuBackend) {
     EXPECT_LT(agree.worst_relative_error, 3e-2) << c.name;
     std::printf(
         "%s: teacher-forced %lld positions, %lld argmax differences, worst relative logit "
+        "error %.3g\n",
+        c.name, static_cast<long long>(agree.positions),
+        static_cast<long long>(agree.argmax_differs), agree.worst_relative_error);
+  }
+}
+
+// fp8 checkpoints as published (compressed-tensors per channel and per tensor, fbgemm_fp8; packed
+// from llama2xs-280k by the independent numpy packer, bf16 dense tensors): the CUDA backend against
+// the CPU backend on the same model, teacher-forced as above, bounds as above.
+TEST_F(CudaQuantBackendTest, Fp8CheckpointsMatchCpuBackend) {
+  struct Case {
+    const char* name;
+    const char* args;
+  };
+  for (const Case& c :
+       {Case{"ct_channel", "--format compressed-tensors --dtype bf16"},
+        Case{"ct_tensor", "--format compressed-tensors --strategy tensor --dtype bf16"},
+        Case{"fbgemm", "--format fbgemm_fp8 --dtype bf16"}}) {
+    const auto packed =
+        testing_util::PackFp8Checkpoint("llama2xs-280k", c.args, std::string("cuda_") + c.name);
+    ASSERT_FALSE(HasFailure()) << c.name;
+    auto loaded = LoadModel(packed.quantized, LoadOptions{});
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    std::shared_ptr<const Model> model = std::move(loaded).value();
+    ASSERT_EQ(model->quantization(), WeightQuant::kFp8) << c.name;
+    auto cuda = MakeCudaBackend(model, Options(64, true));
+    auto cpu = MakeCpuBackend(model, 64, DType::kF32, DType::kBF16);
+    ASSERT_TRUE(cuda && cpu) << c.name;
+    std::vector<std::vector<int32_t>> prompts = {
+        {1, 403, 407, 261, 378, 290, 17, 99, 311, 45, 12, 480, 33, 7, 260, 201, 388, 72, 5}};
+    const Agreement agree = TeacherForced(*cpu, *cuda, prompts, kEmulated ? 10 : 40, 0.05);
+    EXPECT_EQ(agree.disagreements, 0) << c.name;
+    EXPECT_LT(agree.worst_relative_error, 3e-2) << c.name;
+    std::printf(
+        "fp8 %s: teacher-forced %lld positions, %lld argmax differences, worst relative logit "
         "error %.3g\n",
         c.name, static_cast<long long>(agree.positions),
         static_cast<long long>(agree.argmax_differs), agree.worst_relative_error);

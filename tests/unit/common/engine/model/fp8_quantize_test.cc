@@ -10,10 +10,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "common/base/quant.h"
+#include "common/engine/model/model.h"
 #include "common/engine/model/quantize.h"
+#include "tests/util/test_paths.h"
 
 namespace tandem {
 namespace {
@@ -128,6 +132,38 @@ TEST(Fp8QuantizeTest, ParsesTheFlagValue) {
   EXPECT_EQ(q, WeightQuant::kFp8);
   EXPECT_EQ(WeightQuantName(q), "fp8");
   EXPECT_FALSE(ParseWeightQuant("FP8", &q));
+}
+
+// The model id (the KV handshakes' and the KV tiers' key) tells fp8 weights from every other
+// format of the same checkpoint; projections and lm_head are fp8, the embedding stays dense.
+TEST(Fp8QuantizeTest, LoadedModelIsFp8WithItsOwnModelId) {
+  const std::string dir = TestSourceDir() + "/models/stories260k";
+  std::set<std::string> ids;
+  for (WeightQuant q :
+       {WeightQuant::kNone, WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kFp8}) {
+    LoadOptions o;
+    o.quantization = q;
+    auto m = LoadModel(dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ids.insert((*m)->model_id());
+    if (q != WeightQuant::kFp8) continue;
+    EXPECT_NE((*m)->model_id().find("-fp8-"), std::string::npos) << (*m)->model_id();
+    EXPECT_EQ((*m)->quantization(), WeightQuant::kFp8);
+    const ModelWeights& w = (*m)->weights();
+    EXPECT_EQ(w.lm_head.quant, WeightQuant::kFp8);
+    EXPECT_EQ(w.embed_tokens.quant, WeightQuant::kNone);
+    for (const Tensor* t : {&w.layers[0].q_proj, &w.layers[0].down_proj}) {
+      EXPECT_EQ(t->quant, WeightQuant::kFp8);
+      EXPECT_EQ(t->layout, WeightLayout::kRows);
+      EXPECT_EQ(t->stored_bytes(), static_cast<size_t>(t->rows() * (t->cols() + 4)));
+    }
+    // kTiles16 asked for (the int8-input layout) still gives rows: fp8 has no tiles.
+    o.quant_layout = WeightLayout::kTiles16;
+    auto tiled = LoadModel(dir, o);
+    ASSERT_TRUE(tiled.ok()) << tiled.status();
+    EXPECT_EQ((*tiled)->quant_layout(), WeightLayout::kRows);
+  }
+  EXPECT_EQ(ids.size(), 4u);
 }
 
 }  // namespace
