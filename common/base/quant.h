@@ -13,7 +13,15 @@
 //   Int4RowBytes(K) bytes: K padded to a multiple of 32 with q = 0, and every chunk of 32 elements
 //   is 16 bytes where byte j holds element j in its low nibble and element j + 16 in its high
 //   nibble (so 16 consecutive elements are one load + one shift whatever the vector width).
-// In both formats the dequantized value is computed as one f32 product of exact operands
+// kFp8: fp8 e4m3 ("E4M3FN": bias 7, no infinities, 0x7f / 0xff NaN, max 448), one f32 scale per
+//   output channel (row): w[n, k] = e4m3(q[n, k]) * scale[n], stored row-major [N, K] (kRows only).
+//   Made at load time from dense checkpoints (scale = max|w| / 448, codes of w / scale rounded to
+//   nearest even, saturating at 448) or read from fp8 checkpoints as published
+//   (compressed-tensors "float-quantized", fbgemm_fp8; common/engine/model/fp8_checkpoint.h).
+//   The kernels widen a code to its value times 2^-8 (exact: the bits placed in an f16, as the
+//   fp8 KV cache does) and multiply by 256 * scale[n] (exact), the same f32 product as
+//   e4m3(q) * scale[n].
+// In all formats the dequantized value is computed as one f32 product of exact operands
 // ((q - zero) is an exact small integer), so every kernel and the reference agree bit for bit.
 //
 // Layouts (WeightLayout). The above is kRows. kTiles16 (what the CPU kernels with int8 MatMul
@@ -49,7 +57,7 @@ namespace tandem {
 // under those flags can be the one the linker keeps for every caller (kernels README, "ODR").
 #define TANDEM_LAYOUT_FN inline __attribute__((always_inline))
 
-enum class WeightQuant : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2 };
+enum class WeightQuant : uint8_t { kNone = 0, kInt8 = 1, kInt4 = 2, kFp8 = 3 };
 
 // How a MatMul weight's elements (quantized: codes, scales and zeros) are laid out (above).
 enum class WeightLayout : uint8_t { kRows = 0, kTiles16 = 1 };
@@ -71,9 +79,48 @@ inline std::string_view WeightQuantName(WeightQuant q) {
       return "int8";
     case WeightQuant::kInt4:
       return "int4";
+    case WeightQuant::kFp8:
+      return "fp8";
   }
   return "?";
 }
+
+// fp8 e4m3 code (round to nearest even, saturating at 448; NaN to 448) of x. The one conversion
+// of the project's host code: the CPU KV cache (cpu/kernels/attention_impl.h) and the fp8 weights
+// (common/engine/model/quantize.cc) both call it; the device copy is cuda/kv_codes.cuh's.
+TANDEM_LAYOUT_FN uint8_t Fp8E4M3Code(float x) {
+  const uint32_t b = __builtin_bit_cast(uint32_t, x);
+  const uint8_t sign = static_cast<uint8_t>((b >> 24) & 0x80);
+  const float a = __builtin_bit_cast(float, b & 0x7fffffffu);
+  if (!(a < 464.0f)) return sign | 0x7e;          // saturate (and NaN) to 448
+  if (a < 0.015625f) {                            // below the smallest normal: multiples of 2^-9
+    const float q = __builtin_rintf(a * 512.0f);  // exact scaling, then round to even
+    return sign | static_cast<uint8_t>(q);        // q == 8 is the smallest normal's code
+  }
+  int32_t e = static_cast<int32_t>((__builtin_bit_cast(uint32_t, a) >> 23) & 0xff) - 127;
+  const uint32_t m = __builtin_bit_cast(uint32_t, a) & 0x7fffffu;
+  uint32_t keep = m >> 20;
+  const uint32_t rest = m & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u) != 0)) ++keep;
+  if (keep == 8) {
+    keep = 0;
+    ++e;
+  }
+  if (e > 8 || (e == 8 && keep > 6)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(((e + 7) << 3) | static_cast<int32_t>(keep));
+}
+
+// The value of an fp8 e4m3 code times 2^-8 (exact; what the kernels' widening gives). NaN codes
+// (0x7f, 0xff) read as 480 * 2^-8: the quantizers never write them.
+TANDEM_LAYOUT_FN float Fp8E4M3ValueScaled(uint8_t c) {
+  const uint32_t e = (c >> 3) & 15u, m = c & 7u;
+  const float v = e == 0 ? static_cast<float>(m) * 0x1p-17f
+                         : __builtin_bit_cast(float, ((e + 112u) << 23) | (m << 20));
+  return (c & 0x80) != 0 ? -v : v;
+}
+
+// The value of an fp8 e4m3 code (exact).
+TANDEM_LAYOUT_FN float Fp8E4M3Value(uint8_t c) { return Fp8E4M3ValueScaled(c) * 256.0f; }
 
 inline constexpr int64_t kInt4Chunk = 32;
 

@@ -154,8 +154,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
         absl::StrCat("weight dtype must be auto, f32 or bf16, got '", options.weight_dtype, "'"));
   }
   if (!ParseWeightQuant(options.quantization, &load.quantization)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantization must be none, int8 or int4, got '", options.quantization, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantization must be none, int8, int4 or fp8, got '", options.quantization, "'"));
   }
   load.quant_group_size = options.quant_group_size;
   load.map_weights = options.mmap_weights || *device != "cpu";
@@ -213,7 +213,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     const bool quantized =
         model->quantization() != WeightQuant::kNone || model->checkpoint_quant().quantized();
     const bool tiles16 = model->quant_layout() == WeightLayout::kTiles16;
-    if (*device == "cpu" && int8_dot && quantized && tiles16) {
+    if (*device == "cpu" && model->quantization() == WeightQuant::kFp8) {
+      matmul_input_dtype = cpu::AutoMatMulInputDtype(WeightQuant::kFp8, model->weight_dtype());
+    } else if (*device == "cpu" && int8_dot && quantized && tiles16) {
       matmul_input_dtype = DType::kI8;
     } else if (*device == "cpu" && bf16_weights && bf16_dot) {
       matmul_input_dtype = DType::kBF16;
@@ -345,7 +347,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
                << (load.quantization != WeightQuant::kNone
                        ? absl::StrCat(" quantized ", options.quantization)
                    : model->checkpoint_quant().quantized()
-                       ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " int4")
+                       ? absl::StrCat(" ", model->checkpoint_quant().MethodName(), " ",
+                                      model->checkpoint_quant().FormatName())
                        : std::string())
                << (matmul_input_dtype == DType::kBF16 ? ", bf16 matmul inputs"
                    : matmul_input_dtype == DType::kI8 ? ", int8 matmul inputs"

@@ -27,7 +27,7 @@ struct EngineBuildOptions {
   // auto (f32 for f32 weights, else bf16) | f32 | bf16 | fp8 (e4m3) | int8; fp8 and int8 keep
   // one f32 scale per (token, kv head) row, cpu only.
   std::string kv_cache_dtype = "auto";
-  std::string quantization = "none";  // none | int8 | int4 (weight-only, cpu only)
+  std::string quantization = "none";  // none | int8 | int4 | fp8 (weight-only)
   int64_t quant_group_size = 128;     // int4 group along K (power of two >= 32)
   // What the projections' inputs are rounded to. cpu (CpuBackendOptions): auto (int8 for int8 and
   // int4 weights on a CPU with AVX512_VNNI, bf16 for bf16 weights (and quantized ones without

@@ -75,8 +75,9 @@ void EngineFlags::Register(FlagSet* f) {
             "KV cache dtype: auto, f32, bf16, fp8 (e4m3) or int8 (fp8/int8: a scale per token and "
             "kv head; the same bytes on cpu and cuda)");
   f->String("quantization", &o.quantization,
-            "weight-only quantization made at load time: none, int8 (per-channel) or int4 "
-            "(groups with zero points); cpu and cuda. AWQ / GPTQ int4 checkpoints are detected "
+            "weight-only quantization made at load time: none, int8 (per-channel), int4 "
+            "(groups with zero points) or fp8 (e4m3, per-channel scales; cpu: f32 or bf16 "
+            "inputs); cpu and cuda. AWQ / GPTQ int4 checkpoints are detected "
             "from config.json and load as int4 by themselves (keep none; act-order GPTQ: cpu "
             "only)");
   f->Int("quantization-group-size", &o.quant_group_size,

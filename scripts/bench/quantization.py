@@ -16,7 +16,8 @@ PEER = {
     "int8": {"b1": "32.8-34.9", "roof": "60-66%", "b8": 59.9, "pp512": 132.4, "name": "q8_0"},
     "int4": {"b1": "56.4-61.6", "roof": "55-56%", "b8": 107.9, "pp512": 196.2, "name": "q4_0"},
 }
-LABEL = {"none": "bf16", "int8": "int8 (per-channel)", "int4": "int4"}
+LABEL = {"none": "bf16", "int8": "int8 (per-channel)", "int4": "int4",
+         "fp8": "fp8 e4m3 (per-channel)"}
 
 
 def med(xs):
@@ -120,7 +121,9 @@ def render(work, outdir):
             "max |difference| / max |reference| per position (mean and worst over positions). "
             "Weights quantized at load from the f32 checkpoint (lm_head too); bf16 weights are the "
             "checkpoint rounded to bf16. bf16 matmul inputs: every projection's input rounded to "
-            "bf16 (bf16 dot products; quantized weights used as bf16 of their f32 value). int8 "
+            "bf16 (bf16 dot products; int4 weights used as bf16 of their f32 value, int8 and fp8 "
+            "weights as their codes' values with the row scale after the dot product). fp8 "
+            "weights: e4m3 with one scale per output channel (scale = max |w| / 448). int8 "
             "matmul inputs: every projection's input row quantized to int8 with one scale "
             "(per-token), integer dot products with the int8 / int4 codes.", "",
             "| weights | matmul inputs | KV cache | top-1 agreement | mean rel. logits error | worst |",

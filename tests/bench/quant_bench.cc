@@ -334,7 +334,10 @@ int Accuracy(const std::string& model_dir) {
                         {"none", 0, "int8"},
                         {"none", 0, "fp8"},
                         {"int8", 0, "fp8"},
-                        {"int4", 32, "int8"}};
+                        {"int4", 32, "int8"},
+                        {"fp8", 0, "f32"},
+                        {"fp8", 0, "f32", DType::kF32, DType::kBF16},
+                        {"fp8", 0, "fp8"}};
   nlohmann::json out = nlohmann::json::array();
   for (const Case& k : cases) {
     LoadOptions lo;

@@ -2,7 +2,7 @@
 // <build>/gpu_test_models/llama-1b-bf16, shared with cuda_backend_test): decode steps by batch
 // size (CUDA graphs and eager, bf16 activations and the f32 parity mode), speculative
 // verification and mixed prefill + decode steps, chunked prefill, long-context decode, and
-// decode / prefill over int8 and int4 weights quantized at load.
+// decode / prefill over int8, int4 and fp8 weights quantized at load.
 //
 // Every figure is set beside the card's limits measured first: the device-to-device copy
 // bandwidth (bytes read + written per second) and the bf16 matrix peak (an 8192^3 cuBLAS bf16
@@ -333,10 +333,10 @@ int Main(int argc, char** argv) {
     }
   }
 
-  // Weight-only int8 and int4 (g128) weights quantized at load from the same checkpoint: decode
-  // at batch 1 and 8 (the quantized GEMV) and 32 (dequantized tiles + cuBLAS), and a 512-token
-  // prefill chunk. One backend at a time.
-  for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4}) {
+  // Weight-only int8, int4 (g128) and fp8 weights quantized at load from the same checkpoint:
+  // decode at batch 1 and 8 (the quantized GEMV) and 32 (dequantized tiles + cuBLAS), and a
+  // 512-token prefill chunk. One backend at a time.
+  for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kFp8}) {
     const std::string name =
         std::string(WeightQuantName(quant)) + (quant == WeightQuant::kInt4 ? " g128" : "");
     LoadOptions ql = load;

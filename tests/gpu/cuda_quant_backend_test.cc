@@ -1,8 +1,9 @@
-// The CUDA backend over weight-only quantized weights (int8 per row, int4 group-wise) against the
-// CPU backend serving the same quantized model: random mixes of prefill chunks (products of more
-// than kGemvMaxRows rows: dequantized tiles and cuBLAS) and decode tokens (the quantized GEMV), in
-// both activation modes; teacher-forced greedy decoding; accuracy against the f32 reference
-// logits beside the CPU's; and the quantized layouts the backend refuses.
+// The CUDA backend over weight-only quantized weights (int8 and fp8 per row, int4 group-wise)
+// against the CPU backend serving the same quantized model: random mixes of prefill chunks
+// (products of more than kGemvMaxRows rows: dequantized tiles and cuBLAS) and decode tokens (the
+// quantized GEMV), in both activation modes; teacher-forced greedy decoding; accuracy against the
+// f32 reference logits beside the CPU's; AWQ / GPTQ and fp8 checkpoints; and the quantized layouts
+// the backend refuses.
 
 #include <algorithm>
 #include <random>
@@ -11,6 +12,7 @@
 #include "tests/gpu/backend_runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/common/engine/backend/cpu/backend_test_util.h"
+#include "tests/unit/common/engine/model/fp8_checkpoint_util.h"
 #include "tests/unit/common/engine/model/int4_checkpoint_util.h"
 
 namespace tandem::gpu_testing {
@@ -29,11 +31,14 @@ struct Format {
   WeightQuant quant;
   int64_t group;
   std::string Name() const {
-    return quant == WeightQuant::kInt8 ? "int8" : "int4 g" + std::to_string(group);
+    return quant == WeightQuant::kInt4 ? "int4 g" + std::to_string(group)
+                                       : std::string(WeightQuantName(quant));
   }
 };
-const Format kFormats[] = {
-    {WeightQuant::kInt8, 128}, {WeightQuant::kInt4, 32}, {WeightQuant::kInt4, 128}};
+const Format kFormats[] = {{WeightQuant::kInt8, 128},
+                           {WeightQuant::kInt4, 32},
+                           {WeightQuant::kInt4, 128},
+                           {WeightQuant::kFp8, 128}};
 
 CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
   CudaBackendOptions options;
@@ -48,8 +53,9 @@ CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
 
 // Random mixed steps on both backends; every logit row close to the CPU's. The CPU reference of
 // each mode multiplies the same weight values: f32 activations against its f32 inputs (int4: the
-// same f32 weights; int8: q * s per element there, (sum q x) * s here), bf16 activations against
-// its bf16 inputs (int8 codes and the scale after the sum, int4 weights rounded to bf16, on both).
+// same f32 weights; int8 and fp8: q * s per element there, (sum q x) * s here), bf16 activations
+// against its bf16 inputs (int8 codes / fp8 values and the scale after the sum, int4 weights
+// rounded to bf16, on both).
 // So the products differ by f32 rounding of sums in another order: within 2e-5 with f32
 // activations (measured: up to 1.4e-6 in the emulator; f32 rounding over 64-512-element sums,
 // amplified by the layers). bf16
@@ -219,6 +225,41 @@ TEST_F(CudaQuantBackendTest, Int4CheckpointsMatchCpuBackend) {
     EXPECT_LT(agree.worst_relative_error, 3e-2) << c.name;
     std::printf(
         "%s: teacher-forced %lld positions, %lld argmax differences, worst relative logit "
+        "error %.3g\n",
+        c.name, static_cast<long long>(agree.positions),
+        static_cast<long long>(agree.argmax_differs), agree.worst_relative_error);
+  }
+}
+
+// fp8 checkpoints as published (compressed-tensors per channel and per tensor, fbgemm_fp8; packed
+// from llama2xs-280k by the independent numpy packer, bf16 dense tensors): the CUDA backend against
+// the CPU backend on the same model, teacher-forced as above, bounds as above.
+TEST_F(CudaQuantBackendTest, Fp8CheckpointsMatchCpuBackend) {
+  struct Case {
+    const char* name;
+    const char* args;
+  };
+  for (const Case& c :
+       {Case{"ct_channel", "--format compressed-tensors --dtype bf16"},
+        Case{"ct_tensor", "--format compressed-tensors --strategy tensor --dtype bf16"},
+        Case{"fbgemm", "--format fbgemm_fp8 --dtype bf16"}}) {
+    const auto packed =
+        testing_util::PackFp8Checkpoint("llama2xs-280k", c.args, std::string("cuda_") + c.name);
+    ASSERT_FALSE(HasFailure()) << c.name;
+    auto loaded = LoadModel(packed.quantized, LoadOptions{});
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    std::shared_ptr<const Model> model = std::move(loaded).value();
+    ASSERT_EQ(model->quantization(), WeightQuant::kFp8) << c.name;
+    auto cuda = MakeCudaBackend(model, Options(64, true));
+    auto cpu = MakeCpuBackend(model, 64, DType::kF32, DType::kBF16);
+    ASSERT_TRUE(cuda && cpu) << c.name;
+    std::vector<std::vector<int32_t>> prompts = {
+        {1, 403, 407, 261, 378, 290, 17, 99, 311, 45, 12, 480, 33, 7, 260, 201, 388, 72, 5}};
+    const Agreement agree = TeacherForced(*cpu, *cuda, prompts, kEmulated ? 10 : 40, 0.05);
+    EXPECT_EQ(agree.disagreements, 0) << c.name;
+    EXPECT_LT(agree.worst_relative_error, 3e-2) << c.name;
+    std::printf(
+        "fp8 %s: teacher-forced %lld positions, %lld argmax differences, worst relative logit "
         "error %.3g\n",
         c.name, static_cast<long long>(agree.positions),
         static_cast<long long>(agree.argmax_differs), agree.worst_relative_error);

@@ -1,5 +1,5 @@
 // The quantized-weight kernels (quant_gemv_kernels.cu) and the products over quantized weights
-// (gemm.h) against the CPU MatMul over the same int8 / int4 matrices (made by the loader's
+// (gemm.h) against the CPU MatMul over the same int8 / int4 / fp8 matrices (made by the loader's
 // quantizer), with f32 inputs as they are and bf16 inputs as the CPU's bf16-input path rounds
 // them. Outputs are poisoned (NaN) before each launch so an unwritten element fails.
 
@@ -24,16 +24,19 @@ class CudaQuantKernelsTest : public ::testing::Test {
   cudaStream_t stream_ = nullptr;
 };
 
-// One weight format of the tests: int8, or int4 with a group size.
+// One weight format of the tests: int8, fp8, or int4 with a group size.
 struct Format {
   WeightQuant quant;
   int64_t group;
   std::string Name() const {
-    return quant == WeightQuant::kInt8 ? "int8" : "int4 g" + std::to_string(group);
+    return quant == WeightQuant::kInt4 ? "int4 g" + std::to_string(group)
+                                       : std::string(WeightQuantName(quant));
   }
 };
-const Format kFormats[] = {
-    {WeightQuant::kInt8, 0}, {WeightQuant::kInt4, 32}, {WeightQuant::kInt4, 128}};
+const Format kFormats[] = {{WeightQuant::kInt8, 0},
+                           {WeightQuant::kInt4, 32},
+                           {WeightQuant::kInt4, 128},
+                           {WeightQuant::kFp8, 0}};
 
 // A random [n, k] matrix quantized by the loader's quantizer (kRows).
 QuantizedMatrix MakeMatrix(const Format& f, int64_t n, int64_t k, uint64_t seed) {
@@ -48,7 +51,7 @@ QuantizedMatrix MakeMatrix(const Format& f, int64_t n, int64_t k, uint64_t seed)
 
 // The scales in the CUDA layout (quant_kernels.h: int4 as (scale, zero) pairs).
 std::vector<float> DeviceScales(const QuantizedMatrix& m) {
-  if (m.quant == WeightQuant::kInt8) return m.scales;
+  if (m.quant != WeightQuant::kInt4) return m.scales;
   std::vector<float> pairs(2 * m.scales.size());
   for (size_t i = 0; i < m.scales.size(); ++i) {
     pairs[2 * i] = m.scales[i];
@@ -121,7 +124,7 @@ TEST_F(CudaQuantKernelsTest, QuantGemvMatchesCpuMatMul) {
             a.ldy = ldy;
             a.y_bf16 = y_bf16;
             a.silu_mul = silu;
-            const int64_t chunk = f.quant == WeightQuant::kInt8 ? 16 : 32;
+            const int64_t chunk = f.quant == WeightQuant::kInt4 ? 32 : 16;
             EXPECT_EQ(cuda::QuantGemvVectorized(a), k % chunk == 0 && ldx % 8 == 0);
             TANDEM_CUDA_CHECK(cuda::QuantGemv(a, stream_));
             std::vector<float> got(rows * n);
@@ -150,8 +153,9 @@ TEST_F(CudaQuantKernelsTest, QuantGemvMatchesCpuMatMul) {
   EXPECT_EQ(cuda::QuantGemv(bad, stream_), cudaErrorInvalidValue);
 }
 
-// DequantizeRows writes the loader's dequantized values bit for bit (int4; int8: the codes, the
-// scale comes after the product), rounded to nearest-even bf16 for bf16 output.
+// DequantizeRows writes the loader's dequantized values bit for bit (int4; int8: the codes, fp8:
+// the codes' values, the scale comes after the product), rounded to nearest-even bf16 for bf16
+// output.
 TEST_F(CudaQuantKernelsTest, DequantizeRowsIsTheLoadersValue) {
   const int64_t n = 11, k = 200, n0 = 3, nr = 7;
   for (const Format& f : kFormats) {
@@ -176,6 +180,8 @@ TEST_F(CudaQuantKernelsTest, DequantizeRowsIsTheLoadersValue) {
         for (int64_t c = 0; c < k; ++c) {
           row[c] = static_cast<float>(static_cast<int8_t>(m.codes[src * k + c]));
         }
+      } else if (f.quant == WeightQuant::kFp8) {
+        for (int64_t c = 0; c < k; ++c) row[c] = Fp8E4M3Value(m.codes[src * k + c]);
       } else {
         DequantizeRow(f.quant, m.codes.data() + src * row_bytes, m.scales.data() + src * groups,
                       m.zeros.data() + src * groups, k, f.group, row.data());

@@ -13,6 +13,7 @@
 #include "common/base/thread_pool.h"
 #include "common/engine/model/checkpoint.h"
 #include "common/engine/model/convert.h"
+#include "common/engine/model/fp8_checkpoint.h"
 #include "common/engine/model/int4_checkpoint.h"
 #include "common/engine/model/quantize.h"
 
@@ -84,6 +85,8 @@ class ModelLoader {
   void QuantizeInto(const uint8_t* src, DType src_dtype, int64_t N, int64_t K, Tensor* out);
   // Moves a quantized matrix into owned buffers described by `out`.
   void StoreQuantized(QuantizedMatrix q, Tensor* out);
+  // An fp8 checkpoint's projection `name` (F8_E4M3) with its `<prefix>.weight_scale`.
+  absl::Status LoadFp8(const std::string& name, const std::vector<int64_t>& shape, Tensor* out);
   // An AWQ / GPTQ projection `<prefix>.qweight` etc. of logical shape [N, K].
   absl::Status LoadPacked(const std::string& prefix, const std::vector<int64_t>& shape,
                           Tensor* out);
@@ -230,9 +233,31 @@ absl::Status ModelLoader::LoadPacked(const std::string& prefix, const std::vecto
   return absl::OkStatus();
 }
 
+absl::Status ModelLoader::LoadFp8(const std::string& name, const std::vector<int64_t>& shape,
+                                  Tensor* out) {
+  const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+  TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef weight, ckpt_->Get(name));
+  TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef scale, ckpt_->Get(prefix + ".weight_scale"));
+  Digest(name, *weight.entry);
+  Digest(scale.entry->name, *scale.entry);
+  // The activation scales of fp8 GEMMs: known, not used (fp8_checkpoint.h).
+  for (const char* extra : {".input_scale", ".input_scale_ub"}) {
+    if (ckpt_->Has(prefix + extra)) used_.insert(prefix + extra);
+  }
+  TANDEM_ASSIGN_OR_RETURN(QuantizedMatrix m,
+                          ConvertFp8Checkpoint(weight, scale, shape[0], shape[1]));
+  StoreQuantized(std::move(m), out);
+  return absl::OkStatus();
+}
+
 absl::Status ModelLoader::LoadMatrix(const std::string& name, const std::vector<int64_t>& shape,
                                      Tensor* out) {
-  if (ckpt_quant_.quantized()) {
+  if (ckpt_quant_.fp8()) {
+    // fp8 projections are F8_E4M3; those the quantizer skipped ("ignore", modules_to_not_convert)
+    // are dense and load as the options say.
+    TANDEM_ASSIGN_OR_RETURN(Checkpoint::TensorRef ref, ckpt_->Get(name));
+    if (ref.entry->dtype == DType::kF8E4M3) return LoadFp8(name, shape, out);
+  } else if (ckpt_quant_.quantized()) {
     // Projections the quantizer skipped (modules_to_not_convert, a dense lm_head) stay dense.
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
     if (ckpt_->Has(prefix + ".qweight") || !ckpt_->Has(name)) {
@@ -250,9 +275,9 @@ absl::Status ModelLoader::LoadMatrixRows(const std::string& name,
                                          const std::vector<int64_t>& stored_shape,
                                          int64_t row_begin, int64_t N, Tensor* out) {
   if (ckpt_quant_.quantized()) {
-    return absl::UnimplementedError(absl::StrCat(dir_, ": ", ckpt_quant_.MethodName(),
-                                                 " int4 checkpoints with fused '", name,
-                                                 "' projections are not supported"));
+    return absl::UnimplementedError(
+        absl::StrCat(dir_, ": ", ckpt_quant_.MethodName(), " ", ckpt_quant_.FormatName(),
+                     " checkpoints with fused '", name, "' projections are not supported"));
   }
   TANDEM_ASSIGN_OR_RETURN(const SafetensorsEntry* e, CheckedEntry(name, stored_shape));
   const int64_t K = stored_shape[1];
@@ -438,6 +463,8 @@ std::string ModelLoader::QuantSuffix() const {
       return "-int8";
     case WeightQuant::kInt4:
       return absl::StrCat("-int4g", options_.quant_group_size);
+    case WeightQuant::kFp8:
+      return "-fp8";
   }
   return "";
 }
@@ -470,18 +497,24 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
         "int4 group size must be a power of two >= 32, got ", options_.quant_group_size));
   }
   model_->quantization_ = options_.quantization;
-  model_->quant_layout_ = options_.quant_layout;
+  // fp8 weights have no tiles (int8 MatMul inputs, the tiles' reader, do not take them).
+  model_->quant_layout_ =
+      options_.quantization == WeightQuant::kFp8 ? WeightLayout::kRows : options_.quant_layout;
   model_->bf16_layout_ = TilesBf16() ? WeightLayout::kTiles16 : WeightLayout::kRows;
   TANDEM_ASSIGN_OR_RETURN(ckpt_quant_, LoadCheckpointQuantConfig(dir_));
   if (ckpt_quant_.quantized()) {
-    if (options_.quantization != WeightQuant::kNone) {
+    // fp8 checkpoints also take --quantization fp8 (their dense projections, e.g. an ignored
+    // lm_head, are then quantized at load too).
+    const bool fp8_on_fp8 = ckpt_quant_.fp8() && options_.quantization == WeightQuant::kFp8;
+    if (options_.quantization != WeightQuant::kNone && !fp8_on_fp8) {
       return absl::InvalidArgumentError(
-          absl::StrCat(dir_, " is already quantized (", ckpt_quant_.MethodName(), " int4, from ",
-                       ckpt_quant_.source, "); quantization ",
+          absl::StrCat(dir_, " is already quantized (", ckpt_quant_.MethodName(), " ",
+                       ckpt_quant_.FormatName(), ", from ", ckpt_quant_.source, "); quantization ",
                        std::string(WeightQuantName(options_.quantization)),
                        " at load applies to f32/bf16/f16 checkpoints only: use none"));
     }
-    model_->quantization_ = WeightQuant::kInt4;
+    model_->quantization_ = ckpt_quant_.fp8() ? WeightQuant::kFp8 : WeightQuant::kInt4;
+    if (ckpt_quant_.fp8()) model_->quant_layout_ = WeightLayout::kRows;
     model_->checkpoint_quant_ = ckpt_quant_;
   }
 
@@ -527,9 +560,9 @@ absl::StatusOr<std::unique_ptr<Model>> ModelLoader::Load() {
                        ? std::string()
                        : absl::StrCat(", quantized ",
                                       std::string(WeightQuantName(options_.quantization))))
-               << (ckpt_quant_.quantized()
-                       ? absl::StrCat(", ", ckpt_quant_.MethodName(), " int4 checkpoint")
-                       : std::string())
+               << (ckpt_quant_.quantized() ? absl::StrCat(", ", ckpt_quant_.MethodName(), " ",
+                                                          ckpt_quant_.FormatName(), " checkpoint")
+                                           : std::string())
                << ")";
   }
   return std::move(model_);

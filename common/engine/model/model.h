@@ -74,7 +74,9 @@ struct LoadOptions {
   int num_threads = 0;
   // Weight-only quantization of the projections and lm_head (embeddings and norms stay dense),
   // made at load time from the checkpoint's values (common/base/quant.h). Must stay kNone for
-  // checkpoints that are already quantized (AWQ / GPTQ), which load as int4 by themselves.
+  // checkpoints that are already quantized (AWQ / GPTQ), which load as int4 by themselves; fp8
+  // checkpoints load as fp8 by themselves and also take kFp8 (their dense projections are then
+  // quantized too). kFp8 is always in WeightLayout::kRows (quant_layout does not apply).
   WeightQuant quantization = WeightQuant::kNone;
   int64_t quant_group_size = 128;  // int4: a power of two >= 32
   // Layout of quantized tensors (made at load or converted from AWQ / GPTQ; common/base/quant.h):
@@ -99,14 +101,15 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   DType weight_dtype() const { return weight_dtype_; }
-  // kInt4 for AWQ / GPTQ checkpoints as well as for LoadOptions::quantization int4.
+  // kInt4 for AWQ / GPTQ checkpoints as well as for LoadOptions::quantization int4; kFp8 for fp8
+  // checkpoints (compressed-tensors, fbgemm_fp8, fp8) and LoadOptions::quantization fp8.
   WeightQuant quantization() const { return quantization_; }
   // Layout of the quantized tensors (LoadOptions::quant_layout; meaningless without them).
   WeightLayout quant_layout() const { return quant_layout_; }
   // Layout of the dense bf16 projections and lm_head (LoadOptions::bf16_layout; kRows for f32
   // weights).
   WeightLayout bf16_layout() const { return bf16_layout_; }
-  // The checkpoint's own quantization (AWQ / GPTQ), method kNone for dense checkpoints.
+  // The checkpoint's own quantization (AWQ / GPTQ / fp8), method kNone for dense checkpoints.
   const CheckpointQuantConfig& checkpoint_quant() const { return checkpoint_quant_; }
   // Bytes of weights one decode step reads (every projection and lm_head as stored, plus one
   // embedding row): the numerator of the memory roofline.

@@ -9,6 +9,7 @@
 #include "common/base/mapped_file.h"
 #include "common/base/status_macros.h"
 #include "common/config/json_fields.h"
+#include "common/engine/model/fp8_checkpoint.h"
 
 namespace tandem {
 namespace {
@@ -98,6 +99,12 @@ std::string CheckpointQuantConfig::MethodName() const {
       return "awq";
     case CheckpointQuantMethod::kGptq:
       return "gptq";
+    case CheckpointQuantMethod::kCompressedTensorsFp8:
+      return "compressed-tensors";
+    case CheckpointQuantMethod::kFbgemmFp8:
+      return "fbgemm_fp8";
+    case CheckpointQuantMethod::kFp8:
+      return "fp8";
     case CheckpointQuantMethod::kNone:
       break;
   }
@@ -106,6 +113,7 @@ std::string CheckpointQuantConfig::MethodName() const {
 
 std::string CheckpointQuantConfig::IdSuffix() const {
   if (!quantized()) return "";
+  if (fp8()) return absl::StrCat("-", MethodName(), per_tensor ? "-fp8t" : "-fp8");
   return absl::StrCat("-", MethodName(), group_size < 0 ? "-gch" : absl::StrCat("-g", group_size),
                       desc_act ? "-act" : "");
 }
@@ -130,9 +138,16 @@ absl::StatusOr<CheckpointQuantConfig> ParseCheckpointQuantConfig(const nlohmann:
     c.method = CheckpointQuantMethod::kAwq;
   } else if (m == "gptq") {
     c.method = CheckpointQuantMethod::kGptq;
+  } else if (m == "compressed-tensors" || m == "fbgemm_fp8" || m == "fp8") {
+    c.method = m == "fp8"          ? CheckpointQuantMethod::kFp8
+               : m == "fbgemm_fp8" ? CheckpointQuantMethod::kFbgemmFp8
+                                   : CheckpointQuantMethod::kCompressedTensorsFp8;
+    TANDEM_RETURN_IF_ERROR(ParseFp8QuantConfig(q, source, &c));
+    return c;
   } else {
     return Unsupported(source, absl::StrCat("quant_method '", *method,
-                                            "' is not supported (supported: awq, gptq)"));
+                                            "' is not supported (supported: awq, gptq, "
+                                            "compressed-tensors, fbgemm_fp8, fp8)"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> bits, IntField(q, {"bits", "w_bit"}, source));
   if (!bits.has_value()) {

@@ -19,6 +19,14 @@ void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_siz
     }
     return;
   }
+  if (quant == WeightQuant::kFp8) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[k]));
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    scales[0] = s;
+    for (int64_t k = 0; k < K; ++k) codes[k] = Fp8E4M3Code(w[k] / s);
+    return;
+  }
   // int4: groups along K, packed in 32-element chunks (quant.h).
   const int64_t groups = Int4Groups(K, group_size);
   std::fill(codes, codes + Int4RowBytes(K), uint8_t{0});
@@ -66,7 +74,11 @@ void Int8ToTiles16(QuantizedMatrix* m) {
 }  // namespace
 
 void ToTiles16(QuantizedMatrix* m) {
-  if (m->quant == WeightQuant::kNone || m->layout == WeightLayout::kTiles16) return;
+  // fp8 weights have no tiles (no int8 MatMul inputs take them): they stay in rows.
+  if (m->quant == WeightQuant::kNone || m->quant == WeightQuant::kFp8 ||
+      m->layout == WeightLayout::kTiles16) {
+    return;
+  }
   if (m->quant == WeightQuant::kInt8) {
     Int8ToTiles16(m);
     return;
@@ -127,6 +139,11 @@ void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales,
     }
     return;
   }
+  if (quant == WeightQuant::kFp8) {
+    const float s256 = scales[0] * 256.0f;  // as the kernels: code * 2^-8 times 256 * scale
+    for (int64_t k = 0; k < K; ++k) out[k] = Fp8E4M3ValueScaled(codes[k]) * s256;
+    return;
+  }
   for (int64_t k = 0; k < K; ++k) {
     const int64_t g = k / group_size;
     out[k] = (static_cast<float>(Int4RowCode(codes, k)) - zeros[g]) * scales[g];
@@ -140,6 +157,8 @@ bool ParseWeightQuant(const std::string& text, WeightQuant* out) {
     *out = WeightQuant::kInt8;
   } else if (text == "int4") {
     *out = WeightQuant::kInt4;
+  } else if (text == "fp8") {
+    *out = WeightQuant::kFp8;
   } else {
     return false;
   }

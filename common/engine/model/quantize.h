@@ -18,16 +18,17 @@ struct QuantizedMatrix {
   WeightQuant quant = WeightQuant::kNone;
   WeightLayout layout = WeightLayout::kRows;
   int64_t rows = 0, cols = 0, group_size = 0;
-  // kRows: int8 [N, K] (int8 bit patterns), int4 [N, Int4RowBytes(K)]; kTiles16: quant.h (int4:
-  // with the scales and zeros)
+  // kRows: int8 [N, K] (int8 bit patterns), fp8 [N, K] (e4m3 codes), int4 [N, Int4RowBytes(K)];
+  // kTiles16: quant.h (int4: with the scales and zeros)
   std::vector<uint8_t> codes;
-  // int8: [QuantStoredRows(N)]; int4 kRows: [N, G] (kTiles16: empty, they are in `codes`)
+  // int8: [QuantStoredRows(N)]; fp8: [N]; int4 kRows: [N, G] (kTiles16: empty, they are in `codes`)
   std::vector<float> scales;
   std::vector<float> zeros;  // int4 kRows: [N, G] (integers in [0, 16]); kTiles16: empty
 };
 
 // A quantized matrix in WeightLayout::kRows rearranged into kTiles16 (quant.h): the same codes,
-// scales and zeros, padded to whole tiles of 16 rows. No-op when already there.
+// scales and zeros, padded to whole tiles of 16 rows. No-op when already there, and for fp8
+// (which has no tiles).
 void ToTiles16(QuantizedMatrix* m);
 
 // Dense bf16 rows [N, K] (row-major) into kTiles16 (quant.h) at `tiles`, which holds
@@ -39,8 +40,10 @@ void Bf16ToTiles16(const uint16_t* rows, int64_t N, int64_t K, uint16_t* tiles, 
 // an all-zero row), q = clamp(rint(w / scale), -127, 127). int4: per group of `group_size` (a
 // power of two >= 32) along K, the range [min(w, 0), max(w, 0)] over 16 levels: scale =
 // (hi - lo) / 15 (1 if 0), zero = clamp(rint(-lo / scale), 0, 15), q = clamp(rint(w / scale) +
-// zero, 0, 15). `row_source(n, buf)` writes row n as f32 into buf[K] (so callers can convert rows
-// from any stored dtype without materializing the whole f32 matrix).
+// zero, 0, 15). fp8: per row, scale = max|w| / 448 (1 for an all-zero row), q = the e4m3 code
+// of w / scale (quant.h Fp8E4M3Code: nearest even, saturating). `row_source(n, buf)` writes row n
+// as f32 into buf[K] (so callers can convert rows from any stored dtype without materializing the
+// whole f32 matrix).
 template <class RowSource>
 QuantizedMatrix Quantize(WeightQuant quant, int64_t N, int64_t K, int64_t group_size,
                          RowSource&& row_source, ThreadPool* pool);
@@ -53,7 +56,7 @@ void QuantizeRow(WeightQuant quant, const float* w, int64_t K, int64_t group_siz
 void DequantizeRow(WeightQuant quant, const uint8_t* codes, const float* scales, const float* zeros,
                    int64_t K, int64_t group_size, float* out);
 
-// Parses "none", "int8", "int4" (case-sensitive); false for anything else.
+// Parses "none", "int8", "int4", "fp8" (case-sensitive); false for anything else.
 bool ParseWeightQuant(const std::string& text, WeightQuant* out);
 
 template <class RowSource>

@@ -23,7 +23,7 @@ absl::Status BadTensor(const std::string& path, const std::string& name,
 }
 
 bool ParseDType(const std::string& s, DType* out) {
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kF8E4M3}) {
     if (s == SafetensorsDTypeName(d)) {
       *out = d;
       return true;
@@ -49,7 +49,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const nlohm
   if (!ParseDType(dtype->get<std::string>(), &e.dtype)) {
     return absl::UnimplementedError(
         absl::StrCat(path, ": tensor '", name, "' has unsupported dtype '",
-                     dtype->get<std::string>(), "' (supported: F32, BF16, F16, I32)"));
+                     dtype->get<std::string>(), "' (supported: F32, BF16, F16, I32, F8_E4M3)"));
   }
   auto shape = v.find("shape");
   if (shape == v.end() || !shape->is_array()) return BadTensor(path, name, "missing 'shape'");
@@ -101,6 +101,8 @@ const char* SafetensorsDTypeName(DType dtype) {
       return "F16";
     case DType::kI32:
       return "I32";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
     default:
       return nullptr;
   }

@@ -18,8 +18,8 @@ struct Tensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;
   // Weight-only quantized matrices (common/base/quant.h): `data` holds the codes, `dtype` is the
-  // dense dtype the model would otherwise use; scales (and int4 zeros) are owned by the Model
-  // (int4 in kTiles16: both null, `data` holds them with the codes).
+  // dense dtype the model would otherwise use; scales (int8, fp8: one per row; int4 with zeros) are
+  // owned by the Model (int4 in kTiles16: both null, `data` holds them with the codes).
   WeightQuant quant = WeightQuant::kNone;
   const float* scales = nullptr;
   const float* zeros = nullptr;
@@ -47,6 +47,7 @@ struct Tensor {
                                        Bf16TileBytes(cols()))
                  : nbytes();
     }
+    if (quant == WeightQuant::kFp8) return static_cast<size_t>(rows() * (cols() + 4));
     if (quant == WeightQuant::kInt8) {
       return layout == WeightLayout::kTiles16
                  ? static_cast<size_t>(QuantStoredRows(rows(), layout) * (Int8TileK(cols()) + 4))

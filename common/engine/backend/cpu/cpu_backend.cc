@@ -129,6 +129,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(std::shared_ptr<c
         std::string(DTypeName(model->weight_dtype())), " weights",
         quantized ? " (quantized)" : ""));
   }
+  if (input == DType::kI8 && model->quantization() == WeightQuant::kFp8) {
+    return absl::InvalidArgumentError(
+        "MatMul input dtype int8 takes int8 or int4 weights, not fp8 (use auto, f32 or bf16)");
+  }
   if (quantized && (model->quant_layout() == WeightLayout::kTiles16) != (input == DType::kI8)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "quantized weights with ", std::string(DTypeName(input)),

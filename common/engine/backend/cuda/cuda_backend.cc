@@ -127,8 +127,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat("gpu_memory_utilization must be in (0, 1], got ",
                                                    options.gpu_memory_utilization));
   }
-  // int8 and int4 (made at load, or AWQ / GPTQ as loaded) weight-only quantization in row
-  // layout; DeviceWeights::CheckQuantized names what else is refused.
+  // int8, int4 and fp8 (made at load, or AWQ / GPTQ / fp8 as loaded) weight-only quantization in
+  // row layout; DeviceWeights::CheckQuantized names what else is refused.
   TANDEM_RETURN_IF_ERROR(DeviceWeights::CheckQuantized(*model));
   if (const ModelConfig& c = model->config();
       c.qk_norm || IsGemma(c.architecture) || c.num_experts > 0 || c.rope_dim() != c.head_dim) {

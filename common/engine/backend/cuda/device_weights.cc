@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
   std::vector<std::unique_ptr<std::vector<float>>> staged;
   int64_t dequant_bytes = 0;
   // A matrix stacked from `parts` (CheckQuantized: one format): dense elements, or the codes
-  // then the scales (int8 [N]; int4 [N, G, 2], the pairs interleaved here).
+  // then the scales (int8, fp8 [N]; int4 [N, G, 2], the pairs interleaved here).
   auto add_matrix = [&](const std::vector<const Tensor*>& parts) {
     MatrixPlan plan;
     plan.quant = parts[0]->quant;
@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<DeviceWeights>> DeviceWeights::Upload(const Model
         continue;
       }
       data.push_back({t->data, static_cast<size_t>(CodeBytes(*t))});
-      if (plan.quant == WeightQuant::kInt8) {
+      if (plan.quant == WeightQuant::kInt8 || plan.quant == WeightQuant::kFp8) {
         scales.push_back({t->scales, static_cast<size_t>(t->rows()) * sizeof(float)});
         continue;
       }

@@ -118,7 +118,7 @@ absl::Status Gemm::RunDequantized(const GemmInput& x, int64_t M, const DeviceMat
         "DequantizeRows kernel");
     const DeviceMatrix tile{w.dequant, x.bf16 ? DType::kBF16 : DType::kF32, nr, K};
     if (auto st = GemmEx(tile, x.data, x.bf16, x.ld, M, y + n0, ldy, 0.0f); !st.ok()) return st;
-    if (w.quant == WeightQuant::kInt8) {
+    if (w.quant == WeightQuant::kInt8 || w.quant == WeightQuant::kFp8) {
       TANDEM_CUDA_RETURN_IF_ERROR(ScaleColumns(y + n0, ldy, M, nr, w.scales + n0, stream_),
                                   "ScaleColumns kernel");
     }

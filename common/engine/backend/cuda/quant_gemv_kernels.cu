@@ -1,20 +1,22 @@
-// GEMV / skinny GEMM over weight-only quantized matrices (int8 per row, int4 group-wise; layout
-// and arithmetic in quant_kernels.h), and the two helpers of the tiled path that larger products
-// take (gemm.cc): dequantization of a block of rows into dense scratch, and the column scaling of
-// int8 products.
+// GEMV / skinny GEMM over weight-only quantized matrices (int8 and fp8 e4m3 per row, int4
+// group-wise; layout and arithmetic in quant_kernels.h), and the two helpers of the tiled path
+// that larger products take (gemm.cc): dequantization of a block of rows into dense scratch, and
+// the column scaling of int8 and fp8 products.
 //
 // GEMV: one warp per output j (two weight rows, gate j and up j, for the fused SiLU epilogue), as
 // the bf16 GEMV (gemv_kernels.cu). Lane l reads the 16-byte code chunks l, l + 32, l + 64, ... of
-// the row (16 int8 elements or 32 int4 elements each) with streaming loads, kUnroll chunks in
+// the row (16 int8 / fp8 elements or 32 int4 elements each) with streaming loads, kUnroll chunks in
 // flight (each int4 chunk with its group's (scale, zero) pair: groups are >= 32 elements, so a
 // chunk lies in one group), dequantizes each 8 elements once for all activation rows and keeps one
 // f32 sum per (row of x, weight row): chunks in order, elements in order within a chunk, then the
-// butterfly over the warp; int8 sums are multiplied by the row's scale at the end. The order
-// depends on K alone, so a row's result does not depend on the batch around it. K not a multiple
-// of the chunk (or unaligned operands) takes the same path with one element per lane and step.
+// butterfly over the warp; int8 and fp8 sums are multiplied by the row's scale at the end. The
+// order depends on K alone, so a row's result does not depend on the batch around it. K not a
+// multiple of the chunk (or unaligned operands) takes the same path with one element per lane and
+// step.
 
 #include "common/engine/backend/cuda/gemv_common.cuh"
 #include "common/engine/backend/cuda/kernels.h"
+#include "common/engine/backend/cuda/kv_codes.cuh"
 #include "common/engine/backend/cuda/quant_kernels.h"
 
 namespace tandem::cuda {
@@ -33,10 +35,27 @@ TANDEM_HOST_DEVICE int64_t Groups4(int64_t k, int64_t group_size) {
   return (k + group_size - 1) / group_size;
 }
 
-template <bool kInt4>
+// kQ: WeightQuant::kInt8, kInt4 or kFp8 (int8 and fp8 share everything but the decoding).
+template <WeightQuant kQ>
 struct Format {
+  static constexpr bool kInt4 = kQ == WeightQuant::kInt4;
   static constexpr int kChunk = kInt4 ? 32 : 16;  // elements per 16-byte load
 };
+
+// The value of an fp8 e4m3 code (exact: the KV cache's widening, times 2^8).
+TANDEM_DEVICE float Fp8Value(uint32_t c) {
+  return dev::Fp8E4M3ToFloatScaled(static_cast<uint8_t>(c)) * 256.0f;
+}
+
+// Elements 8p .. 8p + 7 of one 16-byte fp8 chunk, as the codes' values (exact in f32 and bf16).
+TANDEM_DEVICE void Fp8Values8(const dev::U32x4& v, int p, float* out) {
+  const uint32_t lo = p == 0 ? v.x : v.z, hi = p == 0 ? v.y : v.w;
+  TANDEM_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    out[i] = Fp8Value((lo >> (8 * i)) & 0xffu);
+    out[4 + i] = Fp8Value((hi >> (8 * i)) & 0xffu);
+  }
+}
 
 // Elements 8p .. 8p + 7 of one 16-byte int8 chunk, as the f32 codes.
 TANDEM_DEVICE void Int8Codes8(const dev::U32x4& v, int p, float* out) {
@@ -68,9 +87,12 @@ TANDEM_DEVICE void Int4Values8(const dev::U32x4& v, int p, float scale, float ze
 }
 
 // One element of a quantized row (the scalar path).
-template <bool kInt4, bool kRound>
+template <WeightQuant kQ, bool kRound>
 TANDEM_DEVICE float ElementOf(const QuantGemvArgs& a, int64_t row, int64_t c) {
-  if (!kInt4) return static_cast<float>(static_cast<int8_t>(a.codes[row * a.k + c]));
+  if (kQ == WeightQuant::kFp8) return Fp8Value(a.codes[row * a.k + c]);
+  if (kQ == WeightQuant::kInt8) {
+    return static_cast<float>(static_cast<int8_t>(a.codes[row * a.k + c]));
+  }
   const uint8_t b = a.codes[row * RowBytes4(a.k) + c / 32 * 16 + c % 16];
   const int q = c % 32 < 16 ? b & 15 : b >> 4;
   const float* sz = a.scales + (row * Groups4(a.k, a.group_size) + c / a.group_size) * 2;
@@ -80,10 +102,11 @@ TANDEM_DEVICE float ElementOf(const QuantGemvArgs& a, int64_t row, int64_t c) {
 
 // kRows: weight rows per output (1, or 2 for gate/up with the SiLU epilogue). kVec: 16-byte
 // chunks or single elements. int4 weights are rounded to bf16 with bf16 activations (XT).
-template <class XT, class YT, int kRows, bool kVec, bool kInt4>
+template <class XT, class YT, int kRows, bool kVec, WeightQuant kQ>
 TANDEM_GLOBAL void QuantGemvKernel(QuantGemvArgs a) {
+  constexpr bool kInt4 = Format<kQ>::kInt4;
   constexpr bool kRound = kInt4 && sizeof(XT) == 2;
-  constexpr int kChunk = Format<kInt4>::kChunk;
+  constexpr int kChunk = Format<kQ>::kChunk;
   const int lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
   if (j >= a.n) return;  // the whole warp: no shuffle below is left half-done
@@ -126,8 +149,10 @@ TANDEM_GLOBAL void QuantGemvKernel(QuantGemvArgs a) {
           float wv[kRows][8];
           TANDEM_UNROLL
           for (int r = 0; r < kRows; ++r) {
-            if (kInt4) {
+            if constexpr (kInt4) {
               Int4Values8<kRound>(wq[u][r], p, scale[u][r], zero[u][r], wv[r]);
+            } else if constexpr (kQ == WeightQuant::kFp8) {
+              Fp8Values8(wq[u][r], p, wv[r]);
             } else {
               Int8Codes8(wq[u][r], p, wv[r]);
             }
@@ -149,7 +174,7 @@ TANDEM_GLOBAL void QuantGemvKernel(QuantGemvArgs a) {
   } else {
     for (int64_t c = lane; c < a.k; c += 32) {
       float wv[kRows];
-      for (int r = 0; r < kRows; ++r) wv[r] = ElementOf<kInt4, kRound>(a, wrow[r], c);
+      for (int r = 0; r < kRows; ++r) wv[r] = ElementOf<kQ, kRound>(a, wrow[r], c);
       for (int m = 0; m < kGemvMaxRows; ++m) {
         if (m >= rows) break;
         const float xv = dev::Load(x + m * a.ldx + c);
@@ -175,35 +200,35 @@ TANDEM_GLOBAL void QuantGemvKernel(QuantGemvArgs a) {
   }
 }
 
-template <class XT, class YT, int kRows, bool kInt4>
+template <class XT, class YT, int kRows, WeightQuant kQ>
 void Launch(const QuantGemvArgs& a, bool vec, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((a.n + kGemvWarps - 1) / kGemvWarps);
-  void (*kernel)(QuantGemvArgs) = vec ? &QuantGemvKernel<XT, YT, kRows, true, kInt4>
-                                      : &QuantGemvKernel<XT, YT, kRows, false, kInt4>;
+  void (*kernel)(QuantGemvArgs) =
+      vec ? &QuantGemvKernel<XT, YT, kRows, true, kQ> : &QuantGemvKernel<XT, YT, kRows, false, kQ>;
   TANDEM_LAUNCH(kernel, blocks, kGemvWarps * 32, 0, stream, a);
 }
 
-template <class XT, bool kInt4>
+template <class XT, WeightQuant kQ>
 void LaunchX(const QuantGemvArgs& a, bool vec, cudaStream_t stream) {
   if (a.silu_mul) {
     if (a.y_bf16) {
-      Launch<XT, uint16_t, 2, kInt4>(a, vec, stream);
+      Launch<XT, uint16_t, 2, kQ>(a, vec, stream);
     } else {
-      Launch<XT, float, 2, kInt4>(a, vec, stream);
+      Launch<XT, float, 2, kQ>(a, vec, stream);
     }
   } else if (a.y_bf16) {
-    Launch<XT, uint16_t, 1, kInt4>(a, vec, stream);
+    Launch<XT, uint16_t, 1, kQ>(a, vec, stream);
   } else {
-    Launch<XT, float, 1, kInt4>(a, vec, stream);
+    Launch<XT, float, 1, kQ>(a, vec, stream);
   }
 }
 
-template <bool kInt4>
+template <WeightQuant kQ>
 void LaunchFormat(const QuantGemvArgs& a, bool vec, cudaStream_t stream) {
   if (a.x_bf16) {
-    LaunchX<uint16_t, kInt4>(a, vec, stream);
+    LaunchX<uint16_t, kQ>(a, vec, stream);
   } else {
-    LaunchX<float, kInt4>(a, vec, stream);
+    LaunchX<float, kQ>(a, vec, stream);
   }
 }
 
@@ -217,7 +242,7 @@ unsigned GridFor(int64_t total) {
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-template <class OT, bool kInt4>
+template <class OT, WeightQuant kQ>
 TANDEM_GLOBAL void DequantizeRowsKernel(const uint8_t* codes, const float* scales,
                                         int64_t group_size, int64_t k, int64_t n0, int64_t nr,
                                         OT* out) {
@@ -227,11 +252,13 @@ TANDEM_GLOBAL void DequantizeRowsKernel(const uint8_t* codes, const float* scale
        i += stride) {
     const int64_t row = n0 + i / k, c = i % k;
     float w;
-    if (kInt4) {
+    if (kQ == WeightQuant::kInt4) {
       const uint8_t b = codes[row * RowBytes4(k) + c / 32 * 16 + c % 16];
       const int q = c % 32 < 16 ? b & 15 : b >> 4;
       const float* sz = scales + (row * Groups4(k, group_size) + c / group_size) * 2;
       w = (static_cast<float>(q) - sz[1]) * sz[0];
+    } else if (kQ == WeightQuant::kFp8) {
+      w = Fp8Value(codes[row * k + c]);
     } else {
       w = static_cast<float>(static_cast<int8_t>(codes[row * k + c]));
     }
@@ -264,10 +291,12 @@ cudaError_t QuantGemv(const QuantGemvArgs& a, cudaStream_t stream) {
   if (a.rows > kGemvMaxRows) return cudaErrorInvalidValue;
   const bool vec = QuantGemvVectorized(a);
   if (a.quant == WeightQuant::kInt8) {
-    quant_gemv::LaunchFormat<false>(a, vec, stream);
+    quant_gemv::LaunchFormat<WeightQuant::kInt8>(a, vec, stream);
+  } else if (a.quant == WeightQuant::kFp8) {
+    quant_gemv::LaunchFormat<WeightQuant::kFp8>(a, vec, stream);
   } else if (a.quant == WeightQuant::kInt4 && a.group_size >= 32 &&
              (a.group_size & (a.group_size - 1)) == 0) {
-    quant_gemv::LaunchFormat<true>(a, vec, stream);
+    quant_gemv::LaunchFormat<WeightQuant::kInt4>(a, vec, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -278,19 +307,23 @@ cudaError_t DequantizeRows(WeightQuant quant, const uint8_t* codes, const float*
                            int64_t group_size, int64_t k, int64_t n0, int64_t nr, void* out,
                            bool out_bf16, cudaStream_t stream) {
   if (nr <= 0 || k <= 0) return cudaSuccess;
-  if (quant != WeightQuant::kInt8 && quant != WeightQuant::kInt4) return cudaErrorInvalidValue;
+  if (quant != WeightQuant::kInt8 && quant != WeightQuant::kInt4 && quant != WeightQuant::kFp8) {
+    return cudaErrorInvalidValue;
+  }
   const unsigned grid = quant_gemv::GridFor(nr * k);
-  const bool int4 = quant == WeightQuant::kInt4;
+  using quant_gemv::DequantizeRowsKernel;
   if (out_bf16) {
     void (*kernel)(const uint8_t*, const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*) =
-        int4 ? &quant_gemv::DequantizeRowsKernel<uint16_t, true>
-             : &quant_gemv::DequantizeRowsKernel<uint16_t, false>;
+        quant == WeightQuant::kInt4  ? &DequantizeRowsKernel<uint16_t, WeightQuant::kInt4>
+        : quant == WeightQuant::kFp8 ? &DequantizeRowsKernel<uint16_t, WeightQuant::kFp8>
+                                     : &DequantizeRowsKernel<uint16_t, WeightQuant::kInt8>;
     TANDEM_LAUNCH(kernel, grid, quant_gemv::kThreads, 0, stream, codes, scales, group_size, k, n0,
                   nr, static_cast<uint16_t*>(out));
   } else {
     void (*kernel)(const uint8_t*, const float*, int64_t, int64_t, int64_t, int64_t, float*) =
-        int4 ? &quant_gemv::DequantizeRowsKernel<float, true>
-             : &quant_gemv::DequantizeRowsKernel<float, false>;
+        quant == WeightQuant::kInt4  ? &DequantizeRowsKernel<float, WeightQuant::kInt4>
+        : quant == WeightQuant::kFp8 ? &DequantizeRowsKernel<float, WeightQuant::kFp8>
+                                     : &DequantizeRowsKernel<float, WeightQuant::kInt8>;
     TANDEM_LAUNCH(kernel, grid, quant_gemv::kThreads, 0, stream, codes, scales, group_size, k, n0,
                   nr, static_cast<float*>(out));
   }

@@ -4,6 +4,9 @@
 // The device layout of a quantized [N, K] matrix is the host's WeightLayout::kRows
 // (common/base/quant.h) for the codes, with the scales next to them:
 //   int8: codes int8 [N, K] (row stride K bytes); scales f32 [N]. w[n, k] = q[n, k] * scale[n].
+//   fp8: codes e4m3 [N, K] (row stride K bytes); scales f32 [N]. w[n, k] = e4m3(q[n, k]) *
+//     scale[n]; everything below that says int8 holds for fp8 with the code's value (exact in
+//     f32 and bf16) in place of the integer code.
 //   int4: codes [N, Int4RowBytes(K)] (32-element chunks of 16 bytes, byte j holding element j in
 //     its low nibble and element j + 16 in its high nibble); scales f32 [N, G, 2] holding each
 //     group's (scale, zero) pair side by side (one 8-byte load per chunk), G = Int4Groups(K,
@@ -45,15 +48,16 @@ struct QuantGemvArgs {
   bool silu_mul = false;
 };
 // cudaErrorInvalidValue for rows outside 1 .. kGemvMaxRows or a weight format other than int8 /
-// int4.
+// int4 / fp8.
 cudaError_t QuantGemv(const QuantGemvArgs& args, cudaStream_t stream);
-// Whether the call takes the 128-bit path (int8: k % 16 == 0, int4: k % 32 == 0; 16-byte aligned
-// codes, x and x rows); otherwise one element per lane and step.
+// Whether the call takes the 128-bit path (int8, fp8: k % 16 == 0, int4: k % 32 == 0; 16-byte
+// aligned codes, x and x rows); otherwise one element per lane and step.
 bool QuantGemvVectorized(const QuantGemvArgs& args);
 
 // Rows [n0, n0 + nr) of a quantized [*, k] matrix as dense rows out[nr, k] (contiguous; bf16 when
-// out_bf16, else f32), the weights of a dense product: int8 the codes q themselves (exact in
-// either type; the product's columns are then multiplied by the row scales, ScaleColumns); int4
+// out_bf16, else f32), the weights of a dense product: int8 the codes q themselves, fp8 the codes'
+// values (exact in either type; the product's columns are then multiplied by the row scales,
+// ScaleColumns); int4
 // the f32 value (q - zero) * scale, rounded to nearest-even bf16 when out_bf16.
 cudaError_t DequantizeRows(WeightQuant quant, const uint8_t* codes, const float* scales,
                            int64_t group_size, int64_t k, int64_t n0, int64_t nr, void* out,

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "common/base/dtype.h"
+#include "common/base/quant.h"
 #include "common/engine/backend/cpu/kernels/elementwise_impl.h"
 #include "common/engine/backend/cpu/kernels/fn_table.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
@@ -51,37 +52,16 @@ inline float* KvScalePtr(const PagedKvLayer& kv, int64_t slot, int which, int64_
                                   KvScaleExtra<S>(kv, which, h) + off * 4);
 }
 
-// fp8 e4m3 code (round to nearest even, saturating at 448) of a finite |x| <= ~448.
+// fp8 e4m3 code (round to nearest even, saturating at 448): common/base/quant.h's conversion.
 template <class S>
 inline uint8_t F32ToFp8E4M3(float x) {
-  const uint32_t b = __builtin_bit_cast(uint32_t, x);
-  const uint8_t sign = static_cast<uint8_t>((b >> 24) & 0x80);
-  const float a = __builtin_bit_cast(float, b & 0x7fffffffu);
-  if (!(a < 464.0f)) return sign | 0x7e;          // saturate (and NaN) to 448
-  if (a < 0.015625f) {                            // below the smallest normal: multiples of 2^-9
-    const float q = __builtin_rintf(a * 512.0f);  // exact scaling, then round to even
-    return sign | static_cast<uint8_t>(q);        // q == 8 is the smallest normal's code
-  }
-  int32_t e = static_cast<int32_t>((__builtin_bit_cast(uint32_t, a) >> 23) & 0xff) - 127;
-  const uint32_t m = __builtin_bit_cast(uint32_t, a) & 0x7fffffu;
-  uint32_t keep = m >> 20;
-  const uint32_t rest = m & 0xfffffu;
-  if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u) != 0)) ++keep;
-  if (keep == 8) {
-    keep = 0;
-    ++e;
-  }
-  if (e > 8 || (e == 8 && keep > 6)) return sign | 0x7e;
-  return sign | static_cast<uint8_t>(((e + 7) << 3) | static_cast<int32_t>(keep));
+  return Fp8E4M3Code(x);
 }
 
 // The value of an fp8 e4m3 code times 2^-8 (what S::Load of Fp8E4M3 gives).
 template <class S>
 inline float Fp8E4M3ToF32Scaled(uint8_t c) {
-  const uint32_t e = (c >> 3) & 15u, m = c & 7u;
-  const float v = e == 0 ? static_cast<float>(m) * 0x1p-17f
-                         : __builtin_bit_cast(float, ((e + 112u) << 23) | (m << 20));
-  return (c & 0x80) != 0 ? -v : v;
+  return Fp8E4M3ValueScaled(c);
 }
 
 // Offset (in elements) of a slot's K (which = 0) or V (which = 1) row of kv head h.

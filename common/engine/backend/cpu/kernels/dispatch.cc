@@ -148,9 +148,9 @@ int64_t DequantBlockRows(int64_t K) {
 }
 
 // Rows [n0, n1) of a quantized weight as bf16 (rows of K from out), the same values as the
-// AVX512_BF16 kernel's: int8 codes themselves (exact; the row scale is applied to the finished
-// dot product), int4 the f32 dequantized value (one exact product, quant.h) rounded to nearest
-// even. The path for CPUs without AVX512_BF16.
+// AVX512_BF16 kernel's: int8 codes and fp8 codes' values themselves (exact; the row scale is
+// applied to the finished dot product), int4 the f32 dequantized value (one exact product, quant.h)
+// rounded to nearest even. The path for CPUs without AVX512_BF16.
 void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, uint16_t* out) {
   const int64_t groups = w.quant == WeightQuant::kInt4 ? Int4Groups(K, w.group_size) : 0;
   for (int64_t n = n0; n < n1; ++n) {
@@ -158,6 +158,9 @@ void DequantRowsBf16(const MatMulWeight& w, int64_t K, int64_t n0, int64_t n1, u
     if (w.quant == WeightQuant::kInt8) {
       const int8_t* q = static_cast<const int8_t*>(w.data) + n * K;
       for (int64_t k = 0; k < K; ++k) o[k] = FloatToBf16(static_cast<float>(q[k]));
+    } else if (w.quant == WeightQuant::kFp8) {  // e4m3 values are exact in bf16
+      const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * K;
+      for (int64_t k = 0; k < K; ++k) o[k] = FloatToBf16(Fp8E4M3Value(q[k]));
     } else {
       const uint8_t* q = static_cast<const uint8_t*>(w.data) + n * Int4RowBytes(K);
       for (int64_t k = 0; k < K; ++k) {
@@ -241,6 +244,7 @@ void CheckFloatType(DType t, const char* what) {
 int64_t MatMulWeight::RowBytes(int64_t K) const {
   switch (quant) {
     case WeightQuant::kInt8:
+    case WeightQuant::kFp8:
       return K;
     case WeightQuant::kInt4:
       return Int4RowBytes(K);
@@ -262,6 +266,11 @@ void CheckWeight(const MatMulWeight& w, int64_t K) {
       break;
     case WeightQuant::kInt8:
       TANDEM_CHECK(w.scales != nullptr) << "int8 MatMul weight without scales";
+      break;
+    case WeightQuant::kFp8:
+      TANDEM_CHECK(w.scales != nullptr && w.layout == WeightLayout::kRows &&
+                   w.input_dtype != DType::kI8)
+          << "fp8 MatMul weights need scales, the kRows layout and f32 or bf16 inputs";
       break;
     case WeightQuant::kInt4:
       // kTiles16 holds the scales and zeros in the tiles.
@@ -304,7 +313,9 @@ MatMulPath MatMulPathOf(const MatMulWeight& w) {
     return t.matmul_i8 != nullptr ? MatMulPath::kI8Dot : MatMulPath::kI8Reference;
   }
   if (w.input_dtype == DType::kBF16) {
-    return t.bf16_dot ? MatMulPath::kBf16Dot : MatMulPath::kBf16ViaF32;
+    // fp8 rows: the generic bf16 path on every tier (the bf16 dot kernels read no fp8 rows).
+    return t.bf16_dot && w.quant != WeightQuant::kFp8 ? MatMulPath::kBf16Dot
+                                                      : MatMulPath::kBf16ViaF32;
   }
   return quantized ? MatMulPath::kF32Dequant : MatMulPath::kF32;
 }
@@ -329,6 +340,7 @@ const char* MatMulPathName(MatMulPath p) {
 
 DType AutoMatMulInputDtype(WeightQuant quant, DType dtype) {
   const internal::TierKernels& t = internal::ActiveTier();
+  if (quant == WeightQuant::kFp8) return DType::kF32;  // the SIMD dequantizing FMA kernels
   if (quant != WeightQuant::kNone) {
     if (t.matmul_i8 != nullptr) return DType::kI8;
     return t.bf16_dot ? DType::kBF16 : DType::kF32;
@@ -401,7 +413,7 @@ void RunBf16ViaF32(const internal::KernelTable& t, const PreparedInput& p, int64
     } else {
       DequantRowsBf16(w, K, b0, b1, ws);
     }
-    if (w.quant == WeightQuant::kInt8) {  // y = dot * scale, then + bias
+    if (w.quant == WeightQuant::kInt8 || w.quant == WeightQuant::kFp8) {  // dot * scale + bias
       t.matmul(p.x, M, K, p.ldx, dense, 0, b1 - b0, nullptr, y + b0, ldy);
       for (int64_t m = 0; m < M; ++m) {
         for (int64_t n = b0; n < b1; ++n) {

@@ -24,16 +24,17 @@ namespace tandem::cpu {
 inline constexpr int64_t kMatMulI8MaxK = 65536;
 
 // A weight matrix [N, K] for MatMul: dense (quant kNone, dtype kF32 or kBF16, row-major; bf16
-// also in tiles) or weight-only quantized (common/base/quant.h: int8 per-row scales, int4 groups
-// with zeros).
+// also in tiles) or weight-only quantized (common/base/quant.h: int8 and fp8 e4m3 per-row scales,
+// int4 groups with zeros).
 struct MatMulWeight {
   const void* data = nullptr;
   DType dtype = DType::kF32;  // dense element type (ignored when quantized)
   WeightQuant quant = WeightQuant::kNone;
-  const float* scales = nullptr;  // int8: [N]; int4: [N, groups]
+  const float* scales = nullptr;  // int8, fp8: [N]; int4: [N, groups]
   const float* zeros = nullptr;   // int4: [N, groups], exact integers in [0, 16]
   int64_t group_size = 0;         // int4: a power of two >= 32
-  // Quantized: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs. Dense:
+  // Quantized: kTiles16 with int8 inputs (and only then), kRows with f32 or bf16 inputs (fp8:
+  // always kRows; it takes no int8 inputs). Dense:
   // kRows, or kTiles16 for bf16 weights with bf16 inputs (vdpbf16ps on AVX512_BF16 reads the
   // tiles; other CPUs turn them back into rows a block at a time).
   WeightLayout layout = WeightLayout::kRows;
@@ -91,7 +92,8 @@ bool MatMulPathTuned(MatMulPath p);
 
 // What `--matmul-input-dtype auto` resolves to on the active tier, for the MatMuls of weights of
 // format `quant` (kNone: dense weights of `dtype`): the input dtype whose kernels are fastest
-// there (README, "Tiers"). Quantized weights taking kI8 are loaded in WeightLayout::kTiles16.
+// there (README, "Tiers"); f32 for fp8 weights (its SIMD dequantizing FMA kernels). Quantized
+// weights taking kI8 are loaded in WeightLayout::kTiles16.
 DType AutoMatMulInputDtype(WeightQuant quant, DType dtype);
 // Whether dense bf16 weights are best loaded in WeightLayout::kTiles16 on the active tier (its
 // bf16 dot products read the tiles) when their inputs are not f32.

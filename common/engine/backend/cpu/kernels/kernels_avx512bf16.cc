@@ -311,6 +311,8 @@ void MatMulBf16Avx512(const uint16_t* x, int64_t M, int64_t K, int64_t ldx, cons
     case WeightQuant::kInt4:
       QuantRange<Int4Fmt>(x, M, K, ldx, w, n0, n1, bias, y, ldy, scratch, scratch_rows);
       return;
+    case WeightQuant::kFp8:  // never sent here: MatMulPathOf gives fp8 the generic bf16 path
+      __builtin_trap();
     case WeightQuant::kNone:
       break;
   }

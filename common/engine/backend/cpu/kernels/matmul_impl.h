@@ -17,6 +17,7 @@
 #include "common/engine/backend/cpu/kernels/fn_table.h"
 #include "common/engine/backend/cpu/kernels/kernels.h"
 #include "common/engine/backend/cpu/kernels/kernels_internal.h"
+#include "common/engine/backend/cpu/kernels/kv_types.h"
 
 namespace tandem::cpu::impl {
 
@@ -56,6 +57,29 @@ struct Int8Fmt {
   static F Load(const Row& r, int64_t k) { return S::Mul(S::LoadI8(r.q + k), r.s); }
   static F LoadTail(const Row& r, int64_t k, int t) {
     return S::ZeroTail(S::Mul(S::LoadI8Tail(r.q + k, t), r.s), t);
+  }
+  static const char* Addr(const Row& r, int64_t k) {
+    return reinterpret_cast<const char*>(r.q + k);
+  }
+  static int64_t RowBytes(int64_t K) { return K; }
+};
+
+// fp8 e4m3, one scale per row: w = (code's value * 2^-8) * (256 * scale[n]), the loads' exact
+// widening (as the fp8 KV cache's) times an exact rescaling of the scale: the same f32 product as
+// e4m3(q) * scale[n] (quant.h).
+template <class S>
+struct Fp8Fmt {
+  using F = typename S::F;
+  struct Row {
+    const Fp8E4M3* q;
+    F s;
+  };
+  static Row MakeRow(const MatMulWeight& w, int64_t n, int64_t K) {
+    return Row{static_cast<const Fp8E4M3*>(w.data) + n * K, S::Set1(w.scales[n] * 256.0f)};
+  }
+  static F Load(const Row& r, int64_t k) { return S::Mul(S::Load(r.q + k), r.s); }
+  static F LoadTail(const Row& r, int64_t k, int t) {
+    return S::ZeroTail(S::Mul(S::LoadTail(r.q + k, t), r.s), t);
   }
   static const char* Addr(const Row& r, int64_t k) {
     return reinterpret_cast<const char*>(r.q + k);
@@ -261,6 +285,9 @@ void MatMulRange(const float* x, int64_t M, int64_t K, int64_t ldx, const MatMul
       return;
     case WeightQuant::kInt4:
       MatMulRangeTyped<S, Int4Fmt<S>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
+      return;
+    case WeightQuant::kFp8:
+      MatMulRangeTyped<S, Fp8Fmt<S>>(x, M, K, ldx, w, n0, n1, bias, y, ldy);
       return;
     case WeightQuant::kNone:
       break;

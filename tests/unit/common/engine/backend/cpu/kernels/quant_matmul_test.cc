@@ -1,9 +1,11 @@
-// Quantized MatMul (int8 per-row, int4 groups with zeros): bit-exact against MatMul over the
-// dequantized f32 matrix (the reference, scalar dequantization in common/engine/model), bit-exact
-// batch invariance, and the quantization error bound, for every SIMD level this CPU supports.
+// Quantized MatMul (int8 per-row, int4 groups with zeros, fp8 e4m3 per-row): bit-exact against
+// MatMul over the dequantized f32 matrix (the reference, scalar dequantization in
+// common/engine/model), bit-exact batch invariance, and the quantization error bound, for every
+// SIMD level this CPU supports.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -27,8 +29,10 @@ struct Format {
   WeightQuant quant;
   int64_t group;
 };
-const Format kFormats[] = {
-    {WeightQuant::kInt8, 0}, {WeightQuant::kInt4, 32}, {WeightQuant::kInt4, 128}};
+const Format kFormats[] = {{WeightQuant::kInt8, 0},
+                           {WeightQuant::kInt4, 32},
+                           {WeightQuant::kInt4, 128},
+                           {WeightQuant::kFp8, 0}};
 
 class QuantMatMulTest : public PerSimdLevelTest {};
 
@@ -57,9 +61,10 @@ TEST_P(QuantMatMulTest, EqualsDenseMatMulOfDequantizedWeights) {
   }
 }
 
-// bf16 inputs: int4 weights are used as bf16(dequantized value), int8 weights as their codes
-// (exact in bf16) with the row scale applied to the finished dot product, then the bias. So the
-// result equals the bf16-input MatMul over that dense bf16 matrix (int8: without bias, then
+// bf16 inputs: int4 weights are used as bf16(dequantized value), int8 and fp8 weights as their
+// codes' values (exact in bf16) with the row scale applied to the finished dot product, then the
+// bias. So the result equals the bf16-input MatMul over that dense bf16 matrix (int8: without bias,
+// then
 // * scale + bias) bit for bit, across K tails, several dequantized blocks of rows (K = 1000: 131
 // rows per block) and a split among threads.
 TEST_P(QuantMatMulTest, Bf16InputsEqualDenseBf16OfDequantizedWeights) {
@@ -68,14 +73,17 @@ TEST_P(QuantMatMulTest, Bf16InputsEqualDenseBf16OfDequantizedWeights) {
     int64_t K, N, M;
   };
   for (const Format& fmt : kFormats) {
-    const bool int8 = fmt.quant == WeightQuant::kInt8;
+    // Per-row scale applied after the dot product.
+    const bool int8 = fmt.quant == WeightQuant::kInt8 || fmt.quant == WeightQuant::kFp8;
     for (Shape s : {Shape{1, 5, 3}, Shape{31, 40, 9}, Shape{100, 31, 1}, Shape{257, 40, 17},
                     Shape{1000, 300, 37}, Shape{1000, 300, 1}}) {
       const QWeights w = MakeQuantized(fmt.quant, s.N, s.K, fmt.group, 61 + s.K + s.N);
       std::vector<float> values = w.dequant;
-      if (int8) {
+      if (fmt.quant == WeightQuant::kInt8) {
         const auto* codes = reinterpret_cast<const int8_t*>(w.q.codes.data());
         for (int64_t i = 0; i < s.N * s.K; ++i) values[i] = static_cast<float>(codes[i]);
+      } else if (fmt.quant == WeightQuant::kFp8) {
+        for (int64_t i = 0; i < s.N * s.K; ++i) values[i] = Fp8E4M3Value(w.q.codes[i]);
       }
       const std::vector<uint16_t> bf16 = testing::ToBf16(values);
       MatMulWeight dense;
@@ -142,7 +150,10 @@ TEST_P(QuantMatMulTest, DequantizedWeightsWithinHalfAStep) {
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t k = 0; k < K; ++k) {
         const int64_t g = fmt.quant == WeightQuant::kInt4 ? k / fmt.group : 0;
-        const float step = w.q.scales[n * groups + g];
+        float step = w.q.scales[n * groups + g];
+        if (fmt.quant == WeightQuant::kFp8) {  // a 3-bit mantissa: 1/8 of the value's binade
+          step = std::max(std::fabs(f[n * K + k]) / 8.0f, std::ldexp(step, -9));
+        }
         ASSERT_LE(std::fabs(w.dequant[n * K + k] - f[n * K + k]), 0.5001f * step)
             << WeightQuantName(fmt.quant) << " n=" << n << " k=" << k;
       }
