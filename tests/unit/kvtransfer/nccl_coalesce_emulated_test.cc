@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/engine/backend/cuda/emulation/fake_nccl.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/control_message.h"
 #include "kvtransfer/crc32c.h"
+// Also the emulator's NCCL (FakeNcclSendCalls), through the transport's CUDA/NCCL header.
 #include "kvtransfer/nccl/communicator.h"
 #include "kvtransfer/nccl/control.h"
 #include "kvtransfer/tcp/wire.h"
