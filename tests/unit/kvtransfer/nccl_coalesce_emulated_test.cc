@@ -247,7 +247,7 @@ TEST_F(NcclCoalesceTest, AProtocolOnePeerIsRefusedNamingTheProtocol) {
 
 // A sender that merges blocks the receiver's pool does not hold adjacently (here 3 and 7, as
 // one 2-region run) lands nothing: the message goes to scratch and the attempt fails
-// INVALID_ARGUMENT; the link stays framed, so a later honest message still lands.
+// INVALID_ARGUMENT; the link stays framed, so the next attempt's honest messages land.
 TEST_F(NcclCoalesceTest, ARunOverBlocksNotAdjacentOnTheReceiverLandsNothing) {
   std::unique_ptr<KvReceiver> receiver = StartReceiver(layout_, &dst_, &completions_);
   absl::StatusOr<std::string> id = nccl::NewUniqueId();
@@ -287,7 +287,7 @@ TEST_F(NcclCoalesceTest, ARunOverBlocksNotAdjacentOnTheReceiverLandsNothing) {
   absl::StatusOr<void*> event = (*comm)->NewEvent();
   ASSERT_TRUE(event.ok());
   const size_t region = layout_.region_bytes();
-  auto send = [&](std::vector<nccl::RegionRun> runs, uint32_t attempt, bool joined) {
+  auto send = [&](int64_t layer, std::vector<nccl::RegionRun> runs, uint32_t attempt, bool joined) {
     absl::StatusOr<nccl::HeaderSlot> slot = (*comm)->NewHeaderSlot();
     ASSERT_TRUE(slot.ok());
     nccl::MessageHeader* h = slot->host;
@@ -296,7 +296,7 @@ TEST_F(NcclCoalesceTest, ARunOverBlocksNotAdjacentOnTheReceiverLandsNothing) {
     h->count = 2;
     h->transfer_id = 8;
     h->attempt = attempt;
-    h->layer = 0;
+    h->layer = static_cast<uint32_t>(layer);
     h->blocks[0] = dst[0];
     h->blocks[1] = dst[1];
     if (joined) nccl::SetJoined(h, 1);
@@ -306,21 +306,31 @@ TEST_F(NcclCoalesceTest, ARunOverBlocksNotAdjacentOnTheReceiverLandsNothing) {
     ASSERT_TRUE((*comm)->WaitFor(*event, absl::Now() + absl::Seconds(5), nullptr).ok());
     (*comm)->FreeHeaderSlot(*slot);
   };
-  send({{src_.Region(0, 0), 2 * region}}, /*attempt=*/0, /*joined=*/true);
+  send(0, {{src_.Region(0, 0), 2 * region}}, /*attempt=*/0, /*joined=*/true);
   CompletedTransfer c = completions_.WaitFor(8, 0);
   EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
     for (int32_t b = 0; b < kBlocks; ++b) EXPECT_TRUE(dst_.IsZero(l, b)) << l << "/" << b;
   }
-  // The link is still framed: the next attempt's honest message (two runs) lands.
+  // The link is still framed: the next attempt's honest messages (two runs each) land.
   begin.attempt = 1;
   exchange(nccl::kBegin, wire::EncodeBegin(begin));
   ASSERT_TRUE(wire::DecodeOutcome(reply.body, &outcome).ok());
   ASSERT_TRUE(outcome.status.ok()) << outcome.status;
-  send({{src_.Region(0, 0), region}, {src_.Region(0, 1), region}}, /*attempt=*/1,
-       /*joined=*/false);
-  EXPECT_TRUE(testing::Eventually(
-      [&] { return SameRegion(dst_, 0, 3, src_, 0) && SameRegion(dst_, 0, 7, src_, 1); }));
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    send(l, {{src_.Region(l, 0), region}, {src_.Region(l, 1), region}}, /*attempt=*/1,
+         /*joined=*/false);
+  }
+  wire::Finish finish;
+  finish.transfer_id = 8;
+  finish.attempt = 1;
+  finish.frames = static_cast<uint64_t>(layout_.num_layers);
+  finish.bytes = finish.frames * 2 * region;
+  exchange(nccl::kFinish, wire::EncodeFinish(finish));
+  ASSERT_TRUE(wire::DecodeOutcome(reply.body, &outcome).ok());
+  EXPECT_TRUE(outcome.status.ok()) << outcome.status;
+  EXPECT_TRUE(completions_.WaitFor(8, 1).status.ok());
+  EXPECT_TRUE(LandedExactly(src_, {0, 1}, dst_, dst, layout_.num_layers));
   (*comm)->FreeEvent(*event);
   receiver->CancelAndWait(8);
   comm->reset();
