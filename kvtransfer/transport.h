@@ -77,7 +77,8 @@ struct TransportStats {
   // in; receiver: replies out, requests in), CONNECT and DISCONNECT included.
   uint64_t control_sent = 0;
   uint64_t control_received = 0;
-  // cuda-ipc sender: device copy calls issued (one per contiguous run of regions).
+  // Device calls that move KV regions, one per run of regions adjacent on both sides: cuda-ipc
+  // sender, copy calls; nccl, ncclSend (sender) / ncclRecv (receiver) calls (headers apart).
   uint64_t device_copies = 0;
   uint64_t transfer_micros_sum = 0;  // Begin -> verified, summed over transfers_ok (sender)
   uint64_t transfer_micros_max = 0;

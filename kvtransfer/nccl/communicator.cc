@@ -235,8 +235,8 @@ absl::Status Communicator::SettleLocked(absl::Time deadline) {
 }
 
 absl::Status Communicator::EnqueueMessage(void* ready, const HeaderSlot& slot,
-                                          const std::vector<const void*>& regions,
-                                          size_t region_bytes, void* done, absl::Time deadline) {
+                                          const std::vector<RegionRun>& runs, void* done,
+                                          absl::Time deadline) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return absl::UnavailableError("nccl communicator aborted");
   cudaError_t e;
@@ -252,8 +252,8 @@ absl::Status Communicator::EnqueueMessage(void* ready, const HeaderSlot& slot,
       CheckLocked(ncclSend(slot.device, kHeaderBytes, ncclUint8, peer, comm_, stream_), "ncclSend");
   if (s.ok()) s = SettleLocked(deadline);
   if (s.ok()) s = CheckLocked(ncclGroupStart(), "ncclGroupStart");
-  for (size_t i = 0; s.ok() && i < regions.size(); ++i) {
-    s = CheckLocked(ncclSend(regions[i], region_bytes, ncclUint8, peer, comm_, stream_),
+  for (size_t i = 0; s.ok() && i < runs.size(); ++i) {
+    s = CheckLocked(ncclSend(runs[i].data, runs[i].bytes, ncclUint8, peer, comm_, stream_),
                     "ncclSend");
   }
   if (s.ok()) s = CheckLocked(ncclGroupEnd(), "ncclGroupEnd");

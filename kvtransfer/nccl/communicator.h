@@ -19,9 +19,13 @@
 
 namespace tandem::kvtransfer::nccl {
 
-// Fixed-size message header sent before each DATA message's regions.
+// Fixed-size message header sent before each DATA message's regions. Protocol 2: the regions
+// travel in runs, one ncclSend / ncclRecv per run of regions adjacent on both sides (bit i of
+// `joined` set: region i continues region i-1's run; bit 0 is never set); a run is at most the
+// receiver's `max_run_regions` (its WELCOME) long, so a refused one fits its scratch.
 inline constexpr size_t kHeaderBytes = 4096;
-inline constexpr uint32_t kHeaderMagic = 0x4e4b5654;  // "TVKN"
+inline constexpr uint32_t kHeaderMagic = 0x324b5654;  // "TVK2" (protocol 1: "TVKN")
+inline constexpr size_t kJoinedBytes = 128;
 struct MessageHeader {
   uint32_t magic;
   uint32_t count;  // regions that follow
@@ -30,10 +34,25 @@ struct MessageHeader {
   uint32_t layer;
   uint32_t reserved;
   uint32_t crc;  // CRC32C of the header with crc = 0
-  int32_t blocks[(kHeaderBytes - 32) / 4];
+  uint8_t joined[kJoinedBytes];
+  int32_t blocks[(kHeaderBytes - 32 - kJoinedBytes) / 4];
 };
 static_assert(sizeof(MessageHeader) == kHeaderBytes);
-inline constexpr size_t kMaxBlocksPerMessage = (kHeaderBytes - 32) / 4;
+inline constexpr size_t kMaxBlocksPerMessage = (kHeaderBytes - 32 - kJoinedBytes) / 4;
+static_assert(kMaxBlocksPerMessage <= kJoinedBytes * 8);
+// The most bytes one run may carry (the receiver's scratch for a refused run is one run).
+inline constexpr size_t kMaxRunBytes = size_t{4} << 20;
+
+inline bool Joined(const MessageHeader& h, size_t i) { return (h.joined[i / 8] >> (i % 8)) & 1; }
+inline void SetJoined(MessageHeader* h, size_t i) {
+  h->joined[i / 8] = static_cast<uint8_t>(h->joined[i / 8] | (1u << (i % 8)));
+}
+
+// One piece of a DATA message: a run of adjacent regions.
+struct RegionRun {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
 
 // A message header's staging on the sender: pinned host memory the header is written in and the
 // device buffer it is copied to (on the stream) and sent from. Held until the message completed.
@@ -72,13 +91,12 @@ class Communicator {
   absl::StatusOr<HeaderSlot> NewHeaderSlot();
   void FreeHeaderSlot(HeaderSlot slot);
   // Enqueues one DATA message: the stream waits (on the device) for `ready` (a cudaEvent_t;
-  // null: none), copies `slot`'s header to the device and sends it, then `regions` (each
-  // `region_bytes`) as one group, and records `done` (a cudaEvent_t) behind them. Returns once
+  // null: none), copies `slot`'s header to the device and sends it, then `runs` (one ncclSend
+  // each) as one group, and records `done` (a cudaEvent_t) behind them. Returns once
   // NCCL accepted the work (a nonblocking communicator's ncclInProgress resolved, at most until
   // `deadline`), never waiting for the data.
   absl::Status EnqueueMessage(void* ready, const HeaderSlot& slot,
-                              const std::vector<const void*>& regions, size_t region_bytes,
-                              void* done, absl::Time deadline);
+                              const std::vector<RegionRun>& runs, void* done, absl::Time deadline);
   // Until `event`'s latest record completed; an NCCL error, `deadline` or *stop abort the
   // communicator as Wait does.
   absl::Status WaitFor(void* event, absl::Time deadline, const std::atomic<bool>* stop);

@@ -57,10 +57,14 @@ class NcclSender : public ControlSender {
         Handshake(target.endpoint, EncodeConnect(*id, wire::EncodeHello(hello)), &reply);
     if (!s.ok()) return s;
     wire::Welcome welcome;
-    s = wire::DecodeWelcome(reply.body, &welcome);
+    absl::string_view welcome_meta;
+    uint32_t max_run_regions = 1;
+    s = DecodeWelcomeBody(reply.body, &welcome_meta, &max_run_regions);
+    if (s.ok()) s = wire::DecodeWelcome(welcome_meta, &welcome);
     if (s.ok()) s = CheckKvLayoutCompatible(options().layout, welcome.layout);
     if (!s.ok()) return absl::FailedPreconditionError(s.message());
     auto peer = std::make_shared<Peer>();
+    peer->max_run_regions = max_run_regions;
     peer->endpoint = target.endpoint;
     peer->incarnation = welcome.incarnation;
     absl::StatusOr<std::unique_ptr<Communicator>> comm =
@@ -117,19 +121,32 @@ class NcclSender : public ControlSender {
     h->transfer_id = t->target.transfer_id;
     h->attempt = t->target.attempt;
     h->layer = static_cast<uint32_t>(work.layer);
-    for (size_t i = 0; i < work.count; ++i) h->blocks[i] = t->target.dst_blocks[work.first + i];
-    h->crc = Crc32c(0, h, kHeaderBytes);
-    std::vector<const void*> regions(work.count);
+    // Regions adjacent in both pools (the source's addresses follow, the destination's block
+    // ids do and its WELCOME said consecutive ids are adjacent) go as one run, one ncclSend.
+    std::vector<RegionRun> runs;
+    const int32_t* dst = t->target.dst_blocks.data() + work.first;
+    const uint8_t* prev = nullptr;
     for (size_t i = 0; i < work.count; ++i) {
-      regions[i] = access()->Region(work.layer, t->src_blocks[work.first + i]);
+      h->blocks[i] = dst[i];
+      const uint8_t* src = access()->Region(work.layer, t->src_blocks[work.first + i]);
+      if (i > 0 && src == prev + region && dst[i] == dst[i - 1] + 1 &&
+          runs.back().bytes < p->max_run_regions * region) {
+        SetJoined(h, i);
+        runs.back().bytes += region;
+      } else {
+        runs.push_back({src, region});
+      }
+      prev = src;
     }
+    h->crc = Crc32c(0, h, kHeaderBytes);
     // The layer's KV is final once the engine's event for it fired: the stream waits for it on
     // the device, the host never does.
-    absl::Status s = comm->EnqueueMessage(access()->LayerReadyEvent(work.layer), *slot, regions,
-                                          region, f.event, absl::Now() + options().io_timeout);
+    absl::Status s = comm->EnqueueMessage(access()->LayerReadyEvent(work.layer), *slot, runs,
+                                          f.event, absl::Now() + options().io_timeout);
     t->frames_sent += 1;
     t->bytes_sent += work.count * region;
     if (s.ok()) {
+      core().counters().device_copies.fetch_add(runs.size(), std::memory_order_relaxed);
       core().counters().frames.fetch_add(1, std::memory_order_relaxed);
       core().counters().bytes.fetch_add(work.count * region, std::memory_order_relaxed);
     }

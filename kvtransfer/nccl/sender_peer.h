@@ -25,6 +25,9 @@ struct InFlight {
 
 struct Peer : ControlPeer {
   std::unique_ptr<Communicator> comm;
+  // The receiver's WELCOME: at most this many regions adjacent on both sides go in one ncclSend
+  // (1: its consecutive block ids are not adjacent, nothing merges).
+  uint32_t max_run_regions = 1;
   // The worker adds messages (SendData), the finisher settles them (SettleReads).
   std::mutex flight_mu;
   std::unordered_map<const SenderTransfer*, InFlight> in_flight;

@@ -2,8 +2,8 @@
 """Turns a benchmark script's raw outputs (tandem bench JSON reports, tool logs) into its
 section (<section>.md) and a summary (<section>.json) in OUTDIR (docs/benchmarks by default).
 
-  render.py decode_bandwidth|batching|disagg|serve_curve|gpu_serve|gpu_peer|peer|peer_moe WORK
-            OUTDIR
+  render.py decode_bandwidth|batching|disagg|serve_curve|gpu_serve|gpu_disagg|gpu_peer|peer|
+            peer_moe WORK OUTDIR
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
 the section's script wrote. Medians are over the repetitions; ratios are medians of
@@ -35,6 +35,9 @@ def main(argv):
     elif command == "gpu_serve":
         from render_gpu_serve import render_gpu_serve
         render_gpu_serve(argv[2], argv[3])
+    elif command == "gpu_disagg":
+        from render_gpu_disagg import render_gpu_disagg
+        render_gpu_disagg(argv[2], argv[3])
     elif command == "gpu_peer":
         from render_gpu_peer import render_gpu_peer
         render_gpu_peer(argv[2], argv[3])

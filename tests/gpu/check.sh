@@ -16,8 +16,14 @@
 #                 disturbs no timing.
 #   5. serve      scripts/bench/gpu_serve.sh, one process, C = 1 16 64, 256/256, 1 round (ITL),
 #                 <= 120 s
+#   6. disagg     scripts/bench/gpu_disagg.sh (issue 44): one process against 1P+1D over
+#                 cuda-ipc on this GPU, C = 16 64: a 256/256 wave (tok/s, TTFT, ITL p99, KV
+#                 transfer p50) and 30 s of decode streams under arriving 2048-token prompts
+#                 (ITL p99, goodput under a TTFT/ITL SLO), 1 round, <= 300 s
 #
-#   tests/gpu/check.sh [PHASE...]        (default: all five, in that order)
+#   tests/gpu/check.sh [PHASE...]        (default: all six, in that order)
+#   issue 44's measurement, with the cuda-ipc serving verdicts first:
+#     tests/gpu/check.sh cluster disagg
 #
 # The one command, from the build machine (after LLAMA_CPP_SRC=DIR tests/gpu/pack_prebuilt.sh
 # build-gpu out/gpu-prebuilt.tar.xz in the checkout the device tool sends; docs/benchmarks/gpu.md):
@@ -28,7 +34,7 @@
 # command always ends with its summary; name the skipped phases to run them in a second call.
 # Writes to $OUT when set (the device tool's folder), else build-gpu/check: summary.txt (every
 # verdict and figure), tests.log and bench.log, the benchmark sections gpu_serve.md and
-# gpu_peer.md, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
+# gpu_peer.md, gpu_disagg.md, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
 # Environment: BUILD_DIR (build-gpu), CHECK_DEADLINE_S (570), PYTHON (python3),
 # TANDEM_GPU_PREBUILT (1: no configure or build; 0: run.sh builds first, which takes minutes).
 set -uo pipefail
@@ -64,7 +70,7 @@ note() { echo "$*" | tee -a "$summary"; }
 left() { echo $(( deadline - $(date +%s) )); }
 
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(tests cluster bench peer serve)
+[ ${#phases[@]} -gt 0 ] || phases=(tests cluster bench peer serve disagg)
 note "check.sh $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total \
   --format=csv,noheader 2>/dev/null || echo 'no GPU visible'), $(nproc) cores; phases: ${phases[*]}"
 
@@ -140,7 +146,7 @@ wait_peer_build() {
 
 bench_results=$logs/results
 for phase in "${phases[@]}"; do
-  case $phase in bench | peer | serve) wait_peer_build ;; esac
+  case $phase in bench | peer | serve | disagg) wait_peer_build ;; esac
   case $phase in
     tests)
       # run.sh's own phases, one at a time, so that each gets its own limit here.
@@ -155,6 +161,10 @@ for phase in "${phases[@]}"; do
       run_phase serve 60 120 env BENCH_REPS=1 GPU_SERVE_SERVERS=one-process \
         BENCH_RESULTS="$bench_results" scripts/bench/gpu_serve.sh
       cp "$bench_results/gpu_serve.md" "$out/" 2>/dev/null ;;
+    disagg)
+      run_phase disagg 150 300 env BENCH_REPS=1 BENCH_RESULTS="$bench_results" \
+        scripts/bench/gpu_disagg.sh
+      cp "$bench_results/gpu_disagg.md" "$out/" 2>/dev/null ;;
     peer)
       if [ ! -x "$llama/bin/llama-server" ]; then
         note "SKIP peer: no llama.cpp CUDA build in $llama (pack its sources: LLAMA_CPP_SRC=DIR tests/gpu/pack_prebuilt.sh)"
@@ -165,7 +175,7 @@ for phase in "${phases[@]}"; do
         scripts/bench/gpu_peer.sh "$llama"
       cp "$bench_results/gpu_peer.md" "$out/" 2>/dev/null ;;
     *)
-      note "unknown phase $phase (tests cluster bench peer serve)"
+      note "unknown phase $phase (tests cluster bench peer serve disagg)"
       failed=1 ;;
   esac
 done
@@ -179,6 +189,7 @@ wait_peer_build
   [ -f "$logs/cluster.log" ] && grep '^VERDICT' "$logs/cluster.log"
   [ -f "$out/gpu_serve.md" ] && grep '^| ' "$out/gpu_serve.md"
   [ -f "$out/gpu_peer.md" ] && grep -E '^(\| |Same-weights)' "$out/gpu_peer.md"
+  [ -f "$out/gpu_disagg.md" ] && grep -E '^(\| |C=)' "$out/gpu_disagg.md"
 } | tee -a "$summary"
 cp -r "$build/gpu-logs" "$logs/run-sh-logs" 2>/dev/null
 tar -C "$logs" -cJf "$out/logs.tar.xz" . 2>/dev/null

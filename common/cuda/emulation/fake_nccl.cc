@@ -29,6 +29,9 @@ struct IdBody {
 };
 static_assert(sizeof(IdBody) <= NCCL_UNIQUE_ID_BYTES);
 
+std::atomic<uint64_t> g_sends{0};
+std::atomic<uint64_t> g_recvs{0};
+
 // Listeners of the ids this process drew, by token, until a rank of this process accepts.
 std::mutex g_mu;
 std::map<uint64_t, int>& Listeners() {
@@ -240,9 +243,13 @@ ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatyp
   if (comm == nullptr || peer < 0 || peer > 1) return ncclInvalidArgument;
   std::shared_ptr<State> s = comm->state;
   if (s->error.load() != ncclSuccess) return s->error.load();
+  g_sends.fetch_add(1, std::memory_order_relaxed);
   tandem::cuda_emu::StreamEnqueueAsync(stream, [s, sendbuff, count] {
     if (s->error.load() != ncclSuccess) return;
-    if (!WriteAll(s.get(), s->fd, sendbuff, count)) s->Fail(ncclRemoteError);
+    const uint64_t n = count;  // each send is framed by its size, so a recv can check it
+    if (!WriteAll(s.get(), s->fd, &n, sizeof n) || !WriteAll(s.get(), s->fd, sendbuff, count)) {
+      s->Fail(ncclRemoteError);
+    }
   });
   return ncclSuccess;
 }
@@ -252,12 +259,24 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
   if (comm == nullptr || peer < 0 || peer > 1) return ncclInvalidArgument;
   std::shared_ptr<State> s = comm->state;
   if (s->error.load() != ncclSuccess) return s->error.load();
+  g_recvs.fetch_add(1, std::memory_order_relaxed);
   tandem::cuda_emu::StreamEnqueueAsync(stream, [s, recvbuff, count] {
     if (s->error.load() != ncclSuccess) return;
-    if (!ReadAll(s.get(), s->fd, recvbuff, count)) s->Fail(ncclRemoteError);
+    uint64_t n = 0;
+    if (!ReadAll(s.get(), s->fd, &n, sizeof n)) {
+      s->Fail(ncclRemoteError);
+    } else if (n != count) {  // NCCL requires a send and its recv to match in size
+      s->Fail(ncclInvalidUsage);
+      shutdown(s->fd, SHUT_RDWR);
+    } else if (!ReadAll(s.get(), s->fd, recvbuff, count)) {
+      s->Fail(ncclRemoteError);
+    }
   });
   return ncclSuccess;
 }
+
+uint64_t FakeNcclSendCalls() { return g_sends.load(); }
+uint64_t FakeNcclRecvCalls() { return g_recvs.load(); }
 
 ncclResult_t ncclGroupStart() { return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { return ncclSuccess; }

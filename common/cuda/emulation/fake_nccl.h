@@ -9,13 +9,16 @@
 // ncclCommInitRankConfig returns at once (nonblocking config) and ncclCommGetAsyncError
 // reports ncclInProgress until the connection is up. ncclSend / ncclRecv are queued on the
 // stream (fake_cuda's StreamEnqueueAsync) and move bytes of the CUDA emulator's "device"
-// memory (host memory) over the connection, in order; a failed socket turns the communicator's
-// async error into ncclRemoteError. ncclCommAbort shuts the connection down, which unblocks a
+// memory (host memory) over the connection, in order, each send framed by its size: a recv
+// whose size differs from its send's fails the communicator (ncclInvalidUsage), as NCCL
+// requires them to match; a failed socket turns the communicator's async error into
+// ncclRemoteError. ncclCommAbort shuts the connection down, which unblocks a
 // send or receive in progress. Group calls only bracket (sends and receives run in the order
 // posted: enough for the transport, where one rank only sends and the other only receives).
 // Test builds only: never in a release binary.
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/cuda/emulation/fake_cuda.h"
 
@@ -61,3 +64,7 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
+
+// Emulator only: ncclSend / ncclRecv calls accepted in this process so far (tests count them).
+uint64_t FakeNcclSendCalls();
+uint64_t FakeNcclRecvCalls();
