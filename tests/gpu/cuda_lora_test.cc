@@ -106,6 +106,9 @@ TEST_F(CudaLoraTest, MixedAdapterBatchesMatchCpuBackend) {
                             {DType::kBF16, WeightQuant::kInt8, 128, true},
                             {DType::kBF16, WeightQuant::kInt4, 32, true}};
   for (const Format& f : formats) {
+    // The emulator (a CPU, CI's time): the parity mode over f32 weights stands for both dense
+    // dtypes.
+    if (kEmulated && f.weights == DType::kBF16 && !f.bf16_activations) continue;
     const std::string what =
         absl::StrCat(std::string(DTypeName(f.weights)), " ", std::string(WeightQuantName(f.quant)),
                      f.bf16_activations ? " bf16" : " f32", " activations");
@@ -123,7 +126,7 @@ TEST_F(CudaLoraTest, MixedAdapterBatchesMatchCpuBackend) {
     std::mt19937 rng(static_cast<uint32_t>(f.quant) * 5 + (f.bf16_activations ? 1 : 0));
     std::vector<Seq> on_cpu(num_seqs), on_cuda(num_seqs), base(num_seqs);
     for (int s = 0; s < num_seqs; ++s) {
-      const int len = std::uniform_int_distribution<int>(12, 60)(rng);
+      const int len = std::uniform_int_distribution<int>(12, kEmulated ? 40 : 60)(rng);
       std::vector<int32_t> tokens = {1};
       for (int i = 1; i < len; ++i) {
         tokens.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
