@@ -8,7 +8,9 @@
 # Side by side with an older build: LORA_BENCH_OLD=/path/to/old/lora_bench adds a section where
 # the old and this build's lora_bench run in turn (order alternating) LORA_ROUNDS (3) times on
 # the LORA_COMPARE formats (bf16), each run printing its ratios; the section ends with the median
-# of each binary's ratios over the rounds.
+# of each binary's ratios over the rounds. LORA_COMPARE_BATCH (16) and LORA_COMPARE_ADAPTERS (8)
+# set its batch (1 and 1: both of a run's ratios are batch-1 ones); LORA_COMPARE_ONLY=1 skips
+# the sections above it.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init lora
@@ -20,7 +22,9 @@ MODEL="$(ensure_model "$PRESET")"
 {
   echo "## Multi-LoRA decode ($PRESET, $(machine_description))"
   echo
-  for fmt in "int8:--quantization int8" "bf16:--dtype bf16"; do
+  main_formats=("int8:--quantization int8" "bf16:--dtype bf16")
+  [ "${LORA_COMPARE_ONLY:-0}" = 1 ] && main_formats=()
+  for fmt in "${main_formats[@]}"; do
     name="${fmt%%:*}"
     log "$name"
     echo "### $name weights"
@@ -35,7 +39,10 @@ MODEL="$(ensure_model "$PRESET")"
   if [ -n "${LORA_BENCH_OLD:-}" ]; then
     echo "## Old against new build, side by side ($PRESET)"
     echo
-    echo "old: $LORA_BENCH_OLD; new: $BENCH; $REPS repetitions per run, ${LORA_ROUNDS:-3} rounds."
+    cbatch="${LORA_COMPARE_BATCH:-16}"
+    cadapters="${LORA_COMPARE_ADAPTERS:-8}"
+    echo "old: $LORA_BENCH_OLD; new: $BENCH; $REPS repetitions per run, ${LORA_ROUNDS:-3} rounds;"
+    echo "--batch $cbatch --adapters $cadapters --tokens ${LORA_TOKENS:-16}."
     echo
     for fmt in ${LORA_COMPARE:-bf16}; do
       case "$fmt" in
@@ -56,7 +63,7 @@ MODEL="$(ensure_model "$PRESET")"
           [ "$which" = old ] && bin="$LORA_BENCH_OLD"
           log "$fmt round $round: $which"
           # shellcheck disable=SC2086
-          out="$("$bin" --model "$MODEL" $args --adapters 8 --rank 16 --batch 16 \
+          out="$("$bin" --model "$MODEL" $args --adapters "$cadapters" --rank 16 --batch "$cbatch" \
             --tokens "${LORA_TOKENS:-16}" --reps "$REPS" --loaded 1 2>&1 | grep -v ' INFO ')"
           echo "round $round $which: $(echo "$out" | grep '^ratio batch')"
           echo "$out" | grep '^ratio batch' | sed -E 's/.*: ([0-9.]+); ratio batch 1: ([0-9.]+)/\1 \2/' \
@@ -66,7 +73,7 @@ MODEL="$(ensure_model "$PRESET")"
       for which in old new; do
         median() { cut -d' ' -f"$1" "$WORK/ratios_$which.txt" | sort -n |
                    awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
-        echo "$which: median over $(wc -l <"$WORK/ratios_$which.txt") rounds: ratio batch 16 $(median 1), ratio batch 1 $(median 2)"
+        echo "$which: median over $(wc -l <"$WORK/ratios_$which.txt") rounds: ratio batch $cbatch $(median 1), ratio batch 1 $(median 2)"
       done
       echo '```'
       echo
