@@ -84,11 +84,15 @@ class CudaLoraTest : public ::testing::Test {
 
 // Random mixed steps (prefill chunks of up to 40 tokens, decode steps of one token per sequence)
 // of six sequences over three adapters and the base model, the same on both backends: every
-// logit row of the CUDA backend within the CUDA-vs-CPU tolerance of its mode (the dense backend
-// test's: 1e-3 with f32 activations, sums in another order; 3e-2 with bf16 ones, an activation
-// rounding to the neighbouring bf16 value), while each adapter moves its sequences' logits away
-// from the base model's by more than three times that (an adapter's term on the wrong row, or
-// missing, fails).
+// logit row of the CUDA backend close to the CPU's, while each adapter moves its sequences'
+// logits away from the base model's by more than three times the bound (an adapter's term on
+// the wrong row, or missing, fails). With f32 activations 1e-3, the dense backend comparison's
+// bound (sums in another order; measured 1.3e-5 over f32 weights, 3e-4 over bf16 ones). With
+// bf16 activations an activation whose f32 value differs in its last bits between the backends
+// can round to the neighbouring bf16 value (the 3e-2 of the base-model comparisons), and these
+// adapters, whose terms are as large as the base products' (they move the logits by 0.6 to
+// 0.9), amplify such a flip further: 1e-1 (measured up to 5.6e-2 in the emulator). The exact
+// check of each row's adapter is EachRowGetsItsOwnAdapter.
 TEST_F(CudaLoraTest, MixedAdapterBatchesMatchCpuBackend) {
   auto a = Adapter(1, 8, DType::kF32);
   auto b = Adapter(2, 16, DType::kBF16);
@@ -152,7 +156,7 @@ TEST_F(CudaLoraTest, MixedAdapterBatchesMatchCpuBackend) {
       RunLoraStep(*cuda_base, base_blocks, base, no_lora, bw, all);
       ASSERT_FALSE(HasFatalFailure()) << what;
     }
-    const double tol = f.bf16_activations ? 3e-2 : 1e-3;
+    const double tol = f.bf16_activations ? 1e-1 : 1e-3;
     double worst = 0, least_moved = 1e30;
     int64_t rows = 0;
     for (int s = 0; s < num_seqs; ++s) {
