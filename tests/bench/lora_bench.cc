@@ -7,8 +7,9 @@
 //              [--batch 16] [--tokens 16] [--reps 3] [--threads 0] [--loaded 32]
 //
 // Random adapters (lora_writer.h, targets q/k/v/o/gate/up/down) go to a temporary directory.
-// Each repetition runs the variants in alternating order; medians are reported. Decode rate:
-// tokens after the first step (every prompt is prefilled in the first) over their time.
+// Each repetition runs the variants in alternating order; medians are reported, and the median of
+// each repetition's adapter / base ratio ("paired"). Decode rate: tokens after the first step
+// (every prompt is prefilled in the first) over their time.
 
 #include <unistd.h>
 
@@ -167,6 +168,15 @@ int Run(int argc, char** argv) {
     std::printf("%-24s decode %8.2f tok/s\n", x.name.c_str(), Median(x.rates));
   std::printf("ratio batch %lld: %.3f; ratio batch 1: %.3f\n", static_cast<long long>(batch),
               Median(v[1].rates) / Median(v[0].rates), Median(v[3].rates) / Median(v[2].rates));
+  // Each repetition's adapter run against its base run at the same batch (adjacent in time, so
+  // a load that drifts over the run moves both), then the median over the repetitions.
+  std::vector<double> paired_batch, paired_one;
+  for (int64_t rep = 0; rep < reps; ++rep) {
+    paired_batch.push_back(v[1].rates[rep] / v[0].rates[rep]);
+    paired_one.push_back(v[3].rates[rep] / v[2].rates[rep]);
+  }
+  std::printf("paired ratio batch %lld: %.3f; paired ratio batch 1: %.3f\n",
+              static_cast<long long>(batch), Median(paired_batch), Median(paired_one));
   std::filesystem::remove_all(tmp);
   return 0;
 }

@@ -37,8 +37,9 @@ struct LoraMatrices {
 
 // A loaded adapter, immutable once made: shared (std::shared_ptr<const LoraAdapter>) by the
 // registry and every sequence that uses it, so unloading never frees weights a request still
-// reads.
-struct LoraAdapter {
+// reads. A backend keeping a device copy holds a weak reference (weak_from_this) and frees the
+// copy once the adapter is gone.
+struct LoraAdapter : std::enable_shared_from_this<LoraAdapter> {
   std::string name;        // what requests select it by (the OpenAI `model` field)
   std::string path;        // the directory it was loaded from
   std::string base_model;  // adapter_config.json's base_model_name_or_path (may be empty)

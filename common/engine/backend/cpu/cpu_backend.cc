@@ -408,6 +408,7 @@ absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
   };
 
   // LoRA terms (lora.h) are added after each base projection, to the tokens of their adapters.
+  lora_.set_bf16_inputs(options_.matmul_input_dtype == DType::kBF16);
   const bool lora = lora_.Prepare(b);
   cpu::Embed(b.token_ids.data(), t, w.embed_tokens.data, w.embed_tokens.dtype, d, x);
   const bool gemma = IsGemma(c.architecture);

@@ -14,6 +14,7 @@
 #include "common/engine/backend/cuda/block_staging.h"
 #include "common/engine/backend/cuda/cuda_backend.h"
 #include "common/engine/backend/cuda/cuda_util.h"
+#include "common/engine/backend/cuda/device_lora.h"
 #include "common/engine/backend/cuda/device_weights.h"
 #include "common/engine/backend/cuda/gemm.h"
 #include "common/engine/backend/cuda/kernels.h"
@@ -29,6 +30,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
+  bool SupportsLora() const override { return true; }
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   bool SupportsDeviceSampling() const override { return true; }
   absl::Status ForwardSampled(const ForwardBatch& batch,
@@ -68,6 +70,8 @@ class CudaBackend final : public Backend {
   int64_t overlapped_launches() const { return overlapped_launches_; }
   int64_t device_input_tokens() const { return device_input_tokens_; }
   size_t weight_bytes() const { return weights_->bytes(); }
+  // LoRA adapters on the device (null before the first step).
+  const DeviceLora* lora() const { return lora_.get(); }
   size_t kv_pool_bytes() const { return kv_.bytes(); }
   bool bf16_activations() const { return act_bf16_; }
   const Gemm& gemm() const { return *gemm_; }
@@ -135,8 +139,9 @@ class CudaBackend final : public Backend {
   absl::Status EnqueueSampling(const std::vector<DeviceSampleRow>& samples);
   absl::Status CaptureGraphs();
   absl::Status Capture(bool body, int bucket, Graph* graph);
+  // `lora`: the step's LoRA terms (lora_ prepared for it; such steps run eagerly).
   absl::Status EnqueueLayers(const StepShape& shape,
-                             const std::function<void(int64_t)>& on_layer_done);
+                             const std::function<void(int64_t)>& on_layer_done, bool lora = false);
   absl::Status EnqueueLogits(const StepShape& shape);
   // The slot the next step stages into, its host buffers grown to the capacities.
   absl::Status PrepareSlot();
@@ -162,8 +167,9 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> layer_events_;
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
-  DeviceBuffer rope_;  // [max_positions][head_dim / 2][2] f32
-  DeviceBuffer kv_;    // [layer][block][2][kv_heads][block_size][head_dim]
+  DeviceBuffer rope_;                 // [max_positions][head_dim / 2][2] f32
+  std::unique_ptr<DeviceLora> lora_;  // LoRA adapters on the device (made by the first step)
+  DeviceBuffer kv_;                   // [layer][block][2][kv_heads][block_size][head_dim]
   int64_t max_positions_ = 0;
   int64_t table_width_ = 0;  // block-table row capacity (covers every position)
   AttentionPlanOptions plan_options_;

@@ -60,7 +60,12 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b,
       DropGraphs();
     }
   }
-  if (GraphEligible(b)) {
+  // LoRA steps run eagerly (the graphs hold no LoRA products); every step first frees the device
+  // copies of adapters that are gone (device_lora.h).
+  if (lora_ == nullptr) lora_ = std::make_unique<DeviceLora>(model_->config());
+  const absl::StatusOr<bool> lora = lora_->Prepare(b, cur_, t, stream_);
+  if (!lora.ok()) return lora.status();
+  if (!*lora && GraphEligible(b)) {
     const int tokens = Bucket(buckets_, t), rows = n == 0 ? 0 : Bucket(buckets_, n);
     absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, tokens, rows, true);
     if (!shape.ok()) return shape.status();
@@ -79,7 +84,7 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b,
   }
   absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, t, n, false);
   if (!shape.ok()) return shape.status();
-  TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done));
+  TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done, *lora));
   TANDEM_RETURN_IF_ERROR(EnqueueLogits(*shape));
   ++eager_steps_;
   return absl::OkStatus();
@@ -236,7 +241,8 @@ absl::Status CudaBackend::Capture(bool body, int bucket, Graph* graph) {
 }
 
 absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
-                                        const std::function<void(int64_t)>& on_layer_done) {
+                                        const std::function<void(int64_t)>& on_layer_done,
+                                        bool lora) {
   const ModelConfig& c = model_->config();
   const int64_t t = shape.tokens;
   const int64_t d = c.hidden_size, f = c.intermediate_size;
@@ -260,6 +266,14 @@ absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
                               "AddRmsNorm");
     }
     TANDEM_RETURN_IF_ERROR(gemm_->Run({h_, bf16, d}, t, w.qkv, qkv_, qkvd));
+    if (lora) {  // LoRA terms (device_lora.h) after each base product, before bias and RoPE
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kQ, {h_, bf16, d}, d, qkv_, qkvd, qd, stream_));
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kK, {h_, bf16, d}, d, qkv_ + qd, qkvd, kvd, stream_));
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kV, {h_, bf16, d}, d, qkv_ + qd + kvd, qkvd, kvd, stream_));
+    }
     const KvLayerView kv = KvLayer(l);
     TANDEM_LAUNCH_OR_RETURN(RopeWriteKv(qkv_, qkvd, t, c.num_heads, positions, rope_.as<float>(),
                                         w.qkv_bias, Input<int64_t>(L.slots), kv, stream_),
@@ -291,10 +305,27 @@ absl::Status CudaBackend::EnqueueLayers(const StepShape& shape,
                                               kMaxAttentionSplits * c.num_heads * c.head_dim;
     TANDEM_LAUNCH_OR_RETURN(PagedAttention(a, stream_), "PagedAttention");
     TANDEM_RETURN_IF_ERROR(gemm_->Run({attn_, bf16, qd}, t, w.o, delta_, d));
+    if (lora) {
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kO, {attn_, bf16, qd}, qd, delta_, d, d, stream_));
+    }
     TANDEM_LAUNCH_OR_RETURN(AddRmsNorm(x_, delta_, w.post_norm, t, d, eps, h_, bf16, stream_),
                             "AddRmsNorm");
-    TANDEM_RETURN_IF_ERROR(gemm_->RunSiluMul({h_, bf16, d}, t, w.gate_up, gate_up_, mlp_, bf16));
+    if (lora) {  // gate and up apart (their LoRA terms before the SiLU), then SiluMul
+      TANDEM_RETURN_IF_ERROR(gemm_->Run({h_, bf16, d}, t, w.gate_up, gate_up_, 2 * f));
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kGate, {h_, bf16, d}, d, gate_up_, 2 * f, f, stream_));
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kUp, {h_, bf16, d}, d, gate_up_ + f, 2 * f, f, stream_));
+      TANDEM_LAUNCH_OR_RETURN(SiluMul(gate_up_, 2 * f, t, f, mlp_, bf16, stream_), "SiluMul");
+    } else {
+      TANDEM_RETURN_IF_ERROR(gemm_->RunSiluMul({h_, bf16, d}, t, w.gate_up, gate_up_, mlp_, bf16));
+    }
     TANDEM_RETURN_IF_ERROR(gemm_->Run({mlp_, bf16, f}, t, w.down, delta_, d));
+    if (lora) {
+      TANDEM_RETURN_IF_ERROR(
+          lora_->Add(l, LoraTarget::kDown, {mlp_, bf16, f}, f, delta_, d, d, stream_));
+    }
   }
   return absl::OkStatus();
 }
