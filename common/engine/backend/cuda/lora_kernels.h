@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "common/engine/backend/cuda/cuda_api.h"
+#include "common/cuda/cuda_api.h"
 
 namespace tandem::cuda {
 
