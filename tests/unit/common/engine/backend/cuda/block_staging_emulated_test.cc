@@ -4,6 +4,7 @@
 
 #include "common/engine/backend/cuda/block_staging.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -97,6 +98,10 @@ TEST(BlockStagingTest, ReadIsOrderedBeforeLaterWorkAndLandsAsync) {
   EXPECT_EQ(got, Pool::BlockPattern(1, 0));
   EXPECT_EQ(st.slots_in_use(), 0);
   EXPECT_FALSE(st.PollRead(*t, got.data(), false).ok());  // the ticket ended
+  // The later write ran after the read (and before `later` goes away).
+  std::vector<uint8_t> now = Pool::BlockPattern(1, 0);
+  std::copy(later.begin(), later.end(), now.begin());
+  EXPECT_EQ(pool.Read(1), now);
 }
 
 // Reads take slots until they are polled; with every slot busy a read is refused (the caller
