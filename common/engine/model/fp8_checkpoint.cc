@@ -13,10 +13,6 @@
 namespace tandem {
 namespace {
 
-absl::Status Unsupported(const std::string& source, const std::string& message) {
-  return absl::UnimplementedError(absl::StrCat(source, ": ", message));
-}
-
 // Whether q[key] is absent or null.
 bool Absent(const nlohmann::json& q, const char* key) {
   auto it = q.find(key);
@@ -37,18 +33,20 @@ absl::StatusOr<std::string> CheckFloat8Args(const nlohmann::json& a, const std::
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> strategy,
                           JsonOptionalString(a, "strategy", src));
   if (bits.value_or(0) != 8 || type.value_or("") != "float") {
-    return Unsupported(source, absl::StrCat(what, ": num_bits ",
-                                            bits.has_value() ? absl::StrCat(*bits) : "missing",
-                                            " type '", type.value_or(""),
-                                            "' is not supported (only num_bits 8, type float)"));
+    return UnsupportedQuantization(
+        source,
+        absl::StrCat(what, ": num_bits ", bits.has_value() ? absl::StrCat(*bits) : "missing",
+                     " type '", type.value_or(""),
+                     "' is not supported (only num_bits 8, type float)"));
   }
   std::string names;
   for (const char* s : strategies) {
     if (strategy.value_or("") == s) return *strategy;
     absl::StrAppend(&names, names.empty() ? "" : ", ", s);
   }
-  return Unsupported(source, absl::StrCat(what, ".strategy '", strategy.value_or(""),
-                                          "' is not supported (supported: ", names, ")"));
+  return UnsupportedQuantization(source,
+                                 absl::StrCat(what, ".strategy '", strategy.value_or(""),
+                                              "' is not supported (supported: ", names, ")"));
 }
 
 absl::Status ParseCompressedTensors(const nlohmann::json& q, const std::string& source,
@@ -56,33 +54,38 @@ absl::Status ParseCompressedTensors(const nlohmann::json& q, const std::string& 
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> format,
                           JsonOptionalString(q, "format", source));
   if (format.value_or("") != "float-quantized") {
-    return Unsupported(source, absl::StrCat("compressed-tensors format '", format.value_or(""),
-                                            "' is not supported (only 'float-quantized': fp8 "
-                                            "e4m3 weights)"));
+    return UnsupportedQuantization(source,
+                                   absl::StrCat("compressed-tensors format '", format.value_or(""),
+                                                "' is not supported (only 'float-quantized': fp8 "
+                                                "e4m3 weights)"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> status,
                           JsonOptionalString(q, "quantization_status", source));
   if (status.has_value() && *status != "compressed") {
-    return Unsupported(source, absl::StrCat("compressed-tensors quantization_status '", *status,
-                                            "' is not supported (only 'compressed')"));
+    return UnsupportedQuantization(source,
+                                   absl::StrCat("compressed-tensors quantization_status '", *status,
+                                                "' is not supported (only 'compressed')"));
   }
   if (!Absent(q, "kv_cache_scheme")) {
-    return Unsupported(source,
-                       "compressed-tensors kv_cache_scheme is not supported (the KV cache dtype "
-                       "is --kv-cache-dtype's, with its own scales)");
+    return UnsupportedQuantization(
+        source,
+        "compressed-tensors kv_cache_scheme is not supported (the KV cache dtype "
+        "is --kv-cache-dtype's, with its own scales)");
   }
   auto groups = q.find("config_groups");
   if (groups == q.end() || !groups->is_object() || groups->size() != 1) {
-    return Unsupported(source, absl::StrCat("compressed-tensors config_groups: ",
-                                            groups == q.end() || !groups->is_object()
-                                                ? std::string("missing")
-                                                : absl::StrCat(groups->size(), " groups"),
-                                            " (supported: exactly one group)"));
+    return UnsupportedQuantization(source,
+                                   absl::StrCat("compressed-tensors config_groups: ",
+                                                groups == q.end() || !groups->is_object()
+                                                    ? std::string("missing")
+                                                    : absl::StrCat(groups->size(), " groups"),
+                                                " (supported: exactly one group)"));
   }
   const std::string gname = groups->begin().key();
   const nlohmann::json& g = groups->begin().value();
   if (!g.is_object() || Absent(g, "weights")) {
-    return Unsupported(source, absl::StrCat("config_groups.", gname, ".weights missing"));
+    return UnsupportedQuantization(source,
+                                   absl::StrCat("config_groups.", gname, ".weights missing"));
   }
   const std::string wname = absl::StrCat("config_groups.", gname, ".weights");
   const nlohmann::json& w = g["weights"];
@@ -91,14 +94,15 @@ absl::Status ParseCompressedTensors(const nlohmann::json& q, const std::string& 
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> dynamic, JsonOptionalBool(w, "dynamic", source));
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> symmetric, JsonOptionalBool(w, "symmetric", source));
   if (dynamic.value_or(false) || !symmetric.value_or(true)) {
-    return Unsupported(
+    return UnsupportedQuantization(
         source, absl::StrCat(wname, dynamic.value_or(false) ? ".dynamic true is not supported"
                                                             : ".symmetric false is not supported"));
   }
   if (!Absent(w, "block_structure")) {
-    return Unsupported(source, absl::StrCat(wname,
-                                            ".block_structure (block-wise scales) is not "
-                                            "supported (per-channel or per-tensor scales only)"));
+    return UnsupportedQuantization(
+        source, absl::StrCat(wname,
+                             ".block_structure (block-wise scales) is not "
+                             "supported (per-channel or per-tensor scales only)"));
   }
   if (!Absent(g, "input_activations")) {
     const std::string aname = absl::StrCat("config_groups.", gname, ".input_activations");
@@ -106,7 +110,7 @@ absl::Status ParseCompressedTensors(const nlohmann::json& q, const std::string& 
         CheckFloat8Args(g["input_activations"], aname, source, {"token", "tensor"}).status());
   }
   if (!Absent(g, "output_activations")) {
-    return Unsupported(
+    return UnsupportedQuantization(
         source, absl::StrCat("config_groups.", gname, ".output_activations is not supported"));
   }
   c->per_tensor = strategy == "tensor";
@@ -127,15 +131,16 @@ absl::Status ParseFp8QuantConfig(const nlohmann::json& q, const std::string& sou
       return absl::OkStatus();
     case CheckpointQuantMethod::kFp8: {
       if (!Absent(q, "weight_block_size")) {
-        return Unsupported(source,
-                           "fp8 weight_block_size (block-wise scales) is not supported "
-                           "(per-tensor or per-channel scales only)");
+        return UnsupportedQuantization(source,
+                                       "fp8 weight_block_size (block-wise scales) is not supported "
+                                       "(per-tensor or per-channel scales only)");
       }
       TANDEM_ASSIGN_OR_RETURN(std::optional<std::string> scheme,
                               JsonOptionalString(q, "activation_scheme", source));
       if (scheme.has_value() && *scheme != "dynamic" && *scheme != "static") {
-        return Unsupported(source, absl::StrCat("fp8 activation_scheme '", *scheme,
-                                                "' is not supported (dynamic or static)"));
+        return UnsupportedQuantization(source,
+                                       absl::StrCat("fp8 activation_scheme '", *scheme,
+                                                    "' is not supported (dynamic or static)"));
       }
       c->per_tensor = true;
       return absl::OkStatus();

@@ -20,10 +20,6 @@ std::string Lower(std::string s) {
   return s;
 }
 
-absl::Status Unsupported(const std::string& source, const std::string& message) {
-  return absl::UnimplementedError(absl::StrCat(source, ": ", message));
-}
-
 // The first of `keys` present in q (AutoAWQ spells some fields differently from transformers).
 absl::StatusOr<std::optional<int64_t>> IntField(const nlohmann::json& q,
                                                 std::initializer_list<const char*> keys,
@@ -45,9 +41,9 @@ absl::Status CheckGroupSize(CheckpointQuantConfig& c, const nlohmann::json& q,
   c.group_size = *group;
   if (c.group_size == -1 && allow_minus_one) return absl::OkStatus();
   if (c.group_size < 32 || (c.group_size & (c.group_size - 1)) != 0) {
-    return Unsupported(source, absl::StrCat("quantization group_size ", c.group_size,
-                                            " is not supported (a power of two >= 32",
-                                            allow_minus_one ? ", or -1)" : ")"));
+    return UnsupportedQuantization(source, absl::StrCat("quantization group_size ", c.group_size,
+                                                        " is not supported (a power of two >= 32",
+                                                        allow_minus_one ? ", or -1)" : ")"));
   }
   return absl::OkStatus();
 }
@@ -58,15 +54,15 @@ absl::Status ParseAwq(CheckpointQuantConfig& c, const nlohmann::json& q,
                           JsonOptionalString(q, "version", source));
   const std::string v = Lower(version.value_or("gemm"));
   if (v != "gemm") {
-    return Unsupported(source,
-                       absl::StrCat("AWQ version '", *version,
-                                    "' is not supported (only 'gemm': qweight [in, "
-                                    "out/8]; gemv, gemv_fast and marlin are other layouts)"));
+    return UnsupportedQuantization(
+        source, absl::StrCat("AWQ version '", *version,
+                             "' is not supported (only 'gemm': qweight [in, "
+                             "out/8]; gemv, gemv_fast and marlin are other layouts)"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<bool> zero_point,
                           JsonOptionalBool(q, "zero_point", source));
   if (!zero_point.value_or(true)) {
-    return Unsupported(source, "AWQ with zero_point false is not supported");
+    return UnsupportedQuantization(source, "AWQ with zero_point false is not supported");
   }
   return CheckGroupSize(c, q, source, /*allow_minus_one=*/false);
 }
@@ -83,9 +79,10 @@ absl::Status ParseGptq(CheckpointQuantConfig& c, const nlohmann::json& q,
   c.desc_act = desc_act.value_or(false);
   const std::string f = Lower(format.value_or("gptq"));
   if (marlin.value_or(false) || (f != "gptq" && f != "gptq_v2")) {
-    return Unsupported(source, absl::StrCat("GPTQ checkpoint_format '",
-                                            marlin.value_or(false) ? "marlin" : *format,
-                                            "' is not supported (supported: gptq, gptq_v2)"));
+    return UnsupportedQuantization(
+        source,
+        absl::StrCat("GPTQ checkpoint_format '", marlin.value_or(false) ? "marlin" : *format,
+                     "' is not supported (supported: gptq, gptq_v2)"));
   }
   c.gptq_version = f == "gptq_v2" ? 2 : 1;
   return CheckGroupSize(c, q, source, /*allow_minus_one=*/true);
@@ -145,16 +142,16 @@ absl::StatusOr<CheckpointQuantConfig> ParseCheckpointQuantConfig(const nlohmann:
     TANDEM_RETURN_IF_ERROR(ParseFp8QuantConfig(q, source, &c));
     return c;
   } else {
-    return Unsupported(source, absl::StrCat("quant_method '", *method,
-                                            "' is not supported (supported: awq, gptq, "
-                                            "compressed-tensors, fbgemm_fp8, fp8)"));
+    return UnsupportedQuantization(source, absl::StrCat("quant_method '", *method,
+                                                        "' is not supported (supported: awq, gptq, "
+                                                        "compressed-tensors, fbgemm_fp8, fp8)"));
   }
   TANDEM_ASSIGN_OR_RETURN(std::optional<int64_t> bits, IntField(q, {"bits", "w_bit"}, source));
   if (!bits.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": quantization 'bits' missing"));
   }
   if (*bits != 4) {
-    return Unsupported(
+    return UnsupportedQuantization(
         source, absl::StrCat(c.MethodName(), " with bits ", *bits, " is not supported (only 4)"));
   }
   c.bits = *bits;
@@ -182,6 +179,10 @@ absl::StatusOr<CheckpointQuantConfig> LoadCheckpointQuantConfig(const std::strin
   TANDEM_ASSIGN_OR_RETURN(std::string qtext, ReadFileToString(separate));
   TANDEM_ASSIGN_OR_RETURN(nlohmann::json qdoc, ParseJsonDocument(qtext, separate));
   return ParseCheckpointQuantConfig(qdoc, separate, /*from_quantize_config=*/true);
+}
+
+absl::Status UnsupportedQuantization(const std::string& source, const std::string& message) {
+  return absl::UnimplementedError(absl::StrCat(source, ": ", message));
 }
 
 }  // namespace tandem

@@ -60,4 +60,8 @@ absl::StatusOr<CheckpointQuantConfig> ParseCheckpointQuantConfig(const nlohmann:
                                                                  const std::string& source,
                                                                  bool from_quantize_config);
 
+// The refusal of a quantization setting the loader does not serve: UNIMPLEMENTED,
+// "<source>: <message>" (source: the file and field).
+absl::Status UnsupportedQuantization(const std::string& source, const std::string& message);
+
 }  // namespace tandem
