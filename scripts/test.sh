@@ -15,6 +15,7 @@ stage scripts/setup.sh
 stage scripts/build.sh
 stage scripts/build_emulated.sh  # the GPU emulation binary for tests/e2e/gpu_emulated_cluster_test
 stage scripts/check_format.sh
+stage scripts/check_deps.py build  # what common/engine and kvtransfer include, they link
 stage ctest --test-dir build -LE gpu --output-on-failure -j "$(nproc)" --timeout 900
 # aarch64: the CPU engine cross-built, its kernel and bundled-model tests under qemu-user
 # (correctness of the NEON tiers, not speed).

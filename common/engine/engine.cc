@@ -39,9 +39,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError("num_speculative_tokens must be in [1, 16]");
     }
   }
-  if (options.lora != nullptr && !backend->SupportsLora()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoRA adapters are not supported on the ", backend->name(), " backend"));
+  if (options.lora != nullptr) {
+    const LoraOptions& lora = options.lora->options();
+    if (absl::Status st =
+            backend->CheckLora(lora.max_loras, lora.max_lora_rank, lora.resolved_dtype());
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("LoRA adapters are not supported on the ",
+                                                     backend->name(), " backend: ", st.message()));
+    }
   }
   std::unique_ptr<Engine> e(
       new Engine(std::make_unique<EngineCore>(options, std::move(model), std::move(backend))));

@@ -208,6 +208,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
   const bool bf16_weights = model->weight_dtype() == DType::kBF16 ||
                             model->quantization() != WeightQuant::kNone ||
                             model->checkpoint_quant().quantized();
+  LoraOptions lora_options = options.lora;  // --lora-dtype auto: the weights' dtype
+  lora_options.model_dtype = bf16_weights ? DType::kBF16 : DType::kF32;
   DType matmul_input_dtype = DType::kF32;
   if (options.matmul_input_dtype == "auto") {
     const bool quantized =
@@ -296,6 +298,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     backend_options.max_num_tokens = options.engine.scheduler.max_num_batched_tokens;
     backend_options.max_num_seqs = options.engine.scheduler.max_num_seqs;
     backend_options.max_model_len = options.engine.max_model_len;
+    if (lora_options.enable_lora || !lora_options.modules.empty()) {
+      backend_options.lora_slots = lora_options.max_loras;
+      backend_options.lora_max_rank = lora_options.max_lora_rank;
+      backend_options.lora_dtype = lora_options.resolved_dtype();
+    }
     auto cuda = CreateCudaBackend(model, backend_options);
     if (!cuda.ok()) return cuda.status();
     backend = std::move(cuda).value();
@@ -333,8 +340,6 @@ absl::StatusOr<BuiltEngine> BuildEngine(const EngineBuildOptions& options) {
     }
   }
   if (engine_options.lora == nullptr) {
-    LoraOptions lora_options = options.lora;
-    lora_options.model_dtype = bf16_weights ? DType::kBF16 : DType::kF32;
     auto lora = MakeLoraRegistry(model->config(), lora_options);
     if (!lora.ok()) return lora.status();
     engine_options.lora = std::move(lora).value();

@@ -35,7 +35,7 @@ absl::Status LoraFeature::OnAdmit(Sequence* seq, const EngineRequest& r) {
   }
   seq->lora.adapter = std::move(adapter);
   seq->blocks.salt_hash = SaltWithAdapter(seq->blocks.salt_hash, seq->lora.adapter->cache_key);
-  if (r.remote_prefill || CanActivate(seq->lora.adapter.get())) {
+  if (CanActivate(seq->lora.adapter.get())) {
     Activate(seq);
   } else {
     seq->lora.held = true;

@@ -20,7 +20,8 @@ namespace tandem {
 //     another or by the base model. At most max_loras distinct adapters have admitted requests
 //     (so any batch mixes at most that many); a request for another adapter is held (kPending)
 //     until one of them has no request left, then released in arrival order. Remote-prefill
-//     requests (decode role) are never held: their KV is already on its way.
+//     requests (decode role) too: held before their reservation, their prefill has not begun
+//     (a CUDA backend holds no more adapters than --max-loras, device_lora.h).
 //   - BeforeForward: each scheduled sequence's adapter goes to the backend (ForwardSeq::lora),
 //     which adds the low-rank terms grouped by adapter.
 // Registered first (Engine::Create), so every later feature sees the salted hashes.

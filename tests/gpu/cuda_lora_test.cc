@@ -3,7 +3,9 @@
 // where sequences of several adapters (f32 and bf16, ranks 4 to 16, all or some targets) and of
 // the base model share every step, for f32 / bf16 / int8 / int4 base weights; a sequence gets
 // its own adapter's terms and no other's (alone and in a mixed batch, against the runs of the
-// other adapters); adapters go to the device when first used and leave it once gone.
+// other adapters); the device memory for adapters is reserved when the backend is made, an
+// adapter takes a slot when first used and leaves it once gone, or for another adapter when
+// every slot is taken (the least recently used one).
 
 #include <algorithm>
 #include <filesystem>
@@ -24,8 +26,12 @@ namespace fs = std::filesystem;
 using ::tandem::testing::Load;
 using ::tandem::testing::ModelDir;
 
-CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
+// `lora_slots` adapters of rank 16 in bf16 (an f32 adapter of rank 8 fits such a slot too).
+CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations, int64_t lora_slots = 3) {
   CudaBackendOptions options;
+  options.lora_slots = lora_slots;
+  options.lora_max_rank = 16;
+  options.lora_dtype = DType::kBF16;
   options.num_blocks = num_blocks;
   options.kv_dtype = DType::kF32;
   options.max_num_tokens = 256;
@@ -123,7 +129,7 @@ TEST_F(CudaLoraTest, MixedAdapterBatchesMatchCpuBackend) {
     auto cuda = MakeCudaBackend(model, Options(num_blocks, f.bf16_activations));
     auto cuda_base = MakeCudaBackend(model, Options(num_blocks, f.bf16_activations));
     ASSERT_TRUE(cpu && cuda && cuda_base) << what;
-    ASSERT_TRUE(cuda->SupportsLora());
+    ASSERT_TRUE(cuda->CheckLora(3, 16, DType::kBF16).ok());
     const std::vector<const LoraAdapter*> lora = {a.get(), nullptr, b.get(),
                                                   a.get(), c.get(), nullptr};
     const int num_seqs = static_cast<int>(lora.size());
@@ -243,16 +249,20 @@ TEST_F(CudaLoraTest, EachRowGetsItsOwnAdapter) {
   }
 }
 
-// Adapters are uploaded when a step first uses them, once, and their device copies are freed
-// at the first step after the last reference to them is dropped (an unloaded adapter whose
-// requests are done); a step of the base model alone runs the graphs.
-TEST_F(CudaLoraTest, AdaptersUploadedOnFirstUseAndFreedWhenGone) {
+// The adapters' device memory is reserved when the backend is made and no step allocates more:
+// adapters are uploaded into slots when a step first uses them, once, and their slots freed at
+// the first step after the last reference to them is dropped (an unloaded adapter whose requests
+// are done); a step of the base model alone runs the graphs.
+TEST_F(CudaLoraTest, AdaptersTakeReservedSlotsOnFirstUseAndLeaveThemWhenGone) {
   auto a = Adapter(6, 8, DType::kBF16);
-  auto b = Adapter(7, 16, DType::kF32);
+  auto b = Adapter(7, 8, DType::kF32);
   ASSERT_TRUE(a && b);
   auto model = Load("stories260k", DType::kBF16);
-  auto cuda = MakeCudaBackend(model, Options(64, true));
+  auto cuda = MakeCudaBackend(model, Options(64, true, 2));
   ASSERT_NE(cuda, nullptr);
+  ASSERT_NE(cuda->lora(), nullptr);
+  const size_t reserved = cuda->lora()->reserved_bytes();
+  EXPECT_GE(reserved, 2 * cuda::DeviceLora::SlotBytes(model->config(), cuda->lora()->options()));
   Blocks blocks(16, 64);
   std::vector<Seq> seqs(2);
   seqs[0].tokens = {1, 403, 407, 261, 378, 9, 10, 11};
@@ -265,7 +275,6 @@ TEST_F(CudaLoraTest, AdaptersUploadedOnFirstUseAndFreedWhenGone) {
   RunLoraStep(*cuda, blocks, seqs, {a.get(), b.get()}, work, false);
   EXPECT_EQ(cuda->lora()->resident(), 2);
   EXPECT_EQ(cuda->lora()->uploads(), 2);
-  EXPECT_GT(cuda->lora()->resident_bytes(), 0u);
   EXPECT_EQ(cuda->eager_steps(), 1);
   RunLoraStep(*cuda, blocks, seqs, {a.get(), b.get()}, work, false);
   EXPECT_EQ(cuda->lora()->uploads(), 2) << "an adapter on the device was uploaded again";
@@ -273,6 +282,77 @@ TEST_F(CudaLoraTest, AdaptersUploadedOnFirstUseAndFreedWhenGone) {
   RunLoraStep(*cuda, blocks, seqs, {a.get(), nullptr}, {{&seqs[0], 1}}, false);
   EXPECT_EQ(cuda->lora()->resident(), 1);
   EXPECT_EQ(cuda->lora()->uploads(), 2);
+  EXPECT_EQ(cuda->lora()->reserved_bytes(), reserved) << "a step allocated device memory";
+}
+
+// More adapters in use than slots: a step needing a slot takes the least recently used one of an
+// adapter it does not use, and that adapter is uploaded again when a later step needs it; every
+// sequence's logits are bit for bit those of a backend where every adapter kept its slot. A step
+// with more adapters than slots is refused with a clear error and the backend goes on serving.
+// A backend without slots refuses adapters.
+TEST_F(CudaLoraTest, SlotsAreReusedLeastRecentlyUsedFirst) {
+  auto a = Adapter(8, 8, DType::kBF16);
+  auto b = Adapter(9, 16, DType::kBF16);
+  auto c = Adapter(10, 4, DType::kBF16, {"k_proj", "o_proj", "up_proj"});
+  ASSERT_TRUE(a && b && c);
+  auto model = Load("stories260k", DType::kBF16);
+  auto two = MakeCudaBackend(model, Options(64, true, 2));
+  auto three = MakeCudaBackend(model, Options(64, true, 3));
+  ASSERT_TRUE(two && three);
+  EXPECT_TRUE(two->CheckLora(2, 16, DType::kBF16).ok());
+  EXPECT_FALSE(two->CheckLora(3, 16, DType::kBF16).ok());
+  EXPECT_FALSE(two->CheckLora(2, 32, DType::kBF16).ok());
+  EXPECT_FALSE(two->CheckLora(2, 16, DType::kF32).ok());
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 290, 17, 99, 311, 5, 77, 300};
+  // Three sequences, one per adapter; each step runs two of them (a pair that needs the slot of
+  // the third's adapter in turn).
+  const std::vector<const LoraAdapter*> lora = {a.get(), b.get(), c.get()};
+  const std::vector<std::vector<int>> pairs = {{0, 1}, {1, 2}, {2, 0}, {0, 1}, {2, 1}, {0, 2}};
+  auto run = [&](cuda::CudaBackend& backend) {
+    Blocks blocks(16, 64);
+    std::vector<Seq> seqs(3);
+    for (Seq& s : seqs) s.tokens = prompt;
+    for (const std::vector<int>& pair : pairs) {
+      std::vector<std::pair<Seq*, int64_t>> work;
+      for (int i : pair) work.emplace_back(&seqs[i], seqs[i].computed == 0 ? 4 : 1);
+      RunLoraStep(backend, blocks, seqs, lora, work, false);
+    }
+    return seqs;
+  };
+  const std::vector<Seq> with_two = run(*two), with_three = run(*three);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_EQ(three->lora()->uploads(), 3);
+  EXPECT_GT(two->lora()->uploads(), 3) << "no adapter lost its slot: the test checks nothing";
+  EXPECT_EQ(two->lora()->resident(), 2);
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_EQ(with_two[s].logits.size(), with_three[s].logits.size());
+    for (size_t r = 0; r < with_two[s].logits.size(); ++r) {
+      const double err = RelativeError(with_two[s].logits[r].data(), with_three[s].logits[r].data(),
+                                       two->vocab_size());
+      EXPECT_LE(err, kEmulated ? 0.0 : 1e-3) << "seq " << s << " row " << r;
+    }
+  }
+
+  Blocks blocks(16, 64);
+  std::vector<Seq> seqs(3);
+  for (Seq& s : seqs) s.tokens = prompt;
+  ForwardBatch all = MakeStep(16, blocks, {{&seqs[0], 2}, {&seqs[1], 2}, {&seqs[2], 2}}, false);
+  for (int i = 0; i < 3; ++i) all.seqs[i].lora = lora[i];
+  std::vector<float> logits(all.logit_rows.size() * two->vocab_size());
+  const absl::Status refused = two->Forward(all, logits.data());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  std::vector<Seq> after(1);
+  after[0].tokens = prompt;
+  RunLoraStep(*two, blocks, after, {c.get()}, {{&after[0], 4}}, false);
+
+  auto none = MakeCudaBackend(model, Options(64, true, 0));
+  ASSERT_NE(none, nullptr);
+  EXPECT_EQ(none->lora(), nullptr);
+  EXPECT_FALSE(none->CheckLora(1, 8, DType::kBF16).ok());
+  Blocks none_blocks(16, 64);
+  ForwardBatch one = MakeStep(16, none_blocks, {{&after[0], 1}}, false);
+  one.seqs[0].lora = a.get();
+  EXPECT_EQ(none->Forward(one, logits.data()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -64,7 +64,7 @@ struct ForwardSeq {
   // block_table; -1 for blocks outside every window of this chunk's queries.
   std::vector<std::vector<int32_t>> local_tables;
   // The LoRA adapter whose low-rank terms this sequence's projections add (null: the base
-  // model). Only backends whose SupportsLora() is true take one; it outlives the Forward call.
+  // model). Only backends whose CheckLora() allows it take one; it outlives the Forward call.
   const LoraAdapter* lora = nullptr;
 };
 
@@ -116,8 +116,13 @@ class Backend {
   virtual std::string name() const = 0;
   virtual const KvCacheSpec& kv_spec() const = 0;
   virtual int64_t vocab_size() const = 0;
-  // Whether Forward honours ForwardSeq::lora (a backend that does not refuses a batch with one).
-  virtual bool SupportsLora() const { return false; }
+  // Whether Forward honours ForwardSeq::lora for steps of up to `max_loras` distinct adapters of
+  // rank <= max_rank kept in `dtype`: OK, or why not (a backend that cannot refuses a batch with
+  // one). A backend keeping adapters in device memory reserved it when it was made (the CUDA
+  // backend's LoRA slots), so that no step fails for want of memory for an adapter.
+  virtual absl::Status CheckLora(int64_t max_loras, int64_t max_rank, DType dtype) const {
+    return absl::UnimplementedError("this backend has no LoRA path");
+  }
 
   // Runs the batch; writes logits f32 [batch.logit_rows.size(), vocab_size()] to `logits`.
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;

@@ -46,9 +46,7 @@ absl::Status ValidateLoraOptions(const LoraOptions& o) {
 LoraRegistry::LoraRegistry(ModelConfig config, LoraOptions options)
     : config_(std::move(config)), options_(std::move(options)) {
   limits_.max_lora_rank = options_.max_lora_rank;
-  limits_.dtype = options_.dtype == "float32"    ? DType::kF32
-                  : options_.dtype == "bfloat16" ? DType::kBF16
-                                                 : options_.model_dtype;
+  limits_.dtype = options_.resolved_dtype();
 }
 
 absl::Status LoraRegistry::Load(const std::string& name, const std::string& dir) {

@@ -30,6 +30,10 @@ struct LoraOptions {
   DType model_dtype = DType::kF32;  // what auto resolves to (set by BuildEngine)
 
   int64_t loaded_limit() const { return max_cpu_loras > 0 ? max_cpu_loras : max_loras; }
+  // What adapters are kept in: dtype resolved (auto: model_dtype).
+  DType resolved_dtype() const {
+    return dtype == "float32" ? DType::kF32 : dtype == "bfloat16" ? DType::kBF16 : model_dtype;
+  }
 };
 
 // Checks the options' numbers (max_loras >= 1, max_lora_rank >= 1, max_cpu_loras 0 or >=

@@ -60,7 +60,9 @@ class CpuBackend : public Backend {
   std::vector<std::pair<std::string, std::string>> InfoLabels() const;
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  bool SupportsLora() const override { return true; }
+  absl::Status CheckLora(int64_t, int64_t, DType) const override {  // adapters stay in host memory
+    return absl::OkStatus();
+  }
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   void CopyBlock(int32_t src, int32_t dst) override;
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override;

@@ -220,6 +220,16 @@ absl::Status CudaBackend::Init() {
   TANDEM_RETURN_IF_ERROR(EnsureCapacity(std::max(options_.max_num_tokens, graph_tokens),
                                         std::max(options_.max_num_seqs, graph_tokens),
                                         std::max(options_.max_num_seqs, graph_tokens)));
+  if (options_.lora_slots > 0) {  // before the KV pool takes what is left
+    DeviceLoraOptions lora;
+    lora.slots = options_.lora_slots;
+    lora.max_rank = options_.lora_max_rank;
+    lora.dtype = options_.lora_dtype;
+    lora.max_tokens = cap_tokens_;
+    auto made = DeviceLora::Create(c, lora);
+    if (!made.ok()) return made.status();
+    lora_ = std::move(made).value();
+  }
   TANDEM_RETURN_IF_ERROR(AllocateKvPool());
   TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (init)");
   const absl::Time start = absl::Now();
@@ -234,9 +244,29 @@ absl::Status CudaBackend::Init() {
                  : model_->weight_dtype() == DType::kBF16 ? "f32 activations (parity mode)"
                                                           : "f32 activations")
              << ", KV pool " << spec_.num_blocks << " blocks (" << kv_.bytes() / (1 << 20)
-             << " MiB), attention tiles of " << tile_tokens << " tokens, " << graphs_captured()
+             << " MiB)"
+             << (lora_ != nullptr ? absl::StrCat(", LoRA ", lora_->options().slots,
+                                                 " adapters of rank ", lora_->options().max_rank,
+                                                 " (", lora_->reserved_bytes() / (1 << 20), " MiB)")
+                                  : std::string())
+             << ", attention tiles of " << tile_tokens << " tokens, " << graphs_captured()
              << " CUDA graphs for steps of up to " << graph_tokens << " tokens captured in "
              << absl::ToInt64Milliseconds(absl::Now() - start) << " ms";
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CheckLora(int64_t max_loras, int64_t max_rank, DType dtype) const {
+  if (lora_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "no device memory was reserved for adapters (CudaBackendOptions::lora_slots)");
+  }
+  const DeviceLoraOptions& o = lora_->options();
+  if (max_loras > o.slots || max_rank > o.max_rank || DTypeSize(dtype) > DTypeSize(o.dtype)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the device holds ", o.slots, " adapters of rank ", o.max_rank, " in ",
+                     std::string(DTypeName(o.dtype)), ", the engine may run ", max_loras,
+                     " of rank ", max_rank, " in ", std::string(DTypeName(dtype))));
+  }
   return absl::OkStatus();
 }
 

@@ -45,6 +45,13 @@ struct CudaBackendOptions {
   // (Backend::StartBlockRead / StartBlockWrite), allocated on their first use: copies in flight
   // at once = this / the bytes of one block (at least one).
   int64_t block_staging_bytes = int64_t{64} << 20;
+  // LoRA (--max-loras, --max-lora-rank, --lora-dtype resolved): device memory for lora_slots
+  // adapters of rank up to lora_max_rank on every target, kept in lora_dtype, reserved before
+  // the KV pool is sized, so that adapters never compete with the KV cache for memory
+  // (device_lora.h). 0: no LoRA path (a step with an adapter is refused).
+  int64_t lora_slots = 0;
+  int64_t lora_max_rank = 16;
+  DType lora_dtype = DType::kBF16;
 };
 
 // True when the CUDA runtime sees at least one device. Otherwise false with the reason in `why`

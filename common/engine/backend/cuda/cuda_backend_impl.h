@@ -30,7 +30,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   const KvCacheSpec& kv_spec() const override { return spec_; }
   int64_t vocab_size() const override { return model_->config().vocab_size; }
-  bool SupportsLora() const override { return true; }
+  absl::Status CheckLora(int64_t max_loras, int64_t max_rank, DType dtype) const override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   bool SupportsDeviceSampling() const override { return true; }
   absl::Status ForwardSampled(const ForwardBatch& batch,
@@ -70,7 +70,7 @@ class CudaBackend final : public Backend {
   int64_t overlapped_launches() const { return overlapped_launches_; }
   int64_t device_input_tokens() const { return device_input_tokens_; }
   size_t weight_bytes() const { return weights_->bytes(); }
-  // LoRA adapters on the device (null before the first step).
+  // LoRA adapters on the device (null without CudaBackendOptions::lora_slots).
   const DeviceLora* lora() const { return lora_.get(); }
   size_t kv_pool_bytes() const { return kv_.bytes(); }
   bool bf16_activations() const { return act_bf16_; }
@@ -168,7 +168,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Gemm> gemm_;
   std::unique_ptr<DeviceWeights> weights_;
   DeviceBuffer rope_;                 // [max_positions][head_dim / 2][2] f32
-  std::unique_ptr<DeviceLora> lora_;  // LoRA adapters on the device (made by the first step)
+  std::unique_ptr<DeviceLora> lora_;  // LoRA adapters on the device (lora_slots > 0)
   DeviceBuffer kv_;                   // [layer][block][2][kv_heads][block_size][head_dim]
   int64_t max_positions_ = 0;
   int64_t table_width_ = 0;  // block-table row capacity (covers every position)

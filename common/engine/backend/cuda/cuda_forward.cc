@@ -60,11 +60,18 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b,
       DropGraphs();
     }
   }
-  // LoRA steps run eagerly (the graphs hold no LoRA products); every step first frees the device
-  // copies of adapters that are gone (device_lora.h).
-  if (lora_ == nullptr) lora_ = std::make_unique<DeviceLora>(model_->config());
-  const absl::StatusOr<bool> lora = lora_->Prepare(b, cur_, t, stream_);
-  if (!lora.ok()) return lora.status();
+  // LoRA steps run eagerly (the graphs hold no LoRA products); every step first frees the slots
+  // of adapters that are gone (device_lora.h).
+  absl::StatusOr<bool> lora = false;
+  if (lora_ != nullptr) {
+    lora = lora_->Prepare(b, cur_, t, stream_);
+    if (!lora.ok()) return lora.status();
+  } else if (std::any_of(b.seqs.begin(), b.seqs.end(),
+                         [](const ForwardSeq& s) { return s.lora != nullptr; })) {
+    return absl::FailedPreconditionError(
+        "a LoRA adapter on a CUDA backend made without LoRA slots "
+        "(CudaBackendOptions::lora_slots)");
+  }
   if (!*lora && GraphEligible(b)) {
     const int tokens = Bucket(buckets_, t), rows = n == 0 ? 0 : Bucket(buckets_, n);
     absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, tokens, rows, true);

@@ -4,6 +4,7 @@
 // use breaks nothing.
 
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine/lora/lora_writer.h"
@@ -219,6 +220,40 @@ TEST_F(EngineLoraTest, MaxLorasHoldsRequestsForOtherAdapters) {
   EXPECT_LT(run.finished_at_step.at("base"), run.finished_at_step.at("a1"));
   EXPECT_EQ(engine->stats().lora_requests_held, 0);
   EXPECT_EQ(engine->stats().lora_active_adapters, 0);
+}
+
+// Decode role: a remote-prefill request for an adapter beyond --max-loras waits for a slot like
+// any other, before its reservation (nothing is on its way before the reservation: the router
+// starts the prefill when it arrives), so a batch never mixes more adapters than a CUDA
+// backend reserved slots for, however requests arrive.
+TEST_F(EngineLoraTest, RemotePrefillRequestsWaitForAnAdapterSlot) {
+  auto engine = MakeEngine(/*max_loras=*/1);
+  EngineRequest r1 = Request({"a1", Prompt(1, 20), "a1", 3});
+  EngineRequest r2 = Request({"a2", Prompt(2, 20), "a2", 3});
+  r1.remote_prefill = r2.remote_prefill = true;
+  ASSERT_TRUE(engine->AddRequest(r1).ok());
+  ASSERT_TRUE(engine->AddRequest(r2).ok());
+  std::set<std::string> reserved;
+  auto step = [&] {
+    for (const SequenceUpdate& u : engine->Step()) {
+      EXPECT_TRUE(u.status.ok()) << u.status;
+      if (u.reservation.has_value()) reserved.insert(u.request_id);
+    }
+    EXPECT_LE(engine->stats().lora_active_adapters, 1);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  EXPECT_EQ(reserved, std::set<std::string>{"a1"});
+  EXPECT_EQ(engine->stats().lora_requests_held, 1);
+  // a1's prefill lands (its KV bytes do not matter here) and it decodes to its end; then a2
+  // takes the slot and gets its reservation.
+  ASSERT_TRUE(engine->CompleteRemotePrefill("a1", {5}, {}).ok());
+  for (int i = 0; i < 20 && reserved.count("a2") == 0; ++i) step();
+  EXPECT_EQ(reserved.count("a2"), 1u);
+  EXPECT_EQ(engine->stats().lora_requests_held, 0);
+  engine->AbortRequest("a2");
+  while (engine->HasWork()) step();
+  EXPECT_EQ(engine->stats().lora_active_adapters, 0);
+  EXPECT_EQ(engine->stats().kv_blocks_used, 0);
 }
 
 TEST_F(EngineLoraTest, AbortingAHeldRequestFreesNothingItDidNotTake) {
