@@ -20,8 +20,14 @@
 #                 cuda-ipc on this GPU, C = 16 64: a 256/256 wave (tok/s, TTFT, ITL p99, KV
 #                 transfer p50) and 30 s of decode streams under arriving 2048-token prompts
 #                 (ITL p99, goodput under a TTFT/ITL SLO), 1 round, <= 300 s
+#   fp8gemm       (not in the default list) issue 45's FP8 GEMM: cuda_bench --only fp8-gemm, fp8
+#                 weights quantized at load on the random llama-1b, prefill chunks of 512 and 2048
+#                 tokens and a batch-32 decode step, weight-only path against the FP8 tensor-core
+#                 GEMM (ms and the speedup), <= 150 s
 #
-#   tests/gpu/check.sh [PHASE...]        (default: all six, in that order)
+#   tests/gpu/check.sh [PHASE...]        (default: the first six, in that order)
+#   issue 45's FP8 GEMM, with its correctness tests first:
+#     tests/gpu/check.sh tests fp8gemm
 #   issue 44's measurement, with the cuda-ipc serving verdicts first:
 #     tests/gpu/check.sh cluster disagg
 #
@@ -34,7 +40,7 @@
 # command always ends with its summary; name the skipped phases to run them in a second call.
 # Writes to $OUT when set (the device tool's folder), else build-gpu/check: summary.txt (every
 # verdict and figure), tests.log and bench.log, the benchmark sections gpu_serve.md and
-# gpu_peer.md, gpu_disagg.md, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
+# gpu_peer.md, gpu_disagg.md, fp8gemm.log, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
 # Environment: BUILD_DIR (build-gpu), CHECK_DEADLINE_S (570), PYTHON (python3),
 # TANDEM_GPU_PREBUILT (1: no configure or build; 0: run.sh builds first, which takes minutes).
 set -uo pipefail
@@ -146,7 +152,7 @@ wait_peer_build() {
 
 bench_results=$logs/results
 for phase in "${phases[@]}"; do
-  case $phase in bench | peer | serve | disagg) wait_peer_build ;; esac
+  case $phase in bench | fp8gemm | peer | serve | disagg) wait_peer_build ;; esac
   case $phase in
     tests)
       # run.sh's own phases, one at a time, so that each gets its own limit here.
@@ -155,6 +161,10 @@ for phase in "${phases[@]}"; do
     bench)
       run_phase bench 60 120 "$build/bin/cuda_bench" --model "$TANDEM_MODEL_CACHE/llama-1b-bf16"
       cp "$logs/bench.log" "$out/bench.log" 2>/dev/null ;;
+    fp8gemm)
+      run_phase fp8gemm 60 150 "$build/bin/cuda_bench" --model "$TANDEM_MODEL_CACHE/llama-1b-bf16" \
+        --only fp8-gemm
+      cp "$logs/fp8gemm.log" "$out/fp8gemm.log" 2>/dev/null ;;
     cluster)
       run_phase cluster 60 120 "$PYTHON" tests/gpu/gpu_cluster_check.py "$build" ;;
     serve)
@@ -175,7 +185,7 @@ for phase in "${phases[@]}"; do
         scripts/bench/gpu_peer.sh "$llama"
       cp "$bench_results/gpu_peer.md" "$out/" 2>/dev/null ;;
     *)
-      note "unknown phase $phase (tests cluster bench peer serve disagg)"
+      note "unknown phase $phase (tests cluster bench peer serve disagg fp8gemm)"
       failed=1 ;;
   esac
 done
@@ -186,6 +196,7 @@ wait_peer_build
   echo
   [ -f "$logs/tests.log" ] && sed -n '/GPU summary/,$p' "$logs/tests.log" | grep -v '^$' | head -30
   [ -f "$logs/bench.log" ] && sed -n '/^cuda_bench:/,$p' "$logs/bench.log"
+  [ -f "$logs/fp8gemm.log" ] && sed -n '/^cuda_bench fp8-gemm:/,$p' "$logs/fp8gemm.log"
   [ -f "$logs/cluster.log" ] && grep '^VERDICT' "$logs/cluster.log"
   [ -f "$out/gpu_serve.md" ] && grep '^| ' "$out/gpu_serve.md"
   [ -f "$out/gpu_peer.md" ] && grep -E '^(\| |Same-weights)' "$out/gpu_peer.md"

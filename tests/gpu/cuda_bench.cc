@@ -3,6 +3,10 @@
 // size (CUDA graphs and eager, bf16 activations and the f32 parity mode), speculative
 // verification and mixed prefill + decode steps, chunked prefill, long-context decode, and
 // decode / prefill over int8, int4 and fp8 weights quantized at load.
+// --only fp8-gemm: only fp8 weights (quantized at load), prefill chunks of 512 and 2048 tokens and
+// a batch-32 decode step on the weight-only path (fp8_gemm off: dequantized tiles + cuBLAS bf16)
+// beside the FP8 tensor-core GEMM (on: per-token e4m3 activations, cuBLASLt), one backend at a
+// time (tests/gpu/check.sh fp8gemm).
 //
 // Every figure is set beside the card's limits measured first: the device-to-device copy
 // bandwidth (bytes read + written per second) and the bf16 matrix peak (an 8192^3 cuBLAS bf16
@@ -14,7 +18,7 @@
 // row prints "% of limit": the step's bytes / time against the copy bandwidth, and its FLOPs /
 // time against the matrix peak.
 //
-//   cuda_bench [--model DIR] [--steps N]
+//   cuda_bench [--model DIR] [--steps N] [--only fp8-gemm]
 // Exits 0 without a GPU (printing why).
 
 #include <chrono>
@@ -194,12 +198,113 @@ double TimeSteps(Backend& backend, const ForwardBatch& batch, int steps) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count() / steps;
 }
 
+// One sequence's prefill chunk of `chunk` tokens at position 0 (its last logit row), and what it
+// must move and compute.
+ForwardBatch PrefillBatch(int chunk, std::mt19937& rng) {
+  ForwardBatch b;
+  std::vector<int32_t> tokens(chunk);
+  for (auto& t : tokens) t = static_cast<int32_t>(3 + rng() % 31000);
+  b.AddSequence(tokens, 0, Table(0, chunk), 16, true);
+  return b;
+}
+Work PrefillWork(const Accounting& a, int chunk) {
+  std::vector<int> contexts;
+  for (int i = 1; i <= chunk; ++i) contexts.push_back(i);
+  Work w = a.Step(contexts, 1);
+  w.bytes += a.KvRead({chunk});  // the chunk's own keys, once
+  return w;
+}
+
+void PrintRows(const std::vector<Row>& rows, const Limits& limits) {
+  std::printf("limits: device-to-device copy %.0f GB/s, bf16 matrix peak %.0f TFLOP/s\n",
+              limits.bandwidth / 1e9, limits.bf16_flops / 1e12);
+  std::printf("%-36s %9s %10s %9s %9s %9s %9s\n", "case", "ms/step", "tokens/s", "GB/s", "%bw",
+              "TFLOP/s", "%peak");
+  for (const Row& r : rows) {
+    const double s = r.ms / 1e3;
+    const double gbs = r.work.bytes / s / 1e9, tfs = r.work.flops / s / 1e12;
+    std::printf("%-36s %9.3f %10.0f %9.0f %8.1f%% %9.1f %8.1f%%  %s\n", r.what.c_str(), r.ms,
+                r.tokens / s, gbs, 100 * r.work.bytes / s / limits.bandwidth, tfs,
+                100 * r.work.flops / s / limits.bf16_flops, r.note.c_str());
+  }
+}
+
+// --only fp8-gemm (see the file comment).
+int Fp8GemmComparison(const std::string& model_dir, const LoadOptions& load,
+                      const CudaBackendOptions& options, int steps, const Limits& limits) {
+  LoadOptions ql = load;
+  ql.quantization = WeightQuant::kFp8;
+  ql.quant_layout = WeightLayout::kRows;
+  const auto load_start = Clock::now();
+  auto loaded = LoadModel(model_dir, ql);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+    return 1;
+  }
+  std::shared_ptr<const Model> model = std::move(loaded).value();
+  std::printf("fp8 model quantized at load in %.1f s\n",
+              std::chrono::duration<double>(Clock::now() - load_start).count());
+  std::vector<Row> rows;
+  std::vector<double> ms[2];
+  for (Fp8GemmMode mode : {Fp8GemmMode::kOff, Fp8GemmMode::kOn}) {
+    const bool on = mode == Fp8GemmMode::kOn;
+    CudaBackendOptions o = options;
+    o.fp8_gemm = mode;
+    auto created = cuda::CudaBackend::Create(model, o);
+    if (!created.ok()) {
+      std::fprintf(stderr, "backend (fp8_gemm %s): %s\n", on ? "on" : "off",
+                   created.status().ToString().c_str());
+      return 1;
+    }
+    std::unique_ptr<cuda::CudaBackend> b = std::move(created).value();
+    const Accounting a(*model, b->kv_spec().bytes_per_block_layer() /
+                                   static_cast<size_t>(b->kv_spec().block_size));
+    const std::string name = on ? " fp8 FP8 GEMM" : " fp8 weight-only";
+    std::mt19937 rng(1);
+    const ForwardBatch decode = DecodeBatch(32, 512, 1, rng);
+    Work dw = a.Step(std::vector<int>(32, 512), 32);
+    dw.bytes += a.KvRead(std::vector<int>(32, 512));
+    ms[on].push_back(TimeSteps(*b, decode, steps));
+    rows.push_back({"decode b=32 ctx=512" + name, ms[on].back(), 32, dw, ""});
+    for (int chunk : {512, 2048}) {
+      const ForwardBatch p = PrefillBatch(chunk, rng);
+      ms[on].push_back(TimeSteps(*b, p, std::max(3, steps / 4)));
+      rows.push_back({"prefill chunk=" + std::to_string(chunk) + name, ms[on].back(), 1.0 * chunk,
+                      PrefillWork(a, chunk), ""});
+    }
+    std::printf("fp8_gemm %s: %lld products on the FP8 GEMM\n", on ? "on" : "off",
+                static_cast<long long>(b->gemm().fp8_calls()));
+    if (on && b->gemm().fp8_calls() == 0) {
+      std::fprintf(stderr, "fp8_gemm on ran no FP8 GEMM\n");
+      return 1;
+    }
+  }
+  std::printf(
+      "\ncuda_bench fp8-gemm: %s, llama-1b fp8 (weights quantized at load), bf16 KV, "
+      "bf16 activations, CUDA graphs up to 512 tokens\n",
+      CudaDeviceDescription(0).c_str());
+  PrintRows(rows, limits);
+  const char* cases[] = {"decode b=32", "prefill 512", "prefill 2048"};
+  for (int i = 0; i < 3; ++i) {
+    std::printf("%s: weight-only %.3f ms, FP8 GEMM %.3f ms, speedup %.2fx\n", cases[i], ms[0][i],
+                ms[1][i], ms[0][i] / ms[1][i]);
+  }
+  std::printf("(%%peak: of the bf16 matrix peak; the FP8 tensor-core peak is twice it)\n");
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::string model_dir = tandem::TestBinaryDir() + "/gpu_test_models/llama-1b-bf16";
   int steps = 20;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--model") == 0) model_dir = argv[i + 1];
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+  }
+  if (!only.empty() && only != "fp8-gemm") {
+    std::fprintf(stderr, "cuda_bench: --only takes fp8-gemm, got %s\n", only.c_str());
+    return 1;
   }
   std::string why;
   if (!CudaDeviceAvailable(&why)) {
@@ -235,6 +340,7 @@ int Main(int argc, char** argv) {
   options.kv_dtype = DType::kBF16;
   options.num_blocks = 20000;  // 32 sequences x 8192 positions, ~10 GiB
   options.max_num_tokens = 2048;
+  if (only == "fp8-gemm") return Fp8GemmComparison(model_dir, load, options, steps, limits);
   auto create = [&](bool graphs, bool bf16, DType kv = DType::kBF16) {
     CudaBackendOptions o = options;
     o.cuda_graphs = graphs;
@@ -308,16 +414,9 @@ int Main(int argc, char** argv) {
     add("mixed 32 decodes + 256 prefill", TimeSteps(*fast, b, steps), 32 + 256, w);
   }
   for (int chunk : {512, 2048}) {
-    ForwardBatch b;
-    std::vector<int32_t> tokens(chunk);
-    for (auto& t : tokens) t = static_cast<int32_t>(3 + rng() % 31000);
-    b.AddSequence(tokens, 0, Table(0, chunk), 16, true);
-    std::vector<int> contexts;
-    for (int i = 1; i <= chunk; ++i) contexts.push_back(i);
-    Work w = acct.Step(contexts, 1);
-    w.bytes += acct.KvRead({chunk});  // the chunk's own keys, once
-    add("prefill chunk=" + std::to_string(chunk), TimeSteps(*fast, b, std::max(3, steps / 4)),
-        chunk, w);
+    add("prefill chunk=" + std::to_string(chunk),
+        TimeSteps(*fast, PrefillBatch(chunk, rng), std::max(3, steps / 4)), chunk,
+        PrefillWork(acct, chunk));
   }
   const int64_t graph_steps = fast->graph_steps();
   fast.reset();
@@ -334,8 +433,8 @@ int Main(int argc, char** argv) {
   }
 
   // Weight-only int8, int4 (g128) and fp8 weights quantized at load from the same checkpoint:
-  // decode at batch 1 and 8 (the quantized GEMV) and 32 (dequantized tiles + cuBLAS), and a
-  // 512-token prefill chunk. One backend at a time.
+  // decode at batch 1 and 8 (the quantized GEMV) and 32 (dequantized tiles + cuBLAS; fp8 on sm_89
+  // and above: the FP8 GEMM), and a 512-token prefill chunk. One backend at a time.
   for (WeightQuant quant : {WeightQuant::kInt8, WeightQuant::kInt4, WeightQuant::kFp8}) {
     const std::string name =
         std::string(WeightQuantName(quant)) + (quant == WeightQuant::kInt4 ? " g128" : "");
@@ -365,15 +464,8 @@ int Main(int argc, char** argv) {
       add("decode b=" + std::to_string(batch) + " ctx=512 " + name, TimeSteps(*qb, b, steps), batch,
           decode_work_of(qa, batch, 512, 1));
     }
-    ForwardBatch b;
-    std::vector<int32_t> tokens(512);
-    for (auto& t : tokens) t = static_cast<int32_t>(3 + rng() % 31000);
-    b.AddSequence(tokens, 0, Table(0, 512), 16, true);
-    std::vector<int> contexts;
-    for (int i = 1; i <= 512; ++i) contexts.push_back(i);
-    Work w = qa.Step(contexts, 1);
-    w.bytes += qa.KvRead({512});
-    add("prefill chunk=512 " + name, TimeSteps(*qb, b, std::max(3, steps / 4)), 512, w);
+    add("prefill chunk=512 " + name, TimeSteps(*qb, PrefillBatch(512, rng), std::max(3, steps / 4)),
+        512, PrefillWork(qa, 512));
   }
 
   std::printf(
@@ -381,17 +473,7 @@ int Main(int argc, char** argv) {
       "CUDA graphs (%lld graph steps) unless noted\n",
       CudaDeviceDescription(0).c_str(), acct.weight_bytes() / 1e9,
       static_cast<long long>(graph_steps));
-  std::printf("limits: device-to-device copy %.0f GB/s, bf16 matrix peak %.0f TFLOP/s\n",
-              limits.bandwidth / 1e9, limits.bf16_flops / 1e12);
-  std::printf("%-36s %9s %10s %9s %9s %9s %9s\n", "case", "ms/step", "tokens/s", "GB/s", "%bw",
-              "TFLOP/s", "%peak");
-  for (const Row& r : rows) {
-    const double s = r.ms / 1e3;
-    const double gbs = r.work.bytes / s / 1e9, tfs = r.work.flops / s / 1e12;
-    std::printf("%-36s %9.3f %10.0f %9.0f %8.1f%% %9.1f %8.1f%%  %s\n", r.what.c_str(), r.ms,
-                r.tokens / s, gbs, 100 * r.work.bytes / s / limits.bandwidth, tfs,
-                100 * r.work.flops / s / limits.bf16_flops, r.note.c_str());
-  }
+  PrintRows(rows, limits);
   std::printf(
       "(bytes: weights %.3f GB (quantized rows: their codes and scales) + embedding rows + KV read "
       "and written; %%bw and %%peak: of the limits above; a step at either limit cannot go "

@@ -48,6 +48,7 @@ CudaBackendOptions Options(int64_t num_blocks, bool bf16_activations) {
   options.max_num_seqs = 16;
   options.max_graph_tokens = 16;
   options.bf16_activations = bf16_activations;
+  options.fp8_gemm = Fp8GemmMode::kOff;  // fp8: the weight-only path (FP8 GEMM: cuda_fp8_*_test)
   return options;
 }
 

@@ -121,6 +121,7 @@ namespace {
 constexpr size_t kTotalMemory = size_t{16} << 30;
 
 std::atomic<bool> g_defer_streams{false};
+std::atomic<int> g_compute_capability{90};
 std::atomic<int64_t> g_event_waits{0};
 std::atomic<int64_t> g_stream_syncs{0};  // cudaStreamSynchronize and cudaDeviceSynchronize
 std::atomic<int64_t> g_event_waits_with_later_work{0};
@@ -180,6 +181,8 @@ void EnqueueOnStream(const void* stream, std::function<void()> op) {
   Enqueue(static_cast<CUstream_st*>(const_cast<void*>(stream)), std::move(op));
 }
 void SetDeferredStreams(bool defer) { g_defer_streams = defer; }
+void SetComputeCapability(int major, int minor) { g_compute_capability = major * 10 + minor; }
+int ComputeCapability() { return g_compute_capability; }
 int64_t EventWaits() { return g_event_waits; }
 int64_t StreamSyncs() { return g_stream_syncs; }
 int64_t EventWaitsWithLaterWork() { return g_event_waits_with_later_work; }
@@ -242,8 +245,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->pciBusID = static_cast<int>(h1 & 0xff);
   prop->totalGlobalMem = kTotalMemory;
   prop->multiProcessorCount = 4;
-  prop->major = 9;
-  prop->minor = 0;
+  prop->major = g_compute_capability / 10;
+  prop->minor = g_compute_capability % 10;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
@@ -253,10 +256,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
       *value = 4;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor:
-      *value = 9;
+      *value = g_compute_capability / 10;
       return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor:
-      *value = 0;
+      *value = g_compute_capability % 10;
       return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
       *value = 227 * 1024;

@@ -173,6 +173,11 @@ int64_t EventWaitsWithLaterWork();
 // Every cudaStreamSynchronize and cudaDeviceSynchronize since the process started: a host
 // waiting for all of a stream's work (what code meant to overlap with the device must not do).
 int64_t StreamSyncs();
+// The compute capability the emulated device reports (cudaGetDeviceProperties,
+// cudaDeviceGetAttribute; default 9.0, an H100 / H200), and what the cuBLASLt stand-ins accept
+// (fake_cublaslt.h). Tests set it to check what a backend does on other devices.
+void SetComputeCapability(int major, int minor);
+int ComputeCapability();  // major * 10 + minor
 }  // namespace tandem::cuda_emu
 
 // cuBLAS
@@ -185,7 +190,7 @@ enum cublasStatus_t {
 struct cublasContext;
 typedef cublasContext* cublasHandle_t;
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
-enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 };
 typedef cudaDataType_t cudaDataType;
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };

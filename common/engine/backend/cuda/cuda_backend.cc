@@ -12,6 +12,7 @@
 #include "common/base/log.h"
 #include "common/base/status_macros.h"
 #include "common/engine/backend/cuda/cuda_backend_impl.h"
+#include "common/engine/backend/cuda/fp8_gemm.h"
 #include "common/engine/model/rope.h"
 
 namespace tandem {
@@ -162,6 +163,7 @@ absl::Status CudaBackend::Init() {
   }
   gemm_ = std::make_unique<Gemm>();
   TANDEM_RETURN_IF_ERROR(gemm_->Init(stream_));
+  TANDEM_RETURN_IF_ERROR(SetUpFp8Gemm(options_, *model_, *gemm_));
   auto weights = DeviceWeights::Upload(*model_);
   if (!weights.ok()) return weights.status();
   weights_ = std::move(weights).value();
@@ -396,6 +398,7 @@ absl::Status CudaBackend::EnsureCapacity(int64_t tokens, int64_t seqs, int64_t l
   gemm_->SetScratch(gemm_scratch_.as<uint16_t>(), split_elems,
                     reinterpret_cast<float*>(gemm_scratch_.as<uint8_t>() + split_bytes),
                     split ? kStackRows : 0, nmax);
+  TANDEM_RETURN_IF_ERROR(gemm_->ReserveFp8(std::max(cap_tokens_, cap_rows_), kmax));
 
   // Per-step inputs: the largest layout, with the block tables of every sequence at full width.
   const size_t total =

@@ -14,6 +14,15 @@
 
 namespace tandem {
 
+// Whether products over fp8 weights of more than 8 rows (prefill, large batches) run on FP8 tensor
+// cores (README.md, "Quantized weights"): activations quantized to e4m3 per token, one cuBLASLt
+// FP8 GEMM with the weight's per-channel and the tokens' scales.
+enum class Fp8GemmMode : uint8_t {
+  kAuto,  // where it applies (fp8 weights, compute capability 8.9 or above, bf16_activations)
+  kOff,   // the weight-only path (dequantized tiles + cuBLAS), whatever the device
+  kOn,    // as kAuto, but refused at creation where it does not apply
+};
+
 struct CudaBackendOptions {
   int device = 0;                 // CUDA device index
   int64_t block_size = 16;        // tokens per KV block
@@ -41,6 +50,9 @@ struct CudaBackendOptions {
   // bf16 hi + lo for the tensor cores above kGemvMaxRows rows), within ~1e-5 of f32 inputs, what
   // the CPU computes with --matmul-input-dtype f32.
   bool bf16_activations = true;
+  // fp8 weights: the FP8 tensor-core GEMM above 8 rows (kAuto) or the weight-only path (kOff,
+  // which the f32 parity mode, bf16_activations = false, always takes).
+  Fp8GemmMode fp8_gemm = Fp8GemmMode::kAuto;
   // Page-locked host memory for the asynchronous whole-block copies of the KV tiers
   // (Backend::StartBlockRead / StartBlockWrite), allocated on their first use: copies in flight
   // at once = this / the bytes of one block (at least one).

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/engine/backend/cuda/fp8_gemm.h"
 #include "common/engine/backend/cuda/kernels.h"
 #include "common/engine/backend/cuda/quant_kernels.h"
 
@@ -14,9 +16,27 @@ constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
+Gemm::Gemm() = default;
+
 Gemm::~Gemm() {
+  fp8_.reset();
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
+
+absl::Status Gemm::EnableFp8(Fp8ScaleMode mode) {
+  auto fp8 = std::make_unique<Fp8Gemm>();
+  TANDEM_RETURN_IF_ERROR(fp8->Init(stream_, mode, workspace_.get(), workspace_.bytes()));
+  fp8_ = std::move(fp8);
+  return absl::OkStatus();
+}
+
+void Gemm::DisableFp8() { fp8_.reset(); }
+
+absl::Status Gemm::ReserveFp8(int64_t rows, int64_t k) {
+  return fp8_ == nullptr ? absl::OkStatus() : fp8_->Reserve(rows, k);
+}
+
+int64_t Gemm::fp8_calls() const { return fp8_ == nullptr ? 0 : fp8_->calls(); }
 
 absl::Status Gemm::Init(cudaStream_t stream) {
   stream_ = stream;
@@ -132,6 +152,7 @@ absl::Status Gemm::Run(const GemmInput& x, int64_t M, const DeviceMatrix& w, flo
   const int64_t K = w.cols, N = w.rows;
   if (w.quant != WeightQuant::kNone) {
     if (UseGemv(M, w)) return RunGemv(x, M, w, y, ldy, false, false);
+    if (fp8_ != nullptr && fp8_->Takes(M, w, y, ldy)) return fp8_->Run(x, M, w, y, ldy);
     return RunDequantized(x, M, w, y, ldy);
   }
   if (w.dtype == DType::kF32) {

@@ -12,7 +12,10 @@
 //   f32 weights (f32 x): one f32 GEMM (CUBLAS_COMPUTE_32F, no TF32), the CPU kernels' arithmetic;
 //   int8 / int4 weights (quant_kernels.h for layout and arithmetic), M <= kGemvMaxRows: the
 //     quantized GEMV (quant_gemv_kernels.cu), codes streamed once for every row of x;
-//   int8 / int4 weights, more rows: tiles of weight rows are dequantized into the matrix's
+//   fp8 weights, more rows, with the FP8 GEMM enabled (EnableFp8: a device of compute capability
+//     8.9 or above) and a product it takes (Fp8Gemm::Takes): activations quantized to e4m3 per
+//     token and one cuBLASLt FP8 tensor-core GEMM (fp8_gemm.h);
+//   int8 / int4 / fp8 weights, more rows: tiles of weight rows are dequantized into the matrix's
 //     `dequant` scratch (bf16 for bf16 x, f32 for f32 x) and multiplied by cuBLAS as dense
 //     weights, tile by tile into y's columns (int8: the tile's columns then scaled by the row
 //     scales). The scratch is shared by all of a model's quantized matrices (products run in
@@ -21,6 +24,7 @@
 // SiluMul), not here.
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "common/base/dtype.h"
@@ -30,15 +34,18 @@
 
 namespace tandem::cuda {
 
+class Fp8Gemm;
+enum class Fp8ScaleMode : uint8_t;
+
 // A row-major [rows, cols] weight matrix in device memory: dense f32 / bf16 elements, or int8 /
-// int4 codes with their scales (quant != kNone; layout in quant_kernels.h).
+// int4 / fp8 codes with their scales (quant != kNone; layout in quant_kernels.h).
 struct DeviceMatrix {
   const void* data = nullptr;  // elements, or the codes
   DType dtype = DType::kF32;   // kF32 or kBF16 (quantized: the model's dense dtype)
   int64_t rows = 0;            // N (outputs)
   int64_t cols = 0;            // K (inputs)
   WeightQuant quant = WeightQuant::kNone;
-  const float* scales = nullptr;  // int8: [rows]; int4: [rows, groups, 2] (scale, zero)
+  const float* scales = nullptr;  // int8, fp8: [rows]; int4: [rows, groups, 2] (scale, zero)
   int64_t group_size = 0;         // int4
   // Quantized: scratch of the tiled path (more than kGemvMaxRows rows), dequant_bytes bytes.
   void* dequant = nullptr;
@@ -54,7 +61,7 @@ struct GemmInput {
 
 class Gemm {
  public:
-  Gemm() = default;
+  Gemm();
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -69,6 +76,15 @@ class Gemm {
   void SetScratch(uint16_t* split, int64_t split_elems, float* stacked, int64_t stack_rows,
                   int64_t stacked_cols);
 
+  // Products of more than kGemvMaxRows rows over fp8 weights take the FP8 GEMM (fp8_gemm.h) from
+  // now on, with the given scale mode (after Init). Its cuBLASLt handle shares the workspace.
+  absl::Status EnableFp8(Fp8ScaleMode mode);
+  void DisableFp8();
+  // The FP8 GEMM's activation scratch for `rows` rows of up to `k` elements (nothing without
+  // EnableFp8); the caller synchronizes first, as for SetScratch.
+  absl::Status ReserveFp8(int64_t rows, int64_t k);
+  Fp8Gemm* fp8() const { return fp8_.get(); }  // nullptr unless enabled
+
   // y (f32, row stride ldy) = x W^T.
   absl::Status Run(const GemmInput& x, int64_t M, const DeviceMatrix& w, float* y, int64_t ldy);
 
@@ -81,6 +97,7 @@ class Gemm {
   // Products run by the GEMV kernel and by cuBLAS since Init (tests).
   int64_t gemv_calls() const { return gemv_calls_; }  // bf16 and quantized GEMVs
   int64_t cublas_calls() const { return cublas_calls_; }
+  int64_t fp8_calls() const;  // products run by the FP8 GEMM
 
  private:
   absl::Status GemmEx(const DeviceMatrix& w, const void* x, bool x_bf16, int64_t ldx,
@@ -104,6 +121,7 @@ class Gemm {
   int64_t stacked_cols_ = 0;
   int64_t gemv_calls_ = 0;
   int64_t cublas_calls_ = 0;
+  std::unique_ptr<Fp8Gemm> fp8_;
 };
 
 }  // namespace tandem::cuda

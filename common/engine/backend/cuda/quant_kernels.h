@@ -1,6 +1,8 @@
 #pragma once
 
-// Host entry points of the kernels over weight-only quantized matrices (quant_gemv_kernels.cu).
+// Host entry points of the kernels over weight-only quantized matrices (quant_gemv_kernels.cu) and
+// of the FP8 GEMM's two kernels (fp8_act_kernels.cu: activation quantization, row and column
+// scaling; fp8_gemm.h).
 // The device layout of a quantized [N, K] matrix is the host's WeightLayout::kRows
 // (common/base/quant.h) for the codes, with the scales next to them:
 //   int8: codes int8 [N, K] (row stride K bytes); scales f32 [N]. w[n, k] = q[n, k] * scale[n].
@@ -66,5 +68,22 @@ cudaError_t DequantizeRows(WeightQuant quant, const uint8_t* codes, const float*
 // y[m, j] *= scales[j] for m < M, j < n (y row stride ldy).
 cudaError_t ScaleColumns(float* y, int64_t ldy, int64_t M, int64_t n, const float* scales,
                          cudaStream_t stream);
+
+// The smallest per-token activation scale (vLLM's dynamic per-token fp8 quantization has the same
+// floor): a row of zeros or of tiny values still gets a finite, nonzero scale.
+inline constexpr float kFp8MinActivationScale = 1.0f / (448.0f * 512.0f);
+
+// Dynamic per-token fp8 e4m3 quantization of activations (the FP8 GEMM's operand): for each row
+// m < M of x ([M, k], row stride ldx; bf16 when x_bf16, else f32), scales[m] = max(max_k |x[m,
+// k]| / 448, kFp8MinActivationScale) and codes[m, k] = e4m3(x[m, k] / scales[m]) (one f32
+// division, rounded to nearest even, saturating at 448: quant.h's Fp8E4M3Code), codes contiguous
+// [M, k]. Every operation is one IEEE operation, so the result is a function of x alone.
+cudaError_t QuantizeActivationsFp8(const void* x, bool x_bf16, int64_t ldx, int64_t M, int64_t k,
+                                   uint8_t* codes, float* scales, cudaStream_t stream);
+
+// y[m, j] = (col_scales[j] * row_scales[m]) * y[m, j] for m < M, j < n (y row stride ldy): the
+// FP8 GEMM's scales where cuBLASLt does not apply them (fp8_gemm.h).
+cudaError_t ScaleRowsColumns(float* y, int64_t ldy, int64_t M, int64_t n, const float* row_scales,
+                             const float* col_scales, cudaStream_t stream);
 
 }  // namespace tandem::cuda
