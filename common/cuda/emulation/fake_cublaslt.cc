@@ -1,5 +1,6 @@
 #include "common/cuda/emulation/fake_cublaslt.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -42,6 +43,16 @@ float E4m3Value(uint8_t c) {
   const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9)
                            : std::ldexp(static_cast<float>(8 + m), e - 10);
   return (c & 0x80) != 0 ? -mag : mag;
+}
+
+// Every code's value, decoded once (the matmul loop looks them up).
+const std::array<float, 256>& E4m3Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = E4m3Value(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -217,6 +228,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const int64_t k = static_cast<int64_t>(a->rows), lda = a->ld, ldb = b->ld, ldc = c->ld,
                 ldd = d->ld;
   tandem::cuda_emu::EnqueueOnStream(stream, [=] {
+    const std::array<float, 256>& value = E4m3Table();
     const auto* qa = static_cast<const uint8_t*>(A);
     const auto* qb = static_cast<const uint8_t*>(B);
     const auto* cin = static_cast<const float*>(C);
@@ -225,7 +237,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       for (int64_t i = 0; i < m; ++i) {
         float acc = 0.0f;  // each product is exact in f32 (4 + 4 significant bits)
         for (int64_t l = 0; l < k; ++l) {
-          acc += E4m3Value(qa[l + i * lda]) * E4m3Value(qb[l + j * ldb]);
+          acc += value[qa[l + i * lda]] * value[qb[l + j * ldb]];
         }
         const float s = (sa == nullptr ? 1.0f : sa[a_outer ? i : 0]) *
                         (sb == nullptr ? 1.0f : sb[b_outer ? j : 0]);
