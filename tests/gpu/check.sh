@@ -40,7 +40,8 @@
 # command always ends with its summary; name the skipped phases to run them in a second call.
 # Writes to $OUT when set (the device tool's folder), else build-gpu/check: summary.txt (every
 # verdict and figure), tests.log and bench.log, the benchmark sections gpu_serve.md and
-# gpu_peer.md, gpu_disagg.md, fp8gemm.log, and logs.tar.xz (every phase's log and raw result). Exit 0 when every phase that ran passed.
+# gpu_peer.md, gpu_disagg.md, fp8gemm.log, and logs.tar.xz (every phase's log and raw result).
+# Exit 0 when every phase that ran passed.
 # Environment: BUILD_DIR (build-gpu), CHECK_DEADLINE_S (570), PYTHON (python3),
 # TANDEM_GPU_PREBUILT (1: no configure or build; 0: run.sh builds first, which takes minutes).
 set -uo pipefail
