@@ -66,10 +66,14 @@ void ControlSender::Close() {
 
 absl::StatusOr<TransferHandle> ControlSender::Begin(const TransferTarget& target,
                                                     std::vector<int32_t> src_blocks) {
-  absl::Status s = core_.CheckBegin(target, src_blocks);
+  absl::Status s = core_.CheckBegin(target, src_blocks, /*zero_copy_capable=*/true);
   if (!s.ok()) return s;
   absl::StatusOr<std::shared_ptr<ControlPeer>> peer = GetPeer(target);
   if (!peer.ok()) return peer.status();
+  if (target.zero_copy) {
+    s = CheckZeroCopy(peer->get(), target);
+    if (!s.ok()) return s;
+  }
   wire::Begin b;
   b.transfer_id = target.transfer_id;
   b.attempt = target.attempt;
@@ -227,6 +231,9 @@ void ControlSender::Work(ControlPeer* p) {
     p->queue.pop_front();
     if (work.kind == SenderWork::Kind::kFinish || work.kind == SenderWork::Kind::kAbort) {
       // The transfer's DATA items were all queued (and handed to SendData) before this.
+      lock.unlock();
+      BeforeFinishing(p, work);
+      lock.lock();
       p->finishing.push_back(std::move(work));
       p->finish_cv.notify_one();
       continue;

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kvtransfer/control_message.h"
 #include "kvtransfer/faults.h"
 #include "kvtransfer/sender_core.h"
@@ -89,6 +90,13 @@ class ControlSender : public CoreSender {
   // shell starts its worker and installs it; a peer of another incarnation than the target's is
   // installed too and Begin fails (a transport may refuse earlier with IncarnationMismatch).
   virtual absl::StatusOr<std::shared_ptr<ControlPeer>> Connect(const TransferTarget& target) = 0;
+  // Begin of a zero-copy target (TransferTarget::zero_copy), once the peer is connected and
+  // before BEGIN: OK when the caller may write the transfer's blocks through this peer, else
+  // UNIMPLEMENTED saying why (the caller begins again copying).
+  virtual absl::Status CheckZeroCopy(ControlPeer* p, const TransferTarget& target) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the ", config_.transport, " kv transport copies the KV: zero-copy needs cuda-ipc"));
+  }
   // First thing on the peer's worker thread.
   virtual void StartWorker(ControlPeer* p) {}
   // One DATA item on the worker thread, between the core's StartRead and EndRead. A failure
@@ -97,6 +105,10 @@ class ControlSender : public CoreSender {
   // cuda-ipc's copies: queued on a stream, never waited for here) keeps a read of its own
   // (core().StartRead) until SettleReads.
   virtual absl::Status SendData(ControlPeer* p, SenderWork& work) = 0;
+  // On the worker thread, in queue order, as it hands a FINISH or ABORT to the finisher: device
+  // work that must precede the message (cuda-ipc: a zero-copy transfer's ABORT waits for the
+  // engine's latest events).
+  virtual void BeforeFinishing(ControlPeer* p, SenderWork& work) {}
   // On the finisher thread (concurrently with SendData of later transfers on the worker), before
   // the transfer's FINISH or ABORT goes out; every DATA item of the transfer was handed to
   // SendData before: waits for the device work of the transfer still in flight and ends the

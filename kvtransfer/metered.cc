@@ -75,11 +75,13 @@ class MeteredSender : public KvSender {
   absl::StatusOr<TransferHandle> Begin(const TransferTarget& target,
                                        std::vector<int32_t> src_blocks) override {
     const absl::Time start = absl::Now();
-    const int64_t blocks = static_cast<int64_t>(src_blocks.size());
+    const int64_t blocks = static_cast<int64_t>(target.dst_blocks.size());
     const int64_t regions = TransferRegions(target.window_layers, target.window_first,
-                                            layout_.num_layers, src_blocks.size());
-    hooks_->TransferStarted(TransferDirection::kSend);
+                                            layout_.num_layers, target.dst_blocks.size());
     auto handle = inner_->Begin(target, std::move(src_blocks));
+    // A zero-copy Begin the transport cannot take started nothing: the caller begins again.
+    if (!handle.ok() && target.zero_copy && absl::IsUnimplemented(handle.status())) return handle;
+    hooks_->TransferStarted(TransferDirection::kSend);
     if (!handle.ok()) {
       hooks_->TransferFailed(TransferDirection::kSend, TransferFailureOf(handle.status()));
       return handle;
@@ -104,6 +106,9 @@ class MeteredSender : public KvSender {
   }
   int64_t num_in_flight() const override { return inner_->num_in_flight(); }
   TransportStats stats() const override { return inner_->stats(); }
+  absl::StatusOr<ZeroCopyDestination> Destination(TransferHandle handle) override {
+    return inner_->Destination(handle);
+  }
 
  private:
   TransferHooks* const hooks_;

@@ -121,6 +121,12 @@ class MultiSender : public KvSender {
     return s;
   }
 
+  absl::StatusOr<ZeroCopyDestination> Destination(TransferHandle handle) override {
+    auto r = Find(handle, /*erase=*/false);
+    if (!r) return absl::NotFoundError(absl::StrCat("unknown transfer handle ", handle));
+    return senders_[r->first]->Destination(r->second);
+  }
+
  private:
   // (sender index, its handle) of `handle`, if known.
   std::optional<std::pair<size_t, TransferHandle>> Find(TransferHandle handle, bool erase) {

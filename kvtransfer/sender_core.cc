@@ -41,8 +41,17 @@ SenderCore::SenderCore(const SenderOptions& options, KvRegionAccess* access,
 SenderCore::~SenderCore() { Stop(); }
 
 absl::Status SenderCore::CheckBegin(const TransferTarget& target,
-                                    const std::vector<int32_t>& src_blocks) const {
-  if (src_blocks.size() != target.dst_blocks.size()) {
+                                    const std::vector<int32_t>& src_blocks,
+                                    bool zero_copy_capable) const {
+  if (target.zero_copy && !zero_copy_capable) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the ", options_.transport, " kv transport copies the KV: zero-copy needs cuda-ipc"));
+  }
+  if (target.zero_copy && !src_blocks.empty()) {
+    return absl::InvalidArgumentError(
+        "a zero-copy kv transfer reads no source blocks: src_blocks must be empty");
+  }
+  if (!target.zero_copy && src_blocks.size() != target.dst_blocks.size()) {
     return absl::InvalidArgumentError(absl::StrCat("kv transfer of ", src_blocks.size(),
                                                    " source blocks into ", target.dst_blocks.size(),
                                                    " destinations"));
@@ -118,13 +127,14 @@ void SenderCore::SendLayer(TransferHandle handle, int64_t layer) {
   const size_t per_message = std::clamp<size_t>(
       options_.max_message_bytes / options_.layout.region_bytes(), 1, max_blocks_per_message_);
   // A windowed layer moves only the window's blocks (transfer_window.h).
-  for (size_t first = t->first_block[layer]; first < t->src_blocks.size(); first += per_message) {
+  const size_t n = t->target.dst_blocks.size();
+  for (size_t first = t->first_block[layer]; first < n; first += per_message) {
     SenderWork work;
     work.kind = SenderWork::Kind::kData;
     work.transfer = t;
     work.layer = layer;
     work.first = first;
-    work.count = std::min(per_message, t->src_blocks.size() - first);
+    work.count = std::min(per_message, n - first);
     t->link->Send(std::move(work));
   }
 }
@@ -219,6 +229,13 @@ void SenderCore::EndRead(const std::shared_ptr<SenderTransfer>& transfer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (transfer->reading > 0) --transfer->reading;
   if (transfer->reading == 0 && transfer->done_deferred) DeliverLocked(transfer);
+}
+
+std::shared_ptr<SenderTransfer> SenderCore::Find(TransferHandle handle) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = transfers_.find(handle);
+  if (it == transfers_.end() || it->second->ended) return nullptr;
+  return it->second;
 }
 
 void SenderCore::Shutdown() {

@@ -138,9 +138,10 @@ class SenderCore {
   // Begin's own checks, before the transport contacts the endpoint: as many source blocks as
   // destinations (INVALID_ARGUMENT), source blocks inside the pool (INVALID_ARGUMENT), a valid
   // window (ValidateTransferWindow: INVALID_ARGUMENT), the deadline not passed
-  // (DEADLINE_EXCEEDED).
-  absl::Status CheckBegin(const TransferTarget& target,
-                          const std::vector<int32_t>& src_blocks) const;
+  // (DEADLINE_EXCEEDED). A zero-copy target (TransferTarget::zero_copy) has no source blocks
+  // (INVALID_ARGUMENT otherwise) and is refused UNIMPLEMENTED unless `zero_copy_capable`.
+  absl::Status CheckBegin(const TransferTarget& target, const std::vector<int32_t>& src_blocks,
+                          bool zero_copy_capable = false) const;
   // Registers the attempt on `link` and queues its kBegin. CANCELLED while shutting down,
   // UNAVAILABLE when the link broke, ALREADY_EXISTS when the same attempt is in flight on it.
   absl::StatusOr<TransferHandle> Start(const TransferTarget& target,
@@ -180,6 +181,9 @@ class SenderCore {
   // For a transport's destructor, before it closes its links: ends every attempt with ABORTED
   // (receivers told, done callbacks posted) and refuses new ones.
   void Shutdown();
+  // The live attempt of `handle` (null when unknown or ended): for a transport's own calls on a
+  // handle (KvSender::Destination).
+  std::shared_ptr<SenderTransfer> Find(TransferHandle handle) const;
   // Runs the callbacks already posted and stops the event loop: no tick and no callback runs
   // afterwards. Idempotent; not from the event loop.
   void Stop() { loop_.Stop(); }

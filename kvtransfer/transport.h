@@ -281,9 +281,29 @@ struct TransferTarget {
   // This attempt's key, TransferAttemptKey(the reservation's key, attempt) (the router derives
   // it; README "Transfer ids and the sender binding"), proven in BEGIN.
   std::string transfer_key;
+  // Zero-copy (README.md, "Zero-copy on one GPU"): the caller's engine writes the KV straight
+  // into the receiver's blocks (KvSender::Destination) and the transport copies nothing. Only
+  // cuda-ipc, to a peer whose pool it mapped with its blocks one region apart, and without
+  // windowed layers; elsewhere Begin refuses it with UNIMPLEMENTED (saying why) before any
+  // message of the transfer, and the caller may begin the same attempt again copying.
+  bool zero_copy = false;
 };
 
 using TransferHandle = uint64_t;
+
+// Where a zero-copy transfer's KV goes: region (layer, i) of the transfer (i indexing src_blocks
+// and dst_blocks) lies at base + layer * layer_stride + blocks[i] * block_stride, in the
+// receiver's pool mapped into this process, laid out as this side's regions (KvLayout). `blocks`
+// are the receiver's block ids (fault injection kv_misplace: one block off). The mapping stays
+// open while `mapping` is held: the caller keeps it until its writes completed, even if the
+// receiver's peer was replaced meanwhile.
+struct ZeroCopyDestination {
+  uint8_t* base = nullptr;
+  uint64_t layer_stride = 0;
+  uint64_t block_stride = 0;
+  std::vector<int32_t> blocks;
+  std::shared_ptr<const void> mapping;
+};
 
 class KvSender {
  public:
@@ -312,6 +332,16 @@ class KvSender {
   virtual void Abort(TransferHandle handle) = 0;
   // Handles begun and not yet ended by Finish (outcome delivered) or Abort.
   virtual int64_t num_in_flight() const = 0;
+
+  // The destination of a transfer begun with TransferTarget::zero_copy; NOT_FOUND for a handle
+  // that is not one (or has ended). For such a transfer SendLayer(layer) queues no copy: it marks
+  // the layer's writes as enqueued (the transport waits, on the device, for the engine's event of
+  // the layer before FINISH); Abort tells the receiver once every layer's latest event recorded
+  // by then completed, so the caller aborts only once its engine enqueues no more writes of the
+  // transfer. Thread-safe.
+  virtual absl::StatusOr<ZeroCopyDestination> Destination(TransferHandle handle) {
+    return absl::NotFoundError("this kv transport has no zero-copy transfers");
+  }
 
   virtual TransportStats stats() const { return {}; }
 };

@@ -7,7 +7,10 @@
 // with one call, and records the transfer's event; FINISH (or ABORT) goes out from the peer's
 // finisher thread once that event completed, so the copies of several transfers and layers are
 // in flight at once, a transfer's FINISH never holds up the next one's copies, and the host
-// waits only before a transfer's last message.
+// waits only before a transfer's last message. A zero-copy transfer (TransferTarget::zero_copy)
+// is written by the caller's engine straight into the mapped pool (Destination): its DATA items
+// queue no copy, only the stream's wait for the layer's event, and its ABORT waits for every
+// layer's latest event, so FINISH and ABORT still follow the writes.
 
 #include <algorithm>
 #include <map>
@@ -33,11 +36,12 @@ namespace {
 // Regions of one DATA item.
 constexpr size_t kMaxBlocksPerMessage = 4096;
 
-// A transfer with copies queued on the peer's stream and not yet waited for: the read of its
-// source regions the sender keeps (SenderCore::StartRead) and the event recorded after its
-// latest copy.
+// A transfer with device work queued on the peer's stream and not yet waited for: the read of its
+// source regions the sender keeps (SenderCore::StartRead; none for a zero-copy transfer, which
+// reads nothing of this side's pool) and the event recorded after its latest work.
 struct InFlight {
   std::shared_ptr<SenderTransfer> transfer;
+  bool reading = false;   // holds a StartRead
   void* event = nullptr;  // cudaEvent_t
   absl::Status status;    // a copy that could not be queued
 };
@@ -47,6 +51,7 @@ struct InFlight {
 struct Peer : ControlPeer {
   PoolExport pool;
   std::shared_ptr<MappedPool> mapped;
+  std::string no_zero_copy;  // why the caller cannot write this pool itself (empty: it can)
   std::unique_ptr<CopyStream> stream;
   // The worker adds copies (SendData), the finisher settles them (SettleReads).
   std::mutex flight_mu;
@@ -121,50 +126,127 @@ class IpcSender : public ControlSender {
     absl::StatusOr<std::unique_ptr<CopyStream>> stream = CopyStream::Create(options().cuda_device);
     if (!stream.ok()) return stream.status();
     peer->stream = *std::move(stream);
+    const uint64_t region = options().layout.region_bytes();
+    if (peer->pool.block_stride != region) {
+      peer->no_zero_copy = absl::StrCat("its blocks lie ", peer->pool.block_stride,
+                                        " bytes apart, not one region (", region, ")");
+    }
     return peer;
+  }
+
+  // Zero-copy needs the receiver's blocks one region apart (as the engine's kernels address a
+  // pool) and every layer of every block moved (a windowed layer's pages are not the engine's
+  // blocks); every destination region inside the mapped pool.
+  absl::Status CheckZeroCopy(ControlPeer* link, const TransferTarget& target) override {
+    Peer* p = static_cast<Peer*>(link);
+    std::string why = p->no_zero_copy;
+    if (why.empty() && !target.window_layers.empty()) why = "the transfer has windowed layers";
+    const PoolExport& pool = p->pool;
+    const uint64_t last_layer = (options().layout.num_layers - 1) * pool.layer_stride;
+    for (int32_t b : target.dst_blocks) {
+      if (!why.empty()) break;
+      if (b < 0 || b >= pool.num_blocks ||
+          last_layer + (b + 1) * pool.block_stride > pool.pool_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("block ", b, " outside the peer's pool"));
+      }
+    }
+    if (why.empty()) return absl::OkStatus();
+    return absl::UnimplementedError(
+        absl::StrCat("cuda-ipc zero-copy to ", target.endpoint, " is not possible: ", why));
+  }
+
+  absl::StatusOr<ZeroCopyDestination> Destination(TransferHandle handle) override {
+    std::shared_ptr<SenderTransfer> t = core().Find(handle);
+    if (t == nullptr || !t->target.zero_copy) {
+      return absl::NotFoundError(absl::StrCat("no live zero-copy kv transfer ", handle));
+    }
+    Peer* p = static_cast<Peer*>(t->link.get());
+    std::lock_guard<std::mutex> lock(map_mu_);
+    auto it = destinations_.find(handle);
+    if (it != destinations_.end()) return it->second.second;
+    if (p->mapped == nullptr) return absl::UnavailableError("the peer's pool is unmapped");
+    ZeroCopyDestination d;
+    d.base = p->mapped->base();
+    d.layer_stride = p->pool.layer_stride;
+    d.block_stride = p->pool.block_stride;
+    d.blocks = t->target.dst_blocks;
+    if (faults().Chance(options().faults.kv_misplace)) {  // fault injection: one block off
+      for (int32_t& b : d.blocks) b = static_cast<int32_t>((b + 1) % p->pool.num_blocks);
+    }
+    d.mapping = p->mapped;
+    destinations_.emplace(handle, std::make_pair(p, d));
+    return d;
   }
 
   void StartWorker(ControlPeer* p) override { cudaSetDevice(options().cuda_device); }
 
+  // The transfer's entry of device work in flight, made on first use (nullptr: the transfer
+  // ended before it read anything). Only the worker thread adds to or changes an entry before
+  // its FINISH or ABORT was handed over (then SettleReads takes it): the entry is used unlocked
+  // (unordered_map references stay valid across other insertions and erasures).
+  absl::StatusOr<InFlight*> Track(Peer* p, const std::shared_ptr<SenderTransfer>& t) {
+    std::lock_guard<std::mutex> flight(p->flight_mu);
+    InFlight& f = p->in_flight[t.get()];
+    if (f.transfer != nullptr) return &f;
+    // The source regions stay read until the copies completed: done waits for SettleReads.
+    // A zero-copy transfer reads none.
+    if (!t->target.zero_copy) {
+      if (!core().StartRead(t)) {
+        p->in_flight.erase(t.get());
+        return nullptr;
+      }
+      f.reading = true;
+    }
+    if (!p->spare_events.empty()) {
+      f.event = p->spare_events.back();
+      p->spare_events.pop_back();
+    } else {
+      absl::StatusOr<void*> event = CreateEvent(options().cuda_device);
+      if (!event.ok()) {
+        if (f.reading) core().EndRead(t);
+        p->in_flight.erase(t.get());
+        return event.status();
+      }
+      f.event = *event;
+    }
+    f.transfer = t;
+    return &f;
+  }
+
   // One DATA item, admitted at BEGIN: its copies queued behind the layer's event, one per run
-  // of regions contiguous on both sides. Nothing waits here; SettleReads does, before FINISH or
-  // ABORT. A failure returned here breaks the peer (the stream is unusable).
+  // of regions contiguous on both sides (a zero-copy transfer's: none, the engine wrote them).
+  // Nothing waits here; SettleReads does, before FINISH or ABORT. A failure returned here breaks
+  // the peer (the stream is unusable).
   absl::Status SendData(ControlPeer* link, SenderWork& work) override {
     Peer* p = static_cast<Peer*>(link);
     const std::shared_ptr<SenderTransfer>& t = work.transfer;
     const size_t region = options().layout.region_bytes();
-    std::unique_lock<std::mutex> flight(p->flight_mu);
-    InFlight* fp = &p->in_flight[t.get()];
-    if (fp->transfer == nullptr) {
-      // The source regions stay read until the copies completed: done waits for SettleReads.
-      if (!core().StartRead(t)) {
-        p->in_flight.erase(t.get());
-        return absl::OkStatus();
-      }
-      fp->transfer = t;
-      if (!p->spare_events.empty()) {
-        fp->event = p->spare_events.back();
-        p->spare_events.pop_back();
-      } else {
-        absl::StatusOr<void*> event = CreateEvent(options().cuda_device);
-        if (!event.ok()) {
-          core().EndRead(t);
-          p->in_flight.erase(t.get());
-          return event.status();
-        }
-        fp->event = *event;
-      }
-    }
-    // Only this thread adds to or changes an entry before its FINISH or ABORT was handed over
-    // (then SettleReads takes it): the entry is used unlocked (unordered_map references stay
-    // valid across other insertions and erasures).
-    InFlight& f = *fp;
-    flight.unlock();
+    absl::StatusOr<InFlight*> tracked = Track(p, t);
+    if (!tracked.ok()) return tracked.status();
+    if (*tracked == nullptr) return absl::OkStatus();
+    InFlight& f = **tracked;
     absl::Status s = f.status;
     // The layer's KV is final once the engine's event for it fired: the stream waits on the
     // device, the host never does.
     void* ready = access()->LayerReadyEvent(work.layer);
     if (s.ok() && ready != nullptr) s = p->stream->WaitEvent(ready);
+    if (!t->target.zero_copy) s = Copy(p, work, s);
+    if (s.ok()) s = p->stream->Record(f.event);
+    t->frames_sent += 1;
+    t->bytes_sent += work.count * region;
+    if (s.ok()) {
+      core().counters().frames.fetch_add(1, std::memory_order_relaxed);
+      core().counters().bytes.fetch_add(work.count * region, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    f.status = s;  // the transfer fails at its FINISH (ABORT follows)
+    return absl::IsInternal(s) ? s : absl::OkStatus();
+  }
+
+  // Queues the copies of one DATA item (after `s`, the status so far).
+  absl::Status Copy(Peer* p, const SenderWork& work, absl::Status s) {
+    const std::shared_ptr<SenderTransfer>& t = work.transfer;
+    const size_t region = options().layout.region_bytes();
     const bool misplace = faults().Chance(options().faults.kv_misplace);
     const PoolExport& pool = p->pool;
     const int32_t* dst = t->target.dst_blocks.data() + work.first;
@@ -174,8 +256,8 @@ class IpcSender : public ControlSender {
       if (misplace) block = (block + 1) % pool.num_blocks;  // fault injection: one block off
       const uint64_t offset = work.layer * pool.layer_stride + block * pool.block_stride;
       if (block < 0 || offset + region > pool.pool_bytes) {
-        s = absl::InvalidArgumentError(absl::StrCat("block ", block, " outside the peer's pool"));
-        break;
+        return absl::InvalidArgumentError(
+            absl::StrCat("block ", block, " outside the peer's pool"));
       }
       uint8_t* from = access()->Region(work.layer, src[i]);
       // Coalesce: the next blocks follow on both sides (the receiver's blocks of a layer are
@@ -191,16 +273,25 @@ class IpcSender : public ControlSender {
       core().counters().device_copies.fetch_add(1, std::memory_order_relaxed);
       i += n;
     }
-    if (s.ok()) s = p->stream->Record(f.event);
-    t->frames_sent += 1;
-    t->bytes_sent += work.count * region;
-    if (s.ok()) {
-      core().counters().frames.fetch_add(1, std::memory_order_relaxed);
-      core().counters().bytes.fetch_add(work.count * region, std::memory_order_relaxed);
-      return absl::OkStatus();
+    return s;
+  }
+
+  // A zero-copy transfer's ABORT: the caller's engine may have written the blocks up to now, so
+  // the message waits for every layer's latest event (recorded after whatever the engine
+  // enqueued so far). Its FINISH follows its DATA items, which waited for their layers already.
+  void BeforeFinishing(ControlPeer* link, SenderWork& work) override {
+    const std::shared_ptr<SenderTransfer>& t = work.transfer;
+    if (work.kind != SenderWork::Kind::kAbort || !t->target.zero_copy) return;
+    Peer* p = static_cast<Peer*>(link);
+    absl::StatusOr<InFlight*> tracked = Track(p, t);
+    if (!tracked.ok() || *tracked == nullptr) return;  // ABORT goes out at once: best effort
+    InFlight& f = **tracked;
+    absl::Status s = f.status;
+    for (int64_t l = 0; s.ok() && l < options().layout.num_layers; ++l) {
+      if (void* ready = access()->LayerReadyEvent(l)) s = p->stream->WaitEvent(ready);
     }
-    f.status = s;  // the transfer fails at its FINISH (ABORT follows)
-    return absl::IsInternal(s) ? s : absl::OkStatus();
+    if (s.ok()) s = p->stream->Record(f.event);
+    f.status = s;
   }
 
   // Waits (at most io_timeout) for the transfer's copies queued so far and ends the read it kept.
@@ -214,6 +305,7 @@ class IpcSender : public ControlSender {
       f = std::move(it->second);
       p->in_flight.erase(it);
     }
+    ForgetDestination(t->handle);
     absl::Status waited = WaitEvent(f.event, absl::Now() + options().io_timeout, &p->stop);
     if (waited.ok()) {
       std::lock_guard<std::mutex> flight(p->flight_mu);
@@ -221,7 +313,7 @@ class IpcSender : public ControlSender {
     } else {
       DestroyEvent(options().cuda_device, f.event);
     }
-    core().EndRead(f.transfer);
+    if (f.reading) core().EndRead(f.transfer);
     return f.status.ok() ? waited : f.status;
   }
 
@@ -232,19 +324,32 @@ class IpcSender : public ControlSender {
     for (auto& [raw, f] : p->in_flight) {
       WaitEvent(f.event, absl::Now() + options().io_timeout, nullptr).IgnoreError();
       DestroyEvent(options().cuda_device, f.event);
-      core().EndRead(f.transfer);
+      if (f.reading) core().EndRead(f.transfer);
     }
     p->in_flight.clear();
     for (void* e : p->spare_events) DestroyEvent(options().cuda_device, e);
     p->spare_events.clear();
     p->stream.reset();
     std::lock_guard<std::mutex> lock(map_mu_);
-    p->mapped.reset();  // the last peer of an incarnation closes its mapping
+    for (auto it = destinations_.begin(); it != destinations_.end();) {
+      it = it->second.first == p ? destinations_.erase(it) : std::next(it);
+    }
+    // The last peer of an incarnation closes its mapping, unless a caller still holds a
+    // zero-copy destination in it (ZeroCopyDestination::mapping).
+    p->mapped.reset();
+  }
+
+  void ForgetDestination(TransferHandle handle) {
+    std::lock_guard<std::mutex> lock(map_mu_);
+    destinations_.erase(handle);
   }
 
   const std::string device_id_;
   std::mutex map_mu_;
   std::map<std::pair<std::string, uint64_t>, std::weak_ptr<MappedPool>> mappings_;
+  // Under map_mu_: the zero-copy destinations handed out (Destination), by handle, with their
+  // peer, until the transfer's FINISH or ABORT (SettleReads) or its peer's release.
+  std::unordered_map<TransferHandle, std::pair<Peer*, ZeroCopyDestination>> destinations_;
 };
 
 }  // namespace

@@ -52,6 +52,10 @@ struct AttentionCase {
 // Whether PlanAttention sends tiles of more than kAttentionDecodeRows rows to tensor cores
 // (AttentionPlanOptions::mma_tiles) in CheckAttention; else to the fp32 SIMT tile path.
 bool g_attention_mma_tiles = true;
+// Whether CheckAttention reads every other block of each table from a second pool (the tagged
+// ids of zero-copy transfers, KvLayerView::remote_base): those blocks are moved there (at other
+// indices) and their local copies poisoned, so a read of the wrong pool fails.
+bool g_attention_remote_blocks = false;
 
 void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool out_bf16 = false,
                     bool every_code = false, int decode_span = 0) {
@@ -131,8 +135,21 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   context_lens.resize(rows, 0);
   q.resize(rows * ld, 0.0f);
 
-  DeviceArray<uint8_t> dpool(pool.size());
-  cudaMemcpy(dpool.get(), pool.data(), pool.size(), cudaMemcpyHostToDevice);
+  std::vector<uint8_t> local = pool, remote(pool.size(), 0);
+  if (g_attention_remote_blocks) {
+    const size_t region = KvRegionBytes(c.kv_heads, bs, hd, c.dtype);
+    for (size_t s = 0; s < tables.size(); ++s) {
+      for (size_t i = 0; i < tables[s].size(); i += 2) {
+        const int32_t b = tables[s][i], r = blocks - 1 - b;
+        std::memcpy(remote.data() + r * region, pool.data() + b * region, region);
+        std::memset(local.data() + b * region, 0x7f, region);
+        flat[s * stride + i] = cuda::kKvRemoteBlock + r;
+      }
+    }
+  }
+  DeviceArray<uint8_t> dpool(pool.size()), dremote(pool.size());
+  cudaMemcpy(dpool.get(), local.data(), pool.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dremote.get(), remote.data(), pool.size(), cudaMemcpyHostToDevice);
   DeviceArray<float> dq(q), out(rows * ld);
   DeviceArray<uint16_t> out16(rows * ld);
   DeviceArray<int32_t> dtables(flat), dctx(context_lens);
@@ -160,6 +177,7 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
   a.out_bf16 = out_bf16;
   a.num_heads = c.heads;
   a.kv = KvLayerView{dpool.get(), c.dtype, bs, c.kv_heads, hd};
+  if (g_attention_remote_blocks) a.kv.remote_base = dremote.get();
   a.block_tables = dtables.get();
   a.context_lens = dctx.get();
   a.sliding_window = c.window;
@@ -200,7 +218,8 @@ void CheckAttention(const AttentionCase& c, int partition, int grid = 0, bool ou
                   std::to_string(c.window) + (grid ? " grid " + std::to_string(grid) : "") +
                   (out_bf16 ? " bf16 out" : "") + " splits " +
                   std::to_string(plan.combines.size()) +
-                  (decode_span ? " span " + std::to_string(decode_span) : ""));
+                  (decode_span ? " span " + std::to_string(decode_span) : "") +
+                  (g_attention_remote_blocks ? " remote blocks" : ""));
 }
 
 // PlanAttention's choice of path per item: the decode path up to decode_max_rows rows (tokens x
@@ -372,6 +391,23 @@ TEST_F(CudaKernelsTest, PagedAttentionPersistentGridAndBf16OutputMatchCpu) {
     CheckAttention({8, 4, 8, dtype, 0, {{300, 1}, {97, 1}, {40, 40}}}, 32, 0, /*out_bf16=*/true);
     CheckAttention({8, 4, 8, dtype, 0, {{250, 4}, {64, 1}}}, 32, /*grid=*/2, /*out_bf16=*/true);
   }
+}
+
+// Block tables mixing the local pool's blocks and a second pool's (ids tagged kKvRemoteBlock,
+// zero-copy KV transfer): every path (decode kernel, tensor-core and SIMT tiles, splits, graph
+// grids) reads each block from the pool its id names, every KV dtype.
+TEST_F(CudaKernelsTest, PagedAttentionReadsTaggedBlocksFromTheRemotePool) {
+  g_attention_remote_blocks = true;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
+    CheckAttention({4, 4, 64, dtype, 0, {{150, 150}, {300, 45}, {20, 9}, {5, 1}}}, 512);
+    CheckAttention({8, 2, 128, dtype, 0, {{700, 1}, {300, 2}, {17, 1}}}, 256);
+  }
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 1}, {45, 2}}}, 4096, 0, false, false, 2);
+  CheckAttention({8, 2, 64, DType::kBF16, 0, {{300, 8}, {100, 100}, {7, 1}}}, 64, /*grid=*/3);
+  g_attention_mma_tiles = false;
+  CheckAttention({16, 2, 64, DType::kF8E4M3, 50, {{130, 130}, {260, 7}, {40, 2}}}, 64);
+  g_attention_mma_tiles = true;
+  g_attention_remote_blocks = false;
 }
 
 }  // namespace

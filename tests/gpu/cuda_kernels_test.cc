@@ -191,6 +191,10 @@ void ExpectQuantizedKvNear(const std::vector<uint8_t>& got, const std::vector<ui
   EXPECT_LE(neighbours, static_cast<int64_t>(got.size() / 100)) << what;
 }
 
+// With `remote`, the tokens of blocks 1 and 4 are written through slots of ids tagged
+// kKvRemoteBlock (zero-copy KV transfer) into a second pool, at other indices
+// (blocks - 1 - b): the two pools together must hold what the CPU wrote into one, and nothing
+// else is written in either.
 TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
   ModelConfig config;
   config.head_dim = 64;
@@ -205,8 +209,10 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
   // last one's are zeros without the bias).
   const std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 77, 3000, 0};
   std::vector<int64_t> slots = {3, 17, -1, 40, 79, 0, 64, 50};
+  auto moved = [](int64_t b) { return b == 1 || b == 4; };
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
-    for (bool with_bias : {false, true}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool with_bias = variant == 1, remote = variant == 2;
       std::vector<float> qkv = RandomFloats(m * ld, 3);
       std::fill(qkv.begin() + (m - 1) * ld + qd, qkv.begin() + (m - 1) * ld + qd + 2 * kvd, 0.0f);
       std::vector<float> want = qkv;
@@ -224,16 +230,25 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
 
       DeviceArray<float> dqkv(qkv), dtable(table), dbias(bias);
       DeviceArray<int32_t> dpos(pos);
-      DeviceArray<int64_t> dslots(slots);
-      DeviceArray<uint8_t> pool(host.size());
+      std::vector<int64_t> device_slots = slots;
+      for (int64_t& slot : device_slots) {
+        if (remote && slot >= 0 && moved(slot / bs)) {
+          slot = (cuda::kKvRemoteBlock + blocks - 1 - slot / bs) * bs + slot % bs;
+        }
+      }
+      DeviceArray<int64_t> dslots(device_slots);
+      DeviceArray<uint8_t> pool(host.size()), remote_pool(host.size());
       cudaMemset(pool.get(), 0, host.size());
+      cudaMemset(remote_pool.get(), 0, host.size());
       KvLayerView view{pool.get(), dtype, static_cast<int32_t>(bs), static_cast<int32_t>(kvh),
                        static_cast<int32_t>(hd)};
+      if (remote) view.remote_base = remote_pool.get();
       TANDEM_CUDA_CHECK(cuda::RopeWriteKv(dqkv.get(), ld, m, heads, dpos.get(), dtable.get(),
                                           with_bias ? dbias.get() : nullptr, dslots.get(), view,
                                           stream_));
-      const std::string what =
-          std::string(DTypeName(dtype)) + (with_bias ? " with bias" : " without bias");
+      const std::string what = std::string(DTypeName(dtype)) +
+                               (with_bias ? " with bias" : " without bias") +
+                               (remote ? " remote blocks" : "");
       const std::vector<float> got = dqkv.Download();
       std::vector<float> q, want_q;
       for (int64_t i = 0; i < m; ++i) {
@@ -241,7 +256,18 @@ TEST_F(CudaKernelsTest, RopeWriteKvMatchesCpu) {
         want_q.insert(want_q.end(), want.begin() + i * ld, want.begin() + i * ld + qd);
       }
       ExpectClose(q, want_q, 1e-6, "rope q " + what);
-      const std::vector<uint8_t> got_pool = pool.Download();
+      std::vector<uint8_t> got_pool = pool.Download();
+      const std::vector<uint8_t> got_remote = remote_pool.Download();
+      const size_t region = host.size() / blocks;
+      for (int64_t b = 0; b < blocks; ++b) {
+        // Each block lies in one pool; its place in the other stays zero.
+        uint8_t* local_block = got_pool.data() + b * region;
+        const uint8_t* remote_block = got_remote.data() + (blocks - 1 - b) * region;
+        const uint8_t* unused = remote && moved(b) ? local_block : remote_block;
+        ASSERT_TRUE(std::all_of(unused, unused + region, [](uint8_t x) { return x == 0; }))
+            << what << ": block " << b << " written in the wrong pool";
+        if (remote && moved(b)) std::memcpy(local_block, remote_block, region);
+      }
       if (KvDTypeIsQuantized(dtype)) {
         ExpectQuantizedKvNear(got_pool, host, {host.data(), dtype, bs, kvh, hd}, {3, 50},
                               "kv " + what);

@@ -99,7 +99,6 @@ TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem
   hi = hi < it.kv_end ? hi : it.kv_end;
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * table_stride;
-  const uint8_t* pool = static_cast<const uint8_t*>(a.kv.base);
   const int64_t block_bytes = dev::KvBlockBytes(a.kv);
   const int64_t k_row = dev::KvRow(a.kv, 0, kvh, 0), v_row = dev::KvRow(a.kv, 1, kvh, 0);
 
@@ -110,7 +109,7 @@ TANDEM_DEVICE void AttentionItemTile(const AttentionArgs& a, const AttentionItem
       float kval = 0.0f, vval = 0.0f;
       if (j < n) {
         const int pos = c0 + j;
-        const uint8_t* block = pool + table[pos / bs] * block_bytes;
+        const uint8_t* block = dev::KvBlockAt(a.kv, table[pos / bs], block_bytes);
         kval = dev::LoadKv<KD>(block, a.kv, k_row + pos % bs, d);
         vval = dev::LoadKv<KD>(block, a.kv, v_row + pos % bs, d);
       }

@@ -32,11 +32,13 @@ inline constexpr int kSteps = 4;  // keys per lane per warp step (loads in fligh
 inline constexpr float kNegInf = -__builtin_huge_valf();
 
 // Whether the decode path can read the pool `kv` with its vector loads: whole 8-element vectors
-// per row (head_dim % 8 == 0, at most 32 lanes), and every row aligned to its load size.
+// per row (head_dim % 8 == 0, at most 32 lanes), and every row aligned to its load size (the
+// remote pool's too, KvLayerView::remote_base).
 TANDEM_HOST_DEVICE bool Vectorizable(const KvLayerView& kv) {
   if (kv.head_dim <= 0 || kv.head_dim % kVec != 0 || kv.head_dim > 32 * kVec) return false;
   const uint64_t align = dev::KvCodeBytes(kv.dtype) == 1 ? 8 : 16;
   return reinterpret_cast<uintptr_t>(kv.base) % align == 0 &&
+         reinterpret_cast<uintptr_t>(kv.remote_base) % align == 0 &&
          static_cast<uint64_t>(dev::KvBlockBytes(kv)) % align == 0;
 }
 
@@ -171,7 +173,6 @@ TANDEM_DEVICE void DecodeItem(const AttentionArgs& a, const AttentionItem it, in
   }
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * table_stride;
-  const uint8_t* pool = static_cast<const uint8_t*>(kv.base);
   const int64_t block_bytes = dev::KvBlockBytes(kv);
   const int64_t code_bytes = dev::KvCodeBytes(KD);
   const int64_t k_row0 = dev::KvRow(kv, 0, kvh, 0), v_row0 = dev::KvRow(kv, 1, kvh, 0);
@@ -195,7 +196,7 @@ TANDEM_DEVICE void DecodeItem(const AttentionArgs& a, const AttentionItem it, in
         pos[c] = base + c * side + sub;
         ksc[c] = vsc[c] = 0.0f;
         if (pos[c] < k1 && has_dims) {
-          const uint8_t* block = pool + static_cast<int64_t>(span[pos[c] / bs - b0]) * block_bytes;
+          const uint8_t* block = dev::KvBlockAt(kv, span[pos[c] / bs - b0], block_bytes);
           const int64_t off = pos[c] % bs;
           kr[c].Load(block + ((k_row0 + off) * hd + d0) * code_bytes);
           vr[c].Load(block + ((v_row0 + off) * hd + d0) * code_bytes);

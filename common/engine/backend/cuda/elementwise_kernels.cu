@@ -157,7 +157,7 @@ TANDEM_GLOBAL void RopeWriteKvKernel(float* qkv, int64_t ld, int32_t num_heads, 
   }
   if (slot < 0) return;  // the whole block: the slot is the token's
   dev::SyncThreads();
-  uint8_t* block = static_cast<uint8_t*>(kv.base) + (slot / kv.block_size) * dev::KvBlockBytes(kv);
+  uint8_t* block = dev::KvBlockAt(kv, slot / kv.block_size, dev::KvBlockBytes(kv));
   const int64_t off = slot % kv.block_size;
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   for (int64_t r = threadIdx.x >> 5; r < 2 * kvh; r += warps) {

@@ -48,12 +48,21 @@ cudaError_t SiluMul(const float* gate_up, int64_t ld, int64_t M, int64_t F, void
 // common/base/kv_layout.h): block b is [2 (K, V)][num_kv_heads][block_size][head_dim] codes of
 // `dtype` (f32, bf16, or the quantized int8 and fp8 e4m3), the quantized ones followed by one f32
 // scale per row [2][num_kv_heads][block_size]; kv_codes.cuh reads and writes them.
+//
+// Zero-copy KV transfer on one GPU (kvtransfer/README.md, "Zero-copy on one GPU"): a block id
+// from kKvRemoteBlock on names block (id - kKvRemoteBlock) of a second pool of the same region
+// layout at `remote_base` (a decode worker's pool mapped into this process; the layer's base
+// there, its blocks one region apart), so one block table (and a slot, block * block_size +
+// offset) mixes local and remote blocks. The kernels branch on the tag where they form a block's
+// address (dev::KvBlockAt); a tagged id with a null remote_base is a caller's error.
+inline constexpr int32_t kKvRemoteBlock = 1 << 30;
 struct KvLayerView {
   void* base = nullptr;
   DType dtype = DType::kF32;
   int32_t block_size = 16;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
+  void* remote_base = nullptr;
 };
 
 // The attention inputs of M tokens from their fused q/k/v projections `qkv` (f32 [M, ld]: q of

@@ -30,6 +30,15 @@ TANDEM_HOST_DEVICE int64_t KvBlockBytes(const KvLayerView& kv) {
   return rows * kv.head_dim * KvCodeBytes(kv.dtype) + (KvQuantized(kv.dtype) ? rows * 4 : 0);
 }
 
+// The first byte of block `block` of the layer (`block_bytes`: KvBlockBytes(kv)): the local pool's,
+// or for an id tagged kKvRemoteBlock the remote pool's.
+TANDEM_HOST_DEVICE uint8_t* KvBlockAt(const KvLayerView& kv, int64_t block, int64_t block_bytes) {
+  if (block >= kKvRemoteBlock) {
+    return static_cast<uint8_t*>(kv.remote_base) + (block - kKvRemoteBlock) * block_bytes;
+  }
+  return static_cast<uint8_t*>(kv.base) + block * block_bytes;
+}
+
 // Index inside its block of the row of (which: 0 K, 1 V; kv head h; token offset in the block).
 TANDEM_HOST_DEVICE int64_t KvRow(const KvLayerView& kv, int which, int64_t h, int64_t off) {
   return (which * static_cast<int64_t>(kv.num_kv_heads) + h) * kv.block_size + off;

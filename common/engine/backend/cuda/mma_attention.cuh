@@ -126,7 +126,6 @@ TANDEM_DEVICE void MmaTile(const AttentionArgs& a, const AttentionItem it, int k
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
 
   const int32_t* table = a.block_tables + static_cast<int64_t>(it.table_row) * table_stride;
-  const uint8_t* pool = static_cast<const uint8_t*>(kv.base);
   const int64_t block_bytes = dev::KvBlockBytes(kv);
   const int64_t code_bytes = dev::KvCodeBytes(KD);
   const int64_t k_row0 = dev::KvRow(kv, 0, kvh, 0), v_row0 = dev::KvRow(kv, 1, kvh, 0);
@@ -140,7 +139,7 @@ TANDEM_DEVICE void MmaTile(const AttentionArgs& a, const AttentionItem it, int k
       for (int e = 0; e < decode::kVec; ++e) x[e] = y[e] = 0.0f;
       if (j < n) {
         const int pos = c0 + j;
-        const uint8_t* block = pool + static_cast<int64_t>(table[pos / bs]) * block_bytes;
+        const uint8_t* block = dev::KvBlockAt(kv, table[pos / bs], block_bytes);
         const int64_t off = pos % bs;
         decode::KvVec<KD> kr, vr;
         kr.Load(block + ((k_row0 + off) * hd + vi * decode::kVec) * code_bytes);
