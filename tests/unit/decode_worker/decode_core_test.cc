@@ -92,6 +92,8 @@ class CopiesInFlightReceiver : public kvtransfer::KvReceiver {
         }
       }
       release_all_ = false;
+      // The lock was dropped while releasing: the destructor may have asked to stop meanwhile.
+      if (stop_) break;
       if (next == absl::InfiniteFuture()) {
         cv_.wait(lock);
       } else {
