@@ -73,11 +73,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError(
           "KV offload tiers do not support the sliding-window KV layout yet");
     }
-    auto store = KvTierStore::Create(options.kv_tiers);
-    if (!store.ok()) return store.status();
-    auto tiers = std::make_unique<TierFeature>(std::move(store).value());
-    TierFeature* t = tiers.get();
-    e->core_->AddFeature(std::move(tiers));
+    auto tiers = TierFeature::Create(options.kv_tiers, e->core_->backend());
+    if (!tiers.ok()) return tiers.status();
+    TierFeature* t = tiers->get();
+    e->core_->AddFeature(std::move(tiers).value());
     t->Start();
   }
   e->core_->AddExtensionFeatures();

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 
 namespace tandem {
@@ -19,6 +20,35 @@ struct Tried : FeatureState {
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<TierFeature>> TierFeature::Create(const KvTierOptions& options,
+                                                                 Backend& backend) {
+  std::shared_ptr<HostArena> arena;
+  if (options.host_bytes > 0 && backend.SupportsAsyncBlockCopies()) {
+    const size_t block_bytes = backend.kv_spec().bytes_per_block();
+    absl::StatusOr<HostMemory> memory =
+        backend.AllocateHostMemory(static_cast<size_t>(options.host_bytes));
+    if (!memory.ok()) {
+      return absl::Status(
+          memory.status().code(),
+          absl::StrCat("KV host tier (--kv-offload-host-memory ", options.host_bytes,
+                       " bytes): ", memory.status().message(),
+                       "; give it less (page-locked memory is RAM the OS can neither swap nor "
+                       "reclaim)"));
+    }
+    arena = HostArena::Create(memory->data, memory->bytes, block_bytes, memory->pinned);
+    TLOG(INFO) << "KV tiers: host tier in " << memory->bytes << " bytes of "
+               << (memory->pinned ? "page-locked" : "ordinary") << " host memory ("
+               << arena->slots() << " blocks of " << block_bytes << " bytes)";
+    if (arena->slots() == 0) {
+      TLOG(WARNING) << "KV tiers: --kv-offload-host-memory holds no block of " << block_bytes
+                    << " bytes: the host tier keeps nothing";
+    }
+  }
+  absl::StatusOr<std::unique_ptr<KvTierStore>> store = KvTierStore::Create(options, arena);
+  if (!store.ok()) return store.status();
+  return std::make_unique<TierFeature>(std::move(store).value());
+}
+
 TierFeature::TierFeature(std::unique_ptr<KvTierStore> store) : store_(std::move(store)) {}
 
 TierFeature::~TierFeature() {
@@ -26,6 +56,7 @@ TierFeature::~TierFeature() {
   core().pool().set_eviction_hook(nullptr);
   store_->set_ready_callback(nullptr);
   TakeCopyOuts(/*wait=*/true);
+  TakeInstalls(/*wait=*/true);
   if (store_->disk_enabled()) FlushPool(absl::Seconds(10));
   store_.reset();  // joins the store's threads
 }
@@ -37,7 +68,7 @@ void TierFeature::Start() {
   store_->set_ready_callback([wake] { wake->Notify(); });
 }
 
-std::shared_ptr<TierBlock> TierFeature::Describe(int32_t block) {
+std::shared_ptr<TierBlock> TierFeature::Describe(int32_t block, bool host_tier_memory) {
   const std::optional<BlockPool::CachedIdentity> id = core().pool().Identity(block);
   if (!id.has_value()) return nullptr;
   const KvCacheSpec& spec = core().backend().kv_spec();
@@ -46,12 +77,14 @@ std::shared_ptr<TierBlock> TierFeature::Describe(int32_t block) {
   out->parent = id->parent;
   out->salt = id->salt_hash;
   out->tokens.assign(id->tokens.begin(), id->tokens.end());
-  out->payload.resize(spec.bytes_per_block_layer() * spec.num_layers);
+  const size_t bytes = spec.bytes_per_block_layer() * spec.num_layers;
+  if (host_tier_memory) out->payload = store_->AllocatePayload(bytes);
+  if (out->payload.empty()) out->payload = TierPayload(bytes);
   return out;
 }
 
 std::shared_ptr<TierBlock> TierFeature::CopyOut(int32_t block) {
-  std::shared_ptr<TierBlock> out = Describe(block);
+  std::shared_ptr<TierBlock> out = Describe(block, /*host_tier_memory=*/false);
   if (out == nullptr) return nullptr;
   Backend& backend = core().backend();
   const KvCacheSpec& spec = backend.kv_spec();
@@ -75,9 +108,10 @@ void TierFeature::OnEvict(int32_t block) {
     if (std::shared_ptr<TierBlock> b = CopyOut(block)) store_->Offer(std::move(b));
     return;
   }
-  std::shared_ptr<TierBlock> b = Describe(block);
+  // Straight into a host tier slot where one can be had (no host copy), else through staging.
+  std::shared_ptr<TierBlock> b = Describe(block, /*host_tier_memory=*/true);
   if (b == nullptr) return;
-  const std::optional<uint64_t> ticket = backend.StartBlockRead(block);
+  const std::optional<uint64_t> ticket = backend.StartBlockRead(block, b->payload.data());
   if (!ticket.has_value()) {
     store_->NoteDropped();  // every staging slot busy: the write-behind never waits
     return;
@@ -90,7 +124,7 @@ void TierFeature::TakeCopyOuts(bool wait) {
   Backend& backend = core().backend();
   size_t kept = 0;
   for (auto& [ticket, block] : copy_outs_) {
-    const absl::StatusOr<bool> landed = backend.PollBlockRead(ticket, block->payload.data(), wait);
+    const absl::StatusOr<bool> landed = backend.PollBlockCopy(ticket, wait);
     if (landed.ok() && !*landed) {
       copy_outs_[kept++] = {ticket, std::move(block)};
     } else if (landed.ok()) {
@@ -101,6 +135,16 @@ void TierFeature::TakeCopyOuts(bool wait) {
     }
   }
   copy_outs_.resize(kept);
+}
+
+void TierFeature::TakeInstalls(bool wait) {
+  if (installs_.empty()) return;
+  Backend& backend = core().backend();
+  std::erase_if(installs_, [&](const std::pair<uint64_t, TierBlockPtr>& install) {
+    const absl::StatusOr<bool> landed = backend.PollBlockCopy(install.first, wait);
+    // A failed copy is reported by the forward pass (the stream's error): let go of it too.
+    return !landed.ok() || *landed;
+  });
 }
 
 void TierFeature::BeforeSchedule() {
@@ -174,6 +218,7 @@ void TierFeature::MaybeLoad(Sequence* seq, bool deferred) {
 
 void TierFeature::OnStepBegin(std::vector<SequenceUpdate>* /*updates*/) {
   TakeCopyOuts(/*wait=*/false);
+  TakeInstalls(/*wait=*/false);
   store_->Publish();
   if (!loads_.empty()) {
     for (TierLoad& result : store_->TakeCompleted()) landed_.push_back(std::move(result));
@@ -227,7 +272,8 @@ void TierFeature::Install(Load& load, const TierLoad& result) {
   int64_t installed = 0;
   if (have >= load.first_block) {
     for (int64_t i = have; i < end; ++i) {
-      const TierBlock& b = *result.blocks[i - load.first_block];
+      const TierBlockPtr& loaded = result.blocks[i - load.first_block];
+      const TierBlock& b = *loaded;
       const BlockHash parent = i == 0 ? kNoParentHash : pin.hashes[i - 1];
       const auto tokens = absl::Span<const int32_t>(seq->tokens).subspan(i * bs, bs);
       // Exactly the block this sequence needs, as a pool hit is checked.
@@ -238,9 +284,15 @@ void TierFeature::Install(Load& load, const TierLoad& result) {
       }
       std::optional<int32_t> block = pool.Allocate();
       if (!block.has_value()) break;
-      // Enqueued ahead of the next forward pass where the backend can; else written now.
-      bool written =
-          backend.SupportsAsyncBlockCopies() && backend.StartBlockWrite(*block, b.payload.data());
+      // Enqueued ahead of the next forward pass where the backend can (the block, and so its
+      // host tier slot, held until the copy has landed); else written now.
+      bool written = false;
+      if (backend.SupportsAsyncBlockCopies()) {
+        if (const std::optional<uint64_t> t = backend.StartBlockWrite(*block, b.payload.data())) {
+          installs_.emplace_back(*t, loaded);
+          written = true;
+        }
+      }
       for (int64_t l = 0; l < spec.num_layers && !written; ++l) {
         const uint8_t* src = b.payload.data() + l * layer_bytes;
         if (uint8_t* dst = backend.HostBlockRegion(l, *block); dst != nullptr) {

@@ -17,13 +17,18 @@ namespace tandem {
 // - Write path: the pool's eviction hook (BlockPool::set_eviction_hook) copies a cached block that
 //   is about to be reused (identity and bytes, on the engine thread, only when some tier lacks it
 //   and could take it) and offers it to the store, which keeps it in the host tier and writes it
-//   to disk behind, on its own thread. On a backend whose pool is device memory the copy is
-//   enqueued behind the forward passes already launched (Backend::StartBlockRead, into pinned
-//   staging), so the engine thread never waits for the device; it is offered at a later step's
-//   OnStepBegin once it has landed (no staging room: dropped, counted). Installs likewise
-//   enqueue their copies ahead of the next forward pass (StartBlockWrite). At destruction the
-//   blocks still cached in the pool are written to the disk tier too (bounded time), so a restarted
-//   worker finds them.
+//   to disk behind, on its own thread. On a backend whose pool is device memory the host tier is
+//   page-locked memory the backend allocated at start (Backend::AllocateHostMemory, HostArena):
+//   the copy is a DMA straight into a host tier slot, enqueued behind the forward passes already
+//   launched (Backend::StartBlockRead), so the engine thread neither waits for the device nor
+//   copies bytes; the block is offered at a later step's OnStepBegin once its copy has landed
+//   (until then no one can read it, and its slot is not handed out again). Installs likewise
+//   enqueue a DMA from the loaded block's slot ahead of the next forward pass (StartBlockWrite),
+//   and the block (so its slot) is held until that copy has landed (OnStepBegin). A block outside
+//   the host tier's memory (no host tier, or no free slot) goes through the backend's staging
+//   (no room there: the copy-out is dropped, counted; the install is synchronous). At destruction
+//   the blocks still cached in the pool are written to the disk tier too (bounded time), so a
+//   restarted worker finds them.
 // - Read path: before the scheduler plans (BeforeSchedule), a waiting sequence whose prompt
 //   continues past the pool's cached prefix with blocks some tier holds is held
 //   (Scheduler::Hold: kPending, no slot, no blocks; others keep stepping) while the loader
@@ -46,6 +51,10 @@ namespace tandem {
 // (EngineWake::Notify).
 class TierFeature final : public EngineFeature {
  public:
+  // The store of `options`, its host tier in memory from backend.AllocateHostMemory on a backend
+  // whose pool is device memory (page-locked on CUDA): a clear error when that cannot be had.
+  static absl::StatusOr<std::unique_ptr<TierFeature>> Create(const KvTierOptions& options,
+                                                             Backend& backend);
   explicit TierFeature(std::unique_ptr<KvTierStore> store);
   ~TierFeature() override;
   const char* name() const override { return "kv tiers"; }
@@ -76,13 +85,16 @@ class TierFeature final : public EngineFeature {
     // would evict them, and the loaded blocks would have no prefix to join).
     SequenceBlocks prefix;
   };
-  // The identity of cached pool block `block` (its payload sized, not filled), or null.
-  std::shared_ptr<TierBlock> Describe(int32_t block);
+  // The identity of cached pool block `block` (its payload sized, not filled), or null. The
+  // payload is in a host tier slot where `host_tier_memory` and one can be had, else heap memory.
+  std::shared_ptr<TierBlock> Describe(int32_t block, bool host_tier_memory);
   // The identity and bytes of cached pool block `block`, read at once.
   std::shared_ptr<TierBlock> CopyOut(int32_t block);
   void OnEvict(int32_t block);
   // Offers the asynchronous copy-outs that have landed (all of them, waiting: `wait`).
   void TakeCopyOuts(bool wait);
+  // Lets go of the blocks whose install copies have landed (all of them, waiting: `wait`).
+  void TakeInstalls(bool wait);
   // Starts a load for `seq` when some tier holds blocks past its pool prefix; `deferred`: it is
   // held already (in deferred_ before).
   void MaybeLoad(Sequence* seq, bool deferred = false);
@@ -97,6 +109,9 @@ class TierFeature final : public EngineFeature {
   // Copy-outs in flight on a backend whose pool is device memory (Backend::StartBlockRead): the
   // ticket and the block it fills, offered once landed (OnStepBegin).
   std::vector<std::pair<uint64_t, std::shared_ptr<TierBlock>>> copy_outs_;
+  // Install copies in flight (Backend::StartBlockWrite): the ticket and the block it reads, held
+  // until landed (its host tier slot must not be evicted and refilled before).
+  std::vector<std::pair<uint64_t, TierBlockPtr>> installs_;
   std::unordered_map<uint64_t, Load> loads_;  // load id -> the sequence waiting for it
   std::unordered_map<Sequence*, uint64_t> load_of_;
   std::unordered_map<Sequence*, SequenceBlocks> pins_;

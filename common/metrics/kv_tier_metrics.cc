@@ -42,11 +42,16 @@ KvTierMetrics::KvTierMetrics(prometheus::Registry* registry, std::string_view ro
                             "Blocks the tier dropped (least recently used) to make room.");
   auto* disabled = counter("tandem_kv_tier_disabled_total",
                            "Times the tier turned itself off (disk full, read-only, refused).");
+  auto* pinned_memory =
+      gauge("tandem_kv_tier_pinned_memory_bytes",
+            "Page-locked host memory the KV cache tier holds (allocated at start; the host tier "
+            "of a GPU worker).");
   for (size_t t = 0; t < kTiers.size(); ++t) {
     const prometheus::Labels l = {{"role", r}, {"tier", kTiers[t]}};
-    tier_[t] = Tier{&enabled->Add(l), &capacity->Add(l),  &usage->Add(l),   &blocks->Add(l),
-                    &hits->Add(l),    &misses->Add(l),    &corrupt->Add(l), &read->Add(l),
-                    &written->Add(l), &evictions->Add(l), &disabled->Add(l)};
+    tier_[t] =
+        Tier{&enabled->Add(l), &capacity->Add(l),  &usage->Add(l),    &blocks->Add(l),
+             &hits->Add(l),    &misses->Add(l),    &corrupt->Add(l),  &read->Add(l),
+             &written->Add(l), &evictions->Add(l), &disabled->Add(l), &pinned_memory->Add(l)};
   }
   const prometheus::Labels l = {{"role", r}};
   queue_blocks_ = &gauge("tandem_kv_tier_write_queue_blocks",
@@ -93,6 +98,7 @@ void KvTierMetrics::OnStats(const KvTierStats& s) {
     const Tier& m = tier_[t];
     m.enabled->Set(now.enabled ? 1 : 0);
     m.capacity->Set(static_cast<double>(now.capacity_bytes));
+    m.pinned_memory->Set(static_cast<double>(now.pinned_bytes));
     m.usage->Set(static_cast<double>(now.used_bytes));
     m.blocks->Set(static_cast<double>(now.blocks));
     AddCounterDelta(m.hits, now.hits, last.hits);

@@ -48,6 +48,7 @@ class KvTierMetrics : public KvTierHooks {
     prometheus::Counter* written_bytes;
     prometheus::Counter* evictions;
     prometheus::Counter* disabled;
+    prometheus::Gauge* pinned_memory;
   };
   std::array<Tier, 2> tier_;
   prometheus::Gauge* queue_blocks_;

@@ -137,6 +137,23 @@ std::map<void*, size_t>& Allocations() {
   return *m;
 }
 size_t g_allocated = 0;
+// Page-locked host allocations (cudaMallocHost): base -> bytes, under g_alloc_mutex.
+std::map<const void*, size_t>& PinnedAllocations() {
+  static auto* m = new std::map<const void*, size_t>();
+  return *m;
+}
+int64_t g_pinned_bytes = 0;
+std::atomic<int64_t> g_pageable_async_copies{0};
+
+// Whether [ptr, ptr + bytes) lies inside one cudaMallocHost allocation. g_alloc_mutex held.
+bool InPinnedLocked(const void* ptr, size_t bytes) {
+  auto it = PinnedAllocations().upper_bound(ptr);
+  if (it == PinnedAllocations().begin()) return false;
+  --it;
+  const auto* base = static_cast<const uint8_t*>(it->first);
+  const auto* p = static_cast<const uint8_t*>(ptr);
+  return p >= base && p + bytes <= base + it->second;
+}
 
 // Runs `op` now, or records it when `stream` is capturing, or defers it on a deferred stream.
 void Enqueue(cudaStream_t stream, std::function<void()> op) {
@@ -185,6 +202,15 @@ void SetComputeCapability(int major, int minor) { g_compute_capability = major *
 int ComputeCapability() { return g_compute_capability; }
 int64_t EventWaits() { return g_event_waits; }
 int64_t StreamSyncs() { return g_stream_syncs; }
+int64_t PinnedBytes() {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  return g_pinned_bytes;
+}
+bool IsPinned(const void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  return InPinnedLocked(ptr, bytes);
+}
+int64_t PageableAsyncCopies() { return g_pageable_async_copies; }
 int64_t EventWaitsWithLaterWork() { return g_event_waits_with_later_work; }
 std::vector<std::function<void()>>* CaptureList(const void* stream) {
   auto* s = static_cast<CUstream_st*>(const_cast<void*>(stream));
@@ -309,10 +335,22 @@ cudaError_t cudaFree(void* ptr) {
 }
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   *ptr = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-  return *ptr == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+  if (*ptr == nullptr) return cudaErrorMemoryAllocation;
+  std::lock_guard<std::mutex> lock(g_alloc_mutex);
+  PinnedAllocations()[*ptr] = bytes;
+  g_pinned_bytes += static_cast<int64_t>(bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
   cudaDeviceSynchronize();
+  {
+    std::lock_guard<std::mutex> lock(g_alloc_mutex);
+    auto it = PinnedAllocations().find(ptr);
+    if (it == PinnedAllocations().end()) return cudaErrorInvalidValue;
+    g_pinned_bytes -= static_cast<int64_t>(it->second);
+    PinnedAllocations().erase(it);
+  }
   std::free(ptr);
   return cudaSuccess;
 }
@@ -320,9 +358,15 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind)
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
+  if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToHost) {
+    std::lock_guard<std::mutex> lock(g_alloc_mutex);
+    if (!InPinnedLocked(kind == cudaMemcpyHostToDevice ? src : dst, bytes)) {
+      ++g_pageable_async_copies;
+    }
+  }
   Enqueue(stream, [=] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }

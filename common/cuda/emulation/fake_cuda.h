@@ -178,6 +178,13 @@ int64_t StreamSyncs();
 // (fake_cublaslt.h). Tests set it to check what a backend does on other devices.
 void SetComputeCapability(int major, int minor);
 int ComputeCapability();  // major * 10 + minor
+// Page-locked host memory: bytes allocated by cudaMallocHost and not freed yet; whether
+// [ptr, ptr + bytes) lies inside one such allocation; and every cudaMemcpyAsync between the device
+// and host memory that is not (the runtime stages such a copy itself and the host waits for it:
+// not the direct DMA asynchronous code means), since the process started.
+int64_t PinnedBytes();
+bool IsPinned(const void* ptr, size_t bytes);
+int64_t PageableAsyncCopies();
 }  // namespace tandem::cuda_emu
 
 // cuBLAS

@@ -1,10 +1,24 @@
 #include "common/engine/backend/backend.h"
 
 #include <algorithm>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 
 namespace tandem {
+
+absl::StatusOr<HostMemory> Backend::AllocateHostMemory(size_t bytes) {
+  HostMemory m;
+  if (bytes == 0) return m;
+  auto* p = new (std::nothrow) uint8_t[bytes];  // not touched: pages come as they are used
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+  }
+  m.data = std::shared_ptr<uint8_t>(p, std::default_delete<uint8_t[]>());
+  m.bytes = bytes;
+  return m;
+}
 
 int64_t KvCacheSpec::num_local_groups() const {
   int64_t groups = 0;

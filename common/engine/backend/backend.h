@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -100,6 +101,13 @@ struct ForwardBatch {
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions);
 
+// Host memory a backend allocated (Backend::AllocateHostMemory), freed with its last reference.
+struct HostMemory {
+  std::shared_ptr<uint8_t> data;
+  size_t bytes = 0;
+  bool pinned = false;  // page-locked: the backend's block copies DMA straight to and from it
+};
+
 // A token of a launched step's batch whose id is not known on the host yet: the token the
 // previous launched step samples on the device for its samples[sample_index] (overlapped steps,
 // common/engine/README.md). The batch holds any valid id there; the device's replaces it.
@@ -165,20 +173,34 @@ class Backend {
   virtual absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) = 0;
   virtual absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) = 0;
 
+  // Host memory for the buffers the whole-block copies below read and write (the KV host tier):
+  // page-locked on a backend whose pool is device memory, so that those copies DMA straight to and
+  // from it; ordinary memory elsewhere (the default). RESOURCE_EXHAUSTED when that much cannot be
+  // had. Called at start; the memory may outlive the backend (freed with its last reference).
+  virtual absl::StatusOr<HostMemory> AllocateHostMemory(size_t bytes);
+
   // Whole-block copies that do not wait on the host, for backends whose pool is not host memory
   // (the KV tiers' copy-out at eviction and their installs). A block's bytes are its layers'
   // regions one after another, each as ReadBlockRegion gives it. StartBlockRead enqueues the copy
-  // of `block` behind the work enqueued before it (the block may be reused at once) and returns a
-  // ticket, or nullopt when no staging room is free; PollBlockRead, once that copy has landed,
-  // copies the bytes to `dst`, ends the ticket and returns true (false while in flight; `wait`
-  // waits instead). StartBlockWrite takes `src` at once and enqueues its copy into `block` ahead
-  // of every later forward pass; false when no staging room is free. Engine thread only.
+  // of `block` into `dst` behind the work enqueued before it (the block may be reused at once);
+  // StartBlockWrite enqueues the copy of `src` into `block` ahead of every later forward pass.
+  // Host memory from AllocateHostMemory is copied by DMA directly: `dst` is written, and `src`
+  // read, until the copy has landed, so the caller neither reads, changes nor frees it before.
+  // Other memory goes through a staging slot: `src` is taken at once, `dst` filled when the poll
+  // finds the copy landed. Each returns a ticket, or nullopt when no staging slot is free (the
+  // caller does without: drops the copy-out, writes synchronously). PollBlockCopy says whether the
+  // copy landed and then ends the ticket (false while in flight; `wait` waits for it, on its own
+  // event, never the stream); every ticket is polled until it has. Engine thread only.
   virtual bool SupportsAsyncBlockCopies() const { return false; }
-  virtual std::optional<uint64_t> StartBlockRead(int32_t /*block*/) { return std::nullopt; }
-  virtual absl::StatusOr<bool> PollBlockRead(uint64_t /*ticket*/, uint8_t* /*dst*/, bool /*wait*/) {
+  virtual std::optional<uint64_t> StartBlockRead(int32_t /*block*/, uint8_t* /*dst*/) {
+    return std::nullopt;
+  }
+  virtual std::optional<uint64_t> StartBlockWrite(int32_t /*block*/, const uint8_t* /*src*/) {
+    return std::nullopt;
+  }
+  virtual absl::StatusOr<bool> PollBlockCopy(uint64_t /*ticket*/, bool /*wait*/) {
     return absl::UnimplementedError("asynchronous block copies");
   }
-  virtual bool StartBlockWrite(int32_t /*block*/, const uint8_t* /*src*/) { return false; }
 
   // Window layout: the page holding local group `group`'s (>= 1) layers for block `block`, or
   // -1 when none does (its region then reads as zeros). Only what the (layer, block) regions

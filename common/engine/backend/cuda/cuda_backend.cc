@@ -485,21 +485,26 @@ BlockStaging& CudaBackend::Staging() {
   return *block_staging_;
 }
 
-std::optional<uint64_t> CudaBackend::StartBlockRead(int32_t block) {
+absl::StatusOr<HostMemory> CudaBackend::AllocateHostMemory(size_t bytes) {
+  cudaSetDevice(options_.device);
+  return Staging().AllocatePinned(bytes);
+}
+
+std::optional<uint64_t> CudaBackend::StartBlockRead(int32_t block, uint8_t* dst) {
   if (block < 0 || block >= spec_.num_blocks) return std::nullopt;
   cudaSetDevice(options_.device);
-  return Staging().StartRead(block);
+  return Staging().StartRead(block, dst);
 }
 
-absl::StatusOr<bool> CudaBackend::PollBlockRead(uint64_t ticket, uint8_t* dst, bool wait) {
-  cudaSetDevice(options_.device);
-  return Staging().PollRead(ticket, dst, wait);
-}
-
-bool CudaBackend::StartBlockWrite(int32_t block, const uint8_t* src) {
-  if (block < 0 || block >= spec_.num_blocks) return false;
+std::optional<uint64_t> CudaBackend::StartBlockWrite(int32_t block, const uint8_t* src) {
+  if (block < 0 || block >= spec_.num_blocks) return std::nullopt;
   cudaSetDevice(options_.device);
   return Staging().StartWrite(block, src);
+}
+
+absl::StatusOr<bool> CudaBackend::PollBlockCopy(uint64_t ticket, bool wait) {
+  cudaSetDevice(options_.device);
+  return Staging().Poll(ticket, wait);
 }
 
 }  // namespace cuda

@@ -53,9 +53,10 @@ struct CudaBackendOptions {
   // fp8 weights: the FP8 tensor-core GEMM above 8 rows (kAuto) or the weight-only path (kOff,
   // which the f32 parity mode, bf16_activations = false, always takes).
   Fp8GemmMode fp8_gemm = Fp8GemmMode::kAuto;
-  // Page-locked host memory for the asynchronous whole-block copies of the KV tiers
-  // (Backend::StartBlockRead / StartBlockWrite), allocated on their first use: copies in flight
-  // at once = this / the bytes of one block (at least one).
+  // Page-locked staging for the asynchronous whole-block copies of the KV tiers whose host side is
+  // not the host tier's pinned memory (Backend::StartBlockRead / StartBlockWrite; block_staging.h),
+  // allocated on the first such copy: staged copies in flight at once = this / the bytes of one
+  // block (at least one).
   int64_t block_staging_bytes = int64_t{64} << 20;
   // LoRA (--max-loras, --max-lora-rank, --lora-dtype resolved): device memory for lora_slots
   // adapters of rank up to lora_max_rank on every target, kept in lora_dtype, reserved before

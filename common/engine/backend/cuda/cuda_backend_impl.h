@@ -45,10 +45,13 @@ class CudaBackend final : public Backend {
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override { return nullptr; }
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
   absl::Status WriteBlockRegion(int64_t layer, int32_t block, const uint8_t* src) override;
+  absl::StatusOr<HostMemory> AllocateHostMemory(size_t bytes) override;  // page-locked
   bool SupportsAsyncBlockCopies() const override { return true; }
-  std::optional<uint64_t> StartBlockRead(int32_t block) override;
-  absl::StatusOr<bool> PollBlockRead(uint64_t ticket, uint8_t* dst, bool wait) override;
-  bool StartBlockWrite(int32_t block, const uint8_t* src) override;
+  std::optional<uint64_t> StartBlockRead(int32_t block, uint8_t* dst) override;
+  std::optional<uint64_t> StartBlockWrite(int32_t block, const uint8_t* src) override;
+  absl::StatusOr<bool> PollBlockCopy(uint64_t ticket, bool wait) override;
+  // The whole-block copies so far (tests): direct DMA, staged, and host bytes through staging.
+  const BlockStaging& block_copies() { return Staging(); }
 
   // Device address of a (layer, block) region (see CudaDeviceBlockRegion).
   uint8_t* DeviceBlockRegion(int64_t layer, int32_t block) const { return Region(layer, block); }
@@ -196,7 +199,7 @@ class CudaBackend final : public Backend {
   int64_t graph_steps_ = 0;
   int64_t eager_steps_ = 0;
   absl::Status sticky_;  // a failed CopyBlock, reported by the next Forward
-  // Pinned staging of the asynchronous whole-block copies (made on first use).
+  // The asynchronous whole-block copies and their pinned staging (made on first use).
   std::unique_ptr<BlockStaging> block_staging_;
 
   // Sampling on the device (cuda_sampling.cc): the rows' inputs (the slot's pinned staging and

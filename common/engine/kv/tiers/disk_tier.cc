@@ -237,7 +237,7 @@ void DiskTier::Put(const TierBlock& block) {
   if (options_.listener != nullptr) options_.listener->OnTierStored(KvTier::kDisk, block.hash);
 }
 
-std::optional<TierBlock> DiskTier::Get(BlockHash hash) {
+std::optional<TierBlock> DiskTier::Get(BlockHash hash, const TierPayloadSource& payload_memory) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!enabled() || index_.count(hash) == 0) {
@@ -265,7 +265,7 @@ std::optional<TierBlock> DiskTier::Get(BlockHash hash) {
     ::close(fd);
   }
   absl::StatusOr<TierBlock> block = absl::DataLossError("unreadable");
-  if (read_ok) block = DecodeTierBlock(bytes, options_.fingerprint, hash);
+  if (read_ok) block = DecodeTierBlock(bytes, options_.fingerprint, hash, payload_memory);
   std::lock_guard<std::mutex> lock(mu_);
   if (!block.ok()) {
     ++c_.misses;

@@ -46,8 +46,9 @@ class DiskTier {
   bool Touch(BlockHash hash);
   // Writes `block` unless it is here already or larger than the capacity.
   void Put(const TierBlock& block);
-  // The block under `hash` when its file passes every check; otherwise nullopt (a miss).
-  std::optional<TierBlock> Get(BlockHash hash);
+  // The block under `hash` when its file passes every check; otherwise nullopt (a miss). Its
+  // payload goes where `payload_memory` puts it (DecodeTierBlock).
+  std::optional<TierBlock> Get(BlockHash hash, const TierPayloadSource& payload_memory = nullptr);
   KvTierCounters counters() const;
   const std::string& path() const { return path_; }
   // Turns the tier off (logged once).

@@ -2,6 +2,15 @@
 
 namespace tandem {
 
+void HostTier::EvictLocked(Lru::iterator it) {
+  const TierBlockPtr block = std::move(*it);
+  lru_.erase(it);
+  c_.used_bytes -= block->size_bytes();
+  index_.erase(block->hash);
+  if (listener_ != nullptr) listener_->OnTierRemoved(KvTier::kHost, block->hash);
+  ++c_.evictions;
+}
+
 void HostTier::Put(TierBlockPtr block) {
   const int64_t size = block->size_bytes();
   std::lock_guard<std::mutex> lock(mu_);
@@ -10,14 +19,8 @@ void HostTier::Put(TierBlockPtr block) {
     lru_.splice(lru_.end(), lru_, it->second);
     return;
   }
-  if (size > capacity_) return;
-  while (c_.used_bytes + size > capacity_ && !lru_.empty()) {
-    c_.used_bytes -= lru_.front()->size_bytes();
-    index_.erase(lru_.front()->hash);
-    if (listener_ != nullptr) listener_->OnTierRemoved(KvTier::kHost, lru_.front()->hash);
-    lru_.pop_front();
-    ++c_.evictions;
-  }
+  if (size > capacity_ || (arena_ != nullptr && !block->payload.in_arena())) return;
+  while (c_.used_bytes + size > capacity_ && !lru_.empty()) EvictLocked(lru_.begin());
   c_.used_bytes += size;
   c_.bytes_in += size;
   const BlockHash hash = block->hash;
@@ -52,11 +55,28 @@ bool HostTier::Touch(BlockHash hash) {
   return true;
 }
 
+TierPayload HostTier::TakeSlot(size_t bytes) {
+  if (arena_ == nullptr || bytes != arena_->slot_bytes()) return {};
+  if (TierPayload p = arena_->Take(); !p.empty()) return p;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (true) {
+    // Only this tier's reference: evicting it frees its slot (anything else holding the block,
+    // a load or the write-behind queue, may be reading it, or a copy writing or reading it).
+    auto it = lru_.begin();
+    while (it != lru_.end() && it->use_count() != 1) ++it;
+    if (it == lru_.end()) return {};
+    EvictLocked(it);
+    // Another thread may take the freed slot first: then evict the next.
+    if (TierPayload p = arena_->Take(); !p.empty()) return p;
+  }
+}
+
 KvTierCounters HostTier::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
   KvTierCounters c = c_;
   c.enabled = true;
   c.capacity_bytes = capacity_;
+  c.pinned_bytes = arena_ != nullptr && arena_->pinned() ? arena_->bytes() : 0;
   c.blocks = static_cast<int64_t>(index_.size());
   return c;
 }

@@ -11,6 +11,8 @@ namespace tandem {
 struct KvTierCounters {
   bool enabled = false;
   int64_t capacity_bytes = 0;
+  // Page-locked host memory the tier holds (allocated at start; the host tier of a GPU worker).
+  int64_t pinned_bytes = 0;
   int64_t used_bytes = 0;
   int64_t blocks = 0;
   int64_t hits = 0;       // blocks a load found here

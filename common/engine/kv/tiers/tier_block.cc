@@ -102,7 +102,8 @@ std::vector<uint8_t> EncodeTierBlock(const TierBlock& block, uint64_t fingerprin
 }
 
 absl::StatusOr<TierBlock> DecodeTierBlock(absl::Span<const uint8_t> bytes, uint64_t fingerprint,
-                                          BlockHash expected_hash) {
+                                          BlockHash expected_hash,
+                                          const TierPayloadSource& payload_memory) {
   if (bytes.size() < kHeaderBytes) {
     return absl::DataLossError(absl::StrCat("block file of ", bytes.size(), " bytes is torn"));
   }
@@ -128,10 +129,13 @@ absl::StatusOr<TierBlock> DecodeTierBlock(absl::Span<const uint8_t> bytes, uint6
   b.salt = h.salt;
   b.tokens.resize(h.num_tokens);
   if (token_bytes > 0) std::memcpy(b.tokens.data(), rest.data(), token_bytes);
-  b.payload.assign(rest.begin() + token_bytes, rest.end());
   if (ComputeBlockHash(b.parent, b.tokens, b.salt) != b.hash) {
     return absl::DataLossError("block identity does not hash to its name");
   }
+  const size_t payload_bytes = h.payload_bytes;
+  if (payload_memory) b.payload = payload_memory(payload_bytes);
+  if (b.payload.size() != payload_bytes) b.payload = TierPayload(payload_bytes);
+  if (payload_bytes > 0) std::memcpy(b.payload.data(), rest.data() + token_bytes, payload_bytes);
   return b;
 }
 

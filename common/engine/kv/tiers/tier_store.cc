@@ -17,14 +17,16 @@ void KvTierStore::SetLoadDelayForTesting(absl::Duration delay) {
   load_delay_ns_for_testing.store(absl::ToInt64Nanoseconds(delay));
 }
 
-absl::StatusOr<std::unique_ptr<KvTierStore>> KvTierStore::Create(const KvTierOptions& options) {
+absl::StatusOr<std::unique_ptr<KvTierStore>> KvTierStore::Create(
+    const KvTierOptions& options, std::shared_ptr<HostArena> host_memory) {
   if (options.host_bytes < 0) return absl::InvalidArgumentError("--kv-offload-host-memory < 0");
   if (options.write_queue_bytes < 0 || options.write_bytes_per_second < 0) {
     return absl::InvalidArgumentError("KV offload write queue and pace must be >= 0");
   }
   std::unique_ptr<KvTierStore> store(new KvTierStore(options));
   if (options.host_bytes > 0) {
-    store->host_ = std::make_unique<HostTier>(options.host_bytes, options.listener);
+    store->host_ =
+        std::make_unique<HostTier>(options.host_bytes, options.listener, std::move(host_memory));
   }
   if (!options.disk_dir.empty()) {
     if (options.fingerprint == 0) {
@@ -97,6 +99,10 @@ void KvTierStore::Offer(TierBlockPtr block) {
     writes_.push_back(std::move(block));
   }
   write_cv_.notify_one();
+}
+
+TierPayload KvTierStore::AllocatePayload(size_t bytes) {
+  return host_ != nullptr ? host_->TakeSlot(bytes) : TierPayload();
 }
 
 void KvTierStore::NoteDropped() {
@@ -203,7 +209,10 @@ TierBlockPtr KvTierStore::Fetch(BlockHash hash, KvTier* from) {
         return it->second;
       }
     }
-    std::optional<TierBlock> b = disk_->Get(hash);
+    // Read into a host tier slot where there is one: the block is promoted, and an install
+    // copies it from there.
+    std::optional<TierBlock> b =
+        disk_->Get(hash, [this](size_t bytes) { return AllocatePayload(bytes); });
     if (b.has_value()) {
       auto block = std::make_shared<const TierBlock>(std::move(*b));
       if (host_ != nullptr) host_->Put(block);  // promoted: the next load is a memory copy

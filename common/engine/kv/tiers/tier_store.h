@@ -36,7 +36,10 @@ struct TierLoad {
 // but the ready callback, which runs on the loader thread.
 class KvTierStore {
  public:
-  static absl::StatusOr<std::unique_ptr<KvTierStore>> Create(const KvTierOptions& options);
+  // `host_memory`: the host tier's memory on a worker whose pool is device memory (HostArena;
+  // page-locked there); null: the host tier keeps heap blocks (a CPU worker).
+  static absl::StatusOr<std::unique_ptr<KvTierStore>> Create(
+      const KvTierOptions& options, std::shared_ptr<HostArena> host_memory = nullptr);
   ~KvTierStore();  // stops both threads (queued writes are dropped)
 
   // Called on the loader thread after each load finished (must not block).
@@ -46,6 +49,10 @@ class KvTierStore {
   // Whether a block leaving the pool should be copied out: false when every tier has it already
   // (touched as used now) or none could take it (the write queue is full: counted as a drop).
   bool ShouldOffer(BlockHash hash);
+  // A payload of `bytes` in the host tier's memory for a block about to be copied out
+  // (HostTier::TakeSlot); empty without one or when no slot can be had (then the caller uses heap
+  // memory: the block is queued for the disk tier only).
+  TierPayload AllocatePayload(size_t bytes);
   // Keeps the block in the host tier and queues it for the disk tier (a full queue drops it,
   // counted). Never blocks on I/O.
   void Offer(TierBlockPtr block);

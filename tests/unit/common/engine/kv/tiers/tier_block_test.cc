@@ -56,8 +56,13 @@ TEST(TierBlockTest, TornWrongFingerprintOrNameIsDataLoss) {
 TEST(TierBlockTest, IdentityMustHashToItsName) {
   // A well-formed file (valid checksum) whose tokens do not hash to its name: refused.
   auto chain = Chain(1, 0, 64);
-  TierBlock forged = *chain[0];
+  TierBlock forged;
+  forged.hash = chain[0]->hash;
+  forged.parent = chain[0]->parent;
+  forged.salt = chain[0]->salt;
+  forged.tokens = chain[0]->tokens;
   forged.tokens[0] += 1;
+  forged.payload = TierPayload(64);
   const std::vector<uint8_t> bytes = EncodeTierBlock(forged, 42);
   EXPECT_EQ(DecodeTierBlock(bytes, 42, forged.hash).status().code(), absl::StatusCode::kDataLoss);
 }

@@ -25,7 +25,7 @@ inline std::vector<std::shared_ptr<TierBlock>> Chain(int n, int seed = 0, size_t
     b->parent = parent;
     b->salt = salt;
     b->hash = ComputeBlockHash(parent, b->tokens, salt);
-    b->payload.resize(bytes);
+    b->payload = TierPayload(bytes);
     for (size_t k = 0; k < bytes; ++k) b->payload[k] = static_cast<uint8_t>(k * 31 + i + seed);
     parent = b->hash;
     out.push_back(b);
