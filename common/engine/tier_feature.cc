@@ -196,7 +196,15 @@ void TierFeature::MaybeLoad(Sequence* seq, bool deferred) {
     return;
   }
   seq->features.set(slot_, std::make_unique<Tried>());
-  found = std::min(found, limit - in_pool);  // a prefix longer than the bound: its head only
+  // A prefix longer than the bound: its head only -- unless this load is the only one. A request
+  // needs its whole prefix in the pool to run, so the first in line may load what the pool can
+  // give without taking a running sequence's next block (else its tail would be recomputed into
+  // the same blocks).
+  int64_t cap = limit;
+  if (held == 0) {
+    cap = std::max(limit, pool.num_available() - core().scheduler().num_running());
+  }
+  found = std::min(found, cap - in_pool);
   if (found <= 0) {
     if (deferred) core().scheduler().Release(seq);
     return;

@@ -43,7 +43,9 @@ namespace tandem {
 //   blocks are bounded (KvTierOptions::max_loads_in_flight, max_pinned_fraction). A sequence
 //   whose load would pass the bound while others hold blocks is held too (deferred_) and looked
 //   at again at each step's OnStepBegin, so it is never admitted without the blocks the tiers
-//   have for it; the bound frees as the sequences before it are admitted or end. A finished load
+//   have for it; the bound frees as the sequences before it are admitted or end. A load that is
+//   the only one may pass the bound, up to what the pool can give with one block left per
+//   running sequence (a request runs only with its whole prefix in the pool). A finished load
 //   is installed when the pool has room for all of it (or nothing runs that could free some),
 //   in order; a sequence whose prefix is in the pool is looked at again each step until
 //   admitted (other loads may evict that prefix to the tiers meanwhile).

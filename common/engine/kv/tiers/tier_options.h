@@ -29,7 +29,8 @@ struct KvTierOptions {
   // read. Set by BuildEngine (KvTierFingerprint); required with a disk tier.
   uint64_t fingerprint = 0;
   // Loads in flight at most, and blocks loaded but not yet taken by their request at most
-  // (as a fraction of the pool): a bound on what waiting requests hold.
+  // (as a fraction of the pool): a bound on what waiting requests hold (the only load in flight
+  // may take more, up to what the pool can give: TierFeature).
   int64_t max_loads_in_flight = 64;
   double max_pinned_fraction = 0.5;
   // Metrics (null: none). Called from the tiers' threads and the engine thread.

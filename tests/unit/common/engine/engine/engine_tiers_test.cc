@@ -331,6 +331,27 @@ TEST(EngineTiersTest, RestartServesOldPrefixesFromDisk) {
   ExpectNothingHeld(*b);
 }
 
+// A history on disk longer than the pinned bound (half the pool), asked for alone: loaded
+// whole, not its head only with the rest recomputed.
+TEST(EngineTiersTest, ALoneRequestLoadsAHistoryLongerThanThePinnedBound) {
+  ScratchDir dir;
+  std::mt19937 rng(7);
+  std::vector<int32_t> prompt = {1};
+  for (int k = 0; k < 16 * 16; ++k) {
+    prompt.push_back(std::uniform_int_distribution<int>(3, 511)(rng));
+  }
+  std::vector<Result> first;
+  {
+    auto a = MakeEngine(kPool * 2, {0, dir.path()});
+    first = RunPrompts(*a, {prompt}, 8, "a");
+  }                                             // destroyed: its cached blocks go to disk
+  auto b = MakeEngine(kPool, {0, dir.path()});  // a bound of 12 blocks
+  const std::vector<Result> again = RunPrompts(*b, {prompt}, 8, "b");
+  EXPECT_EQ(first[0].tokens, again[0].tokens);
+  EXPECT_EQ(again[0].cached, 16 * 16);  // every full block of the 257-token prompt
+  ExpectNothingHeld(*b);
+}
+
 TEST(EngineTiersTest, FlippedBytesAreRecomputed) {
   ScratchDir dir;
   std::vector<std::vector<int32_t>> prompts = {{1}};
