@@ -14,6 +14,7 @@
 #include "common/engine/lora_feature.h"
 #include "common/engine/spec_feature.h"
 #include "common/engine/tier_feature.h"
+#include "common/engine/zero_copy_feature.h"
 
 namespace tandem {
 
@@ -54,11 +55,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // scheduler looks its prompt up.
   e->core_->AddFeature(std::make_unique<LoraFeature>(options.lora));
   // Then the features, in the order their hooks run: disaggregation (leases expire first, the
-  // prefill role's hold is taken before the blocks go), speculation (drafts proposed), structured
+  // prefill role's hold is taken before the blocks go), zero-copy destinations (one remote pool
+  // per step), speculation (drafts proposed), structured
   // output (then cut to the grammar).
   auto disagg = std::make_unique<DisaggFeature>();
   e->disagg_ = disagg.get();
   e->core_->AddFeature(std::move(disagg));
+  e->core_->AddFeature(std::make_unique<ZeroCopyFeature>());
   auto spec = std::make_unique<SpecFeature>(std::move(proposer));
   e->spec_ = spec.get();
   e->core_->AddFeature(std::move(spec));
