@@ -304,6 +304,7 @@ const SpecOptions& Engine::spec_options() const { return core_->options().spec; 
 const std::shared_ptr<LoraRegistry>& Engine::lora_registry() const { return core_->options().lora; }
 const Model& Engine::model() const { return core_->model(); }
 Backend& Engine::backend() { return core_->backend(); }
+const Backend& Engine::backend() const { return core_->backend(); }
 int64_t Engine::max_model_len() const { return core_->max_model_len(); }
 const std::vector<int32_t>& Engine::eos_ids() const { return core_->eos_ids(); }
 BlockPool& Engine::block_pool() { return core_->pool(); }
