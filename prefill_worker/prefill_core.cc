@@ -1,6 +1,7 @@
 #include "prefill_worker/prefill_core.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,14 @@
 #include "kvtransfer/transfer_window.h"
 
 namespace tandem {
+namespace {
+
+// Zero-copy: the transport's own deadline comes this much later, so that the engine request has
+// ended (cancelled at its transfer time) before the transport could end the transfer and the decode
+// worker reuse its blocks.
+constexpr absl::Duration kZeroCopyAbortMargin = absl::Seconds(10);
+
+}  // namespace
 
 // One Prefill call. Fields are guarded by PrefillCore::mu_ unless noted.
 struct PrefillCore::Job {
@@ -26,6 +35,12 @@ struct PrefillCore::Job {
   bool engine_finished = false;  // the engine request ended (its blocks are held or freed)
   bool holding = false;          // blocks held for export: ReleaseHold when the job ends
   bool completed = false;        // `done` was called
+  // Zero-copy: the engine writes into the decode worker's blocks (its request carries the
+  // destination). The transfer ends (Abort) only after the engine's final update, and the
+  // destination's mapping is held until then; past `deadline` the engine request is cancelled.
+  bool zero_copy = false;
+  absl::Time deadline = absl::InfiniteFuture();
+  EngineRequest engine_request;  // until submitted
   // Export thread only:
   bool begun = false;
   absl::Status begin_status;
@@ -33,10 +48,11 @@ struct PrefillCore::Job {
   bool transfer_closed = false;          // Finish or Abort was called on the handle
   std::vector<int32_t> blocks;           // the sequence's block table (from layer 0)
   std::vector<int64_t> deferred_layers;  // without layer-wise push: sent at the end
+  std::shared_ptr<const void> mapping;   // zero-copy: the destination's, until the cleanup
 };
 
-PrefillCore::PrefillCore(AsyncEngine* engine, int64_t block_size, bool layerwise)
-    : engine_(engine), block_size_(block_size), layerwise_(layerwise) {
+PrefillCore::PrefillCore(AsyncEngine* engine, int64_t block_size, bool layerwise, bool zero_copy)
+    : engine_(engine), block_size_(block_size), layerwise_(layerwise), zero_copy_(zero_copy) {
   export_thread_ = std::thread([this] { ExportLoop(); });
 }
 
@@ -57,6 +73,12 @@ absl::Status PrefillCore::StartSender(const kvtransfer::SenderOptions& options,
   sender_ = std::move(sender).value();
   transports_ = SpokenKvTransports(options.transport);
   return absl::OkStatus();
+}
+
+void PrefillCore::StartSender(std::unique_ptr<kvtransfer::KvSender> sender,
+                              const std::string& transport) {
+  sender_ = std::move(sender);
+  transports_ = SpokenKvTransports(transport);
 }
 
 int64_t PrefillCore::transfers_in_flight() const { return sender_ ? sender_->num_in_flight() : 0; }
@@ -208,22 +230,115 @@ void PrefillCore::Prefill(const v1::PrefillRequest& request, DoneCallback done) 
     if (layer == 0) t.blocks = blocks;
     Enqueue(std::move(t));
   };
-  engine_->Submit(*std::move(e), [this, job](const SequenceUpdate& u) { OnEngineUpdate(job, u); });
+  job->engine_request = *std::move(e);
+  const std::string& transport =
+      target.kv_transport().empty() ? transports_.front() : target.kv_transport();
+  if (zero_copy_ && transport == "cuda-ipc") {
+    Task t;  // Begin (which may block) on the export thread, before the engine computes
+    t.job = job;
+    t.begin = true;
+    Enqueue(std::move(t));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Submit(job);
+}
+
+void PrefillCore::Submit(const std::shared_ptr<Job>& job) {
+  // Under mu_: a Complete (cancel) that follows cancels a request already submitted.
+  engine_->Submit(std::move(job->engine_request),
+                  [this, job](const SequenceUpdate& u) { OnEngineUpdate(job, u); });
+}
+
+void PrefillCore::NothingSubmitted(const std::shared_ptr<Job>& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job->engine_finished = true;  // no engine request to cancel
+}
+
+void PrefillCore::BeginZeroCopy(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->completed) return;  // cancelled before anything began
+  }
+  const v1::KvReservation& target = job->request.target();
+  kvtransfer::TransferTarget t = MakeTarget(*job, /*zero_copy=*/true);
+  const absl::Time deadline = t.deadline - kZeroCopyAbortMargin;
+  auto handle = sender_->Begin(t, {});
+  if (absl::IsUnimplemented(handle.status())) {
+    // Nothing of the transfer was sent: the same attempt goes copying (Begin at layer 0).
+    TLOG(INFO) << "prefill of " << job->request.request_id()
+               << ": KV copied, not zero-copy: " << handle.status().message();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job->completed) Submit(job);
+    return;
+  }
+  if (!handle.ok()) {
+    NothingSubmitted(job);
+    Complete(job, handle.status());
+    return;
+  }
+  job->begun = true;
+  job->handle = *handle;
+  auto dest = sender_->Destination(*handle);
+  const size_t region = engine_->engine().backend().kv_spec().bytes_per_block_layer();
+  if (!dest.ok() || dest->block_stride != region ||
+      dest->blocks.size() != static_cast<size_t>(target.dst_blocks_size())) {
+    job->transfer_closed = true;
+    sender_->Abort(job->handle);  // the engine wrote nothing
+    NothingSubmitted(job);
+    Complete(job,
+             absl::InternalError(absl::StrCat(
+                 "zero-copy destination unusable: ",
+                 dest.ok() ? "its blocks are not this pool's regions" : dest.status().ToString())));
+    return;
+  }
+  auto pool = std::make_shared<RemoteKvPool>();
+  const int64_t layers = engine_->engine().backend().kv_spec().num_layers;
+  for (int64_t l = 0; l < layers; ++l)
+    pool->layer_base.push_back(dest->base + l * dest->layer_stride);
+  // The blocks one layer of the mapped pool spans (every destination region lies inside it).
+  pool->num_blocks = dest->layer_stride > 0
+                         ? static_cast<int64_t>(dest->layer_stride / dest->block_stride)
+                         : 1 + *std::max_element(dest->blocks.begin(), dest->blocks.end());
+  pool->mapping = dest->mapping;
+  auto destination = std::make_shared<KvDestination>();
+  destination->first_block = target.first_block();
+  destination->blocks = dest->blocks;
+  destination->pool = std::move(pool);
+  job->mapping = dest->mapping;
+  job->engine_request.kv_destination = std::move(destination);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job->completed) {  // cancelled meanwhile: nothing was submitted, nothing written
+    job->transfer_closed = true;
+    sender_->Abort(job->handle);
+    job->mapping.reset();
+    return;
+  }
+  job->zero_copy = true;
+  job->deadline = deadline;
+  Submit(job);
 }
 
 void PrefillCore::OnEngineUpdate(const std::shared_ptr<Job>& job, const SequenceUpdate& u) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!u.held_blocks.empty()) {
-    job->holding = true;
-    if (job->completed) {
-      // The job ended (cancelled) while the engine was finishing it: nobody will export.
-      const std::string id = job->request.request_id();
-      lock.unlock();
-      engine_->Post([id](Engine& e) { e.ReleaseHold(id); });
-      return;
+  if (!u.held_blocks.empty()) job->holding = true;
+  if (job->completed) {
+    // The job ended (cancelled) while the engine was finishing it: nobody will export. A
+    // zero-copy transfer ends now, its writes over (Complete left that to this update).
+    const bool release = !u.held_blocks.empty();
+    const bool end_transfer = u.finished && job->zero_copy && !job->engine_finished;
+    if (u.finished) job->engine_finished = true;
+    lock.unlock();
+    const std::string id = job->request.request_id();
+    if (release) engine_->Post([id](Engine& e) { e.ReleaseHold(id); });
+    if (end_transfer) {
+      Task cleanup;
+      cleanup.job = job;
+      cleanup.cleanup = true;
+      Enqueue(std::move(cleanup));
     }
+    return;
   }
-  if (job->completed) return;
   if (!u.new_tokens.empty()) {
     if (job->first.token_ids_size() <= u.index)
       job->first.mutable_token_ids()->Resize(job->samples, 0);
@@ -250,32 +365,71 @@ void PrefillCore::OnEngineUpdate(const std::shared_ptr<Job>& job, const Sequence
   Enqueue(std::move(t));
 }
 
+std::vector<std::shared_ptr<PrefillCore::Job>> PrefillCore::ExpiredLocked(absl::Time now) const {
+  std::vector<std::shared_ptr<Job>> expired;
+  for (const auto& [id, job] : jobs_) {
+    if (job->zero_copy && !job->engine_finished && job->deadline <= now) expired.push_back(job);
+  }
+  return expired;
+}
+
 void PrefillCore::ExportLoop() {
   while (true) {
-    Task task;
+    std::optional<Task> task;
+    std::vector<std::shared_ptr<Job>> expired;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      while (!stop_ && tasks_.empty()) {
+        // A zero-copy job's deadline: its engine request is cancelled (then its transfer ends
+        // after the engine's final update), before the transport's own deadline could end it.
+        absl::Time next = absl::InfiniteFuture();
+        for (const auto& [id, job] : jobs_) {
+          if (job->zero_copy && !job->engine_finished) next = std::min(next, job->deadline);
+        }
+        if (next <= absl::Now()) break;
+        if (next == absl::InfiniteFuture()) {
+          cv_.wait(lock);
+        } else {
+          cv_.wait_until(lock, absl::ToChronoTime(next));
+        }
+      }
       if (stop_ && tasks_.empty()) return;
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      expired = ExpiredLocked(absl::Now());
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
     }
-    RunTask(task);
+    for (const auto& job : expired) {
+      Complete(job, absl::DeadlineExceededError(
+                        absl::StrCat("prefill and zero-copy KV transfer took longer than ",
+                                     absl::FormatDuration(transfer_time_))));
+    }
+    if (task.has_value()) RunTask(*task);
   }
 }
 
 void PrefillCore::RunTask(Task& task) {
   Job& job = *task.job;
-  bool completed;
+  bool completed, zero_copy;
   {
     std::lock_guard<std::mutex> lock(mu_);
     completed = job.completed;
+    zero_copy = job.zero_copy;
+  }
+  if (task.begin) {
+    BeginZeroCopy(task.job);
+    return;
   }
   if (completed || task.cleanup) {
+    // A zero-copy transfer ends only at its cleanup, which follows the engine's final update:
+    // its ABORT must not let the decode worker reuse blocks the engine may still write.
+    if (zero_copy && !task.cleanup) return;
     if (job.begun && job.begin_status.ok() && !job.transfer_closed) {
       job.transfer_closed = true;
       sender_->Abort(job.handle);
     }
+    if (task.cleanup) job.mapping.reset();
     return;
   }
   if (task.layer == 0) job.blocks = task.blocks;
@@ -326,24 +480,31 @@ absl::Status PrefillCore::CheckTargetTransport(const std::string& transport) con
       "' is not one this worker speaks (", spoken, ")"));
 }
 
+kvtransfer::TransferTarget PrefillCore::MakeTarget(const Job& job, bool zero_copy) const {
+  const v1::KvReservation& target = job.request.target();
+  kvtransfer::TransferTarget t;
+  t.transport = target.kv_transport();
+  t.endpoint = target.kv_endpoint();
+  t.incarnation = target.incarnation();
+  t.transfer_id = target.transfer_id();
+  t.attempt = job.request.attempt();
+  t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
+  t.window_layers.assign(target.window_layers().begin(), target.window_layers().end());
+  t.window_first = target.window_first();
+  t.transfer_key = target.transfer_key();
+  t.zero_copy = zero_copy;
+  t.deadline =
+      absl::Now() + transfer_time_ + (zero_copy ? kZeroCopyAbortMargin : absl::ZeroDuration());
+  return t;
+}
+
 void PrefillCore::SendLayerNow(Task& task) {
   Job& job = *task.job;
   const v1::KvReservation& target = job.request.target();
   if (!job.begun) {
     job.begun = true;
-    kvtransfer::TransferTarget t;
-    t.transport = target.kv_transport();
-    t.endpoint = target.kv_endpoint();
-    t.incarnation = target.incarnation();
-    t.transfer_id = target.transfer_id();
-    t.attempt = job.request.attempt();
-    t.dst_blocks.assign(target.dst_blocks().begin(), target.dst_blocks().end());
-    t.window_layers.assign(target.window_layers().begin(), target.window_layers().end());
-    t.window_first = target.window_first();
-    t.transfer_key = target.transfer_key();
-    t.deadline = absl::Now() + absl::Seconds(30);
     std::vector<int32_t> src(job.blocks.begin() + target.first_block(), job.blocks.end());
-    auto handle = sender_->Begin(t, std::move(src));
+    auto handle = sender_->Begin(MakeTarget(job, /*zero_copy=*/false), std::move(src));
     job.begin_status = handle.status();
     if (handle.ok()) job.handle = *handle;
   }
@@ -353,13 +514,15 @@ void PrefillCore::SendLayerNow(Task& task) {
 void PrefillCore::Complete(const std::shared_ptr<Job>& job, absl::Status status) {
   DoneCallback done;
   v1::PrefillResponse response;
-  bool release = false;
+  bool release = false, engine_finished = false, zero_copy = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (job->completed) return;
     job->completed = true;
     done = std::move(job->done);
     release = job->holding;
+    engine_finished = job->engine_finished;
+    zero_copy = job->zero_copy;
     jobs_.erase(job->request.request_id());
     response.mutable_first_token_ids()->CopyFrom(job->first.token_ids());
     const absl::Time now = absl::Now();
@@ -370,16 +533,20 @@ void PrefillCore::Complete(const std::shared_ptr<Job>& job, absl::Status status)
   const std::string id = job->request.request_id();
   if (release) {
     engine_->Post([id](Engine& e) { e.ReleaseHold(id); });
-  } else if (!job->engine_finished) {
+  } else if (!engine_finished) {
     engine_->Cancel(id);  // still computing: stop it (its blocks are freed by the abort)
   }
   if (!status.ok()) {
     TLOG(WARNING) << "prefill of " << id << " failed: " << status;
   }
-  Task cleanup;
-  cleanup.job = job;
-  cleanup.cleanup = true;
-  Enqueue(std::move(cleanup));
+  // A zero-copy transfer whose engine request still computes ends after the engine's final
+  // update (OnEngineUpdate queues the cleanup then).
+  if (!zero_copy || engine_finished) {
+    Task cleanup;
+    cleanup.job = job;
+    cleanup.cleanup = true;
+    Enqueue(std::move(cleanup));
+  }
   done(status, response);
 }
 

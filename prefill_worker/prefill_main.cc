@@ -7,8 +7,10 @@ namespace tandem {
 
 absl::Status PrefillRole::Start(const WorkerContext& context) {
   const WorkerFlags& flags = *context.flags;
-  core_ =
-      std::make_unique<PrefillCore>(context.engine, context.block_size, !flags.no_layerwise_push);
+  absl::StatusOr<bool> zero_copy = ParseKvZeroCopy(flags.kv_zero_copy);
+  if (!zero_copy.ok()) return zero_copy.status();
+  core_ = std::make_unique<PrefillCore>(context.engine, context.block_size,
+                                        !flags.no_layerwise_push, *zero_copy);
   kvtransfer::SenderOptions so;
   so.transport = flags.kv.transport;
   so.layout = context.layout;

@@ -8,7 +8,8 @@
 namespace tandem {
 
 // The prefill role of a worker process: a PrefillCore on the process's engine, pushing KV over
-// --kv-transport, layer by layer unless --no-layerwise-push.
+// --kv-transport, layer by layer unless --no-layerwise-push, zero-copy on one GPU unless
+// --kv-zero-copy off.
 class PrefillRole : public WorkerRole {
  public:
   absl::Status Start(const WorkerContext& context) override;

@@ -16,6 +16,7 @@
 #include "common/base/log.h"
 #include "common/metrics/router_metrics.h"
 #include "common/rpc/call_auth.h"
+#include "common/worker/worker_main.h"
 #include "kvtransfer/auth.h"
 #include "router/router_main.h"
 #include "serve/cluster_supervisor.h"
@@ -145,6 +146,13 @@ int ServeCluster(const sigset_t& signals, ServeFlags flags, ProcessMetrics* metr
   router_flags.allow_runtime_lora_updating = flags.allow_runtime_lora_updating;
   std::vector<std::string> prefill_args = args;
   if (flags.no_layerwise_push) prefill_args.push_back("--no-layerwise-push");
+  if (!flags.kv_zero_copy.empty()) {
+    if (absl::Status st = ParseKvZeroCopy(flags.kv_zero_copy).status(); !st.ok()) {
+      TLOG(ERROR) << st;
+      return 2;
+    }
+    prefill_args.push_back("--kv-zero-copy=" + flags.kv_zero_copy);
+  }
   const int prefill_workers = static_cast<int>(flags.prefill_workers);
   const int decode_workers = static_cast<int>(flags.decode_workers);
   if (auto st = supervisor.Launch("prefill", prefill_workers, prefill_args, absl::Seconds(120));

@@ -41,6 +41,9 @@ int RunServe(int argc, char** argv) {
              "cache tiers (for comparisons)");
   flags.Bool("no-layerwise-push", &sf.no_layerwise_push,
              "cluster mode: prefill workers send the KV after the prompt, not layer by layer");
+  flags.String("kv-zero-copy", &sf.kv_zero_copy,
+               "cluster mode: the prefill workers' --kv-zero-copy, auto (default: on one GPU the "
+               "prefill engine writes the KV straight into the decode worker's blocks) or off");
   flags.Double("prefill-timeout", &sf.router.prefill_timeout_s,
                "cluster mode: seconds before a prefill is retried elsewhere");
   flags.String("kv-secret-file", &sf.kv_secret_file,

@@ -22,6 +22,8 @@ struct ServeFlags {
   int64_t prefill_workers = 0;
   int64_t decode_workers = 0;
   bool no_layerwise_push = false;
+  // Cluster mode: the prefill workers' --kv-zero-copy (empty: theirs, auto).
+  std::string kv_zero_copy;
   // Cluster mode: the secret the workers' KV data path proves; empty: a fresh one per cluster
   // (as the cluster secret's).
   std::string kv_secret_file;

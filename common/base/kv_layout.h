@@ -30,4 +30,10 @@ inline size_t KvRegionBytes(int64_t num_kv_heads, int64_t block_size, int64_t he
          (KvDTypeIsQuantized(dtype) ? rows * sizeof(float) : 0);
 }
 
+// Block ids from this one on name block (id - kKvRemoteBlock) of a second pool of the same region
+// layout: a decode worker's pool mapped into a prefill worker for a zero-copy KV transfer
+// (kvtransfer/README.md "Zero-copy on one GPU"; ForwardBatch::remote_kv). Never an id of the
+// local pool (BlockPool hands out ids below its size, far below this).
+inline constexpr int32_t kKvRemoteBlock = 1 << 30;
+
 }  // namespace tandem

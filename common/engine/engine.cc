@@ -14,6 +14,7 @@
 #include "common/engine/lora_feature.h"
 #include "common/engine/spec_feature.h"
 #include "common/engine/tier_feature.h"
+#include "common/engine/zero_copy_feature.h"
 
 namespace tandem {
 
@@ -54,11 +55,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // scheduler looks its prompt up.
   e->core_->AddFeature(std::make_unique<LoraFeature>(options.lora));
   // Then the features, in the order their hooks run: disaggregation (leases expire first, the
-  // prefill role's hold is taken before the blocks go), speculation (drafts proposed), structured
+  // prefill role's hold is taken before the blocks go), zero-copy destinations (one remote pool
+  // per step), speculation (drafts proposed), structured
   // output (then cut to the grammar).
   auto disagg = std::make_unique<DisaggFeature>();
   e->disagg_ = disagg.get();
   e->core_->AddFeature(std::move(disagg));
+  e->core_->AddFeature(std::make_unique<ZeroCopyFeature>());
   auto spec = std::make_unique<SpecFeature>(std::move(proposer));
   e->spec_ = spec.get();
   e->core_->AddFeature(std::move(spec));
@@ -300,6 +303,7 @@ const SpecOptions& Engine::spec_options() const { return core_->options().spec; 
 const std::shared_ptr<LoraRegistry>& Engine::lora_registry() const { return core_->options().lora; }
 const Model& Engine::model() const { return core_->model(); }
 Backend& Engine::backend() { return core_->backend(); }
+const Backend& Engine::backend() const { return core_->backend(); }
 int64_t Engine::max_model_len() const { return core_->max_model_len(); }
 const std::vector<int32_t>& Engine::eos_ids() const { return core_->eos_ids(); }
 BlockPool& Engine::block_pool() { return core_->pool(); }

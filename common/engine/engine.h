@@ -80,6 +80,7 @@ class Engine {
 
   const Model& model() const;
   Backend& backend();
+  const Backend& backend() const;
   // What a remote prefill of `num_tokens` positions reserves and transfers of the local layers
   // (KvReservation::window_layers / window_first_block); empty layers without a window layout.
   // Reads only what is fixed at construction: callable from any thread.

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/engine/backend/backend.h"
 #include "common/engine/engine_faults.h"
 #include "common/engine/kv/kv_cache_manager.h"
 #include "common/engine/kv/tiers/tier_options.h"
@@ -76,6 +77,16 @@ struct EngineOptions {
   std::shared_ptr<LoraRegistry> lora;
 };
 
+// Prefill role, zero-copy (kvtransfer/README.md "Zero-copy on one GPU"; zero_copy_feature.h):
+// the blocks of a prompt from `first_block` on are `blocks` of `pool` (a decode worker's pool
+// mapped here), into which the engine writes their KV directly; this worker's pool holds only
+// the blocks before first_block (its prefix-cache hits, or blocks it computes).
+struct KvDestination {
+  int64_t first_block = 0;
+  std::vector<int32_t> blocks;  // the receiver's block ids, for blocks [first_block, n)
+  std::shared_ptr<const RemoteKvPool> pool;
+};
+
 struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt;  // token ids, BOS included when the model wants one
@@ -103,6 +114,9 @@ struct EngineRequest {
   // the blocks for export until ReleaseHold(id). export_hooks see each layer as it completes.
   bool prefill_only = false;
   std::shared_ptr<KvExportHooks> export_hooks;
+  // Prefill role: write the KV past kv_destination->first_block straight into the decode
+  // worker's blocks (requires prefill_only and a backend that SupportsRemoteKv). Null: copying.
+  std::shared_ptr<const KvDestination> kv_destination;
   // Migration: tokens already generated (and streamed) elsewhere for this request. They count
   // toward max_tokens and as output for the penalties; the RNG skips their draws. Requires n 1.
   std::vector<int32_t> prior_output;

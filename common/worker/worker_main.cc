@@ -68,6 +68,16 @@ void WorkerFlags::Register(FlagSet* f, bool role_flag) {
             "any caller that reaches the port");
   f->Bool("no-layerwise-push", &no_layerwise_push,
           "prefill role: send the KV after the whole prompt instead of layer by layer");
+  f->String("kv-zero-copy", &kv_zero_copy,
+            "prefill role: auto (the engine writes a cuda-ipc target's KV straight into the "
+            "decode worker's blocks on their shared GPU, nothing copied; copying where the "
+            "transport cannot) or off (always copy)");
+}
+
+absl::StatusOr<bool> ParseKvZeroCopy(const std::string& value) {
+  if (value == "auto") return true;
+  if (value == "off") return false;
+  return absl::InvalidArgumentError("--kv-zero-copy must be auto or off");
 }
 
 int RunWorkerProcess(int argc, char** argv, const std::string& command, const std::string& role,

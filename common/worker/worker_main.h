@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/base/flags.h"
 #include "common/rpc/server.h"
 #include "common/worker/engine_flags.h"
@@ -37,11 +38,19 @@ struct WorkerFlags {
   // empty: any caller that reaches the port may call it.
   std::string cluster_secret_file;
   bool no_layerwise_push = false;  // prefill role
+  // Prefill role, --kv-zero-copy: auto writes a cuda-ipc target's KV straight into the decode
+  // worker's blocks (kvtransfer/README.md "Zero-copy on one GPU") where the transport allows
+  // it, off always copies (ParseKvZeroCopy).
+  std::string kv_zero_copy = "auto";
 
   WorkerFlags();
   // `role_flag`: register --role (default both) for the command that does not fix it.
   void Register(FlagSet* flags, bool role_flag);
 };
+
+// Whether a --kv-zero-copy value turns zero-copy on: auto (true) or off (false); anything else
+// is INVALID_ARGUMENT.
+absl::StatusOr<bool> ParseKvZeroCopy(const std::string& value);
 
 // What a worker process gives its roles to start on. Everything outlives the roles.
 struct WorkerContext {

@@ -92,6 +92,16 @@ absl::Status Backend::CollectStep(float* logits, std::vector<DeviceSample>* resu
   return absl::UnimplementedError(name() + " backend does not launch steps asynchronously");
 }
 
+namespace {
+
+// Whether `block` is a tagged id of the batch's remote pool, inside it.
+bool RemoteBlockInRange(const ForwardBatch& b, int64_t block) {
+  return block >= kKvRemoteBlock && b.remote_kv != nullptr &&
+         block - kKvRemoteBlock < b.remote_kv->num_blocks;
+}
+
+}  // namespace
+
 absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions) {
   const int64_t t = b.num_tokens();
@@ -109,7 +119,9 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec
       return absl::InvalidArgumentError(
           absl::StrCat("position ", b.positions[i], " outside [0, ", max_positions, ")"));
     }
-    if (b.slots[i] >= capacity) return absl::InvalidArgumentError("KV slot out of range");
+    if (b.slots[i] >= capacity && !RemoteBlockInRange(b, b.slots[i] / spec.block_size)) {
+      return absl::InvalidArgumentError("KV slot out of range");
+    }
     const int32_t s = b.seq_of_token[i];
     if (s < 0 || s >= static_cast<int32_t>(b.seqs.size())) {
       return absl::InvalidArgumentError("token refers to no sequence");
@@ -117,6 +129,17 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec
     const int64_t needed = b.positions[i] / spec.block_size + 1;
     if (static_cast<int64_t>(b.seqs[s].block_table.size()) < needed) {
       return absl::InvalidArgumentError("block table does not cover the token's position");
+    }
+  }
+  if (b.remote_kv != nullptr &&
+      static_cast<int64_t>(b.remote_kv->layer_base.size()) != spec.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("remote KV pool has ",
+                                                   b.remote_kv->layer_base.size(),
+                                                   " layer bases, the model ", spec.num_layers));
+  }
+  if (b.remote_kv != nullptr) {
+    for (const uint8_t* base : b.remote_kv->layer_base) {
+      if (base == nullptr) return absl::InvalidArgumentError("remote KV pool without a base");
     }
   }
   int64_t covered = 0;
@@ -158,7 +181,7 @@ absl::Status ValidateForwardBatch(const ForwardBatch& b, const KvCacheSpec& spec
     }
     covered += seq.num_tokens;
     for (int32_t block : seq.block_table) {
-      if (block < 0 || block >= spec.num_blocks) {
+      if (block < 0 || (block >= spec.num_blocks && !RemoteBlockInRange(b, block))) {
         return absl::InvalidArgumentError(absl::StrCat("block id ", block, " out of range"));
       }
     }

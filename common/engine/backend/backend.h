@@ -69,6 +69,16 @@ struct ForwardSeq {
   const LoraAdapter* lora = nullptr;
 };
 
+// The second pool a step's block ids from kKvRemoteBlock on name (kv_layout.h): a decode
+// worker's pool mapped for a zero-copy KV transfer. Block kKvRemoteBlock + b of layer l is the
+// region at layer_base[l] + b * KvCacheSpec::bytes_per_block_layer(), b < num_blocks. Whoever
+// sets it keeps the mapping open (`mapping`) while a step may write there.
+struct RemoteKvPool {
+  std::vector<uint8_t*> layer_base;  // [num_layers]
+  int64_t num_blocks = 0;
+  std::shared_ptr<const void> mapping;
+};
+
 // A ragged batch: every scheduled sequence's next chunk, concatenated.
 struct ForwardBatch {
   std::vector<int32_t> token_ids;     // [T]
@@ -79,6 +89,9 @@ struct ForwardBatch {
   std::vector<int32_t> logit_rows;  // token indices whose logits are wanted, in output order
   // Called after layer l's KV of this step is written (layer-wise KV push); may be empty.
   std::function<void(int64_t layer)> on_layer_done;
+  // Block ids tagged kKvRemoteBlock name blocks of this pool (one per step); null: none may.
+  // Only a backend whose SupportsRemoteKv() takes one.
+  std::shared_ptr<const RemoteKvPool> remote_kv;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
   // Appends a sequence chunk: tokens at positions [start_pos, start_pos + tokens.size()).
@@ -95,9 +108,10 @@ struct ForwardBatch {
 
 // Checks that every index a backend follows in `batch` stays in range: per-token arrays of one
 // length, token ids inside the vocabulary, positions below `max_positions`, KV slots and block ids
-// inside the pool of `spec`, block tables covering each token's position (window layout: local
-// tables covering each token's window), sequence token ranges that tile the batch in order and
-// agree with seq_of_token, logit rows inside the batch.
+// inside the pool of `spec` (or, tagged kKvRemoteBlock, inside batch.remote_kv), block tables
+// covering each token's position (window layout: local tables covering each token's window),
+// sequence token ranges that tile the batch in order and agree with seq_of_token, logit rows inside
+// the batch.
 absl::Status ValidateForwardBatch(const ForwardBatch& batch, const KvCacheSpec& spec,
                                   int64_t vocab_size, int64_t max_positions);
 
@@ -163,6 +177,9 @@ class Backend {
   virtual absl::Status CollectStep(float* logits, std::vector<DeviceSample>* results);
   // Steps launched and not collected.
   virtual int pending_steps() const { return 0; }
+
+  // Whether Forward takes ForwardBatch::remote_kv (block ids tagged kKvRemoteBlock).
+  virtual bool SupportsRemoteKv() const { return false; }
 
   // Copies every layer of block `src` into block `dst` (copy-on-write).
   virtual void CopyBlock(int32_t src, int32_t dst) = 0;

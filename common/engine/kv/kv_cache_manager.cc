@@ -44,7 +44,7 @@ int64_t KvCacheManager::PagesFor(int64_t num_tokens, int64_t chunk) const {
 }
 
 int64_t KvCacheManager::PagesHeld(const SequenceBlocks& seq) const {
-  int64_t pages = static_cast<int64_t>(seq.table.size());
+  int64_t pages = LocalBlocks(seq, static_cast<int64_t>(seq.table.size()));
   for (const std::vector<int32_t>& g : seq.local) {
     for (int32_t p : g) pages += p >= 0;
   }
@@ -84,7 +84,9 @@ int64_t KvCacheManager::AcquirePrefix(absl::Span<const int32_t> tokens, Sequence
   seq->local.assign(groups(), {});
   seq->trimmed = 0;
   if (!pool_->prefix_cache_enabled() || tokens.empty()) return 0;
-  const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size_;
+  // Never a cached block where a zero-copy destination's blocks go.
+  const int64_t max_blocks =
+      LocalBlocks(*seq, (static_cast<int64_t>(tokens.size()) - 1) / block_size_);
   BlockHash parent = kNoParentHash;
   for (int64_t i = 0; i < max_blocks; ++i) {
     auto block_tokens = tokens.subspan(i * block_size_, block_size_);
@@ -176,14 +178,16 @@ int64_t KvCacheManager::WindowFirstBlock(int64_t num_computed) const {
 int64_t KvCacheManager::BlocksNeeded(const SequenceBlocks& seq, int64_t num_tokens,
                                      int64_t local_from) const {
   const int64_t held = static_cast<int64_t>(seq.table.size());
-  const int64_t blocks = std::max<int64_t>(0, BlocksFor(num_tokens) - held);
+  // A zero-copy destination's blocks come from it, not the pool.
+  const int64_t blocks = std::max<int64_t>(0, LocalBlocks(seq, BlocksFor(num_tokens)) - held);
   const int64_t local = std::max<int64_t>(0, BlocksFor(num_tokens) - std::max(held, local_from));
   return blocks + groups() * local;
 }
 
 bool KvCacheManager::Grow(SequenceBlocks* seq, int64_t num_tokens, int64_t local_from) {
   const int64_t needed = BlocksNeeded(*seq, num_tokens, local_from);
-  if (needed == 0) return true;
+  // Covered already (not "needed == 0": a zero-copy destination's blocks need no pool blocks).
+  if (static_cast<int64_t>(seq->table.size()) >= BlocksFor(num_tokens)) return true;
   if (needed > pool_->num_available()) return false;
   if (static_cast<int64_t>(seq->local.size()) != groups()) {
     seq->local.assign(groups(), std::vector<int32_t>(seq->table.size(), -1));
@@ -194,6 +198,13 @@ bool KvCacheManager::Grow(SequenceBlocks* seq, int64_t num_tokens, int64_t local
     return *block;
   };
   for (int64_t i = static_cast<int64_t>(seq->table.size()); i < BlocksFor(num_tokens); ++i) {
+    if (seq->IsRemote(i)) {
+      TANDEM_CHECK(groups() == 0) << "a zero-copy destination in the window layout";
+      TANDEM_CHECK(i - seq->remote_from < static_cast<int64_t>(seq->remote.size()))
+          << "sequence grows past its zero-copy destination";
+      seq->table.push_back(seq->remote[i - seq->remote_from]);
+      continue;
+    }
     seq->table.push_back(allocate());
     const bool local = i >= local_from;  // before it: outside the window, never held
     for (int64_t g = 0; g < groups(); ++g) seq->local[g].push_back(local ? allocate() : -1);
@@ -208,7 +219,7 @@ int64_t KvCacheManager::CopiesNeeded(const SequenceBlocks& seq, int64_t begin, i
   const int64_t last =
       std::min<int64_t>((end - 1) / block_size_, static_cast<int64_t>(seq.table.size()) - 1);
   int64_t shared = 0;
-  for (int64_t i = first; i <= last; ++i) {
+  for (int64_t i = first; i <= std::min(last, LocalBlocks(seq, last + 1) - 1); ++i) {
     shared += pool_->refcount(seq.table[i]) > 1;
     if (!HoldsLocal(seq, i)) continue;
     for (int64_t g = 0; g < groups(); ++g) shared += pool_->refcount(seq.local[g][i]) > 1;
@@ -221,8 +232,9 @@ bool KvCacheManager::MakeWritable(SequenceBlocks* seq, int64_t begin, int64_t en
   if (end <= begin) return true;
   if (CopiesNeeded(*seq, begin, end) > pool_->num_available()) return false;
   const int64_t first = begin / block_size_;
-  const int64_t last =
+  int64_t last =
       std::min<int64_t>((end - 1) / block_size_, static_cast<int64_t>(seq->table.size()) - 1);
+  last = std::min(last, LocalBlocks(*seq, last + 1) - 1);  // a destination's blocks are its own
   auto make_private = [&](int32_t* page) {
     if (pool_->refcount(*page) <= 1) return false;
     const int32_t fresh = *pool_->Allocate();
@@ -259,7 +271,8 @@ void KvCacheManager::RegisterFull(absl::Span<const int32_t> tokens, int64_t num_
     seq->registered = full;
     return;
   }
-  for (int64_t i = seq->registered; i < full; ++i) {
+  // A zero-copy destination's blocks are the receiver's: never cached here.
+  for (int64_t i = seq->registered; i < LocalBlocks(*seq, full); ++i) {
     BlockHash parent = i == 0 ? kNoParentHash : seq->hashes[i - 1];
     const bool ours = pool_->Register(seq->table[i], seq->hashes[i], parent,
                                       tokens.subspan(i * block_size_, block_size_), seq->salt_hash);
@@ -290,7 +303,9 @@ void KvCacheManager::TrimWindow(SequenceBlocks* seq, int64_t num_computed) {
 void KvCacheManager::Fork(const SequenceBlocks& parent, SequenceBlocks* child) {
   TANDEM_CHECK(child->table.empty()) << "Fork into a sequence that holds blocks";
   *child = parent;
-  for (int32_t block : child->table) pool_->AddRef(block);
+  for (int64_t i = 0; i < LocalBlocks(*child, static_cast<int64_t>(child->table.size())); ++i) {
+    pool_->AddRef(child->table[i]);
+  }
   for (int64_t i = 0; i < static_cast<int64_t>(child->table.size()); ++i) {
     if (!HoldsLocal(*child, i)) continue;
     for (int64_t g = 0; g < groups(); ++g) pool_->AddRef(child->local[g][i]);
@@ -304,7 +319,7 @@ void KvCacheManager::Truncate(SequenceBlocks* seq, int64_t num_tokens) {
     const int64_t i = static_cast<int64_t>(seq->table.size()) - 1;
     DropLocal(seq, i);
     for (std::vector<int32_t>& g : seq->local) g.pop_back();
-    pool_->Release(seq->table.back());
+    if (!seq->IsRemote(i)) pool_->Release(seq->table.back());
     seq->table.pop_back();
   }
   const int64_t full = num_tokens / block_size_;
@@ -317,7 +332,7 @@ void KvCacheManager::Free(SequenceBlocks* seq) {
   // Release in reverse so that a sequence's tail blocks are evicted before its prefix.
   for (int64_t i = static_cast<int64_t>(seq->table.size()) - 1; i >= 0; --i) {
     DropLocal(seq, i);
-    pool_->Release(seq->table[i]);
+    if (!seq->IsRemote(i)) pool_->Release(seq->table[i]);
   }
   seq->table.clear();
   seq->local.clear();

@@ -1,11 +1,13 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <utility>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/base/kv_layout.h"
 #include "common/cluster/block_hash.h"
 #include "common/engine/kv/block_pool.h"
 
@@ -22,6 +24,17 @@ struct SequenceBlocks {
   uint64_t salt_hash = 0;
   int64_t registered = 0;  // leading full blocks registered in (or taken from) the prefix cache
   int64_t trimmed = 0;     // leading blocks whose local pages were released (window layout)
+  // A zero-copy destination (a prefill worker writing a prompt's KV straight into a decode
+  // worker's reserved blocks, kvtransfer/README.md "Zero-copy on one GPU"): table entries from
+  // `remote_from` on are remote[i - remote_from], ids tagged kKvRemoteBlock (kv_layout.h) that
+  // the pool never sees: Grow takes them instead of allocating, the prefix cache neither gives
+  // (AcquirePrefix stops before remote_from) nor registers them, and Free, Truncate, Fork and
+  // copy-on-write leave them alone. They describe the sequence, not what it holds: Free keeps
+  // them, so a preempted sequence recomputes into the same destination. Empty: none.
+  std::vector<int32_t> remote;
+  int64_t remote_from = 0;
+
+  bool IsRemote(int64_t i) const { return !remote.empty() && i >= remote_from; }
 };
 
 // The window layout of the pool (KvCacheSpec::windowed): `num_groups` local layer groups whose
@@ -112,6 +125,11 @@ class KvCacheManager {
 
  private:
   int64_t groups() const { return window_.num_groups; }
+  // Of the first `n` table entries of `seq`, those that are the pool's (before its zero-copy
+  // destination's).
+  static int64_t LocalBlocks(const SequenceBlocks& seq, int64_t n) {
+    return seq.remote.empty() ? n : std::min(n, seq.remote_from);
+  }
   bool HoldsLocal(const SequenceBlocks& seq, int64_t i) const {
     return groups() > 0 && !seq.local.empty() && seq.local[0][i] >= 0;
   }

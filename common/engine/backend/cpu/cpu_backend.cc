@@ -310,6 +310,10 @@ size_t CpuBackend::activation_bytes() const {
 }
 
 absl::Status CpuBackend::Forward(const ForwardBatch& b, float* logits) {
+  if (b.remote_kv != nullptr) {
+    return absl::UnimplementedError(
+        "the CPU backend writes no remote KV pool (zero-copy KV transfers need the CUDA backend)");
+  }
   if (auto st = ValidateForwardBatch(b, spec_, model_->config().vocab_size, max_positions_);
       !st.ok()) {
     return st;

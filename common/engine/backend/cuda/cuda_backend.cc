@@ -418,6 +418,7 @@ KvLayerView CudaBackend::KvLayer(int64_t layer) const {
   kv.block_size = static_cast<int32_t>(spec_.block_size);
   kv.num_kv_heads = static_cast<int32_t>(spec_.num_kv_heads);
   kv.head_dim = static_cast<int32_t>(spec_.head_dim);
+  if (step_remote_ != nullptr) kv.remote_base = step_remote_->layer_base[layer];
   return kv;
 }
 

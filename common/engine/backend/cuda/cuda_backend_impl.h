@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
                           const std::vector<DeviceTokenInput>& device_tokens) override;
   absl::Status CollectStep(float* logits, std::vector<DeviceSample>* results) override;
   int pending_steps() const override { return static_cast<int>(pending_.size()); }
+  bool SupportsRemoteKv() const override { return true; }
   void CopyBlock(int32_t src, int32_t dst) override;
   uint8_t* HostBlockRegion(int64_t layer, int32_t block) override { return nullptr; }
   absl::Status ReadBlockRegion(int64_t layer, int32_t block, uint8_t* dst) override;
@@ -166,6 +167,9 @@ class CudaBackend final : public Backend {
   KvCacheSpec spec_;
   bool act_bf16_ = false;  // matmul inputs in bf16 (bf16 weights and options.bf16_activations)
   cudaStream_t stream_ = nullptr;
+  // The remote pool of the step being enqueued (ForwardBatch::remote_kv; eager steps only), into
+  // KvLayer's remote_base. Null outside EnqueueStep.
+  const RemoteKvPool* step_remote_ = nullptr;
   // Per layer, recorded after its KV writes in a step with an export hook (Init creates them).
   std::vector<cudaEvent_t> layer_events_;
   std::unique_ptr<Gemm> gemm_;

@@ -25,8 +25,11 @@ int Bucket(const std::vector<int>& buckets, int64_t n) {
 
 }  // namespace
 
+static_assert(kKvRemoteBlock == tandem::kKvRemoteBlock, "one tag for remote KV blocks");
+
 bool CudaBackend::GraphEligible(const ForwardBatch& b) const {
-  if (!graphs_enabled_ || buckets_.empty() || b.on_layer_done) return false;
+  // A step writing a remote pool runs eagerly: the graphs hold no remote base.
+  if (!graphs_enabled_ || buckets_.empty() || b.on_layer_done || b.remote_kv) return false;
   const int64_t max = buckets_.back();
   return b.num_tokens() <= max && static_cast<int64_t>(b.logit_rows.size()) <= max;
 }
@@ -91,7 +94,10 @@ absl::Status CudaBackend::EnqueueStep(const ForwardBatch& b,
   }
   absl::StatusOr<StepShape> shape = Stage(b, device_tokens, prev_samples, t, n, false);
   if (!shape.ok()) return shape.status();
-  TANDEM_RETURN_IF_ERROR(EnqueueLayers(*shape, b.on_layer_done, *lora));
+  step_remote_ = b.remote_kv.get();
+  absl::Status enqueued = EnqueueLayers(*shape, b.on_layer_done, *lora);
+  step_remote_ = nullptr;
+  TANDEM_RETURN_IF_ERROR(enqueued);
   TANDEM_RETURN_IF_ERROR(EnqueueLogits(*shape));
   ++eager_steps_;
   return absl::OkStatus();
