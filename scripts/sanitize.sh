@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 stage="${1:?usage: scripts/sanitize.sh asan|tsan}"
 
 asan_e2e='^(serve_bad_input_corpus_test|worker_bad_input_test|kv_secret_test)$'
-tsan_tests='^(transport_test|sender_core_test|tcp_protocol_test|tcp_auth_test|sender_binding_test|tcp_limits_test|metered_transport_test|faults_test|cuda_ipc_protocol_test|nccl_coalesce_emulated_test|multi_transport_emulated_test|engine_test|engine_disagg_test|engine_faults_test|scheduler_test|thread_pool_test|async_engine_test|compile_service_test|engine_grammar_wait_test|engine_grammar_foreign_test|engine_grammar_bound_test)$'
+tsan_tests='^(transport_test|sender_core_test|tcp_protocol_test|tcp_auth_test|sender_binding_test|tcp_limits_test|metered_transport_test|faults_test|cuda_ipc_protocol_test|nccl_coalesce_emulated_test|multi_transport_emulated_test|engine_test|engine_disagg_test|engine_faults_test|scheduler_test|thread_pool_test|async_engine_test|compile_service_test|engine_grammar_wait_test|engine_grammar_foreign_test|engine_grammar_bound_test|tier_store_test|disk_tier_test|engine_tiers_test)$'
 
 case "$stage" in
   asan)
