@@ -5,6 +5,8 @@ process maps) runs `tandem serve --device cuda --kv-transport cuda-ipc --prefill
 --decode-workers 2`, every worker process on the one emulated GPU.
 - greedy output of both bundled models on 12 concurrent prompts equals the CPU tcp cluster's bit
   for bit and the models' reference continuation;
+- zero-copy (the default) and copying (`--kv-zero-copy off`) give the same outputs, and the
+  zero-copy run never falls back to copying;
 - `--kv-transport auto` resolves to cuda-ipc when the workers share the (emulated) GPU, which the
   workers advertise (WorkerInfo kv_transport, kv_device);
 - cancellation during the transfer or mid-stream and SIGKILL of a decode worker with streams in
@@ -65,6 +67,30 @@ def auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs):
     check(got == want[:4], "auto (cuda-ipc) outputs equal the CPU cluster's")
     log(f"ok: --kv-transport auto on one emulated GPU runs cuda-ipc ({next(iter(devices))}), "
         f"outputs identical")
+
+
+def zero_copy_and_copying_agree(stubs, emu_dir, cpu_outputs):
+    """The same cluster zero-copy (the default, `--kv-zero-copy auto`: the prefill engine writes
+    into the decode workers' mapped blocks) and copying (`--kv-zero-copy off`): outputs equal to
+    each other and to the CPU cluster's, every prefill remote, and the zero-copy run never fell
+    back to copying."""
+    texts, want, _ = cpu_outputs["stories260k"]
+    path = os.path.join(ROOT, "models", "stories260k")
+    got = {}
+    for mode in ("auto", "off"):
+        with Cluster(emu_dir, 1, 2, *g.GPU, "--kv-zero-copy", mode, model=path,
+                     startup_timeout=120) as gpu:
+            got[mode] = g.served(stubs, gpu.address, texts, g.TOKENS)
+            status = cluster_status(stubs, grpc.insecure_channel(gpu.address))
+            check(status.remote_prefills >= len(texts) and status.failures == 0,
+                  f"--kv-zero-copy {mode}: every prefill remote, none failed: {status}")
+            if mode == "auto":
+                check("not zero-copy" not in gpu.logs(),
+                      "--kv-zero-copy auto on one GPU wrote the KV in place (no copying fallback)")
+    check(got["auto"] == got["off"], "zero-copy and copying outputs are identical")
+    check(got["auto"] == want, "zero-copy outputs equal the CPU cluster's")
+    log(f"ok: --kv-zero-copy auto and off agree with each other and the CPU cluster "
+        f"({len(texts)} prompts)")
 
 
 def other_gpu_refused(emu_dir):
@@ -171,6 +197,7 @@ def main():
     other_gpu_refused(emu_dir)
     cpu_outputs = g.outputs_match(stubs, build_dir, emu_dir)
     auto_is_cuda_ipc(stubs, emu_dir, cpu_outputs)
+    zero_copy_and_copying_agree(stubs, emu_dir, cpu_outputs)
     auto_per_pair(stubs, emu_dir, cpu_outputs)
     g.faults_are_caught(stubs, emu_dir, cpu_outputs)
     g.faults(stubs, emu_dir, tokens=80)
