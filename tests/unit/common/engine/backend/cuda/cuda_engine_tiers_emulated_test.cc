@@ -35,19 +35,25 @@ struct Chat {
   int64_t pinned_bytes = 0;           // page-locked host memory while the engine lived
 };
 
-// `sessions` multi-turn chats whose histories (about 4x the pool) compete for a 24-block pool;
-// turn t of every session runs together; each turn adds 24 user tokens to the last answer.
-Chat RunChat(bool tiers, int sessions = 6, int turns = 5) {
+// The emulated CUDA backend every test here runs on: deferred streams (copies land only when the
+// stream runs), a 24-block f32 pool.
+auto TierBackend(const std::shared_ptr<const Model>& model) {
   cuda_emu::SetDeferredStreams(true);
-  Chat chat;
-  std::shared_ptr<const Model> model = testing::Load("stories260k", DType::kF32);
   CudaBackendOptions options;
   options.num_blocks = 24;
   options.kv_dtype = DType::kF32;
   options.max_num_tokens = 512;
   options.max_num_seqs = 16;
   options.max_graph_tokens = 16;
-  auto backend = cuda::CudaBackend::Create(model, options);
+  return cuda::CudaBackend::Create(model, options);
+}
+
+// `sessions` multi-turn chats whose histories (about 4x the pool) compete for a 24-block pool;
+// turn t of every session runs together; each turn adds 24 user tokens to the last answer.
+Chat RunChat(bool tiers, int sessions = 6, int turns = 5) {
+  Chat chat;
+  std::shared_ptr<const Model> model = testing::Load("stories260k", DType::kF32);
+  auto backend = TierBackend(model);
   EXPECT_TRUE(backend.ok()) << backend.status();
   if (!backend.ok()) return chat;
   cuda::CudaBackend* cuda = backend->get();
@@ -240,15 +246,8 @@ struct TierEngine {
 // An engine on the emulated CUDA backend (deferred streams, overlapped loop) with a 32 MiB host
 // tier and a 24-block pool.
 TierEngine MakeTierEngine(int max_seqs) {
-  cuda_emu::SetDeferredStreams(true);
   std::shared_ptr<const Model> model = testing::Load("stories260k", DType::kF32);
-  CudaBackendOptions options;
-  options.num_blocks = 24;
-  options.kv_dtype = DType::kF32;
-  options.max_num_tokens = 512;
-  options.max_num_seqs = 16;
-  options.max_graph_tokens = 16;
-  auto backend = cuda::CudaBackend::Create(model, options);
+  auto backend = TierBackend(model);
   EXPECT_TRUE(backend.ok()) << backend.status();
   if (!backend.ok()) return {};
   TierEngine out;
