@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/cuda/emulation/emulator.h"
+#include "common/cuda/emulation/reference_gemm.h"
 
 struct cublasLtContext {};
 struct cublasLtMatmulDescOpaque_t {
@@ -233,19 +234,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const auto* qb = static_cast<const uint8_t*>(B);
     const auto* cin = static_cast<const float*>(C);
     auto* out = static_cast<float*>(D);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int64_t i = 0; i < m; ++i) {
-        float acc = 0.0f;  // each product is exact in f32 (4 + 4 significant bits)
-        for (int64_t l = 0; l < k; ++l) {
-          acc += value[qa[l + i * lda]] * value[qb[l + j * ldb]];
-        }
-        const float s = (sa == nullptr ? 1.0f : sa[a_outer ? i : 0]) *
-                        (sb == nullptr ? 1.0f : sb[b_outer ? j : 0]);
-        float v = al * s * acc;
-        if (be != 0.0f) v += be * cin[i + j * ldc];
-        out[i + j * ldd] = v;
-      }
-    }
+    // Each product is exact in f32 (4 + 4 significant bits); the sums are f32, in order.
+    tandem::cuda_emu::ReferenceGemm<float>(
+        m, n, k, [&](int64_t i, int64_t l) { return value[qa[l + i * lda]]; },
+        [&](int64_t l, int64_t j) { return value[qb[l + j * ldb]]; },
+        [&](int64_t i, int64_t j, float acc) {
+          const float s = (sa == nullptr ? 1.0f : sa[a_outer ? i : 0]) *
+                          (sb == nullptr ? 1.0f : sb[b_outer ? j : 0]);
+          float v = al * s * acc;
+          if (be != 0.0f) v += be * cin[i + j * ldc];
+          out[i + j * ldd] = v;
+        });
   });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/cuda/emulation/reference_gemm.h"
+
 // A stream runs its operations synchronously on the caller's thread, except after an
 // asynchronous one (StreamEnqueueAsync: the emulated NCCL's sends and receives, which wait for
 // a peer): from then on, until the stream drains, operations queue behind it on the stream's
@@ -551,20 +553,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   Enqueue(handle->stream, [=] {
     float* c = static_cast<float*>(C);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        double acc = 0;
-        for (int l = 0; l < k; ++l) {
-          const size_t ai = transa == CUBLAS_OP_N ? i + static_cast<size_t>(l) * lda
-                                                  : l + static_cast<size_t>(i) * lda;
-          const size_t bi = transb == CUBLAS_OP_N ? l + static_cast<size_t>(j) * ldb
-                                                  : j + static_cast<size_t>(l) * ldb;
-          acc += static_cast<double>(LoadElement(A, Atype, ai)) * LoadElement(B, Btype, bi);
-        }
-        float& out = c[i + static_cast<size_t>(j) * ldc];
-        out = b == 0.0f ? static_cast<float>(a * acc) : static_cast<float>(a * acc + b * out);
-      }
-    }
+    tandem::cuda_emu::ReferenceGemm<double>(
+        m, n, k,
+        [&](int64_t i, int64_t l) {
+          return LoadElement(A, Atype, transa == CUBLAS_OP_N ? i + l * lda : l + i * lda);
+        },
+        [&](int64_t l, int64_t j) {
+          return LoadElement(B, Btype, transb == CUBLAS_OP_N ? l + j * ldb : j + l * ldb);
+        },
+        [&](int64_t i, int64_t j, double acc) {
+          float& out = c[i + j * ldc];
+          out = b == 0.0f ? static_cast<float>(a * acc) : static_cast<float>(a * acc + b * out);
+        });
   });
   return CUBLAS_STATUS_SUCCESS;
 }
