@@ -63,8 +63,11 @@ class ReferenceRecognizer {
           }
         } else {
           const int32_t lhs = g_.productions[it.prod].lhs;
-          const std::vector<Item> origin = sets_[it.origin];  // copy: may be set k itself
-          for (const Item& w : origin) {
+          // By index: the origin may be set k itself, which Add grows (an item it appends is
+          // seen here or on the next pass).
+          const std::vector<Item>& origin = sets_[it.origin];
+          for (size_t j = 0; j < origin.size(); ++j) {
+            const Item w = origin[j];
             if (w.dot < g_.Length(w.prod) && g_.SymbolAt(w.prod, w.dot) == lhs) {
               Add(k, {w.prod, w.dot + 1, w.origin});
             }
