@@ -37,8 +37,9 @@ using Acc = __m256i;
 
 // Register tiles (input rows x tiles of 16 weight rows; each tile is two 8-lane halves):
 // a lone row kNT1 tiles (that many weight streams), up to kSmallM rows kSmallMR x kSmallNT, more
-// kMR x kNT. 16 ymm registers bound them: int8 holds 2 * MR * NT int32 accumulators; int4 as
-// many int16 sums and f32 results (and int32 group sums for groups over 32 without VNNI).
+// kMR x kNT. 16 ymm registers bound them: int8 holds 2 * MR * NT int32 accumulators; int4 with
+// VNNI as many int32 group sums and f32 results, without VNNI (TileInt4Runs, from two rows on)
+// only 2 * MR * NT int16 sums, its other accumulators in L1.
 template <bool kVnni, WeightQuant Q>
 struct Shapes256;
 template <bool kVnni>
@@ -48,9 +49,14 @@ struct Shapes256<kVnni, WeightQuant::kInt8> {
     return kQuantTileRows * Int8TileK(K);
   }
 };
-template <bool kVnni>
-struct Shapes256<kVnni, WeightQuant::kInt4> {
+template <>
+struct Shapes256<true, WeightQuant::kInt4> {
   static constexpr int kNT1 = 2, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 2, kNT = 1;
+  static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
+};
+template <>
+struct Shapes256<false, WeightQuant::kInt4> {
+  static constexpr int kNT1 = 2, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 4, kNT = 1;
   static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
 };
 
@@ -324,10 +330,157 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
   StoreInt4<MR, NT>(sums, in, m0, t0, n0, n1, bias, y, ldy);
 }
 
+// ---- int4 weights without VNNI, two or more input rows (TileInt4's arithmetic). vpmaddubsw
+// and vpmaddwd share one pipe, and vpaddw runs on three pipes that include it, so every add and
+// every register copy or spill around the products takes time from them: only the int16 sums of
+// a run of 4 steps live in registers (8 of them in the 4 x 1 tile), each run fully unrolled, and
+// the int32 group sums (groups over 32), r and zc live in L1, read and written once per run or
+// group. Row-major within a step: the four u8 operands of a tile's two halves, then per input
+// row its two broadcasts against all four. ----
+
+// The low-nibble mask, loaded from memory each step (Int4Mem): held in a register it pushed an
+// int16 sum out to the stack.
+alignas(32) constexpr uint8_t kLowNibbles[32] = {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+                                                 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
+                                                 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+
+// p, hidden from the optimizer: what is read or written through it stays in memory at that point
+// (kept in registers across the loops, the L1 accumulators pushed int16 sums out instead).
+template <class T>
+inline T* Int4Mem(T* p) {
+  asm volatile("" : "+r"(p));
+  return p;
+}
+
+// One run of 4 steps at byte `at` of each tile of the register tile (tile 0 at `tile`), codes at
+// a[i]: s[i][2j + h] = the int16 sums of the run's products of row i with half h of tile j.
+template <int MR, int NT, bool kPrefetch>
+inline void Int4Run(const uint8_t* tile, int64_t tile_bytes, int64_t at,
+                    const int8_t* const (&a)[MR], Acc (&s)[MR][2 * NT]) {
+#pragma GCC unroll 4
+  for (int p = 0; p < 4; ++p) {
+    const __m256i nib = _mm256_load_si256(reinterpret_cast<const __m256i*>(Int4Mem(kLowNibbles)));
+    __m256i lo[2 * NT], hi[2 * NT];
+#pragma GCC unroll 8
+    for (int j = 0; j < NT; ++j) {
+      const uint8_t* step = tile + j * tile_bytes + at + p * 64;
+      if constexpr (kPrefetch) {
+        TilePrefetch<MR>(tile + j * tile_bytes + PrefetchOffset<MR, NT>(at + p * 64, tile_bytes));
+      }
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step + 32 * h));
+        lo[2 * j + h] = _mm256_and_si256(v, nib);
+        hi[2 * j + h] = _mm256_srli_epi16(_mm256_andnot_si256(nib, v), 4);
+      }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256i b0 = Broadcast4(a[i] + p * 8), b1 = Broadcast4(a[i] + p * 8 + 4);
+#pragma GCC unroll 8
+      for (int jh = 0; jh < 2 * NT; ++jh) {
+        const __m256i x =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo[jh], b0), _mm256_maddubs_epi16(hi[jh], b1));
+        s[i][jh] = p == 0 ? x : _mm256_add_epi16(s[i][jh], x);
+        // The sum in a register after each step: integer adds reassociate, and GCC computed all
+        // 32 products of a run before the first sum, spilling them.
+        asm("" : "+x"(s[i][jh]));
+      }
+    }
+  }
+}
+
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int4 weights, without VNNI.
+template <int MR, int NT, bool kPrefetch>
+void TileInt4Runs(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                  int64_t n1, const float* bias, float* y, int64_t ldy) {
+  constexpr int NH = 2 * NT;
+  const int64_t code_stride = in.chunks * in.chunk, G = in.groups, gs = wt.group_size;
+  const int64_t tile_bytes = Int4TileBytes(in.K, gs), group_bytes = Int4TileGroupStart(1, gs);
+  // Runs of 4 steps per group: gs / 32, fewer in a last group cut short by K.
+  const int64_t runs_full = gs / 32, runs_last = Int4TileGroupSteps(in.K, G - 1, gs) / 4;
+  const uint8_t* tile = static_cast<const uint8_t*>(wt.data) + t0 * tile_bytes;
+  const int8_t* codes = in.codes + m0 * code_stride;
+  const float* sums = in.group_sums + m0 * G;
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  alignas(32) int32_t dot_mem[MR][NH][8];
+  alignas(32) float r_mem[MR][NH][8], zc_mem[MR][NH][8];
+  std::memset(r_mem, 0, sizeof(r_mem));
+  std::memset(zc_mem, 0, sizeof(zc_mem));
+  int64_t at = 0;  // the group's first step in each tile
+  for (int64_t g = 0; g < G; ++g, at += group_bytes, codes += gs) {
+    const int64_t runs = g + 1 < G ? runs_full : runs_last;
+    const int64_t trailer = at + 256 * runs;  // 16 scales, then 16 zeros
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NT; ++j) {
+        TilePrefetch<MR>(tile + j * tile_bytes + PrefetchOffset<MR, NT>(trailer, tile_bytes));
+        TilePrefetch<MR>(tile + j * tile_bytes + PrefetchOffset<MR, NT>(trailer + 64, tile_bytes));
+      }
+    }
+    const int8_t* a[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) a[i] = codes + i * code_stride;
+    Acc s[MR][NH];
+    for (int64_t run = 0; run + 1 < runs; ++run) {
+      Int4Run<MR, NT, kPrefetch>(tile, tile_bytes, at + 256 * run, a, s);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) a[i] += 32;
+      int32_t* dm = &Int4Mem(dot_mem)[0][0][0];
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+        for (int jh = 0; jh < NH; ++jh) {
+          __m256i* d = reinterpret_cast<__m256i*>(dm + (i * NH + jh) * 8);
+          const __m256i x = _mm256_madd_epi16(s[i][jh], ones16);
+          _mm256_store_si256(d, run == 0 ? x : _mm256_add_epi32(_mm256_load_si256(d), x));
+        }
+      }
+    }
+    Int4Run<MR, NT, kPrefetch>(tile, tile_bytes, trailer - 256, a, s);
+    // The group's dot products, then r and zc as TileInt4.
+    __m256 ag[MR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) ag[i] = _mm256_set1_ps(sums[i * G + g]);
+    const int32_t* dm = &Int4Mem(dot_mem)[0][0][0];
+    float* rm = &Int4Mem(r_mem)[0][0][0];
+    float* zm = &Int4Mem(zc_mem)[0][0][0];
+#pragma GCC unroll 8
+    for (int jh = 0; jh < NH; ++jh) {
+      const float* sp =
+          reinterpret_cast<const float*>(tile + (jh / 2) * tile_bytes + trailer) + 8 * (jh % 2);
+      const __m256 sc = _mm256_loadu_ps(sp);
+      const __m256 sz = _mm256_mul_ps(sc, _mm256_loadu_ps(sp + 16));
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const int64_t o = (i * NH + jh) * 8;
+        __m256i dot = _mm256_madd_epi16(s[i][jh], ones16);
+        if (runs > 1) {
+          dot = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(dm + o)), dot);
+        }
+        _mm256_store_ps(rm + o,
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, _mm256_load_ps(rm + o)));
+        _mm256_store_ps(zm + o, _mm256_fmadd_ps(sz, ag[i], _mm256_load_ps(zm + o)));
+      }
+    }
+  }
+  __m256 rz[MR][NH];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int jh = 0; jh < NH; ++jh) {
+      rz[i][jh] = _mm256_sub_ps(_mm256_load_ps(r_mem[i][jh]), _mm256_load_ps(zc_mem[i][jh]));
+    }
+  }
+  StoreInt4<MR, NT>(rz, in, m0, t0, n0, n1, bias, y, ldy);
+}
+
 template <bool kVnni, WeightQuant Q, int MR, int NT, bool kPrefetch>
 void Tile256(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
              int64_t n1, const float* bias, float* y, int64_t ldy) {
-  if constexpr (Q == WeightQuant::kInt4) {
+  if constexpr (Q == WeightQuant::kInt4 && !kVnni && MR >= 2) {
+    TileInt4Runs<MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+  } else if constexpr (Q == WeightQuant::kInt4) {
     TileInt4<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
   } else {
     TileInt8<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);

@@ -161,7 +161,7 @@ TEST_P(Int8InputsTest, EqualsReference) {
     for (int64_t K : {1, 31, 32, 33, 64, 100, 127, 128, 129, 300, 515, 1031}) {
       for (int64_t N : {1, 5, 9, 67}) {
         const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 5 + K * 3 + N);
-        for (int64_t M : {1, 2, 5, 9}) {
+        for (int64_t M : {1, 2, 3, 5, 7, 9}) {
           const int64_t ldx = K + 3, ldy = N + 2;
           const auto x = RandomFloats(M * ldx, 7 + K + M, -3.0f, 2.0f);
           const auto bias = RandomFloats(N, 3 + N);
@@ -243,7 +243,9 @@ TEST_P(Int8InputsTest, LargeShapesEqualReference) {
   for (const Format& fmt : {kFormats[0], kFormats[1], kFormats[3]}) {
     const int64_t K = 2048, N = 700;
     const QWeights w = MakeQuantized(fmt.quant, N, K, fmt.group, 71);
-    for (int64_t M : {1, 4, 16, 20, 33}) {  // every tile shape: decode, batch, prefill
+    // Every tile shape: decode, batch (7: a whole row tile and one of 3 over each register tile
+    // of weights on the AVX2 int4 path), prefill (30 and 33: last row tiles of 2 and 1 rows).
+    for (int64_t M : {1, 4, 7, 16, 20, 30, 33}) {
       const auto x = RandomFloats(M * K, 72 + M);
       std::vector<float> y(M * N), ref(M * N);
       MatMul(x.data(), M, K, K, w.view(DType::kI8), N, nullptr, y.data(), N, &pool);
