@@ -38,13 +38,18 @@ using Acc = __m256i;
 // Register tiles (input rows x tiles of 16 weight rows; each tile is two 8-lane halves):
 // a lone row kNT1 tiles (that many weight streams), up to kSmallM rows kSmallMR x kSmallNT, more
 // kMR x kNT. 16 ymm registers bound them: int8 holds 2 * MR * NT int32 accumulators; int4 with
-// VNNI as many int32 group sums and f32 results, without VNNI (TileInt4Runs, from two rows on)
-// only 2 * MR * NT int16 sums, its other accumulators in L1.
+// VNNI as many int32 group sums and f32 results, without VNNI (TileInt4Runs) only 2 * MR * NT
+// int16 sums, its other accumulators in L1. kLonePrefetch: whether a lone row's tiles prefetch
+// their weight streams (tile_stream.h). The AVX2 int4 lone row does not: on Zen 3 its NTA
+// prefetches, 1 KiB ahead in each stream, kept the hardware's stream prefetcher from running
+// ahead, and batch-1 decode read well below the memory's bandwidth with them (kernels README,
+// "Streaming"); four streams rather than two for the same reason.
 template <bool kVnni, WeightQuant Q>
 struct Shapes256;
 template <bool kVnni>
 struct Shapes256<kVnni, WeightQuant::kInt8> {
   static constexpr int kNT1 = 4, kSmallM = 4, kSmallMR = 4, kSmallNT = 1, kMR = 4, kNT = 1;
+  static constexpr bool kLonePrefetch = true;
   static int64_t TileBytes(int64_t K, int64_t /*group_size*/) {
     return kQuantTileRows * Int8TileK(K);
   }
@@ -52,11 +57,13 @@ struct Shapes256<kVnni, WeightQuant::kInt8> {
 template <>
 struct Shapes256<true, WeightQuant::kInt4> {
   static constexpr int kNT1 = 2, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 2, kNT = 1;
+  static constexpr bool kLonePrefetch = true;
   static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
 };
 template <>
 struct Shapes256<false, WeightQuant::kInt4> {
-  static constexpr int kNT1 = 2, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 4, kNT = 1;
+  static constexpr int kNT1 = 4, kSmallM = 2, kSmallMR = 2, kSmallNT = 1, kMR = 4, kNT = 1;
+  static constexpr bool kLonePrefetch = false;
   static int64_t TileBytes(int64_t K, int64_t group_size) { return Int4TileBytes(K, group_size); }
 };
 
@@ -206,21 +213,13 @@ __attribute__((noinline)) void StoreInt4(const __m256 (&rz)[MR][2 * NT], const I
   }
 }
 
-// Steps [p0, p1) of one group into the int32 sums dot (p1 - p0 <= 4 without VNNI: the int16
-// sums of 4 steps are exact).
-template <bool kVnni, int MR, int NT, bool kPrefetch>
-inline void Int4Steps(const uint8_t* const (&q)[NT], int64_t at, int64_t p0, int64_t p1,
-                      const int8_t* const (&ag)[MR], int64_t tile_bytes, Acc (&dot)[MR][2 * NT]) {
-  const __m256i nib = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
-  Acc sum16[MR][2 * NT];
-  if constexpr (!kVnni) {
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < 2 * NT; ++j) sum16[i][j] = _mm256_setzero_si256();
-    }
-  }
-  for (int64_t p = p0; p < p1; ++p) {
+// The steps of one group into the int32 sums dot (AVX-VNNI: vpdpbusd of the nibbles).
+template <int MR, int NT, bool kPrefetch>
+inline void Int4StepsVnni(const uint8_t* const (&q)[NT], int64_t at, int64_t steps,
+                          const int8_t* const (&ag)[MR], int64_t tile_bytes,
+                          Acc (&dot)[MR][2 * NT]) {
+  const __m256i nib = _mm256_set1_epi8(15);
+  for (int64_t p = 0; p < steps; ++p) {
     __m256i b0[MR], b1[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -240,35 +239,20 @@ inline void Int4Steps(const uint8_t* const (&q)[NT], int64_t at, int64_t p0, int
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; ++i) {
-          if constexpr (kVnni) {
 #if defined(__AVXVNNI__)
-            dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], lo, b0[i]);
-            dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], hi, b1[i]);
+          dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], lo, b0[i]);
+          dot[i][2 * j + h] = _mm256_dpbusd_avx_epi32(dot[i][2 * j + h], hi, b1[i]);
 #endif
-          } else {
-            sum16[i][2 * j + h] = _mm256_add_epi16(
-                sum16[i][2 * j + h],
-                _mm256_add_epi16(_mm256_maddubs_epi16(lo, b0[i]), _mm256_maddubs_epi16(hi, b1[i])));
-          }
         }
-      }
-    }
-  }
-  if constexpr (!kVnni) {
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int j = 0; j < 2 * NT; ++j) {
-        dot[i][j] = _mm256_add_epi32(dot[i][j], _mm256_madd_epi16(sum16[i][j], ones16));
       }
     }
   }
 }
 
-// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int4 weights.
-template <bool kVnni, int MR, int NT, bool kPrefetch>
-void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
-              int64_t n1, const float* bias, float* y, int64_t ldy) {
+// y[m0 .. m0+MR) x the columns in [n0, n1) of tiles t0 .. t0+NT, int4 weights, AVX-VNNI.
+template <int MR, int NT, bool kPrefetch>
+void TileInt4Vnni(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
+                  int64_t n1, const float* bias, float* y, int64_t ldy) {
   const int64_t code_stride = in.chunks * in.chunk, G = in.groups, gs = wt.group_size;
   const int64_t tile_bytes = Int4TileBytes(in.K, gs);
   const uint8_t* q[NT];
@@ -280,8 +264,6 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
     for (int j = 0; j < 2 * NT; ++j) r[i][j] = zc[i][j] = _mm256_setzero_ps();
   }
-  // Without VNNI the int16 sums hold 4 steps: a group's steps go in runs of 4.
-  constexpr int64_t kRun = kVnni ? int64_t{1} << 40 : 4;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t at = Int4TileGroupStart(g, gs), steps = Int4TileGroupSteps(in.K, g, gs);
     const int64_t trailer = Int4TileGroupScales(in.K, g, gs);  // 16 scales, then 16 zeros
@@ -301,10 +283,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
 #pragma GCC unroll 8
       for (int j = 0; j < 2 * NT; ++j) dot[i][j] = _mm256_setzero_si256();
     }
-    for (int64_t p = 0; p < steps; p += kRun) {
-      Int4Steps<kVnni, MR, NT, kPrefetch>(q, at, p, p + kRun < steps ? p + kRun : steps, ag,
-                                          tile_bytes, dot);
-    }
+    Int4StepsVnni<MR, NT, kPrefetch>(q, at, steps, ag, tile_bytes, dot);
     __m256 a[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) a[i] = _mm256_set1_ps(in.group_sums[(m0 + i) * G + g]);
@@ -330,7 +309,7 @@ void TileInt4(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0
   StoreInt4<MR, NT>(sums, in, m0, t0, n0, n1, bias, y, ldy);
 }
 
-// ---- int4 weights without VNNI, two or more input rows (TileInt4's arithmetic). vpmaddubsw
+// ---- int4 weights without VNNI (TileInt4Vnni's arithmetic). vpmaddubsw
 // and vpmaddwd share one pipe, and vpaddw runs on three pipes that include it, so every add and
 // every register copy or spill around the products takes time from them: only the int16 sums of
 // a run of 4 steps live in registers (8 of them in the 4 x 1 tile), each run fully unrolled, and
@@ -438,7 +417,7 @@ void TileInt4Runs(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_
       }
     }
     Int4Run<MR, NT, kPrefetch>(tile, tile_bytes, trailer - 256, a, s);
-    // The group's dot products, then r and zc as TileInt4.
+    // The group's dot products, then r and zc as TileInt4Vnni.
     __m256 ag[MR];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) ag[i] = _mm256_set1_ps(sums[i * G + g]);
@@ -478,10 +457,10 @@ void TileInt4Runs(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_
 template <bool kVnni, WeightQuant Q, int MR, int NT, bool kPrefetch>
 void Tile256(const I8Inputs& in, int64_t m0, const MatMulWeight& wt, int64_t t0, int64_t n0,
              int64_t n1, const float* bias, float* y, int64_t ldy) {
-  if constexpr (Q == WeightQuant::kInt4 && !kVnni && MR >= 2) {
+  if constexpr (Q == WeightQuant::kInt4 && !kVnni) {
     TileInt4Runs<MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
   } else if constexpr (Q == WeightQuant::kInt4) {
-    TileInt4<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
+    TileInt4Vnni<MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
   } else {
     TileInt8<kVnni, MR, NT, kPrefetch>(in, m0, wt, t0, n0, n1, bias, y, ldy);
   }
@@ -516,7 +495,7 @@ void Range256(const I8Inputs& in, const MatMulWeight& w, int64_t n0, int64_t n1,
   if (M == 1) {
     constexpr int kNT1 = S::kNT1;
     const Tile256Fn* lone =
-        Tiles256Of<kVnni, Q, kNT1, true>(std::make_integer_sequence<int, kNT1>());
+        Tiles256Of<kVnni, Q, kNT1, S::kLonePrefetch>(std::make_integer_sequence<int, kNT1>());
     for (int64_t t = t_begin; t < t_end; t += kNT1) {
       const int nt = static_cast<int>(t_end - t < kNT1 ? t_end - t : kNT1);
       lone[nt - 1](in, 0, w, t, n0, n1, bias, y, ldy);

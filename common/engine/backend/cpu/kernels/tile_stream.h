@@ -17,7 +17,8 @@ inline constexpr int64_t kTileBlockBytes = 256 * 1024;
 
 // Bytes ahead that a tile prefetches in each of its weight streams: 1 KiB for a lone input row
 // (batch-1 decode), 4 KiB for more: the fastest distances tried per decode step (512 B - 16 KiB)
-// for each batch size. Four streams 16 KiB ahead would need more than the 48 KiB L1.
+// for each batch size. Four streams 16 KiB ahead would need more than the 48 KiB L1. (A tier
+// may leave a lone row without prefetches where they slow it: i8_tiles_256.h, kLonePrefetch.)
 template <int MR>
 inline constexpr int64_t kTilePrefetchBytes = MR == 1 ? 1024 : 4096;
 
