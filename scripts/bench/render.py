@@ -3,7 +3,7 @@
 section (<section>.md) and a summary (<section>.json) in OUTDIR (docs/benchmarks by default).
 
   render.py decode_bandwidth|batching|disagg|serve_curve|gpu_serve|gpu_disagg|gpu_peer|peer|
-            peer_moe WORK OUTDIR
+            peer_<name> (peer.sh's PEER_SECTION, e.g. peer_moe) WORK OUTDIR
 
 WORK holds machine.txt, tandem.txt, commands.txt (label<TAB>command lines) and the raw files
 the section's script wrote. Medians are over the repetitions; ratios are medians of
@@ -41,7 +41,7 @@ def main(argv):
     elif command == "gpu_peer":
         from render_gpu_peer import render_gpu_peer
         render_gpu_peer(argv[2], argv[3])
-    elif command in ("peer", "peer_moe"):
+    elif command == "peer" or command.startswith("peer_"):  # peer.sh's PEER_SECTION names
         from render_peer import render_peer
         render_peer(argv[2], argv[3], command)
     else:
