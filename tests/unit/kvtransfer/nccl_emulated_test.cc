@@ -73,9 +73,11 @@ class ShiftedRegions : public KvRegionAccess {
   FakePool* pool_;
 };
 
+// The control server is declared last so it stops first: KvControlServer::SetReceiver's
+// receiver must outlive Stop() (a FINISH still in its handler when the test ends).
 struct Receiver {
-  std::unique_ptr<KvControlServer> control;
   std::unique_ptr<KvReceiver> receiver;
+  std::unique_ptr<KvControlServer> control;
 };
 
 Receiver StartReceiver(const KvLayout& layout, KvRegionAccess* pool, Completions* completions,
