@@ -39,20 +39,28 @@ struct Expr {
   bool negated = false;
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  ExprPtr star_args;    // kCall, kFilter: f(*list)
+  ExprPtr star_kwargs;  // kCall, kFilter: f(**dict)
 };
+
+// The name a {% filter %} block's filter chain reads its body's output from (not a name a
+// template can spell).
+inline constexpr char kFilterBlockInput[] = " filter block";
 
 struct Node;
 using Body = std::vector<std::unique_ptr<Node>>;
 
 struct Node {
   enum class Kind {
-    kText,      // text
-    kOutput,    // {{ expr }}
-    kIf,        // branches (condition, body), else_body
-    kFor,       // for targets in expr [if filter]: body, else_body
-    kSet,       // set targets = expr, or set target.attr = expr
-    kSetBlock,  // set target %}body{% endset
-    kMacro,     // macro name(params with defaults): body
+    kText,         // text
+    kOutput,       // {{ expr }}
+    kIf,           // branches (condition, body), else_body
+    kFor,          // for targets in expr [if filter]: body, else_body
+    kSet,          // set targets = expr, or set target.attr = expr
+    kSetBlock,     // set target %}body{% endset
+    kMacro,        // macro name(params with defaults): body
+    kCallBlock,    // call(params) expr: body (the macro's `caller`, with params)
+    kFilterBlock,  // filter chain: body (expr: the chain over kFilterBlockInput)
     kBreak,
     kContinue,
   };
@@ -65,7 +73,7 @@ struct Node {
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body;
   Body else_body;
-  std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro (default may be null)
+  std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro, kCallBlock (default may be null)
 };
 
 }  // namespace tandem::chat_template

@@ -40,6 +40,13 @@ absl::StatusOr<std::vector<Json>> Iterate(const Value& v);
 
 absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, CallArgs& args,
                                   Budget* budget);
+// sort, dictsort, unique, select, reject, selectattr, rejectattr, map
+// (chat_template_list_filters.cc); NOT_FOUND for another name.
+absl::StatusOr<Value> ApplyListFilter(absl::string_view name, const Value& input, CallArgs& args,
+                                      Budget* budget);
+// Jinja's attribute argument of filters: "a.b.0" looks up each dot-separated part in turn
+// (digits as list indices); undefined when a part is absent.
+Value GetAttrPath(const Value& obj, const std::string& path);
 absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, CallArgs& args);
 // obj.name(args) for str, dict and list methods; NOT_FOUND when there is no such method.
 absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallArgs& args,

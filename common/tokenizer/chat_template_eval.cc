@@ -1,6 +1,8 @@
 #include "common/tokenizer/chat_template_eval.h"
 
+#include <algorithm>
 #include <ctime>
+#include <iterator>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +146,22 @@ class Evaluator {
       case Node::Kind::kMacro:
         scopes_.back()[n.targets[0]] = MakeMacro(n);
         return Flow::kNormal;
+      case Node::Kind::kCallBlock: {
+        TANDEM_ASSIGN_OR_RETURN(Value v, EvalCall(*n.expr, MakeCaller(n)));
+        TANDEM_RETURN_IF_ERROR(Emit(v.ToString(), out));
+        return Flow::kNormal;
+      }
+      case Node::Kind::kFilterBlock: {
+        std::string captured;
+        TANDEM_RETURN_IF_ERROR(Exec(n.body, &captured).status());
+        scopes_.emplace_back();
+        scopes_.back()[kFilterBlockInput] = Value(Json(std::move(captured)));
+        absl::StatusOr<Value> v = Eval(*n.expr);
+        scopes_.pop_back();
+        if (!v.ok()) return v.status();
+        TANDEM_RETURN_IF_ERROR(Emit(v->ToString(), out));
+        return Flow::kNormal;
+      }
       case Node::Kind::kBreak:
         return loop_depth_ > 0 ? Flow::kBreak : Flow::kNormal;
       case Node::Kind::kContinue:
@@ -204,9 +222,41 @@ class Evaluator {
     return Flow::kNormal;
   }
 
+  // A macro: its parameters bound from the call's arguments (the rest in `varargs` and
+  // `kwargs`, a call block's body in `caller`), its body rendered in a scope of its own.
   Value MakeMacro(const Node& n) {
     return Value::Callable([this, &n](CallArgs& a) -> absl::StatusOr<Value> {
-      if (call_depth_ >= limits_.max_call_depth) return TypeError("macro calls nested too deeply");
+      Scope scope;
+      Json varargs = Json::array(), kwargs = Json::object();
+      for (size_t i = n.params.size(); i < a.positional.size(); ++i)
+        varargs.push_back(a.positional[i].data());
+      for (auto& [key, value] : a.keyword) {
+        const bool param = std::any_of(n.params.begin(), n.params.end(),
+                                       [&](const auto& p) { return p.first == key; });
+        if (key == "caller" && value.is_callable()) {
+          scope["caller"] = value;
+        } else if (!param) {
+          kwargs[key] = value.data();
+        }
+      }
+      scope["varargs"] = Value(std::move(varargs));
+      scope["kwargs"] = Value(std::move(kwargs));
+      for (size_t i = 0; i < n.params.size(); ++i) {
+        Value v = Arg(a, i, n.params[i].first);
+        if (v.is_undefined() && n.params[i].second) {
+          TANDEM_ASSIGN_OR_RETURN(v, Eval(*n.params[i].second));
+        }
+        scope[n.params[i].first] = std::move(v);
+      }
+      return RenderBody(n.body, std::move(scope), scopes_.size());
+    });
+  }
+
+  // A call block's body as the `caller` of its macro: rendered with the call site's names
+  // (not the macro's locals) and its own parameters.
+  Value MakeCaller(const Node& n) {
+    const size_t site_depth = scopes_.size();
+    return Value::Callable([this, &n, site_depth](CallArgs& a) -> absl::StatusOr<Value> {
       Scope scope;
       for (size_t i = 0; i < n.params.size(); ++i) {
         Value v = Arg(a, i, n.params[i].first);
@@ -215,18 +265,30 @@ class Evaluator {
         }
         scope[n.params[i].first] = std::move(v);
       }
-      ++call_depth_;
-      scopes_.push_back(std::move(scope));
-      const int saved_loops = loop_depth_;
-      loop_depth_ = 0;
-      std::string rendered;
-      absl::StatusOr<Flow> flow = Exec(n.body, &rendered);
-      loop_depth_ = saved_loops;
-      scopes_.pop_back();
-      --call_depth_;
-      if (!flow.ok()) return flow.status();
-      return Value(Json(std::move(rendered)));
+      return RenderBody(n.body, std::move(scope), site_depth);
     });
+  }
+
+  // Renders `body` with `scope` on top of the first `visible` scopes (those above are set
+  // aside meanwhile) and returns the text.
+  absl::StatusOr<Value> RenderBody(const Body& body, Scope scope, size_t visible) {
+    if (call_depth_ >= limits_.max_call_depth) return TypeError("macro calls nested too deeply");
+    visible = std::min(visible, scopes_.size());
+    std::vector<Scope> hidden(std::make_move_iterator(scopes_.begin() + visible),
+                              std::make_move_iterator(scopes_.end()));
+    scopes_.resize(visible);
+    ++call_depth_;
+    scopes_.push_back(std::move(scope));
+    const int saved_loops = loop_depth_;
+    loop_depth_ = 0;
+    std::string rendered;
+    absl::StatusOr<Flow> flow = Exec(body, &rendered);
+    loop_depth_ = saved_loops;
+    scopes_.resize(visible);
+    for (Scope& s : hidden) scopes_.push_back(std::move(s));
+    --call_depth_;
+    if (!flow.ok()) return flow.status();
+    return Value(Json(std::move(rendered)));
   }
 
   absl::StatusOr<CallArgs> EvalArgs(const Expr& e, size_t first) {
@@ -235,9 +297,20 @@ class Evaluator {
       TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i]));
       args.positional.push_back(std::move(v));
     }
+    if (e.star_args) {  // f(*list)
+      TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.star_args));
+      TANDEM_ASSIGN_OR_RETURN(std::vector<Json> items, Iterate(v));
+      for (Json& item : items) args.positional.emplace_back(std::move(item));
+    }
     for (const auto& [key, expr] : e.kwargs) {
       TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*expr));
       args.keyword.emplace_back(key, std::move(v));
+    }
+    if (e.star_kwargs) {  // f(**dict)
+      TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.star_kwargs));
+      if (!v.is_object()) return TypeError("argument after ** must be a mapping");
+      for (auto it = v.data().begin(); it != v.data().end(); ++it)
+        args.keyword.emplace_back(it.key(), Value(it.value()));
     }
     return args;
   }
@@ -258,9 +331,9 @@ class Evaluator {
             out.push_back(v.data());
             continue;
           }
-          if (!v.is_string()) return TypeError("dict keys must be strings");
+          if (!v.is_data() || v.data().is_structured()) return TypeError("unhashable dict key");
           TANDEM_ASSIGN_OR_RETURN(Value value, Eval(*e.args[++i]));
-          out[v.data().get<std::string>()] = value.data();
+          out[DictKey(v.data())] = value.data();
         }
         return Value(std::move(out));
       }
@@ -299,8 +372,10 @@ class Evaluator {
       case Expr::Kind::kUnary: {
         TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*e.args[0]));
         if (e.name == "not") return Value(Json(!v.Truthy()));
+        if (v.is_data() && v.data().is_boolean()) v = Value(Json(v.data().get<bool>() ? 1 : 0));
         if (!v.is_number()) return TypeError(absl::StrCat("bad operand type for unary ", e.name));
         if (e.name == "+") return v;
+        if (v.data().is_number_float()) return Value(Json(-v.data().get<double>()));  // -0.0
         Budget unlimited;
         return BinaryOp("-", Value(Json(0)), v, &unlimited);
       }
@@ -325,9 +400,11 @@ class Evaluator {
     return Value();
   }
 
-  absl::StatusOr<Value> EvalCall(const Expr& e) {
+  // callee(args); `caller`, when set, is passed as the keyword caller (a {% call %} block).
+  absl::StatusOr<Value> EvalCall(const Expr& e, Value caller = Value()) {
     const Expr& callee = *e.args[0];
     TANDEM_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+    if (caller.is_callable()) args.keyword.emplace_back("caller", std::move(caller));
     if (callee.kind == Expr::Kind::kGetAttr) {
       TANDEM_ASSIGN_OR_RETURN(Value obj, Eval(*callee.args[0]));
       absl::StatusOr<Value> r = CallMethod(obj, callee.name, args, &budget_);
@@ -356,6 +433,7 @@ class Evaluator {
 
 absl::StatusOr<std::string> Render(const Body& body, const Json& variables,
                                    const RenderLimits& limits) {
+  CallableTable callables;  // before the evaluator: its globals are callables too
   Evaluator evaluator(limits);
   return evaluator.Run(body, variables);
 }

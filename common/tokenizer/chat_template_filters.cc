@@ -1,11 +1,16 @@
 // Filters, tests and str/dict methods of the chat-template interpreter.
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/chat_template_builtins.h"
+#include "common/tokenizer/unicode.h"
 
 namespace tandem::chat_template {
 namespace {
@@ -67,9 +72,7 @@ absl::StatusOr<Json> Split(const std::string& s, const Value& sep, int64_t maxsp
       if (i >= cps.size()) break;
       size_t j = i;
       if (maxsplit >= 0 && static_cast<int64_t>(out.size()) >= maxsplit) {
-        size_t end = cps.size();
-        while (end > i && IsPySpace(cps[end - 1])) --end;
-        out.push_back(EncodeUtf8(cps, i, end));
+        out.push_back(EncodeUtf8(cps, i, cps.size()));  // the rest, trailing whitespace kept
         break;
       }
       while (j < cps.size() && !IsPySpace(cps[j])) ++j;
@@ -122,75 +125,95 @@ bool AffixMatch(const std::string& s, const Value& affix, bool prefix) {
   return one(affix.data());
 }
 
-absl::StatusOr<Value> Sorted(const Value& input, const CallArgs& args) {
-  auto items = Iterate(input);
-  if (!items.ok()) return items.status();
-  Value attr = Arg(args, 2, "attribute");
-  const bool reverse = Arg(args, 0, "reverse").Truthy();
-  auto key = [&](const Json& j) {
-    return attr.is_string() ? GetAttr(Value(j), attr.data().get<std::string>()) : Value(j);
-  };
-  absl::Status error;
-  std::stable_sort(items->begin(), items->end(), [&](const Json& a, const Json& b) {
-    Budget unlimited;
-    auto lt = BinaryOp("<", key(a), key(b), &unlimited);
-    if (!lt.ok()) {
-      if (error.ok()) error = lt.status();
-      return false;
+// Hugging Face's tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+absl::StatusOr<JsonDumpsOptions> JsonDumpsArgs(const CallArgs& args) {
+  JsonDumpsOptions o;
+  o.ensure_ascii = Arg(args, 0, "ensure_ascii").Truthy();
+  Value indent = Arg(args, 1, "indent");
+  if (indent.is_string()) {
+    o.indent = indent.data().get<std::string>();
+  } else if (indent.is_number()) {  // Python's " " * n (none for n <= 0)
+    o.indent = std::string(
+        static_cast<size_t>(std::clamp<int64_t>(IntArg(args, 1, "indent", 0), 0, 64)), ' ');
+  } else if (!indent.is_undefined() && !indent.is_none()) {
+    return TypeError("tojson: indent must be a number or a string");
+  }
+  if (o.indent) o.item_separator = ",";
+  Value separators = Arg(args, 2, "separators");
+  if (!separators.is_undefined() && !separators.is_none()) {
+    const Json& sep = separators.data();
+    if (!sep.is_array() || sep.size() != 2 || !sep[0].is_string() || !sep[1].is_string()) {
+      return TypeError("tojson: separators must be an (item, key) pair of strings");
     }
-    return lt->Truthy();
-  });
-  if (!error.ok()) return error;
-  if (reverse) std::reverse(items->begin(), items->end());
-  return Value(Json(std::move(*items)));
+    o.item_separator = sep[0].get<std::string>();
+    o.key_separator = sep[1].get<std::string>();
+  }
+  o.sort_keys = Arg(args, 3, "sort_keys").Truthy();
+  return o;
 }
 
-// select / reject / selectattr / rejectattr / map.
-absl::StatusOr<Value> Sequence(absl::string_view name, const Value& input, CallArgs& args,
-                               Budget* budget) {
-  auto items = Iterate(input);
-  if (!items.ok()) return items.status();
-  const bool by_attr = name == "selectattr" || name == "rejectattr";
-  const bool keep = name == "select" || name == "selectattr";
-  Json out = Json::array();
-  size_t first = 0;
-  std::string attr;
-  if (by_attr || name == "map") {
-    Value a = name == "map" ? Arg(args, 99, "attribute") : Arg(args, 0, "attribute");
-    if (a.is_string()) attr = a.data().get<std::string>();
-    if (by_attr && attr.empty()) return TypeError(absl::StrCat(name, ": missing attribute"));
-    first = by_attr ? 1 : 0;
-  }
-  CallArgs rest;
-  for (size_t i = first + 1; i < args.positional.size(); ++i)
-    rest.positional.push_back(args.positional[i]);
-  for (const Json& item : *items) {
-    Value v = attr.empty() ? Value(item) : GetAttr(Value(item), attr);
-    if (name == "map") {
-      if (!attr.empty()) {
-        out.push_back(v.is_undefined() ? Arg(args, 99, "default").data() : v.data());
-        continue;
-      }
-      Value f = Arg(args, 0, "");
-      if (!f.is_string()) return TypeError("map: expected a filter name or attribute=");
-      auto r = ApplyFilter(f.data().get<std::string>(), v, rest, budget);
-      if (!r.ok()) return r.status();
-      out.push_back(r->data());
+// Python's int(s, base) for a str: surrounding whitespace, a sign, digits with single
+// underscores between them; base 0 reads a 0x/0o/0b prefix.
+std::optional<int64_t> ParsePythonInt(const std::string& s, int64_t base) {
+  const std::string t = Strip(s, Value(), 'b');
+  if (base != 0 && (base < 2 || base > 36)) return std::nullopt;
+  std::string digits;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == '_' && i > 0 && i + 1 < t.size() &&
+        std::isalnum(static_cast<unsigned char>(t[i - 1])) &&
+        std::isalnum(static_cast<unsigned char>(t[i + 1]))) {
       continue;
     }
-    Value test = args.positional.size() > first ? args.positional[first] : Value();
-    bool pass;
-    if (test.is_undefined()) {
-      pass = v.Truthy();
-    } else {
-      if (!test.is_string()) return TypeError(absl::StrCat(name, ": expected a test name"));
-      auto r = ApplyTest(test.data().get<std::string>(), v, rest);
-      if (!r.ok()) return r.status();
-      pass = *r;
-    }
-    if (pass == keep) out.push_back(item);
+    digits.push_back(t[i]);
   }
-  return Value(std::move(out));
+  if (digits.empty() || std::isspace(static_cast<unsigned char>(digits[0]))) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(digits.c_str(), &end, static_cast<int>(base));
+  if (errno != 0 || end != digits.c_str() + digits.size()) return std::nullopt;
+  return static_cast<int64_t>(n);
+}
+
+// Python's float(s) for a str: decimal or exponent notation, inf, infinity, nan.
+std::optional<double> ParsePythonFloat(const std::string& s) {
+  const std::string t = Strip(s, Value(), 'b');
+  if (t.empty() || t.find_first_of("xXpP") != std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  const double d = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size()) return std::nullopt;
+  return d;
+}
+
+// Python's str.splitlines(): lines without their ends (\n, \r, \r\n, \v, \f, \x1c-\x1e,
+// U+0085, U+2028, U+2029).
+std::vector<std::string> SplitLines(const std::string& s) {
+  const std::vector<uint32_t> cps = DecodeUtf8(s);
+  std::vector<std::string> lines;
+  size_t begin = 0;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    const uint32_t c = cps[i];
+    if (c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || (c >= 0x1c && c <= 0x1e) || c == 0x85 ||
+        c == 0x2028 || c == 0x2029) {
+      lines.push_back(EncodeUtf8(cps, begin, i));
+      if (c == '\r' && i + 1 < cps.size() && cps[i + 1] == '\n') ++i;
+      begin = i + 1;
+    }
+  }
+  if (begin < cps.size()) lines.push_back(EncodeUtf8(cps, begin, cps.size()));
+  return lines;
+}
+
+// Jinja's indent filter: every line after the first (and the first with `first`) gets `pad`,
+// blank lines only with `blank`; line ends become "\n".
+std::string Indent(const std::string& s, const std::string& pad, bool first, bool blank) {
+  std::vector<std::string> lines = SplitLines(s + "\n");
+  std::string r = lines.empty() ? "" : lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    r += "\n";
+    if (blank || !lines[i].empty()) r += pad;
+    r += lines[i];
+  }
+  return first ? pad + r : r;
 }
 
 }  // namespace
@@ -244,23 +267,22 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
   }
   if (name == "tojson") {
     if (input.is_undefined() || input.is_callable()) return TypeError("tojson: not serializable");
-    Value indent = Arg(args, 0, "indent");
-    std::string s = PythonJsonDumps(
-        j, indent.is_number() ? std::clamp<int>(indent.data().get<int>(), 0, 16) : -1);
+    auto options = JsonDumpsArgs(args);
+    if (!options.ok()) return options.status();
+    std::string s = PythonJsonDumps(j, *options);
     if (auto st = budget->Charge(s.size()); !st.ok()) return st;
     return Value(Json(std::move(s)));
   }
-  if (name == "items" || name == "dictsort") {
+  if (name == "items") {
     if (!j.is_object()) return input.is_undefined() ? Value(Json::array()) : input;
     Json out = Json::array();
     for (auto it = j.begin(); it != j.end(); ++it)
-      out.push_back(Json::array({it.key(), it.value()}));
-    if (name == "dictsort") {
-      std::stable_sort(out.begin(), out.end(), [](const Json& a, const Json& b) {
-        return a[0].get_ref<const std::string&>() < b[0].get_ref<const std::string&>();
-      });
-    }
+      out.push_back(Json::array({KeyValue(it.key()), it.value()}));
     return Value(std::move(out));
+  }
+  if (absl::StatusOr<Value> r = ApplyListFilter(name, input, args, budget);
+      !absl::IsNotFound(r.status())) {
+    return r;
   }
   if (name == "list") {
     auto items = Iterate(input);
@@ -299,30 +321,29 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     }
     return Value(Json(std::move(out)));
   }
-  if (name == "sort") return Sorted(input, args);
-  if (name == "unique") {
-    auto items = Iterate(input);
-    if (!items.ok()) return items.status();
-    Json out = Json::array();
-    for (const Json& e : *items) {
-      if (std::none_of(out.begin(), out.end(), [&](const Json& o) { return DataEquals(o, e); }))
-        out.push_back(e);
+  if (name == "int") {  // int(default=0, base=10); "4.2"|int is 4, as Jinja's quirk has it
+    if (j.is_number_integer() || j.is_boolean())
+      return Value(Json(j.is_boolean() ? j.get<bool>() : j.get<int64_t>()));
+    if (j.is_number_float() && std::isfinite(j.get<double>())) {
+      return Value(Json(static_cast<int64_t>(j.get<double>())));
     }
-    return Value(std::move(out));
+    if (is_str) {
+      if (auto n = ParsePythonInt(str(), IntArg(args, 1, "base", 10))) return Value(Json(*n));
+      if (auto d = ParsePythonFloat(str()); d && std::isfinite(*d)) {
+        return Value(Json(static_cast<int64_t>(*d)));
+      }
+    }
+    Value d = Arg(args, 0, "default");
+    return d.is_undefined() ? Value(Json(0)) : d;
   }
-  if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr" ||
-      name == "map") {
-    return Sequence(name, input, args, budget);
-  }
-  if (name == "int") {
-    if (input.is_number()) return Value(Json(static_cast<int64_t>(j.get<double>())));
-    if (is_str) return Value(Json(static_cast<int64_t>(std::strtoll(str().c_str(), nullptr, 10))));
-    return Value(Json(IntArg(args, 0, "default", 0)));
-  }
-  if (name == "float") {
-    if (input.is_number()) return Value(Json(j.get<double>()));
-    if (is_str) return Value(Json(std::strtod(str().c_str(), nullptr)));
-    return Value(Json(0.0));
+  if (name == "float") {  // float(default=0.0)
+    if (input.is_number() || j.is_boolean())
+      return Value(Json(j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>()));
+    if (is_str) {
+      if (auto d = ParsePythonFloat(str())) return Value(Json(*d));
+    }
+    Value d = Arg(args, 0, "default");
+    return d.is_undefined() ? Value(Json(0.0)) : d;
   }
   if (name == "abs") {
     if (j.is_number_integer())
@@ -360,7 +381,7 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
   }
   if (name == "trim") return Value(Json(Strip(str(), Arg(args, 0, "chars"), 'b')));
   if (name == "upper") return Value(Json(MapAscii(str(), [](int c) { return std::toupper(c); })));
-  if (name == "lower") return Value(Json(MapAscii(str(), [](int c) { return std::tolower(c); })));
+  if (name == "lower") return Value(Json(unicode::ToLower(str())));
   if (name == "capitalize") return Value(Json(Capitalize(str())));
   if (name == "title") return Value(Json(Title(str())));
   if (name == "replace") {
@@ -397,15 +418,16 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     }
     return Value(Json(std::move(r)));
   }
-  if (name == "indent") {
-    const int64_t width = std::clamp<int64_t>(IntArg(args, 0, "width", 4), 0, 64);
-    const bool first = Arg(args, 1, "first").Truthy();
-    const std::string pad(static_cast<size_t>(width), ' ');
-    std::string r = first ? pad : "";
-    for (char c : str()) {
-      r.push_back(c);
-      if (c == '\n') r += pad;
-    }
+  if (name == "indent") {  // indent(width=4, first=False, blank=False); width may be a string
+    Value width = Arg(args, 0, "width");
+    const std::string pad =
+        width.is_string()
+            ? width.data().get<std::string>()
+            : std::string(
+                  static_cast<size_t>(std::clamp<int64_t>(IntArg(args, 0, "width", 4), 0, 64)),
+                  ' ');
+    std::string r =
+        Indent(str(), pad, Arg(args, 1, "first").Truthy(), Arg(args, 2, "blank").Truthy());
     if (auto st = budget->Charge(r.size()); !st.ok()) return st;
     return Value(Json(std::move(r)));
   }
@@ -425,9 +447,10 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, CallArgs&
   if (name == "integer") return v.is_data() && j.is_number_integer();
   if (name == "float") return v.is_data() && j.is_number_float();
   if (name == "mapping") return v.is_object() || v.is_namespace();
-  if (name == "sequence" || name == "iterable")
-    return v.is_string() || v.is_array() || v.is_object();
-  if (name == "callable") return v.is_callable();
+  if (name == "sequence") return v.is_string() || v.is_array() || v.is_object();
+  // Jinja's Undefined iterates as empty and has __call__ (which raises).
+  if (name == "iterable") return v.is_string() || v.is_array() || v.is_object() || v.is_undefined();
+  if (name == "callable") return v.is_callable() || v.is_undefined();
   if (name == "lower" || name == "upper") {
     if (!v.is_string()) return false;
     const std::string& s = j.get_ref<const std::string&>();
@@ -474,7 +497,7 @@ absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallA
     if (name == "keys" || name == "values") {
       Json out = Json::array();
       for (auto it = j.begin(); it != j.end(); ++it)
-        out.push_back(name == "keys" ? Json(it.key()) : it.value());
+        out.push_back(name == "keys" ? KeyValue(it.key()) : it.value());
       return Value(std::move(out));
     }
     return absl::NotFoundError("");

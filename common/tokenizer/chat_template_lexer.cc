@@ -119,15 +119,18 @@ absl::Status LexTag(absl::string_view src, size_t* pos, char closer, std::vector
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
       const size_t start = i;
       bool is_float = false;
+      // After a ".", digits are an index (`matrix.0.1`), never a float (Jinja's (?<!\.)).
+      const bool after_dot =
+          !tokens->empty() && tokens->back().type == Token::Type::kOp && tokens->back().text == ".";
       while (i < src.size() && (std::isdigit(static_cast<unsigned char>(src[i])) || src[i] == '_'))
         ++i;
-      if (i + 1 < src.size() && src[i] == '.' &&
+      if (!after_dot && i + 1 < src.size() && src[i] == '.' &&
           std::isdigit(static_cast<unsigned char>(src[i + 1]))) {
         is_float = true;
         ++i;
         while (i < src.size() && std::isdigit(static_cast<unsigned char>(src[i]))) ++i;
       }
-      if (i < src.size() && (src[i] == 'e' || src[i] == 'E')) {
+      if (!after_dot && i < src.size() && (src[i] == 'e' || src[i] == 'E')) {
         size_t j = i + 1;
         if (j < src.size() && (src[j] == '+' || src[j] == '-')) ++j;
         if (j < src.size() && std::isdigit(static_cast<unsigned char>(src[j]))) {
@@ -172,18 +175,64 @@ absl::Status LexTag(absl::string_view src, size_t* pos, char closer, std::vector
   }
 }
 
+// Jinja's lexer turns every newline ("\r\n", "\r", "\n") of the source into "\n" and, without
+// keep_trailing_newline (Hugging Face's setting), drops one at the very end.
+std::string NormalizeNewlines(absl::string_view source) {
+  std::string out;
+  out.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      out.push_back('\n');
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      out.push_back(source[i]);
+    }
+  }
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return out;
+}
+
+// The tag {% endraw %} (with any "-"/"+" and spacing) at or after `from`; npos if none.
+size_t FindEndRaw(absl::string_view src, size_t from) {
+  for (size_t at = src.find("{%", from); at != absl::string_view::npos;
+       at = src.find("{%", at + 1)) {
+    size_t i = at + 2;
+    if (i < src.size() && (src[i] == '-' || src[i] == '+')) ++i;
+    while (i < src.size() && IsSpace(src[i])) ++i;
+    if (src.substr(i, 6) != "endraw") continue;
+    i += 6;
+    while (i < src.size() && IsSpace(src[i])) ++i;
+    if (i < src.size() && (src[i] == '-' || src[i] == '+')) ++i;
+    if (src.substr(i, 2) == "%}") return at;
+  }
+  return absl::string_view::npos;
+}
+
+bool IsRawTag(const std::vector<Token>& tokens, absl::string_view word) {
+  return tokens.size() == 1 && tokens[0].type == Token::Type::kName && tokens[0].text == word;
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<Piece>> LexTemplate(absl::string_view src) {
+absl::StatusOr<std::vector<Piece>> LexTemplate(absl::string_view source) {
+  const std::string normalized = NormalizeNewlines(source);
+  const absl::string_view src = normalized;
   std::vector<Piece> pieces;
   size_t pos = 0;
   bool strip_next = false;  // the previous tag ended with "-"
   bool trim_next = false;   // the previous tag was a block or comment (trim_blocks)
+  bool in_raw = false;      // after {% raw %}: text up to {% endraw %}
   while (true) {
-    size_t start = src.find('{', pos);
-    while (start != absl::string_view::npos && start + 1 < src.size() && src[start + 1] != '{' &&
-           src[start + 1] != '%' && src[start + 1] != '#') {
-      start = src.find('{', start + 1);
+    size_t start;
+    if (in_raw) {
+      start = FindEndRaw(src, pos);
+      if (start == absl::string_view::npos) return Error(src, pos, "missing {% endraw %}");
+    } else {
+      start = src.find('{', pos);
+      while (start != absl::string_view::npos && start + 1 < src.size() && src[start + 1] != '{' &&
+             src[start + 1] != '%' && src[start + 1] != '#') {
+        start = src.find('{', start + 1);
+      }
     }
     if (start != absl::string_view::npos && start + 1 >= src.size())
       start = absl::string_view::npos;
@@ -239,7 +288,14 @@ absl::StatusOr<std::vector<Piece>> LexTemplate(absl::string_view src) {
         return st;
       }
       if (piece.tokens.empty()) return Error(src, start, "empty tag");
-      pieces.push_back(std::move(piece));
+      // {% raw %} and {% endraw %} only switch the lexer; the text between stays text.
+      if (in_raw) {
+        in_raw = false;
+      } else if (piece.kind == Piece::Kind::kStatement && IsRawTag(piece.tokens, "raw")) {
+        in_raw = true;
+      } else {
+        pieces.push_back(std::move(piece));
+      }
     }
     strip_next = strip_after;
     trim_next = kind != '{' && !keep_after;

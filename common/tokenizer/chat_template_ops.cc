@@ -85,6 +85,12 @@ absl::StatusOr<int> Compare(const Value& a, const Value& b) {
     const int c = x.get_ref<const std::string&>().compare(y.get_ref<const std::string&>());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
+  if (a.is_array() && b.is_array()) {  // lexicographic, as Python compares lists
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      if (!DataEquals(x[i], y[i])) return Compare(Value(x[i]), Value(y[i]));
+    }
+    return x.size() < y.size() ? -1 : x.size() > y.size() ? 1 : 0;
+  }
   return TypeError(
       absl::StrCat("'<' not supported between '", TypeName(a), "' and '", TypeName(b), "'"));
 }
@@ -103,7 +109,7 @@ absl::StatusOr<bool> Contains(const Value& container, const Value& item) {
     }
     return false;
   }
-  if (c.is_object()) return item.is_string() && c.contains(item.data().get<std::string>());
+  if (c.is_object()) return item.is_data() && c.contains(DictKey(item.data()));
   return TypeError(absl::StrCat("argument of type '", TypeName(container), "' is not iterable"));
 }
 
@@ -226,7 +232,7 @@ Value GetItem(const Value& obj, const Value& key) {
   const Json& j = obj.data();
   if (!obj.is_data() && !obj.is_namespace()) return Value();
   const Json& k = key.data();
-  if (j.is_object() && k.is_string()) return GetAttr(obj, k.get<std::string>());
+  if (j.is_object()) return key.is_data() ? GetAttr(obj, DictKey(k)) : Value();
   if ((j.is_array() || j.is_string()) && key.is_data() && IsIntegral(k)) {
     int64_t i = AsInt(k);
     if (j.is_array()) {
@@ -275,7 +281,7 @@ absl::StatusOr<std::vector<Json>> Iterate(const Value& v) {
   if (j.is_array()) {
     items.assign(j.begin(), j.end());
   } else if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(it.key());
+    for (auto it = j.begin(); it != j.end(); ++it) items.push_back(KeyValue(it.key()));
   } else if (j.is_string()) {
     for (uint32_t cp : DecodeUtf8(j.get<std::string>())) {
       std::string c;

@@ -241,10 +241,58 @@ class TagParser {
     return nullptr;
   }
 
-  // (args, kw=args) after the "(" was consumed; appends to `call`.
+ public:
+  // The filters of a {% filter %} tag ("name(args) | name ..."), applied to the block's output.
+  ExprPtr FilterBlockChain() {
+    ExprPtr e = MakeExpr(Expr::Kind::kName);
+    e->name = kFilterBlockInput;
+    do {
+      ExprPtr f = MakeExpr(Expr::Kind::kFilter, ExpectName(), std::move(e));
+      if (SkipOp("(")) CallArgs(f.get());
+      e = std::move(f);
+    } while (ok() && SkipOp("|"));
+    return ok() ? std::move(e) : nullptr;
+  }
+
+  // Assignment targets: "a", "a, b" or "(a, b)".
+  void Targets(std::vector<std::string>* targets) {
+    const bool paren = SkipOp("(");
+    do {
+      targets->push_back(ExpectName());
+    } while (ok() && SkipOp(","));
+    if (paren) ExpectOp(")");
+  }
+
+  // An expression, or several separated by commas: a tuple, evaluated as a list.
+  ExprPtr TupleExpression() {
+    ExprPtr e = Expression();
+    if (!e || !IsOp(",")) return e;
+    ExprPtr list = MakeExpr(Expr::Kind::kList);
+    list->args.push_back(std::move(e));
+    while (ok() && SkipOp(",") && !AtEnd()) list->args.push_back(Expression());
+    return ok() ? std::move(list) : nullptr;
+  }
+
+  // Parameters "(a, b=default, ...)" of a macro or a call block, the "(" already consumed.
+  void Params(std::vector<std::pair<std::string, ExprPtr>>* params) {
+    while (ok() && !IsOp(")")) {
+      std::string name = ExpectName();
+      ExprPtr def = SkipOp("=") ? Expression() : nullptr;
+      params->emplace_back(std::move(name), std::move(def));
+      if (!SkipOp(",")) break;
+    }
+    ExpectOp(")");
+  }
+
+ private:
+  // (args, kw=args, *list, **dict) after the "(" was consumed; appends to `call`.
   void CallArgs(Expr* call) {
     while (ok() && !IsOp(")")) {
-      if (Peek() != nullptr && Peek()->type == Token::Type::kName && IsOp("=", 1)) {
+      if (SkipOp("**")) {
+        call->star_kwargs = Expression();
+      } else if (SkipOp("*")) {
+        call->star_args = Expression();
+      } else if (Peek() != nullptr && Peek()->type == Token::Type::kName && IsOp("=", 1)) {
         std::string key = Peek()->text;
         pos_ += 2;
         call->kwargs.emplace_back(std::move(key), Expression());
@@ -421,9 +469,7 @@ class TemplateParser {
       }
     } else if (keyword == "for") {
       node->kind = Node::Kind::kFor;
-      do {
-        node->targets.push_back(p.ExpectName());
-      } while (p.ok() && p.SkipOp(","));
+      p.Targets(&node->targets);
       if (p.ok() && !p.SkipName("in")) p.Fail("expected 'in'");
       if (p.ok()) node->expr = p.Expression(/*with_condition=*/false);
       if (p.ok() && p.SkipName("if")) node->filter = p.Expression();
@@ -434,35 +480,45 @@ class TemplateParser {
       if (error_.empty() && end == "else") node->else_body = ParseBody({"endfor"}, &end, &next);
     } else if (keyword == "set") {
       node->kind = Node::Kind::kSet;
-      node->targets.push_back(p.ExpectName());
-      if (p.SkipOp(".")) {
-        node->attr = p.ExpectName();
+      if (p.IsOp("(")) {
+        p.Targets(&node->targets);
       } else {
-        while (p.ok() && p.SkipOp(",")) node->targets.push_back(p.ExpectName());
+        node->targets.push_back(p.ExpectName());
+        if (p.SkipOp(".")) {
+          node->attr = p.ExpectName();
+        } else {
+          while (p.ok() && p.SkipOp(",")) node->targets.push_back(p.ExpectName());
+        }
       }
       if (p.ok() && p.AtEnd() && node->attr.empty() && node->targets.size() == 1) {
         node->kind = Node::Kind::kSetBlock;
         node->body = ParseBody({"endset"}, &end, &next);
       } else if (p.ExpectOp("=")) {
-        node->expr = p.Expression();
+        node->expr = p.TupleExpression();
         p.ExpectEnd();
       }
       if (!Check(p)) return;
     } else if (keyword == "macro") {
       node->kind = Node::Kind::kMacro;
       node->targets.push_back(p.ExpectName());
-      if (p.ExpectOp("(")) {
-        while (p.ok() && !p.IsOp(")")) {
-          std::string name = p.ExpectName();
-          ExprPtr def = p.SkipOp("=") ? p.Expression() : nullptr;
-          node->params.emplace_back(std::move(name), std::move(def));
-          if (!p.SkipOp(",")) break;
-        }
-        p.ExpectOp(")");
-      }
+      if (p.ExpectOp("(")) p.Params(&node->params);
       p.ExpectEnd();
       if (!Check(p)) return;
       node->body = ParseBody({"endmacro"}, &end, &next);
+    } else if (keyword == "call") {  // {% call(params) macro(args) %}caller's body{% endcall %}
+      node->kind = Node::Kind::kCallBlock;
+      if (p.SkipOp("(")) p.Params(&node->params);
+      if (p.ok()) node->expr = p.Expression();
+      if (p.ok() && node->expr->kind != Expr::Kind::kCall) p.Fail("{% call %} expects a call");
+      p.ExpectEnd();
+      if (!Check(p)) return;
+      node->body = ParseBody({"endcall"}, &end, &next);
+    } else if (keyword == "filter") {  // {% filter name(args) | ... %}body{% endfilter %}
+      node->kind = Node::Kind::kFilterBlock;
+      node->expr = p.FilterBlockChain();
+      p.ExpectEnd();
+      if (!Check(p)) return;
+      node->body = ParseBody({"endfilter"}, &end, &next);
     } else if (keyword == "break" || keyword == "continue") {
       node->kind = keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue;
       p.ExpectEnd();

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <random>
 
 namespace tandem::chat_template {
 namespace {
@@ -100,12 +101,16 @@ void Repr(const Json& v, std::string* out) {
       return;
     }
     case Json::value_t::object: {
+      if (const CallableTable* t = CallableTable::Current(); t != nullptr && t->Find(v)) {
+        *out += "<function>";  // a callable's handle
+        return;
+      }
       out->push_back('{');
       bool first = true;
       for (auto it = v.begin(); it != v.end(); ++it) {
         if (!first) *out += ", ";
         first = false;
-        ReprString(it.key(), out);
+        Repr(KeyValue(it.key()), out);
         *out += ": ";
         Repr(it.value(), out);
       }
@@ -117,48 +122,68 @@ void Repr(const Json& v, std::string* out) {
   }
 }
 
-void JsonString(const std::string& s, std::string* out) {
+// The short escape json.dumps writes for c, or null.
+const char* ShortEscape(uint32_t c) {
+  switch (c) {
+    case '"':
+      return "\\\"";
+    case '\\':
+      return "\\\\";
+    case '\n':
+      return "\\n";
+    case '\r':
+      return "\\r";
+    case '\t':
+      return "\\t";
+    case '\b':
+      return "\\b";
+    case '\f':
+      return "\\f";
+    default:
+      return nullptr;
+  }
+}
+
+// A JSON string as Python's json.dumps writes it: '"', '\\' and control characters escaped;
+// with ensure_ascii every character outside ' '..'~' as \uXXXX (UTF-16 surrogate pairs).
+void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
+  auto hex4 = [out](uint32_t u) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "\\u%04x", u);
+    *out += buf;
+  };
   out->push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      case '\b':
-        *out += "\\b";
-        break;
-      case '\f':
-        *out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          *out += buf;
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
+  if (ensure_ascii) {
+    for (uint32_t c : DecodeUtf8(s)) {
+      if (const char* e = ShortEscape(c)) {
+        *out += e;
+      } else if (c >= 0x20 && c < 0x7f) {
+        out->push_back(static_cast<char>(c));
+      } else if (c < 0x10000) {
+        hex4(c);
+      } else {
+        hex4(0xd800 + ((c - 0x10000) >> 10));
+        hex4(0xdc00 + ((c - 0x10000) & 0x3ff));
+      }
+    }
+  } else {
+    for (unsigned char c : s) {
+      if (const char* e = ShortEscape(c)) {
+        *out += e;
+      } else if (c < 0x20) {
+        hex4(c);
+      } else {
+        out->push_back(static_cast<char>(c));
+      }
     }
   }
   out->push_back('"');
 }
 
-void Dumps(const Json& v, int indent, int level, std::string* out) {
+void Dumps(const Json& v, const JsonDumpsOptions& o, int level, std::string* out) {
   auto newline = [&](int lvl) {
     out->push_back('\n');
-    out->append(static_cast<size_t>(indent) * lvl, ' ');
+    for (int k = 0; k < lvl; ++k) *out += *o.indent;
   };
   switch (v.type()) {
     case Json::value_t::null:
@@ -175,7 +200,7 @@ void Dumps(const Json& v, int indent, int level, std::string* out) {
       return;
     }
     case Json::value_t::string:
-      JsonString(v.get_ref<const std::string&>(), out);
+      JsonString(v.get_ref<const std::string&>(), o.ensure_ascii, out);
       return;
     case Json::value_t::array:
     case Json::value_t::object: {
@@ -185,18 +210,25 @@ void Dumps(const Json& v, int indent, int level, std::string* out) {
         out->push_back(is_array ? ']' : '}');
         return;
       }
-      bool first = true;
-      for (auto it = v.begin(); it != v.end(); ++it) {
-        if (!first) *out += indent >= 0 ? "," : ", ";
-        first = false;
-        if (indent >= 0) newline(level + 1);
-        if (!is_array) {
-          JsonString(it.key(), out);
-          *out += ": ";
-        }
-        Dumps(it.value(), indent, level + 1, out);
+      std::vector<Json::const_iterator> items;
+      for (auto it = v.begin(); it != v.end(); ++it) items.push_back(it);
+      if (!is_array && o.sort_keys) {
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto& a, const auto& b) { return a.key() < b.key(); });
       }
-      if (indent >= 0) newline(level);
+      bool first = true;
+      for (const auto& it : items) {
+        if (!first) *out += o.item_separator;
+        first = false;
+        if (o.indent) newline(level + 1);
+        if (!is_array) {
+          const Json key = KeyValue(it.key());  // json.dumps writes 512 as "512"
+          JsonString(key.is_string() ? key.get<std::string>() : key.dump(), o.ensure_ascii, out);
+          *out += o.key_separator;
+        }
+        Dumps(it.value(), o, level + 1, out);
+      }
+      if (o.indent) newline(level);
       out->push_back(is_array ? ']' : '}');
       return;
     }
@@ -214,15 +246,66 @@ Value Value::Namespace(Json object) {
   return v;
 }
 
+Value::Value(Json data) : kind_(Kind::kData), data_(std::move(data)) {
+  if (!data_.is_object() || data_.size() != 1) return;
+  if (CallableTable* table = CallableTable::Current()) {
+    if (std::shared_ptr<Function> fn = table->Find(data_)) {
+      kind_ = Kind::kCallable;
+      fn_ = std::move(fn);
+    }
+  }
+}
+
 Value Value::Callable(Function fn) {
   Value v;
   v.kind_ = Kind::kCallable;
   v.fn_ = std::make_shared<Function>(std::move(fn));
+  if (CallableTable* table = CallableTable::Current()) v.data_ = table->Add(v.fn_);
   return v;
 }
 
+namespace {
+thread_local CallableTable* current_table = nullptr;
+}  // namespace
+
+CallableTable::CallableTable() : previous_(current_table) {
+  std::random_device random;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "\x01callable:%08x%08x%08x%08x", random(), random(), random(),
+                random());
+  key_ = buf;
+  current_table = this;
+}
+
+CallableTable::~CallableTable() { current_table = previous_; }
+
+CallableTable* CallableTable::Current() { return current_table; }
+
+Json CallableTable::Add(std::shared_ptr<Function> fn) {
+  functions_.push_back(std::move(fn));
+  return Json::object({{key_, functions_.size() - 1}});
+}
+
+std::shared_ptr<Function> CallableTable::Find(const Json& handle) const {
+  auto it = handle.find(key_);
+  if (it == handle.end() || !it->is_number_unsigned()) return nullptr;
+  const uint64_t i = it->get<uint64_t>();
+  return i < functions_.size() ? functions_[i] : nullptr;
+}
+
+std::string DictKey(const Json& key) {
+  if (key.is_string()) return key.get<std::string>();
+  return "\x02" + key.dump();
+}
+
+Json KeyValue(const std::string& stored) {
+  if (stored.empty() || stored[0] != '\x02') return Json(stored);
+  Json v = Json::parse(stored.begin() + 1, stored.end(), nullptr, /*allow_exceptions=*/false);
+  return v.is_discarded() ? Json(stored) : v;
+}
+
 const Json& Value::data() const {
-  if (kind_ == Kind::kData) return data_;
+  if (kind_ == Kind::kData || kind_ == Kind::kCallable) return data_;
   if (kind_ == Kind::kNamespace) return *ns_;
   return NullJson();
 }
@@ -284,9 +367,9 @@ std::string PythonStr(const Json& value) {
   return PythonRepr(value);
 }
 
-std::string PythonJsonDumps(const Json& value, int indent) {
+std::string PythonJsonDumps(const Json& value, const JsonDumpsOptions& options) {
   std::string out;
-  Dumps(value, indent, 0, &out);
+  Dumps(value, options, 0, &out);
   return out;
 }
 

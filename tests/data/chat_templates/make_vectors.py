@@ -121,6 +121,59 @@ SNIPPETS = [
     "{% for k, v in {'b': 1, 'a': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}|{{ 'AbC' | lower }}",
     "{% set x %}block {{ 1 + 1 }}{% endset %}[{{ x }}]",
     "{{ 3 > 2 and 2 >= 2 and 1 < 2 and 1 <= 1 and 1 != 2 }}|{{ not none }}|{{ 'a' < 'b' }}",
+    # The source's newlines ("\r\n", "\r") become "\n"; one at the very end is dropped.
+    "{{ 'a' }}\r\nb\rc\n\n",
+    "{% if true %}\n### Response:\n{% endif %}\n",
+    "{% raw %}{{ not evaluated }}{% if %}{% endraw %}|  {%- raw -%}  x  {%- endraw -%}  |",
+    # {% call %} blocks: caller() with and without arguments, rendered with the call site's
+    # names, not the macro's.
+    "{%- macro box(title) -%}[{{ title }}:{{ caller() }}]{%- endmacro -%}"
+    "{% call box('t') %}body {{ messages | length }}{% endcall %}",
+    "{% macro each(xs) %}{% for x in xs %}{{ caller(x, loop.index) }}{% endfor %}{% endmacro %}"
+    "{% call(item, n) each(['a', 'b']) %}{{ n }}={{ item }};{% endcall %}",
+    "{% macro m(x) %}{% set y = 'macro' %}{{ caller() }}{{ y }}{% endmacro %}{% set y = 'site' %}"
+    "{% call m(1) %}{{ y }}{% endcall %}",
+    "{% filter upper %}hello {{ 'x' }}{% endfilter %}|"
+    "{% filter replace('a', 'o') | title %}banana bread{% endfilter %}",
+    # Arguments spread from a list (*) and a mapping (**); the rest in varargs and kwargs.
+    "{% macro mul(a, b, c=1) %}{{ a * b * c }}{% endmacro %}{{ mul(*[2, 3]) }}|"
+    "{{ mul(*[2, 3], **{'c': 4}) }}|{% set fs = [mul] %}{{ fs[0](*[1, 2, 3]) }}",
+    "{% macro m(a) %}{{ a }}{{ varargs | length }}{{ varargs[1] }}{{ kwargs.k }}{% endmacro %}"
+    "{{ m(1, 2, 3, k='v') }}",
+    # tojson's options (Hugging Face's tojson: ensure_ascii, indent, separators, sort_keys).
+    "{{ {'b': [1, 2], 'a': '\u00e9\U0001f917'} | tojson(separators=(',', ':')) }}|"
+    "{{ {'b': 1, 'a': {'d': 2, 'c': 3}} | tojson(sort_keys=true) }}|"
+    "{{ '\u00e9\U0001f917\x07' | tojson(ensure_ascii=true) }}",
+    "{{ [1, {'a': []}] | tojson(indent=2) }}|{{ [1, 2] | tojson(indent='\t') }}|"
+    "{{ [1, [2]] | tojson(indent=0) }}|{{ {'a': 1} | tojson(indent=2, separators=(';', '=')) }}",
+    # indent: blank lines stay blank unless blank=true, a trailing line end is not indented.
+    "{{ '{\n' | indent(4, first=True) }}|{{ 'a\n\nb\n' | indent(2) }}|"
+    "{{ 'a\n\nb' | indent(2, blank=true) }}|{{ 'a\r\nb' | indent('> ', true) }}",
+    "{% for k, v in {'b': 1, 'a': 3, 'C': 2} | dictsort %}{{ k }}{% endfor %}|"
+    "{% for k, v in {'b': 1, 'a': 3, 'C': 2} | dictsort(true) %}{{ k }}{% endfor %}|"
+    "{% for k, v in {'b': 1, 'a': 3, 'C': 2} | dictsort(by='value', reverse=true) %}{{ k }}"
+    "{% endfor %}",
+    "{{ [{'n': 'b', 'p': {'x': 2}}, {'n': 'a', 'p': {'x': 1}}, {'n': 'c', 'p': {'x': 2}}] | "
+    "sort(attribute='p.x', reverse=true) | map(attribute='n') | join }}|"
+    "{{ ['b', 'A', 'c'] | sort }}|{{ ['b', 'A', 'c'] | sort(case_sensitive=true) }}|"
+    "{{ [{'a': 2, 'b': 'y'}, {'a': 1, 'b': 'z'}, {'a': 2, 'b': 'x'}] | sort(attribute='a,b') | "
+    "map(attribute='b') | join }}|{{ [none, none] | sort }}",
+    "{{ ['a', 'A', 'b'] | unique | list }}|{{ [{'u': {'n': 1}}, {'u': {'n': 2}}] | "
+    "map(attribute='u.n') | list }}|{{ none | selectattr('type', 'equalto', 'x') | list }}|"
+    "{{ [[1, 2], [3, 4]] | map(attribute='1') | list }}",
+    "{{ '42' | int }}|{{ ' 7 ' | int }}|{{ '4.7' | int }}|{{ 'x' | int }}|{{ 'x' | int(-1) }}|"
+    "{{ '1_000' | int }}|{{ 'ff' | int(base=16) }}|{{ true | int }}|{{ 2.9 | int }}|"
+    "{{ '2.5' | float }}|{{ 'x' | float }}|{{ 'x' | float(1.5) }}|{{ 3 | float }}",
+    "{{ ' a b  c '.split(none, 1) }}|{{ 'a b'.split() }}|{{ 'a,b,c'.split(',', 1) }}|"
+    "{{ -true }}|{{ +false }}|{{ -0.0 }}|{{ messages.0.role }}|{{ messages.1.content.2 }}",
+    "{% set a, b = 1, 2 %}{{ a }}{{ b }}|{% set (c, d) = [3, 4] %}{{ c }}{{ d }}|"
+    "{% for (k, v) in [[5, 6]] %}{{ k }}{{ v }}{% endfor %}",
+    "{{ '\u00c0\u00c9 \u03a3\u0391\u03a3' | lower }}|{{ undefined_x is callable }}|"
+    "{{ undefined_x is iterable }}|{{ 1 is iterable }}",
+    # Dict keys that are not strings (ByteDance Seed-OSS maps token budgets to intervals).
+    "{%- set d = {1024: 256, 0: 0, 512: 128} -%}{% for k, v in d | dictsort %}{{ k + 1 }}={{ v }};"
+    "{% endfor %}|{{ d[512] }}|{{ 512 in d }}|{{ 7 in d }}|{% set e = {'k': none, 2: 'two', 1.5: "
+    "true, none: 0} %}{{ e }}|{{ e | tojson }}|{{ e.keys() | list }}|{{ e[2] }}{{ e[none] }}",
 ]
 
 
