@@ -61,6 +61,7 @@ struct Node {
     kMacro,        // macro name(params with defaults): body
     kCallBlock,    // call(params) expr: body (the macro's `caller`, with params)
     kFilterBlock,  // filter chain: body (expr: the chain over kFilterBlockInput)
+    kWith,         // with params (name = expr): body, in a scope of its own
     kBreak,
     kContinue,
   };
@@ -73,7 +74,8 @@ struct Node {
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body;
   Body else_body;
-  std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro, kCallBlock (default may be null)
+  // kMacro, kCallBlock: parameters (default may be null); kWith: the names it binds
+  std::vector<std::pair<std::string, ExprPtr>> params;
 };
 
 }  // namespace tandem::chat_template

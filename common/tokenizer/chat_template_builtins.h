@@ -4,6 +4,8 @@
 // semantics where Jinja defers to Python (truthiness, slicing, str methods, json.dumps).
 
 #include <cstdint>
+#include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -58,5 +60,14 @@ absl::Status TypeError(absl::string_view message);
 Value Arg(const CallArgs& args, size_t i, absl::string_view name);
 // Python's str.strip family: `mode` 'b'oth, 'l'eft, 'r'ight; chars undefined/none: whitespace.
 std::string Strip(const std::string& s, const Value& chars, char mode);
+// Argument i (or `name`) as a string (a TypeError naming `what` otherwise), or as an integer
+// (`fallback` when it is not a number).
+absl::StatusOr<std::string> StringArg(const CallArgs& args, size_t i, absl::string_view name,
+                                      absl::string_view what);
+int64_t IntArg(const CallArgs& args, size_t i, absl::string_view name, int64_t fallback);
+// Python's str.isspace() of one character, and str.splitlines(): the lines without their ends
+// (\n, \r, \r\n, \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029).
+bool IsPySpace(uint32_t c);
+std::vector<std::string> SplitLines(const std::string& s);
 
 }  // namespace tandem::chat_template

@@ -162,6 +162,16 @@ class Evaluator {
         TANDEM_RETURN_IF_ERROR(Emit(v->ToString(), out));
         return Flow::kNormal;
       }
+      case Node::Kind::kWith: {
+        Scope scope;  // the values are computed in the enclosing scope
+        for (const auto& [name, expr] : n.params) {
+          TANDEM_ASSIGN_OR_RETURN(scope[name], Eval(*expr));
+        }
+        scopes_.push_back(std::move(scope));
+        absl::StatusOr<Flow> flow = Exec(n.body, out);
+        scopes_.pop_back();
+        return flow;
+      }
       case Node::Kind::kBreak:
         return loop_depth_ > 0 ? Flow::kBreak : Flow::kNormal;
       case Node::Kind::kContinue:

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -14,10 +15,6 @@
 
 namespace tandem::chat_template {
 namespace {
-
-bool IsPySpace(uint32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
-}
 
 std::string MapAscii(const std::string& s, int (*f)(int)) {
   std::string r = s;
@@ -62,69 +59,6 @@ std::string Replace(const std::string& s, const std::string& from, const std::st
   return r;
 }
 
-absl::StatusOr<Json> Split(const std::string& s, const Value& sep, int64_t maxsplit) {
-  Json out = Json::array();
-  if (sep.is_undefined() || sep.is_none()) {  // runs of whitespace, no empty strings
-    const std::vector<uint32_t> cps = DecodeUtf8(s);
-    size_t i = 0;
-    while (i < cps.size()) {
-      while (i < cps.size() && IsPySpace(cps[i])) ++i;
-      if (i >= cps.size()) break;
-      size_t j = i;
-      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) >= maxsplit) {
-        out.push_back(EncodeUtf8(cps, i, cps.size()));  // the rest, trailing whitespace kept
-        break;
-      }
-      while (j < cps.size() && !IsPySpace(cps[j])) ++j;
-      out.push_back(EncodeUtf8(cps, i, j));
-      i = j;
-    }
-    return out;
-  }
-  if (!sep.is_string()) return TypeError("split: the separator must be a string");
-  const std::string& d = sep.data().get_ref<const std::string&>();
-  if (d.empty()) return TypeError("split: empty separator");
-  size_t pos = 0;
-  while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
-    const size_t hit = s.find(d, pos);
-    if (hit == std::string::npos) break;
-    out.push_back(s.substr(pos, hit - pos));
-    pos = hit + d.size();
-  }
-  out.push_back(s.substr(pos));
-  return out;
-}
-
-// A copy: Arg returns the argument by value.
-absl::StatusOr<std::string> StringArg(const CallArgs& args, size_t i, absl::string_view name,
-                                      absl::string_view what) {
-  Value v = Arg(args, i, name);
-  if (!v.is_string()) return TypeError(absl::StrCat(what, ": expected a string argument"));
-  return v.data().get<std::string>();
-}
-
-int64_t IntArg(const CallArgs& args, size_t i, absl::string_view name, int64_t fallback) {
-  Value v = Arg(args, i, name);
-  return v.is_number() ? v.data().get<int64_t>() : fallback;
-}
-
-bool AffixMatch(const std::string& s, const Value& affix, bool prefix) {
-  auto one = [&](const Json& a) {
-    if (!a.is_string()) return false;
-    const std::string& p = a.get_ref<const std::string&>();
-    if (p.size() > s.size()) return false;
-    return prefix ? s.compare(0, p.size(), p) == 0
-                  : s.compare(s.size() - p.size(), p.size(), p) == 0;
-  };
-  if (affix.is_array()) {
-    for (const Json& a : affix.data()) {
-      if (one(a)) return true;
-    }
-    return false;
-  }
-  return one(affix.data());
-}
-
 // Hugging Face's tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False).
 absl::StatusOr<JsonDumpsOptions> JsonDumpsArgs(const CallArgs& args) {
   JsonDumpsOptions o;
@@ -132,6 +66,8 @@ absl::StatusOr<JsonDumpsOptions> JsonDumpsArgs(const CallArgs& args) {
   Value indent = Arg(args, 1, "indent");
   if (indent.is_string()) {
     o.indent = indent.data().get<std::string>();
+    // The output grows with it per nesting level, before the budget sees it.
+    if (o.indent->size() > 64) return TypeError("tojson: an indent string longer than 64 bytes");
   } else if (indent.is_number()) {  // Python's " " * n (none for n <= 0)
     o.indent = std::string(
         static_cast<size_t>(std::clamp<int64_t>(IntArg(args, 1, "indent", 0), 0, 64)), ' ');
@@ -184,6 +120,53 @@ std::optional<double> ParsePythonFloat(const std::string& s) {
   return d;
 }
 
+// Python's round(x, n) of a float: to the nearest multiple of 10^-n, ties to even, on the
+// exact binary value (glibc's printf rounds it that way).
+double PythonRound(double x, int64_t n) {
+  if (!std::isfinite(x)) return x;
+  if (n < 0) {
+    const double scale = std::pow(10.0, static_cast<double>(-n));
+    return std::nearbyint(x / scale) * scale;
+  }
+  std::vector<char> buf(static_cast<size_t>(n) + 400);
+  std::snprintf(buf.data(), buf.size(), "%.*f", static_cast<int>(n), x);
+  return std::strtod(buf.data(), nullptr);
+}
+
+// Jinja's indent filter: every line after the first (and the first with `first`) gets `pad`,
+// blank lines only with `blank`; line ends become "\n".
+absl::StatusOr<std::string> Indent(const std::string& s, const std::string& pad, bool first,
+                                   bool blank, Budget* budget) {
+  std::vector<std::string> lines = SplitLines(s + "\n");
+  if (auto st = budget->Charge(s.size() + lines.size() * (pad.size() + 1)); !st.ok()) return st;
+  std::string r = lines.empty() ? "" : lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    r += "\n";
+    if (blank || !lines[i].empty()) r += pad;
+    r += lines[i];
+  }
+  return first ? pad + r : r;
+}
+
+}  // namespace
+
+bool IsPySpace(uint32_t c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+}
+
+// A copy: Arg returns the argument by value.
+absl::StatusOr<std::string> StringArg(const CallArgs& args, size_t i, absl::string_view name,
+                                      absl::string_view what) {
+  Value v = Arg(args, i, name);
+  if (!v.is_string()) return TypeError(absl::StrCat(what, ": expected a string argument"));
+  return v.data().get<std::string>();
+}
+
+int64_t IntArg(const CallArgs& args, size_t i, absl::string_view name, int64_t fallback) {
+  Value v = Arg(args, i, name);
+  return v.is_number() ? v.data().get<int64_t>() : fallback;
+}
+
 // Python's str.splitlines(): lines without their ends (\n, \r, \r\n, \v, \f, \x1c-\x1e,
 // U+0085, U+2028, U+2029).
 std::vector<std::string> SplitLines(const std::string& s) {
@@ -202,21 +185,6 @@ std::vector<std::string> SplitLines(const std::string& s) {
   if (begin < cps.size()) lines.push_back(EncodeUtf8(cps, begin, cps.size()));
   return lines;
 }
-
-// Jinja's indent filter: every line after the first (and the first with `first`) gets `pad`,
-// blank lines only with `blank`; line ends become "\n".
-std::string Indent(const std::string& s, const std::string& pad, bool first, bool blank) {
-  std::vector<std::string> lines = SplitLines(s + "\n");
-  std::string r = lines.empty() ? "" : lines[0];
-  for (size_t i = 1; i < lines.size(); ++i) {
-    r += "\n";
-    if (blank || !lines[i].empty()) r += pad;
-    r += lines[i];
-  }
-  return first ? pad + r : r;
-}
-
-}  // namespace
 
 Value Arg(const CallArgs& args, size_t i, absl::string_view name) {
   if (i < args.positional.size()) return args.positional[i];
@@ -351,28 +319,56 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     if (input.is_number()) return Value(Json(std::fabs(j.get<double>())));
     return TypeError("abs: expected a number");
   }
-  if (name == "round") {
+  if (name == "round") {  // round(precision=0, method="common"|"floor"|"ceil")
     if (!input.is_number()) return TypeError("round: expected a number");
-    const double scale = std::pow(
-        10.0, static_cast<double>(std::clamp<int64_t>(IntArg(args, 0, "precision", 0), -15, 15)));
-    return Value(Json(std::round(j.get<double>() * scale) / scale));
+    const int64_t precision = std::clamp<int64_t>(IntArg(args, 0, "precision", 0), -308, 308);
+    Value method = Arg(args, 1, "method");
+    const std::string how = method.is_string() ? method.data().get<std::string>() : "common";
+    if (how == "common") {  // Python's round(): an int stays an int
+      if (j.is_number_integer() && precision >= 0) return input;
+      return Value(Json(PythonRound(j.get<double>(), precision)));
+    }
+    if (how != "floor" && how != "ceil") {
+      return TypeError("round: method must be 'common', 'ceil' or 'floor'");
+    }
+    const double scale = std::pow(10.0, static_cast<double>(precision));
+    const double v = j.get<double>() * scale;
+    return Value(Json((how == "floor" ? std::floor(v) : std::ceil(v)) / scale));
   }
-  if (name == "sum" || name == "min" || name == "max") {
+  if (name == "sum") {  // sum(attribute=None, start=0)
     auto items = Iterate(input);
     if (!items.ok()) return items.status();
-    if (items->empty()) return Value(name == "sum" ? Json(0) : Json());
-    Value acc(items->front());
-    for (size_t i = 1; i < items->size(); ++i) {
-      Value v((*items)[i]);
-      auto r = name == "sum" ? BinaryOp("+", acc, v, budget)
-                             : BinaryOp(name == "min" ? "<" : ">", v, acc, budget);
+    Value attr = Arg(args, 0, "attribute");
+    Value acc = Arg(args, 1, "start");
+    if (acc.is_undefined()) acc = Value(Json(0));
+    for (const Json& item : *items) {
+      Value v = attr.is_undefined() ? Value(item) : GetAttrPath(Value(item), attr.ToString());
+      auto r = BinaryOp("+", acc, v, budget);
       if (!r.ok()) return r.status();
-      if (name == "sum")
-        acc = *r;
-      else if (r->Truthy())
-        acc = v;
+      acc = *r;
     }
     return acc;
+  }
+  if (name == "min" || name == "max") {  // min/max(case_sensitive=False, attribute=None)
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    if (items->empty()) return Value();
+    const bool case_sensitive = Arg(args, 0, "case_sensitive").Truthy();
+    Value attr = Arg(args, 1, "attribute");
+    auto key = [&](const Json& item) {
+      Value v = attr.is_undefined() ? Value(item) : GetAttrPath(Value(item), attr.ToString());
+      if (!case_sensitive && v.is_string()) return Value(Json(unicode::ToLower(v.ToString())));
+      return v;
+    };
+    size_t best = 0;
+    Value best_key = key(items->front());
+    for (size_t i = 1; i < items->size(); ++i) {
+      Value k = key((*items)[i]);
+      auto r = BinaryOp(name == "min" ? "<" : ">", k, best_key, budget);
+      if (!r.ok()) return r.status();
+      if (r->Truthy()) best = i, best_key = std::move(k);
+    }
+    return Value((*items)[best]);
   }
   if (!is_str) {
     if (input.is_undefined() && (name == "trim" || name == "upper" || name == "lower"))
@@ -426,10 +422,10 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
             : std::string(
                   static_cast<size_t>(std::clamp<int64_t>(IntArg(args, 0, "width", 4), 0, 64)),
                   ' ');
-    std::string r =
-        Indent(str(), pad, Arg(args, 1, "first").Truthy(), Arg(args, 2, "blank").Truthy());
-    if (auto st = budget->Charge(r.size()); !st.ok()) return st;
-    return Value(Json(std::move(r)));
+    auto r =
+        Indent(str(), pad, Arg(args, 1, "first").Truthy(), Arg(args, 2, "blank").Truthy(), budget);
+    if (!r.ok()) return r.status();
+    return Value(Json(std::move(*r)));
   }
   return TypeError(absl::StrCat("unknown filter '", name, "'"));
 }
@@ -480,66 +476,6 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, CallArgs&
     return r->Truthy();
   }
   return TypeError(absl::StrCat("unknown test '", name, "'"));
-}
-
-absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallArgs& args,
-                                 Budget* budget) {
-  const Json& j = obj.data();
-  if (obj.is_object() || obj.is_namespace()) {
-    if (name == "get") {
-      Value key = Arg(args, 0, "key");
-      Value v = key.is_string() ? GetAttr(obj, key.data().get<std::string>()) : Value();
-      if (!v.is_undefined()) return v;
-      Value d = Arg(args, 1, "default");
-      return d.is_undefined() ? Value(Json()) : d;
-    }
-    if (name == "items") return ApplyFilter("items", obj, args, budget);
-    if (name == "keys" || name == "values") {
-      Json out = Json::array();
-      for (auto it = j.begin(); it != j.end(); ++it)
-        out.push_back(name == "keys" ? KeyValue(it.key()) : it.value());
-      return Value(std::move(out));
-    }
-    return absl::NotFoundError("");
-  }
-  if (!obj.is_string()) return absl::NotFoundError("");
-  const std::string& s = j.get_ref<const std::string&>();
-  if (name == "strip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'b')));
-  if (name == "lstrip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'l')));
-  if (name == "rstrip") return Value(Json(Strip(s, Arg(args, 0, "chars"), 'r')));
-  if (name == "startswith" || name == "endswith") {
-    return Value(Json(AffixMatch(s, Arg(args, 0, "prefix"), name == "startswith")));
-  }
-  if (name == "split") {
-    auto parts = Split(s, Arg(args, 0, "sep"), IntArg(args, 1, "maxsplit", -1));
-    if (!parts.ok()) return parts.status();
-    return Value(std::move(*parts));
-  }
-  if (name == "find" || name == "count") {
-    auto sub = StringArg(args, 0, "sub", name);
-    if (!sub.ok()) return sub.status();
-    if (name == "find") {
-      const size_t at = s.find(*sub);
-      return Value(Json(at == std::string::npos
-                            ? int64_t{-1}
-                            : static_cast<int64_t>(DecodeUtf8(s.substr(0, at)).size())));
-    }
-    if (sub->empty()) return Value(Json(static_cast<int64_t>(DecodeUtf8(s).size() + 1)));
-    int64_t n = 0;
-    for (size_t at = s.find(*sub); at != std::string::npos; at = s.find(*sub, at + sub->size()))
-      ++n;
-    return Value(Json(n));
-  }
-  if (name == "join") {
-    CallArgs sep;
-    sep.positional.push_back(obj);
-    return ApplyFilter("join", Arg(args, 0, "iterable"), sep, budget);
-  }
-  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
-      name == "replace") {
-    return ApplyFilter(name, obj, args, budget);
-  }
-  return absl::NotFoundError("");
 }
 
 }  // namespace tandem::chat_template

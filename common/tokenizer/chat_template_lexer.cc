@@ -1,6 +1,7 @@
 #include "common/tokenizer/chat_template_lexer.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,29 @@ absl::Status LexTag(absl::string_view src, size_t* pos, char closer, std::vector
       const size_t start = i;
       while (i < src.size() && IsNameChar(src[i])) ++i;
       t.type = Token::Type::kName;
+      t.text = std::string(src.substr(start, i - start));
+    } else if (c == '0' && i + 2 < src.size() &&
+               absl::string_view("xXoObB").find(src[i + 1]) != absl::string_view::npos &&
+               std::isxdigit(static_cast<unsigned char>(src[i + 2]))) {  // 0x1f, 0o17, 0b101
+      const int base = src[i + 1] == 'x' || src[i + 1] == 'X'   ? 16
+                       : src[i + 1] == 'o' || src[i + 1] == 'O' ? 8
+                                                                : 2;
+      const size_t start = i;
+      i += 2;
+      std::string digits;
+      while (i < src.size() &&
+             (std::isxdigit(static_cast<unsigned char>(src[i])) || src[i] == '_')) {
+        if (src[i] != '_') digits.push_back(src[i]);
+        ++i;
+      }
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(digits.c_str(), &end, base);
+      if (errno != 0 || end != digits.c_str() + digits.size()) {
+        return Error(src, start, "bad integer literal");
+      }
+      t.type = Token::Type::kInt;
+      t.value = Json(static_cast<int64_t>(v));
       t.text = std::string(src.substr(start, i - start));
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
       const size_t start = i;

@@ -207,6 +207,7 @@ class TagParser {
         break;
     }
     if (t->text == "(") {
+      if (SkipOp(")")) return MakeExpr(Expr::Kind::kList);  // (): an empty tuple
       ExprPtr e = Expression();
       if (e && IsOp(",")) {  // a tuple: evaluated as a list
         ExprPtr list = MakeExpr(Expr::Kind::kList);
@@ -358,7 +359,7 @@ class TagParser {
         const Token* t = Peek();
         if (SkipOp("(")) {
           CallArgs(test.get());
-        } else if (t != nullptr && t->type != Token::Type::kOp &&
+        } else if (t != nullptr && (t->type != Token::Type::kOp || IsOp("[") || IsOp("{")) &&
                    !(t->type == Token::Type::kName &&
                      (t->text == "else" || t->text == "or" || t->text == "and" || t->text == "if" ||
                       t->text == "is" || t->text == "in" || t->text == "not"))) {
@@ -513,6 +514,16 @@ class TemplateParser {
       p.ExpectEnd();
       if (!Check(p)) return;
       node->body = ParseBody({"endcall"}, &end, &next);
+    } else if (keyword == "with") {  // {% with a = 1, b = x %}body{% endwith %}: a scope
+      node->kind = Node::Kind::kWith;
+      while (p.ok() && !p.AtEnd()) {
+        std::string name = p.ExpectName();
+        if (p.ExpectOp("=")) node->params.emplace_back(std::move(name), p.Expression());
+        if (!p.SkipOp(",")) break;
+      }
+      p.ExpectEnd();
+      if (!Check(p)) return;
+      node->body = ParseBody({"endwith"}, &end, &next);
     } else if (keyword == "filter") {  // {% filter name(args) | ... %}body{% endfilter %}
       node->kind = Node::Kind::kFilterBlock;
       node->expr = p.FilterBlockChain();

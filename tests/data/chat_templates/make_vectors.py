@@ -174,6 +174,20 @@ SNIPPETS = [
     "{%- set d = {1024: 256, 0: 0, 512: 128} -%}{% for k, v in d | dictsort %}{{ k + 1 }}={{ v }};"
     "{% endfor %}|{{ d[512] }}|{{ 512 in d }}|{{ 7 in d }}|{% set e = {'k': none, 2: 'two', 1.5: "
     "true, none: 0} %}{{ e }}|{{ e | tojson }}|{{ e.keys() | list }}|{{ e[2] }}{{ e[none] }}",
+    "{{ 2.5 | round }}|{{ 3.5 | round }}|{{ 5 | round }}|{{ 2.675 | round(2) }}|"
+    "{{ 2.5 | round(0, 'floor') }}|{{ 2.1 | round(0, 'ceil') }}|{{ 1234.5 | round(-2) }}|"
+    "{{ [{'x': 1}, {'x': 5}] | max(attribute='x') }}|{{ ['b', 'A'] | min }}|"
+    "{{ [{'x': 1}, {'x': 5}] | sum(attribute='x') }}|{{ [[1], [2]] | sum(start=[0]) }}",
+    "{{ 'abcabc'.rfind('b') }}|{{ 'abc'.index('c') }}|{{ 'a,b,c'.rsplit(',', 1) }}|"
+    "{{ ' a  b '.rsplit(none, 1) }}|{{ 'a\nb\r\nc'.splitlines() }}|{{ '7'.zfill(3) }}|"
+    "{{ '-7'.zfill(4) }}|{{ 'a'.ljust(3, '*') }}|{{ 'a'.rjust(3) }}|{{ 'ab'.center(5) }}|"
+    "{{ 'abc'.center(6, '.') }}|{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ ' '.isspace() }}"
+    "{{ 'ab1'.islower() }}{{ 'AB'.isupper() }}{{ ''.isalnum() }}|{{ 'a=b=c'.partition('=')[2] }}|"
+    "{{ 'x.py'.removesuffix('.py') }}|{{ {'a': 1}.copy() }}|{{ [1, 2, 2].count(2) }}|"
+    "{{ [1, 2, 3].index(2) }}|{{ {'a': 1}.get('b', 'd') }}",
+    "{% with a = 1, b = messages | length %}{{ a }}{{ b }}{% endwith %}{{ a is defined }}|"
+    "{% for x in range(5) %}{{ loop.cycle('o', 'e') }}{% endfor %}|{{ 0x1f }}{{ 0o17 }}{{ 0b101 }}|"
+    "{{ 1 is in [1, 2] }}|{{ 'a' is in {'a': 1} }}|{{ () | length }}",
 ]
 
 
