@@ -240,13 +240,14 @@ class Evaluator {
       Json varargs = Json::array(), kwargs = Json::object();
       for (size_t i = n.params.size(); i < a.positional.size(); ++i)
         varargs.push_back(a.positional[i].data());
-      for (auto& [key, value] : a.keyword) {
+      for (const auto& keyword : a.keyword) {
+        const std::string& key = keyword.first;
         const bool param = std::any_of(n.params.begin(), n.params.end(),
-                                       [&](const auto& p) { return p.first == key; });
-        if (key == "caller" && value.is_callable()) {
-          scope["caller"] = value;
+                                       [&key](const auto& p) { return p.first == key; });
+        if (key == "caller" && keyword.second.is_callable()) {
+          scope["caller"] = keyword.second;
         } else if (!param) {
-          kwargs[key] = value.data();
+          kwargs[key] = keyword.second.data();
         }
       }
       scope["varargs"] = Value(std::move(varargs));

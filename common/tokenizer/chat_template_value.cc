@@ -271,8 +271,10 @@ thread_local CallableTable* current_table = nullptr;
 CallableTable::CallableTable() : previous_(current_table) {
   std::random_device random;
   char buf[48];
-  std::snprintf(buf, sizeof buf, "\x01callable:%08x%08x%08x%08x", random(), random(), random(),
-                random());
+  std::snprintf(buf, sizeof buf,
+                "\x01"
+                "callable:%08x%08x%08x%08x",
+                random(), random(), random(), random());
   key_ = buf;
   current_table = this;
 }
