@@ -29,7 +29,7 @@ ToolCallParse NamedCall(const ChatOutputOptions& o, const std::string& text, boo
 
 ToolCallParse ParseAnswer(const ChatOutputOptions& o, const std::string& text, bool final) {
   if (!o.named.empty()) return NamedCall(o, text, final);
-  return ParseToolCallText(o.parser, text, final, o.tool_names);
+  return ParseToolCallText(o.parser, text, final, o.tool_names, &o.tool_parameters);
 }
 
 }  // namespace

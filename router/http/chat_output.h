@@ -22,6 +22,7 @@ struct ChatOutputOptions {
   bool tools = false;  // tool calls are parsed (tool_choice auto / required / named)
   ToolCallParser parser = ToolCallParser::kJson;
   std::vector<std::string> tool_names;
+  nlohmann::ordered_json tool_parameters;  // name -> parameters schema (types tagged formats)
   // tool_choice naming a function: the answer is that function's arguments object.
   std::string named;
   std::string id_base;     // call ids: "call_<id_base>_<i>"

@@ -374,7 +374,10 @@ absl::StatusOr<OpenAiRequest> ConvertOpenAiRequest(OpenAiEndpoint endpoint, cons
   chat.parser = out.tools.choice == ToolCallOptions::Choice::kRequired
                     ? RequiredOutputParser(out.tools.format, context.tool_parser)
                     : context.tool_parser;
-  for (const auto& t : out.tools.tools) chat.tool_names.push_back(t.name);
+  for (const auto& t : out.tools.tools) {
+    chat.tool_names.push_back(t.name);
+    chat.tool_parameters[t.name] = t.parameters;
+  }
   if (out.tools.choice == ToolCallOptions::Choice::kNamed) chat.named = out.tools.named;
   chat.short_ids = out.tools.short_ids;
   v1::SamplingParams* sampling = out.generate.mutable_sampling();

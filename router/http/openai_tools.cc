@@ -43,6 +43,15 @@ ToolCallParser RequiredOutputParser(ToolCallFormat format, ToolCallParser family
 }
 
 ToolCallFormat ToolCallFormatOfTemplate(std::string_view source) {
+  switch (ToolCallParserOfTemplate(source)) {
+    case ToolCallParser::kQwen3Coder:  // tagged formats: "required" writes the generic array
+    case ToolCallParser::kGlm45:
+    case ToolCallParser::kMinimaxM2:
+    case ToolCallParser::kKimiK2:
+      return ToolCallFormat::kJsonArray;
+    default:
+      break;
+  }
   if (source.find("<tool_call>") != std::string_view::npos) return ToolCallFormat::kHermes;
   if (source.find("[TOOL_CALLS]") != std::string_view::npos) return ToolCallFormat::kJsonArray;
   if (source.find("<|start_header_id|>") != std::string_view::npos &&

@@ -6,6 +6,7 @@
 #include "nlohmann/json.hpp"
 #include "router/http/json_scan.h"
 #include "router/http/pythonic_calls.h"
+#include "router/http/tagged_tool_calls.h"
 
 namespace tandem {
 namespace {
@@ -465,10 +466,15 @@ absl::StatusOr<ToolCallParser> ToolCallParserByName(std::string_view name) {
   if (name == "phi4_mini_json") return ToolCallParser::kPhi4MiniJson;
   if (name == "deepseek_v3" || name == "deepseek_v31") return ToolCallParser::kDeepSeekV3;
   if (name == "json") return ToolCallParser::kJson;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--tool-call-parser: unknown parser '", std::string(name),
-                   "' (auto, hermes, llama3_json, llama4_json, pythonic, llama4_pythonic, mistral, "
-                   "phi4_mini_json, deepseek_v3, deepseek_v31, json)"));
+  if (name == "qwen3_coder") return ToolCallParser::kQwen3Coder;
+  if (name == "glm45" || name == "glm4_moe") return ToolCallParser::kGlm45;
+  if (name == "minimax_m2") return ToolCallParser::kMinimaxM2;
+  if (name == "kimi_k2") return ToolCallParser::kKimiK2;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--tool-call-parser: unknown parser '", std::string(name),
+      "' (auto, hermes, llama3_json, llama4_json, pythonic, llama4_pythonic, mistral, "
+      "phi4_mini_json, deepseek_v3, deepseek_v31, qwen3_coder, glm45, glm4_moe, minimax_m2, "
+      "kimi_k2, json)"));
 }
 
 const char* ToolCallParserName(ToolCallParser parser) {
@@ -487,12 +493,25 @@ const char* ToolCallParserName(ToolCallParser parser) {
       return "phi4_mini_json";
     case ToolCallParser::kDeepSeekV3:
       return "deepseek_v3";
+    case ToolCallParser::kQwen3Coder:
+      return "qwen3_coder";
+    case ToolCallParser::kGlm45:
+      return "glm45";
+    case ToolCallParser::kMinimaxM2:
+      return "minimax_m2";
+    case ToolCallParser::kKimiK2:
+      return "kimi_k2";
   }
   return "json";
 }
 
 ToolCallParser ToolCallParserOfTemplate(std::string_view source) {
   auto has = [&](std::string_view what) { return source.find(what) != std::string_view::npos; };
+  // The tagged formats first: GLM's and Qwen3-Coder's also open calls with <tool_call>.
+  if (has("<|tool_calls_section_begin|>")) return ToolCallParser::kKimiK2;
+  if (has("<minimax:tool_call>")) return ToolCallParser::kMinimaxM2;
+  if (has("<arg_key>")) return ToolCallParser::kGlm45;
+  if (has("<function=")) return ToolCallParser::kQwen3Coder;
   if (has(kHermesOpen)) return ToolCallParser::kHermes;
   if (has(kMistralCalls)) return ToolCallParser::kMistral;
   if (has(kDsCallBegin)) return ToolCallParser::kDeepSeekV3;
@@ -506,7 +525,8 @@ ToolCallParser ToolCallParserOfTemplate(std::string_view source) {
 }
 
 ToolCallParse ParseToolCallText(ToolCallParser parser, std::string_view text, bool final,
-                                const std::vector<std::string>& tools) {
+                                const std::vector<std::string>& tools,
+                                const nlohmann::ordered_json* parameters) {
   Ctx c{text, final, tools, {}};
   switch (parser) {
     case ToolCallParser::kHermes:
@@ -523,6 +543,14 @@ ToolCallParse ParseToolCallText(ToolCallParser parser, std::string_view text, bo
       return ParseDeepSeek(c);
     case ToolCallParser::kJson:
       return ParseJson(c);
+    case ToolCallParser::kQwen3Coder:
+      return ParseTaggedToolCalls(TaggedFormat::kQwen3Coder, text, final, tools, parameters);
+    case ToolCallParser::kGlm45:
+      return ParseTaggedToolCalls(TaggedFormat::kGlm45, text, final, tools, parameters);
+    case ToolCallParser::kMinimaxM2:
+      return ParseTaggedToolCalls(TaggedFormat::kMinimaxM2, text, final, tools, parameters);
+    case ToolCallParser::kKimiK2:
+      return ParseTaggedToolCalls(TaggedFormat::kKimiK2, text, final, tools, parameters);
   }
   return ParseJson(c);
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 
 namespace tandem {
 
@@ -27,10 +28,16 @@ enum class ToolCallParser {
   kPhi4MiniJson,  // Phi-4-mini: functools[{"name", "arguments"}, ...]
   kDeepSeekV3,  // DeepSeek V3/R1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>
                 // name\n```json\n{...}\n```<｜tool▁call▁end｜>...; V3.1's name<｜tool▁sep｜>{...}
+  // Tagged formats (tagged_tool_calls.h): parameters typed by the tools' schemas, or (Kimi) JSON.
+  kQwen3Coder,  // Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...
+  kGlm45,       // GLM-4.5/4.6: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>
+  kMinimaxM2,   // MiniMax-M2: <minimax:tool_call><invoke name="NAME"><parameter name="KEY">...
+  kKimiK2,      // Kimi-K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0...
 };
 
 // vLLM's names: hermes, llama3_json (also llama4_json), pythonic (also llama4_pythonic),
-// mistral, phi4_mini_json, deepseek_v3, deepseek_v31, and "json" for the generic parser.
+// mistral, phi4_mini_json, deepseek_v3, deepseek_v31, qwen3_coder, glm45 (also glm4_moe),
+// minimax_m2, kimi_k2, and "json" for the generic parser.
 absl::StatusOr<ToolCallParser> ToolCallParserByName(std::string_view name);
 const char* ToolCallParserName(ToolCallParser parser);
 // The parser a chat template's call format implies (kJson when it names none).
@@ -59,9 +66,11 @@ struct ToolCallParse {
 };
 
 // Parses `text` (the answer so far; `final`: the output has ended). `tools`: the request's tool
-// names (a call to any other name is malformed).
+// names (a call to any other name is malformed); `parameters`: name -> the tool's parameters
+// schema, which types the values of the tagged formats (null: untyped).
 ToolCallParse ParseToolCallText(ToolCallParser parser, std::string_view text, bool final,
-                                const std::vector<std::string>& tools);
+                                const std::vector<std::string>& tools,
+                                const nlohmann::ordered_json* parameters = nullptr);
 
 // Python literal (the pythonic format's argument values: strings, numbers, True/False/None,
 // lists, tuples, dicts) as JSON text; nullopt when `text` is not one.

@@ -16,11 +16,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   tandem::ChatOutputOptions o;
   o.tools = (pick & 0x80) == 0;
-  o.parser = static_cast<tandem::ToolCallParser>(pick % 7);
+  o.parser = static_cast<tandem::ToolCallParser>(pick % 11);  // every parser (kKimiK2 last)
   o.reasoning =
       (pick & 0x08) != 0 ? tandem::ReasoningParser::kQwen3 : tandem::ReasoningParser::kNone;
   o.start = static_cast<tandem::ReasoningStart>((pick >> 4) % 3);
   o.tool_names = {"get_weather", "add", "f"};
+  o.tool_parameters = nlohmann::ordered_json::parse(R"({"add": {"properties": {
+      "a": {"type": "integer"}, "b": {"type": "object"}, "c": {"type": "string"}}}})");
   o.id_base = "fuzz";
   const size_t piece = 1 + (pick >> 5);
   tandem::ChatOutput out(o);
