@@ -49,6 +49,11 @@ absl::StatusOr<Value> ApplyListFilter(absl::string_view name, const Value& input
 // Jinja's attribute argument of filters: "a.b.0" looks up each dot-separated part in turn
 // (digits as list indices); undefined when a part is absent.
 Value GetAttrPath(const Value& obj, const std::string& path);
+// Python's string formatting (chat_template_format.cc): `format % args` (a list with one item
+// per conversion is the arguments, as a tuple would be; a dict feeds %(name)s) and
+// format.format(*args, **kwargs) with the format-spec mini-language.
+absl::StatusOr<Value> PercentFormat(const std::string& format, const Value& args, Budget* budget);
+absl::StatusOr<Value> StrFormat(const std::string& format, const CallArgs& args, Budget* budget);
 absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& input, CallArgs& args);
 // obj.name(args) for str, dict and list methods; NOT_FOUND when there is no such method.
 absl::StatusOr<Value> CallMethod(const Value& obj, absl::string_view name, CallArgs& args,

@@ -389,6 +389,19 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     if (auto st = budget->Charge(r.size()); !st.ok()) return st;
     return Value(Json(std::move(r)));
   }
+  if (name == "format") {  // Jinja's: value % args, or value % kwargs
+    if (!args.positional.empty() && !args.keyword.empty()) {
+      return TypeError("format: positional and keyword arguments together");
+    }
+    Json a = Json::array();
+    for (const Value& v : args.positional) a.push_back(v.data());
+    if (!args.keyword.empty()) {
+      a = Json::object();
+      for (const auto& [k, v] : args.keyword) a[k] = v.data();
+    }
+    const bool one = a.is_array() && a.size() == 1;
+    return PercentFormat(str(), one ? Value(a[0]) : Value(std::move(a)), budget);
+  }
   if (name == "escape" || name == "e") {
     std::string r;
     for (char c : str()) {

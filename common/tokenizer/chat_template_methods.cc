@@ -188,6 +188,7 @@ absl::StatusOr<Value> StringMethod(const Value& obj, absl::string_view name, Cal
     }
     return Value(Json::array({s.substr(0, at), *sep, s.substr(at + sep->size())}));
   }
+  if (name == "format") return StrFormat(s, args, budget);
   if (name == "join") {
     CallArgs sep;
     sep.positional.push_back(obj);

@@ -161,6 +161,7 @@ absl::Status TypeError(absl::string_view message) {
 
 absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value& b,
                                Budget* budget) {
+  if (op == "%" && a.is_string()) return PercentFormat(a.data().get<std::string>(), b, budget);
   if (op == "==") return Value(Json(a.kind() == b.kind() && DataEquals(a.data(), b.data())));
   if (op == "!=") return Value(Json(!(a.kind() == b.kind() && DataEquals(a.data(), b.data()))));
   if (op == "in" || op == "not in") {

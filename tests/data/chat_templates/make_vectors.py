@@ -188,6 +188,14 @@ SNIPPETS = [
     "{% with a = 1, b = messages | length %}{{ a }}{{ b }}{% endwith %}{{ a is defined }}|"
     "{% for x in range(5) %}{{ loop.cycle('o', 'e') }}{% endfor %}|{{ 0x1f }}{{ 0o17 }}{{ 0b101 }}|"
     "{{ 1 is in [1, 2] }}|{{ 'a' is in {'a': 1} }}|{{ () | length }}",
+    # String formatting: printf-style (the % operator and the format filter) and str.format.
+    "{{ '%s-%05.1f|%x|%#o|%-4s|%.2s|%r|%c|%%|%+d' % ('a', 3.14159, 255, 15, 'ab', 'abc', 'q', 65, "
+    "5) }}|{{ '%(a)s:%(b)03d' % {'a': 'x', 'b': 7} }}|{{ '%*d|%.*f' % (4, 42, 2, 2.71828) }}|"
+    "{{ '%s' % {'k': 1} }}|{{ '%s=%s' | format('n', 1) }}|{{ '%(x)s' | format(x=5) }}",
+    "{{ 'x{}y{k}{0}'.format(1, k=2) }}|{{ '{:>5}|{:<5}|{:*^7}'.format('ab', 'ab', 'ab') }}|"
+    "{{ '{:05d}|{:+d}|{:,}|{:#x}|{:b}|{:=+8d}'.format(42, 42, 1234567, 255, 5, 42) }}|"
+    "{{ '{:.2f}|{:8.3f}|{:.1%}|{}|{:,.2f}'.format(3.14159, 2.5, 0.256, 1.5, 1234567.891) }}|"
+    "{{ '{a[1]}|{b.c}|{{}}|{x!r}'.format(a=[1, 2], b={'c': 3}, x='q') }}",
 ]
 
 
