@@ -402,6 +402,38 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     const bool one = a.is_array() && a.size() == 1;
     return PercentFormat(str(), one ? Value(a[0]) : Value(std::move(a)), budget);
   }
+  if (name == "center") {  // center(width=80)
+    CallArgs w;
+    w.positional.push_back(Value(Json(IntArg(args, 0, "width", 80))));
+    return CallMethod(input, "center", w, budget);
+  }
+  if (name == "wordcount") {  // runs of word characters (letters, digits, _; non-ASCII as letters)
+    int64_t words = 0;
+    bool in_word = false;
+    for (unsigned char c : str()) {
+      const bool w = c >= 0x80 || std::isalnum(c) || c == '_';
+      words += w && !in_word ? 1 : 0;
+      in_word = w;
+    }
+    return Value(Json(words));
+  }
+  if (name == "truncate") {  // truncate(length=255, killwords=False, end="...", leeway=5)
+    const int64_t length = IntArg(args, 0, "length", 255);
+    const bool killwords = Arg(args, 1, "killwords").Truthy();
+    Value end_arg = Arg(args, 2, "end");
+    const std::string end = end_arg.is_string() ? end_arg.ToString() : "...";
+    const int64_t leeway = IntArg(args, 3, "leeway", 5);
+    const std::vector<uint32_t> cps = DecodeUtf8(str());
+    const int64_t end_len = static_cast<int64_t>(DecodeUtf8(end).size());
+    if (length < end_len || leeway < 0) return TypeError("truncate: length shorter than end");
+    if (static_cast<int64_t>(cps.size()) <= length + leeway) return input;
+    std::string r = EncodeUtf8(cps, 0, static_cast<size_t>(length - end_len));
+    if (!killwords) {
+      const size_t space = r.rfind(' ');
+      if (space != std::string::npos) r.resize(space);
+    }
+    return Value(Json(r + end));
+  }
   if (name == "escape" || name == "e") {
     std::string r;
     for (char c : str()) {

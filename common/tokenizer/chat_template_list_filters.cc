@@ -192,6 +192,40 @@ absl::StatusOr<Value> ApplyListFilter(absl::string_view name, const Value& input
       name == "map") {
     return Sequence(name, input, args, budget);
   }
+  if (name == "batch" || name == "slice") {  // batch(linecount) / slice(slices), fill_with
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    const int64_t n = IntArg(args, 0, name == "batch" ? "linecount" : "slices", 0);
+    if (n <= 0) return TypeError(absl::StrCat(name, ": expected a positive count"));
+    const Value fill = Arg(args, 1, "fill_with");
+    const bool pad = !fill.is_undefined() && !fill.is_none();
+    const size_t len = items->size();
+    Json out = Json::array();
+    if (name == "batch") {
+      for (size_t i = 0; i < len; i += static_cast<size_t>(n)) {
+        Json part = Json::array();
+        for (size_t k = i; k < std::min(len, i + static_cast<size_t>(n)); ++k)
+          part.push_back((*items)[k]);
+        while (pad && part.size() < static_cast<size_t>(n)) part.push_back(fill.data());
+        out.push_back(std::move(part));
+      }
+      return Value(std::move(out));
+    }
+    // Jinja's slice: `n` columns, the first len % n of them one longer.
+    const size_t slices = static_cast<size_t>(std::min<int64_t>(n, 100000));
+    const size_t per = len / slices, extra = len % slices;
+    size_t offset = 0;
+    for (size_t s = 0; s < slices; ++s) {
+      const size_t start = offset + s * per;
+      if (s < extra) ++offset;
+      const size_t end = offset + (s + 1) * per;
+      Json part = Json::array();
+      for (size_t k = start; k < end && k < len; ++k) part.push_back((*items)[k]);
+      if (pad && s >= extra) part.push_back(fill.data());
+      out.push_back(std::move(part));
+    }
+    return Value(std::move(out));
+  }
   return absl::NotFoundError("");
 }
 
