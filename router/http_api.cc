@@ -40,7 +40,8 @@ void HttpFlags::Register(FlagSet* f) {
             "llama-2, llama-3, chatml or a template file (default: tokenizer_config.json's)");
   f->String("tool-call-parser", &tool_call_parser,
             "how tool calls are read from outputs: auto (from the chat template), hermes, "
-            "llama3_json, pythonic, mistral, phi4_mini_json, deepseek_v3, deepseek_v31, json");
+            "llama3_json, pythonic, mistral, phi4_mini_json, deepseek_v3, deepseek_v31, "
+            "qwen3_coder, glm45, minimax_m2, kimi_k2, json");
   f->Bool("enable-auto-tool-choice", &enable_auto_tool_choice,
           "the model decides when to call tools (tool_choice auto, OpenAI's default with tools); "
           "--no-enable-auto-tool-choice refuses it as vLLM does without the flag");
