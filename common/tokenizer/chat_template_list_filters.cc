@@ -192,6 +192,34 @@ absl::StatusOr<Value> ApplyListFilter(absl::string_view name, const Value& input
       name == "map") {
     return Sequence(name, input, args, budget);
   }
+  if (name == "groupby") {  // groupby(attribute, default=None, case_sensitive=False)
+    auto items = Iterate(input);
+    if (!items.ok()) return items.status();
+    Value attr = Arg(args, 0, "attribute");
+    if (!attr.is_string() && !attr.is_number()) return TypeError("groupby: missing attribute");
+    const Value fallback = Arg(args, 1, "default");
+    const bool case_sensitive = Arg(args, 2, "case_sensitive").Truthy();
+    auto value_of = [&](const Json& item) {
+      Value v = GetAttrPath(Value(item), attr.ToString());
+      return v.is_undefined() && !fallback.is_undefined() ? fallback : v;
+    };
+    absl::Status st = SortBy(
+        &*items, false, [&](const Json& item) { return SortKey(value_of(item), case_sensitive); });
+    if (!st.ok()) return st;
+    // (grouper, list) pairs, the grouper the group's first value as written; GetAttr reads a
+    // pair's .grouper and .list as Jinja's _GroupTuple has them.
+    Json out = Json::array();
+    Json last_key;
+    for (const Json& item : *items) {
+      const Json key = SortKey(value_of(item), case_sensitive).data();
+      if (out.empty() || !DataEquals(key, last_key)) {
+        out.push_back(Json::array({value_of(item).data(), Json::array()}));
+        last_key = key;
+      }
+      out.back()[1].push_back(item);
+    }
+    return Value(std::move(out));
+  }
   if (name == "batch" || name == "slice") {  // batch(linecount) / slice(slices), fill_with
     auto items = Iterate(input);
     if (!items.ok()) return items.status();

@@ -222,6 +222,10 @@ absl::StatusOr<Value> BinaryOp(absl::string_view op, const Value& a, const Value
 
 Value GetAttr(const Value& obj, const std::string& name) {
   const Json& j = obj.data();
+  // groupby's (grouper, list) pairs, Jinja's _GroupTuple: also read by name.
+  if (obj.is_array() && j.size() == 2 && (name == "grouper" || name == "list")) {
+    return Value(j[name == "grouper" ? 0 : 1]);
+  }
   if ((obj.is_data() || obj.is_namespace()) && j.is_object()) {
     auto it = j.find(name);
     if (it != j.end()) return Value(*it);

@@ -200,6 +200,9 @@ SNIPPETS = [
     "{{ [1, 2, 3, 4, 5] | slice(3) | list }}|{{ [1, 2, 3, 4] | slice(3, 0) | list }}|"
     "{{ 'a b  c_d 1' | wordcount }}|{{ 'hello world foo' | truncate(9) }}|"
     "{{ 'hello world foo' | truncate(9, true) }}|{{ 'ab' | center(6) }}|",
+    "{% for g in [{'a': 1, 'b': 2}, {'a': 2, 'b': 4}, {'a': 1, 'b': 3}] | groupby('a') %}"
+    "{{ g.grouper }}:{{ g.list | map(attribute='b') | join(',') }};{% endfor %}|{% for k, items in "
+    "[{'c': 'X'}, {'c': 'x'}, {'c': 'y'}] | groupby('c') %}{{ k }}={{ items | length }};{% endfor %}",
 ]
 
 
