@@ -21,9 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
-from tandem_testlib import ROOT, Server, check
+from tandem_testlib import HttpServer, ROOT, check
 
 CLIENTS = os.path.join(ROOT, "tests", "e2e", "structured_output")
 TEMPLATES = os.path.join(ROOT, "tests", "data", "chat_templates", "upstream")
@@ -49,19 +48,6 @@ FAMILIES = [
     ("Qwen-Qwen2.5-7B-Instruct", "phi4_mini_json", ["--tool-call-parser", "phi4_mini_json"]),
     ("Qwen-Qwen2.5-7B-Instruct", "deepseek_v3", ["--tool-call-parser", "deepseek_v3"]),
 ]
-
-
-class HttpServer(Server):
-    def __init__(self, build_dir, model, *args):
-        self.http_port_file = os.path.join(tempfile.mkdtemp(prefix="tandem-tpl-"), "http_port")
-        super().__init__(build_dir, "--http-port", "0", "--http-port-file", self.http_port_file,
-                         *args, model=model)
-        deadline = time.time() + 60
-        while not os.path.exists(self.http_port_file):
-            check(time.time() < deadline and self.proc.poll() is None, f"no HTTP port:\n{self.logs()}")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        self.http_port = int(open(self.http_port_file).read())
 
 
 def post(port, body):
@@ -104,7 +90,7 @@ def main(build_dir):
     seen = set()
     for name, loop, flags in FAMILIES:
         path = os.path.join(TEMPLATES, name + ".jinja")
-        with HttpServer(build_dir, model, "--chat-template", path, *flags) as server:
+        with HttpServer(build_dir, "--chat-template", path, *flags, model=model) as server:
             base = f"http://127.0.0.1:{server.http_port}/v1"
             if name not in seen:
                 seen.add(name)

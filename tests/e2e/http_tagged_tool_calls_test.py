@@ -6,13 +6,10 @@ its parameters typed by the tool's schema (an integer stays an integer, a string
 finish_reason "tool_calls", and the streamed deltas must add up to the same call."""
 import http.client
 import json
-import os
 import re
 import sys
-import tempfile
-import time
 
-from tandem_testlib import Server, check
+from tandem_testlib import HttpServer, check
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
@@ -33,19 +30,6 @@ CALLS = {
                "<|tool_call_argument_begin|>{\"city\": \"Paris\", \"days\": 3, \"zip\": \"75001\"}"
                "<|tool_call_end|><|tool_calls_section_end|>",
 }
-
-
-class HttpServer(Server):
-    def __init__(self, build_dir, *args):
-        self.http_port_file = os.path.join(tempfile.mkdtemp(prefix="tandem-tagged-"), "http_port")
-        super().__init__(build_dir, "--http-port", "0", "--http-port-file", self.http_port_file,
-                         *args)
-        deadline = time.time() + 60
-        while not os.path.exists(self.http_port_file):
-            check(time.time() < deadline and self.proc.poll() is None, f"no HTTP port:\n{self.logs()}")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        self.http_port = int(open(self.http_port_file).read())
 
 
 def request(port, body):

@@ -203,6 +203,21 @@ class Server:
         shutil.rmtree(self.tmp, True)
 
 
+class HttpServer(Server):
+    """A `tandem serve` process with the OpenAI HTTP API on a free loopback port (http_port)."""
+
+    def __init__(self, build_dir, *args, model=None):
+        self.http_port_file = os.path.join(tempfile.mkdtemp(prefix="tandem-http-"), "http_port")
+        super().__init__(build_dir, "--http-port", "0", "--http-port-file", self.http_port_file,
+                         *args, model=model)
+        deadline = time.time() + 60
+        while not os.path.exists(self.http_port_file):
+            check(time.time() < deadline and self.proc.poll() is None, f"no HTTP port:\n{self.logs()}")
+            time.sleep(0.05)
+        time.sleep(0.05)
+        self.http_port = int(open(self.http_port_file).read())
+
+
 def check(condition, message):
     if not condition:
         raise AssertionError(message)

@@ -14,9 +14,8 @@ import subprocess
 import sys
 import tempfile
 import shutil
-import time
 
-from tandem_testlib import ROOT, Server, check
+from tandem_testlib import HttpServer, ROOT, check
 
 CLIENTS = os.path.join(ROOT, "tests", "e2e", "structured_output")
 
@@ -29,19 +28,6 @@ def templates():
               encoding="utf-8") as f:
         out["qwen3"] = json.load(f)["chat_template"]
     return out
-
-
-class HttpServer(Server):
-    def __init__(self, build_dir, model, *args):
-        self.http_port_file = os.path.join(tempfile.mkdtemp(prefix="tandem-tools-"), "http_port")
-        super().__init__(build_dir, "--http-port", "0", "--http-port-file", self.http_port_file,
-                         *args, model=model)
-        deadline = time.time() + 60
-        while not os.path.exists(self.http_port_file):
-            check(time.time() < deadline and self.proc.poll() is None, f"no HTTP port:\n{self.logs()}")
-            time.sleep(0.05)
-        time.sleep(0.05)
-        self.http_port = int(open(self.http_port_file).read())
 
 
 def post(port, body):
@@ -89,7 +75,7 @@ def main(build_dir):
         # start (vLLM's default): a random model rarely closes it, so here the constraint
         # covers the whole output (http_chat_templates_test.py checks the default).
         extra = ["--structured-outputs-enable-in-reasoning"] if family == "qwen3" else []
-        with HttpServer(build_dir, model, "--chat-template", path, *extra) as server:
+        with HttpServer(build_dir, "--chat-template", path, *extra, model=model) as server:
             r = subprocess.run(["node", os.path.join(CLIENTS, "tool_calls.mjs"),
                                 f"http://127.0.0.1:{server.http_port}/v1", "quick"],
                                capture_output=True, text=True, timeout=300)
