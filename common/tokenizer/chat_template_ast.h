@@ -74,6 +74,7 @@ struct Node {
   std::vector<std::pair<ExprPtr, Body>> branches;
   Body body;
   Body else_body;
+  bool recursive = false;  // kFor: the body may call loop(items) to run itself over items
   // kMacro, kCallBlock: parameters (default may be null); kWith: the names it binds
   std::vector<std::pair<std::string, ExprPtr>> params;
 };

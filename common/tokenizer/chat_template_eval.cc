@@ -123,7 +123,7 @@ class Evaluator {
         }
         return Exec(n.else_body, out);
       case Node::Kind::kFor:
-        return ExecFor(n, out);
+        return ExecFor(n, out, nullptr, 1);
       case Node::Kind::kSet: {
         TANDEM_ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
         if (!n.attr.empty()) {
@@ -192,8 +192,16 @@ class Evaluator {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Flow> ExecFor(const Node& n, std::string* out) {
-    TANDEM_ASSIGN_OR_RETURN(Value seq, Eval(*n.expr));
+  // A for loop over its expression's items (or, called as loop(items) in a recursive loop,
+  // over `items`, one level deeper).
+  absl::StatusOr<Flow> ExecFor(const Node& n, std::string* out, const Value* items_override,
+                               int64_t depth) {
+    Value seq;
+    if (items_override != nullptr) {
+      seq = *items_override;
+    } else {
+      TANDEM_ASSIGN_OR_RETURN(seq, Eval(*n.expr));
+    }
     TANDEM_ASSIGN_OR_RETURN(std::vector<Json> items, Iterate(seq));
     if (n.filter) {  // the loop's "if" clause filters before loop.length and friends
       std::vector<Json> kept;
@@ -210,14 +218,15 @@ class Evaluator {
     if (items.empty()) return Exec(n.else_body, out);
     const int64_t len = static_cast<int64_t>(items.size());
     ++loop_depth_;
+    loops_.push_back({&n, depth});
     absl::Status status;
     for (int64_t i = 0; i < len && status.ok(); ++i) {
       scopes_.emplace_back();
       Json loop = {{"index0", i},         {"index", i + 1},
                    {"revindex", len - i}, {"revindex0", len - i - 1},
                    {"first", i == 0},     {"last", i == len - 1},
-                   {"length", len},       {"depth", 1},
-                   {"depth0", 0}};
+                   {"length", len},       {"depth", depth},
+                   {"depth0", depth - 1}};
       if (i > 0) loop["previtem"] = items[i - 1];
       if (i + 1 < len) loop["nextitem"] = items[i + 1];
       scopes_.back()["loop"] = Value(std::move(loop));
@@ -227,6 +236,7 @@ class Evaluator {
       if (!flow.ok()) status = flow.status();
       if (flow.ok() && *flow == Flow::kBreak) break;
     }
+    loops_.pop_back();
     --loop_depth_;
     if (!status.ok()) return status;
     return Flow::kNormal;
@@ -415,6 +425,9 @@ class Evaluator {
   absl::StatusOr<Value> EvalCall(const Expr& e, Value caller = Value()) {
     const Expr& callee = *e.args[0];
     TANDEM_ASSIGN_OR_RETURN(CallArgs args, EvalArgs(e, 1));
+    if (callee.kind == Expr::Kind::kName && callee.name == "loop" && !loops_.empty()) {
+      return RecurseLoop(args);
+    }
     if (caller.is_callable()) args.keyword.emplace_back("caller", std::move(caller));
     if (callee.kind == Expr::Kind::kGetAttr) {
       TANDEM_ASSIGN_OR_RETURN(Value obj, Eval(*callee.args[0]));
@@ -433,8 +446,32 @@ class Evaluator {
     return fn.function()(args);
   }
 
+  // loop(items) in the body of a recursive loop: the loop again over `items`, one level deeper,
+  // rendered to a string.
+  absl::StatusOr<Value> RecurseLoop(CallArgs& args) {
+    const ActiveLoop active = loops_.back();
+    if (!active.node->recursive) return TypeError("loop() called in a loop that is not recursive");
+    if (args.positional.size() != 1) return TypeError("loop() takes one sequence");
+    if (call_depth_ >= limits_.max_call_depth) return TypeError("loops recursed too deeply");
+    ++call_depth_;
+    const int saved_loops = loop_depth_;
+    std::string rendered;
+    absl::StatusOr<Flow> flow =
+        ExecFor(*active.node, &rendered, &args.positional[0], active.depth + 1);
+    loop_depth_ = saved_loops;
+    --call_depth_;
+    if (!flow.ok()) return flow.status();
+    return Value(Json(std::move(rendered)));
+  }
+
+  struct ActiveLoop {
+    const Node* node;
+    int64_t depth;  // loop.depth: 1, deeper in each loop(items)
+  };
+
   const RenderLimits& limits_;
   Budget budget_;
+  std::vector<ActiveLoop> loops_;  // the for loops running, innermost last
   std::vector<Scope> scopes_;
   int loop_depth_ = 0;
   int call_depth_ = 0;

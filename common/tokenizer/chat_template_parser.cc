@@ -474,7 +474,7 @@ class TemplateParser {
       if (p.ok() && !p.SkipName("in")) p.Fail("expected 'in'");
       if (p.ok()) node->expr = p.Expression(/*with_condition=*/false);
       if (p.ok() && p.SkipName("if")) node->filter = p.Expression();
-      if (p.ok() && p.IsName("recursive")) p.Fail("recursive loops are not supported");
+      if (p.ok() && p.SkipName("recursive")) node->recursive = true;  // loop(items) recurses
       p.ExpectEnd();
       if (!Check(p)) return;
       node->body = ParseBody({"else", "endfor"}, &end, &next);

@@ -8,7 +8,7 @@
 namespace tandem::chat_template {
 
 // Parses a Jinja chat template (the subset Hugging Face chat templates use: if/elif/else,
-// for ... in ... [if ...] with else, set (names, tuples, namespace attributes, blocks), macro,
+// for ... in ... [if ...] [recursive] with else, set (names, tuples, namespace attributes, blocks), macro,
 // call and filter blocks, break/continue, generation blocks (raw blocks are the lexer's), and
 // expressions with filters, tests, calls with *args/**kwargs, slices, list/dict literals and
 // conditional expressions). Nesting is bounded so that no input can exhaust the stack.

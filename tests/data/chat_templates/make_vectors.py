@@ -203,6 +203,11 @@ SNIPPETS = [
     "{% for g in [{'a': 1, 'b': 2}, {'a': 2, 'b': 4}, {'a': 1, 'b': 3}] | groupby('a') %}"
     "{{ g.grouper }}:{{ g.list | map(attribute='b') | join(',') }};{% endfor %}|{% for k, items in "
     "[{'c': 'X'}, {'c': 'x'}, {'c': 'y'}] | groupby('c') %}{{ k }}={{ items | length }};{% endfor %}",
+    # Recursive loops: loop(items) runs the body again, one level deeper, the filter included.
+    "{% set tree = [{'t': 'a', 'c': [{'t': 'b', 'c': [{'t': 'c'}]}, {'t': 'd'}]}, {'t': 'e'}] %}"
+    "{% for n in tree recursive %}[{{ loop.depth }}{{ n.t }}{% if n.c %}{{ loop(n.c) }}{% endif %}]"
+    "{% endfor %}|{% for n in tree if n.t != 'd' recursive %}{{ loop.depth0 }}{{ n.t }}"
+    "{{ loop.index }}{% if n.c %}({{ loop(n.c) }}){% endif %}{% endfor %}",
 ]
 
 
