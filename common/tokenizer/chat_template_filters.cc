@@ -16,31 +16,27 @@
 namespace tandem::chat_template {
 namespace {
 
-std::string MapAscii(const std::string& s, int (*f)(int)) {
-  std::string r = s;
-  for (char& c : r) {
-    if (static_cast<unsigned char>(c) < 0x80) c = static_cast<char>(f(c));
+// Jinja's title filter: each run of characters between "-", whitespace, "(", "{", "[" and "<"
+// gets its first character uppercased and the rest lowercased (unlike str.title, "don't" stays
+// "Don't").
+std::string JinjaTitle(const std::string& s) {
+  auto is_break = [](uint32_t c) {
+    return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || IsPySpace(c);
+  };
+  const std::vector<uint32_t> cps = DecodeUtf8(s);
+  std::string out;
+  for (size_t i = 0; i < cps.size();) {
+    if (is_break(cps[i])) {
+      AppendUtf8(cps[i++], &out);
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < cps.size() && !is_break(cps[j])) ++j;
+    out += unicode::ToUpper(EncodeUtf8(cps, i, i + 1));
+    out += unicode::ToLower(EncodeUtf8(cps, i + 1, j));
+    i = j;
   }
-  return r;
-}
-
-std::string Capitalize(const std::string& s) {
-  std::string r = MapAscii(s, [](int c) { return std::tolower(c); });
-  if (!r.empty() && static_cast<unsigned char>(r[0]) < 0x80)
-    r[0] = static_cast<char>(std::toupper(r[0]));
-  return r;
-}
-
-std::string Title(const std::string& s) {
-  std::string r = s;
-  bool prev_alpha = false;
-  for (char& c : r) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    const bool alpha = u < 0x80 && std::isalpha(u);
-    if (alpha) c = static_cast<char>(prev_alpha ? std::tolower(u) : std::toupper(u));
-    prev_alpha = alpha;
-  }
-  return r;
+  return out;
 }
 
 std::string Replace(const std::string& s, const std::string& from, const std::string& to,
@@ -151,7 +147,20 @@ absl::StatusOr<std::string> Indent(const std::string& s, const std::string& pad,
 }  // namespace
 
 bool IsPySpace(uint32_t c) {
-  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+  switch (c) {
+    case ' ':
+    case 0x85:
+    case 0xa0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202f:
+    case 0x205f:
+    case 0x3000:
+      return true;
+    default:
+      return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || (c >= 0x2000 && c <= 0x200a);
+  }
 }
 
 // A copy: Arg returns the argument by value.
@@ -376,10 +385,10 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     return TypeError(absl::StrCat("filter '", name, "' expects a string"));
   }
   if (name == "trim") return Value(Json(Strip(str(), Arg(args, 0, "chars"), 'b')));
-  if (name == "upper") return Value(Json(MapAscii(str(), [](int c) { return std::toupper(c); })));
+  if (name == "upper") return Value(Json(unicode::ToUpper(str())));
   if (name == "lower") return Value(Json(unicode::ToLower(str())));
-  if (name == "capitalize") return Value(Json(Capitalize(str())));
-  if (name == "title") return Value(Json(Title(str())));
+  if (name == "capitalize") return Value(Json(unicode::Capitalize(str())));
+  if (name == "title") return Value(Json(JinjaTitle(str())));
   if (name == "replace") {
     auto from = StringArg(args, 0, "old", "replace");
     auto to = StringArg(args, 1, "new", "replace");
@@ -492,12 +501,11 @@ absl::StatusOr<bool> ApplyTest(absl::string_view name, const Value& v, CallArgs&
   // Jinja's Undefined iterates as empty and has __call__ (which raises).
   if (name == "iterable") return v.is_string() || v.is_array() || v.is_object() || v.is_undefined();
   if (name == "callable") return v.is_callable() || v.is_undefined();
-  if (name == "lower" || name == "upper") {
+  if (name == "lower" || name == "upper") {  // str.islower / isupper: cased, all one case
     if (!v.is_string()) return false;
     const std::string& s = j.get_ref<const std::string&>();
-    return s == MapAscii(
-                    s, name == "lower" ? [](int c) { return std::tolower(c); }
-                                       : [](int c) { return std::toupper(c); });
+    const std::string lower = unicode::ToLower(s), upper = unicode::ToUpper(s);
+    return lower != upper && s == (name == "lower" ? lower : upper);
   }
   if (name == "odd" || name == "even" || name == "divisibleby") {
     if (!v.is_data() || !j.is_number_integer())

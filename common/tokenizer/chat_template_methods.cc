@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer/chat_template_builtins.h"
+#include "common/tokenizer/unicode.h"
 
 namespace tandem::chat_template {
 namespace {
@@ -119,22 +120,17 @@ absl::StatusOr<Value> Justify(absl::string_view name, const std::string& s, Call
   return Value(Json(sign ? s.substr(0, 1) + pad(total) + s.substr(1) : pad(total) + s));
 }
 
-// str.isdigit / isalpha / isalnum / isspace / islower / isupper; letters and digits are ASCII.
+// str.isdigit / isalpha / isalnum / isspace; letters and digits are ASCII.
 bool CharClass(absl::string_view name, const std::string& s) {
   const std::vector<uint32_t> cps = DecodeUtf8(s);
-  bool cased = false;
   for (uint32_t c : cps) {
-    const bool lower = c >= 'a' && c <= 'z', upper = c >= 'A' && c <= 'Z';
+    const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
     const bool digit = c >= '0' && c <= '9';
-    cased |= lower || upper;
     if (name == "isdigit" && !digit) return false;
-    if (name == "isalpha" && !lower && !upper) return false;
-    if (name == "isalnum" && !lower && !upper && !digit) return false;
+    if (name == "isalpha" && !letter) return false;
+    if (name == "isalnum" && !letter && !digit) return false;
     if (name == "isspace" && !IsPySpace(c)) return false;
-    if (name == "islower" && upper) return false;
-    if (name == "isupper" && lower) return false;
   }
-  if (name == "islower" || name == "isupper") return cased;
   return !cps.empty();
 }
 
@@ -197,14 +193,29 @@ absl::StatusOr<Value> StringMethod(const Value& obj, absl::string_view name, Cal
   if (name == "ljust" || name == "rjust" || name == "center" || name == "zfill") {
     return Justify(name, s, args, budget);
   }
-  if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace" ||
-      name == "islower" || name == "isupper") {
+  if (name == "isdigit" || name == "isalpha" || name == "isalnum" || name == "isspace") {
     return Value(Json(CharClass(name, s)));
   }
-  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize" ||
-      name == "replace") {
-    return ApplyFilter(name, obj, args, budget);
+  if (name == "islower" || name == "isupper") {  // the lower / upper tests
+    auto r = ApplyTest(name == "islower" ? "lower" : "upper", obj, args);
+    if (!r.ok()) return r.status();
+    return Value(Json(*r));
   }
+  if (name == "upper") return Value(Json(unicode::ToUpper(s)));
+  if (name == "lower") return Value(Json(unicode::ToLower(s)));
+  if (name == "title") return Value(Json(unicode::ToTitle(s)));  // str.title, not Jinja's filter
+  if (name == "capitalize") return Value(Json(unicode::Capitalize(s)));
+  if (name == "swapcase") {  // each character uppercased when that changes it, else lowercased
+    std::string out;
+    const std::vector<uint32_t> cps = DecodeUtf8(s);
+    for (size_t i = 0; i < cps.size(); ++i) {
+      const std::string c = EncodeUtf8(cps, i, i + 1);
+      const std::string up = unicode::ToUpper(c);
+      out += up != c ? up : unicode::ToLower(c);
+    }
+    return Value(Json(std::move(out)));
+  }
+  if (name == "replace") return ApplyFilter(name, obj, args, budget);
   return absl::NotFoundError("");
 }
 

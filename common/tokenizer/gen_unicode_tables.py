@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the unicode_tables*.cc files (normalization, lowercase tables) from unicodedata.
+"""Writes the unicode_tables*.cc files (normalization, case tables) from unicodedata.
 
 Usage (from the repository root, with Debian 12's /usr/bin/python3, whose unicodedata is 14.0.0):
   /usr/bin/python3 common/tokenizer/gen_unicode_tables.py [OUT_DIR]
@@ -77,20 +77,26 @@ def compositions(decomps):
     return pairs
 
 
-def lowercase():
+def case_mapping(mapping, unless=None):
+    """(simple, multi) of the code points whose `mapping` (a str -> str) changes them; with
+    `unless`, only those where it differs from unless(c)."""
     simple, multi = [], []
     for cp in range(MAX_CP):
         if is_surrogate(cp):
             continue
         c = chr(cp)
-        low = c.lower()
-        if low == c:
+        mapped = mapping(c)
+        if mapped == (unless(c) if unless else c):
             continue
-        if len(low) == 1:
-            simple.append((cp, ord(low)))
+        if len(mapped) == 1:
+            simple.append((cp, ord(mapped)))
         else:
-            multi.append((cp, [ord(x) for x in low]))
+            multi.append((cp, [ord(x) for x in mapped]))
     return simple, multi
+
+
+def lowercase():
+    return case_mapping(str.lower)
 
 
 def packed(items, sep):
@@ -133,6 +139,19 @@ def main_tables(ranges, pairs):
                   ['{0x%X,0x%X,0x%X}' % (a, b, c) for a, b, c in pairs])
     body += 'const int kNumCompositions = %d;\n' % len(pairs)
     return file_text(body)
+
+
+def uppercase_tables(upper, title):
+    """str.upper's mappings, and str.title's first-letter mappings where they differ from them."""
+    body = ''
+    for name, (simple, multi) in (('Uppercase', upper), ('Titlecase', title)):
+        body += array('const CaseMapping k%s[]' % name, ['{0x%X,0x%X}' % (a, b) for a, b in simple])
+        body += 'const int kNum%s = %d;\n\n' % (name, len(simple))
+        body += array('const MultiCaseMapping k%sMulti[]' % name,
+                      ['{0x%X,{%s}}' % (a, ','.join('0x%X' % x for x in (m + [0, 0])[:3]))
+                       for a, m in multi])
+        body += 'const int kNum%sMulti = %d;\n\n' % (name, len(multi))
+    return file_text(body.rstrip('\n') + '\n')
 
 
 def lowercase_tables(simple, multi):
@@ -211,6 +230,8 @@ def main():
     files = {
         'unicode_tables.cc': main_tables(ccc_ranges(), compositions(decomps)),
         'unicode_tables_lowercase.cc': lowercase_tables(simple_lower, multi_lower),
+        'unicode_tables_uppercase.cc': uppercase_tables(case_mapping(str.upper),
+                                                        case_mapping(str.title, str.upper)),
         'unicode_tables_decomposition.cc': decomposition_index(decomposition_runs(decomps),
                                                                len(pool)),
         'unicode_tables_decomposition_pool.cc': decomposition_pool(pool),

@@ -170,16 +170,74 @@ const unicode_tables::CaseMapping* FindLower(char32_t cp) {
   return (it != end && it->cp == cp) ? it : nullptr;
 }
 
+// The entry for `cp` of a table sorted by code point; null when it has none.
+template <typename Entry>
+const Entry* FindCase(const Entry* table, int n, char32_t cp) {
+  const Entry* end = table + n;
+  const Entry* it =
+      std::lower_bound(table, end, cp, [](const Entry& m, char32_t c) { return m.cp < c; });
+  return (it != end && it->cp == cp) ? it : nullptr;
+}
+
 // Approximation of the Cased property: letters that take part in case mapping.
 bool IsCased(char32_t cp) {
   if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return true;
   if (cp < 0x80) return false;
-  if (FindLower(cp) != nullptr) return true;
-  // Lowercase letters are the targets of the mapping.
-  for (int i = 0; i < unicode_tables::kNumLowercase; ++i) {
-    if (unicode_tables::kLowercase[i].mapped == cp) return true;
+  return FindLower(cp) != nullptr ||
+         FindCase(unicode_tables::kUppercase, unicode_tables::kNumUppercase, cp) != nullptr ||
+         FindCase(unicode_tables::kUppercaseMulti, unicode_tables::kNumUppercaseMulti, cp) !=
+             nullptr;
+}
+
+// Appends the mapping of `cp` by a (simple, multi) pair of tables; `cp` itself when unmapped.
+void AppendMapped(char32_t cp, const unicode_tables::CaseMapping* simple, int num_simple,
+                  const unicode_tables::MultiCaseMapping* multi, int num_multi, std::string* out) {
+  if (const auto* m = FindCase(multi, num_multi, cp)) {
+    for (char32_t c : m->mapped) {
+      if (c != 0) AppendUtf8(c, out);
+    }
+    return;
   }
-  return false;
+  const auto* s = FindCase(simple, num_simple, cp);
+  AppendUtf8(s != nullptr ? s->mapped : cp, out);
+}
+
+void AppendUpper(char32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp >= 'a' && cp <= 'z' ? cp - 32 : cp));
+    return;
+  }
+  AppendMapped(cp, unicode_tables::kUppercase, unicode_tables::kNumUppercase,
+               unicode_tables::kUppercaseMulti, unicode_tables::kNumUppercaseMulti, out);
+}
+
+// The titlecase mapping of one character (str.title's first letter of a word).
+void AppendTitle(char32_t cp, std::string* out) {
+  if (FindCase(unicode_tables::kTitlecase, unicode_tables::kNumTitlecase, cp) != nullptr ||
+      FindCase(unicode_tables::kTitlecaseMulti, unicode_tables::kNumTitlecaseMulti, cp) !=
+          nullptr) {
+    AppendMapped(cp, unicode_tables::kTitlecase, unicode_tables::kNumTitlecase,
+                 unicode_tables::kTitlecaseMulti, unicode_tables::kNumTitlecaseMulti, out);
+    return;
+  }
+  AppendUpper(cp, out);
+}
+
+// The lowercase mapping of cps[i] in its context (a capital sigma at the end of a word is final).
+void AppendLower(const std::u32string& cps, size_t i, std::string* out) {
+  const char32_t cp = cps[i];
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
+    return;
+  }
+  if (cp == 0x03A3) {
+    const bool after_cased = i > 0 && IsCased(cps[i - 1]);
+    const bool before_cased = i + 1 < cps.size() && IsCased(cps[i + 1]);
+    AppendUtf8(after_cased && !before_cased ? 0x03C2 : 0x03C3, out);
+    return;
+  }
+  AppendMapped(cp, unicode_tables::kLowercase, unicode_tables::kNumLowercase,
+               unicode_tables::kLowercaseMulti, unicode_tables::kNumLowercaseMulti, out);
 }
 
 }  // namespace
@@ -188,30 +246,43 @@ std::string ToLower(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   const std::u32string cps = ToUtf32(text);
+  for (size_t i = 0; i < cps.size(); ++i) AppendLower(cps, i, &out);
+  return out;
+}
+
+std::string ToUpper(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char32_t cp : ToUtf32(text)) AppendUpper(cp, &out);
+  return out;
+}
+
+std::string ToTitle(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const std::u32string cps = ToUtf32(text);
+  bool previous_cased = false;
   for (size_t i = 0; i < cps.size(); ++i) {
-    const char32_t cp = cps[i];
-    if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
-      continue;
+    if (previous_cased) {
+      AppendLower(cps, i, &out);
+    } else {
+      AppendTitle(cps[i], &out);
     }
-    if (cp == 0x03A3) {  // capital sigma: final form at the end of a word
-      const bool after_cased = i > 0 && IsCased(cps[i - 1]);
-      const bool before_cased = i + 1 < cps.size() && IsCased(cps[i + 1]);
-      AppendUtf8(after_cased && !before_cased ? 0x03C2 : 0x03C3, &out);
-      continue;
+    previous_cased = IsCased(cps[i]);
+  }
+  return out;
+}
+
+std::string Capitalize(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const std::u32string cps = ToUtf32(text);
+  for (size_t i = 0; i < cps.size(); ++i) {
+    if (i == 0) {
+      AppendTitle(cps[i], &out);
+    } else {
+      AppendLower(cps, i, &out);
     }
-    bool done = false;
-    for (int k = 0; k < unicode_tables::kNumLowercaseMulti; ++k) {
-      const auto& m = unicode_tables::kLowercaseMulti[k];
-      if (m.cp != cp) continue;
-      for (char32_t c : m.mapped) {
-        if (c != 0) AppendUtf8(c, &out);
-      }
-      done = true;
-    }
-    if (done) continue;
-    const auto* lower = FindLower(cp);
-    AppendUtf8(lower != nullptr ? lower->mapped : cp, &out);
   }
   return out;
 }

@@ -45,5 +45,11 @@ std::string Nfkd(std::string_view text);
 
 // Full lowercase mapping (like Rust's str::to_lowercase, including final sigma).
 std::string ToLower(std::string_view text);
+// Python's str.upper (full mapping: "ß" -> "SS"), str.title (titlecase after an uncased
+// character, lowercase after a cased one) and str.capitalize (the first character titlecased,
+// the rest lowercased).
+std::string ToUpper(std::string_view text);
+std::string ToTitle(std::string_view text);
+std::string Capitalize(std::string_view text);
 
 }  // namespace tandem::unicode

@@ -208,6 +208,13 @@ SNIPPETS = [
     "{% for n in tree recursive %}[{{ loop.depth }}{{ n.t }}{% if n.c %}{{ loop(n.c) }}{% endif %}]"
     "{% endfor %}|{% for n in tree if n.t != 'd' recursive %}{{ loop.depth0 }}{{ n.t }}"
     "{{ loop.index }}{% if n.c %}({{ loop(n.c) }}){% endif %}{% endfor %}",
+    # Case mappings: Jinja's title filter (word starts after - space ( { [ <), str.title,
+    # capitalize, full Unicode upper/lower (straße -> STRASSE, final sigma), Unicode whitespace.
+    "{{ \"don't stop-me now(x) o'neil\" | title }}|{{ \"don't stop\".title() }}|"
+    "{{ 'hELLO wORLD' | capitalize }}|{{ '\u00e9cole \u00c9T\u00c9 stra\u00dfe \u01c6emal' | title }}|"
+    "{{ 'stra\u00dfe' | upper }}|{{ '\u03a3\u0391\u03a3 \u03a3\u0391\u03a3' | capitalize }}|"
+    "{{ '\ufb01ne' | upper }}|{{ 'Ab\u00c9'.swapcase() }}|{{ '\u00e9' is lower }}|"
+    "{{ '\u3000a\u00a0'.strip() }}|{{ 'a\u2003b'.split() }}",
 ]
 
 
