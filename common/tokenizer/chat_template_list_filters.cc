@@ -227,6 +227,8 @@ absl::StatusOr<Value> ApplyListFilter(absl::string_view name, const Value& input
     if (n <= 0) return TypeError(absl::StrCat(name, ": expected a positive count"));
     const Value fill = Arg(args, 1, "fill_with");
     const bool pad = !fill.is_undefined() && !fill.is_none();
+    // Filling makes `n` items however few there are: bounded, as every rendering's work is.
+    if (pad && name == "batch" && n > 100000) return TypeError("batch: too large to fill");
     const size_t len = items->size();
     Json out = Json::array();
     if (name == "batch") {
