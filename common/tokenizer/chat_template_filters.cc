@@ -435,7 +435,8 @@ absl::StatusOr<Value> ApplyFilter(absl::string_view name, const Value& input, Ca
     const std::vector<uint32_t> cps = DecodeUtf8(str());
     const int64_t end_len = static_cast<int64_t>(DecodeUtf8(end).size());
     if (length < end_len || leeway < 0) return TypeError("truncate: length shorter than end");
-    if (static_cast<int64_t>(cps.size()) <= length + leeway) return input;
+    // len(s) <= length + leeway, without overflow for any length.
+    if (static_cast<int64_t>(cps.size()) - leeway <= length) return input;
     std::string r = EncodeUtf8(cps, 0, static_cast<size_t>(length - end_len));
     if (!killwords) {
       const size_t space = r.rfind(' ');

@@ -183,6 +183,7 @@ absl::StatusOr<Value> PercentFormat(const std::string& format, const Value& args
         if (!v.ok()) return v.status();
         auto w = AsInteger(*v, '*');
         if (!w.ok()) return w.status();
+        if (*w > 1000000) return TypeError("format: width or precision too big");
         *n = *w;
         return absl::OkStatus();
       }

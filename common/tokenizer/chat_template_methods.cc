@@ -91,6 +91,11 @@ absl::StatusOr<Value> Justify(absl::string_view name, const std::string& s, Call
   const int64_t width = IntArg(args, 0, "width", 0);
   const int64_t len = static_cast<int64_t>(DecodeUtf8(s).size());
   if (width <= len) return Value(Json(s));
+  // Charged before it is built (a fill character is at most 4 bytes); a width past any string's
+  // limit is refused before the product could overflow.
+  if (width - len > int64_t{1} << 32) {
+    return absl::ResourceExhaustedError("chat template: a string grew beyond the size limit");
+  }
   if (auto st = budget->Charge(static_cast<size_t>(width - len) * 4 + s.size()); !st.ok()) {
     return st;
   }
