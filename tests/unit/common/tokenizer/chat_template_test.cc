@@ -149,6 +149,26 @@ TEST(ChatTemplateTest, LimitsStopRunawayTemplates) {
   auto recurse = ChatTemplate::Parse("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
   ASSERT_TRUE(recurse.ok()) << recurse.status();
   EXPECT_FALSE((*recurse)->Render(Json::object()).ok());
+
+  // Sizes taken from the variables (chat_template_kwargs reach them) are bounded before any
+  // work: widths near 2^62 (where width * 4 wraps around), fills, precisions, recursion.
+  const Json w = Json::parse(R"({"w": 4611686018427387905, "big": 9223372036854775807})");
+  for (const char* source :
+       {"{{ 'x'.ljust(w) }}", "{{ 'x'.center(w) }}", "{{ 'x' | center(w) }}", "{{ '7'.zfill(w) }}",
+        "{{ '%*d' % (w, 1) }}", "{{ '%.*f' % (w, 1.5) }}", "{{ [1] | batch(w, 0) | list }}",
+        "{{ 'x' | indent(w) | length }}{{ 'x' * w }}",
+        "{% for n in [[[[]]]] recursive %}{{ loop([n, n]) }}{% endfor %}"}) {
+    SCOPED_TRACE(source);
+    auto t = ChatTemplate::Parse(source);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_FALSE((*t)->Render(w).ok());
+  }
+  // A truncate length at the top of the range returns the text (no overflow of length + leeway).
+  auto truncate = ChatTemplate::Parse("{{ 'hello world' | truncate(big, leeway=big) }}");
+  ASSERT_TRUE(truncate.ok()) << truncate.status();
+  auto kept = (*truncate)->Render(w);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, "hello world");
 }
 
 TEST(ChatTemplateTest, ChoosesTheTokenizersTemplateOrABuiltin) {
