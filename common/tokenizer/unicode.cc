@@ -162,14 +162,6 @@ bool IsWhitespace(char32_t cp) {
 
 namespace {
 
-const unicode_tables::CaseMapping* FindLower(char32_t cp) {
-  const auto* begin = unicode_tables::kLowercase;
-  const auto* end = begin + unicode_tables::kNumLowercase;
-  const auto* it = std::lower_bound(
-      begin, end, cp, [](const unicode_tables::CaseMapping& m, char32_t c) { return m.cp < c; });
-  return (it != end && it->cp == cp) ? it : nullptr;
-}
-
 // The entry for `cp` of a table sorted by code point; null when it has none.
 template <typename Entry>
 const Entry* FindCase(const Entry* table, int n, char32_t cp) {
@@ -183,7 +175,7 @@ const Entry* FindCase(const Entry* table, int n, char32_t cp) {
 bool IsCased(char32_t cp) {
   if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) return true;
   if (cp < 0x80) return false;
-  return FindLower(cp) != nullptr ||
+  return FindCase(unicode_tables::kLowercase, unicode_tables::kNumLowercase, cp) != nullptr ||
          FindCase(unicode_tables::kUppercase, unicode_tables::kNumUppercase, cp) != nullptr ||
          FindCase(unicode_tables::kUppercaseMulti, unicode_tables::kNumUppercaseMulti, cp) !=
              nullptr;
